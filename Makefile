@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create .venv and install torch 2.13.0 (CPU wheel) before the package,
+# so that pip never resolves an unpinned torch with gigabytes of CUDA wheels.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m fednovelty.cli demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n 2 --dist loadfile -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_mixture.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
