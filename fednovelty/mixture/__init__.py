@@ -1,0 +1,64 @@
+"""Math layer: torch Gaussian-mixture kernels and summable sufficient statistics.
+
+No federated notions live here; dtype and device come from the inputs.
+"""
+
+from fednovelty.mixture.covariance import (
+    COVARIANCE_TYPES,
+    covariances_from_precisions_cholesky,
+    precisions_cholesky_from_covariances,
+    precisions_cholesky_from_precisions,
+)
+from fednovelty.mixture.density import log_gaussian_prob, log_responsibilities
+from fednovelty.mixture.em import (
+    EMResult,
+    fit_em,
+    fit_gmm,
+    fit_gmm_bic,
+    kmeans_init,
+    params_from_stats,
+)
+from fednovelty.mixture.kmeans import kmeans, kmeans_plusplus
+from fednovelty.mixture.model import (
+    MixtureParams,
+    bic,
+    n_parameters,
+    predict_proba,
+    sample,
+    score_samples,
+)
+from fednovelty.mixture.stats import (
+    SufficientStats,
+    e_step_stats,
+    m_step,
+    merge_stats,
+    stats_from_resp,
+)
+
+__all__ = [
+    "COVARIANCE_TYPES",
+    "EMResult",
+    "MixtureParams",
+    "SufficientStats",
+    "bic",
+    "covariances_from_precisions_cholesky",
+    "e_step_stats",
+    "fit_em",
+    "fit_gmm",
+    "fit_gmm_bic",
+    "kmeans",
+    "kmeans_init",
+    "kmeans_plusplus",
+    "log_gaussian_prob",
+    "log_responsibilities",
+    "m_step",
+    "merge_stats",
+    "n_parameters",
+    "params_from_stats",
+    "precisions_cholesky_from_covariances",
+    "precisions_cholesky_from_precisions",
+    "predict_proba",
+    "sample",
+    "score_samples",
+    "stats_from_resp",
+]

@@ -1,0 +1,258 @@
+"""Summable sufficient statistics of a Gaussian mixture and the M-step from them.
+
+EM's M-step needs, per component ``k``, only ``n_k = sum_i r_ik``, the first moment
+``s_k = sum_i r_ik (x_i - c)`` and the second moment ``S_k = sum_i r_ik (x_i - c)(x_i - c)^T``
+(or its diagonal, its trace, or for ``tied`` the sum over components). Statistics computed
+on disjoint sets of rows **add**, so the M-step on summed statistics is exactly the M-step
+on the pooled rows: this is what makes federated EM exact, and what secure aggregation and
+differential-privacy noise operate on.
+
+``c`` is a *shift* shared by everyone who computes statistics that will be added (in
+federated EM the server broadcasts it with the parameters). Moments about a point near the
+data keep the M-step's ``S_k / n_k - m_k m_k^T`` free of catastrophic cancellation when the
+features have large offsets, in float32 as well as float64. Statistics with different shifts
+cannot be merged.
+
+Shapes of ``second`` by covariance type: full (n_components, n_features, n_features);
+tied (n_features, n_features); diag (n_components, n_features); spherical (n_components,).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from fednovelty.mixture.covariance import check_covariance_type
+from fednovelty.mixture.density import (
+    default_chunk_size,
+    log_gaussian_prob,
+    log_responsibilities,
+)
+
+
+@dataclass(frozen=True)
+class SufficientStats:
+    """Sums over rows that determine the M-step; merge with ``+``.
+
+    Attributes:
+        counts: ``sum_i r_ik``, shape (n_components,).
+        sums: ``sum_i r_ik (x_i - shift)``, shape (n_components, n_features).
+        second: second moments about ``shift`` (shape depends on ``covariance_type``).
+        shift: the common reference point ``c``, shape (n_features,).
+        log_likelihood: ``sum_i log p(x_i)`` under the parameters of the E-step, shape ().
+        n_samples: number of rows summed, shape ().
+        covariance_type: ``full``, ``tied``, ``diag`` or ``spherical``.
+    """
+
+    counts: Tensor
+    sums: Tensor
+    second: Tensor
+    shift: Tensor
+    log_likelihood: Tensor
+    n_samples: Tensor
+    covariance_type: str
+
+    def __add__(self, other: SufficientStats) -> SufficientStats:
+        if not isinstance(other, SufficientStats):
+            return NotImplemented
+        if other.covariance_type != self.covariance_type:
+            raise ValueError(
+                "Cannot merge statistics of covariance types "
+                f"{self.covariance_type!r} and {other.covariance_type!r}."
+            )
+        if other.counts.shape != self.counts.shape or other.sums.shape != self.sums.shape:
+            raise ValueError(
+                f"Cannot merge statistics of shapes {tuple(self.sums.shape)} and "
+                f"{tuple(other.sums.shape)} (n_components, n_features)."
+            )
+        if not torch.equal(self.shift, other.shift):
+            raise ValueError(
+                "Cannot merge statistics taken about different shifts; compute them about "
+                "the same broadcast shift."
+            )
+        return replace(
+            self,
+            counts=self.counts + other.counts,
+            sums=self.sums + other.sums,
+            second=self.second + other.second,
+            log_likelihood=self.log_likelihood + other.log_likelihood,
+            n_samples=self.n_samples + other.n_samples,
+        )
+
+    @property
+    def n_components(self) -> int:
+        return self.sums.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.sums.shape[1]
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensors of these statistics by field name (what crosses the wire)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "covariance_type"}
+
+
+def zero_stats(
+    n_components: int,
+    n_features: int,
+    covariance_type: str,
+    shift: Tensor,
+) -> SufficientStats:
+    """Statistics of zero rows (a client that contributes nothing); dtype/device of ``shift``."""
+    check_covariance_type(covariance_type)
+    like = {"dtype": shift.dtype, "device": shift.device}
+    second_shape = {
+        "full": (n_components, n_features, n_features),
+        "tied": (n_features, n_features),
+        "diag": (n_components, n_features),
+        "spherical": (n_components,),
+    }[covariance_type]
+    return SufficientStats(
+        counts=torch.zeros(n_components, **like),
+        sums=torch.zeros(n_components, n_features, **like),
+        second=torch.zeros(second_shape, **like),
+        shift=shift,
+        log_likelihood=torch.zeros((), **like),
+        n_samples=torch.zeros((), **like),
+        covariance_type=covariance_type,
+    )
+
+
+def merge_stats(stats: Iterable[SufficientStats]) -> SufficientStats:
+    """Sum statistics (associative and commutative up to round-off).
+
+    Raises:
+        ValueError: ``stats`` is empty or the statistics are not compatible.
+    """
+    stats = list(stats)
+    if not stats:
+        raise ValueError("merge_stats needs at least one SufficientStats.")
+    total = stats[0]
+    for s in stats[1:]:
+        total = total + s
+    return total
+
+
+def _second_moments(centered: Tensor, resp: Tensor, covariance_type: str) -> Tensor:
+    """Second moments of ``centered`` (n, d) under ``resp`` (n, K); shape per type."""
+    n, d = centered.shape
+    if covariance_type == "full":
+        weighted = resp.unsqueeze(2) * centered.unsqueeze(1)  # (n, K, d)
+        return (weighted.reshape(n, -1).T @ centered).view(resp.shape[1], d, d)
+    if covariance_type == "tied":
+        return centered.T @ (centered * resp.sum(1, keepdim=True))
+    if covariance_type == "diag":
+        return resp.T @ centered.square()
+    return resp.T @ centered.square().sum(1)
+
+
+def stats_from_resp(
+    X: Tensor, resp: Tensor, covariance_type: str, shift: Tensor
+) -> SufficientStats:
+    """Statistics of rows ``X`` (n_samples, n_features) with given responsibilities
+    ``resp`` (n_samples, n_components), e.g. one-hot k-means labels. ``log_likelihood`` is 0."""
+    check_covariance_type(covariance_type)
+    centered = X - shift
+    return SufficientStats(
+        counts=resp.sum(0),
+        sums=resp.T @ centered,
+        second=_second_moments(centered, resp, covariance_type),
+        shift=shift,
+        log_likelihood=torch.zeros((), dtype=X.dtype, device=X.device),
+        n_samples=torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device),
+        covariance_type=covariance_type,
+    )
+
+
+def e_step_stats(
+    X: Tensor,
+    log_weights: Tensor,
+    means: Tensor,
+    precisions_cholesky: Tensor,
+    covariance_type: str,
+    shift: Tensor,
+    chunk_size: int | None = None,
+) -> SufficientStats:
+    """E-step on ``X`` folded into sufficient statistics, in row chunks.
+
+    Peak extra memory is one (chunk_size, n_components, n_features) buffer, never a copy
+    of ``X``. Densities are evaluated on ``X - shift`` against ``means - shift``, which is the
+    same density and better conditioned.
+
+    Args:
+        X: rows, shape (n_samples, n_features).
+        log_weights: ``log pi``, shape (n_components,).
+        means: shape (n_components, n_features).
+        precisions_cholesky: per ``covariance_type``.
+        covariance_type: ``full``, ``tied``, ``diag`` or ``spherical``.
+        shift: reference point for the moments, shape (n_features,).
+        chunk_size: rows per chunk; default from ``default_chunk_size``.
+
+    Returns:
+        ``SufficientStats`` whose ``log_likelihood`` is ``sum_i log p(x_i)`` under the given
+        parameters (the lower bound scikit-learn tracks, times n_samples).
+    """
+    n_components, n_features = means.shape
+    total = zero_stats(n_components, n_features, covariance_type, shift)
+    if X.shape[0] == 0:
+        return total
+    chunk_size = chunk_size or default_chunk_size(n_components, n_features)
+    shifted_means = means - shift
+    counts, sums, second = total.counts, total.sums, total.second
+    log_likelihood = total.log_likelihood
+    for start in range(0, X.shape[0], chunk_size):
+        centered = X[start : start + chunk_size] - shift
+        weighted = log_gaussian_prob(centered, shifted_means, precisions_cholesky, covariance_type)
+        weighted += log_weights
+        log_norm, log_resp = log_responsibilities(weighted)
+        resp = log_resp.exp_()
+        counts = counts + resp.sum(0)
+        sums = sums + resp.T @ centered
+        second = second + _second_moments(centered, resp, covariance_type)
+        log_likelihood = log_likelihood + log_norm.sum()
+    return SufficientStats(
+        counts=counts,
+        sums=sums,
+        second=second,
+        shift=shift,
+        log_likelihood=log_likelihood,
+        n_samples=torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device),
+        covariance_type=covariance_type,
+    )
+
+
+def m_step(stats: SufficientStats, reg_covar: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Maximum-likelihood weights, means and covariances from summed statistics.
+
+    Matches scikit-learn's ``_estimate_gaussian_parameters`` (including its ``10 * eps``
+    added to every count, once, here on the server, so that the result does not depend
+    on how the rows were split).
+
+    Returns:
+        ``(weights, means, covariances)``: shapes (n_components,), (n_components, n_features)
+        and per ``covariance_type``; ``reg_covar`` is added to the diagonal.
+    """
+    eps = torch.finfo(stats.counts.dtype).eps
+    nk = stats.counts + 10 * eps
+    mean_offset = stats.sums / nk.unsqueeze(1)  # (K, d), about the shift
+    means = stats.shift + mean_offset
+    ct = stats.covariance_type
+    if ct == "full":
+        cov = stats.second / nk.view(-1, 1, 1) - mean_offset.unsqueeze(2) * mean_offset.unsqueeze(1)
+        cov = 0.5 * (cov + cov.transpose(1, 2))
+        cov = cov + reg_covar * torch.eye(stats.n_features, dtype=cov.dtype, device=cov.device)
+    elif ct == "tied":
+        cov = (stats.second - (nk.unsqueeze(1) * mean_offset).T @ mean_offset) / nk.sum()
+        cov = 0.5 * (cov + cov.T)
+        cov = cov + reg_covar * torch.eye(stats.n_features, dtype=cov.dtype, device=cov.device)
+    elif ct == "diag":
+        cov = stats.second / nk.unsqueeze(1) - mean_offset.square() + reg_covar
+    else:
+        cov = (
+            stats.second / nk - mean_offset.square().sum(1)
+        ) / stats.n_features + reg_covar
+    weights = nk / nk.sum()
+    return weights, means, cov
