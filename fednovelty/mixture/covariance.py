@@ -35,9 +35,7 @@ def check_covariance_type(covariance_type: str) -> str:
     return covariance_type
 
 
-def covariance_shape(
-    covariance_type: str, n_components: int, n_features: int
-) -> tuple[int, ...]:
+def covariance_shape(covariance_type: str, n_components: int, n_features: int) -> tuple[int, ...]:
     """Shape of the covariance (and precision-Cholesky) tensor for a covariance type."""
     return {
         "full": (n_components, n_features, n_features),
@@ -113,7 +111,9 @@ def precisions_cholesky_from_precisions(precisions: Tensor, covariance_type: str
     return torch.sqrt(precisions)
 
 
-def covariances_from_precisions_cholesky(precisions_cholesky: Tensor, covariance_type: str) -> Tensor:
+def covariances_from_precisions_cholesky(
+    precisions_cholesky: Tensor, covariance_type: str
+) -> Tensor:
     """Covariances ``(U U^T)^{-1} = U^{-T} U^{-1}`` from precision Cholesky factors."""
     check_covariance_type(covariance_type)
     if covariance_type in ("full", "tied"):
@@ -129,7 +129,9 @@ def covariances_from_precisions_cholesky(precisions_cholesky: Tensor, covariance
     return precisions_cholesky.pow(-2)
 
 
-def precisions_from_precisions_cholesky(precisions_cholesky: Tensor, covariance_type: str) -> Tensor:
+def precisions_from_precisions_cholesky(
+    precisions_cholesky: Tensor, covariance_type: str
+) -> Tensor:
     """Precisions ``U @ U.T`` (full, tied) or ``U ** 2`` (diag, spherical)."""
     check_covariance_type(covariance_type)
     if covariance_type in ("full", "tied"):

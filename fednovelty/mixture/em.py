@@ -82,8 +82,13 @@ def fit_em(
     converged = False
     for _ in range(max_iter):
         stats = e_step_stats(
-            X, params.weights.log(), params.means, params.precisions_cholesky,
-            params.covariance_type, moment_shift(params), chunk_size,
+            X,
+            params.weights.log(),
+            params.means,
+            params.precisions_cholesky,
+            params.covariance_type,
+            moment_shift(params),
+            chunk_size,
         )
         params = params_from_stats(stats, reg_covar)
         lower_bound = float(stats.log_likelihood / stats.n_samples)
@@ -151,8 +156,13 @@ def fit_gmm_bic(
         if k > X.shape[0]:
             continue
         result = fit_gmm(
-            X, k, covariance_type=covariance_type, reg_covar=reg_covar, tol=tol,
-            max_iter=max_iter, generator=generator,
+            X,
+            k,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            tol=tol,
+            max_iter=max_iter,
+            generator=generator,
         )
         bics[k] = bic(result.params, X)
         if best is None or bics[k] < best_bic:

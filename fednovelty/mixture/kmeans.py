@@ -49,8 +49,14 @@ def kmeans_plusplus(
     """
     n_samples = X.shape[0]
     if n_samples < n_clusters:
-        raise ValueError(f"kmeans_plusplus needs n_samples >= n_clusters, got {n_samples} < {n_clusters}.")
-    weight = torch.ones(n_samples, dtype=X.dtype, device=X.device) if sample_weight is None else sample_weight
+        raise ValueError(
+            f"kmeans_plusplus needs n_samples >= n_clusters, got {n_samples} < {n_clusters}."
+        )
+    weight = (
+        torch.ones(n_samples, dtype=X.dtype, device=X.device)
+        if sample_weight is None
+        else sample_weight
+    )
     n_local_trials = n_local_trials or 2 + int(math.log(n_clusters))
     first = int(torch.multinomial(weight.double().cpu(), 1, generator=generator))
     index = [first]
@@ -105,7 +111,11 @@ def kmeans(
     Returns:
         ``(centers, labels)``: shapes (n_clusters, n_features) and (n_samples,).
     """
-    weight = torch.ones(X.shape[0], dtype=X.dtype, device=X.device) if sample_weight is None else sample_weight
+    weight = (
+        torch.ones(X.shape[0], dtype=X.dtype, device=X.device)
+        if sample_weight is None
+        else sample_weight
+    )
     centers = kmeans_plusplus(X, n_clusters, generator=generator, sample_weight=weight)
     threshold = tol * float(X.var(0, unbiased=False).mean()) if X.shape[0] > 1 else 0.0
     labels, _ = assign(X, centers)

@@ -62,7 +62,9 @@ class MixtureParams:
     ) -> MixtureParams:
         """Build from covariances (raises ``SingularCovarianceError`` if not positive definite)."""
         return cls(
-            weights, means, precisions_cholesky_from_covariances(covariances, covariance_type),
+            weights,
+            means,
+            precisions_cholesky_from_covariances(covariances, covariance_type),
             covariance_type,
         )
 
@@ -79,7 +81,9 @@ class MixtureParams:
         """Covariances recomputed from the precision factors (shape per covariance type)."""
         return covariances_from_precisions_cholesky(self.precisions_cholesky, self.covariance_type)
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MixtureParams:
+    def to(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> MixtureParams:
         """A copy on another device and/or dtype."""
         return MixtureParams(
             self.weights.to(device=device, dtype=dtype),
@@ -106,14 +110,18 @@ def n_parameters(covariance_type: str, n_components: int, n_features: int) -> in
     )
 
 
-def weighted_log_prob(params: MixtureParams, X: Tensor, log_weights: Tensor | None = None) -> Tensor:
+def weighted_log_prob(
+    params: MixtureParams, X: Tensor, log_weights: Tensor | None = None
+) -> Tensor:
     """``log pi_k + log N(x_i | k)``, shape (n_samples, n_components).
 
     ``log_weights`` (n_components,) overrides ``log(params.weights)`` (e.g. a client's
     personal mixture weights).
     """
     lw = params.weights.log() if log_weights is None else log_weights
-    return log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type) + lw
+    return (
+        log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type) + lw
+    )
 
 
 def score_samples(
@@ -154,7 +162,9 @@ def bic(params: MixtureParams, X: Tensor) -> float:
     ) * math.log(n)
 
 
-def sample(params: MixtureParams, n_samples: int, *, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def sample(
+    params: MixtureParams, n_samples: int, *, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """Draw ``n_samples`` rows: ``(X, labels)`` with shapes (n_samples, n_features), (n_samples,).
 
     Component counts are multinomial in the weights; each row is ``mu_k + U_k^{-T} z`` with
@@ -163,9 +173,13 @@ def sample(params: MixtureParams, n_samples: int, *, generator: torch.Generator)
     """
     like = params.means
     k, d = params.n_components, params.n_features
-    labels = torch.multinomial(params.weights.detach().double().cpu(), n_samples, replacement=True, generator=generator)
+    labels = torch.multinomial(
+        params.weights.detach().double().cpu(), n_samples, replacement=True, generator=generator
+    )
     labels = labels.sort().values.to(like.device)
-    z = torch.randn(n_samples, d, generator=generator, dtype=torch.float64).to(like.device, like.dtype)
+    z = torch.randn(n_samples, d, generator=generator, dtype=torch.float64).to(
+        like.device, like.dtype
+    )
     ct = params.covariance_type
     if ct in ("full", "tied"):
         # v = U_k^{-T} z per component: labels are sorted, so each component is a slice.

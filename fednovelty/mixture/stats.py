@@ -251,8 +251,6 @@ def m_step(stats: SufficientStats, reg_covar: float) -> tuple[Tensor, Tensor, Te
     elif ct == "diag":
         cov = stats.second / nk.unsqueeze(1) - mean_offset.square() + reg_covar
     else:
-        cov = (
-            stats.second / nk - mean_offset.square().sum(1)
-        ) / stats.n_features + reg_covar
+        cov = (stats.second / nk - mean_offset.square().sum(1)) / stats.n_features + reg_covar
     weights = nk / nk.sum()
     return weights, means, cov
