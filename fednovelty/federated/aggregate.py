@@ -1,0 +1,111 @@
+"""Server-side aggregation rules as pure functions of client replies.
+
+Nothing here knows about engines; every function takes ``Message`` replies (or the
+tensors in them) and returns tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.base import Message
+from fednovelty.mixture import MixtureParams, SufficientStats, merge_stats
+
+STATS_FIELDS = ("counts", "sums", "second", "log_likelihood", "n_samples")
+
+
+def stats_message(stats: SufficientStats, kind: str) -> Message:
+    """A reply carrying statistics; the shift is not sent back (the server chose it)."""
+    return Message(kind, {name: stats.tensors()[name] for name in STATS_FIELDS})
+
+
+def stats_from_message(message: Message, shift: Tensor, covariance_type: str) -> SufficientStats:
+    """Rebuild ``SufficientStats`` from a reply, checking shapes and values.
+
+    Raises:
+        ValueError: missing tensors, wrong shapes, non-finite values or negative counts.
+    """
+    missing = [name for name in STATS_FIELDS if name not in message.tensors]
+    if missing:
+        raise ValueError(f"statistics reply lacks tensors {missing}.")
+    t = {name: message.tensors[name].to(shift.device, shift.dtype) for name in STATS_FIELDS}
+    n_features = shift.shape[0]
+    if t["sums"].ndim != 2 or t["sums"].shape[1] != n_features:
+        raise ValueError(
+            f"statistics reply has sums of shape {tuple(t['sums'].shape)}; "
+            f"expected (n_components, {n_features})."
+        )
+    for name, value in t.items():
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"statistics reply has non-finite values in {name!r}.")
+    if bool((t["counts"] < 0).any()) or float(t["n_samples"]) < 0:
+        raise ValueError("statistics reply has negative counts.")
+    return SufficientStats(shift=shift, covariance_type=covariance_type, **t)
+
+
+def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -> SufficientStats:
+    """Sum of the statistics in ``replies`` (the whole federated M-step input)."""
+    return merge_stats(stats_from_message(m, shift, covariance_type) for m in replies)
+
+
+def pool_centroids(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:
+    """Concatenate clients' local centroids and their counts.
+
+    Returns:
+        ``(centers, counts)``: shapes (n_centroids, n_features), (n_centroids,).
+    """
+    replies = [m for m in replies if m.tensors["centers"].shape[0] > 0]
+    if not replies:
+        return torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+    centers = torch.cat([m.tensors["centers"] for m in replies])
+    counts = torch.cat([m.tensors["counts"] for m in replies]).to(centers.dtype)
+    return centers, counts
+
+
+def merge_ranges(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:
+    """Elementwise minimum and maximum of the clients' feature ranges, each (n_features,)."""
+    replies = [m for m in replies if float(m.tensors["n_samples"]) > 0]
+    if not replies:
+        raise ValueError("no client with data replied with its feature range.")
+    low = torch.stack([m.tensors["min"] for m in replies]).amin(0)
+    high = torch.stack([m.tensors["max"] for m in replies]).amax(0)
+    return low, high
+
+
+def total_variance(stats: SufficientStats) -> float:
+    """Mean per-feature variance of all rows summarised by ``stats`` (for k-means tolerances)."""
+    second = stats.second
+    if stats.covariance_type == "full":
+        trace = torch.diagonal(second, dim1=1, dim2=2).sum()
+    else:
+        trace = second.sum() if stats.covariance_type != "tied" else torch.trace(second)
+    n = stats.n_samples.clamp_min(1.0)
+    mean = stats.sums.sum(0) / n
+    return float((trace / n - mean.square().sum()) / stats.n_features)
+
+
+def union_mixture(models: list[MixtureParams], sizes: list[float]) -> MixtureParams:
+    """One mixture holding every client's components, weights ``r_ck |D_c| / |D|``.
+
+    Client mixtures with ``tied`` covariances become ``full`` in the union (each client has
+    its own tied matrix); other covariance types are kept.
+
+    Args:
+        models: client mixtures (same covariance type and n_features).
+        sizes: number of rows behind each model, same length.
+    """
+    if not models:
+        raise ValueError("union_mixture needs at least one client model.")
+    total = float(sum(sizes))
+    weights = torch.cat([m.weights * (s / total) for m, s in zip(models, sizes, strict=True)])
+    means = torch.cat([m.means for m in models])
+    ct = models[0].covariance_type
+    if ct == "tied":
+        prec = torch.cat([m.precisions_cholesky.expand(m.n_components, -1, -1) for m in models])
+        ct = "full"
+    else:
+        prec = torch.cat([m.precisions_cholesky for m in models])
+    return MixtureParams(weights / weights.sum(), means, prec, ct)

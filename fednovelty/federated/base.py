@@ -1,0 +1,101 @@
+"""Messages and the two-halves contract every federated algorithm follows.
+
+An algorithm is a *client step* (local rows + broadcast message + the client's own state
+-> reply message + new client state) and a *server step* (replies -> new server state).
+Both halves are pure functions of their inputs; the engine (``fednovelty.runtime``) decides
+who runs them, where and when: an in-process loop, or Flower nodes. Only ``Message``
+objects cross between the halves: tensors and plain scalars, never raw rows (the one
+exception, ``init_params="subset"``, is flagged wherever it is used).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Scalar = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Message:
+    """What crosses the wire in one direction of one round.
+
+    Attributes:
+        kind: what the message asks for or answers (e.g. ``"em"``, ``"assign"``).
+        tensors: named tensors.
+        scalars: named plain scalars (bool, int, float, str).
+    """
+
+    kind: str
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    scalars: dict[str, Scalar] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        """Payload size: tensor bytes plus 8 bytes per scalar (strings: their UTF-8 length)."""
+        size = sum(t.numel() * t.element_size() for t in self.tensors.values())
+        for value in self.scalars.values():
+            size += len(value.encode()) if isinstance(value, str) else 8
+        return size
+
+
+@dataclass
+class ClientContext:
+    """What a client step knows about itself.
+
+    Attributes:
+        client_id: the client's stable integer id (row group in simulation, partition id on
+            Flower); seeds the client's randomness.
+        state: tensors the client keeps between rounds (e.g. personal mixture weights).
+    """
+
+    client_id: int
+    state: dict[str, Tensor] = field(default_factory=dict)
+
+
+def client_generator(seed: int, client_id: int) -> torch.Generator:
+    """A CPU generator for one client in one round, independent across clients."""
+    entropy = np.random.SeedSequence([int(seed), int(client_id)]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(entropy))
+
+
+class FederatedAlgorithm(ABC):
+    """Base class: an algorithm is its configuration plus two pure halves.
+
+    The engine loop is::
+
+        state = algo.start()
+        while not algo.finished(state):
+            message = algo.configure(state)
+            replies = {cid: algo.client_step(X_c, message, ctx_c) for sampled clients}
+            state, metrics = algo.server_step(state, replies)
+    """
+
+    #: upper bound on the number of rounds (for progress bars and safety).
+    max_rounds: int = 1
+
+    @abstractmethod
+    def start(self) -> Any:
+        """The server's initial state."""
+
+    @abstractmethod
+    def configure(self, state: Any) -> Message:
+        """The message broadcast to the clients sampled for the next round."""
+
+    @abstractmethod
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        """Run the client half on local rows ``X`` (n_samples, n_features); may update
+        ``context.state``. Returns the reply."""
+
+    @abstractmethod
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:
+        """Aggregate the replies (keyed by client id) into a new state; also returns the
+        round's metrics (e.g. mean log-likelihood)."""
+
+    @abstractmethod
+    def finished(self, state: Any) -> bool:
+        """Whether training is over."""

@@ -1,0 +1,229 @@
+"""FedGenGMM: one-shot federated Gaussian mixtures (Algorithm 4.1 of the FedGenGMM paper).
+
+One round. Each client fits a local mixture, choosing its number of components ``K_c`` by
+BIC in ``k_range`` (or a fixed ``client_components``), and sends the parameters with its row
+count ``|D_c|``. The server re-weights client component weights by ``|D_c| / |D|``, forms
+the union of all components, draws ``H * sum_c K_c`` synthetic rows from it and fits one
+global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
+
+``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
+server only keeps every client's model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import union_mixture
+from fednovelty.federated.base import (
+    ClientContext,
+    FederatedAlgorithm,
+    Message,
+    Scalar,
+    client_generator,
+)
+from fednovelty.mixture import MixtureParams, fit_gmm, fit_gmm_bic, sample
+from fednovelty.mixture.covariance import check_covariance_type
+
+
+@dataclass
+class FedGenState:
+    """Server state of FedGenGMM / LocalGMMs.
+
+    Attributes:
+        phase: ``local_fit`` or ``done``.
+        params: the global mixture (FedGenGMM) once fitted.
+        client_models: each participating client's local mixture by client id.
+        client_sizes: each participating client's row count by client id.
+        skipped: ids of clients that had too few rows to fit a mixture.
+        n_synthetic: rows drawn on the server; ``bics``: BIC per candidate K of the global fit.
+        rounds: communication rounds (1 when done).
+    """
+
+    phase: str = "local_fit"
+    params: MixtureParams | None = None
+    client_models: dict[int, MixtureParams] = field(default_factory=dict)
+    client_sizes: dict[int, float] = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)
+    n_synthetic: int = 0
+    bics: dict[int, float] = field(default_factory=dict)
+    rounds: int = 0
+
+
+def _candidates(fixed: int | None, k_range: tuple[int, int]) -> list[int]:
+    return [int(fixed)] if fixed is not None else list(range(k_range[0], k_range[1] + 1))
+
+
+class FedGenGMM(FederatedAlgorithm):
+    """One-shot FedGenGMM.
+
+    Args:
+        n_components: global K; ``None`` picks it by BIC in ``k_range``.
+        client_components: every client's K; ``None`` lets each pick by BIC in ``k_range``.
+        k_range: inclusive ``(k_min, k_max)`` for BIC searches.
+        covariance_type: ``full``, ``tied``, ``diag`` or ``spherical`` (clients and server).
+        samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
+        min_client_samples: clients with fewer rows are skipped (with a warning).
+        reg_covar, tol, max_iter: local EM settings (as scikit-learn).
+        random_state: integer seed; dtype, device: where the server computes.
+    """
+
+    max_rounds = 1
+
+    def __init__(
+        self,
+        *,
+        n_components: int | None = None,
+        client_components: int | None = None,
+        k_range: tuple[int, int] = (1, 10),
+        covariance_type: str = "full",
+        samples_per_component: int = 100,
+        min_client_samples: int = 2,
+        reg_covar: float = 1e-6,
+        tol: float = 1e-3,
+        max_iter: int = 100,
+        random_state: int = 0,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        check_covariance_type(covariance_type)
+        k_min, k_max = (int(k) for k in k_range)
+        if not 1 <= k_min <= k_max:
+            raise ValueError(f"k_range must satisfy 1 <= k_min <= k_max, got {tuple(k_range)}.")
+        self.n_components = n_components
+        self.client_components = client_components
+        self.k_range = (k_min, k_max)
+        self.covariance_type = covariance_type
+        self.samples_per_component = int(samples_per_component)
+        self.min_client_samples = max(1, int(min_client_samples))
+        self.reg_covar = float(reg_covar)
+        self.tol = float(tol)
+        self.max_iter = int(max_iter)
+        self.random_state = int(random_state)
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+    def start(self) -> FedGenState:
+        return FedGenState()
+
+    def finished(self, state: FedGenState) -> bool:
+        return state.phase == "done"
+
+    def _seed(self, salt: int) -> int:
+        return int(np.random.SeedSequence([self.random_state, salt]).generate_state(1)[0])
+
+    def configure(self, state: FedGenState) -> Message:
+        return Message(
+            "local_fit",
+            scalars={
+                "candidates": ",".join(map(str, _candidates(self.client_components, self.k_range))),
+                "covariance_type": self.covariance_type,
+                "min_samples": self.min_client_samples,
+                "reg_covar": self.reg_covar,
+                "tol": self.tol,
+                "max_iter": self.max_iter,
+                "seed": self._seed(0),
+            },
+        )
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if message.kind != "local_fit":
+            raise ValueError(f"FedGenGMM clients do not answer messages of kind {message.kind!r}.")
+        s = message.scalars
+        n = X.shape[0]
+        n_samples = torch.tensor(float(n), dtype=X.dtype)
+        candidates = [int(k) for k in str(s["candidates"]).split(",") if int(k) <= n]
+        if n < int(s["min_samples"]) or not candidates:
+            return Message("local_fit", {"n_samples": n_samples}, {"skipped": True})
+        generator = client_generator(int(s["seed"]), context.client_id)
+        settings = {
+            "covariance_type": str(s["covariance_type"]),
+            "reg_covar": float(s["reg_covar"]),
+            "tol": float(s["tol"]),
+            "max_iter": int(s["max_iter"]),
+            "generator": generator,
+        }
+        if len(candidates) == 1:
+            result = fit_gmm(X, candidates[0], **settings)
+        else:
+            result, _ = fit_gmm_bic(X, candidates, **settings)
+        return Message(
+            "local_fit",
+            {**result.params.tensors(), "n_samples": n_samples},
+            {"skipped": False, "converged": result.converged, "n_iter": result.n_iter},
+        )
+
+    # ------------------------------------------------------------------ server half
+    def _collect(self, state: FedGenState, replies: dict[int, Message]) -> None:
+        for cid, reply in sorted(replies.items()):
+            if reply.scalars.get("skipped"):
+                state.skipped.append(cid)
+                continue
+            t = {k: v.to(self.device, self.dtype) for k, v in reply.tensors.items()}
+            state.client_models[cid] = MixtureParams(
+                t["weights"], t["means"], t["precisions_cholesky"], self.covariance_type
+            )
+            state.client_sizes[cid] = float(t["n_samples"])
+        if state.skipped:
+            warnings.warn(
+                f"client(s) {state.skipped} have fewer than {self.min_client_samples} sample(s) "
+                "and were skipped; their rows do not inform the model.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not state.client_models:
+            raise ValueError(
+                "No client could fit a local mixture: every client has fewer than "
+                f"min_client_samples={self.min_client_samples} rows."
+            )
+
+    def server_step(
+        self, state: FedGenState, replies: dict[int, Message]
+    ) -> tuple[FedGenState, dict[str, Scalar]]:
+        self._collect(state, replies)
+        ids = sorted(state.client_models)
+        union = union_mixture(
+            [state.client_models[c] for c in ids], [state.client_sizes[c] for c in ids]
+        )
+        generator = torch.Generator().manual_seed(self._seed(1))
+        state.n_synthetic = self.samples_per_component * union.n_components
+        synthetic, _ = sample(union, state.n_synthetic, generator=generator)
+        settings = {
+            "covariance_type": self.covariance_type,
+            "reg_covar": self.reg_covar,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "generator": generator,
+        }
+        candidates = _candidates(self.n_components, self.k_range)
+        if len(candidates) == 1:
+            state.params = fit_gmm(synthetic, candidates[0], **settings).params
+        else:
+            result, state.bics = fit_gmm_bic(synthetic, candidates, **settings)
+            state.params = result.params
+        state.phase, state.rounds = "done", 1
+        return state, {
+            "phase": "local_fit",
+            "n_synthetic": state.n_synthetic,
+            "n_components": state.params.n_components,
+        }
+
+
+class LocalGMMs(FedGenGMM):
+    """Local-only baseline: each client fits its own mixture; nothing is aggregated.
+
+    Takes FedGenGMM's client arguments (``client_components``, ``k_range``, ...).
+    """
+
+    def server_step(
+        self, state: FedGenState, replies: dict[int, Message]
+    ) -> tuple[FedGenState, dict[str, Scalar]]:
+        self._collect(state, replies)
+        state.phase, state.rounds = "done", 1
+        return state, {"phase": "local_fit", "n_models": len(state.client_models)}
