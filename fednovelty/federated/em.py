@@ -190,13 +190,12 @@ class FederatedEM(FederatedAlgorithm):
         self.dtype = dtype
         self.device = torch.device(device)
         self.chunk_size = chunk_size
-        as_tensor = lambda a: (
-            None
-            if a is None
-            else torch.as_tensor(
-                np.asarray(a), dtype=dtype, device=self.device
-            )
-        )
+
+        def as_tensor(value) -> Tensor | None:
+            if value is None:
+                return None
+            return torch.as_tensor(np.asarray(value), dtype=dtype, device=self.device)
+
         self.weights_init = as_tensor(weights_init)
         self.means_init = as_tensor(means_init)
         self.precisions_init = as_tensor(precisions_init)
