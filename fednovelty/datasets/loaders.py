@@ -129,11 +129,12 @@ def load_adbench(
     path = next((p for p in candidates if Path(stem).name == stem and p.is_file()), None)
     if path is None:
         known = _names(root, _ADBENCH_FOLDERS)
-        close = difflib.get_close_matches(stem, known, n=5, cutoff=0.5)
+        close = difflib.get_close_matches(stem, known, n=5, cutoff=0.6)
         close += [k for k in known if stem.lower() in k.lower() and k not in close]
-        hint = f"Did you mean {', '.join(close[:5])}?" if close else "See list_adbench()."
+        hint = f"Did you mean {', '.join(close[:5])}? " if close else ""
         raise ValueError(
-            f"unknown ADBench dataset {name!r} in {root}/adbench and {root}/adbench_cv. {hint}"
+            f"unknown ADBench dataset {name!r} in {root}/adbench and {root}/adbench_cv. "
+            f"{hint}list_adbench(include_cv=True) lists all {len(known)} names."
         )
     with np.load(path, allow_pickle=False) as npz:
         if not {"X", "y"} <= set(npz.files):

@@ -104,7 +104,8 @@ def dirichlet_partition(
         )
     rng = _rng(random_state)
     _, codes = np.unique(labels, return_inverse=True)
-    members = [np.flatnonzero(codes == g) for g in range(codes.max() + 1)]
+    codes = codes.ravel()
+    members = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes))[:-1])
     for _ in range(_MAX_TRIES):
         chunks: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
         for rows in members:
@@ -208,23 +209,32 @@ def groups_from_partition(parts: list[ArrayLike], n_samples: int) -> np.ndarray:
         [0, 1, 1, 0]
     """
     n_samples = _check_int(n_samples, "n_samples", 0)
-    out = np.full(n_samples, -1, dtype=np.int64)
-    for client, idx in enumerate(parts):
-        idx = np.asarray(idx)
-        if idx.size and (idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= n_samples):
+    arrays = [np.asarray(idx) for idx in parts]
+    for client, idx in enumerate(arrays):
+        if idx.size and (
+            idx.ndim != 1 or idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= n_samples
+        ):
             raise ValueError(
-                f"parts[{client}] must hold integer row indices in [0, {n_samples}); got "
-                f"dtype {idx.dtype}, range [{idx.min()}, {idx.max()}]."
+                f"parts[{client}] must be a 1-D array of integer row indices in "
+                f"[0, {n_samples}); got shape {idx.shape}, dtype {idx.dtype}, values "
+                f"[{idx.min()}, {idx.max()}]."
             )
-        taken = out[idx] >= 0
-        if taken.any() or np.unique(idx).size != idx.size:
-            row = int(idx[taken][0]) if taken.any() else int(idx[np.argmax(np.bincount(idx))])
-            raise ValueError(f"row {row} appears more than once in parts (client {client}).")
-        out[idx] = client
-    missing = np.flatnonzero(out < 0)
+    rows = np.concatenate([idx.astype(np.int64) for idx in arrays] + [np.empty(0, np.int64)])
+    owners = np.repeat(np.arange(len(arrays), dtype=np.int64), [idx.size for idx in arrays])
+    counts = np.bincount(rows, minlength=n_samples)
+    repeated = np.flatnonzero(counts > 1)
+    if repeated.size:
+        row = int(repeated[0])
+        raise ValueError(
+            f"row {row} is in more than one client (clients {owners[rows == row].tolist()}); "
+            f"every row must belong to exactly one client."
+        )
+    missing = np.flatnonzero(counts == 0)
     if missing.size:
         raise ValueError(
             f"{missing.size} rows are in no client (first: {missing[:5].tolist()}); a partition "
             f"must use every row of range(n_samples) exactly once."
         )
+    out = np.empty(n_samples, dtype=np.int64)
+    out[rows] = owners
     return out

@@ -1,0 +1,31 @@
+"""Data: loaders for ``../shared/data``, client partitioners and federated min-max scaling.
+
+- :mod:`~fednovelty.datasets.loaders`: ``data_dir``, ``list_adbench``, ``load_adbench``,
+  ``load_mnist`` (read-only, no downloads).
+- :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
+  ``kmeans_groups``, ``groups_from_partition`` (client id per row for ``fit(groups=...)``).
+- :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
+"""
+
+from fednovelty.datasets.loaders import data_dir, list_adbench, load_adbench, load_mnist
+from fednovelty.datasets.partition import (
+    dirichlet_partition,
+    groups_from_partition,
+    iid_partition,
+    kmeans_groups,
+)
+from fednovelty.datasets.scaling import MinMaxScaling, client_minmax, merge_minmax
+
+__all__ = [
+    "MinMaxScaling",
+    "client_minmax",
+    "data_dir",
+    "dirichlet_partition",
+    "groups_from_partition",
+    "iid_partition",
+    "kmeans_groups",
+    "list_adbench",
+    "load_adbench",
+    "load_mnist",
+    "merge_minmax",
+]

@@ -1,0 +1,8 @@
+"""Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty."""
+
+from fednovelty.detectors.base import MixtureDetector
+from fednovelty.detectors.fedgengmm import FedGenGMMDetector, LocalGMMDetector
+from fednovelty.detectors.fedgmm import FedGMMDetector
+from fednovelty.detectors.persistence import load
+
+__all__ = ["FedGMMDetector", "FedGenGMMDetector", "LocalGMMDetector", "MixtureDetector", "load"]

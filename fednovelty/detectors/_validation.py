@@ -1,0 +1,112 @@
+"""Input checks for the detectors: every failure is a ``ValueError`` that names the argument,
+says what was wrong and what to do. Nothing the caller passed is modified."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fednovelty.exceptions import ClientDataError
+
+
+def feature_names(X) -> np.ndarray | None:
+    """Column names of a DataFrame-like ``X`` (all strings), else ``None``."""
+    columns = getattr(X, "columns", None)
+    if columns is None:
+        return None
+    names = np.asarray([str(c) for c in columns], dtype=object)
+    return names if all(isinstance(c, str) for c in columns) else None
+
+
+def check_X(
+    X, *, name: str = "X", n_features: int | None = None, fitted_by: str = ""
+) -> np.ndarray:
+    """Validate a sample matrix and return it as a float64 array (n_samples, n_features).
+
+    Raises:
+        ValueError: not 2-D, empty, non-numeric, NaN/inf (naming the first bad column and
+            row), or a different number of features than at fit time.
+    """
+    try:
+        array = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{name} must be numeric (n_samples, n_features); could not convert it to float: "
+            f"{error}. Encode categorical columns as numbers first."
+        ) from None
+    if array.ndim == 1:
+        raise ValueError(
+            f"{name} must be 2-D (n_samples, n_features), got a 1-D array of shape "
+            f"{array.shape}. Use X.reshape(-1, 1) for one feature or X.reshape(1, -1) for "
+            "one sample."
+        )
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {array.shape}.")
+    if array.shape[0] == 0:
+        raise ValueError(f"{name} has 0 samples; need at least one row.")
+    if array.shape[1] == 0:
+        raise ValueError(f"{name} has 0 features; need at least one column.")
+    finite = np.isfinite(array)
+    if not finite.all():
+        rows, cols = np.nonzero(~finite)
+        bad_cols = np.unique(cols)
+        raise ValueError(
+            f"{name} contains NaN or inf in column {bad_cols[0]} (first at row {rows[0]}"
+            + (
+                f"; {len(bad_cols)} column(s) affected: {bad_cols[:10].tolist()}"
+                if len(bad_cols) > 1
+                else ""
+            )
+            + "). Remove or impute these values before fitting or scoring."
+        )
+    if n_features is not None and array.shape[1] != n_features:
+        raise ValueError(
+            f"{name} has {array.shape[1]} features, but {fitted_by or 'the detector'} was fitted "
+            f"with {n_features} features."
+        )
+    return array
+
+
+def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Client id of each row -> ``(client_ids, codes)``.
+
+    ``client_ids`` are the distinct ids in sorted order (n_clients,); ``codes`` maps each row
+    to its client's position in ``client_ids`` (n_samples,). ``groups=None`` is one client.
+
+    Raises:
+        ValueError: wrong length, not 1-D, or missing values.
+    """
+    if groups is None:
+        return np.array([0]), np.zeros(n_samples, dtype=np.int64)
+    array = np.asarray(groups)
+    if array.ndim != 1:
+        raise ValueError(f"groups must be 1-D (one client id per row), got shape {array.shape}.")
+    if array.shape[0] != n_samples:
+        raise ValueError(
+            f"groups has {array.shape[0]} entries but X has {n_samples} rows; give one client "
+            "id per row of X."
+        )
+    if array.dtype.kind == "f" and np.isnan(array).any():
+        raise ValueError("groups contains NaN; every row needs a client id.")
+    if array.dtype.kind == "O" and any(g is None for g in array):
+        raise ValueError("groups contains None; every row needs a client id.")
+    client_ids, codes = np.unique(array, return_inverse=True)
+    return client_ids, codes.astype(np.int64)
+
+
+def split_by_client(X: np.ndarray, codes: np.ndarray, n_clients: int) -> list[np.ndarray]:
+    """Rows of each client, in client order; views or copies, never written to."""
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(n_clients + 1))
+    return [X[order[bounds[c] : bounds[c + 1]]] for c in range(n_clients)]
+
+
+def check_client_sizes(
+    parts: list[np.ndarray], client_ids: np.ndarray, minimum: int, why: str
+) -> None:
+    """Raise ``ClientDataError`` naming the first client with fewer than ``minimum`` rows."""
+    for cid, part in zip(client_ids, parts, strict=True):
+        if part.shape[0] < minimum:
+            raise ClientDataError(
+                f"client {cid!r} has {part.shape[0]} sample(s); need >= {minimum} ({why}). "
+                "Merge small clients or drop them from groups."
+            )

@@ -1,0 +1,222 @@
+"""The detector contract shared by every fednovelty detector (PyOD ``BaseDetector``).
+
+``fit(X, y=None, groups=None)`` splits the rows by ``groups`` (one client id per row; none
+means a single client), runs a simulated federation on the in-process engine, and keeps the
+trained model. Scores follow scikit-learn and PyOD: ``score_samples`` is the log-density
+``log p(x)`` (higher = more normal) and ``decision_function`` is ``-log p(x)`` (higher =
+more anomalous); ``threshold_``, ``labels_``, ``predict`` and ``predict_proba`` come from
+PyOD with ``contamination``.
+
+Subclasses implement ``_fit_clients`` (train on the list of client tensors and set fitted
+attributes), ``_log_density`` (torch rows -> log p(x)) and the state hooks used by
+``save``/``load``. ``__init__`` only stores arguments; validation happens in ``fit``.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import abstractmethod
+from numbers import Integral, Real
+from typing import ClassVar
+
+import numpy as np
+import torch
+from pyod.models.base import BaseDetector
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors.persistence import load, save_detector
+from fednovelty.exceptions import NotFittedError
+from fednovelty.mixture import MixtureParams
+from fednovelty.runtime import SimulationResult
+
+COMMON_CONSTRAINTS: dict = {
+    "contamination": [Interval(Real, 0.0, 0.5, closed="right")],
+    "random_state": ["random_state"],
+    "device": [None, str, torch.device],
+    "dtype": [StrOptions({"float64", "float32"})],
+    "progress": ["boolean"],
+    "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
+    "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
+    "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+    "tol": [Interval(Real, 0.0, None, closed="left")],
+    "max_iter": [Interval(Integral, 1, None, closed="left")],
+    "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
+}
+
+
+def seed_from(random_state) -> int:
+    """An integer seed from ``None``, an int or a ``numpy.random.RandomState``."""
+    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+class MixtureDetector(BaseDetector):
+    """Base class of the fednovelty detectors (not used directly)."""
+
+    _parameter_constraints: ClassVar[dict] = COMMON_CONSTRAINTS
+
+    # -------------------------------------------------------------- configuration
+    def _torch_options(self) -> dict:
+        device = torch.device(self.device or "cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "device='cuda' was requested but torch sees no CUDA device; use device='cpu'."
+            )
+        return {"device": device, "dtype": getattr(torch, self.dtype)}
+
+    def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
+        options = self._torch_options()
+        return torch.as_tensor(X).to(**options)
+
+    # -------------------------------------------------------------- fitting
+    def fit(self, X, y=None, groups=None):
+        """Fit on rows ``X`` (n_samples, n_features) split into clients by ``groups``.
+
+        Args:
+            X: numpy array or pandas DataFrame of numeric features.
+            y: ignored (present for API consistency).
+            groups: client id of each row, shape (n_samples,); ``None`` means one client.
+
+        Returns:
+            self
+        """
+        self._validate_params()
+        array = check_X(X)
+        names = feature_names(X)
+        client_ids, codes = check_groups(groups, array.shape[0])
+        self.n_features_in_ = array.shape[1]
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_ = client_ids
+        self.n_clients_ = len(client_ids)
+        parts = split_by_client(array, codes, self.n_clients_)
+        self._fit_clients(parts, [self._as_tensor(p) for p in parts], seed_from(self.random_state))
+        self._classes = 2  # PyOD's predict_proba reads it; y is not used here
+        self.decision_scores_ = self.decision_function(array)
+        self._process_decision_scores()
+        return self
+
+    @abstractmethod
+    def _fit_clients(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int) -> None:
+        """Train on client tensors (same order as ``client_ids_``) and set fitted attributes."""
+
+    def _record_run(self, result: SimulationResult) -> None:
+        self.history_ = [record.as_dict() for record in result.history]
+        self.n_rounds_ = len(result.history)
+        self.bytes_up_ = result.bytes_up
+        self.bytes_down_ = result.bytes_down
+
+    def _set_mixture(self, params: MixtureParams) -> None:
+        """Store a fitted mixture and its scikit-learn-named numpy attributes."""
+        self.model_ = params
+        self.weights_ = params.weights.cpu().numpy()
+        self.means_ = params.means.cpu().numpy()
+        self.precisions_cholesky_ = params.precisions_cholesky.cpu().numpy()
+        self.covariances_ = params.covariances.cpu().numpy()
+        self.n_components_ = params.n_components
+
+    # -------------------------------------------------------------- scoring
+    def _check_fitted(self) -> None:
+        try:
+            check_is_fitted(self, "history_")
+        except Exception:
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet; call fit(X, groups=...) "
+                "first, or load a saved model with fednovelty.load(path)."
+            ) from None
+
+    def _check_score_input(self, X) -> torch.Tensor:
+        self._check_fitted()
+        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        names = feature_names(X)
+        fitted_names = getattr(self, "feature_names_in_", None)
+        if (
+            names is not None
+            and fitted_names is not None
+            and not np.array_equal(names, fitted_names)
+        ):
+            raise ValueError(
+                "The feature names of X differ from those seen in fit: "
+                f"{names.tolist()} vs {fitted_names.tolist()}. Reorder or rename the columns."
+            )
+        return self._as_tensor(array)
+
+    @abstractmethod
+    def _log_density(self, X: torch.Tensor) -> torch.Tensor:
+        """log p(x) of torch rows (n_samples, n_features) -> (n_samples,)."""
+
+    def score_samples(self, X) -> np.ndarray:
+        """Log-density ``log p(x)`` of each row, shape (n_samples,); higher = more normal."""
+        with torch.no_grad():
+            return self._log_density(self._check_score_input(X)).cpu().numpy().astype(np.float64)
+
+    def decision_function(self, X) -> np.ndarray:
+        """Anomaly score ``-log p(x)``, shape (n_samples,); higher = more anomalous."""
+        return -self.score_samples(X)
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Save the fitted detector to ``path`` (safetensors + JSON metadata; no pickle)."""
+        self._check_fitted()
+        tensors = {"decision_scores": torch.as_tensor(self.decision_scores_)}
+        attrs = {
+            "n_features_in_": self.n_features_in_,
+            "feature_names_in_": getattr(self, "feature_names_in_", None),
+            "client_ids_": self.client_ids_.tolist(),
+            "threshold_": float(self.threshold_),
+            "history_": getattr(self, "history_", []),
+            "n_rounds_": getattr(self, "n_rounds_", 0),
+            "bytes_up_": getattr(self, "bytes_up_", 0),
+            "bytes_down_": getattr(self, "bytes_down_", 0),
+        }
+        extra_tensors, extra_attrs = self._get_state()
+        save_detector(self, path, {**tensors, **extra_tensors}, {**attrs, **extra_attrs})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """Load a detector of this class saved with ``save``; the file runs no code."""
+        return load(path, expected=cls)
+
+    def _get_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Subclass tensors and JSON attributes to save."""
+        return {}, {}
+
+    def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
+        """Restore fitted attributes from ``save``'s output."""
+        for name in (
+            "n_features_in_",
+            "threshold_",
+            "history_",
+            "n_rounds_",
+            "bytes_up_",
+            "bytes_down_",
+        ):
+            setattr(self, name, attrs[name])
+        if attrs.get("feature_names_in_") is not None:
+            self.feature_names_in_ = np.asarray(attrs["feature_names_in_"], dtype=object)
+        self.client_ids_ = np.asarray(attrs["client_ids_"])
+        self.n_clients_ = len(self.client_ids_)
+        self.decision_scores_ = tensors["decision_scores"].numpy()
+        self.labels_ = (self.decision_scores_ > self.threshold_).astype(int)
+        self._classes = 2
+        self._mu = float(np.mean(self.decision_scores_))
+        self._sigma = float(np.std(self.decision_scores_))
+
+    @staticmethod
+    def _mixture_tensors(params: MixtureParams, prefix: str) -> dict[str, torch.Tensor]:
+        return {f"{prefix}.{k}": v for k, v in params.tensors().items()}
+
+    def _mixture_from(
+        self, tensors: dict[str, torch.Tensor], prefix: str, covariance_type: str
+    ) -> MixtureParams:
+        options = self._torch_options()
+        return MixtureParams(
+            tensors[f"{prefix}.weights"].to(**options),
+            tensors[f"{prefix}.means"].to(**options),
+            tensors[f"{prefix}.precisions_cholesky"].to(**options),
+            covariance_type,
+        )
