@@ -65,9 +65,12 @@ def kmeans_plusplus(
     for _ in range(1, n_clusters):
         cumulative = torch.cumsum(weight * closest, 0)
         if float(potential) <= 0:
-            # All remaining points coincide with a centre: pick unused rows in order.
+            # Every point with positive weight coincides with a chosen centre: take an unused
+            # row, preferring ones with positive weight.
             used = set(index)
-            index.append(next(i for i in range(n_samples) if i not in used))
+            unused = [i for i in range(n_samples) if i not in used]
+            positive = [i for i in unused if float(weight[i]) > 0]
+            index.append((positive or unused)[0])
             continue
         targets = _uniform(generator, n_local_trials, X) * potential
         candidates = torch.searchsorted(cumulative, targets).clamp_max_(n_samples - 1)

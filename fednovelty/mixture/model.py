@@ -46,6 +46,10 @@ class MixtureParams:
 
     def __post_init__(self) -> None:
         check_covariance_type(self.covariance_type)
+        if self.means.ndim != 2:
+            raise ValueError(
+                f"means must have shape (n_components, n_features), got {tuple(self.means.shape)}."
+            )
         k, d = self.means.shape
         if self.weights.shape != (k,):
             raise ValueError(f"weights must have shape ({k},), got {tuple(self.weights.shape)}.")
@@ -171,6 +175,8 @@ def sample(
     ``z ~ N(0, I)``, so its covariance is ``(U_k U_k^T)^{-1}``. Random numbers are drawn on the
     CPU generator and moved to the parameters' device.
     """
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}.")
     like = params.means
     k, d = params.n_components, params.n_features
     labels = torch.multinomial(

@@ -1,0 +1,19 @@
+"""The README's quickstart really runs."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_quickstart_runs(tmp_path, monkeypatch, capsys):
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no python code block"
+    quickstart = blocks[0]
+    assert len(quickstart.strip().splitlines()) <= 12
+    monkeypatch.chdir(tmp_path)
+    exec(compile(quickstart, "README quickstart", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[") and "True" in out[0]
+    assert (tmp_path / "model.safetensors").exists()
