@@ -55,7 +55,7 @@ def novelty_split(
     X, y = load_adbench(name, data_dir)
     rng = np.random.default_rng(random_state)
     inliers = rng.permutation(np.flatnonzero(y == 0))
-    n_test = int(round(test_share * inliers.size))
+    n_test = round(test_share * inliers.size)
     test_idx = np.concatenate([inliers[:n_test], np.flatnonzero(y == 1)])
     train_idx = inliers[n_test:]
     if max_train is not None:

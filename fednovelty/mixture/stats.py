@@ -27,9 +27,10 @@ from torch import Tensor
 
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.density import (
+    ComponentDensity,
     default_chunk_size,
-    log_gaussian_prob,
-    log_responsibilities,
+    exp_flushed_,
+    logsumexp_rows,
 )
 
 
@@ -139,14 +140,20 @@ def merge_stats(stats: Iterable[SufficientStats]) -> SufficientStats:
 def _second_moments(centered: Tensor, resp: Tensor, covariance_type: str) -> Tensor:
     """Second moments of ``centered`` (n, d) under ``resp`` (n, K); shape per type."""
     n, d = centered.shape
+    k = resp.shape[1]
     if covariance_type == "full":
         weighted = resp.unsqueeze(2) * centered.unsqueeze(1)  # (n, K, d)
-        return (weighted.reshape(n, -1).T @ centered).view(resp.shape[1], d, d)
+        return _unfold_full(centered.T @ weighted.view(n, k * d), k, d)
     if covariance_type == "tied":
         return centered.T @ (centered * resp.sum(1, keepdim=True))
     if covariance_type == "diag":
         return resp.T @ centered.square()
     return resp.T @ centered.square().sum(1)
+
+
+def _unfold_full(folded: Tensor, n_components: int, n_features: int) -> Tensor:
+    """(d, K * d) with ``[a, k * d + b] = sum_i x_ia r_ik x_ib`` -> (K, d, d) second moments."""
+    return folded.view(n_features, n_components, n_features).transpose(0, 1).contiguous()
 
 
 def stats_from_resp(
@@ -178,9 +185,19 @@ def e_step_stats(
 ) -> SufficientStats:
     """E-step on ``X`` folded into sufficient statistics, in row chunks.
 
-    Peak extra memory is one (chunk_size, n_components, n_features) buffer, never a copy
+    Peak extra memory is one (chunk_size, n_components, n_features) buffer plus a few
+    (chunk_size, n_features) ones, allocated once and reused by every chunk; never a copy
     of ``X``. Densities are evaluated on ``X - shift`` against ``means - shift``, which is the
     same density and better conditioned.
+
+    Per chunk of ``n`` rows (``full``): the centred rows are written into an augmented
+    (n, d + 1) buffer; one GEMM gives all ``(x_i - mu_k) U_k`` (``ComponentDensity``);
+    log-sum-exp turns the log-densities into responsibilities in place (responsibilities below
+    the smallest normal number become 0: see ``exp_flushed_``); the first moments
+    are one small GEMM, and the second moments one GEMM ``C^T @ [r_1 * C, ..., r_K * C]``
+    whose right operand is written into the density's (n, K * d) buffer, which is free by
+    then. Other covariance types get their moments from the augmented columns
+    (``x**2`` for ``diag``, ``||x||**2`` for ``spherical``) in the same GEMM as the sums.
 
     Args:
         X: rows, shape (n_samples, n_features).
@@ -197,29 +214,55 @@ def e_step_stats(
     """
     n_components, n_features = means.shape
     total = zero_stats(n_components, n_features, covariance_type, shift)
-    if X.shape[0] == 0:
+    n_samples = X.shape[0]
+    if n_samples == 0:
         return total
-    chunk_size = chunk_size or default_chunk_size(n_components, n_features)
-    shifted_means = means - shift
+    k, d, ct = n_components, n_features, covariance_type
+    chunk_size = min(n_samples, chunk_size or default_chunk_size(k, d))
+    density = ComponentDensity(means - shift, precisions_cholesky, ct, offset=log_weights)
     counts, sums, second = total.counts, total.sums, total.second
+    folded = torch.zeros(d, k * d, dtype=X.dtype, device=X.device) if ct == "full" else None
+    if ct == "diag":  # sums and diagonal second moments from one GEMM: (K, 2d)
+        moments = torch.zeros(k, 2 * d, dtype=X.dtype, device=X.device)
+    elif ct == "spherical":  # (K, d + 1): sums and traces
+        moments = torch.zeros(k, d + 1, dtype=X.dtype, device=X.device)
     log_likelihood = total.log_likelihood
-    for start in range(0, X.shape[0], chunk_size):
-        centered = X[start : start + chunk_size] - shift
-        weighted = log_gaussian_prob(centered, shifted_means, precisions_cholesky, covariance_type)
-        weighted += log_weights
-        log_norm, log_resp = log_responsibilities(weighted)
-        resp = log_resp.exp_()
-        counts = counts + resp.sum(0)
-        sums = sums + resp.T @ centered
-        second = second + _second_moments(centered, resp, covariance_type)
+    for start in range(0, n_samples, chunk_size):
+        rows = X[start : start + chunk_size]
+        n = rows.shape[0]
+        A = density.augmented(n, X)
+        centered = torch.sub(rows, shift, out=A[:, :d])
+        density.complete(A)
+        weighted = density.log_prob(A)  # (n, K): log pi_k + log N(x_i | k)
+        log_norm = logsumexp_rows(weighted)
+        resp = exp_flushed_(weighted.sub_(log_norm.unsqueeze(1)))
         log_likelihood = log_likelihood + log_norm.sum()
+        counts.add_(resp.sum(0))
+        if ct == "full":
+            sums.addmm_(resp.T, centered)
+            W = density.scratch(n, X)  # the density's buffer is free now
+            torch.mul(resp.unsqueeze(2), centered.unsqueeze(1), out=W.view(n, k, d))
+            folded.addmm_(centered.T, W)
+        elif ct == "tied":
+            sums.addmm_(resp.T, centered)
+            second.addmm_(centered.T, centered * resp.sum(1, keepdim=True))
+        elif ct == "diag":
+            moments.addmm_(resp.T, A[:, : 2 * d])
+        else:
+            moments.addmm_(resp.T, A[:, : d + 1])
+    if ct == "full":
+        second = _unfold_full(folded, k, d)
+    elif ct == "diag":
+        sums, second = moments[:, :d].contiguous(), moments[:, d:].contiguous()
+    elif ct == "spherical":
+        sums, second = moments[:, :d].contiguous(), moments[:, d].contiguous()
     return SufficientStats(
         counts=counts,
         sums=sums,
         second=second,
         shift=shift,
         log_likelihood=log_likelihood,
-        n_samples=torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device),
+        n_samples=torch.tensor(float(n_samples), dtype=X.dtype, device=X.device),
         covariance_type=covariance_type,
     )
 
