@@ -6,6 +6,8 @@ always says which argument was wrong, what was expected and what to do.
 
 from __future__ import annotations
 
+from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+
 
 class SingularCovarianceError(ValueError):
     """A component covariance is not positive definite, even after ``reg_covar``."""
@@ -19,5 +21,5 @@ class ModelFormatError(ValueError):
     """A file is not a model saved by fednovelty, or it is damaged."""
 
 
-class NotFittedError(ValueError, AttributeError):
-    """A scoring method was called before ``fit`` (same bases as scikit-learn's)."""
+class NotFittedError(_SklearnNotFittedError):
+    """A scoring method was called before ``fit`` (a scikit-learn ``NotFittedError``)."""

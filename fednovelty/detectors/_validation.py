@@ -26,6 +26,8 @@ def check_X(
         ValueError: not 2-D, empty, non-numeric, NaN/inf (naming the first bad column and
             row), or a different number of features than at fit time.
     """
+    if np.iscomplexobj(X) or np.asarray(X).dtype.kind == "c":
+        raise ValueError(f"{name} has complex values; give real-valued features.")
     try:
         array = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as error:

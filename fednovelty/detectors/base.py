@@ -38,8 +38,6 @@ COMMON_CONSTRAINTS: dict = {
     "device": [None, str, torch.device],
     "dtype": [StrOptions({"float64", "float32"})],
     "progress": ["boolean"],
-    "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
-    "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
     "reg_covar": [Interval(Real, 0.0, None, closed="left")],
     "tol": [Interval(Real, 0.0, None, closed="left")],
     "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -68,6 +66,8 @@ class MixtureDetector(BaseDetector):
 
     def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
         options = self._torch_options()
+        if not X.flags.writeable:  # torch cannot share read-only memory; copy once
+            X = np.array(X)
         return torch.as_tensor(X).to(**options)
 
     # -------------------------------------------------------------- fitting
@@ -158,6 +158,24 @@ class MixtureDetector(BaseDetector):
         """Anomaly score ``-log p(x)``, shape (n_samples,); higher = more anomalous."""
         return -self.score_samples(X)
 
+    def predict(self, X, return_confidence=False):
+        """PyOD's binary labels (1 = anomaly: ``decision_function(X) > threshold_``)."""
+        self._check_fitted()
+        return super().predict(self._checked_array(X), return_confidence=return_confidence)
+
+    def predict_proba(self, X, method="linear", return_confidence=False):
+        """PyOD's outlier probabilities, shape (n_samples, 2); column 1 = anomaly."""
+        self._check_fitted()
+        return super().predict_proba(
+            self._checked_array(X), method=method, return_confidence=return_confidence
+        )
+
+    def _checked_array(self, X):
+        """``X`` validated for scoring, kept as a DataFrame when it is one (feature names)."""
+        if feature_names(X) is not None:
+            return X
+        return check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+
     # -------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:
         """Save the fitted detector to ``path`` (safetensors + JSON metadata; no pickle)."""
@@ -165,7 +183,9 @@ class MixtureDetector(BaseDetector):
         tensors = {"decision_scores": torch.as_tensor(self.decision_scores_)}
         attrs = {
             "n_features_in_": self.n_features_in_,
-            "feature_names_in_": getattr(self, "feature_names_in_", None),
+            "feature_names_in_": (
+                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
+            ),
             "client_ids_": self.client_ids_.tolist(),
             "threshold_": float(self.threshold_),
             "history_": getattr(self, "history_", []),

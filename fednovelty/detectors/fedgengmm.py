@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral
 from typing import ClassVar
 
@@ -18,7 +19,6 @@ _FEDGEN_CONSTRAINTS: dict = {
     **COMMON_CONSTRAINTS,
     "client_components": [Interval(Integral, 1, None, closed="left"), None],
     "k_range": [tuple, list],
-    "samples_per_component": [Interval(Integral, 1, None, closed="left")],
     "min_client_samples": [Interval(Integral, 1, None, closed="left")],
 }
 
@@ -56,6 +56,15 @@ class _LocalFitDetector(MixtureDetector):
         self._record_run(result)
         state = result.state
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
+        if self.skipped_clients_:
+            warnings.warn(
+                f"client(s) {self.skipped_clients_} have fewer than {algorithm.rows_needed()} "
+                f"row(s) (min_client_samples={self.min_client_samples}, smallest K="
+                f"{min(algorithm.candidates())}) and were skipped; their rows do not inform "
+                "the model.",
+                UserWarning,
+                stacklevel=4,
+            )
         self.client_n_components_ = {
             self.client_ids_[c].item(): m.n_components for c, m in state.client_models.items()
         }
@@ -90,6 +99,7 @@ class FedGenGMMDetector(_LocalFitDetector):
     _parameter_constraints: ClassVar[dict] = {
         **_FEDGEN_CONSTRAINTS,
         "n_components": [Interval(Integral, 1, None, closed="left"), None],
+        "samples_per_component": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -132,6 +142,12 @@ class FedGenGMMDetector(_LocalFitDetector):
         }
 
     def _fit_clients(self, parts, clients, seed) -> None:
+        n_total = sum(p.shape[0] for p in parts)
+        if self.n_components is not None and self.n_components > n_total:
+            raise ValueError(
+                f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
+                "n_components or provide more rows."
+            )
         state = self._run(clients, seed)
         self._set_mixture(state.params)
         self.n_synthetic_ = state.n_synthetic

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from numbers import Integral
+from numbers import Integral, Real
 from typing import ClassVar
 
 import numpy as np
@@ -76,6 +76,8 @@ class FedGMMDetector(MixtureDetector):
         "precisions_init": ["array-like", None],
         "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
         "subset_size": [Interval(Integral, 1, None, closed="left")],
+        "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
+        "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
     }
 
     def __init__(

@@ -12,7 +12,6 @@ server only keeps every client's model.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +39,7 @@ class FedGenState:
         params: the global mixture (FedGenGMM) once fitted.
         client_models: each participating client's local mixture by client id.
         client_sizes: each participating client's row count by client id.
-        skipped: ids of clients that had too few rows to fit a mixture.
+        skipped: ids of clients with fewer rows than ``rows_needed()`` (no model sent).
         n_synthetic: rows drawn on the server; ``bics``: BIC per candidate K of the global fit.
         rounds: communication rounds (1 when done).
     """
@@ -68,7 +67,8 @@ class FedGenGMM(FederatedAlgorithm):
         k_range: inclusive ``(k_min, k_max)`` for BIC searches.
         covariance_type: ``full``, ``tied``, ``diag`` or ``spherical`` (clients and server).
         samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
-        min_client_samples: clients with fewer rows are skipped (with a warning).
+        min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
+            are skipped and listed in ``state.skipped``.
         reg_covar, tol, max_iter: local EM settings (as scikit-learn).
         random_state: integer seed; dtype, device: where the server computes.
     """
@@ -108,6 +108,14 @@ class FedGenGMM(FederatedAlgorithm):
         self.dtype = dtype
         self.device = torch.device(device)
 
+    def candidates(self) -> list[int]:
+        """Numbers of components a client may fit."""
+        return _candidates(self.client_components, self.k_range)
+
+    def rows_needed(self) -> int:
+        """Fewest rows a client needs to take part (else it is skipped)."""
+        return max(self.min_client_samples, min(self.candidates()))
+
     def start(self) -> FedGenState:
         return FedGenState()
 
@@ -121,9 +129,9 @@ class FedGenGMM(FederatedAlgorithm):
         return Message(
             "local_fit",
             scalars={
-                "candidates": ",".join(map(str, _candidates(self.client_components, self.k_range))),
+                "candidates": ",".join(map(str, self.candidates())),
                 "covariance_type": self.covariance_type,
-                "min_samples": self.min_client_samples,
+                "min_samples": self.rows_needed(),
                 "reg_covar": self.reg_covar,
                 "tol": self.tol,
                 "max_iter": self.max_iter,
@@ -170,17 +178,17 @@ class FedGenGMM(FederatedAlgorithm):
                 t["weights"], t["means"], t["precisions_cholesky"], self.covariance_type
             )
             state.client_sizes[cid] = float(t["n_samples"])
-        if state.skipped:
-            warnings.warn(
-                f"client(s) {state.skipped} have fewer than {self.min_client_samples} sample(s) "
-                "and were skipped; their rows do not inform the model.",
-                UserWarning,
-                stacklevel=3,
-            )
         if not state.client_models:
+            source = (
+                f"client_components={self.client_components}"
+                if self.client_components is not None
+                else f"k_range={self.k_range}"
+            )
             raise ValueError(
-                "No client could fit a local mixture: every client has fewer than "
-                f"min_client_samples={self.min_client_samples} rows."
+                f"No client could fit a local mixture: every client has fewer rows than "
+                f"{self.rows_needed()} (min_client_samples={self.min_client_samples}; "
+                f"smallest K from {source}). Lower client_components or k_range, or merge "
+                "clients."
             )
 
     def server_step(

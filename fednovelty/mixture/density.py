@@ -28,6 +28,10 @@ from torch import Tensor
 from fednovelty.mixture.covariance import check_covariance_type, log_det_cholesky
 
 LOG_2PI = math.log(2 * math.pi)
+#: Bytes of the (rows, n_components * n_features) work buffer processed at a time: small
+#: enough to stay in a core's L2 cache between the GEMM that writes it and the passes that
+#: read it back.
+BLOCK_BYTES = int(__import__("os").environ.get("FEDNOVELTY_BLOCK_BYTES", 1 << 20))
 
 
 class Workspace:
@@ -156,6 +160,11 @@ class ComponentDensity:
         return self.complete(A)
 
     # ------------------------------------------------------------------ kernels
+    def block_rows(self, like: Tensor) -> int:
+        """Rows per cache block of the (rows, n_components * n_features) work buffer."""
+        row_bytes = self.n_components * self.n_features * like.element_size()
+        return max(16, BLOCK_BYTES // row_bytes)
+
     def scratch(self, n_rows: int, like: Tensor) -> Tensor:
         """The (n_rows, n_components * n_features) work buffer of the full/tied kernels; free
         for other use between calls."""
@@ -165,15 +174,25 @@ class ComponentDensity:
         """Log-densities plus offset for augmented rows ``A``; a new (n_rows, n_components)."""
         n = A.shape[0]
         k, d, ct = self.n_components, self.n_features, self.covariance_type
-        if ct == "full":
-            y = self.scratch(n, A)
-            torch.mm(A, self.factors, out=y)  # y_ik = (x_i - mu_k) U_k
-            maha = y.square_().view(n, k, d).sum(2)
-        elif ct == "tied":
-            y = self.scratch(n, A).view(n, k, d)
-            projected = A @ self.factors
-            torch.sub(projected.unsqueeze(1), self.means_projected.unsqueeze(0), out=y)
-            maha = y.square_().sum(2)
+        if ct in ("full", "tied"):
+            # GEMM, square and row sums block by block, so that the (rows, K * d) buffer is
+            # still in cache when it is squared and summed.
+            maha = torch.empty(n, k, dtype=A.dtype, device=A.device)
+            block = self.block_rows(A)
+            y_all = self.scratch(min(n, block), A)
+            for start in range(0, n, block):
+                stop = min(n, start + block)
+                y = y_all[: stop - start]
+                if ct == "full":
+                    torch.mm(A[start:stop], self.factors, out=y)  # y_ik = (x_i - mu_k) U_k
+                else:
+                    projected = A[start:stop] @ self.factors
+                    torch.sub(
+                        projected.unsqueeze(1),
+                        self.means_projected.unsqueeze(0),
+                        out=y.view(stop - start, k, d),
+                    )
+                torch.sum(y.square_().view(stop - start, k, d), 2, out=maha[start:stop])
         else:
             maha = A @ self.factors
         out = maha.add_(self.n_features * LOG_2PI).mul_(-0.5).add_(self.log_det)

@@ -240,9 +240,15 @@ def e_step_stats(
         counts.add_(resp.sum(0))
         if ct == "full":
             sums.addmm_(resp.T, centered)
-            W = density.scratch(n, X)  # the density's buffer is free now
-            torch.mul(resp.unsqueeze(2), centered.unsqueeze(1), out=W.view(n, k, d))
-            folded.addmm_(centered.T, W)
+            # Second moments block by block in the density's (free) work buffer.
+            block = density.block_rows(X)
+            W_all = density.scratch(min(n, block), X)
+            for b0 in range(0, n, block):
+                b1 = min(n, b0 + block)
+                W = W_all[: b1 - b0]
+                c = centered[b0:b1]
+                torch.mul(resp[b0:b1].unsqueeze(2), c.unsqueeze(1), out=W.view(b1 - b0, k, d))
+                folded.addmm_(c.T, W)
         elif ct == "tied":
             sums.addmm_(resp.T, centered)
             second.addmm_(centered.T, centered * resp.sum(1, keepdim=True))

@@ -1,0 +1,191 @@
+"""FedGenGMM (one-shot), LocalGMMs, ``union_mixture`` and ``Message.nbytes``."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.mixture import GaussianMixture
+
+from fednovelty.federated import FedGenGMM, LocalGMMs, Message
+from fednovelty.federated.aggregate import union_mixture
+from fednovelty.mixture import MixtureParams, score_samples
+from fednovelty.runtime import run_simulation
+
+CENTERS = np.array([[-6.0, 0.0], [6.0, 0.0], [0.0, 7.0]])
+
+
+def blob(rng: np.random.Generator, index: int, n: int) -> np.ndarray:
+    return CENTERS[index] + rng.normal(size=(n, 2))
+
+
+@pytest.fixture(scope="module")
+def nested_clients() -> dict[int, np.ndarray]:
+    """Client 0 holds one blob, client 1 two blobs, client 2 three blobs (150 rows each)."""
+    rng = np.random.default_rng(0)
+    return {
+        0: blob(rng, 0, 150),
+        1: np.vstack([blob(rng, 0, 75), blob(rng, 1, 75)]),
+        2: np.vstack([blob(rng, 0, 50), blob(rng, 1, 50), blob(rng, 2, 50)]),
+    }
+
+
+@pytest.fixture(scope="module")
+def fedgen_run(nested_clients):
+    algorithm = FedGenGMM(n_components=3, k_range=(1, 4), samples_per_component=80, random_state=0)
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    return algorithm, run_simulation(algorithm, clients)
+
+
+def test_fedgengmm_is_one_round(fedgen_run):
+    algorithm, result = fedgen_run
+    assert len(result.history) == 1
+    assert result.history[0].kind == "local_fit"
+    assert result.history[0].round == 1
+    assert result.state.phase == "done"
+    assert result.state.rounds == 1
+    assert algorithm.max_rounds == 1
+
+
+def test_client_components_chosen_by_bic(fedgen_run):
+    _, result = fedgen_run
+    chosen = {cid: m.n_components for cid, m in result.state.client_models.items()}
+    # Each client holds 1, 2 and 3 well separated blobs; BIC over k in 1..4 finds them.
+    assert chosen == {0: 1, 1: 2, 2: 3}
+    assert result.state.client_sizes == {0: 150.0, 1: 150.0, 2: 150.0}
+    assert result.state.skipped == []
+
+
+def test_synthetic_rows_are_h_times_sum_of_client_components(fedgen_run):
+    algorithm, result = fedgen_run
+    total_k = sum(m.n_components for m in result.state.client_models.values())
+    assert result.state.n_synthetic == algorithm.samples_per_component * total_k == 80 * 6
+    assert result.history[0].metrics["n_synthetic"] == 480
+
+
+def test_global_model_close_to_centralized_sklearn(fedgen_run, nested_clients):
+    _, result = fedgen_run
+    X = np.vstack(list(nested_clients.values()))
+    assert result.state.params.n_components == 3
+    federated = float(score_samples(result.state.params, torch.as_tensor(X)).mean())
+    centralized = GaussianMixture(3, random_state=0).fit(X).score(X)
+    assert abs(federated - centralized) < 0.1, (federated, centralized)
+
+
+def test_global_k_by_bic(nested_clients):
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    algorithm = FedGenGMM(k_range=(1, 4), samples_per_component=60, random_state=0)
+    state = run_simulation(algorithm, clients).state
+    assert sorted(state.bics) == [1, 2, 3, 4]
+    assert state.params.n_components == min(state.bics, key=state.bics.get) == 3
+
+
+def test_small_clients_are_skipped_and_listed(nested_clients):
+    """The algorithm records skipped clients; the detector warns with the user's ids."""
+    rng = np.random.default_rng(1)
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    clients[7] = torch.as_tensor(blob(rng, 2, 3))  # 3 rows < min_client_samples=5
+    algorithm = FedGenGMM(
+        n_components=3, client_components=2, min_client_samples=5, samples_per_component=30
+    )
+    assert algorithm.rows_needed() == 5
+    state = run_simulation(algorithm, clients).state
+    assert state.skipped == [7]
+    assert sorted(state.client_models) == [0, 1, 2]
+    assert 7 not in state.client_sizes
+
+
+def test_all_clients_too_small_raises():
+    rng = np.random.default_rng(2)
+    clients = [torch.as_tensor(blob(rng, 0, 1)), torch.as_tensor(blob(rng, 1, 1))]
+    algorithm = FedGenGMM(n_components=1, client_components=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(ValueError, match="min_client_samples=2"):
+            run_simulation(algorithm, clients)
+
+
+def test_local_gmms_keeps_one_model_per_client(nested_clients):
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    result = run_simulation(LocalGMMs(k_range=(1, 4), random_state=0), clients)
+    state = result.state
+    assert len(result.history) == 1
+    assert state.params is None
+    assert sorted(state.client_models) == [0, 1, 2]
+    assert {c: m.n_components for c, m in state.client_models.items()} == {0: 1, 1: 2, 2: 3}
+    assert result.history[0].metrics["n_models"] == 3
+    # Each local model fits its own client's rows better than the other clients' models.
+    own = float(score_samples(state.client_models[0], clients[0]).mean())
+    other = float(score_samples(state.client_models[2], clients[0]).mean())
+    assert own > other
+
+
+def _diag_mixture(weights, means, scales) -> MixtureParams:
+    means = torch.tensor(means, dtype=torch.float64)
+    prec = 1.0 / torch.tensor(scales, dtype=torch.float64)
+    return MixtureParams(torch.tensor(weights, dtype=torch.float64), means, prec, "diag")
+
+
+def test_union_mixture_weights_by_client_size():
+    a = _diag_mixture([0.25, 0.75], [[0.0, 0.0], [1.0, 1.0]], [[1.0, 2.0], [3.0, 4.0]])
+    b = _diag_mixture([0.5, 0.3, 0.2], [[5.0, 5.0], [6.0, 6.0], [7.0, 7.0]], [[1.0, 1.0]] * 3)
+    union = union_mixture([a, b], [100.0, 300.0])
+    # r_ck |D_c| / |D| by hand: |D| = 400.
+    expected = [0.25 * 0.25, 0.75 * 0.25, 0.5 * 0.75, 0.3 * 0.75, 0.2 * 0.75]
+    np.testing.assert_allclose(union.weights.numpy(), expected, rtol=0, atol=1e-15)
+    assert union.covariance_type == "diag"
+    assert union.n_components == 5
+    np.testing.assert_array_equal(union.means.numpy(), np.vstack([a.means, b.means]))
+    np.testing.assert_array_equal(
+        union.precisions_cholesky.numpy(),
+        np.vstack([a.precisions_cholesky, b.precisions_cholesky]),
+    )
+
+
+def test_union_mixture_of_tied_models_is_full():
+    def tied(weights, means, cov):
+        return MixtureParams.from_covariances(
+            torch.tensor(weights, dtype=torch.float64),
+            torch.tensor(means, dtype=torch.float64),
+            torch.tensor(cov, dtype=torch.float64),
+            "tied",
+        )
+
+    cov_a = [[2.0, 0.5], [0.5, 1.0]]
+    cov_b = [[1.0, -0.2], [-0.2, 3.0]]
+    a = tied([0.5, 0.5], [[0.0, 0.0], [1.0, 0.0]], cov_a)
+    b = tied([1.0], [[4.0, 4.0]], cov_b)
+    union = union_mixture([a, b], [2.0, 2.0])
+    assert union.covariance_type == "full"
+    assert union.precisions_cholesky.shape == (3, 2, 2)
+    np.testing.assert_allclose(union.weights.numpy(), [0.25, 0.25, 0.5], atol=1e-15)
+    np.testing.assert_allclose(
+        union.covariances.numpy(), np.stack([cov_a, cov_a, cov_b]), rtol=0, atol=1e-12
+    )
+    # Densities of the union equal the size-weighted mixture of the client densities.
+    X = torch.tensor([[0.3, -0.2], [3.0, 4.5], [10.0, -1.0]], dtype=torch.float64)
+    expected = torch.logsumexp(
+        torch.stack([score_samples(a, X) + np.log(0.5), score_samples(b, X) + np.log(0.5)]), 0
+    )
+    np.testing.assert_allclose(score_samples(union, X).numpy(), expected.numpy(), atol=1e-12)
+
+
+def test_union_mixture_needs_a_model():
+    with pytest.raises(ValueError, match="at least one"):
+        union_mixture([], [])
+
+
+def test_message_nbytes_counts_tensors_and_scalars():
+    message = Message(
+        "em",
+        tensors={
+            "a": torch.zeros(3, dtype=torch.float64),  # 24 bytes
+            "b": torch.zeros(2, 2, dtype=torch.float32),  # 16 bytes
+            "c": torch.zeros(5, dtype=torch.int8),  # 5 bytes
+        },
+        scalars={"n": 3, "x": 0.5, "flag": True, "name": "héllo"},  # 8 + 8 + 8 + 6 (UTF-8)
+    )
+    assert message.nbytes() == 24 + 16 + 5 + 8 + 8 + 8 + 6
+    assert Message("empty").nbytes() == 0
