@@ -241,6 +241,27 @@ def logsumexp_rows(x: Tensor) -> Tensor:
     return exp_flushed_(x - maxes).sum(1).log_().add_(maxes.squeeze(1))
 
 
+def normalize_rows_(weighted_log_prob: Tensor) -> tuple[Tensor, Tensor]:
+    """Log-normaliser and responsibilities of (n_rows, n_components) ``log pi_k + log N``,
+    overwriting the input with the responsibilities.
+
+    ``log_prob_norm`` is ``torch.logsumexp(.., dim=1)`` to the last bit. The responsibilities
+    are ``exp(w_ik - max_i) / sum_k exp(w_ik - max_i)``, reusing the exponentials of the
+    log-sum-exp instead of computing ``exp(log_resp)`` again (equal to a few ulp);
+    those below the smallest normal number are 0 (see ``exp_flushed_``).
+
+    Returns:
+        ``(log_prob_norm, resp)``, shapes (n_rows,) and (n_rows, n_components); ``resp`` is
+        the input tensor.
+    """
+    maxes = weighted_log_prob.amax(dim=1, keepdim=True)
+    maxes.masked_fill_(maxes.abs() == math.inf, 0.0)
+    resp = exp_flushed_(weighted_log_prob.sub_(maxes))
+    sums = resp.sum(1, keepdim=True)
+    log_prob_norm = sums.log().add_(maxes).squeeze(1)
+    return log_prob_norm, resp.div_(sums)
+
+
 def log_responsibilities(weighted_log_prob: Tensor) -> tuple[Tensor, Tensor]:
     """Normalise ``log pi_k + log N(x_i | k)`` in log space.
 

@@ -29,8 +29,7 @@ from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.density import (
     ComponentDensity,
     default_chunk_size,
-    exp_flushed_,
-    logsumexp_rows,
+    normalize_rows_,
 )
 
 
@@ -192,8 +191,8 @@ def e_step_stats(
 
     Per chunk of ``n`` rows (``full``): the centred rows are written into an augmented
     (n, d + 1) buffer; one GEMM gives all ``(x_i - mu_k) U_k`` (``ComponentDensity``);
-    log-sum-exp turns the log-densities into responsibilities in place (responsibilities below
-    the smallest normal number become 0: see ``exp_flushed_``); the first moments
+    log-sum-exp turns the log-densities into responsibilities in place
+    (``normalize_rows_``); the first moments
     are one small GEMM, and the second moments one GEMM ``C^T @ [r_1 * C, ..., r_K * C]``
     whose right operand is written into the density's (n, K * d) buffer, which is free by
     then. Other covariance types get their moments from the augmented columns
@@ -234,8 +233,7 @@ def e_step_stats(
         centered = torch.sub(rows, shift, out=A[:, :d])
         density.complete(A)
         weighted = density.log_prob(A)  # (n, K): log pi_k + log N(x_i | k)
-        log_norm = logsumexp_rows(weighted)
-        resp = exp_flushed_(weighted.sub_(log_norm.unsqueeze(1)))
+        log_norm, resp = normalize_rows_(weighted)
         log_likelihood = log_likelihood + log_norm.sum()
         counts.add_(resp.sum(0))
         if ct == "full":

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from fednovelty.exceptions import ClientDataError
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Scalar
 
 
@@ -88,6 +90,33 @@ def sample_clients(
     return asked, replied
 
 
+def check_clients(clients: dict[int, Tensor]) -> None:
+    """Reject client data an algorithm cannot use, naming the client.
+
+    Raises:
+        ClientDataError: a client's rows are not a 2-D floating tensor, have a different
+            number of columns than the others, or contain NaN/inf. Empty clients are fine
+            (they contribute nothing).
+    """
+    widths = {}
+    for cid, X in clients.items():
+        if not isinstance(X, Tensor) or X.ndim != 2 or not X.is_floating_point():
+            raise ClientDataError(
+                f"client {cid}: rows must be a 2-D floating torch tensor (n_samples, n_features)"
+                f", got {type(X).__name__} of shape {tuple(getattr(X, 'shape', ()))}."
+            )
+        widths[cid] = X.shape[1]
+        if X.shape[0] and not bool(torch.isfinite(X).all()):
+            raise ClientDataError(f"client {cid}: rows contain NaN or inf; clean them first.")
+    if len(set(widths.values())) > 1:
+        first = next(iter(widths))
+        odd = next(c for c, w in widths.items() if w != widths[first])
+        raise ClientDataError(
+            f"client {odd} has {widths[odd]} features but client {first} has "
+            f"{widths[first]}; every client needs the same columns."
+        )
+
+
 def run_simulation(
     algorithm: FederatedAlgorithm,
     clients: Sequence[Tensor] | dict[int, Tensor],
@@ -125,6 +154,7 @@ def run_simulation(
     data = dict(enumerate(clients)) if not isinstance(clients, dict) else dict(clients)
     if not data:
         raise ValueError("clients is empty; give at least one client's rows.")
+    check_clients(data)
     rng = np.random.default_rng(random_state)
     contexts = {cid: ClientContext(cid) for cid in data}
     history: list[RoundRecord] = []

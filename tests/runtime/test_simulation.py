@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated import ClientContext, FederatedAlgorithm, Message
+from fednovelty.exceptions import ClientDataError
+from fednovelty.federated import ClientContext, FederatedAlgorithm, FederatedEM, Message
 from fednovelty.runtime import RoundRecord, run_simulation
 
 
@@ -236,3 +237,19 @@ def test_progress_bar_with_federated_em(capsys):
     result = run_simulation(FederatedEM(2, random_state=0), clients, progress=True)
     assert result.state.converged
     assert "FederatedEM" in capsys.readouterr().err
+
+
+def test_degenerate_clients_are_rejected_by_name():
+    good = torch.randn(20, 3, dtype=torch.float64)
+    algorithm = FederatedEM(2)
+    with pytest.raises(ClientDataError, match="client 1 has 4 features but client 0 has 3"):
+        run_simulation(algorithm, [good, torch.randn(5, 4, dtype=torch.float64)])
+    bad = good.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ClientDataError, match="client 1: rows contain NaN or inf"):
+        run_simulation(algorithm, [good, bad])
+    with pytest.raises(ClientDataError, match="client 0: rows must be a 2-D floating"):
+        run_simulation(algorithm, [torch.ones(4, dtype=torch.float64)])
+    # empty and one-row clients are fine: they add (almost) nothing to the sums
+    result = run_simulation(algorithm, [good, good[:0], good[:1]])
+    assert result.state.params.n_components == 2
