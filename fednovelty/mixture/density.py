@@ -4,18 +4,28 @@ The formulas are scikit-learn's ``_estimate_log_gaussian_prob`` written as batch
 operations. For full covariances one matrix product replaces sklearn's Python loop over
 components: with the rows augmented by a column of ones,
 
-    [X, 1] @ [[U_1 ... U_K], [-mu_1 U_1 ... -mu_K U_K]]  ->  (n_samples, n_components * n_features)
+    [X, 1] @ [[U_1 ... U_K], [-mu_1 U_1 ... -mu_K U_K]]  ->  (n_rows, n_components * n_features)
 
-gives every ``y_ik = (x_i - mu_k) U_k`` in one GEMM (the subtraction of ``mu_k U_k`` rides in the
-GEMM's accumulation instead of a separate pass over the large buffer). Then
-``log N = -0.5 * ||y_ik||^2 + (log det U_k - 0.5 d log 2 pi)``. ``diag`` and ``spherical`` expand
-the square the way scikit-learn does and also need one GEMM each.
+gives every ``y_ik = (x_i - mu_k) U_k`` in one GEMM (the subtraction of ``mu_k U_k`` rides in
+the GEMM's accumulation instead of a separate pass over the large buffer), and
+``log N = -0.5 * (d log 2 pi + ||y_ik||^2) + log det U_k``. ``diag`` and ``spherical`` expand
+the square as scikit-learn does, as one GEMM on ``[x, x**2, 1]`` (``[x, ||x||**2, 1]``).
 
-Speed on CPU comes from touching the large ``(rows, n_components * n_features)`` buffer as few
-times as possible and from reusing it: ``ComponentDensity`` keeps the parameter-dependent
-factors and its work buffers between row chunks, so a chunked E-step allocates them once
-(``fednovelty.mixture.stats.e_step_stats`` also reuses the same buffer for the second
-moments). ``log_gaussian_prob`` is the one-shot functional form of the same kernels.
+Where the time goes on CPU, and what is done about it (measured on 2 cores, N = 10^6, d = 32,
+K = 10; ``benchmarks/bench_mixture.py``):
+
+* The two GEMMs of a full-covariance E-step are near the machine's peak; the passes over the
+  (rows, K * d) buffer around them (square, row sums, the weighted copy for the second
+  moments) are memory bound. ``ComponentDensity.log_prob`` therefore runs GEMM, square and
+  sum block by block (``BLOCK_BYTES`` per thread, about L2 size), so the buffer is read back
+  from cache, and the buffer is allocated once per call, not per chunk.
+* ``exp`` of arguments whose result underflows takes a slow scalar path in torch's vectorised
+  kernels (10-150x per element); responsibilities of far components are exactly that
+  (below -87 in float32). ``exp_flushed_`` keeps every argument in range and zeroes those
+  results, and ``normalize_rows_`` reuses the log-sum-exp's exponentials as responsibilities.
+* Constants of the log-density are applied in scikit-learn's order for plain log-densities
+  (values match sklearn to ~1e-10 even at |log p| ~ 1e7) and folded into one bias (into the
+  GEMM for diag/spherical) when an E-step offset ``log pi`` is given.
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ from torch import Tensor
 from fednovelty.mixture.covariance import check_covariance_type, log_det_cholesky
 
 LOG_2PI = math.log(2 * math.pi)
-#: Bytes of the (rows, n_components * n_features) work buffer processed at a time: small
-#: enough to stay in a core's L2 cache between the GEMM that writes it and the passes that
-#: read it back.
-BLOCK_BYTES = int(__import__("os").environ.get("FEDNOVELTY_BLOCK_BYTES", 1 << 20))
+#: Bytes per CPU thread of the (rows, n_components * n_features) work buffer processed at a
+#: time: small enough to stay in a core's L2 cache between the GEMM that writes it and the
+#: passes that read it back (measured on 2 cores, d=32, K=10: 1 MiB beats 0.25-64 MiB by
+#: 10-40%).
+BLOCK_BYTES = 1 << 20
 
 
 class Workspace:
@@ -65,11 +76,12 @@ class ComponentDensity:
     Everything that depends only on the parameters (stacked factors, log-determinants) is
     computed once here.
 
-    The kernels read *augmented* rows ``A`` of shape (n_rows, width) built by
-    ``augment(X)`` (or written in place through ``rows_view``): ``A[:, :d]`` holds the rows and
-    the other columns what the covariance type needs (ones for ``full``; ``x**2`` and ones for
-    ``diag``; ``||x||**2`` and ones for ``spherical``). ``stats.e_step_stats`` reuses these
-    extra columns for the moments.
+    The kernels read *augmented* rows ``A`` of shape (n_rows, width) built by ``augment(X)``
+    (or by writing the rows into ``augmented(n, like)[:, :d]`` and calling ``complete``):
+    ``[x, 1]`` for ``full`` and ``tied``, ``[x, x**2, 1]`` for ``diag``, ``[x, ||x||**2, 1]``
+    for ``spherical``. ``stats.e_step_stats`` gets all its statistics but the full/tied
+    second moments from one GEMM ``resp^T @ A``: sums, diagonal second moments or traces, and
+    (from the ones) the counts.
 
     Args:
         means: shape (n_components, n_features).
@@ -93,24 +105,27 @@ class ComponentDensity:
         self.n_components, self.n_features = means.shape
         self.workspace = workspace if workspace is not None else Workspace()
         k, d = self.n_components, self.n_features
-        # Constants are applied in scikit-learn's order, -0.5 * (d log 2 pi + maha) + log_det
-        # (+ log pi): folding them into one bias would change the last bits of log-densities
-        # of far-away rows (|log p| ~ 1e7), which the tests compare to sklearn to 1e-10.
+        # Without an offset (plain log-densities) the constants are applied in scikit-learn's
+        # order, -0.5 * (d log 2 pi + maha) + log_det, which reproduces sklearn's values to
+        # about 1e-10 even for far-away rows (|log p| ~ 1e7). With an offset (the E-step) they
+        # are folded into one bias (for diag/spherical into the GEMM): equal to a few ulp,
+        # and 2-4 passes over the (rows, K) result fewer.
         self.log_det = log_det_cholesky(precisions_cholesky, covariance_type, d)
         self.offset = offset
+        self.bias = None if offset is None else self.log_det - 0.5 * d * LOG_2PI + offset
         if covariance_type == "full":
             # (d + 1, K * d): [U_1 ... U_K] over [-mu_1 U_1 ... -mu_K U_K].
             self.factors = torch.cat(
                 [
                     precisions_cholesky.permute(1, 0, 2).reshape(d, k * d),
-                    -torch.einsum("kd,kde->ke", means, precisions_cholesky).reshape(1, k * d),
+                    -torch.bmm(means.unsqueeze(1), precisions_cholesky).reshape(1, k * d),
                 ]
             )
             self.width = d + 1
         elif covariance_type == "tied":
             self.factors = precisions_cholesky
             self.means_projected = means @ precisions_cholesky  # (K, d)
-            self.width = d
+            self.width = d + 1
         elif covariance_type == "diag":
             # maha = x^2 @ P^T - 2 x @ (mu P)^T + sum(mu^2 P): one GEMM on [x, x^2, 1].
             precisions = precisions_cholesky.square()
@@ -133,6 +148,10 @@ class ComponentDensity:
                 ]
             )
             self.width = d + 2
+        if self.bias is not None and covariance_type in ("diag", "spherical"):
+            # -0.5 * maha + bias in the GEMM: scaling by -0.5 is exact; bias rides on the ones.
+            self.factors = self.factors * -0.5
+            self.factors[-1] += self.bias
 
     # ------------------------------------------------------------------ augmented rows
     def augmented(self, n_rows: int, like: Tensor) -> Tensor:
@@ -143,7 +162,7 @@ class ComponentDensity:
         """Fill the extra columns of ``A`` from its first ``n_features`` columns; returns ``A``."""
         d, ct = self.n_features, self.covariance_type
         x = A[:, :d]
-        if ct == "full":
+        if ct in ("full", "tied"):
             A[:, d].fill_(1.0)
         elif ct == "diag":
             torch.square(x, out=A[:, d : 2 * d])
@@ -161,9 +180,21 @@ class ComponentDensity:
 
     # ------------------------------------------------------------------ kernels
     def block_rows(self, like: Tensor) -> int:
-        """Rows per cache block of the (rows, n_components * n_features) work buffer."""
+        """Rows per cache block of the (rows, n_components * n_features) work buffer:
+        ``BLOCK_BYTES`` per CPU thread; no blocking on other devices."""
+        if like.device.type != "cpu":
+            return 1 << 62
         row_bytes = self.n_components * self.n_features * like.element_size()
-        return max(16, BLOCK_BYTES // row_bytes)
+        return max(16, BLOCK_BYTES * torch.get_num_threads() // row_bytes)
+
+    def blocks(self, n_rows: int, like: Tensor) -> list[tuple[int, int]]:
+        """``(start, stop)`` of near-equal blocks of at most ``block_rows`` rows covering
+        ``n_rows`` (at least one block)."""
+        if n_rows == 0:
+            return [(0, 0)]
+        n_blocks = -(-n_rows // self.block_rows(like))
+        size = -(-n_rows // n_blocks)
+        return [(start, min(n_rows, start + size)) for start in range(0, n_rows, size)]
 
     def scratch(self, n_rows: int, like: Tensor) -> Tensor:
         """The (n_rows, n_components * n_features) work buffer of the full/tied kernels; free
@@ -178,25 +209,27 @@ class ComponentDensity:
             # GEMM, square and row sums block by block, so that the (rows, K * d) buffer is
             # still in cache when it is squared and summed.
             maha = torch.empty(n, k, dtype=A.dtype, device=A.device)
-            block = self.block_rows(A)
-            y_all = self.scratch(min(n, block), A)
-            for start in range(0, n, block):
-                stop = min(n, start + block)
+            blocks = self.blocks(n, A)
+            y_all = self.scratch(blocks[0][1], A)
+            for start, stop in blocks:
                 y = y_all[: stop - start]
                 if ct == "full":
                     torch.mm(A[start:stop], self.factors, out=y)  # y_ik = (x_i - mu_k) U_k
                 else:
-                    projected = A[start:stop] @ self.factors
+                    projected = A[start:stop, :d] @ self.factors
                     torch.sub(
                         projected.unsqueeze(1),
                         self.means_projected.unsqueeze(0),
                         out=y.view(stop - start, k, d),
                     )
                 torch.sum(y.square_().view(stop - start, k, d), 2, out=maha[start:stop])
+        elif self.bias is not None:
+            return A @ self.factors  # factors already hold -0.5 and the bias
         else:
             maha = A @ self.factors
-        out = maha.add_(self.n_features * LOG_2PI).mul_(-0.5).add_(self.log_det)
-        return out if self.offset is None else out.add_(self.offset)
+        if self.bias is not None:
+            return maha.mul_(-0.5).add_(self.bias)
+        return maha.add_(self.n_features * LOG_2PI).mul_(-0.5).add_(self.log_det)
 
     def __call__(self, X: Tensor) -> Tensor:
         """Log-densities plus offset for plain rows ``X`` (n_rows, n_features)."""
@@ -221,23 +254,33 @@ def log_gaussian_prob(
 
 
 def exp_flushed_(x: Tensor) -> Tensor:
-    """``x.exp_()`` with results below the smallest normal number flushed to exactly 0.
+    """``x.exp_()`` with results below ``e * tiny`` (``tiny`` the smallest normal number) set to
+    exactly 0; NaN stays NaN.
 
     Vectorised ``exp`` on CPU takes a slow path (10-150x slower per element) for arguments whose
-    result underflows (below about -87 in float32, -708 in float64), and log-responsibilities of
-    far components live there. Such arguments are set to 0 before ``exp`` and their results to
-    0 after; every other element is ``exp`` exactly.
+    result underflows (below about -87 in float32, -708 in float64), and log-responsibilities
+    of far components live there. Arguments are clamped to ``log(tiny) + 1`` before ``exp``
+    and multiplied by a 0/1 mask after (a float mask: ``masked_fill_`` and boolean masks are
+    several times slower on CPU); every result at or above ``e * tiny`` is ``exp`` exactly.
     """
-    under = x < math.log(torch.finfo(x.dtype).tiny)
-    return x.masked_fill_(under, 0.0).exp_().masked_fill_(under, 0.0)
+    floor = math.log(torch.finfo(x.dtype).tiny) + 1.0
+    keep = torch.ge(x, floor, out=torch.empty_like(x))
+    return x.clamp_min_(floor).exp_().mul_(keep)
+
+
+def _finite_row_max(x: Tensor) -> Tensor:
+    """Row maxima (n_rows, 1) clamped to the finite range. ``torch.logsumexp`` replaces
+    infinite maxima by 0 instead; both give the same log-sum-exp (an all ``-inf`` row stays
+    ``-inf``, a row with ``+inf`` stays ``+inf``) and clamping is one operation, not three."""
+    big = torch.finfo(x.dtype).max
+    return x.amax(dim=1, keepdim=True).clamp_(-big, big)
 
 
 def logsumexp_rows(x: Tensor) -> Tensor:
     """``torch.logsumexp(x, dim=1)`` for (n_rows, n_columns), without the slow underflowing
     ``exp`` (see ``exp_flushed_``): the flushed terms are below half an ulp of the row sum,
     which is at least 1, so the result is the same to the last bit."""
-    maxes = x.amax(dim=1, keepdim=True)
-    maxes.masked_fill_(maxes.abs() == math.inf, 0.0)
+    maxes = _finite_row_max(x)
     return exp_flushed_(x - maxes).sum(1).log_().add_(maxes.squeeze(1))
 
 
@@ -248,14 +291,13 @@ def normalize_rows_(weighted_log_prob: Tensor) -> tuple[Tensor, Tensor]:
     ``log_prob_norm`` is ``torch.logsumexp(.., dim=1)`` to the last bit. The responsibilities
     are ``exp(w_ik - max_i) / sum_k exp(w_ik - max_i)``, reusing the exponentials of the
     log-sum-exp instead of computing ``exp(log_resp)`` again (equal to a few ulp);
-    those below the smallest normal number are 0 (see ``exp_flushed_``).
+    terms below ``e`` times the smallest normal number are 0 (see ``exp_flushed_``).
 
     Returns:
         ``(log_prob_norm, resp)``, shapes (n_rows,) and (n_rows, n_components); ``resp`` is
         the input tensor.
     """
-    maxes = weighted_log_prob.amax(dim=1, keepdim=True)
-    maxes.masked_fill_(maxes.abs() == math.inf, 0.0)
+    maxes = _finite_row_max(weighted_log_prob)
     resp = exp_flushed_(weighted_log_prob.sub_(maxes))
     sums = resp.sum(1, keepdim=True)
     log_prob_norm = sums.log().add_(maxes).squeeze(1)
