@@ -24,6 +24,7 @@ from fednovelty.mixture.density import (
     default_chunk_size,
     log_gaussian_prob,
     log_responsibilities,
+    logsumexp_rows,
 )
 
 
@@ -137,7 +138,7 @@ def score_samples(
     """Log-density ``log p(x_i)`` of each row, shape (n_samples,), computed in chunks."""
     chunk_size = chunk_size or default_chunk_size(params.n_components, params.n_features)
     out = [
-        torch.logsumexp(weighted_log_prob(params, X[i : i + chunk_size], log_weights), dim=1)
+        logsumexp_rows(weighted_log_prob(params, X[i : i + chunk_size], log_weights))
         for i in range(0, X.shape[0], chunk_size)
     ]
     return torch.cat(out) if out else X.new_zeros(0)
