@@ -1,4 +1,4 @@
-"""Loaders read the real files in ../shared/data; they skip (with a reason) where it is absent."""
+"""Loaders read the real files in ../shared/data (CI always has it beside the checkout)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,7 @@ import pytest
 from fednovelty.datasets import loaders
 from fednovelty.datasets.loaders import data_dir, list_adbench, load_adbench, load_mnist
 
-try:
-    DATA = loaders._default_data_dir()
-    data_dir(DATA)
-except FileNotFoundError:  # pragma: no cover - only off the project's machines
-    DATA = None
-needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data not present")
+DATA = loaders._default_data_dir()
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +19,6 @@ def _no_env(monkeypatch):
     monkeypatch.delenv("FEDNOVELTY_DATA", raising=False)
 
 
-@needs_data
 def test_data_dir_default_is_shared_data_beside_checkout():
     repo = Path(loaders.__file__).resolve().parents[2]
     assert data_dir() == repo.parent / "shared" / "data"
@@ -51,7 +45,6 @@ def test_data_dir_missing_names_path_and_remedy(tmp_path, monkeypatch):
         load_adbench("4_breastw", data_dir=missing)
 
 
-@needs_data
 def test_list_adbench():
     names = list_adbench()
     assert names[:2] == ["1_ALOI", "4_breastw"]
@@ -63,13 +56,11 @@ def test_list_adbench():
     assert {"CIFAR10_0", "SVHN_0", "MVTec-AD_bottle"} <= set(with_cv)
 
 
-@needs_data
 def test_list_adbench_with_env(monkeypatch):
     monkeypatch.setenv("FEDNOVELTY_DATA", str(DATA))
     assert "4_breastw" in list_adbench()
 
 
-@needs_data
 def test_load_adbench_breastw():
     X, y = load_adbench("4_breastw")
     assert X.shape == (683, 9) and X.dtype == np.float64 and X.flags.c_contiguous
@@ -81,14 +72,12 @@ def test_load_adbench_breastw():
     np.testing.assert_array_equal(y, y2)
 
 
-@needs_data
 def test_load_adbench_cv_embeddings():
     X, y = load_adbench("MVTec-AD_toothbrush")
     assert X.shape == (102, 512) and X.dtype == np.float64
     assert y.dtype == np.int64 and 0 < y.mean() < 1
 
 
-@needs_data
 def test_load_returns_fresh_arrays_and_never_touches_files():
     path = DATA / "adbench" / "45_wine.npz"
     before = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -100,7 +89,6 @@ def test_load_returns_fresh_arrays_and_never_touches_files():
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("name", "suggestion"),
     [("4_breast", "4_breastw"), ("cover", "10_cover"), ("cifar10", "CIFAR10_0")],
@@ -114,7 +102,6 @@ def test_unknown_name_suggests_close_matches(name, suggestion):
         load_adbench(name)
 
 
-@needs_data
 def test_unknown_name_without_matches_and_bad_names():
     with pytest.raises(ValueError, match=r"'qqqqqq'.*list_adbench\(include_cv=True\) lists all"):
         load_adbench("qqqqqq")
@@ -124,7 +111,6 @@ def test_unknown_name_without_matches_and_bad_names():
         load_adbench(4)
 
 
-@needs_data
 def test_load_mnist():
     d = load_mnist()
     assert sorted(d) == ["x_test", "x_train", "y_test", "y_train"]
