@@ -8,7 +8,7 @@ What is compared (see benchmarks/README.md for the details):
 
 1. One EM iteration. scikit-learn: ``gm._e_step(X)`` then ``gm._m_step(X, log_resp)`` on a
    ``GaussianMixture`` whose parameters come from a short fit on a subsample. fednovelty:
-   ``e_step_stats`` + ``params_from_stats``, exactly the body of ``fit_em``'s loop, from the
+   ``em_step`` (``e_step_stats`` + ``params_from_stats``), the body of ``fit_em``'s loop, from the
    same parameters. Both results are compared (they must agree) before anything is timed.
 2. Scoring throughput: ``score_samples`` vs ``gm.score_samples``.
 3. One federated EM round through ``run_simulation`` (``FederatedEM`` with user-given initial
@@ -51,12 +51,10 @@ if str(REPO) not in sys.path:
 from fednovelty.federated import FederatedEM  # noqa: E402
 from fednovelty.mixture import (  # noqa: E402
     MixtureParams,
-    e_step_stats,
-    params_from_stats,
     precisions_cholesky_from_precisions,
     score_samples,
 )
-from fednovelty.mixture.em import moment_shift  # noqa: E402
+from fednovelty.mixture.em import em_step  # noqa: E402
 from fednovelty.runtime import run_simulation  # noqa: E402
 
 N_FEATURES = 32
@@ -132,15 +130,7 @@ def ours_params(gm: GaussianMixture, dtype: str) -> MixtureParams:
 # ----------------------------------------------------------------------------- the timed calls
 def ours_em_iteration(X: torch.Tensor, params: MixtureParams) -> MixtureParams:
     """One iteration of ``fednovelty.mixture.em.fit_em``: E-step statistics, then M-step."""
-    stats = e_step_stats(
-        X,
-        params.weights.log(),
-        params.means,
-        params.precisions_cholesky,
-        params.covariance_type,
-        moment_shift(params),
-    )
-    return params_from_stats(stats, REG_COVAR)
+    return em_step(X, params, REG_COVAR)[0]
 
 
 def sklearn_em_iteration(gm: GaussianMixture, X: np.ndarray) -> GaussianMixture:
@@ -379,9 +369,7 @@ def bench_federated(
     time.sleep(PAUSE_S)
     central_s = best_of(lambda: ours_em_iteration(pooled, init), repeats)
     time.sleep(PAUSE_S)
-    fed_s = min(
-        record.seconds for _ in range(repeats) for record in federated(rounds).history
-    )
+    fed_s = min(record.seconds for _ in range(repeats) for record in federated(rounds).history)
     ratio = fed_s / central_s
     say(
         f"   federated round {fmt_s(fed_s)}  centralized iteration {fmt_s(central_s)}  "

@@ -30,7 +30,7 @@ from fednovelty.detectors._validation import check_groups, check_X, feature_name
 from fednovelty.detectors.persistence import load, save_detector
 from fednovelty.exceptions import NotFittedError
 from fednovelty.mixture import MixtureParams
-from fednovelty.runtime import SimulationResult
+from fednovelty.runtime import run_simulation
 
 COMMON_CONSTRAINTS: dict = {
     "contamination": [Interval(Real, 0.0, 0.5, closed="right")],
@@ -104,11 +104,21 @@ class MixtureDetector(BaseDetector):
     def _fit_clients(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int) -> None:
         """Train on client tensors (same order as ``client_ids_``) and set fitted attributes."""
 
-    def _record_run(self, result: SimulationResult) -> None:
+    def _simulate(self, algorithm, clients: list[torch.Tensor], seed: int, **engine):
+        """Run ``algorithm`` on the in-process engine, record the rounds, return its state."""
+        result = run_simulation(
+            algorithm,
+            clients,
+            random_state=seed,
+            progress=self.progress,
+            description=type(self).__name__,
+            **engine,
+        )
         self.history_ = [record.as_dict() for record in result.history]
         self.n_rounds_ = len(result.history)
         self.bytes_up_ = result.bytes_up
         self.bytes_down_ = result.bytes_down
+        return result.state
 
     def _set_mixture(self, params: MixtureParams) -> None:
         """Store a fitted mixture and its scikit-learn-named numpy attributes."""

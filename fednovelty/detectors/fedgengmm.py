@@ -13,7 +13,6 @@ from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.mixture import score_samples
-from fednovelty.runtime import run_simulation
 
 _FEDGEN_CONSTRAINTS: dict = {
     **COMMON_CONSTRAINTS,
@@ -46,15 +45,7 @@ class _LocalFitDetector(MixtureDetector):
             **self._algorithm_kwargs(),
             **self._torch_options(),
         )
-        result = run_simulation(
-            algorithm,
-            clients,
-            random_state=seed,
-            progress=self.progress,
-            description=type(self).__name__,
-        )
-        self._record_run(result)
-        state = result.state
+        state = self._simulate(algorithm, clients, seed)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
             warnings.warn(

@@ -15,7 +15,6 @@ from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import INIT_PARAMS, FederatedEM
 from fednovelty.mixture import score_samples
-from fednovelty.runtime import run_simulation
 
 
 @register
@@ -146,17 +145,9 @@ class FedGMMDetector(MixtureDetector):
             random_state=seed,
             **self._torch_options(),
         )
-        result = run_simulation(
-            algorithm,
-            clients,
-            fraction=self.fraction,
-            dropout=self.dropout,
-            random_state=seed,
-            progress=self.progress,
-            description=type(self).__name__,
+        state = self._simulate(
+            algorithm, clients, seed, fraction=self.fraction, dropout=self.dropout
         )
-        state = result.state
-        self._record_run(result)
         self._set_mixture(state.params)
         self.n_iter_ = state.n_iter
         self.converged_ = state.converged

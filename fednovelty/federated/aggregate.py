@@ -50,9 +50,7 @@ def stats_from_message(message: Message, shift: Tensor, covariance_type: str) ->
     return SufficientStats(shift=shift, covariance_type=covariance_type, **t)
 
 
-def sum_stats(
-    replies: Iterable[Message], shift: Tensor, covariance_type: str
-) -> SufficientStats:
+def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -> SufficientStats:
     """Sum of the statistics in ``replies`` (the whole federated M-step input).
 
     The replies are stacked field by field and checked and summed in one pass each (one

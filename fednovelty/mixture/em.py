@@ -56,6 +56,24 @@ def check_n_samples(n_samples: int, n_components: int, what: str = "X") -> None:
         )
 
 
+def em_step(
+    X: Tensor, params: MixtureParams, reg_covar: float, chunk_size: int | None = None
+) -> tuple[MixtureParams, SufficientStats]:
+    """One EM iteration: E-step statistics of ``X`` (n_samples, n_features) under ``params``,
+    then the M-step. Returns the new parameters and the statistics (whose
+    ``log_likelihood`` is taken under the old parameters)."""
+    stats = e_step_stats(
+        X,
+        params.weights.log(),
+        params.means,
+        params.precisions_cholesky,
+        params.covariance_type,
+        moment_shift(params),
+        chunk_size,
+    )
+    return params_from_stats(stats, reg_covar), stats
+
+
 def fit_em(
     X: Tensor,
     init: MixtureParams,
@@ -81,16 +99,7 @@ def fit_em(
     previous = -float("inf")
     converged = False
     for _ in range(max_iter):
-        stats = e_step_stats(
-            X,
-            params.weights.log(),
-            params.means,
-            params.precisions_cholesky,
-            params.covariance_type,
-            moment_shift(params),
-            chunk_size,
-        )
-        params = params_from_stats(stats, reg_covar)
+        params, stats = em_step(X, params, reg_covar, chunk_size)
         lower_bound = float(stats.log_likelihood / stats.n_samples)
         lower_bounds.append(lower_bound)
         if abs(lower_bound - previous) < tol:

@@ -129,6 +129,13 @@ def weighted_log_prob(
     )
 
 
+def _by_chunks(fn, params: MixtureParams, X: Tensor, chunk_size: int | None, empty: Tensor):
+    """``fn(rows)`` over row chunks of ``X``, concatenated (``empty`` for zero rows)."""
+    chunk_size = chunk_size or default_chunk_size(params.n_components, params.n_features)
+    out = [fn(X[i : i + chunk_size]) for i in range(0, X.shape[0], chunk_size)]
+    return torch.cat(out) if out else empty
+
+
 def score_samples(
     params: MixtureParams,
     X: Tensor,
@@ -136,12 +143,13 @@ def score_samples(
     chunk_size: int | None = None,
 ) -> Tensor:
     """Log-density ``log p(x_i)`` of each row, shape (n_samples,), computed in chunks."""
-    chunk_size = chunk_size or default_chunk_size(params.n_components, params.n_features)
-    out = [
-        logsumexp_rows(weighted_log_prob(params, X[i : i + chunk_size], log_weights))
-        for i in range(0, X.shape[0], chunk_size)
-    ]
-    return torch.cat(out) if out else X.new_zeros(0)
+    return _by_chunks(
+        lambda rows: logsumexp_rows(weighted_log_prob(params, rows, log_weights)),
+        params,
+        X,
+        chunk_size,
+        X.new_zeros(0),
+    )
 
 
 def predict_proba(
@@ -151,12 +159,13 @@ def predict_proba(
     chunk_size: int | None = None,
 ) -> Tensor:
     """Posterior component probabilities, shape (n_samples, n_components)."""
-    chunk_size = chunk_size or default_chunk_size(params.n_components, params.n_features)
-    out = [
-        log_responsibilities(weighted_log_prob(params, X[i : i + chunk_size], log_weights))[1].exp()
-        for i in range(0, X.shape[0], chunk_size)
-    ]
-    return torch.cat(out) if out else X.new_zeros(0, params.n_components)
+    return _by_chunks(
+        lambda rows: log_responsibilities(weighted_log_prob(params, rows, log_weights))[1].exp(),
+        params,
+        X,
+        chunk_size,
+        X.new_zeros(0, params.n_components),
+    )
 
 
 def bic(params: MixtureParams, X: Tensor) -> float:
