@@ -94,12 +94,20 @@ def check_clients(clients: dict[int, Tensor]) -> None:
     """Reject client data an algorithm cannot use, naming the client.
 
     Raises:
-        ClientDataError: a client's rows are not a 2-D floating tensor, have a different
+        ClientDataError: a client's rows (a tensor, or the first of a tuple such as
+            ``(X, y)`` whose other entries have one entry per row) are not a 2-D floating
+            tensor, have a different
             number of columns than the others, or contain NaN/inf. Empty clients are fine
             (they contribute nothing).
     """
     widths = {}
-    for cid, X in clients.items():
+    for cid, data in clients.items():
+        X = data[0] if isinstance(data, tuple | list) else data
+        if isinstance(data, tuple | list) and any(len(part) != len(X) for part in data[1:]):
+            raise ClientDataError(
+                f"client {cid}: the tensors of its data tuple have different lengths "
+                f"{[len(part) for part in data]}; give one entry per row."
+            )
         if not isinstance(X, Tensor) or X.ndim != 2 or not X.is_floating_point():
             raise ClientDataError(
                 f"client {cid}: rows must be a 2-D floating torch tensor (n_samples, n_features)"

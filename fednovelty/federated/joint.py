@@ -1,0 +1,308 @@
+"""FedGMM's joint model (FedGMM paper, Sections 2-3, Algorithm 1): first cut, algorithm layer.
+
+Each client models ``p_c(x, y) = sum_{m1, m2} pi_c(m1, m2) N(x; mu_m1, Sigma_m1) P_theta_m2(y | x)``
+with ``M1`` shared Gaussians, ``M2`` shared conditional models (*learners*, torch modules) and
+personal weights ``pi_c`` of shape (M1, M2) that never leave the client.
+
+One EM round = one communication round:
+
+- E-step on the client: ``q_i(m1, m2) ∝ pi_c(m1, m2) N(x_i; m1) P_m2(y_i | x_i)`` in log space;
+  ``pi_c <- mean_i q_i``.
+- Gaussian M-step: the client sends the sufficient statistics of ``x`` under
+  ``r_i(m1) = sum_m2 q_i(m1, m2)`` about the broadcast shift; the server sums them and runs the
+  M-step (exact, like ``FederatedEM``; the paper's reference code averages covariances taken
+  about client means instead).
+- Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast
+  weights on the cross-entropy weighted by ``w_i(m2) = sum_m1 q_i(m1, m2)`` and sends the new
+  weights with ``gamma_c(m2) = sum_i w_i(m2)``; the server averages them weighted by gamma.
+
+The Gaussians are initialised by ``FederatedEM``'s rounds (``init_params``: federated k-means
+by default); the learners start from ``learner_factory`` under ``random_state``.
+
+Special cases: ``M1 = 1`` is FedEM (Marfoq et al. 2021); ``M1 = M2 = 1`` is FedAvg.
+
+Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fednovelty.federated.aggregate import stats_message, sum_stats
+from fednovelty.federated.base import ClientContext, Message, client_generator
+from fednovelty.federated.em import EMState, FederatedEM
+from fednovelty.mixture import log_gaussian_prob, params_from_stats, stats_from_resp
+from fednovelty.mixture.em import moment_shift
+
+LearnerFactory = Callable[[int, int], nn.Module]
+
+
+def linear_learner(n_features: int, n_classes: int) -> nn.Module:
+    """Multinomial logistic regression (the default learner)."""
+    return nn.Linear(n_features, n_classes)
+
+
+def mlp_learner(n_features: int, n_classes: int, hidden: int = 64) -> nn.Module:
+    """A small two-layer perceptron."""
+    return nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+
+@dataclass
+class JointState(EMState):
+    """``EMState`` plus the learners' weights and the summed joint responsibilities.
+
+    Attributes:
+        learners: one dict of parameter tensors per learner (M2 entries).
+        joint_counts: ``sum_c gamma_c(m1, m2)`` of the last round, (M1, M2).
+        client_joint_weights: each client's ``pi_c`` of the last round, (M1, M2).
+    """
+
+    learners: list[dict[str, Tensor]] = field(default_factory=list)
+    joint_counts: Tensor | None = None
+    client_joint_weights: dict[int, Tensor] = field(default_factory=dict)
+
+
+def log_likelihoods_of_labels(
+    module: nn.Module, params: dict[str, Tensor], X: Tensor, y: Tensor
+) -> Tensor:
+    """``log P_theta(y_i | x_i)`` of each row, shape (n_samples,)."""
+    logits = functional_call(module, params, (X,))
+    return -nn.functional.cross_entropy(logits, y, reduction="none")
+
+
+class JointFedGMM(FederatedEM):
+    """Federated EM for FedGMM's joint model (see module docstring).
+
+    Args:
+        n_components: M1 Gaussians.
+        n_learners: M2 conditional models.
+        n_classes: number of label classes (labels are 0..n_classes-1).
+        learner_factory: ``(n_features, n_classes) -> nn.Module``; default multinomial
+            logistic regression.
+        local_epochs, learning_rate, batch_size: the learners' local SGD.
+        mu_prox: FedProx proximal coefficient (0 = none).
+        Other arguments as ``FederatedEM`` (mixture weights are always personal).
+    """
+
+    def __init__(
+        self,
+        n_components: int,
+        n_learners: int,
+        n_classes: int,
+        *,
+        learner_factory: LearnerFactory = linear_learner,
+        local_epochs: int = 1,
+        learning_rate: float = 0.1,
+        batch_size: int = 128,
+        mu_prox: float = 0.0,
+        **kwargs,
+    ) -> None:
+        kwargs.setdefault("mixture_weights", "personal")
+        super().__init__(n_components, **kwargs)
+        self.n_learners = int(n_learners)
+        self.n_classes = int(n_classes)
+        self.learner_factory = learner_factory
+        self.local_epochs = int(local_epochs)
+        self.learning_rate = float(learning_rate)
+        self.batch_size = int(batch_size)
+        self.mu_prox = float(mu_prox)
+
+    # ------------------------------------------------------------------ helpers
+    def _template(self, n_features: int) -> nn.Module:
+        module = self.learner_factory(n_features, self.n_classes)
+        return module.to(device=self.device, dtype=self.dtype)
+
+    def _initial_learners(self, n_features: int) -> list[dict[str, Tensor]]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.random_state)
+            return [
+                {k: v.detach().clone() for k, v in self._template(n_features).named_parameters()}
+                for _ in range(self.n_learners)
+            ]
+
+    # ------------------------------------------------------------------ server half
+    def start(self) -> JointState:
+        base = super().start()
+        return JointState(**vars(base))
+
+    def configure(self, state: JointState) -> Message:
+        message = super().configure(state)
+        if message.kind != "em":
+            return message
+        if not state.learners:
+            state.learners = self._initial_learners(state.params.n_features)
+        tensors = dict(message.tensors)
+        for m2, learner in enumerate(state.learners):
+            tensors.update({f"learner.{m2}.{k}": v for k, v in learner.items()})
+        scalars = {**message.scalars, "seed": self._round_seed(state)}
+        return Message("joint_em", tensors, scalars)
+
+    def _server_em(self, state: JointState, replies: dict[int, Message]) -> dict:
+        shift = moment_shift(state.params)
+        stats = sum_stats(replies.values(), shift, self.covariance_type)
+        if float(stats.n_samples) <= 0:
+            raise ValueError("no client with data replied in this EM round.")
+        state.params = params_from_stats(stats, self.reg_covar)
+        joint = torch.stack([r.tensors["joint_counts"] for r in replies.values()])
+        state.joint_counts = joint.sum(0).to(self.device, self.dtype)
+        for cid, reply in replies.items():
+            counts = reply.tensors["joint_counts"]
+            if float(counts.sum()) > 0:
+                state.client_joint_weights[cid] = (counts / counts.sum()).to(
+                    self.device, self.dtype
+                )
+                state.client_weights[cid] = state.client_joint_weights[cid].sum(1)
+        gammas = joint.sum(1)  # (n_replies, M2)
+        for m2, learner in enumerate(state.learners):
+            weight = gammas[:, m2]
+            total = float(weight.sum())
+            if total <= 0:
+                continue  # no client used this learner: keep it
+            for name in learner:
+                stacked = torch.stack([r.tensors[f"learner.{m2}.{name}"] for r in replies.values()])
+                shape = (-1,) + (1,) * (stacked.ndim - 1)
+                learner[name] = (
+                    (stacked * (weight / total).view(shape)).sum(0).to(self.device, self.dtype)
+                )
+        lower_bound = float(stats.log_likelihood / stats.n_samples)
+        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+        state.lower_bounds.append(lower_bound)
+        state.n_iter += 1
+        if abs(lower_bound - previous) < self.tol:
+            state.converged, state.phase = True, "done"
+        elif state.n_iter >= self.max_iter:
+            state.phase = "done"
+        return {"phase": "joint_em", "mean_log_likelihood": lower_bound}
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, data, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        if message.kind != "joint_em":
+            return super().client_step(X, message, context)
+        return self._client_joint_em(X, y, message, context)
+
+    def _client_joint_em(
+        self, X: Tensor, y: Tensor, message: Message, context: ClientContext
+    ) -> Message:
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        ct = str(message.scalars["covariance_type"])
+        k1, k2 = t["means"].shape[0], self.n_learners
+        template = self._template(X.shape[1])
+        learners = [
+            {name: t[f"learner.{m2}.{name}"] for name, _ in template.named_parameters()}
+            for m2 in range(k2)
+        ]
+        n = X.shape[0]
+        log_pi = context.state.get("log_joint_weights")
+        if log_pi is None:
+            log_pi = (t["weights"].unsqueeze(1) / k2).log().expand(k1, k2)
+        log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], ct)  # (n, M1)
+        with torch.no_grad():
+            log_py = torch.stack(
+                [log_likelihoods_of_labels(template, p, X, y) for p in learners], dim=1
+            )  # (n, M2)
+        weighted = log_pi.unsqueeze(0) + log_n.unsqueeze(2) + log_py.unsqueeze(1)
+        flat = weighted.reshape(n, -1)
+        log_norm = torch.logsumexp(flat, dim=1)
+        q = (flat - log_norm.unsqueeze(1)).exp().view(n, k1, k2)
+        joint_counts = q.sum(0)  # (M1, M2)
+        if n > 0:
+            eps = 10 * torch.finfo(X.dtype).eps
+            context.state["log_joint_weights"] = ((joint_counts + eps) / (n + eps * k1 * k2)).log()
+        stats = stats_from_resp(X, q.sum(2), ct, t["shift"])
+        stats = replace(stats, log_likelihood=log_norm.sum())
+        reply = stats_message(stats, "joint_em")
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        tensors = dict(reply.tensors)
+        tensors["joint_counts"] = joint_counts
+        for m2, params in enumerate(learners):
+            trained = self._local_sgd(template, params, X, y, q[:, :, m2].sum(1), generator)
+            tensors.update({f"learner.{m2}.{k}": v for k, v in trained.items()})
+        return Message("joint_em", tensors)
+
+    def _local_sgd(
+        self,
+        template: nn.Module,
+        start: dict[str, Tensor],
+        X: Tensor,
+        y: Tensor,
+        weight: Tensor,
+        generator: torch.Generator,
+    ) -> dict[str, Tensor]:
+        """``local_epochs`` of mini-batch SGD on ``mean_i weight_i * CE_i`` from ``start``."""
+        params = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
+        optimizer = torch.optim.SGD(params.values(), lr=self.learning_rate)
+        n = X.shape[0]
+        for _ in range(self.local_epochs if n else 0):
+            order = torch.randperm(n, generator=generator).to(X.device)
+            for begin in range(0, n, self.batch_size):
+                batch = order[begin : begin + self.batch_size]
+                logits = functional_call(template, params, (X[batch],))
+                loss = (
+                    weight[batch] * nn.functional.cross_entropy(logits, y[batch], reduction="none")
+                ).mean()
+                if self.mu_prox > 0:
+                    loss = loss + 0.5 * self.mu_prox * sum(
+                        (params[k] - start[k]).square().sum() for k in params
+                    )
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return {k: v.detach() for k, v in params.items()}
+
+
+def joint_log_scores(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    log_joint_weights: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """``log p(x)``, and with labels ``log p(x, y)`` and ``log p(y | x)``, each (n_samples,);
+    ``proba_y`` (n_samples, n_classes) is Eq. 3's ``p(y | x)``.
+
+    ``log_joint_weights`` (M1, M2) selects a client's ``pi_c``; default the sample-weighted
+    global weights ``joint_counts / sum``.
+    """
+    log_pi = (
+        (state.joint_counts / state.joint_counts.sum()).log()
+        if log_joint_weights is None
+        else log_joint_weights
+    )
+    params = state.params
+    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    log_px = torch.logsumexp(log_n + torch.logsumexp(log_pi, dim=1), dim=1)
+    with torch.no_grad():
+        log_probs = torch.stack(
+            [
+                nn.functional.log_softmax(functional_call(template, p, (X,)), dim=1)
+                for p in state.learners
+            ],
+            dim=1,
+        )  # (n, M2, n_classes)
+    # log sum_{m1,m2} pi N P(y|x) for every class: (n, n_classes)
+    joint_all = torch.logsumexp(
+        (log_pi.unsqueeze(0) + log_n.unsqueeze(2)).unsqueeze(3) + log_probs.unsqueeze(1),
+        dim=(1, 2),
+    )
+    out = {"log_px": log_px, "proba_y": (joint_all - log_px.unsqueeze(1)).exp()}
+    if y is not None:
+        log_pxy = joint_all.gather(1, y.view(-1, 1)).squeeze(1)
+        out["log_pxy"] = log_pxy
+        out["log_py_given_x"] = log_pxy - log_px
+    return out
+
+
+__all__ = [
+    "JointFedGMM",
+    "JointState",
+    "joint_log_scores",
+    "linear_learner",
+    "mlp_learner",
+]
