@@ -5,6 +5,8 @@
 - :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
   ``kmeans_groups``, ``groups_from_partition`` (client id per row for ``fit(groups=...)``).
 - :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
+- :mod:`~fednovelty.datasets.synthetic`: ``make_fedgmm_synthetic`` (the FedGMM paper's
+  synthetic federated classification data) and its ``FederatedSplit``.
 """
 
 from fednovelty.datasets.loaders import data_dir, list_adbench, load_adbench, load_mnist
@@ -15,8 +17,10 @@ from fednovelty.datasets.partition import (
     kmeans_groups,
 )
 from fednovelty.datasets.scaling import MinMaxScaling, client_minmax, merge_minmax
+from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
 
 __all__ = [
+    "FederatedSplit",
     "MinMaxScaling",
     "client_minmax",
     "data_dir",
@@ -27,5 +31,6 @@ __all__ = [
     "list_adbench",
     "load_adbench",
     "load_mnist",
+    "make_fedgmm_synthetic",
     "merge_minmax",
 ]

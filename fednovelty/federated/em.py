@@ -69,6 +69,7 @@ from fednovelty.mixture import (
     stats_from_resp,
 )
 from fednovelty.mixture.covariance import check_covariance_type
+from fednovelty.mixture.density import Workspace
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -190,6 +191,9 @@ class FederatedEM(FederatedAlgorithm):
         self.dtype = dtype
         self.device = torch.device(device)
         self.chunk_size = chunk_size
+        # E-step scratch buffers, reused by every client step this object runs (a client
+        # process runs one client; the in-process engine runs them all in turn).
+        self._workspace = Workspace()
 
         def as_tensor(value) -> Tensor | None:
             if value is None:
@@ -433,7 +437,14 @@ class FederatedEM(FederatedAlgorithm):
         if log_weights is None:
             log_weights = t["weights"].log()
         stats = e_step_stats(
-            X, log_weights, t["means"], t["precisions_cholesky"], ct, t["shift"], self.chunk_size
+            X,
+            log_weights,
+            t["means"],
+            t["precisions_cholesky"],
+            ct,
+            t["shift"],
+            self.chunk_size,
+            self._workspace,
         )
         if personal and X.shape[0] > 0:
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps

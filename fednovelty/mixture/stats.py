@@ -28,6 +28,7 @@ from torch import Tensor
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.density import (
     ComponentDensity,
+    Workspace,
     default_chunk_size,
     normalize_rows_,
 )
@@ -181,6 +182,7 @@ def e_step_stats(
     covariance_type: str,
     shift: Tensor,
     chunk_size: int | None = None,
+    workspace: Workspace | None = None,
 ) -> SufficientStats:
     """E-step on ``X`` folded into sufficient statistics, in row chunks.
 
@@ -208,6 +210,8 @@ def e_step_stats(
         covariance_type: ``full``, ``tied``, ``diag`` or ``spherical``.
         shift: reference point for the moments, shape (n_features,).
         chunk_size: rows per chunk; default from ``default_chunk_size`` (32 MiB of buffers).
+        workspace: scratch buffers to reuse across calls (e.g. one per client process, or one
+            for all clients of a simulation); a fresh one by default.
 
     Returns:
         ``SufficientStats`` whose ``log_likelihood`` is ``sum_i log p(x_i)`` under the given
@@ -219,7 +223,9 @@ def e_step_stats(
     k, d = means.shape
     ct = covariance_type
     like = {"dtype": X.dtype, "device": X.device}
-    density = ComponentDensity(means - shift, precisions_cholesky, ct, offset=log_weights)
+    density = ComponentDensity(
+        means - shift, precisions_cholesky, ct, offset=log_weights, workspace=workspace
+    )
     if not chunk_size:
         # full/tied: the usual (rows, K, d) budget. diag/spherical have no such buffer; their
         # widest per-row buffers are the augmented rows and a few (rows, K): fill the same
