@@ -91,3 +91,32 @@ def test_same_seed_same_model_and_mlp_learners_run():
     for la, lb in zip(a.learners, b.learners, strict=True):
         for name in la:
             assert torch.equal(la[name], lb[name])
+
+
+def test_paper_synthetic_ordering_fedgmm_over_fedem_over_fedavg():
+    """Reduced Table 2 setting (10 clients, 15 rounds): measured 0.77 / 0.68 / 0.56 accuracy."""
+    from fednovelty.datasets import make_fedgmm_synthetic
+
+    split = make_fedgmm_synthetic(10, random_state=0)
+    clients = [
+        (torch.tensor(split.X_train[split.groups_train == c]),
+         torch.tensor(split.y_train[split.groups_train == c]))
+        for c in range(10)
+    ]  # fmt: skip
+    settings = {"max_iter": 15, "tol": 0.0, "learning_rate": 0.5, "local_epochs": 5}
+    accuracy_of = {}
+    for name, (m1, m2) in {"FedGMM": (3, 3), "FedEM": (1, 3), "FedAvg": (1, 1)}.items():
+        algorithm = JointFedGMM(m1, m2, 2, batch_size=32, random_state=0, **settings)
+        state = run_simulation(algorithm, clients).state
+        correct = 0
+        for c in range(10):
+            X = torch.tensor(split.X_test[split.groups_test == c])
+            y = torch.tensor(split.y_test[split.groups_test == c])
+            log_pi = state.client_joint_weights[c].log()
+            scores = joint_log_scores(state, algorithm._template(32), X, log_joint_weights=log_pi)
+            correct += int((scores["proba_y"].argmax(1) == y).sum())
+        accuracy_of[name] = correct / len(split.y_test)
+    assert accuracy_of["FedGMM"] >= 0.72, accuracy_of
+    assert accuracy_of["FedGMM"] > accuracy_of["FedEM"] + 0.03 > accuracy_of["FedAvg"] + 0.06, (
+        accuracy_of
+    )
