@@ -11,6 +11,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import INIT_PARAMS, FederatedEM
@@ -75,6 +76,12 @@ class FedGMMDetector(MixtureDetector):
         "precisions_init": ["array-like", None],
         "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
         "subset_size": [Interval(Integral, 1, None, closed="left")],
+        "n_learners": [Interval(Integral, 1, None, closed="left")],
+        "learner": [StrOptions({"linear", "mlp"}), callable],
+        "local_epochs": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "mu_prox": [Interval(Real, 0.0, None, closed="left")],
         "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
         "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
     }
@@ -94,6 +101,12 @@ class FedGMMDetector(MixtureDetector):
         precisions_init=None,
         kmeans_rounds=10,
         subset_size=100,
+        n_learners=2,
+        learner="linear",
+        local_epochs=5,
+        learning_rate=0.5,
+        batch_size=32,
+        mu_prox=0.0,
         fraction=1.0,
         dropout=0.0,
         contamination=0.1,
@@ -114,6 +127,12 @@ class FedGMMDetector(MixtureDetector):
         self.precisions_init = precisions_init
         self.kmeans_rounds = kmeans_rounds
         self.subset_size = subset_size
+        self.n_learners = n_learners
+        self.learner = learner
+        self.local_epochs = local_epochs
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.mu_prox = mu_prox
         self.fraction = fraction
         self.dropout = dropout
         self.contamination = contamination
@@ -129,6 +148,11 @@ class FedGMMDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
+        label_parts = getattr(self, "_label_parts", None)
+        if label_parts is not None:
+            device = clients[0].device
+            self._fit_joint(clients, seed, [torch.as_tensor(p, device=device) for p in label_parts])
+            return
         algorithm = FederatedEM(
             self.n_components,
             covariance_type=self.covariance_type,
@@ -164,6 +188,139 @@ class FedGMMDetector(MixtureDetector):
                 stacklevel=3,
             )
 
+    # ------------------------------------------------------------------ joint model (y given)
+    def fit(self, X, y=None, groups=None):
+        """Fit on rows ``X`` split into clients by ``groups``.
+
+        Without ``y``: the Gaussian mixture of ``x`` by federated EM. With ``y`` (one label per
+        row, any hashable values; ``classes_`` keeps the mapping): FedGMM's joint model
+        ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with ``n_components`` Gaussians
+        and ``n_learners`` conditional models (first cut: scores and prediction; ``adapt``
+        and saving of joint models come next).
+        """
+        if y is None:
+            self._drop_joint_attributes()
+            return super().fit(X, groups=groups)
+        y_array = np.asarray(y)
+        if y_array.ndim != 1:
+            raise ValueError(f"y must be 1-D (one label per row), got shape {y_array.shape}.")
+        if y_array.dtype.kind == "f" and not np.isfinite(y_array).all():
+            raise ValueError("y contains NaN or inf; every row needs a label.")
+        if len(y_array) != len(np.asarray(X)):
+            raise ValueError(
+                f"y has {len(y_array)} labels but X has {len(np.asarray(X))} rows; give one "
+                "label per row."
+            )
+        self.classes_, codes = np.unique(y_array, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError("y has a single class; the joint model needs at least 2 classes.")
+        client_ids, group_codes = check_groups(groups, len(y_array))
+        self._label_parts = split_by_client(codes.astype(np.int64), group_codes, len(client_ids))
+        try:
+            return super().fit(X, groups=groups)
+        finally:
+            del self._label_parts
+
+    def _drop_joint_attributes(self) -> None:
+        for name in ("classes_", "joint_state_", "learner_template_", "client_joint_weights_"):
+            if hasattr(self, name):
+                delattr(self, name)
+
+    def _fit_joint(self, clients, seed, label_parts) -> None:
+        from fednovelty.federated.joint import JointFedGMM, linear_learner, mlp_learner
+
+        factory = {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
+        algorithm = JointFedGMM(
+            self.n_components,
+            self.n_learners,
+            len(self.classes_),
+            learner_factory=factory,
+            local_epochs=self.local_epochs,
+            learning_rate=self.learning_rate,
+            batch_size=self.batch_size,
+            mu_prox=self.mu_prox,
+            covariance_type=self.covariance_type,
+            init_params=self.init_params,
+            reg_covar=self.reg_covar,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            kmeans_rounds=self.kmeans_rounds,
+            subset_size=self.subset_size,
+            random_state=seed,
+            **self._torch_options(),
+        )
+        data = list(zip(clients, label_parts, strict=True))
+        state = self._simulate(algorithm, data, seed, fraction=self.fraction, dropout=self.dropout)
+        self.joint_state_ = state
+        self.learner_template_ = algorithm._template(clients[0].shape[1])
+        self._set_mixture(state.params)
+        self.n_iter_, self.converged_ = state.n_iter, state.converged
+        self.lower_bounds_ = list(state.lower_bounds)
+        self.client_weights_ = self._client_weight_matrix(state.client_weights)
+        joint = [
+            state.client_joint_weights.get(c, state.joint_counts / state.joint_counts.sum())
+            for c in range(self.n_clients_)
+        ]
+        self.client_joint_weights_ = torch.stack(joint).cpu().numpy()
+
+    def _joint_scores(self, X, y=None, client=None) -> dict[str, torch.Tensor]:
+        from fednovelty.federated.joint import joint_log_scores
+
+        Xt = self._check_score_input(X)
+        if not hasattr(self, "joint_state_"):
+            raise ValueError(
+                "This FedGMMDetector was fitted without y; fit(X, y, groups=...) first."
+            )
+        log_pi = None
+        if client is not None:
+            log_pi = (
+                torch.as_tensor(self.client_joint_weights_[self._client_index(client)]).to(Xt).log()
+            )
+        codes = None
+        if y is not None:
+            y_array = np.asarray(y)
+            if len(y_array) != Xt.shape[0]:
+                raise ValueError(f"y has {len(y_array)} labels but X has {Xt.shape[0]} rows.")
+            unknown = ~np.isin(y_array, self.classes_)
+            if unknown.any():
+                raise ValueError(
+                    f"y has label(s) {np.unique(y_array[unknown])[:5].tolist()} not seen in fit; "
+                    f"known classes: {self.classes_.tolist()}."
+                )
+            codes = torch.as_tensor(np.searchsorted(self.classes_, y_array), device=Xt.device)
+        with torch.no_grad():
+            return joint_log_scores(self.joint_state_, self.learner_template_, Xt, codes, log_pi)
+
+    def log_px(self, X, client=None) -> np.ndarray:
+        """``log p(x)`` (covariate novelty), shape (n_samples,); ``client`` uses that client's
+        weights, ``None`` the sample-weighted global ones."""
+        return self._joint_scores(X, client=client)["log_px"].cpu().numpy()
+
+    def log_py_given_x(self, X, y, client=None) -> np.ndarray:
+        """``log p(y | x)`` (label novelty), shape (n_samples,)."""
+        return self._joint_scores(X, y, client)["log_py_given_x"].cpu().numpy()
+
+    def log_pxy(self, X, y, client=None) -> np.ndarray:
+        """``log p(x, y)`` (joint novelty), shape (n_samples,)."""
+        return self._joint_scores(X, y, client)["log_pxy"].cpu().numpy()
+
+    def predict_proba_y(self, X, client=None) -> np.ndarray:
+        """Class probabilities ``p(y | x)`` (the paper's Eq. 3), shape (n_samples, n_classes)."""
+        return self._joint_scores(X, client=client)["proba_y"].cpu().numpy()
+
+    def predict_y(self, X, client=None) -> np.ndarray:
+        """Most probable label of each row, in the original label values."""
+        return self.classes_[self.predict_proba_y(X, client).argmax(1)]
+
+    def _client_index(self, client) -> int:
+        matches = np.flatnonzero(self.client_ids_ == client)
+        if matches.size == 0:
+            raise ValueError(
+                f"client {client!r} was not seen in fit; known clients: "
+                f"{self.client_ids_[:10].tolist()}{'...' if self.n_clients_ > 10 else ''}."
+            )
+        return int(matches[0])
+
     def _client_weight_matrix(self, weights: dict[int, torch.Tensor]) -> np.ndarray:
         """(n_clients, n_components); a client that never replied gets the global weights."""
         rows = [weights.get(c, self.model_.weights) for c in range(self.n_clients_)]
@@ -182,17 +339,16 @@ class FedGMMDetector(MixtureDetector):
         Xt = self._check_score_input(X)
         if not hasattr(self, "client_weights_"):
             raise ValueError("score_samples_client needs mixture_weights='personal'.")
-        matches = np.flatnonzero(self.client_ids_ == client)
-        if matches.size == 0:
-            raise ValueError(
-                f"client {client!r} was not seen in fit; known clients: "
-                f"{self.client_ids_[:10].tolist()}{'...' if self.n_clients_ > 10 else ''}."
-            )
-        log_weights = torch.as_tensor(self.client_weights_[matches[0]]).to(Xt).log()
+        log_weights = torch.as_tensor(self.client_weights_[self._client_index(client)]).to(Xt).log()
         with torch.no_grad():
             return score_samples(self.model_, Xt, log_weights).cpu().numpy()
 
     def _get_state(self):
+        if hasattr(self, "joint_state_"):
+            raise NotImplementedError(
+                "Saving a FedGMMDetector fitted with y (the joint model) is not supported yet; "
+                "models fitted without y save as usual."
+            )
         tensors = self._mixture_tensors(self.model_, "model")
         if hasattr(self, "client_weights_"):
             tensors["client_weights"] = torch.as_tensor(self.client_weights_)
