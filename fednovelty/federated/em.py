@@ -370,6 +370,11 @@ class FederatedEM(FederatedAlgorithm):
                 if n > 0:
                     counts = reply.tensors["counts"].to(self.device, self.dtype)
                     state.client_weights[cid] = counts / counts.sum()
+        return {"phase": "em", "mean_log_likelihood": self._advance(state, stats)}
+
+    def _advance(self, state: EMState, stats) -> float:
+        """Record an EM round's mean log-likelihood and apply the stopping rule (|change| <
+        tol, or max_iter rounds); returns the mean log-likelihood."""
         lower_bound = float(stats.log_likelihood / stats.n_samples)
         previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
         state.lower_bounds.append(lower_bound)
@@ -378,7 +383,7 @@ class FederatedEM(FederatedAlgorithm):
             state.converged, state.phase = True, "done"
         elif state.n_iter >= self.max_iter:
             state.phase = "done"
-        return {"phase": "em", "mean_log_likelihood": lower_bound}
+        return lower_bound
 
     # ------------------------------------------------------------------ client half
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:

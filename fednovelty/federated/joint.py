@@ -26,7 +26,6 @@ Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -170,15 +169,7 @@ class JointFedGMM(FederatedEM):
                 learner[name] = (
                     (stacked * (weight / total).view(shape)).sum(0).to(self.device, self.dtype)
                 )
-        lower_bound = float(stats.log_likelihood / stats.n_samples)
-        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
-        state.lower_bounds.append(lower_bound)
-        state.n_iter += 1
-        if abs(lower_bound - previous) < self.tol:
-            state.converged, state.phase = True, "done"
-        elif state.n_iter >= self.max_iter:
-            state.phase = "done"
-        return {"phase": "joint_em", "mean_log_likelihood": lower_bound}
+        return {"phase": "joint_em", "mean_log_likelihood": self._advance(state, stats)}
 
     # ------------------------------------------------------------------ client half
     def client_step(self, data, message: Message, context: ClientContext) -> Message:
