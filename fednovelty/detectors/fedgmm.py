@@ -155,19 +155,11 @@ class FedGMMDetector(MixtureDetector):
             return
         algorithm = FederatedEM(
             self.n_components,
-            covariance_type=self.covariance_type,
             mixture_weights=self.mixture_weights,
-            init_params=self.init_params,
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            kmeans_rounds=self.kmeans_rounds,
-            subset_size=self.subset_size,
             weights_init=self.weights_init,
             means_init=self.means_init,
             precisions_init=self.precisions_init,
-            random_state=seed,
-            **self._torch_options(),
+            **self._em_options(seed),
         )
         state = self._simulate(
             algorithm, clients, seed, fraction=self.fraction, dropout=self.dropout
@@ -226,6 +218,20 @@ class FedGMMDetector(MixtureDetector):
             if hasattr(self, name):
                 delattr(self, name)
 
+    def _em_options(self, seed: int) -> dict:
+        """Arguments shared by the plain and the joint federated EM algorithms."""
+        return {
+            "covariance_type": self.covariance_type,
+            "init_params": self.init_params,
+            "reg_covar": self.reg_covar,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "kmeans_rounds": self.kmeans_rounds,
+            "subset_size": self.subset_size,
+            "random_state": seed,
+            **self._torch_options(),
+        }
+
     def _fit_joint(self, clients, seed, label_parts) -> None:
         from fednovelty.federated.joint import JointFedGMM, linear_learner, mlp_learner
 
@@ -239,15 +245,7 @@ class FedGMMDetector(MixtureDetector):
             learning_rate=self.learning_rate,
             batch_size=self.batch_size,
             mu_prox=self.mu_prox,
-            covariance_type=self.covariance_type,
-            init_params=self.init_params,
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            kmeans_rounds=self.kmeans_rounds,
-            subset_size=self.subset_size,
-            random_state=seed,
-            **self._torch_options(),
+            **self._em_options(seed),
         )
         data = list(zip(clients, label_parts, strict=True))
         state = self._simulate(algorithm, data, seed, fraction=self.fraction, dropout=self.dropout)
