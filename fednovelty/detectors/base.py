@@ -104,8 +104,11 @@ class MixtureDetector(BaseDetector):
     def _fit_clients(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int) -> None:
         """Train on client tensors (same order as ``client_ids_``) and set fitted attributes."""
 
-    def _simulate(self, algorithm, clients: list[torch.Tensor], seed: int, **engine):
-        """Run ``algorithm`` on the in-process engine, record the rounds, return its state."""
+    def _simulate(
+        self, algorithm, clients: list[torch.Tensor], seed: int, full: bool = False, **engine
+    ):
+        """Run ``algorithm`` on the in-process engine, record the rounds, return its state
+        (the whole ``SimulationResult`` with ``full``)."""
         result = run_simulation(
             algorithm,
             clients,
@@ -118,7 +121,7 @@ class MixtureDetector(BaseDetector):
         self.n_rounds_ = len(result.history)
         self.bytes_up_ = result.bytes_up
         self.bytes_down_ = result.bytes_down
-        return result.state
+        return result if full else result.state
 
     def _set_mixture(self, params: MixtureParams) -> None:
         """Store a fitted mixture and its scikit-learn-named numpy attributes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import ClassVar
 
@@ -15,7 +16,41 @@ from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import INIT_PARAMS, FederatedEM
-from fednovelty.mixture import score_samples
+from fednovelty.federated.joint import (
+    PFL_METHODS,
+    JointFedGMM,
+    adapt_joint_weights,
+    joint_log_scores,
+    linear_learner,
+    mlp_learner,
+)
+from fednovelty.federated.pca import FederatedPCA
+from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
+
+SCORES = ("px", "py|x", "pxy", "msp")
+
+
+@dataclass(frozen=True)
+class AdaptedClient:
+    """Mixture weights of a client unseen in training (from ``FedGMMDetector.adapt``); pass
+    it as ``client=`` to any scoring method.
+
+    Attributes:
+        weights: (M1, M2) joint weights ``pi`` (joint models) or (M1,) mixture weights.
+        trace: weights after each EM iteration, (n_iter + 1, *weights.shape); row 0 = global.
+        mean_log_likelihoods: (n_iter,) mean log-likelihood of the rows before each update.
+        n_samples: rows used; n_iter, converged: the EM run; labelled: whether y was used;
+        joint: whether it belongs to a joint model.
+    """
+
+    weights: np.ndarray
+    trace: np.ndarray
+    mean_log_likelihoods: np.ndarray
+    n_samples: int
+    n_iter: int
+    converged: bool
+    labelled: bool
+    joint: bool
 
 
 @register
@@ -39,6 +74,15 @@ class FedGMMDetector(MixtureDetector):
             scikit-learn's ``GaussianMixture`` (``max_iter`` = maximum EM rounds).
         kmeans_rounds: maximum federated Lloyd rounds of the ``kmeans`` init.
         subset_size: rows pooled by the ``subset`` init.
+        n_learners: M2 conditional models ``P_m2(y | x)`` of the joint model (``fit`` with y).
+        learner: ``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer
+            of 64) or a factory ``(n_features, n_classes) -> torch.nn.Module``.
+        local_epochs, learning_rate, batch_size: the learners' local SGD each round.
+        mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
+        aggregate_learners: ``False`` never averages learners (the Local baseline).
+        pca_components: if set, the Gaussians model the rows' projection on this many
+            principal components, computed by federated PCA (two extra rounds of summed
+            moments); learners still see the full rows.
         fraction: share of clients asked each round; dropout: chance that one fails to reply.
         contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
         random_state: seed (int, RandomState or None).
@@ -50,6 +94,9 @@ class FedGMMDetector(MixtureDetector):
             scikit-learn); with personal weights ``weights_`` is the sample-weighted average.
         client_weights_: (n_clients, n_components) personal weights, rows in ``client_ids_``
             order (``"personal"`` only).
+        classes_, client_joint_weights_ (n_clients, M1, M2), joint_state_: the joint model
+            (fitted with ``y``); client_learners_: Local models' per-client learners.
+        pca_: the federated PCA projection (``pca_components`` set).
         n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods.
         history_: one dict per communication round (kind, clients, bytes, metrics).
         n_rounds_, bytes_up_, bytes_down_: communication totals.
@@ -82,6 +129,8 @@ class FedGMMDetector(MixtureDetector):
         "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "mu_prox": [Interval(Real, 0.0, None, closed="left")],
+        "aggregate_learners": ["boolean"],
+        "pca_components": [Interval(Integral, 1, None, closed="left"), None],
         "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
         "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
     }
@@ -107,6 +156,8 @@ class FedGMMDetector(MixtureDetector):
         learning_rate=0.5,
         batch_size=32,
         mu_prox=0.0,
+        aggregate_learners=True,
+        pca_components=None,
         fraction=1.0,
         dropout=0.0,
         contamination=0.1,
@@ -133,6 +184,8 @@ class FedGMMDetector(MixtureDetector):
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.mu_prox = mu_prox
+        self.aggregate_learners = aggregate_learners
+        self.pca_components = pca_components
         self.fraction = fraction
         self.dropout = dropout
         self.contamination = contamination
@@ -148,11 +201,47 @@ class FedGMMDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
+        raw = clients
+        pca_history = self._fit_pca(clients, seed)
+        clients = [self._gmm_input(c) for c in clients]
         label_parts = getattr(self, "_label_parts", None)
         if label_parts is not None:
             device = clients[0].device
-            self._fit_joint(clients, seed, [torch.as_tensor(p, device=device) for p in label_parts])
-            return
+            labels = [torch.as_tensor(p, device=device) for p in label_parts]
+            self._fit_joint(clients, seed, labels, raw)
+        else:
+            self._fit_plain(clients, seed)
+        if pca_history is not None:
+            history, up, down = pca_history
+            self.history_ = history + self.history_
+            self.n_rounds_ += len(history)
+            self.bytes_up_ += up
+            self.bytes_down_ += down
+
+    def _fit_pca(self, clients, seed):
+        """Federated PCA for the Gaussians' features (``pca_components``); returns the PCA
+        rounds' ``(history, bytes_up, bytes_down)`` or None."""
+        if self.pca_components is None:
+            if hasattr(self, "pca_"):
+                del self.pca_
+            return None
+        n_features = clients[0].shape[1]
+        if self.pca_components > n_features:
+            raise ValueError(
+                f"pca_components={self.pca_components} must be <= n_features={n_features}."
+            )
+        options = self._torch_options()
+        state = self._simulate(FederatedPCA(self.pca_components, **options), clients, seed)
+        self.pca_ = state.projection
+        return self.history_, self.bytes_up_, self.bytes_down_
+
+    def _gmm_input(self, X: torch.Tensor) -> torch.Tensor:
+        """The Gaussians' view of rows: their federated-PCA projection when
+        ``pca_components`` is set, else the rows themselves."""
+        pca = getattr(self, "pca_", None)
+        return X if pca is None else pca.transform(X)
+
+    def _fit_plain(self, clients, seed) -> None:
         algorithm = FederatedEM(
             self.n_components,
             mixture_weights=self.mixture_weights,
@@ -187,8 +276,7 @@ class FedGMMDetector(MixtureDetector):
         Without ``y``: the Gaussian mixture of ``x`` by federated EM. With ``y`` (one label per
         row, any hashable values; ``classes_`` keeps the mapping): FedGMM's joint model
         ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with ``n_components`` Gaussians
-        and ``n_learners`` conditional models (first cut: scores and prediction; ``adapt``
-        and saving of joint models come next).
+        and ``n_learners`` conditional models.
         """
         if y is None:
             self._drop_joint_attributes()
@@ -213,8 +301,34 @@ class FedGMMDetector(MixtureDetector):
         finally:
             del self._label_parts
 
+    @classmethod
+    def pfl_baseline(cls, name: str, **params) -> FedGMMDetector:
+        """A detector configured as one of the FedGMM paper's Table 2 methods.
+
+        ``"FedGMM"`` (as given), ``"FedEM"`` (one Gaussian: mixture of learners only),
+        ``"FedAvg"`` (one Gaussian, one learner), ``"FedProx"`` (FedAvg plus the proximal
+        term, ``mu_prox=0.01`` unless given) and ``"Local"`` (one Gaussian, one learner per
+        client, never aggregated: score with ``client=``). Fit with ``fit(X, y, groups)``.
+
+        Example:
+            >>> FedGMMDetector.pfl_baseline("FedEM", n_learners=3).n_components
+            1
+        """
+        if name not in PFL_METHODS:
+            raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
+        config = dict(PFL_METHODS[name])
+        if name == "FedProx" and "mu_prox" in params:
+            config.pop("mu_prox")
+        return cls(**{**params, **config})
+
     def _drop_joint_attributes(self) -> None:
-        for name in ("classes_", "joint_state_", "learner_template_", "client_joint_weights_"):
+        for name in (
+            "classes_",
+            "joint_state_",
+            "learner_template_",
+            "client_joint_weights_",
+            "client_learners_",
+        ):
             if hasattr(self, name):
                 delattr(self, name)
 
@@ -232,25 +346,35 @@ class FedGMMDetector(MixtureDetector):
             **self._torch_options(),
         }
 
-    def _fit_joint(self, clients, seed, label_parts) -> None:
-        from fednovelty.federated.joint import JointFedGMM, linear_learner, mlp_learner
+    def _learner_factory(self):
+        return {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
 
-        factory = {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
+    def _learner_template(self, n_features: int):
+        options = self._torch_options()
+        module = self._learner_factory()(n_features, len(self.classes_))
+        return module.to(device=options["device"], dtype=options["dtype"])
+
+    def _fit_joint(self, clients, seed, label_parts, learner_inputs) -> None:
         algorithm = JointFedGMM(
             self.n_components,
             self.n_learners,
             len(self.classes_),
-            learner_factory=factory,
+            learner_factory=self._learner_factory(),
             local_epochs=self.local_epochs,
             learning_rate=self.learning_rate,
             batch_size=self.batch_size,
             mu_prox=self.mu_prox,
+            aggregate_learners=self.aggregate_learners,
+            n_learner_features=learner_inputs[0].shape[1],
             **self._em_options(seed),
         )
-        data = list(zip(clients, label_parts, strict=True))
-        state = self._simulate(algorithm, data, seed, fraction=self.fraction, dropout=self.dropout)
+        data = list(zip(clients, label_parts, learner_inputs, strict=True))
+        result = self._simulate(
+            algorithm, data, seed, fraction=self.fraction, dropout=self.dropout, full=True
+        )
+        state = result.state
         self.joint_state_ = state
-        self.learner_template_ = algorithm._template(clients[0].shape[1])
+        self.learner_template_ = self._learner_template(learner_inputs[0].shape[1])
         self._set_mixture(state.params)
         self.n_iter_, self.converged_ = state.n_iter, state.converged
         self.lower_bounds_ = list(state.lower_bounds)
@@ -260,57 +384,208 @@ class FedGMMDetector(MixtureDetector):
             for c in range(self.n_clients_)
         ]
         self.client_joint_weights_ = torch.stack(joint).cpu().numpy()
+        if self.aggregate_learners:
+            if hasattr(self, "client_learners_"):
+                del self.client_learners_
+            return
+        names = [name for name, _ in self.learner_template_.named_parameters()]
+        self.client_learners_ = []
+        for c in range(self.n_clients_):
+            own = result.client_states.get(c, {})
+            self.client_learners_.append(
+                [
+                    {n: own.get(f"learner.{m2}.{n}", state.learners[m2][n]) for n in names}
+                    for m2 in range(self.n_learners)
+                ]
+            )
 
-    def _joint_scores(self, X, y=None, client=None) -> dict[str, torch.Tensor]:
-        from fednovelty.federated.joint import joint_log_scores
+    def _check_labels(self, y, n_rows: int, device) -> torch.Tensor:
+        y_array = np.asarray(y)
+        if y_array.ndim != 1 or len(y_array) != n_rows:
+            raise ValueError(
+                f"y has {len(y_array) if y_array.ndim == 1 else y_array.shape} labels but X has "
+                f"{n_rows} rows; give one label per row."
+            )
+        unknown = ~np.isin(y_array, self.classes_)
+        if unknown.any():
+            raise ValueError(
+                f"y has label(s) {np.unique(y_array[unknown])[:5].tolist()} not seen in fit; "
+                f"known classes: {self.classes_.tolist()}."
+            )
+        return torch.as_tensor(np.searchsorted(self.classes_, y_array), device=device)
 
-        Xt = self._check_score_input(X)
+    def _check_joint(self) -> None:
+        self._check_fitted()
         if not hasattr(self, "joint_state_"):
             raise ValueError(
                 "This FedGMMDetector was fitted without y; fit(X, y, groups=...) first."
             )
-        log_pi = None
-        if client is not None:
-            log_pi = (
-                torch.as_tensor(self.client_joint_weights_[self._client_index(client)]).to(Xt).log()
-            )
-        codes = None
-        if y is not None:
-            y_array = np.asarray(y)
-            if len(y_array) != Xt.shape[0]:
-                raise ValueError(f"y has {len(y_array)} labels but X has {Xt.shape[0]} rows.")
-            unknown = ~np.isin(y_array, self.classes_)
-            if unknown.any():
+
+    def _log_pi(self, client, like: torch.Tensor, joint: bool) -> torch.Tensor | None:
+        """``log pi`` of ``client`` (an id seen in fit or an ``adapt`` handle), or None for
+        the global weights; (M1, M2) when ``joint`` else (M1,)."""
+        if client is None:
+            return None
+        if isinstance(client, AdaptedClient):
+            if client.weights.shape[0] != self.n_components_ or joint != client.joint:
                 raise ValueError(
-                    f"y has label(s) {np.unique(y_array[unknown])[:5].tolist()} not seen in fit; "
-                    f"known classes: {self.classes_.tolist()}."
+                    "this AdaptedClient was made by another model; call adapt on this detector."
                 )
-            codes = torch.as_tensor(np.searchsorted(self.classes_, y_array), device=Xt.device)
+            return torch.as_tensor(client.weights).to(like).log()
+        index = self._client_index(client)
+        table = self.client_joint_weights_ if joint else self.client_weights_
+        return torch.as_tensor(table[index]).to(like).log()
+
+    def _local_learners(self, client):
+        """Local (``aggregate_learners=False``): the client's own learners, or an error."""
+        if self.aggregate_learners:
+            return None
+        if client is None or isinstance(client, AdaptedClient):
+            raise ValueError(
+                "a Local model (aggregate_learners=False) has no shared learner; pass client= "
+                "one of the clients seen in fit."
+            )
+        return self.client_learners_[self._client_index(client)]
+
+    def _joint_scores(self, X, y=None, client=None) -> dict[str, torch.Tensor]:
+        Xt = self._check_score_input(X)
+        self._check_joint()
+        codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
         with torch.no_grad():
-            return joint_log_scores(self.joint_state_, self.learner_template_, Xt, codes, log_pi)
+            return joint_log_scores(
+                self.joint_state_,
+                self.learner_template_,
+                self._gmm_input(Xt),
+                codes,
+                self._log_pi(client, Xt, joint=True),
+                Z=Xt,
+                learners=self._local_learners(client),
+            )
 
     def log_px(self, X, client=None) -> np.ndarray:
-        """``log p(x)`` (covariate novelty), shape (n_samples,); ``client`` uses that client's
-        weights, ``None`` the sample-weighted global ones."""
+        """``log p(x)`` (covariate novelty), shape (n_samples,).
+
+        Args:
+            X: rows (n_samples, n_features).
+            client: ``None`` for the sample-weighted global weights, a client id seen in fit
+                for its ``pi_c``, or a handle returned by :meth:`adapt`.
+        """
         return self._joint_scores(X, client=client)["log_px"].cpu().numpy()
 
     def log_py_given_x(self, X, y, client=None) -> np.ndarray:
-        """``log p(y | x)`` (label novelty), shape (n_samples,)."""
+        """``log p(y | x)`` (label novelty), shape (n_samples,); ``client`` as in ``log_px``."""
         return self._joint_scores(X, y, client)["log_py_given_x"].cpu().numpy()
 
     def log_pxy(self, X, y, client=None) -> np.ndarray:
-        """``log p(x, y)`` (joint novelty), shape (n_samples,)."""
+        """``log p(x, y)`` (joint novelty), shape (n_samples,); ``client`` as in ``log_px``."""
         return self._joint_scores(X, y, client)["log_pxy"].cpu().numpy()
 
     def predict_proba_y(self, X, client=None) -> np.ndarray:
-        """Class probabilities ``p(y | x)`` (the paper's Eq. 3), shape (n_samples, n_classes)."""
+        """Class probabilities ``p(y | x)`` (the paper's Eq. 3), shape (n_samples, n_classes);
+        columns follow ``classes_``."""
         return self._joint_scores(X, client=client)["proba_y"].cpu().numpy()
 
     def predict_y(self, X, client=None) -> np.ndarray:
         """Most probable label of each row, in the original label values."""
         return self.classes_[self.predict_proba_y(X, client).argmax(1)]
 
+    def decision_function(self, X, y=None, *, client=None, score="px") -> np.ndarray:
+        """Anomaly score of each row (higher = more novel).
+
+        Args:
+            X: rows (n_samples, n_features).
+            y: labels of the rows (for ``score="py|x"`` and ``"pxy"``).
+            client: as in :meth:`log_px` (``None``: global weights).
+            score: ``"px"`` (``-log p(x)``, the default and what ``threshold_``, ``predict``
+                and ``predict_proba`` use), ``"py|x"`` (``-log p(y | x)``), ``"pxy"``
+                (``-log p(x, y)``) or ``"msp"`` (``-max_k p(y = k | x)``, the
+                maximum-softmax-probability baseline); all but ``"px"`` need a joint model.
+        """
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {list(SCORES)}; got {score!r}.")
+        joint = hasattr(self, "joint_state_")
+        if score == "px" and client is None:
+            return super().decision_function(X)
+        if score == "px" and not joint:
+            return -self.score_samples_client(X, client)
+        if score in ("py|x", "pxy") and y is None:
+            raise ValueError(f"score={score!r} needs the labels of the rows: pass y=.")
+        key = {"px": "log_px", "py|x": "log_py_given_x", "pxy": "log_pxy", "msp": "msp"}
+        scores = self._joint_scores(X, y, client)[key[score]]
+        return -scores.cpu().numpy().astype(np.float64)
+
+    def adapt(self, X, y=None, *, max_iter: int = 100, tol: float = 1e-6) -> AdaptedClient:
+        """Personal mixture weights for a client unseen in training, every shared parameter
+        frozen (FedGMM Sec. 3: only ``pi`` is re-estimated, by EM from the global weights).
+
+        With labels the E-step uses ``N(x; m1) P_m2(y | x)``; without, ``N(x; m1)`` alone
+        (x-only EM; the only option for a model fitted without ``y``). The detector is not
+        modified; the returned handle works as ``client=`` in every scoring method.
+
+        Args:
+            X: the new client's rows (n_samples, n_features); at least 2.
+            y: their labels, optional (joint models only).
+            max_iter: maximum EM iterations; tol: stop when the mean log-likelihood changes by
+                less than this.
+
+        Returns:
+            An :class:`AdaptedClient` (weights, their trace over iterations, log-likelihoods).
+        """
+        Xt = self._check_score_input(X)
+        if Xt.shape[0] < 2:
+            raise ValueError(
+                f"adapt needs at least 2 rows of the new client to re-estimate its mixture "
+                f"weights; got {Xt.shape[0]}."
+            )
+        if not isinstance(max_iter, Integral) or max_iter < 1:
+            raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}.")
+        joint = hasattr(self, "joint_state_")
+        if y is not None and not joint:
+            raise ValueError("y given but this model was fitted without labels; call adapt(X).")
+        with torch.no_grad():
+            if joint:
+                if not self.aggregate_learners and y is not None:
+                    raise ValueError(
+                        "a Local model (aggregate_learners=False) has no shared learner to "
+                        "adapt with labels; call adapt(X) for the Gaussian weights only."
+                    )
+                codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
+                result = adapt_joint_weights(
+                    self.joint_state_,
+                    self.learner_template_,
+                    self._gmm_input(Xt),
+                    codes,
+                    Xt,
+                    max_iter=max_iter,
+                    tol=tol,
+                )
+            else:
+                params = self.model_
+                log_n = log_gaussian_prob(
+                    self._gmm_input(Xt),
+                    params.means,
+                    params.precisions_cholesky,
+                    params.covariance_type,
+                )
+                result = fit_weights(log_n, params.weights.log(), max_iter=max_iter, tol=tol)
+        return AdaptedClient(
+            weights=result.log_weights.exp().cpu().numpy(),
+            trace=result.trace.cpu().numpy(),
+            mean_log_likelihoods=result.mean_log_likelihoods.cpu().numpy(),
+            n_samples=int(Xt.shape[0]),
+            n_iter=result.n_iter,
+            converged=result.converged,
+            labelled=y is not None,
+            joint=joint,
+        )
+
     def _client_index(self, client) -> int:
+        self._check_fitted()
+        if isinstance(client, bool) or not isinstance(client, Integral | str | np.generic):
+            raise TypeError(
+                f"client must be a client id seen in fit or an AdaptedClient from adapt(); got "
+                f"{type(client).__name__}."
+            )
         matches = np.flatnonzero(self.client_ids_ == client)
         if matches.size == 0:
             raise ValueError(
@@ -325,21 +600,24 @@ class FedGMMDetector(MixtureDetector):
         return torch.stack(rows).cpu().numpy()
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
-        return score_samples(self.model_, X)
+        return score_samples(self.model_, self._gmm_input(X))
 
     def score_samples_client(self, X, client) -> np.ndarray:
         """``log p_c(x)`` under one client's personal weights (``"personal"`` only).
 
         Args:
             X: rows (n_samples, n_features).
-            client: a client id as given in ``groups`` at fit time.
+            client: a client id as given in ``groups`` at fit time, or a handle from
+                :meth:`adapt`.
         """
         Xt = self._check_score_input(X)
-        if not hasattr(self, "client_weights_"):
+        if hasattr(self, "joint_state_"):
+            return self.log_px(X, client=client)
+        if not hasattr(self, "client_weights_") and not isinstance(client, AdaptedClient):
             raise ValueError("score_samples_client needs mixture_weights='personal'.")
-        log_weights = torch.as_tensor(self.client_weights_[self._client_index(client)]).to(Xt).log()
+        log_weights = self._log_pi(client, Xt, joint=False)
         with torch.no_grad():
-            return score_samples(self.model_, Xt, log_weights).cpu().numpy()
+            return score_samples(self.model_, self._gmm_input(Xt), log_weights).cpu().numpy()
 
     def _get_state(self):
         if hasattr(self, "joint_state_"):

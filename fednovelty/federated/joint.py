@@ -21,7 +21,21 @@ by default); the learners start from ``learner_factory`` under ``random_state``.
 
 Special cases: ``M1 = 1`` is FedEM (Marfoq et al. 2021); ``M1 = M2 = 1`` is FedAvg.
 
-Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
+Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,), or a
+triple ``(X, y, Z)`` when the learners see other features ``Z`` (n_c, n_learner_features)
+of the same rows than the Gaussians (the MNIST experiment: Gaussians on PCA features,
+learners on pixels).
+
+Named baselines (the FedGMM paper's Table 2) are configurations of this one algorithm, see
+``PFL_METHODS`` and :func:`pfl_algorithm`: FedGMM, FedEM (``M1 = 1``), FedAvg
+(``M1 = M2 = 1``), FedProx (FedAvg plus a proximal term) and Local (``M1 = M2 = 1``, learners
+never aggregated).
+
+Scoring and adaptation are pure functions of a trained ``JointState``:
+:func:`joint_log_components` gives ``log N(x; m1) + log P_m2(y | x)`` per row and pair,
+:func:`joint_log_scores` the marginal, conditional and joint log-likelihoods under some
+``pi``, and :func:`adapt_joint_weights` fits a new client's ``pi`` with every shared
+parameter frozen.
 """
 
 from __future__ import annotations
@@ -36,7 +50,13 @@ from torch.func import functional_call
 from fednovelty.federated.aggregate import stats_message, sum_stats
 from fednovelty.federated.base import ClientContext, Message, client_generator
 from fednovelty.federated.em import EMState, FederatedEM
-from fednovelty.mixture import log_gaussian_prob, params_from_stats, stats_from_resp
+from fednovelty.mixture import (
+    WeightsFit,
+    fit_weights,
+    log_gaussian_prob,
+    params_from_stats,
+    stats_from_resp,
+)
 from fednovelty.mixture.em import moment_shift
 
 LearnerFactory = Callable[[int, int], nn.Module]
@@ -86,6 +106,12 @@ class JointFedGMM(FederatedEM):
             logistic regression.
         local_epochs, learning_rate, batch_size: the learners' local SGD.
         mu_prox: FedProx proximal coefficient (0 = none).
+        aggregate_learners: ``False`` keeps every learner on its client (the Local baseline:
+            each client trains from its own previous weights and sends no learner weights;
+            the trained learners stay in the client's state as ``learner.{m2}.{name}``).
+        n_learner_features: width of the learners' input ``Z`` when clients hold
+            ``(X, y, Z)`` triples (e.g. Gaussians on PCA features, learners on pixels);
+            default the width of ``X``.
         Other arguments as ``FederatedEM`` (mixture weights are always personal).
     """
 
@@ -100,6 +126,8 @@ class JointFedGMM(FederatedEM):
         learning_rate: float = 0.1,
         batch_size: int = 128,
         mu_prox: float = 0.0,
+        aggregate_learners: bool = True,
+        n_learner_features: int | None = None,
         **kwargs,
     ) -> None:
         kwargs.setdefault("mixture_weights", "personal")
@@ -111,6 +139,13 @@ class JointFedGMM(FederatedEM):
         self.learning_rate = float(learning_rate)
         self.batch_size = int(batch_size)
         self.mu_prox = float(mu_prox)
+        self.aggregate_learners = bool(aggregate_learners)
+        self.n_learner_features = None if n_learner_features is None else int(n_learner_features)
+        if self.n_learners < 1 or self.n_classes < 2:
+            raise ValueError(
+                f"need n_learners >= 1 and n_classes >= 2; got n_learners={n_learners}, "
+                f"n_classes={n_classes}."
+            )
 
     # ------------------------------------------------------------------ helpers
     def _template(self, n_features: int) -> nn.Module:
@@ -135,7 +170,9 @@ class JointFedGMM(FederatedEM):
         if message.kind != "em":
             return message
         if not state.learners:
-            state.learners = self._initial_learners(state.params.n_features)
+            state.learners = self._initial_learners(
+                self.n_learner_features or state.params.n_features
+            )
         tensors = dict(message.tensors)
         for m2, learner in enumerate(state.learners):
             tensors.update({f"learner.{m2}.{k}": v for k, v in learner.items()})
@@ -158,7 +195,7 @@ class JointFedGMM(FederatedEM):
                 )
                 state.client_weights[cid] = state.client_joint_weights[cid].sum(1)
         gammas = joint.sum(1)  # (n_replies, M2)
-        for m2, learner in enumerate(state.learners):
+        for m2, learner in enumerate(state.learners if self.aggregate_learners else []):
             weight = gammas[:, m2]
             total = float(weight.sum())
             if total <= 0:
@@ -173,22 +210,23 @@ class JointFedGMM(FederatedEM):
 
     # ------------------------------------------------------------------ client half
     def client_step(self, data, message: Message, context: ClientContext) -> Message:
-        X, y = data
+        X, y, Z = unpack_client_data(data)
         if message.kind != "joint_em":
             return super().client_step(X, message, context)
-        return self._client_joint_em(X, y, message, context)
+        return self._client_joint_em(X, y, Z, message, context)
 
     def _client_joint_em(
-        self, X: Tensor, y: Tensor, message: Message, context: ClientContext
+        self, X: Tensor, y: Tensor, Z: Tensor, message: Message, context: ClientContext
     ) -> Message:
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         ct = str(message.scalars["covariance_type"])
         k1, k2 = t["means"].shape[0], self.n_learners
-        template = self._template(X.shape[1])
-        learners = [
-            {name: t[f"learner.{m2}.{name}"] for name, _ in template.named_parameters()}
-            for m2 in range(k2)
-        ]
+        template = self._template(Z.shape[1])
+        names = [name for name, _ in template.named_parameters()]
+        source = t
+        if not self.aggregate_learners and f"learner.0.{names[0]}" in context.state:
+            source = context.state  # Local: continue from this client's own learners
+        learners = [{name: source[f"learner.{m2}.{name}"] for name in names} for m2 in range(k2)]
         n = X.shape[0]
         log_pi = context.state.get("log_joint_weights")
         if log_pi is None:
@@ -196,7 +234,7 @@ class JointFedGMM(FederatedEM):
         log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], ct)  # (n, M1)
         with torch.no_grad():
             log_py = torch.stack(
-                [log_likelihoods_of_labels(template, p, X, y) for p in learners], dim=1
+                [log_likelihoods_of_labels(template, p, Z, y) for p in learners], dim=1
             )  # (n, M2)
         weighted = log_pi.unsqueeze(0) + log_n.unsqueeze(2) + log_py.unsqueeze(1)
         flat = weighted.reshape(n, -1)
@@ -213,8 +251,12 @@ class JointFedGMM(FederatedEM):
         tensors = dict(reply.tensors)
         tensors["joint_counts"] = joint_counts
         for m2, params in enumerate(learners):
-            trained = self._local_sgd(template, params, X, y, q[:, :, m2].sum(1), generator)
-            tensors.update({f"learner.{m2}.{k}": v for k, v in trained.items()})
+            trained = self._local_sgd(template, params, Z, y, q[:, :, m2].sum(1), generator)
+            named = {f"learner.{m2}.{k}": v for k, v in trained.items()}
+            if self.aggregate_learners:
+                tensors.update(named)
+            else:
+                context.state.update(named)
         return Message("joint_em", tensors)
 
     def _local_sgd(
@@ -248,41 +290,93 @@ class JointFedGMM(FederatedEM):
         return {k: v.detach() for k, v in params.items()}
 
 
+def unpack_client_data(data) -> tuple[Tensor, Tensor, Tensor]:
+    """``(X, y)`` or ``(X, y, Z)`` -> ``(X, y, Z)`` with ``Z = X`` when absent."""
+    if not isinstance(data, tuple | list) or len(data) not in (2, 3):
+        raise ValueError(
+            f"JointFedGMM clients hold (X, y) or (X, y, Z) tuples; got {type(data).__name__}."
+        )
+    X, y = data[0], data[1]
+    Z = data[2] if len(data) == 3 else X
+    if y.shape[0] != X.shape[0] or Z.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"client data rows disagree: X has {X.shape[0]}, y {y.shape[0]}, Z {Z.shape[0]}."
+        )
+    return X, y, Z
+
+
+def global_log_joint_weights(state: JointState) -> Tensor:
+    """Sample-weighted global ``log pi`` (M1, M2): the summed joint counts, normalised."""
+    return (state.joint_counts / state.joint_counts.sum()).log()
+
+
+def learner_log_probs(template: nn.Module, learners: list[dict[str, Tensor]], Z: Tensor) -> Tensor:
+    """``log P_m2(y = k | z_i)`` for every learner and class, shape (n, M2, n_classes)."""
+    with torch.no_grad():
+        return torch.stack(
+            [
+                nn.functional.log_softmax(functional_call(template, p, (Z,)), dim=1)
+                for p in learners
+            ],
+            dim=1,
+        )
+
+
+def joint_log_components(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    Z: Tensor | None = None,
+    learners: list[dict[str, Tensor]] | None = None,
+) -> Tensor:
+    """``log N(x_i; m1) + log P_m2(y_i | z_i)``, shape (n, M1, M2); without ``y`` the
+    Gaussian part alone, shape (n, M1, 1) (broadcasts against (M1, M2) weights).
+
+    ``learners`` overrides ``state.learners`` (a Local client's own learners).
+    """
+    params = state.params
+    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    if y is None:
+        return log_n.unsqueeze(2)
+    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+    log_py = log_probs.gather(2, y.view(-1, 1, 1).expand(-1, log_probs.shape[1], 1)).squeeze(2)
+    return log_n.unsqueeze(2) + log_py.unsqueeze(1)
+
+
 def joint_log_scores(
     state: JointState,
     template: nn.Module,
     X: Tensor,
     y: Tensor | None = None,
     log_joint_weights: Tensor | None = None,
+    Z: Tensor | None = None,
+    learners: list[dict[str, Tensor]] | None = None,
 ) -> dict[str, Tensor]:
-    """``log p(x)``, and with labels ``log p(x, y)`` and ``log p(y | x)``, each (n_samples,);
-    ``proba_y`` (n_samples, n_classes) is Eq. 3's ``p(y | x)``.
+    """``log_px`` (n,), ``proba_y`` (n, n_classes) = Eq. 3's ``p(y | x)``, ``msp`` (n,) =
+    its largest entry, and with labels ``y`` also ``log_pxy`` and ``log_py_given_x`` (n,).
 
-    ``log_joint_weights`` (M1, M2) selects a client's ``pi_c``; default the sample-weighted
-    global weights ``joint_counts / sum``.
+    Everything is computed in log space: ``log p(x, y) = logsumexp_{m1, m2} [log pi(m1, m2)
+    + log N(x; m1) + log P_m2(y | z)]`` (the paper's reference code adds ``pi`` instead of
+    ``log pi`` here).
+
+    Args:
+        log_joint_weights: ``log pi`` (M1, M2) of one client; default the global weights.
+        Z: the learners' input rows when it differs from ``X``.
+        learners: a Local client's own learners instead of ``state.learners``.
     """
-    log_pi = (
-        (state.joint_counts / state.joint_counts.sum()).log()
-        if log_joint_weights is None
-        else log_joint_weights
-    )
+    log_pi = global_log_joint_weights(state) if log_joint_weights is None else log_joint_weights
     params = state.params
     log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
     log_px = torch.logsumexp(log_n + torch.logsumexp(log_pi, dim=1), dim=1)
-    with torch.no_grad():
-        log_probs = torch.stack(
-            [
-                nn.functional.log_softmax(functional_call(template, p, (X,)), dim=1)
-                for p in state.learners
-            ],
-            dim=1,
-        )  # (n, M2, n_classes)
+    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
     # log sum_{m1,m2} pi N P(y|x) for every class: (n, n_classes)
     joint_all = torch.logsumexp(
         (log_pi.unsqueeze(0) + log_n.unsqueeze(2)).unsqueeze(3) + log_probs.unsqueeze(1),
         dim=(1, 2),
     )
-    out = {"log_px": log_px, "proba_y": (joint_all - log_px.unsqueeze(1)).exp()}
+    proba = (joint_all - log_px.unsqueeze(1)).exp()
+    out = {"log_px": log_px, "proba_y": proba, "msp": proba.max(1).values}
     if y is not None:
         log_pxy = joint_all.gather(1, y.view(-1, 1)).squeeze(1)
         out["log_pxy"] = log_pxy
@@ -290,10 +384,67 @@ def joint_log_scores(
     return out
 
 
+def adapt_joint_weights(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    Z: Tensor | None = None,
+    *,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+) -> WeightsFit:
+    """A new client's ``pi`` (M1, M2) by EM with every shared parameter frozen.
+
+    With labels the E-step uses ``pi N(x; m1) P_m2(y | z)``; without, ``pi N(x; m1)`` (x-only
+    EM: the Gaussian weights move, the learner split within each Gaussian keeps the global
+    proportions). Starts from the global weights. Nothing in ``state`` is modified.
+
+    Returns:
+        ``fit_weights``'s result; ``log_weights`` (M1, M2) is usable as
+        ``joint_log_scores(..., log_joint_weights=...)``.
+    """
+    log_components = joint_log_components(state, template, X, y, Z)
+    return fit_weights(log_components, global_log_joint_weights(state), max_iter=max_iter, tol=tol)
+
+
+#: The FedGMM paper's Table 2 methods as configurations of ``JointFedGMM``.
+PFL_METHODS: dict[str, dict] = {
+    "FedGMM": {},
+    "FedEM": {"n_components": 1},
+    "FedAvg": {"n_components": 1, "n_learners": 1},
+    "FedProx": {"n_components": 1, "n_learners": 1, "mu_prox": 0.01},
+    "Local": {"n_components": 1, "n_learners": 1, "aggregate_learners": False},
+}
+
+
+def pfl_algorithm(
+    name: str, n_classes: int, *, n_components: int = 3, n_learners: int = 3, **options
+) -> JointFedGMM:
+    """One of ``PFL_METHODS`` by name, e.g. ``pfl_algorithm("FedEM", n_classes=2)``.
+
+    ``n_components`` / ``n_learners`` are FedGMM's sizes (FedEM keeps ``n_learners``);
+    the method's own settings override them, ``options`` go to ``JointFedGMM``.
+    """
+    if name not in PFL_METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
+    config = {"n_components": n_components, "n_learners": n_learners, **options}
+    config.update(PFL_METHODS[name])
+    k1, k2 = config.pop("n_components"), config.pop("n_learners")
+    return JointFedGMM(k1, k2, n_classes, **config)
+
+
 __all__ = [
+    "PFL_METHODS",
     "JointFedGMM",
     "JointState",
+    "adapt_joint_weights",
+    "global_log_joint_weights",
+    "joint_log_components",
     "joint_log_scores",
+    "learner_log_probs",
     "linear_learner",
     "mlp_learner",
+    "pfl_algorithm",
+    "unpack_client_data",
 ]

@@ -12,9 +12,11 @@ from fednovelty.mixture.covariance import (
 from fednovelty.mixture.density import log_gaussian_prob, log_responsibilities
 from fednovelty.mixture.em import (
     EMResult,
+    WeightsFit,
     fit_em,
     fit_gmm,
     fit_gmm_bic,
+    fit_weights,
     kmeans_init,
     params_from_stats,
 )
@@ -40,12 +42,14 @@ __all__ = [
     "EMResult",
     "MixtureParams",
     "SufficientStats",
+    "WeightsFit",
     "bic",
     "covariances_from_precisions_cholesky",
     "e_step_stats",
     "fit_em",
     "fit_gmm",
     "fit_gmm_bic",
+    "fit_weights",
     "kmeans",
     "kmeans_init",
     "kmeans_plusplus",

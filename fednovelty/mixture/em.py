@@ -8,6 +8,7 @@ loop, which follows scikit-learn's ``GaussianMixture.fit`` iteration for iterati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -182,3 +183,76 @@ def fit_gmm_bic(
             "give candidates <= n_samples."
         )
     return best, bics
+
+
+@dataclass(frozen=True)
+class WeightsFit:
+    """Result of :func:`fit_weights`.
+
+    Attributes:
+        log_weights: fitted log mixture weights, the shape of ``log_weights_init``.
+        trace: weights after each iteration, (n_iter + 1, *weights shape); row 0 is the start.
+        mean_log_likelihoods: mean log-likelihood of the rows before each update, (n_iter,).
+        n_iter: iterations run.
+        converged: whether the change in mean log-likelihood fell below ``tol``.
+    """
+
+    log_weights: Tensor
+    trace: Tensor
+    mean_log_likelihoods: Tensor
+    n_iter: int
+    converged: bool
+
+
+def fit_weights(
+    log_components: Tensor,
+    log_weights_init: Tensor,
+    *,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+) -> WeightsFit:
+    """EM over the mixture weights alone, every component density frozen.
+
+    The E-step is ``q_i(k) ∝ w_k p_k(x_i)`` and the M-step ``w_k = mean_i q_i(k)``; each
+    iteration cannot lower the mean log-likelihood ``mean_i log sum_k w_k p_k(x_i)``. Used to
+    personalise a trained mixture to a new client without touching shared parameters.
+    Components whose weight starts at zero stay at zero, so ``log_weights_init`` also fixes
+    any structure the caller wants kept (e.g. the learner split of an x-only adaptation).
+
+    Args:
+        log_components: ``log p_k(x_i)``, shape (n_samples, *K) for any component shape K
+            (e.g. (M1,) or (M1, M2)); broadcasting over trailing size-1 axes is allowed.
+        log_weights_init: starting log weights, shape K, summing to one in probability.
+        max_iter: maximum iterations (>= 1).
+        tol: stop when the mean log-likelihood changes by less than this.
+
+    Returns:
+        :class:`WeightsFit`; ``log_weights`` has the shape of ``log_weights_init``.
+    """
+    if log_components.ndim < 1 or log_components.shape[0] == 0:
+        raise ValueError("fit_weights needs at least one row in log_components.")
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}.")
+    shape = log_weights_init.shape
+    n = log_components.shape[0]
+    log_w = log_weights_init
+    trace, lls = [log_w.exp()], []
+    previous, converged = None, False
+    for _ in range(max_iter):
+        joint = (log_components + log_w).reshape(n, -1)
+        log_norm = torch.logsumexp(joint, dim=1, keepdim=True)
+        ll = float(log_norm.mean())
+        lls.append(ll)
+        log_w = (torch.logsumexp(joint - log_norm, dim=0) - math.log(n)).reshape(shape)
+        trace.append(log_w.exp())
+        if previous is not None and abs(ll - previous) < tol:
+            converged = True
+            break
+        previous = ll
+    return WeightsFit(
+        log_weights=log_w,
+        trace=torch.stack(trace),
+        mean_log_likelihoods=torch.as_tensor(lls, dtype=log_w.dtype),
+        n_iter=len(lls),
+        converged=converged,
+    )

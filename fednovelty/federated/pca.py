@@ -1,0 +1,309 @@
+"""Federated PCA: exact principal components of the pooled rows of all clients.
+
+Two rounds, statistics only:
+
+1. ``moments_mean`` (empty broadcast). Each client replies its row count ``n`` (scalar) and
+   the sum of its rows ``sum`` (n_features,): ``n_features + 1`` floats per client. The
+   server forms the pooled mean ``sum_c sum_c / N``.
+2. ``moments_scatter`` (broadcast: the pooled mean, ``n_features`` floats). Each client
+   replies its scatter about that mean, ``sum_i (x_i - mean)(x_i - mean)^T``
+   (n_features, n_features), and ``n`` again: ``n_features^2 + 1`` floats per client. The
+   server sums the scatters, divides by ``N - 1`` (the unbiased covariance, as
+   ``sklearn.decomposition.PCA``), takes ``torch.linalg.eigh`` and keeps the top
+   ``n_components`` eigenpairs.
+
+Why two rounds rather than one round of raw moments (``n``, ``sum x``, ``sum x x^T``)? The
+covariance from raw moments, ``(S - N m m^T) / (N - 1)``, subtracts two large, nearly equal
+matrices whenever the mean is large against the spread (pixels in [0, 255], sensor offsets):
+it loses about ``log10(|m|^2 / var)`` digits and can even turn small eigenvalues negative.
+Centring each client's rows about the *pooled* mean before forming outer products is the
+two-pass algorithm of a centralized PCA, so the federated result equals scikit-learn's up to
+round-off, for any partition of the rows into clients. The price is one extra round.
+
+The same clients must answer both rounds (a scatter about the mean of other rows is not
+that of these rows): run with ``fraction=1`` and no dropout; the server raises otherwise.
+Clients with no rows reply zeros and change nothing. Clients compute in the dtype and on
+the device of their own rows ``X`` (``n`` is sent in that dtype too: exact below 2^24 rows
+per client in float32); the server aggregates in ``dtype`` on ``device``.
+
+Sign convention: an eigenvector is defined up to sign, so each component is flipped to make
+its entry of largest absolute value positive (the first such entry on ties). This is the
+convention of scikit-learn >= 1.5 (``svd_flip(..., u_based_decision=False)``), and it makes
+the result independent of the partition and of the eigen-solver's arbitrary choice.
+
+Used for FedGMM's MNIST experiment: the clients first agree on a federated PCA of the
+pixels, then the Gaussian mixtures are fitted on the projected features
+(``PCAProjection.transform``), which every client computes locally.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message, Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class PCAProjection:
+    """A fitted PCA: the pooled mean and the leading principal axes.
+
+    Attributes:
+        mean: (n_features,) pooled mean of the rows.
+        components: (n_components, n_features) principal axes as orthonormal rows, by
+            decreasing explained variance; the largest-|.| entry of each row is positive.
+        explained_variance: (n_components,) variance along each axis (eigenvalues of the
+            covariance with denominator ``n_samples - 1``, as scikit-learn).
+        n_samples: number of pooled rows the projection was fitted on.
+    """
+
+    mean: Tensor
+    components: Tensor
+    explained_variance: Tensor
+    n_samples: int
+
+    def __post_init__(self) -> None:
+        k, d = self.components.shape if self.components.ndim == 2 else (-1, -1)
+        if (
+            self.components.ndim != 2
+            or tuple(self.mean.shape) != (d,)
+            or tuple(self.explained_variance.shape) != (k,)
+        ):
+            raise ValueError(
+                "PCAProjection needs mean (n_features,), components (n_components, n_features) "
+                f"and explained_variance (n_components,); got shapes {tuple(self.mean.shape)}, "
+                f"{tuple(self.components.shape)} and {tuple(self.explained_variance.shape)}."
+            )
+
+    @property
+    def n_components(self) -> int:
+        return int(self.components.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.components.shape[1])
+
+    def transform(self, X: Tensor) -> Tensor:
+        """Project rows onto the principal axes: ``(X - mean) @ components.T``.
+
+        Args:
+            X: (n_samples, n_features) rows; cast to the projection's dtype and device.
+
+        Returns:
+            (n_samples, n_components) scores in the projection's dtype, on its device.
+        """
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(
+                f"X must have shape (n_samples, {self.n_features}) to match the projection's "
+                f"n_features, got {tuple(X.shape)}."
+            )
+        X = X.to(device=self.mean.device, dtype=self.mean.dtype)
+        return (X - self.mean) @ self.components.T
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The projection as named tensors (``n_samples`` as a 0-d int64 tensor), for saving."""
+        return {
+            "mean": self.mean,
+            "components": self.components,
+            "explained_variance": self.explained_variance,
+            "n_samples": torch.tensor(self.n_samples, dtype=torch.int64),
+        }
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor]) -> PCAProjection:
+        """Rebuild a projection from ``tensors()``'s output."""
+        missing = {"mean", "components", "explained_variance", "n_samples"} - set(tensors)
+        if missing:
+            raise ValueError(f"PCAProjection.from_tensors: missing tensors {sorted(missing)}.")
+        return cls(
+            mean=tensors["mean"],
+            components=tensors["components"],
+            explained_variance=tensors["explained_variance"],
+            n_samples=int(tensors["n_samples"].item()),
+        )
+
+
+@dataclass
+class PCAState:
+    """Server state of ``FederatedPCA``.
+
+    Attributes:
+        round: communication rounds completed (0, 1 or 2; finished at 2).
+        mean: (n_features,) pooled mean after round 1, else ``None``.
+        n_samples: pooled row count after round 1.
+        client_counts: each round-1 client's row count by client id (round 2 must match).
+        projection: the fitted ``PCAProjection`` after round 2, else ``None``.
+    """
+
+    round: int = 0
+    mean: Tensor | None = None
+    n_samples: int = 0
+    client_counts: dict[int, int] = field(default_factory=dict)
+    projection: PCAProjection | None = None
+
+
+def _count(cid: int, n: Tensor) -> int:
+    value = float(n.reshape(()).item())
+    if not math.isfinite(value) or value < 0 or value != round(value):
+        raise ValueError(f"client {cid}: row count n must be a non-negative integer, got {value}.")
+    return round(value)
+
+
+class FederatedPCA(FederatedAlgorithm):
+    """Exact PCA of the pooled client rows in two rounds of summed statistics.
+
+    Args:
+        n_components: number of principal axes to keep (1 <= n_components <= n_features).
+        device: where the server aggregates; ``None`` uses the device of the first reply
+            (by client id).
+        dtype: the server's floating dtype (float64 by default, for parity with
+            scikit-learn).
+    """
+
+    max_rounds = 2
+
+    def __init__(
+        self,
+        n_components: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        if int(n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {n_components}.")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating dtype, got {dtype}.")
+        self.n_components = int(n_components)
+        self.device = None if device is None else torch.device(device)
+        self.dtype = dtype
+
+    def start(self) -> PCAState:
+        return PCAState()
+
+    def finished(self, state: PCAState) -> bool:
+        return state.round >= 2
+
+    def configure(self, state: PCAState) -> Message:
+        if state.round == 0:
+            return Message("moments_mean")
+        if state.round == 1:
+            return Message("moments_scatter", {"mean": state.mean})
+        raise RuntimeError("FederatedPCA has finished; there is no round to configure.")
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if X.ndim != 2 or not X.is_floating_point():
+            raise ValueError(
+                f"client {context.client_id}: rows must be a 2-D floating tensor "
+                f"(n_samples, n_features), got {X.dtype} of shape {tuple(X.shape)}."
+            )
+        n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
+        if message.kind == "moments_mean":
+            return Message("moments_mean", {"n": n, "sum": X.sum(dim=0)})
+        if message.kind == "moments_scatter":
+            mean = message.tensors["mean"]
+            if tuple(mean.shape) != (X.shape[1],):
+                raise ValueError(
+                    f"client {context.client_id}: broadcast mean has shape "
+                    f"{tuple(mean.shape)} but the rows have {X.shape[1]} features."
+                )
+            centred = X - mean.to(device=X.device, dtype=X.dtype)
+            return Message("moments_scatter", {"n": n, "scatter": centred.T @ centred})
+        raise ValueError(f"FederatedPCA clients do not answer messages of kind {message.kind!r}.")
+
+    # ------------------------------------------------------------------ server half
+    def _replies(
+        self, replies: dict[int, Message], kind: str, name: str, shape: tuple[int, ...] | None
+    ) -> tuple[dict[int, int], dict[int, Tensor]]:
+        """Check and unpack replies: counts and the ``name`` tensor per client, in order."""
+        if not replies:
+            raise ValueError(f"round {kind!r}: no client replied; FederatedPCA needs replies.")
+        counts, values = {}, {}
+        target = self.device
+        for cid, reply in sorted(replies.items()):
+            if reply.kind != kind:
+                raise ValueError(f"client {cid}: expected a {kind!r} reply, got {reply.kind!r}.")
+            missing = {"n", name} - set(reply.tensors)
+            if missing:
+                raise ValueError(f"client {cid}: {kind!r} reply lacks tensors {sorted(missing)}.")
+            n, value = reply.tensors["n"], reply.tensors[name]
+            if n.numel() != 1:
+                raise ValueError(f"client {cid}: n must be a scalar, got shape {tuple(n.shape)}.")
+            if (value.ndim != 1) if shape is None else (tuple(value.shape) != shape):
+                raise ValueError(
+                    f"client {cid}: {name!r} has shape {tuple(value.shape)}, expected "
+                    f"{shape if shape is not None else '(n_features,)'}."
+                )
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"client {cid}: {name!r} contains NaN or inf.")
+            counts[cid] = _count(cid, n)
+            target = value.device if target is None else target
+            values[cid] = value.to(device=target, dtype=self.dtype)
+        return counts, values
+
+    def _moments_mean(
+        self, state: PCAState, replies: dict[int, Message]
+    ) -> tuple[PCAState, dict[str, Scalar]]:
+        counts, sums = self._replies(replies, "moments_mean", "sum", None)
+        widths = {cid: s.shape[0] for cid, s in sums.items()}
+        if len(set(widths.values())) > 1:
+            raise ValueError(f"clients sent sums of different n_features: {widths}.")
+        n_features = next(iter(widths.values()))
+        n_samples = sum(counts.values())
+        if n_samples < 2:
+            raise ValueError(
+                f"FederatedPCA needs at least 2 rows pooled over all clients, got {n_samples}; "
+                "add clients or rows."
+            )
+        if self.n_components > min(n_samples, n_features):
+            raise ValueError(
+                f"n_components={self.n_components} must be <= min(n_samples, n_features) = "
+                f"min({n_samples}, {n_features}); lower n_components."
+            )
+        state.mean = torch.stack(list(sums.values())).sum(dim=0) / n_samples
+        state.n_samples, state.client_counts, state.round = n_samples, counts, 1
+        return state, {"phase": "moments_mean", "n_samples": n_samples}
+
+    def _moments_scatter(
+        self, state: PCAState, replies: dict[int, Message]
+    ) -> tuple[PCAState, dict[str, Scalar]]:
+        d = state.mean.shape[0]
+        counts, scatters = self._replies(replies, "moments_scatter", "scatter", (d, d))
+        if counts != state.client_counts:
+            raise ValueError(
+                "round 'moments_scatter': the clients (or their row counts) differ from round "
+                f"'moments_mean' ({counts} vs {state.client_counts}); exact PCA needs the same "
+                "clients in both rounds: use fraction=1 and dropout=0."
+            )
+        scatter = torch.stack(list(scatters.values())).sum(dim=0)
+        covariance = (scatter + scatter.T) / (2 * (state.n_samples - 1))
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+        top = torch.arange(d - 1, d - 1 - self.n_components, -1, device=eigenvalues.device)
+        components = eigenvectors[:, top].T
+        largest = components.abs().argmax(dim=1)
+        rows = torch.arange(self.n_components, device=components.device)
+        signs = torch.sign(components[rows, largest])
+        components = components * torch.where(signs == 0, 1.0, signs).to(components)[:, None]
+        explained = eigenvalues[top].clamp_min(0.0)
+        state.projection = PCAProjection(
+            mean=state.mean.to(components),
+            components=components,
+            explained_variance=explained,
+            n_samples=state.n_samples,
+        )
+        state.round = 2
+        total = float(torch.diagonal(covariance).sum())
+        ratio = float(explained.sum()) / total if total > 0 else float("nan")
+        return state, {"phase": "moments_scatter", "explained_variance_ratio": ratio}
+
+    def server_step(
+        self, state: PCAState, replies: dict[int, Message]
+    ) -> tuple[PCAState, dict[str, Scalar]]:
+        if state.round == 0:
+            return self._moments_mean(state, replies)
+        if state.round == 1:
+            return self._moments_scatter(state, replies)
+        raise RuntimeError("FederatedPCA has finished; no further server step.")
