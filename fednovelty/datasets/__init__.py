@@ -5,11 +5,16 @@
 - :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
   ``kmeans_groups``, ``groups_from_partition`` (client id per row for ``fit(groups=...)``).
 - :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
+- :mod:`~fednovelty.datasets.mnist`: ``make_mnist_federated`` (MNIST clients with Dirichlet
+  label skew, the FedGMM paper's novelty experiments).
+- :mod:`~fednovelty.datasets.shifts`: OOD sets: ``rotate90``, ``hflip``, ``scale_images``,
+  ``invert``, ``transform_images``, ``add_gaussian_noise``, ``permute_labels``.
 - :mod:`~fednovelty.datasets.synthetic`: ``make_fedgmm_synthetic`` (the FedGMM paper's
   synthetic federated classification data) and its ``FederatedSplit``.
 """
 
 from fednovelty.datasets.loaders import data_dir, list_adbench, load_adbench, load_mnist
+from fednovelty.datasets.mnist import FederatedImages, make_mnist_federated
 from fednovelty.datasets.partition import (
     dirichlet_partition,
     groups_from_partition,
@@ -17,20 +22,40 @@ from fednovelty.datasets.partition import (
     kmeans_groups,
 )
 from fednovelty.datasets.scaling import MinMaxScaling, client_minmax, merge_minmax
+from fednovelty.datasets.shifts import (
+    TRANSFORMS,
+    add_gaussian_noise,
+    hflip,
+    invert,
+    permute_labels,
+    rotate90,
+    scale_images,
+    transform_images,
+)
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
 
 __all__ = [
+    "TRANSFORMS",
+    "FederatedImages",
     "FederatedSplit",
     "MinMaxScaling",
+    "add_gaussian_noise",
     "client_minmax",
     "data_dir",
     "dirichlet_partition",
     "groups_from_partition",
+    "hflip",
     "iid_partition",
+    "invert",
     "kmeans_groups",
     "list_adbench",
     "load_adbench",
     "load_mnist",
     "make_fedgmm_synthetic",
+    "make_mnist_federated",
     "merge_minmax",
+    "permute_labels",
+    "rotate90",
+    "scale_images",
+    "transform_images",
 ]

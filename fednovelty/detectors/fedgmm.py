@@ -19,12 +19,14 @@ from fednovelty.federated import INIT_PARAMS, FederatedEM
 from fednovelty.federated.joint import (
     PFL_METHODS,
     JointFedGMM,
+    JointState,
     adapt_joint_weights,
+    global_log_joint_weights,
     joint_log_scores,
     linear_learner,
     mlp_learner,
 )
-from fednovelty.federated.pca import FederatedPCA
+from fednovelty.federated.pca import FederatedPCA, PCAProjection
 from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
 
 SCORES = ("px", "py|x", "pxy", "msp")
@@ -470,7 +472,14 @@ class FedGMMDetector(MixtureDetector):
             client: ``None`` for the sample-weighted global weights, a client id seen in fit
                 for its ``pi_c``, or a handle returned by :meth:`adapt`.
         """
-        return self._joint_scores(X, client=client)["log_px"].cpu().numpy()
+        Xt = self._check_score_input(X)
+        self._check_joint()
+        log_pi = self._log_pi(client, Xt, joint=True)
+        if log_pi is None:
+            log_pi = global_log_joint_weights(self.joint_state_)
+        with torch.no_grad():
+            log_px = score_samples(self.model_, self._gmm_input(Xt), torch.logsumexp(log_pi, 1))
+        return log_px.cpu().numpy()
 
     def log_py_given_x(self, X, y, client=None) -> np.ndarray:
         """``log p(y | x)`` (label novelty), shape (n_samples,); ``client`` as in ``log_px``."""
@@ -620,11 +629,6 @@ class FedGMMDetector(MixtureDetector):
             return score_samples(self.model_, self._gmm_input(Xt), log_weights).cpu().numpy()
 
     def _get_state(self):
-        if hasattr(self, "joint_state_"):
-            raise NotImplementedError(
-                "Saving a FedGMMDetector fitted with y (the joint model) is not supported yet; "
-                "models fitted without y save as usual."
-            )
         tensors = self._mixture_tensors(self.model_, "model")
         if hasattr(self, "client_weights_"):
             tensors["client_weights"] = torch.as_tensor(self.client_weights_)
@@ -633,12 +637,62 @@ class FedGMMDetector(MixtureDetector):
             "converged_": self.converged_,
             "lower_bounds_": self.lower_bounds_,
         }
+        if hasattr(self, "pca_"):
+            tensors.update({f"pca.{k}": v for k, v in self.pca_.tensors().items()})
+        if hasattr(self, "joint_state_"):
+            if callable(self.learner):
+                raise ValueError(
+                    "a joint model with a custom learner factory cannot be saved safely (the "
+                    "factory is code, and loading runs no code); use learner='linear' or "
+                    "'mlp', or save the learner weights yourself."
+                )
+            state = self.joint_state_
+            tensors["joint.counts"] = state.joint_counts
+            tensors["joint.client_weights"] = torch.as_tensor(self.client_joint_weights_)
+            for m2, learner in enumerate(state.learners):
+                tensors.update({f"learner.{m2}.{k}": v for k, v in learner.items()})
+            for c, learners in enumerate(getattr(self, "client_learners_", [])):
+                for m2, learner in enumerate(learners):
+                    tensors.update({f"client_learner.{c}.{m2}.{k}": v for k, v in learner.items()})
+            attrs["classes_"] = self.classes_.tolist()
         return tensors, attrs
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
+        options = self._torch_options()
         self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type))
         self.n_iter_, self.converged_ = attrs["n_iter_"], attrs["converged_"]
         self.lower_bounds_ = attrs["lower_bounds_"]
         if "client_weights" in tensors:
             self.client_weights_ = tensors["client_weights"].numpy()
+        pca = {k[4:]: v.to(options["device"]) for k, v in tensors.items() if k.startswith("pca.")}
+        if pca:
+            self.pca_ = PCAProjection.from_tensors(pca)
+        if "classes_" not in attrs:
+            return
+        self.classes_ = np.asarray(attrs["classes_"])
+        self.learner_template_ = self._learner_template(self.n_features_in_)
+        names = [name for name, _ in self.learner_template_.named_parameters()]
+
+        def learners(prefix: str) -> list[dict[str, torch.Tensor]]:
+            return [
+                {n: tensors[f"{prefix}{m2}.{n}"].to(**options) for n in names}
+                for m2 in range(self.n_learners)
+            ]
+
+        joint_weights = tensors["joint.client_weights"].to(**options)
+        self.client_joint_weights_ = joint_weights.cpu().numpy()
+        self.joint_state_ = JointState(
+            phase="done",
+            params=self.model_,
+            n_iter=self.n_iter_,
+            converged=self.converged_,
+            lower_bounds=list(self.lower_bounds_),
+            learners=learners("learner."),
+            joint_counts=tensors["joint.counts"].to(**options),
+            client_joint_weights=dict(enumerate(joint_weights)),
+        )
+        if not self.aggregate_learners:
+            self.client_learners_ = [
+                learners(f"client_learner.{c}.") for c in range(self.n_clients_)
+            ]

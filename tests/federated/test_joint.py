@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from fednovelty.federated import FederatedEM
-from fednovelty.federated.joint import JointFedGMM, joint_log_scores, mlp_learner
+from fednovelty.federated.joint import (
+    PFL_METHODS,
+    JointFedGMM,
+    adapt_joint_weights,
+    joint_log_scores,
+    mlp_learner,
+    pfl_algorithm,
+    unpack_client_data,
+)
 from fednovelty.runtime import run_simulation
 
 
@@ -120,3 +128,81 @@ def test_paper_synthetic_ordering_fedgmm_over_fedem_over_fedavg():
     assert accuracy_of["FedGMM"] > accuracy_of["FedEM"] + 0.03 > accuracy_of["FedAvg"] + 0.06, (
         accuracy_of
     )
+
+
+# ---------------------------------------------------------------- adaptation, baselines, Z
+
+
+def test_adaptation_freezes_shared_parameters_and_finds_the_new_mix():
+    clients = opposite_labels(n_clients=6)
+    algorithm = JointFedGMM(2, 2, 2, max_iter=10, random_state=0)
+    state = run_simulation(algorithm, clients).state
+    before = {k: v.clone() for k, v in state.learners[0].items()}
+    means = state.params.means.clone()
+    # a new client drawn (almost) only from the blob at +3
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(3.0, 1.0, (300, 2)))
+    y = (x[:, 0] < 3).long()
+    template = algorithm._template(2)
+    labelled = adapt_joint_weights(state, template, x, y)
+    unlabelled = adapt_joint_weights(state, template, x)
+    assert torch.equal(state.params.means, means)  # bit-identical
+    assert all(torch.equal(state.learners[0][k], v) for k, v in before.items())
+    blob = int(state.params.means[:, 0].argmax())  # the Gaussian at +3
+    for fit in (labelled, unlabelled):
+        weights = fit.log_weights.exp()
+        assert float(weights.sum()) == pytest.approx(1.0)
+        assert float(weights[blob].sum()) > 0.95
+        assert np.all(np.diff(fit.mean_log_likelihoods.numpy()) > -1e-12)  # EM never descends
+    # x-only EM keeps the global learner split within each Gaussian
+    global_pi = state.joint_counts / state.joint_counts.sum()
+    x_only = unlabelled.log_weights.exp()
+    torch.testing.assert_close(
+        x_only / x_only.sum(1, keepdim=True), global_pi / global_pi.sum(1, keepdim=True)
+    )
+    # the adapted weights predict the new client better than the global ones
+    scores = joint_log_scores(state, template, x, y, log_joint_weights=labelled.log_weights)
+    default = joint_log_scores(state, template, x, y)
+    assert float(scores["log_pxy"].mean()) > float(default["log_pxy"].mean())
+
+
+def test_local_keeps_learners_on_clients_and_sends_none():
+    clients = opposite_labels(n_clients=3)
+    local = pfl_algorithm("Local", n_classes=2, max_iter=4, tol=0.0, random_state=0)
+    fedavg = pfl_algorithm("FedAvg", n_classes=2, max_iter=4, tol=0.0, random_state=0)
+    res_local = run_simulation(local, clients)
+    res_avg = run_simulation(fedavg, clients)
+    assert res_local.bytes_up < res_avg.bytes_up  # no learner weights go up
+    own = [res_local.client_states[c]["learner.0.weight"] for c in range(3)]
+    assert not torch.equal(own[0], own[1])  # every client trained its own
+    start = pfl_algorithm("Local", n_classes=2, random_state=0)._initial_learners(2)[0]
+    assert torch.equal(res_local.state.learners[0]["weight"], start["weight"])  # server untouched
+
+
+def test_named_methods_are_configurations_of_one_algorithm():
+    assert (pfl_algorithm("FedEM", 2).n_components, pfl_algorithm("FedEM", 2).n_learners) == (1, 3)
+    assert (pfl_algorithm("FedAvg", 2).n_components, pfl_algorithm("FedAvg", 2).n_learners) == (
+        1,
+        1,
+    )
+    assert pfl_algorithm("FedProx", 2).mu_prox > 0
+    assert pfl_algorithm("FedGMM", 2, n_components=4).n_components == 4
+    assert set(PFL_METHODS) == {"FedGMM", "FedEM", "FedAvg", "FedProx", "Local"}
+    with pytest.raises(ValueError, match="unknown method 'FedFoo'"):
+        pfl_algorithm("FedFoo", 2)
+    with pytest.raises(ValueError, match="n_classes >= 2"):
+        JointFedGMM(2, 2, 1)
+
+
+def test_learners_may_see_other_features_than_the_gaussians():
+    clients = opposite_labels(n_clients=4)
+    # Gaussians on the first coordinate only, learners on both
+    triples = [(x[:, :1].clone(), y, x) for x, y in clients]
+    algorithm = JointFedGMM(2, 2, 2, n_learner_features=2, max_iter=5, random_state=0)
+    state = run_simulation(algorithm, triples).state
+    assert state.params.n_features == 1 and state.learners[0]["weight"].shape == (2, 2)
+    X, y = pooled(clients)
+    scores = joint_log_scores(state, algorithm._template(2), X[:, :1], y, Z=X)
+    torch.testing.assert_close(scores["proba_y"].sum(1), torch.ones(len(X), dtype=X.dtype))
+    with pytest.raises(ValueError, match=r"\(X, y\) or \(X, y, Z\)"):
+        unpack_client_data(X)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -302,3 +303,25 @@ def test_fit_gmm_too_few_samples():
 def test_moment_shift_is_mixture_mean():
     params = MixtureParams(t([0.25, 0.75]), t([[0.0, 4.0], [4.0, 0.0]]), t([1.0, 2.0]), "spherical")
     np.testing.assert_allclose(moment_shift(params).numpy(), [3.0, 1.0])
+
+
+def test_fit_weights_recovers_mixing_proportions_and_never_descends():
+    """Frozen true component densities: weights-only EM finds the sampling proportions."""
+    from fednovelty.mixture import fit_weights
+
+    gen = torch.Generator().manual_seed(0)
+    true = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
+    z = torch.multinomial(true, 4000, replacement=True, generator=gen)
+    means = torch.tensor([-4.0, 0.0, 4.0], dtype=torch.float64)
+    x = means[z] + torch.randn(4000, generator=gen, dtype=torch.float64)
+    log_comp = -0.5 * (x[:, None] - means) ** 2 - 0.5 * math.log(2 * math.pi)
+    fit = fit_weights(log_comp, torch.full((3,), 1 / 3, dtype=torch.float64).log(), tol=1e-10)
+    empirical = torch.bincount(z, minlength=3) / 4000.0
+    torch.testing.assert_close(fit.log_weights.exp(), empirical.double(), atol=0.02, rtol=0)
+    assert fit.converged and fit.trace.shape == (fit.n_iter + 1, 3)
+    assert bool((fit.mean_log_likelihoods.diff() >= -1e-12).all())
+    # a fixed point: one more E-step reproduces the weights
+    q = torch.softmax(log_comp + fit.log_weights, dim=1)
+    torch.testing.assert_close(q.mean(0), fit.log_weights.exp(), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="at least one row"):
+        fit_weights(log_comp[:0], fit.log_weights)
