@@ -84,7 +84,9 @@ class FedGMMDetector(MixtureDetector):
         aggregate_learners: ``False`` never averages learners (the Local baseline).
         pca_components: if set, the Gaussians model the rows' projection on this many
             principal components, computed by federated PCA (two extra rounds of summed
-            moments); learners still see the full rows.
+            moments); ``log p(x)`` is then the density of that projection (adding probabilistic
+            PCA's isotropic density of the discarded directions scored *shrunken* MNIST
+            digits as more normal, AUROC 0.04, so it is left out); learners see the full rows.
         fraction: share of clients asked each round; dropout: chance that one fails to reply.
         contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
         random_state: seed (int, RandomState or None).
@@ -454,7 +456,7 @@ class FedGMMDetector(MixtureDetector):
         self._check_joint()
         codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
         with torch.no_grad():
-            return joint_log_scores(
+            scores = joint_log_scores(
                 self.joint_state_,
                 self.learner_template_,
                 self._gmm_input(Xt),
@@ -463,6 +465,7 @@ class FedGMMDetector(MixtureDetector):
                 Z=Xt,
                 learners=self._local_learners(client),
             )
+        return scores
 
     def log_px(self, X, client=None) -> np.ndarray:
         """``log p(x)`` (covariate novelty), shape (n_samples,).

@@ -58,12 +58,17 @@ class PCAProjection:
         explained_variance: (n_components,) variance along each axis (eigenvalues of the
             covariance with denominator ``n_samples - 1``, as scikit-learn).
         n_samples: number of pooled rows the projection was fitted on.
+        noise_variance: mean variance of the discarded directions (scikit-learn's
+            ``noise_variance_``, probabilistic PCA's ``sigma^2``), floored at ``1e-6`` times the
+            mean variance per feature so a constant feature cannot make it zero; 0 when no
+            direction is discarded.
     """
 
     mean: Tensor
     components: Tensor
     explained_variance: Tensor
     n_samples: int
+    noise_variance: float = 0.0
 
     def __post_init__(self) -> None:
         k, d = self.components.shape if self.components.ndim == 2 else (-1, -1)
@@ -110,6 +115,7 @@ class PCAProjection:
             "components": self.components,
             "explained_variance": self.explained_variance,
             "n_samples": torch.tensor(self.n_samples, dtype=torch.int64),
+            "noise_variance": torch.tensor(self.noise_variance, dtype=torch.float64),
         }
 
     @classmethod
@@ -123,6 +129,7 @@ class PCAProjection:
             components=tensors["components"],
             explained_variance=tensors["explained_variance"],
             n_samples=int(tensors["n_samples"].item()),
+            noise_variance=float(tensors["noise_variance"]) if "noise_variance" in tensors else 0.0,
         )
 
 
@@ -288,14 +295,19 @@ class FederatedPCA(FederatedAlgorithm):
         signs = torch.sign(components[rows, largest])
         components = components * torch.where(signs == 0, 1.0, signs).to(components)[:, None]
         explained = eigenvalues[top].clamp_min(0.0)
+        total = float(torch.diagonal(covariance).sum())
+        rest = d - self.n_components
+        noise = 0.0
+        if rest > 0:
+            noise = max((total - float(explained.sum())) / rest, 1e-6 * total / d)
         state.projection = PCAProjection(
             mean=state.mean.to(components),
             components=components,
             explained_variance=explained,
             n_samples=state.n_samples,
+            noise_variance=noise,
         )
         state.round = 2
-        total = float(torch.diagonal(covariance).sum())
         ratio = float(explained.sum()) / total if total > 0 else float("nan")
         return state, {"phase": "moments_scatter", "explained_variance_ratio": ratio}
 

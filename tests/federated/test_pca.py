@@ -47,6 +47,7 @@ def test_matches_sklearn(fitted, pooled):
     )
     dots = np.abs(np.sum(projection.components.numpy() * reference.components_, axis=1))
     np.testing.assert_allclose(dots, 1.0, atol=1e-10)
+    assert projection.noise_variance == pytest.approx(reference.noise_variance_, rel=1e-10)
     ours = projection.transform(torch.as_tensor(pooled)).numpy()
     theirs = reference.transform(pooled)
     signs = np.sign(np.sum(ours * theirs, axis=0))
