@@ -17,3 +17,12 @@ def test_quickstart_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[") and "True" in out[0]
     assert (tmp_path / "model.safetensors").exists()
+
+
+def test_joint_model_example_runs(capsys):
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    joint = next(b for b in blocks if "adapt(" in b)
+    exec(compile(joint, "README joint example", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("[") and len(lines) >= 3
