@@ -1,4 +1,4 @@
-"""FedGMM's joint model (FedGMM paper, Sections 2-3, Algorithm 1): first cut, algorithm layer.
+"""FedGMM's joint model (FedGMM paper, Sections 2-3, Algorithm 1) (algorithm layer).
 
 Each client models ``p_c(x, y) = sum_{m1, m2} pi_c(m1, m2) N(x; mu_m1, Sigma_m1) P_theta_m2(y | x)``
 with ``M1`` shared Gaussians, ``M2`` shared conditional models (*learners*, torch modules) and

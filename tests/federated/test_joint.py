@@ -1,4 +1,4 @@
-"""FedGMM's joint model (first cut at the algorithm layer): exactness of its Gaussian half,
+"""FedGMM's joint model (algorithm layer): exactness of its Gaussian half,
 score identities, and that modelling p(x) per client beats one shared classifier."""
 
 import numpy as np
