@@ -3,7 +3,8 @@
 - :mod:`~fednovelty.datasets.loaders`: ``data_dir``, ``list_adbench``, ``load_adbench``,
   ``load_mnist`` (read-only, no downloads).
 - :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
-  ``kmeans_groups``, ``groups_from_partition`` (client id per row for ``fit(groups=...)``).
+  ``quantity_partition``, ``kmeans_groups``, ``groups_from_partition`` (client id per row for
+  ``fit(groups=...)``), ``partition_counts`` and ``partition_dot_plot`` (FedGenGMM Figure 1).
 - :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
 - :mod:`~fednovelty.datasets.mnist`: ``make_mnist_federated`` (MNIST clients with Dirichlet
   label skew, the FedGMM paper's novelty experiments).
@@ -20,6 +21,9 @@ from fednovelty.datasets.partition import (
     groups_from_partition,
     iid_partition,
     kmeans_groups,
+    partition_counts,
+    partition_dot_plot,
+    quantity_partition,
 )
 from fednovelty.datasets.scaling import MinMaxScaling, client_minmax, merge_minmax
 from fednovelty.datasets.shifts import (
@@ -54,7 +58,10 @@ __all__ = [
     "make_fedgmm_synthetic",
     "make_mnist_federated",
     "merge_minmax",
+    "partition_counts",
+    "partition_dot_plot",
     "permute_labels",
+    "quantity_partition",
     "rotate90",
     "scale_images",
     "transform_images",
