@@ -3,12 +3,14 @@
 ``fednovelty demo``   train every method on a real dataset split into clients and print a table.
 ``fednovelty fit``    fit a detector on a CSV/Parquet file (one client per value of a column).
 ``fednovelty score``  score a CSV/Parquet file with a saved detector and write the scores.
+``fednovelty bench``  run a benchmark grid; save results.csv, summary.md and PNG figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -84,6 +86,92 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
+QUICK = {
+    "datasets": ["4_breastw", "29_Pima"],
+    "methods": ["FedGenGMM", "DEM-kmeans", "IForest"],
+    "seeds": [0],
+}
+SWEEP_AXES = ("alpha", "n_clients", "n_components", "client_components")
+
+
+def _client_components(text: str) -> int | None:
+    if text.lower() in ("bic", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'bic', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'bic', got {value}")
+    return value
+
+
+def _bench_figures(df: pd.DataFrame, out: Path, metric: str) -> list[Path]:
+    """One bar chart of ``metric`` per protocol; AUC-PR vs every swept axis per dataset."""
+    import matplotlib.pyplot as plt
+
+    from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs
+
+    paths = []
+    for protocol, rows in df.groupby("protocol", sort=False):
+        ax = plot_method_bars(rows, metric, title=f"{protocol} protocol")
+        paths.append(out / f"{metric}_by_dataset_{protocol}.png")
+        ax.figure.savefig(paths[-1], dpi=120)
+        plt.close(ax.figure)
+        for x in SWEEP_AXES:
+            if rows[x].nunique() < 2:
+                continue
+            for dataset, part in rows.groupby("dataset", sort=False):
+                ax = plot_metric_vs(part, x, "aupr_out", title=f"{dataset}, {protocol}")
+                safe = dataset.replace(":", "-").replace("/", "-")
+                paths.append(out / f"aupr_out_vs_{x}_{safe}_{protocol}.png")
+                ax.figure.savefig(paths[-1], dpi=120)
+                plt.close(ax.figure)
+    return paths
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fednovelty.evaluation.benchmark import METHODS, run_benchmark, summarize
+
+    for name, value in QUICK.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value if args.quick else None)
+    if args.datasets is None:
+        raise ValueError("name the datasets (--datasets 4_breastw 29_Pima, or 'all'), or --quick.")
+    out = Path(args.out)  # created by run_benchmark once the names are checked
+    started = time.perf_counter()
+    df = run_benchmark(
+        args.datasets,
+        args.methods or list(METHODS),
+        protocols=args.protocols,
+        alphas=args.alphas,
+        n_clients=args.clients,
+        seeds=args.seeds or [0],
+        n_components=args.components,
+        client_components=args.client_components,
+        partition=args.partition,
+        covariance_type=args.covariance_type,
+        max_train=args.max_train,
+        max_test=args.max_test,
+        out_csv=out / "results.csv",
+        retry_errors=args.retry_errors,
+        progress=not args.no_progress,
+        data_dir=args.data_dir,
+        threads=args.threads or None,
+    )
+    summary = summarize(df, args.metric)
+    (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
+    figures = _bench_figures(df, out, args.metric)
+    seconds = time.perf_counter() - started
+    print(summary)
+    n_failed = int(df["error"].notna().sum())
+    print(
+        f"{len(df)} cells ({n_failed} failed) in {seconds:.1f} s: {out / 'results.csv'}, "
+        f"{out / 'summary.md'}, {len(figures)} figure(s)"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fednovelty", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +199,69 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--client-column", default=None, help="column to drop before scoring")
     score.add_argument("--out", required=True, help="output CSV")
     score.set_defaults(func=_score)
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark grid; write results.csv, summary.md and PNG figures",
+        description="Run every dataset x method x protocol x alpha x clients x seed cell; "
+        "resumes from DIR/results.csv (finished cells are skipped).",
+    )
+    bench.add_argument(
+        "--datasets",
+        nargs="+",
+        help="ADBench names, 'all', 'mnist'; a suffix ':noise' picks the Gaussian-noise OOD set",
+    )
+    bench.add_argument("--methods", nargs="+", help="default: every method")
+    bench.add_argument(
+        "--protocols", nargs="+", default=["novelty"], choices=["novelty", "outlier"]
+    )
+    bench.add_argument("--alphas", nargs="+", type=float, default=[0.5])
+    bench.add_argument("--clients", nargs="+", type=int, default=[10])
+    bench.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0")
+    bench.add_argument(
+        "--components",
+        nargs="+",
+        type=int,
+        default=[10],
+        help="K of the mixture methods (default 10)",
+    )
+    bench.add_argument(
+        "--client-components",
+        nargs="+",
+        type=_client_components,
+        default=[None],
+        help="K_c of FedGenGMM/Local clients, or 'bic'",
+    )
+    bench.add_argument("--partition", choices=["dirichlet", "quantity", "iid"], default="dirichlet")
+    bench.add_argument(
+        "--covariance-type", default="full", choices=["full", "tied", "diag", "spherical"]
+    )
+    bench.add_argument("--max-train", type=int, default=None, help="cap on training rows")
+    bench.add_argument("--max-test", type=int, default=None, help="cap on test rows")
+    bench.add_argument(
+        "--metric",
+        default="auroc",
+        choices=["auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1"],
+        help="metric of summary.md and the bar chart (default auroc)",
+    )
+    bench.add_argument("--out", required=True, help="output folder")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 4_breastw and 29_Pima, FedGenGMM, DEM-kmeans, IForest, "
+        "seed 0 (names given explicitly still win)",
+    )
+    bench.add_argument("--retry-errors", action="store_true", help="rerun failed cells")
+    bench.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: fastest for these small mixtures; 0 = torch's default)",
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"
+    )
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -3,8 +3,16 @@
 Every function takes ``(y_true, scores)`` with ``y_true`` of shape ``(n_samples,)``, 1 = novel /
 anomalous (the positive class) and 0 = inlier, and ``scores`` of shape ``(n_samples,)`` where
 higher means more anomalous (PyOD's ``decision_function``).
+
+- :mod:`~fednovelty.evaluation.metrics`: ``auroc``, ``aupr_in``, ``aupr_out``,
+  ``fpr_at_95_tpr``, ``max_f1``, ``evaluate``.
+- :mod:`~fednovelty.evaluation.benchmark`: ``run_benchmark`` (datasets x methods x protocols x
+  alphas x clients x seeds -> tidy DataFrame, resumable), ``summarize`` (markdown), ``METHODS``.
+- :mod:`~fednovelty.evaluation.plots`: ``plot_metric_vs`` (a metric vs alpha, clients or K, the
+  FedGenGMM paper's Figs 3-5), ``plot_method_bars`` (matplotlib imported on call).
 """
 
+from fednovelty.evaluation.benchmark import METHODS, run_benchmark, summarize
 from fednovelty.evaluation.metrics import (
     aupr_in,
     aupr_out,
@@ -13,5 +21,18 @@ from fednovelty.evaluation.metrics import (
     fpr_at_95_tpr,
     max_f1,
 )
+from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs
 
-__all__ = ["aupr_in", "aupr_out", "auroc", "evaluate", "fpr_at_95_tpr", "max_f1"]
+__all__ = [
+    "METHODS",
+    "aupr_in",
+    "aupr_out",
+    "auroc",
+    "evaluate",
+    "fpr_at_95_tpr",
+    "max_f1",
+    "plot_method_bars",
+    "plot_metric_vs",
+    "run_benchmark",
+    "summarize",
+]

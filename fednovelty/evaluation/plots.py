@@ -1,0 +1,174 @@
+"""Figures from a :func:`~fednovelty.evaluation.benchmark.run_benchmark` table.
+
+- :func:`plot_metric_vs`: a metric against one grid axis, one line per method with a mean ± std
+  band over the other rows (seeds): the FedGenGMM paper's AUC-PR vs alpha (Fig. 3), vs the
+  number of clients (Fig. 4) and vs the client model size K_c (Fig. 5, ``x="client_components"``).
+  Methods that do not vary along ``x`` (all NaN there, e.g. DEM for K_c) are drawn as dashed
+  horizontal reference lines with their band.
+- :func:`plot_method_bars`: a metric per dataset and method, mean with std error bars.
+
+matplotlib is imported when a function is called, with the non-interactive ``Agg`` backend
+unless pyplot is already in use or ``MPLBACKEND`` names a backend, so importing fednovelty never
+needs a display. Failed cells (``error`` set) are left out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["plot_method_bars", "plot_metric_vs"]
+
+_LABELS = {
+    "auroc": "AUROC",
+    "aupr_in": "AUC-PR (in)",
+    "aupr_out": "AUC-PR (novel = positive)",
+    "fpr_at_95_tpr": "FPR at 95% TPR",
+    "max_f1": "max F1",
+    "alpha": "Dirichlet alpha",
+    "n_clients": "number of clients",
+    "n_components": "K (mixture components)",
+    "client_components": "K_c (client model size)",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    # Agg unless pyplot is in use already or a backend was asked for (Jupyter sets
+    # MPLBACKEND to its inline backend), so scripts and servers never need a display.
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _axes(ax):
+    if ax is not None:
+        return ax
+    _, ax = _pyplot().subplots(figsize=(6.0, 4.0), layout="constrained")
+    return ax
+
+
+def _ok(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    missing = [c for c in columns if c not in df]
+    if missing:
+        raise ValueError(f"df has no column(s) {missing}; pass a run_benchmark table.")
+    return df[df["error"].isna()] if "error" in df else df
+
+
+def plot_metric_vs(
+    df: pd.DataFrame,
+    x: str = "alpha",
+    metric: str = "aupr_out",
+    ax=None,
+    *,
+    logx: bool | None = None,
+    title: str | None = None,
+):
+    """Mean ± std of ``metric`` against ``x``, one line and band per method.
+
+    Args:
+        df: a results table; filter it to one dataset (and protocol) first, as rows are pooled
+            over every column but ``method`` and ``x``.
+        x: the grid axis: ``"alpha"``, ``"n_clients"``, ``"n_components"`` or
+            ``"client_components"`` (any numeric column works).
+        metric: ``"aupr_out"`` (default, the papers' AUC-PR), ``"auroc"``, ...
+        ax: matplotlib Axes to draw on; a new figure's if None.
+        logx: log-scaled x; default when the positive x values span a factor of 10 or more.
+        title: Axes title.
+
+    Returns:
+        The matplotlib ``Axes``.
+    """
+    ok = _ok(df, ["method", x, metric])
+    ax = _axes(ax)
+    xs = pd.to_numeric(ok[x], errors="coerce")
+    values = np.sort(xs.dropna().unique())
+    for method, rows in ok.groupby("method", sort=False):
+        rows_x = xs.loc[rows.index]
+        if rows_x.isna().all():  # does not vary along x: a reference line
+            if not len(values):
+                continue
+            mean, std = rows[metric].mean(), rows[metric].std(ddof=0)
+            (line,) = ax.plot(
+                [values[0], values[-1]], [mean, mean], linestyle="--", label=str(method)
+            )
+            ax.fill_between(
+                [values[0], values[-1]], mean - std, mean + std, color=line.get_color(), alpha=0.1
+            )
+            continue
+        stats = rows.assign(_x=rows_x).groupby("_x")[metric].agg(["mean", "std"]).sort_index()
+        std = stats["std"].fillna(0.0)
+        (line,) = ax.plot(stats.index, stats["mean"], marker="o", label=str(method))
+        ax.fill_between(
+            stats.index,
+            stats["mean"] - std,
+            stats["mean"] + std,
+            color=line.get_color(),
+            alpha=0.2,
+        )
+    positive = values[values > 0]
+    if logx is None:
+        logx = positive.size > 1 and positive.max() / positive.min() >= 10
+    if logx:
+        ax.set_xscale("log")
+    if 0 < values.size <= 12:
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
+    ax.set_xlabel(_LABELS.get(x, x))
+    ax.set_ylabel(_LABELS.get(metric, metric))
+    if title:
+        ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_method_bars(df: pd.DataFrame, metric: str = "auroc", ax=None, *, title=None):
+    """Grouped bars: ``metric`` per dataset (groups) and method (bars), mean ± std over rows.
+
+    Args:
+        df: a results table (rows are pooled over every column but dataset and method).
+        metric: a metric column, e.g. ``"auroc"``.
+        ax: matplotlib Axes to draw on; a new figure's if None.
+        title: Axes title.
+
+    Returns:
+        The matplotlib ``Axes``.
+    """
+    ok = _ok(df, ["dataset", "method", metric])
+    datasets = list(dict.fromkeys(ok["dataset"]))
+    methods = list(dict.fromkeys(ok["method"]))
+    if ax is None:
+        width = max(6.0, 0.35 * len(datasets) * max(len(methods), 1) + 2.0)
+        _, ax = _pyplot().subplots(figsize=(min(width, 24.0), 4.5), layout="constrained")
+    stats = ok.groupby(["dataset", "method"])[metric].agg(["mean", "std"])
+    bar = 0.8 / max(len(methods), 1)
+    for j, method in enumerate(methods):
+        means = [stats["mean"].get((d, method), np.nan) for d in datasets]
+        stds = [stats["std"].get((d, method), np.nan) for d in datasets]
+        spread = np.isfinite(stds).any()
+        ax.bar(
+            np.arange(len(datasets)) + (j - (len(methods) - 1) / 2) * bar,
+            means,
+            bar,
+            yerr=np.nan_to_num(stds) if spread else None,
+            label=method,
+            capsize=2 if spread else 0,
+        )
+    ax.set_xticks(np.arange(len(datasets)), datasets, rotation=45, ha="right")
+    ax.set_ylabel(_LABELS.get(metric, metric))
+    if metric in ("auroc", "aupr_in", "aupr_out", "max_f1", "fpr_at_95_tpr"):
+        ax.set_ylim(0.0, 1.0)
+    if title:
+        ax.set_title(title)
+    if methods:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    return ax

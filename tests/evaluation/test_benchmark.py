@@ -1,0 +1,170 @@
+"""The benchmark runner end to end on a tiny grid of a small real dataset."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fednovelty.evaluation import benchmark
+from fednovelty.evaluation.benchmark import COLUMNS, METHODS, METRICS, run_benchmark, summarize
+
+REQUIRED = ["dataset", "method", "protocol", "alpha", "n_clients", "seed", "auroc", "aupr_in",
+            "aupr_out", "fpr_at_95_tpr", "max_f1", "rounds", "bytes_up", "bytes_down",
+            "fit_seconds"]  # fmt: skip
+TINY = {"n_components": 2, "max_train": 150, "progress": False}
+GRID = {"protocols": ("novelty", "outlier"), "n_clients": (3,), "seeds": (0, 1), **TINY}
+METHOD_NAMES = ["DEM-kmeans", "CentralGMM", "IForest"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results.csv"
+    started = time.perf_counter()
+    df = run_benchmark(["4_breastw"], METHOD_NAMES, out_csv=out, **GRID)
+    return df, out, time.perf_counter() - started
+
+
+def test_one_row_per_cell_with_the_required_columns(results):
+    df, out, _ = results
+    assert set(REQUIRED) <= set(df.columns) and list(df.columns) == list(COLUMNS)
+    assert len(df) == 1 * 3 * 2 * 1 * 1 * 2  # datasets x methods x protocols x alphas x ...
+    assert not df.duplicated(["dataset", "method", "protocol", "alpha", "n_clients", "seed"]).any()
+    assert df["error"].isna().all(), df["error"].dropna().tolist()
+    assert df[list(METRICS)].apply(lambda c: c.between(0, 1)).all().all()
+    assert (df["auroc"] > 0.8).all()  # breastw is easy for every method
+    assert set(df["protocol"]) == {"novelty", "outlier"}
+    dem = df[df["method"] == "DEM-kmeans"]
+    assert (dem["rounds"] >= 1).all() and (dem["bytes_up"] > 0).all()
+    central = df[df["method"] != "DEM-kmeans"]
+    assert central[["rounds", "bytes_up", "bytes_down"]].isna().all().all()
+    assert (df["n_train"] <= 150).all() and (df["fit_seconds"] >= 0).all()
+    on_disk = pd.read_csv(out)
+    assert len(on_disk) == len(df)
+
+
+def test_resume_skips_finished_cells(results, monkeypatch):
+    df, out, first = results
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished cell was run again")
+
+    monkeypatch.setattr(benchmark, "_run_cell", must_not_run)
+    started = time.perf_counter()
+    again = run_benchmark(["4_breastw"], METHOD_NAMES, out_csv=out, **GRID)
+    assert time.perf_counter() - started < max(2.0, first / 2)
+    assert len(pd.read_csv(out)) == len(df)  # nothing appended
+    pd.testing.assert_frame_equal(
+        again[list(METRICS)].reset_index(drop=True), df[list(METRICS)].reset_index(drop=True)
+    )
+
+
+def test_a_killed_run_loses_at_most_the_cell_in_progress(tmp_path, monkeypatch):
+    out = tmp_path / "results.csv"
+    real = benchmark._run_cell
+    calls = []
+
+    def interrupted_on_second(*args):
+        calls.append(args[0].name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(benchmark, "_run_cell", interrupted_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(["4_breastw"], ["IForest", "COPOD", "PCA"], out_csv=out, **TINY)
+    assert pd.read_csv(out)["method"].tolist() == ["IForest"]
+    monkeypatch.setattr(benchmark, "_run_cell", real)
+    done = run_benchmark(["4_breastw"], ["IForest", "COPOD", "PCA"], out_csv=out, **TINY)
+    assert done["method"].tolist() == ["IForest", "COPOD", "PCA"]
+    assert len(pd.read_csv(out)) == 3
+
+
+def test_a_failing_method_is_recorded_and_the_grid_goes_on(tmp_path):
+    out = tmp_path / "results.csv"
+    df = run_benchmark(["4_breastw"], ["DEM-kmeans", "IForest"], out_csv=out,
+                       **(TINY | {"n_components": 5000}))  # fmt: skip
+    failed = df.set_index("method").loc["DEM-kmeans"]
+    assert "n_components=5000" in failed["error"]
+    assert np.isnan(failed["auroc"])
+    assert df.set_index("method").loc["IForest", "error"] is None
+    assert "## Errors (1 cell(s))" in summarize(df)
+    # a task that cannot be built fails each of its cells, with the reason
+    bad = run_benchmark(["4_breastw"], ["IForest"], partition="iid", n_clients=(500,), **TINY)
+    assert bad["error"].str.startswith("task: ValueError").all()
+
+
+def test_retry_errors_runs_failed_cells_again(tmp_path, monkeypatch):
+    out = tmp_path / "results.csv"
+    real = benchmark._run_cell
+
+    def broken(*args):
+        raise RuntimeError("transient")
+
+    monkeypatch.setattr(benchmark, "_run_cell", broken)
+    assert run_benchmark(["4_breastw"], ["PCA"], out_csv=out, **TINY)["error"].notna().all()
+    monkeypatch.setattr(benchmark, "_run_cell", real)
+    assert run_benchmark(["4_breastw"], ["PCA"], out_csv=out, **TINY)["error"].notna().all()
+    fixed = run_benchmark(["4_breastw"], ["PCA"], out_csv=out, retry_errors=True, **TINY)
+    assert fixed["error"].isna().all() and len(fixed) == 1
+
+
+def test_client_components_is_an_axis_only_for_methods_that_use_it():
+    df = run_benchmark(["4_breastw"], ["Local", "IForest"], client_components=(1, 2), **TINY)
+    assert sorted(df["method"].tolist()) == ["IForest", "Local", "Local"]
+    assert df.loc[df["method"] == "IForest", "client_components"].isna().all()
+
+
+def test_summary_has_every_method_and_the_ranks(results):
+    df, _, _ = results
+    text = summarize(df)
+    for name in METHOD_NAMES:
+        assert name in text
+    assert "mean rank" in text and "4_breastw" in text and "protocol=outlier" in text
+    assert "±" in text  # two seeds give a std
+
+
+def test_unknown_names_suggest_the_closest():
+    with pytest.raises(ValueError, match="did you mean IForest"):
+        run_benchmark(["4_breastw"], ["IForrest"], progress=False)
+    with pytest.raises(ValueError, match="did you mean 4_breastw"):
+        run_benchmark(["4_breast"], ["IForest"], progress=False)
+    with pytest.raises(ValueError, match="unknown protocol"):
+        run_benchmark(["4_breastw"], ["IForest"], protocols=["transductive"], progress=False)
+
+
+def test_registry_names_match_the_papers():
+    assert list(METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset",
+                             "Local", "CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF",
+                             "HBOS", "PCA"]  # fmt: skip
+    dem = METHODS["DEM-subset"].build(3, None, "diag", 0)
+    assert (dem.mixture_weights, dem.init_params, dem.covariance_type) == (
+        "global",
+        "subset",
+        "diag",
+    )
+    assert METHODS["FedGMM"].build(3, None, "full", 0).mixture_weights == "personal"
+    assert not METHODS["CentralGMM"].federated and METHODS["FedGenGMM"].federated
+
+
+def test_torch_threads_are_set_for_the_run_and_restored():
+    import torch
+
+    seen = []
+    real = benchmark._run_cell
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return real(*args)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(benchmark, "_run_cell", spy)
+            run_benchmark(["4_breastw"], ["PCA"], threads=1, **TINY)
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
