@@ -79,7 +79,8 @@ class FedGMMDetector(MixtureDetector):
         n_learners: M2 conditional models ``P_m2(y | x)`` of the joint model (``fit`` with y).
         learner: ``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer
             of 64) or a factory ``(n_features, n_classes) -> torch.nn.Module``.
-        local_epochs, learning_rate, batch_size: the learners' local SGD each round.
+        local_epochs, learning_rate, batch_size: the learners' local training each round.
+        optimizer: ``"sgd"`` (default) or ``"adam"`` for the learners' local steps.
         mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
         aggregate_learners: ``False`` never averages learners (the Local baseline).
         pca_components: if set, the Gaussians model the rows' projection on this many
@@ -132,6 +133,7 @@ class FedGMMDetector(MixtureDetector):
         "local_epochs": [Interval(Integral, 1, None, closed="left")],
         "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "optimizer": [StrOptions({"sgd", "adam"})],
         "mu_prox": [Interval(Real, 0.0, None, closed="left")],
         "aggregate_learners": ["boolean"],
         "pca_components": [Interval(Integral, 1, None, closed="left"), None],
@@ -159,6 +161,7 @@ class FedGMMDetector(MixtureDetector):
         local_epochs=5,
         learning_rate=0.5,
         batch_size=32,
+        optimizer="sgd",
         mu_prox=0.0,
         aggregate_learners=True,
         pca_components=None,
@@ -187,6 +190,7 @@ class FedGMMDetector(MixtureDetector):
         self.local_epochs = local_epochs
         self.learning_rate = learning_rate
         self.batch_size = batch_size
+        self.optimizer = optimizer
         self.mu_prox = mu_prox
         self.aggregate_learners = aggregate_learners
         self.pca_components = pca_components
@@ -367,6 +371,7 @@ class FedGMMDetector(MixtureDetector):
             local_epochs=self.local_epochs,
             learning_rate=self.learning_rate,
             batch_size=self.batch_size,
+            optimizer=self.optimizer,
             mu_prox=self.mu_prox,
             aggregate_learners=self.aggregate_learners,
             n_learner_features=learner_inputs[0].shape[1],

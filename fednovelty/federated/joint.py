@@ -60,6 +60,7 @@ from fednovelty.mixture import (
 from fednovelty.mixture.em import moment_shift
 
 LearnerFactory = Callable[[int, int], nn.Module]
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
 def linear_learner(n_features: int, n_classes: int) -> nn.Module:
@@ -104,7 +105,9 @@ class JointFedGMM(FederatedEM):
         n_classes: number of label classes (labels are 0..n_classes-1).
         learner_factory: ``(n_features, n_classes) -> nn.Module``; default multinomial
             logistic regression.
-        local_epochs, learning_rate, batch_size: the learners' local SGD.
+        local_epochs, learning_rate, batch_size: the learners' local training.
+        optimizer: ``"sgd"`` (plain mini-batch SGD, default) or ``"adam"`` (a fresh Adam
+            state every round: optimiser state never crosses the wire).
         mu_prox: FedProx proximal coefficient (0 = none).
         aggregate_learners: ``False`` keeps every learner on its client (the Local baseline:
             each client trains from its own previous weights and sends no learner weights;
@@ -125,6 +128,7 @@ class JointFedGMM(FederatedEM):
         local_epochs: int = 1,
         learning_rate: float = 0.1,
         batch_size: int = 128,
+        optimizer: str = "sgd",
         mu_prox: float = 0.0,
         aggregate_learners: bool = True,
         n_learner_features: int | None = None,
@@ -139,6 +143,9 @@ class JointFedGMM(FederatedEM):
         self.learning_rate = float(learning_rate)
         self.batch_size = int(batch_size)
         self.mu_prox = float(mu_prox)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}; got {optimizer!r}.")
+        self.optimizer = optimizer
         self.aggregate_learners = bool(aggregate_learners)
         self.n_learner_features = None if n_learner_features is None else int(n_learner_features)
         if self.n_learners < 1 or self.n_classes < 2:
@@ -268,9 +275,9 @@ class JointFedGMM(FederatedEM):
         weight: Tensor,
         generator: torch.Generator,
     ) -> dict[str, Tensor]:
-        """``local_epochs`` of mini-batch SGD on ``mean_i weight_i * CE_i`` from ``start``."""
+        """``local_epochs`` of mini-batch SGD or Adam on ``mean_i w_i CE_i`` from ``start``."""
         params = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
-        optimizer = torch.optim.SGD(params.values(), lr=self.learning_rate)
+        optimizer = OPTIMIZERS[self.optimizer](params.values(), lr=self.learning_rate)
         n = X.shape[0]
         for _ in range(self.local_epochs if n else 0):
             order = torch.randperm(n, generator=generator).to(X.device)

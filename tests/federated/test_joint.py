@@ -206,3 +206,16 @@ def test_learners_may_see_other_features_than_the_gaussians():
     torch.testing.assert_close(scores["proba_y"].sum(1), torch.ones(len(X), dtype=X.dtype))
     with pytest.raises(ValueError, match=r"\(X, y\) or \(X, y, Z\)"):
         unpack_client_data(X)
+
+
+def test_adam_learners_train_and_bad_optimizer_is_named():
+    clients = opposite_labels(n_clients=3)
+    X, y = pooled(clients)
+    settings = {"local_epochs": 2, "max_iter": 30, "random_state": 0}
+    adam = JointFedGMM(2, 2, 2, optimizer="adam", learning_rate=0.05, **settings)
+    sgd = JointFedGMM(2, 2, 2, learning_rate=0.5, **settings)
+    # measured: Adam 0.88, SGD 0.77 on these 3 clients
+    acc_adam = accuracy(run_simulation(adam, clients).state, adam, X, y)
+    assert acc_adam > 0.83 and acc_adam > accuracy(run_simulation(sgd, clients).state, sgd, X, y)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        JointFedGMM(2, 2, 2, optimizer="lbfgs")
