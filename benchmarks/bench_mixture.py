@@ -30,7 +30,6 @@ import copy
 import ctypes
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -40,13 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import sklearn
 import torch
 from sklearn.mixture import GaussianMixture
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from _machine import machine_facts  # noqa: E402  (benchmarks/ is on sys.path)
 
 from fednovelty.federated import FederatedEM  # noqa: E402
 from fednovelty.mixture import (  # noqa: E402
@@ -472,25 +472,6 @@ def bench_memory(n: int, configs) -> list[Row]:
             )
         )
     return rows
-
-
-def machine_facts() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (
-        f"torch {torch.__version__} (threads={torch.get_num_threads()}), "
-        f"scikit-learn {sklearn.__version__}, numpy {np.__version__}, "
-        f"python {platform.python_version()}; CPUs={os.cpu_count()} ({cpu}); "
-        f"load average {load}"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

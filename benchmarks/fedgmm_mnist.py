@@ -49,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -62,7 +60,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import sklearn
 import torch
 from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
@@ -70,6 +67,8 @@ from sklearn.mixture import GaussianMixture
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from _machine import machine_facts  # noqa: E402  (benchmarks/ is on sys.path)
 
 from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
 from fednovelty.datasets.shifts import permute_labels, transform_images  # noqa: E402
@@ -420,24 +419,6 @@ def figure2_tables(results: list[dict]) -> list[str]:
         f"{mean_std([f['fit s'] for f in facts])} s.",
     ]
     return lines
-
-
-def machine_facts() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (
-        f"torch {torch.__version__} (threads={torch.get_num_threads()}), scikit-learn "
-        f"{sklearn.__version__}, numpy {np.__version__}, python {platform.python_version()}; "
-        f"{os.cpu_count()}-core CPU ({cpu}); load average {load}"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
