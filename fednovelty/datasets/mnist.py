@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednovelty.datasets.loaders import load_mnist
-from fednovelty.datasets.partition import _check_int, _rng
+from fednovelty.datasets.partition._common import _check_alpha, _check_int, _rng
 
 __all__ = ["FederatedImages", "make_mnist_federated"]
 
@@ -87,20 +87,6 @@ class FederatedImages:
     excluded: dict[str, np.ndarray]
     classes: np.ndarray
     proportions: np.ndarray
-
-
-def _check_alpha(alpha) -> float:
-    if (
-        not isinstance(alpha, numbers.Real)
-        or isinstance(alpha, bool)
-        or not np.isfinite(alpha)
-        or alpha <= 0
-    ):
-        raise ValueError(
-            f"alpha must be a finite number > 0 (small = more label skew, e.g. 0.4; large = "
-            f"close to IID); got {alpha!r}."
-        )
-    return float(alpha)
 
 
 def _check_digits(exclude_digits) -> list[int]:

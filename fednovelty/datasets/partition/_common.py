@@ -33,6 +33,21 @@ def _check_int(value, name: str, minimum: int) -> int:
     return int(value)
 
 
+def _check_alpha(alpha) -> float:
+    """A Dirichlet concentration: a finite real > 0 (small = more skew, large = close to IID)."""
+    if (
+        not isinstance(alpha, numbers.Real)
+        or isinstance(alpha, bool)
+        or not np.isfinite(alpha)
+        or alpha <= 0
+    ):
+        raise ValueError(
+            f"alpha must be a finite number > 0 (small = more skewed, e.g. 0.4; large = close "
+            f"to IID, or use iid_partition); got {alpha!r}."
+        )
+    return float(alpha)
+
+
 def _check_groups(groups: ArrayLike) -> np.ndarray:
     """``groups`` as a non-empty 1-D array of shape (n_samples,); else a ValueError."""
     labels = np.asarray(groups)

@@ -10,13 +10,12 @@ at least that many rows (NIID-Bench's rule), and a clear error is raised if that
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from numpy.typing import ArrayLike
 
 from fednovelty.datasets.partition._common import (
     _MAX_TRIES,
+    _check_alpha,
     _check_groups,
     _check_int,
     _group_members,
@@ -63,16 +62,7 @@ def dirichlet_partition(
     labels = _check_groups(groups)
     n_clients = _check_int(n_clients, "n_clients", 1)
     min_size = _check_int(min_size, "min_size", 0)
-    if (
-        not isinstance(alpha, numbers.Real)
-        or isinstance(alpha, bool)
-        or not np.isfinite(alpha)
-        or alpha <= 0
-    ):
-        raise ValueError(
-            f"alpha must be a finite number > 0 (small = more skewed); got {alpha!r}. For an "
-            f"IID split use iid_partition."
-        )
+    alpha = _check_alpha(alpha)
     n_samples = labels.shape[0]
     if min_size * n_clients > n_samples:
         raise ValueError(
