@@ -39,7 +39,8 @@ Experiments:
 
 Outputs in ``--out``: ``alpha.csv``, ``clients.csv``, ``kc.csv`` (tidy tables, one row per
 cell), ``fig3_alpha_<dataset>.png``, ``fig4_clients_<dataset>.png``, ``fig5_kc_<dataset>.png``
-and ``report.md`` (every table printed here). Mean ± std over seeds (ddof=0).
+``fig1_partitions.png`` (Fig. 1: the partition schemes as dot plots) and ``report.md`` (every
+table printed here). Mean ± std over seeds (ddof=0).
 """
 
 from __future__ import annotations
@@ -252,6 +253,31 @@ def figures(frames: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     return paths
 
 
+def partition_figure(out: Path) -> Path:
+    """Fig. 1: the heterogeneity schemes as dot plots (20 clients, 10 equal groups of 600)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fednovelty.datasets import dirichlet_partition, partition_dot_plot, quantity_partition
+
+    labels = np.repeat(np.arange(10), 600)
+    schemes = {
+        "Dir(0.1)": dirichlet_partition(labels, 20, 0.1, random_state=0),
+        "Dir(1)": dirichlet_partition(labels, 20, 1.0, random_state=0),
+        "Dir(5)": dirichlet_partition(labels, 20, 5.0, random_state=0),
+        "Quantity(2)": quantity_partition(labels, 20, 2, random_state=0),
+    }
+    fig, axes = plt.subplots(1, len(schemes), figsize=(16, 3.6), layout="constrained")
+    for ax, (name, parts) in zip(axes, schemes.items(), strict=True):
+        partition_dot_plot(parts, labels, ax=ax, title=name, max_area=120)
+    path = out / "fig1_partitions.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--experiment", choices=["alpha", "clients", "kc", "all"], default="all")
@@ -305,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(parts)
     print(report)
     (out / "report.md").write_text(report)
-    for path in figures(frames, out):
+    for path in [partition_figure(out), *figures(frames, out)]:
         print("figure:", path)
     return 0
 

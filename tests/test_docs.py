@@ -1,0 +1,16 @@
+"""The python examples of the pages under docs/ really run."""
+
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_benchmarks_page_example_runs(capsys):
+    text = (DOCS / "benchmarks.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, "docs/benchmarks.md", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["dataset", "protocol", "method", "auroc", "rounds"]
+    assert len(lines) == 1 + 2 * 2 * 3 + 1  # header, 12 cells, summary title
+    assert lines[-1] == "# Benchmark summary: auroc (novel = positive class)"
