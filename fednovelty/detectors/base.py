@@ -132,6 +132,66 @@ class MixtureDetector(BaseDetector):
         self.covariances_ = params.covariances.cpu().numpy()
         self.n_components_ = params.n_components
 
+    @classmethod
+    def from_model(cls, result, X, **params):
+        """A fitted detector from a model trained elsewhere, e.g. on Flower nodes.
+
+        Args:
+            result: the finished run of this class's algorithm: a ``SimulationResult``, or
+                the ``FlowerResult`` of ``fednovelty.runtime.flower.load_result(path)``.
+            X: rows (n_samples, n_features) that set ``decision_scores_``, ``threshold_``
+                and ``labels_`` as the training rows do in ``fit`` (e.g. the pooled training
+                rows, or a held-out set of normal rows).
+            **params: constructor arguments; those not given are taken from the run's
+                algorithm settings (``result.config``) where the names agree.
+
+        Returns:
+            The detector, fitted: it scores, saves and loads like one from ``fit``.
+
+        Example::
+
+            from fednovelty.runtime.flower import load_result
+            det = FedGenGMMDetector.from_model(load_result("result.safetensors"), X_normal)
+        """
+        names = cls().get_params(deep=False)  # __init__ only stores arguments: cheap
+        config = {k: v for k, v in getattr(result, "config", {}).items() if k in names}
+        detector = cls(**{**config, **params})
+        detector._validate_params()
+        array = check_X(X)
+        detector.n_features_in_ = array.shape[1]
+        if feature_names(X) is not None:
+            detector.feature_names_in_ = feature_names(X)
+        ids = {c for record in result.history for c in record.sampled} | set(result.client_states)
+        detector.client_ids_ = np.asarray(sorted(ids))
+        detector.n_clients_ = len(ids)
+        detector.history_ = [record.as_dict() for record in result.history]
+        detector.n_rounds_ = len(result.history)
+        detector.bytes_up_, detector.bytes_down_ = result.bytes_up, result.bytes_down
+        detector._set_result(result)
+        detector._classes = 2
+        detector.decision_scores_ = detector.decision_function(array)
+        detector._process_decision_scores()
+        return detector
+
+    def _set_result(self, result) -> None:
+        """Fitted attributes from a finished run (``from_model``): one mixture with federated
+        EM's record (``n_iter_``, ``converged_``, ``lower_bounds_``, personal
+        ``client_weights_`` in ``client_ids_`` order). Subclasses with other models override."""
+        state = result.state
+        if getattr(state, "learners", None):
+            raise ValueError("from_model does not rebuild joint models (fitted with y) yet.")
+        if state.params.n_features != self.n_features_in_:
+            raise ValueError(
+                f"X has {self.n_features_in_} features but the model was trained on "
+                f"{state.params.n_features}."
+            )
+        self._set_mixture(state.params.to(**self._torch_options()))
+        self.n_iter_, self.converged_ = state.n_iter, state.converged
+        self.lower_bounds_ = list(state.lower_bounds)
+        if state.client_weights:
+            rows = [state.client_weights.get(c, state.params.weights) for c in self.client_ids_]
+            self.client_weights_ = torch.stack(rows).cpu().numpy()
+
     # -------------------------------------------------------------- scoring
     def _check_fitted(self) -> None:
         try:

@@ -61,6 +61,17 @@ class _LocalFitDetector(MixtureDetector):
         }
         return state
 
+    def _set_result(self, result) -> None:
+        """``from_model``: what every local-fit run records (client ids are the run's own)."""
+        state = result.state
+        widths = {m.n_features for m in state.client_models.values()}
+        if widths != {self.n_features_in_}:
+            raise ValueError(
+                f"X has {self.n_features_in_} features but the model was trained on {widths}."
+            )
+        self.skipped_clients_ = list(state.skipped)
+        self.client_n_components_ = {c: m.n_components for c, m in state.client_models.items()}
+
 
 @register
 class FedGenGMMDetector(_LocalFitDetector):
@@ -144,6 +155,11 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.n_synthetic_ = state.n_synthetic
         self.bic_ = dict(state.bics)
 
+    def _set_result(self, result) -> None:
+        super()._set_result(result)
+        self._set_mixture(result.state.params.to(**self._torch_options()))
+        self.n_synthetic_, self.bic_ = result.state.n_synthetic, dict(result.state.bics)
+
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         return score_samples(self.model_, X)
 
@@ -215,6 +231,12 @@ class LocalGMMDetector(_LocalFitDetector):
     def _fit_clients(self, parts, clients, seed) -> None:
         state = self._run(clients, seed)
         self.client_models_ = [state.client_models[c] for c in sorted(state.client_models)]
+
+    def _set_result(self, result) -> None:
+        super()._set_result(result)
+        models = result.state.client_models
+        options = self._torch_options()
+        self.client_models_ = [models[c].to(**options) for c in sorted(models)]
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         return torch.stack([score_samples(m, X) for m in self.client_models_]).mean(0)

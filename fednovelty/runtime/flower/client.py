@@ -1,0 +1,211 @@
+"""The node side: a ClientApp that runs an algorithm's client step on the node's own rows.
+
+Flower starts a fresh ClientApp process for every message, so nothing survives in Python
+between two rounds. What must survive, the client's ``ClientContext.state`` (e.g. its
+personal mixture weights), is kept in the node's ``context.state``, which the SuperNode
+stores per run and hands to the next ClientApp process. The algorithm is rebuilt from the
+run's configuration for every message (cheap), and the node's rows are read again.
+
+Two message types are answered:
+
+``train`` (one round)
+    the decoded fednovelty message goes through ``algorithm.client_step``; the reply goes
+    back encoded, tagged with the client id (``partition-id``) and the row width.
+``query`` (registration, only when the server samples clients)
+    the client id, row count and row width of the node's data.
+
+Where the rows come from is a function of the Flower ``Context`` (:func:`load_node_data` by
+default: ``node_config`` ``data-path``, or a shared ``run_config`` ``data-path`` split by
+``partition-id``); pass your own to :func:`make_client_app`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fednovelty.exceptions import ClientDataError
+from fednovelty.federated import ClientContext
+from fednovelty.federated import Message as FedMessage
+from fednovelty.federated.joint import JointFedGMM
+from fednovelty.runtime.flower._compat import missing_flwr
+from fednovelty.runtime.flower.codec import (
+    decode_message,
+    encode_message,
+    load_client_state,
+    store_client_state,
+)
+from fednovelty.runtime.flower.config import algorithm_from_run_config
+from fednovelty.runtime.simulation import check_clients
+
+try:
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+except ImportError as error:  # pragma: no cover - depends on the installation
+    raise missing_flwr(error) from error
+
+#: what a data loader returns: ``(client_id, rows)`` with rows a numpy array
+#: (n_samples, n_features), or ``(rows, labels)`` for the joint model.
+NodeData = tuple[int, Any]
+DataLoader = Callable[[Context], NodeData]
+
+
+def read_rows(path: str | os.PathLike, label_column: str = "") -> Any:
+    """Rows of one file: ``.npy`` (2-D), ``.npz`` (``X`` and optional ``y``) or ``.csv``.
+
+    A CSV has a header row; every column is a feature except ``label_column`` (if given),
+    which becomes the labels. Returns ``X`` (n_samples, n_features), or ``(X, y)`` when the
+    file has labels.
+
+    Raises:
+        FileNotFoundError: no such file. ClientDataError: unknown extension or not 2-D.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"node data file {str(path)!r} does not exist.")
+    labels = None
+    if path.suffix == ".npy":
+        rows = np.load(path, allow_pickle=False)
+    elif path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as archive:
+            if "X" not in archive:
+                raise ClientDataError(f"{path}: an .npz node file needs an array named 'X'.")
+            rows = archive["X"]
+            labels = archive["y"] if "y" in archive else None
+    elif path.suffix == ".csv":
+        import pandas as pd
+
+        frame = pd.read_csv(path)
+        if label_column:
+            if label_column not in frame:
+                raise ClientDataError(f"{path}: no label column {label_column!r}.")
+            labels = frame.pop(label_column).to_numpy()
+        rows = frame.to_numpy(dtype=np.float64)
+    else:
+        raise ClientDataError(f"{path}: node data must be .npy, .npz or .csv, not {path.suffix!r}.")
+    if rows.ndim != 2:
+        raise ClientDataError(
+            f"{path}: rows must be 2-D (n_samples, n_features), got {rows.shape}."
+        )
+    return rows if labels is None else (rows, labels)
+
+
+def _split(data: Any, part: int, n_parts: int) -> Any:
+    """Partition ``part`` of ``n_parts`` contiguous, near-equal blocks of rows
+    (``numpy.array_split``) of ``X`` or ``(X, y)``."""
+    if isinstance(data, tuple):
+        return tuple(_split(d, part, n_parts) for d in data)
+    return np.array_split(data, n_parts)[part]
+
+
+def load_node_data(context: Context) -> NodeData:
+    """The default loader: ``(client_id, rows)`` of this node from its configuration.
+
+    The client id is ``node_config["partition-id"]`` (Flower's convention; the simulation's
+    client index, which seeds the client's randomness). The rows come from
+    ``node_config["data-path"]`` (this node's own file) if set, else from
+    ``run_config["data-path"]`` (one shared file) split into ``num-partitions`` contiguous
+    blocks (``numpy.array_split``), block ``partition-id``. Files are read by
+    :func:`read_rows`; ``run_config["label-column"]`` names a CSV's label column.
+
+    Raises:
+        ClientDataError: no ``partition-id``, or no data path anywhere.
+    """
+    node, run = context.node_config, context.run_config
+    if "partition-id" not in node:
+        raise ClientDataError(
+            "this node has no 'partition-id' in its node config; start it with "
+            'flower-supernode ... --node-config "partition-id=0 data-path=/path/rows.npy".'
+        )
+    client_id = int(node["partition-id"])
+    label_column = str(run.get("label-column", ""))
+    if str(node.get("data-path", "")):
+        return client_id, read_rows(str(node["data-path"]), label_column)
+    if str(run.get("data-path", "")):
+        if "num-partitions" not in node:
+            raise ClientDataError(
+                "a shared run_config 'data-path' is split by 'partition-id' and "
+                "'num-partitions'; this node's config has no 'num-partitions'."
+            )
+        data = read_rows(str(run["data-path"]), label_column)
+        return client_id, _split(data, client_id, int(node["num-partitions"]))
+    raise ClientDataError(
+        f"client {client_id}: no data; set 'data-path' in the node config (this node's file) "
+        "or in the run config (one file split by partition-id)."
+    )
+
+
+def _as_tensors(data: Any, dtype: torch.dtype, device: torch.device) -> Any:
+    """Rows as the algorithm's dtype/device; labels (joint model) as int64 codes."""
+    if isinstance(data, tuple):
+        X, y = data[0], data[1]
+        return (_as_tensors(X, dtype, device), torch.as_tensor(np.asarray(y), device=device).long())
+    return torch.as_tensor(np.asarray(data, dtype=np.float64)).to(device=device, dtype=dtype)
+
+
+def node_inputs(context: Context, load_data: DataLoader):
+    """``(algorithm, client_id, client data as tensors)`` for one message on this node.
+
+    Raises:
+        ClientDataError: the rows are not finite 2-D numbers.
+    """
+    algorithm = algorithm_from_run_config(context.run_config)
+    client_id, raw = load_data(context)
+    dtype = getattr(algorithm, "dtype", torch.float64)
+    device = getattr(algorithm, "device", torch.device("cpu"))
+    if isinstance(algorithm, JointFedGMM) and not isinstance(raw, tuple):
+        raise ClientDataError(
+            f"client {client_id}: JointFedGMM needs labels; give an .npz with 'X' and 'y' or a "
+            "CSV with run_config 'label-column'."
+        )
+    data = _as_tensors(raw, dtype, device)
+    check_clients({client_id: data})
+    return algorithm, int(client_id), data
+
+
+def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
+    """Run one client step on this node's rows; persist its state; reply."""
+    algorithm, client_id, data = node_inputs(context, load_data)
+    request, _ = decode_message(message.content)
+    client = ClientContext(client_id, load_client_state(context.state))
+    reply = algorithm.client_step(data, request, client)
+    store_client_state(context.state, client.state)
+    X = data[0] if isinstance(data, tuple) else data
+    header = {"client_id": client_id, "n_features": int(X.shape[1])}
+    return Message(encode_message(reply, **header), reply_to=message)
+
+
+def handle_query(message: Message, context: Context, load_data: DataLoader = load_node_data):
+    """Register: reply this node's client id, row count and row width."""
+    _, client_id, data = node_inputs(context, load_data)
+    X = data[0] if isinstance(data, tuple) else data
+    info = FedMessage(
+        "describe",
+        scalars={"n_samples": int(X.shape[0]), "n_features": int(X.shape[1])},
+    )
+    return Message(encode_message(info, client_id=client_id), reply_to=message)
+
+
+def make_client_app(load_data: DataLoader = load_node_data) -> ClientApp:
+    """A ClientApp answering fednovelty's ``train`` and ``query`` messages.
+
+    Args:
+        load_data: ``Context -> (client_id, rows)`` (rows: numpy (n_samples, n_features), or
+            ``(X, y)`` for ``JointFedGMM``); default :func:`load_node_data`.
+    """
+    app = ClientApp()
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        return handle_train(message, context, load_data)
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        return handle_query(message, context, load_data)
+
+    return app

@@ -1,0 +1,155 @@
+"""End to end on a real Flower deployment: the same numbers as the in-process simulation.
+
+A SuperLink and three SuperNodes run on 127.0.0.1 (free ports) as separate processes, and
+``examples/flower`` (copied) is started with ``flwr run``; each node holds one partition of
+one dataset. FedGenGMM (one round) and two rounds of iterative EM with personal weights (the
+second round reads each node's persisted state) must equal ``run_simulation`` on the same
+partitions to float64 round-off, and load into the detectors. The federation is stopped in
+a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
+malformed replies is tested without a deployment in ``test_flower_validation.py``.)
+
+Cost on a 2-core machine: about 10-15 s per round (every message starts a ClientApp
+process), 60-100 s in all.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from fednovelty import FedGenGMMDetector, FedGMMDetector
+from fednovelty.datasets.protocols import make_task
+from fednovelty.federated import FederatedEM, FedGenGMM
+from fednovelty.runtime import run_simulation
+from fednovelty.runtime.flower.deploy import LocalFederation
+
+pytestmark = pytest.mark.slow
+
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower"
+N_PARTS = 3
+
+
+def make_partitions() -> tuple[np.ndarray, list[np.ndarray]]:
+    """The shared ``4_breastw`` inliers (9 features, scaled with the clients' merged ranges),
+    split into 3 non-iid partitions: Dirichlet(0.5) over k-means clusters, as the benchmarks."""
+    task = make_task("4_breastw", "novelty", n_clients=N_PARTS, alpha=0.5, seed=0)
+    parts = [task.X_train[task.groups_train == i] for i in range(N_PARTS)]
+    return task.X_train, parts
+
+
+@pytest.fixture(scope="module")
+def partitions():
+    return make_partitions()
+
+
+@pytest.fixture(scope="module")
+def federation(partitions, tmp_path_factory):
+    work = tmp_path_factory.mktemp("flower")
+    paths = []
+    for i, part in enumerate(partitions[1]):
+        paths.append(work / f"part{i}.npy")
+        np.save(paths[-1], part)
+    configs = [{"partition-id": i, "data-path": str(p)} for i, p in enumerate(paths)]
+    app = work / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    federation = LocalFederation(configs, workdir=work / "deployment")
+    try:
+        federation.start()
+        yield federation, app
+    finally:
+        federation.stop()
+
+
+def simulate(algorithm, parts):
+    clients = [torch.as_tensor(p, dtype=torch.float64) for p in parts]
+    return run_simulation(algorithm, clients, random_state=0)
+
+
+def assert_same_mixture(actual, expected) -> None:
+    for name, tensor in expected.tensors().items():
+        torch.testing.assert_close(actual.tensors()[name], tensor, rtol=1e-12, atol=0)
+    assert actual.covariance_type == expected.covariance_type
+
+
+def assert_same_history(flower_history, simulated_history) -> None:
+    """Same rounds, clients, bytes and metrics (Flower's adds the wire bytes)."""
+    assert len(flower_history) == len(simulated_history)
+    for got, want in zip(flower_history, simulated_history, strict=True):
+        assert (got.kind, got.sampled, got.replied) == (want.kind, want.sampled, want.replied)
+        assert (got.bytes_down, got.bytes_up) == (want.bytes_down, want.bytes_up)
+        assert got.metrics["wire_bytes_up"] > got.bytes_up  # .npy headers and names
+        for key, value in want.metrics.items():
+            expected = value if isinstance(value, str) else pytest.approx(value, rel=1e-12)
+            assert got.metrics[key] == expected, key
+
+
+def test_fedgengmm_on_flower_equals_simulation(federation, partitions) -> None:
+    federation, app = federation
+    params = {"n_components": 3, "k_range": [1, 4], "samples_per_component": 50}
+    result = federation.run_app(
+        app,
+        {"algorithm": "FedGenGMM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=240,
+    )
+    algorithm = FedGenGMM(**{**params, "k_range": (1, 4)}, random_state=0)
+    simulated = simulate(algorithm, partitions[1])
+    assert result.algorithm == "FedGenGMM"
+    assert sorted(result.state.client_models) == [0, 1, 2]
+    for c, model in simulated.state.client_models.items():
+        assert_same_mixture(result.state.client_models[c], model)
+    assert_same_mixture(result.state.params, simulated.state.params)
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
+
+    X = partitions[0]
+    on_flower = FedGenGMMDetector.from_model(result, X)
+    in_process = FedGenGMMDetector.from_model(simulated, X, n_components=3, k_range=(1, 4))
+    assert on_flower.n_components == 3 and on_flower.k_range == [1, 4]
+    np.testing.assert_allclose(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
+    assert on_flower.threshold_ == pytest.approx(in_process.threshold_, rel=1e-12)
+
+
+def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> None:
+    federation, app = federation
+    X = partitions[0]
+    d = X.shape[1]
+    init = {  # a fixed start, so that the two rounds are EM rounds (no k-means rounds)
+        "weights_init": [0.3, 0.3, 0.4],
+        "means_init": X[[0, len(X) // 2, len(X) - 1]].tolist(),
+        "precisions_init": np.tile(10.0 * np.eye(d), (3, 1, 1)).tolist(),
+    }
+    params = {
+        "n_components": 3,
+        "mixture_weights": "personal",
+        "max_iter": 2,
+        "tol": 0.0,
+        **init,
+    }
+    result = federation.run_app(
+        app,
+        {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=300,
+    )
+    simulated = simulate(FederatedEM(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert (state.n_iter, len(result.history)) == (2, 2)
+    assert_same_mixture(state.params, expected.params)
+    assert sorted(state.client_weights) == [0, 1, 2]
+    for c, weights in expected.client_weights.items():  # round 2 used each node's state
+        torch.testing.assert_close(state.client_weights[c], weights, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
+
+    on_flower = FedGMMDetector.from_model(result, X)
+    in_process = FedGMMDetector.from_model(simulated, X, n_components=3)
+    assert on_flower.mixture_weights == "personal"
+    np.testing.assert_allclose(on_flower.client_weights_, in_process.client_weights_, rtol=1e-12)
+    np.testing.assert_allclose(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
