@@ -96,6 +96,25 @@ def test_a_failing_method_is_recorded_and_the_grid_goes_on(tmp_path):
     assert bad["error"].str.startswith("task: ValueError").all()
 
 
+def test_min_size_reaches_the_partition_and_is_part_of_the_cell(tmp_path):
+    out = tmp_path / "results.csv"
+    too_many = run_benchmark(["4_breastw"], ["IForest"], n_clients=(3,), min_size=100,
+                             out_csv=out, **TINY)  # fmt: skip
+    assert "min_size=100" in too_many.loc[0, "error"]
+    assert too_many.loc[0, "min_size"] == 100
+    lowered = run_benchmark(["4_breastw"], ["IForest"], n_clients=(3,), min_size=2,
+                            out_csv=out, **TINY)  # fmt: skip: a new cell, not a resumed one
+    assert lowered.loc[0, "error"] is None and len(pd.read_csv(out)) == 2
+
+
+def test_a_file_without_min_size_resumes(tmp_path):
+    out = tmp_path / "results.csv"
+    first = run_benchmark(["4_breastw"], ["IForest"], out_csv=out, **TINY)
+    first.drop(columns="min_size").to_csv(out, index=False)  # as written before min_size
+    again = run_benchmark(["4_breastw"], ["IForest"], out_csv=out, **TINY)
+    assert again.loc[0, "fit_seconds"] == first.loc[0, "fit_seconds"]  # read back, not rerun
+
+
 def test_retry_errors_runs_failed_cells_again(tmp_path, monkeypatch):
     out = tmp_path / "results.csv"
     real = benchmark._run_cell
