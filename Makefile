@@ -5,19 +5,26 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,flower]"
+	$(PY) -m pip install -q -e ".[dev,flower,app]"
 	touch $(STAMP)
+
+# The dashboard's real-browser test drives Debian's Chromium (never `playwright install`).
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq chromium
 
 demo: $(STAMP)
 	$(PY) -m fednovelty.cli demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile -q
 

@@ -4,11 +4,14 @@
 ``fednovelty fit``    fit a detector on a CSV/Parquet file (one client per value of a column).
 ``fednovelty score``  score a CSV/Parquet file with a saved detector and write the scores.
 ``fednovelty bench``  run a benchmark grid; save results.csv, summary.md and PNG figures.
+``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -153,6 +156,7 @@ def _bench(args: argparse.Namespace) -> int:
         covariance_type=args.covariance_type,
         max_train=args.max_train,
         max_test=args.max_test,
+        min_size=args.min_size,
         out_csv=out / "results.csv",
         retry_errors=args.retry_errors,
         progress=not args.no_progress,
@@ -170,6 +174,52 @@ def _bench(args: argparse.Namespace) -> int:
         f"{out / 'summary.md'}, {len(figures)} figure(s)"
     )
     return 0
+
+
+APP_SCRIPT = Path(__file__).resolve().parent.parent / "app" / "Home.py"
+
+
+def app_command(args: argparse.Namespace, script: Path = APP_SCRIPT) -> list[str]:
+    """The ``streamlit run`` command line that serves the dashboard's ``script``."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(script),
+        "--server.address",
+        args.address,
+        "--server.port",
+        str(args.port),
+        "--server.headless",
+        "true" if args.headless else "false",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+    ]
+
+
+def _app(args: argparse.Namespace) -> int:
+    """Run the dashboard with Streamlit (imported lazily: an optional dependency)."""
+    if importlib.util.find_spec("streamlit") is None:
+        print(
+            "error: the dashboard needs Streamlit and Plotly: pip install 'fednovelty[app]'",
+            file=sys.stderr,
+        )
+        return 2
+    if not APP_SCRIPT.is_file():
+        print(
+            f"error: no dashboard at {APP_SCRIPT}; it ships in the source checkout's app/ "
+            "folder: install fednovelty from a clone (pip install -e '.[app]').",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"fednovelty dashboard: http://{args.address}:{args.port}", flush=True)
+    try:
+        return subprocess.call(app_command(args))
+    except KeyboardInterrupt:
+        return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-train", type=int, default=None, help="cap on training rows")
     bench.add_argument("--max-test", type=int, default=None, help="cap on test rows")
     bench.add_argument(
+        "--min-size",
+        type=int,
+        default=None,
+        help="rows every Dirichlet client must hold (default: 10, less for small data)",
+    )
+    bench.add_argument(
         "--metric",
         default="auroc",
         choices=["auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1"],
@@ -262,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"
     )
     bench.set_defaults(func=_bench)
+    app = sub.add_parser("app", help="start the Streamlit dashboard (fednovelty[app])")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument(
+        "--address", default="127.0.0.1", help="address to serve on (0.0.0.0: all interfaces)"
+    )
+    app.add_argument("--headless", action="store_true", help="do not open a browser")
+    app.set_defaults(func=_app)
     return parser
 
 

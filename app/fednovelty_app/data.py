@@ -1,0 +1,644 @@
+"""Data sources of the dashboard, each turned into one :class:`DataBundle`.
+
+A bundle holds what every page needs: the training rows with the client of each row, a test
+set with the novel rows marked (1 = novel, the positive class), class labels when there are
+any (for FedGMM's joint model), clients held out of training (the Unseen client page) and
+the grouping the partition was drawn over (the Clients page's dot plot).
+
+Sources:
+
+- :func:`synthetic_bundle`: the FedGMM paper's synthetic clients
+  (``fednovelty.datasets.make_fedgmm_synthetic``) with one extra component that no client
+  trains on: its rows are the novel inputs. Labelled, so FedGMM fits its joint model.
+- :func:`adbench_bundle`: an ADBench dataset from ``../shared/data`` as a benchmark task
+  (``fednovelty.datasets.protocols.make_task``: novelty or outlier protocol, Dirichlet,
+  quantity or IID clients over k-means clusters, min-max scaled). No class labels.
+- :func:`upload_bundle`: a table the user uploads (:func:`read_table`), with a client
+  column, an optional class-label column and an optional novelty column (1 = novel).
+
+Choices, and why:
+
+- Bad uploads raise :class:`UploadError` (a ``ValueError``) whose message names the column,
+  the row or the client and says what to do; the pages show it with ``st.error``. Every
+  check runs before anything is trained, so a bad file never reaches a traceback.
+- Held-out ("unseen") clients never contribute a training row. Half of an unseen client's
+  normal rows may be used for adaptation, the other half is evaluated together with the
+  test set's novel rows, so adaptation is judged on rows it never saw.
+- Uploaded features are not rescaled: the model then scores new rows in the units the user
+  has. ADBench tasks are min-max scaled by ``make_task`` (the benchmark protocol).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import PurePath
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "MIN_ROWS_PER_CLIENT",
+    "SYNTHETIC",
+    "TEST_SHARE",
+    "DataBundle",
+    "UnseenClient",
+    "UploadError",
+    "adbench_bundle",
+    "adbench_names",
+    "check_score_table",
+    "check_table",
+    "digest",
+    "read_table",
+    "synthetic_bundle",
+    "upload_bundle",
+]
+
+SYNTHETIC = "FedGMM synthetic (labelled)"
+#: Share of every training client's normal rows kept back for the test set (uploads).
+TEST_SHARE = 0.3
+#: Fewest normal rows an uploaded client may hold (before the test share is kept back).
+MIN_ROWS_PER_CLIENT = 10
+#: Fewest novel test rows of the synthetic data (else the clients' novel training rows join).
+MIN_NOVEL_ROWS = 10
+
+
+class UploadError(ValueError):
+    """A table the dashboard cannot use; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True, eq=False)
+class UnseenClient:
+    """A client held out of training, for the Unseen client page.
+
+    Attributes:
+        client_id: its id, as in the source's client column.
+        X_adapt: (n_adapt, n_features) normal rows that adaptation may use.
+        y_adapt: (n_adapt,) their class labels, or None (unlabelled source).
+        X_eval: (n_eval, n_features) its other normal rows followed by novel rows.
+        y_eval: (n_eval,) class labels of ``X_eval``, or None.
+        novel_eval: (n_eval,) int64, 1 = novel.
+    """
+
+    client_id: object
+    X_adapt: np.ndarray
+    y_adapt: np.ndarray | None
+    X_eval: np.ndarray
+    y_eval: np.ndarray | None
+    novel_eval: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class DataBundle:
+    """Training clients, a test set with novel rows marked, unseen clients and the partition.
+
+    Attributes:
+        name: shown in the app, e.g. ``"4_breastw (novelty)"``.
+        feature_names: (n_features,) column names the detectors are fitted with.
+        X_train: (n_train, n_features) float64; groups_train: (n_train,) client id per row.
+        y_train: (n_train,) class labels, or None when the source has none.
+        X_test: (n_test, n_features) float64.
+        novel_test: (n_test,) int64, 1 = novel (positive), or None when unknown (an upload
+            without a novelty column).
+        y_test: (n_test,) class labels, or None.
+        groups_test: (n_test,) client of each test row, or None (a pooled test set).
+        unseen: clients held out of training.
+        partition_clients: (n_rows,) client id of the rows the dot plot counts (training
+            clients and unseen clients); partition_labels: (n_rows,) the group of each.
+        partition_label_name: what the groups are ("component", "k-means cluster", "class").
+        description: one line on where the data came from.
+    """
+
+    name: str
+    feature_names: tuple[str, ...]
+    X_train: np.ndarray
+    groups_train: np.ndarray
+    y_train: np.ndarray | None
+    X_test: np.ndarray
+    novel_test: np.ndarray | None
+    y_test: np.ndarray | None
+    groups_test: np.ndarray | None
+    unseen: tuple[UnseenClient, ...]
+    partition_clients: np.ndarray
+    partition_labels: np.ndarray
+    partition_label_name: str
+    description: str
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the rows have class labels (FedGMM can fit its joint model)."""
+        return self.y_train is not None
+
+    @property
+    def client_ids(self) -> np.ndarray:
+        """Training clients' ids, sorted (the order of ``client_weights_`` rows)."""
+        return np.unique(self.groups_train)
+
+    def frame(self, X: np.ndarray) -> pd.DataFrame:
+        """Rows (n, n_features) as a DataFrame with the bundle's column names."""
+        return pd.DataFrame(X, columns=list(self.feature_names))
+
+    def unseen_client(self, client_id) -> UnseenClient:
+        """The held-out client with this id (ValueError if there is none)."""
+        for client in self.unseen:
+            if client.client_id == client_id:
+                return client
+        raise ValueError(f"client {client_id!r} is not held out of training.")
+
+
+def _names(n_features: int) -> tuple[str, ...]:
+    return tuple(f"x{j}" for j in range(n_features))
+
+
+def _split_unseen(
+    client_id, X: np.ndarray, y: np.ndarray | None, X_novel, y_novel, rng: np.random.Generator
+) -> UnseenClient:
+    """Half of a held-out client's normal rows for adaptation, the rest + novel rows to
+    evaluate on."""
+    order = rng.permutation(X.shape[0])
+    half = X.shape[0] // 2
+    adapt, held = order[:half], order[half:]
+    labelled = y is not None and y_novel is not None
+    return UnseenClient(
+        client_id=client_id,
+        X_adapt=X[adapt],
+        y_adapt=y[adapt] if labelled else None,
+        X_eval=np.vstack([X[held], X_novel]),
+        y_eval=np.concatenate([y[held], y_novel]) if labelled else None,
+        novel_eval=np.r_[np.zeros(held.size, np.int64), np.ones(X_novel.shape[0], np.int64)],
+    )
+
+
+# ----------------------------------------------------------------------------- synthetic
+def synthetic_bundle(
+    n_clients: int = 10,
+    alpha: float = 0.4,
+    n_unseen: int = 2,
+    n_features: int = 8,
+    seed: int = 0,
+) -> DataBundle:
+    """The FedGMM paper's synthetic clients plus a component no client trains on.
+
+    ``make_fedgmm_synthetic`` draws ``n_clients + n_unseen`` clients over 4 components; rows
+    of the last component never reach training and are the novel inputs of the test set
+    (the training clients' test rows; if fewer than ``MIN_NOVEL_ROWS`` of them are novel,
+    the clients' novel training rows are added). The last ``n_unseen`` clients are held out.
+
+    Args:
+        n_clients: training clients, >= 1; alpha: Dirichlet concentration of each client's
+            component weights; n_unseen: clients held out, >= 0; n_features: d; seed: int.
+
+    Returns:
+        A :class:`DataBundle` with labels (binary classes) and ``groups_test``.
+    """
+    from fednovelty.datasets import make_fedgmm_synthetic
+
+    n_components = 4
+    novel_k = n_components - 1
+    data = make_fedgmm_synthetic(
+        n_clients + n_unseen,
+        n_components=n_components,
+        n_features=n_features,
+        alpha=alpha,
+        random_state=seed,
+    )
+    normal_tr = data.components_train != novel_k
+    fed_tr = data.groups_train < n_clients
+    fed_te = data.groups_test < n_clients
+    train = fed_tr & normal_tr
+    spare_novel = fed_tr & ~normal_tr  # the clients' novel training rows: tested if needed
+    if np.sum(fed_te & (data.components_test == novel_k)) >= MIN_NOVEL_ROWS:
+        spare_novel[:] = False
+    X_test = np.vstack([data.X_test[fed_te], data.X_train[spare_novel]])
+    y_test = np.concatenate([data.y_test[fed_te], data.y_train[spare_novel]])
+    novel_test = np.concatenate(
+        [data.components_test[fed_te] == novel_k, np.ones(int(spare_novel.sum()), bool)]
+    ).astype(np.int64)
+    groups_test = np.concatenate([data.groups_test[fed_te], data.groups_train[spare_novel]])
+    rng = np.random.default_rng(seed)
+    novel = novel_test == 1
+    unseen = []
+    for h in range(n_clients, n_clients + n_unseen):
+        rows = (data.groups_train == h) & normal_tr
+        held_test = (data.groups_test == h) & (data.components_test != novel_k)
+        X_h = np.vstack([data.X_train[rows], data.X_test[held_test]])
+        y_h = np.concatenate([data.y_train[rows], data.y_test[held_test]])
+        unseen.append(_split_unseen(h, X_h, y_h, X_test[novel], y_test[novel], rng))
+    counted = normal_tr  # every client's rows that training or adaptation may see
+    labels = np.array([f"component {k}" for k in data.components_train[counted]])
+    return DataBundle(
+        name=f"synthetic ({n_clients} clients, d={n_features})",
+        feature_names=_names(n_features),
+        X_train=data.X_train[train],
+        groups_train=data.groups_train[train],
+        y_train=data.y_train[train],
+        X_test=X_test,
+        novel_test=novel_test,
+        y_test=y_test,
+        groups_test=groups_test,
+        unseen=tuple(unseen),
+        partition_clients=data.groups_train[counted],
+        partition_labels=labels,
+        partition_label_name="component",
+        description=(
+            f"FedGMM paper's synthetic data: {n_clients} training clients + {n_unseen} unseen, "
+            f"Dir({alpha}) weights over 3 components; a 4th component is never trained on "
+            "and gives the novel inputs. Binary labels, one linear rule per component."
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- ADBench
+def adbench_names(data_dir=None) -> list[str]:
+    """ADBench tabular datasets on disk (``[]`` when the data folder is missing)."""
+    from fednovelty.datasets import list_adbench
+
+    try:
+        return list_adbench(data_dir)
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def adbench_bundle(
+    name: str,
+    protocol: str = "novelty",
+    partition: str = "dirichlet",
+    n_clients: int = 10,
+    alpha: float = 0.5,
+    n_unseen: int = 2,
+    seed: int = 0,
+    max_train: int | None = 20_000,
+    max_test: int | None = 5_000,
+    data_dir=None,
+) -> DataBundle:
+    """An ADBench benchmark task (``make_task``) with the last ``n_unseen`` clients held out.
+
+    The dot plot counts k-means clusters of the scaled training rows (10, as ``make_task``
+    skews over; recomputed here, so cluster numbers may differ from the ones it drew).
+
+    Raises:
+        ValueError: from ``make_task`` (unknown name, a partition that cannot be drawn, ...).
+    """
+    from fednovelty.datasets import kmeans_groups, load_adbench
+    from fednovelty.datasets.protocols import make_task
+
+    task = make_task(
+        name,
+        protocol,
+        n_clients=n_clients + n_unseen,
+        alpha=alpha,
+        partition=partition,
+        seed=seed,
+        max_train=max_train,
+        max_test=max_test,
+        data_dir=data_dir,
+    )
+    _, y_all = load_adbench(task.dataset, data_dir)
+    anomalous_train = y_all[task.train_index] == 1  # only the outlier protocol has any
+    train = task.groups_train < n_clients
+    novel = task.y_test == 1
+    rng = np.random.default_rng(seed)
+    unseen = [
+        _split_unseen(
+            h,
+            task.X_train[(task.groups_train == h) & ~anomalous_train],
+            None,
+            task.X_test[novel],
+            None,
+            rng,
+        )
+        for h in range(n_clients, n_clients + n_unseen)
+    ]
+    n_groups = min(10, task.X_train.shape[0])
+    clusters = kmeans_groups(task.X_train, n_groups, random_state=seed)
+    return DataBundle(
+        name=f"{task.name} ({protocol})",
+        feature_names=_names(task.n_features),
+        X_train=task.X_train[train],
+        groups_train=task.groups_train[train],
+        y_train=None,
+        X_test=task.X_test,
+        novel_test=task.y_test,
+        y_test=None,
+        groups_test=None,
+        unseen=tuple(unseen),
+        partition_clients=task.groups_train,
+        partition_labels=np.array([f"cluster {g}" for g in clusters]),
+        partition_label_name="k-means cluster",
+        description=(
+            f"ADBench {task.name}, {protocol} protocol, {partition} partition into "
+            f"{n_clients} training clients + {n_unseen} unseen; features min-max scaled; "
+            f"test = held-out inliers + anomalies ({int(novel.sum())} novel of {novel.size})."
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- uploads
+def digest(data: bytes) -> str:
+    """Short content hash of a file (a cache key for uploaded tables)."""
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+def read_table(filename: str, data: bytes) -> pd.DataFrame:
+    """An uploaded ``.csv`` or ``.parquet`` file as a DataFrame.
+
+    Raises:
+        UploadError: another extension, a file that does not parse, or no rows.
+    """
+    suffix = PurePath(filename).suffix.lower()
+    try:
+        if suffix in (".csv", ".txt"):
+            frame = pd.read_csv(io.BytesIO(data))
+        elif suffix in (".parquet", ".pq"):
+            frame = pd.read_parquet(io.BytesIO(data))
+        else:
+            raise UploadError(f"{filename}: expected a .csv or .parquet file, got {suffix!r}.")
+    except UploadError:
+        raise
+    except Exception as error:  # pandas raises many parser error types
+        kind = "CSV" if suffix in (".csv", ".txt") else "Parquet"
+        raise UploadError(f"could not read {filename} as {kind}: {error}") from None
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise UploadError(f"{filename} has no data rows; upload a table with a header and rows.")
+    return frame
+
+
+def _column_list(columns) -> str:
+    shown = [repr(str(c)) for c in list(columns)[:12]]
+    return ", ".join(shown) + (", ..." if len(columns) > 12 else "")
+
+
+def numeric_features(frame: pd.DataFrame, columns: list) -> np.ndarray:
+    """The named columns as float64 (n_rows, n_columns), or an UploadError naming the first
+    non-numeric value or missing value (row numbers count data rows from 1)."""
+    bad = []
+    for name in columns:
+        col = frame[name]
+        if col.dtype == bool:
+            continue
+        values = pd.to_numeric(col, errors="coerce")
+        wrong = values.isna() & col.notna()
+        if wrong.any():
+            row = int(np.flatnonzero(wrong.to_numpy())[0])
+            bad.append(f"{name!r} (data row {row + 1} holds {col.iloc[row]!r})")
+    if bad:
+        raise UploadError(
+            f"non-numeric values in feature column(s) {', '.join(bad[:3])}"
+            f"{' and more' if len(bad) > 3 else ''}. Features must be numbers: encode these "
+            "columns as numbers, drop them, or choose them as the client / label column."
+        )
+    X = frame[columns].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
+    missing = ~np.isfinite(X)
+    if missing.any():
+        rows, cols = np.nonzero(missing)
+        counts = missing.sum(axis=0)
+        affected = [
+            f"{columns[j]!r} ({int(counts[j])} value(s))" for j in np.flatnonzero(counts)[:3]
+        ]
+        raise UploadError(
+            f"missing or infinite values (NaN, empty cells, inf) in {', '.join(affected)}; the "
+            f"first is column {columns[cols[0]]!r} at data row {rows[0] + 1}. Fill in or drop "
+            "those rows first."
+        )
+    return X
+
+
+def _novel_flags(frame: pd.DataFrame, column) -> np.ndarray:
+    values = frame[column]
+    if values.isna().any():
+        row = int(np.flatnonzero(values.isna().to_numpy())[0])
+        raise UploadError(f"novelty column {column!r} is empty at data row {row + 1}.")
+    allowed = {0, 1, "0", "1"}  # True and False compare equal to 1 and 0
+    odd = [v for v in values.unique() if v not in allowed]
+    if odd:
+        raise UploadError(
+            f"novelty column {column!r} must hold 0 (normal) or 1 (novel); found "
+            f"{odd[0]!r}. Choose another column or none."
+        )
+    return np.array([v in (1, "1") for v in values], dtype=np.int64)
+
+
+def check_table(
+    frame: pd.DataFrame,
+    client_column,
+    label_column=None,
+    novel_column=None,
+    *,
+    min_rows: int = MIN_ROWS_PER_CLIENT,
+) -> tuple[list, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Validate an uploaded training table.
+
+    Args:
+        frame: the table; every column other than the chosen ones is a feature.
+        client_column: column holding each row's client id.
+        label_column: optional class-label column (FedGMM's joint model).
+        novel_column: optional 0/1 column, 1 = novel (kept out of training, tested).
+        min_rows: fewest normal rows a client must hold.
+
+    Returns:
+        ``(feature_columns, X, groups, labels or None, novel or None)``.
+
+    Raises:
+        UploadError: a missing or repeated column choice, no feature columns, non-numeric or
+            missing feature values, missing client ids or labels, a label column with one
+            class, a novelty column that is not 0/1, or a client with too few rows.
+    """
+    chosen = [c for c in (client_column, label_column, novel_column) if c is not None]
+    for name in chosen:
+        if name not in frame.columns:
+            raise UploadError(
+                f"no column {name!r} in the file; its columns are {_column_list(frame.columns)}."
+            )
+    if len(set(chosen)) != len(chosen):
+        raise UploadError("the client, label and novelty columns must be different columns.")
+    features = [c for c in frame.columns if c not in chosen]
+    if not features:
+        raise UploadError("no feature columns are left after the client / label columns.")
+    X = numeric_features(frame, features)
+    groups = frame[client_column]
+    if groups.isna().any():
+        row = int(np.flatnonzero(groups.isna().to_numpy())[0])
+        raise UploadError(
+            f"client column {client_column!r} is empty at data row {row + 1}; every row needs "
+            "a client id."
+        )
+    groups = groups.to_numpy()
+    labels = None
+    if label_column is not None:
+        col = frame[label_column]
+        if col.isna().any():
+            row = int(np.flatnonzero(col.isna().to_numpy())[0])
+            raise UploadError(f"label column {label_column!r} is empty at data row {row + 1}.")
+        labels = col.to_numpy()
+        if np.unique(labels.astype(str)).size < 2:
+            raise UploadError(
+                f"label column {label_column!r} holds a single class; the joint model needs "
+                "at least 2 (or choose no label column)."
+            )
+    novel = None if novel_column is None else _novel_flags(frame, novel_column)
+    normal = np.ones(len(groups), bool) if novel is None else novel == 0
+    ids, counts = np.unique(groups[normal].astype(str), return_counts=True)
+    small = [(str(i), int(n)) for i, n in zip(ids, counts, strict=True) if n < min_rows]
+    missing = sorted(set(groups.astype(str)) - set(ids))
+    small += [(i, 0) for i in missing]
+    if small:
+        listed = ", ".join(f"{i!r} has {n}" for i, n in small[:5])
+        raise UploadError(
+            f"too few rows per client: {listed}{' and more' if len(small) > 5 else ''} normal "
+            f"row(s); each client needs at least {min_rows} ({TEST_SHARE:.0%} of them are kept "
+            "back for testing). Merge small clients or choose another client column."
+        )
+    return features, X, groups, labels, novel
+
+
+def _minmax(X: np.ndarray) -> np.ndarray:
+    low, span = X.min(axis=0), np.ptp(X, axis=0)
+    return (X - low) / np.where(span > 0, span, 1.0)
+
+
+def upload_bundle(
+    frame: pd.DataFrame,
+    client_column,
+    label_column=None,
+    novel_column=None,
+    *,
+    n_unseen: int = 0,
+    seed: int = 0,
+    name: str = "upload",
+) -> DataBundle:
+    """An uploaded table as a bundle: every training client keeps ``TEST_SHARE`` of its
+    normal rows back for the test set, novel rows are only tested, and the clients with the
+    last ``n_unseen`` ids (sorted) are held out.
+
+    Raises:
+        UploadError: see :func:`check_table`; also ``n_unseen`` leaving no training client.
+    """
+    features, X, groups, labels, novel = check_table(
+        frame, client_column, label_column, novel_column
+    )
+    ids = np.unique(groups)
+    if n_unseen >= ids.size:
+        raise UploadError(
+            f"the file has {ids.size} client(s); holding out {n_unseen} would leave none to "
+            "train on. Hold out fewer clients."
+        )
+    unseen_ids = ids[ids.size - n_unseen :] if n_unseen else ids[:0]
+    is_novel = np.zeros(len(groups), bool) if novel is None else novel == 1
+    rng = np.random.default_rng(seed)
+    train_rows, test_rows = [], []
+    for client in ids[: ids.size - n_unseen]:
+        rows = rng.permutation(np.flatnonzero((groups == client) & ~is_novel))
+        n_test = max(1, round(TEST_SHARE * rows.size))
+        test_rows.append(rows[:n_test])
+        train_rows.append(np.sort(rows[n_test:]))
+    train = np.concatenate(train_rows)
+    fed_novel = np.flatnonzero(is_novel & ~np.isin(groups, unseen_ids))
+    test = np.concatenate([*test_rows, fed_novel])
+    novel_test = None if novel is None else is_novel[test].astype(np.int64)
+    tested_novel = np.zeros(len(groups), bool)
+    tested_novel[fed_novel] = True
+    unseen = []
+    for client in unseen_ids:
+        own = groups == client
+        novel_rows = (own & is_novel) | tested_novel  # its own novel rows and the test set's
+        normal = own & ~is_novel
+        y_own = None if labels is None else labels[normal]
+        y_novel = None if labels is None else labels[novel_rows]
+        unseen.append(_split_unseen(client, X[normal], y_own, X[novel_rows], y_novel, rng))
+    counted = ~is_novel
+    if labels is not None:
+        part_labels, label_name = labels[counted].astype(str), "class"
+    else:
+        n_groups = min(10, int(counted.sum()))
+        from fednovelty.datasets import kmeans_groups
+
+        clusters = kmeans_groups(_minmax(X[counted]), n_groups, random_state=seed)
+        part_labels = np.array([f"cluster {g}" for g in clusters])
+        label_name = "k-means cluster"
+    return DataBundle(
+        name=name,
+        feature_names=tuple(str(c) for c in features),
+        X_train=X[train],
+        groups_train=groups[train],
+        y_train=None if labels is None else labels[train],
+        X_test=X[test],
+        novel_test=novel_test,
+        y_test=None if labels is None else labels[test],
+        groups_test=groups[test],
+        unseen=tuple(unseen),
+        partition_clients=groups[counted],
+        partition_labels=part_labels,
+        partition_label_name=label_name,
+        description=(
+            f"uploaded {name}: {ids.size - n_unseen} training clients + {n_unseen} unseen from "
+            f"column {client_column!r}; {len(features)} features; {TEST_SHARE:.0%} of each "
+            "client's normal rows tested"
+            + ("" if novel is None else f", {int(is_novel.sum())} novel rows tested")
+            + ("" if labels is None else f"; labels from {label_column!r}")
+            + "."
+        ),
+    )
+
+
+def check_score_table(
+    frame: pd.DataFrame,
+    feature_names: list[str] | None,
+    n_features: int,
+    *,
+    client_column=None,
+    label_column=None,
+) -> tuple[pd.DataFrame | np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Validate rows to score with a fitted model.
+
+    Args:
+        frame: the uploaded rows.
+        feature_names: the model's ``feature_names_in_`` (columns looked up by name; others
+            ignored), or None (the model was fitted on an array: every column other than the
+            client / label columns is a feature, in order).
+        n_features: the model's ``n_features_in_``.
+        client_column, label_column: optional columns with each row's client id and label.
+
+    Returns:
+        ``(features, clients or None, labels or None)``; features are a DataFrame with the
+        model's column names, or a float64 array when the model has none.
+
+    Raises:
+        UploadError: missing columns, a wrong number of features, non-numeric or missing
+            values, or empty client / label cells.
+    """
+    for name in (client_column, label_column):
+        if name is not None and name not in frame.columns:
+            raise UploadError(f"no column {name!r}; columns: {_column_list(frame.columns)}.")
+    if feature_names is not None:
+        missing = [c for c in feature_names if c not in frame.columns]
+        if missing:
+            raise UploadError(
+                f"the rows lack the model's feature column(s) {_column_list(missing)}; the "
+                f"model was trained on {_column_list(feature_names)}."
+            )
+        columns = list(feature_names)
+    else:
+        columns = [c for c in frame.columns if c not in (client_column, label_column)]
+        if len(columns) != n_features:
+            raise UploadError(
+                f"the rows have {len(columns)} feature column(s) but the model expects "
+                f"{n_features}."
+            )
+    X = pd.DataFrame(numeric_features(frame, columns), columns=[str(c) for c in columns])
+    if feature_names is None:
+        X = X.to_numpy()
+    extra = []
+    for name in (client_column, label_column):
+        if name is None:
+            extra.append(None)
+            continue
+        if frame[name].isna().any():
+            row = int(np.flatnonzero(frame[name].isna().to_numpy())[0])
+            raise UploadError(f"column {name!r} is empty at data row {row + 1}.")
+        extra.append(frame[name].to_numpy())
+    return X, extra[0], extra[1]

@@ -1,0 +1,109 @@
+"""Scores: log p(x) of inliers and novel rows, ROC / PR curves, a threshold and its counts."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+from fednovelty_app import ui
+
+ui.setup("Scores", ":material/bar_chart:")
+
+from fednovelty_app.analysis import (  # noqa: E402
+    confusion_at,
+    curves,
+    has_personal_weights,
+    metrics_or_none,
+    score_axis,
+    scored_test_rows,
+)
+from fednovelty_app.plots import pr_figure, roc_figure, score_histogram  # noqa: E402
+
+st.title("Scores")
+run = ui.require_run(what="the scores")
+det, bundle = run.detector, run.bundle
+axis, sign = score_axis(det)
+
+POOLED = "pooled (all test rows, global model)"
+clients = {}
+if has_personal_weights(det) or bundle.groups_test is not None:
+    clients = {str(c): c for c in bundle.client_ids}
+views = [POOLED, *clients]
+view = st.selectbox(
+    "Rows and weights",
+    views,
+    key="scores_view_" + ui.short(run.key),
+    format_func=lambda v: v if v == POOLED else f"client {v}",
+    help="A client's view: its own test rows where they are known, scored with its own "
+    "mixture weights pi_c where the model has them (FedGMM).",
+)
+client = clients.get(view)
+frame = scored_test_rows(det, bundle, client)
+known = bool((frame.novel >= 0).all())
+result = metrics_or_none(frame.novel, frame.score) if known else None
+
+if result is None:
+    why = (
+        "these rows hold only one class"
+        if known
+        else "the data have no novelty labels (choose a novelty column when uploading)"
+    )
+    st.info(f"No ROC / PR metrics: {why}. The histogram and threshold still work.")
+else:
+    ui.show_metrics(
+        result,
+        {
+            "auroc": "AUROC",
+            "aupr_out": "AUPR (novel)",
+            "aupr_in": "AUPR (inlier)",
+            "fpr_at_95_tpr": "FPR @ 95 % TPR",
+            "max_f1": "Max-F1",
+        },
+    )
+
+low, high = np.percentile(frame.value, [0.5, 99.5])
+low, high = float(min(low, high - 1e-9)), float(high)
+start = float(np.clip(sign * float(det.threshold_), low, high))
+direction = "below" if sign < 0 else "above"
+threshold = st.slider(
+    f"Threshold on {axis}: rows {direction} it are flagged as novel",
+    low,
+    high,
+    start,
+    key="scores_threshold_" + ui.short(run.key + view),
+    help="Starts at the detector's threshold_ (its contamination share of training rows).",
+)
+
+st.plotly_chart(
+    score_histogram(
+        frame,
+        axis,
+        threshold,
+        title=f"{axis} of the test rows" + ("" if client is None else f" of client {view}"),
+    ),
+    key="scores_histogram",
+)
+if result is not None:
+    c = curves(frame.novel, frame.score)
+    left, right = st.columns(2)
+    left.plotly_chart(roc_figure(c["fpr"], c["tpr"], result["auroc"]), key="scores_roc")
+    right.plotly_chart(
+        pr_figure(c["recall"], c["precision"], result["aupr_out"], float(frame.novel.mean())),
+        key="scores_pr",
+    )
+
+counts = confusion_at(frame.novel, frame.score, sign * threshold)
+st.subheader("At this threshold")
+cols = st.columns(4)
+cols[0].metric("Flagged", f"{counts['flagged']:,} of {len(frame):,}")
+if known:
+    cols[1].metric("Precision", f"{counts['precision']:.3f}")
+    cols[2].metric("Recall (TPR)", f"{counts['recall']:.3f}")
+    cols[3].metric("False positive rate", f"{counts['fpr']:.3f}")
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "flagged novel": [counts["tp"], counts["fp"]],
+                "passed as normal": [counts["fn"], counts["tn"]],
+            },
+            index=["novel rows", "normal rows"],
+        )
+    )

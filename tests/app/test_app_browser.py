@@ -1,0 +1,155 @@
+"""The dashboard in a real browser: ``streamlit run`` on a free local port, Debian's Chromium
+driven by Playwright (never ``playwright install``: browser downloads fail here).
+
+One test visits every page through the sidebar (a full page load would start a new session
+and forget the trained model), trains the default model, checks that no Streamlit exception
+box appears, and saves a screenshot of each page to ``$PYTEST_ARTIFACTS/app`` (default
+``tests/app/artifacts/``, ignored by git).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package")
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+EXCEPTION = '[data-testid="stException"]'
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+PLOT = ".js-plotly-plot"
+#: Sidebar label -> (heading the page shows, Plotly charts expected once a model exists).
+PAGES = {
+    "Scores": ("Scores", 3),
+    "Joint view": ("Joint view: is the input novel, or its label?", 1),
+    "Clients": ("Clients", 4),
+    "Unseen client": ("Unseen client", 1),
+    "Score your data": ("Score your data", 0),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def artifacts_dir() -> Path:
+    root = os.environ.get("PYTEST_ARTIFACTS")
+    folder = Path(root) / "app" if root else Path(__file__).parent / "artifacts"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(app_dir, tmp_path_factory):
+    """``streamlit run app/Home.py`` on 127.0.0.1 and a free port; yields its URL and the
+    seconds from launch until its health check answered."""
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    command = [
+        sys.executable, "-m", "streamlit", "run", str(app_dir / "Home.py"),
+        "--server.address", "127.0.0.1", "--server.port", str(port),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "minimal",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as reply:
+                    if reply.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"streamlit did not start in 30 s:\n{log_path.read_text()}")
+        yield url, time.perf_counter() - started
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def settle(page, timeout: float = 120) -> None:
+    """Wait until the script run that an action started has finished."""
+    try:
+        page.wait_for_selector('[data-test-script-state="running"]', timeout=1500)
+    except sync_api.TimeoutError:
+        pass  # the run was already over
+    page.wait_for_selector(IDLE, timeout=timeout * 1000)
+
+
+def check_and_shoot(page, name: str, folder: Path) -> None:
+    """No exception box; a screenshot of the page's content (the sidebar left out)."""
+    assert page.locator(EXCEPTION).count() == 0, page.locator(EXCEPTION).all_inner_texts()
+    page.locator('[data-testid="stMainBlockContainer"]').screenshot(
+        path=str(folder / f"{name}.png"), animations="disabled"
+    )
+
+
+def open_page(page, label: str) -> None:
+    page.locator('[data-testid="stSidebarNav"] a', has_text=label).first.click()
+    settle(page)
+
+
+def test_every_page_in_chromium(server):
+    url, server_seconds = server
+    folder = artifacts_dir()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            started = time.perf_counter()
+            page.goto(url)
+            page.get_by_role("heading", name="fednovelty dashboard").wait_for(timeout=30_000)
+            first_page = time.perf_counter() - started
+            settle(page)
+            print(f"server up in {server_seconds:.1f} s; first page in {first_page:.1f} s")
+            assert first_page < 5.0
+            check_and_shoot(page, "0_home", folder)
+
+            open_page(page, "Train")
+            page.get_by_role("heading", name="Train", exact=True).wait_for()
+            started = time.perf_counter()
+            page.get_by_role("button", name="Train", exact=True).click()
+            page.get_by_text("Current model:").wait_for(timeout=120_000)
+            settle(page)
+            training = time.perf_counter() - started
+            print(f"default training shown after {training:.1f} s")
+            assert training < 30.0  # the issue's budget on 2 cores
+            assert page.get_by_text("Test AUROC").count() == 1
+            check_and_shoot(page, "1_train", folder)
+
+            for number, (label, (heading, n_plots)) in enumerate(PAGES.items(), start=2):
+                open_page(page, label)
+                page.get_by_role("heading", name=heading, exact=True).wait_for()
+                if n_plots:
+                    page.locator(PLOT).nth(n_plots - 1).wait_for(timeout=30_000)
+                assert page.locator(PLOT).count() == n_plots, label
+                check_and_shoot(page, f"{number}_{label.lower().replace(' ', '_')}", folder)
+        finally:
+            browser.close()

@@ -1,0 +1,137 @@
+"""Dashboard data sources and upload checks (app/fednovelty_app/data.py)."""
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+from fednovelty_app.data import (
+    MIN_ROWS_PER_CLIENT,
+    UploadError,
+    adbench_bundle,
+    check_score_table,
+    check_table,
+    read_table,
+    synthetic_bundle,
+    upload_bundle,
+)
+
+
+def table(n_clients=3, rows=40, seed=0, labels=True, novel=True) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    n = n_clients * rows
+    frame = pd.DataFrame(rng.normal(size=(n, 3)), columns=["a", "b", "c"])
+    frame["site"] = np.repeat([f"s{i}" for i in range(n_clients)], rows)
+    if labels:
+        frame["y"] = rng.integers(0, 2, n)
+    if novel:
+        frame["is_novel"] = (rng.random(n) < 0.1).astype(int)
+    return frame
+
+
+def test_synthetic_bundle_keeps_the_novel_component_and_unseen_clients_out_of_training():
+    bundle = synthetic_bundle(n_clients=5, alpha=0.5, n_unseen=2, n_features=3, seed=1)
+    assert set(np.unique(bundle.groups_train)) == set(range(5))
+    assert bundle.X_train.shape[1] == bundle.n_features == 3
+    assert bundle.labelled and bundle.y_train.shape == bundle.groups_train.shape
+    assert {u.client_id for u in bundle.unseen} == {5, 6}
+    assert set(bundle.partition_labels) <= {"component 0", "component 1", "component 2"}
+    assert set(bundle.partition_clients) == set(range(7))  # unseen clients drawn too
+    assert 0 < bundle.novel_test.mean() < 1
+    for client in bundle.unseen:  # adaptation rows never reappear in evaluation
+        assert not (client.X_adapt[:, None, :] == client.X_eval[None, :, :]).all(2).any()
+        assert client.novel_eval.sum() == bundle.novel_test.sum()
+        assert client.y_adapt.shape[0] == client.X_adapt.shape[0]
+
+
+def test_adbench_bundle_holds_out_clients_and_marks_anomalies():
+    bundle = adbench_bundle("4_breastw", n_clients=3, alpha=1.0, n_unseen=1, seed=0)
+    assert set(np.unique(bundle.groups_train)) == {0, 1, 2}
+    assert bundle.y_train is None and bundle.groups_test is None
+    assert set(np.unique(bundle.novel_test)) == {0, 1}
+    (unseen,) = bundle.unseen
+    assert unseen.client_id == 3 and unseen.X_adapt.shape[0] >= 2
+    assert unseen.novel_eval.sum() == bundle.novel_test.sum()
+    assert bundle.partition_label_name == "k-means cluster"
+    assert bundle.partition_clients.shape == bundle.partition_labels.shape
+
+
+def test_upload_bundle_splits_each_client_and_tests_novel_rows():
+    frame = table()
+    bundle = upload_bundle(frame, "site", "y", "is_novel", n_unseen=1, seed=0)
+    assert bundle.feature_names == ("a", "b", "c")
+    assert set(bundle.groups_train) == {"s0", "s1"}
+    assert bundle.unseen[0].client_id == "s2"
+    assert bundle.novel_test.sum() == frame.is_novel[frame.site != "s2"].sum()
+    n_train = (frame.is_novel == 0) & (frame.site != "s2")
+    assert bundle.X_train.shape[0] + (bundle.novel_test == 0).sum() == n_train.sum()
+    assert bundle.partition_label_name == "class"
+
+
+def test_upload_without_novelty_or_labels_still_builds():
+    bundle = upload_bundle(table(labels=False, novel=False), "site")
+    assert bundle.novel_test is None and bundle.y_train is None
+    assert bundle.partition_label_name == "k-means cluster"
+
+
+@pytest.mark.parametrize(
+    ("change", "columns", "message"),
+    [
+        (lambda f: f, ("region", None, None), "no column 'region'"),
+        (lambda f: f, ("site", "site", None), "must be different"),
+        (lambda f: f.assign(b=f.b.astype(object).where(f.index != 4, "abc")), ("site",),
+         "non-numeric values in feature column(s) 'b' (data row 5 holds 'abc')"),
+        (lambda f: f.assign(c=f.c.where(f.index != 7)), ("site",),
+         "column 'c' at data row 8"),
+        (lambda f: f.iloc[: 40 * 2 + 3], ("site",), "too few rows per client: 's2' has 3"),
+        (lambda f: f.assign(site=f.site.where(f.index != 2)), ("site",),
+         "client column 'site' is empty at data row 3"),
+        (lambda f: f.assign(y=0), ("site", "y"), "holds a single class"),
+        (lambda f: f.assign(is_novel=2), ("site", None, "is_novel"), "must hold 0 (normal) or 1"),
+        (lambda f: f[["site"]], ("site",), "no feature columns"),
+    ],
+)  # fmt: skip
+def test_bad_tables_get_a_message(change, columns, message):
+    with pytest.raises(UploadError) as error:
+        check_table(change(table()), *columns)
+    assert message in str(error.value)
+
+
+def test_too_few_rows_names_the_minimum():
+    with pytest.raises(UploadError, match=f"at least {MIN_ROWS_PER_CLIENT}"):
+        check_table(table(rows=MIN_ROWS_PER_CLIENT - 1, novel=False), "site")
+
+
+def test_holding_out_every_client_is_refused():
+    with pytest.raises(UploadError, match="would leave none to train on"):
+        upload_bundle(table(n_clients=2), "site", n_unseen=2)
+
+
+def test_read_table_reads_csv_and_parquet_and_rejects_the_rest():
+    frame = table()
+    parquet = io.BytesIO()
+    frame.to_parquet(parquet)
+    pd.testing.assert_frame_equal(read_table("x.parquet", parquet.getvalue()), frame)
+    assert read_table("x.csv", frame.to_csv(index=False).encode()).shape == frame.shape
+    with pytest.raises(UploadError, match=r"expected a \.csv or \.parquet"):
+        read_table("x.xlsx", b"...")
+    with pytest.raises(UploadError, match=r"could not read x\.parquet as Parquet"):
+        read_table("x.parquet", b"not parquet")
+    with pytest.raises(UploadError, match="no data rows"):
+        read_table("x.csv", b"a,b\n")
+
+
+def test_score_table_checks_columns_by_name_or_count():
+    frame = table()
+    X, clients, labels = check_score_table(
+        frame, ["c", "a"], 2, client_column="site", label_column="y"
+    )
+    assert list(X.columns) == ["c", "a"] and clients[0] == "s0" and labels.shape == (120,)
+    with pytest.raises(UploadError, match="lack the model's feature column"):
+        check_score_table(frame, ["a", "zz"], 2)
+    X, _, _ = check_score_table(frame[["a", "b", "c"]], None, 3)
+    assert isinstance(X, np.ndarray) and X.shape == (120, 3)
+    with pytest.raises(UploadError, match="have 3 feature column"):
+        check_score_table(frame[["a", "b", "c"]], None, 4)
+    with pytest.raises(UploadError, match="non-numeric"):
+        check_score_table(frame.assign(a="x"), ["a"], 1)
