@@ -60,7 +60,10 @@ def server(app_dir, tmp_path_factory):
     """``streamlit run app/Home.py`` on 127.0.0.1 and a free port; yields its URL and the
     seconds from launch until its health check answered."""
     if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
+        pytest.fail(  # `make test` installs it; a missing browser must not pass silently
+            "needs Debian's chromium at /usr/bin/chromium: run `make test`, or "
+            "`apt-get install -y chromium`"
+        )
     port = free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     command = [
