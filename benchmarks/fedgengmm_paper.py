@@ -218,7 +218,7 @@ def sweep_report(df: pd.DataFrame, x: str, title: str) -> str:
     parts = [f"## {title}", ""]
     for dataset, part in ok.groupby("dataset", sort=False):
         table = part.groupby([x, "method"])["aupr_out"].agg(["mean", "std"]).reset_index()
-        methods = list(dict.fromkeys(part["method"]))
+        methods = all_methods = list(dict.fromkeys(part["method"]))
         rows = []
         for value in sorted(table[x].dropna().unique()):
             at = table[table[x] == value].set_index("method")
@@ -231,7 +231,15 @@ def sweep_report(df: pd.DataFrame, x: str, title: str) -> str:
                     for m in methods
                 ]
             )
+        fixed = [m for m in methods if part.loc[part.method == m, x].isna().all()]
+        methods = [m for m in methods if m not in fixed]
+        rows = [[r[0], *[v for m, v in zip(all_methods, r[1:], strict=True) if m in methods]]
+                for r in rows]  # fmt: skip
         parts += [f"### {dataset}", "", _table([x, *methods], rows), ""]
+        for m in fixed:  # does not vary along x (CentralGMM in Fig. 5): one reference value
+            ref = part.loc[part.method == m]
+            k = ", ".join(f"{v:g}" for v in sorted(ref["n_components"].unique()))
+            parts += [f"{m} (K = {k}), the reference line: {_mean_std(ref['aupr_out'])}", ""]
     return "\n".join(parts)
 
 

@@ -10,11 +10,11 @@
 
 Choices, and why:
 
-- Per-round progress without touching the detectors: they take ``progress=True``, which makes
-  the simulation engine keep a tqdm bar over rounds (``fednovelty.runtime.run_simulation``,
-  described by the detector's class name). The fit runs in a worker thread while the page's
-  thread reads that bar (round, total, phase, log-likelihood) every 0.1 s. A ``callbacks=``
-  argument on the detectors would make this direct; until then the bar is the one hook.
+- Per-round progress through the detectors' own hook: ``fit(..., callbacks=[hook])`` calls
+  ``hook`` with each round's ``fednovelty.runtime.RoundRecord``. The fit runs in a worker
+  thread whose hook only puts the record on a queue; the page's (script) thread takes them
+  off and calls ``on_progress``, because Streamlit elements must be updated from the script
+  thread. The PyOD baselines fit in one call, so they report only ``done``.
 - One torch thread while fitting: the mixtures are small, and on a shared two-core machine
   torch's default thread pool made the same joint fit 20x slower (measured: 36 s vs 1.5 s).
 - Default settings (the Train page's first run): the FedGMM paper's synthetic data, 10
@@ -25,18 +25,21 @@ Choices, and why:
 from __future__ import annotations
 
 import json
-import re
+import queue
 import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fednovelty_app.data import SYNTHETIC, DataBundle, adbench_bundle, synthetic_bundle
+
+if TYPE_CHECKING:
+    from fednovelty.runtime import RoundRecord
 
 __all__ = [
     "CENTRALIZED",
@@ -49,6 +52,7 @@ __all__ = [
     "build_bundle",
     "build_detector",
     "fit_with_progress",
+    "max_rounds",
     "model_from_bytes",
     "model_to_bytes",
     "run_key",
@@ -181,14 +185,14 @@ def is_joint(method: MethodSettings, bundle: DataBundle) -> bool:
 
 
 def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
-    """An unfitted detector for ``method`` (fednovelty detectors get ``progress=True``).
+    """An unfitted detector for ``method``.
 
     Raises:
         ValueError: an unknown method name.
     """
     from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 
-    common = {"covariance_type": method.covariance_type, "random_state": seed, "progress": True}
+    common = {"covariance_type": method.covariance_type, "random_state": seed}
     if method.method in ("FedGMM", "DEM", "CentralGMM"):
         personal = method.method == "FedGMM"
         return FedGMMDetector(
@@ -228,9 +232,10 @@ class Progress:
     """One progress report while a detector fits.
 
     Attributes:
-        round: rounds done in the current simulation; total: its maximum (None if unknown).
-        phase: the last round's message kind (e.g. ``"kmeans"``, ``"em"``), if known.
-        loglik: the last reported mean log-likelihood, if any.
+        round: rounds done in the fit (``RoundRecord.round``); total: the fit's maximum
+            rounds (None if unknown).
+        phase: the last round's message kind (e.g. ``"centroids"``, ``"em"``), if known.
+        loglik: the last round's mean log-likelihood, if it reported one.
         seconds: since the fit started.
         done: the fit has finished.
     """
@@ -263,58 +268,57 @@ class Progress:
         return f"round {self.round}{total}{detail}, {self.seconds:.1f} s"
 
 
-_POSTFIX = re.compile(r"(\w+)=([^,]+)")
+def max_rounds(detector) -> int | None:
+    """Most rounds ``detector.fit`` can run (the progress bar's total); None if unknown.
 
+    FedGMM/DEM: its EM algorithm's ``max_rounds`` (initialisation + ``max_iter``), plus
+    federated PCA's rounds with ``pca_components``; FedGenGMM and Local: one round.
+    """
+    from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 
-def parse_postfix(postfix: str | None) -> tuple[str | None, float | None]:
-    """The engine's bar postfix ``"phase=em, loglik=-3.1234"`` -> ``("em", -3.1234)``."""
-    values = dict(_POSTFIX.findall(postfix or ""))
-    loglik = values.get("loglik")
-    try:
-        loglik = None if loglik is None else float(loglik)
-    except ValueError:
-        loglik = None
-    return values.get("phase"), loglik
+    if isinstance(detector, FedGMMDetector):
+        from fednovelty.federated import FederatedEM
+        from fednovelty.federated.pca import FederatedPCA
 
-
-def _live_bar(description: str, seen: set[int]):
-    """The newest open tqdm bar with this description that existed not before the fit."""
-    from tqdm import tqdm
-
-    with tqdm.get_lock():
-        bars = [b for b in list(tqdm._instances) if id(b) not in seen and b.desc == description]
-    return bars[-1] if bars else None
+        algorithm = FederatedEM(
+            1,
+            init_params=detector.init_params,
+            max_iter=detector.max_iter,
+            kmeans_rounds=detector.kmeans_rounds,
+        )
+        pca = FederatedPCA.max_rounds if detector.pca_components is not None else 0
+        return algorithm.max_rounds + pca
+    if isinstance(detector, FedGenGMMDetector | LocalGMMDetector):
+        return 1
+    return None
 
 
 def fit_with_progress(
-    fit: Callable[[], object],
-    description: str,
+    fit: Callable[[Callable[[RoundRecord], None]], object],
     on_progress: Callable[[Progress], None] = lambda progress: None,
     *,
-    poll: float = 0.1,
+    total: int | None = None,
     threads: int = 1,
 ):
-    """Run ``fit()`` in a worker thread and report its rounds every ``poll`` seconds.
+    """Run ``fit(hook)`` in a worker thread and report every round ``hook`` receives.
 
     Args:
-        fit: the call that fits (e.g. ``lambda: detector.fit(X, groups=g)``); its warnings are
-            recorded, not shown.
-        description: the progress bar's description, i.e. the detector's class name.
-        on_progress: called in the caller's thread with a :class:`Progress` per poll where
-            the bar moved, and once with ``done=True``.
-        poll: seconds between reads of the bar.
+        fit: the call that fits, given the per-round hook to pass on, e.g.
+            ``lambda hook: detector.fit(X, groups=g, callbacks=[hook])`` (a fit with no
+            rounds may ignore it); its warnings are recorded, not shown.
+        on_progress: called in the caller's thread with a :class:`Progress` per round, in
+            order, and once with ``done=True``.
+        total: the fit's maximum rounds (:func:`max_rounds`), for ``Progress.total``.
         threads: torch threads in the worker (1: fastest for these small mixtures).
 
     Returns:
         ``(fit's return value, list of warning messages)``.
 
     Raises:
-        whatever ``fit`` raises.
+        whatever ``fit`` (or ``on_progress``) raises.
     """
-    from tqdm import tqdm
-
-    with tqdm.get_lock():
-        seen = {id(b) for b in list(tqdm._instances)}
+    records: queue.Queue = queue.Queue()
+    finished = object()
     caught: list[str] = []
 
     def work():
@@ -323,32 +327,31 @@ def fit_with_progress(
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            with warnings.catch_warnings(record=True) as records:
+            with warnings.catch_warnings(record=True) as found:
                 warnings.simplefilter("always")
-                result = fit()
-            caught.extend(dict.fromkeys(str(r.message) for r in records))
+                result = fit(records.put)  # the worker only queues; the caller reports
+            caught.extend(dict.fromkeys(str(r.message) for r in found))
             return result
         finally:
             torch.set_num_threads(before)
+            records.put(finished)
 
     started = time.perf_counter()
-    last = None
     with ThreadPoolExecutor(1, thread_name_prefix="fednovelty-fit") as pool:
         future = pool.submit(work)
-        while not future.done():
-            wait_for([future], timeout=poll)
-            bar = _live_bar(description, seen)
-            if bar is None:
-                continue
-            phase, loglik = parse_postfix(getattr(bar, "postfix", None))
-            state = (bar.n, bar.total, phase)
-            if state != last:
-                last = state
-                on_progress(
-                    Progress(bar.n, bar.total, phase, loglik, time.perf_counter() - started)
+        while (record := records.get()) is not finished:
+            loglik = record.metrics.get("mean_log_likelihood")
+            on_progress(
+                Progress(
+                    record.round,
+                    total,
+                    record.kind,
+                    None if loglik is None else float(loglik),
+                    time.perf_counter() - started,
                 )
+            )
         result = future.result()
-    on_progress(Progress(0, None, None, None, time.perf_counter() - started, done=True))
+    on_progress(Progress(0, total, None, None, time.perf_counter() - started, done=True))
     return result, caught
 
 
@@ -401,24 +404,24 @@ def train(
     Raises:
         ValueError: from the detector (e.g. more components than rows), with its message.
     """
+    from fednovelty.detectors.base import MixtureDetector
+
     joint = is_joint(method, bundle)
     detector = build_detector(method, data.seed, joint=joint)
     X = bundle.frame(bundle.X_train)
-    if method.method in FEDERATED:
-        y = bundle.y_train if joint else None
+    federated = method.method in FEDERATED
+    y = bundle.y_train if joint else None
 
-        def fit():
-            if y is None:
-                return detector.fit(X, groups=bundle.groups_train)
-            return detector.fit(X, y, groups=bundle.groups_train)
-
-    else:
-
-        def fit():
+    def fit(hook):
+        if not isinstance(detector, MixtureDetector):  # PyOD: no rounds, no callbacks=
             return detector.fit(X)
+        groups = bundle.groups_train if federated else None  # CentralGMM: one client
+        if y is None:
+            return detector.fit(X, groups=groups, callbacks=[hook])
+        return detector.fit(X, y, groups=groups, callbacks=[hook])
 
     started = time.perf_counter()
-    detector, caught = fit_with_progress(fit, type(detector).__name__, on_progress)
+    detector, caught = fit_with_progress(fit, on_progress, total=max_rounds(detector))
     return TrainedRun(
         key=run_key(data, method),
         data=data,

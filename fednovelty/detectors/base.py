@@ -10,12 +10,22 @@ PyOD with ``contamination``.
 Subclasses implement ``_fit_clients`` (train on the list of client tensors and set fitted
 attributes), ``_log_density`` (torch rows -> log p(x)) and the state hooks used by
 ``save``/``load``. ``__init__`` only stores arguments; validation happens in ``fit``.
+
+Per-round hooks are a fit-time argument, ``fit(..., callbacks=[...])``, not a constructor
+parameter: they are code, not hyper-parameters, so ``clone``/``get_params`` never see them and
+the fitted detector stays saveable. ``fit`` keeps them in the private ``_fit_callbacks`` only
+while it runs (removed in a ``finally``, as ``FedGMMDetector`` does with its labels), and
+``_simulate`` hands them to the engine. Every round a fit runs is numbered in one sequence
+``1..n_rounds_`` (e.g. federated PCA's rounds, then EM's), in ``history_`` and in the records
+the callbacks receive alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from abc import abstractmethod
+from collections.abc import Callable, Iterable
 from numbers import Integral, Real
 from typing import ClassVar
 
@@ -30,7 +40,7 @@ from fednovelty.detectors._validation import check_groups, check_X, feature_name
 from fednovelty.detectors.persistence import load, save_detector
 from fednovelty.exceptions import NotFittedError
 from fednovelty.mixture import MixtureParams
-from fednovelty.runtime import run_simulation
+from fednovelty.runtime import RoundRecord, run_simulation
 
 COMMON_CONSTRAINTS: dict = {
     "contamination": [Interval(Real, 0.0, 0.5, closed="right")],
@@ -48,6 +58,27 @@ COMMON_CONSTRAINTS: dict = {
 def seed_from(random_state) -> int:
     """An integer seed from ``None``, an int or a ``numpy.random.RandomState``."""
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def check_callbacks(callbacks) -> tuple[Callable[[RoundRecord], None], ...]:
+    """``fit``'s ``callbacks`` as a tuple of callables, or a TypeError that says what is wrong."""
+    if (
+        callable(callbacks)
+        or isinstance(callbacks, str | bytes)
+        or not isinstance(callbacks, Iterable)
+    ):
+        raise TypeError(
+            f"callbacks must be a sequence of callables (e.g. callbacks=[print]); got "
+            f"{type(callbacks).__name__}."
+        )
+    callbacks = tuple(callbacks)
+    for index, callback in enumerate(callbacks):
+        if not callable(callback):
+            raise TypeError(
+                f"callbacks[{index}] is not callable (a {type(callback).__name__}); callbacks "
+                "must hold functions taking one RoundRecord."
+            )
+    return callbacks
 
 
 class MixtureDetector(BaseDetector):
@@ -71,18 +102,26 @@ class MixtureDetector(BaseDetector):
         return torch.as_tensor(X).to(**options)
 
     # -------------------------------------------------------------- fitting
-    def fit(self, X, y=None, groups=None):
+    def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Fit on rows ``X`` (n_samples, n_features) split into clients by ``groups``.
 
         Args:
             X: numpy array or pandas DataFrame of numeric features.
             y: ignored (present for API consistency).
             groups: client id of each row, shape (n_samples,); ``None`` means one client.
+            callbacks: callables, each called with every ``fednovelty.runtime.RoundRecord``
+                as its communication round completes (rounds numbered ``1..n_rounds_``, as
+                in ``history_``); kept only while ``fit`` runs. For example
+                ``det.fit(X, groups=g, callbacks=[lambda r: print(r.round, r.kind)])``.
 
         Returns:
             self
+
+        Raises:
+            TypeError: ``callbacks`` is not a sequence of callables.
         """
         self._validate_params()
+        callbacks = check_callbacks(callbacks)
         array = check_X(X)
         names = feature_names(X)
         client_ids, codes = check_groups(groups, array.shape[0])
@@ -94,7 +133,12 @@ class MixtureDetector(BaseDetector):
         self.client_ids_ = client_ids
         self.n_clients_ = len(client_ids)
         parts = split_by_client(array, codes, self.n_clients_)
-        self._fit_clients(parts, [self._as_tensor(p) for p in parts], seed_from(self.random_state))
+        self._fit_callbacks = callbacks
+        try:
+            tensors = [self._as_tensor(p) for p in parts]
+            self._fit_clients(parts, tensors, seed_from(self.random_state))
+        finally:
+            del self._fit_callbacks
         self._classes = 2  # PyOD's predict_proba reads it; y is not used here
         self.decision_scores_ = self.decision_function(array)
         self._process_decision_scores()
@@ -105,19 +149,34 @@ class MixtureDetector(BaseDetector):
         """Train on client tensors (same order as ``client_ids_``) and set fitted attributes."""
 
     def _simulate(
-        self, algorithm, clients: list[torch.Tensor], seed: int, full: bool = False, **engine
+        self,
+        algorithm,
+        clients: list[torch.Tensor],
+        seed: int,
+        full: bool = False,
+        round_offset: int = 0,
+        **engine,
     ):
         """Run ``algorithm`` on the in-process engine, record the rounds, return its state
-        (the whole ``SimulationResult`` with ``full``)."""
+        (the whole ``SimulationResult`` with ``full``).
+
+        Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
+        ``history_`` and in the records passed to ``fit``'s callbacks."""
+        callbacks = getattr(self, "_fit_callbacks", ())
+        if round_offset:
+            callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
         result = run_simulation(
             algorithm,
             clients,
             random_state=seed,
             progress=self.progress,
+            callbacks=callbacks,
             description=type(self).__name__,
             **engine,
         )
-        self.history_ = [record.as_dict() for record in result.history]
+        self.history_ = [
+            {**record.as_dict(), "round": record.round + round_offset} for record in result.history
+        ]
         self.n_rounds_ = len(result.history)
         self.bytes_up_ = result.bytes_up
         self.bytes_down_ = result.bytes_down
@@ -313,3 +372,12 @@ class MixtureDetector(BaseDetector):
             tensors[f"{prefix}.precisions_cholesky"].to(**options),
             covariance_type,
         )
+
+
+def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:
+    """``callback`` fed records whose ``round`` is shifted by ``offset``."""
+
+    def call(record: RoundRecord) -> None:
+        callback(dataclasses.replace(record, round=record.round + offset))
+
+    return call

@@ -96,6 +96,9 @@ class FedGenGMMDetector(_LocalFitDetector):
         client_n_components_: K chosen by each client; skipped_clients_: clients left out.
         n_synthetic_: rows drawn on the server; bic_: BIC per K of the global fit (BIC mode).
         history_, n_rounds_ (1), bytes_up_, bytes_down_; decision_scores_, threshold_, labels_.
+
+    ``fit(X, groups=g, callbacks=[hook])`` calls ``hook`` with the one round's
+    ``RoundRecord`` when it completes (see ``MixtureDetector.fit``).
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -194,6 +197,9 @@ class LocalGMMDetector(_LocalFitDetector):
     Attributes:
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
         client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
+
+    ``fit(X, groups=g, callbacks=[hook])`` calls ``hook`` with the one round's
+    ``RoundRecord``, as ``FedGenGMMDetector`` does.
     """
 
     _algorithm = LocalGMMs

@@ -13,7 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector, check_callbacks
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import INIT_PARAMS, FederatedEM
 from fednovelty.federated.joint import (
@@ -211,14 +211,15 @@ class FedGMMDetector(MixtureDetector):
             )
         raw = clients
         pca_history = self._fit_pca(clients, seed)
+        offset = 0 if pca_history is None else len(pca_history[0])  # EM rounds follow PCA's
         clients = [self._gmm_input(c) for c in clients]
         label_parts = getattr(self, "_label_parts", None)
         if label_parts is not None:
             device = clients[0].device
             labels = [torch.as_tensor(p, device=device) for p in label_parts]
-            self._fit_joint(clients, seed, labels, raw)
+            self._fit_joint(clients, seed, labels, raw, round_offset=offset)
         else:
-            self._fit_plain(clients, seed)
+            self._fit_plain(clients, seed, round_offset=offset)
         if pca_history is not None:
             history, up, down = pca_history
             self.history_ = history + self.history_
@@ -249,7 +250,7 @@ class FedGMMDetector(MixtureDetector):
         pca = getattr(self, "pca_", None)
         return X if pca is None else pca.transform(X)
 
-    def _fit_plain(self, clients, seed) -> None:
+    def _fit_plain(self, clients, seed, round_offset: int = 0) -> None:
         algorithm = FederatedEM(
             self.n_components,
             mixture_weights=self.mixture_weights,
@@ -259,7 +260,12 @@ class FedGMMDetector(MixtureDetector):
             **self._em_options(seed),
         )
         state = self._simulate(
-            algorithm, clients, seed, fraction=self.fraction, dropout=self.dropout
+            algorithm,
+            clients,
+            seed,
+            round_offset=round_offset,
+            fraction=self.fraction,
+            dropout=self.dropout,
         )
         self._set_mixture(state.params)
         self.n_iter_ = state.n_iter
@@ -278,17 +284,37 @@ class FedGMMDetector(MixtureDetector):
             )
 
     # ------------------------------------------------------------------ joint model (y given)
-    def fit(self, X, y=None, groups=None):
+    def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Fit on rows ``X`` split into clients by ``groups``.
 
         Without ``y``: the Gaussian mixture of ``x`` by federated EM. With ``y`` (one label per
         row, any hashable values; ``classes_`` keeps the mapping): FedGMM's joint model
         ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with ``n_components`` Gaussians
         and ``n_learners`` conditional models.
+
+        Args:
+            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
+            y: one label per row (joint model), or ``None``.
+            groups: client id of each row; ``None`` means one client.
+            callbacks: callables, each called with every ``fednovelty.runtime.RoundRecord``
+                as its round completes (initialisation, EM and, with ``pca_components``,
+                federated PCA's rounds; numbered ``1..n_rounds_`` as in ``history_``); kept
+                only while ``fit`` runs. For example, the log-likelihood per EM round::
+
+                    det.fit(X, groups=g, callbacks=[
+                        lambda r: print(r.round, r.metrics.get("mean_log_likelihood"))
+                    ])
+
+        Returns:
+            self
+
+        Raises:
+            TypeError: ``callbacks`` is not a sequence of callables.
         """
+        callbacks = check_callbacks(callbacks)  # fails before the labels are split
         if y is None:
             self._drop_joint_attributes()
-            return super().fit(X, groups=groups)
+            return super().fit(X, groups=groups, callbacks=callbacks)
         y_array = np.asarray(y)
         if y_array.ndim != 1:
             raise ValueError(f"y must be 1-D (one label per row), got shape {y_array.shape}.")
@@ -305,7 +331,7 @@ class FedGMMDetector(MixtureDetector):
         client_ids, group_codes = check_groups(groups, len(y_array))
         self._label_parts = split_by_client(codes.astype(np.int64), group_codes, len(client_ids))
         try:
-            return super().fit(X, groups=groups)
+            return super().fit(X, groups=groups, callbacks=callbacks)
         finally:
             del self._label_parts
 
@@ -362,7 +388,7 @@ class FedGMMDetector(MixtureDetector):
         module = self._learner_factory()(n_features, len(self.classes_))
         return module.to(device=options["device"], dtype=options["dtype"])
 
-    def _fit_joint(self, clients, seed, label_parts, learner_inputs) -> None:
+    def _fit_joint(self, clients, seed, label_parts, learner_inputs, round_offset=0) -> None:
         algorithm = JointFedGMM(
             self.n_components,
             self.n_learners,
@@ -379,7 +405,13 @@ class FedGMMDetector(MixtureDetector):
         )
         data = list(zip(clients, label_parts, learner_inputs, strict=True))
         result = self._simulate(
-            algorithm, data, seed, fraction=self.fraction, dropout=self.dropout, full=True
+            algorithm,
+            data,
+            seed,
+            full=True,
+            round_offset=round_offset,
+            fraction=self.fraction,
+            dropout=self.dropout,
         )
         state = result.state
         self.joint_state_ = state

@@ -1,5 +1,7 @@
 """Dashboard training helpers (app/fednovelty_app/training.py)."""
 
+import threading
+
 import numpy as np
 import pytest
 from fednovelty_app.data import synthetic_bundle
@@ -12,9 +14,9 @@ from fednovelty_app.training import (
     Progress,
     build_detector,
     fit_with_progress,
+    max_rounds,
     model_from_bytes,
     model_to_bytes,
-    parse_postfix,
     run_key,
     train,
     uploaded_run,
@@ -42,46 +44,62 @@ def test_every_method_builds_a_detector(method):
         "Local": LocalGMMDetector,
     }
     if method in expected:
-        assert isinstance(detector, expected[method]) and detector.progress
+        assert isinstance(detector, expected[method]) and not detector.progress  # no tqdm
     if method == "DEM":
         assert detector.mixture_weights == "global"
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         build_detector(MethodSettings(method="nope"), seed=0)
 
 
-def test_postfix_and_progress_text():
-    assert parse_postfix("loglik=-3.1234, phase=em") == ("em", -3.1234)
-    assert parse_postfix("phase=centroids") == ("centroids", None)
-    assert parse_postfix(None) == (None, None)
+def test_progress_text():
     step = Progress(12, 40, "em", -3.2, 2.0)
     assert step.fraction == pytest.approx(0.3)
     assert step.text() == "round 12 / 40 (em, log-lik -3.2000), 2.0 s"
     assert Progress(0, None, None, None, 5.0, done=True).fraction == 1.0
 
 
-def test_fit_reports_rounds_as_they_happen():
+def test_fit_reports_every_round_from_the_detector_hook():
     bundle = synthetic_bundle(n_clients=3, n_unseen=0, n_features=2, seed=0)
-    detector = FedGMMDetector(2, max_iter=40, tol=0.0, random_state=0, progress=True)
+    detector = FedGMMDetector(2, max_iter=40, tol=0.0, random_state=0)
     X = bundle.frame(bundle.X_train)
     reports = []
+    threads = []
 
-    def slow_fit():  # the engine's bar is polled while this runs
-        return detector.fit(X, groups=bundle.groups_train)
+    def on_progress(progress):  # in the caller's (Streamlit's script) thread
+        threads.append(threading.get_ident())
+        reports.append(progress)
 
-    fitted, caught = fit_with_progress(slow_fit, "FedGMMDetector", reports.append, poll=0.01)
-    assert fitted is detector and reports[-1].done
-    rounds = [r.round for r in reports if not r.done]
-    assert len(rounds) >= 2 and rounds == sorted(rounds) and rounds[-1] <= detector.n_rounds_
-    assert any(r.phase == "em" for r in reports)
+    fitted, caught = fit_with_progress(
+        lambda hook: detector.fit(X, groups=bundle.groups_train, callbacks=[hook]),
+        on_progress,
+        total=max_rounds(detector),
+    )
+    assert fitted is detector and reports[-1].done and len(reports) == detector.n_rounds_ + 1
+    assert set(threads) == {threading.get_ident()}
+    rounds = reports[:-1]
+    assert [r.round for r in rounds] == list(range(1, detector.n_rounds_ + 1))
+    assert [r.phase for r in rounds] == [h["kind"] for h in detector.history_]
+    assert {r.total for r in rounds} == {max_rounds(detector)} and max_rounds(detector) == 51
+    em = [r for r in rounds if r.phase == "em"]
+    assert [r.loglik for r in em] == pytest.approx(detector.lower_bounds_)
+    assert all(r.loglik is None for r in rounds if r.phase != "em")
     assert any("did not converge" in message for message in caught)
 
 
+def test_max_rounds_of_each_detector():
+    assert max_rounds(FedGMMDetector(2, max_iter=30, kmeans_rounds=10)) == 41
+    assert max_rounds(FedGMMDetector(2, max_iter=30, init_params="subset")) == 32
+    assert max_rounds(FedGMMDetector(2, max_iter=30, pca_components=2)) == 43
+    assert max_rounds(FedGenGMMDetector()) == max_rounds(LocalGMMDetector()) == 1
+    assert max_rounds(build_detector(MethodSettings(method="ECOD"), seed=0)) is None
+
+
 def test_fit_errors_reach_the_caller():
-    def fail():
+    def fail(hook):
         raise ValueError("n_components=50 must be <= n_samples=3")
 
     with pytest.raises(ValueError, match="n_components=50"):
-        fit_with_progress(fail, "FedGMMDetector")
+        fit_with_progress(fail)
 
 
 def test_train_fits_the_joint_model_on_labelled_data(joint_run):
@@ -90,11 +108,26 @@ def test_train_fits_the_joint_model_on_labelled_data(joint_run):
     assert joint_run.label.startswith("FedGMM (joint) on synthetic")
 
 
+def test_train_reports_the_rounds_of_pooled_and_federated_mixtures():
+    data = DataSettings(n_clients=3, n_unseen=0, n_features=2)
+    bundle = synthetic_bundle(3, n_unseen=0, n_features=2)
+    for name in ("CentralGMM", "FedGenGMM"):
+        reports = []
+        run = train(
+            data, MethodSettings(method=name, n_components=2, max_iter=5), bundle, reports.append
+        )
+        rounds = [r.round for r in reports if not r.done]
+        assert rounds == list(range(1, run.detector.n_rounds_ + 1)) and reports[-1].done
+        assert reports[0].total == max_rounds(run.detector)
+
+
 def test_train_a_pooled_baseline():
     data = DataSettings(n_clients=3, n_unseen=0, n_features=2)
     bundle = synthetic_bundle(3, n_unseen=0, n_features=2)
-    run = train(data, MethodSettings(method="ECOD"), bundle)
+    reports = []
+    run = train(data, MethodSettings(method="ECOD"), bundle, reports.append)
     assert not run.fednovelty and not run.joint
+    assert [r.done for r in reports] == [True]  # no rounds, no callbacks= passed to PyOD
     assert run.detector.decision_function(bundle.frame(bundle.X_test)).shape == (
         bundle.X_test.shape[0],
     )
