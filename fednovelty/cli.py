@@ -134,7 +134,7 @@ def _bench_figures(df: pd.DataFrame, out: Path, metric: str) -> list[Path]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fednovelty.evaluation.benchmark import METHODS, run_benchmark, summarize
+    from fednovelty.evaluation.benchmark import DEFAULT_METHODS, run_benchmark, summarize
 
     for name, value in QUICK.items():
         if getattr(args, name) is None:
@@ -145,7 +145,7 @@ def _bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     df = run_benchmark(
         args.datasets,
-        args.methods or list(METHODS),
+        args.methods or list(DEFAULT_METHODS),
         protocols=args.protocols,
         alphas=args.alphas,
         n_clients=args.clients,
@@ -260,7 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="ADBench names, 'all', 'mnist'; a suffix ':noise' picks the Gaussian-noise OOD set",
     )
-    bench.add_argument("--methods", nargs="+", help="default: every method")
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        help="default: every method but the ablation variants (NAME-plain, -std, -prior)",
+    )
     bench.add_argument(
         "--protocols", nargs="+", default=["novelty"], choices=["novelty", "outlier"]
     )

@@ -55,6 +55,16 @@ COMMON_CONSTRAINTS: dict = {
 }
 
 
+#: Settings of the remedies for real tabular data (``docs/robust.md``), shared by the detectors.
+ROBUST_CONSTRAINTS: dict = {
+    "standardize": ["boolean"],
+    "covariance_prior": [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
+    "prior_scale": [Interval(Real, 0.0, None, closed="neither")],
+}
+#: Default target of the covariance prior, as a multiple of each feature's pooled variance.
+PRIOR_SCALE = 4.0
+
+
 def seed_from(random_state) -> int:
     """An integer seed from ``None``, an int or a ``numpy.random.RandomState``."""
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
@@ -94,6 +104,17 @@ class MixtureDetector(BaseDetector):
                 "device='cuda' was requested but torch sees no CUDA device; use device='cpu'."
             )
         return {"device": device, "dtype": getattr(torch, self.dtype)}
+
+    def _robust_options(self, n_features: int) -> dict:
+        """The algorithms' ``standardize``, ``prior_strength`` and ``prior_scale`` from the
+        detector's ``standardize``, ``covariance_prior`` (``"auto"``: ``n_features + 2``
+        pseudo-rows) and ``prior_scale``."""
+        prior = self.covariance_prior
+        return {
+            "standardize": self.standardize,
+            "prior_strength": n_features + 2.0 if prior == "auto" else prior,
+            "prior_scale": self.prior_scale,
+        }
 
     def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
         options = self._torch_options()

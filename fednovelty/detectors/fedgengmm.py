@@ -9,13 +9,19 @@ from typing import ClassVar
 import torch
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors.base import (
+    COMMON_CONSTRAINTS,
+    PRIOR_SCALE,
+    ROBUST_CONSTRAINTS,
+    MixtureDetector,
+)
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.mixture import score_samples
 
 _FEDGEN_CONSTRAINTS: dict = {
     **COMMON_CONSTRAINTS,
+    **ROBUST_CONSTRAINTS,
     "client_components": [Interval(Integral, 1, None, closed="left"), None],
     "k_range": [tuple, list],
     "min_client_samples": [Interval(Integral, 1, None, closed="left")],
@@ -42,6 +48,7 @@ class _LocalFitDetector(MixtureDetector):
             tol=self.tol,
             max_iter=self.max_iter,
             random_state=seed,
+            **self._robust_options(clients[0].shape[1]),
             **self._algorithm_kwargs(),
             **self._torch_options(),
         )
@@ -87,6 +94,15 @@ class FedGenGMMDetector(_LocalFitDetector):
         client_components: every client's K, or ``None`` for a per-client BIC choice.
         k_range: inclusive ``(k_min, k_max)`` searched by BIC.
         covariance_type, reg_covar, tol, max_iter: local EM settings (as scikit-learn).
+        standardize: every fit (each client's, the server's) on z-scores of its own
+            rows (the model and its scores stay in the original units; still one round);
+            ``False`` fits the raw features.
+        covariance_prior: pseudo-rows of a conjugate prior that pulls every covariance
+            towards ``prior_scale`` times the pooled variance of each feature (MAP EM on summed
+            statistics); ``"auto"`` (default) is ``n_features + 2``, ``None`` turns it off
+            (plain maximum likelihood, the behaviour before these remedies).
+        prior_scale: the prior's target variance as a multiple of each feature's variance
+            (default 4: a component backed by few rows is flattened, not made a spike).
         samples_per_component: ``H`` of the paper (100).
         min_client_samples: clients with fewer rows are skipped with a warning.
         contamination, random_state, device, dtype, progress: as ``FedGMMDetector``.
@@ -119,6 +135,9 @@ class FedGenGMMDetector(_LocalFitDetector):
         reg_covar=1e-6,
         tol=1e-3,
         max_iter=100,
+        standardize=True,
+        covariance_prior="auto",
+        prior_scale=PRIOR_SCALE,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -134,6 +153,9 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.reg_covar = reg_covar
         self.tol = tol
         self.max_iter = max_iter
+        self.standardize = standardize
+        self.covariance_prior = covariance_prior
+        self.prior_scale = prior_scale
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -192,7 +214,8 @@ class LocalGMMDetector(_LocalFitDetector):
     (the FedGenGMM paper's "local" baseline averages the client models' scores); it is a
     log of a geometric mean of densities, not itself a normalised log-density.
 
-    Args: as ``FedGenGMMDetector`` without ``n_components`` (there is no global model).
+    Args: as ``FedGenGMMDetector`` without ``n_components`` (there is no global model),
+    ``standardize``, ``covariance_prior`` and ``prior_scale`` included.
 
     Attributes:
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
@@ -215,6 +238,9 @@ class LocalGMMDetector(_LocalFitDetector):
         reg_covar=1e-6,
         tol=1e-3,
         max_iter=100,
+        standardize=True,
+        covariance_prior="auto",
+        prior_scale=PRIOR_SCALE,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -228,6 +254,9 @@ class LocalGMMDetector(_LocalFitDetector):
         self.reg_covar = reg_covar
         self.tol = tol
         self.max_iter = max_iter
+        self.standardize = standardize
+        self.covariance_prior = covariance_prior
+        self.prior_scale = prior_scale
         self.contamination = contamination
         self.random_state = random_state
         self.device = device

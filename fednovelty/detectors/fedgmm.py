@@ -13,7 +13,13 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector, check_callbacks
+from fednovelty.detectors.base import (
+    COMMON_CONSTRAINTS,
+    PRIOR_SCALE,
+    ROBUST_CONSTRAINTS,
+    MixtureDetector,
+    check_callbacks,
+)
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import INIT_PARAMS, FederatedEM
 from fednovelty.federated.joint import (
@@ -74,6 +80,16 @@ class FedGMMDetector(MixtureDetector):
             the server: not private).
         reg_covar, tol, max_iter, weights_init, means_init, precisions_init: as in
             scikit-learn's ``GaussianMixture`` (``max_iter`` = maximum EM rounds).
+        standardize: fit on federated z-scores (one extra round) of the features (the model and
+            its scores stay in the original units); ``False`` fits the raw features.
+        covariance_prior: pseudo-rows of a conjugate prior that pulls every covariance
+            towards ``prior_scale`` times the pooled variance of each feature (MAP EM on summed
+            statistics); ``"auto"`` (default) is ``n_features + 2``, ``None`` turns it off
+            (plain maximum likelihood, the behaviour before these remedies).
+        prior_scale: the prior's target variance as a multiple of each feature's variance
+            (default 4: a component backed by few rows is flattened, not made a spike).
+            These three act on the mixture of ``x`` (``fit`` without ``y``); the joint model
+            keeps FedGMM's plain M-step.
         kmeans_rounds: maximum federated Lloyd rounds of the ``kmeans`` init.
         subset_size: rows pooled by the ``subset`` init.
         n_learners: M2 conditional models ``P_m2(y | x)`` of the joint model (``fit`` with y).
@@ -120,6 +136,7 @@ class FedGMMDetector(MixtureDetector):
 
     _parameter_constraints: ClassVar[dict] = {
         **COMMON_CONSTRAINTS,
+        **ROBUST_CONSTRAINTS,
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "mixture_weights": [StrOptions({"global", "personal"})],
         "init_params": [StrOptions(set(INIT_PARAMS))],
@@ -151,6 +168,9 @@ class FedGMMDetector(MixtureDetector):
         reg_covar=1e-6,
         tol=1e-3,
         max_iter=100,
+        standardize=True,
+        covariance_prior="auto",
+        prior_scale=PRIOR_SCALE,
         weights_init=None,
         means_init=None,
         precisions_init=None,
@@ -180,6 +200,9 @@ class FedGMMDetector(MixtureDetector):
         self.reg_covar = reg_covar
         self.tol = tol
         self.max_iter = max_iter
+        self.standardize = standardize
+        self.covariance_prior = covariance_prior
+        self.prior_scale = prior_scale
         self.weights_init = weights_init
         self.means_init = means_init
         self.precisions_init = precisions_init
@@ -257,6 +280,7 @@ class FedGMMDetector(MixtureDetector):
             weights_init=self.weights_init,
             means_init=self.means_init,
             precisions_init=self.precisions_init,
+            **self._robust_options(clients[0].shape[1]),
             **self._em_options(seed),
         )
         state = self._simulate(

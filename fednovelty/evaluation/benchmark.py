@@ -18,6 +18,11 @@ Methods (``METHODS``, by the papers' names):
   ``COPOD``, ``KNN``, ``LOF``, ``HBOS``, ``PCA`` with their default settings (the baselines a
   user would otherwise pick). Their ``rounds`` and bytes are NaN: nothing is communicated.
 
+Every mixture method runs with the detectors' defaults (federated standardisation and the
+covariance prior, ``docs/robust.md``). Its ablations are methods too, by suffix (``VARIANTS``):
+``-plain`` (neither: the papers' plain maximum-likelihood mixture, the behaviour before the
+remedies), ``-std`` (standardisation only) and ``-prior`` (the prior on the raw features).
+
 Choices, and why:
 
 - Resumable by construction: with ``out_csv`` every finished cell is appended to the file at
@@ -58,6 +63,7 @@ from fednovelty.evaluation.metrics import evaluate
 __all__ = [
     "COLUMNS",
     "CONFIG_COLUMNS",
+    "DEFAULT_METHODS",
     "METHODS",
     "METRICS",
     "Method",
@@ -120,21 +126,38 @@ class Method:
     uses_client_components: bool = False
 
 
-def _fedgengmm(k, kc, cov, seed):
-    from fednovelty.detectors import FedGenGMMDetector
-
-    return FedGenGMMDetector(
-        n_components=k, client_components=kc, covariance_type=cov, random_state=seed
-    )
-
-
-def _local(k, kc, cov, seed):
-    from fednovelty.detectors import LocalGMMDetector
-
-    return LocalGMMDetector(client_components=kc, covariance_type=cov, random_state=seed)
+#: Ablation suffixes of the mixture methods -> detector settings.
+VARIANTS: dict[str, dict] = {
+    "": {},
+    "-plain": {"standardize": False, "covariance_prior": None},
+    "-std": {"covariance_prior": None},
+    "-prior": {"standardize": False},
+}
 
 
-def _em(mixture_weights: str, init_params: str = "kmeans"):
+def _fedgengmm(**settings):
+    def build(k, kc, cov, seed):
+        from fednovelty.detectors import FedGenGMMDetector
+
+        return FedGenGMMDetector(
+            n_components=k, client_components=kc, covariance_type=cov, random_state=seed, **settings
+        )
+
+    return build
+
+
+def _local(**settings):
+    def build(k, kc, cov, seed):
+        from fednovelty.detectors import LocalGMMDetector
+
+        return LocalGMMDetector(
+            client_components=kc, covariance_type=cov, random_state=seed, **settings
+        )
+
+    return build
+
+
+def _em(mixture_weights: str, init_params: str = "kmeans", **settings):
     def build(k, kc, cov, seed):
         from fednovelty.detectors import FedGMMDetector
 
@@ -144,6 +167,7 @@ def _em(mixture_weights: str, init_params: str = "kmeans"):
             mixture_weights=mixture_weights,
             init_params=init_params,
             random_state=seed,
+            **settings,
         )
 
     return build
@@ -159,16 +183,25 @@ def _pyod(class_name: str, module: str, seeded: bool = False):
     return build
 
 
+def _mixture_methods() -> list[Method]:
+    out = []
+    for suffix, settings in VARIANTS.items():
+        out += [
+            Method(f"FedGenGMM{suffix}", _fedgengmm(**settings), True, True),
+            Method(f"FedGMM{suffix}", _em("personal", **settings), True),
+            Method(f"DEM-kmeans{suffix}", _em("global", "kmeans", **settings), True),
+            Method(f"DEM-separated{suffix}", _em("global", "separated", **settings), True),
+            Method(f"DEM-subset{suffix}", _em("global", "subset", **settings), True),
+            Method(f"Local{suffix}", _local(**settings), True, True),
+            Method(f"CentralGMM{suffix}", _em("global", "kmeans", **settings), False),
+        ]
+    return out
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("FedGenGMM", _fedgengmm, True, uses_client_components=True),
-        Method("FedGMM", _em("personal"), True),
-        Method("DEM-kmeans", _em("global", "kmeans"), True),
-        Method("DEM-separated", _em("global", "separated"), True),
-        Method("DEM-subset", _em("global", "subset"), True),
-        Method("Local", _local, True, uses_client_components=True),
-        Method("CentralGMM", _em("global", "kmeans"), False),
+        *_mixture_methods(),
         Method("IForest", _pyod("IForest", "iforest", seeded=True), False),
         Method("ECOD", _pyod("ECOD", "ecod"), False),
         Method("COPOD", _pyod("COPOD", "copod"), False),
@@ -178,6 +211,11 @@ METHODS: dict[str, Method] = {
         Method("PCA", _pyod("PCA", "pca", seeded=True), False),
     )
 }
+
+#: The methods a run uses when none are named: every method but the ablation variants.
+DEFAULT_METHODS: tuple[str, ...] = tuple(
+    name for name in METHODS if not any(name.endswith(v) for v in VARIANTS if v)
+)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -29,6 +29,17 @@ Initialisations (the FedGenGMM paper's DEM inits), chosen by ``init_params``:
     proportion to their size); the server fits a mixture on them. **This sends raw rows to
     the server** and warns when used.
 
+Standardisation and a covariance prior (``standardize``, ``prior_strength``; the remedies
+of a plain mixture's failures on real tabular data, see ``docs/robust.md``): a first
+``moments`` round has every client send its row count, feature means and sums of squared
+deviations (``2 d + 1`` numbers), which merge exactly into the pooled mean and variance.
+With ``standardize`` every later round broadcasts ``offset`` and ``scale`` and clients work
+on ``z = (x - offset) / scale`` (k-means, ``reg_covar`` and the prior see one scale per
+feature); the final mixture is mapped back to the original units, and the recorded
+log-likelihoods include the Jacobian, so both are those of ``x``. With ``prior_strength``
+every M-step is MAP under :class:`~fednovelty.mixture.CovariancePrior` towards
+``prior_scale`` times each feature's pooled variance. Both act on the server's sums only.
+
 The last assignment round of ``kmeans``/``separated`` sends second moments too, so the
 initial mixture is the M-step from hard k-means responsibilities, like scikit-learn's
 ``init_params="kmeans"``. Given ``weights_init``, ``means_init`` and ``precisions_init``
@@ -60,12 +71,19 @@ from fednovelty.federated.base import (
     client_generator,
 )
 from fednovelty.mixture import (
+    CovariancePrior,
+    FeatureMoments,
     MixtureParams,
+    affine_params,
     e_step_stats,
+    feature_moments,
     fit_gmm,
     kmeans,
+    merge_moments,
     params_from_stats,
     precisions_cholesky_from_precisions,
+    prior_target,
+    standardization,
     stats_from_resp,
 )
 from fednovelty.mixture.covariance import check_covariance_type
@@ -82,8 +100,8 @@ class EMState:
     """Server state of federated EM.
 
     Attributes:
-        phase: the next round's kind: ``centroids``, ``range``, ``count``, ``subset``,
-            ``assign``, ``em`` or ``done``.
+        phase: the next round's kind: ``moments``, ``centroids``, ``range``, ``count``,
+            ``subset``, ``assign``, ``em`` or ``done``.
         params: current mixture (global weights) once initialised.
         centers: k-means centres during the assignment phase, (n_components, n_features).
         lloyd_rounds, lloyd_budget: assignment rounds run and allowed.
@@ -92,6 +110,10 @@ class EMState:
         n_iter: EM rounds run; ``converged``: whether ``tol`` was reached.
         client_weights: personal weights by client id (last E-step), each (n_components,).
         rounds: communication rounds so far (init rounds included).
+        next_phase: the phase after the ``moments`` round.
+        offset, scale: the standardisation ``z = (x - offset) / scale`` (``standardize``),
+            each (n_features,); the EM rounds' parameters are in ``z`` units until the end.
+        prior: the covariance prior of every M-step (``prior_strength``), in ``z`` units.
     """
 
     phase: str
@@ -105,6 +127,10 @@ class EMState:
     converged: bool = False
     client_weights: dict[int, Tensor] = field(default_factory=dict)
     rounds: int = 0
+    next_phase: str = ""
+    offset: Tensor | None = None
+    scale: Tensor | None = None
+    prior: CovariancePrior | None = None
 
 
 def separated_centers(low: Tensor, high: Tensor, n_centers: int, seed: int) -> Tensor:
@@ -144,6 +170,11 @@ class FederatedEM(FederatedAlgorithm):
         subset_size: rows sent in total for ``init_params="subset"``.
         weights_init, means_init, precisions_init: scikit-learn's initial parameters
             (numpy or torch; precisions, not covariances).
+        standardize: fit on federated z-scores (one extra ``moments`` round; the result is
+            in the original units).
+        prior_strength: pseudo-rows of the covariance prior (``None``: plain ML M-steps).
+        prior_scale: the prior's target variance, as a multiple of each feature's pooled
+            variance.
         random_state: integer seed.
         dtype, device: where the server computes; client rows arrive in this dtype.
         chunk_size: rows per E-step chunk (memory bound); default from K and d.
@@ -165,6 +196,9 @@ class FederatedEM(FederatedAlgorithm):
         weights_init=None,
         means_init=None,
         precisions_init=None,
+        standardize: bool = False,
+        prior_strength: float | None = None,
+        prior_scale: float = 1.0,
         random_state: int = 0,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
@@ -177,8 +211,15 @@ class FederatedEM(FederatedAlgorithm):
             )
         if init_params not in INIT_PARAMS:
             raise ValueError(f"init_params must be one of {INIT_PARAMS}, got {init_params!r}.")
+        if prior_strength is not None and not float(prior_strength) > 0:
+            raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
+        if not float(prior_scale) > 0:
+            raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
         self.n_components = int(n_components)
         self.covariance_type = covariance_type
+        self.standardize = bool(standardize)
+        self.prior_strength = None if prior_strength is None else float(prior_strength)
+        self.prior_scale = float(prior_scale)
         self.mixture_weights = mixture_weights
         self.init_params = init_params
         self.reg_covar = float(reg_covar)
@@ -204,7 +245,11 @@ class FederatedEM(FederatedAlgorithm):
         self.means_init = as_tensor(means_init)
         self.precisions_init = as_tensor(precisions_init)
         init_rounds = {"kmeans": 1 + self.kmeans_rounds, "separated": 2, "subset": 2}[init_params]
-        self.max_rounds = init_rounds + self.max_iter
+        self.max_rounds = init_rounds + self.max_iter + int(self._needs_moments)
+
+    @property
+    def _needs_moments(self) -> bool:
+        return self.standardize or self.prior_strength is not None
 
     # ------------------------------------------------------------------ server half
     def _round_seed(self, state: EMState) -> int:
@@ -214,6 +259,12 @@ class FederatedEM(FederatedAlgorithm):
         return torch.Generator().manual_seed(self._round_seed(state) ^ 0x5EED)
 
     def start(self) -> EMState:
+        state = self._start()
+        if self._needs_moments:
+            state.next_phase, state.phase = state.phase, "moments"
+        return state
+
+    def _start(self) -> EMState:
         if (
             self.weights_init is not None
             and self.means_init is not None
@@ -242,6 +293,14 @@ class FederatedEM(FederatedAlgorithm):
         return state.phase == "done"
 
     def configure(self, state: EMState) -> Message:
+        if state.phase == "moments":
+            return Message("moments")
+        message = self._configure(state)
+        if state.scale is not None:
+            message.tensors.update(offset=state.offset, scale=state.scale)
+        return message
+
+    def _configure(self, state: EMState) -> Message:
         seed = self._round_seed(state)
         ct = self.covariance_type
         if state.phase == "centroids":
@@ -272,7 +331,37 @@ class FederatedEM(FederatedAlgorithm):
         handler = getattr(self, f"_server_{state.phase}")
         metrics = handler(state, replies)
         state.rounds += 1
+        if state.phase == "done" and state.scale is not None:  # back to the user's units
+            state.params = affine_params(state.params, state.offset, state.scale)
         return state, {"phase": metrics.pop("phase", ""), **metrics}
+
+    def _server_moments(self, state: EMState, replies: dict[int, Message]) -> dict:
+        moments = merge_moments(
+            FeatureMoments(
+                *(m.tensors[k].to(self.device, self.dtype) for k in ("n_samples", "mean", "m2"))
+            )
+            for m in replies.values()
+        )
+        if float(moments.n_samples) == 0:
+            raise ValueError("no client with data replied in the moments round.")
+        scale = torch.ones_like(moments.mean)
+        if self.standardize:
+            state.offset, scale = standardization(moments, self.covariance_type)
+            state.scale = scale
+            self._standardize_init(state)
+        if self.prior_strength is not None:
+            target = prior_target(moments.variance, scale, self.prior_scale)
+            state.prior = CovariancePrior(self.prior_strength, target)
+        state.phase = state.next_phase
+        return {"phase": "moments", "n_samples": float(moments.n_samples)}
+
+    def _standardize_init(self, state: EMState) -> None:
+        """User-given initial parameters (original units) in z units."""
+        offset, scale = state.offset, state.scale
+        if state.params is not None:  # weights, means and precisions all given
+            state.params = affine_params(state.params, -offset / scale, 1 / scale)
+        if state.centers is not None:
+            state.centers = (state.centers - offset) / scale
 
     def _server_centroids(self, state: EMState, replies: dict[int, Message]) -> dict:
         centers, counts = pool_centroids(replies.values())
@@ -324,6 +413,7 @@ class FederatedEM(FederatedAlgorithm):
             tol=self.tol,
             max_iter=self.max_iter,
             generator=self._server_generator(state),
+            prior=state.prior,
         )
         state.params, state.phase = result.params, "em"
         return {"phase": "subset", "rows_shared": int(rows.shape[0])}
@@ -342,28 +432,35 @@ class FederatedEM(FederatedAlgorithm):
         state.lloyd_rounds += 1
         threshold = self.kmeans_tol * total_variance(stats)
         if state.lloyd_rounds >= state.lloyd_budget or movement <= threshold:
-            params = params_from_stats(stats, self.reg_covar)
-            state.params = self._apply_user_init(params)
+            params = params_from_stats(stats, self.reg_covar, state.prior)
+            state.params = self._apply_user_init(params, state)
             state.phase = "em"
         else:
             state.centers = new_centers
         return {"phase": "assign", "center_shift": movement}
 
-    def _apply_user_init(self, params: MixtureParams) -> MixtureParams:
+    def _apply_user_init(self, params: MixtureParams, state: EMState) -> MixtureParams:
         weights = params.weights if self.weights_init is None else self.weights_init
-        means = params.means if self.means_init is None else self.means_init
-        prec = (
-            params.precisions_cholesky
-            if self.precisions_init is None
-            else precisions_cholesky_from_precisions(self.precisions_init, self.covariance_type)
-        )
+        means, prec = params.means, params.precisions_cholesky
+        if self.means_init is not None:
+            means = self.means_init
+            if state.scale is not None:
+                means = (means - state.offset) / state.scale
+        if self.precisions_init is not None:
+            prec = precisions_cholesky_from_precisions(self.precisions_init, self.covariance_type)
+            if state.scale is not None:  # x = offset + scale * z: U_z = D U_x
+                prec = affine_params(
+                    MixtureParams(weights, means, prec, self.covariance_type),
+                    means.new_zeros(means.shape[1]),
+                    1 / state.scale,
+                ).precisions_cholesky
         return MixtureParams(weights, means, prec, self.covariance_type)
 
     def _server_em(self, state: EMState, replies: dict[int, Message]) -> dict:
         stats = sum_stats(replies.values(), moment_shift(state.params), self.covariance_type)
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this EM round.")
-        state.params = params_from_stats(stats, self.reg_covar)
+        state.params = params_from_stats(stats, self.reg_covar, state.prior)
         if self.mixture_weights == "personal":
             for cid, reply in replies.items():
                 n = float(reply.tensors["n_samples"])
@@ -376,6 +473,8 @@ class FederatedEM(FederatedAlgorithm):
         """Record an EM round's mean log-likelihood and apply the stopping rule (|change| <
         tol, or max_iter rounds); returns the mean log-likelihood."""
         lower_bound = float(stats.log_likelihood / stats.n_samples)
+        if state.scale is not None:  # log p(x) = log p(z) - sum log scale
+            lower_bound -= float(state.scale.log().sum())
         previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
         state.lower_bounds.append(lower_bound)
         state.n_iter += 1
@@ -392,7 +491,13 @@ class FederatedEM(FederatedAlgorithm):
             raise ValueError(
                 f"FederatedEM clients do not answer messages of kind {message.kind!r}."
             )
+        if "scale" in message.tensors:  # standardised rounds: work on z-scores
+            offset = message.tensors["offset"].to(X.device, X.dtype)
+            X = (X - offset) / message.tensors["scale"].to(X.device, X.dtype)
         return handler(X, message, context)
+
+    def _client_moments(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        return Message("moments", feature_moments(X).tensors())
 
     @staticmethod
     def _n(X: Tensor) -> Tensor:

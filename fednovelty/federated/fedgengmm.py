@@ -6,6 +6,12 @@ count ``|D_c|``. The server re-weights client component weights by ``|D_c| / |D|
 the union of all components, draws ``H * sum_c K_c`` synthetic rows from it and fits one
 global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
 
+With ``standardize`` and ``prior_strength`` (the remedies of ``docs/robust.md``) every fit,
+on a client and on the server, runs on z-scores of its own rows with MAP covariances
+(:func:`fednovelty.mixture.fit_gmm_scaled`) and is mapped back to the original units before
+it is sent or kept: a client's scale is a local statistic and the server's comes from the
+synthetic rows, so the protocol stays one round and the messages are unchanged.
+
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
 """
@@ -26,7 +32,7 @@ from fednovelty.federated.base import (
     Scalar,
     client_generator,
 )
-from fednovelty.mixture import MixtureParams, fit_gmm, fit_gmm_bic, sample
+from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 from fednovelty.mixture.covariance import check_covariance_type
 
 
@@ -70,6 +76,9 @@ class FedGenGMM(FederatedAlgorithm):
         min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
             are skipped and listed in ``state.skipped``.
         reg_covar, tol, max_iter: local EM settings (as scikit-learn).
+        standardize: every fit on z-scores of its own rows (mapped back to the original units).
+        prior_strength: pseudo-rows of the covariance prior of every fit (``None``: none).
+        prior_scale: the prior's target variance as a multiple of each feature's variance.
         random_state: integer seed; dtype, device: where the server computes.
     """
 
@@ -87,11 +96,21 @@ class FedGenGMM(FederatedAlgorithm):
         reg_covar: float = 1e-6,
         tol: float = 1e-3,
         max_iter: int = 100,
+        standardize: bool = False,
+        prior_strength: float | None = None,
+        prior_scale: float = 1.0,
         random_state: int = 0,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
     ) -> None:
         check_covariance_type(covariance_type)
+        if prior_strength is not None and not float(prior_strength) > 0:
+            raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
+        if not float(prior_scale) > 0:
+            raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
+        self.standardize = bool(standardize)
+        self.prior_strength = None if prior_strength is None else float(prior_strength)
+        self.prior_scale = float(prior_scale)
         k_min, k_max = (int(k) for k in k_range)
         if not 1 <= k_min <= k_max:
             raise ValueError(f"k_range must satisfy 1 <= k_min <= k_max, got {tuple(k_range)}.")
@@ -136,6 +155,9 @@ class FedGenGMM(FederatedAlgorithm):
                 "tol": self.tol,
                 "max_iter": self.max_iter,
                 "seed": self._seed(0),
+                "standardize": self.standardize,
+                "prior_strength": self.prior_strength or 0.0,
+                "prior_scale": self.prior_scale,
             },
         )
 
@@ -156,11 +178,11 @@ class FedGenGMM(FederatedAlgorithm):
             "tol": float(s["tol"]),
             "max_iter": int(s["max_iter"]),
             "generator": generator,
+            "standardize": bool(s.get("standardize", False)),
+            "prior_strength": float(s.get("prior_strength", 0.0)) or None,
+            "prior_scale": float(s.get("prior_scale", 1.0)),
         }
-        if len(candidates) == 1:
-            result = fit_gmm(X, candidates[0], **settings)
-        else:
-            result, _ = fit_gmm_bic(X, candidates, **settings)
+        result, _ = fit_gmm_scaled(X, candidates, **settings)
         return Message(
             "local_fit",
             {**result.params.tensors(), "n_samples": n_samples},
@@ -208,13 +230,13 @@ class FedGenGMM(FederatedAlgorithm):
             "tol": self.tol,
             "max_iter": self.max_iter,
             "generator": generator,
+            "standardize": self.standardize,
+            "prior_strength": self.prior_strength,
+            "prior_scale": self.prior_scale,
         }
         candidates = _candidates(self.n_components, self.k_range)
-        if len(candidates) == 1:
-            state.params = fit_gmm(synthetic, candidates[0], **settings).params
-        else:
-            result, state.bics = fit_gmm_bic(synthetic, candidates, **settings)
-            state.params = result.params
+        result, state.bics = fit_gmm_scaled(synthetic, candidates, **settings)
+        state.params = result.params
         state.phase, state.rounds = "done", 1
         return state, {
             "phase": "local_fit",

@@ -135,6 +135,11 @@ class JointFedGMM(FederatedEM):
         **kwargs,
     ) -> None:
         kwargs.setdefault("mixture_weights", "personal")
+        if kwargs.get("standardize") or kwargs.get("prior_strength") is not None:
+            raise ValueError(
+                "JointFedGMM does not take standardize or prior_strength (its M-step is "
+                "FedGMM's plain one); standardise the features beforehand if needed."
+            )
         super().__init__(n_components, **kwargs)
         self.n_learners = int(n_learners)
         self.n_classes = int(n_classes)

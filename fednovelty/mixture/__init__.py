@@ -16,9 +16,11 @@ from fednovelty.mixture.em import (
     fit_em,
     fit_gmm,
     fit_gmm_bic,
+    fit_gmm_scaled,
     fit_weights,
     kmeans_init,
     params_from_stats,
+    prior_target,
 )
 from fednovelty.mixture.kmeans import kmeans, kmeans_plusplus
 from fednovelty.mixture.model import (
@@ -29,7 +31,16 @@ from fednovelty.mixture.model import (
     sample,
     score_samples,
 )
+from fednovelty.mixture.scaling import (
+    FeatureMoments,
+    affine_params,
+    feature_moments,
+    merge_moments,
+    mixture_moments,
+    standardization,
+)
 from fednovelty.mixture.stats import (
+    CovariancePrior,
     SufficientStats,
     e_step_stats,
     m_step,
@@ -39,16 +50,21 @@ from fednovelty.mixture.stats import (
 
 __all__ = [
     "COVARIANCE_TYPES",
+    "CovariancePrior",
     "EMResult",
+    "FeatureMoments",
     "MixtureParams",
     "SufficientStats",
     "WeightsFit",
+    "affine_params",
     "bic",
     "covariances_from_precisions_cholesky",
     "e_step_stats",
+    "feature_moments",
     "fit_em",
     "fit_gmm",
     "fit_gmm_bic",
+    "fit_gmm_scaled",
     "fit_weights",
     "kmeans",
     "kmeans_init",
@@ -56,13 +72,17 @@ __all__ = [
     "log_gaussian_prob",
     "log_responsibilities",
     "m_step",
+    "merge_moments",
     "merge_stats",
+    "mixture_moments",
     "n_parameters",
     "params_from_stats",
     "precisions_cholesky_from_covariances",
     "precisions_cholesky_from_precisions",
     "predict_proba",
+    "prior_target",
     "sample",
     "score_samples",
+    "standardization",
     "stats_from_resp",
 ]

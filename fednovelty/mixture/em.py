@@ -17,7 +17,13 @@ from torch import Tensor
 
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.model import MixtureParams, bic
-from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step, stats_from_resp
+from fednovelty.mixture.stats import (
+    CovariancePrior,
+    SufficientStats,
+    e_step_stats,
+    m_step,
+    stats_from_resp,
+)
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,12 @@ def moment_shift(params: MixtureParams) -> Tensor:
     return params.weights @ params.means
 
 
-def params_from_stats(stats: SufficientStats, reg_covar: float) -> MixtureParams:
-    """M-step from (summed) statistics to parameters with Cholesky-of-precision storage."""
-    weights, means, covariances = m_step(stats, reg_covar)
+def params_from_stats(
+    stats: SufficientStats, reg_covar: float, prior: CovariancePrior | None = None
+) -> MixtureParams:
+    """M-step from (summed) statistics to parameters with Cholesky-of-precision storage
+    (MAP covariances with ``prior``; see :class:`CovariancePrior`)."""
+    weights, means, covariances = m_step(stats, reg_covar, prior)
     return MixtureParams.from_covariances(weights, means, covariances, stats.covariance_type)
 
 
@@ -58,7 +67,11 @@ def check_n_samples(n_samples: int, n_components: int, what: str = "X") -> None:
 
 
 def em_step(
-    X: Tensor, params: MixtureParams, reg_covar: float, chunk_size: int | None = None
+    X: Tensor,
+    params: MixtureParams,
+    reg_covar: float,
+    chunk_size: int | None = None,
+    prior: CovariancePrior | None = None,
 ) -> tuple[MixtureParams, SufficientStats]:
     """One EM iteration: E-step statistics of ``X`` (n_samples, n_features) under ``params``,
     then the M-step. Returns the new parameters and the statistics (whose
@@ -72,7 +85,7 @@ def em_step(
         moment_shift(params),
         chunk_size,
     )
-    return params_from_stats(stats, reg_covar), stats
+    return params_from_stats(stats, reg_covar, prior), stats
 
 
 def fit_em(
@@ -83,6 +96,7 @@ def fit_em(
     tol: float = 1e-3,
     max_iter: int = 100,
     chunk_size: int | None = None,
+    prior: CovariancePrior | None = None,
 ) -> EMResult:
     """EM from given initial parameters (scikit-learn's loop and stopping rule).
 
@@ -90,6 +104,7 @@ def fit_em(
         X: rows, shape (n_samples, n_features).
         init: initial parameters (dtype/device of ``X``).
         reg_covar, tol, max_iter: as scikit-learn's ``GaussianMixture``.
+        prior: optional :class:`CovariancePrior` (MAP M-steps).
 
     Returns:
         ``EMResult``; ``lower_bounds[t]`` is the mean log-likelihood under the parameters
@@ -100,7 +115,7 @@ def fit_em(
     previous = -float("inf")
     converged = False
     for _ in range(max_iter):
-        params, stats = em_step(X, params, reg_covar, chunk_size)
+        params, stats = em_step(X, params, reg_covar, chunk_size, prior)
         lower_bound = float(stats.log_likelihood / stats.n_samples)
         lower_bounds.append(lower_bound)
         if abs(lower_bound - previous) < tol:
@@ -117,13 +132,14 @@ def kmeans_init(
     *,
     reg_covar: float,
     generator: torch.Generator,
+    prior: CovariancePrior | None = None,
 ) -> MixtureParams:
     """Initial parameters from k-means labels used as hard responsibilities (sklearn's default)."""
     check_n_samples(X.shape[0], n_components)
     _, labels = kmeans(X, n_components, generator=generator)
     shift = X.mean(0)
     stats = stats_from_resp(X, one_hot(labels, n_components, X), covariance_type, shift)
-    return params_from_stats(stats, reg_covar)
+    return params_from_stats(stats, reg_covar, prior)
 
 
 def fit_gmm(
@@ -136,10 +152,15 @@ def fit_gmm(
     max_iter: int = 100,
     generator: torch.Generator,
     chunk_size: int | None = None,
+    prior: CovariancePrior | None = None,
 ) -> EMResult:
-    """k-means initialisation followed by EM."""
-    init = kmeans_init(X, n_components, covariance_type, reg_covar=reg_covar, generator=generator)
-    return fit_em(X, init, reg_covar=reg_covar, tol=tol, max_iter=max_iter, chunk_size=chunk_size)
+    """k-means initialisation followed by EM (MAP M-steps with ``prior``)."""
+    init = kmeans_init(
+        X, n_components, covariance_type, reg_covar=reg_covar, generator=generator, prior=prior
+    )
+    return fit_em(
+        X, init, reg_covar=reg_covar, tol=tol, max_iter=max_iter, chunk_size=chunk_size, prior=prior
+    )
 
 
 def fit_gmm_bic(
@@ -151,6 +172,7 @@ def fit_gmm_bic(
     tol: float = 1e-3,
     max_iter: int = 100,
     generator: torch.Generator,
+    prior: CovariancePrior | None = None,
 ) -> tuple[EMResult, dict[int, float]]:
     """Fit one mixture per candidate number of components and keep the lowest BIC.
 
@@ -173,6 +195,7 @@ def fit_gmm_bic(
             tol=tol,
             max_iter=max_iter,
             generator=generator,
+            prior=prior,
         )
         bics[k] = bic(result.params, X)
         if best is None or bics[k] < best_bic:
@@ -256,3 +279,79 @@ def fit_weights(
         n_iter=len(lls),
         converged=converged,
     )
+
+
+def prior_target(variance: Tensor, scale: Tensor, prior_scale: float) -> Tensor:
+    """The :class:`CovariancePrior` target variances in working units ``z = x / scale``:
+    ``prior_scale`` times each feature's variance ``variance / scale^2`` (both
+    (n_features,)). A feature without spread (variance 0) gets the mean target of the
+    others (1 times ``prior_scale`` if every feature is constant)."""
+    working = variance / scale.square()
+    live = working > 0
+    fill = working[live].mean() if bool(live.any()) else working.new_tensor(1.0)
+    return prior_scale * torch.where(live, working, fill)
+
+
+def fit_gmm_scaled(
+    X: Tensor,
+    candidates: Iterable[int],
+    *,
+    standardize: bool,
+    prior_strength: float | None,
+    prior_scale: float = 1.0,
+    covariance_type: str = "full",
+    reg_covar: float = 1e-6,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    generator: torch.Generator,
+) -> tuple[EMResult, dict[int, float]]:
+    """:func:`fit_gmm_bic` on standardised rows, with a covariance prior, mapped back.
+
+    With ``standardize`` the rows are fitted as ``z = (X - mean) / sd`` (scaling from
+    ``X``'s own moments; see :func:`fednovelty.mixture.scaling.standardization`), so
+    k-means, ``reg_covar`` and the prior see every feature on one scale. With
+    ``prior_strength`` (pseudo-rows; ``None`` for none) every M-step is MAP towards
+    ``prior_scale`` times the variance of each feature. The result is returned in ``X``'s
+    units: parameters by :func:`~fednovelty.mixture.scaling.affine_params`, ``lower_bounds``
+    and BICs shifted by the log-Jacobian, so they are those of ``X``.
+
+    Returns:
+        ``(best, bics)`` as :func:`fit_gmm_bic` (one candidate: a plain fit).
+    """
+    from fednovelty.mixture.scaling import affine_params, feature_moments, standardization
+
+    moments = feature_moments(X)
+    if standardize:
+        offset, scale = standardization(moments, covariance_type)
+    else:
+        offset, scale = torch.zeros_like(moments.mean), torch.ones_like(moments.mean)
+    Z = (X - offset) / scale if standardize else X
+    prior = None
+    if prior_strength is not None:
+        prior = CovariancePrior(
+            float(prior_strength), prior_target(moments.variance, scale, prior_scale)
+        )
+    settings = {
+        "covariance_type": covariance_type,
+        "reg_covar": reg_covar,
+        "tol": tol,
+        "max_iter": max_iter,
+        "generator": generator,
+        "prior": prior,
+    }
+    candidates = list(candidates)
+    if len(candidates) == 1:
+        result, bics = fit_gmm(Z, candidates[0], **settings), {}
+    else:
+        result, bics = fit_gmm_bic(Z, candidates, **settings)
+    if not standardize:
+        return result, bics
+    log_jacobian = float(scale.log().sum())
+    n = X.shape[0]
+    result = EMResult(
+        affine_params(result.params, offset, scale),
+        result.n_iter,
+        result.converged,
+        [lb - log_jacobian for lb in result.lower_bounds],
+    )
+    return result, {k: v + 2 * n * log_jacobian for k, v in bics.items()}

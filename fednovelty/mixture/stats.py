@@ -280,12 +280,61 @@ def e_step_stats(
     )
 
 
-def m_step(stats: SufficientStats, reg_covar: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Maximum-likelihood weights, means and covariances from summed statistics.
+@dataclass(frozen=True, eq=False)
+class CovariancePrior:
+    """A conjugate prior on every component covariance: ``strength`` pseudo-rows whose
+    covariance is ``diag(scale)``.
 
-    Matches scikit-learn's ``_estimate_gaussian_parameters`` (including its ``10 * eps``
-    added to every count, once, here on the server, so that the result does not depend
-    on how the rows were split).
+    The M-step becomes the maximum a posteriori estimate
+    ``Sigma_k = (n_k Sigma_k_ML + strength * diag(scale)) / (n_k + strength)``, the mode of
+    an inverse-Wishart posterior with scale matrix ``strength * diag(scale)`` (the
+    penalised log-likelihood adds ``strength`` Gaussian rows of that scatter to every
+    component). A component backed by many rows keeps its own shape; one backed by a few,
+    or by rows that repeat the same value, is pulled towards ``diag(scale)`` instead of
+    collapsing onto a spike. It acts on summed statistics only, so federated EM stays exact.
+
+    Attributes:
+        strength: number of pseudo-rows, > 0.
+        scale: (n_features,) positive target variances.
+    """
+
+    strength: float
+    scale: Tensor
+
+    def __post_init__(self) -> None:
+        if not float(self.strength) > 0:
+            raise ValueError(f"CovariancePrior strength must be > 0, got {self.strength}.")
+        if self.scale.ndim != 1 or not bool(torch.all(self.scale > 0)):
+            raise ValueError("CovariancePrior scale must be a 1-D tensor of positive variances.")
+
+
+def _shrink(cov: Tensor, nk: Tensor, prior: CovariancePrior, covariance_type: str) -> Tensor:
+    """Covariances (without ``reg_covar``) pulled towards the prior's ``diag(scale)``."""
+    nu = float(prior.strength)
+    psi = prior.scale.to(cov.device, cov.dtype)
+    if covariance_type == "full":
+        w = (nk / (nk + nu)).view(-1, 1, 1)
+        return w * cov + (1 - w) * torch.diag(psi)
+    if covariance_type == "tied":
+        w = nk.sum() / (nk.sum() + nu)
+        return w * cov + (1 - w) * torch.diag(psi)
+    if covariance_type == "diag":
+        w = (nk / (nk + nu)).unsqueeze(1)
+        return w * cov + (1 - w) * psi
+    w = nk / (nk + nu)
+    return w * cov + (1 - w) * psi.mean()
+
+
+def m_step(
+    stats: SufficientStats, reg_covar: float, prior: CovariancePrior | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Maximum-likelihood (or, with ``prior``, MAP) weights, means and covariances from
+    summed statistics.
+
+    Without a prior this matches scikit-learn's ``_estimate_gaussian_parameters``
+    (including its ``10 * eps`` added to every count, once, here on the server, so that the
+    result does not depend on how the rows were split). With a :class:`CovariancePrior`
+    every covariance is shrunk towards the prior's diagonal before ``reg_covar`` is added.
 
     Returns:
         ``(weights, means, covariances)``: shapes (n_components,), (n_components, n_features)
@@ -299,14 +348,18 @@ def m_step(stats: SufficientStats, reg_covar: float) -> tuple[Tensor, Tensor, Te
     if ct == "full":
         cov = stats.second / nk.view(-1, 1, 1) - mean_offset.unsqueeze(2) * mean_offset.unsqueeze(1)
         cov = 0.5 * (cov + cov.transpose(1, 2))
-        cov = cov + reg_covar * torch.eye(stats.n_features, dtype=cov.dtype, device=cov.device)
     elif ct == "tied":
         cov = (stats.second - (nk.unsqueeze(1) * mean_offset).T @ mean_offset) / nk.sum()
         cov = 0.5 * (cov + cov.T)
-        cov = cov + reg_covar * torch.eye(stats.n_features, dtype=cov.dtype, device=cov.device)
     elif ct == "diag":
-        cov = stats.second / nk.unsqueeze(1) - mean_offset.square() + reg_covar
+        cov = stats.second / nk.unsqueeze(1) - mean_offset.square()
     else:
-        cov = (stats.second / nk - mean_offset.square().sum(1)) / stats.n_features + reg_covar
+        cov = (stats.second / nk - mean_offset.square().sum(1)) / stats.n_features
+    if prior is not None:
+        cov = _shrink(cov, nk, prior, ct)
+    if ct in ("full", "tied"):
+        cov = cov + reg_covar * torch.eye(stats.n_features, dtype=cov.dtype, device=cov.device)
+    else:
+        cov = cov + reg_covar
     weights = nk / nk.sum()
     return weights, means, cov

@@ -28,7 +28,7 @@ from fednovelty.federated.base import Message
 from fednovelty.runtime.flower.codec import CodecError, decode_message
 
 #: reply tensors that must be >= 0 wherever they appear.
-NON_NEGATIVE: tuple[str, ...] = ("counts", "n_samples", "joint_counts", "weights", "n")
+NON_NEGATIVE: tuple[str, ...] = ("counts", "n_samples", "joint_counts", "weights", "n", "m2")
 STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em")
 
 Dim = int | str  # a fixed size, or a symbol every use of which in one reply must agree on
@@ -111,6 +111,7 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         "range": {"min": (d,), "max": (d,), "n_samples": ()},
         "count": {"n_samples": ()},
         "subset": {"rows": ("r", d), "n_samples": ()},
+        "moments": {"n_samples": (), "mean": (d,), "m2": (d,)},
         "moments_mean": {"n": (), "sum": (d,)},
         "moments_scatter": {"n": (), "scatter": (d, d)},
     }
