@@ -14,3 +14,10 @@ def test_benchmarks_page_example_runs(capsys):
     assert lines[0].split() == ["dataset", "protocol", "method", "auroc", "rounds"]
     assert len(lines) == 1 + 2 * 2 * 3 + 1  # header, 12 cells, summary title
     assert lines[-1] == "# Benchmark summary: auroc (novel = positive class)"
+
+
+def test_robust_page_example_runs(capsys):
+    text = (DOCS / "robust.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, "docs/robust.md", "exec"), {})
+    assert capsys.readouterr().out.split() == ["moments", "1", "True"]
