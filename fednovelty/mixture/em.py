@@ -17,6 +17,7 @@ from torch import Tensor
 
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.model import MixtureParams, bic
+from fednovelty.mixture.scaling import affine_params, feature_moments, standardization
 from fednovelty.mixture.stats import (
     CovariancePrior,
     SufficientStats,
@@ -318,8 +319,6 @@ def fit_gmm_scaled(
     Returns:
         ``(best, bics)`` as :func:`fit_gmm_bic` (one candidate: a plain fit).
     """
-    from fednovelty.mixture.scaling import affine_params, feature_moments, standardization
-
     moments = feature_moments(X)
     if standardize:
         offset, scale = standardization(moments, covariance_type)
