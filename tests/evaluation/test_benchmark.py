@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from fednovelty.evaluation import benchmark
-from fednovelty.evaluation.benchmark import COLUMNS, METHODS, METRICS, run_benchmark, summarize
+from fednovelty.evaluation.benchmark import (
+    COLUMNS,
+    DEFAULT_METHODS,
+    METHODS,
+    METRICS,
+    run_benchmark,
+    summarize,
+)
 
 REQUIRED = ["dataset", "method", "protocol", "alpha", "n_clients", "seed", "auroc", "aupr_in",
             "aupr_out", "fpr_at_95_tpr", "max_f1", "rounds", "bytes_up", "bytes_down",
@@ -155,9 +162,22 @@ def test_unknown_names_suggest_the_closest():
 
 
 def test_registry_names_match_the_papers():
-    assert list(METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset",
-                             "Local", "CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF",
-                             "HBOS", "PCA"]  # fmt: skip
+    assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
+                                     "DEM-subset", "Local", "CentralGMM", "IForest", "ECOD",
+                                     "COPOD", "KNN", "LOF", "HBOS", "PCA"]  # fmt: skip
+    # every mixture method also comes as its ablations, with the switches they name
+    for name in ("FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-subset", "Local", "CentralGMM"):
+        default = METHODS[name].build(3, None, "full", 0)
+        assert (default.standardize, default.covariance_prior) == (True, "auto")
+        for suffix, expected in [("-plain", (False, None)), ("-std", (True, None)),
+                                 ("-prior", (False, "auto"))]:  # fmt: skip
+            variant = METHODS[name + suffix]
+            detector = variant.build(3, None, "full", 0)
+            assert (detector.standardize, detector.covariance_prior) == expected
+            assert variant.federated == METHODS[name].federated
+    assert set(METHODS) == set(DEFAULT_METHODS) | {
+        m + s for m in DEFAULT_METHODS[:7] for s in ("-plain", "-std", "-prior")
+    }
     dem = METHODS["DEM-subset"].build(3, None, "diag", 0)
     assert (dem.mixture_weights, dem.init_params, dem.covariance_type) == (
         "global",
