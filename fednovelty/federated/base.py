@@ -99,3 +99,15 @@ class FederatedAlgorithm(ABC):
     @abstractmethod
     def finished(self, state: Any) -> bool:
         """Whether training is over."""
+
+
+def check_prior_arguments(
+    prior_strength: float | None, prior_scale: float
+) -> tuple[float | None, float]:
+    """``(prior_strength, prior_scale)`` as floats, or a ``ValueError`` naming the bad one:
+    the strength is ``None`` (no prior) or > 0 pseudo-rows, the scale > 0."""
+    if prior_strength is not None and not float(prior_strength) > 0:
+        raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
+    if not float(prior_scale) > 0:
+        raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
+    return (None if prior_strength is None else float(prior_strength)), float(prior_scale)

@@ -68,6 +68,7 @@ from fednovelty.federated.base import (
     FederatedAlgorithm,
     Message,
     Scalar,
+    check_prior_arguments,
     client_generator,
 )
 from fednovelty.mixture import (
@@ -211,15 +212,12 @@ class FederatedEM(FederatedAlgorithm):
             )
         if init_params not in INIT_PARAMS:
             raise ValueError(f"init_params must be one of {INIT_PARAMS}, got {init_params!r}.")
-        if prior_strength is not None and not float(prior_strength) > 0:
-            raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
-        if not float(prior_scale) > 0:
-            raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
+        prior_strength, prior_scale = check_prior_arguments(prior_strength, prior_scale)
         self.n_components = int(n_components)
         self.covariance_type = covariance_type
         self.standardize = bool(standardize)
-        self.prior_strength = None if prior_strength is None else float(prior_strength)
-        self.prior_scale = float(prior_scale)
+        self.prior_strength = prior_strength
+        self.prior_scale = prior_scale
         self.mixture_weights = mixture_weights
         self.init_params = init_params
         self.reg_covar = float(reg_covar)

@@ -30,6 +30,7 @@ from fednovelty.federated.base import (
     FederatedAlgorithm,
     Message,
     Scalar,
+    check_prior_arguments,
     client_generator,
 )
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
@@ -104,13 +105,10 @@ class FedGenGMM(FederatedAlgorithm):
         device: torch.device | str = "cpu",
     ) -> None:
         check_covariance_type(covariance_type)
-        if prior_strength is not None and not float(prior_strength) > 0:
-            raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
-        if not float(prior_scale) > 0:
-            raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
+        prior_strength, prior_scale = check_prior_arguments(prior_strength, prior_scale)
         self.standardize = bool(standardize)
-        self.prior_strength = None if prior_strength is None else float(prior_strength)
-        self.prior_scale = float(prior_scale)
+        self.prior_strength = prior_strength
+        self.prior_scale = prior_scale
         k_min, k_max = (int(k) for k in k_range)
         if not 1 <= k_min <= k_max:
             raise ValueError(f"k_range must satisfy 1 <= k_min <= k_max, got {tuple(k_range)}.")
