@@ -1,21 +1,7 @@
 """Smoke test of ``benchmarks/fedgengmm_paper.py`` on a small dataset, and its report logic."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fedgengmm_paper.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("fedgengmm_paper_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(method, values, rounds, **extra):
@@ -36,8 +22,8 @@ def _rows(method, values, rounds, **extra):
     ]
 
 
-def test_alpha_report_checks_both_targets():
-    script = load_script()
+def test_alpha_report_checks_both_targets(benchmark_script):
+    script = benchmark_script("fedgengmm_paper")
     rows = (
         _rows("FedGenGMM", [0.90, 0.92], 1)
         + _rows("CentralGMM", [0.95, 0.95], np.nan)  # 0.04 above FedGenGMM: check fails
@@ -55,8 +41,8 @@ def test_alpha_report_checks_both_targets():
     assert "| d | 0.5 | 0.910 ± 0.010 |  | 0.950 ± 0.000 | 0.890 ± 0.000 |" in report
 
 
-def test_kc_frame_puts_each_method_on_its_client_model_size():
-    script = load_script()
+def test_kc_frame_puts_each_method_on_its_client_model_size(benchmark_script):
+    script = benchmark_script("fedgengmm_paper")
     df = pd.DataFrame(
         {
             "method": ["FedGenGMM", "DEM-kmeans", "CentralGMM"],
@@ -68,8 +54,8 @@ def test_kc_frame_puts_each_method_on_its_client_model_size():
     assert np.isnan(script.kc_frame(df)["client_model_size"].iloc[2])
 
 
-def test_quick_run_end_to_end(tmp_path):
-    script = load_script()
+def test_quick_run_end_to_end(benchmark_script, tmp_path):
+    script = benchmark_script("fedgengmm_paper")
     assert (
         script.main(
             [

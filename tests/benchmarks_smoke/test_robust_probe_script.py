@@ -1,9 +1,5 @@
 """``benchmarks/robust_probe.py``: the copula's marginal map and one real run."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,16 +11,10 @@ from fednovelty.detectors import FedGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.mixture import MixtureParams
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "robust_probe.py"
 
-
-@pytest.fixture(scope="module")
-def probe():
-    spec = importlib.util.spec_from_file_location("robust_probe_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def probe(benchmark_script):
+    return benchmark_script("robust_probe")
 
 
 def _one_d(weights, means, sds) -> MixtureParams:

@@ -1,20 +1,6 @@
 """``benchmarks/robust_report.py``: targets, ablation and per-dataset tables from results."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "robust_report.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("robust_report_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _results():
@@ -36,8 +22,8 @@ def _results():
     return pd.DataFrame(rows)
 
 
-def test_targets_ablation_and_tables(tmp_path, capsys):
-    module = load_script()
+def test_targets_ablation_and_tables(benchmark_script, tmp_path, capsys):
+    module = benchmark_script("robust_report")
     path = tmp_path / "results.csv"
     _results().to_csv(path, index=False)
     assert module.main(["--results", str(path)]) == 0
