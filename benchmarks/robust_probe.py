@@ -29,7 +29,17 @@ AUROC ranks ``-log p``:
     score ``u = Phi^-1(F_j(x_j))`` (clipped at ``+-CLIP``), federated EM fits the joint
     mixture on ``u``, and ``log p(x) = log p_u(u) + sum_j [log f_j(x_j) - log phi(u_j)]``.
 ``dem+marginals``, ``dem+copula``, ``fedgen+copula``
-    Products of two of the models above: sums of their log-densities.
+    Products of two of the models above: sums of their log-densities. ``fedgen+copula`` is
+    a hybrid, not a one-shot method: its copula needs pooled marginals and federated EM.
+``fedgen-union``
+    FedGenGMM's union of the client mixtures, scored as it is (no server refit).
+``fedgen-copula``, ``fedgen+fedgen-copula``
+    The one-shot copula: FedGenGMM's server fits the marginals and the joint mixture of
+    the normal scores on its synthetic rows (no extra communication); alone and times
+    ``fedgen``.
+``dem-bag``, ``fedgen-bag``
+    Feature bagging: the mean log-density of ``N_BAGS`` mixtures, each fitted on a random
+    subset of ``d // 2`` to ``d - 1`` features (Lazarevic and Kumar's sizes).
 
 It writes ``robust_probe_<protocol>.csv`` (dataset, seed, candidate, AUROC) to ``--out``
 and prints the mean over datasets per seed and overall.
@@ -58,6 +68,7 @@ K_GRID_EM = (1, 2, 4, 8, 16)
 K_GRID_FEDGEN = (1, 2, 3, 5, 10)
 SCALE_GRID = (1.0, 2.0, 4.0, 8.0)
 MARGINAL_K = 5
+N_BAGS = 8
 CLIP = 8.0
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 OUT = Path(__file__).resolve().parent / "results" / "adbench"
@@ -76,6 +87,7 @@ class _FedGenGMMGrid(FedGenGMM):
         )
         generator = torch.Generator().manual_seed(self._seed(1))
         synthetic, _ = sample(union, state.n_synthetic, generator=generator)
+        state.union, state.synthetic = union, synthetic
         state.grid_models = [
             fit_gmm_scaled(
                 synthetic,
@@ -101,6 +113,7 @@ class _FedGenGMMGridDetector(FedGenGMMDetector):
         state = self._run(clients, seed)
         self._set_mixture(state.params)
         self.grid_models_ = state.grid_models
+        self.union_, self.synthetic_ = state.union, state.synthetic
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         return torch.stack([score_samples(m, X) for m in self.grid_models_]).mean(0)
@@ -161,6 +174,35 @@ def copula_features(models, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return torch.stack(scores, 1), log_f_sum, jacobian
 
 
+def one_shot_copula(synthetic: torch.Tensor, X_test: torch.Tensor, seed: int, prior_scale: float):
+    """Copula log-density of ``X_test`` fitted on the server's ``synthetic`` rows only."""
+    models = fit_marginals(synthetic, seed)
+    U, _, _ = copula_features(models, synthetic)
+    U_test, _, jacobian = copula_features(models, X_test.to(synthetic.dtype))
+    result, _ = fit_gmm_scaled(
+        U,
+        [10],
+        generator=torch.Generator().manual_seed(seed),
+        standardize=True,
+        prior_strength=float(U.shape[1] + 2),
+        prior_scale=prior_scale,
+    )
+    return (score_samples(result.params, U_test) + jacobian).numpy()
+
+
+def feature_bags(n_features: int, seed: int) -> list[np.ndarray]:
+    """``N_BAGS`` sorted random feature subsets of ``n_features // 2`` to ``n_features - 1``
+    features (all of them when ``n_features`` < 2)."""
+    rng = np.random.default_rng(seed)
+    if n_features < 2:
+        return [np.arange(n_features)] * N_BAGS
+    low = max(1, n_features // 2)
+    return [
+        np.sort(rng.choice(n_features, rng.integers(low, n_features), replace=False))
+        for _ in range(N_BAGS)
+    ]
+
+
 def log_densities(task, seed: int) -> dict[str, np.ndarray]:
     """Every candidate's log-density of the test rows of one task."""
     X, groups, X_test = task.X_train, task.groups_train, task.X_test
@@ -176,10 +218,22 @@ def log_densities(task, seed: int) -> dict[str, np.ndarray]:
         .score_samples(X_test)
     )
     out["dem-K-ens"] = np.mean([dem(X, X_test, n_components=k) for k in K_GRID_EM], 0)
-    out["fedgen-K-ens"] = (
-        _FedGenGMMGridDetector(n_components=10, random_state=seed)
-        .fit(X, groups=groups)
-        .score_samples(X_test)
+    grid = _FedGenGMMGridDetector(n_components=10, random_state=seed).fit(X, groups=groups)
+    out["fedgen-K-ens"] = grid.score_samples(X_test)
+    test = torch.as_tensor(X_test, dtype=grid.synthetic_.dtype)
+    out["fedgen-union"] = score_samples(grid.union_, test).numpy()
+    out["fedgen-copula"] = one_shot_copula(grid.synthetic_, test, seed, grid.prior_scale)
+    out["fedgen+fedgen-copula"] = out["fedgen"] + out["fedgen-copula"]
+    bags = feature_bags(X.shape[1], seed)
+    out["dem-bag"] = np.mean([dem(X[:, b], X_test[:, b], n_components=10) for b in bags], 0)
+    out["fedgen-bag"] = np.mean(
+        [
+            FedGenGMMDetector(n_components=10, random_state=seed)
+            .fit(X[:, b], groups=groups)
+            .score_samples(X_test[:, b])
+            for b in bags
+        ],
+        0,
     )
     out["dem-scale-ens"] = np.mean(
         [dem(X, X_test, n_components=10, prior_scale=s) for s in SCALE_GRID], 0

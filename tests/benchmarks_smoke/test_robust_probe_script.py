@@ -55,6 +55,30 @@ def test_clip_bounds_far_tails(probe):
     np.testing.assert_allclose(u.numpy(), [-probe.CLIP, probe.CLIP, probe.CLIP])
 
 
+def test_feature_bags_sizes_and_determinism(probe):
+    bags = probe.feature_bags(9, seed=3)
+    assert len(bags) == probe.N_BAGS
+    for cols in bags:
+        assert 4 <= len(cols) <= 8 and len(set(cols)) == len(cols)
+        assert np.all(np.diff(cols) > 0) and cols.max() < 9
+    assert all(
+        np.array_equal(a, b) for a, b in zip(bags, probe.feature_bags(9, seed=3), strict=True)
+    )
+    assert [list(c) for c in probe.feature_bags(1, seed=0)] == [[0]] * probe.N_BAGS
+
+
+def test_one_shot_copula_is_a_density(probe):
+    """On 1-D rows the one-shot copula's log-density integrates to about 1."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.cat(
+        [torch.randn(400, 1, generator=gen), 4 + 0.5 * torch.randn(200, 1, generator=gen)]
+    )
+    grid = torch.linspace(-8, 10, 4001, dtype=torch.float64).view(-1, 1)
+    log_p = probe.one_shot_copula(rows.double(), grid, seed=0, prior_scale=4.0)
+    mass = np.trapezoid(np.exp(log_p), grid.numpy().ravel())
+    assert abs(mass - 1) < 0.02
+
+
 def test_one_real_run(probe, tmp_path, capsys):
     df = probe.main(["--datasets", "45_wine", "--seeds", "0", "--out", str(tmp_path)])
     written = pd.read_csv(tmp_path / "robust_probe_outlier.csv")
@@ -69,6 +93,11 @@ def test_one_real_run(probe, tmp_path, capsys):
         "dem+marginals",
         "dem+copula",
         "fedgen+copula",
+        "fedgen-union",
+        "fedgen-copula",
+        "fedgen+fedgen-copula",
+        "dem-bag",
+        "fedgen-bag",
     }
     assert written["auroc"].between(0, 1).all()
     # the 'dem' row is the scoreboard's DEM-kmeans, computed here independently
