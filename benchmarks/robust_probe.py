@@ -211,12 +211,11 @@ def log_densities(task, seed: int) -> dict[str, np.ndarray]:
         detector = FedGMMDetector(mixture_weights="global", random_state=seed, **settings)
         return detector.fit(data, groups=groups).score_samples(test)
 
-    out = {"dem": dem(X, X_test, n_components=10)}
-    out["fedgen"] = (
-        FedGenGMMDetector(n_components=10, random_state=seed)
-        .fit(X, groups=groups)
-        .score_samples(X_test)
-    )
+    def fedgen(data, test):
+        detector = FedGenGMMDetector(n_components=10, random_state=seed)
+        return detector.fit(data, groups=groups).score_samples(test)
+
+    out = {"dem": dem(X, X_test, n_components=10), "fedgen": fedgen(X, X_test)}
     out["dem-K-ens"] = np.mean([dem(X, X_test, n_components=k) for k in K_GRID_EM], 0)
     grid = _FedGenGMMGridDetector(n_components=10, random_state=seed).fit(X, groups=groups)
     out["fedgen-K-ens"] = grid.score_samples(X_test)
@@ -226,15 +225,7 @@ def log_densities(task, seed: int) -> dict[str, np.ndarray]:
     out["fedgen+fedgen-copula"] = out["fedgen"] + out["fedgen-copula"]
     bags = feature_bags(X.shape[1], seed)
     out["dem-bag"] = np.mean([dem(X[:, b], X_test[:, b], n_components=10) for b in bags], 0)
-    out["fedgen-bag"] = np.mean(
-        [
-            FedGenGMMDetector(n_components=10, random_state=seed)
-            .fit(X[:, b], groups=groups)
-            .score_samples(X_test[:, b])
-            for b in bags
-        ],
-        0,
-    )
+    out["fedgen-bag"] = np.mean([fedgen(X[:, b], X_test[:, b]) for b in bags], 0)
     out["dem-scale-ens"] = np.mean(
         [dem(X, X_test, n_components=10, prior_scale=s) for s in SCALE_GRID], 0
     )
