@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,13 +27,12 @@ METHOD_NAMES = ["DEM-kmeans", "CentralGMM", "IForest"]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results.csv"
-    started = time.perf_counter()
     df = run_benchmark(["4_breastw"], METHOD_NAMES, out_csv=out, **GRID)
-    return df, out, time.perf_counter() - started
+    return df, out
 
 
 def test_one_row_per_cell_with_the_required_columns(results):
-    df, out, _ = results
+    df, out = results
     assert set(REQUIRED) <= set(df.columns) and list(df.columns) == list(COLUMNS)
     assert len(df) == 1 * 3 * 2 * 1 * 1 * 2  # datasets x methods x protocols x alphas x ...
     assert not df.duplicated(["dataset", "method", "protocol", "alpha", "n_clients", "seed"]).any()
@@ -53,15 +50,13 @@ def test_one_row_per_cell_with_the_required_columns(results):
 
 
 def test_resume_skips_finished_cells(results, monkeypatch):
-    df, out, first = results
+    df, out = results
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell was run again")
 
     monkeypatch.setattr(benchmark, "_run_cell", must_not_run)
-    started = time.perf_counter()
     again = run_benchmark(["4_breastw"], METHOD_NAMES, out_csv=out, **GRID)
-    assert time.perf_counter() - started < max(2.0, first / 2)
     assert len(pd.read_csv(out)) == len(df)  # nothing appended
     pd.testing.assert_frame_equal(
         again[list(METRICS)].reset_index(drop=True), df[list(METRICS)].reset_index(drop=True)
@@ -144,7 +139,7 @@ def test_client_components_is_an_axis_only_for_methods_that_use_it():
 
 
 def test_summary_has_every_method_and_the_ranks(results):
-    df, _, _ = results
+    df, _ = results
     text = summarize(df)
     for name in METHOD_NAMES:
         assert name in text
