@@ -8,8 +8,9 @@ with the methods listed in ``docs/robust.md``)::
 It reads the tidy results and prints, and writes next to them as ``robust.md``:
 
 1. the targets: mean AUROC over the 25 ADBench datasets of each federated mixture detector
-   (defaults) per seed and over seeds, beside IForest's, with the difference (outlier
-   protocol: >= 0.80; novelty protocol: above IForest);
+   (defaults) per seed and over seeds with its standard error over seeds, beside IForest's,
+   with the difference and its paired standard error (outlier protocol: >= 0.80; novelty
+   protocol: above IForest);
 2. the ablation: plain (``-plain``), standardisation only (``-std``), prior only (``-prior``)
    and both (the defaults), mean AUROC per protocol;
 3. per-dataset AUROC (mean over seeds): before (``-plain``) and after for FedGenGMM and
@@ -45,14 +46,28 @@ def _means(df: pd.DataFrame, protocol: str) -> pd.DataFrame:
     return means.loc[means.index.isin(full)].unstack("seed")
 
 
+def _standard_error(per_seed: pd.Series) -> str:
+    """The standard error of a mean over seeds (sample sd / sqrt(seeds)); blank below 2 seeds.
+
+    Applied to a per-seed difference with IForest, it is the paired standard error: both
+    methods see the same splits and partitions in a seed.
+    """
+    values = per_seed.dropna()
+    if len(values) < 2:
+        return ""
+    return f"{values.std(ddof=1) / len(values) ** 0.5:.4f}"
+
+
 def targets(df: pd.DataFrame) -> str:
     out = ["## Targets (mean AUROC over the datasets)", ""]
     for protocol in ("outlier", "novelty"):
         m = _means(df, protocol)
         seeds = list(m.columns)
-        header = ["method", *[f"seed {s}" for s in seeds], "mean", "vs IForest", "target"]
+        header = ["method", *[f"seed {s}" for s in seeds], "mean", "s.e.", "vs IForest",
+                  "s.e.", "target"]  # fmt: skip
         rows = []
-        reference = m.loc["IForest"].mean() if "IForest" in m.index else float("nan")
+        iforest = m.loc["IForest"] if "IForest" in m.index else pd.Series(float("nan"), seeds)
+        reference = iforest.mean()
         for method in (*FEDERATED, "CentralGMM", "IForest", "ECOD"):
             if method not in m.index:
                 continue
@@ -71,7 +86,9 @@ def targets(df: pd.DataFrame) -> str:
                         for s in seeds
                     ],
                     f"**{mean:.4f}**",
+                    _standard_error(m.loc[method]),
                     f"{mean - reference:+.4f}",
+                    _standard_error(m.loc[method] - iforest),
                     verdict,
                 ]
             )

@@ -28,10 +28,28 @@ def test_targets_ablation_and_tables(benchmark_script, tmp_path, capsys):
     _results().to_csv(path, index=False)
     assert module.main(["--results", str(path)]) == 0
     text = (tmp_path / "robust.md").read_text()
-    assert "| FedGenGMM | 0.8500 | 0.8500 | **0.8500** | +0.0500 | >= 0.80: met |" in text
-    assert "| DEM-kmeans | 0.7500 | 0.7500 | **0.7500** | -0.0500 | >= 0.80: missed |" in text
+    assert (
+        "| FedGenGMM | 0.8500 | 0.8500 | **0.8500** | 0.0000 | +0.0500 | 0.0000 | >= 0.80: met |"
+        in text
+    )
+    assert (
+        "| DEM-kmeans | 0.7500 | 0.7500 | **0.7500** | 0.0000 | -0.0500 | 0.0000 "
+        "| >= 0.80: missed |" in text
+    )
     assert "| DEM-kmeans | novelty | 0.5500 | 0.6000 |  | 0.7500 |" in text  # ablation row
     assert "> IForest: missed" in text  # DEM-kmeans in novelty: 0.75 < 0.80
     assert "| a | | " not in text
     assert "| **mean** |" in text
     assert "written:" in capsys.readouterr().out
+
+
+def test_standard_errors_over_seeds(benchmark_script):
+    module = benchmark_script("robust_report")
+    df = _results()
+    shift = {0: 0.0, 1: 0.04}  # FedGenGMM gains 0.04 in seed 1; IForest stays put
+    is_fedgen = df["method"] == "FedGenGMM"
+    df.loc[is_fedgen, "auroc"] += df.loc[is_fedgen, "seed"].map(shift)
+    text = module.targets(df)
+    # seeds 0.85 and 0.89: mean 0.87, sd 0.04 / sqrt(2), s.e. 0.02; same for the difference
+    assert "| FedGenGMM | 0.8500 | 0.8900 | **0.8700** | 0.0200 | +0.0700 | 0.0200 |" in text
+    assert module._standard_error(pd.Series([0.8])) == ""
