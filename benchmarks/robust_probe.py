@@ -42,7 +42,7 @@ AUROC ranks ``-log p``:
     subset of ``d // 2`` to ``d - 1`` features (Lazarevic and Kumar's sizes).
 
 It writes ``robust_probe_<protocol>.csv`` (dataset, seed, candidate, AUROC) to ``--out``
-and prints the mean over datasets per seed and overall.
+and prints the mean over datasets per seed, overall, and its standard error over seeds.
 """
 
 from __future__ import annotations
@@ -278,7 +278,10 @@ def main(argv=None) -> pd.DataFrame:
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / f"robust_probe_{args.protocol}.csv", index=False)
     means = df.groupby(["candidate", "seed"])["auroc"].mean().unstack("seed")
-    means["mean"] = means.mean(axis=1)
+    per_seed = means.copy()
+    means["mean"] = per_seed.mean(axis=1)
+    if per_seed.shape[1] > 1:  # the standard error of the mean over seeds
+        means["s.e."] = per_seed.std(axis=1, ddof=1) / per_seed.shape[1] ** 0.5
     order = list(dict.fromkeys(df["candidate"]))
     print(f"mean AUROC over {len(datasets)} datasets ({args.protocol} protocol)")
     print(means.loc[order].round(4).to_string())
