@@ -29,6 +29,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+#: How long any one wait may take, in ms: generous, because these are waits, not budgets (a
+#: loaded CI machine ran the suite 4x slower than an idle one; budgets: bench_app.py).
+WAIT_MS = 180_000
 EXCEPTION = '[data-testid="stException"]'
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 PLOT = ".js-plotly-plot"
@@ -77,15 +80,17 @@ def server(app_dir, tmp_path_factory):
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        while True:
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as reply:
                     if reply.read() == b"ok":
                         break
             except OSError:
+                if time.perf_counter() - started > WAIT_MS / 1000:
+                    pytest.fail(
+                        f"streamlit did not start in {WAIT_MS // 1000} s:\n{log_path.read_text()}"
+                    )
                 time.sleep(0.1)
-        else:
-            pytest.fail(f"streamlit did not start in 30 s:\n{log_path.read_text()}")
         yield url, time.perf_counter() - started
     finally:
         process.terminate()
@@ -95,7 +100,7 @@ def server(app_dir, tmp_path_factory):
             process.kill()
 
 
-def settle(page, timeout: float = 120) -> None:
+def settle(page, timeout: float = WAIT_MS / 1000) -> None:
     """Wait until the script run that an action started has finished."""
     try:
         page.wait_for_selector('[data-test-script-state="running"]', timeout=1500)
@@ -126,9 +131,10 @@ def test_every_page_in_chromium(server):
         )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.set_default_timeout(WAIT_MS)
             started = time.perf_counter()
             page.goto(url)
-            page.get_by_role("heading", name="fednovelty dashboard").wait_for(timeout=30_000)
+            page.get_by_role("heading", name="fednovelty dashboard").wait_for()
             first_page = time.perf_counter() - started
             settle(page)
             # Timings are printed, never asserted: issue 6's 5 s / 30 s budgets are met in
@@ -140,7 +146,7 @@ def test_every_page_in_chromium(server):
             page.get_by_role("heading", name="Train", exact=True).wait_for()
             started = time.perf_counter()
             page.get_by_role("button", name="Train", exact=True).click()
-            page.get_by_text("Current model:").wait_for(timeout=120_000)
+            page.get_by_text("Current model:").wait_for()
             settle(page)
             training = time.perf_counter() - started
             print(f"default training shown after {training:.1f} s")
@@ -151,7 +157,7 @@ def test_every_page_in_chromium(server):
                 open_page(page, label)
                 page.get_by_role("heading", name=heading, exact=True).wait_for()
                 if n_plots:
-                    page.locator(PLOT).nth(n_plots - 1).wait_for(timeout=30_000)
+                    page.locator(PLOT).nth(n_plots - 1).wait_for()
                 assert page.locator(PLOT).count() == n_plots, label
                 check_and_shoot(page, f"{number}_{label.lower().replace(' ', '_')}", folder)
         finally:

@@ -96,7 +96,7 @@ def test_fedgengmm_on_flower_equals_simulation(federation, partitions) -> None:
     result = federation.run_app(
         app,
         {"algorithm": "FedGenGMM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
-        timeout=240,
+        timeout=600,  # a wait, not a budget: normal runs take ~15 s per round
     )
     algorithm = FedGenGMM(**{**params, "k_range": (1, 4)}, random_state=0)
     simulated = simulate(algorithm, partitions[1])
@@ -135,7 +135,7 @@ def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> Non
     result = federation.run_app(
         app,
         {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
-        timeout=300,
+        timeout=600,  # a wait, not a budget
     )
     simulated = simulate(FederatedEM(**params, random_state=0), partitions[1])
     state, expected = result.state, simulated.state
