@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import machine_facts  # noqa: E402
+from fednovelty.cli import app_command  # noqa: E402  (the `fednovelty app` command line)
 
 APP_DIR = REPO / "app"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,11 +54,7 @@ def serve(timeout: float = 60.0) -> Iterator[tuple[str, float]]:
     """A fresh ``streamlit run app/Home.py``; yields its URL and the seconds until healthy."""
     port = free_port()
     log = tempfile.TemporaryFile()
-    command = [
-        sys.executable, "-m", "streamlit", "run", str(APP_DIR / "Home.py"),
-        "--server.address", "127.0.0.1", "--server.port", str(port),
-        "--server.headless", "true", "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
+    command = app_command(argparse.Namespace(address="127.0.0.1", port=port, headless=True))
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
