@@ -147,6 +147,9 @@ def test_every_page_in_chromium(server):
             started = time.perf_counter()
             page.get_by_role("button", name="Train", exact=True).click()
             page.get_by_text("Current model:").wait_for()
+            # The metrics render after the test rows are scored; on a loaded machine the
+            # browser can report the run finished before it has drawn them, so wait for them.
+            page.get_by_text("Test AUROC").wait_for()
             settle(page)
             training = time.perf_counter() - started
             print(f"default training shown after {training:.1f} s")
