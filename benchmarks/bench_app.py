@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +32,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._machine import machine_facts  # noqa: E402
 from fednovelty.cli import app_command  # noqa: E402  (the `fednovelty app` command line)
+from fednovelty.runtime.flower.deploy import free_port, wait_for_http  # noqa: E402
 
 APP_DIR = REPO / "app"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -43,43 +42,26 @@ IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 BUDGETS = {"first page": 5.0, "default training shown": 30.0}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(timeout: float = 60.0) -> Iterator[tuple[str, float]]:
     """A fresh ``streamlit run app/Home.py``; yields its URL and the seconds until healthy."""
     port = free_port()
-    log = tempfile.TemporaryFile()
     command = app_command(argparse.Namespace(address="127.0.0.1", port=port, headless=True))
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as reply:
-                    if reply.read() == b"ok":
-                        break
-            except OSError:
-                if time.perf_counter() - started > timeout:
-                    log.seek(0)
-                    raise SystemExit(
-                        f"streamlit did not start in {timeout:.0f} s:\n"
-                        + log.read().decode(errors="replace")
-                    ) from None
-                time.sleep(0.1)
-        yield url, time.perf_counter() - started
-    finally:
-        process.terminate()
+    with tempfile.TemporaryDirectory() as folder:
+        log_path = Path(folder) / "streamlit.log"
+        started = time.perf_counter()
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+            wait_for_http(f"{url}/_stcore/health", timeout, process, log_path)
+            yield url, time.perf_counter() - started
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def settle(page, sync_api) -> None:
