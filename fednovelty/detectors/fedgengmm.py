@@ -18,6 +18,7 @@ from fednovelty.detectors.base import (
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.mixture import score_samples
+from fednovelty.mixture.copula import copula_score_samples
 
 _FEDGEN_CONSTRAINTS: dict = {
     **COMMON_CONSTRAINTS,
@@ -105,10 +106,16 @@ class FedGenGMMDetector(_LocalFitDetector):
             (default 4: a component backed by few rows is flattened, not made a spike).
         samples_per_component: ``H`` of the paper (100).
         min_client_samples: clients with fewer rows are skipped with a warning.
+        copula: the server also fits a Gaussian copula on its synthetic rows (a 1-D
+            mixture per feature, a joint mixture of the features' normal scores) and
+            ``score_samples`` is its log-density; the attributes of the global mixture stay
+            those of the plain global fit. Same single round, same messages.
         contamination, random_state, device, dtype, progress: as ``FedGMMDetector``.
 
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: the global mixture.
+        copula_marginals_, copula_joint_: with ``copula``, each feature's 1-D mixture
+            (``MixtureParams``) and the joint mixture of the normal scores; else ``None``.
         client_n_components_: K chosen by each client; skipped_clients_: clients left out.
         n_synthetic_: rows drawn on the server; bic_: BIC per K of the global fit (BIC mode).
         history_, n_rounds_ (1), bytes_up_, bytes_down_; decision_scores_, threshold_, labels_.
@@ -121,6 +128,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         **_FEDGEN_CONSTRAINTS,
         "n_components": [Interval(Integral, 1, None, closed="left"), None],
         "samples_per_component": [Interval(Integral, 1, None, closed="left")],
+        "copula": ["boolean"],
     }
 
     def __init__(
@@ -138,6 +146,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         standardize=True,
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
+        copula=False,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -156,6 +165,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.standardize = standardize
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
+        self.copula = copula
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -166,7 +176,17 @@ class FedGenGMMDetector(_LocalFitDetector):
         return {
             "n_components": self.n_components,
             "samples_per_component": self.samples_per_component,
+            "copula": self.copula,
         }
+
+    def _set_copula(self, marginals, joint) -> None:
+        """Store the copula (``joint`` ``None``: the detector scores with the mixture)."""
+        options = self._torch_options()
+        if joint is None:
+            self.copula_marginals_, self.copula_joint_ = None, None
+        else:
+            self.copula_marginals_ = [m.to(**options) for m in marginals]
+            self.copula_joint_ = joint.to(**options)
 
     def _fit_clients(self, parts, clients, seed) -> None:
         n_total = sum(p.shape[0] for p in parts)
@@ -177,15 +197,25 @@ class FedGenGMMDetector(_LocalFitDetector):
             )
         state = self._run(clients, seed)
         self._set_mixture(state.params)
+        self._set_copula(state.marginals, state.copula)
         self.n_synthetic_ = state.n_synthetic
         self.bic_ = dict(state.bics)
 
     def _set_result(self, result) -> None:
         super()._set_result(result)
+        if self.copula and result.state.copula is None:
+            raise ValueError(
+                "copula=True but the model was trained without a copula; train it with "
+                "copula=True (FedGenGMM(copula=True) on the Flower server) or use copula=False."
+            )
         self._set_mixture(result.state.params.to(**self._torch_options()))
+        state = result.state
+        self._set_copula(state.marginals, state.copula if self.copula else None)
         self.n_synthetic_, self.bic_ = result.state.n_synthetic, dict(result.state.bics)
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
+        if self.copula_joint_ is not None:
+            return copula_score_samples(self.copula_marginals_, self.copula_joint_, X)
         return score_samples(self.model_, X)
 
     def _get_state(self):
@@ -194,12 +224,27 @@ class FedGenGMMDetector(_LocalFitDetector):
             "bic_": {str(k): v for k, v in self.bic_.items()},
             "skipped_clients_": self.skipped_clients_,
             "client_n_components_": [[k, v] for k, v in self.client_n_components_.items()],
+            "copula_": self.copula_joint_ is not None,
         }
-        return self._mixture_tensors(self.model_, "model"), attrs
+        tensors = self._mixture_tensors(self.model_, "model")
+        if self.copula_joint_ is not None:
+            tensors.update(self._mixture_tensors(self.copula_joint_, "copula.joint"))
+            for j, marginal in enumerate(self.copula_marginals_):
+                tensors.update(self._mixture_tensors(marginal, f"copula.marginal.{j}"))
+        return tensors, attrs
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
         self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type))
+        self._set_copula(None, None)
+        if attrs.get("copula_"):
+            self._set_copula(
+                [
+                    self._mixture_from(tensors, f"copula.marginal.{j}", "full")
+                    for j in range(self.n_features_in_)
+                ],
+                self._mixture_from(tensors, "copula.joint", self.covariance_type),
+            )
         self.n_synthetic_ = attrs["n_synthetic_"]
         self.bic_ = {int(k): v for k, v in attrs["bic_"].items()}
         self.skipped_clients_ = attrs["skipped_clients_"]

@@ -10,6 +10,7 @@ table into markdown.
 Methods (``METHODS``, by the papers' names):
 
 - federated, fitted with ``groups`` = the client of each row: ``FedGenGMM`` (one-shot),
+  ``FedGenGMM-copula`` (the same round; the server also fits a Gaussian copula and scores with it),
   ``FedGMM`` (federated EM, personal mixture weights), ``DEM-kmeans``, ``DEM-separated``,
   ``DEM-subset`` (federated EM, global weights, each DEM initialisation), ``Local`` (each client's
   own mixture, scores averaged);
@@ -202,6 +203,7 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         *_mixture_methods(),
+        Method("FedGenGMM-copula", _fedgengmm(copula=True), True, True),
         Method("IForest", _pyod("IForest", "iforest", seeded=True), False),
         Method("ECOD", _pyod("ECOD", "ecod"), False),
         Method("COPOD", _pyod("COPOD", "copod"), False),

@@ -12,6 +12,11 @@ on a client and on the server, runs on z-scores of its own rows with MAP covaria
 it is sent or kept: a client's scale is a local statistic and the server's comes from the
 synthetic rows, so the protocol stays one round and the messages are unchanged.
 
+With ``copula`` the server also fits, on the same synthetic rows, a Gaussian copula
+(:mod:`fednovelty.mixture.copula`): a 1-D mixture of ``MARGINAL_COMPONENTS`` components per
+feature, and a joint mixture of the features' normal scores. It costs no communication; the
+detector scores with it (``docs/robust.md`` measures it).
+
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
 """
@@ -34,6 +39,7 @@ from fednovelty.federated.base import (
     client_generator,
 )
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
+from fednovelty.mixture.copula import fit_marginals, normal_scores
 from fednovelty.mixture.covariance import check_covariance_type
 
 
@@ -49,6 +55,8 @@ class FedGenState:
         skipped: ids of clients with fewer rows than ``rows_needed()`` (no model sent).
         n_synthetic: rows drawn on the server; ``bics``: BIC per candidate K of the global fit.
         rounds: communication rounds (1 when done).
+        marginals, copula: with ``copula``, the 1-D mixture of every feature and the joint
+            mixture of their normal scores (else empty and ``None``).
     """
 
     phase: str = "local_fit"
@@ -59,6 +67,12 @@ class FedGenState:
     n_synthetic: int = 0
     bics: dict[int, float] = field(default_factory=dict)
     rounds: int = 0
+    marginals: list[MixtureParams] = field(default_factory=list)
+    copula: MixtureParams | None = None
+
+
+#: Components of each feature's 1-D mixture in the copula.
+MARGINAL_COMPONENTS = 5
 
 
 def _candidates(fixed: int | None, k_range: tuple[int, int]) -> list[int]:
@@ -80,6 +94,8 @@ class FedGenGMM(FederatedAlgorithm):
         standardize: every fit on z-scores of its own rows (mapped back to the original units).
         prior_strength: pseudo-rows of the covariance prior of every fit (``None``: none).
         prior_scale: the prior's target variance as a multiple of each feature's variance.
+        copula: the server also fits a Gaussian copula with mixture marginals on its
+            synthetic rows (``state.marginals``, ``state.copula``); no extra communication.
         random_state: integer seed; dtype, device: where the server computes.
     """
 
@@ -100,11 +116,13 @@ class FedGenGMM(FederatedAlgorithm):
         standardize: bool = False,
         prior_strength: float | None = None,
         prior_scale: float = 1.0,
+        copula: bool = False,
         random_state: int = 0,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
     ) -> None:
         check_covariance_type(covariance_type)
+        self.copula = bool(copula)
         prior_strength, prior_scale = check_prior_arguments(prior_strength, prior_scale)
         self.standardize = bool(standardize)
         self.prior_strength = prior_strength
@@ -235,12 +253,33 @@ class FedGenGMM(FederatedAlgorithm):
         candidates = _candidates(self.n_components, self.k_range)
         result, state.bics = fit_gmm_scaled(synthetic, candidates, **settings)
         state.params = result.params
+        if self.copula:
+            state.marginals, state.copula = self._fit_copula(synthetic, candidates, settings)
         state.phase, state.rounds = "done", 1
         return state, {
             "phase": "local_fit",
             "n_synthetic": state.n_synthetic,
             "n_components": state.params.n_components,
         }
+
+    def _fit_copula(
+        self, synthetic: Tensor, candidates: list[int], settings: dict
+    ) -> tuple[list[MixtureParams], MixtureParams]:
+        """The copula of the synthetic rows: marginals, then the joint mixture of the scores
+        (same K, covariance type and remedies as the global mixture)."""
+        settings = {**settings, "generator": torch.Generator().manual_seed(self._seed(2))}
+        marginals = fit_marginals(
+            synthetic,
+            MARGINAL_COMPONENTS,
+            prior_scale=self.prior_scale,
+            reg_covar=self.reg_covar,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            generator=settings["generator"],
+        )
+        scores, _ = normal_scores(marginals, synthetic)
+        joint, _ = fit_gmm_scaled(scores, candidates, **settings)
+        return marginals, joint.params
 
 
 class LocalGMMs(FedGenGMM):

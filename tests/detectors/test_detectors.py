@@ -59,12 +59,17 @@ DETECTORS = {
         FedGenGMMDetector,
         {"n_components": 3, "client_components": 3, "samples_per_component": 50},
     ),
+    "fedgengmm-copula": (
+        FedGenGMMDetector,
+        {"n_components": 3, "client_components": 3, "samples_per_component": 50, "copula": True},
+    ),
     "local": (LocalGMMDetector, {"client_components": 3}),
 }
 # A parameter each class validates in fit, and a value it must refuse there.
 BAD_PARAM = {
     "fedgmm": ("n_components", -1),
     "fedgengmm": ("n_components", -1),
+    "fedgengmm-copula": ("copula", "yes"),
     "local": ("client_components", -1),
 }
 
@@ -479,6 +484,7 @@ CLASS_ATTRS = {
     ),
     "local": ("skipped_clients_", "client_n_components_"),
 }
+CLASS_ATTRS["fedgengmm-copula"] = CLASS_ATTRS["fedgengmm"]
 
 
 def _assert_same(a, b, attr):
@@ -526,6 +532,15 @@ def test_save_load_round_trip(name, loader, tmp_path):
         for mine, theirs in zip(loaded.client_models_, detector.client_models_, strict=True):
             for key, value in theirs.tensors().items():
                 assert torch.equal(mine.tensors()[key], value), key
+    if name == "fedgengmm-copula":
+        assert len(loaded.copula_marginals_) == X_TRAIN.shape[1]
+        for a, b in zip(
+            [loaded.copula_joint_, *loaded.copula_marginals_],
+            [detector.copula_joint_, *detector.copula_marginals_],
+            strict=True,
+        ):
+            for key, tensor in a.tensors().items():
+                torch.testing.assert_close(tensor, b.tensors()[key], rtol=0, atol=0)
 
 
 def test_save_load_keeps_feature_names(name, tmp_path):
@@ -667,6 +682,7 @@ SMALL = {
     ),
     "local": (LocalGMMDetector, {"client_components": 2}),
 }
+SMALL["fedgengmm-copula"] = (FedGenGMMDetector, {**SMALL["fedgengmm"][1], "copula": True})
 
 
 @pytest.mark.parametrize("check", SKLEARN_CHECKS)

@@ -54,6 +54,7 @@ CASES = [
     (FedGMMDetector, {"n_components": 3, "mixture_weights": "personal", "max_iter": 5}),
     (FedGMMDetector, {"n_components": 3, "mixture_weights": "global", "covariance_type": "diag"}),
     (FedGenGMMDetector, {"n_components": 3, "k_range": (1, 4)}),
+    (FedGenGMMDetector, {"n_components": 3, "k_range": (1, 4), "copula": True}),
     (LocalGMMDetector, {"client_components": 2}),
 ]
 
@@ -134,6 +135,23 @@ def test_from_model_rejects_rows_of_another_width(cls, monkeypatch) -> None:
     _, result = fit_and_capture(fitted, X, groups, monkeypatch)
     with pytest.raises(ValueError, match="X has 2 features but the model was trained on"):
         cls.from_model(result, X[:, :2], **fitted.get_params())
+
+
+def test_from_model_copula_needs_a_run_that_fitted_one(monkeypatch) -> None:
+    X, groups = make_data()
+    plain = FedGenGMMDetector(n_components=3, k_range=(1, 3), random_state=0)
+    _, result = fit_and_capture(plain, X, groups, monkeypatch)
+    settings = {**plain.get_params(), "copula": True}
+    with pytest.raises(ValueError, match="trained without a copula"):
+        FedGenGMMDetector.from_model(result, X, **settings)
+    # the other way round the copula is simply not used: the detector scores with the mixture
+    with_copula = FedGenGMMDetector(n_components=3, k_range=(1, 3), random_state=0, copula=True)
+    _, result = fit_and_capture(with_copula, X, groups, monkeypatch)
+    made = FedGenGMMDetector.from_model(result, X, **plain.get_params())
+    assert made.copula_joint_ is None
+    np.testing.assert_array_equal(
+        made.decision_scores_, plain.fit(X, groups=groups).decision_scores_
+    )
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")

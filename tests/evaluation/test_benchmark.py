@@ -104,8 +104,9 @@ def test_min_size_reaches_the_partition_and_is_part_of_the_cell(tmp_path):
                              out_csv=out, **TINY)  # fmt: skip
     assert "min_size=100" in too_many.loc[0, "error"]
     assert too_many.loc[0, "min_size"] == 100
-    lowered = run_benchmark(["4_breastw"], ["IForest"], n_clients=(3,), min_size=2,
-                            out_csv=out, **TINY)  # fmt: skip: a new cell, not a resumed one
+    lowered = run_benchmark(
+        ["4_breastw"], ["IForest"], n_clients=(3,), min_size=2, out_csv=out, **TINY
+    )  # fmt: skip: a new cell, not a resumed one
     assert lowered.loc[0, "error"] is None and len(pd.read_csv(out)) == 2
 
 
@@ -158,8 +159,9 @@ def test_unknown_names_suggest_the_closest():
 
 def test_registry_names_match_the_papers():
     assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
-                                     "DEM-subset", "Local", "CentralGMM", "IForest", "ECOD",
-                                     "COPOD", "KNN", "LOF", "HBOS", "PCA"]  # fmt: skip
+                                     "DEM-subset", "Local", "CentralGMM", "FedGenGMM-copula",
+                                     "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS",
+                                     "PCA"]  # fmt: skip
     # every mixture method also comes as its ablations, with the switches they name
     for name in ("FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-subset", "Local", "CentralGMM"):
         default = METHODS[name].build(3, None, "full", 0)
@@ -181,6 +183,9 @@ def test_registry_names_match_the_papers():
     )
     assert METHODS["FedGMM"].build(3, None, "full", 0).mixture_weights == "personal"
     assert not METHODS["CentralGMM"].federated and METHODS["FedGenGMM"].federated
+    copula = METHODS["FedGenGMM-copula"]
+    assert copula.federated and copula.build(3, None, "full", 0).copula
+    assert not METHODS["FedGenGMM"].build(3, None, "full", 0).copula
 
 
 def test_torch_threads_are_set_for_the_run_and_restored():

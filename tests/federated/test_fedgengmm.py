@@ -12,6 +12,7 @@ from sklearn.mixture import GaussianMixture
 from fednovelty.federated import FedGenGMM, LocalGMMs, Message
 from fednovelty.federated.aggregate import union_mixture
 from fednovelty.mixture import MixtureParams, score_samples
+from fednovelty.mixture.copula import copula_score_samples
 from fednovelty.runtime import run_simulation
 
 CENTERS = np.array([[-6.0, 0.0], [6.0, 0.0], [0.0, 7.0]])
@@ -189,3 +190,35 @@ def test_message_nbytes_counts_tensors_and_scalars():
     )
     assert message.nbytes() == 24 + 16 + 5 + 8 + 8 + 8 + 6
     assert Message("empty").nbytes() == 0
+
+
+def test_copula_is_fitted_on_the_same_round_and_leaves_the_mixture_alone(
+    fedgen_run, nested_clients
+):
+    _, plain = fedgen_run
+    algorithm = FedGenGMM(
+        n_components=3, k_range=(1, 4), samples_per_component=80, random_state=0, copula=True
+    )
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    result = run_simulation(algorithm, clients)
+    assert len(result.history) == 1 and result.state.rounds == 1
+    assert result.history[0].bytes_up == plain.history[0].bytes_up  # no extra communication
+    for name, tensor in result.state.params.tensors().items():
+        torch.testing.assert_close(tensor, plain.state.params.tensors()[name], rtol=0, atol=0)
+    assert plain.state.marginals == [] and plain.state.copula is None
+    assert [m.n_features for m in result.state.marginals] == [1, 1]
+    assert result.state.copula.n_components == 3
+    # a density of x that fits fresh rows of the blobs far better than one Gaussian, if
+    # not as well as the mixture (the right model for Gaussian blobs)
+    rng = np.random.default_rng(5)
+    fresh = np.vstack([blob(rng, i, 200) for i in range(3)])
+    mixture = float(score_samples(result.state.params, torch.as_tensor(fresh)).mean())
+    copula = float(
+        copula_score_samples(
+            result.state.marginals, result.state.copula, torch.as_tensor(fresh)
+        ).mean()
+    )
+    pooled = np.vstack(list(nested_clients.values()))
+    one_gaussian = GaussianMixture(1).fit(pooled).score(fresh)
+    assert one_gaussian + 0.5 < copula < mixture + 0.05
+    assert copula > mixture - 0.5
