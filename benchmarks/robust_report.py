@@ -8,9 +8,9 @@ with the methods listed in ``docs/robust.md``)::
 It reads the tidy results and prints, and writes next to them as ``robust.md``:
 
 1. the targets: mean AUROC over the 25 ADBench datasets of each federated mixture detector
-   (defaults, and FedGenGMM's ``copula`` option) per seed and over seeds with its standard error over seeds, beside IForest's,
-   with the difference and its paired standard error (outlier protocol: >= 0.80; novelty
-   protocol: above IForest);
+   (defaults, and FedGenGMM's ``copula`` option) per seed and over seeds with its standard
+   error over seeds, beside IForest's, with the difference and its paired standard error
+   (outlier protocol: >= 0.80; novelty protocol: above IForest);
 2. the ablation: plain (``-plain``), standardisation only (``-std``), prior only (``-prior``)
    and both (the defaults), mean AUROC per protocol;
 3. per-dataset AUROC (mean over seeds): before (``-plain``) and after for FedGenGMM and
