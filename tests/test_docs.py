@@ -16,8 +16,10 @@ def test_benchmarks_page_example_runs(capsys):
     assert lines[-1] == "# Benchmark summary: auroc (novel = positive class)"
 
 
-def test_robust_page_example_runs(capsys):
+def test_robust_page_examples_run(capsys):
     text = (DOCS / "robust.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    exec(compile(block, "docs/robust.md", "exec"), {})
+    defaults, copula = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(defaults, "docs/robust.md", "exec"), {})
     assert capsys.readouterr().out.split() == ["moments", "1", "True"]
+    exec(compile(copula, "docs/robust.md", "exec"), {})
+    assert capsys.readouterr().out.split() == ["1", "2", "3", "True"]
