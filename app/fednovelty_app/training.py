@@ -121,6 +121,7 @@ class MethodSettings:
         joint: FedGMM fits the joint model p(x, y) when the data are labelled.
         n_learners, local_epochs: the joint model's learners.
         client_components: K_c of FedGenGMM / Local clients; None = BIC over 1..10.
+        copula: FedGenGMM scores with a Gaussian copula fitted on the server's synthetic rows.
     """
 
     method: str = "FedGMM"
@@ -132,6 +133,7 @@ class MethodSettings:
     n_learners: int = 3
     local_epochs: int = 5
     client_components: int | None = None
+    copula: bool = False
 
 
 def run_key(data: DataSettings, method: MethodSettings) -> str:
@@ -210,6 +212,7 @@ def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
             n_components=method.n_components,
             client_components=method.client_components,
             max_iter=max(method.max_iter, 100),
+            copula=method.copula,
             **common,
         )
     if method.method == "Local":

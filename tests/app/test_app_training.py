@@ -51,6 +51,20 @@ def test_every_method_builds_a_detector(method):
         build_detector(MethodSettings(method="nope"), seed=0)
 
 
+def test_fedgengmm_copula_is_a_setting_that_reaches_the_scores():
+    plain = MethodSettings(method="FedGenGMM", n_components=2)
+    copula = MethodSettings(method="FedGenGMM", n_components=2, copula=True)
+    assert run_key(DataSettings(), plain) != run_key(DataSettings(), copula)
+    assert not build_detector(plain, seed=0).copula and build_detector(copula, seed=0).copula
+    bundle = synthetic_bundle(n_clients=3, n_unseen=0, n_features=2, seed=0)
+    runs = [train(DataSettings(), m, bundle) for m in (plain, copula)]
+    assert runs[0].detector.copula_joint_ is None
+    assert runs[1].detector.copula_joint_ is not None
+    np.testing.assert_array_equal(runs[0].detector.means_, runs[1].detector.means_)
+    X = bundle.frame(bundle.X_train)
+    assert not np.allclose(runs[0].detector.score_samples(X), runs[1].detector.score_samples(X))
+
+
 def test_progress_text():
     step = Progress(12, 40, "em", -3.2, 2.0)
     assert step.fraction == pytest.approx(0.3)
