@@ -26,7 +26,7 @@ AUROC ranks ``-log p``:
     pooled rows**; federated EM on per-feature sums would reach the same fixed points.
 ``copula``
     A Gaussian copula with those mixture marginals: every feature is mapped to a normal
-    score ``u = Phi^-1(F_j(x_j))`` (clipped at ``+-CLIP``), federated EM fits the joint
+    score ``u = Phi^-1(F_j(x_j))`` (clipped at ``+-copula.CLIP``), federated EM fits the joint
     mixture on ``u``, and ``log p(x) = log p_u(u) + sum_j [log f_j(x_j) - log phi(u_j)]``.
 ``dem+marginals``, ``dem+copula``, ``fedgen+copula``
     Products of two of the models above: sums of their log-densities. ``fedgen+copula`` is
@@ -48,7 +48,6 @@ and prints the mean over datasets per seed, overall, and its standard error over
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -62,15 +61,13 @@ from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
 from fednovelty.federated.aggregate import union_mixture
-from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample, score_samples
+from fednovelty.mixture import MixtureParams, copula, fit_gmm_scaled, sample, score_samples
 
 K_GRID_EM = (1, 2, 4, 8, 16)
 K_GRID_FEDGEN = (1, 2, 3, 5, 10)
 SCALE_GRID = (1.0, 2.0, 4.0, 8.0)
 MARGINAL_K = 5
 N_BAGS = 8
-CLIP = 8.0
-HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 OUT = Path(__file__).resolve().parent / "results" / "adbench"
 
 
@@ -120,58 +117,30 @@ class _FedGenGMMGridDetector(FedGenGMMDetector):
 
 
 def fit_marginals(X: torch.Tensor, seed: int) -> list[MixtureParams | None]:
-    """One 1-D mixture per feature of ``X`` (n, d); ``None`` for a constant feature."""
+    """One 1-D mixture per feature of ``X`` (n, d) (the library's
+    :func:`~fednovelty.mixture.copula.fit_marginals`); ``None`` for a constant feature,
+    which the pooled-row candidates leave out."""
     generator = torch.Generator().manual_seed(seed)
-    models = []
-    for j in range(X.shape[1]):
-        column = X[:, j : j + 1]
-        if float(column.std()) == 0:
-            models.append(None)
-            continue
-        k = min(MARGINAL_K, int(torch.unique(column).numel()))
-        result, _ = fit_gmm_scaled(
-            column,
-            [k],
-            covariance_type="full",
-            generator=generator,
-            standardize=True,
-            prior_strength=3.0,  # n_features + 2 for one feature, as "auto"
-            prior_scale=4.0,
-        )
-        models.append(result.params)
-    return models
-
-
-def marginal_terms(model: MixtureParams, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """For one feature's 1-D mixture and values ``x`` (n,): ``(log f(x), u)`` with
-    ``u = Phi^-1(F(x))`` from the nearer tail, clipped at ``+-CLIP``."""
-    log_w = model.weights.log()
-    mean = model.means[:, 0]
-    sd = 1 / model.precisions_cholesky.reshape(-1)
-    z = (x.unsqueeze(1) - mean) / sd  # (n, K)
-    log_f = torch.logsumexp(log_w - 0.5 * z.square() - sd.log() - HALF_LOG_2PI, 1)
-    log_cdf = torch.logsumexp(log_w + torch.special.log_ndtr(z), 1)
-    log_sf = torch.logsumexp(log_w + torch.special.log_ndtr(-z), 1)
-    u = torch.where(
-        log_cdf < log_sf,
-        torch.special.ndtri(log_cdf.exp()),
-        -torch.special.ndtri(log_sf.exp()),
-    )
-    return log_f, u.clamp(-CLIP, CLIP)
+    return [
+        None
+        if float(X[:, j].std()) == 0
+        else copula.fit_marginals(
+            X[:, j : j + 1], MARGINAL_K, prior_scale=4.0, generator=generator
+        )[0]
+        for j in range(X.shape[1])
+    ]
 
 
 def copula_features(models, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Normal scores ``U`` (n, d'), the marginal log-density sum and the Jacobian term
     ``sum_j log f_j(x_j) - log phi(u_j)`` (both (n,)); constant features are left out."""
-    scores, log_f_sum, jacobian = [], 0.0, 0.0
-    for j, model in enumerate(models):
-        if model is None:
-            continue
-        log_f, u = marginal_terms(model, X[:, j])
-        scores.append(u)
-        log_f_sum = log_f_sum + log_f
-        jacobian = jacobian + log_f + 0.5 * u.square() + HALF_LOG_2PI
-    return torch.stack(scores, 1), log_f_sum, jacobian
+    kept = [j for j, model in enumerate(models) if model is not None]
+    marginals = [models[j] for j in kept]
+    U, jacobian = copula.normal_scores(marginals, X[:, kept])
+    log_f_sum = sum(
+        copula.marginal_log_pdf_cdf(m, X[:, j])[0] for m, j in zip(marginals, kept, strict=True)
+    )
+    return U, log_f_sum, jacobian
 
 
 def one_shot_copula(synthetic: torch.Tensor, X_test: torch.Tensor, seed: int, prior_scale: float):
