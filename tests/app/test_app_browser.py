@@ -7,15 +7,16 @@ box appears, and saves a screenshot of each page to ``$PYTEST_ARTIFACTS/app`` (d
 ``tests/app/artifacts/``, ignored by git).
 """
 
+import argparse
 import os
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from fednovelty.cli import app_command
+from fednovelty.runtime.flower.deploy import free_port, wait_for_http
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package")
@@ -45,12 +46,6 @@ PAGES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def artifacts_dir() -> Path:
     root = os.environ.get("PYTEST_ARTIFACTS")
     folder = Path(root) / "app" if root else Path(__file__).parent / "artifacts"
@@ -69,28 +64,17 @@ def server(app_dir, tmp_path_factory):
         )
     port = free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
-    command = [
-        sys.executable, "-m", "streamlit", "run", str(app_dir / "Home.py"),
-        "--server.address", "127.0.0.1", "--server.port", str(port),
-        "--server.headless", "true", "--browser.gatherUsageStats", "false",
-        "--client.toolbarMode", "minimal",
-    ]  # fmt: skip
+    options = argparse.Namespace(address="127.0.0.1", port=port, headless=True)
+    command = app_command(options, app_dir / "Home.py")  # what `fednovelty app` runs
     started = time.perf_counter()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as reply:
-                    if reply.read() == b"ok":
-                        break
-            except OSError:
-                if time.perf_counter() - started > WAIT_MS / 1000:
-                    pytest.fail(
-                        f"streamlit did not start in {WAIT_MS // 1000} s:\n{log_path.read_text()}"
-                    )
-                time.sleep(0.1)
+        try:
+            wait_for_http(f"{url}/_stcore/health", WAIT_MS / 1000, process, log_path)
+        except (RuntimeError, TimeoutError) as error:
+            pytest.fail(f"streamlit did not start: {error}")
         yield url, time.perf_counter() - started
     finally:
         process.terminate()
