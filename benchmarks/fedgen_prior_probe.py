@@ -1,0 +1,172 @@
+"""Issue 7 probe: where FedGenGMM's covariance prior acts, and how its clients choose K.
+
+FedGenGMM loses to federated EM on ``20_letter``, ``22_magic.gamma`` and ``41_Waveform``
+(``docs/robust.md``). Its clients hold ~100 rows each; with the default prior (``d + 2``
+pseudo-rows at 4x each feature's variance) their BIC picks K = 1 on ``20_letter``, and the
+server then applies the same prior again to its synthetic rows. This script measures the
+variants that follow from that diagnosis, on the scoreboard's tasks (10 clients,
+Dirichlet(0.5), at most 10,000 training and test rows)::
+
+    python benchmarks/fedgen_prior_probe.py --protocol outlier --seeds 0 1 2 3 4 [--copula]
+
+``default``
+    ``FedGenGMMDetector(n_components=10)`` as in ``fednovelty bench``.
+``server-none`` / ``server-evidence`` / ``server-scale1``
+    The server fits its synthetic rows without the prior; with its strength rescaled from
+    real rows to synthetic ones (``nu * n_synthetic / n_real``: the prior weighs as much
+    against the synthetic set as against the rows it stands for); with ``prior_scale`` 1.
+``client-ml-bic``
+    Each client chooses K by the BIC of maximum-likelihood fits (what BIC was derived for),
+    then fits that K with the prior.
+``client-split`` / ``client-half``
+    Each client's prior strength divided by the number of clients (the federation counts
+    the prior once, not once per client) / halved.
+
+Every variant keeps the messages of FedGenGMM (one round, models up). It writes
+``fedgen_prior_probe_<protocol>[_copula].csv`` (dataset, seed, variant, AUROC) to ``--out``
+and prints the mean over datasets per seed, overall, and its standard error over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from fednovelty.datasets import list_adbench
+from fednovelty.datasets.protocols import make_task
+from fednovelty.detectors import FedGenGMMDetector
+from fednovelty.evaluation.metrics import auroc
+from fednovelty.federated import FedGenGMM
+
+OUT = Path(__file__).resolve().parent / "results" / "adbench"
+N_CLIENTS = 10
+
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "server-none": {"server": "none"},
+    "server-evidence": {"server": "evidence"},
+    "server-scale1": {"server": "scale1"},
+    "client-ml-bic": {"client_select": "ml-bic"},
+    "client-split": {"client_factor": 1.0 / N_CLIENTS},
+    "client-half": {"client_factor": 0.5},
+}
+
+
+class _Variant(FedGenGMM):
+    """FedGenGMM with the prior changed on the clients or on the server (see module doc)."""
+
+    def __init__(self, *, server="same", client_factor=1.0, client_select="bic", **kwargs):
+        super().__init__(**kwargs)
+        self.server, self.client_factor, self.client_select = server, client_factor, client_select
+
+    def configure(self, state):
+        message = super().configure(state)
+        scalars = dict(message.scalars)
+        scalars["prior_strength"] = float(scalars["prior_strength"]) * self.client_factor
+        return replace(message, scalars=scalars)
+
+    def client_step(self, X, message, context):
+        strength = float(message.scalars["prior_strength"])
+        if self.client_select != "ml-bic" or not strength:
+            return super().client_step(X, message, context)
+        ml = replace(message, scalars={**message.scalars, "prior_strength": 0.0})
+        reply = super().client_step(X, ml, context)
+        if reply.scalars.get("skipped"):
+            return reply
+        k = int(reply.tensors["weights"].shape[0])
+        return super().client_step(
+            X, replace(message, scalars={**message.scalars, "candidates": str(k)}), context
+        )
+
+    def server_step(self, state, replies):
+        saved = self.prior_strength, self.prior_scale
+        if self.server == "none":
+            self.prior_strength = None
+        elif self.server == "scale1":
+            self.prior_scale = 1.0
+        elif self.server == "evidence" and self.prior_strength is not None:
+            fitted = [r for r in replies.values() if not r.scalars.get("skipped")]
+            n_real = sum(float(r.tensors["n_samples"]) for r in fitted)
+            n_synthetic = self.samples_per_component * sum(
+                int(r.tensors["weights"].shape[0]) for r in fitted
+            )
+            self.prior_strength = self.prior_strength * n_synthetic / n_real
+        try:
+            return super().server_step(state, replies)
+        finally:
+            self.prior_strength, self.prior_scale = saved
+
+
+def detector(variant: dict, copula: bool, seed: int) -> FedGenGMMDetector:
+    """A ``FedGenGMMDetector(n_components=10)`` whose algorithm is the given variant."""
+
+    class _Detector(FedGenGMMDetector):
+        _algorithm = _Variant
+
+        def _algorithm_kwargs(self) -> dict:
+            return {**super()._algorithm_kwargs(), **variant}
+
+    return _Detector(n_components=10, copula=copula, random_state=seed)
+
+
+def main(argv=None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--protocol", default="outlier", choices=("outlier", "novelty"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--datasets", nargs="+", default=None)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--copula", action="store_true", help="the copula=True detector")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    datasets = args.datasets or list_adbench(args.data_dir)
+    rows = []
+    for seed in args.seeds:
+        start = time.perf_counter()
+        for name in datasets:
+            task = make_task(
+                name,
+                args.protocol,
+                n_clients=N_CLIENTS,
+                alpha=0.5,
+                seed=seed,
+                data_dir=args.data_dir,
+                max_train=10_000,
+                max_test=10_000,
+            )
+            for variant in args.variants:
+                model = detector(VARIANTS[variant], args.copula, seed)
+                model.fit(task.X_train, groups=task.groups_train)
+                rows.append(
+                    {
+                        "dataset": name,
+                        "seed": seed,
+                        "variant": variant,
+                        "client_k": ",".join(map(str, sorted(model.client_n_components_.values()))),
+                        "auroc": auroc(task.y_test, -model.score_samples(task.X_test)),
+                    }
+                )
+        print(f"seed {seed}: {len(datasets)} datasets in {time.perf_counter() - start:.0f} s")
+    df = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "_copula" if args.copula else ""
+    df.to_csv(args.out / f"fedgen_prior_probe_{args.protocol}{suffix}.csv", index=False)
+    means = df.groupby(["variant", "seed"])["auroc"].mean().unstack("seed")
+    per_seed = means.copy()
+    means["mean"] = per_seed.mean(axis=1)
+    if per_seed.shape[1] > 1:  # the standard error of the mean over seeds
+        means["s.e."] = per_seed.std(axis=1, ddof=1) / per_seed.shape[1] ** 0.5
+    order = list(dict.fromkeys(df["variant"]))
+    print(f"mean AUROC over {len(datasets)} datasets ({args.protocol} protocol)")
+    print(means.loc[order].round(4).to_string())
+    return df
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``benchmarks/fedgen_prior_probe.py``: each variant changes what it says and nothing else."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fednovelty.detectors import FedGenGMMDetector
+from fednovelty.federated.fedgengmm import FedGenState
+
+
+@pytest.fixture
+def probe(benchmark_script):
+    return benchmark_script("fedgen_prior_probe")
+
+
+@pytest.fixture
+def clients():
+    """Four clients of three well-separated clusters in 3-D (rows, groups)."""
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0, 0.0], [6.0, 0.0, 0.0], [0.0, 6.0, 3.0]])
+    X = np.concatenate([c + rng.normal(size=(120, 3)) for c in centres])
+    return X, rng.integers(0, 4, size=len(X))
+
+
+def test_default_is_the_library_detector(probe, clients):
+    X, groups = clients
+    variant = probe.detector(probe.VARIANTS["default"], copula=False, seed=3).fit(X, groups=groups)
+    library = FedGenGMMDetector(n_components=10, random_state=3).fit(X, groups=groups)
+    np.testing.assert_array_equal(variant.score_samples(X), library.score_samples(X))
+
+
+def test_client_factor_scales_the_broadcast_prior(probe):
+    algorithm = probe._Variant(prior_strength=12.0, prior_scale=4.0, client_factor=0.1)
+    message = algorithm.configure(FedGenState())
+    assert message.scalars["prior_strength"] == pytest.approx(1.2)
+    assert algorithm.prior_strength == 12.0  # the server's own prior is left as it was
+
+
+def test_ml_bic_clients_choose_the_k_of_maximum_likelihood(probe, clients):
+    X, groups = clients
+    ml = FedGenGMMDetector(n_components=3, covariance_prior=None, random_state=0)
+    ml.fit(X, groups=groups)
+    variant = probe.detector(probe.VARIANTS["client-ml-bic"], copula=False, seed=0)
+    variant.set_params(n_components=3).fit(X, groups=groups)
+    assert variant.client_n_components_ == ml.client_n_components_
+    default = FedGenGMMDetector(n_components=3, random_state=0).fit(X, groups=groups)
+    assert not np.allclose(variant.score_samples(X), default.score_samples(X))
+
+
+@pytest.mark.parametrize("name", ["server-none", "server-evidence", "server-scale1"])
+def test_server_variants_change_the_global_fit_only(probe, clients, name):
+    X, groups = clients
+    variant = probe.detector(probe.VARIANTS[name], copula=False, seed=0).fit(X, groups=groups)
+    default = FedGenGMMDetector(n_components=10, random_state=0).fit(X, groups=groups)
+    assert variant.client_n_components_ == default.client_n_components_
+    assert not np.allclose(variant.score_samples(X), default.score_samples(X))
+
+
+def test_one_real_run(probe, tmp_path, capsys):
+    args = ["--datasets", "45_wine", "--seeds", "0", "--out", str(tmp_path)]
+    probe.main([*args, "--variants", "default", "client-split", "--copula"])
+    written = pd.read_csv(tmp_path / "fedgen_prior_probe_outlier_copula.csv")
+    assert list(written["variant"]) == ["default", "client-split"]
+    assert written["auroc"].between(0, 1).all()
+    assert "mean AUROC over 1 datasets" in capsys.readouterr().out
