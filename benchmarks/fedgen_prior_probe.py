@@ -30,6 +30,7 @@ and prints the mean over datasets per seed, overall, and its standard error over
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,13 +39,17 @@ import pandas as pd
 import torch
 
 from fednovelty.datasets import list_adbench
-from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import FedGenGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._probe import N_CLIENTS, print_seed_means, scoreboard_task  # noqa: E402
+
 OUT = Path(__file__).resolve().parent / "results" / "adbench"
-N_CLIENTS = 10
 
 VARIANTS: dict[str, dict] = {
     "default": {},
@@ -130,16 +135,7 @@ def main(argv=None) -> pd.DataFrame:
     for seed in args.seeds:
         start = time.perf_counter()
         for name in datasets:
-            task = make_task(
-                name,
-                args.protocol,
-                n_clients=N_CLIENTS,
-                alpha=0.5,
-                seed=seed,
-                data_dir=args.data_dir,
-                max_train=10_000,
-                max_test=10_000,
-            )
+            task = scoreboard_task(name, args.protocol, seed, args.data_dir)
             for variant in args.variants:
                 model = detector(VARIANTS[variant], args.copula, seed)
                 model.fit(task.X_train, groups=task.groups_train)
@@ -157,14 +153,7 @@ def main(argv=None) -> pd.DataFrame:
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_copula" if args.copula else ""
     df.to_csv(args.out / f"fedgen_prior_probe_{args.protocol}{suffix}.csv", index=False)
-    means = df.groupby(["variant", "seed"])["auroc"].mean().unstack("seed")
-    per_seed = means.copy()
-    means["mean"] = per_seed.mean(axis=1)
-    if per_seed.shape[1] > 1:  # the standard error of the mean over seeds
-        means["s.e."] = per_seed.std(axis=1, ddof=1) / per_seed.shape[1] ** 0.5
-    order = list(dict.fromkeys(df["variant"]))
-    print(f"mean AUROC over {len(datasets)} datasets ({args.protocol} protocol)")
-    print(means.loc[order].round(4).to_string())
+    print_seed_means(df, "variant", args.protocol)
     return df
 
 

@@ -48,6 +48,7 @@ and prints the mean over datasets per seed, overall, and its standard error over
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -56,12 +57,17 @@ import pandas as pd
 import torch
 
 from fednovelty.datasets import list_adbench
-from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
 from fednovelty.federated.aggregate import union_mixture
 from fednovelty.mixture import MixtureParams, copula, fit_gmm_scaled, sample, score_samples
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._probe import print_seed_means, scoreboard_task  # noqa: E402
 
 K_GRID_EM = (1, 2, 4, 8, 16)
 K_GRID_FEDGEN = (1, 2, 3, 5, 10)
@@ -223,16 +229,7 @@ def main(argv=None) -> pd.DataFrame:
     for seed in args.seeds:
         start = time.perf_counter()
         for name in datasets:
-            task = make_task(
-                name,
-                args.protocol,
-                n_clients=10,
-                alpha=0.5,
-                seed=seed,
-                data_dir=args.data_dir,
-                max_train=10_000,
-                max_test=10_000,
-            )
+            task = scoreboard_task(name, args.protocol, seed, args.data_dir)
             for candidate, log_p in log_densities(task, seed).items():
                 rows.append(
                     {
@@ -246,14 +243,7 @@ def main(argv=None) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / f"robust_probe_{args.protocol}.csv", index=False)
-    means = df.groupby(["candidate", "seed"])["auroc"].mean().unstack("seed")
-    per_seed = means.copy()
-    means["mean"] = per_seed.mean(axis=1)
-    if per_seed.shape[1] > 1:  # the standard error of the mean over seeds
-        means["s.e."] = per_seed.std(axis=1, ddof=1) / per_seed.shape[1] ** 0.5
-    order = list(dict.fromkeys(df["candidate"]))
-    print(f"mean AUROC over {len(datasets)} datasets ({args.protocol} protocol)")
-    print(means.loc[order].round(4).to_string())
+    print_seed_means(df, "candidate", args.protocol)
     return df
 
 
