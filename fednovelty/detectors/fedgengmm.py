@@ -104,6 +104,9 @@ class FedGenGMMDetector(_LocalFitDetector):
             (plain maximum likelihood, the behaviour before these remedies).
         prior_scale: the prior's target variance as a multiple of each feature's variance
             (default 4: a component backed by few rows is flattened, not made a spike).
+            The prior is tuned for novelty scores, not for recovering clusters: it makes
+            the BIC choices favour fewer components (three clusters 6 sd apart get K = 2).
+            For cluster structure pass ``covariance_prior=None`` (``docs/robust.md``, Limits).
         samples_per_component: ``H`` of the paper (100).
         min_client_samples: clients with fewer rows are skipped with a warning.
         copula: the server also fits a Gaussian copula on its synthetic rows (a 1-D

@@ -45,6 +45,10 @@ def test_ml_bic_clients_choose_the_k_of_maximum_likelihood(probe, clients):
     assert variant.client_n_components_ == ml.client_n_components_
     default = FedGenGMMDetector(n_components=3, random_state=0).fit(X, groups=groups)
     assert not np.allclose(variant.score_samples(X), default.score_samples(X))
+    # what docs/robust.md says: under the default prior the clients' BIC picks fewer
+    # components than the three clusters (maximum-likelihood BIC finds them)
+    assert set(ml.client_n_components_.values()) == {3}
+    assert max(default.client_n_components_.values()) < 3
 
 
 @pytest.mark.parametrize("name", ["server-none", "server-evidence", "server-scale1"])
