@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import machine_facts  # noqa: E402
-from fednovelty.cli import app_command  # noqa: E402  (the `fednovelty app` command line)
-from fednovelty.runtime.flower.deploy import free_port, wait_for_http  # noqa: E402
+from fednovelty.cli import serving_app  # noqa: E402  (what `fednovelty app` runs)
 
 APP_DIR = REPO / "app"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -45,23 +43,9 @@ BUDGETS = {"first page": 5.0, "default training shown": 30.0}
 @contextlib.contextmanager
 def serve(timeout: float = 60.0) -> Iterator[tuple[str, float]]:
     """A fresh ``streamlit run app/Home.py``; yields its URL and the seconds until healthy."""
-    port = free_port()
-    command = app_command(argparse.Namespace(address="127.0.0.1", port=port, headless=True))
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        log_path = Path(folder) / "streamlit.log"
-        started = time.perf_counter()
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_for_http(f"{url}/_stcore/health", timeout, process, log_path)
-            yield url, time.perf_counter() - started
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        with serving_app(Path(folder) / "streamlit.log", timeout) as served:
+            yield served
 
 
 def settle(page, sync_api) -> None:

@@ -29,16 +29,12 @@ and prints the mean over datasets per seed, overall, and its standard error over
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from fednovelty.datasets import list_adbench
 from fednovelty.detectors import FedGenGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
@@ -47,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._probe import N_CLIENTS, print_seed_means, scoreboard_task  # noqa: E402
+from benchmarks._probe import N_CLIENTS, print_seed_means, probe_parser, probe_tasks  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "adbench"
 
@@ -120,35 +116,24 @@ def detector(variant: dict, copula: bool, seed: int) -> FedGenGMMDetector:
 
 
 def main(argv=None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--protocol", default="outlier", choices=("outlier", "novelty"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--datasets", nargs="+", default=None)
+    parser = probe_parser(__doc__.split("\n")[0], OUT)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--copula", action="store_true", help="the copula=True detector")
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    datasets = args.datasets or list_adbench(args.data_dir)
     rows = []
-    for seed in args.seeds:
-        start = time.perf_counter()
-        for name in datasets:
-            task = scoreboard_task(name, args.protocol, seed, args.data_dir)
-            for variant in args.variants:
-                model = detector(VARIANTS[variant], args.copula, seed)
-                model.fit(task.X_train, groups=task.groups_train)
-                rows.append(
-                    {
-                        "dataset": name,
-                        "seed": seed,
-                        "variant": variant,
-                        "client_k": ",".join(map(str, sorted(model.client_n_components_.values()))),
-                        "auroc": auroc(task.y_test, -model.score_samples(task.X_test)),
-                    }
-                )
-        print(f"seed {seed}: {len(datasets)} datasets in {time.perf_counter() - start:.0f} s")
+    for name, seed, task in probe_tasks(args):
+        for variant in args.variants:
+            model = detector(VARIANTS[variant], args.copula, seed)
+            model.fit(task.X_train, groups=task.groups_train)
+            rows.append(
+                {
+                    "dataset": name,
+                    "seed": seed,
+                    "variant": variant,
+                    "client_k": ",".join(map(str, sorted(model.client_n_components_.values()))),
+                    "auroc": auroc(task.y_test, -model.score_samples(task.X_test)),
+                }
+            )
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_copula" if args.copula else ""

@@ -47,16 +47,13 @@ and prints the mean over datasets per seed, overall, and its standard error over
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from fednovelty.datasets import list_adbench
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
@@ -67,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._probe import print_seed_means, scoreboard_task  # noqa: E402
+from benchmarks._probe import print_seed_means, probe_parser, probe_tasks  # noqa: E402
 
 K_GRID_EM = (1, 2, 4, 8, 16)
 K_GRID_FEDGEN = (1, 2, 3, 5, 10)
@@ -216,30 +213,18 @@ def log_densities(task, seed: int) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--protocol", default="outlier", choices=("outlier", "novelty"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--datasets", nargs="+", default=None)
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    datasets = args.datasets or list_adbench(args.data_dir)
+    args = probe_parser(__doc__.split("\n")[0], OUT).parse_args(argv)
     rows = []
-    for seed in args.seeds:
-        start = time.perf_counter()
-        for name in datasets:
-            task = scoreboard_task(name, args.protocol, seed, args.data_dir)
-            for candidate, log_p in log_densities(task, seed).items():
-                rows.append(
-                    {
-                        "dataset": name,
-                        "seed": seed,
-                        "candidate": candidate,
-                        "auroc": auroc(task.y_test, -log_p),
-                    }
-                )
-        print(f"seed {seed}: {len(datasets)} datasets in {time.perf_counter() - start:.0f} s")
+    for name, seed, task in probe_tasks(args):
+        for candidate, log_p in log_densities(task, seed).items():
+            rows.append(
+                {
+                    "dataset": name,
+                    "seed": seed,
+                    "candidate": candidate,
+                    "auroc": auroc(task.y_test, -log_p),
+                }
+            )
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / f"robust_probe_{args.protocol}.csv", index=False)

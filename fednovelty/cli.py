@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -198,6 +200,38 @@ def app_command(args: argparse.Namespace, script: Path = APP_SCRIPT) -> list[str
         "--client.toolbarMode",
         "minimal",
     ]
+
+
+@contextlib.contextmanager
+def serving_app(
+    log_path: Path, timeout: float = 60.0, script: Path = APP_SCRIPT
+) -> Iterator[tuple[str, float]]:
+    """Serve ``script`` headless on 127.0.0.1 and a free port while the block runs.
+
+    Yields the URL and the seconds from launch until Streamlit's health check answered; the
+    server's output goes to ``log_path``. Raises ``RuntimeError`` if the server exits and
+    ``TimeoutError`` if it is not healthy within ``timeout`` seconds (both with the log's end).
+    The server is stopped on exit (SIGTERM, SIGKILL after 10 s).
+    """
+    from fednovelty.runtime.flower.deploy import free_port, wait_for_http
+
+    port = free_port()
+    options = argparse.Namespace(address="127.0.0.1", port=port, headless=True)
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            app_command(options, script), stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for_http(f"{url}/_stcore/health", timeout, process, log_path)
+        yield url, time.perf_counter() - started
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _app(args: argparse.Namespace) -> int:

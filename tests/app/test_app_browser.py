@@ -7,16 +7,14 @@ box appears, and saves a screenshot of each page to ``$PYTEST_ARTIFACTS/app`` (d
 ``tests/app/artifacts/``, ignored by git).
 """
 
-import argparse
+import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from fednovelty.cli import app_command
-from fednovelty.runtime.flower.deploy import free_port, wait_for_http
+from fednovelty.cli import serving_app
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package")
@@ -62,26 +60,13 @@ def server(app_dir, tmp_path_factory):
             "needs Debian's chromium at /usr/bin/chromium: run `make test`, or "
             "`apt-get install -y chromium`"
         )
-    port = free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
-    options = argparse.Namespace(address="127.0.0.1", port=port, headless=True)
-    command = app_command(options, app_dir / "Home.py")  # what `fednovelty app` runs
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_for_http(f"{url}/_stcore/health", WAIT_MS / 1000, process, log_path)
+    with contextlib.ExitStack() as stack:
+        try:  # what `fednovelty app` runs
+            served = stack.enter_context(serving_app(log_path, WAIT_MS / 1000, app_dir / "Home.py"))
         except (RuntimeError, TimeoutError) as error:
             pytest.fail(f"streamlit did not start: {error}")
-        yield url, time.perf_counter() - started
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        yield served
 
 
 def settle(page, timeout: float = WAIT_MS / 1000) -> None:
