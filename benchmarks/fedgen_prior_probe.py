@@ -18,6 +18,11 @@ Dirichlet(0.5), at most 10,000 training and test rows)::
 ``client-ml-bic``
     Each client chooses K by the BIC of maximum-likelihood fits (what BIC was derived for),
     then fits that K with the prior.
+``client-fr`` / ``client-fr-select``
+    Each client's prior target shrinks with K as in Fraley and Raftery's regularised
+    model-based clustering (2007; mclust's default prior): ``prior_scale * variance /
+    K^(2/d)``, the volume of one of K components. BIC compares those MAP fits; the chosen
+    one is sent / only K is kept and the default prior fits it.
 ``client-split`` / ``client-half``
     Each client's prior strength divided by the number of clients (the federation counts
     the prior once, not once per client) / halved.
@@ -38,6 +43,9 @@ import pandas as pd
 from fednovelty.detectors import FedGenGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
+from fednovelty.federated.base import client_generator
+from fednovelty.federated.fedgengmm import local_fit_settings
+from fednovelty.mixture import bic, fit_gmm_scaled
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -53,6 +61,8 @@ VARIANTS: dict[str, dict] = {
     "server-evidence": {"server": "evidence"},
     "server-scale1": {"server": "scale1"},
     "client-ml-bic": {"client_select": "ml-bic"},
+    "client-fr": {"client_select": "fr"},
+    "client-fr-select": {"client_select": "fr-select"},
     "client-split": {"client_factor": 1.0 / N_CLIENTS},
     "client-half": {"client_factor": 0.5},
 }
@@ -73,8 +83,10 @@ class _Variant(FedGenGMM):
 
     def client_step(self, X, message, context):
         strength = float(message.scalars["prior_strength"])
-        if self.client_select != "ml-bic" or not strength:
+        if self.client_select == "bic" or not strength:
             return super().client_step(X, message, context)
+        if self.client_select in ("fr", "fr-select"):
+            return self._fraley_raftery_step(X, message, context)
         ml = replace(message, scalars={**message.scalars, "prior_strength": 0.0})
         reply = super().client_step(X, ml, context)
         if reply.scalars.get("skipped"):
@@ -83,6 +95,24 @@ class _Variant(FedGenGMM):
         return super().client_step(
             X, replace(message, scalars={**message.scalars, "candidates": str(k)}), context
         )
+
+    def _fraley_raftery_step(self, X, message, context):
+        s = message.scalars
+        candidates = [int(k) for k in str(s["candidates"]).split(",") if int(k) <= X.shape[0]]
+        if X.shape[0] < int(s["min_samples"]) or not candidates:
+            return super().client_step(X, message, context)
+        scale, d = float(s["prior_scale"]), X.shape[1]
+        settings = local_fit_settings(s, client_generator(int(s["seed"]), context.client_id))
+        del settings["prior_scale"]
+        bics = {}
+        for k in candidates:
+            result, _ = fit_gmm_scaled(X, [k], prior_scale=scale / k ** (2 / d), **settings)
+            bics[k] = bic(result.params, X)
+        k = min(bics, key=bics.get)
+        scalars = {**s, "candidates": str(k)}
+        if self.client_select == "fr":
+            scalars["prior_scale"] = scale / k ** (2 / d)
+        return super().client_step(X, replace(message, scalars=scalars), context)
 
     def server_step(self, state, replies):
         saved = self.prior_strength, self.prior_scale

@@ -79,6 +79,21 @@ def _candidates(fixed: int | None, k_range: tuple[int, int]) -> list[int]:
     return [int(fixed)] if fixed is not None else list(range(k_range[0], k_range[1] + 1))
 
 
+def local_fit_settings(scalars: dict[str, Scalar], generator: torch.Generator) -> dict:
+    """The keyword arguments of :func:`fit_gmm_scaled` that a ``local_fit`` message sets
+    (all but the rows and the candidate K)."""
+    return {
+        "covariance_type": str(scalars["covariance_type"]),
+        "reg_covar": float(scalars["reg_covar"]),
+        "tol": float(scalars["tol"]),
+        "max_iter": int(scalars["max_iter"]),
+        "generator": generator,
+        "standardize": bool(scalars.get("standardize", False)),
+        "prior_strength": float(scalars.get("prior_strength", 0.0)) or None,
+        "prior_scale": float(scalars.get("prior_scale", 1.0)),
+    }
+
+
 class FedGenGMM(FederatedAlgorithm):
     """One-shot FedGenGMM.
 
@@ -187,17 +202,7 @@ class FedGenGMM(FederatedAlgorithm):
         candidates = [int(k) for k in str(s["candidates"]).split(",") if int(k) <= n]
         if n < int(s["min_samples"]) or not candidates:
             return Message("local_fit", {"n_samples": n_samples}, {"skipped": True})
-        generator = client_generator(int(s["seed"]), context.client_id)
-        settings = {
-            "covariance_type": str(s["covariance_type"]),
-            "reg_covar": float(s["reg_covar"]),
-            "tol": float(s["tol"]),
-            "max_iter": int(s["max_iter"]),
-            "generator": generator,
-            "standardize": bool(s.get("standardize", False)),
-            "prior_strength": float(s.get("prior_strength", 0.0)) or None,
-            "prior_scale": float(s.get("prior_scale", 1.0)),
-        }
+        settings = local_fit_settings(s, client_generator(int(s["seed"]), context.client_id))
         result, _ = fit_gmm_scaled(X, candidates, **settings)
         return Message(
             "local_fit",

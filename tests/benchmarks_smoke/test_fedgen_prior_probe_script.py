@@ -51,6 +51,36 @@ def test_ml_bic_clients_choose_the_k_of_maximum_likelihood(probe, clients):
     assert max(default.client_n_components_.values()) < 3
 
 
+def test_ml_bic_overfits_small_clients(probe):
+    """One 8-D Gaussian, 40 rows per client: maximum-likelihood BIC rewards components that
+    collapse onto a few rows (variance at ``reg_covar``) and picks K = 8-10; the MAP BIC
+    (default) and the Fraley-Raftery prior pick K = 1 (docs/robust.md, Limits)."""
+    rng = np.random.default_rng(1)
+    X, groups = rng.normal(size=(160, 8)), np.repeat(np.arange(4), 40)
+    chosen = {}
+    for name in ["default", "client-ml-bic", "client-fr"]:
+        detector = probe.detector(probe.VARIANTS[name], copula=False, seed=0)
+        chosen[name] = set(
+            detector.set_params(n_components=1).fit(X, groups=groups).client_n_components_.values()
+        )
+    assert min(chosen["client-ml-bic"]) >= 5
+    assert chosen["default"] == chosen["client-fr"] == {1}
+
+
+def test_fraley_raftery_variants(probe, clients):
+    """Both variants choose K by the same criterion; only ``client-fr`` fits it with the
+    K-scaled target, and the criterion differs from the default's on one client here."""
+    X, groups = clients
+    fitted = {}
+    for name in ["default", "client-fr-select", "client-fr"]:
+        detector = probe.detector(probe.VARIANTS[name], copula=False, seed=0)
+        fitted[name] = detector.set_params(n_components=3).fit(X, groups=groups)
+    select, shrunk = fitted["client-fr-select"], fitted["client-fr"]
+    assert select.client_n_components_ == shrunk.client_n_components_
+    assert select.client_n_components_ != fitted["default"].client_n_components_
+    assert not np.allclose(shrunk.score_samples(X), select.score_samples(X))
+
+
 @pytest.mark.parametrize("name", ["server-none", "server-evidence", "server-scale1"])
 def test_server_variants_change_the_global_fit_only(probe, clients, name):
     X, groups = clients
