@@ -17,7 +17,8 @@ Dirichlet(0.5), at most 10,000 training and test rows)::
     against the synthetic set as against the rows it stands for); with ``prior_scale`` 1.
 ``client-ml-bic``
     Each client chooses K by the BIC of maximum-likelihood fits (what BIC was derived for),
-    then fits that K with the prior.
+    then fits that K with the prior. On small clients those fits are singular and K runs
+    to the top of the range.
 ``client-fr`` / ``client-fr-select``
     Each client's prior target shrinks with K as in Fraley and Raftery's regularised
     model-based clustering (2007; mclust's default prior): ``prior_scale * variance /

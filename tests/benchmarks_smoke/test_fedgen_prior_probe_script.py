@@ -51,6 +51,18 @@ def test_ml_bic_clients_choose_the_k_of_maximum_likelihood(probe, clients):
     assert max(default.client_n_components_.values()) < 3
 
 
+def test_the_prior_target_not_the_client_k_merges_the_clusters(probe, clients):
+    """docs/robust.md, Limits: clients that send K = 3 (maximum-likelihood BIC) still leave
+    the server's BIC at 2 components under the default prior; without it, 3."""
+    X, groups = clients
+    variant = probe.detector(probe.VARIANTS["client-ml-bic"], copula=False, seed=0)
+    variant.set_params(n_components=None).fit(X, groups=groups)
+    assert set(variant.client_n_components_.values()) == {3}
+    assert len(variant.weights_) == 2
+    plain = FedGenGMMDetector(covariance_prior=None, random_state=0).fit(X, groups=groups)
+    assert len(plain.weights_) == 3
+
+
 def test_ml_bic_overfits_small_clients(probe):
     """One 8-D Gaussian, 40 rows per client: maximum-likelihood BIC rewards components that
     collapse onto a few rows (variance at ``reg_covar``) and picks K = 8-10; the MAP BIC
