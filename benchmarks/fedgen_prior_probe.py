@@ -45,7 +45,7 @@ from fednovelty.detectors import FedGenGMMDetector
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FedGenGMM
 from fednovelty.federated.base import client_generator
-from fednovelty.federated.fedgengmm import local_fit_settings
+from fednovelty.federated.fedgengmm import local_candidates, local_fit_settings
 from fednovelty.mixture import bic, fit_gmm_scaled
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,8 +99,8 @@ class _Variant(FedGenGMM):
 
     def _fraley_raftery_step(self, X, message, context):
         s = message.scalars
-        candidates = [int(k) for k in str(s["candidates"]).split(",") if int(k) <= X.shape[0]]
-        if X.shape[0] < int(s["min_samples"]) or not candidates:
+        candidates = local_candidates(s, X.shape[0])
+        if not candidates:
             return super().client_step(X, message, context)
         scale, d = float(s["prior_scale"]), X.shape[1]
         settings = local_fit_settings(s, client_generator(int(s["seed"]), context.client_id))

@@ -79,6 +79,14 @@ def _candidates(fixed: int | None, k_range: tuple[int, int]) -> list[int]:
     return [int(fixed)] if fixed is not None else list(range(k_range[0], k_range[1] + 1))
 
 
+def local_candidates(scalars: dict[str, Scalar], n_samples: int) -> list[int]:
+    """The K a client of ``n_samples`` rows may fit under a ``local_fit`` message; empty
+    when it has too few rows and must be skipped."""
+    if n_samples < int(scalars["min_samples"]):
+        return []
+    return [int(k) for k in str(scalars["candidates"]).split(",") if int(k) <= n_samples]
+
+
 def local_fit_settings(scalars: dict[str, Scalar], generator: torch.Generator) -> dict:
     """The keyword arguments of :func:`fit_gmm_scaled` that a ``local_fit`` message sets
     (all but the rows and the candidate K)."""
@@ -199,8 +207,8 @@ class FedGenGMM(FederatedAlgorithm):
         s = message.scalars
         n = X.shape[0]
         n_samples = torch.tensor(float(n), dtype=X.dtype)
-        candidates = [int(k) for k in str(s["candidates"]).split(",") if int(k) <= n]
-        if n < int(s["min_samples"]) or not candidates:
+        candidates = local_candidates(s, n)
+        if not candidates:
             return Message("local_fit", {"n_samples": n_samples}, {"skipped": True})
         settings = local_fit_settings(s, client_generator(int(s["seed"]), context.client_id))
         result, _ = fit_gmm_scaled(X, candidates, **settings)
