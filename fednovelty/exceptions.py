@@ -23,3 +23,8 @@ class ModelFormatError(ValueError):
 
 class NotFittedError(_SklearnNotFittedError):
     """A scoring method was called before ``fit`` (a scikit-learn ``NotFittedError``)."""
+
+
+class FederationError(RuntimeError):
+    """The federation cannot go on: too few clients replied validly for
+    ``max_failed_rounds`` rounds in a row, or too few nodes connected."""

@@ -6,6 +6,13 @@ The engine owns everything that is not the algorithm: which clients take part in
 of every round (participants, bytes each way, seconds, the algorithm's metrics). Client
 rows never leave their tensor; only ``Message`` objects pass between the halves, exactly
 as they would between Flower nodes.
+
+Every reply goes through the same :class:`~fednovelty.federated.validation.ReplyValidator`
+as on Flower: a reply that is malformed or contradicts what its client declared before is
+dropped (recorded in ``RoundRecord.dropped``) and the round goes on with the others. A round
+with fewer than ``min_clients`` valid replies is recorded as failed and asked again of a
+fresh sample; the run stops with a :class:`~fednovelty.exceptions.FederationError` only
+after ``max_failed_rounds`` failed rounds in a row.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from fednovelty.exceptions import ClientDataError
+from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Scalar
+from fednovelty.federated.validation import ReplyValidator
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,9 @@ class RoundRecord:
         bytes_up: bytes of all replies.
         seconds: wall time of the round.
         metrics: the algorithm's metrics for the round.
+        dropped: ``(client id, reason)`` of every reply the validation dropped.
+        failed: fewer than ``min_clients`` valid replies: the server step did not run and
+            the round is asked again.
     """
 
     round: int
@@ -47,6 +58,8 @@ class RoundRecord:
     bytes_up: int
     seconds: float
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    dropped: tuple[tuple[int, str], ...] = ()
+    failed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +70,8 @@ class RoundRecord:
             "bytes_down": self.bytes_down,
             "bytes_up": self.bytes_up,
             "seconds": self.seconds,
+            "n_dropped": len(self.dropped),
+            "failed": self.failed,
             **self.metrics,
         }
 
@@ -132,6 +147,7 @@ def run_simulation(
     fraction: float = 1.0,
     dropout: float = 0.0,
     min_clients: int = 1,
+    max_failed_rounds: int = 5,
     random_state: int = 0,
     progress: bool = False,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
@@ -144,7 +160,10 @@ def run_simulation(
         clients: each client's rows (n_c, n_features), as a list (ids 0..n-1) or a dict by id.
         fraction: share of clients asked each round (at least one).
         dropout: probability that an asked client does not reply.
-        min_clients: fewest replies a round may go on with.
+        min_clients: fewest valid replies a round may go on with; a round with fewer is
+            recorded as failed and asked again of a fresh sample.
+        max_failed_rounds: failed rounds in a row after which the federation counts as
+            gone (a ``FederationError``).
         random_state: seed of client sampling and dropout.
         progress: show a tqdm bar over rounds.
         callbacks: called with each ``RoundRecord`` as it completes.
@@ -153,19 +172,33 @@ def run_simulation(
         ``SimulationResult``.
 
     Raises:
-        ValueError: bad arguments, or fewer than ``min_clients`` replies in a round.
+        ValueError: bad arguments. FederationError: ``max_failed_rounds`` failed rounds in
+            a row.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+    if int(max_failed_rounds) < 1:
+        raise ValueError(f"max_failed_rounds must be >= 1, got {max_failed_rounds}.")
     data = dict(enumerate(clients)) if not isinstance(clients, dict) else dict(clients)
     if not data:
         raise ValueError("clients is empty; give at least one client's rows.")
     check_clients(data)
+    asked_per_round = len(data) if fraction >= 1.0 else max(1, math.ceil(fraction * len(data)))
+    if min_clients > asked_per_round:
+        raise ValueError(
+            f"min_clients={min_clients} but only {asked_per_round} of {len(data)} client(s) are "
+            "asked each round; lower min_clients or raise fraction."
+        )
     rng = np.random.default_rng(random_state)
     contexts = {cid: ClientContext(cid) for cid in data}
+    first = next(iter(data.values()))
+    validator = ReplyValidator(
+        n_features=int((first[0] if isinstance(first, tuple | list) else first).shape[1])
+    )
     history: list[RoundRecord] = []
+    failed_in_a_row = 0
     state = algorithm.start()
     bar = tqdm(
         total=algorithm.max_rounds,
@@ -176,41 +209,58 @@ def run_simulation(
     )
     try:
         while not algorithm.finished(state):
-            if len(history) >= algorithm.max_rounds:
+            if sum(not r.failed for r in history) >= algorithm.max_rounds:
                 raise RuntimeError(
                     f"{type(algorithm).__name__} exceeded {algorithm.max_rounds} rounds."
                 )
             started = time.perf_counter()
             message = algorithm.configure(state)
             asked, replying = sample_clients(list(data), fraction, dropout, rng)
-            if len(replying) < min_clients:
-                raise ValueError(
-                    f"round {len(history) + 1}: only {len(replying)} of {len(asked)} asked "
-                    f"client(s) replied, fewer than min_clients={min_clients}. Lower dropout "
-                    "or min_clients, or raise fraction."
-                )
             replies = {
                 cid: algorithm.client_step(data[cid], message, contexts[cid]) for cid in replying
             }
-            state, metrics = algorithm.server_step(state, replies)
+            valid, dropped = validator.accept(message, replies)
+            failed = len(valid) < min_clients
+            metrics: dict[str, Scalar] = {}
+            if not failed:
+                state, metrics = algorithm.server_step(state, valid)
             record = RoundRecord(
                 round=len(history) + 1,
                 kind=message.kind,
                 sampled=tuple(asked),
-                replied=tuple(replying),
+                replied=tuple(valid),
                 bytes_down=message.nbytes() * len(asked),
                 bytes_up=sum(r.nbytes() for r in replies.values()),
                 seconds=time.perf_counter() - started,
                 metrics=metrics,
+                dropped=tuple(dropped.items()),
+                failed=failed,
             )
             history.append(record)
             for callback in callbacks:
                 callback(record)
-            bar.update(1)
+            failed_in_a_row = failed_in_a_row + 1 if failed else 0
+            if failed_in_a_row >= max_failed_rounds:
+                raise FederationError(
+                    failed_rounds_message(history[-failed_in_a_row:], min_clients)
+                )
+            bar.update(0 if failed else 1)
             if "mean_log_likelihood" in metrics:
                 bar.set_postfix(phase=message.kind, loglik=f"{metrics['mean_log_likelihood']:.4f}")
             else:
-                bar.set_postfix(phase=message.kind)
+                bar.set_postfix(phase=message.kind, failed=failed_in_a_row or None)
     finally:
         bar.close()
     return SimulationResult(state, history, {cid: ctx.state for cid, ctx in contexts.items()})
+
+
+def failed_rounds_message(records: Sequence[RoundRecord], min_clients: int) -> str:
+    """Why a federation counts as gone: the last failed rounds with their drops."""
+    last = records[-1]
+    reasons = "; ".join(f"client {c}: {why}" for c, why in last.dropped) or "none dropped"
+    return (
+        f"{len(records)} round(s) in a row had fewer than min_clients={min_clients} valid "
+        f"replies (last: round {last.round} ({last.kind}), {len(last.replied)} of "
+        f"{len(last.sampled)} asked replied validly; dropped: {reasons}). Lower dropout or "
+        "min_clients, or check the clients."
+    )

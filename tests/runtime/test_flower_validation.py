@@ -21,13 +21,9 @@ from flwr.app import Message as FlowerMessage
 from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.joint import JointFedGMM
 from fednovelty.runtime.flower.codec import encode_message
-from fednovelty.runtime.flower.validation import (
-    FederationError,
-    InvalidReplyError,
-    accept_replies,
-    check_reply,
-    check_widths,
-)
+from fednovelty.exceptions import FederationError
+from fednovelty.federated.validation import ReplyValidator
+from fednovelty.runtime.flower.validation import InvalidReplyError, accept_replies, check_reply
 
 D = 3
 
@@ -184,37 +180,43 @@ def test_accept_keeps_good_replies_in_client_order_and_drops_the_rest() -> None:
         flower_reply(16, good, client_id=9, n_features=D),  # claims another client's id
         flower_reply(99, good, client_id=99, n_features=D),  # a node nobody asked
     ]  # node 10 (client 0) never replies
-    accepted = accept_replies(replies, asked, broadcast)
+    accepted = accept_replies(replies, asked, broadcast, ReplyValidator(D))
     assert list(accepted.replies) == [1, 7]
-    assert accepted.nodes == {1: 11, 7: 17} and accepted.widths == {1: D, 7: D}
+    assert accepted.nodes == {1: 11, 7: 17}
     reasons = {(d.client_id, d.node_id): d.reason for d in accepted.dropped}
     assert "NaN" in reasons[(2, 12)]
     assert "negative" in reasons[(3, 13)]
     assert "'sums' has shape (2, 2)" in reasons[(4, 14)]
     assert "ZeroDivisionError" in reasons[(5, 15)]
-    assert "names client 9" in reasons[(6, 16)]
+    assert "names client 9; this node is client 6" in reasons[(6, 16)]
     assert "not asked" in reasons[(None, 99)]
     assert "no reply" in reasons[(0, 10)]
     assert len(accepted.dropped) == 7
 
 
-def test_width_from_the_reply_header_when_not_known() -> None:
+def test_rows_of_another_width_are_dropped_not_the_run() -> None:
     broadcast, good = em_round()
-    accepted = accept_replies(
-        [flower_reply(1, good, client_id=0, n_features=D + 1)], {1: None}, broadcast
-    )
-    assert accepted.replies == {}
-    assert "'sums' has shape (2, 3); expected (2, 4)" in accepted.dropped[0].reason
+    replies = [
+        flower_reply(1, good, client_id=0, n_features=D),
+        flower_reply(2, good, client_id=1, n_features=D + 1),
+    ]
+    accepted = accept_replies(replies, {1: None, 2: None}, broadcast, ReplyValidator())
+    assert list(accepted.replies) == [0]
+    assert "rows of 4 features; the federation's have 3" in accepted.dropped[0].reason
 
 
-def test_two_nodes_as_one_client_and_mixed_widths_stop_the_run() -> None:
+def test_a_client_id_is_bound_to_the_node_that_answered_as_it_first() -> None:
     broadcast, good = em_round()
+    # two unknown nodes name client 0 in one round: the first keeps it, the second is dropped
     replies = [flower_reply(n, good, client_id=0, n_features=D) for n in (1, 2)]
-    with pytest.raises(FederationError, match="nodes 1 and 2 both replied as client 0"):
-        accept_replies(replies, {1: None, 2: None}, broadcast)
-    with pytest.raises(FederationError, match="client 0: 3, client 1: 4"):
-        check_widths({1: 4, 0: 3})
-    check_widths({0: 3, 1: 3})
+    accepted = accept_replies(replies, {1: None, 2: None}, broadcast, ReplyValidator(D))
+    assert accepted.nodes == {0: 1}
+    assert "names client 0, which node 1 answers as" in accepted.dropped[0].reason
+    # a later round: client 0 is bound to node 1; node 3 naming it is dropped
+    later = [flower_reply(3, good, client_id=0, n_features=D)]
+    accepted = accept_replies(later, {3: None}, broadcast, ReplyValidator(D), bound={0: 1})
+    assert accepted.replies == {}
+    assert "which node 1 answers as" in accepted.dropped[0].reason
 
 
 # ------------------------------------------------------------------ the server loop, in process
@@ -357,21 +359,27 @@ def test_missing_and_failing_nodes_are_dropped_while_min_clients_reply(task_iden
     reasons = {d["node_id"]: d["reason"] for d in result.dropped}
     assert "node error" in reasons[1014] and "NaN" in reasons[1014]
     assert "no reply within" in reasons[1021]
-    with pytest.raises(FederationError, match=r"2 of 4 client\(s\) replied validly, fewer than "):
+    # min_clients=3 is never met: each failed round is recorded and asked again, until
+    # max_failed_rounds rounds in a row have failed
+    records = []
+    with pytest.raises(FederationError, match=r"2 round\(s\) in a row had fewer than "):
         run_rounds(
             grid,
             algorithm_from_run_config(run_config),
-            EngineConfig(min_clients=3, round_timeout=0.5),
+            EngineConfig(min_clients=3, round_timeout=0.5, max_failed_rounds=2),
+            callbacks=[records.append],
         )
+    assert [(r.failed, r.replied) for r in records] == [(True, (0, 1)), (True, (0, 1))]
 
 
-def test_nodes_with_other_widths_stop_the_run(task_identity) -> None:
+def test_nodes_with_other_widths_are_left_out(task_identity) -> None:
     from fednovelty.runtime.flower.config import EngineConfig, algorithm_from_run_config
     from fednovelty.runtime.flower.server import run_rounds
 
     grid, run_config = make_grid("FedGenGMM", {"n_components": 2}, client_parts(3), widths={1: 2})
-    with pytest.raises(FederationError, match="client 0: 3, client 1: 2, client 2: 3"):
-        run_rounds(grid, algorithm_from_run_config(run_config), EngineConfig())
+    result = run_rounds(grid, algorithm_from_run_config(run_config), EngineConfig())
+    assert result.history[0].replied == (0, 2)
+    assert "rows of 2 features" in result.dropped[0]["reason"]
     with pytest.raises(FederationError, match="only 3 node"):
         run_rounds(
             grid,

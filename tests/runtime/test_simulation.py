@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.exceptions import ClientDataError
+from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated import ClientContext, FederatedAlgorithm, FederatedEM, Message
 from fednovelty.runtime import RoundRecord, run_simulation
 
@@ -183,11 +183,40 @@ def test_same_random_state_same_history():
     assert [r.replied for r in third.history] != [r.replied for r in first.history]
 
 
-def test_min_clients_violated_raises():
-    with pytest.raises(ValueError, match="min_clients=3"):
-        run_simulation(CountingAlgorithm(n_rounds=5), make_clients(3), min_clients=3, dropout=0.5)
-    with pytest.raises(ValueError, match="min_clients=5"):
+def test_min_clients_above_the_clients_asked_raises():
+    with pytest.raises(ValueError, match="min_clients=5 but only 4 of 4"):
         run_simulation(CountingAlgorithm(n_rounds=1), make_clients(4), min_clients=5)
+    with pytest.raises(ValueError, match="min_clients=3 but only 2 of 4"):
+        run_simulation(CountingAlgorithm(n_rounds=1), make_clients(4), fraction=0.5, min_clients=3)
+
+
+def test_rounds_without_enough_replies_are_asked_again_and_recorded():
+    # dropout 0.8 among 10 clients: about one round in nine has no reply at all; before,
+    # such a round ended the fit.
+    for seed in range(3):
+        algorithm = CountingAlgorithm(n_rounds=30)
+        result = run_simulation(algorithm, make_clients(10), dropout=0.8, random_state=seed)
+        done = [r for r in result.history if not r.failed]
+        failed = [r for r in result.history if r.failed]
+        assert len(done) == 30 and len(algorithm.replies) == 30
+        assert failed, "expected at least one round with zero replies at dropout 0.8"
+        assert all(r.replied == () and r.metrics == {} for r in failed)
+        assert [r.round for r in result.history] == list(range(1, len(result.history) + 1))
+
+
+def test_the_federation_is_gone_after_max_failed_rounds_in_a_row():
+    with pytest.raises(
+        FederationError, match="3 round\\(s\\) in a row had fewer than min_clients=3"
+    ):
+        run_simulation(
+            CountingAlgorithm(n_rounds=50),
+            make_clients(3),
+            min_clients=3,
+            dropout=0.9,
+            max_failed_rounds=3,
+        )
+    with pytest.raises(ValueError, match="max_failed_rounds must be >= 1"):
+        run_simulation(CountingAlgorithm(), make_clients(2), max_failed_rounds=0)
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5, float("nan")])

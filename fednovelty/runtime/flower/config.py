@@ -130,7 +130,10 @@ class EngineConfig:
     """Server-side settings of a Flower run (the engine's, not the algorithm's).
 
     Attributes:
-        min_clients: fewest valid replies a round may go on with (``min-clients``).
+        min_clients: fewest valid replies a round may go on with (``min-clients``); a
+            round with fewer is recorded as failed and asked again.
+        max_failed_rounds: failed rounds in a row after which the run stops
+            (``max-failed-rounds``).
         fraction: share of clients asked each round, sampled as ``run_simulation`` does
             (``fraction``).
         seed: seed of the client sampling (``seed``).
@@ -142,6 +145,7 @@ class EngineConfig:
     """
 
     min_clients: int = 1
+    max_failed_rounds: int = 5
     fraction: float = 1.0
     seed: int = 0
     round_timeout: float = 600.0
@@ -152,6 +156,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.min_clients < 1:
             raise ValueError(f"min-clients must be >= 1, got {self.min_clients}.")
+        if self.max_failed_rounds < 1:
+            raise ValueError(f"max-failed-rounds must be >= 1, got {self.max_failed_rounds}.")
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}.")
         if self.round_timeout <= 0 or self.nodes_timeout <= 0:
@@ -167,6 +173,7 @@ class EngineConfig:
         """Read the engine keys of ``run_config``; missing keys keep their defaults."""
         keys = {
             "min_clients": ("min-clients", int),
+            "max_failed_rounds": ("max-failed-rounds", int),
             "fraction": ("fraction", float),
             "seed": (SEED_KEY, int),
             "round_timeout": ("round-timeout", float),

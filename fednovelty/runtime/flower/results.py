@@ -143,7 +143,12 @@ def _record_to_json(record: RoundRecord) -> dict[str, Any]:
 
 def _record_from_json(data: dict[str, Any]) -> RoundRecord:
     return RoundRecord(
-        **{**data, "sampled": tuple(data["sampled"]), "replied": tuple(data["replied"])}
+        **{
+            **data,
+            "sampled": tuple(data["sampled"]),
+            "replied": tuple(data["replied"]),
+            "dropped": tuple((int(c), str(why)) for c, why in data.get("dropped", ())),
+        }
     )
 
 

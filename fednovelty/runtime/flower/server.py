@@ -14,12 +14,16 @@ What the engine adds for real nodes:
   names its client id and row width, so with ``fraction=1`` (every client every round, the
   default) the engine learns them from the first round's replies at no extra cost. Client
   sampling (``fraction < 1``) needs them beforehand: then every node is first asked for
-  them in a ``query`` message (one more ClientApp start per node). Two nodes with one
-  client id, or rows of different widths, stop the run with a ``FederationError``.
-- **Robust rounds.** Replies are checked on receipt (:mod:`.validation`); a missing or
-  malformed reply is dropped and logged, and the round goes on with the others while at
-  least ``min_clients`` replied (otherwise a :class:`FederationError`). Each round waits at
-  most ``round_timeout`` seconds.
+  them in a ``query`` message (one more ClientApp start per node). A client id is bound to
+  the node that first answered validly as it: another node naming it, or rows of another
+  width, is dropped and logged, and the run goes on.
+- **Robust rounds.** Replies go through the same
+  :class:`~fednovelty.federated.validation.ReplyValidator` as in the simulation; a missing,
+  malformed or inconsistent reply is dropped and logged, and the round goes on with the
+  others. A round with fewer than ``min_clients`` valid replies is recorded as failed and
+  asked again; ``max_failed_rounds`` failed rounds in a row stop the run with a
+  :class:`~fednovelty.exceptions.FederationError`. Each round waits at most
+  ``round_timeout`` seconds.
 - **Bytes.** ``RoundRecord.bytes_down`` / ``bytes_up`` count fednovelty payload bytes as the
   simulation does; the metrics add ``wire_bytes_down`` / ``wire_bytes_up``, the bytes of the
   Flower records (``.npy`` headers and names included).
@@ -32,13 +36,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm
 from fednovelty.federated.base import Message as FedMessage
+from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import CodecError, decode_message, encode_message, wire_nbytes
 from fednovelty.runtime.flower.config import (
@@ -47,13 +54,8 @@ from fednovelty.runtime.flower.config import (
     algorithm_from_run_config,
 )
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
-from fednovelty.runtime.flower.validation import (
-    Dropped,
-    FederationError,
-    accept_replies,
-    check_widths,
-)
-from fednovelty.runtime.simulation import RoundRecord, sample_clients
+from fednovelty.runtime.flower.validation import Dropped, accept_replies
+from fednovelty.runtime.simulation import RoundRecord, failed_rounds_message, sample_clients
 
 try:
     from flwr.app import Context, Message, MessageType, RecordDict
@@ -136,8 +138,8 @@ def register_nodes(grid: Grid, nodes: Iterable[int], timeout: float) -> list[Nod
     """Ask every node for its client id and data shape (a ``query`` message); nodes that
     fail are logged and left out. Returns the registrations sorted by client id.
 
-    Raises:
-        FederationError: two nodes with one client id, or rows of different widths.
+    A node that registers a client id another node already holds, or rows of another
+    width than most nodes', is logged and left out.
     """
     content = encode_message(FedMessage("describe"))
     asked = list(nodes)
@@ -162,14 +164,31 @@ def register_nodes(grid: Grid, nodes: Iterable[int], timeout: float) -> list[Nod
             logger.warning("node %d sent an unreadable registration: %s", node, error)
             continue
         if info.client_id in infos:
-            raise FederationError(
-                f"nodes {infos[info.client_id].node_id} and {node} both registered as client "
-                f"{info.client_id}; give every SuperNode its own partition-id."
+            logger.warning(
+                "node %d registered as client %d, which node %d holds; node %d is left out",
+                node,
+                info.client_id,
+                infos[info.client_id].node_id,
+                node,
             )
+            continue
         infos[info.client_id] = info
     for node in sorted(set(asked) - {i.node_id for i in infos.values()}):
         logger.warning("node %d did not register within %.0f s", node, timeout)
-    check_widths({c: i.n_features for c, i in infos.items()})
+    widths = Counter(i.n_features for i in infos.values())
+    if widths:
+        top = max(widths.values())
+        width = min(w for w, c in widths.items() if c == top)
+        for c, info in sorted(infos.items()):
+            if info.n_features != width:
+                logger.warning(
+                    "client %d (node %d) has rows of %d features, the federation's %d; left out",
+                    c,
+                    info.node_id,
+                    info.n_features,
+                    width,
+                )
+                del infos[c]
     return [infos[c] for c in sorted(infos)]
 
 
@@ -196,31 +215,34 @@ def run_rounds(
         has never replied validly has none yet, but its broadcast counts in ``bytes_down``.
 
     Raises:
-        FederationError: too few nodes, or fewer than ``min_clients`` valid replies in a round.
+        FederationError: too few nodes, or ``max_failed_rounds`` rounds in a row with
+            fewer than ``min_clients`` valid replies.
     """
     engine = engine or EngineConfig()
     nodes = wait_for_nodes(grid, max(engine.num_nodes, engine.min_clients), engine.nodes_timeout)
     client_of: dict[int, int | None] = dict.fromkeys(nodes)  # node id -> client id
-    widths: dict[int, int] = {}
+    validator = ReplyValidator()
     if engine.fraction < 1.0:  # sampling needs the client ids before the first round
         infos = register_nodes(grid, nodes, engine.round_timeout)
         client_of = {i.node_id: i.client_id for i in infos}
-        widths = {i.client_id: i.n_features for i in infos}
-        logger.info("registered clients %s", sorted(widths))
+        validator.n_features = infos[0].n_features if infos else None
+        logger.info("registered clients %s", sorted(i.client_id for i in infos))
     rng = np.random.default_rng(engine.seed)
     history: list[RoundRecord] = []
     dropped_all: list[dict] = []
+    failed_in_a_row = 0
     state = algorithm.start()
     while not algorithm.finished(state):
         number = len(history) + 1
-        if number > algorithm.max_rounds:
+        if sum(not r.failed for r in history) >= algorithm.max_rounds:
             name, most = type(algorithm).__name__, algorithm.max_rounds
             raise RuntimeError(f"{name} exceeded {most} rounds.")
         started = time.perf_counter()
         message = algorithm.configure(state)
         if engine.fraction < 1.0:
-            sampled, _ = sample_clients(sorted(widths), engine.fraction, 0.0, rng)
-            node_of = {c: n for n, c in client_of.items()}
+            known = sorted(c for c in client_of.values() if c is not None)
+            sampled, _ = sample_clients(known, engine.fraction, 0.0, rng)
+            node_of = {c: n for n, c in client_of.items() if c is not None}
             asked = {node_of[c]: c for c in sampled}
         else:
             sample_clients(sorted(client_of), 1.0, 0.0, rng)  # same draws as run_simulation
@@ -233,24 +255,17 @@ def run_rounds(
             group_id=str(number),
             timeout=engine.round_timeout,
         )
-        known_width = next(iter(widths.values()), None)
-        accepted = accept_replies(replies, asked, message, known_width)
-        widths.update(accepted.widths)
-        check_widths(widths)
+        bound = {c: n for n, c in client_of.items() if c is not None}
+        accepted = accept_replies(replies, asked, message, validator, bound)
         client_of.update({n: c for c, n in accepted.nodes.items()})
         for d in accepted.dropped:
             logger.warning("round %d: dropped client %s (node %d): %s", number, *_fields(d))
             dropped_all.append({"round": number, **_as_dict(d)})
         valid = accepted.replies
-        if len(valid) < engine.min_clients:
-            raise FederationError(
-                f"round {number} ({message.kind}): {len(valid)} of {len(asked)} client(s) replied "
-                f"validly, fewer than min_clients={engine.min_clients}. Dropped: "
-                + "; ".join(
-                    f"client {d.client_id} (node {d.node_id}): {d.reason}" for d in accepted.dropped
-                )
-            )
-        state, metrics = algorithm.server_step(state, valid)
+        failed = len(valid) < engine.min_clients
+        metrics: dict = {}
+        if not failed:
+            state, metrics = algorithm.server_step(state, valid)
         wire_up = sum(wire_nbytes(r.content) for r in replies if r.has_content())
         sampled_ids = sorted(c for c in (client_of[n] for n in asked) if c is not None)
         record = RoundRecord(
@@ -259,27 +274,37 @@ def run_rounds(
             sampled=tuple(sampled_ids),
             replied=tuple(valid),
             bytes_down=message.nbytes() * len(asked),
-            bytes_up=sum(r.nbytes() for r in valid.values()),
+            bytes_up=accepted.bytes_up,
             seconds=time.perf_counter() - started,
             metrics={
                 **metrics,
                 "wire_bytes_down": wire_nbytes(content) * len(asked),
                 "wire_bytes_up": wire_up,
             },
+            dropped=tuple(
+                (d.client_id, d.reason) for d in accepted.dropped if d.client_id is not None
+            ),
+            failed=failed,
         )
         history.append(record)
         logger.info(
-            "round %d (%s): %d/%d replied, %.1f s, %d B down, %d B up",
+            "round %d (%s): %d/%d replied validly%s, %.1f s, %d B down, %d B up",
             number,
             message.kind,
             len(valid),
             len(asked),
+            " (failed: asked again)" if failed else "",
             record.seconds,
             record.bytes_down,
             record.bytes_up,
         )
         for callback in callbacks:
             callback(record)
+        failed_in_a_row = failed_in_a_row + 1 if failed else 0
+        if failed_in_a_row >= engine.max_failed_rounds:
+            raise FederationError(
+                failed_rounds_message(history[-failed_in_a_row:], engine.min_clients)
+            )
     return FlowerResult(
         state=state,
         history=history,
