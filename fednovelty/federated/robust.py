@@ -1,0 +1,222 @@
+"""Robust combinations of client replies: bounds on what one client can do to the model.
+
+Validation (:mod:`fednovelty.federated.validation`) drops replies that no rows could
+produce or that contradict what their client declared. A client that lies consistently
+from its first reply on (a made-up data set, or a claimed row count far above its real one)
+passes it; these pure functions bound its influence instead. Each costs something on honest
+federations (rows of a rare cluster held by one client look like an attack), so all are
+options, off by default; ``benchmarks/poisoning.py`` measures both sides.
+
+- :func:`weight_factors`: **a cap on one client's weight**. No client counts for more than
+  ``cap`` times the median client's row count; a larger client's statistics (or local
+  mixture) are scaled down to that weight. Means and covariances a client sends are
+  unchanged; only how much they count.
+- :func:`robust_stats`: **a trimmed combination of per-client estimates** for federated EM
+  (``aggregation="trimmed"``). Per component ``k``, every client's share of its rows
+  ``counts_ck / n_c`` is combined by a trimmed mean over clients (the ``floor(trim * C)``
+  highest and lowest values dropped), so a component that one client fills on its own gets
+  almost no weight. The component's mean and covariance come from the summed statistics of
+  the clients that hold at least one row's worth of it, less the ``floor(trim * C_k)`` whose
+  own component mean lies farthest from the coordinate-wise median of theirs, scaled to the
+  combined weight. ``trim`` must exceed the share of hostile clients to stop them all.
+- :func:`outlying_models`: the same idea for FedGenGMM's local mixtures: each client's
+  mixture is summarised by the per-feature mean and log-variance of its distribution;
+  ``"trimmed"`` leaves out the ``ceil(trim * C)`` clients farthest from the median summary,
+  ``"median"`` every client whose robust z-score (median and MAD) exceeds 3.5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.base import Message
+from fednovelty.mixture import MixtureParams, SufficientStats, mixture_moments
+
+AGGREGATIONS: tuple[str, ...] = ("sum", "trimmed", "median")
+
+
+def check_robust_arguments(
+    aggregation: str,
+    trim: float,
+    client_weight_cap: float | None,
+    allowed: tuple[str, ...] = AGGREGATIONS,
+) -> tuple[str, float, float | None]:
+    """Validated ``(aggregation, trim, client_weight_cap)``, or a ``ValueError`` naming the
+    bad one; ``allowed`` lists the aggregations the algorithm has."""
+    if aggregation not in allowed:
+        raise ValueError(f"aggregation must be one of {allowed}, got {aggregation!r}.")
+    if not 0.0 <= float(trim) < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
+    if client_weight_cap is not None and not float(client_weight_cap) >= 1.0:
+        raise ValueError(
+            f"client_weight_cap must be >= 1 (a multiple of the median client's rows) or "
+            f"None, got {client_weight_cap}."
+        )
+    cap = None if client_weight_cap is None else float(client_weight_cap)
+    return aggregation, float(trim), cap
+
+
+def weight_factors(sizes: Mapping[int, float], cap: float | None) -> dict[int, float]:
+    """Per-client factor ``min(1, cap * median(sizes) / size)`` (1 for all when ``cap`` is
+    ``None``): scaling a client's statistics by it caps its weight at ``cap`` medians."""
+    if cap is None or not sizes:
+        return dict.fromkeys(sizes, 1.0)
+    median = float(torch.tensor([float(s) for s in sizes.values()]).median())
+    limit = cap * max(median, 1.0)
+    return {c: (1.0 if s <= limit else limit / float(s)) for c, s in sizes.items()}
+
+
+#: reply tensors that are sums over rows (scaled by a weight cap); means are not.
+EXTENSIVE: tuple[str, ...] = ("counts", "sums", "second", "log_likelihood", "n_samples", "m2")
+
+
+def cap_replies(replies: Mapping[int, Message], cap: float | None) -> dict[int, Message]:
+    """``replies`` with every client above ``cap`` median row counts counted as that many
+    (its sums over rows scaled by :func:`weight_factors`; means and parameters kept).
+    Replies without ``n_samples`` are returned as they are."""
+    sizes = {
+        c: float(m.tensors["n_samples"]) for c, m in replies.items() if "n_samples" in m.tensors
+    }
+    factors = weight_factors(sizes, cap)
+    capped = dict(replies)
+    for c, factor in factors.items():
+        if factor < 1.0:
+            m = replies[c]
+            tensors = {k: (v * factor if k in EXTENSIVE else v) for k, v in m.tensors.items()}
+            capped[c] = Message(m.kind, tensors, dict(m.scalars))
+    return capped
+
+
+def scale_stats(stats: SufficientStats, factor: float) -> SufficientStats:
+    """``stats`` of rows counted ``factor`` times (means and covariances unchanged)."""
+    if factor == 1.0:
+        return stats
+    return SufficientStats(
+        counts=stats.counts * factor,
+        sums=stats.sums * factor,
+        second=stats.second * factor,
+        shift=stats.shift,
+        log_likelihood=stats.log_likelihood * factor,
+        n_samples=stats.n_samples * factor,
+        covariance_type=stats.covariance_type,
+    )
+
+
+def trimmed_mean(values: Tensor, trim: float) -> Tensor:
+    """Mean over dim 0 of ``values`` (n_clients, ...) after dropping the ``floor(trim * n)``
+    lowest and highest values of every entry."""
+    n = values.shape[0]
+    cut = math.floor(trim * n)
+    ordered = values.sort(0).values
+    return ordered[cut : n - cut].mean(0)
+
+
+def _keep_nearest(means: Tensor, present: Tensor, trim: float) -> Tensor:
+    """(n_clients,) boolean: the clients among ``present`` less the ``floor(trim * n)``
+    whose component mean (rows of ``means``, (n_clients, n_features)) lies farthest from
+    the coordinate-wise median of theirs (distances in units of the per-feature MAD)."""
+    index = present.nonzero().flatten()
+    keep = torch.zeros_like(present)
+    if index.numel() == 0:
+        return keep
+    chosen = means[index]
+    center = chosen.median(0).values
+    spread = (chosen - center).abs().median(0).values.clamp_min(1e-12 * (center.abs() + 1))
+    distance = ((chosen - center) / spread).square().sum(1)
+    n_keep = index.numel() - math.floor(trim * index.numel())
+    keep[index[distance.argsort()[:n_keep]]] = True
+    return keep
+
+
+def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> SufficientStats:
+    """The statistics the M-step sees under the trimmed combination (module docstring).
+
+    Args:
+        per_client: client id -> its (possibly weight-capped) statistics about one shift.
+        trim: share of clients dropped at each end, in [0, 0.5).
+
+    Returns:
+        ``SufficientStats`` whose component ``k`` has count ``N * w_k`` (``N`` the rows of
+        all clients, ``w`` the trimmed shares, normalised) and the mean and covariance of
+        the kept clients' rows of that component; log-likelihood and row count are the
+        plain sums.
+    """
+    ids = sorted(per_client)
+    stats = [per_client[c] for c in ids]
+    counts = torch.stack([s.counts for s in stats])  # (C, K)
+    n = torch.stack([s.n_samples for s in stats]).clamp_min(1e-300)  # (C,)
+    combined = trimmed_mean(counts / n.unsqueeze(1), trim)
+    if float(combined.sum()) <= 0:
+        combined = (counts / n.unsqueeze(1)).mean(0)
+    weights = combined / combined.sum()
+    total = n.sum()
+    sums = torch.stack([s.sums for s in stats])  # (C, K, d)
+    seconds = torch.stack([s.second for s in stats])
+    tied = stats[0].covariance_type == "tied"
+    new_counts, new_sums = torch.zeros_like(stats[0].counts), torch.zeros_like(stats[0].sums)
+    new_second = torch.zeros_like(stats[0].second)
+    for k in range(counts.shape[1]):
+        present = counts[:, k] >= 1.0  # at least one row's worth of the component
+        if not bool(present.any()):
+            present = counts[:, k] > 0
+        means = sums[:, k] / counts[:, k].clamp_min(1e-300).unsqueeze(1)
+        keep = _keep_nearest(means, present, trim)
+        kept_count = counts[keep, k].sum()
+        if float(kept_count) <= 0:
+            continue
+        factor = total * weights[k] / kept_count
+        new_counts[k] = kept_count * factor
+        new_sums[k] = sums[keep, k].sum(0) * factor
+        if not tied:
+            new_second[k] = seconds[keep, k].sum(0) * factor
+    if tied:  # one scatter of all rows: the plain sum (it carries no component means)
+        new_second = seconds.sum(0)
+    return SufficientStats(
+        counts=new_counts,
+        sums=new_sums,
+        second=new_second,
+        shift=stats[0].shift,
+        log_likelihood=torch.stack([s.log_likelihood for s in stats]).sum(),
+        n_samples=total,
+        covariance_type=stats[0].covariance_type,
+    )
+
+
+def model_summary(params: MixtureParams) -> Tensor:
+    """Per-feature mean and log-variance of a mixture's distribution, (2 * n_features,)."""
+    moments = mixture_moments(params, 1.0)
+    return torch.cat([moments.mean, moments.m2.clamp_min(1e-300).log()])
+
+
+#: robust z-score above which ``outlying_models(..., "median")`` leaves a client out
+#: (Iglewicz and Hoaglin's cut-off for the modified z-score).
+OUTLYING_Z = 3.5
+
+
+def outlying_models(models: Mapping[int, MixtureParams], method: str, trim: float) -> list[int]:
+    """Client ids whose local mixtures to leave out under ``"trimmed"`` (the
+    ``ceil(trim * n)`` most outlying) or ``"median"`` (those whose score exceeds
+    ``OUTLYING_Z``); ``[]`` for ``"sum"`` or fewer than three clients.
+
+    Outlyingness is the largest robust z-score over the summary entries
+    (:func:`model_summary`): ``|s - median| / (1.4826 MAD)``, means scaled by the median
+    client's standard deviation where that is larger than the MAD.
+    """
+    ids = sorted(models)
+    if method == "sum" or len(ids) < 3:
+        return []
+    summary = torch.stack([model_summary(models[c]) for c in ids])  # (C, 2d)
+    d = summary.shape[1] // 2
+    center = summary.median(0).values
+    mad = 1.4826 * (summary - center).abs().median(0).values
+    sd = (center[d:] / 2).exp()
+    spread = torch.cat([torch.maximum(mad[:d], sd), mad[d:].clamp_min(0.1)])
+    score = ((summary - center).abs() / spread).amax(1)
+    if method == "median":
+        return [c for c, z in zip(ids, score.tolist(), strict=True) if z > OUTLYING_Z]
+    order = score.argsort(descending=True)[: math.ceil(trim * len(ids) - 1e-9)]
+    return sorted(ids[int(i)] for i in order)
