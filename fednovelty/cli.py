@@ -5,6 +5,19 @@
 ``fednovelty score``  score a CSV/Parquet file with a saved detector and write the scores.
 ``fednovelty bench``  run a benchmark grid; save results.csv, summary.md and PNG figures.
 ``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
+
+Files: ``fit`` and ``score`` never write over one of their inputs (the data, the model), refuse
+to replace an existing ``--out`` unless ``--overwrite`` is given, and need ``--out``'s folder to
+exist; they write a temporary file beside ``--out`` and rename it, so an interrupted run leaves
+the old file or the new one, never half of one. ``bench --out DIR`` creates ``DIR`` (its parent
+must exist) and resumes from ``DIR/results.csv``; ``summary.md`` and the figures are rewritten
+from it on every run.
+
+Exit status: 0 done; 1 the data or the model cannot be used (an unreadable table, NaN,
+a damaged model file, a fit that fails) or a file cannot be written; 2 a usage error (argparse's
+own, a bad option value, a missing input file, an output that would be overwritten or whose
+folder is missing); 130 interrupted. An error is one line on stderr, ``fednovelty: error:
+...``, without a traceback; an unexpected internal error still shows its traceback.
 """
 
 from __future__ import annotations
@@ -12,24 +25,135 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
+from sklearn.utils._param_validation import InvalidParameterError
 
 DETECTORS = ("FedGMM", "FedGenGMM", "Local")
+TABLE_SUFFIXES = (".csv", ".txt", ".parquet")
 
 
-def _read_table(path: str) -> pd.DataFrame:
-    suffix = Path(path).suffix.lower()
-    if suffix == ".parquet":
-        return pd.read_parquet(path)
-    if suffix in (".csv", ".txt"):
+class UsageError(Exception):
+    """A mistake in the command line (exit status 2): a bad option value, a missing input file,
+    an output that would overwrite a file or whose folder does not exist."""
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def _check_input(path: str, option: str) -> Path:
+    """``path`` as a ``Path`` if it names an existing file, else a ``UsageError``."""
+    source = Path(path)
+    if not source.exists():
+        raise UsageError(f"{option} {path}: no such file.")
+    if not source.is_file():
+        raise UsageError(f"{option} {path}: not a file (a folder?); name a file.")
+    return source
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (links and relative paths included)."""
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _check_output(out: str, inputs: Sequence[Path], overwrite: bool) -> Path:
+    """``--out`` as a ``Path`` once it is safe to write: not one of ``inputs``, not an existing
+    file unless ``overwrite``, not a folder, in a folder that exists. Else a ``UsageError``."""
+    path = Path(out)
+    for source in inputs:
+        if _same_file(path, source):
+            raise UsageError(
+                f"--out {out} is the input file {source}; refusing to write over an input. "
+                "Choose another --out."
+            )
+    if path.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file name in it.")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise UsageError(
+            f"--out {out}: the folder {folder} does not exist; create it first "
+            f"(mkdir -p {folder}) or choose another --out."
+        )
+    if path.exists() and not overwrite:
+        raise UsageError(
+            f"--out {out} exists; pass --overwrite to replace it, or choose another --out."
+        )
+    return path
+
+
+def _write_atomically(path: Path, write: Callable[[str], None], overwrite: bool) -> None:
+    """Call ``write(temporary_path)`` for a file beside ``path``, then rename it to ``path``
+    (atomic on one file system): readers see the old file or the new one, never a part."""
+    temporary = str(path.absolute().with_name(f".{path.name}.{os.getpid()}.tmp"))
+    try:
+        write(temporary)
+        if path.exists() and not overwrite:  # appeared while this command ran
+            raise UsageError(
+                f"--out {path} was created while this command ran; pass --overwrite to "
+                "replace it, or choose another --out."
+            )
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """The table in ``path`` (.csv, .txt or .parquet); a ``ValueError`` naming the file if it
+    cannot be parsed."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
         return pd.read_csv(path)
-    raise SystemExit(f"error: {path}: expected a .csv or .parquet file.")
+    except (ValueError, ImportError) as error:
+        kind = "Parquet" if suffix == ".parquet" else "CSV"
+        raise ValueError(f"{path}: cannot read it as a {kind} table ({error}).") from None
+
+
+def _check_table_path(path: str) -> Path:
+    source = _check_input(path, "data")
+    if source.suffix.lower() not in TABLE_SUFFIXES:
+        raise UsageError(f"data {path}: expected a .csv or .parquet file.")
+    return source
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -56,38 +180,51 @@ def _demo(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 
-    frame = _read_table(args.data)
+    data = _check_table_path(args.data)
+    out = _check_output(args.out, [data], args.overwrite)
+    frame = _read_table(data)
     groups = None
     if args.client_column:
         if args.client_column not in frame:
-            raise SystemExit(f"error: no column {args.client_column!r} in {args.data}.")
+            raise UsageError(
+                f"--client-column {args.client_column!r}: no such column in {args.data} "
+                f"(columns: {', '.join(map(str, frame.columns[:20]))})."
+            )
         groups = frame.pop(args.client_column).to_numpy()
+    if args.components is not None and args.components > len(frame):
+        raise UsageError(
+            f"--components {args.components}: {args.data} has only {len(frame)} rows; use at "
+            "most that many components."
+        )
     cls = {"FedGMM": FedGMMDetector, "FedGenGMM": FedGenGMMDetector, "Local": LocalGMMDetector}
     kwargs = {"random_state": args.seed, "progress": True}
     if args.components is not None and args.method != "Local":
         kwargs["n_components"] = args.components
     detector = cls[args.method](**kwargs).fit(frame, groups=groups)
-    detector.save(args.out)
-    print(f"saved {args.method} detector ({detector.n_rounds_} rounds) to {args.out}")
+    _write_atomically(out, detector.save, args.overwrite)
+    print(f"saved {args.method} detector ({detector.n_rounds_} rounds) to {out}")
     return 0
 
 
 def _score(args: argparse.Namespace) -> int:
     from fednovelty import load
 
-    detector = load(args.model)
-    frame = _read_table(args.data)
+    model = _check_input(args.model, "model")
+    data = _check_table_path(args.data)
+    out = _check_output(args.out, [model, data], args.overwrite)
+    detector = load(model)
+    frame = _read_table(data)
     if args.client_column and args.client_column in frame:
         frame = frame.drop(columns=[args.client_column])
-    out = pd.DataFrame(
+    scores = pd.DataFrame(
         {
             "log_px": detector.score_samples(frame),
             "anomaly_score": detector.decision_function(frame),
             "is_anomaly": detector.predict(frame),
         }
     )
-    out.to_csv(args.out, index=False)
-    print(f"wrote {len(out)} scores to {args.out} ({int(out.is_anomaly.sum())} flagged)")
+    _write_atomically(out, lambda path: scores.to_csv(path, index=False), args.overwrite)
+    print(f"wrote {len(scores)} scores to {out} ({int(scores.is_anomaly.sum())} flagged)")
     return 0
 
 
@@ -135,19 +272,52 @@ def _bench_figures(df: pd.DataFrame, out: Path, metric: str) -> list[Path]:
     return paths
 
 
+def _check_bench_folder(out: str) -> Path:
+    """``bench --out``: an existing folder (resumed) or a new one in an existing folder."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out {out} is a file; bench writes into a folder: name a folder.")
+    parent = folder.absolute().parent
+    if not folder.exists() and not parent.is_dir():
+        raise UsageError(
+            f"--out {out}: the folder {parent} does not exist; create it first "
+            f"(mkdir -p {parent}) or choose another --out."
+        )
+    return folder
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from fednovelty.evaluation.benchmark import DEFAULT_METHODS, run_benchmark, summarize
+    from fednovelty.evaluation.benchmark import (
+        DEFAULT_METHODS,
+        check_grid,
+        check_results_file,
+        run_benchmark,
+        summarize,
+    )
 
     for name, value in QUICK.items():
         if getattr(args, name) is None:
             setattr(args, name, value if args.quick else None)
     if args.datasets is None:
-        raise ValueError("name the datasets (--datasets 4_breastw 29_Pima, or 'all'), or --quick.")
-    out = Path(args.out)  # created by run_benchmark once the names are checked
+        raise UsageError("name the datasets (--datasets 4_breastw 29_Pima, or 'all'), or --quick.")
+    args.methods = args.methods or list(DEFAULT_METHODS)
+    out = _check_bench_folder(args.out)  # created by run_benchmark
+    try:  # what run_benchmark checks before it runs anything, as usage errors
+        check_grid(
+            args.datasets,
+            args.methods,
+            protocols=args.protocols,
+            alphas=args.alphas,
+            partition=args.partition,
+            data_dir=args.data_dir,
+        )
+        check_results_file(out / "results.csv")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     started = time.perf_counter()
     df = run_benchmark(
         args.datasets,
-        args.methods or list(DEFAULT_METHODS),
+        args.methods,
         protocols=args.protocols,
         alphas=args.alphas,
         n_clients=args.clients,
@@ -166,7 +336,11 @@ def _bench(args: argparse.Namespace) -> int:
         threads=args.threads or None,
     )
     summary = summarize(df, args.metric)
-    (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
+    _write_atomically(
+        out / "summary.md",
+        lambda path: Path(path).write_text(summary + "\n", encoding="utf-8"),
+        overwrite=True,
+    )
     figures = _bench_figures(df, out, args.metric)
     seconds = time.perf_counter() - started
     print(summary)
@@ -273,21 +447,26 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("data", help=".csv or .parquet with numeric feature columns")
     fit.add_argument("--client-column", default=None, help="column holding the client id")
     fit.add_argument("--method", choices=DETECTORS, default="FedGMM")
-    fit.add_argument("--components", type=int, default=None)
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--out", required=True, help="model file (.safetensors)")
+    fit.add_argument("--components", type=_positive_int, default=None)
+    fit.add_argument("--seed", type=_non_negative_int, default=0)
+    fit.add_argument(
+        "--out", required=True, help="model file (.safetensors); its folder must exist"
+    )
+    fit.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     fit.set_defaults(func=_fit)
     score = sub.add_parser("score", help="score a table with a saved detector")
     score.add_argument("model")
     score.add_argument("data")
     score.add_argument("--client-column", default=None, help="column to drop before scoring")
-    score.add_argument("--out", required=True, help="output CSV")
+    score.add_argument("--out", required=True, help="output CSV; its folder must exist")
+    score.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     score.set_defaults(func=_score)
     bench = sub.add_parser(
         "bench",
         help="run a benchmark grid; write results.csv, summary.md and PNG figures",
         description="Run every dataset x method x protocol x alpha x clients x seed cell; "
-        "resumes from DIR/results.csv (finished cells are skipped).",
+        "resumes from DIR/results.csv (finished cells are skipped; a torn last row is "
+        "dropped and its cell run again); summary.md and the figures are rewritten.",
     )
     bench.add_argument(
         "--datasets",
@@ -302,13 +481,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--protocols", nargs="+", default=["novelty"], choices=["novelty", "outlier"]
     )
-    bench.add_argument("--alphas", nargs="+", type=float, default=[0.5])
-    bench.add_argument("--clients", nargs="+", type=int, default=[10])
-    bench.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0")
+    bench.add_argument("--alphas", nargs="+", type=_positive_float, default=[0.5])
+    bench.add_argument("--clients", nargs="+", type=_positive_int, default=[10])
+    bench.add_argument(
+        "--seeds", nargs="+", type=_non_negative_int, default=None, help="default: 0"
+    )
     bench.add_argument(
         "--components",
         nargs="+",
-        type=int,
+        type=_positive_int,
         default=[10],
         help="K of the mixture methods (default 10)",
     )
@@ -323,11 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--covariance-type", default="full", choices=["full", "tied", "diag", "spherical"]
     )
-    bench.add_argument("--max-train", type=int, default=None, help="cap on training rows")
-    bench.add_argument("--max-test", type=int, default=None, help="cap on test rows")
+    bench.add_argument("--max-train", type=_positive_int, default=None, help="cap on training rows")
+    bench.add_argument("--max-test", type=_positive_int, default=None, help="cap on test rows")
     bench.add_argument(
         "--min-size",
-        type=int,
+        type=_positive_int,
         default=None,
         help="rows every Dirichlet client must hold (default: 10, less for small data)",
     )
@@ -337,7 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1"],
         help="metric of summary.md and the bar chart (default auroc)",
     )
-    bench.add_argument("--out", required=True, help="output folder")
+    bench.add_argument(
+        "--out",
+        required=True,
+        help="output folder (created; its parent must exist); results.csv in it is resumed",
+    )
     bench.add_argument(
         "--quick",
         action="store_true",
@@ -347,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--retry-errors", action="store_true", help="rerun failed cells")
     bench.add_argument(
         "--threads",
-        type=int,
+        type=_non_negative_int,
         default=1,
         help="torch threads (default 1: fastest for these small mixtures; 0 = torch's default)",
     )
@@ -366,13 +551,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(message: object, status: int) -> int:
+    """Print ``fednovelty: error: message`` (one line) to stderr and return ``status``."""
+    text = " ".join(str(message).split()) or "failed"
+    print(f"fednovelty: error: {text}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command; the exit status is 0, 1 (data, model or I/O) or 2 (usage), see above."""
+    args = build_parser().parse_args(argv)  # argparse exits with 2 on its own errors
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (UsageError, InvalidParameterError) as error:  # the command line is wrong
+        return _error(error, 2)
+    except (ValueError, OSError) as error:  # the data, the model file or the disk
+        return _error(error, 1)
+    except KeyboardInterrupt:
+        print("fednovelty: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

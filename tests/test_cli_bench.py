@@ -45,7 +45,7 @@ def test_quick_fills_in_what_was_not_given(tmp_path):
 def test_bad_names_exit_2_with_a_suggestion(tmp_path, capsys, argv, message):
     assert main(["bench", *argv, "--out", str(tmp_path / "x"), *TINY]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err
+    assert err.startswith("fednovelty: error: ") and message in err
     assert not (tmp_path / "x").exists()
 
 

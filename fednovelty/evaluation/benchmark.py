@@ -42,6 +42,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import csv
 import difflib
 import math
 import os
@@ -69,7 +70,9 @@ __all__ = [
     "METRICS",
     "Method",
     "check_datasets",
+    "check_grid",
     "check_methods",
+    "check_results_file",
     "run_benchmark",
     "summarize",
 ]
@@ -269,6 +272,39 @@ def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def check_grid(
+    datasets: Iterable[str],
+    methods: Iterable[str],
+    *,
+    protocols: Iterable[str] = ("novelty",),
+    alphas: Iterable[float | None] = (0.5,),
+    partition: str = "dirichlet",
+    data_dir: str | os.PathLike[str] | None = None,
+) -> tuple[list[str], list[str], list[str], list]:
+    """The grid's names and alphas checked as :func:`run_benchmark` checks them before it runs
+    anything: ``(datasets, methods, protocols, alphas)`` as lists (``alphas`` is ``[None]``
+    for ``partition="iid"``).
+
+    Raises:
+        ValueError: an unknown dataset, method, protocol or partition (with the closest
+            names), or an alpha that is not a group count for ``partition="quantity"``.
+    """
+    from fednovelty.datasets.protocols import PARTITIONS, PROTOCOLS
+
+    datasets = check_datasets(datasets, data_dir)
+    methods = check_methods(methods)
+    protocols = _as_list(protocols)
+    _unknown("protocol", protocols, list(PROTOCOLS))
+    _unknown("partition", [partition], list(PARTITIONS))
+    alphas = [None] if partition == "iid" else _as_list(alphas)
+    if partition == "quantity" and any(a is None or float(a) != int(a) or a < 1 for a in alphas):
+        raise ValueError(
+            f"partition='quantity' reads each alpha as the number of groups per client, an "
+            f"integer >= 1; got alphas={alphas}."
+        )
+    return datasets, methods, protocols, alphas
+
+
 # ----------------------------------------------------------------------------- the grid
 def _as_list(value) -> list:
     if value is None or isinstance(value, str | int | float | np.integer | np.floating):
@@ -292,6 +328,32 @@ def _key_part(value) -> str:
 
 def _key(row) -> tuple[str, ...]:
     return tuple(_key_part(row[c]) for c in CONFIG_COLUMNS)
+
+
+def check_results_file(out_csv: str | os.PathLike[str]) -> None:
+    """Check that ``out_csv`` is absent, empty or a results file of :func:`run_benchmark`
+    (its header names ``dataset`` and ``method``), so that resuming into it never rewrites
+    another file.
+
+    Raises:
+        ValueError: ``out_csv`` is a folder, or a file with another header.
+    """
+    path = Path(out_csv)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; out_csv must name a .csv file.")
+    if not path.is_file():
+        return
+    with open(path, "rb") as handle:
+        first = handle.readline()
+    if not first.endswith(b"\n"):  # empty, or a header torn while it was written
+        return
+    columns = next(csv.reader([first.decode("utf-8", errors="replace")]), [])
+    missing = [c for c in ("dataset", "method") if c not in columns]
+    if missing:
+        raise ValueError(
+            f"{path} exists and is not a fednovelty bench results file (its header lacks "
+            f"{', '.join(missing)}); resuming would rewrite it. Choose another output."
+        )
 
 
 def _read_done(out_csv: Path) -> pd.DataFrame:
@@ -447,31 +509,30 @@ def run_benchmark(
         n_test, n_features, novel_share, warning, error`` (None when the cell succeeded).
 
     Raises:
-        ValueError: an unknown dataset, method, protocol or partition (before anything runs).
+        ValueError: an unknown dataset, method, protocol or partition, or an ``out_csv`` that
+            is not a results file (before anything runs).
 
     Example:
         >>> df = run_benchmark(["4_breastw"], ["IForest"], progress=False)  # doctest: +SKIP
         >>> df[["dataset", "method", "auroc"]]  # doctest: +SKIP
     """
-    from fednovelty.datasets.protocols import PARTITIONS, PROTOCOLS, make_task
+    from fednovelty.datasets.protocols import make_task
 
-    datasets = check_datasets(datasets, data_dir)
-    methods = check_methods(methods)
-    protocols = _as_list(protocols)
-    _unknown("protocol", protocols, list(PROTOCOLS))
-    _unknown("partition", [partition], list(PARTITIONS))
-    alphas = [None] if partition == "iid" else _as_list(alphas)
-    if partition == "quantity" and any(a is None or float(a) != int(a) or a < 1 for a in alphas):
-        raise ValueError(
-            f"partition='quantity' reads each alpha as the number of groups per client, an "
-            f"integer >= 1; got alphas={alphas}."
-        )
+    datasets, methods, protocols, alphas = check_grid(
+        datasets,
+        methods,
+        protocols=protocols,
+        alphas=alphas,
+        partition=partition,
+        data_dir=data_dir,
+    )
     sizes = [(k, kc) for k in _as_list(n_components) for kc in _as_list(client_components)]
 
     out_path = Path(out_csv) if out_csv is not None else None
     stored: dict[tuple[str, ...], dict] = {}
     header = list(COLUMNS)
     if out_path is not None:
+        check_results_file(out_path)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(out_path)
         header = list(done.columns) if len(done.columns) else header
