@@ -6,6 +6,7 @@ import warnings
 from numbers import Integral
 from typing import ClassVar
 
+import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval
 
@@ -56,17 +57,18 @@ class _LocalFitDetector(MixtureDetector):
         state = self._simulate(algorithm, clients, seed)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
+            min_rows = self._privacy_policy().min_rows
             warnings.warn(
-                f"client(s) {self.skipped_clients_} have fewer than {algorithm.rows_needed()} "
-                f"row(s) (min_client_samples={self.min_client_samples}, smallest K="
-                f"{min(algorithm.candidates())}) and were skipped; their rows do not inform "
+                f"client(s) {self.skipped_clients_} have fewer than "
+                f"{max(algorithm.rows_needed(), min_rows)} row(s) (min_client_samples="
+                f"{self.min_client_samples}, smallest K={min(algorithm.candidates())}, "
+                f"privacy_min_rows={min_rows}) and were skipped; their rows do not inform "
                 "the model.",
                 UserWarning,
                 stacklevel=4,
             )
-        self.client_n_components_ = {
-            self.client_ids_[c].item(): m.n_components for c, m in state.client_models.items()
-        }
+        ids = self.client_ids_.tolist()  # plain Python ids, whatever the array's dtype
+        self.client_n_components_ = {ids[c]: m.n_components for c, m in state.client_models.items()}
         return state
 
     def _set_result(self, result) -> None:
@@ -113,6 +115,10 @@ class FedGenGMMDetector(_LocalFitDetector):
             mixture per feature, a joint mixture of the features' normal scores) and
             ``score_samples`` is its log-density; the attributes of the global mixture stay
             those of the plain global fit. Same single round, same messages.
+        privacy_min_rows: each client's privacy floor (``docs/privacy.md``): a client with
+            fewer rows is skipped, fits at most ``n_rows // privacy_min_rows`` components
+            and drops those backed by fewer rows before it sends its mixture; ``1`` is no
+            floor.
         contamination, random_state, device, dtype, progress: as ``FedGMMDetector``.
 
     Attributes:
@@ -150,6 +156,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
         copula=False,
+        privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -169,6 +176,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
         self.copula = copula
+        self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -269,6 +277,9 @@ class LocalGMMDetector(_LocalFitDetector):
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
         client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
 
+    ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
+    client id given in ``groups``, a number or a name).
+
     ``fit(X, groups=g, callbacks=[hook])`` calls ``hook`` with the one round's
     ``RoundRecord``, as ``FedGenGMMDetector`` does.
     """
@@ -289,6 +300,7 @@ class LocalGMMDetector(_LocalFitDetector):
         standardize=True,
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
+        privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -305,6 +317,7 @@ class LocalGMMDetector(_LocalFitDetector):
         self.standardize = standardize
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
+        self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -323,6 +336,37 @@ class LocalGMMDetector(_LocalFitDetector):
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         return torch.stack([score_samples(m, X) for m in self.client_models_]).mean(0)
+
+    def score_samples_client(self, X, client) -> np.ndarray:
+        """``log p_c(x)`` under one client's own mixture, shape (n_samples,).
+
+        Args:
+            X: rows (n_samples, n_features).
+            client: a client id as given in ``groups`` at fit time (a number or a name).
+
+        Raises:
+            ValueError: ``client`` was not seen in fit, or was skipped (too few rows: it has
+                no model).
+        """
+        Xt = self._check_score_input(X)
+        ids = self.client_ids_.tolist()
+        if isinstance(client, np.generic):
+            client = client.item()
+        if client not in ids:
+            raise ValueError(
+                f"client {client!r} was not seen in fit; known clients: {ids[:10]}"
+                f"{'...' if len(ids) > 10 else ''}."
+            )
+        skipped = list(self.skipped_clients_)
+        if client in skipped:
+            raise ValueError(
+                f"client {client!r} was skipped in fit (too few rows) and has no model; "
+                "score with score_samples (every client's model)."
+            )
+        index = [c for c in ids if c not in skipped].index(client)
+        with torch.no_grad():
+            scores = score_samples(self.client_models_[index], Xt)
+        return scores.cpu().numpy().astype(np.float64)
 
     def _get_state(self):
         tensors = {}
