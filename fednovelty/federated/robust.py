@@ -65,7 +65,7 @@ def weight_factors(sizes: Mapping[int, float], cap: float | None) -> dict[int, f
     ``None``): scaling a client's statistics by it caps its weight at ``cap`` medians."""
     if cap is None or not sizes:
         return dict.fromkeys(sizes, 1.0)
-    median = float(torch.tensor([float(s) for s in sizes.values()]).median())
+    median = float(torch.tensor([float(s) for s in sizes.values()]).quantile(0.5))
     limit = cap * max(median, 1.0)
     return {c: (1.0 if s <= limit else limit / float(s)) for c, s in sizes.items()}
 
