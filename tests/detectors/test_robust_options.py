@@ -1,0 +1,52 @@
+"""The detectors' robust aggregation options reach the federation and survive save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fednovelty import FedGenGMMDetector, FedGMMDetector, load
+
+
+def lone_far_client() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nine clients of one cluster and a tenth holding a far cluster on its own."""
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(0, 1, (900, 3)), rng.normal(15, 0.5, (300, 3))])
+    groups = np.r_[np.arange(900) % 9, np.full(300, 9)]
+    return X, groups, rng.normal(15, 0.5, (50, 3))
+
+
+def test_trimmed_aggregation_gives_one_clients_cluster_no_weight() -> None:
+    X, groups, far = lone_far_client()
+    plain = FedGMMDetector(2, random_state=0).fit(X, groups=groups)
+    trimmed = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, groups=groups)
+    # with the sum, the far cluster is a component of weight 0.25; trimmed, it has none
+    assert np.sort(plain.weights_)[0] == pytest.approx(0.25, abs=0.01)
+    assert np.sort(trimmed.weights_)[0] < 0.01
+    assert (trimmed.decision_function(far) > plain.decision_function(far) + 3).all()
+
+
+def test_fedgengmm_screening_leaves_out_the_lone_client(tmp_path) -> None:
+    X, groups, far = lone_far_client()
+    det = FedGenGMMDetector(n_components=2, aggregation="median", random_state=0)
+    det.fit(X, groups=groups)
+    plain = FedGenGMMDetector(n_components=2, random_state=0).fit(X, groups=groups)
+    assert (det.decision_function(far) > plain.decision_function(far) + 3).all()
+    det.save(tmp_path / "m.safetensors")
+    again = load(tmp_path / "m.safetensors")
+    assert again.aggregation == "median"
+    np.testing.assert_allclose(again.decision_function(far), det.decision_function(far), rtol=1e-12)
+
+
+def test_capped_weight_and_bad_options_are_named() -> None:
+    X, groups, _ = lone_far_client()
+    capped = FedGMMDetector(2, client_weight_cap=1.0, random_state=0).fit(X, groups=groups)
+    # the far client (300 rows) counts as the median client's 100: 100 / 1000
+    assert np.sort(capped.weights_)[0] == pytest.approx(0.1, abs=0.01)
+    with pytest.raises(ValueError, match="aggregation"):
+        FedGMMDetector(2, aggregation="median").fit(X, groups=groups)
+    with pytest.raises(ValueError, match="client_weight_cap"):
+        FedGenGMMDetector(client_weight_cap=0.5).fit(X, groups=groups)
+    labels = (X[:, 0] > 5).astype(int)
+    with pytest.raises(ValueError, match="apply to the unsupervised model"):
+        FedGMMDetector(2, aggregation="trimmed").fit(X, labels, groups=groups)
