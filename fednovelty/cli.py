@@ -409,7 +409,9 @@ def serving_app(
 
 
 def _app(args: argparse.Namespace) -> int:
-    """Run the dashboard with Streamlit (imported lazily: an optional dependency)."""
+    """Run the dashboard: this process becomes ``streamlit run`` (``os.execv``), so SIGTERM
+    or Ctrl-C stops the server itself and no server outlives the command. Returns 2 when
+    Streamlit or the app folder is missing (checked first, without importing Streamlit)."""
     if importlib.util.find_spec("streamlit") is None:
         print(
             "error: the dashboard needs Streamlit and Plotly: pip install 'fednovelty[app]'",
@@ -423,11 +425,19 @@ def _app(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.address not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: serving on {args.address}: the dashboard has no login of its own, so "
+            "anyone who reaches this port can use it; beyond localhost put it behind a "
+            "reverse proxy with TLS and authentication (docs/app.md).",
+            file=sys.stderr,
+        )
     print(f"fednovelty dashboard: http://{args.address}:{args.port}", flush=True)
-    try:
-        return subprocess.call(app_command(args))
-    except KeyboardInterrupt:
-        return 0
+    command = app_command(args)
+    if os.name != "posix":  # no exec there: Streamlit runs as a child of this process
+        return subprocess.call(command)
+    sys.stderr.flush()
+    os.execv(command[0], command)  # never returns: Streamlit becomes this process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -544,7 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     app = sub.add_parser("app", help="start the Streamlit dashboard (fednovelty[app])")
     app.add_argument("--port", type=int, default=8501)
     app.add_argument(
-        "--address", default="127.0.0.1", help="address to serve on (0.0.0.0: all interfaces)"
+        "--address",
+        default="127.0.0.1",
+        help="address to serve on (default: this machine only; 0.0.0.0: all interfaces, "
+        "with no login: see docs/app.md)",
     )
     app.add_argument("--headless", action="store_true", help="do not open a browser")
     app.set_defaults(func=_app)
