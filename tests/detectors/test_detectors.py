@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import sklearn.exceptions
 import torch
+from _tolerance import assert_close_scaled
 from safetensors.torch import save_file
 from sklearn.base import clone
 from sklearn.metrics import roc_auc_score
@@ -167,9 +168,8 @@ def test_string_groups_match_integer_groups(name, fitted):
     detector = build(name).fit(X_TRAIN, groups=names)
     np.testing.assert_array_equal(detector.client_ids_, ["c0", "c1", "c2"])
     assert detector.n_clients_ == 3
-    np.testing.assert_allclose(
-        detector.decision_scores_, fitted.decision_scores_, rtol=0, atol=1e-10
-    )
+    # separate fits: negative log-densities, relative to their scale
+    assert_close_scaled(detector.decision_scores_, fitted.decision_scores_, rtol=1e-12)
 
 
 def test_groups_none_is_one_client(name):
@@ -289,12 +289,10 @@ def test_fedgmm_global_is_centralized_em(covariance_type):
         3, covariance_type=covariance_type, tol=1e-4, max_iter=300, **inits
     ).fit(X)
     X_new = np.vstack([X[:50], far_outliers(10)])
-    np.testing.assert_allclose(
-        federated.score_samples(X_new), pooled.score_samples(X_new), rtol=0, atol=1e-8
-    )
-    np.testing.assert_allclose(
-        federated.score_samples(X_new), reference.score_samples(X_new), rtol=0, atol=1e-8
-    )
+    # log-densities reach -100 on the far rows; EM paths of up to 300 iterations from summed
+    # statistics, pooled rows and sklearn agree relative to that scale, not bit for bit
+    assert_close_scaled(federated.score_samples(X_new), pooled.score_samples(X_new), rtol=1e-10)
+    assert_close_scaled(federated.score_samples(X_new), reference.score_samples(X_new), rtol=1e-10)
     assert federated.n_iter_ == pooled.n_iter_ == reference.n_iter_
     np.testing.assert_allclose(federated.weights_, reference.weights_, atol=1e-8)
     np.testing.assert_allclose(federated.means_, reference.means_, atol=1e-8)
@@ -517,14 +515,14 @@ def test_save_load_round_trip(name, loader, tmp_path):
         assert hasattr(loaded, attr), attr
         _assert_same(getattr(loaded, attr), getattr(detector, attr), attr)
     X_new = np.vstack([X_TRAIN[:25], far_outliers(5)])
-    np.testing.assert_array_equal(
-        loaded.decision_function(X_new), detector.decision_function(X_new)
-    )
-    np.testing.assert_array_equal(loaded.score_samples(X_new), detector.score_samples(X_new))
+    # The parameters above are copied exactly; scores are computed again from them, and the
+    # loaded tensors' memory layout may take another BLAS path: round-off apart.
+    assert_close_scaled(loaded.decision_function(X_new), detector.decision_function(X_new))
+    assert_close_scaled(loaded.score_samples(X_new), detector.score_samples(X_new))
     np.testing.assert_array_equal(loaded.predict(X_new), detector.predict(X_new))
-    np.testing.assert_array_equal(loaded.predict_proba(X_new), detector.predict_proba(X_new))
+    assert_close_scaled(loaded.predict_proba(X_new), detector.predict_proba(X_new))
     if name == "fedgmm":
-        np.testing.assert_array_equal(
+        assert_close_scaled(
             loaded.score_samples_client(X_new, "b"), detector.score_samples_client(X_new, "b")
         )
     if name == "local":
@@ -551,9 +549,8 @@ def test_save_load_keeps_feature_names(name, tmp_path):
     loaded = fednovelty.load(path)
     assert loaded.feature_names_in_.dtype == object
     np.testing.assert_array_equal(loaded.feature_names_in_, ["f0", "f1", "f2"])
-    np.testing.assert_array_equal(
-        loaded.decision_function(frame), detector.decision_function(frame)
-    )
+    # scored again from the loaded parameters: round-off apart
+    assert_close_scaled(loaded.decision_function(frame), detector.decision_function(frame))
     with pytest.raises(ValueError, match="feature names"):
         loaded.decision_function(frame.rename(columns={"f0": "zz"}))
 
@@ -567,9 +564,8 @@ def test_save_load_keeps_array_parameters(tmp_path):
     for key, value in inits.items():
         np.testing.assert_array_equal(loaded.get_params()[key], value)
     assert not hasattr(loaded, "client_weights_")
-    np.testing.assert_array_equal(
-        loaded.decision_function(X_TRAIN), detector.decision_function(X_TRAIN)
-    )
+    # scored again from the loaded parameters: round-off apart
+    assert_close_scaled(loaded.decision_function(X_TRAIN), detector.decision_function(X_TRAIN))
 
 
 def test_load_random_bytes(tmp_path):
@@ -675,7 +671,10 @@ SKLEARN_CHECKS = [
     "check_outlier_contamination",
 ]
 SMALL = {
-    "fedgmm": (FedGMMDetector, {"n_components": 2}),
+    # scikit-learn's checks fit 10-30 rows as one client: under the default privacy floor
+    # (5 rows per released statistic) its k-means may form a single backed cluster, fewer
+    # centroids than components; the checks are about the estimator contract, so no floor.
+    "fedgmm": (FedGMMDetector, {"n_components": 2, "privacy_min_rows": 1}),
     "fedgengmm": (
         FedGenGMMDetector,
         {"n_components": 2, "client_components": 2, "samples_per_component": 20},

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 
 from fednovelty import FedGMMDetector, load
 from fednovelty.datasets import make_fedgmm_synthetic
@@ -184,13 +185,18 @@ def test_joint_models_save_and_load_exactly(split, tmp_path, options):
     loaded = load(tmp_path / "joint.safetensors")
     X, y = split.X_test, np.array(["neg", "pos"])[split.y_test]
     assert loaded.classes_.tolist() == ["neg", "pos"]
+    for name in ("means_", "covariances_", "client_joint_weights_"):  # copied: bit for bit
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(detector, name), name)
+    # Scores are computed again from the loaded tensors, whose memory layout may take another
+    # BLAS path (measured 9e-15 apart with PCA): equal up to round-off relative to the scale.
     for client in (0, 4):
-        np.testing.assert_array_equal(
+        assert_close_scaled(
             loaded.log_pxy(X, y, client=client), detector.log_pxy(X, y, client=client)
         )
-    np.testing.assert_array_equal(loaded.decision_function(X), detector.decision_function(X))
+    assert_close_scaled(loaded.decision_function(X), detector.decision_function(X))
     handle = detector.adapt(X[:40])
-    np.testing.assert_array_equal(loaded.adapt(X[:40]).weights, handle.weights)
+    # EM on those scores: round-off may grow over its iterations
+    assert_close_scaled(loaded.adapt(X[:40]).weights, handle.weights, rtol=1e-10)
 
 
 def test_custom_learner_factory_cannot_be_saved(split, tmp_path):

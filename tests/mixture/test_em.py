@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.exceptions import ConvergenceWarning
@@ -92,15 +93,15 @@ def test_em_path_matches_sklearn(covariance_type, dataset, tol):
     assert isinstance(result, EMResult)
     assert result.n_iter == gm.n_iter_ == len(result.lower_bounds)
     assert result.converged == gm.converged_
-    np.testing.assert_allclose(result.lower_bounds, gm.lower_bounds_, rtol=0, atol=1e-8)
+    # Two implementations along a path of up to 150 iterations: round-off grows with the path
+    # and with the conditioning (precision factors reach 95), so compare relative to scale.
+    assert_close_scaled(result.lower_bounds, gm.lower_bounds_, rtol=1e-9)
     params = result.params
     assert params.covariance_type == covariance_type
-    np.testing.assert_allclose(params.weights.numpy(), gm.weights_, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(params.means.numpy(), gm.means_, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(params.covariances.numpy(), gm.covariances_, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(
-        params.precisions_cholesky.numpy(), gm.precisions_cholesky_, rtol=0, atol=1e-7
-    )
+    assert_close_scaled(params.weights, gm.weights_, rtol=1e-9)
+    assert_close_scaled(params.means, gm.means_, rtol=1e-9)
+    assert_close_scaled(params.covariances, gm.covariances_, rtol=1e-9)
+    assert_close_scaled(params.precisions_cholesky, gm.precisions_cholesky_, rtol=1e-9)
 
 
 def test_em_path_has_several_iterations(dataset):
@@ -115,7 +116,7 @@ def test_em_path_matches_sklearn_reg_covar(covariance_type, aniso, reg_covar):
     gm = sklearn_from(start, aniso, tol=1e-4, max_iter=60, reg_covar=reg_covar)
     result = fit_em(t(aniso), init_from(start), tol=1e-4, max_iter=60, reg_covar=reg_covar)
     assert result.n_iter == gm.n_iter_
-    np.testing.assert_allclose(result.lower_bounds, gm.lower_bounds_, rtol=0, atol=1e-8)
+    assert_close_scaled(result.lower_bounds, gm.lower_bounds_, rtol=1e-9)  # two implementations
     np.testing.assert_allclose(result.params.covariances.numpy(), gm.covariances_, atol=1e-8)
 
 
@@ -124,9 +125,10 @@ def test_em_chunk_size_does_not_change_the_path(covariance_type, aniso):
     whole = fit_em(t(aniso), start, tol=1e-4)
     chunked = fit_em(t(aniso), start, tol=1e-4, chunk_size=37)
     assert whole.n_iter == chunked.n_iter
-    np.testing.assert_allclose(chunked.lower_bounds, whole.lower_bounds, rtol=0, atol=1e-10)
+    # chunks sum the statistics in another order: round-off apart, relative to the scale
+    assert_close_scaled(chunked.lower_bounds, whole.lower_bounds, rtol=1e-11)
     for name, x in chunked.params.tensors().items():
-        torch.testing.assert_close(x, whole.params.tensors()[name], rtol=0, atol=1e-9)
+        assert_close_scaled(x, whole.params.tensors()[name], rtol=1e-10, err_msg=name)
 
 
 def test_em_max_iter(covariance_type, aniso):
