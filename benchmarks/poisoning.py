@@ -1,0 +1,651 @@
+"""Poisoning benchmark (issue 18): one or two malicious clients among ten, defences off and on.
+
+Every task is the novelty protocol of an ADBench set (:func:`make_task`, 10 clients,
+Dirichlet(``ALPHA``) over k-means groups). The malicious clients replace clients 9 (and 8):
+their real rows are not used. Each holds made-up rows around a point far from the training
+data, ``FAR`` training ranges beyond the training maximum in every feature, with a spread
+of ``SPREAD`` ranges (:func:`far_rows`), and forges its replies in the client step; the
+honest algorithm code runs unchanged on every other client and on the server
+(:class:`WithAttackers`).
+
+Attacks (:data:`ATTACKS`), each named in the issue:
+
+``claim-rows``
+    A consistent liar: ``CLAIMED_ROWS`` (10,000) made-up rows, answered about honestly from
+    its first reply on.
+``claim-1e12``
+    Real-looking far rows (as many as the median honest client), every sum over rows it
+    sends scaled so that it claims 1e12 rows, consistently from its first reply on
+    (``moments``' ``n_samples`` and ``m2``; ``counts``, ``sums``, ``second``,
+    ``log_likelihood``, ``n_samples``; FedGenGMM's ``n_samples``).
+``inconsistent-count`` (federated EM)
+    Declares its true row count in its first reply, then every sum x ``INCONSISTENT_FACTOR``.
+``non-psd`` (federated EM)
+    Honest but for the EM rounds' second moment of its fullest component, negated: no
+    rows have such statistics. Without validation the M-step raises and the fit stops.
+``tiny-precision`` (FedGenGMM)
+    A local mixture with ``n_samples=10`` and precision factors x 1e-75 (covariances about
+    1e150).
+``many-components`` (FedGenGMM)
+    A local mixture of ``MANY_COMPONENTS`` (200,000) components although the broadcast
+    allows at most ``max(k_range)``. Not run with validation off: the server would draw
+    ``H * 200,000`` (2e7) synthetic rows.
+
+The planted anomalies: ``N_PLANTED`` rows drawn like the attackers' rows (a fresh draw,
+never seen in training). Two AUROCs per fit (``-log p(x)`` ranks the rows; novel is
+positive): ``auroc`` on the dataset's own test set (its anomalies against the held-out
+inliers) and ``planted_auroc``, the planted rows against the same held-out inliers. A
+successful ``claim-rows`` or ``claim-1e12`` attack shows in ``planted_auroc`` (the planted
+rows score as normal: AUROC near 0); one that wrecks the model shows in ``auroc``.
+
+Defences (:func:`defences`): ``off`` (no reply validation, ``aggregation="sum"``, no cap: the
+behaviour before issue 18; validation is always on in the library and is switched off here
+by replacing the engine's ``ReplyValidator`` with one that accepts everything),
+``validation`` (the library's default), ``cap`` (``client_weight_cap=CAP``), ``trimmed``
+(``aggregation="trimmed"``, ``trim`` 0.1 per attacker: 0.1 against one, 0.2 against two;
+against two also ``trim=0.1``, which is too little), ``both`` (trimmed and cap) and, for
+FedGenGMM, ``median`` and ``median+cap``. The no-attack rows (``attack="none"``: the ten
+honest clients) run every defence too: their cost on honest federations. ``attack="absent"``
+(defences off) is the federation without the attackers' clients, the honest 8 or 9 alone:
+what the attacked federation could reach at best.
+
+Algorithms, with the detectors' defaults: ``FederatedEM`` as ``FedGMMDetector`` builds it
+(``n_components=8``, personal mixture weights, k-means initialisation, ``standardize``,
+``prior_strength = d + 2``, ``prior_scale = 4``) and ``FedGenGMM`` as ``FedGenGMMDetector``
+does (K by BIC in 1..10 on clients and server, ``H = 100``, same remedies). Both run on the
+in-process engine with its default privacy policy; the score is
+``fednovelty.mixture.score_samples(params, X)``.
+
+Run (about 15 minutes on 2 shared cores)::
+
+    .venv/bin/python benchmarks/poisoning.py               # 4 datasets x 3 seeds
+    .venv/bin/python benchmarks/poisoning.py --quick       # smoke run: 4_breastw, seed 0
+
+It prints one line per (dataset, algorithm, attack, attackers, defence) with mean +- std
+over seeds of both AUROCs, the replies the validation dropped per fit and the seconds per
+fit, writes every fit to ``<out>/poisoning.csv`` (``error``: why a fit stopped or was not
+run; ``left_out``: FedGenGMM client models a robust aggregation left out) and the means
+over datasets to ``<out>/poisoning.md`` (``--out``, default ``benchmarks/results``).
+FedGenGMM's client fits do not depend on the server's configuration, so each client's
+reply is computed once per task and reused (:class:`WithAttackers`): its ``seconds`` are
+the server's time, plus the client fits in the first run that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fednovelty.datasets.protocols import Task, make_task
+from fednovelty.detectors.base import PRIOR_SCALE
+from fednovelty.evaluation.metrics import auroc
+from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
+from fednovelty.federated.base import ClientContext
+from fednovelty.federated.robust import EXTENSIVE
+from fednovelty.mixture import score_samples
+from fednovelty.runtime import simulation
+
+OUT = Path(__file__).resolve().parent / "results"
+DATASETS = ("4_breastw", "29_Pima", "7_Cardiotocography", "22_magic.gamma")
+QUICK_DATASETS = ("4_breastw",)
+SEEDS = (0, 1, 2)
+N_CLIENTS = 10
+ALPHA = 0.5
+MAX_TRAIN = 5_000  # training rows kept (a uniform subsample) on the larger sets, for time
+#: the attackers' rows: centre FAR training ranges past the maximum, spread SPREAD ranges.
+FAR, SPREAD = 3.0, 0.1
+CLAIMED_ROWS = 10_000
+CLAIMED_TOTAL = 1e12
+INCONSISTENT_FACTOR = 50.0
+TINY_PRECISION, TINY_ROWS = 1e-75, 10.0
+MANY_COMPONENTS = 200_000
+N_PLANTED = 200
+CAP = 3.0
+EM_COMPONENTS = 8  # FedGMMDetector's default n_components
+K_RANGE = (1, 10)  # FedGenGMMDetector's default k_range
+
+EM_ATTACKS = ("claim-rows", "claim-1e12", "inconsistent-count", "non-psd")
+FEDGEN_ATTACKS = ("claim-rows", "claim-1e12", "tiny-precision", "many-components")
+ATTACKS = {"FederatedEM": EM_ATTACKS, "FedGenGMM": FEDGEN_ATTACKS}
+QUICK_ATTACKS = {"FederatedEM": ("non-psd",), "FedGenGMM": ("tiny-precision",)}
+#: the reference without the attackers: the honest clients alone (defences off).
+ABSENT = "absent"
+#: (attack, defence) pairs not run, with the reason printed in their place.
+NOT_RUN = {
+    ("many-components", "off"): "not run: the server would draw 2e7 synthetic rows",
+}
+
+
+# ---------------------------------------------------------------------- defences
+@dataclass(frozen=True)
+class Defence:
+    """One server configuration.
+
+    Attributes:
+        name: as written in the tables (``off``, ``validation``, ``cap``, ``trimmed``, ...).
+        validate: whether the engine validates replies (``False`` only for ``off``).
+        aggregation, trim, cap: the algorithm's ``aggregation``, ``trim`` and
+            ``client_weight_cap``.
+    """
+
+    name: str
+    validate: bool = True
+    aggregation: str = "sum"
+    trim: float = 0.1
+    cap: float | None = None
+
+
+def defences(algorithm: str, n_attackers: int) -> list[Defence]:
+    """The defences run against ``n_attackers`` (0: all of them, to measure their cost).
+
+    ``trimmed T`` trims a share ``T`` of the clients: 0.1 against one attacker, 0.1 (too
+    little) and 0.2 against two. ``both T`` is ``trimmed T`` with the cap, at the trim that
+    matches the attackers (0.1 per attacker).
+    """
+    out = [Defence("off", validate=False), Defence("validation"), Defence("cap", cap=CAP)]
+    trims = {0: (0.1, 0.2), 1: (0.1,), 2: (0.1, 0.2)}[n_attackers]
+    both = {0: (0.1, 0.2), 1: (0.1,), 2: (0.2,)}[n_attackers]
+    out += [Defence(f"trimmed {t:g}", aggregation="trimmed", trim=t) for t in trims]
+    out += [Defence(f"both {t:g}", aggregation="trimmed", trim=t, cap=CAP) for t in both]
+    if algorithm == "FedGenGMM":
+        out.append(Defence("median", aggregation="median"))
+        out.append(Defence("median+cap", aggregation="median", cap=CAP))
+    return out
+
+
+#: the columns of the summary tables, in order.
+DEFENCE_NAMES = (
+    "off",
+    "validation",
+    "cap",
+    "trimmed 0.1",
+    "trimmed 0.2",
+    "both 0.1",
+    "both 0.2",
+    "median",
+    "median+cap",
+)
+
+
+class _AcceptAll:
+    """A stand-in for the engine's ``ReplyValidator`` that accepts every reply (``off``)."""
+
+    def __init__(self, n_features: int | None = None) -> None:
+        self.n_features = n_features
+
+    def accept(self, broadcast, replies, widths=None):
+        return {c: replies[c] for c in sorted(replies)}, {}
+
+
+@contextmanager
+def validation(on: bool) -> Iterator[None]:
+    """Run the in-process engine with (``on``) or without its reply validation."""
+    if on:
+        yield
+        return
+    with mock.patch.object(simulation, "ReplyValidator", _AcceptAll):
+        yield
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread while the benchmark runs (the caller's setting restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------- algorithms
+def make_algorithm(name: str, n_features: int, defence: Defence, seed: int) -> FederatedAlgorithm:
+    """``FederatedEM`` / ``FedGenGMM`` with the detectors' defaults and ``defence``'s options."""
+    common = {
+        "standardize": True,
+        "prior_strength": n_features + 2.0,  # covariance_prior="auto"
+        "prior_scale": PRIOR_SCALE,
+        "aggregation": defence.aggregation,
+        "trim": defence.trim,
+        "client_weight_cap": defence.cap,
+        "random_state": seed,
+    }
+    if name == "FederatedEM":
+        return FederatedEM(
+            EM_COMPONENTS, mixture_weights="personal", init_params="kmeans", **common
+        )
+    if name == "FedGenGMM":
+        return FedGenGMM(n_components=None, k_range=K_RANGE, **common)
+    raise ValueError(f"algorithm must be 'FederatedEM' or 'FedGenGMM', got {name!r}.")
+
+
+# ---------------------------------------------------------------------- attacks
+Forge = Callable[[FederatedAlgorithm, torch.Tensor, Message, ClientContext], Message]
+
+
+def scaled(reply: Message, factor: float) -> Message:
+    """``reply`` with every sum over rows (``EXTENSIVE`` tensors) times ``factor``."""
+    if reply.scalars.get("skipped"):
+        return reply
+    tensors = {k: (v * factor if k in EXTENSIVE else v) for k, v in reply.tensors.items()}
+    return Message(reply.kind, tensors, dict(reply.scalars))
+
+
+def honest(inner, X, message, context) -> Message:
+    """Answers about its (made-up) rows as an honest client would."""
+    return inner.client_step(X, message, context)
+
+
+def claim_1e12(inner, X, message, context) -> Message:
+    """Every sum over rows scaled so that the client claims ``CLAIMED_TOTAL`` rows."""
+    return scaled(inner.client_step(X, message, context), CLAIMED_TOTAL / X.shape[0])
+
+
+def inconsistent_count(inner, X, message, context) -> Message:
+    """Its true row count in its first reply, ``INCONSISTENT_FACTOR`` times more after."""
+    reply = inner.client_step(X, message, context)
+    if "answered" not in context.state:
+        context.state["answered"] = torch.ones(())
+        return reply
+    return scaled(reply, INCONSISTENT_FACTOR)
+
+
+def non_psd(inner, X, message, context) -> Message:
+    """In EM rounds, the second moment of its fullest component negated."""
+    reply = inner.client_step(X, message, context)
+    if message.kind != "em" or reply.scalars.get("skipped"):
+        return reply
+    tensors = dict(reply.tensors)
+    second = tensors["second"].clone()
+    k = int(tensors["counts"].argmax())
+    second[k] = -second[k]
+    tensors["second"] = second
+    return Message(reply.kind, tensors, dict(reply.scalars))
+
+
+def tiny_precision(inner, X, message, context) -> Message:
+    """Its local mixture with precision factors x ``TINY_PRECISION``, ``TINY_ROWS`` rows."""
+    reply = inner.client_step(X, message, context)
+    tensors = dict(reply.tensors)
+    tensors["precisions_cholesky"] = tensors["precisions_cholesky"] * TINY_PRECISION
+    tensors["n_samples"] = torch.tensor(TINY_ROWS, dtype=X.dtype)
+    return Message(reply.kind, tensors, {**reply.scalars, "skipped": False})
+
+
+def many_components(inner, X, message, context) -> Message:
+    """A local mixture of ``MANY_COMPONENTS`` unit-covariance components around its rows."""
+    k, d = MANY_COMPONENTS, X.shape[1]
+    generator = torch.Generator().manual_seed(context.client_id)
+    center, spread = X.mean(0), X.std(0).clamp_min(1e-3)
+    means = center + spread * torch.randn(k, d, generator=generator, dtype=X.dtype)
+    tensors = {
+        "weights": torch.full((k,), 1.0 / k, dtype=X.dtype),
+        "means": means,
+        "precisions_cholesky": torch.eye(d, dtype=X.dtype).expand(k, d, d),
+        "n_samples": torch.tensor(float(X.shape[0]), dtype=X.dtype),
+    }
+    return Message("local_fit", tensors, {"skipped": False, "converged": True, "n_iter": 1})
+
+
+FORGERS: dict[str, Forge] = {
+    "claim-rows": honest,
+    "claim-1e12": claim_1e12,
+    "inconsistent-count": inconsistent_count,
+    "non-psd": non_psd,
+    "tiny-precision": tiny_precision,
+    "many-components": many_components,
+}
+
+
+class WithAttackers(FederatedAlgorithm):
+    """``inner`` with the replies of the ``attackers`` forged by ``forge``.
+
+    Server halves and honest clients run ``inner``'s code unchanged. ``cache`` (a dict
+    shared across runs) keeps the replies to ``local_fit`` broadcasts by client, forger,
+    rows and broadcast: FedGenGMM's one round is the same for every server configuration, so the
+    client fits run once per task.
+    """
+
+    def __init__(
+        self,
+        inner: FederatedAlgorithm,
+        attackers: tuple[int, ...],
+        forge: Forge,
+        cache: dict | None = None,
+    ) -> None:
+        self.inner, self.attackers, self.forge = inner, set(attackers), forge
+        self.max_rounds = inner.max_rounds
+        self.cache = cache
+
+    def start(self):
+        return self.inner.start()
+
+    def configure(self, state) -> Message:
+        return self.inner.configure(state)
+
+    def finished(self, state) -> bool:
+        return self.inner.finished(state)
+
+    def server_step(self, state, replies):
+        return self.inner.server_step(state, replies)
+
+    def client_step(self, X, message, context) -> Message:
+        attacker = context.client_id in self.attackers
+        key = None
+        if self.cache is not None and message.kind == "local_fit" and not message.tensors:
+            forger = self.forge.__name__ if attacker else None
+            key = (context.client_id, forger, id(X), tuple(sorted(message.scalars.items())))
+            if key in self.cache:
+                return self.cache[key]
+        if attacker:
+            reply = self.forge(self.inner, X, message, context)
+        else:
+            reply = self.inner.client_step(X, message, context)
+        if key is not None:
+            self.cache[key] = reply
+        return reply
+
+
+# ---------------------------------------------------------------------- data
+def far_rows(X_train: np.ndarray, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` rows (n, d) around ``max + FAR * range`` of ``X_train``'s features, with
+    standard deviation ``SPREAD * range`` per feature."""
+    low, high = X_train.min(0), X_train.max(0)
+    span = torch.as_tensor(np.maximum(high - low, 1e-3))
+    center = torch.as_tensor(high) + FAR * span
+    noise = torch.randn(n, X_train.shape[1], generator=generator, dtype=torch.float64)
+    return center + SPREAD * span * noise
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One task's federation: honest clients, the attackers' rows, planted test rows."""
+
+    task: Task
+    clients: list[torch.Tensor]  # the honest clients' rows, by client id (0..9)
+    fake: dict[int, dict[str, torch.Tensor]]  # attacker id -> {"many": ..., "median": ...}
+    planted: torch.Tensor  # (N_PLANTED, d)
+
+
+def make_setting(name: str, seed: int, data_dir=None) -> Setting:
+    """The task of ``name`` and ``seed`` with each attacker's made-up rows and the planted
+    anomalies (attackers' rows are drawn from the training rows of clients 0..7 only)."""
+    task = make_task(
+        name,
+        "novelty",
+        n_clients=N_CLIENTS,
+        alpha=ALPHA,
+        partition="dirichlet",
+        seed=seed,
+        data_dir=data_dir,
+        max_train=MAX_TRAIN,
+    )
+    clients = [torch.as_tensor(task.X_train[task.groups_train == c]) for c in range(N_CLIENTS)]
+    honest_rows = task.X_train[task.groups_train < N_CLIENTS - 2]
+    median = int(np.median([c.shape[0] for c in clients[: N_CLIENTS - 2]]))
+    generator = torch.Generator().manual_seed(10_000 + seed)
+    fake = {
+        cid: {
+            "many": far_rows(honest_rows, CLAIMED_ROWS, generator),
+            "median": far_rows(honest_rows, median, generator),
+        }
+        for cid in (N_CLIENTS - 1, N_CLIENTS - 2)
+    }
+    planted = far_rows(honest_rows, N_PLANTED, generator)
+    return Setting(task, clients, fake, planted)
+
+
+def federation(setting: Setting, attack: str | None, n_attackers: int) -> list[torch.Tensor]:
+    """The clients' rows: the attackers (the last ``n_attackers`` ids) hold made-up rows;
+    with ``attack="absent"`` they take no part (the honest clients alone)."""
+    clients = list(setting.clients)
+    if attack == ABSENT:
+        return clients[: N_CLIENTS - n_attackers]
+    for cid in range(N_CLIENTS - n_attackers, N_CLIENTS):
+        clients[cid] = setting.fake[cid]["many" if attack == "claim-rows" else "median"]
+    return clients
+
+
+# ---------------------------------------------------------------------- one fit
+def evaluate(setting: Setting, params) -> tuple[float, float]:
+    """``(auroc, planted_auroc)`` of ``-log p(x)``: the test set, and the planted rows
+    against the test inliers."""
+    task = setting.task
+    X_test = torch.as_tensor(task.X_test)
+    novelty = -score_samples(params, X_test).double().numpy()
+    planted = -score_samples(params, setting.planted).double().numpy()
+    if not (np.isfinite(novelty).all() and np.isfinite(planted).all()):
+        return math.nan, math.nan
+    inliers = novelty[task.y_test == 0]
+    y_planted = np.r_[np.zeros(inliers.size), np.ones(planted.size)]
+    return auroc(task.y_test, novelty), auroc(y_planted, np.r_[inliers, planted])
+
+
+def run_one(
+    setting: Setting,
+    algorithm: str,
+    attack: str | None,
+    n_attackers: int,
+    defence: Defence,
+    cache: dict,
+) -> dict:
+    """One fit; returns a row of the results table (``error`` names a fit that stopped)."""
+    task = setting.task
+    row = {
+        "dataset": task.name,
+        "seed": task.seed,
+        "algorithm": algorithm,
+        "attack": attack or "none",
+        "n_attackers": n_attackers,
+        "defence": defence.name,
+        "aggregation": defence.aggregation,
+        "trim": defence.trim if defence.aggregation != "sum" else math.nan,
+        "client_weight_cap": defence.cap if defence.cap is not None else math.nan,
+        "validation": defence.validate,
+        "auroc": math.nan,
+        "planted_auroc": math.nan,
+        "dropped": 0,
+        "left_out": 0,
+        "seconds": math.nan,
+        "error": NOT_RUN.get((attack, defence.name), ""),
+    }
+    if row["error"]:
+        return row
+    inner = make_algorithm(algorithm, task.n_features, defence, task.seed)
+    attackers = tuple(range(N_CLIENTS - n_attackers, N_CLIENTS))
+    forge = FORGERS.get(attack, honest)
+    wrapped = WithAttackers(inner, attackers, forge, cache)
+    clients = federation(setting, attack, n_attackers)
+    start = time.perf_counter()
+    try:
+        with validation(defence.validate), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = simulation.run_simulation(wrapped, clients, random_state=task.seed)
+    except Exception as error:  # a fit the attack stopped is a result, not a crash
+        row["seconds"] = time.perf_counter() - start
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        return row
+    row["seconds"] = time.perf_counter() - start
+    row["dropped"] = sum(len(record.dropped) for record in result.history)
+    row["left_out"] = len(getattr(result.state, "left_out", []))
+    row["auroc"], row["planted_auroc"] = evaluate(setting, result.state.params)
+    return row
+
+
+def grid(algorithms, attacks: dict[str, tuple[str, ...]], attackers=(1, 2)) -> Iterator[tuple]:
+    """``(algorithm, attack, n_attackers, defence)`` of every fit of one task."""
+    for algorithm in algorithms:
+        for defence in defences(algorithm, 0):
+            yield algorithm, None, 0, defence
+        for n_attackers in attackers:
+            yield algorithm, ABSENT, n_attackers, Defence("off", validate=False)
+        for attack in attacks[algorithm]:
+            for n_attackers in attackers:
+                for defence in defences(algorithm, n_attackers):
+                    yield algorithm, attack, n_attackers, defence
+
+
+# ---------------------------------------------------------------------- tables
+KEYS = ["dataset", "algorithm", "attack", "n_attackers", "defence"]
+
+
+def mean_std(values: pd.Series) -> str:
+    """``mean +- std`` over seeds (``-`` when no fit gave a number)."""
+    values = values.dropna()
+    if values.empty:
+        return "-"
+    if len(values) == 1:
+        return f"{values.iloc[0]:.3f}"
+    return f"{values.mean():.3f} +- {values.std(ddof=1):.3f}"
+
+
+def seed_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per dataset, algorithm, attack, attackers and defence: mean +- std over
+    seeds of both AUROCs, the dropped replies and seconds per fit, and any errors."""
+    rows = []
+    for key, group in df.groupby(KEYS, sort=False):
+        errors = sorted({e.split(":")[0] for e in group["error"] if e})
+        rows.append(
+            {
+                **dict(zip(KEYS, key, strict=True)),
+                "AUROC": mean_std(group["auroc"]),
+                "planted AUROC": mean_std(group["planted_auroc"]),
+                "dropped": f"{group['dropped'].mean():.1f}",
+                "seconds": f"{group['seconds'].mean():.1f}",
+                "errors": f"{len(group[group['error'] != ''])}/{len(group)} " + ",".join(errors)
+                if errors
+                else "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def cell(group: pd.DataFrame) -> str:
+    """``AUROC / planted AUROC`` means over every fit of ``group``; a fit that stopped
+    counts as missing and is flagged ``(k stopped)``; ``-`` where none was run."""
+    if group.empty:
+        return "-"
+    if (group["error"].str.startswith("not run")).all():
+        return "not run"
+    stopped = int((group["error"] != "").sum())
+    a, p = group["auroc"].mean(), group["planted_auroc"].mean()
+    text = "fit stopped" if stopped == len(group) else f"{a:.2f} / {p:.2f}"
+    if 0 < stopped < len(group):
+        text += f" ({stopped} stopped)"
+    return text
+
+
+def summary(df: pd.DataFrame) -> str:
+    """Markdown: per algorithm, mean AUROC / planted AUROC over datasets and seeds of
+    every attack and defence, then the defences' cost with no attack."""
+    lines = [
+        "# Poisoning: one or two malicious clients of ten",
+        "",
+        f"Means over {df['dataset'].nunique()} ADBench sets ({', '.join(df['dataset'].unique())})"
+        f" x {df['seed'].nunique()} seeds (novelty protocol, {N_CLIENTS} clients, "
+        f"Dirichlet({ALPHA})). Each cell: AUROC on the dataset's own test set / AUROC of "
+        f"{N_PLANTED} planted anomalies (drawn where the attackers' rows lie) against the "
+        "test inliers. 'no attack': the ten honest clients, defences off; 'attackers absent': "
+        "the honest clients the attacked federation keeps (8 or 9), alone; '-': not run. "
+        "Generated by `benchmarks/poisoning.py`.",
+        "",
+    ]
+    for algorithm, part in df.groupby("algorithm", sort=False):
+        names = [n for n in DEFENCE_NAMES if n in set(part["defence"])]
+        baseline = part[(part["attack"] == "none") & (part["defence"] == "off")]
+        absent = part[part["attack"] == ABSENT]
+        attacked = part[~part["attack"].isin(["none", ABSENT])]
+        lines += [
+            f"## {algorithm}",
+            "",
+            "| attack | attackers | no attack | attackers absent | " + " | ".join(names) + " |",
+            "|---|---|---|---|" + "---|" * len(names),
+        ]
+        for (attack, n), rows in attacked.groupby(["attack", "n_attackers"], sort=False):
+            cells = [cell(rows[rows["defence"] == name]) for name in names]
+            alone = cell(absent[absent["n_attackers"] == n])
+            lines.append(
+                f"| {attack} | {n} | {cell(baseline)} | {alone} | " + " | ".join(cells) + " |"
+            )
+        honest_rows = part[part["attack"] == "none"]
+        lines += [
+            "",
+            f"Cost on honest federations ({algorithm}, no attack):",
+            "",
+            "| " + " | ".join(names) + " |",
+            "|" + "---|" * len(names),
+            "| " + " | ".join(cell(honest_rows[honest_rows["defence"] == n]) for n in names) + " |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 4_breastw, seed 0, two attackers, one attack per algorithm",
+    )
+    parser.add_argument("--attackers", type=int, nargs="+", default=None, choices=(1, 2))
+    parser.add_argument("--datasets", nargs="+", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--algorithms", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--out", type=Path, default=OUT)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> pd.DataFrame:
+    """Run the grid, print the per-task table, write ``poisoning.csv`` and ``poisoning.md``
+    to ``--out``; returns every fit's row."""
+    args = parse_args(argv)
+    datasets = args.datasets or (QUICK_DATASETS if args.quick else DATASETS)
+    seeds = args.seeds or ((0,) if args.quick else SEEDS)
+    attacks = QUICK_ATTACKS if args.quick else ATTACKS
+    attackers = args.attackers or ((2,) if args.quick else (1, 2))
+    rows = []
+    started = time.perf_counter()
+    with one_thread():
+        for name in datasets:
+            for seed in seeds:
+                setting = make_setting(name, seed, args.data_dir)
+                cache: dict = {}
+                for algorithm, attack, n, defence in grid(args.algorithms, attacks, attackers):
+                    rows.append(run_one(setting, algorithm, attack, n, defence, cache))
+                print(
+                    f"{name} seed {seed}: done at {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
+    df = pd.DataFrame(rows)
+    table = seed_table(df)
+    with pd.option_context("display.width", 250, "display.max_rows", None):
+        print(table.to_string(index=False))
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "poisoning.csv", index=False)
+    report = summary(df)
+    (args.out / "poisoning.md").write_text(report + "\n")
+    print()
+    print(report)
+    print(f"\n{len(df)} fits in {time.perf_counter() - started:.0f} s")
+    return df
+
+
+if __name__ == "__main__":
+    main()
