@@ -3,27 +3,42 @@
 For tests, trials and the docs' walkthrough: :class:`LocalFederation` starts a SuperLink and
 one SuperNode per node configuration as child processes, runs a Flower app on them with
 ``flwr run`` and reads the result the fednovelty ServerApp wrote. These are the same
-commands a real deployment uses (``docs/flower.md``), with every address on loopback:
+commands a real deployment uses (``docs/flower.md``), with every address on loopback.
 
-    flower-superlink --insecure --host 127.0.0.1 --port P --disable-runtime-dependency-installation
-    flower-supernode --insecure --superlink 127.0.0.1:P --host 127.0.0.1 --port Q \
+Secure (what a deployment across machines must use): TLS with certificates signed by a CA
+of the federation's own (:func:`make_certificates`) and SuperNode authentication, each node
+holding an ECDSA key pair whose public half the operator registered (:func:`make_node_key`)::
+
+    flower-superlink --ssl-ca-certfile ca.pem --ssl-certfile server.pem \
+        --ssl-keyfile server.key --enable-supernode-auth --host 127.0.0.1 --port P \
+        --disable-runtime-dependency-installation
+    flwr supernode register node0.pub local          # FLWR_HOME/config.toml: root-certificates
+    flower-supernode --root-certificates ca.pem --auth-supernode-private-key node0.key \
+        --superlink 127.0.0.1:P --host 127.0.0.1 --port Q \
         --node-config 'partition-id=0 data-path="/data/part0.npy"'
-    flwr run APP_DIR local --stream --run-config overrides.toml   # FLWR_HOME/config.toml
+    flwr run APP_DIR local --stream --run-config overrides.toml
+
+Without certificates (``--insecure`` everywhere: plain HTTP, any node may join) it is a
+one-machine trial only.
 
 Every process starts in a session of its own; :meth:`LocalFederation.stop` sends SIGTERM to
 each process group (the nodes first, the SuperLink last; the ClientApp and ServerApp
 processes they spawned are in those groups), then SIGKILL to any group still alive after a
 grace period. Use it as a context manager so that happens on errors too. Nothing here
-imports Flower; the executables are looked up beside the running Python first.
+imports Flower; the executables are looked up beside the running Python first. The
+certificates and keys are made with ``cryptography`` (a dependency of ``flwr``).
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -39,6 +54,8 @@ ConfigValue = bool | int | float | str
 #: environment of every Flower process: no telemetry, no update check, no colour codes.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "NO_COLOR": "1"}
 CONNECTION = "local"
+#: names the SuperLink's certificate is valid for in a loopback deployment.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 def free_port() -> int:
@@ -82,14 +99,24 @@ def flower_executable(name: str) -> str:
     return found
 
 
-def wait_for_http(url: str, timeout: float, process: subprocess.Popen, log: Path) -> None:
-    """Poll ``url`` until it answers 200; fail early if ``process`` exits."""
+def wait_for_http(
+    url: str,
+    timeout: float,
+    process: subprocess.Popen,
+    log: Path,
+    *,
+    context: ssl.SSLContext | None = None,
+) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``process`` exits.
+
+    ``context`` verifies an ``https`` server (e.g. ``ssl.create_default_context(cafile=...)``).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"process exited with {process.returncode}: {tail(log)}")
         try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
+            with urllib.request.urlopen(url, timeout=1.0, context=context) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -106,6 +133,199 @@ def tail(path: Path, n_chars: int = 3000) -> str:
         return "(no log)"
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """PEM files for the SuperLink's TLS: the CA certificate every client trusts
+    (``--root-certificates``, ``root-certificates``), and the SuperLink's certificate and
+    private key, signed by that CA (``--ssl-certfile``, ``--ssl-keyfile``)."""
+
+    ca_certfile: Path
+    certfile: Path
+    keyfile: Path
+
+    def superlink_args(self) -> list[str]:
+        """The ``flower-superlink`` options that serve with these files."""
+        return [
+            "--ssl-ca-certfile",
+            str(self.ca_certfile),
+            "--ssl-certfile",
+            str(self.certfile),
+            "--ssl-keyfile",
+            str(self.keyfile),
+        ]
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """A SuperNode's ECDSA key pair in OpenSSH format (as ``ssh-keygen -t ecdsa -b 384``):
+    the node keeps ``private_key`` (``--auth-supernode-private-key``), the operator registers
+    ``public_key`` (``flwr supernode register``)."""
+
+    private_key: Path
+    public_key: Path
+
+
+def make_certificates(
+    folder: str | os.PathLike,
+    hosts: Sequence[str] = LOOPBACK_HOSTS,
+    *,
+    days: int = 30,
+) -> Certificates:
+    """A new CA and a SuperLink certificate it signs for ``hosts``, written to ``folder``.
+
+    Writes ``ca.pem`` (CA certificate), ``ca.key``, ``server.pem`` and ``server.key``; the
+    keys are ECDSA P-384, readable by the owner only. IP addresses in ``hosts`` become IP
+    subject alternative names, other entries DNS names. For a deployment across machines
+    list the names and addresses the nodes dial and ``127.0.0.1`` (the SuperLink's own
+    ServerApp process connects there), and keep ``ca.key`` off the SuperLink.
+
+    Raises:
+        ValueError: ``hosts`` is empty or a single string, or ``days`` < 1.
+        FileExistsError: one of the four files exists already (nothing is overwritten).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    if isinstance(hosts, str) or not hosts:
+        raise ValueError(
+            f"hosts: expected a list of the SuperLink's names and IP addresses, got {hosts!r}."
+        )
+    if days < 1:
+        raise ValueError(f"days: expected a validity of at least 1 day, got {days}.")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    _refuse_existing([out / f for f in ("ca.pem", "ca.key", "server.pem", "server.key")])
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+
+    def name(common_name: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("fednovelty federation CA"))
+        .issuer_name(name("fednovelty federation CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .sign(ca_key, hashes.SHA384())
+    )
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name(hosts[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(_alt_names(hosts)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    certificates = Certificates(out / "ca.pem", out / "server.pem", out / "server.key")
+    _write_pem(certificates.ca_certfile, _cert_pem(ca_cert))
+    _write_pem(out / "ca.key", _private_pem(ca_key, openssh=False), private=True)
+    _write_pem(certificates.certfile, _cert_pem(server_cert))
+    _write_pem(certificates.keyfile, _private_pem(server_key, openssh=False), private=True)
+    return certificates
+
+
+def make_node_key(folder: str | os.PathLike, name: str) -> NodeKey:
+    """A SuperNode's ECDSA P-384 key pair, ``folder/name.key`` and ``folder/name.pub``.
+
+    The same files as ``ssh-keygen -t ecdsa -b 384 -N "" -f folder/name`` (``.pub`` named
+    ``name.pub``): OpenSSH private key (owner-only), OpenSSH public key line.
+
+    Raises:
+        FileExistsError: either file exists already (nothing is overwritten).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    node_key = NodeKey(out / f"{name}.key", out / f"{name}.pub")
+    _refuse_existing([node_key.private_key, node_key.public_key])
+    _write_pem(node_key.private_key, _private_pem(key, openssh=True), private=True)
+    _write_pem(node_key.public_key, public + b"\n")
+    return node_key
+
+
+def _key_usage(*, cert_sign: bool):
+    from cryptography import x509
+
+    return x509.KeyUsage(
+        digital_signature=not cert_sign,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _alt_names(hosts: Sequence[str]) -> list:
+    from cryptography import x509
+
+    names = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _cert_pem(cert) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _private_pem(key, *, openssh: bool) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH if openssh else serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _refuse_existing(paths: Sequence[Path]) -> None:
+    """``FileExistsError`` naming the first of ``paths`` that exists."""
+    for path in paths:
+        if path.exists():
+            raise FileExistsError(
+                f"{path} exists: certificates and keys are never overwritten; choose an "
+                "empty folder or another name, or remove the old files."
+            )
+
+
+def _write_pem(path: Path, data: bytes, *, private: bool = False) -> None:
+    """Write ``data`` to a new file (``FileExistsError`` if ``path`` exists); a private key
+    is created owner-only (0600) before any byte lands."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
 @dataclass
 class LocalFederation:
     """SuperLink + SuperNodes on 127.0.0.1, each a child process in its own session.
@@ -116,12 +336,21 @@ class LocalFederation:
         workdir: folder for logs, ``FLWR_HOME``, run overrides and results.
         startup_timeout: seconds to wait for the SuperLink's health endpoint.
         grace: seconds between SIGTERM and SIGKILL in :meth:`stop`.
+        port: the SuperLink's port (0: a free one).
+        certificates: serve TLS with these (:func:`make_certificates` for ``127.0.0.1``);
+            the nodes and ``flwr`` trust their CA. ``None``: ``--insecure`` everywhere (plain
+            HTTP), for trials on one machine only.
+        node_keys: one key pair per node configuration (:func:`make_node_key`): the
+            SuperLink runs with ``--enable-supernode-auth``, :meth:`start` registers every
+            public key, and each node signs with its private key. Needs ``certificates``.
 
     Example::
 
+        certs = make_certificates(tmp / "tls")
+        keys = [make_node_key(tmp / "keys", f"node{i}") for i in range(len(paths))]
         with LocalFederation([{"partition-id": i, "data-path": p} for i, p in enumerate(paths)],
-                             workdir="/tmp/fed") as federation:
-            result = federation.run_app("examples/flower", {"algorithm": "FedGenGMM"})
+                             workdir=tmp / "fed", certificates=certs, node_keys=keys) as fed:
+            result = fed.run_app("examples/flower", {"algorithm": "FedGenGMM"})
     """
 
     node_configs: Sequence[Mapping[str, ConfigValue]]
@@ -129,14 +358,41 @@ class LocalFederation:
     startup_timeout: float = 60.0
     grace: float = 10.0
     port: int = 0
+    certificates: Certificates | None = None
+    node_keys: Sequence[NodeKey] | None = None
     _superlink: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _nodes: list[subprocess.Popen] = field(default_factory=list, init=False, repr=False)
     _logs: list = field(default_factory=list, init=False, repr=False)
     _runs: int = field(default=0, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.node_keys is not None:
+            if self.certificates is None:
+                raise ValueError(
+                    "node_keys: SuperNode authentication needs TLS (Flower refuses "
+                    "--enable-supernode-auth with --insecure); pass certificates= too."
+                )
+            if len(self.node_keys) != len(self.node_configs):
+                raise ValueError(
+                    f"node_keys: expected one key pair per node configuration "
+                    f"({len(self.node_configs)}), got {len(self.node_keys)}."
+                )
+
     @property
     def path(self) -> Path:
         return Path(self.workdir)
+
+    @property
+    def url(self) -> str:
+        """The SuperLink's base URL (``https`` with certificates)."""
+        scheme = "http" if self.certificates is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client TLS context that trusts the federation's CA (``None`` when insecure)."""
+        if self.certificates is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.certificates.ca_certfile))
 
     def env(self) -> dict[str, str]:
         """Environment of the Flower processes: ``FLOWER_ENV``, ``FLWR_HOME`` in the workdir
@@ -163,48 +419,138 @@ class LocalFederation:
             start_new_session=True,
         )
 
+    def connection_toml(self) -> str:
+        """``FLWR_HOME/config.toml``: where ``flwr`` finds the SuperLink and whom it trusts."""
+        lines = [f"[superlink.{CONNECTION}]", f'address = "127.0.0.1:{self.port}"']
+        if self.certificates is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f"root-certificates = {toml_value(str(self.certificates.ca_certfile))}")
+        return "\n".join(lines) + "\n"
+
+    def superlink_args(self) -> list[str]:
+        """The ``flower-superlink`` command line."""
+        security = (
+            ["--insecure"] if self.certificates is None else self.certificates.superlink_args()
+        )
+        if self.node_keys is not None:
+            security.append("--enable-supernode-auth")
+        return [
+            flower_executable("flower-superlink"),
+            *security,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",
+        ]
+
     def start(self) -> LocalFederation:
-        """Start the SuperLink, wait for its health endpoint, then start the SuperNodes."""
+        """Start the SuperLink, wait for its health endpoint, register the node keys (if
+        any), then start the SuperNodes."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         home = self.path / "flwr_home"
         home.mkdir(exist_ok=True)
-        (home / "config.toml").write_text(
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        self._superlink = self._spawn(
-            [
-                flower_executable("flower-superlink"),
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--disable-runtime-dependency-installation",
-            ],
-            "superlink",
-        )
+        (home / "config.toml").write_text(self.connection_toml())
+        self._superlink = self._spawn(self.superlink_args(), "superlink")
         wait_for_http(
-            f"http://127.0.0.1:{self.port}/health",
+            f"{self.url}/health",
             self.startup_timeout,
             self._superlink,
             self.path / "superlink.log",
+            context=self.ssl_context(),
         )
+        for key in self.node_keys or ():
+            self.register_node(key)
         for i, config in enumerate(self.node_configs):
-            args = [
-                flower_executable("flower-supernode"),
-                "--insecure",
-                "--superlink",
-                f"127.0.0.1:{self.port}",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--node-config",
-                node_config_arg(config),
-            ]
-            self._nodes.append(self._spawn(args, f"supernode{i}"))
+            key = None if self.node_keys is None else self.node_keys[i]
+            self.start_node(config, key=key, name=f"supernode{i}")
         return self
+
+    def start_node(
+        self,
+        config: Mapping[str, ConfigValue],
+        *,
+        key: NodeKey | None = None,
+        trust_ca: bool = True,
+        name: str | None = None,
+    ) -> subprocess.Popen:
+        """Start one more SuperNode (its log: ``workdir/<name>.log``).
+
+        Args:
+            config: its ``node_config``.
+            key: sign with this key pair (``--auth-supernode-private-key``); the SuperLink
+                accepts it only if the public key was registered (:meth:`register_node`).
+            trust_ca: with certificates, pass the federation's CA as ``--root-certificates``;
+                ``False`` leaves the node with the system's CAs only (it cannot verify the
+                SuperLink).
+            name: log name (default ``supernode<k>``, k counting the nodes started).
+        """
+        if self._superlink is None:
+            raise RuntimeError("start() the federation before start_node().")
+        if self.certificates is None:
+            security = ["--insecure"]
+        elif trust_ca:
+            security = ["--root-certificates", str(self.certificates.ca_certfile)]
+        else:
+            security = []
+        if key is not None:
+            security += ["--auth-supernode-private-key", str(key.private_key)]
+        args = [
+            flower_executable("flower-supernode"),
+            *security,
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--node-config",
+            node_config_arg(config),
+        ]
+        process = self._spawn(args, name or f"supernode{len(self._nodes)}")
+        self._nodes.append(process)
+        return process
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> str:
+        """Run ``flwr ARGS`` against this federation (its ``FLWR_HOME``); its output.
+
+        Raises:
+            RuntimeError: the command failed or did not finish within ``timeout`` seconds
+                (the message holds its output).
+        """
+        try:
+            done = subprocess.run(
+                [flower_executable("flwr"), *args],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                env=self.env(),
+                cwd=self.path,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise RuntimeError(
+                f"flwr {' '.join(args)} did not finish within {timeout:.0f} s"
+            ) from error
+        output = _text(done.stdout) + _text(done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} exited with {done.returncode}:\n{output}")
+        return output
+
+    def register_node(self, key: NodeKey) -> int:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``);
+        its node id."""
+        output = self.flwr(
+            "supernode", "register", str(key.public_key), CONNECTION, "--format", "json"
+        )
+        return int(_last_json(output)["node-id"])
+
+    def node_status(self) -> dict[int, str]:
+        """Node id -> status (``registered``, ``online``, ``offline``, ...) as the SuperLink
+        reports it (``flwr supernode ls``)."""
+        output = self.flwr("supernode", "ls", CONNECTION, "--format", "json")
+        return {int(node["node-id"]): str(node["status"]) for node in _last_json(output)["nodes"]}
 
     def run_app(
         self,
@@ -296,6 +642,15 @@ class LocalFederation:
 
 def _text(output: bytes | None) -> str:
     return (output or b"").decode(errors="replace")
+
+
+def _last_json(output: str) -> dict:
+    """The JSON object ``flwr ... --format json`` printed (after any other lines)."""
+    start = output.rfind("\n{")
+    try:
+        return json.loads(output[start + 1 :] if start >= 0 else output)
+    except json.JSONDecodeError as error:
+        raise RuntimeError(f"expected a JSON object from flwr, got:\n{output}") from error
 
 
 def _terminate_group(process: subprocess.Popen, grace: float) -> None:
