@@ -1,4 +1,4 @@
-"""fednovelty dashboard: the first page (``fednovelty app`` or ``streamlit run app/Home.py``).
+"""fednovelty dashboard: the first page (``fednovelty app``, which binds 127.0.0.1; docs/app.md).
 
 It imports Streamlit only; torch and fednovelty load in a background thread while the user
 reads it (see ``fednovelty_app.ui.setup``).
