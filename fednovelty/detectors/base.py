@@ -37,8 +37,15 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
-from fednovelty.detectors.persistence import load, save_detector
-from fednovelty.exceptions import NotFittedError
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_mixture,
+    get_attr,
+    get_tensor,
+    load,
+    save_detector,
+)
+from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.mixture import MixtureParams
 from fednovelty.runtime import RoundRecord, run_simulation
 
@@ -333,6 +340,11 @@ class MixtureDetector(BaseDetector):
     def save(self, path: str | os.PathLike) -> None:
         """Save the fitted detector to ``path`` (safetensors + JSON metadata; no pickle)."""
         self._check_fitted()
+        save_detector(self, path, *self._saved_state())
+
+    def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor and JSON attribute ``save`` writes (the common ones, then the
+        subclass's ``_get_state``)."""
         tensors = {"decision_scores": torch.as_tensor(self.decision_scores_)}
         attrs = {
             "n_features_in_": self.n_features_in_,
@@ -347,11 +359,16 @@ class MixtureDetector(BaseDetector):
             "bytes_down_": getattr(self, "bytes_down_", 0),
         }
         extra_tensors, extra_attrs = self._get_state()
-        save_detector(self, path, {**tensors, **extra_tensors}, {**attrs, **extra_attrs})
+        return {**tensors, **extra_tensors}, {**attrs, **extra_attrs}
 
     @classmethod
     def load(cls, path: str | os.PathLike):
-        """Load a detector of this class saved with ``save``; the file runs no code."""
+        """Load a detector of this class saved with ``save``; the file runs no code.
+
+        Raises:
+            ModelFormatError: not a model of this class, or damaged (see
+                ``fednovelty.detectors.persistence``: the message names what is wrong).
+        """
         return load(path, expected=cls)
 
     def _get_state(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -359,40 +376,75 @@ class MixtureDetector(BaseDetector):
         return {}, {}
 
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
-        """Restore fitted attributes from ``save``'s output."""
-        for name in (
-            "n_features_in_",
-            "threshold_",
-            "history_",
-            "n_rounds_",
-            "bytes_up_",
-            "bytes_down_",
-        ):
-            setattr(self, name, attrs[name])
-        if attrs.get("feature_names_in_") is not None:
-            self.feature_names_in_ = np.asarray(attrs["feature_names_in_"], dtype=object)
-        self.client_ids_ = np.asarray(attrs["client_ids_"])
+        """Restore fitted attributes from ``save``'s output, validated (``ModelFormatError``
+        naming what is wrong); subclasses restore and validate their own after this."""
+        self.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
+        self.threshold_ = float(get_attr(attrs, "threshold_", float))
+        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
+        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
+        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
+        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
+        names = get_attr(attrs, "feature_names_in_", (list, type(None)))
+        if names is not None:
+            check_items(names, "feature_names_in_", str)
+            if len(names) != self.n_features_in_:
+                raise ModelFormatError(
+                    f"feature_names_in_ has {len(names)} names for n_features_in_="
+                    f"{self.n_features_in_} features."
+                )
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
         self.n_clients_ = len(self.client_ids_)
-        self.decision_scores_ = tensors["decision_scores"].numpy()
+        scores = get_tensor(tensors, "decision_scores", allow_inf=True)
+        if scores.ndim != 1 or scores.shape[0] == 0:
+            raise ModelFormatError(
+                f"the tensor 'decision_scores' must hold one score per training row, got shape "
+                f"{tuple(scores.shape)}."
+            )
+        self.decision_scores_ = scores.numpy()
         self.labels_ = (self.decision_scores_ > self.threshold_).astype(int)
         self._classes = 2
-        self._mu = float(np.mean(self.decision_scores_))
-        self._sigma = float(np.std(self.decision_scores_))
+        self._mu, self._sigma = _finite_moments(self.decision_scores_)
 
     @staticmethod
     def _mixture_tensors(params: MixtureParams, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.{k}": v for k, v in params.tensors().items()}
 
     def _mixture_from(
-        self, tensors: dict[str, torch.Tensor], prefix: str, covariance_type: str
+        self,
+        tensors: dict[str, torch.Tensor],
+        prefix: str,
+        covariance_type: str,
+        n_features: int | None = None,
     ) -> MixtureParams:
-        options = self._torch_options()
-        return MixtureParams(
-            tensors[f"{prefix}.weights"].to(**options),
-            tensors[f"{prefix}.means"].to(**options),
-            tensors[f"{prefix}.precisions_cholesky"].to(**options),
-            covariance_type,
-        )
+        """The mixture saved under ``prefix``, validated (``check_mixture``: finite, PSD,
+        weights a probability vector, ``n_features`` wide; default ``n_features_in_``) and
+        moved to the detector's device and dtype."""
+        width = self.n_features_in_ if n_features is None else n_features
+        return check_mixture(tensors, prefix, covariance_type, width).to(**self._torch_options())
+
+
+def _finite_moments(scores: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation of the finite ``scores`` (PyOD's ``_mu``, ``_sigma``);
+    ``(0, 1)`` if none is finite."""
+    finite = scores[np.isfinite(scores)].astype(np.float64)
+    if finite.size == 0:
+        return 0.0, 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.mean(finite)), float(np.std(finite))
+
+
+def _client_ids(ids: list) -> np.ndarray:
+    """Saved client ids as an array: one kind (all strings or all numbers), distinct."""
+    if not ids:
+        raise ModelFormatError("client_ids_ is empty; a fitted model has at least one client.")
+    kind = str if isinstance(ids[0], str) else (int, float)
+    check_items(ids, "client_ids_", kind)
+    if len(set(ids)) != len(ids):
+        raise ModelFormatError("client_ids_ holds a client id twice.")
+    return np.asarray(ids)
 
 
 def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:

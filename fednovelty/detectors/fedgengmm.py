@@ -16,7 +16,8 @@ from fednovelty.detectors.base import (
     ROBUST_CONSTRAINTS,
     MixtureDetector,
 )
-from fednovelty.detectors.persistence import register
+from fednovelty.detectors.persistence import check_items, get_attr, register
+from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
@@ -79,6 +80,45 @@ class _LocalFitDetector(MixtureDetector):
             )
         self.skipped_clients_ = list(state.skipped)
         self.client_n_components_ = {c: m.n_components for c, m in state.client_models.items()}
+
+    def _set_client_record(self, attrs: dict) -> None:
+        """``skipped_clients_`` and ``client_n_components_`` from a saved file, checked:
+        known client ids, each once, K >= 1, a client either skipped or fitted."""
+        ids = self.client_ids_.tolist()
+        skipped = get_attr(attrs, "skipped_clients_", list)
+        record: dict = {}
+        for index, pair in enumerate(get_attr(attrs, "client_n_components_", list)):
+            where = f"client_n_components_[{index}]"
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ModelFormatError(f"{where} must be a [client id, K] pair, got {pair!r}.")
+            client, k = check_items(pair, where, (str, int, float))
+            check_items([k], f"{where}[1]", int)
+            if k < 1 or client not in ids or client in record:
+                raise ModelFormatError(
+                    f"{where} = {pair!r}: needs a client id of client_ids_, listed once, and "
+                    "K >= 1."
+                )
+            record[client] = k
+        for client in check_items(skipped, "skipped_clients_", (str, int, float)):
+            if client not in ids or client in record or skipped.count(client) > 1:
+                raise ModelFormatError(
+                    f"skipped_clients_ lists {client!r}: not a client of client_ids_, listed "
+                    "twice, or also a fitted client."
+                )
+        self.skipped_clients_ = skipped
+        self.client_n_components_ = record
+
+
+def _bic_record(saved: dict) -> dict[int, float]:
+    """``bic_`` from a saved file: integer K (as JSON keys) -> a number (inf allowed)."""
+    record = {}
+    for key, value in saved.items():
+        if not key.isdigit() or isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelFormatError(
+                f"bic_ must map K (an integer) to a BIC value, got {key!r}: {value!r}."
+            )
+        record[int(key)] = value
+    return record
 
 
 @register
@@ -240,18 +280,17 @@ class FedGenGMMDetector(_LocalFitDetector):
         super()._set_state(tensors, attrs)
         self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type))
         self._set_copula(None, None)
-        if attrs.get("copula_"):
+        if get_attr(attrs, "copula_", bool):
             self._set_copula(
                 [
-                    self._mixture_from(tensors, f"copula.marginal.{j}", "full")
+                    self._mixture_from(tensors, f"copula.marginal.{j}", "full", n_features=1)
                     for j in range(self.n_features_in_)
                 ],
                 self._mixture_from(tensors, "copula.joint", self.covariance_type),
             )
-        self.n_synthetic_ = attrs["n_synthetic_"]
-        self.bic_ = {int(k): v for k, v in attrs["bic_"].items()}
-        self.skipped_clients_ = attrs["skipped_clients_"]
-        self.client_n_components_ = dict(attrs["client_n_components_"])
+        self.n_synthetic_ = get_attr(attrs, "n_synthetic_", int, minimum=0)
+        self.bic_ = _bic_record(get_attr(attrs, "bic_", dict))
+        self._set_client_record(attrs)
 
 
 @register
@@ -347,13 +386,13 @@ class LocalGMMDetector(_LocalFitDetector):
                 f"client {client!r} was not seen in fit; known clients: {ids[:10]}"
                 f"{'...' if len(ids) > 10 else ''}."
             )
-        skipped = list(self.skipped_clients_)
-        if client in skipped:
+        fitted = [c for c in ids if c in self.client_n_components_]  # client_models_' order
+        if client not in fitted:
             raise ValueError(
                 f"client {client!r} was skipped in fit (too few rows) and has no model; "
                 "score with score_samples (every client's model)."
             )
-        index = [c for c in ids if c not in skipped].index(client)
+        index = fitted.index(client)
         with torch.no_grad():
             scores = score_samples(self.client_models_[index], Xt)
         return scores.cpu().numpy().astype(np.float64)
@@ -371,9 +410,16 @@ class LocalGMMDetector(_LocalFitDetector):
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
+        n_models = get_attr(attrs, "n_models", int, minimum=1)
         self.client_models_ = [
             self._mixture_from(tensors, f"client.{i}", self.covariance_type)
-            for i in range(attrs["n_models"])
+            for i in range(n_models)
         ]
-        self.skipped_clients_ = attrs["skipped_clients_"]
-        self.client_n_components_ = dict(attrs["client_n_components_"])
+        self._set_client_record(attrs)
+        record = self.client_n_components_
+        ks = [record[c] for c in self.client_ids_.tolist() if c in record]  # models' order
+        if ks != [m.n_components for m in self.client_models_]:
+            raise ModelFormatError(
+                f"client_n_components_ {ks} does not match the {n_models} client models' "
+                f"components {[m.n_components for m in self.client_models_]}."
+            )

@@ -20,7 +20,14 @@ from fednovelty.detectors.base import (
     MixtureDetector,
     check_callbacks,
 )
-from fednovelty.detectors.persistence import register
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_probabilities,
+    get_attr,
+    get_tensor,
+    register,
+)
+from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import INIT_PARAMS, FederatedEM
 from fednovelty.federated.joint import (
     PFL_METHODS,
@@ -724,27 +731,45 @@ class FedGMMDetector(MixtureDetector):
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
         options = self._torch_options()
-        self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type))
-        self.n_iter_, self.converged_ = attrs["n_iter_"], attrs["converged_"]
-        self.lower_bounds_ = attrs["lower_bounds_"]
+        width = self.n_features_in_
+        if any(key.startswith("pca.") for key in tensors):
+            self.pca_ = _pca_from(tensors, width, options)
+            width = self.pca_.components.shape[0]
+        self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type, width))
+        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
+        self.converged_ = get_attr(attrs, "converged_", bool)
+        bounds = get_attr(attrs, "lower_bounds_", list)
+        self.lower_bounds_ = check_items(bounds, "lower_bounds_", float, finite=False)
+        n_components = self.n_components_
         if "client_weights" in tensors:
-            self.client_weights_ = tensors["client_weights"].numpy()
-        pca = {k[4:]: v.to(options["device"]) for k, v in tensors.items() if k.startswith("pca.")}
-        if pca:
-            self.pca_ = PCAProjection.from_tensors(pca)
+            weights = get_tensor(tensors, "client_weights", (self.n_clients_, n_components))
+            check_probabilities(weights, "the rows of 'client_weights'")
+            self.client_weights_ = weights.numpy()
         if "classes_" not in attrs:
             return
-        self.classes_ = np.asarray(attrs["classes_"])
+        classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
+        if len(classes) < 2 or len(set(classes)) != len(classes):
+            raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
+        self.classes_ = np.asarray(classes)
         self.learner_template_ = self._learner_template(self.n_features_in_)
-        names = [name for name, _ in self.learner_template_.named_parameters()]
+        shapes = {n: tuple(p.shape) for n, p in self.learner_template_.named_parameters()}
 
         def learners(prefix: str) -> list[dict[str, torch.Tensor]]:
             return [
-                {n: tensors[f"{prefix}{m2}.{n}"].to(**options) for n in names}
+                {
+                    n: get_tensor(tensors, f"{prefix}{m2}.{n}", shape).to(**options)
+                    for n, shape in shapes.items()
+                }
                 for m2 in range(self.n_learners)
             ]
 
-        joint_weights = tensors["joint.client_weights"].to(**options)
+        shape = (n_components, self.n_learners)
+        joint_weights = get_tensor(tensors, "joint.client_weights", (self.n_clients_, *shape))
+        check_probabilities(joint_weights, "the blocks of 'joint.client_weights'", dims=2)
+        counts = get_tensor(tensors, "joint.counts", shape)
+        if bool((counts < 0).any()):
+            raise ModelFormatError("the tensor 'joint.counts' holds negative counts.")
+        joint_weights = joint_weights.to(**options)
         self.client_joint_weights_ = joint_weights.cpu().numpy()
         self.joint_state_ = JointState(
             phase="done",
@@ -753,10 +778,33 @@ class FedGMMDetector(MixtureDetector):
             converged=self.converged_,
             lower_bounds=list(self.lower_bounds_),
             learners=learners("learner."),
-            joint_counts=tensors["joint.counts"].to(**options),
+            joint_counts=counts.to(**options),
             client_joint_weights=dict(enumerate(joint_weights)),
         )
         if not self.aggregate_learners:
             self.client_learners_ = [
                 learners(f"client_learner.{c}.") for c in range(self.n_clients_)
             ]
+
+
+def _pca_from(tensors: dict[str, torch.Tensor], n_features: int, options: dict) -> PCAProjection:
+    """The saved federated-PCA projection (``pca.*`` tensors), checked (finite, fitted on
+    ``n_features`` features, a positive row count) and moved to ``options``' device and
+    dtype. Raises ``ModelFormatError``."""
+    parts = {
+        name: get_tensor(tensors, f"pca.{name}").to(**options)
+        for name in ("mean", "components", "explained_variance")
+    }
+    parts["noise_variance"] = get_tensor(tensors, "pca.noise_variance")
+    n_samples = tensors.get("pca.n_samples")
+    if n_samples is None or n_samples.dtype != torch.int64 or n_samples.numel() != 1:
+        raise ModelFormatError("the tensor 'pca.n_samples' must be one int64 row count.")
+    if int(n_samples) < 1 or tuple(parts["mean"].shape) != (n_features,):
+        raise ModelFormatError(
+            f"the PCA projection must be fitted on >= 1 row of {n_features} features; got "
+            f"n_samples={int(n_samples)}, 'pca.mean' of shape {tuple(parts['mean'].shape)}."
+        )
+    try:
+        return PCAProjection.from_tensors({**parts, "n_samples": n_samples})
+    except ValueError as error:
+        raise ModelFormatError(f"the PCA projection: {error}") from None

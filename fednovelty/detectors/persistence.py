@@ -3,26 +3,49 @@
 A saved detector is one ``.safetensors`` file: its tensors (parameters, decision scores,
 client weights) in safetensors, and a JSON document in the file's metadata with the
 format tag, the detector class, its constructor arguments and its scalar fitted
-attributes. Loading parses JSON and reads raw tensors: it never runs code from the file,
-and it rejects files without the fednovelty tag or naming an unknown class.
+attributes, plus a SHA-256 checksum of the document and the tensors. Loading parses JSON and
+reads raw tensors: it never runs code from the file, and it rejects files without the
+fednovelty tag or naming an unknown class.
+
+Loading validates what it reads, and any damage raises ``ModelFormatError`` naming it, never
+a ``KeyError``/``TypeError``/``IndexError`` nor a model that scores NaN:
+
+- the container and the document: a safetensors file, a JSON object with the tag, a known
+  format version and class, ``params`` and ``attrs`` objects;
+- the settings: only the class's constructor arguments, each valid for it (a file from an
+  older version may lack newer settings: they take their defaults);
+- the fitted state, in each class's ``_set_state`` with the helpers below: every expected
+  attribute present with its JSON type, every tensor present, floating, finite and of the shape
+  the model implies (``n_features``, ``n_components``, clients), mixture weights a probability
+  vector, precision Cholesky factors triangular with a positive diagonal (so every covariance
+  is positive definite), a finite threshold;
+- nothing extra: the loaded detector, saved again, must hold the same tensors and attributes;
+- last, the checksum (format 2): a value changed in a way that still looks valid (a mean, the
+  threshold) is reported as a modified file. Format-1 files (no checksum) are still read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fednovelty.exceptions import ModelFormatError
+from fednovelty.mixture import MixtureParams
 
 FORMAT_TAG = "fednovelty-detector"
-FORMAT_VERSION = 1
+#: 2: the metadata holds a SHA-256 checksum of the document and the tensors.
+FORMAT_VERSION = 2
 _METADATA_KEY = "fednovelty"
+_CHECKSUM_KEY = "fednovelty.sha256"
 REGISTRY: dict[str, type] = {}
 
 
@@ -51,16 +74,21 @@ def _jsonable(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
     return None
 
 
-def _restore(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _restore(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """A JSON value with ``{"__tensor__": key}`` replaced by that tensor as a numpy array."""
     if isinstance(value, dict) and set(value) == {"__tensor__"}:
-        return tensors[value["__tensor__"]].numpy()
+        key = value["__tensor__"]
+        if not isinstance(key, str) or key not in tensors:
+            raise ModelFormatError(f"{where} refers to a tensor {key!r} that the file lacks.")
+        return tensors[key].numpy()
     return value
 
 
-def save_detector(
-    detector, path: str | os.PathLike, tensors: dict[str, torch.Tensor], attrs: dict
-) -> None:
-    """Write ``tensors`` and JSON metadata for ``detector`` to ``path``."""
+def build_document(
+    detector, tensors: dict[str, torch.Tensor], attrs: dict
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The JSON document and every tensor (``tensors`` plus array-valued settings) that
+    ``save_detector`` writes for ``detector``."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     params = {
         name: _jsonable(value, name, tensors)
@@ -73,42 +101,86 @@ def save_detector(
         "params": params,
         "attrs": _jsonable(attrs, "attrs", tensors),
     }
-    save_file(tensors, os.fspath(path), metadata={_METADATA_KEY: json.dumps(document)})
+    return document, tensors
 
 
-def read_detector_file(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read and check a saved detector: ``(document, tensors)``.
+def checksum(text: str, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) of the metadata ``text`` and every tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(text.encode("utf-8"))
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
-    Raises:
-        ModelFormatError: the file is missing the fednovelty tag, is not safetensors, or
-            was written by a newer format version.
-        FileNotFoundError: no such file.
-    """
-    path = os.fspath(path)
+
+def save_detector(
+    detector, path: str | os.PathLike, tensors: dict[str, torch.Tensor], attrs: dict
+) -> None:
+    """Write ``tensors`` and JSON metadata for ``detector`` to ``path``."""
+    document, tensors = build_document(detector, tensors, attrs)
+    text = json.dumps(document)
+    metadata = {_METADATA_KEY: text, _CHECKSUM_KEY: checksum(text, tensors)}
+    save_file(tensors, os.fspath(path), metadata=metadata)
+
+
+def _read(path: str) -> tuple[dict, dict[str, torch.Tensor], str, str | None]:
+    """``(document, tensors, document_text, stored_checksum)`` of a file with the tag."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"No saved model at {path!r}.")
     try:
         with safe_open(path, framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
+    except Exception as error:  # the container's parser: any failure is a damaged file
         raise ModelFormatError(
             f"{path!r} is not a fednovelty model file (not a safetensors file: {error})."
         ) from None
+    text = metadata.get(_METADATA_KEY)
     try:
-        document = json.loads(metadata.get(_METADATA_KEY, "null"))
-    except json.JSONDecodeError:
+        document = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
         document = None
     if not isinstance(document, dict) or document.get("format") != FORMAT_TAG:
         raise ModelFormatError(
             f"{path!r} is not a fednovelty model file (no '{FORMAT_TAG}' tag); save models "
             "with detector.save(path)."
         )
-    if int(document.get("format_version", 0)) > FORMAT_VERSION:
+    version = document.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ModelFormatError(
-            f"{path!r} was written by a newer fednovelty (format {document['format_version']}); "
-            "upgrade fednovelty to load it."
+            f"{path!r} is damaged: format_version must be an integer >= 1, got {version!r}."
         )
+    if version > FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{path!r} was written by a newer fednovelty (format {version}); upgrade "
+            "fednovelty to load it."
+        )
+    stored = metadata.get(_CHECKSUM_KEY)
+    if stored is None and version >= 2:
+        raise ModelFormatError(f"{path!r} is damaged: its checksum ({_CHECKSUM_KEY}) is missing.")
+    return document, tensors, text, stored
+
+
+def _verify(path: str, text: str, tensors: dict[str, torch.Tensor], stored: str | None) -> None:
+    if stored is not None and stored != checksum(text, tensors):
+        raise ModelFormatError(
+            f"{path!r} was modified or damaged after it was saved: its SHA-256 checksum does not "
+            "match its content. Save the model again with detector.save(path)."
+        )
+
+
+def read_detector_file(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read and check a saved detector: ``(document, tensors)``.
+
+    Raises:
+        ModelFormatError: the file is missing the fednovelty tag, is not safetensors, was
+            written by a newer format version, or its checksum does not match.
+        FileNotFoundError: no such file.
+    """
+    path = os.fspath(path)
+    document, tensors, text, stored = _read(path)
+    _verify(path, text, tensors, stored)
     return document, tensors
 
 
@@ -118,19 +190,214 @@ def load(path: str | os.PathLike, expected: type | None = None):
     Args:
         path: file written by ``detector.save``.
         expected: if given, the file must hold this class (or a subclass).
+
+    Raises:
+        ModelFormatError: the file is not a fednovelty model, holds another class than
+            ``expected``, or is damaged (the message names what is wrong).
+        FileNotFoundError: no such file.
     """
-    document, tensors = read_detector_file(path)
+    path = os.fspath(path)
+    document, tensors, text, stored = _read(path)
     name = document.get("class")
-    cls = REGISTRY.get(name)
+    cls = REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ModelFormatError(f"{os.fspath(path)!r} holds an unknown detector class {name!r}.")
+        raise ModelFormatError(f"{path!r} holds an unknown detector class {name!r}.")
     if expected is not None and not issubclass(cls, expected):
         raise ModelFormatError(
-            f"{os.fspath(path)!r} holds a {name}, not a {expected.__name__}; use "
+            f"{path!r} holds a {name}, not a {expected.__name__}; use "
             "fednovelty.load(path) to load any detector."
         )
-    params = {k: _restore(v, tensors) for k, v in document["params"].items()}
-    detector = cls(**params)
-    attrs = {k: _restore(v, tensors) for k, v in document["attrs"].items()}
-    detector._set_state(tensors, attrs)
+    try:
+        detector = _build(cls, document, tensors)
+    except ModelFormatError as error:
+        raise ModelFormatError(f"{path!r} is damaged: {error}") from None
+    except Exception as error:  # whatever else damaged content raises while it is read
+        raise ModelFormatError(f"{path!r} is damaged: {type(error).__name__}: {error}") from error
+    _verify(path, text, tensors, stored)
     return detector
+
+
+def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
+    """The detector a checked document describes, its state validated (see the module doc)."""
+    params = document.get("params")
+    attrs = document.get("attrs")
+    for key, value in (("params", params), ("attrs", attrs)):
+        if not isinstance(value, dict):
+            raise ModelFormatError(f"'{key}' must be a JSON object, got {type(value).__name__}.")
+    known = cls().get_params(deep=False)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ModelFormatError(f"unknown setting(s) {unknown} for {cls.__name__}.")
+    params = {k: _restore(v, tensors, f"params[{k!r}]") for k, v in params.items()}
+    detector = cls(**params)
+    try:
+        detector._validate_params()
+    except ValueError as error:
+        raise ModelFormatError(f"invalid setting: {error}") from None
+    attrs = {k: _restore(v, tensors, f"attrs[{k!r}]") for k, v in attrs.items()}
+    detector._set_state(tensors, attrs)
+    again, again_tensors = build_document(detector, *detector._saved_state())
+    _check_same_keys("tensor", set(tensors), set(again_tensors))
+    _check_same_keys("attribute", set(attrs), set(again["attrs"]))
+    return detector
+
+
+def _check_same_keys(kind: str, found: set[str], expected: set[str]) -> None:
+    if found - expected:
+        raise ModelFormatError(f"unexpected {kind}(s) {sorted(found - expected)}.")
+    if expected - found:
+        raise ModelFormatError(f"missing {kind}(s) {sorted(expected - found)}.")
+
+
+# ----------------------------------------------------------------------------- validation
+def _type_names(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "a list", dict: "an object", type(None): "null"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _is(value, kind) -> bool:
+    """``isinstance`` where a bool is not a number and an int is a number."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return bool in kinds
+    if float in kinds and isinstance(value, int):
+        return True
+    return isinstance(value, kinds)
+
+
+def get_attr(attrs: dict, name: str, kind, *, minimum: float | None = None) -> Any:
+    """``attrs[name]``, checked to be of JSON type ``kind`` (``int``, ``float`` for any
+    number, ``bool``, ``str``, ``list``, ``dict``, ``type(None)`` or a tuple of them), finite
+    if a number, and ``>= minimum`` if given.
+
+    Raises:
+        ModelFormatError: missing, of another type, not finite or below ``minimum``.
+    """
+    if name not in attrs:
+        raise ModelFormatError(f"the attribute {name!r} is missing.")
+    value = attrs[name]
+    if not _is(value, kind):
+        raise ModelFormatError(
+            f"the attribute {name!r} must be {_type_names(kind)}, got "
+            f"{type(value).__name__} {_short(value)}."
+        )
+    if _is(value, float) and not math.isfinite(value):
+        raise ModelFormatError(f"the attribute {name!r} is not finite ({value}).")
+    if minimum is not None and _is(value, float) and value < minimum:
+        raise ModelFormatError(f"the attribute {name!r} must be >= {minimum}, got {value}.")
+    return value
+
+
+def check_items(values: Iterable, name: str, kind, *, finite: bool = True) -> list:
+    """``values`` as a list whose every item is of JSON type ``kind`` (numbers finite unless
+    ``finite=False``)."""
+    values = list(values)
+    for index, value in enumerate(values):
+        infinite = finite and _is(value, float) and not math.isfinite(value)
+        if not _is(value, kind) or infinite:
+            raise ModelFormatError(
+                f"{name}[{index}] must be {_type_names(kind)}, got {type(value).__name__} "
+                f"{_short(value)}."
+            )
+    return values
+
+
+def get_tensor(
+    tensors: dict[str, torch.Tensor],
+    name: str,
+    shape: tuple[int, ...] | None = None,
+    *,
+    allow_inf: bool = False,
+) -> torch.Tensor:
+    """``tensors[name]``: present, floating, finite (``allow_inf``: no NaN) and of ``shape``
+    (``None``: any).
+
+    Raises:
+        ModelFormatError: naming the tensor and what is wrong.
+    """
+    if name not in tensors:
+        raise ModelFormatError(f"the tensor {name!r} is missing.")
+    tensor = tensors[name]
+    if not tensor.is_floating_point():
+        raise ModelFormatError(f"the tensor {name!r} must be floating point, got {tensor.dtype}.")
+    if shape is not None and tuple(tensor.shape) != tuple(shape):
+        raise ModelFormatError(
+            f"the tensor {name!r} has shape {tuple(tensor.shape)}; the model implies "
+            f"{tuple(shape)}."
+        )
+    bad = torch.isnan(tensor) if allow_inf else ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        what = "NaN" if allow_inf else "NaN or inf"
+        raise ModelFormatError(f"the tensor {name!r} holds {what} ({int(bad.sum())} value(s)).")
+    return tensor
+
+
+def check_probabilities(tensor: torch.Tensor, name: str, dims: int = 1) -> None:
+    """Each block of the last ``dims`` axes of ``tensor`` is a probability vector: entries
+    >= 0 summing to 1 (to the dtype's round-off times the number of entries)."""
+    if bool((tensor < 0).any()):
+        raise ModelFormatError(f"{name} holds negative weights; weights are probabilities.")
+    flat = tensor.reshape(*tensor.shape[: tensor.ndim - dims], -1)
+    if flat.shape[-1] == 0:
+        raise ModelFormatError(f"{name} is empty; a mixture needs at least one component.")
+    tolerance = 16 * torch.finfo(tensor.dtype).eps * flat.shape[-1] ** 0.5 * 1e3
+    error = (flat.double().sum(-1) - 1).abs().max().item()
+    if error > tolerance:
+        raise ModelFormatError(
+            f"{name} do not sum to 1 (off by {error:.3g}); weights are probabilities."
+        )
+
+
+def check_mixture(
+    tensors: dict[str, torch.Tensor], prefix: str, covariance_type: str, n_features: int
+) -> MixtureParams:
+    """The mixture saved under ``prefix`` (``prefix.weights``, ``.means``,
+    ``.precisions_cholesky``), checked: finite, ``n_features`` wide, weights a probability
+    vector, precision Cholesky factors upper-triangular with a positive diagonal (each
+    covariance positive definite), and small enough that squaring a factor times a mean does
+    not overflow the dtype (else the log-density at the means would be inf - inf = NaN).
+
+    Raises:
+        ModelFormatError: naming the tensor and what is wrong.
+    """
+    weights = get_tensor(tensors, f"{prefix}.weights")
+    means = get_tensor(tensors, f"{prefix}.means")
+    factors = get_tensor(tensors, f"{prefix}.precisions_cholesky")
+    if means.ndim != 2 or means.shape[1] != n_features:
+        raise ModelFormatError(
+            f"the tensor '{prefix}.means' has shape {tuple(means.shape)}; the model implies "
+            f"(n_components, {n_features})."
+        )
+    try:
+        params = MixtureParams(weights, means, factors, covariance_type)
+    except ValueError as error:
+        raise ModelFormatError(f"the mixture '{prefix}': {error}") from None
+    check_probabilities(weights, f"the weights '{prefix}.weights'")
+    if covariance_type in ("full", "tied"):
+        diagonal = factors.diagonal(dim1=-2, dim2=-1)
+        if bool(factors.tril(-1).ne(0).any()):
+            raise ModelFormatError(
+                f"the tensor '{prefix}.precisions_cholesky' is not upper-triangular."
+            )
+    else:
+        diagonal = factors
+    if not bool((diagonal > 0).all()):
+        raise ModelFormatError(
+            f"the tensor '{prefix}.precisions_cholesky' has a non-positive diagonal entry: a "
+            "covariance is not positive definite."
+        )
+    # The log-density squares (x - mean) times the factor: it must not overflow at the means.
+    size = factors.abs().max().item() * max(1.0, means.abs().max().item())
+    if size > math.sqrt(torch.finfo(factors.dtype).max):
+        raise ModelFormatError(
+            f"the mixture '{prefix}' is too large to score in {factors.dtype} (precision "
+            f"Cholesky factor times mean: {size:.3g})."
+        )
+    return params
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
