@@ -41,9 +41,9 @@ rows score as normal: AUROC near 0); one that wrecks the model shows in ``auroc`
 Defences (:func:`defences`): ``off`` (no reply validation, ``aggregation="sum"``, no cap: the
 behaviour before issue 18; validation is always on in the library and is switched off here
 by replacing the engine's ``ReplyValidator`` with one that accepts everything),
-``validation`` (the library's default), ``cap`` (``client_weight_cap=CAP``), ``trimmed``
-(``aggregation="trimmed"``, ``trim`` 0.1 per attacker: 0.1 against one, 0.2 against two;
-against two also ``trim=0.1``, which is too little), ``both`` (trimmed and cap) and, for
+``validation`` (the library's default), ``cap`` (``client_weight_cap=CAP``), ``trimmed T``
+(``aggregation="trimmed"``, ``trim=T``: 0.1 against one attacker; 0.2, and 0.1 which is too
+little, against two), ``both T`` (``trimmed T`` and the cap, at 0.1 per attacker) and, for
 FedGenGMM, ``median`` and ``median+cap``. The no-attack rows (``attack="none"``: the ten
 honest clients) run every defence too: their cost on honest federations. ``attack="absent"``
 (defences off) is the federation without the attackers' clients, the honest 8 or 9 alone:
@@ -56,7 +56,7 @@ does (K by BIC in 1..10 on clients and server, ``H = 100``, same remedies). Both
 in-process engine with its default privacy policy; the score is
 ``fednovelty.mixture.score_samples(params, X)``.
 
-Run (about 15 minutes on 2 shared cores)::
+Run (about 17 minutes on 2 shared cores)::
 
     .venv/bin/python benchmarks/poisoning.py               # 4 datasets x 3 seeds
     .venv/bin/python benchmarks/poisoning.py --quick       # smoke run: 4_breastw, seed 0
