@@ -175,6 +175,7 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
         raise InvalidReplyError(f"reply lacks tensor(s) {missing}.")
     if is_skipped(reply) and set(reply.tensors) - {"n_samples"}:
         raise InvalidReplyError("a skipped reply carries statistics.")
+    _check_size(reply, broadcast)
     bound: dict[str, int] = {}
     for name, tensor in reply.tensors.items():
         if name in shapes:
@@ -195,6 +196,19 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
         _check_local_fit(reply, broadcast, bound.get("k", 0))
     elif broadcast.kind in STATS_KINDS:
         _check_stats(reply, str(broadcast.scalars["covariance_type"]))
+
+
+def _check_size(reply: Message, broadcast: Message) -> None:
+    """The number of components or centroids against the broadcast's bound, before any
+    value of a (possibly huge) tensor is read."""
+    if broadcast.kind == "local_fit" and "weights" in reply.tensors:
+        k, most = int(reply.tensors["weights"].shape[0]), max_local_components(broadcast)
+        if most is not None and k > most:
+            raise InvalidReplyError(f"local mixture has {k} components; the round allows {most}.")
+    if broadcast.kind == "centroids" and "centers" in reply.tensors:
+        k, asked = int(reply.tensors["centers"].shape[0]), int(broadcast.scalars["n_clusters"])
+        if k > asked:
+            raise InvalidReplyError(f"reply has {k} centroids; at most {asked} asked.")
 
 
 def _close_or_below(value: float, limit: float, rtol: float = RTOL) -> bool:
