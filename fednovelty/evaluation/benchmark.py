@@ -29,6 +29,10 @@ Choices, and why:
 - Resumable by construction: with ``out_csv`` every finished cell is appended to the file at
   once, and a later call skips the cells found there (matched on every configuration column),
   so a killed run loses at most the cell in progress and a grid can be grown step by step.
+  Each cell is one whole line written by one ``write`` and flushed to disk; a row torn by a
+  kill or a full disk (a last line without its newline, too few fields) does not count as
+  finished: it is dropped with a warning, the file rewritten atomically without it, and the
+  cell runs again.
 - A failure is a result: an exception in a task or a method is recorded in the ``error``
   column (metrics NaN) and the grid goes on; the cell counts as finished (``retry_errors=True``
   runs it again). Warnings (e.g. EM not converged) are caught and kept in ``warning``.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import math
 import os
 import time
@@ -357,20 +362,109 @@ def check_results_file(out_csv: str | os.PathLike[str]) -> None:
 
 
 def _read_done(out_csv: Path) -> pd.DataFrame:
+    """The finished cells stored in ``out_csv`` (columns as its header).
+
+    A row is finished only if it is whole: a last line without its newline (a run killed or
+    a disk filled while it was written) or a row with another number of fields than the
+    header is dropped with a ``RuntimeWarning``, its cell runs again, and the file is
+    rewritten (atomically) without it so the next appended row starts on a line of its own.
+    A file of an older version (missing columns) is rewritten with the current columns.
+    """
     if not out_csv.is_file() or out_csv.stat().st_size == 0:
         return pd.DataFrame(columns=list(COLUMNS))
-    done = pd.read_csv(out_csv, dtype={"dataset": str, "method": str, "error": str})
+    text = out_csv.read_bytes().decode("utf-8", errors="replace")
+    header, rows, dropped = _whole_rows(text)
+    if header is None:  # not even a whole header line: nothing was finished
+        _replace_text(out_csv, "")
+        return pd.DataFrame(columns=list(COLUMNS))
+    if dropped:
+        warnings.warn(
+            f"{out_csv}: dropped {len(dropped)} incomplete row(s) at line(s) {dropped} (a run "
+            "stopped while writing them); their cells run again.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    clean = _csv_text([header, *rows])
+    done = pd.read_csv(io.StringIO(clean), dtype={"dataset": str, "method": str, "error": str})
     missing = [c for c in COLUMNS if c not in done.columns]
     if missing:  # a file from an older version: rewrite it with the current columns
         done = done.reindex(columns=[*COLUMNS, *[c for c in done.columns if c not in COLUMNS]])
-        done.to_csv(out_csv, index=False)
+        _replace_text(out_csv, done.to_csv(index=False, lineterminator="\n"))
+    elif dropped:
+        _replace_text(out_csv, clean)
     return done
 
 
+def _whole_rows(text: str) -> tuple[list[str] | None, list[list[str]], list[int]]:
+    """``(header, rows, dropped)`` of CSV ``text``: the rows with as many fields as the header
+    and a dataset and a method, and the 1-based line numbers of the rows left out (a last line
+    without its newline is always left out)."""
+    complete = text.endswith("\n")
+    records = list(csv.reader(io.StringIO(text)))
+    lines = _record_lines(text)
+    dropped = []
+    if not complete and records:
+        dropped.append(lines[-1])
+        records, lines = records[:-1], lines[:-1]
+    if not records:
+        return None, [], dropped
+    header, keep = records[0], []
+    named = [header.index(c) for c in ("dataset", "method") if c in header]
+    for record, line in zip(records[1:], lines[1:], strict=True):
+        if len(record) == len(header) and all(record[i] for i in named):
+            keep.append(record)
+        elif record:  # an empty record is a blank line, not a torn row
+            dropped.append(line)
+    return header, keep, sorted(dropped)
+
+
+def _record_lines(text: str) -> list[int]:
+    """1-based line on which each CSV record of ``text`` starts (quoted newlines included)."""
+    starts, reader = [], csv.reader(io.StringIO(text))
+    line = 1
+    for _ in reader:
+        starts.append(line)
+        line = reader.line_num + 1
+    return starts
+
+
+def _csv_text(records: list[list[str]]) -> str:
+    """CSV text of ``records`` (quoted where needed, ``\\n`` line ends)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(records)
+    return out.getvalue()
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, flushed to
+    disk, renamed over ``path``."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
 def _append(out_csv: Path, row: dict, header: list[str]) -> None:
-    frame = pd.DataFrame([row]).reindex(columns=header)
+    """Append ``row`` (and the header, to an empty file) as whole lines in one ``write``
+    on a file opened for appending, then flush it to disk: a row is on disk whole or, if the
+    process dies or the disk fills mid-write, torn at the end, which ``_read_done`` drops."""
     new = not out_csv.is_file() or out_csv.stat().st_size == 0
-    frame.to_csv(out_csv, mode="a", header=new, index=False)
+    frame = pd.DataFrame([row]).reindex(columns=header)
+    data = frame.to_csv(index=False, header=new, lineterminator="\n").encode("utf-8")
+    descriptor = os.open(out_csv, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _short(message: str, limit: int = 300) -> str:
