@@ -46,8 +46,10 @@ from fednovelty.detectors.persistence import (
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError, NotFittedError
+from fednovelty.federated.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 from fednovelty.mixture import MixtureParams
 from fednovelty.runtime import RoundRecord, run_simulation
+from fednovelty.runtime.threads import scoring_threads
 
 COMMON_CONSTRAINTS: dict = {
     "contamination": [Interval(Real, 0.0, 0.5, closed="right")],
@@ -59,6 +61,7 @@ COMMON_CONSTRAINTS: dict = {
     "tol": [Interval(Real, 0.0, None, closed="left")],
     "max_iter": [Interval(Integral, 1, None, closed="left")],
     "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
+    "privacy_min_rows": [Interval(Integral, 1, None, closed="left")],
 }
 
 
@@ -67,6 +70,11 @@ ROBUST_CONSTRAINTS: dict = {
     "standardize": ["boolean"],
     "covariance_prior": [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
     "prior_scale": [Interval(Real, 0.0, None, closed="neither")],
+}
+#: Robust aggregation against hostile clients (``fednovelty.federated.robust``).
+AGGREGATION_CONSTRAINTS: dict = {
+    "trim": [Interval(Real, 0.0, 0.5, closed="left")],
+    "client_weight_cap": [Interval(Real, 1.0, None, closed="left"), None],
 }
 #: Default target of the covariance prior, as a multiple of each feature's pooled variance.
 PRIOR_SCALE = 4.0
@@ -122,6 +130,13 @@ class MixtureDetector(BaseDetector):
             "prior_strength": n_features + 2.0 if prior == "auto" else prior,
             "prior_scale": self.prior_scale,
         }
+
+    def _privacy_policy(self, **options) -> PrivacyPolicy:
+        """The privacy policy of the simulated clients: at least ``privacy_min_rows`` rows
+        behind every statistic they release (``docs/privacy.md``); ``options`` set the
+        policy's other fields."""
+        min_rows = getattr(self, "privacy_min_rows", DEFAULT_MIN_ROWS)
+        return PrivacyPolicy(min_rows=int(min_rows), **options)
 
     def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
         options = self._torch_options()
@@ -183,13 +198,15 @@ class MixtureDetector(BaseDetector):
         seed: int,
         full: bool = False,
         round_offset: int = 0,
+        privacy: PrivacyPolicy | None = None,
         **engine,
     ):
         """Run ``algorithm`` on the in-process engine, record the rounds, return its state
         (the whole ``SimulationResult`` with ``full``).
 
         Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
-        ``history_`` and in the records passed to ``fit``'s callbacks."""
+        ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
+        ``privacy`` (default :meth:`_privacy_policy`)."""
         callbacks = getattr(self, "_fit_callbacks", ())
         if round_offset:
             callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
@@ -200,6 +217,7 @@ class MixtureDetector(BaseDetector):
             progress=self.progress,
             callbacks=callbacks,
             description=type(self).__name__,
+            privacy=self._privacy_policy() if privacy is None else privacy,
             **engine,
         )
         self.history_ = [
@@ -311,8 +329,9 @@ class MixtureDetector(BaseDetector):
 
     def score_samples(self, X) -> np.ndarray:
         """Log-density ``log p(x)`` of each row, shape (n_samples,); higher = more normal."""
-        with torch.no_grad():
-            return self._log_density(self._check_score_input(X)).cpu().numpy().astype(np.float64)
+        Xt = self._check_score_input(X)
+        with torch.no_grad(), scoring_threads(*Xt.shape, getattr(self, "n_components_", 1)):
+            return self._log_density(Xt).cpu().numpy().astype(np.float64)
 
     def decision_function(self, X) -> np.ndarray:
         """Anomaly score ``-log p(x)``, shape (n_samples,); higher = more anomalous."""
@@ -324,11 +343,28 @@ class MixtureDetector(BaseDetector):
         return super().predict(self._checked_array(X), return_confidence=return_confidence)
 
     def predict_proba(self, X, method="linear", return_confidence=False):
-        """PyOD's outlier probabilities, shape (n_samples, 2); column 1 = anomaly."""
+        """Outlier probabilities as PyOD's, shape (n_samples, 2); column 1 = anomaly.
+
+        ``method="linear"`` scales ``decision_function(X)`` by the training scores' range
+        (``decision_scores_``' minimum -> 0, maximum -> 1) and clips to [0, 1];
+        ``"unify"`` is ``erf((score - mean) / (std * sqrt(2)))`` of the training scores,
+        clipped. Unlike PyOD's, a score of +inf (a row so far out that its density underflows
+        to 0) gets probability 1 and -inf gets 0, and the training range and moments use the
+        finite training scores: never NaN. ``return_confidence`` adds PyOD's confidence.
+        """
         self._check_fitted()
-        return super().predict_proba(
-            self._checked_array(X), method=method, return_confidence=return_confidence
+        if method not in ("linear", "unify"):
+            raise ValueError(f"method must be 'linear' or 'unify', got {method!r}.")
+        array = self._checked_array(X)
+        anomaly = outlier_probability(
+            np.asarray(self.decision_function(array), dtype=np.float64),
+            np.asarray(self.decision_scores_, dtype=np.float64),
+            method,
         )
+        probs = np.column_stack([1.0 - anomaly, anomaly])
+        if return_confidence:
+            return probs, self.predict_confidence(array)
+        return probs
 
     def _checked_array(self, X):
         """``X`` validated for scoring, kept as a DataFrame when it is one (feature names)."""
@@ -424,6 +460,32 @@ class MixtureDetector(BaseDetector):
         moved to the detector's device and dtype."""
         width = self.n_features_in_ if n_features is None else n_features
         return check_mixture(tensors, prefix, covariance_type, width).to(**self._torch_options())
+
+
+def outlier_probability(scores: np.ndarray, train: np.ndarray, method: str) -> np.ndarray:
+    """Probability that each of ``scores`` (n_samples,) is an anomaly, in [0, 1], from the
+    training scores ``train`` (n_train,): ``"linear"`` min-max or ``"unify"`` erf scaling of
+    the finite training scores (see ``MixtureDetector.predict_proba``); +inf -> 1, -inf -> 0.
+    """
+    from scipy.special import erf
+
+    finite = train[np.isfinite(train)]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if method == "linear":
+            low, high = (finite.min(), finite.max()) if finite.size else (0.0, 0.0)
+            span = high - low
+            if span > 0 and np.isfinite(span):
+                anomaly = (scores - low) / span
+            else:  # one training score (or none): above it is anomalous
+                anomaly = (scores > high).astype(np.float64)
+        else:
+            mu, sigma = _finite_moments(train)
+            if sigma > 0 and np.isfinite(sigma):
+                anomaly = erf((scores - mu) / (sigma * np.sqrt(2.0)))
+            else:
+                anomaly = (scores > mu).astype(np.float64)
+    anomaly = np.where(np.isposinf(scores), 1.0, np.where(np.isneginf(scores), 0.0, anomaly))
+    return np.clip(np.nan_to_num(anomaly, nan=1.0), 0.0, 1.0)
 
 
 def _finite_moments(scores: np.ndarray) -> tuple[float, float]:
