@@ -58,10 +58,12 @@ class _LocalFitDetector(MixtureDetector):
         state = self._simulate(algorithm, clients, seed)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
+            min_rows = self._privacy_policy().min_rows
             warnings.warn(
-                f"client(s) {self.skipped_clients_} have fewer than {algorithm.rows_needed()} "
-                f"row(s) (min_client_samples={self.min_client_samples}, smallest K="
-                f"{min(algorithm.candidates())}) and were skipped; their rows do not inform "
+                f"client(s) {self.skipped_clients_} have fewer than "
+                f"{max(algorithm.rows_needed(), min_rows)} row(s) (min_client_samples="
+                f"{self.min_client_samples}, smallest K={min(algorithm.candidates())}, "
+                f"privacy_min_rows={min_rows}) and were skipped; their rows do not inform "
                 "the model.",
                 UserWarning,
                 stacklevel=4,
@@ -153,6 +155,10 @@ class FedGenGMMDetector(_LocalFitDetector):
             mixture per feature, a joint mixture of the features' normal scores) and
             ``score_samples`` is its log-density; the attributes of the global mixture stay
             those of the plain global fit. Same single round, same messages.
+        privacy_min_rows: each client's privacy floor (``docs/privacy.md``): a client with
+            fewer rows is skipped, fits at most ``n_rows // privacy_min_rows`` components
+            and drops those backed by fewer rows before it sends its mixture; ``1`` is no
+            floor.
         contamination, random_state, device, dtype, progress: as ``FedGMMDetector``.
 
     Attributes:
@@ -190,6 +196,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
         copula=False,
+        privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -209,6 +216,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
         self.copula = copula
+        self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -331,6 +339,7 @@ class LocalGMMDetector(_LocalFitDetector):
         standardize=True,
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
+        privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -347,6 +356,7 @@ class LocalGMMDetector(_LocalFitDetector):
         self.standardize = standardize
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
+        self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
         self.device = device

@@ -40,6 +40,7 @@ from fednovelty.federated.joint import (
     mlp_learner,
 )
 from fednovelty.federated.pca import FederatedPCA, PCAProjection
+from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS, PrivacyPolicy
 from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
 
 SCORES = ("px", "py|x", "pxy", "msp")
@@ -112,6 +113,11 @@ class FedGMMDetector(MixtureDetector):
             PCA's isotropic density of the discarded directions scored *shrunken* MNIST
             digits as more normal, AUROC 0.04, so it is left out); learners see the full rows.
         fraction: share of clients asked each round; dropout: chance that one fails to reply.
+        privacy_min_rows: each client's privacy floor (``docs/privacy.md``): every statistic
+            a client sends is backed by at least this many of its rows (smaller k-means
+            clusters merged, components suppressed) and a client with fewer rows skips the
+            round; ``1`` is no floor (exact, no protection). ``init_params="subset"`` lets
+            the simulated clients send raw rows (you own them here).
         contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
         random_state: seed (int, RandomState or None).
         device: ``"cpu"`` (default) or ``"cuda"``; dtype: ``"float64"`` (default) or ``"float32"``.
@@ -194,6 +200,7 @@ class FedGMMDetector(MixtureDetector):
         pca_components=None,
         fraction=1.0,
         dropout=0.0,
+        privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
         device=None,
@@ -226,6 +233,7 @@ class FedGMMDetector(MixtureDetector):
         self.pca_components = pca_components
         self.fraction = fraction
         self.dropout = dropout
+        self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -297,6 +305,7 @@ class FedGMMDetector(MixtureDetector):
             round_offset=round_offset,
             fraction=self.fraction,
             dropout=self.dropout,
+            privacy=self._em_privacy(),
         )
         self._set_mixture(state.params)
         self.n_iter_ = state.n_iter
@@ -411,6 +420,15 @@ class FedGMMDetector(MixtureDetector):
             **self._torch_options(),
         }
 
+    def _em_privacy(self) -> PrivacyPolicy:
+        """The simulated clients' policy in the EM fits: the user owns them, so they answer
+        the ``subset`` round when ``init_params="subset"`` asks for it, and form as many
+        local clusters as ``n_components``."""
+        return self._privacy_policy(
+            allow_raw_rows=self.init_params == "subset",
+            max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
+        )
+
     def _learner_factory(self):
         return {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
 
@@ -443,6 +461,7 @@ class FedGMMDetector(MixtureDetector):
             round_offset=round_offset,
             fraction=self.fraction,
             dropout=self.dropout,
+            privacy=self._em_privacy(),
         )
         state = result.state
         self.joint_state_ = state

@@ -4,6 +4,7 @@ plain ``Message`` objects. Nothing here knows which engine runs it."""
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
 from fednovelty.federated.em import INIT_PARAMS, MIXTURE_WEIGHTS, EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
+from fednovelty.federated.privacy import PrivacyPolicy
 
 __all__ = [
     "INIT_PARAMS",
@@ -16,4 +17,5 @@ __all__ = [
     "FederatedEM",
     "LocalGMMs",
     "Message",
+    "PrivacyPolicy",
 ]

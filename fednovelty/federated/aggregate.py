@@ -1,7 +1,9 @@
 """Server-side aggregation rules as pure functions of client replies.
 
 Nothing here knows about engines; every function takes ``Message`` replies (or the
-tensors in them) and returns tensors.
+tensors in them) and returns tensors. A skipped reply (``scalars["skipped"]``: a client
+below its privacy floor, or one that refused the round) carries no statistics; the
+functions that take replies leave it out, as if the client had not replied.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from fednovelty.federated.base import Message
 from fednovelty.mixture import MixtureParams, SufficientStats, merge_stats
 
 STATS_FIELDS = ("counts", "sums", "second", "log_likelihood", "n_samples")
+
+
+def released(replies: Iterable[Message]) -> list[Message]:
+    """The replies that carry statistics (skipped replies left out)."""
+    return [m for m in replies if not m.scalars.get("skipped", False)]
 
 
 def stats_message(stats: SufficientStats, kind: str) -> Message:
@@ -55,11 +62,14 @@ def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -
 
     The replies are stacked field by field and checked and summed in one pass each (one
     kernel per field instead of one per reply and field). Replies whose shapes disagree fall
-    back to one-by-one merging, which names the problem.
+    back to one-by-one merging, which names the problem. Skipped replies are left out.
     """
-    replies = list(replies)
+    replies = released(replies)
     if not replies:
-        raise ValueError("sum_stats needs at least one reply.")
+        raise ValueError(
+            "sum_stats needs at least one reply with statistics (every reply was skipped: "
+            "each client is below its privacy floor)."
+        )
     try:
         stacked = {
             name: torch.stack([m.tensors[name] for m in replies]).to(shift.device, shift.dtype)
@@ -76,12 +86,12 @@ def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -
 
 
 def pool_centroids(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:
-    """Concatenate clients' local centroids and their counts.
+    """Concatenate clients' local centroids and their counts (skipped replies left out).
 
     Returns:
         ``(centers, counts)``: shapes (n_centroids, n_features), (n_centroids,).
     """
-    replies = [m for m in replies if m.tensors["centers"].shape[0] > 0]
+    replies = [m for m in released(replies) if m.tensors["centers"].shape[0] > 0]
     if not replies:
         return torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
     centers = torch.cat([m.tensors["centers"] for m in replies])
@@ -90,8 +100,9 @@ def pool_centroids(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:
 
 
 def merge_ranges(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:
-    """Elementwise minimum and maximum of the clients' feature ranges, each (n_features,)."""
-    replies = [m for m in replies if float(m.tensors["n_samples"]) > 0]
+    """Elementwise minimum and maximum of the clients' feature ranges, each (n_features,)
+    (skipped replies left out)."""
+    replies = [m for m in released(replies) if float(m.tensors["n_samples"]) > 0]
     if not replies:
         raise ValueError("no client with data replied with its feature range.")
     low = torch.stack([m.tensors["min"] for m in replies]).amin(0)

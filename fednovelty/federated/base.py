@@ -5,7 +5,13 @@ An algorithm is a *client step* (local rows + broadcast message + the client's o
 Both halves are pure functions of their inputs; the engine (``fednovelty.runtime``) decides
 who runs them, where and when: an in-process loop, or Flower nodes. Only ``Message``
 objects cross between the halves: tensors and plain scalars, never raw rows (the one
-exception, ``init_params="subset"``, is flagged wherever it is used).
+exception, ``init_params="subset"``, is flagged wherever it is used and answered only by
+clients whose :class:`~fednovelty.federated.privacy.PrivacyPolicy` allows it).
+
+Every client step enforces its client's own privacy policy (``ClientContext.policy``)
+whatever the message asks; a client that releases nothing in a round replies
+:func:`skipped_reply` (``scalars["skipped"]`` and a ``reason``, no tensors), which the
+server halves treat as absent.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from fednovelty.federated.privacy import PrivacyPolicy
 
 Scalar = bool | int | float | str
 
@@ -51,10 +59,19 @@ class ClientContext:
         client_id: the client's stable integer id (row group in simulation, partition id on
             Flower); seeds the client's randomness.
         state: tensors the client keeps between rounds (e.g. personal mixture weights).
+        policy: the client's own privacy policy (set by the engine from the client's
+            configuration, never from a message); every client step enforces it.
     """
 
     client_id: int
     state: dict[str, Tensor] = field(default_factory=dict)
+    policy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
+
+
+def skipped_reply(kind: str, reason: str) -> Message:
+    """A reply that releases nothing: ``scalars`` ``{"skipped": True, "reason": reason}``
+    and no tensors (not even the row count)."""
+    return Message(kind, scalars={"skipped": True, "reason": reason})
 
 
 def client_generator(seed: int, client_id: int) -> torch.Generator:

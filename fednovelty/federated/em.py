@@ -7,7 +7,17 @@ With ``mixture_weights="global"`` (DEM) the summed statistics are exactly those 
 pooled rows, so any split of the rows into clients follows centralized EM (and
 scikit-learn's ``GaussianMixture``) to round-off. With ``"personal"`` (FedGMM) every client
 keeps its own weights ``pi_c`` (the counts of its last E-step over its row count) and uses
-them in its E-step; means and covariances stay shared.
+them in its E-step; means and covariances stay shared. The counts it sends every round are
+``n_c * pi_c`` (with ``n_c``), so the server knows ``pi_c`` (``EMState.client_weights``).
+
+Every client step enforces the client's own privacy policy (``ClientContext.policy``,
+:mod:`fednovelty.federated.privacy`, ``docs/privacy.md``) whatever the message asks: a
+client with fewer than ``min_rows`` rows skips every round (``skipped_reply``); local k-means
+forms at most ``min(n_clusters, max_clusters, n_rows // min_rows)`` clusters and merges
+those of fewer than ``min_rows`` rows into the nearest larger one; a range is the mean of the
+``min_rows`` smallest / largest values of each feature; an assignment or EM component backed
+by fewer than ``min_rows`` (effective) rows is sent as zeros; the ``subset`` round is refused
+unless the policy allows raw rows. The server treats skipped replies as absent.
 
 The paper's Algorithm 2 sends client means and covariances *about client means* and
 averages them; averaging covariances taken about different means drops the between-client
@@ -70,6 +80,14 @@ from fednovelty.federated.base import (
     Scalar,
     check_prior_arguments,
     client_generator,
+    skipped_reply,
+)
+from fednovelty.federated.privacy import (
+    backed,
+    effective_rows,
+    merge_small_clusters,
+    suppress_components,
+    trimmed_range,
 )
 from fednovelty.mixture import (
     CovariancePrior,
@@ -83,6 +101,7 @@ from fednovelty.mixture import (
     merge_moments,
     params_from_stats,
     precisions_cholesky_from_precisions,
+    predict_proba,
     prior_target,
     standardization,
     stats_from_resp,
@@ -324,8 +343,12 @@ class FederatedEM(FederatedAlgorithm):
     def server_step(
         self, state: EMState, replies: dict[int, Message]
     ) -> tuple[EMState, dict[str, Scalar]]:
+        replies = {cid: r for cid, r in replies.items() if not r.scalars.get("skipped")}
         if not replies:
-            raise ValueError(f"no client replied in round {state.rounds + 1} ({state.phase}).")
+            raise ValueError(
+                f"no client replied with statistics in round {state.rounds + 1} ({state.phase}); "
+                "clients below their privacy floor, or refusing the round, skip."
+            )
         handler = getattr(self, f"_server_{state.phase}")
         metrics = handler(state, replies)
         state.rounds += 1
@@ -367,8 +390,10 @@ class FederatedEM(FederatedAlgorithm):
             n_rows = int(sum(float(m.tensors["n_samples"]) for m in replies.values()))
             raise ValueError(
                 f"The clients hold {n_rows} sample(s) in all but n_components="
-                f"{self.n_components}; need at least as many samples as components. "
-                "Lower n_components or add data."
+                f"{self.n_components}; need at least as many samples as components, and "
+                f"they sent {centers.shape[0]} centroid(s) (a client forms at most n_rows // "
+                "min_rows clusters under its privacy floor). Lower n_components, add data or "
+                "lower the clients' privacy floor (privacy_min_rows)."
             )
         centers = centers.to(self.device, self.dtype)
         counts = counts.to(self.device, self.dtype)
@@ -495,6 +520,8 @@ class FederatedEM(FederatedAlgorithm):
         return handler(X, message, context)
 
     def _client_moments(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("moments", context.policy.below_floor)
         return Message("moments", feature_moments(X).tensors())
 
     @staticmethod
@@ -502,27 +529,31 @@ class FederatedEM(FederatedAlgorithm):
         return torch.tensor(float(X.shape[0]), dtype=X.dtype)
 
     def _client_centroids(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        k = min(int(message.scalars["n_clusters"]), X.shape[0])
+        policy = context.policy
+        k = policy.cluster_bound(int(message.scalars["n_clusters"]), X.shape[0])
         if k == 0:
-            centers, counts = X.new_zeros(0, X.shape[1]), X.new_zeros(0)
-        else:
-            generator = client_generator(int(message.scalars["seed"]), context.client_id)
-            centers, labels = kmeans(X, k, generator=generator)
-            counts = torch.bincount(labels, minlength=k).to(X.dtype)
-            centers, counts = centers[counts > 0], counts[counts > 0]
+            return skipped_reply("centroids", policy.below_floor)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        centers, labels = kmeans(X, k, generator=generator)
+        centers, counts = merge_small_clusters(X, labels, centers, policy.min_rows)
         return Message("centroids", {"centers": centers, "counts": counts, "n_samples": self._n(X)})
 
     def _client_range(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if X.shape[0] == 0:
-            low = high = X.new_zeros(X.shape[1])
-        else:
-            low, high = X.amin(0), X.amax(0)
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("range", context.policy.below_floor)
+        low, high = trimmed_range(X, context.policy.min_rows)
         return Message("range", {"min": low, "max": high, "n_samples": self._n(X)})
 
     def _client_count(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("count", context.policy.below_floor)
         return Message("count", {"n_samples": self._n(X)})
 
     def _client_subset(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.allow_raw_rows:
+            return skipped_reply(
+                "subset", "the client's privacy policy does not allow raw rows (allow_raw_rows)"
+            )
         n = X.shape[0]
         m = min(n, math.ceil(float(message.scalars["fraction"]) * n))
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
@@ -530,11 +561,18 @@ class FederatedEM(FederatedAlgorithm):
         return Message("subset", {"rows": X[index], "n_samples": self._n(X)})
 
     def _client_assign(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        if not policy.releases(X.shape[0]):
+            return skipped_reply("assign", policy.below_floor)
         centers = message.tensors["centers"].to(X.device, X.dtype)
         shift = message.tensors["shift"].to(X.device, X.dtype)
         ct = str(message.scalars["covariance_type"])
         labels, _ = assign(X, centers)
-        stats = stats_from_resp(X, one_hot(labels, centers.shape[0], X), ct, shift)
+        resp = one_hot(labels, centers.shape[0], X)
+        keep = backed(resp.sum(0), policy.min_rows)
+        if not bool(keep.any()):
+            return skipped_reply("assign", f"no centre has min_rows={policy.min_rows} rows")
+        stats = stats_from_resp(X, resp * keep.to(X.dtype), ct, shift)
         return stats_message(stats, "assign")
 
     def _client_em(self, X: Tensor, message: Message, context: ClientContext) -> Message:
@@ -544,6 +582,9 @@ class FederatedEM(FederatedAlgorithm):
         log_weights = context.state.get("log_weights") if personal else None
         if log_weights is None:
             log_weights = t["weights"].log()
+        policy = context.policy
+        # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
+        squared = X.new_zeros(t["means"].shape[0]) if policy.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -553,8 +594,23 @@ class FederatedEM(FederatedAlgorithm):
             t["shift"],
             self.chunk_size,
             self._workspace,
+            squared_counts=squared,
         )
         if personal and X.shape[0] > 0:
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps
             context.state["log_weights"] = (counts / counts.sum()).log()
+        if not policy.releases(X.shape[0]):
+            return skipped_reply("em", policy.below_floor)
+        if squared is None:  # no floor
+            return stats_message(stats, "em")
+        keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
+        if not bool(keep.any()):
+            return skipped_reply("em", f"no component has min_rows={policy.min_rows} rows")
+        if not bool(keep.all()):
+            tied_second = None
+            if ct == "tied":  # the one second moment of the kept components' rows
+                params = MixtureParams(log_weights.exp(), t["means"], t["precisions_cholesky"], ct)
+                resp = predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)
+                tied_second = stats_from_resp(X, resp, ct, t["shift"]).second
+            stats = suppress_components(stats, keep, tied_second)
         return stats_message(stats, "em")

@@ -17,6 +17,12 @@ With ``copula`` the server also fits, on the same synthetic rows, a Gaussian cop
 feature, and a joint mixture of the features' normal scores. It costs no communication; the
 detector scores with it (``docs/robust.md`` measures it).
 
+A client enforces its privacy policy (``ClientContext.policy``, ``docs/privacy.md``): with
+fewer than ``min_rows`` rows it skips the round (sending nothing, not even its row count), it
+fits at most ``n_rows // min_rows`` components, and it drops the components whose share of
+its rows (``weight_k * n_rows``) is below ``min_rows`` and renormalises the rest before it
+sends its mixture.
+
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
 """
@@ -37,7 +43,9 @@ from fednovelty.federated.base import (
     Scalar,
     check_prior_arguments,
     client_generator,
+    skipped_reply,
 )
+from fednovelty.federated.privacy import backed_mixture
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 from fednovelty.mixture.covariance import check_covariance_type
@@ -79,12 +87,17 @@ def _candidates(fixed: int | None, k_range: tuple[int, int]) -> list[int]:
     return [int(fixed)] if fixed is not None else list(range(k_range[0], k_range[1] + 1))
 
 
-def local_candidates(scalars: dict[str, Scalar], n_samples: int) -> list[int]:
+def local_candidates(scalars: dict[str, Scalar], n_samples: int, min_rows: int = 1) -> list[int]:
     """The K a client of ``n_samples`` rows may fit under a ``local_fit`` message; empty
-    when it has too few rows and must be skipped."""
-    if n_samples < int(scalars["min_samples"]):
+    when it has too few rows and must be skipped.
+
+    ``min_rows`` is the client's privacy floor: the client needs ``max(min_samples,
+    min_rows)`` rows and fits at most ``n_samples // min_rows`` components (``1``: the
+    message's rule alone)."""
+    if n_samples < max(int(scalars["min_samples"]), int(min_rows), 1):
         return []
-    return [int(k) for k in str(scalars["candidates"]).split(",") if int(k) <= n_samples]
+    most = n_samples // max(1, int(min_rows))
+    return [int(k) for k in str(scalars["candidates"]).split(",") if int(k) <= most]
 
 
 def local_fit_settings(scalars: dict[str, Scalar], generator: torch.Generator) -> dict:
@@ -206,15 +219,22 @@ class FedGenGMM(FederatedAlgorithm):
             raise ValueError(f"FedGenGMM clients do not answer messages of kind {message.kind!r}.")
         s = message.scalars
         n = X.shape[0]
-        n_samples = torch.tensor(float(n), dtype=X.dtype)
-        candidates = local_candidates(s, n)
+        min_rows = context.policy.min_rows
+        candidates = local_candidates(s, n, min_rows)
         if not candidates:
-            return Message("local_fit", {"n_samples": n_samples}, {"skipped": True})
+            reason = (
+                context.policy.below_floor
+                if n < min_rows
+                else f"fewer rows than the round's min_samples={s['min_samples']} or any "
+                f"candidate K allows (at most n_rows // min_rows = {n // min_rows} components)"
+            )
+            return skipped_reply("local_fit", reason)
         settings = local_fit_settings(s, client_generator(int(s["seed"]), context.client_id))
         result, _ = fit_gmm_scaled(X, candidates, **settings)
+        params = backed_mixture(result.params, n, min_rows)
         return Message(
             "local_fit",
-            {**result.params.tensors(), "n_samples": n_samples},
+            {**params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)},
             {"skipped": False, "converged": result.converged, "n_iter": result.n_iter},
         )
 

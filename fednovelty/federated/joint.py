@@ -2,7 +2,15 @@
 
 Each client models ``p_c(x, y) = sum_{m1, m2} pi_c(m1, m2) N(x; mu_m1, Sigma_m1) P_theta_m2(y | x)``
 with ``M1`` shared Gaussians, ``M2`` shared conditional models (*learners*, torch modules) and
-personal weights ``pi_c`` of shape (M1, M2) that never leave the client.
+personal weights ``pi_c`` of shape (M1, M2), estimated and used by the client. They are not
+private: every round the client sends its joint counts ``sum_i q_i = n_c * pi_c`` (with its
+row count ``n_c``), from which the server computes ``pi_c`` (``JointState.client_joint_weights``).
+
+The client enforces its privacy policy (``ClientContext.policy``, ``docs/privacy.md``): with
+fewer than ``min_rows`` rows it skips the round; a Gaussian, a cell ``(m1, m2)`` of the joint
+counts or a learner backed by fewer than ``min_rows`` effective rows (Kish's
+``(sum q)^2 / sum q^2``) is not released: its statistics and counts go out as zeros, and the
+learner's weights go back as broadcast (so the server gives them no weight).
 
 One EM round = one communication round:
 
@@ -48,8 +56,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fednovelty.federated.aggregate import stats_message, sum_stats
-from fednovelty.federated.base import ClientContext, Message, client_generator
+from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.em import EMState, FederatedEM
+from fednovelty.federated.privacy import joint_backing
 from fednovelty.mixture import (
     WeightsFit,
     fit_weights,
@@ -256,19 +265,28 @@ class JointFedGMM(FederatedEM):
         if n > 0:
             eps = 10 * torch.finfo(X.dtype).eps
             context.state["log_joint_weights"] = ((joint_counts + eps) / (n + eps * k1 * k2)).log()
-        stats = stats_from_resp(X, q.sum(2), ct, t["shift"])
-        stats = replace(stats, log_likelihood=log_norm.sum())
-        reply = stats_message(stats, "joint_em")
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        tensors = dict(reply.tensors)
-        tensors["joint_counts"] = joint_counts
-        for m2, params in enumerate(learners):
-            trained = self._local_sgd(template, params, Z, y, q[:, :, m2].sum(1), generator)
-            named = {f"learner.{m2}.{k}": v for k, v in trained.items()}
-            if self.aggregate_learners:
-                tensors.update(named)
-            else:
-                context.state.update(named)
+        trained = [
+            self._local_sgd(template, params, Z, y, q[:, :, m2].sum(1), generator)
+            for m2, params in enumerate(learners)
+        ]
+        if not self.aggregate_learners:
+            for m2, params in enumerate(trained):
+                context.state.update({f"learner.{m2}.{k}": v for k, v in params.items()})
+        policy = context.policy
+        if not policy.releases(n):
+            return skipped_reply("joint_em", policy.below_floor)
+        gaussians, cells, used_learners = joint_backing(q, policy.min_rows)
+        if not bool(gaussians.any()):
+            return skipped_reply("joint_em", f"no Gaussian has min_rows={policy.min_rows} rows")
+        kept = cells.to(X.dtype)
+        stats = stats_from_resp(X, (q * kept).sum(2), ct, t["shift"])
+        stats = replace(stats, log_likelihood=log_norm.sum())
+        tensors = dict(stats_message(stats, "joint_em").tensors)
+        tensors["joint_counts"] = joint_counts * kept
+        for m2, params in enumerate(trained if self.aggregate_learners else []):
+            released = params if bool(used_learners[m2]) else learners[m2]
+            tensors.update({f"learner.{m2}.{k}": v.clone() for k, v in released.items()})
         return Message("joint_em", tensors)
 
     def _local_sgd(

@@ -22,9 +22,11 @@ round-off, for any partition of the rows into clients. The price is one extra ro
 
 The same clients must answer both rounds (a scatter about the mean of other rows is not
 that of these rows): run with ``fraction=1`` and no dropout; the server raises otherwise.
-Clients with no rows reply zeros and change nothing. Clients compute in the dtype and on
-the device of their own rows ``X`` (``n`` is sent in that dtype too: exact below 2^24 rows
-per client in float32); the server aggregates in ``dtype`` on ``device``.
+A client with fewer rows than its privacy floor (``PrivacyPolicy.min_rows``; an empty
+client too) replies ``skipped`` in both rounds and is left out of the pooled rows. Clients
+compute in the dtype and on the device of their own rows ``X`` (``n`` is sent in that dtype
+too: exact below 2^24 rows per client in float32); the server aggregates in ``dtype`` on
+``device``.
 
 Sign convention: an eigenvector is defined up to sign, so each component is flipped to make
 its entry of largest absolute value positive (the first such entry on ties). This is the
@@ -44,7 +46,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.base import (
+    ClientContext,
+    FederatedAlgorithm,
+    Message,
+    Scalar,
+    skipped_reply,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,6 +215,10 @@ class FederatedPCA(FederatedAlgorithm):
                 f"client {context.client_id}: rows must be a 2-D floating tensor "
                 f"(n_samples, n_features), got {X.dtype} of shape {tuple(X.shape)}."
             )
+        if message.kind in ("moments_mean", "moments_scatter") and not context.policy.releases(
+            X.shape[0]
+        ):
+            return skipped_reply(message.kind, context.policy.below_floor)
         n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
         if message.kind == "moments_mean":
             return Message("moments_mean", {"n": n, "sum": X.sum(dim=0)})
@@ -225,9 +237,14 @@ class FederatedPCA(FederatedAlgorithm):
     def _replies(
         self, replies: dict[int, Message], kind: str, name: str, shape: tuple[int, ...] | None
     ) -> tuple[dict[int, int], dict[int, Tensor]]:
-        """Check and unpack replies: counts and the ``name`` tensor per client, in order."""
+        """Check and unpack replies: counts and the ``name`` tensor per client, in order
+        (skipped replies, of clients below their privacy floor, count as absent)."""
+        replies = {cid: r for cid, r in replies.items() if not r.scalars.get("skipped")}
         if not replies:
-            raise ValueError(f"round {kind!r}: no client replied; FederatedPCA needs replies.")
+            raise ValueError(
+                f"round {kind!r}: no client replied with statistics (clients below their "
+                "privacy floor skip); FederatedPCA needs replies."
+            )
         counts, values = {}, {}
         target = self.device
         for cid, reply in sorted(replies.items()):

@@ -183,6 +183,7 @@ def e_step_stats(
     shift: Tensor,
     chunk_size: int | None = None,
     workspace: Workspace | None = None,
+    squared_counts: Tensor | None = None,
 ) -> SufficientStats:
     """E-step on ``X`` folded into sufficient statistics, in row chunks.
 
@@ -212,6 +213,9 @@ def e_step_stats(
         chunk_size: rows per chunk; default from ``default_chunk_size`` (32 MiB of buffers).
         workspace: scratch buffers to reuse across calls (e.g. one per client process, or one
             for all clients of a simulation); a fresh one by default.
+        squared_counts: if given, a (n_components,) tensor to which ``sum_i r_ik^2`` is
+            added (with ``counts``, a component's effective number of rows, which a client's
+            privacy floor needs); one extra (chunk, n_components) product per chunk.
 
     Returns:
         ``SufficientStats`` whose ``log_likelihood`` is ``sum_i log p(x_i)`` under the given
@@ -252,6 +256,8 @@ def e_step_stats(
         log_norm, resp = normalize_rows_(weighted)
         log_likelihood += log_norm.sum()
         moments.addmm_(resp.T, A)
+        if squared_counts is not None:
+            squared_counts += resp.square().sum(0)
         if ct == "full":
             blocks = density.blocks(n, X)
             W_all = density.scratch(blocks[0][1], X)  # the density's block buffer is free now

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Scalar
+from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.validation import ReplyValidator
 
 
@@ -152,6 +153,7 @@ def run_simulation(
     progress: bool = False,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     description: str | None = None,
+    privacy: PrivacyPolicy | None = None,
 ) -> SimulationResult:
     """Run ``algorithm`` to completion over in-process clients.
 
@@ -167,6 +169,9 @@ def run_simulation(
         random_state: seed of client sampling and dropout.
         progress: show a tqdm bar over rounds.
         callbacks: called with each ``RoundRecord`` as it completes.
+        privacy: the privacy policy every client enforces (its ``ClientContext.policy``);
+            default ``PrivacyPolicy()`` (at least 5 rows behind every released statistic,
+            no raw rows). ``PrivacyPolicy(min_rows=1)`` is the unprotected protocol.
 
     Returns:
         ``SimulationResult``.
@@ -192,7 +197,10 @@ def run_simulation(
             "asked each round; lower min_clients or raise fraction."
         )
     rng = np.random.default_rng(random_state)
-    contexts = {cid: ClientContext(cid) for cid in data}
+    policy = PrivacyPolicy() if privacy is None else privacy
+    if not isinstance(policy, PrivacyPolicy):
+        raise TypeError(f"privacy must be a PrivacyPolicy or None, got {type(privacy).__name__}.")
+    contexts = {cid: ClientContext(cid, policy=policy) for cid in data}
     first = next(iter(data.values()))
     validator = ReplyValidator(
         n_features=int((first[0] if isinstance(first, tuple | list) else first).shape[1])

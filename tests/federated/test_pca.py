@@ -9,12 +9,18 @@ import pytest
 import torch
 from sklearn.decomposition import PCA
 
-from fednovelty.federated.base import ClientContext, Message
+from fednovelty.federated import PrivacyPolicy
+from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.pca import FederatedPCA, PCAProjection, PCAState
 from fednovelty.runtime import run_simulation
 
 N_FEATURES = 6
 SIZES = (3, 0, 41, 17, 139)  # uneven, with an empty client
+#: the no-floor configuration: the 3-row client takes part, so the result is that of all
+#: pooled rows (the default floor of 5 rows would leave it out).
+NO_FLOOR = PrivacyPolicy(min_rows=1)
+#: bytes of the empty client's skipped reply in each round.
+SKIPPED_BYTES = skipped_reply("moments_mean", NO_FLOOR.below_floor).nbytes()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def split(rows: np.ndarray, sizes=SIZES, dtype=torch.float64) -> list[torch.Tens
 
 @pytest.fixture(scope="module")
 def fitted(pooled):
-    result = run_simulation(FederatedPCA(4), split(pooled))
+    result = run_simulation(FederatedPCA(4), split(pooled), privacy=NO_FLOOR)
     return result, PCA(n_components=4).fit(pooled)
 
 
@@ -67,24 +73,29 @@ def test_sign_convention_is_deterministic(fitted, pooled):
 def test_bytes_on_the_wire(fitted):
     result = fitted[0]
     n_clients, d, itemsize = len(SIZES), N_FEATURES, 8
+    n_data = n_clients - 1  # the empty client replies "skipped" (no statistics)
     assert [r.kind for r in result.history] == ["moments_mean", "moments_scatter"]
-    assert result.history[0].bytes_up == n_clients * (d + 1) * itemsize
-    assert result.history[1].bytes_up == n_clients * (d * d + 1) * itemsize
-    assert result.bytes_up == n_clients * (d + 1 + d * d + 1) * itemsize
+    assert result.history[0].bytes_up == n_data * (d + 1) * itemsize + SKIPPED_BYTES
+    assert result.history[1].bytes_up == n_data * (d * d + 1) * itemsize + SKIPPED_BYTES
+    assert result.bytes_up == n_data * (d + 1 + d * d + 1) * itemsize + 2 * SKIPPED_BYTES
     assert result.bytes_down == n_clients * d * itemsize  # round 1 broadcasts nothing
 
 
 def test_float32(pooled):
     reference = PCA(n_components=3).fit(pooled)
     clients = split(pooled, dtype=torch.float32)
-    result = run_simulation(FederatedPCA(3), clients)
-    assert result.bytes_up == len(SIZES) * (N_FEATURES + 1 + N_FEATURES**2 + 1) * 4
+    result = run_simulation(FederatedPCA(3), clients, privacy=NO_FLOOR)
+    n_data = len(SIZES) - 1  # the empty client replies "skipped"
+    statistics = n_data * (N_FEATURES + 1 + N_FEATURES**2 + 1) * 4
+    assert result.bytes_up == statistics + 2 * SKIPPED_BYTES
     projection = result.state.projection
     assert projection.components.dtype == torch.float64  # the server aggregates in float64
     np.testing.assert_allclose(
         projection.explained_variance.numpy(), reference.explained_variance_, rtol=1e-4
     )
-    server32 = run_simulation(FederatedPCA(3, dtype=torch.float32), clients).state.projection
+    server32 = run_simulation(
+        FederatedPCA(3, dtype=torch.float32), clients, privacy=NO_FLOOR
+    ).state.projection
     assert server32.components.dtype == torch.float32
     assert server32.transform(clients[2]).dtype == torch.float32
     dots = np.abs(np.sum(server32.components.numpy() * reference.components_, axis=1))
@@ -109,7 +120,7 @@ def test_bad_arguments(pooled):
     with pytest.raises(ValueError, match=r"n_components=7.*n_features"):
         run_simulation(FederatedPCA(N_FEATURES + 1), split(pooled))
     with pytest.raises(ValueError, match="at least 2 rows"):
-        run_simulation(FederatedPCA(1), split(pooled, sizes=(1, 0)))
+        run_simulation(FederatedPCA(1), split(pooled, sizes=(1, 0)), privacy=NO_FLOOR)
 
 
 def test_bad_replies():

@@ -14,6 +14,11 @@ Two message types are answered:
 ``query`` (registration, only when the server samples clients)
     the client id, row count and row width of the node's data.
 
+The node enforces its own privacy policy in every client step, whatever the server asks:
+:func:`policy_from_node_config` reads it from the node's ``node_config`` (``privacy-min-rows``,
+``privacy-allow-raw-rows``, ``privacy-max-clusters``; set by whoever starts the SuperNode),
+never from the server's run config (``docs/privacy.md``).
+
 Where the rows come from is a function of the Flower ``Context`` (:func:`load_node_data` by
 default: ``node_config`` ``data-path``, or a shared ``run_config`` ``data-path`` split by
 ``partition-id``); pass your own to :func:`make_client_app`.
@@ -22,7 +27,7 @@ default: ``node_config`` ``data-path``, or a shared ``run_config`` ``data-path``
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 
 from fednovelty.exceptions import ClientDataError
-from fednovelty.federated import ClientContext
+from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
 from fednovelty.federated.joint import JointFedGMM
 from fednovelty.runtime.flower._compat import missing_flwr
@@ -168,11 +173,58 @@ def node_inputs(context: Context, load_data: DataLoader):
     return algorithm, int(client_id), data
 
 
+#: node_config keys of the node's privacy policy (the node owner's setting, never the
+#: server's run config) and the ``PrivacyPolicy`` field each sets.
+PRIVACY_KEYS: dict[str, str] = {
+    "privacy-min-rows": "min_rows",
+    "privacy-allow-raw-rows": "allow_raw_rows",
+    "privacy-max-clusters": "max_clusters",
+}
+
+
+def _config_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ClientDataError(f"node config {key!r} must be true or false, got {value!r}.")
+
+
+def _config_int(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise ClientDataError(f"node config {key!r} must be a positive integer, got {value!r}.")
+
+
+def policy_from_node_config(node_config: Mapping[str, Any]) -> PrivacyPolicy:
+    """This node's privacy policy from its ``node_config`` (``PRIVACY_KEYS``; a key not set
+    keeps ``PrivacyPolicy``'s default: 5 rows behind every statistic, no raw rows, at most
+    64 local clusters). Set by the node's owner, e.g. ``flower-supernode ... --node-config
+    "partition-id=0 data-path='rows.npy' privacy-min-rows=10"``.
+
+    Raises:
+        ClientDataError: a value of the wrong type or out of range, naming the key.
+    """
+    fields: dict[str, Any] = {}
+    for key, name in PRIVACY_KEYS.items():
+        if key in node_config:
+            value = node_config[key]
+            parse = _config_bool if name == "allow_raw_rows" else _config_int
+            fields[name] = parse(key, value)
+    try:
+        return PrivacyPolicy(**fields)
+    except (TypeError, ValueError) as error:
+        raise ClientDataError(f"this node's privacy settings are invalid: {error}") from None
+
+
 def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
     """Run one client step on this node's rows; persist its state; reply."""
     algorithm, client_id, data = node_inputs(context, load_data)
     request, _ = decode_message(message.content)
-    client = ClientContext(client_id, load_client_state(context.state))
+    policy = policy_from_node_config(context.node_config)
+    client = ClientContext(client_id, load_client_state(context.state), policy=policy)
     reply = algorithm.client_step(data, request, client)
     store_client_state(context.state, client.state)
     X = data[0] if isinstance(data, tuple) else data

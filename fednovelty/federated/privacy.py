@@ -1,0 +1,295 @@
+"""The client's privacy policy and the pure functions its client steps use to enforce it.
+
+The server is not trusted: whatever a message asks, a client step releases only statistics
+its own :class:`PrivacyPolicy` allows. The policy is the client's configuration (the
+simulation's ``run_simulation(..., privacy=...)``, a Flower node's ``node_config``), never
+a field of a message.
+
+The rule is a **floor**: every statistic a client releases (a component's count, sums and
+second moments, a k-means centroid, a client's row count and feature moments, a local
+mixture's component, a feature range) is backed by at least ``min_rows`` of its rows.
+
+- Hard statistics (k-means labels): a cluster of fewer than ``min_rows`` rows is merged
+  into the nearest larger one (centroids) or suppressed (assignment statistics).
+- Soft statistics (EM responsibilities ``r_ik``): a component is backed by its effective
+  number of rows, Kish's ``(sum_i r_ik)^2 / sum_i r_ik^2``. It equals the row count when
+  the responsibilities are 0 or 1, and it is small when a few rows carry most of the
+  component's weight, whatever the other rows add. With ``n_eff >= m`` no row carries more
+  than ``1 / sqrt(m)`` of the component's weight, so a released mean is never one row.
+  A component below the floor is suppressed: its count, sums and second moments are sent
+  as zeros (those rows count for nothing in that component).
+- A client with fewer than ``min_rows`` rows releases nothing, not even its row count: it
+  replies ``skipped`` with a reason.
+
+What the floor does not do (``docs/privacy.md``): it is k-anonymity-style disclosure
+control of each reply, not differential privacy. ``min_rows`` identical rows give away
+their common value; a server that changes its broadcast from round to round can difference
+two replies (e.g. the sums with and without a suppressed row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from fednovelty.mixture import MixtureParams, SufficientStats
+from fednovelty.mixture.kmeans import assign, one_hot
+
+#: the default floor (see ``PrivacyPolicy``).
+DEFAULT_MIN_ROWS = 5
+#: the default bound on the local k-means clusters a message may ask for.
+DEFAULT_MAX_CLUSTERS = 64
+
+
+@dataclass(frozen=True)
+class PrivacyPolicy:
+    """What a client releases, whatever the server asks.
+
+    Attributes:
+        min_rows: the floor: every released statistic is backed by at least this many of
+            the client's rows (effective rows for soft statistics), and a client with fewer
+            rows releases nothing. The default 5 is the common minimum cell size of
+            statistical disclosure control's threshold rule (agencies suppress published
+            cells backed by fewer than 3 to 10 units; k-anonymity with k = 5 is the usual
+            starting point), and small enough that a client of a few dozen rows still
+            takes part in every round. ``min_rows=1`` is no floor: replies are exactly those
+            of the unprotected protocol and give away small clients' rows (for tests
+            against centralized references and for federations whose clients trust the
+            server).
+        allow_raw_rows: whether the client answers the ``subset`` round (raw rows sent to
+            the server, ``init_params="subset"``); refused by default.
+        max_clusters: the most local k-means clusters a ``centroids`` message may ask for;
+            the client also never forms more than ``n_rows // min_rows``.
+
+    Raises:
+        TypeError / ValueError: a field of the wrong type or below 1, naming it.
+    """
+
+    min_rows: int = DEFAULT_MIN_ROWS
+    allow_raw_rows: bool = False
+    max_clusters: int = DEFAULT_MAX_CLUSTERS
+
+    def __post_init__(self) -> None:
+        for name in ("min_rows", "max_clusters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"PrivacyPolicy.{name} must be an int, got {type(value).__name__} {value!r}."
+                )
+            if value < 1:
+                raise ValueError(f"PrivacyPolicy.{name} must be >= 1, got {value}.")
+        if not isinstance(self.allow_raw_rows, bool):
+            raise TypeError(
+                "PrivacyPolicy.allow_raw_rows must be True or False, got "
+                f"{type(self.allow_raw_rows).__name__} {self.allow_raw_rows!r}."
+            )
+
+    @property
+    def has_floor(self) -> bool:
+        """Whether the policy protects anything (``min_rows > 1``); with ``min_rows=1`` the
+        client steps release exactly what the unprotected protocol does."""
+        return self.min_rows > 1
+
+    def releases(self, n_rows: int) -> bool:
+        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= min_rows``)."""
+        return n_rows >= self.min_rows and n_rows > 0
+
+    @property
+    def below_floor(self) -> str:
+        """The reason a client with too few rows gives for skipping a round."""
+        return f"fewer rows than the client's privacy floor (min_rows={self.min_rows})"
+
+    def cluster_bound(self, asked: int, n_rows: int) -> int:
+        """Local k-means clusters a client of ``n_rows`` rows forms when asked for ``asked``:
+        ``min(asked, max_clusters, n_rows // min_rows)`` (0: too few rows)."""
+        return max(0, min(int(asked), self.max_clusters, n_rows // self.min_rows))
+
+
+def effective_rows(counts: Tensor, squared_counts: Tensor) -> Tensor:
+    """Kish's effective number of rows behind each component.
+
+    Args:
+        counts: ``sum_i r_ik``, shape (n_components,).
+        squared_counts: ``sum_i r_ik^2``, shape (n_components,).
+
+    Returns:
+        ``counts^2 / squared_counts``, shape (n_components,); 0 where no row has weight.
+    """
+    positive = squared_counts > 0
+    ratio = counts.square() / torch.where(positive, squared_counts, torch.ones_like(counts))
+    return torch.where(positive, ratio, torch.zeros_like(counts))
+
+
+def backed(rows: Tensor, min_rows: int) -> Tensor:
+    """Which components have at least ``min_rows`` (effective) rows: a bool tensor of the
+    shape of ``rows``. A relative slack of 1e-9 absorbs round-off of integer counts."""
+    return rows >= min_rows * (1 - 1e-9)
+
+
+def suppress_components(
+    stats: SufficientStats, keep: Tensor, tied_second: Tensor | None = None
+) -> SufficientStats:
+    """``stats`` with the components not in ``keep`` sent as zeros.
+
+    Args:
+        stats: one client's statistics (n_components components).
+        keep: bool (n_components,), the components backed by enough rows.
+        tied_second: for ``tied`` statistics (one second moment for all components), the
+            second moment of the kept components' responsibilities, (n_features,
+            n_features); required there, ignored otherwise.
+
+    Returns:
+        Statistics of the same shapes; counts, sums and per-component second moments of the
+        suppressed components are 0. Row count and log-likelihood are unchanged.
+    """
+    mask = keep.to(stats.counts.dtype)
+    if stats.covariance_type == "tied":
+        if tied_second is None:
+            raise ValueError("suppress_components needs tied_second for tied statistics.")
+        second = tied_second
+    else:
+        second = stats.second * mask.view(-1, *[1] * (stats.second.ndim - 1))
+    return replace(
+        stats, counts=stats.counts * mask, sums=stats.sums * mask.unsqueeze(1), second=second
+    )
+
+
+def merge_small_clusters(
+    X: Tensor, labels: Tensor, centers: Tensor, min_rows: int
+) -> tuple[Tensor, Tensor]:
+    """Centroids of k-means clusters with at least ``min_rows`` rows each.
+
+    Every row of a cluster with fewer than ``min_rows`` rows joins the nearest centre of a
+    cluster with enough rows (rows of large clusters stay); the centres are then the means
+    of their rows, so no released centroid is backed by fewer than ``min_rows`` rows (a
+    far-out single row moves its nearest centroid a little instead of being sent).
+
+    Args:
+        X: the client's rows, (n_samples, n_features).
+        labels: each row's cluster, (n_samples,) int64 in ``[0, n_clusters)``.
+        centers: k-means centres, (n_clusters, n_features).
+        min_rows: the floor.
+
+    Returns:
+        ``(centers, counts)``: (n_kept, n_features) means and (n_kept,) row counts of the
+        clusters with enough rows, in their original order. With ``min_rows=1`` (no floor):
+        the non-empty clusters' k-means centres as they are.
+
+    Raises:
+        ValueError: no cluster has ``min_rows`` rows (ask for fewer clusters).
+    """
+    k = centers.shape[0]
+    sizes = torch.bincount(labels, minlength=k)
+    if min_rows <= 1:
+        return centers[sizes > 0], sizes[sizes > 0].to(X.dtype)
+    large = sizes >= min_rows
+    if not bool(large.any()):
+        raise ValueError(
+            f"no k-means cluster has min_rows={min_rows} rows; form at most "
+            "n_rows // min_rows clusters."
+        )
+    kept = large.nonzero().squeeze(1)
+    new_index = torch.full((k,), -1, dtype=torch.long, device=labels.device)
+    new_index[kept] = torch.arange(kept.shape[0], device=labels.device)
+    merged = new_index[labels]
+    moved = merged < 0
+    if bool(moved.any()):
+        nearest, _ = assign(X[moved], centers[kept])
+        merged[moved] = nearest
+    resp = one_hot(merged, kept.shape[0], X)
+    counts = resp.sum(0)
+    return (resp.T @ X) / counts.unsqueeze(1), counts
+
+
+def trimmed_range(X: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
+    """Per-feature low and high ends of the rows, each backed by ``min_rows`` rows.
+
+    Args:
+        X: rows, (n_samples, n_features), with ``n_samples >= min_rows``.
+        min_rows: the floor (1 gives the exact minimum and maximum).
+
+    Returns:
+        ``(low, high)``, each (n_features,): the mean of the ``min_rows`` smallest and of
+        the ``min_rows`` largest values of every feature (not coordinates of single rows).
+    """
+    ordered = X.sort(0).values
+    return ordered[:min_rows].mean(0), ordered[-min_rows:].mean(0)
+
+
+def backed_mixture(params: MixtureParams, n_rows: int, min_rows: int) -> MixtureParams:
+    """A local mixture without the components backed by fewer than ``min_rows`` rows.
+
+    A component's rows are ``weight_k * n_rows``: its share of the responsibilities that
+    gave its mean and covariance (at most its effective rows, so the rule is the stricter
+    one). The kept weights are renormalised.
+
+    Args:
+        params: a mixture fitted on ``n_rows`` rows (n_components components).
+        n_rows: the rows it was fitted on.
+        min_rows: the floor.
+
+    Returns:
+        The mixture of the kept components; ``params`` itself when all are kept or
+        ``min_rows=1`` (no floor).
+
+    Raises:
+        ValueError: no component is backed by ``min_rows`` rows.
+    """
+    keep = backed(params.weights * n_rows, min_rows)
+    if min_rows <= 1 or bool(keep.all()):
+        return params
+    if not bool(keep.any()):
+        raise ValueError(f"no component of the local mixture has min_rows={min_rows} rows.")
+    weights = params.weights[keep]
+    prec = params.precisions_cholesky
+    if params.covariance_type != "tied":
+        prec = prec[keep]
+    return MixtureParams(weights / weights.sum(), params.means[keep], prec, params.covariance_type)
+
+
+def joint_backing(q: Tensor, min_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """What a client of the joint model (FedGMM) may release, from its joint
+    responsibilities.
+
+    A learner is backed by the effective rows of its training weights ``sum_m1 q``; a cell
+    ``(m1, m2)`` by those of ``q(m1, m2)`` (and needs its learner); a Gaussian by those of
+    its responsibilities over the kept cells, ``sum_{m2 kept} q(m1, m2)``, so that the
+    Gaussian's released count equals its row of the released joint counts.
+
+    Args:
+        q: ``q_i(m1, m2)``, shape (n_samples, M1, M2), each row summing to 1.
+        min_rows: the floor.
+
+    Returns:
+        Bool tensors ``(gaussians, cells, learners)`` of shapes (M1,), (M1, M2) and (M2,);
+        a kept cell's Gaussian and learner are kept. With ``min_rows=1`` (no floor) all
+        are kept.
+    """
+    if min_rows <= 1:
+        k1, k2 = q.shape[1:]
+        everything = torch.ones(k1, k2, dtype=torch.bool, device=q.device)
+        return everything[:, 0], everything, everything[0]
+
+    def rows_behind(weights: Tensor) -> Tensor:  # (n, ...) -> (...) effective rows
+        return effective_rows(weights.sum(0), weights.square().sum(0))
+
+    learners = backed(rows_behind(q.sum(1)), min_rows)
+    cells = backed(rows_behind(q), min_rows) & learners.unsqueeze(0)
+    gaussians = backed(rows_behind((q * cells.to(q.dtype)).sum(2)), min_rows)
+    return gaussians, cells & gaussians.unsqueeze(1), learners
+
+
+__all__ = [
+    "DEFAULT_MAX_CLUSTERS",
+    "DEFAULT_MIN_ROWS",
+    "PrivacyPolicy",
+    "backed",
+    "backed_mixture",
+    "effective_rows",
+    "joint_backing",
+    "merge_small_clusters",
+    "suppress_components",
+    "trimmed_range",
+]
