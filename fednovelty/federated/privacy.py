@@ -54,10 +54,11 @@ class PrivacyPolicy:
             statistical disclosure control's threshold rule (agencies suppress published
             cells backed by fewer than 3 to 10 units; k-anonymity with k = 5 is the usual
             starting point), and small enough that a client of a few dozen rows still
-            takes part in every round. ``min_rows=1`` is no floor: replies are exactly those
-            of the unprotected protocol and give away small clients' rows (for tests
-            against centralized references and for federations whose clients trust the
-            server).
+            takes part in every round. ``min_rows=1`` is no floor: replies are those of the
+            unprotected protocol (a client without rows replies ``skipped`` instead of
+            zeros, which adds the same nothing) and give away small clients' rows (for
+            tests against centralized references and for federations whose clients trust
+            the server).
         allow_raw_rows: whether the client answers the ``subset`` round (raw rows sent to
             the server, ``init_params="subset"``); refused by default.
         max_clusters: the most local k-means clusters a ``centroids`` message may ask for;
@@ -89,7 +90,7 @@ class PrivacyPolicy:
     @property
     def has_floor(self) -> bool:
         """Whether the policy protects anything (``min_rows > 1``); with ``min_rows=1`` the
-        client steps release exactly what the unprotected protocol does."""
+        client steps release what the unprotected protocol does."""
         return self.min_rows > 1
 
     def releases(self, n_rows: int) -> bool:
