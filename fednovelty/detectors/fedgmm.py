@@ -14,6 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import (
+    AGGREGATION_CONSTRAINTS,
     COMMON_CONSTRAINTS,
     PRIOR_SCALE,
     ROBUST_CONSTRAINTS,
@@ -113,6 +114,15 @@ class FedGMMDetector(MixtureDetector):
             PCA's isotropic density of the discarded directions scored *shrunken* MNIST
             digits as more normal, AUROC 0.04, so it is left out); learners see the full rows.
         fraction: share of clients asked each round; dropout: chance that one fails to reply.
+        aggregation: how the server combines the clients' statistics: ``"sum"`` (exact
+            federated EM) or ``"trimmed"`` (per component, the ``trim`` share of clients at
+            each end left out: a few hostile clients cannot plant a component; costs
+            accuracy where honest clients hold rare clusters; README "Poisoning").
+            Unsupervised model only.
+        trim: share of clients ``aggregation="trimmed"`` leaves out at each end; must
+            exceed the share of hostile clients.
+        client_weight_cap: no client counts for more than this many times the median
+            client's row count (``None``: no cap). Unsupervised model only.
         privacy_min_rows: each client's privacy floor (``docs/privacy.md``): every statistic
             a client sends is backed by at least this many of its rows (smaller k-means
             clusters merged, components suppressed) and a client with fewer rows skips the
@@ -169,6 +179,8 @@ class FedGMMDetector(MixtureDetector):
         "pca_components": [Interval(Integral, 1, None, closed="left"), None],
         "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
         "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
+        "aggregation": [StrOptions({"sum", "trimmed"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -200,6 +212,9 @@ class FedGMMDetector(MixtureDetector):
         pca_components=None,
         fraction=1.0,
         dropout=0.0,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -233,6 +248,9 @@ class FedGMMDetector(MixtureDetector):
         self.pca_components = pca_components
         self.fraction = fraction
         self.dropout = dropout
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -295,6 +313,9 @@ class FedGMMDetector(MixtureDetector):
             weights_init=self.weights_init,
             means_init=self.means_init,
             precisions_init=self.precisions_init,
+            aggregation=self.aggregation,
+            trim=self.trim,
+            client_weight_cap=self.client_weight_cap,
             **self._robust_options(clients[0].shape[1]),
             **self._em_options(seed),
         )
@@ -438,6 +459,12 @@ class FedGMMDetector(MixtureDetector):
         return module.to(device=options["device"], dtype=options["dtype"])
 
     def _fit_joint(self, clients, seed, label_parts, learner_inputs, round_offset=0) -> None:
+        if self.aggregation != "sum" or self.client_weight_cap is not None:
+            raise ValueError(
+                "aggregation and client_weight_cap apply to the unsupervised model; the joint "
+                "model (fit with y) sums its clients' statistics. Use aggregation='sum' and "
+                "client_weight_cap=None."
+            )
         algorithm = JointFedGMM(
             self.n_components,
             self.n_learners,

@@ -69,6 +69,7 @@ from torch import Tensor
 from fednovelty.federated.aggregate import (
     merge_ranges,
     pool_centroids,
+    stats_from_message,
     stats_message,
     sum_stats,
     total_variance,
@@ -89,6 +90,7 @@ from fednovelty.federated.privacy import (
     suppress_components,
     trimmed_range,
 )
+from fednovelty.federated.robust import cap_replies, check_robust_arguments, robust_stats
 from fednovelty.mixture import (
     CovariancePrior,
     FeatureMoments,
@@ -110,6 +112,7 @@ from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.density import Workspace
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.kmeans import assign, one_hot
+from fednovelty.mixture.stats import SufficientStats
 
 INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
 MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
@@ -195,6 +198,12 @@ class FederatedEM(FederatedAlgorithm):
         prior_strength: pseudo-rows of the covariance prior (``None``: plain ML M-steps).
         prior_scale: the prior's target variance, as a multiple of each feature's pooled
             variance.
+        aggregation: how the M-step combines the clients' statistics: ``"sum"`` (exact) or
+            ``"trimmed"`` (robust to a share ``trim`` of hostile clients, at a cost on
+            honest ones; :mod:`fednovelty.federated.robust`).
+        trim: share of clients dropped at each end by ``aggregation="trimmed"``.
+        client_weight_cap: no client counts for more than this many times the median
+            client's row count (``None``: no cap).
         random_state: integer seed.
         dtype, device: where the server computes; client rows arrive in this dtype.
         chunk_size: rows per E-step chunk (memory bound); default from K and d.
@@ -219,12 +228,18 @@ class FederatedEM(FederatedAlgorithm):
         standardize: bool = False,
         prior_strength: float | None = None,
         prior_scale: float = 1.0,
+        aggregation: str = "sum",
+        trim: float = 0.1,
+        client_weight_cap: float | None = None,
         random_state: int = 0,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
         chunk_size: int | None = None,
     ) -> None:
         check_covariance_type(covariance_type)
+        self.aggregation, self.trim, self.client_weight_cap = check_robust_arguments(
+            aggregation, trim, client_weight_cap, ("sum", "trimmed")
+        )
         if mixture_weights not in MIXTURE_WEIGHTS:
             raise ValueError(
                 f"mixture_weights must be one of {MIXTURE_WEIGHTS}, got {mixture_weights!r}."
@@ -349,6 +364,7 @@ class FederatedEM(FederatedAlgorithm):
                 f"no client replied with statistics in round {state.rounds + 1} ({state.phase}); "
                 "clients below their privacy floor, or refusing the round, skip."
             )
+        replies = cap_replies(replies, self.client_weight_cap)
         handler = getattr(self, f"_server_{state.phase}")
         metrics = handler(state, replies)
         state.rounds += 1
@@ -442,7 +458,7 @@ class FederatedEM(FederatedAlgorithm):
         return {"phase": "subset", "rows_shared": int(rows.shape[0])}
 
     def _server_assign(self, state: EMState, replies: dict[int, Message]) -> dict:
-        stats = sum_stats(replies.values(), state.centers.mean(0), self.covariance_type)
+        stats = self._combine(replies, state.centers.mean(0))
         if float(stats.n_samples) < self.n_components:
             raise ValueError(
                 f"The clients hold {int(stats.n_samples)} sample(s) but n_components="
@@ -480,7 +496,7 @@ class FederatedEM(FederatedAlgorithm):
         return MixtureParams(weights, means, prec, self.covariance_type)
 
     def _server_em(self, state: EMState, replies: dict[int, Message]) -> dict:
-        stats = sum_stats(replies.values(), moment_shift(state.params), self.covariance_type)
+        stats = self._combine(replies, moment_shift(state.params))
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this EM round.")
         state.params = params_from_stats(stats, self.reg_covar, state.prior)
@@ -491,6 +507,16 @@ class FederatedEM(FederatedAlgorithm):
                     counts = reply.tensors["counts"].to(self.device, self.dtype)
                     state.client_weights[cid] = counts / counts.sum()
         return {"phase": "em", "mean_log_likelihood": self._advance(state, stats)}
+
+    def _combine(self, replies: dict[int, Message], shift: Tensor) -> SufficientStats:
+        """The M-step's statistics: the plain sum, or a robust combination
+        (``aggregation``, :func:`~fednovelty.federated.robust.robust_stats`)."""
+        if self.aggregation == "sum":
+            return sum_stats(replies.values(), shift, self.covariance_type)
+        per_client = {
+            c: stats_from_message(m, shift, self.covariance_type) for c, m in replies.items()
+        }
+        return robust_stats(per_client, self.trim)
 
     def _advance(self, state: EMState, stats) -> float:
         """Record an EM round's mean log-likelihood and apply the stopping rule (|change| <

@@ -46,6 +46,7 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.privacy import backed_mixture
+from fednovelty.federated.robust import check_robust_arguments, outlying_models, weight_factors
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 from fednovelty.mixture.covariance import check_covariance_type
@@ -63,6 +64,8 @@ class FedGenState:
         skipped: ids of clients with fewer rows than ``rows_needed()`` (no model sent).
         n_synthetic: rows drawn on the server; ``bics``: BIC per candidate K of the global fit.
         rounds: communication rounds (1 when done).
+        left_out: ids of clients whose local mixtures a robust ``aggregation`` left out of
+            the union.
         marginals, copula: with ``copula``, the 1-D mixture of every feature and the joint
             mixture of their normal scores (else empty and ``None``).
     """
@@ -77,6 +80,7 @@ class FedGenState:
     rounds: int = 0
     marginals: list[MixtureParams] = field(default_factory=list)
     copula: MixtureParams | None = None
+    left_out: list[int] = field(default_factory=list)
 
 
 #: Components of each feature's 1-D mixture in the copula.
@@ -130,6 +134,12 @@ class FedGenGMM(FederatedAlgorithm):
         standardize: every fit on z-scores of its own rows (mapped back to the original units).
         prior_strength: pseudo-rows of the covariance prior of every fit (``None``: none).
         prior_scale: the prior's target variance as a multiple of each feature's variance.
+        aggregation: ``"sum"`` (the paper's union of every client model), or ``"trimmed"``
+            / ``"median"``: leave out the most outlying client models
+            (:func:`~fednovelty.federated.robust.outlying_models`).
+        trim: share of client models ``aggregation="trimmed"`` leaves out.
+        client_weight_cap: no client's model weighs more than this many times the median
+            client's row count in the union (``None``: no cap).
         copula: the server also fits a Gaussian copula with mixture marginals on its
             synthetic rows (``state.marginals``, ``state.copula``); no extra communication.
         random_state: integer seed; dtype, device: where the server computes.
@@ -153,11 +163,17 @@ class FedGenGMM(FederatedAlgorithm):
         prior_strength: float | None = None,
         prior_scale: float = 1.0,
         copula: bool = False,
+        aggregation: str = "sum",
+        trim: float = 0.1,
+        client_weight_cap: float | None = None,
         random_state: int = 0,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
     ) -> None:
         check_covariance_type(covariance_type)
+        self.aggregation, self.trim, self.client_weight_cap = check_robust_arguments(
+            aggregation, trim, client_weight_cap
+        )
         self.copula = bool(copula)
         prior_strength, prior_scale = check_prior_arguments(prior_strength, prior_scale)
         self.standardize = bool(standardize)
@@ -266,9 +282,11 @@ class FedGenGMM(FederatedAlgorithm):
         self, state: FedGenState, replies: dict[int, Message]
     ) -> tuple[FedGenState, dict[str, Scalar]]:
         self._collect(state, replies)
-        ids = sorted(state.client_models)
+        state.left_out = outlying_models(state.client_models, self.aggregation, self.trim)
+        ids = [c for c in sorted(state.client_models) if c not in state.left_out]
+        factors = weight_factors({c: state.client_sizes[c] for c in ids}, self.client_weight_cap)
         union = union_mixture(
-            [state.client_models[c] for c in ids], [state.client_sizes[c] for c in ids]
+            [state.client_models[c] for c in ids], [state.client_sizes[c] * factors[c] for c in ids]
         )
         generator = torch.Generator().manual_seed(self._seed(1))
         state.n_synthetic = self.samples_per_component * union.n_components
