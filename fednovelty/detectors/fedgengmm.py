@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors.base import (
     COMMON_CONSTRAINTS,
@@ -16,7 +16,13 @@ from fednovelty.detectors.base import (
     ROBUST_CONSTRAINTS,
     MixtureDetector,
 )
-from fednovelty.detectors.persistence import check_items, get_attr, register
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_probabilities,
+    get_attr,
+    get_tensor,
+    register,
+)
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.mixture import score_samples
@@ -109,6 +115,24 @@ class _LocalFitDetector(MixtureDetector):
                 )
         self.skipped_clients_ = skipped
         self.client_n_components_ = record
+
+
+def _warn_single_row_clients(parts: list[np.ndarray], client_ids: np.ndarray) -> None:
+    """Warn, naming them, about clients (rows ``parts[c]``, n_c x n_features) with more than
+    one row, all copies of one row: each such client's model is a narrow spike there."""
+    single = [
+        cid
+        for cid, part in zip(client_ids.tolist(), parts, strict=True)
+        if part.shape[0] > 1 and not np.ptp(part, axis=0).any()
+    ]
+    if single:
+        warnings.warn(
+            f"client(s) {single} hold copies of a single row: each one's model is a narrow "
+            "spike at that row (rows near it score as very normal; with combine='mean' the "
+            "spike would dominate every score). Check those clients' data.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _bic_record(saved: dict) -> dict[int, float]:
@@ -305,15 +329,33 @@ class FedGenGMMDetector(_LocalFitDetector):
 class LocalGMMDetector(_LocalFitDetector):
     """Local-only baseline: every client fits its own mixture; nothing is aggregated.
 
-    A row's ``score_samples`` is the average over client models of their log-densities
-    (the FedGenGMM paper's "local" baseline averages the client models' scores); it is a
-    log of a geometric mean of densities, not itself a normalised log-density.
+    A row's ``score_samples`` combines the client models' densities ``p_c(x)``:
+
+    - ``combine="mixture"`` (default): ``log sum_c w_c p_c(x)`` with ``w_c`` each fitted
+      client's share of the rows, the log-density of the pooled rows under the client models
+      (the union FedGenGMM samples from). A client whose model is a narrow spike (e.g. it holds
+      copies of one row) adds density near its spike only.
+    - ``combine="mean"``: ``mean_c log p_c(x)``, the average of the client models' scores
+      (the FedGenGMM paper's "local" baseline; not a normalised density). One such spike
+      client dominates it: far from its spike its log-density falls much faster than the
+      others', so the score becomes the distance to that one row (measured: AUROC 1.0 -> 0.83
+      with one of 6 clients holding 200 copies of one row).
+
+    Fitting warns, naming them, about clients whose rows are all copies of one row.
+    Measured on 25 ADBench sets (10 clients, Dirichlet 0.5, seed 0): mean AUROC 0.860
+    (mixture) against 0.839 (mean) in the novelty protocol (mixture ahead on 19 sets), 0.791
+    against 0.792 in the outlier protocol; on the demo's 10_cover split (20 clients) 0.913
+    against 0.939: the mean's product of densities rewards rows that every client finds
+    normal.
 
     Args: as ``FedGenGMMDetector`` without ``n_components`` (there is no global model),
-    ``standardize``, ``covariance_prior`` and ``prior_scale`` included.
+    ``standardize``, ``covariance_prior`` and ``prior_scale`` included, and:
+        combine: ``"mixture"`` or ``"mean"``, as above.
 
     Attributes:
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
+        client_weights_: (n_models,) each fitted client's share of the fitted rows, in
+            ``client_models_`` order.
         client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
 
     ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
@@ -324,7 +366,12 @@ class LocalGMMDetector(_LocalFitDetector):
     """
 
     _algorithm = LocalGMMs
-    _parameter_constraints: ClassVar[dict] = _FEDGEN_CONSTRAINTS
+    _parameter_constraints: ClassVar[dict] = {
+        **_FEDGEN_CONSTRAINTS,
+        "combine": [StrOptions({"mixture", "mean"})],
+    }
+    #: Files saved before ``combine`` existed were scored with the mean of log-densities.
+    _legacy_params: ClassVar[dict] = {"combine": "mean"}
 
     def __init__(
         self,
@@ -340,6 +387,7 @@ class LocalGMMDetector(_LocalFitDetector):
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
         privacy_min_rows=5,
+        combine="mixture",
         contamination=0.1,
         random_state=None,
         device=None,
@@ -357,6 +405,7 @@ class LocalGMMDetector(_LocalFitDetector):
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
         self.privacy_min_rows = privacy_min_rows
+        self.combine = combine
         self.contamination = contamination
         self.random_state = random_state
         self.device = device
@@ -364,17 +413,33 @@ class LocalGMMDetector(_LocalFitDetector):
         self.progress = progress
 
     def _fit_clients(self, parts, clients, seed) -> None:
+        _warn_single_row_clients(parts, self.client_ids_)
         state = self._run(clients, seed)
-        self.client_models_ = [state.client_models[c] for c in sorted(state.client_models)]
+        self._set_client_models(state)
 
     def _set_result(self, result) -> None:
         super()._set_result(result)
-        models = result.state.client_models
+        self._set_client_models(result.state)
+
+    def _set_client_models(self, state) -> None:
+        """``client_models_`` and ``client_weights_`` from a finished run, by client id."""
+        ids = sorted(state.client_models)
         options = self._torch_options()
-        self.client_models_ = [models[c].to(**options) for c in sorted(models)]
+        self.client_models_ = [state.client_models[c].to(**options) for c in ids]
+        sizes = np.array([float(state.client_sizes[c]) for c in ids])
+        self.client_weights_ = sizes / sizes.sum()
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
-        return torch.stack([score_samples(m, X) for m in self.client_models_]).mean(0)
+        scores = torch.stack([score_samples(m, X) for m in self.client_models_])
+        if self.combine == "mean":
+            return scores.mean(0)
+        if not hasattr(self, "client_weights_"):
+            raise ValueError(
+                "this LocalGMMDetector was saved without its clients' sizes (an older "
+                "fednovelty); score it with combine='mean', or fit it again."
+            )
+        log_weights = torch.as_tensor(self.client_weights_).to(scores).log()
+        return torch.logsumexp(scores + log_weights[:, None], dim=0)
 
     def score_samples_client(self, X, client) -> np.ndarray:
         """``log p_c(x)`` under one client's own mixture, shape (n_samples,).
@@ -411,6 +476,8 @@ class LocalGMMDetector(_LocalFitDetector):
         tensors = {}
         for i, model in enumerate(self.client_models_):
             tensors.update(self._mixture_tensors(model, f"client.{i}"))
+        if hasattr(self, "client_weights_"):
+            tensors["client_weights"] = torch.as_tensor(self.client_weights_)
         attrs = {
             "n_models": len(self.client_models_),
             "skipped_clients_": self.skipped_clients_,
@@ -433,3 +500,7 @@ class LocalGMMDetector(_LocalFitDetector):
                 f"client_n_components_ {ks} does not match the {n_models} client models' "
                 f"components {[m.n_components for m in self.client_models_]}."
             )
+        if "client_weights" in tensors or self.combine == "mixture":
+            weights = get_tensor(tensors, "client_weights", (n_models,))
+            check_probabilities(weights, "the client weights 'client_weights'")
+            self.client_weights_ = weights.numpy().astype(np.float64)

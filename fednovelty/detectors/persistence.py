@@ -13,7 +13,8 @@ a ``KeyError``/``TypeError``/``IndexError`` nor a model that scores NaN:
 - the container and the document: a safetensors file, a JSON object with the tag, a known
   format version and class, ``params`` and ``attrs`` objects;
 - the settings: only the class's constructor arguments, each valid for it (a file from an
-  older version may lack newer settings: they take their defaults);
+  older version may lack newer settings: they take the value the class lists in
+  ``_legacy_params``, the behaviour before the setting existed, else their defaults);
 - the fitted state, in each class's ``_set_state`` with the helpers below: every expected
   attribute present with its JSON type, every tensor present, floating, finite and of the shape
   the model implies (``n_features``, ``n_components``, clients), mixture weights a probability
@@ -229,7 +230,8 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
     if unknown:
         raise ModelFormatError(f"unknown setting(s) {unknown} for {cls.__name__}.")
     params = {k: _restore(v, tensors, f"params[{k!r}]") for k, v in params.items()}
-    detector = cls(**params)
+    legacy = getattr(cls, "_legacy_params", {})  # a newer setting's value in older files
+    detector = cls(**{**{k: v for k, v in legacy.items() if k not in params}, **params})
     try:
         detector._validate_params()
     except ValueError as error:

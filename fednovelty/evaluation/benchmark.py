@@ -13,7 +13,7 @@ Methods (``METHODS``, by the papers' names):
   ``FedGenGMM-copula`` (the same round; the server also fits a Gaussian copula and scores with it),
   ``FedGMM`` (federated EM, personal mixture weights), ``DEM-kmeans``, ``DEM-separated``,
   ``DEM-subset`` (federated EM, global weights, each DEM initialisation), ``Local`` (each client's
-  own mixture, scores averaged);
+  own mixture, their densities combined by client size);
 - centralized, fitted on the pooled rows: ``CentralGMM`` (EM on the pooled rows, the papers'
   "ideal"; the same detector as DEM-kmeans with one client) and PyOD's ``IForest``, ``ECOD``,
   ``COPOD``, ``KNN``, ``LOF``, ``HBOS``, ``PCA`` with their default settings (the baselines a
