@@ -104,10 +104,10 @@ def run_demo(
             True,
         ),
         ("FedGMM (personal weights)", FedGMMDetector(n_components, **common), True),
-        ("Local (avg of client GMMs)", LocalGMMDetector(**common), True),
+        ("Local (mixture of client GMMs)", LocalGMMDetector(**common), True),
         (
             "CentralGMM (pooled data)",
-            FedGMMDetector(n_components, mixture_weights="global", **common),
+            FedGMMDetector(n_components, mixture_weights="global", privacy_min_rows=1, **common),
             False,
         ),
         ("IForest (pooled data, PyOD)", IForest(random_state=random_state), False),

@@ -63,9 +63,9 @@ __all__ = [
 #: Methods fitted on clients (``groups=``), with what they are.
 FEDERATED = {
     "FedGMM": "federated EM, personal mixture weights per client (joint model when labelled)",
-    "DEM": "federated EM, one global weight vector (exactly centralized EM on pooled rows)",
+    "DEM": "federated EM, one global weight vector (centralized EM on the pooled rows)",
     "FedGenGMM": "one round: local mixtures -> synthetic rows -> global mixture",
-    "Local": "each client's own mixture, scores averaged (no federation)",
+    "Local": "each client's own mixture, scored as their size-weighted mixture (no federation)",
 }
 #: Baselines fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
 CENTRALIZED = ("CentralGMM", "IForest", "ECOD", "COPOD", "HBOS", "KNN", "LOF", "PCA")
@@ -205,6 +205,8 @@ def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
             tol=JOINT_TOL if joint else PLAIN_TOL,
             n_learners=method.n_learners,
             local_epochs=method.local_epochs,
+            # the pooled rows of CentralGMM cross no wire: no privacy floor
+            privacy_min_rows=1 if method.method == "CentralGMM" else 5,
             **common,
         )
     if method.method == "FedGenGMM":
