@@ -75,7 +75,7 @@ def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
     to its client's position in ``client_ids`` (n_samples,). ``groups=None`` is one client.
 
     Raises:
-        ValueError: wrong length, not 1-D, or missing values.
+        ValueError: wrong length, not 1-D, missing values, or ids of mixed types.
     """
     if groups is None:
         return np.array([0]), np.zeros(n_samples, dtype=np.int64)
@@ -91,6 +91,13 @@ def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("groups contains NaN; every row needs a client id.")
     if array.dtype.kind == "O" and any(g is None for g in array):
         raise ValueError("groups contains None; every row needs a client id.")
+    if array.dtype.kind == "O":
+        kinds = sorted({type(g).__name__ for g in array})
+        if len(kinds) > 1:
+            raise ValueError(
+                f"groups mixes client ids of types {kinds}; give every client id the same "
+                "type (e.g. all strings: groups.astype(str))."
+            )
     client_ids, codes = np.unique(array, return_inverse=True)
     return client_ids, codes.astype(np.int64)
 

@@ -351,6 +351,12 @@ def test_groups_wrong_length(name):
         build(name).fit(X_TRAIN, groups=GROUPS[:-1])
 
 
+def test_groups_of_mixed_id_types(name):
+    mixed = np.array([0 if g % 2 else "site" for g in GROUPS], dtype=object)
+    with pytest.raises(ValueError, match=r"groups mixes client ids of types \['int', 'str'\]"):
+        build(name).fit(X_TRAIN, groups=mixed)
+
+
 def test_one_dimensional_X(name, fitted):
     with pytest.raises(ValueError, match=r"must be 2-D.*reshape"):
         build(name).fit(X_TRAIN[:, 0])
