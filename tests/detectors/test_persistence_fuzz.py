@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -358,9 +359,8 @@ def test_the_checksum_is_required_from_format_2(saved, scratch):
 def test_a_format_1_file_without_checksum_still_loads(saved, originals, scratch):
     for kind in KINDS:
         path = _rewrite(saved, kind, scratch, version=1)
-        np.testing.assert_allclose(
-            load(path).score_samples(X_SCORE), originals[kind], rtol=1e-12, atol=0
-        )
+        # scores are recomputed from the loaded tensors (other memory layout, BLAS path)
+        assert_close_scaled(load(path).score_samples(X_SCORE), originals[kind], rtol=1e-12)
 
 
 def test_every_kind_round_trips(saved, originals):
