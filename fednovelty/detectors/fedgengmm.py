@@ -11,6 +11,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors.base import (
+    AGGREGATION_CONSTRAINTS,
     COMMON_CONSTRAINTS,
     PRIOR_SCALE,
     ROBUST_CONSTRAINTS,
@@ -179,6 +180,13 @@ class FedGenGMMDetector(_LocalFitDetector):
             mixture per feature, a joint mixture of the features' normal scores) and
             ``score_samples`` is its log-density; the attributes of the global mixture stay
             those of the plain global fit. Same single round, same messages.
+        aggregation: ``"sum"`` (the paper: the union of every client's mixture),
+            ``"median"`` (client mixtures whose mean or log-variance lies more than 3.5
+            robust z-scores from the median client's are left out) or ``"trimmed"`` (the
+            ``trim`` share of most outlying client mixtures left out); README "Poisoning".
+        trim: share of client mixtures ``aggregation="trimmed"`` leaves out.
+        client_weight_cap: no client's mixture weighs more than this many times the median
+            client's row count in the union (``None``: no cap).
         privacy_min_rows: each client's privacy floor (``docs/privacy.md``): a client with
             fewer rows is skipped, fits at most ``n_rows // privacy_min_rows`` components
             and drops those backed by fewer rows before it sends its mixture; ``1`` is no
@@ -202,6 +210,8 @@ class FedGenGMMDetector(_LocalFitDetector):
         "n_components": [Interval(Integral, 1, None, closed="left"), None],
         "samples_per_component": [Interval(Integral, 1, None, closed="left")],
         "copula": ["boolean"],
+        "aggregation": [StrOptions({"sum", "trimmed", "median"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -220,6 +230,9 @@ class FedGenGMMDetector(_LocalFitDetector):
         covariance_prior="auto",
         prior_scale=PRIOR_SCALE,
         copula=False,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -240,6 +253,9 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.covariance_prior = covariance_prior
         self.prior_scale = prior_scale
         self.copula = copula
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -252,6 +268,9 @@ class FedGenGMMDetector(_LocalFitDetector):
             "n_components": self.n_components,
             "samples_per_component": self.samples_per_component,
             "copula": self.copula,
+            "aggregation": self.aggregation,
+            "trim": self.trim,
+            "client_weight_cap": self.client_weight_cap,
         }
 
     def _set_copula(self, marginals, joint) -> None:
