@@ -32,6 +32,7 @@ from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Scalar
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.validation import ReplyValidator
+from fednovelty.runtime.threads import run_client_step, run_server_step
 
 
 @dataclass(frozen=True)
@@ -225,13 +226,14 @@ def run_simulation(
             message = algorithm.configure(state)
             asked, replying = sample_clients(list(data), fraction, dropout, rng)
             replies = {
-                cid: algorithm.client_step(data[cid], message, contexts[cid]) for cid in replying
+                cid: run_client_step(algorithm, data[cid], message, contexts[cid])
+                for cid in replying
             }
             valid, dropped = validator.accept(message, replies)
             failed = len(valid) < min_clients
             metrics: dict[str, Scalar] = {}
             if not failed:
-                state, metrics = algorithm.server_step(state, valid)
+                state, metrics = run_server_step(algorithm, state, valid)
             record = RoundRecord(
                 round=len(history) + 1,
                 kind=message.kind,

@@ -47,6 +47,7 @@ from fednovelty.runtime.flower.codec import (
 )
 from fednovelty.runtime.flower.config import algorithm_from_run_config
 from fednovelty.runtime.simulation import check_clients
+from fednovelty.runtime.threads import run_client_step
 
 try:
     from flwr.app import Context, Message
@@ -225,7 +226,7 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
     request, _ = decode_message(message.content)
     policy = policy_from_node_config(context.node_config)
     client = ClientContext(client_id, load_client_state(context.state), policy=policy)
-    reply = algorithm.client_step(data, request, client)
+    reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state)
     X = data[0] if isinstance(data, tuple) else data
     header = {"client_id": client_id, "n_features": int(X.shape[1])}

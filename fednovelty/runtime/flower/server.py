@@ -56,6 +56,7 @@ from fednovelty.runtime.flower.config import (
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
 from fednovelty.runtime.flower.validation import Dropped, accept_replies
 from fednovelty.runtime.simulation import RoundRecord, failed_rounds_message, sample_clients
+from fednovelty.runtime.threads import run_server_step
 
 try:
     from flwr.app import Context, Message, MessageType, RecordDict
@@ -265,7 +266,7 @@ def run_rounds(
         failed = len(valid) < engine.min_clients
         metrics: dict = {}
         if not failed:
-            state, metrics = algorithm.server_step(state, valid)
+            state, metrics = run_server_step(algorithm, state, valid)
         wire_up = sum(wire_nbytes(r.content) for r in replies if r.has_content())
         sampled_ids = sorted(c for c in (client_of[n] for n in asked) if c is not None)
         record = RoundRecord(

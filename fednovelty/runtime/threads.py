@@ -1,0 +1,214 @@
+"""Torch threads for the library's own steps: one for small kernels, more only for large ones.
+
+torch runs each operation over ``torch.get_num_threads()`` OpenMP threads (by default one per
+core), and every parallel operation ends at a barrier that waits for its slowest thread. When
+other work shares the cores, one of those threads is often off its core for a whole scheduler
+time slice, so an operation of a fraction of a millisecond waits milliseconds, and the
+waiting threads spin. The library's steps are mostly such operations: E-steps cut into
+cache-sized blocks, k-means on a client's rows, learner SGD on batches of 32 rows.
+
+The engines therefore run each client step and each server step, and the detectors their
+scoring, inside :func:`torch_threads` with a count chosen here:
+
+- ``"auto"`` (the default): one thread, unless the step's work (:func:`client_work`,
+  :func:`server_work`: rows x components x features^2 for full covariances, x features
+  otherwise) reaches :data:`PARALLEL_WORK` *and* the cores are free (:func:`free_cores`);
+  then the caller's own ``torch.get_num_threads()``, capped by the free cores. Learner SGD
+  (``joint_em`` rounds) always runs on one thread: its batches are small at any size.
+- an integer ``n >= 1``: every step runs with ``n`` threads (the ``threads`` argument, else
+  the environment variable ``FEDNOVELTY_NUM_THREADS``).
+
+The caller's setting is restored after every step (also when the step raises), so a fit
+never changes the thread count of the program that runs it.
+
+Why :data:`PARALLEL_WORK` is ``2e9`` (``benchmarks/bench_threads.py --section kernels``;
+``benchmarks/results/threads.txt``): on this project's 2-core machine, shared with other jobs
+(load average 7 to 11 throughout), two threads were slower than one for every kernel measured,
+from 1.5e6 to 1.5e9 work units (E-step, client k-means and scoring; 1,000 to 1,000,000 rows),
+by 3x to 200x, and more so beside two busy torch processes. No crossover was found below
+1.5e9, so only larger kernels may take more threads, and only on free cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+#: environment variable that overrides the choice: ``auto`` or a positive integer.
+ENV_VAR = "FEDNOVELTY_NUM_THREADS"
+#: work units (rows x components x features^2, full covariances) from which a step may use
+#: more than one thread (on free cores); below it none gained when measured, see above.
+PARALLEL_WORK = 2e9
+#: message kinds whose client step is learner SGD on small batches: one thread at any size.
+SERIAL_KINDS = frozenset({"joint_em"})
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the body with ``torch.set_num_threads(n)``; restore the previous count on exit.
+
+    ``None`` leaves the count alone. Nestable; restores also when the body raises.
+    """
+    previous = torch.get_num_threads()
+    if n is not None and n != previous:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
+
+
+def thread_setting(threads: int | str | None = None) -> int | str:
+    """The override in force: ``threads`` if given, else ``$FEDNOVELTY_NUM_THREADS``, else
+    ``"auto"``. Returns ``"auto"`` or a positive int.
+
+    Raises:
+        ValueError: the value is neither ``"auto"`` nor a positive integer (names its source).
+    """
+    source = "threads"
+    if threads is None:
+        threads, source = os.environ.get(ENV_VAR, "auto").strip() or "auto", ENV_VAR
+    if isinstance(threads, str) and threads.lower() == "auto":
+        return "auto"
+    try:
+        value = int(threads)
+        valid = not isinstance(threads, bool) and value >= 1 and float(threads) == value
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError(
+            f"{source} must be 'auto' or a positive integer number of torch threads, got "
+            f"{threads!r}; e.g. {ENV_VAR}=1 for one thread per step."
+        )
+    return value
+
+
+def free_cores(loadavg: str = "/proc/loadavg") -> int | None:
+    """Cores not taken by other runnable threads right now, or ``None`` where unknown.
+
+    Reads the runnable-thread count of ``loadavg`` (Linux's ``/proc/loadavg``, 4th field
+    ``runnable/total``; it counts the reading thread itself): ``os.cpu_count() - (runnable
+    - 1)``, at least 0. ``None`` where the file is missing or unreadable (not Linux).
+    """
+    try:
+        with open(loadavg) as handle:
+            runnable = int(handle.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0, (os.cpu_count() or 1) - (runnable - 1))
+
+
+def threads_for_work(work: float, threads: int | str | None = None) -> int:
+    """Thread count for a step of ``work`` units under the override ``threads``.
+
+    ``"auto"``: 1 below :data:`PARALLEL_WORK`; above it the caller's
+    ``torch.get_num_threads()`` capped by :func:`free_cores` (at least 1). An integer
+    override is returned as is.
+    """
+    setting = thread_setting(threads)
+    if setting != "auto":
+        return int(setting)
+    caller = torch.get_num_threads()
+    if work < PARALLEL_WORK or caller <= 1:
+        return 1
+    free = free_cores()
+    return caller if free is None else max(1, min(caller, free))
+
+
+def _rows(data: Any) -> Any:
+    """The row tensor of client data: ``X`` or the first entry of ``(X, y, ...)``."""
+    return data[0] if isinstance(data, tuple | list) else data
+
+
+def _feature_power(message) -> int:
+    """2 when the message's statistics have full (or tied) covariances, else 1."""
+    return 2 if message.scalars.get("covariance_type") in ("full", "tied") else 1
+
+
+def _n_components(message) -> int:
+    """K a client step works with, from the message's fields (1 when it names none)."""
+    for name in ("means", "centers"):
+        if name in message.tensors:
+            return int(message.tensors[name].shape[0])
+    if "n_clusters" in message.scalars:
+        return max(1, int(message.scalars["n_clusters"]))
+    candidates = str(message.scalars.get("candidates", ""))
+    numbers = [int(part) for part in candidates.split(",") if part.strip().isdigit()]
+    return max(numbers, default=1)
+
+
+def client_work(message, data: Any) -> float:
+    """Work units of one client step: rows x K x features^p (p = 2 with full covariances).
+
+    Args:
+        message: the broadcast ``Message``; data: the client's rows (n_samples, n_features)
+            or a tuple whose first entry they are.
+    """
+    X = _rows(data)
+    n_rows, n_features = (int(X.shape[0]), int(X.shape[1])) if X.ndim == 2 else (0, 0)
+    return float(n_rows) * _n_components(message) * float(n_features) ** _feature_power(message)
+
+
+def server_work(algorithm: Any, replies: Mapping[int, Any]) -> float:
+    """Work units of one server step.
+
+    A server that fits a mixture on rows it draws from the clients' mixtures (an algorithm
+    with ``samples_per_component``, e.g. FedGenGMM) works on ``samples_per_component x sum_c
+    K_c`` rows with K up to ``n_components`` (its largest candidate); any other server step
+    adds statistics and runs an M-step: total reply entries x features.
+    """
+    width = max((int(r.tensors["means"].shape[-1]) for r in _fitted(replies)), default=0)
+    per_component = int(getattr(algorithm, "samples_per_component", 0) or 0)
+    if per_component and width:
+        n_rows = per_component * sum(int(r.tensors["weights"].shape[0]) for r in _fitted(replies))
+        k_max = max(int(getattr(algorithm, "n_components", 0) or 0), *_k_range(algorithm))
+        return float(n_rows) * max(1, k_max) * float(width) ** 2
+    entries = sum(t.numel() for r in replies.values() for t in r.tensors.values())
+    return float(entries) * max(1, width)
+
+
+def _fitted(replies: Mapping[int, Any]) -> list:
+    """Replies that carry a mixture (``weights`` and ``means``)."""
+    return [r for r in replies.values() if "weights" in r.tensors and "means" in r.tensors]
+
+
+def _k_range(algorithm: Any) -> tuple[int, ...]:
+    k_range = getattr(algorithm, "k_range", None)
+    return tuple(int(k) for k in k_range) if k_range else (0,)
+
+
+def client_threads(message, data: Any, threads: int | str | None = None):
+    """Context manager for one client step: :func:`torch_threads` with the count chosen for
+    ``message`` (learner SGD: 1) on ``data`` under the override ``threads``."""
+    if thread_setting(threads) == "auto" and message.kind in SERIAL_KINDS:
+        return torch_threads(1)
+    return torch_threads(threads_for_work(client_work(message, data), threads))
+
+
+def server_threads(algorithm: Any, replies: Mapping[int, Any], threads: int | str | None = None):
+    """Context manager for one server step over ``replies`` (see :func:`server_work`)."""
+    return torch_threads(threads_for_work(server_work(algorithm, replies), threads))
+
+
+def scoring_threads(
+    n_rows: int, n_features: int, n_components: int, threads: int | str | None = None
+):
+    """Context manager for scoring ``n_rows`` rows under a full-covariance mixture."""
+    return torch_threads(threads_for_work(float(n_rows) * n_components * n_features**2, threads))
+
+
+def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
+    """``algorithm.client_step(data, message, context)`` under :func:`client_threads`."""
+    with client_threads(message, data, threads):
+        return algorithm.client_step(data, message, context)
+
+
+def run_server_step(algorithm: Any, state: Any, replies: Mapping[int, Any], threads=None):
+    """``algorithm.server_step(state, replies)`` under :func:`server_threads`."""
+    with server_threads(algorithm, replies, threads):
+        return algorithm.server_step(state, replies)
