@@ -17,7 +17,7 @@ that choice buys, in two sections.
     FedEM, FedGMM; 8 clients, 5 rounds, seed 0), each alone and at once beside the busy
     processes, in three modes (``--modes``): ``library``, the library's choice
     (``FEDNOVELTY_NUM_THREADS`` unset: "auto"); ``default``, torch's default count in every
-    step (``FEDNOVELTY_NUM_THREADS`` = that count: the behaviour before issue 18); ``one``, one
+    step (``FEDNOVELTY_NUM_THREADS`` = that count: as if nothing chose); ``one``, one
     thread for everything, the caller's own count included (as ``OMP_NUM_THREADS=1``: the
     floor, the share of the cores that any one-thread program loses to the load). The
     caller's own torch thread count is torch's default in the first two.
@@ -79,9 +79,9 @@ KERNEL_SIZES = (
 QUICK_KERNEL_SIZES = ((200, 3, 4),)
 #: k-means (a client's local clustering) runs on one client's rows: sizes up to this many.
 KMEANS_MAX_ROWS = 10_000
-#: the fits' thread modes: the library's choice; torch's default count in every step (before
-#: issue 18); one thread for everything, the caller's setting included (OMP_NUM_THREADS=1: the
-#: floor, what any one-thread program loses to the load).
+#: the fits' thread modes: the library's choice; torch's default count in every step (as if
+#: nothing chose); one thread for everything, the caller's setting included
+#: (OMP_NUM_THREADS=1: the floor, what any one-thread program loses to the load).
 MODES = ("library", "default", "one")
 
 

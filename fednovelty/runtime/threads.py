@@ -21,12 +21,13 @@ scoring, inside :func:`torch_threads` with a count chosen here:
 The caller's setting is restored after every step (also when the step raises), so a fit
 never changes the thread count of the program that runs it.
 
-Why :data:`PARALLEL_WORK` is ``2e9`` (``benchmarks/bench_threads.py --section kernels``;
+Why :data:`PARALLEL_WORK` is ``2e9`` (``benchmarks/bench_threads.py``, table in
 ``benchmarks/results/threads.txt``): on this project's 2-core machine, shared with other jobs
-(load average 7 to 11 throughout), two threads were slower than one for every kernel measured,
-from 1.5e6 to 1.5e9 work units (E-step, client k-means and scoring; 1,000 to 1,000,000 rows),
-by 3x to 200x, and more so beside two busy torch processes. No crossover was found below
-1.5e9, so only larger kernels may take more threads, and only on free cores.
+(load average 7 to 11), the median time of every E-step, client k-means and scoring kernel
+from 1.5e6 to 1.5e9 work units (1,000 to 1,000,000 rows) was 1.8x to 400x longer with two
+threads than with one, alone and beside two busy torch processes; only scoring 1,000 rows at
+d = 32, which torch does not split, came out even (0.8x-1.0x). No crossover below 1.5e9, so
+only larger kernels may take more threads, and only on free cores.
 """
 
 from __future__ import annotations
