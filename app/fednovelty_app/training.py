@@ -327,18 +327,15 @@ def fit_with_progress(
     caught: list[str] = []
 
     def work():
-        import torch
+        from fednovelty.runtime.threads import torch_threads
 
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
         try:
-            with warnings.catch_warnings(record=True) as found:
+            with torch_threads(threads), warnings.catch_warnings(record=True) as found:
                 warnings.simplefilter("always")
                 result = fit(records.put)  # the worker only queues; the caller reports
             caught.extend(dict.fromkeys(str(r.message) for r in found))
             return result
         finally:
-            torch.set_num_threads(before)
             records.put(finished)
 
     started = time.perf_counter()

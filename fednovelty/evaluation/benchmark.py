@@ -56,17 +56,16 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from fednovelty.evaluation.metrics import evaluate
+from fednovelty.runtime.threads import torch_threads
 
 __all__ = [
     "COLUMNS",
@@ -536,18 +535,6 @@ def _cell_row(config: dict, task, task_error: str | None) -> dict:
     return row
 
 
-@contextmanager
-def _torch_threads(threads: int | None):
-    """torch's intra-op thread count set to ``threads`` inside the block, restored after."""
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def run_benchmark(
     datasets: Iterable[str],
     methods: Iterable[str],
@@ -674,7 +661,7 @@ def run_benchmark(
     n_cells = sum(len(cells) for _, cells in plan)
     results: list[dict] = []
     bar = tqdm(total=n_cells, desc="bench", unit="cell", disable=not progress)
-    with _torch_threads(threads):
+    with torch_threads(threads):
         for (dataset, protocol, alpha, clients, seed), cells in plan:
             todo = [c for c in cells if not is_done(_key(c))]
             results.extend(stored[_key(c)] for c in cells if is_done(_key(c)))
