@@ -373,7 +373,7 @@ class LocalGMMDetector(_LocalFitDetector):
 
     Attributes:
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
-        client_weights_: (n_models,) each fitted client's share of the fitted rows, in
+        client_shares_: (n_models,) each fitted client's share of the fitted rows, in
             ``client_models_`` order.
         client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
 
@@ -441,23 +441,23 @@ class LocalGMMDetector(_LocalFitDetector):
         self._set_client_models(result.state)
 
     def _set_client_models(self, state) -> None:
-        """``client_models_`` and ``client_weights_`` from a finished run, by client id."""
+        """``client_models_`` and ``client_shares_`` from a finished run, by client id."""
         ids = sorted(state.client_models)
         options = self._torch_options()
         self.client_models_ = [state.client_models[c].to(**options) for c in ids]
         sizes = np.array([float(state.client_sizes[c]) for c in ids])
-        self.client_weights_ = sizes / sizes.sum()
+        self.client_shares_ = sizes / sizes.sum()
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         scores = torch.stack([score_samples(m, X) for m in self.client_models_])
         if self.combine == "mean":
             return scores.mean(0)
-        if not hasattr(self, "client_weights_"):
+        if not hasattr(self, "client_shares_"):
             raise ValueError(
                 "this LocalGMMDetector was saved without its clients' sizes (an older "
                 "fednovelty); score it with combine='mean', or fit it again."
             )
-        log_weights = torch.as_tensor(self.client_weights_).to(scores).log()
+        log_weights = torch.as_tensor(self.client_shares_).to(scores).log()
         return torch.logsumexp(scores + log_weights[:, None], dim=0)
 
     def score_samples_client(self, X, client) -> np.ndarray:
@@ -495,8 +495,8 @@ class LocalGMMDetector(_LocalFitDetector):
         tensors = {}
         for i, model in enumerate(self.client_models_):
             tensors.update(self._mixture_tensors(model, f"client.{i}"))
-        if hasattr(self, "client_weights_"):
-            tensors["client_weights"] = torch.as_tensor(self.client_weights_)
+        if hasattr(self, "client_shares_"):
+            tensors["client_shares"] = torch.as_tensor(self.client_shares_)
         attrs = {
             "n_models": len(self.client_models_),
             "skipped_clients_": self.skipped_clients_,
@@ -519,7 +519,7 @@ class LocalGMMDetector(_LocalFitDetector):
                 f"client_n_components_ {ks} does not match the {n_models} client models' "
                 f"components {[m.n_components for m in self.client_models_]}."
             )
-        if "client_weights" in tensors or self.combine == "mixture":
-            weights = get_tensor(tensors, "client_weights", (n_models,))
-            check_probabilities(weights, "the client weights 'client_weights'")
-            self.client_weights_ = weights.numpy().astype(np.float64)
+        if "client_shares" in tensors or self.combine == "mixture":
+            weights = get_tensor(tensors, "client_shares", (n_models,))
+            check_probabilities(weights, "the client shares 'client_shares'")
+            self.client_shares_ = weights.numpy().astype(np.float64)

@@ -62,7 +62,7 @@ def test_the_mixture_is_the_size_weighted_density_of_the_client_models():
     X = np.vstack([rng.normal(0, 1, (300, 2)), rng.normal(5, 1, (100, 2))])
     groups = np.repeat(["big", "small"], [300, 100])
     detector = LocalGMMDetector(k_range=(1, 2), random_state=0).fit(X, groups=groups)
-    np.testing.assert_allclose(detector.client_weights_, [0.75, 0.25], rtol=1e-15)
+    np.testing.assert_allclose(detector.client_shares_, [0.75, 0.25], rtol=1e-15)
     rows = rng.normal(2, 3, (50, 2))
     own = np.stack([detector.score_samples_client(rows, c) for c in ("big", "small")])
     expected = logsumexp(own + np.log([[0.75], [0.25]]), axis=0)
@@ -78,7 +78,7 @@ def test_combine_and_the_weights_survive_save_and_load(tmp_path):
         detector.fit(X, groups=groups).save(tmp_path / "local.safetensors")
         loaded = load(tmp_path / "local.safetensors")
         assert loaded.combine == combine
-        np.testing.assert_array_equal(loaded.client_weights_, detector.client_weights_)
+        np.testing.assert_array_equal(loaded.client_shares_, detector.client_shares_)
         np.testing.assert_allclose(
             loaded.score_samples(X_test), detector.score_samples(X_test), rtol=1e-12
         )
@@ -91,13 +91,13 @@ def test_a_file_saved_before_combine_loads_as_the_mean(tmp_path):
     path = tmp_path / "local.safetensors"
     detector.fit(X, groups=groups).save(path)
     with safe_open(os.fspath(path), framework="pt") as handle:
-        tensors = {k: handle.get_tensor(k) for k in handle.keys() if k != "client_weights"}
+        tensors = {k: handle.get_tensor(k) for k in handle.keys() if k != "client_shares"}
         document = json.loads(handle.metadata()[_METADATA_KEY])
     del document["params"]["combine"]
     document["format_version"] = 1  # no checksum then
     save_file(tensors, os.fspath(path), metadata={_METADATA_KEY: json.dumps(document)})
     loaded = load(path)
-    assert loaded.combine == "mean" and not hasattr(loaded, "client_weights_")
+    assert loaded.combine == "mean" and not hasattr(loaded, "client_shares_")
     np.testing.assert_allclose(
         loaded.score_samples(X_test), detector.score_samples(X_test), rtol=1e-12
     )
