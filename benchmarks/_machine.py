@@ -1,9 +1,10 @@
-"""Machine facts printed by every benchmark next to its figures."""
+"""What the benchmarks share around their figures: the machine facts, and writing the report."""
 
 from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 import numpy as np
 import sklearn
@@ -28,3 +29,13 @@ def machine_facts() -> str:
         f"python {platform.python_version()}; CPUs={os.cpu_count()} ({cpu}); "
         f"load average {load}"
     )
+
+
+def emit_report(report: str, out: Path | None) -> str:
+    """Print ``report``, also write it to ``out`` (its folder made) when given; return it."""
+    print()
+    print(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+    return report

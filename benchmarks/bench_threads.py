@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import machine_facts  # noqa: E402
+from benchmarks._machine import emit_report, machine_facts  # noqa: E402
 from fednovelty.mixture import MixtureParams, e_step_stats, kmeans, score_samples  # noqa: E402
 from fednovelty.mixture.em import moment_shift  # noqa: E402
 from fednovelty.runtime.threads import ENV_VAR, PARALLEL_WORK  # noqa: E402
@@ -377,12 +377,7 @@ def main(argv=None) -> str:
         f"total runtime {(time.perf_counter() - started) / 60:.1f} min; at the end {load_line()}"
     )
     report = "\n\n".join(sections) + "\n"
-    print()
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
-    return report
+    return emit_report(report, args.out)
 
 
 if __name__ == "__main__":

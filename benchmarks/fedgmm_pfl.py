@@ -58,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks._machine import emit_report  # noqa: E402
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic  # noqa: E402
 from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
 
@@ -363,12 +364,7 @@ def main(argv=None) -> str:
         f"{os.getloadavg()[0]:.1f} (timings inflate when it exceeds the core count)",
     ]
     report = "\n\n".join(["\n".join(header), *sections]) + "\n"
-    print()
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
-    return report
+    return emit_report(report, args.out)
 
 
 if __name__ == "__main__":
