@@ -94,6 +94,9 @@ class FederatedAlgorithm(ABC):
 
     #: upper bound on the number of rounds (for progress bars and safety).
     max_rounds: int = 1
+    #: whether a client's data is a labelled tuple ``(X, y)`` / ``(X, y, Z)`` rather than
+    #: rows ``X`` alone (engines check client data by it; they know no algorithm by name).
+    labelled: bool = False
 
     @abstractmethod
     def start(self) -> Any:

@@ -127,6 +127,8 @@ class JointFedGMM(FederatedEM):
         Other arguments as ``FederatedEM`` (mixture weights are always personal).
     """
 
+    labelled = True
+
     def __init__(
         self,
         n_components: int,
