@@ -37,6 +37,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors.explain import ComponentsMixin
 from fednovelty.detectors.persistence import (
     check_items,
     check_mixture,
@@ -106,8 +107,13 @@ def check_callbacks(callbacks) -> tuple[Callable[[RoundRecord], None], ...]:
     return callbacks
 
 
-class MixtureDetector(BaseDetector):
-    """Base class of the fednovelty detectors (not used directly)."""
+class MixtureDetector(ComponentsMixin, BaseDetector):
+    """Base class of the fednovelty detectors (not used directly).
+
+    Besides PyOD's contract every detector has the per-component API of
+    ``fednovelty.detectors.explain.ComponentsMixin``: ``component_log_densities``,
+    ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``.
+    """
 
     _parameter_constraints: ClassVar[dict] = COMMON_CONSTRAINTS
 
