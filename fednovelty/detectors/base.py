@@ -9,15 +9,16 @@ PyOD with ``contamination``.
 
 Subclasses implement ``_fit_clients`` (train on the list of client tensors and set fitted
 attributes), ``_log_density`` (torch rows -> log p(x)) and the state hooks used by
-``save``/``load``. ``__init__`` only stores arguments; validation happens in ``fit``.
+``save``/``load``. ``__init__`` only stores arguments; validation happens in ``fit``. The
+per-component API (``responsibilities``, ``explain``, ...) comes from
+``fednovelty.detectors.explain.ComponentsMixin``.
 
 Per-round hooks are a fit-time argument, ``fit(..., callbacks=[...])``, not a constructor
 parameter: they are code, not hyper-parameters, so ``clone``/``get_params`` never see them and
 the fitted detector stays saveable. ``fit`` keeps them in the private ``_fit_callbacks`` only
-while it runs (removed in a ``finally``, as ``FedGMMDetector`` does with its labels), and
-``_simulate`` hands them to the engine. Every round a fit runs is numbered in one sequence
-``1..n_rounds_`` (e.g. federated PCA's rounds, then EM's), in ``history_`` and in the records
-the callbacks receive alike.
+while it runs (removed in a ``finally``), and ``_simulate`` hands them to the engine. Every
+round a fit runs is numbered in one sequence ``1..n_rounds_`` (e.g. federated PCA's rounds,
+then EM's), in ``history_`` and in the records the callbacks receive alike.
 """
 
 from __future__ import annotations
