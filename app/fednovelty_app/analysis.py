@@ -9,6 +9,10 @@ Per-client views: a client's test rows are the ones with its id when the source 
 (synthetic data and uploads), otherwise the whole test set; they are scored with the
 client's own mixture weights ``pi_c`` when the detector has them (FedGMM) and with the global
 model otherwise.
+
+Components: the most responsible Gaussian of a row and each feature's share of its
+Mahalanobis distance come from the detectors' per-component API (``predict_components``,
+``explain``; see ``fednovelty.detectors.explain`` for what each detector's components are).
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ __all__ = [
     "client_rows",
     "confusion_at",
     "curves",
+    "explain_row",
+    "has_components",
     "has_personal_weights",
     "history_frame",
+    "is_joint",
     "joint_view",
     "metrics_or_none",
     "most_responsible",
@@ -35,7 +42,13 @@ __all__ = [
     "score_axis",
     "score_rows",
     "scored_test_rows",
+    "training_clients",
 ]
+
+
+def is_joint(detector) -> bool:
+    """Whether the detector is FedGMM's joint model p(x, y) (it learned ``classes_``)."""
+    return hasattr(detector, "classes_") and callable(getattr(detector, "log_py_given_x", None))
 
 
 def has_personal_weights(detector) -> bool:
@@ -313,7 +326,7 @@ def adaptation(
     client = bundle.unseen_client(client_id)
     n = int(min(n_samples, client.X_adapt.shape[0]))
     X = bundle.frame(client.X_adapt[:n])
-    joint = hasattr(detector, "joint_state_")
+    joint = is_joint(detector)
     labelled = joint and use_labels and client.y_adapt is not None
     adapted = detector.adapt(X, client.y_adapt[:n] if labelled else None)
     X_eval = bundle.frame(client.X_eval)
@@ -345,54 +358,81 @@ def adaptation(
     )
 
 
-# ----------------------------------------------------------------------------- new rows
-def _client_index(detector, client) -> int | None:
-    ids = np.asarray(getattr(detector, "client_ids_", []))
-    matches = np.flatnonzero(ids.astype(str) == str(client))
-    return int(matches[0]) if matches.size else None
+# ----------------------------------------------------------------------------- components
+def has_components(detector) -> bool:
+    """Whether the detector has fednovelty's per-component API (its mixture detectors do;
+    PyOD baselines do not)."""
+    return callable(getattr(detector, "explain", None)) and hasattr(detector, "history_")
 
 
-def _log_gaussians(detector, X: np.ndarray) -> np.ndarray:
-    """(n_samples, n_components) ``log N(x; mu_k, Sigma_k)``: each Gaussian as a
-    one-component scikit-learn ``GaussianMixture`` (same Cholesky-of-precision layout)."""
-    from sklearn.mixture import GaussianMixture
-
-    cov = detector.covariance_type
-    columns = []
-    for k in range(detector.means_.shape[0]):
-        one = GaussianMixture(1, covariance_type=cov)
-        one.weights_ = np.ones(1)
-        one.means_ = detector.means_[k : k + 1]
-        shared = cov == "tied"
-        one.covariances_ = detector.covariances_ if shared else detector.covariances_[k : k + 1]
-        chol = detector.precisions_cholesky_
-        one.precisions_cholesky_ = chol if shared else chol[k : k + 1]
-        columns.append(one.score_samples(X))
-    return np.column_stack(columns)
+def training_clients(detector, values) -> list:
+    """The client id seen in fit that each of ``values`` names, compared as text (an uploaded
+    column may hold ``"3"`` for client ``3``), or None where no training client matches."""
+    known = {str(c): c for c in np.asarray(getattr(detector, "client_ids_", [])).tolist()}
+    return [known.get(str(value)) for value in values]
 
 
-def most_responsible(detector, X: np.ndarray, weights: np.ndarray | None = None):
-    """Index of the Gaussian with the largest responsibility ``w_k N(x; mu_k, Sigma_k)`` for
-    each row, or None for detectors without one global mixture (Local, PyOD, or Gaussians
-    over a PCA projection).
+def most_responsible(detector, X, clients=None) -> np.ndarray | None:
+    """Index of the most responsible component of each row (``predict_components``), or
+    None for a detector without components (PyOD baselines).
 
     Args:
-        detector: a fitted fednovelty mixture detector.
-        X: (n_samples, n_features) array.
-        weights: (n_samples, n_components) mixture weights per row (e.g. each row's client's
-            ``pi_c``); default the global ``weights_``.
+        detector: a fitted detector.
+        X: (n_samples, n_features) rows, array or DataFrame with the model's names.
+        clients: optional (n_samples,) ids seen in fit (None entries: the model's weights);
+            rows of a client are weighted by its personal ``pi_c`` (FedGMM).
     """
-    if not hasattr(detector, "means_") or hasattr(detector, "pca_"):
+    if not has_components(detector):
         return None
-    X = np.asarray(X, dtype=np.float64)
-    if weights is None:
-        weights = np.broadcast_to(detector.weights_, (X.shape[0], detector.means_.shape[0]))
-    with np.errstate(divide="ignore"):
-        return np.argmax(_log_gaussians(detector, X) + np.log(weights), axis=1)
+    labels = np.asarray(detector.predict_components(X), dtype=np.int64)
+    if clients is not None and has_personal_weights(detector):
+        for client, rows in _rows_by_client(clients):
+            labels[rows] = detector.predict_components(_take(X, rows), client=client)
+    return labels
 
 
+def explain_row(detector, bundle, row: int, client=None) -> dict | None:
+    """Why one test row of ``client``'s view (None: pooled) scores as it does:
+    ``detector.explain`` of that row under the view's weights (its own ``pi_c`` where the
+    model has them).
+
+    Args:
+        row: position of the row among the view's rows (as in :func:`scored_test_rows`).
+
+    Returns:
+        ``{"component", "responsibility", "mahalanobis_sq", "shares"}`` with ``shares`` a
+        Series of each feature's share of the squared Mahalanobis distance (summing to 1,
+        negative possible with correlated features), or None for a detector without
+        components.
+    """
+    if not has_components(detector):
+        return None
+    X = bundle.X_test[client_rows(bundle, client)]
+    if not 0 <= row < X.shape[0]:
+        raise ValueError(f"row must be in [0, {X.shape[0] - 1}], got {row}.")
+    personal = client if client is not None and has_personal_weights(detector) else None
+    table = detector.explain(bundle.frame(X[row : row + 1]), client=personal)
+    first = table.iloc[0]
+    return {
+        "component": int(first["component"]),
+        "responsibility": float(first["responsibility"]),
+        "mahalanobis_sq": float(first["mahalanobis_sq"]),
+        "shares": first.iloc[3:].astype(np.float64),
+    }
+
+
+# ----------------------------------------------------------------------------- new rows
 def _take(X, rows):
     return X.iloc[rows] if hasattr(X, "iloc") else np.asarray(X)[rows]
+
+
+def _rows_by_client(clients) -> list[tuple[object, np.ndarray]]:
+    """``(client id, row positions)`` for every client id in ``clients`` (None skipped)."""
+    rows: dict = {}
+    for position, client in enumerate(clients):
+        if client is not None:
+            rows.setdefault(client, []).append(position)
+    return [(client, np.asarray(positions)) for client, positions in rows.items()]
 
 
 def score_rows(
@@ -418,29 +458,24 @@ def score_rows(
     n = len(X)
     scores = np.asarray(detector.decision_function(X), dtype=np.float64)
     personal = has_personal_weights(detector)
-    weights = None
+    own = None
     if clients is not None and not personal:
         notes.append("the model has no per-client weights; every row uses the global model.")
     elif clients is not None:
-        index = [_client_index(detector, c) for c in clients]
-        unknown = sorted({str(c) for c, i in zip(clients, index, strict=True) if i is None})
+        own = training_clients(detector, clients)
+        unknown = sorted({str(c) for c, i in zip(clients, own, strict=True) if i is None})
         if unknown:
             notes.append(
                 f"client(s) {', '.join(unknown[:5])} were not in training; their rows use the "
                 "global weights."
             )
-        codes = np.array([-1 if i is None else i for i in index])
-        weights = np.tile(detector.weights_, (n, 1))
-        for i in np.unique(codes[codes >= 0]):
-            rows = np.flatnonzero(codes == i)
-            client = detector.client_ids_[i]
-            scores[rows] = detector.decision_function(_take(X, rows), client=client)
-            weights[rows] = detector.client_weights_[i]
+        for client, rows in _rows_by_client(own):
+            scores[rows] = novelty_scores(detector, _take(X, rows), client)
     table = pd.DataFrame(index=range(n))
     if score_axis(detector)[1] == -1:
         table["log_px"] = -scores
     if labels is not None:
-        if hasattr(detector, "joint_state_"):
+        if is_joint(detector):
             known = np.isin(labels, detector.classes_)
             values = np.full(n, np.nan)
             if known.any():
@@ -457,10 +492,9 @@ def score_rows(
     table["anomaly_score"] = scores
     cut = float(detector.threshold_ if threshold is None else threshold)
     table["flag"] = (scores > cut).astype(int)
-    array = X.to_numpy() if hasattr(X, "to_numpy") else np.asarray(X)
-    component = most_responsible(detector, array, weights)
+    component = most_responsible(detector, X, own)
     if component is None:
-        notes.append("this model has no single Gaussian mixture, so no responsible component.")
+        notes.append("this model has no Gaussian components, so no responsible component.")
     else:
         table["component"] = component
     return table, notes

@@ -22,6 +22,7 @@ __all__ = [
     "roc_figure",
     "rounds_figure",
     "score_histogram",
+    "shares_figure",
     "weights_heatmap",
 ]
 
@@ -31,6 +32,8 @@ COLORS = {
     "novel inputs": "#d62728",
     "permuted labels": "#ff7f0e",
     "unknown": "#7f7f7f",
+    "adds distance": "#d62728",
+    "lowers distance": "#17becf",
 }
 _LAYOUT = {"margin": {"l": 10, "r": 10, "t": 50, "b": 10}, "legend": {"title": None}}
 
@@ -217,3 +220,31 @@ def adaptation_figure(trace: np.ndarray) -> go.Figure:
     )
     fig.update_yaxes(range=[0, 1.02])
     return fig.update_layout(**_LAYOUT)
+
+
+def shares_figure(shares: pd.Series, title: str | None = None, top: int = 25) -> go.Figure:
+    """Horizontal bars of each feature's share of a row's squared Mahalanobis distance
+    (``shares``: feature name -> share), largest on top; the ``top`` features with the largest
+    ``|share|`` are drawn. Negative shares (correlated features) are coloured apart."""
+    shown = shares.reindex(shares.abs().sort_values(ascending=False).index[:top])
+    frame = pd.DataFrame(
+        {
+            "feature": [str(f) for f in shown.index],
+            "share": shown.to_numpy(dtype=np.float64),
+        }
+    )
+    frame["effect"] = np.where(frame.share >= 0, "adds distance", "lowers distance")
+    fig = px.bar(
+        frame,
+        x="share",
+        y="feature",
+        color="effect",
+        orientation="h",
+        color_discrete_map=COLORS,
+        category_orders={"effect": ["adds distance", "lowers distance"]},
+        labels={"share": "share of the squared Mahalanobis distance"},
+        title=title or "Each feature's share of the distance",
+    )
+    bottom_to_top = frame.feature.tolist()[::-1]
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=bottom_to_top)
+    return fig.update_layout(height=max(260, 24 * len(frame) + 120), **_LAYOUT)

@@ -1,4 +1,5 @@
-"""Scores: log p(x) of inliers and novel rows, ROC / PR curves, a threshold and its counts."""
+"""Scores: log p(x) of inliers and novel rows, ROC / PR curves, a threshold and its counts,
+and why one row scores as it does (its component and each feature's share of the distance)."""
 
 import numpy as np
 import pandas as pd
@@ -10,12 +11,19 @@ ui.setup("Scores", ":material/bar_chart:")
 from fednovelty_app.analysis import (  # noqa: E402
     confusion_at,
     curves,
+    explain_row,
+    has_components,
     has_personal_weights,
     metrics_or_none,
     score_axis,
     scored_test_rows,
 )
-from fednovelty_app.plots import pr_figure, roc_figure, score_histogram  # noqa: E402
+from fednovelty_app.plots import (  # noqa: E402
+    pr_figure,
+    roc_figure,
+    score_histogram,
+    shares_figure,
+)
 
 st.title("Scores")
 run = ui.require_run(what="the scores")
@@ -107,3 +115,36 @@ if known:
             index=["novel rows", "normal rows"],
         )
     )
+
+st.subheader("Explain a row")
+if not has_components(det):
+    st.info(
+        f"{run.method.method} has no Gaussian components to explain its scores with; the "
+        "mixture detectors (FedGMM, DEM, FedGenGMM, Local, CentralGMM) have."
+    )
+    st.stop()
+order = np.argsort(-frame.score.to_numpy(), kind="stable")
+row = st.number_input(
+    f"Test row (0-{len(frame) - 1}; starts at the most novel-looking one)",
+    min_value=0,
+    max_value=len(frame) - 1,
+    value=int(order[0]),
+    key="scores_row_" + ui.short(run.key + view),
+)
+why = explain_row(det, bundle, int(row), client)
+picked = frame.iloc[int(row)]
+cols = st.columns(4)
+cols[0].metric(axis, f"{picked.value:.3f}")
+cols[1].metric("Component", str(why["component"]))
+cols[2].metric("Responsibility", f"{why['responsibility']:.3f}")
+cols[3].metric("Squared distance", f"{why['mahalanobis_sq']:.2f}")
+st.plotly_chart(
+    shares_figure(why["shares"], title=f"Row {row} ({picked.group}): why it is far from "
+                  f"component {why['component']}"),
+    key="scores_shares",
+)  # fmt: skip
+st.caption(
+    "The component with the highest responsibility for this row, and each feature's share "
+    "of the row's squared Mahalanobis distance to it (the shares sum to 1). With correlated "
+    "features a share can be negative: that feature's deviation is expected given the others."
+)

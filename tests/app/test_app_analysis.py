@@ -8,6 +8,7 @@ from fednovelty_app.analysis import (
     client_rows,
     confusion_at,
     curves,
+    explain_row,
     history_frame,
     joint_view,
     metrics_or_none,
@@ -17,6 +18,7 @@ from fednovelty_app.analysis import (
     score_axis,
     score_rows,
     scored_test_rows,
+    training_clients,
 )
 from fednovelty_app.data import adbench_bundle
 from fednovelty_app.training import DataSettings, MethodSettings, train
@@ -118,15 +120,41 @@ def test_adaptation_before_and_after(joint_run):
 def test_most_responsible_matches_scikit_learn():
     rng = np.random.default_rng(0)
     X = np.vstack([rng.normal(0, 1, (150, 2)), rng.normal(6, 1, (150, 2))])
+    groups = np.repeat([0, 1, 2], 100)
     for cov in ("full", "diag", "tied", "spherical"):
-        det = FedGMMDetector(2, covariance_type=cov, mixture_weights="global", random_state=0)
-        det.fit(X, groups=np.repeat([0, 1, 2], 100))
+        det = FedGMMDetector(2, covariance_type=cov, random_state=0)
+        det.fit(X, groups=groups)
         gm = GaussianMixture(2, covariance_type=cov)
         gm.weights_, gm.means_ = det.weights_, det.means_
         gm.covariances_, gm.precisions_cholesky_ = det.covariances_, det.precisions_cholesky_
         np.testing.assert_array_equal(most_responsible(det, X), gm.predict(X))
-    weights = np.tile([1.0, 0.0], (len(X), 1))  # all weight on component 0
-    assert (most_responsible(det, X, weights) == 0).all()
+        clients = [None] * 100 + [2] * 200  # rows 100.. under client 2's own weights
+        gm.weights_ = det.client_weights_[2]
+        with np.errstate(divide="ignore"):  # a personal weight may be 0
+            expected = gm.predict(X)[100:]
+        np.testing.assert_array_equal(most_responsible(det, X, clients)[100:], expected)
+
+
+def test_training_clients_match_uploaded_values_as_text(joint_run):
+    det = joint_run.detector
+    assert training_clients(det, ["1", 2, "nobody", np.int64(0)]) == [1, 2, None, 0]
+
+
+def test_explain_row_is_the_detectors_explanation(joint_run):
+    det, bundle = joint_run.detector, joint_run.bundle
+    why = explain_row(det, bundle, 3)
+    expected = det.explain(bundle.frame(bundle.X_test[3:4]))
+    assert why["component"] == expected.component.iloc[0]
+    assert why["mahalanobis_sq"] == expected.mahalanobis_sq.iloc[0]
+    assert list(why["shares"].index) == list(bundle.feature_names)
+    assert why["shares"].sum() == pytest.approx(1.0)
+    client = bundle.client_ids[1]
+    mine = explain_row(det, bundle, 0, client)
+    rows = bundle.X_test[client_rows(bundle, client)]
+    own = det.explain(bundle.frame(rows[:1]), client=client)
+    assert mine["responsibility"] == own.responsibility.iloc[0]
+    with pytest.raises(ValueError, match="row must be in"):
+        explain_row(det, bundle, len(rows), client)
 
 
 def test_score_rows_with_clients_and_labels(joint_run):
@@ -159,4 +187,6 @@ def test_score_rows_of_a_baseline_has_no_log_px():
     det = ECOD().fit(bundle_frame)
     table, notes = score_rows(det, bundle_frame, labels=np.zeros(60))
     assert list(table.columns) == ["anomaly_score", "flag"]
-    assert any("without labels" in n for n in notes) and any("no single" in n for n in notes)
+    assert any("without labels" in n for n in notes)
+    assert any("no Gaussian components" in n for n in notes)
+    assert most_responsible(det, bundle_frame) is None and explain_row(det, None, 0) is None

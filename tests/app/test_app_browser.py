@@ -36,7 +36,7 @@ IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 PLOT = ".js-plotly-plot"
 #: Sidebar label -> (heading the page shows, Plotly charts expected once a model exists).
 PAGES = {
-    "Scores": ("Scores", 3),
+    "Scores": ("Scores", 4),
     "Joint view": ("Joint view: is the input novel, or its label?", 1),
     "Clients": ("Clients", 4),
     "Unseen client": ("Unseen client", 1),

@@ -66,6 +66,22 @@ def table(n_clients=3, rows=40, seed=0) -> pd.DataFrame:
     return frame
 
 
+def explain_scores_row(at: AppTest, client=None) -> None:
+    """Pick test row 2 of the Scores page's view and check the explanation shown for it
+    against the detector's own ``explain`` (under the client's weights where it has them)."""
+    at.number_input[0].set_value(2).run()
+    assert not at.exception
+    run = at.session_state["run"]
+    bundle = run.bundle
+    rows = np.ones(len(bundle.X_test), bool) if client is None else bundle.groups_test == client
+    expected = run.detector.explain(bundle.frame(bundle.X_test[rows][2:3]), client=client)
+    shown = metrics(at)
+    assert shown["Component"] == str(expected.component.iloc[0])
+    assert shown["Squared distance"] == f"{expected.mahalanobis_sq.iloc[0]:.2f}"
+    bars = at.get("plotly_chart")[-1].proto.spec
+    assert "share of the squared Mahalanobis distance" in bars and "Row 2" in bars
+
+
 def test_pages_without_a_model_point_to_train(app_dir):
     at = new_app(app_dir)
     assert at.title[0].value == "fednovelty dashboard" and not at.exception
@@ -86,13 +102,15 @@ def test_default_data_every_page(app_dir, quick_train):
 
     goto(at, "scores")
     assert {"AUROC", "AUPR (novel)", "FPR @ 95 % TPR", "Max-F1"} <= set(metrics(at))
-    assert charts(at) == 3  # histogram, ROC, PR
+    assert charts(at) == 4  # histogram, ROC, PR, the explained row's feature shares
     slider = next(s for s in at.slider if s.label.startswith("Threshold on log p(x)"))
     before = metrics(at)["Flagged"]
     slider.set_value(slider.min).run()
     assert metrics(at)["Flagged"] != before and not at.exception
+    explain_scores_row(at)
     at.selectbox(key=next(s.key for s in at.selectbox)).set_value("1").run()
     assert not at.exception and charts(at) >= 1
+    explain_scores_row(at, client=1)
 
     goto(at, "joint")
     assert charts(at) == 1
@@ -192,7 +210,7 @@ def test_uploaded_table_trains_and_every_page_works(app_dir, quick_train):
     run = at.session_state["run"]
     assert run.joint and list(run.bundle.feature_names) == ["a", "b", "c"]
     assert float(metrics(at)["Test AUROC"]) > 0.9  # the novel rows were shifted by 6
-    for page, n_charts in (("scores", 3), ("joint", 1), ("clients", 4), ("unseen", 1)):
+    for page, n_charts in (("scores", 4), ("joint", 1), ("clients", 4), ("unseen", 1)):
         goto(at, page)
         assert charts(at) == n_charts, page
 
@@ -248,7 +266,8 @@ def test_adbench_dem_and_a_pyod_baseline(app_dir):
     train(at)
     assert not at.error and any("no safe file format" in c.value for c in at.caption)
     goto(at, "scores")
-    assert charts(at) == 3
+    assert charts(at) == 3  # no components: no explained row
+    assert "no Gaussian components" in at.info[-1].value
     assert any(s.label.startswith("Threshold on anomaly score") for s in at.slider)
     goto(at, "unseen")
     assert "cannot adapt" in at.info[0].value
@@ -257,14 +276,15 @@ def test_adbench_dem_and_a_pyod_baseline(app_dir):
 
 
 #: Plotly charts per page once trained on the quick synthetic data (Scores, Joint view,
-#: Clients, Unseen client): the joint view needs FedGMM, adaptation FedGMM / DEM /
-#: CentralGMM, client weights FedGMM, rounds every fednovelty detector.
+#: Clients, Unseen client): an explained row on Scores needs components (every fednovelty
+#: detector), the joint view FedGMM, adaptation FedGMM / DEM / CentralGMM, client weights
+#: FedGMM, rounds every fednovelty detector.
 EXPECTED_CHARTS = {
-    "FedGMM": (3, 1, 4, 1),
-    "DEM": (3, 0, 3, 1),
-    "FedGenGMM": (3, 0, 3, 0),
-    "Local": (3, 0, 3, 0),
-    "CentralGMM": (3, 0, 3, 1),
+    "FedGMM": (4, 1, 4, 1),
+    "DEM": (4, 0, 3, 1),
+    "FedGenGMM": (4, 0, 3, 0),
+    "Local": (4, 0, 3, 0),
+    "CentralGMM": (4, 0, 3, 1),
     **{name: (3, 0, 2, 0) for name in ("IForest", "ECOD", "COPOD", "HBOS", "KNN", "LOF", "PCA")},
 }
 

@@ -12,6 +12,7 @@ from fednovelty_app.plots import (
     roc_figure,
     rounds_figure,
     score_histogram,
+    shares_figure,
     weights_heatmap,
 )
 
@@ -74,3 +75,15 @@ def test_heatmap_bars_rounds_and_trace():
     trace = adaptation_figure(np.array([[0.5, 0.5], [0.6, 0.4], [0.7, 0.3]]))
     assert [t.name for t in trace.data] == ["k=0", "k=1"]
     assert list(trace.data[0].y) == [0.5, 0.6, 0.7]
+
+
+def test_shares_figure_puts_the_largest_share_on_top_and_colours_negative_ones():
+    shares = pd.Series({"a": 0.1, "b": 1.3, "c": -0.4})
+    fig = shares_figure(shares, title="row 3")
+    bars = {t.name: dict(zip(t.y, t.x, strict=True)) for t in fig.data}
+    assert bars == {"adds distance": {"a": 0.1, "b": 1.3}, "lowers distance": {"c": -0.4}}
+    assert fig.data[0].marker.color == COLORS["adds distance"]
+    assert list(fig.layout.yaxis.categoryarray) == ["a", "c", "b"]  # bottom to top
+    assert fig.layout.title.text == "row 3"
+    many = pd.Series(np.linspace(-1, 1, 40), index=[f"f{i}" for i in range(40)])
+    assert sum(len(t.y) for t in shares_figure(many, top=10).data) == 10
