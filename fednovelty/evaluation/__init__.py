@@ -7,12 +7,15 @@ higher means more anomalous (PyOD's ``decision_function``).
 - :mod:`~fednovelty.evaluation.metrics`: ``auroc``, ``aupr_in``, ``aupr_out``,
   ``fpr_at_95_tpr``, ``max_f1``, ``evaluate``.
 - :mod:`~fednovelty.evaluation.benchmark`: ``run_benchmark`` (datasets x methods x protocols x
-  alphas x clients x seeds -> tidy DataFrame, resumable), ``summarize`` (markdown), ``METHODS``.
+  alphas x clients x seeds -> tidy DataFrame, resumable); the methods are the registry's
+  (:mod:`fednovelty.methods`, ``METHODS`` re-exported here).
+- :mod:`~fednovelty.evaluation.results`: the results table's columns and its resumable CSV file.
+- :mod:`~fednovelty.evaluation.summary`: ``summarize`` (markdown tables of a results table).
 - :mod:`~fednovelty.evaluation.plots`: ``plot_metric_vs`` (a metric vs alpha, clients or K, the
   FedGenGMM paper's Figs 3-5), ``plot_method_bars`` (matplotlib imported on call).
 """
 
-from fednovelty.evaluation.benchmark import METHODS, run_benchmark, summarize
+from fednovelty.evaluation.benchmark import run_benchmark
 from fednovelty.evaluation.metrics import (
     aupr_in,
     aupr_out,
@@ -22,6 +25,8 @@ from fednovelty.evaluation.metrics import (
     max_f1,
 )
 from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs
+from fednovelty.evaluation.summary import summarize
+from fednovelty.methods import METHODS
 
 __all__ = [
     "METHODS",

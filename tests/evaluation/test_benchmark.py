@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fednovelty import methods
 from fednovelty.evaluation import benchmark
 from fednovelty.evaluation.benchmark import (
     COLUMNS,
@@ -157,35 +158,42 @@ def test_unknown_names_suggest_the_closest():
         run_benchmark(["4_breastw"], ["IForest"], protocols=["transductive"], progress=False)
 
 
-def test_registry_names_match_the_papers():
+def test_methods_come_from_the_registry():
     assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
                                      "DEM-subset", "Local", "CentralGMM", "FedGenGMM-copula",
                                      "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS",
                                      "PCA"]  # fmt: skip
-    # every mixture method also comes as its ablations, with the switches they name
-    for name in ("FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-subset", "Local", "CentralGMM"):
-        default = METHODS[name].build(3, None, "full", 0)
-        assert (default.standardize, default.covariance_prior) == (True, "auto")
-        for suffix, expected in [("-plain", (False, None)), ("-std", (True, None)),
-                                 ("-prior", (False, "auto"))]:  # fmt: skip
-            variant = METHODS[name + suffix]
-            detector = variant.build(3, None, "full", 0)
-            assert (detector.standardize, detector.covariance_prior) == expected
-            assert variant.federated == METHODS[name].federated
-    assert set(METHODS) == set(DEFAULT_METHODS) | {
-        m + s for m in DEFAULT_METHODS[:7] for s in ("-plain", "-std", "-prior")
+    assert METHODS is methods.METHODS and list(DEFAULT_METHODS) == methods.method_names()
+    assert benchmark.check_methods(["DEM-kmeans-plain", "IForest"]) == ["DEM-kmeans-plain",
+                                                                        "IForest"]  # fmt: skip
+    with pytest.raises(ValueError, match="PFL-FedAvg: personalised classification"):
+        benchmark.check_methods(["IForest", "PFL-FedAvg"])
+
+
+def test_each_method_gets_the_grid_settings_it_takes(monkeypatch):
+    built = {}
+    real = methods.Method.build
+
+    def spy(self, **params):
+        built[self.name] = params
+        return real(self, **params)
+
+    monkeypatch.setattr(methods.Method, "build", spy)
+    df = run_benchmark(["4_breastw"], ["FedGenGMM", "Local", "DEM-subset", "PCA", "ECOD"],
+                       covariance_type="diag", client_components=2, seeds=(3,),
+                       **TINY)  # fmt: skip
+    assert df["error"].isna().all(), df["error"].dropna().tolist()
+    mixture = {"n_components": 2, "covariance_type": "diag", "random_state": 3}
+    assert built == {
+        "FedGenGMM": {**mixture, "client_components": 2},
+        "Local": {"client_components": 2, "covariance_type": "diag", "random_state": 3},
+        "DEM-subset": mixture,
+        "PCA": {"random_state": 3},  # PyOD's own n_components is not the mixture's K
+        "ECOD": {},
     }
-    dem = METHODS["DEM-subset"].build(3, None, "diag", 0)
-    assert (dem.mixture_weights, dem.init_params, dem.covariance_type) == (
-        "global",
-        "subset",
-        "diag",
-    )
-    assert METHODS["FedGMM"].build(3, None, "full", 0).mixture_weights == "personal"
-    assert not METHODS["CentralGMM"].federated and METHODS["FedGenGMM"].federated
-    copula = METHODS["FedGenGMM-copula"]
-    assert copula.federated and copula.build(3, None, "full", 0).copula
-    assert not METHODS["FedGenGMM"].build(3, None, "full", 0).copula
+    fitted_on_clients = df.set_index("method")["rounds"].notna().to_dict()
+    assert fitted_on_clients == {"FedGenGMM": True, "Local": True, "DEM-subset": True,
+                                 "PCA": False, "ECOD": False}  # fmt: skip
 
 
 def test_torch_threads_are_set_for_the_run_and_restored():

@@ -12,7 +12,7 @@ import warnings
 import pandas as pd
 import pytest
 
-from fednovelty.evaluation import benchmark
+from fednovelty.evaluation import benchmark, results
 from fednovelty.evaluation.benchmark import COLUMNS, METRICS, run_benchmark
 
 METHODS = ["IForest", "HBOS", "COPOD"]
@@ -105,7 +105,7 @@ def test_a_torn_header_counts_nothing(tmp_path, monkeypatch):
 def test_a_write_that_fails_midway_leaves_a_row_the_next_run_redoes(tmp_path, monkeypatch):
     """The disk fills while the second cell's row is written: half of it reaches the file."""
     path = tmp_path / "results.csv"
-    real_write, calls = benchmark.os.write, []
+    real_write, calls = results.os.write, []
 
     def full_disk(descriptor, data):
         calls.append(len(data))
@@ -114,11 +114,11 @@ def test_a_write_that_fails_midway_leaves_a_row_the_next_run_redoes(tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(descriptor, data)
 
-    monkeypatch.setattr(benchmark.os, "write", full_disk)
+    monkeypatch.setattr(results.os, "write", full_disk)
     with pytest.raises(OSError, match="No space left"):
         run_benchmark(["4_breastw"], METHODS, out_csv=path, **TINY)
     assert not path.read_text().endswith("\n")
-    monkeypatch.setattr(benchmark.os, "write", real_write)
+    monkeypatch.setattr(results.os, "write", real_write)
     _, ran, warned = _resume(path, monkeypatch)
     assert ran == ["HBOS", "COPOD"]
     _assert_well_formed(path, 3)
@@ -128,13 +128,13 @@ def test_a_write_that_fails_midway_leaves_a_row_the_next_run_redoes(tmp_path, mo
 def test_each_row_is_one_write(tmp_path, monkeypatch):
     """A whole row per ``os.write`` call: a crash can tear at most the row being written."""
     path = tmp_path / "results.csv"
-    real_write, written = benchmark.os.write, []
+    real_write, written = results.os.write, []
 
     def record(descriptor, data):
         written.append(bytes(data))
         return real_write(descriptor, data)
 
-    monkeypatch.setattr(benchmark.os, "write", record)
+    monkeypatch.setattr(results.os, "write", record)
     run_benchmark(["4_breastw"], METHODS[:2], out_csv=path, **TINY)
     assert len(written) == 2 and all(chunk.endswith(b"\n") for chunk in written)
     assert written[0].count(b"\n") == 2  # the header and the first row together

@@ -1,0 +1,435 @@
+"""The registry of named methods: the one place that lists them.
+
+Every runner (``fednovelty bench``, ``fednovelty demo``, the CLI's choices, the dashboard) reads
+:data:`METHODS`; adding a method is one :class:`Method` entry here plus its detector.
+
+A :class:`Method` names a detector configuration: a ``factory`` that returns an unfitted
+detector (imported on call, so that reading the registry imports neither the detectors nor
+PyOD), its ``kind``, the ``paper`` it comes from and one line of ``description``.
+
+- ``kind``: ``"federated"`` (fitted on clients, ``fit(X, groups=...)``, reports rounds and
+  bytes), ``"local"`` (each client's own model, also fitted with ``groups``), ``"centralized"``
+  (a mixture fitted on the pooled rows) or ``"pyod"`` (a PyOD baseline on the pooled rows).
+- ``task``: ``"novelty"`` (an x-only detector: ``fit(X)``, ``decision_function``, higher = more
+  anomalous) or ``"pfl"`` (the FedGMM paper's personalised classifiers: a
+  ``JointFedGMMDetector``, ``fit(X, y, groups)``).
+- ``shared``: which of the settings a runner sets alike for every method
+  (:data:`SHARED_SETTINGS`: the mixture's ``n_components``, the clients' ``client_components``,
+  ``covariance_type``, ``random_state``) this method takes. PyOD's ``PCA`` has an
+  ``n_components`` of its own, so a runner's mixture size is not passed to it.
+
+Ablation variants: every mixture method that runs with the robust defaults (federated
+standardisation and the covariance prior, ``docs/robust.md``) also comes as its ablations,
+registered under the base name plus a suffix of :data:`ABLATIONS` (``-plain``: neither, the
+papers' plain maximum-likelihood mixture; ``-std``: standardisation only; ``-prior``: the prior
+on the raw features). A variant records its base in ``variant_of``; :func:`method_names` leaves
+the variants out unless asked.
+
+Example:
+    >>> from fednovelty.methods import get_method, method_names
+    >>> method_names(kind="pyod")
+    ['IForest', 'ECOD', 'COPOD', 'KNN', 'LOF', 'HBOS', 'PCA']
+    >>> get_method("DEM-kmeans").build(n_components=3, random_state=0).mixture_weights
+    'global'
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ABLATIONS",
+    "KINDS",
+    "METHODS",
+    "SHARED_SETTINGS",
+    "TASKS",
+    "Method",
+    "check_known",
+    "get_method",
+    "method_names",
+]
+
+KINDS = ("federated", "local", "centralized", "pyod")
+TASKS = ("novelty", "pfl")
+#: Settings a runner sets alike for every method that takes them (see ``Method.shared``).
+SHARED_SETTINGS = ("n_components", "client_components", "covariance_type", "random_state")
+#: Ablation suffix -> the detector settings it switches off (see the module doc).
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "-plain": {"standardize": False, "covariance_prior": None},
+    "-std": {"covariance_prior": None},
+    "-prior": {"standardize": False},
+}
+
+
+def check_known(kind: str, names: Iterable[str], known: Sequence[str], extra: str = "") -> None:
+    """Raise ValueError naming each of ``names`` not in ``known`` with its closest known names.
+
+    ``kind`` is what the names are (``"method"``, ``"dataset"``, ...); the known names are
+    listed when there are at most 20 of them; ``extra`` ends the message.
+    """
+    bad = [n for n in names if n not in known]
+    if not bad:
+        return
+    hints = []
+    for name in bad:
+        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
+        close += [k for k in known if str(name).lower() in k.lower() and k not in close]
+        hints.append(f"{name!r}" + (f" (did you mean {', '.join(close[:3])}?)" if close else ""))
+    listed = f" Known: {', '.join(known)}." if len(known) <= 20 else ""
+    raise ValueError(f"unknown {kind} {', '.join(hints)}.{listed}{extra}")
+
+
+# ----------------------------------------------------------------------------- factories
+@dataclass(frozen=True)
+class _Detector:
+    """Factory of ``module.class_name(**fixed, **params)``, the class imported on call.
+
+    ``fixed`` (pairs, so the factory stays hashable) are the settings that make the method
+    what it is; :meth:`Method.build` refuses them as parameters.
+    """
+
+    class_name: str
+    fixed_pairs: tuple[tuple[str, Any], ...] = ()
+    module: str = "fednovelty.detectors"
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return dict(self.fixed_pairs)
+
+    def __call__(self, **params):
+        cls = getattr(importlib.import_module(self.module), self.class_name)
+        return cls(**self.fixed, **params)
+
+
+def _detector(class_name: str, module: str = "fednovelty.detectors", **fixed) -> _Detector:
+    return _Detector(class_name, tuple(fixed.items()), module)
+
+
+@dataclass(frozen=True)
+class _PFLBaseline:
+    """Factory of ``JointFedGMMDetector.pfl_baseline(paper_name, **params)`` (imported on call);
+    the baseline's own settings (e.g. FedEM's one Gaussian) are applied by ``pfl_baseline``."""
+
+    paper_name: str
+
+    def __call__(self, **params):
+        from fednovelty.detectors import JointFedGMMDetector
+
+        return JointFedGMMDetector.pfl_baseline(self.paper_name, **params)
+
+
+# ----------------------------------------------------------------------------- the entry
+@dataclass(frozen=True)
+class Method:
+    """A named detector configuration (see the module doc for ``kind``, ``task``, ``shared``).
+
+    Attributes:
+        name: the name in results and on the command line (``"FedGenGMM"``, ``"IForest"``).
+        factory: ``(**params) -> an unfitted detector``.
+        kind: ``"federated"``, ``"local"``, ``"centralized"`` or ``"pyod"``.
+        paper: the paper or reference it comes from; ``""`` if none.
+        description: one line.
+        task: ``"novelty"`` or ``"pfl"``.
+        shared: the names of :data:`SHARED_SETTINGS` the method takes.
+        variant_of: the base method of an ablation variant; ``""`` otherwise.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    kind: str
+    paper: str
+    description: str
+    task: str = "novelty"
+    shared: tuple[str, ...] = ("random_state",)
+    variant_of: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"Method {self.name!r}: kind must be one of {KINDS}; got {self.kind!r}."
+            )
+        if self.task not in TASKS:
+            raise ValueError(
+                f"Method {self.name!r}: task must be one of {TASKS}; got {self.task!r}."
+            )
+        check_known("shared setting", self.shared, SHARED_SETTINGS)
+
+    @property
+    def fits_clients(self) -> bool:
+        """Whether the detector is fitted with ``groups=`` (the client of each row)."""
+        return self.kind in ("federated", "local")
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """Detector settings that make this method what it is; :meth:`build` refuses them."""
+        return dict(getattr(self.factory, "fixed", {}))
+
+    def parameters(self) -> tuple[str, ...]:
+        """The parameter names :meth:`build` accepts: the detector's constructor parameters
+        (``get_params``) less those the method fixes; ``()`` for a detector without
+        ``get_params`` (then :meth:`build` passes parameters through unchecked)."""
+        detector = self.factory()
+        if not hasattr(detector, "get_params"):
+            return ()
+        fixed = self.fixed
+        return tuple(name for name in detector.get_params(deep=False) if name not in fixed)
+
+    def shared_params(self, **settings) -> dict[str, Any]:
+        """Of the runner's shared ``settings``, those this method takes.
+
+        Raises:
+            ValueError: a setting outside :data:`SHARED_SETTINGS`.
+        """
+        check_known("shared setting", settings, SHARED_SETTINGS)
+        return {name: value for name, value in settings.items() if name in self.shared}
+
+    def build(self, **params):
+        """An unfitted detector: ``factory(**params)`` with the names checked first.
+
+        Raises:
+            ValueError: a parameter the detector does not have, or one the method fixes
+                (with the method's name and what to use instead).
+        """
+        clash = {name: value for name, value in self.fixed.items() if name in params}
+        if clash:
+            pinned = ", ".join(f"{k}={v!r}" for k, v in clash.items())
+            raise ValueError(
+                f"{self.name} fixes {pinned}: that is what makes it {self.name}. Choose the "
+                f"method with the setting you want (method_names(variants=True)) or build the "
+                f"detector class directly."
+            )
+        accepted = self.parameters()
+        if accepted:
+            check_known(
+                f"parameter of {self.name}",
+                params,
+                accepted,
+                f" {self.name} takes: {', '.join(accepted)}.",
+            )
+        return self.factory(**params)
+
+
+# ----------------------------------------------------------------------------- the registry
+FEDGENGMM_PAPER = "Zhang Pettersson et al.: Federated Gaussian Mixture Models (FedGenGMM), 2025"
+FEDGMM_PAPER = (
+    "Wu et al.: Personalized Federated Learning under Mixture of Distributions (FedGMM), ICML 2023"
+)
+DEM_PAPER = f"distributed EM as compared in {FEDGENGMM_PAPER}"
+_ABLATION_TEXT = {
+    "-plain": "ablation: plain maximum likelihood, no standardisation, no prior",
+    "-std": "ablation: standardisation only, no covariance prior",
+    "-prior": "ablation: covariance prior on the raw features, no standardisation",
+}
+_MIXTURE = ("n_components", "covariance_type", "random_state")
+_CLIENT_MIXTURE = ("client_components", "covariance_type", "random_state")
+
+
+def _mixtures(suffix: str = "", **settings) -> list[Method]:
+    """The mixture methods with the detector ``settings`` of one ablation (``""``: defaults)."""
+
+    def em(**fixed) -> _Detector:
+        return _detector("FedGMMDetector", **fixed, **settings)
+
+    out = [
+        Method(
+            "FedGenGMM",
+            _detector("FedGenGMMDetector", **settings),
+            "federated",
+            FEDGENGMM_PAPER,
+            "one round: client mixtures -> synthetic rows on the server -> global mixture",
+            shared=("n_components", *_CLIENT_MIXTURE),
+        ),
+        Method(
+            "FedGMM",
+            em(mixture_weights="personal"),
+            "federated",
+            FEDGMM_PAPER,
+            "federated EM, shared Gaussians with personal mixture weights per client",
+            shared=_MIXTURE,
+        ),
+        *[
+            Method(
+                f"DEM-{init}",
+                em(mixture_weights="global", init_params=init),
+                "federated",
+                DEM_PAPER,
+                f"federated EM, one global weight vector, {how}",
+                shared=_MIXTURE,
+            )
+            for init, how in (
+                ("kmeans", "federated k-means initialisation (the paper's DEM init 3)"),
+                ("separated", "centres spread over the feature range (DEM init 1)"),
+                ("subset", "EM on 100 pooled raw rows first: not private (DEM init 2)"),
+            )
+        ],
+        Method(
+            "Local",
+            _detector("LocalGMMDetector", **settings),
+            "local",
+            FEDGENGMM_PAPER,
+            "each client's own mixture, scored as their size-weighted mixture (no federation)",
+            shared=_CLIENT_MIXTURE,
+        ),
+        Method(
+            "CentralGMM",
+            # the pooled rows cross no wire: no privacy floor
+            em(mixture_weights="global", init_params="kmeans", privacy_min_rows=1),
+            "centralized",
+            FEDGENGMM_PAPER,
+            "EM on the pooled rows, the papers' non-federated ideal",
+            shared=_MIXTURE,
+        ),
+    ]
+    if not suffix:
+        return out
+    return [
+        Method(
+            m.name + suffix,
+            m.factory,
+            m.kind,
+            m.paper,
+            f"{m.description} [{_ABLATION_TEXT[suffix]}]",
+            shared=m.shared,
+            variant_of=m.name,
+        )
+        for m in out
+    ]
+
+
+_PYOD = (
+    (
+        "IForest",
+        "iforest",
+        True,
+        "Liu, Ting, Zhou: Isolation Forest, ICDM 2008",
+        "isolation forest",
+    ),
+    ("ECOD", "ecod", False, "Li et al.: ECOD, TKDE 2022", "empirical cumulative distributions"),
+    ("COPOD", "copod", False, "Li et al.: COPOD, ICDM 2020", "empirical copula"),
+    ("KNN", "knn", False, "Ramaswamy et al., SIGMOD 2000", "distance to the k-th nearest row"),
+    ("LOF", "lof", False, "Breunig et al., SIGMOD 2000", "local outlier factor"),
+    ("HBOS", "hbos", False, "Goldstein, Dengel, KI 2012", "histogram-based outlier score"),
+    ("PCA", "pca", True, "Shyu et al., ICDM 2003", "weighted distance to principal axes"),
+)
+
+_PFL = (
+    ("FedGMM", FEDGMM_PAPER, "federated", "the joint model: shared Gaussians and learners"),
+    (
+        "FedEM",
+        "Marfoq et al.: Federated Multi-Task Learning under a Mixture of Distributions, "
+        "NeurIPS 2021",
+        "federated",
+        "one Gaussian: a mixture of learners only",
+    ),
+    (
+        "FedAvg",
+        "McMahan et al.: Communication-Efficient Learning of Deep Networks from "
+        "Decentralized Data, AISTATS 2017",
+        "federated",
+        "one Gaussian, one averaged learner",
+    ),
+    (
+        "FedProx",
+        "Li et al.: Federated Optimization in Heterogeneous Networks, MLSys 2020",
+        "federated",
+        "FedAvg with a proximal term in the local objective (mu_prox 0.01 unless given)",
+    ),
+    ("Local", FEDGMM_PAPER, "local", "one learner per client, never averaged"),
+)
+
+
+def _registry() -> dict[str, Method]:
+    methods = [
+        *_mixtures(),
+        Method(
+            "FedGenGMM-copula",
+            _detector("FedGenGMMDetector", copula=True),
+            "federated",
+            FEDGENGMM_PAPER,
+            "FedGenGMM whose server also fits a Gaussian copula on its synthetic rows and "
+            "scores with it (same round)",
+            shared=("n_components", *_CLIENT_MIXTURE),
+        ),
+        *[
+            Method(
+                name,
+                _detector(name, f"pyod.models.{module}"),
+                "pyod",
+                f"PyOD; {reference}",
+                f"PyOD's {name} with its defaults on the pooled rows: {what}",
+                shared=("random_state",) if seeded else (),
+            )
+            for name, module, seeded, reference, what in _PYOD
+        ],
+        *[m for suffix, settings in ABLATIONS.items() for m in _mixtures(suffix, **settings)],
+        *[
+            Method(
+                f"PFL-{name}",
+                _PFLBaseline(name),
+                kind,
+                paper,
+                f"personalised classification (the FedGMM paper's Table 2): {what}",
+                task="pfl",
+                shared=_MIXTURE,
+            )
+            for name, paper, kind, what in _PFL
+        ],
+    ]
+    names = [m.name for m in methods]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"method names registered twice: {repeated}.")
+    return {m.name: m for m in methods}
+
+
+#: Every named method, by name (registry order: methods, then ablations, then PFL methods).
+METHODS: dict[str, Method] = _registry()
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``.
+
+    Raises:
+        ValueError: an unknown name, with the closest known names and all of them.
+    """
+    if name not in METHODS:
+        bases = [m.name for m in METHODS.values() if not m.variant_of]
+        with_variants = [n for n in bases if any(m.variant_of == n for m in METHODS.values())]
+        check_known(
+            "method",
+            [name],
+            list(METHODS),
+            f" Known: {', '.join(bases)}; and the ablations {', '.join(ABLATIONS)} of "
+            f"{', '.join(with_variants)} (e.g. {with_variants[0]}{next(iter(ABLATIONS))}).",
+        )
+    return METHODS[name]
+
+
+def method_names(
+    *, kind: str | None = None, task: str | None = "novelty", variants: bool = False
+) -> list[str]:
+    """Names of the registered methods in registry order.
+
+    Args:
+        kind: only this kind (``KINDS``); None: every kind.
+        task: only this task (``TASKS``); None: every task.
+        variants: include the ablation variants (``"FedGenGMM-plain"``, ...).
+
+    Raises:
+        ValueError: an unknown kind or task.
+    """
+    if kind is not None:
+        check_known("kind", [kind], KINDS)
+    if task is not None:
+        check_known("task", [task], TASKS)
+    return [
+        m.name
+        for m in METHODS.values()
+        if (kind is None or m.kind == kind)
+        and (task is None or m.task == task)
+        and (variants or not m.variant_of)
+    ]

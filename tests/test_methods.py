@@ -1,0 +1,164 @@
+"""The method registry (fednovelty/methods.py): names, factories, checks."""
+
+from __future__ import annotations
+
+import pytest
+
+import fednovelty.detectors
+from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty.methods import (
+    ABLATIONS,
+    METHODS,
+    SHARED_SETTINGS,
+    Method,
+    get_method,
+    method_names,
+)
+
+MIXTURES = ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset", "Local",
+            "CentralGMM"]  # fmt: skip
+PYOD = ["IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA"]
+
+
+def test_names_by_task_kind_and_variant():
+    assert method_names() == [*MIXTURES, "FedGenGMM-copula", *PYOD]
+    assert method_names(kind="pyod") == PYOD
+    assert method_names(kind="centralized") == ["CentralGMM"]
+    assert method_names(kind="local") == ["Local"]
+    assert method_names(kind="local", task=None) == ["Local", "PFL-Local"]
+    assert method_names(task="pfl") == [
+        "PFL-FedGMM",
+        "PFL-FedEM",
+        "PFL-FedAvg",
+        "PFL-FedProx",
+        "PFL-Local",
+    ]
+    variants = set(method_names(variants=True)) - set(method_names())
+    assert variants == {m + s for m in MIXTURES for s in ABLATIONS}
+    assert set(method_names(task=None, variants=True)) == set(METHODS)
+    with pytest.raises(ValueError, match="unknown kind 'pooled'"):
+        method_names(kind="pooled")
+    with pytest.raises(ValueError, match="unknown task 'classify'"):
+        method_names(task="classify")
+
+
+def test_every_entry_is_described_and_hashable():
+    for method in METHODS.values():
+        assert method.description and "\n" not in method.description, method.name
+        assert set(method.shared) <= set(SHARED_SETTINGS)
+        assert method.fits_clients == (method.kind in ("federated", "local"))
+        hash(method)
+    assert "FedGenGMM" in METHODS["FedGenGMM"].paper and "ICML" in METHODS["FedGMM"].paper
+    assert METHODS["IForest"].paper.startswith("PyOD")
+
+
+@pytest.mark.parametrize("name", method_names(variants=True))
+def test_every_novelty_method_builds_an_unfitted_detector(name):
+    method = get_method(name)
+    shared = {"n_components": 3, "client_components": 2, "covariance_type": "diag",
+              "random_state": 7}  # fmt: skip
+    detector = method.build(**method.shared_params(**shared))
+    assert hasattr(detector, "fit") and hasattr(detector, "decision_function")
+    params = detector.get_params()
+    for setting in method.shared:
+        assert params[setting] == shared[setting], (name, setting)
+    assert not hasattr(detector, "decision_scores_")  # not fitted
+
+
+def test_the_mixtures_are_the_detector_configurations_the_papers_name():
+    def params(name):
+        return get_method(name).build(n_components=3, random_state=0).get_params()
+
+    assert isinstance(get_method("FedGMM").build(), FedGMMDetector)
+    assert params("FedGMM")["mixture_weights"] == "personal"
+    for init in ("kmeans", "separated", "subset"):
+        dem = params(f"DEM-{init}")
+        assert (dem["mixture_weights"], dem["init_params"]) == ("global", init)
+    central = params("CentralGMM")
+    assert (central["mixture_weights"], central["init_params"]) == ("global", "kmeans")
+    assert central["privacy_min_rows"] == 1 and params("DEM-kmeans")["privacy_min_rows"] == 5
+    assert isinstance(get_method("FedGenGMM").build(), FedGenGMMDetector)
+    assert get_method("FedGenGMM-copula").build().copula and not params("FedGenGMM")["copula"]
+    local = get_method("Local").build(client_components=2, random_state=0)
+    assert isinstance(local, LocalGMMDetector) and local.client_components == 2
+    assert get_method("Local").shared_params(n_components=9, random_state=1) == {"random_state": 1}
+
+
+def test_ablations_switch_what_they_name():
+    for name in MIXTURES:
+        default = get_method(name).build()
+        assert (default.standardize, default.covariance_prior) == (True, "auto")
+        for suffix, expected in [("-plain", (False, None)), ("-std", (True, None)),
+                                 ("-prior", (False, "auto"))]:  # fmt: skip
+            variant = get_method(name + suffix)
+            detector = variant.build()
+            assert (detector.standardize, detector.covariance_prior) == expected
+            assert variant.variant_of == name and variant.kind == get_method(name).kind
+            assert variant.shared == get_method(name).shared
+    assert get_method("CentralGMM-plain").build().privacy_min_rows == 1
+
+
+def test_pyod_baselines_take_only_their_seed():
+    pca = get_method("PCA")
+    assert pca.shared_params(n_components=10, covariance_type="full", random_state=3) == {
+        "random_state": 3
+    }
+    assert pca.build(**pca.shared_params(n_components=10, random_state=3)).n_components is None
+    assert get_method("ECOD").shared_params(n_components=10, random_state=3) == {}
+    assert get_method("IForest").build(random_state=3).random_state == 3
+
+
+def test_unknown_names_and_parameters_are_refused_with_the_closest():
+    with pytest.raises(ValueError, match=r"unknown method 'IForrest' \(did you mean IForest"):
+        get_method("IForrest")
+    with pytest.raises(ValueError, match=r"Known: FedGenGMM, FedGMM, .*PFL-Local; and the abl"):
+        get_method("nope")
+    with pytest.raises(ValueError, match=r"'n_compnents' \(did you mean n_components"):
+        get_method("DEM-kmeans").build(n_compnents=3)
+    with pytest.raises(ValueError, match="DEM-kmeans fixes mixture_weights='global'"):
+        get_method("DEM-kmeans").build(mixture_weights="personal")
+    with pytest.raises(ValueError, match="FedGenGMM-plain fixes standardize=False"):
+        get_method("FedGenGMM-plain").build(standardize=True)
+    with pytest.raises(ValueError, match="unknown shared setting 'seed'"):
+        get_method("FedGMM").shared_params(seed=0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Method("X", FedGMMDetector, "cloud", "", "x")
+    with pytest.raises(ValueError, match="task must be one of"):
+        Method("X", FedGMMDetector, "federated", "", "x", task="regression")
+
+
+def test_a_factory_without_get_params_passes_parameters_through():
+    method = Method("Echo", lambda **params: params, "centralized", "", "returns its params")
+    assert method.parameters() == () and method.build(anything=1) == {"anything": 1}
+
+
+def test_pfl_methods_are_joint_baselines_built_by_name(monkeypatch):
+    calls = []
+
+    class FakeJoint:
+        @classmethod
+        def pfl_baseline(cls, name, **params):
+            calls.append((name, params))
+            return cls()
+
+        def get_params(self, deep=True):
+            return {"n_components": 3, "n_learners": 3, "random_state": None}
+
+    monkeypatch.setattr(fednovelty.detectors, "JointFedGMMDetector", FakeJoint, raising=False)
+    for name in ("FedGMM", "FedEM", "FedAvg", "FedProx", "Local"):
+        method = get_method(f"PFL-{name}")
+        assert method.task == "pfl" and method.kind == ("local" if name == "Local" else "federated")
+        calls.clear()
+        assert isinstance(method.build(n_components=2, random_state=1), FakeJoint)
+        assert calls[-1] == (name, {"n_components": 2, "random_state": 1})
+    with pytest.raises(ValueError, match="unknown parameter of PFL-FedAvg 'mixture_weights'"):
+        get_method("PFL-FedAvg").build(mixture_weights="global")
+
+
+def test_pfl_methods_build_the_joint_estimator():
+    joint = getattr(fednovelty.detectors, "JointFedGMMDetector", None)
+    if joint is None:
+        pytest.skip("JointFedGMMDetector is not in fednovelty.detectors yet")
+    fedem = get_method("PFL-FedEM").build(n_learners=3, random_state=0)
+    assert isinstance(fedem, joint) and fedem.n_components == 1 and fedem.n_learners == 3
+    assert get_method("PFL-FedProx").build(mu_prox=0.5).mu_prox == 0.5
