@@ -8,8 +8,8 @@ from fednovelty_app import ui
 ui.setup("Score your data", ":material/upload_file:")
 
 from fednovelty_app.analysis import score_axis, score_rows  # noqa: E402
-from fednovelty_app.data import UploadError, check_score_table, read_table  # noqa: E402
 from fednovelty_app.plots import score_histogram  # noqa: E402
+from fednovelty_app.uploads import UploadError, check_score_table, read_table  # noqa: E402
 
 NONE = "(none)"
 

@@ -1,20 +1,23 @@
-"""Dashboard data sources and upload checks (app/fednovelty_app/data.py)."""
+"""Dashboard data sources and upload checks (app/fednovelty_app/data.py, uploads.py)."""
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from fednovelty_app.data import (
+from fednovelty_app import data
+from fednovelty_app.data import adbench_bundle, synthetic_bundle, upload_bundle
+from fednovelty_app.uploads import (
     MIN_ROWS_PER_CLIENT,
     UploadError,
-    adbench_bundle,
     check_score_table,
     check_table,
     read_table,
-    synthetic_bundle,
-    upload_bundle,
 )
+
+from fednovelty.datasets import load_adbench
+from fednovelty.datasets.protocols import make_task
 
 
 def table(n_clients=3, rows=40, seed=0, labels=True, novel=True) -> pd.DataFrame:
@@ -54,6 +57,39 @@ def test_adbench_bundle_holds_out_clients_and_marks_anomalies():
     assert unseen.novel_eval.sum() == bundle.novel_test.sum()
     assert bundle.partition_label_name == "k-means cluster"
     assert bundle.partition_clients.shape == bundle.partition_labels.shape
+
+
+def test_adbench_bundle_is_the_task_with_clients_held_out():
+    bundle = adbench_bundle("4_breastw", "outlier", n_clients=3, alpha=1.0, n_unseen=1, seed=2)
+    task = make_task("4_breastw", "outlier", n_clients=4, alpha=1.0, seed=2, max_train=20_000,
+                     max_test=5_000)  # fmt: skip
+    train = task.groups_train < 3
+    np.testing.assert_array_equal(bundle.X_train, task.X_train[train])
+    np.testing.assert_array_equal(bundle.X_test, task.X_test)
+    np.testing.assert_array_equal(bundle.novel_test, task.y_test)
+    np.testing.assert_array_equal(bundle.partition_clients, task.groups_train)
+    # the unseen client adapts and is evaluated on its inliers only (the outlier protocol
+    # trains on anomalies too)
+    (unseen,) = bundle.unseen
+    own = task.groups_train == 3
+    inliers = own & (load_adbench("4_breastw")[1][task.train_index] == 0)
+    assert inliers.sum() < own.sum()
+    held = unseen.X_adapt.shape[0] + (unseen.novel_eval == 0).sum()
+    assert held == inliers.sum()
+
+
+def test_task_fields_are_used_when_the_task_has_them():
+    task = make_task("4_breastw", "outlier", n_clients=3, alpha=1.0, seed=0)
+    n = task.X_train.shape[0]
+    marked = np.zeros(n, np.int64)
+    marked[:5] = 1
+    fields = {**vars(task), "y_train": marked, "partition_labels": np.arange(n) % 3}
+    anomalous, groups = data._task_training_rows(SimpleNamespace(**fields), "/nonexistent")
+    np.testing.assert_array_equal(anomalous, marked == 1)
+    np.testing.assert_array_equal(groups, np.arange(n) % 3)
+    novelty = make_task("4_breastw", "novelty", n_clients=3, alpha=1.0, seed=0)
+    anomalous, _ = data._task_training_rows(novelty, "/nonexistent")  # no file read
+    assert not anomalous.any() and anomalous.shape == (novelty.X_train.shape[0],)
 
 
 def test_upload_bundle_splits_each_client_and_tests_novel_rows():
