@@ -6,13 +6,13 @@ from fednovelty_app import ui
 
 ui.setup("Joint view", ":material/scatter_plot:")
 
-from fednovelty_app.analysis import joint_view  # noqa: E402
+from fednovelty_app.analysis import is_joint, joint_view  # noqa: E402
 from fednovelty_app.plots import joint_scatter  # noqa: E402
 
 st.title("Joint view: is the input novel, or its label?")
 run = ui.require_run(what="the joint view")
 det, bundle = run.detector, run.bundle
-if not run.joint:
+if not is_joint(det):
     st.info(
         "The joint view needs FedGMM's joint model p(x, y). On **Train**, choose FedGMM with "
         "'Joint model' on labelled data: the synthetic dataset, or an upload with a class "

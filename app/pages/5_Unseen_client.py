@@ -5,7 +5,7 @@ from fednovelty_app import ui
 
 ui.setup("Unseen client", ":material/person_add:")
 
-from fednovelty_app.analysis import adaptation  # noqa: E402
+from fednovelty_app.analysis import adaptation, is_joint  # noqa: E402
 from fednovelty_app.plots import adaptation_figure  # noqa: E402
 
 st.title("Unseen client")
@@ -42,7 +42,7 @@ n = st.slider(
     key="unseen_rows_" + ui.short(run.key + choice),
 )
 use_labels = False
-if run.joint and client.y_adapt is not None:
+if is_joint(det) and client.y_adapt is not None:
     use_labels = st.checkbox("Use their labels (else x-only EM)", value=True)
 result = adaptation(det, bundle, client.client_id, n, use_labels=use_labels)
 
@@ -53,7 +53,7 @@ cols[1].metric(
     f"{result.auroc_after:.3f}",
     delta=f"{result.auroc_after - result.auroc_before:+.3f}",
 )
-if run.joint:
+if is_joint(det):
     cols[2].metric("Accuracy before", f"{result.accuracy_before:.3f}")
     cols[3].metric(
         "Accuracy after",

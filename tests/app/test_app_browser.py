@@ -28,8 +28,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-#: How long any one wait may take, in ms: generous, because these are waits, not budgets (a
-#: loaded CI machine ran the suite 4x slower than an idle one; budgets: bench_app.py).
+#: How long any one wait may take, in ms: generous, because these are waits, not budgets (the
+#: latency budgets are benchmarks/bench_app.py's; docs/app.md, Latency).
 WAIT_MS = 180_000
 EXCEPTION = '[data-testid="stException"]'
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
@@ -106,8 +106,8 @@ def test_every_page_in_chromium(server):
             page.get_by_role("heading", name="fednovelty dashboard").wait_for()
             first_page = time.perf_counter() - started
             settle(page)
-            # Timings are printed, never asserted: issue 6's 5 s / 30 s budgets are met in
-            # benchmarks/bench_app.py on an idle machine (here another pytest worker competes).
+            # Timings are printed, never asserted: the latency budgets are checked by
+            # benchmarks/bench_app.py on an idle machine (here other pytest workers compete).
             print(f"server up in {server_seconds:.1f} s; first page in {first_page:.1f} s")
             check_and_shoot(page, "0_home", folder)
 
