@@ -21,13 +21,9 @@ scoring, inside :func:`torch_threads` with a count chosen here:
 The caller's setting is restored after every step (also when the step raises), so a fit
 never changes the thread count of the program that runs it.
 
-Why :data:`PARALLEL_WORK` is ``2e9`` (``benchmarks/bench_threads.py``, table in
-``benchmarks/results/threads.txt``): on this project's 2-core machine, shared with other jobs
-(load average 7 to 11), the median time of every E-step, client k-means and scoring kernel
-from 1.5e6 to 1.5e9 work units (1,000 to 1,000,000 rows) was 1.8x to 400x longer with two
-threads than with one, alone and beside two busy torch processes; only scoring 1,000 rows at
-d = 32, which torch does not split, came out even (0.8x-1.0x). No crossover below 1.5e9, so
-only larger kernels may take more threads, and only on free cores.
+:data:`PARALLEL_WORK` is set from ``benchmarks/bench_threads.py`` (kernels and fits at one and
+more threads, alone and under load); its measurements are in ``benchmarks/README.md``
+("Threads under load").
 """
 
 from __future__ import annotations
@@ -39,10 +35,12 @@ from typing import Any
 
 import torch
 
+from fednovelty.runtime.clients import client_rows
+
 #: environment variable that overrides the choice: ``auto`` or a positive integer.
 ENV_VAR = "FEDNOVELTY_NUM_THREADS"
 #: work units (rows x components x features^2, full covariances) from which a step may use
-#: more than one thread (on free cores); below it none gained when measured, see above.
+#: more than one thread (on free cores).
 PARALLEL_WORK = 2e9
 #: message kinds whose client step is learner SGD on small batches: one thread at any size.
 SERIAL_KINDS = frozenset({"joint_em"})
@@ -121,18 +119,32 @@ def threads_for_work(work: float, threads: int | str | None = None) -> int:
     return caller if free is None else max(1, min(caller, free))
 
 
-def _rows(data: Any) -> Any:
-    """The row tensor of client data: ``X`` or the first entry of ``(X, y, ...)``."""
-    return data[0] if isinstance(data, tuple | list) else data
+#: message kinds whose client step works with full (or tied) covariances when the algorithm
+#: (or the message) says so.
+COVARIANCE_KINDS = frozenset({"assign", "em", "joint_em", "local_fit"})
 
 
-def _feature_power(message) -> int:
-    """2 when the message's statistics have full (or tied) covariances, else 1."""
-    return 2 if message.scalars.get("covariance_type") in ("full", "tied") else 1
+def _setting(algorithm: Any, name: str) -> Any:
+    """An algorithm's setting: its attribute ``name``, else its ``config``'s; ``None``."""
+    value = getattr(algorithm, name, None)
+    if value is None:
+        value = getattr(getattr(algorithm, "config", None), name, None)
+    return value
 
 
-def _n_components(message) -> int:
-    """K a client step works with, from the message's fields (1 when it names none)."""
+def _feature_power(message, algorithm: Any = None) -> int:
+    """2 when the step's statistics have full (or tied) covariances, else 1: the message's
+    ``covariance_type`` scalar, else the algorithm's setting for the kinds that use one."""
+    covariance_type = message.scalars.get("covariance_type")
+    if covariance_type is None and message.kind in COVARIANCE_KINDS:
+        covariance_type = _setting(algorithm, "covariance_type")
+    return 2 if covariance_type in ("full", "tied") else 1
+
+
+def _n_components(message, algorithm: Any = None) -> int:
+    """K a client step works with: from the message's fields (``means``/``centers`` rows,
+    ``n_clusters``, ``candidates``), else for a k-means (``centroids``) or local fit
+    (``local_fit``) round from the algorithm's settings; 1 otherwise."""
     for name in ("means", "centers"):
         if name in message.tensors:
             return int(message.tensors[name].shape[0])
@@ -140,19 +152,28 @@ def _n_components(message) -> int:
         return max(1, int(message.scalars["n_clusters"]))
     candidates = str(message.scalars.get("candidates", ""))
     numbers = [int(part) for part in candidates.split(",") if part.strip().isdigit()]
-    return max(numbers, default=1)
+    if numbers:
+        return max(numbers)
+    if message.kind == "centroids":
+        return max(1, int(_setting(algorithm, "n_components") or 1))
+    if message.kind == "local_fit":
+        fixed = _setting(algorithm, "client_components")
+        return max(1, int(fixed) if fixed else max(_k_range(algorithm)))
+    return 1
 
 
-def client_work(message, data: Any) -> float:
+def client_work(message, data: Any, algorithm: Any = None) -> float:
     """Work units of one client step: rows x K x features^p (p = 2 with full covariances).
 
     Args:
         message: the broadcast ``Message``; data: the client's rows (n_samples, n_features)
-            or a tuple whose first entry they are.
+            or a tuple whose first entry they are; algorithm: the settings K and the
+            covariance type are read from when the message does not carry them.
     """
-    X = _rows(data)
+    X = client_rows(data)
     n_rows, n_features = (int(X.shape[0]), int(X.shape[1])) if X.ndim == 2 else (0, 0)
-    return float(n_rows) * _n_components(message) * float(n_features) ** _feature_power(message)
+    k = _n_components(message, algorithm)
+    return float(n_rows) * k * float(n_features) ** _feature_power(message, algorithm)
 
 
 def server_work(algorithm: Any, replies: Mapping[int, Any]) -> float:
@@ -183,12 +204,13 @@ def _k_range(algorithm: Any) -> tuple[int, ...]:
     return tuple(int(k) for k in k_range) if k_range else (0,)
 
 
-def client_threads(message, data: Any, threads: int | str | None = None):
+def client_threads(message, data: Any, threads: int | str | None = None, algorithm: Any = None):
     """Context manager for one client step: :func:`torch_threads` with the count chosen for
-    ``message`` (learner SGD: 1) on ``data`` under the override ``threads``."""
+    ``message`` (learner SGD: 1) on ``data`` under the override ``threads``
+    (:func:`client_work`, ``algorithm`` the step's)."""
     if thread_setting(threads) == "auto" and message.kind in SERIAL_KINDS:
         return torch_threads(1)
-    return torch_threads(threads_for_work(client_work(message, data), threads))
+    return torch_threads(threads_for_work(client_work(message, data, algorithm), threads))
 
 
 def server_threads(algorithm: Any, replies: Mapping[int, Any], threads: int | str | None = None):
@@ -205,7 +227,7 @@ def scoring_threads(
 
 def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
     """``algorithm.client_step(data, message, context)`` under :func:`client_threads`."""
-    with client_threads(message, data, threads):
+    with client_threads(message, data, threads, algorithm):
         return algorithm.client_step(data, message, context)
 
 

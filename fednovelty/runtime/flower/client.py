@@ -37,7 +37,7 @@ import torch
 from fednovelty.exceptions import ClientDataError
 from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
-from fednovelty.federated.joint import JointFedGMM
+from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     decode_message,
@@ -46,7 +46,6 @@ from fednovelty.runtime.flower.codec import (
     store_client_state,
 )
 from fednovelty.runtime.flower.config import algorithm_from_run_config
-from fednovelty.runtime.simulation import check_clients
 from fednovelty.runtime.threads import run_client_step
 
 try:
@@ -164,13 +163,14 @@ def node_inputs(context: Context, load_data: DataLoader):
     client_id, raw = load_data(context)
     dtype = getattr(algorithm, "dtype", torch.float64)
     device = getattr(algorithm, "device", torch.device("cpu"))
-    if isinstance(algorithm, JointFedGMM) and not isinstance(raw, tuple):
+    labelled = bool(getattr(algorithm, "labelled", False))
+    if labelled and not isinstance(raw, tuple):
         raise ClientDataError(
-            f"client {client_id}: JointFedGMM needs labels; give an .npz with 'X' and 'y' or a "
-            "CSV with run_config 'label-column'."
+            f"client {client_id}: {type(algorithm).__name__} needs labels; give an .npz with "
+            "'X' and 'y' or a CSV with run_config 'label-column'."
         )
     data = _as_tensors(raw, dtype, device)
-    check_clients({client_id: data})
+    check_clients({client_id: data}, labelled=labelled)
     return algorithm, int(client_id), data
 
 
@@ -228,15 +228,14 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
     client = ClientContext(client_id, load_client_state(context.state), policy=policy)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state)
-    X = data[0] if isinstance(data, tuple) else data
-    header = {"client_id": client_id, "n_features": int(X.shape[1])}
+    header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
     return Message(encode_message(reply, **header), reply_to=message)
 
 
 def handle_query(message: Message, context: Context, load_data: DataLoader = load_node_data):
     """Register: reply this node's client id, row count and row width."""
     _, client_id, data = node_inputs(context, load_data)
-    X = data[0] if isinstance(data, tuple) else data
+    X = client_rows(data)
     info = FedMessage(
         "describe",
         scalars={"n_samples": int(X.shape[0]), "n_features": int(X.shape[1])},
@@ -249,7 +248,8 @@ def make_client_app(load_data: DataLoader = load_node_data) -> ClientApp:
 
     Args:
         load_data: ``Context -> (client_id, rows)`` (rows: numpy (n_samples, n_features), or
-            ``(X, y)`` for ``JointFedGMM``); default :func:`load_node_data`.
+            ``(X, y)`` for an algorithm whose ``labelled`` is true, e.g. ``JointFedGMM``);
+            default :func:`load_node_data`.
     """
     app = ClientApp()
 

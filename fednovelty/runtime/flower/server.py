@@ -1,11 +1,12 @@
 """The server side: any fednovelty algorithm's rounds over a Flower ``Grid``.
 
-:func:`run_rounds` is ``run_simulation`` with Flower nodes in place of in-process clients,
-and the same contract: ``algorithm.start``, then per round ``configure`` -> every sampled
-client's ``client_step`` (now on its node) -> ``server_step`` over the replies keyed by
-client id in increasing order -> ``finished``. Same algorithm objects, same message bytes,
-same reply order, same client sampling: for the same partition and seeds the final state
-equals the simulation's to float64 round-off.
+:func:`run_rounds` is the round loop of ``run_simulation``
+(:func:`fednovelty.runtime.loop.run_rounds`) with a :class:`GridTransport` in place of the
+in-process clients: the same ``start`` -> ``configure`` -> client steps (now on the nodes)
+-> validation -> ``server_step`` over the replies keyed by client id in increasing order ->
+``finished``. Same algorithm objects, same message bytes, same reply order, same client
+sampling: for the same partition and seeds the final state equals the simulation's to
+float64 round-off.
 
 What the engine adds for real nodes:
 
@@ -17,7 +18,7 @@ What the engine adds for real nodes:
   them in a ``query`` message (one more ClientApp start per node). A client id is bound to
   the node that first answered validly as it: another node naming it, or rows of another
   width, is dropped and logged, and the run goes on.
-- **Robust rounds.** Replies go through the same
+- **Robust rounds.** The loop validates the replies with the same
   :class:`~fednovelty.federated.validation.ReplyValidator` as in the simulation; a missing,
   malformed or inconsistent reply is dropped and logged, and the round goes on with the
   others. A round with fewer than ``min_clients`` valid replies is recorded as failed and
@@ -38,7 +39,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm
 from fednovelty.federated.base import Message as FedMessage
 from fednovelty.federated.validation import ReplyValidator
+from fednovelty.runtime import loop
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import CodecError, decode_message, encode_message, wire_nbytes
 from fednovelty.runtime.flower.config import (
@@ -54,9 +56,13 @@ from fednovelty.runtime.flower.config import (
     algorithm_from_run_config,
 )
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
-from fednovelty.runtime.flower.validation import Dropped, accept_replies
-from fednovelty.runtime.simulation import RoundRecord, failed_rounds_message, sample_clients
-from fednovelty.runtime.threads import run_server_step
+from fednovelty.runtime.flower.validation import (
+    Dropped,
+    Received,
+    receive_replies,
+    settle_replies,
+)
+from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, sample_clients
 
 try:
     from flwr.app import Context, Message, MessageType, RecordDict
@@ -193,6 +199,107 @@ def register_nodes(grid: Grid, nodes: Iterable[int], timeout: float) -> list[Nod
     return [infos[c] for c in sorted(infos)]
 
 
+@dataclass
+class FlowerDelivery(Delivery):
+    """A :class:`Delivery` with what the Flower transport needs once the replies are
+    validated: the nodes asked (node id -> client id, ``None`` where not yet known) and the
+    decoded replies with their nodes."""
+
+    nodes: dict[int, int | None] = field(default_factory=dict)
+    received: Received = field(default_factory=Received)
+
+
+class GridTransport(Transport):
+    """Rounds over the nodes of a Flower ``Grid``: encode, push, pull, decode, bind.
+
+    Args:
+        grid: the Flower ``Grid``.
+        client_of: node id -> client id of every node (``None``: learnt from its first
+            valid reply).
+        engine: ``fraction`` (a fraction below 1 samples the known client ids),
+            ``round_timeout``.
+        rng: the sampling stream (``np.random.default_rng(engine.seed)``).
+
+    Attributes:
+        dropped: every dropped reply of the run, as ``{"round", "client_id", "node_id",
+            "reason"}``.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        client_of: dict[int, int | None],
+        engine: EngineConfig,
+        rng: np.random.Generator,
+    ) -> None:
+        self.grid, self.client_of, self.engine, self.rng = grid, client_of, engine, rng
+        self.dropped: list[dict] = []
+        self._n_asked = 0
+
+    def ask(self) -> dict[int, int | None]:
+        """Node id -> client id of the nodes asked this round: every node, or with
+        ``fraction < 1`` a sample of the known client ids (:func:`sample_clients`)."""
+        if self.engine.fraction >= 1.0:
+            return dict(self.client_of)
+        known = sorted(c for c in self.client_of.values() if c is not None)
+        sampled, _ = sample_clients(known, self.engine.fraction, 0.0, self.rng)
+        node_of = {c: n for n, c in self.client_of.items() if c is not None}
+        return {node_of[c]: c for c in sampled}
+
+    def exchange(self, number: int, message: FedMessage) -> FlowerDelivery:
+        """Push the encoded message to this round's nodes; decode what comes back in time."""
+        asked = self.ask()
+        content = encode_message(message, round=number)
+        replies = exchange(
+            self.grid,
+            dict.fromkeys(asked, content),
+            MessageType.TRAIN,
+            group_id=str(number),
+            timeout=self.engine.round_timeout,
+        )
+        bound = {c: n for n, c in self.client_of.items() if c is not None}
+        received = receive_replies(replies, asked, bound)
+        self._n_asked = len(asked)
+        return FlowerDelivery(
+            received.replies,
+            asked=tuple(sorted(c for c in asked.values() if c is not None)),
+            n_asked=len(asked),
+            bytes_up=received.bytes_up,
+            widths=received.widths,
+            metrics={
+                "wire_bytes_down": wire_nbytes(content) * len(asked),
+                "wire_bytes_up": sum(wire_nbytes(r.content) for r in replies if r.has_content()),
+            },
+            nodes=asked,
+            received=received,
+        )
+
+    def settle(self, number: int, delivery: FlowerDelivery, valid, invalid) -> Settled:
+        """Bind the nodes of the valid replies, log and keep every drop; the round's client
+        ids (those bound now included)."""
+        accepted = settle_replies(delivery.received, valid, invalid)
+        self.client_of.update({n: c for c, n in accepted.nodes.items()})
+        for d in accepted.dropped:
+            logger.warning("round %d: dropped client %s (node %d): %s", number, *_fields(d))
+            self.dropped.append({"round": number, **_as_dict(d)})
+        sampled = sorted(c for c in (self.client_of[n] for n in delivery.nodes) if c is not None)
+        return Settled(tuple(sampled), tuple((d.client_id, d.reason) for d in accepted.dropped))
+
+    def log_round(self, record: RoundRecord) -> None:
+        """Log one finished round on Flower's logger."""
+        logger.info(
+            "round %d (%s): %d/%d replied validly%s, %.1f s, %d B down, %d B up",
+            record.round,
+            record.kind,
+            len(record.replied),
+            self._n_asked,
+            " (failed: asked again)" if record.failed else "",
+            record.seconds,
+            record.bytes_down,
+            record.bytes_up,
+        )
+
+
 def run_rounds(
     grid: Grid,
     algorithm: FederatedAlgorithm,
@@ -228,91 +335,22 @@ def run_rounds(
         client_of = {i.node_id: i.client_id for i in infos}
         validator.n_features = infos[0].n_features if infos else None
         logger.info("registered clients %s", sorted(i.client_id for i in infos))
-    rng = np.random.default_rng(engine.seed)
-    history: list[RoundRecord] = []
-    dropped_all: list[dict] = []
-    failed_in_a_row = 0
-    state = algorithm.start()
-    while not algorithm.finished(state):
-        number = len(history) + 1
-        if sum(not r.failed for r in history) >= algorithm.max_rounds:
-            name, most = type(algorithm).__name__, algorithm.max_rounds
-            raise RuntimeError(f"{name} exceeded {most} rounds.")
-        started = time.perf_counter()
-        message = algorithm.configure(state)
-        if engine.fraction < 1.0:
-            known = sorted(c for c in client_of.values() if c is not None)
-            sampled, _ = sample_clients(known, engine.fraction, 0.0, rng)
-            node_of = {c: n for n, c in client_of.items() if c is not None}
-            asked = {node_of[c]: c for c in sampled}
-        else:
-            sample_clients(sorted(client_of), 1.0, 0.0, rng)  # same draws as run_simulation
-            asked = dict(client_of)
-        content = encode_message(message, round=number)
-        replies = exchange(
-            grid,
-            dict.fromkeys(asked, content),
-            MessageType.TRAIN,
-            group_id=str(number),
-            timeout=engine.round_timeout,
-        )
-        bound = {c: n for n, c in client_of.items() if c is not None}
-        accepted = accept_replies(replies, asked, message, validator, bound)
-        client_of.update({n: c for c, n in accepted.nodes.items()})
-        for d in accepted.dropped:
-            logger.warning("round %d: dropped client %s (node %d): %s", number, *_fields(d))
-            dropped_all.append({"round": number, **_as_dict(d)})
-        valid = accepted.replies
-        failed = len(valid) < engine.min_clients
-        metrics: dict = {}
-        if not failed:
-            state, metrics = run_server_step(algorithm, state, valid)
-        wire_up = sum(wire_nbytes(r.content) for r in replies if r.has_content())
-        sampled_ids = sorted(c for c in (client_of[n] for n in asked) if c is not None)
-        record = RoundRecord(
-            round=number,
-            kind=message.kind,
-            sampled=tuple(sampled_ids),
-            replied=tuple(valid),
-            bytes_down=message.nbytes() * len(asked),
-            bytes_up=accepted.bytes_up,
-            seconds=time.perf_counter() - started,
-            metrics={
-                **metrics,
-                "wire_bytes_down": wire_nbytes(content) * len(asked),
-                "wire_bytes_up": wire_up,
-            },
-            dropped=tuple(
-                (d.client_id, d.reason) for d in accepted.dropped if d.client_id is not None
-            ),
-            failed=failed,
-        )
-        history.append(record)
-        logger.info(
-            "round %d (%s): %d/%d replied validly%s, %.1f s, %d B down, %d B up",
-            number,
-            message.kind,
-            len(valid),
-            len(asked),
-            " (failed: asked again)" if failed else "",
-            record.seconds,
-            record.bytes_down,
-            record.bytes_up,
-        )
-        for callback in callbacks:
-            callback(record)
-        failed_in_a_row = failed_in_a_row + 1 if failed else 0
-        if failed_in_a_row >= engine.max_failed_rounds:
-            raise FederationError(
-                failed_rounds_message(history[-failed_in_a_row:], engine.min_clients)
-            )
+    transport = GridTransport(grid, client_of, engine, np.random.default_rng(engine.seed))
+    state, history = loop.run_rounds(
+        algorithm,
+        transport,
+        validator=validator,
+        min_clients=engine.min_clients,
+        max_failed_rounds=engine.max_failed_rounds,
+        callbacks=(transport.log_round, *callbacks),
+    )
     return FlowerResult(
         state=state,
         history=history,
         client_states={},
         algorithm=type(algorithm).__name__,
         config=algorithm_config(algorithm),
-        dropped=dropped_all,
+        dropped=transport.dropped,
     )
 
 

@@ -1,0 +1,283 @@
+"""The round loop every engine runs: an engine differs only in its :class:`Transport`.
+
+:func:`run_rounds` owns what every engine shares: ``algorithm.start``, then per round
+``configure`` -> the transport carries the message to the clients it asks and brings back
+their replies -> every reply goes through the run's
+:class:`~fednovelty.federated.validation.ReplyValidator` -> ``server_step`` over the valid
+replies (in increasing client id, under :func:`~fednovelty.runtime.threads.run_server_step`)
+-> a :class:`RoundRecord` -> callbacks -> ``finished``. A round with fewer than
+``min_clients`` valid replies is recorded as failed (no server step) and asked again;
+``max_failed_rounds`` failed rounds in a row stop the run with a
+:class:`~fednovelty.exceptions.FederationError`.
+
+A :class:`Transport` decides which clients are asked each round and how the message reaches
+them: the in-process engine runs client steps on rows it holds
+(:mod:`fednovelty.runtime.simulation`), the Flower engine pushes encoded messages to nodes
+and pulls their replies (:mod:`fednovelty.runtime.flower.server`). The loop knows no
+algorithm and no engine; it uses only the algorithm's ``start``, ``configure``,
+``server_step``, ``finished`` and ``max_rounds``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from fednovelty.exceptions import FederationError
+from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.validation import ReplyValidator
+from fednovelty.runtime.threads import run_server_step
+
+#: a dropped reply: ``(client id, reason)``; the client id is ``None`` where the engine
+#: could not tell which client sent it (a Flower node that never named one).
+Drop = tuple[int | None, str]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What happened in one communication round.
+
+    Attributes:
+        round: 1-based round number.
+        kind: the broadcast message's kind (e.g. ``"em"``).
+        sampled: client ids asked; ``replied``: client ids that answered.
+        bytes_down: bytes broadcast (message size x clients asked).
+        bytes_up: bytes of all replies.
+        seconds: wall time of the round.
+        metrics: the algorithm's metrics for the round.
+        dropped: ``(client id, reason)`` of every reply the validation dropped.
+        failed: fewer than ``min_clients`` valid replies: the server step did not run and
+            the round is asked again.
+    """
+
+    round: int
+    kind: str
+    sampled: tuple[int, ...]
+    replied: tuple[int, ...]
+    bytes_down: int
+    bytes_up: int
+    seconds: float
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+    dropped: tuple[tuple[int, str], ...] = ()
+    failed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "kind": self.kind,
+            "n_sampled": len(self.sampled),
+            "n_replied": len(self.replied),
+            "bytes_down": self.bytes_down,
+            "bytes_up": self.bytes_up,
+            "seconds": self.seconds,
+            "n_dropped": len(self.dropped),
+            "failed": self.failed,
+            **self.metrics,
+        }
+
+
+@dataclass
+class Delivery:
+    """One round's message as a transport carried it, before any reply is validated.
+
+    Attributes:
+        replies: client id -> reply as received (any order; the loop validates them).
+        asked: client ids asked this round, increasing.
+        n_asked: recipients of the broadcast (``bytes_down`` is the message's size times
+            this); more than ``len(asked)`` where a recipient has no client id yet.
+        bytes_up: payload bytes (``Message.nbytes``) of every reply received.
+        widths: client id -> row width its reply declares; ``None``: every client has the
+            federation's width.
+        metrics: the engine's own figures for the round, added to the record's metrics.
+    """
+
+    replies: dict[int, Message]
+    asked: tuple[int, ...]
+    n_asked: int
+    bytes_up: int
+    widths: dict[int, int] | None = None
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a transport reports once a round's replies are validated.
+
+    Attributes:
+        sampled: client ids asked, increasing (the record's ``sampled``).
+        dropped: every reply not used, in the engine's order; entries without a client id
+            are left out of the record.
+    """
+
+    sampled: tuple[int, ...]
+    dropped: tuple[Drop, ...]
+
+
+class Transport(ABC):
+    """How one engine asks clients: :meth:`exchange` sends a round's message to the clients
+    it picks and returns their replies; :meth:`settle` hears which replies were valid."""
+
+    @abstractmethod
+    def exchange(self, number: int, message: Message) -> Delivery:
+        """Send round ``number``'s ``message`` to this round's clients; their replies."""
+
+    def settle(
+        self,
+        number: int,
+        delivery: Delivery,
+        valid: Mapping[int, Message],
+        invalid: Mapping[int, str],
+    ) -> Settled:
+        """Take note of the validation of round ``number`` (``valid`` replies by client id,
+        ``invalid``: client id -> reason) and report the round's clients and drops.
+
+        The default reports ``delivery.asked`` and the validation's drops.
+        """
+        return Settled(tuple(delivery.asked), tuple(invalid.items()))
+
+
+def sample_clients(
+    client_ids: Sequence[int], fraction: float, dropout: float, rng: np.random.Generator
+) -> tuple[list[int], list[int]]:
+    """Clients asked in a round and those that reply (the others drop out).
+
+    Draws ``ceil(fraction * n)`` (at least one) ids without replacement from ``rng``, then
+    one uniform number per asked client when ``dropout > 0``; with ``fraction >= 1`` every
+    id is asked (the draw is still made, so the stream does not depend on ``fraction``).
+
+    Returns:
+        ``(asked, replied)``, both increasing.
+    """
+    n_asked = max(1, math.ceil(fraction * len(client_ids)))
+    asked = sorted(rng.choice(np.asarray(client_ids), size=n_asked, replace=False).tolist())
+    if fraction >= 1.0:
+        asked = sorted(client_ids)
+    replied = [c for c in asked if dropout <= 0 or rng.random() >= dropout]
+    return asked, replied
+
+
+def run_rounds(
+    algorithm: FederatedAlgorithm,
+    transport: Transport,
+    *,
+    validator: ReplyValidator | None = None,
+    min_clients: int = 1,
+    max_failed_rounds: int = 5,
+    callbacks: Sequence[Callable[[RoundRecord], None]] = (),
+    progress: bool = False,
+    description: str | None = None,
+) -> tuple[Any, list[RoundRecord]]:
+    """Run ``algorithm`` to completion, its messages carried by ``transport``.
+
+    Args:
+        algorithm: a ``FederatedAlgorithm``.
+        transport: the engine's :class:`Transport`.
+        validator: the run's reply validation; default ``ReplyValidator()`` (learns the
+            federation's row width from the first round).
+        min_clients: fewest valid replies a round may go on with; a round with fewer is
+            recorded as failed and asked again.
+        max_failed_rounds: failed rounds in a row after which the federation counts as
+            gone.
+        callbacks: called with each :class:`RoundRecord` as it completes, in order.
+        progress: show a tqdm bar over rounds; ``description`` labels it (default: the
+            algorithm's class name).
+
+    Returns:
+        ``(final server state, one RoundRecord per round)``.
+
+    Raises:
+        ValueError: ``max_failed_rounds`` < 1. FederationError: ``max_failed_rounds``
+            failed rounds in a row. RuntimeError: more than ``algorithm.max_rounds``
+            successful rounds without finishing.
+    """
+    if int(max_failed_rounds) < 1:
+        raise ValueError(f"max_failed_rounds must be >= 1, got {max_failed_rounds}.")
+    validator = ReplyValidator() if validator is None else validator
+    history: list[RoundRecord] = []
+    failed_in_a_row = 0
+    state = algorithm.start()
+    bar = tqdm(
+        total=algorithm.max_rounds,
+        disable=not progress,
+        desc=description or type(algorithm).__name__,
+        unit="round",
+        leave=False,
+    )
+    try:
+        while not algorithm.finished(state):
+            if sum(not r.failed for r in history) >= algorithm.max_rounds:
+                name, most = type(algorithm).__name__, algorithm.max_rounds
+                raise RuntimeError(f"{name} exceeded {most} rounds.")
+            started = time.perf_counter()
+            number = len(history) + 1
+            message = algorithm.configure(state)
+            delivery = transport.exchange(number, message)
+            valid, invalid = _validate(validator, message, delivery)
+            settled = transport.settle(number, delivery, valid, invalid)
+            failed = len(valid) < min_clients
+            metrics: dict[str, Scalar] = {}
+            if not failed:
+                state, metrics = run_server_step(algorithm, state, valid)
+            record = RoundRecord(
+                round=number,
+                kind=message.kind,
+                sampled=tuple(settled.sampled),
+                replied=tuple(valid),
+                bytes_down=message.nbytes() * delivery.n_asked,
+                bytes_up=delivery.bytes_up,
+                seconds=time.perf_counter() - started,
+                metrics={**metrics, **delivery.metrics},
+                dropped=tuple((c, why) for c, why in settled.dropped if c is not None),
+                failed=failed,
+            )
+            history.append(record)
+            for callback in callbacks:
+                callback(record)
+            failed_in_a_row = failed_in_a_row + 1 if failed else 0
+            if failed_in_a_row >= max_failed_rounds:
+                raise FederationError(
+                    failed_rounds_message(history[-failed_in_a_row:], min_clients)
+                )
+            _show(bar, record, failed_in_a_row)
+    finally:
+        bar.close()
+    return state, history
+
+
+def _validate(
+    validator: ReplyValidator, message: Message, delivery: Delivery
+) -> tuple[dict[int, Message], dict[int, str]]:
+    """``validator.accept`` of the delivered replies; ``({}, {})`` when none arrived (the
+    validator may not know the federation's width yet, and there is nothing to check)."""
+    if not delivery.replies:
+        return {}, {}
+    return validator.accept(message, delivery.replies, delivery.widths)
+
+
+def _show(bar: Any, record: RoundRecord, failed_in_a_row: int) -> None:
+    """Advance the progress bar by a successful round; show the phase and log-likelihood."""
+    bar.update(0 if record.failed else 1)
+    if "mean_log_likelihood" in record.metrics:
+        loglik = f"{record.metrics['mean_log_likelihood']:.4f}"
+        bar.set_postfix(phase=record.kind, loglik=loglik)
+    else:
+        bar.set_postfix(phase=record.kind, failed=failed_in_a_row or None)
+
+
+def failed_rounds_message(records: Sequence[RoundRecord], min_clients: int) -> str:
+    """Why a federation counts as gone: the last failed rounds with their drops."""
+    last = records[-1]
+    reasons = "; ".join(f"client {c}: {why}" for c, why in last.dropped) or "none dropped"
+    return (
+        f"{len(records)} round(s) in a row had fewer than min_clients={min_clients} valid "
+        f"replies (last: round {last.round} ({last.kind}), {len(last.replied)} of "
+        f"{len(last.sampled)} asked replied validly; dropped: {reasons}). Lower dropout or "
+        "min_clients, or check the clients."
+    )
