@@ -3,6 +3,7 @@ scikit-learn's GaussianMixture set to the same parameters, against a direct NumP
 computation, for every detector's definition of its components, and on bad input."""
 
 import copy
+import re
 
 import numpy as np
 import pandas as pd
@@ -252,3 +253,12 @@ def test_scoring_components_never_changes_the_detector(data):
                 assert bool((after.tensors()[key] == tensor).all()), key
         else:
             assert type(after) is type(value), name
+
+
+def test_the_docs_example_prints_its_table(capsys):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "explain.md").read_text()
+    code, table = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)[:2]
+    exec(compile(code, "docs/explain.md", "exec"), {})
+    assert capsys.readouterr().out.split() == table.split()
