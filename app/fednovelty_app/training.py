@@ -15,15 +15,21 @@ Choices, and why:
   thread whose hook only puts the record on a queue; the page's (script) thread takes them
   off and calls ``on_progress``, because Streamlit elements must be updated from the script
   thread. The PyOD baselines fit in one call, so they report only ``done``.
-- One torch thread while fitting: the mixtures are small, and on a shared two-core machine
-  torch's default thread pool made the same joint fit 20x slower (measured: 36 s vs 1.5 s).
+- One torch thread while fitting: the mixtures are small, and torch's default thread pool
+  oversubscribes a shared machine's cores.
+- Methods come from the registry (:mod:`fednovelty.methods`): the page offers its novelty
+  methods, with DEM's three initialisations as one choice (``DEM``, ``init_params`` a setting)
+  and FedGenGMM's copula as a setting of ``FedGenGMM`` (:func:`registry_name`). FedGMM on
+  labelled data with ``joint`` fits the registry's ``PFL-FedGMM``, the joint estimator
+  ``JointFedGMMDetector``, with ``fit(X, y, groups)``.
 - Default settings (the Train page's first run): the FedGMM paper's synthetic data, 10
   training clients + 2 unseen, d = 8, FedGMM's joint model with 3 Gaussians, 3 linear
-  learners, 5 local epochs, 30 rounds: every page has something to show, in about 10 s.
+  learners, 5 local epochs, 30 rounds: every page has something to show, quickly.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import queue
 import tempfile
@@ -37,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fednovelty_app.data import SYNTHETIC, DataBundle, adbench_bundle, synthetic_bundle
+
+from fednovelty.methods import get_method, method_names
 
 if TYPE_CHECKING:
     from fednovelty.runtime import RoundRecord
@@ -53,22 +61,53 @@ __all__ = [
     "build_detector",
     "fit_with_progress",
     "max_rounds",
+    "method_description",
     "model_from_bytes",
     "model_to_bytes",
+    "registry_name",
     "run_key",
     "train",
     "uploaded_run",
 ]
 
-#: Methods fitted on clients (``groups=``), with what they are.
-FEDERATED = {
-    "FedGMM": "federated EM, personal mixture weights per client (joint model when labelled)",
-    "DEM": "federated EM, one global weight vector (centralized EM on the pooled rows)",
-    "FedGenGMM": "one round: local mixtures -> synthetic rows -> global mixture",
-    "Local": "each client's own mixture, scored as their size-weighted mixture (no federation)",
+#: Page choices that stand for several registry methods -> (the setting that tells them
+#: apart, its value -> registry name).
+GROUPED: dict[str, tuple[str, dict]] = {
+    "DEM": (
+        "init_params",
+        {init: f"DEM-{init}" for init in ("kmeans", "separated", "subset")},
+    ),
+    "FedGenGMM": ("copula", {False: "FedGenGMM", True: "FedGenGMM-copula"}),
 }
-#: Baselines fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
-CENTRALIZED = ("CentralGMM", "IForest", "ECOD", "COPOD", "HBOS", "KNN", "LOF", "PCA")
+#: The joint model of the FedGMM choice on labelled data.
+JOINT_METHOD = "PFL-FedGMM"
+
+
+def _choices() -> list[str]:
+    """The registry's novelty methods as page choices (``GROUPED`` members as their group)."""
+    group_of = {name: group for group, (_, names) in GROUPED.items() for name in names.values()}
+    return list(dict.fromkeys(group_of.get(name, name) for name in method_names()))
+
+
+def _registry_method(choice: str):
+    """The registry entry a page choice stands for (a group: its first member)."""
+    if choice in GROUPED:
+        return get_method(next(iter(GROUPED[choice][1].values())))
+    return get_method(choice)
+
+
+#: Page choices fitted on clients (``groups=``) -> what they are (the registry's description).
+FEDERATED: dict[str, str] = {
+    choice: _registry_method(choice).description
+    for choice in _choices()
+    if _registry_method(choice).fits_clients
+}
+#: Page choices fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
+CENTRALIZED: tuple[str, ...] = tuple(c for c in _choices() if c not in FEDERATED)
+#: Choices whose ``max_iter`` counts federated EM rounds; choices that fit EM within each
+#: client (``max_iter`` at least 100 there).
+EM_CHOICES = ("FedGMM", "DEM", "CentralGMM")
+LOCAL_FIT_CHOICES = ("FedGenGMM", "Local")
 PLAIN_TOL = 1e-3
 JOINT_TOL = 1e-6  # joint models run (nearly) every round: learners improve after the Gaussians
 
@@ -113,7 +152,8 @@ class MethodSettings:
     """Which detector and its main parameters.
 
     Attributes:
-        method: a key of ``FEDERATED`` or an entry of ``CENTRALIZED``.
+        method: a key of ``FEDERATED`` or an entry of ``CENTRALIZED`` (see
+            :func:`registry_name` for the registry method it fits).
         n_components: K of the global mixture (FedGMM, DEM, FedGenGMM, CentralGMM).
         covariance_type: ``"full"``, ``"diag"``, ``"tied"`` or ``"spherical"``.
         max_iter: maximum EM rounds.
@@ -186,49 +226,67 @@ def is_joint(method: MethodSettings, bundle: DataBundle) -> bool:
     return method.method == "FedGMM" and method.joint and bundle.labelled
 
 
+def registry_name(method: MethodSettings, *, joint: bool = False) -> str:
+    """The registry method (:mod:`fednovelty.methods`) a page choice with its settings is.
+
+    Raises:
+        ValueError: an unknown method name, or ``joint`` for another choice than FedGMM.
+    """
+    if method.method not in _choices():
+        raise ValueError(f"unknown method {method.method!r}; choose one of {_choices()}.")
+    if joint:
+        if method.method != "FedGMM":
+            raise ValueError(f"joint=True fits FedGMM's joint model; got {method.method!r}.")
+        return JOINT_METHOD
+    if method.method not in GROUPED:
+        return method.method
+    setting, names = GROUPED[method.method]
+    value = getattr(method, setting)
+    if value not in names:
+        raise ValueError(f"{method.method}: {setting} must be one of {list(names)}; got {value!r}.")
+    return names[value]
+
+
+def method_description(method: MethodSettings) -> str:
+    """The registry's one-line description of what ``method`` fits."""
+    return get_method(registry_name(method)).description
+
+
+def _fit_settings(method: MethodSettings, joint: bool) -> dict:
+    """The page's round and learner settings, as the chosen detector takes them."""
+    if joint:
+        return {
+            "max_iter": method.max_iter,
+            "tol": JOINT_TOL,
+            "n_learners": method.n_learners,
+            "local_epochs": method.local_epochs,
+        }
+    if method.method in EM_CHOICES:
+        return {"max_iter": method.max_iter, "tol": PLAIN_TOL}
+    if method.method in LOCAL_FIT_CHOICES:  # EM within each client: its own iterations
+        return {"max_iter": max(method.max_iter, 100)}
+    return {}
+
+
 def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
-    """An unfitted detector for ``method``.
+    """An unfitted detector for ``method``, built by the registry (``registry_name``).
 
     Raises:
         ValueError: an unknown method name.
     """
-    from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
-
-    common = {"covariance_type": method.covariance_type, "random_state": seed}
-    if method.method in ("FedGMM", "DEM", "CentralGMM"):
-        personal = method.method == "FedGMM"
-        return FedGMMDetector(
-            method.n_components,
-            mixture_weights="personal" if personal else "global",
-            init_params=method.init_params if method.method == "DEM" else "kmeans",
-            max_iter=method.max_iter,
-            tol=JOINT_TOL if joint else PLAIN_TOL,
-            n_learners=method.n_learners,
-            local_epochs=method.local_epochs,
-            # the pooled rows of CentralGMM cross no wire: no privacy floor
-            privacy_min_rows=1 if method.method == "CentralGMM" else 5,
-            **common,
-        )
-    if method.method == "FedGenGMM":
-        return FedGenGMMDetector(
-            n_components=method.n_components,
-            client_components=method.client_components,
-            max_iter=max(method.max_iter, 100),
-            copula=method.copula,
-            **common,
-        )
-    if method.method == "Local":
-        return LocalGMMDetector(
-            client_components=method.client_components, max_iter=max(method.max_iter, 100), **common
-        )
-    if method.method in CENTRALIZED:
-        from fednovelty.evaluation.benchmark import METHODS
-
-        return METHODS[method.method].build(
-            method.n_components, method.client_components, method.covariance_type, seed
-        )
-    known = [*FEDERATED, *CENTRALIZED]
-    raise ValueError(f"unknown method {method.method!r}; choose one of {known}.")
+    name = registry_name(method, joint=joint)
+    if joint and not hasattr(
+        importlib.import_module("fednovelty.detectors"), "JointFedGMMDetector"
+    ):
+        name = "FedGMM"  # TRANSITIONAL: the joint estimator is not there yet
+    entry = get_method(name)
+    shared = entry.shared_params(
+        n_components=method.n_components,
+        client_components=method.client_components,
+        covariance_type=method.covariance_type,
+        random_state=seed,
+    )
+    return entry.build(**shared, **_fit_settings(method, joint))
 
 
 # ----------------------------------------------------------------------------- progress
@@ -273,15 +331,26 @@ class Progress:
         return f"round {self.round}{total}{detail}, {self.seconds:.1f} s"
 
 
+def _joint_class():
+    import fednovelty.detectors
+
+    return getattr(fednovelty.detectors, "JointFedGMMDetector", FedGMMDetectorPlaceholder)
+
+
+class FedGMMDetectorPlaceholder:  # TRANSITIONAL
+    pass
+
+
 def max_rounds(detector) -> int | None:
     """Most rounds ``detector.fit`` can run (the progress bar's total); None if unknown.
 
-    FedGMM/DEM: its EM algorithm's ``max_rounds`` (initialisation + ``max_iter``), plus
-    federated PCA's rounds with ``pca_components``; FedGenGMM and Local: one round.
+    FedGMM/DEM and the joint model: its EM algorithm's ``max_rounds`` (initialisation +
+    ``max_iter``), plus federated PCA's rounds with ``pca_components``; FedGenGMM and Local:
+    one round.
     """
-    from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+    from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 
-    if isinstance(detector, FedGMMDetector):
+    if isinstance(detector, FedGMMDetector | _joint_class()):
         from fednovelty.federated import FederatedEM
         from fednovelty.federated.pca import FederatedPCA
 
@@ -381,7 +450,7 @@ class TrainedRun:
     @property
     def joint(self) -> bool:
         """Whether the detector is FedGMM's joint model (log p(y|x) available)."""
-        return hasattr(self.detector, "joint_state_")
+        return hasattr(self.detector, "joint_state_")  # TRANSITIONAL until JointFedGMMDetector
 
     @property
     def fednovelty(self) -> bool:
@@ -401,7 +470,8 @@ def train(
     bundle: DataBundle,
     on_progress: Callable[[Progress], None] = lambda progress: None,
 ) -> TrainedRun:
-    """Fit ``method`` on ``bundle`` (federated methods get the client of every row).
+    """Fit ``method`` on ``bundle``: methods that fit clients get the client of every row, the
+    joint model (``is_joint``) also the class labels: ``fit(X, y, groups)``.
 
     Raises:
         ValueError: from the detector (e.g. more components than rows), with its message.
@@ -409,18 +479,17 @@ def train(
     from fednovelty.detectors.base import MixtureDetector
 
     joint = is_joint(method, bundle)
+    entry = get_method(registry_name(method, joint=joint))
     detector = build_detector(method, data.seed, joint=joint)
     X = bundle.frame(bundle.X_train)
-    federated = method.method in FEDERATED
-    y = bundle.y_train if joint else None
+    groups = bundle.groups_train if entry.fits_clients else None  # pooled: one client
 
     def fit(hook):
+        if joint:
+            return detector.fit(X, bundle.y_train, groups, callbacks=[hook])
         if not isinstance(detector, MixtureDetector):  # PyOD: no rounds, no callbacks=
             return detector.fit(X)
-        groups = bundle.groups_train if federated else None  # CentralGMM: one client
-        if y is None:
-            return detector.fit(X, groups=groups, callbacks=[hook])
-        return detector.fit(X, y, groups=groups, callbacks=[hook])
+        return detector.fit(X, groups=groups, callbacks=[hook])
 
     started = time.perf_counter()
     detector, caught = fit_with_progress(fit, on_progress, total=max_rounds(detector))
@@ -494,7 +563,7 @@ def uploaded_run(detector, data: DataSettings, bundle: DataBundle, digest: str) 
             f"the uploaded model's feature names {list(names)[:6]} differ from the data's "
             f"{list(bundle.feature_names)[:6]}; choose the data it was trained on."
         )
-    name = type(detector).__name__.removesuffix("Detector")
+    name = type(detector).__name__.removesuffix("Detector").removeprefix("Joint")
     if name == "FedGMM" and getattr(detector, "mixture_weights", "") == "global":
         name = "DEM"
     method = MethodSettings(method=f"uploaded {name}")

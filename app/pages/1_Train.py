@@ -14,11 +14,14 @@ from fednovelty_app.data import (  # noqa: E402  (after the page config, as Stre
 )
 from fednovelty_app.training import (  # noqa: E402
     CENTRALIZED,
+    EM_CHOICES,
     FEDERATED,
+    LOCAL_FIT_CHOICES,
     DataSettings,
     MethodSettings,
     ModelFileError,
     build_bundle,
+    method_description,
     model_from_bytes,
     model_to_bytes,
     run_key,
@@ -165,9 +168,8 @@ with method_col:
         key=P + "method",
         format_func=lambda m: m if m in FEDERATED else f"{m} (centralized baseline)",
     )
-    st.caption(FEDERATED.get(method, "fitted on the pooled rows: no federation, no rounds"))
     options: dict = {"method": method}
-    mixture = method in ("FedGMM", "DEM", "FedGenGMM", "CentralGMM")
+    mixture = method in (*EM_CHOICES, "FedGenGMM")
     if mixture:
         ui.default(P + "k", 3)
         options["n_components"] = st.slider("Gaussian components (K)", 1, 20, key=P + "k")
@@ -176,7 +178,7 @@ with method_col:
         options["covariance_type"] = st.selectbox(
             "Covariance type", ["full", "diag", "tied", "spherical"], key=P + "cov"
         )
-    if method in ("FedGMM", "DEM", "CentralGMM"):
+    if method in EM_CHOICES:
         ui.default(P + "rounds", 30)
         options["max_iter"] = st.slider("EM rounds at most", 5, 200, key=P + "rounds")
     if method == "DEM":
@@ -199,7 +201,7 @@ with method_col:
         if options["joint"]:
             options["n_learners"] = st.slider("Learners (M2)", 1, 5, key=P + "learners")
             options["local_epochs"] = st.slider("Local epochs per round", 1, 10, key=P + "epochs")
-    if method in ("FedGenGMM", "Local"):
+    if method in LOCAL_FIT_CHOICES:
         ui.default_choice(P + "kc", ["BIC", *range(1, 11)], "BIC")
         kc = st.selectbox("Components per client (K_c)", ["BIC", *range(1, 11)], key=P + "kc")
         options["client_components"] = None if kc == "BIC" else int(kc)
@@ -213,6 +215,9 @@ with method_col:
             "Better on average over 25 ADBench sets (docs/robust.md); the components shown "
             "stay those of the plain global mixture.",
         )
+    pooled = "" if method in FEDERATED else "; fitted on the pooled rows: no federation, no rounds"
+    joint = "; with labels, the joint model p(x, y)" if options.get("joint") else ""
+    st.caption(method_description(MethodSettings(**options)) + pooled + joint)
 
 data_settings = DataSettings(source="upload" if source == UPLOAD else source, **extra)
 method_settings = MethodSettings(**options)

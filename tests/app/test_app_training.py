@@ -4,6 +4,7 @@ import threading
 
 import numpy as np
 import pytest
+from _tolerance import assert_close_scaled
 from fednovelty_app.data import synthetic_bundle
 from fednovelty_app.training import (
     CENTRALIZED,
@@ -15,14 +16,23 @@ from fednovelty_app.training import (
     build_detector,
     fit_with_progress,
     max_rounds,
+    method_description,
     model_from_bytes,
     model_to_bytes,
+    registry_name,
     run_key,
     train,
     uploaded_run,
 )
 
+import fednovelty.detectors
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty.methods import get_method, method_names
+
+# TRANSITIONAL: until helper C's JointFedGMMDetector lands
+needs_joint = pytest.mark.skipif(
+    not hasattr(fednovelty.detectors, "JointFedGMMDetector"), reason="no JointFedGMMDetector yet"
+)
 
 
 def test_run_key_is_stable_and_tells_settings_apart():
@@ -32,9 +42,28 @@ def test_run_key_is_stable_and_tells_settings_apart():
     assert a != run_key(DataSettings(), MethodSettings(n_components=4))
 
 
+def test_the_page_choices_are_the_registry_methods():
+    assert list(FEDERATED) == ["FedGenGMM", "FedGMM", "DEM", "Local"]
+    assert CENTRALIZED == ("CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA")
+    assert FEDERATED["DEM"] == get_method("DEM-kmeans").description
+    # every novelty method of the registry is one page choice with its settings away
+    reached = {registry_name(MethodSettings(method=m)) for m in [*FEDERATED, *CENTRALIZED]}
+    reached |= {registry_name(MethodSettings(method="DEM", init_params=i))
+                for i in ("separated", "subset")}  # fmt: skip
+    reached.add(registry_name(MethodSettings(method="FedGenGMM", copula=True)))
+    assert reached == set(method_names())
+    assert registry_name(MethodSettings(), joint=True) == "PFL-FedGMM"
+    with pytest.raises(ValueError, match="joint=True fits FedGMM's joint model"):
+        registry_name(MethodSettings(method="DEM"), joint=True)
+    with pytest.raises(ValueError, match="init_params must be one of"):
+        registry_name(MethodSettings(method="DEM", init_params="random"))
+    assert "global weight vector" in method_description(MethodSettings(method="DEM"))
+
+
 @pytest.mark.parametrize("method", [*FEDERATED, *CENTRALIZED])
 def test_every_method_builds_a_detector(method):
-    detector = build_detector(MethodSettings(method=method, n_components=2), seed=3)
+    settings = MethodSettings(method=method, n_components=2, covariance_type="diag", max_iter=7)
+    detector = build_detector(settings, seed=3)
     assert hasattr(detector, "fit") and hasattr(detector, "decision_function")
     expected = {
         "FedGMM": FedGMMDetector,
@@ -45,10 +74,30 @@ def test_every_method_builds_a_detector(method):
     }
     if method in expected:
         assert isinstance(detector, expected[method]) and not detector.progress  # no tqdm
-    if method == "DEM":
-        assert detector.mixture_weights == "global"
+        assert detector.covariance_type == "diag" and detector.random_state == 3
+    if method in ("FedGMM", "DEM", "CentralGMM"):  # the page's EM rounds
+        assert (detector.n_components, detector.max_iter, detector.tol) == (2, 7, 1e-3)
+        assert detector.mixture_weights == ("personal" if method == "FedGMM" else "global")
+        assert detector.privacy_min_rows == (1 if method == "CentralGMM" else 5)
+    if method in ("FedGenGMM", "Local"):  # EM within each client: at least 100 iterations
+        assert detector.max_iter == 100
+    if method in ("IForest", "PCA"):
+        assert detector.random_state == 3
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         build_detector(MethodSettings(method="nope"), seed=0)
+
+
+@needs_joint
+def test_dem_initialisation_and_the_joint_model_are_registry_methods():
+    from fednovelty.detectors import JointFedGMMDetector
+
+    subset = build_detector(MethodSettings(method="DEM", init_params="subset"), seed=0)
+    assert (subset.mixture_weights, subset.init_params) == ("global", "subset")
+    settings = MethodSettings(n_components=2, max_iter=9, n_learners=4, local_epochs=2)
+    joint = build_detector(settings, seed=1, joint=True)
+    assert isinstance(joint, JointFedGMMDetector)
+    assert (joint.n_components, joint.max_iter, joint.tol) == (2, 9, 1e-6)
+    assert (joint.n_learners, joint.local_epochs, joint.random_state) == (4, 2, 1)
 
 
 def test_fedgengmm_copula_is_a_setting_that_reaches_the_scores():
@@ -116,10 +165,36 @@ def test_fit_errors_reach_the_caller():
         fit_with_progress(fail)
 
 
+@needs_joint
 def test_train_fits_the_joint_model_on_labelled_data(joint_run):
+    from fednovelty.detectors import JointFedGMMDetector
+
     assert joint_run.joint and joint_run.fednovelty and joint_run.fit_seconds > 0
     assert joint_run.detector.n_clients_ == 4
     assert joint_run.label.startswith("FedGMM (joint) on synthetic")
+    bundle, method = joint_run.bundle, joint_run.method
+    direct = JointFedGMMDetector(
+        method.n_components,
+        max_iter=method.max_iter,
+        tol=1e-6,
+        n_learners=method.n_learners,
+        local_epochs=method.local_epochs,
+        random_state=joint_run.data.seed,
+    ).fit(bundle.frame(bundle.X_train), bundle.y_train, bundle.groups_train)
+    np.testing.assert_array_equal(direct.classes_, joint_run.detector.classes_)
+    X = bundle.frame(bundle.X_test)
+    assert_close_scaled(
+        joint_run.detector.log_pxy(X, bundle.y_test), direct.log_pxy(X, bundle.y_test)
+    )
+
+
+def test_fedgmm_without_joint_fits_x_only_on_labelled_data():
+    data = DataSettings(n_clients=3, n_unseen=0, n_features=2)
+    bundle = synthetic_bundle(3, n_unseen=0, n_features=2)
+    assert bundle.labelled
+    run = train(data, MethodSettings(n_components=2, max_iter=5, joint=False), bundle)
+    assert not run.joint and isinstance(run.detector, FedGMMDetector)
+    assert run.label.startswith("FedGMM on synthetic")
 
 
 def test_train_reports_the_rounds_of_pooled_and_federated_mixtures():
