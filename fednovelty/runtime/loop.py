@@ -179,8 +179,9 @@ def run_rounds(
     Args:
         algorithm: a ``FederatedAlgorithm``.
         transport: the engine's :class:`Transport`.
-        validator: the run's reply validation; default ``ReplyValidator()`` (learns the
-            federation's row width from the first round).
+        validator: the run's reply validation; default ``ReplyValidator()``, which learns
+            the federation's row width from the first broadcast that has means or centres,
+            else from the widths the first replies declare (``Delivery.widths``).
         min_clients: fewest valid replies a round may go on with; a round with fewer is
             recorded as failed and asked again.
         max_failed_rounds: failed rounds in a row after which the federation counts as

@@ -389,3 +389,27 @@ def test_nodes_with_other_widths_are_left_out(task_identity) -> None:
             algorithm_from_run_config(run_config),
             EngineConfig(num_nodes=4, nodes_timeout=0.3),
         )
+
+
+def test_run_rounds_runs_the_shared_loop_with_a_grid_transport(task_identity, monkeypatch) -> None:
+    from fednovelty.runtime import loop
+    from fednovelty.runtime.flower.config import EngineConfig, algorithm_from_run_config
+    from fednovelty.runtime.flower.server import GridTransport, run_rounds
+
+    calls = []
+    shared = loop.run_rounds
+
+    def spy(algorithm, transport, **kwargs):
+        calls.append((transport, kwargs))
+        return shared(algorithm, transport, **kwargs)
+
+    monkeypatch.setattr(loop, "run_rounds", spy)
+    grid, run_config = make_grid("FedGenGMM", {"n_components": 2}, client_parts(3))
+    engine = EngineConfig(min_clients=2, max_failed_rounds=4)
+    result = run_rounds(grid, algorithm_from_run_config(run_config), engine)
+    assert len(calls) == 1
+    transport, kwargs = calls[0]
+    assert isinstance(transport, GridTransport)
+    assert (kwargs["min_clients"], kwargs["max_failed_rounds"]) == (2, 4)
+    assert result.history[0].replied == (0, 1, 2)
+    assert set(result.history[0].metrics) >= {"wire_bytes_down", "wire_bytes_up"}

@@ -282,3 +282,20 @@ def test_degenerate_clients_are_rejected_by_name():
     # empty and one-row clients are fine: they add (almost) nothing to the sums
     result = run_simulation(algorithm, [good, good[:0], good[:1]])
     assert result.state.params.n_components == 2
+
+
+def test_a_labelled_algorithm_without_labels_is_named_by_client():
+    """An algorithm whose ``labelled`` is true gets ``(X, y)`` tuples; rows alone are refused
+    before any round, naming the client (the engine knows no algorithm class)."""
+
+    class Labelled(CountingAlgorithm):
+        labelled = True
+
+        def client_step(self, data, message, context):
+            return super().client_step(data[0], message, context)
+
+    rows = make_clients(2)
+    with pytest.raises(ClientDataError, match="client 1: this algorithm needs labelled data"):
+        run_simulation(Labelled(n_rounds=1), {0: (rows[0], torch.zeros(2)), 1: rows[1]})
+    labelled = [(X, torch.zeros(len(X))) for X in rows]
+    assert len(run_simulation(Labelled(n_rounds=1), labelled).history) == 1

@@ -193,6 +193,27 @@ def test_client_work_is_rows_times_components_times_features_squared() -> None:
     assert client_work(Message("moments"), X) == 100 * 4
 
 
+def test_client_work_reads_k_and_the_covariance_type_from_the_algorithm() -> None:
+    """A message that carries only what changes per round: K and the covariance type come
+    from the algorithm's settings (its attributes, or its ``config``'s)."""
+
+    class Settings:
+        covariance_type, n_components, k_range, client_components = "full", 6, (1, 9), None
+
+    class Configured:
+        config = Settings()
+
+    X = torch.zeros(100, 4)
+    em = Message("em", {"means": torch.zeros(5, 4)})
+    assert client_work(em, X) == 100 * 5 * 4
+    assert client_work(em, X, Settings()) == client_work(em, X, Configured()) == 100 * 5 * 16
+    assert client_work(Message("centroids"), X, Settings()) == 100 * 6 * 4
+    assert client_work(Message("local_fit"), X, Settings()) == 100 * 9 * 16
+    Settings.client_components = 3
+    assert client_work(Message("local_fit"), X, Settings()) == 100 * 3 * 16
+    assert client_work(Message("moments"), X, Settings()) == 100 * 4
+
+
 def test_server_work_of_a_synthetic_fit_counts_the_drawn_rows() -> None:
     class Drawing:
         samples_per_component, n_components, k_range = 100, 6, (1, 8)
