@@ -158,7 +158,7 @@ def joint_view(detector, bundle, *, max_rows: int = 1500, seed: int = 0):
     derangement of the classes (``fednovelty.datasets.permute_labels``).
 
     Args:
-        detector: a joint ``FedGMMDetector`` (fitted with y).
+        detector: FedGMM's joint model, a fitted ``JointFedGMMDetector``.
         bundle: with ``y_test`` and ``novel_test``.
         max_rows: at most this many rows per group (a random subset) for the plot.
 
@@ -312,12 +312,12 @@ def adaptation(
     detector, bundle, client_id, n_samples: int, *, use_labels: bool = True
 ) -> AdaptationResult:
     """Adapt the mixture weights to an unseen client's first ``n_samples`` adaptation rows
-    (``FedGMMDetector.adapt``: only ``pi`` is re-estimated) and compare with the global
+    (``adapt`` of FedGMM's detectors: only ``pi`` is re-estimated) and compare with the global
     weights on its evaluation rows.
 
     Raises:
-        ValueError: the detector cannot adapt (not a FedGMMDetector), ``n_samples < 2``, or
-            an unknown client.
+        ValueError: the detector cannot adapt (FedGMM / DEM / CentralGMM can),
+            ``n_samples < 2``, or an unknown client.
     """
     if not hasattr(detector, "adapt"):
         raise ValueError(
@@ -328,7 +328,7 @@ def adaptation(
     X = bundle.frame(client.X_adapt[:n])
     joint = is_joint(detector)
     labelled = joint and use_labels and client.y_adapt is not None
-    adapted = detector.adapt(X, client.y_adapt[:n] if labelled else None)
+    adapted = detector.adapt(X, client.y_adapt[:n]) if labelled else detector.adapt(X)
     X_eval = bundle.frame(client.X_eval)
     before = novelty_scores(detector, X_eval)
     after = novelty_scores(detector, X_eval, adapted)
