@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from fednovelty_app.data import SYNTHETIC, DataBundle, adbench_bundle, synthetic_bundle
 
-from fednovelty.methods import get_method, method_names
+from fednovelty.methods import Method, get_method, method_names
 
 if TYPE_CHECKING:
     from fednovelty.runtime import RoundRecord
@@ -59,6 +59,7 @@ __all__ = [
     "TrainedRun",
     "build_bundle",
     "build_detector",
+    "choice_method",
     "fit_with_progress",
     "max_rounds",
     "method_description",
@@ -89,8 +90,12 @@ def _choices() -> list[str]:
     return list(dict.fromkeys(group_of.get(name, name) for name in method_names()))
 
 
-def _registry_method(choice: str):
-    """The registry entry a page choice stands for (a group: its first member)."""
+def choice_method(choice: str) -> Method:
+    """The registry entry a page choice stands for (a group: its first member).
+
+    Raises:
+        ValueError: an unknown name (from the registry).
+    """
     if choice in GROUPED:
         return get_method(next(iter(GROUPED[choice][1].values())))
     return get_method(choice)
@@ -98,9 +103,9 @@ def _registry_method(choice: str):
 
 #: Page choices fitted on clients (``groups=``) -> what they are (the registry's description).
 FEDERATED: dict[str, str] = {
-    choice: _registry_method(choice).description
+    choice: choice_method(choice).description
     for choice in _choices()
-    if _registry_method(choice).fits_clients
+    if choice_method(choice).fits_clients
 }
 #: Page choices fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
 CENTRALIZED: tuple[str, ...] = tuple(c for c in _choices() if c not in FEDERATED)

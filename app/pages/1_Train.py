@@ -16,11 +16,11 @@ from fednovelty_app.training import (  # noqa: E402
     CENTRALIZED,
     EM_CHOICES,
     FEDERATED,
-    LOCAL_FIT_CHOICES,
     DataSettings,
     MethodSettings,
     ModelFileError,
     build_bundle,
+    choice_method,
     method_description,
     model_from_bytes,
     model_to_bytes,
@@ -169,11 +169,11 @@ with method_col:
         format_func=lambda m: m if m in FEDERATED else f"{m} (centralized baseline)",
     )
     options: dict = {"method": method}
-    mixture = method in (*EM_CHOICES, "FedGenGMM")
-    if mixture:
+    takes = choice_method(method).shared  # the registry's shared settings this method takes
+    if "n_components" in takes:
         ui.default(P + "k", 3)
         options["n_components"] = st.slider("Gaussian components (K)", 1, 20, key=P + "k")
-    if mixture or method == "Local":
+    if "covariance_type" in takes:
         ui.default_choice(P + "cov", ["full", "diag", "tied", "spherical"], "full")
         options["covariance_type"] = st.selectbox(
             "Covariance type", ["full", "diag", "tied", "spherical"], key=P + "cov"
@@ -201,7 +201,7 @@ with method_col:
         if options["joint"]:
             options["n_learners"] = st.slider("Learners (M2)", 1, 5, key=P + "learners")
             options["local_epochs"] = st.slider("Local epochs per round", 1, 10, key=P + "epochs")
-    if method in LOCAL_FIT_CHOICES:
+    if "client_components" in takes:
         ui.default_choice(P + "kc", ["BIC", *range(1, 11)], "BIC")
         kc = st.selectbox("Components per client (K_c)", ["BIC", *range(1, 11)], key=P + "kc")
         options["client_components"] = None if kc == "BIC" else int(kc)
