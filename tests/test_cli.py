@@ -2,9 +2,12 @@
 
 import numpy as np
 import pandas as pd
+import pytest
+from _tolerance import assert_close_scaled
 
 from fednovelty import load
-from fednovelty.cli import main
+from fednovelty._cli import bench as cli_bench
+from fednovelty.cli import build_parser, main
 from fednovelty.demo import format_table, run_demo
 
 
@@ -52,3 +55,89 @@ def test_demo_runs_on_a_small_real_dataset():
     # on glass, centralized EM detects the anomalies better than chance
     assert table.set_index("method").AUROC["CentralGMM (pooled data)"] > 0.6
     assert "AUROC" in format_table(table)
+
+
+# ----------------------------------------------------------------------------- the registry
+def test_fit_methods_are_the_registrys_savable_novelty_methods():
+    from fednovelty.cli import fit_methods
+    from fednovelty.methods import get_method, method_names
+
+    names = fit_methods()
+    assert set(names) == {
+        name for name in method_names(variants=True) if get_method(name).kind != "pyod"
+    }
+    assert {"FedGMM", "FedGenGMM", "Local", "DEM-kmeans-plain"} <= set(names)
+    assert not set(names) & set(method_names(kind="pyod"))
+    parsed = build_parser().parse_args(["fit", "x.csv", "--out", "m"])
+    assert parsed.method == "FedGMM"
+
+
+def test_fit_refuses_a_pyod_method(tmp_path, capsys):
+    data = _table(tmp_path, np.random.default_rng(2))
+    with pytest.raises(SystemExit) as stopped:  # argparse's usage error
+        main(["fit", str(data), "--method", "IForest", "--out", str(tmp_path / "m")])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'IForest'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "expected", "n_clients"),
+    [
+        ("DEM-kmeans-plain", {"mixture_weights": "global", "standardize": False}, 3),
+        ("CentralGMM", {"mixture_weights": "global", "privacy_min_rows": 1}, 1),
+    ],
+)
+def test_fit_builds_the_registrys_detector(tmp_path, name, expected, n_clients):
+    from fednovelty.methods import get_method
+
+    data = _table(tmp_path, np.random.default_rng(3))
+    model = tmp_path / "model.safetensors"
+    args = ["fit", str(data), "--client-column", "site", "--components", "2", "--seed", "4"]
+    assert main([*args, "--method", name, "--out", str(model)]) == 0
+    saved = load(model)
+    params = saved.get_params()
+    assert {key: params[key] for key in expected} == expected
+    assert saved.n_clients_ == n_clients and saved.n_components_ == 2
+    # the same detector as the registry builds, fitted as the method says (groups or pooled)
+    frame = pd.read_csv(data)
+    groups = frame.pop("site").to_numpy()
+    method = get_method(name)
+    direct = method.build(n_components=2, random_state=4)
+    if method.fits_clients:
+        direct.fit(frame, groups=groups)
+    else:
+        direct.fit(frame)
+    assert_close_scaled(saved.score_samples(frame), direct.score_samples(frame))
+
+
+def test_fit_local_ignores_components(tmp_path):
+    data = _table(tmp_path, np.random.default_rng(5))
+    model = tmp_path / "local.safetensors"
+    assert main(["fit", str(data), "--client-column", "site", "--components", "2",
+                 "--method", "Local", "--out", str(model)]) == 0  # fmt: skip
+    assert load(model).n_clients_ == 3
+
+
+def test_bench_defaults_to_the_registrys_methods(tmp_path, monkeypatch):
+    from fednovelty.evaluation import benchmark
+    from fednovelty.methods import METHODS, method_names
+
+    seen = {}
+
+    def stop(datasets, methods, **kwargs):
+        seen["methods"] = list(methods)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark, "check_grid", lambda *args, **kwargs: None)
+    monkeypatch.setattr(benchmark, "run_benchmark", stop)
+    assert main(["bench", "--datasets", "4_breastw", "--out", str(tmp_path / "b")]) == 130
+    assert seen["methods"] == method_names()
+    assert main(["bench", "--quick", "--out", str(tmp_path / "b")]) == 130
+    assert seen["methods"] == cli_bench.QUICK["methods"]
+    assert set(cli_bench.QUICK["methods"]) <= set(METHODS)
+
+
+def test_bench_metrics_are_the_benchmarks():
+    from fednovelty.evaluation.benchmark import METRICS
+
+    assert cli_bench.METRICS == METRICS

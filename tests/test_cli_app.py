@@ -1,13 +1,17 @@
-"""``fednovelty app``: the command line it runs, and a message when Streamlit is missing."""
+"""``fednovelty app``: where the dashboard is, the command line it runs, and messages when
+Streamlit, Plotly or the dashboard's files are missing."""
 
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from fednovelty import cli
-from fednovelty.cli import APP_SCRIPT, build_parser, main
+from fednovelty._cli import dashboard
+from fednovelty.cli import build_parser, dashboard_script, main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Exec(Exception):
@@ -18,15 +22,48 @@ def fake_execv(path, command):
     raise Exec(path, command)
 
 
-def test_app_execs_streamlit_on_the_dashboard(monkeypatch, capsys):
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(cli.os, "execv", fake_execv)
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: 1 / 0)  # must not run
+@pytest.fixture
+def no_launch(monkeypatch):
+    """``os.execv`` raises ``Exec``; ``subprocess.call`` must not run."""
+    monkeypatch.setattr(dashboard.os, "execv", fake_execv)
+    monkeypatch.setattr(dashboard.subprocess, "call", lambda command: 1 / 0)
+
+
+def test_the_dashboard_is_this_source_trees_app_folder():
+    script = dashboard_script()
+    assert script == REPO / "app" / "Home.py"
+    assert (script.parent / "pages" / "1_Train.py").is_file()
+    assert (script.parent / "fednovelty_app" / "ui.py").is_file()
+
+
+def _dashboard_folder(root: Path) -> Path:
+    """A stand-in dashboard under ``root``: ``Home.py`` and ``pages/``; its ``Home.py``."""
+    (root / "pages").mkdir(parents=True)
+    (root / "Home.py").write_text("")
+    return root / "Home.py"
+
+
+def test_installed_the_dashboard_is_the_package_resource(monkeypatch, tmp_path):
+    installed = _dashboard_folder(tmp_path / "site-packages" / "fednovelty" / "dashboard")
+    monkeypatch.setattr(dashboard, "SOURCE_TREE", tmp_path / "site-packages")  # no pyproject
+    seen = []
+
+    def files(package):
+        seen.append(package)
+        return installed.parent
+
+    monkeypatch.setattr(dashboard.importlib.resources, "files", files)
+    assert dashboard_script() == installed
+    assert seen == ["fednovelty.dashboard"]
+
+
+def test_app_execs_streamlit_on_the_dashboard(monkeypatch, capsys, no_launch):
+    monkeypatch.setattr(dashboard, "missing_extras", lambda: [])
     with pytest.raises(Exec) as replaced:  # the process becomes Streamlit: no child to orphan
         main(["app", "--port", "8765", "--headless"])
     path, command = replaced.value.args
     assert path == command[0] == sys.executable
-    assert command[:5] == [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT)]
+    assert command[:5] == [sys.executable, "-m", "streamlit", "run", str(dashboard_script())]
     options = dict(zip(command[5::2], command[6::2], strict=True))
     assert options == {
         "--server.address": "127.0.0.1",
@@ -37,12 +74,10 @@ def test_app_execs_streamlit_on_the_dashboard(monkeypatch, capsys):
     }
     out, err = capsys.readouterr()
     assert "http://127.0.0.1:8765" in out and "warning" not in err
-    assert APP_SCRIPT.is_file() and APP_SCRIPT.parent.name == "app"
 
 
-def test_app_beyond_localhost_warns_that_it_has_no_login(monkeypatch, capsys):
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(cli.os, "execv", fake_execv)
+def test_app_beyond_localhost_warns_that_it_has_no_login(monkeypatch, capsys, no_launch):
+    monkeypatch.setattr(dashboard, "missing_extras", lambda: [])
     with pytest.raises(Exec) as replaced:
         main(["app", "--address", "0.0.0.0", "--headless"])
     command = replaced.value.args[1]
@@ -51,23 +86,44 @@ def test_app_beyond_localhost_warns_that_it_has_no_login(monkeypatch, capsys):
     assert "no login" in err and "docs/app.md" in err
 
 
-def test_app_without_streamlit_says_what_to_install(monkeypatch, capsys):
+@pytest.mark.parametrize("absent", [{"streamlit"}, {"plotly"}, {"streamlit", "plotly"}])
+def test_app_without_the_extra_says_what_to_install(monkeypatch, capsys, no_launch, absent):
     real = importlib.util.find_spec
-
-    def missing(name):
-        return None if name == "streamlit" else real(name)
-
-    monkeypatch.setattr(cli.importlib.util, "find_spec", missing)
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: 1 / 0)  # must not run
-    monkeypatch.setattr(cli.os, "execv", fake_execv)  # must not run either
+    monkeypatch.setattr(
+        dashboard.importlib.util, "find_spec", lambda name: None if name in absent else real(name)
+    )
     assert main(["app"]) == 2
-    assert "pip install 'fednovelty[app]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("fednovelty: error: the dashboard needs Streamlit and Plotly")
+    assert "pip install 'fednovelty[app]'" in err
+    assert all(name in err for name in absent)
+
+
+def _not_installed(package):
+    raise ModuleNotFoundError(f"No module named {package!r}")
+
+
+def test_no_dashboard_files_is_a_usage_error(monkeypatch, capsys, no_launch, tmp_path):
+    monkeypatch.setattr(dashboard, "SOURCE_TREE", tmp_path)
+    monkeypatch.setattr(dashboard.importlib.resources, "files", _not_installed)
+    monkeypatch.setattr(dashboard, "missing_extras", lambda: [])
+    assert main(["app"]) == 2
+    err = capsys.readouterr().err
+    assert "no dashboard found (fednovelty.dashboard is missing)" in err and "reinstall" in err
+    (tmp_path / "pyproject.toml").write_text("")  # a source tree whose app/ has no pages/
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "Home.py").write_text("")
+    with pytest.raises(dashboard.UsageError, match="pages/ folder is missing"):
+        dashboard_script()
+    (tmp_path / "app" / "pages").mkdir()
+    assert dashboard_script() == tmp_path / "app" / "Home.py"
 
 
 def test_app_options_have_safe_defaults():
     args = build_parser().parse_args(["app"])
     assert (args.address, args.port, args.headless) == ("127.0.0.1", 8501, False)
-    assert cli.app_command(args)[cli.app_command(args).index("--server.headless") + 1] == "false"
+    command = dashboard.app_command(args)
+    assert command[command.index("--server.headless") + 1] == "false"
 
 
 def test_app_help_from_the_shell():

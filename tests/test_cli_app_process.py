@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux /proc/net"
 )
 
-#: seconds to wait for the server, and for it to be gone (limits, not budgets: ~2 s each).
+#: seconds to wait for the server, and for it to be gone (limits, not budgets).
 START_LIMIT = 180.0
 STOP_LIMIT = 60.0
 LISTEN = "0A"  # TCP state in /proc/net/tcp*

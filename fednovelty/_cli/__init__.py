@@ -1,0 +1,8 @@
+"""Parts of the ``fednovelty`` command (:mod:`fednovelty.cli` builds the parser and runs it).
+
+- :mod:`~fednovelty._cli.files`: checks of input and output paths, atomic writes, reading a
+  table, argparse number types, and :class:`~fednovelty._cli.files.UsageError`;
+- :mod:`~fednovelty._cli.bench`: ``fednovelty bench`` (the grid, its figures, its folder);
+- :mod:`~fednovelty._cli.dashboard`: ``fednovelty app`` (where the installed dashboard is,
+  the ``streamlit run`` command line, a served dashboard for tests and benchmarks).
+"""
