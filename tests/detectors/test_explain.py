@@ -262,3 +262,24 @@ def test_the_docs_example_prints_its_table(capsys):
     code, table = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)[:2]
     exec(compile(code, "docs/explain.md", "exec"), {})
     assert capsys.readouterr().out.split() == table.split()
+
+
+def test_joint_model_components_are_the_gaussians_of_p_x(data):
+    from fednovelty.detectors import JointFedGMMDetector
+
+    X, groups = data
+    y = (X[:, 0] + X[:, 1] > 2).astype(int)
+    det = JointFedGMMDetector(3, n_learners=2, max_iter=5, local_epochs=1, random_state=0)
+    det.fit(X, y, groups)
+    log_n = det.component_log_densities(X)
+    assert_close_scaled(log_n, sklearn_twin(det)._estimate_log_prob(X), rtol=1e-10)
+    adapted = det.adapt(X[:40], y[:40])  # (M1, M2) joint weights: summed over the learners
+    assert_close_scaled(det.component_weights(client=adapted), adapted.weights.sum(1), 1e-12)
+    for client in [None, *det.client_ids_, adapted]:
+        with np.errstate(divide="ignore"):  # a weight may be 0
+            log_pi = np.log(det.component_weights(client=client))
+        assert_close_scaled(
+            logsumexp(log_n + log_pi, axis=1), det.log_px(X, client=client), rtol=1e-10
+        )
+    shares = det.explain(X, client=det.client_ids_[0])[["x0", "x1", "x2"]].sum(axis=1)
+    assert_close_scaled(shares, np.ones(len(X)), rtol=1e-9)
