@@ -230,7 +230,7 @@ def check_client_weights(weights, n_components: int) -> np.ndarray:
     weights are summed over the learners.
 
     Raises:
-        ValueError: another shape, or not a probability vector.
+        ValueError: another shape, or a weight that is negative or not finite.
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim == 2:
