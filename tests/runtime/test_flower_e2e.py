@@ -7,9 +7,8 @@ second round reads each node's persisted state) must equal ``run_simulation`` on
 partitions to float64 round-off, and load into the detectors. The federation is stopped in
 a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
 malformed replies is tested without a deployment in ``test_flower_validation.py``.)
-
-Cost on a 2-core machine: about 10-15 s per round (every message starts a ClientApp
-process), 60-100 s in all.
+Every message starts a ClientApp process, so each round takes seconds: the module is
+marked slow.
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def test_fedgengmm_on_flower_equals_simulation(federation, partitions) -> None:
     result = federation.run_app(
         app,
         {"algorithm": "FedGenGMM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
-        timeout=600,  # a wait, not a budget: normal runs take ~15 s per round
+        timeout=600,  # a wait, not a budget
     )
     algorithm = FedGenGMM(**{**params, "k_range": (1, 4)}, random_state=0)
     simulated = simulate(algorithm, partitions[1])

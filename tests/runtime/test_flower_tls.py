@@ -15,8 +15,6 @@ has a registered key but not the CA (``--root-certificates`` left out). All must
 the run's clients. A plain
 client without the CA cannot talk to the SuperLink either. The ``openssl`` and ``ssh-keygen``
 commands of ``docs/flower.md`` are run as written and must make files Flower accepts.
-
-Cost on a 2-core machine: 20-30 s to start (with the refused nodes), 25-45 s for the run.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from fednovelty.runtime.flower.deploy import LocalFederation, make_certificates,
 pytestmark = pytest.mark.slow
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "flower.md"
-#: seconds a refused node may take to give up (a limit, not a budget: it takes ~5 s).
+#: seconds a refused node may take to give up (a limit, not a budget).
 REFUSAL_LIMIT = 180.0
 
 
@@ -148,7 +146,7 @@ def test_fedgengmm_over_tls_with_node_auth_equals_simulation(secure) -> None:
     result = federation.run_app(
         secure["app"],
         {"algorithm": "FedGenGMM", "algorithm-params": json.dumps(params), "num-nodes": 2},
-        timeout=600,  # a wait, not a budget: normal runs take ~25 s
+        timeout=600,  # a wait, not a budget
     )
     simulated = simulate(FedGenGMM(**{**params, "k_range": (1, 4)}, random_state=0), parts[:2])
     assert sorted(result.state.client_models) == [0, 1]  # the refused nodes took no part

@@ -96,8 +96,8 @@ def exchange(
 ) -> list[Message]:
     """Send one message per node and collect the replies that arrive within ``timeout``.
 
-    Like ``Grid.send_and_receive`` but polls every ``poll`` seconds (Flower's polls every
-    3 s, which adds ~1.5 s to every round on average).
+    Like ``Grid.send_and_receive`` but polls every ``poll`` seconds (Flower's own wait
+    polls every 3 s).
 
     Args:
         contents: node id -> record to send it.
