@@ -14,9 +14,16 @@ import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["FedGMMDetector", "FedGenGMMDetector", "LocalGMMDetector", "__version__", "load"]
+__all__ = [
+    "FedGMMDetector",
+    "FedGenGMMDetector",
+    "JointFedGMMDetector",
+    "LocalGMMDetector",
+    "__version__",
+    "load",
+]
 
-_LAZY = {"FedGMMDetector", "FedGenGMMDetector", "LocalGMMDetector", "load"}
+_LAZY = {"FedGMMDetector", "FedGenGMMDetector", "JointFedGMMDetector", "LocalGMMDetector", "load"}
 
 
 def __getattr__(name: str):

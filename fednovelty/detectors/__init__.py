@@ -3,6 +3,14 @@
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.fedgengmm import FedGenGMMDetector, LocalGMMDetector
 from fednovelty.detectors.fedgmm import FedGMMDetector
+from fednovelty.detectors.joint import JointFedGMMDetector
 from fednovelty.detectors.persistence import load
 
-__all__ = ["FedGMMDetector", "FedGenGMMDetector", "LocalGMMDetector", "MixtureDetector", "load"]
+__all__ = [
+    "FedGMMDetector",
+    "FedGenGMMDetector",
+    "JointFedGMMDetector",
+    "LocalGMMDetector",
+    "MixtureDetector",
+    "load",
+]

@@ -15,6 +15,11 @@ a ``KeyError``/``TypeError``/``IndexError`` nor a model that scores NaN:
 - the settings: only the class's constructor arguments, each valid for it (a file from an
   older version may lack newer settings: they take the value the class lists in
   ``_legacy_params``, the behaviour before the setting existed, else their defaults);
+- a class whose layout changed reads its older files through its ``_upgrade_document``
+  classmethod, ``(document, tensors) -> (class, document, tensors)``: e.g. a
+  ``FedGMMDetector`` file of a joint model (fitted with ``y``) is read as the
+  ``JointFedGMMDetector`` it is, without the settings that do not apply to it. The checksum
+  is checked on the file as written;
 - the fitted state, in each class's ``_set_state`` with the helpers below: every expected
   attribute present with its JSON type, every tensor present, floating, finite and of the shape
   the model implies (``n_features``, ``n_components``, clients), mixture weights a probability
@@ -203,13 +208,19 @@ def load(path: str | os.PathLike, expected: type | None = None):
     cls = REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ModelFormatError(f"{path!r} holds an unknown detector class {name!r}.")
+    upgrade = getattr(cls, "_upgrade_document", None)
+    if upgrade is not None:  # a file of an older layout of this class
+        cls, document, fields = upgrade(document, tensors)
+        name = cls.__name__
+    else:
+        fields = tensors
     if expected is not None and not issubclass(cls, expected):
         raise ModelFormatError(
             f"{path!r} holds a {name}, not a {expected.__name__}; use "
             "fednovelty.load(path) to load any detector."
         )
     try:
-        detector = _build(cls, document, tensors)
+        detector = _build(cls, document, fields)
     except ModelFormatError as error:
         raise ModelFormatError(f"{path!r} is damaged: {error}") from None
     except Exception as error:  # whatever else damaged content raises while it is read

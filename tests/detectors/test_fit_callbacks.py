@@ -1,8 +1,9 @@
 """``fit(..., callbacks=[...])``: one ``RoundRecord`` per communication round, as it completes.
 
-Every path that runs rounds is covered (plain EM with each initialisation, the joint model,
-the Local baseline, federated PCA, FedGenGMM, LocalGMM); the records must be ``history_``
-itself (rounds ``1..n_rounds_``, same bytes), and the callables must not outlive ``fit``.
+Every path that runs rounds is covered (plain EM with each initialisation, the joint model
+``JointFedGMMDetector`` and its Local baseline, federated PCA, FedGenGMM, LocalGMM); the
+records must be ``history_`` itself (rounds ``1..n_rounds_``, same bytes), and the callables
+must not outlive ``fit``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from sklearn.base import clone
 
 import fednovelty
-from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty import FedGenGMMDetector, FedGMMDetector, JointFedGMMDetector, LocalGMMDetector
 from fednovelty.runtime import RoundRecord
 
 CENTERS = np.array([[-5.0, 0.0, 0.0], [5.0, 0.0, 1.0], [0.0, 6.0, -1.0]])
@@ -44,14 +45,14 @@ CASES = {
         False,
     ),
     "pca": (FedGMMDetector, {"n_components": 2, "pca_components": 2, **SMALL}, False),
-    "joint": (FedGMMDetector, {"n_components": 2, "local_epochs": 1, **SMALL}, True),
+    "joint": (JointFedGMMDetector, {"n_components": 2, "local_epochs": 1, **SMALL}, True),
     "joint-pca": (
-        FedGMMDetector,
+        JointFedGMMDetector,
         {"n_components": 2, "local_epochs": 1, "pca_components": 2, **SMALL},
         True,
     ),
     "local-learners": (
-        FedGMMDetector,
+        JointFedGMMDetector,
         {
             "n_components": 1,
             "n_learners": 1,

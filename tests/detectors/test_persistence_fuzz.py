@@ -1,10 +1,11 @@
 """Damaged model files: loading raises ``ModelFormatError`` naming what is wrong, or gives the
 saved model back; never another exception, never a model that scores NaN.
 
-Real small models of each kind (FedGMM, its joint model, FedGenGMM with and without the
-copula, Local) are saved, then mutated as damage or careless editing would: a tensor value made
-NaN, inf, negative, zero or huge; a tensor dropped, renamed, reshaped or retyped; a JSON field
-dropped, renamed, added or given another value or type; the file truncated or a byte flipped.
+Real small models of each kind (FedGMM, the joint model JointFedGMMDetector, FedGenGMM with
+and without the copula, Local) are saved, then mutated as damage or careless editing would: a
+tensor value made NaN, inf, negative, zero or huge; a tensor dropped, renamed, reshaped or
+retyped; a JSON field dropped, renamed, added or given another value or type; the file
+truncated or a byte flipped.
 
 Two modes. As damage leaves it (the stored checksum kept): the load raises or the model
 scores as the original did. With the checksum recomputed (a crafted file, or one damaged before
@@ -27,7 +28,13 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector, load
+from fednovelty import (
+    FedGenGMMDetector,
+    FedGMMDetector,
+    JointFedGMMDetector,
+    LocalGMMDetector,
+    load,
+)
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.exceptions import ModelFormatError
 
@@ -42,7 +49,7 @@ KINDS = {
     "FedGMM-diag-pca": lambda: FedGMMDetector(
         2, covariance_type="diag", pca_components=2, max_iter=5, random_state=0
     ).fit(X, groups=GROUPS),
-    "FedGMM-joint": lambda: FedGMMDetector(2, n_learners=2, max_iter=3, random_state=0).fit(
+    "FedGMM-joint": lambda: JointFedGMMDetector(2, n_learners=2, max_iter=3, random_state=0).fit(
         X, Y, groups=GROUPS
     ),
     "FedGenGMM": lambda: FedGenGMMDetector(k_range=(1, 2), random_state=0).fit(X, groups=GROUPS),
@@ -370,5 +377,6 @@ def test_every_kind_round_trips(saved, originals):
         assert type(load(path)).__name__ in {
             "FedGMMDetector",
             "FedGenGMMDetector",
+            "JointFedGMMDetector",
             "LocalGMMDetector",
         }

@@ -1,0 +1,307 @@
+"""What ``FedGMMDetector`` and ``JointFedGMMDetector`` share: the base class ``EMDetector``.
+
+Both fit Gaussians by iterative federated EM (one EM iteration = one communication round)
+after an initialisation protocol (``init_params``), optionally on the rows' projection on
+``pca_components`` principal axes found by federated PCA; both keep personal mixture
+weights per client, adapt the weights of a client unseen in fit (:class:`AdaptedClient`)
+and save the same mixture state. A subclass builds its federated algorithm and reads its
+final state (``_fit_em``), and adds its own scores and saved tensors.
+
+The rounds of one fit are numbered ``1..n_rounds_`` in one sequence: federated PCA's
+two rounds first (``pca_components`` set), then the EM algorithm's, which run as two
+simulations; ``history_`` and the byte totals are built from both results
+(:meth:`EMDetector._record_rounds`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_probabilities,
+    get_attr,
+    get_tensor,
+)
+from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated import INIT_PARAMS
+from fednovelty.federated.pca import FederatedPCA, PCAProjection
+from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
+from fednovelty.mixture import WeightsFit, score_samples
+
+#: Settings of ``FedGMMDetector`` and ``JointFedGMMDetector`` alike.
+EM_CONSTRAINTS: dict = {
+    **COMMON_CONSTRAINTS,
+    "n_components": [Interval(Integral, 1, None, closed="left")],
+    "init_params": [StrOptions(set(INIT_PARAMS))],
+    "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
+    "subset_size": [Interval(Integral, 1, None, closed="left")],
+    "pca_components": [Interval(Integral, 1, None, closed="left"), None],
+    "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
+    "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
+}
+
+
+@dataclass(frozen=True)
+class AdaptedClient:
+    """Mixture weights of a client unseen in training (from ``adapt``); pass it as
+    ``client=`` to any scoring method of the detector that made it.
+
+    Attributes:
+        weights: (M1, M2) joint weights ``pi`` (joint models) or (M1,) mixture weights.
+        trace: weights after each EM iteration, (n_iter + 1, *weights.shape); row 0 = global.
+        mean_log_likelihoods: (n_iter,) mean log-likelihood of the rows before each update.
+        n_samples: rows used; n_iter, converged: the EM run; labelled: whether y was used;
+        joint: whether it belongs to a joint model.
+    """
+
+    weights: np.ndarray
+    trace: np.ndarray
+    mean_log_likelihoods: np.ndarray
+    n_samples: int
+    n_iter: int
+    converged: bool
+    labelled: bool
+    joint: bool
+
+
+class EMDetector(MixtureDetector):
+    """Base class of ``FedGMMDetector`` and ``JointFedGMMDetector`` (not used directly).
+
+    Subclasses set ``_joint`` (whether ``adapt`` handles hold (M1, M2) joint weights) and
+    implement ``_fit_em`` and ``_personal_weights``.
+    """
+
+    _joint = False
+
+    # -------------------------------------------------------------- fitting
+    def _fit_clients(self, parts, clients, seed) -> None:
+        self._fit_rounds(clients, seed)
+
+    def _fit_rounds(self, clients: list[torch.Tensor], seed: int, labels=None) -> None:
+        """Federated PCA (``pca_components``), then ``_fit_em``; records every round.
+
+        Args:
+            clients: each client's rows (n_c, n_features), in ``client_ids_`` order.
+            seed: the fit's seed.
+            labels: each client's integer label codes (n_c,) (joint model), or None.
+        """
+        n_total = sum(c.shape[0] for c in clients)
+        if self.n_components > n_total:
+            raise ValueError(
+                f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
+                "n_components or provide more rows."
+            )
+        results = []
+        pca = self._fit_pca(clients, seed)
+        if pca is not None:
+            results.append(pca)
+        views = [self._gmm_input(c) for c in clients]
+        if labels is None:
+            data = views
+        else:
+            codes = [torch.as_tensor(p, device=views[0].device) for p in labels]
+            data = list(zip(views, codes, clients, strict=True))
+        offset = sum(len(r.history) for r in results)
+        results.append(self._fit_em(data, seed, offset))
+        self._record_rounds(results)
+
+    def _fit_em(self, data: list, seed: int, round_offset: int):
+        """Run the subclass's EM algorithm on ``data`` (one entry per client: its Gaussian
+        view (n_c, d), or the ``(view, label codes, rows)`` triple of a joint fit), set the
+        fitted attributes and return the ``SimulationResult``."""
+        raise NotImplementedError
+
+    def _fit_pca(self, clients: list[torch.Tensor], seed: int):
+        """Federated PCA of the rows (``pca_components``): sets ``pca_`` and returns the
+        PCA run's ``SimulationResult``, or None (and no ``pca_``) without it."""
+        if self.pca_components is None:
+            if hasattr(self, "pca_"):
+                del self.pca_
+            return None
+        n_features = clients[0].shape[1]
+        if self.pca_components > n_features:
+            raise ValueError(
+                f"pca_components={self.pca_components} must be <= n_features={n_features}."
+            )
+        options = self._torch_options()
+        result = self._simulate(
+            FederatedPCA(self.pca_components, **options), clients, seed, full=True
+        )
+        self.pca_ = result.state.projection
+        return result
+
+    def _record_rounds(self, results: list) -> None:
+        """``history_``, ``n_rounds_``, ``bytes_up_`` and ``bytes_down_`` of a fit that ran
+        the simulations ``results`` one after the other (rounds numbered on across them)."""
+        history, offset = [], 0
+        for result in results:
+            history += [{**r.as_dict(), "round": r.round + offset} for r in result.history]
+            offset += len(result.history)
+        self.history_ = history
+        self.n_rounds_ = offset
+        self.bytes_up_ = sum(r.bytes_up for r in results)
+        self.bytes_down_ = sum(r.bytes_down for r in results)
+
+    def _em_options(self, seed: int) -> dict:
+        """Arguments of the federated EM algorithms that both estimators set alike."""
+        return {
+            "covariance_type": self.covariance_type,
+            "init_params": self.init_params,
+            "reg_covar": self.reg_covar,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "kmeans_rounds": self.kmeans_rounds,
+            "subset_size": self.subset_size,
+            "random_state": seed,
+            **self._torch_options(),
+        }
+
+    def _em_engine(self) -> dict:
+        """The EM simulation's engine options: client sampling, dropout and the simulated
+        clients' privacy policy (the user owns them, so they answer the ``subset`` round when
+        ``init_params="subset"`` asks for it, and form as many local clusters as
+        ``n_components``)."""
+        privacy = self._privacy_policy(
+            allow_raw_rows=self.init_params == "subset",
+            max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
+        )
+        return {"fraction": self.fraction, "dropout": self.dropout, "privacy": privacy}
+
+    def _set_em_state(self, state) -> None:
+        """The mixture and EM record of a finished ``EMState``."""
+        self._set_mixture(state.params)
+        self.n_iter_ = state.n_iter
+        self.converged_ = state.converged
+        self.lower_bounds_ = list(state.lower_bounds)
+
+    def _warn_if_not_converged(self) -> None:
+        if not self.converged_:
+            warnings.warn(
+                f"Federated EM did not converge in max_iter={self.max_iter} rounds (last change "
+                "in mean log-likelihood above tol). Increase max_iter or tol.",
+                ConvergenceWarning,
+                stacklevel=6,  # the caller's fit(...)
+            )
+
+    def _client_weight_matrix(self, weights: dict[int, torch.Tensor]) -> np.ndarray:
+        """(n_clients, n_components); a client that never replied gets the global weights."""
+        rows = [weights.get(c, self.model_.weights) for c in range(self.n_clients_)]
+        return torch.stack(rows).cpu().numpy()
+
+    # -------------------------------------------------------------- scoring
+    def _gmm_input(self, X: torch.Tensor) -> torch.Tensor:
+        """The Gaussians' view of rows (n, n_features): their federated-PCA projection
+        (n, pca_components) when ``pca_components`` is set, else the rows themselves."""
+        pca = getattr(self, "pca_", None)
+        return X if pca is None else pca.transform(X)
+
+    def _log_density(self, X: torch.Tensor) -> torch.Tensor:
+        return score_samples(self.model_, self._gmm_input(X))
+
+    def _personal_weights(self) -> np.ndarray:
+        """Each fitted client's personal weights, rows in ``client_ids_`` order."""
+        raise NotImplementedError
+
+    def _log_pi(self, client, like: torch.Tensor) -> torch.Tensor | None:
+        """``log pi`` of ``client`` (an id seen in fit or an ``adapt`` handle) on ``like``'s
+        device and dtype, shaped as ``_personal_weights`` rows; None for ``client=None``."""
+        if client is None:
+            return None
+        if isinstance(client, AdaptedClient):
+            if client.weights.shape[0] != self.n_components_ or client.joint != self._joint:
+                raise ValueError(
+                    "this AdaptedClient was made by another model; call adapt on this detector."
+                )
+            return torch.as_tensor(client.weights).to(like).log()
+        index = self._client_index(client)
+        return torch.as_tensor(self._personal_weights()[index]).to(like).log()
+
+    def _adapt_rows(self, X, max_iter) -> torch.Tensor:
+        """``adapt``'s rows as validated torch rows (at least 2), ``max_iter`` checked."""
+        Xt = self._check_score_input(X)
+        if Xt.shape[0] < 2:
+            raise ValueError(
+                f"adapt needs at least 2 rows of the new client to re-estimate its mixture "
+                f"weights; got {Xt.shape[0]}."
+            )
+        if not isinstance(max_iter, Integral) or max_iter < 1:
+            raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}.")
+        return Xt
+
+    def _adapted(self, result: WeightsFit, n_samples: int, labelled: bool) -> AdaptedClient:
+        return AdaptedClient(
+            weights=result.log_weights.exp().cpu().numpy(),
+            trace=result.trace.cpu().numpy(),
+            mean_log_likelihoods=result.mean_log_likelihoods.cpu().numpy(),
+            n_samples=int(n_samples),
+            n_iter=result.n_iter,
+            converged=result.converged,
+            labelled=labelled,
+            joint=self._joint,
+        )
+
+    # -------------------------------------------------------------- persistence
+    def _get_state(self):
+        tensors = self._mixture_tensors(self.model_, "model")
+        if hasattr(self, "client_weights_"):
+            tensors["client_weights"] = torch.as_tensor(self.client_weights_)
+        attrs = {
+            "n_iter_": self.n_iter_,
+            "converged_": self.converged_,
+            "lower_bounds_": self.lower_bounds_,
+        }
+        if hasattr(self, "pca_"):
+            tensors.update({f"pca.{k}": v for k, v in self.pca_.tensors().items()})
+        return tensors, attrs
+
+    def _set_state(self, tensors, attrs) -> None:
+        super()._set_state(tensors, attrs)
+        width = self.n_features_in_
+        if any(key.startswith("pca.") for key in tensors):
+            self.pca_ = _pca_from(tensors, width, self._torch_options())
+            width = self.pca_.components.shape[0]
+        self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type, width))
+        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
+        self.converged_ = get_attr(attrs, "converged_", bool)
+        bounds = get_attr(attrs, "lower_bounds_", list)
+        self.lower_bounds_ = check_items(bounds, "lower_bounds_", float, finite=False)
+        if "client_weights" in tensors:
+            shape = (self.n_clients_, self.n_components_)
+            weights = get_tensor(tensors, "client_weights", shape)
+            check_probabilities(weights, "the rows of 'client_weights'")
+            self.client_weights_ = weights.numpy()
+
+
+def _pca_from(tensors: dict[str, torch.Tensor], n_features: int, options: dict) -> PCAProjection:
+    """The saved federated-PCA projection (``pca.*`` tensors), checked (finite, fitted on
+    ``n_features`` features, a positive row count) and moved to ``options``' device and
+    dtype. Raises ``ModelFormatError``."""
+    parts = {
+        name: get_tensor(tensors, f"pca.{name}").to(**options)
+        for name in ("mean", "components", "explained_variance")
+    }
+    parts["noise_variance"] = get_tensor(tensors, "pca.noise_variance")
+    n_samples = tensors.get("pca.n_samples")
+    if n_samples is None or n_samples.dtype != torch.int64 or n_samples.numel() != 1:
+        raise ModelFormatError("the tensor 'pca.n_samples' must be one int64 row count.")
+    if int(n_samples) < 1 or tuple(parts["mean"].shape) != (n_features,):
+        raise ModelFormatError(
+            f"the PCA projection must be fitted on >= 1 row of {n_features} features; got "
+            f"n_samples={int(n_samples)}, 'pca.mean' of shape {tuple(parts['mean'].shape)}."
+        )
+    try:
+        return PCAProjection.from_tensors({**parts, "n_samples": n_samples})
+    except ValueError as error:
+        raise ModelFormatError(f"the PCA projection: {error}") from None
+
+
+__all__ = ["EM_CONSTRAINTS", "AdaptedClient", "EMDetector"]

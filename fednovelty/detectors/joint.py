@@ -1,0 +1,526 @@
+"""``JointFedGMMDetector``: FedGMM's joint model of ``(x, y)`` (FedGMM paper, Sections 2-3,
+Algorithm 1) as its own estimator.
+
+Each client models ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with
+``n_components`` shared Gaussians, ``n_learners`` shared conditional models (learners) and
+personal weights ``pi_c`` (M1, M2); the algorithm is ``fednovelty.federated.joint.JointFedGMM``.
+``fit(X, y, groups)`` needs the labels; ``FedGMMDetector`` is the model of ``x`` alone and
+ignores ``y`` (``docs/joint.md``).
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import ClassVar
+
+import numpy as np
+import torch
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
+from fednovelty.detectors._validation import (
+    check_groups,
+    check_X,
+    feature_names,
+    split_by_client,
+)
+from fednovelty.detectors.base import check_callbacks, seed_from
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_probabilities,
+    get_attr,
+    get_tensor,
+    register,
+)
+from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated.joint import (
+    PFL_METHODS,
+    JointFedGMM,
+    JointState,
+    adapt_joint_weights,
+    global_log_joint_weights,
+    joint_log_scores,
+    linear_learner,
+    mlp_learner,
+)
+from fednovelty.mixture import score_samples
+
+SCORES = ("px", "py|x", "pxy", "msp")
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+
+
+@register
+class JointFedGMMDetector(EMDetector):
+    """FedGMM's joint model ``p_c(x, y)`` trained by federated EM; scores covariate novelty
+    (``-log p(x)``), label novelty (``-log p(y | x)``) and joint novelty (``-log p(x, y)``),
+    and classifies (``predict_y``) with each client's personal weights.
+
+    One EM iteration is one communication round: clients send the Gaussians' sufficient
+    statistics under their joint responsibilities, their joint counts (``n_c pi_c``) and
+    their learners trained for ``local_epochs`` on the responsibility-weighted
+    cross-entropy; the server sums the statistics and averages the learners.
+
+    Args:
+        n_components: M1 shared Gaussians.
+        n_learners: M2 conditional models ``P_m2(y | x)``.
+        learner: ``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer
+            of 64) or a factory ``(n_features, n_classes) -> torch.nn.Module`` (a model with
+            a factory cannot be saved).
+        local_epochs, learning_rate, batch_size: the learners' local training each round.
+        optimizer: ``"sgd"`` (default) or ``"adam"`` for the learners' local steps.
+        mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
+        aggregate_learners: ``False`` never averages learners (the Local baseline: score
+            with ``client=``).
+        covariance_type, reg_covar, tol, max_iter: the Gaussians, as scikit-learn's
+            ``GaussianMixture`` (``max_iter`` = maximum EM rounds); the M-step is FedGMM's
+            plain one (no prior, no standardisation).
+        init_params, kmeans_rounds, subset_size: the Gaussians' initialisation, as
+            ``FedGMMDetector``'s.
+        pca_components: if set, the Gaussians model the rows' projection on this many
+            principal components found by federated PCA (two extra rounds); the learners
+            see the full rows.
+        fraction: share of clients asked each round; dropout: chance that one fails to reply.
+        privacy_min_rows: each client's privacy floor (``docs/privacy.md``).
+        contamination: expected share of anomalies, sets ``threshold_`` on ``-log p(x)``.
+        random_state, device, dtype, progress: as ``FedGMMDetector``'s.
+
+    Attributes:
+        classes_: the label values, sorted; columns of ``predict_proba_y``.
+        weights_, means_, covariances_, precisions_cholesky_: the Gaussians and their
+            sample-weighted global weights (numpy, as scikit-learn).
+        client_weights_: (n_clients, M1) each client's Gaussian weights ``sum_m2 pi_c``.
+        client_joint_weights_: (n_clients, M1, M2) each client's ``pi_c``, rows in
+            ``client_ids_`` order.
+        joint_state_: the algorithm's final ``JointState`` (learners' weights, joint counts).
+        client_learners_: each client's own learners (``aggregate_learners=False``).
+        pca_: the federated PCA projection (``pca_components`` set).
+        n_iter_, converged_, lower_bounds_, history_, n_rounds_, bytes_up_, bytes_down_,
+        decision_scores_, threshold_, labels_: as ``FedGMMDetector``'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> from fednovelty import JointFedGMMDetector
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(0, 1, (400, 2))
+        >>> y = (X[:, 0] > 0).astype(int)
+        >>> groups = np.repeat([0, 1, 2, 3], 100)
+        >>> det = JointFedGMMDetector(2, n_learners=1, random_state=0).fit(X, y, groups)
+        >>> det.predict_y([[2.0, 0.0], [-2.0, 0.0]]).tolist()
+        [1, 0]
+    """
+
+    _joint = True
+    _parameter_constraints: ClassVar[dict] = {
+        **EM_CONSTRAINTS,
+        "n_learners": _POSITIVE_INT,
+        "learner": [StrOptions({"linear", "mlp"}), callable],
+        "local_epochs": _POSITIVE_INT,
+        "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
+        "batch_size": _POSITIVE_INT,
+        "optimizer": [StrOptions({"sgd", "adam"})],
+        "mu_prox": [Interval(Real, 0.0, None, closed="left")],
+        "aggregate_learners": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        n_components=8,
+        *,
+        n_learners=2,
+        learner="linear",
+        local_epochs=5,
+        learning_rate=0.5,
+        batch_size=32,
+        optimizer="sgd",
+        mu_prox=0.0,
+        aggregate_learners=True,
+        covariance_type="full",
+        init_params="kmeans",
+        reg_covar=1e-6,
+        tol=1e-3,
+        max_iter=100,
+        kmeans_rounds=10,
+        subset_size=100,
+        pca_components=None,
+        fraction=1.0,
+        dropout=0.0,
+        privacy_min_rows=5,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ):
+        self.n_components = n_components
+        self.n_learners = n_learners
+        self.learner = learner
+        self.local_epochs = local_epochs
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.mu_prox = mu_prox
+        self.aggregate_learners = aggregate_learners
+        self.covariance_type = covariance_type
+        self.init_params = init_params
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.kmeans_rounds = kmeans_rounds
+        self.subset_size = subset_size
+        self.pca_components = pca_components
+        self.fraction = fraction
+        self.dropout = dropout
+        self.privacy_min_rows = privacy_min_rows
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
+    @classmethod
+    def pfl_baseline(cls, name: str, **params) -> JointFedGMMDetector:
+        """A detector configured as one of the FedGMM paper's Table 2 methods.
+
+        ``"FedGMM"`` (as given), ``"FedEM"`` (one Gaussian: mixture of learners only),
+        ``"FedAvg"`` (one Gaussian, one learner), ``"FedProx"`` (FedAvg plus the proximal
+        term, ``mu_prox=0.01`` unless given) and ``"Local"`` (one Gaussian, one learner per
+        client, never aggregated: score with ``client=``). Fit with ``fit(X, y, groups)``.
+
+        Example:
+            >>> JointFedGMMDetector.pfl_baseline("FedEM", n_learners=3).n_components
+            1
+        """
+        if name not in PFL_METHODS:
+            raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
+        config = dict(PFL_METHODS[name])
+        if name == "FedProx" and "mu_prox" in params:
+            config.pop("mu_prox")
+        return cls(**{**params, **config})
+
+    # -------------------------------------------------------------- fitting
+    def fit(self, X, y=None, groups=None, *, callbacks=()):
+        """Fit the joint model on rows ``X`` with labels ``y``, split into clients by
+        ``groups``.
+
+        Args:
+            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
+            y: one label per row (n_samples,), any sortable values; ``classes_`` keeps them.
+            groups: client id of each row; ``None`` means one client.
+            callbacks: callables, each called with every ``fednovelty.runtime.RoundRecord``
+                as its round completes (federated PCA's, the initialisation's and EM's rounds,
+                numbered ``1..n_rounds_`` as in ``history_``); kept only while ``fit`` runs.
+
+        Returns:
+            self
+
+        Raises:
+            ValueError: ``y`` missing, not one label per row, with NaN, or a single class.
+            TypeError: ``callbacks`` is not a sequence of callables.
+        """
+        self._validate_params()
+        callbacks = check_callbacks(callbacks)
+        array = check_X(X)
+        classes, codes = _encode_labels(y, array.shape[0])
+        client_ids, group_codes = check_groups(groups, array.shape[0])
+        self.classes_ = classes
+        self.n_features_in_ = array.shape[1]
+        names = feature_names(X)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_, self.n_clients_ = client_ids, len(client_ids)
+        rows = split_by_client(array, group_codes, self.n_clients_)
+        labels = split_by_client(codes, group_codes, self.n_clients_)
+        self._fit_callbacks = callbacks  # read by _simulate, as in MixtureDetector.fit
+        try:
+            clients = [self._as_tensor(part) for part in rows]
+            self._fit_rounds(clients, seed_from(self.random_state), labels)
+        finally:
+            del self._fit_callbacks
+        self._classes = 2  # PyOD's predict_proba reads it
+        self.decision_scores_ = self.decision_function(array)
+        self._process_decision_scores()
+        return self
+
+    def _fit_em(self, data, seed, round_offset):
+        learner_width = data[0][2].shape[1]
+        algorithm = JointFedGMM(
+            self.n_components,
+            self.n_learners,
+            len(self.classes_),
+            learner_factory=self._learner_factory(),
+            local_epochs=self.local_epochs,
+            learning_rate=self.learning_rate,
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            mu_prox=self.mu_prox,
+            aggregate_learners=self.aggregate_learners,
+            n_learner_features=learner_width,
+            **self._em_options(seed),
+        )
+        result = self._simulate(
+            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
+        )
+        state = result.state
+        self.joint_state_ = state
+        self.learner_template_ = self._learner_template(learner_width)
+        self._set_em_state(state)
+        self.client_weights_ = self._client_weight_matrix(state.client_weights)
+        global_pi = state.joint_counts / state.joint_counts.sum()
+        joint = [state.client_joint_weights.get(c, global_pi) for c in range(self.n_clients_)]
+        self.client_joint_weights_ = torch.stack(joint).cpu().numpy()
+        if self.aggregate_learners:
+            if hasattr(self, "client_learners_"):
+                del self.client_learners_
+            return result
+        names = [name for name, _ in self.learner_template_.named_parameters()]
+        self.client_learners_ = [
+            [
+                {n: own.get(f"learner.{m2}.{n}", state.learners[m2][n]) for n in names}
+                for m2 in range(self.n_learners)
+            ]
+            for own in (result.client_states.get(c, {}) for c in range(self.n_clients_))
+        ]
+        return result
+
+    def _learner_factory(self):
+        return {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
+
+    def _learner_template(self, n_features: int):
+        options = self._torch_options()
+        module = self._learner_factory()(n_features, len(self.classes_))
+        return module.to(device=options["device"], dtype=options["dtype"])
+
+    def _set_result(self, result) -> None:
+        raise ValueError(
+            "from_model does not rebuild joint models yet; fit JointFedGMMDetector with "
+            "fit(X, y, groups)."
+        )
+
+    # -------------------------------------------------------------- scoring
+    def _personal_weights(self) -> np.ndarray:
+        return self.client_joint_weights_
+
+    def _check_labels(self, y, n_rows: int, device) -> torch.Tensor:
+        """Labels of rows to score as codes into ``classes_`` (n_rows,) on ``device``."""
+        y_array = np.asarray(y)
+        if y_array.ndim != 1 or len(y_array) != n_rows:
+            raise ValueError(
+                f"y has {len(y_array) if y_array.ndim == 1 else y_array.shape} labels but X has "
+                f"{n_rows} rows; give one label per row."
+            )
+        unknown = ~np.isin(y_array, self.classes_)
+        if unknown.any():
+            raise ValueError(
+                f"y has label(s) {np.unique(y_array[unknown])[:5].tolist()} not seen in fit; "
+                f"known classes: {self.classes_.tolist()}."
+            )
+        return torch.as_tensor(np.searchsorted(self.classes_, y_array), device=device)
+
+    def _local_learners(self, client):
+        """Local (``aggregate_learners=False``): the client's own learners, or an error."""
+        if self.aggregate_learners:
+            return None
+        if client is None or isinstance(client, AdaptedClient):
+            raise ValueError(
+                "a Local model (aggregate_learners=False) has no shared learner; pass client= "
+                "one of the clients seen in fit."
+            )
+        return self.client_learners_[self._client_index(client)]
+
+    def _joint_scores(self, X, y=None, client=None) -> dict[str, torch.Tensor]:
+        Xt = self._check_score_input(X)
+        codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
+        with torch.no_grad():
+            return joint_log_scores(
+                self.joint_state_,
+                self.learner_template_,
+                self._gmm_input(Xt),
+                codes,
+                self._log_pi(client, Xt),
+                Z=Xt,
+                learners=self._local_learners(client),
+            )
+
+    def log_px(self, X, client=None) -> np.ndarray:
+        """``log p(x)`` (covariate novelty), shape (n_samples,).
+
+        Args:
+            X: rows (n_samples, n_features).
+            client: ``None`` for the sample-weighted global weights, a client id seen in fit
+                for its ``pi_c``, or a handle returned by :meth:`adapt`.
+        """
+        Xt = self._check_score_input(X)
+        log_pi = self._log_pi(client, Xt)
+        if log_pi is None:
+            log_pi = global_log_joint_weights(self.joint_state_)
+        with torch.no_grad():
+            log_px = score_samples(self.model_, self._gmm_input(Xt), torch.logsumexp(log_pi, 1))
+        return log_px.cpu().numpy()
+
+    def log_py_given_x(self, X, y, client=None) -> np.ndarray:
+        """``log p(y | x)`` (label novelty), shape (n_samples,); ``client`` as in ``log_px``."""
+        return self._joint_scores(X, y, client)["log_py_given_x"].cpu().numpy()
+
+    def log_pxy(self, X, y, client=None) -> np.ndarray:
+        """``log p(x, y)`` (joint novelty), shape (n_samples,); ``client`` as in ``log_px``."""
+        return self._joint_scores(X, y, client)["log_pxy"].cpu().numpy()
+
+    def predict_proba_y(self, X, client=None) -> np.ndarray:
+        """Class probabilities ``p(y | x)`` (the paper's Eq. 3), shape (n_samples, n_classes);
+        columns follow ``classes_``."""
+        return self._joint_scores(X, client=client)["proba_y"].cpu().numpy()
+
+    def predict_y(self, X, client=None) -> np.ndarray:
+        """Most probable label of each row, in the original label values."""
+        return self.classes_[self.predict_proba_y(X, client).argmax(1)]
+
+    def decision_function(self, X, y=None, *, client=None, score="px") -> np.ndarray:
+        """Anomaly score of each row (higher = more novel).
+
+        Args:
+            X: rows (n_samples, n_features).
+            y: labels of the rows (for ``score="py|x"`` and ``"pxy"``).
+            client: as in :meth:`log_px` (``None``: global weights).
+            score: ``"px"`` (``-log p(x)``, the default and what ``threshold_``, ``predict``
+                and ``predict_proba`` use), ``"py|x"`` (``-log p(y | x)``), ``"pxy"``
+                (``-log p(x, y)``) or ``"msp"`` (``-max_k p(y = k | x)``, the
+                maximum-softmax-probability baseline).
+        """
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {list(SCORES)}; got {score!r}.")
+        if score == "px" and client is None:
+            return super().decision_function(X)
+        if score in ("py|x", "pxy") and y is None:
+            raise ValueError(f"score={score!r} needs the labels of the rows: pass y=.")
+        key = {"px": "log_px", "py|x": "log_py_given_x", "pxy": "log_pxy", "msp": "msp"}
+        scores = self._joint_scores(X, y, client)[key[score]]
+        return -scores.cpu().numpy().astype(np.float64)
+
+    def adapt(self, X, y=None, *, max_iter: int = 100, tol: float = 1e-6) -> AdaptedClient:
+        """Personal weights ``pi`` (M1, M2) for a client unseen in training, every shared
+        parameter frozen (FedGMM Sec. 3: only ``pi`` is re-estimated, by EM from the global
+        weights).
+
+        With labels the E-step uses ``N(x; m1) P_m2(y | x)``; without, ``N(x; m1)`` alone.
+        The detector is not modified; the returned handle works as ``client=`` in every
+        scoring method.
+
+        Args:
+            X: the new client's rows (n_samples, n_features); at least 2.
+            y: their labels, optional.
+            max_iter: maximum EM iterations; tol: stop when the mean log-likelihood changes by
+                less than this.
+
+        Returns:
+            An :class:`AdaptedClient` (weights, their trace over iterations, log-likelihoods).
+        """
+        Xt = self._adapt_rows(X, max_iter)
+        if not self.aggregate_learners and y is not None:
+            raise ValueError(
+                "a Local model (aggregate_learners=False) has no shared learner to adapt "
+                "with labels; call adapt(X) for the Gaussian weights only."
+            )
+        codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
+        with torch.no_grad():
+            result = adapt_joint_weights(
+                self.joint_state_,
+                self.learner_template_,
+                self._gmm_input(Xt),
+                codes,
+                Xt,
+                max_iter=max_iter,
+                tol=tol,
+            )
+        return self._adapted(result, Xt.shape[0], labelled=y is not None)
+
+    # -------------------------------------------------------------- persistence
+    def _get_state(self):
+        if callable(self.learner):
+            raise ValueError(
+                "a joint model with a custom learner factory cannot be saved safely (the "
+                "factory is code, and loading runs no code); use learner='linear' or "
+                "'mlp', or save the learner weights yourself."
+            )
+        tensors, attrs = super()._get_state()
+        state = self.joint_state_
+        tensors["joint.counts"] = state.joint_counts
+        tensors["joint.client_weights"] = torch.as_tensor(self.client_joint_weights_)
+        for m2, learner in enumerate(state.learners):
+            tensors.update({f"learner.{m2}.{k}": v for k, v in learner.items()})
+        for c, learners in enumerate(getattr(self, "client_learners_", [])):
+            for m2, learner in enumerate(learners):
+                tensors.update({f"client_learner.{c}.{m2}.{k}": v for k, v in learner.items()})
+        attrs["classes_"] = self.classes_.tolist()
+        return tensors, attrs
+
+    def _set_state(self, tensors, attrs) -> None:
+        super()._set_state(tensors, attrs)
+        options = self._torch_options()
+        classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
+        if len(classes) < 2 or len(set(classes)) != len(classes):
+            raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
+        self.classes_ = np.asarray(classes)
+        self.learner_template_ = self._learner_template(self.n_features_in_)
+        shapes = {n: tuple(p.shape) for n, p in self.learner_template_.named_parameters()}
+
+        def learners(prefix: str) -> list[dict[str, torch.Tensor]]:
+            return [
+                {
+                    n: get_tensor(tensors, f"{prefix}{m2}.{n}", shape).to(**options)
+                    for n, shape in shapes.items()
+                }
+                for m2 in range(self.n_learners)
+            ]
+
+        shape = (self.n_components_, self.n_learners)
+        joint_weights = get_tensor(tensors, "joint.client_weights", (self.n_clients_, *shape))
+        check_probabilities(joint_weights, "the blocks of 'joint.client_weights'", dims=2)
+        counts = get_tensor(tensors, "joint.counts", shape)
+        if bool((counts < 0).any()):
+            raise ModelFormatError("the tensor 'joint.counts' holds negative counts.")
+        joint_weights = joint_weights.to(**options)
+        self.client_joint_weights_ = joint_weights.cpu().numpy()
+        self.joint_state_ = JointState(
+            phase="done",
+            params=self.model_,
+            n_iter=self.n_iter_,
+            converged=self.converged_,
+            lower_bounds=list(self.lower_bounds_),
+            learners=learners("learner."),
+            joint_counts=counts.to(**options),
+            client_joint_weights=dict(enumerate(joint_weights)),
+        )
+        if not self.aggregate_learners:
+            self.client_learners_ = [
+                learners(f"client_learner.{c}.") for c in range(self.n_clients_)
+            ]
+
+
+def _encode_labels(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, codes)`` of fit's labels: the sorted distinct values (n_classes,) and
+    each row's index into them (n_rows,) int64.
+
+    Raises:
+        ValueError: ``y`` is missing, not 1-D, not one label per row, holds NaN/inf or a
+            single class.
+    """
+    if y is None:
+        raise ValueError(
+            "JointFedGMMDetector.fit needs y, one label per row: fit(X, y, groups). For a "
+            "model of X alone use FedGMMDetector."
+        )
+    y_array = np.asarray(y)
+    if y_array.ndim != 1:
+        raise ValueError(f"y must be 1-D (one label per row), got shape {y_array.shape}.")
+    if y_array.dtype.kind == "f" and not np.isfinite(y_array).all():
+        raise ValueError("y contains NaN or inf; every row needs a label.")
+    if len(y_array) != n_rows:
+        raise ValueError(
+            f"y has {len(y_array)} labels but X has {n_rows} rows; give one label per row."
+        )
+    classes, codes = np.unique(y_array, return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError("y has a single class; the joint model needs at least 2 classes.")
+    return classes, codes.astype(np.int64)

@@ -1,0 +1,145 @@
+"""``FedGMMDetector`` models x alone and honours PyOD's contract: ``y`` is ignored, the joint
+model's names raise an error naming ``JointFedGMMDetector``, old files still load."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _tolerance import assert_close_scaled
+from pyod.models.iforest import IForest
+from sklearn.base import clone
+
+from fednovelty import FedGMMDetector, JointFedGMMDetector, load
+from fednovelty.detectors.fedgmm import JOINT_ONLY_METHODS, JOINT_ONLY_PARAMS
+from fednovelty.exceptions import ModelFormatError
+
+DATA = Path(__file__).parent / "data"
+RNG = np.random.default_rng(0)
+X = np.vstack([RNG.normal(0, 1, (120, 3)), RNG.normal(5, 1, (120, 3))])
+Y = (X[:, 0] > 2.5).astype(int)
+GROUPS = np.tile(np.arange(4), 60)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return FedGMMDetector(2, max_iter=20, random_state=0).fit(X, groups=GROUPS)
+
+
+@pytest.mark.filterwarnings("ignore:y should not be presented:UserWarning")  # IForest's
+def test_pyod_fit_predict_with_y_equals_fit_without(fitted):
+    """PyOD's ``fit_predict(X, y)`` passes y on to ``fit``: same scores and labels as
+    ``fit(X)`` (one client each), as for PyOD's own ``IForest``."""
+    anomaly = (RNG.random(len(X)) < 0.1).astype(int)
+    for detector_class in (
+        lambda: FedGMMDetector(2, max_iter=20, random_state=0),
+        lambda: IForest(random_state=0),
+    ):
+        with pytest.warns(FutureWarning):  # PyOD deprecates fit_predict
+            labels = (with_y := detector_class()).fit_predict(X, anomaly)
+        without_y = detector_class().fit(X)
+        np.testing.assert_array_equal(labels, without_y.labels_)
+        np.testing.assert_array_equal(with_y.decision_scores_, without_y.decision_scores_)
+        assert with_y.threshold_ == without_y.threshold_
+        assert not hasattr(with_y, "classes_")
+
+
+def test_y_is_ignored_with_groups(fitted):
+    with_y = FedGMMDetector(2, max_iter=20, random_state=0).fit(X, Y, groups=GROUPS)
+    np.testing.assert_array_equal(with_y.decision_scores_, fitted.decision_scores_)
+    np.testing.assert_array_equal(with_y.means_, fitted.means_)
+    untimed = [{k: v for k, v in r.items() if k != "seconds"} for r in fitted.history_]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in with_y.history_] == untimed
+
+
+def test_clone_and_get_params(fitted):
+    params = fitted.get_params()
+    assert not set(JOINT_ONLY_PARAMS) & set(params)
+    fresh = clone(fitted)
+    assert fresh.get_params() == params and not hasattr(fresh, "history_")
+    again = fresh.fit(X, groups=GROUPS)
+    np.testing.assert_array_equal(again.decision_scores_, fitted.decision_scores_)
+    with pytest.raises(ValueError, match="Invalid parameter n_learners"):
+        fresh.set_params(n_learners=2)
+
+
+@pytest.mark.parametrize("name", JOINT_ONLY_METHODS)
+def test_joint_methods_name_the_joint_estimator(fitted, name):
+    assert not hasattr(fitted, name)
+    assert not hasattr(FedGMMDetector, name)
+    with pytest.raises(AttributeError, match=rf"no '{name}'.*JointFedGMMDetector"):
+        getattr(fitted, name)
+    with pytest.raises(AttributeError, match="JointFedGMMDetector"):
+        getattr(FedGMMDetector, name)
+    assert callable(getattr(JointFedGMMDetector, name))
+
+
+@pytest.mark.parametrize("name", JOINT_ONLY_PARAMS)
+def test_joint_constructor_arguments_name_the_joint_estimator(name):
+    value = JointFedGMMDetector().get_params()[name]
+    with pytest.raises(TypeError, match=rf"\['{name}'\].*JointFedGMMDetector\({name}=\.\.\.\)"):
+        FedGMMDetector(2, **{name: value})
+    JointFedGMMDetector(2, **{name: value})  # where it belongs
+
+
+def test_other_unknown_arguments_are_plain_type_errors():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        FedGMMDetector(2, colour="red")
+
+
+def test_joint_scoring_arguments_name_the_joint_estimator(fitted):
+    rows = X[:10]
+    for call in (
+        lambda: fitted.decision_function(rows, Y[:10]),
+        lambda: fitted.decision_function(rows, score="pxy"),
+        lambda: fitted.decision_function(rows, y=Y[:10], score="py|x"),
+        lambda: fitted.adapt(rows, Y[:10]),
+        lambda: fitted.adapt(rows, y=Y[:10]),
+    ):
+        with pytest.raises(TypeError, match="JointFedGMMDetector"):
+            call()
+    np.testing.assert_array_equal(fitted.decision_function(rows), -fitted.score_samples(rows))
+
+
+def test_plain_model_adapts_its_gaussian_weights(fitted):
+    rows = X[GROUPS == 1]
+    handle = fitted.adapt(rows)
+    assert handle.weights.shape == (2,) and not handle.joint and not handle.labelled
+    personal = fitted.score_samples_client(rows, handle)
+    assert personal.mean() >= fitted.score_samples(rows).mean()
+    np.testing.assert_allclose(fitted.decision_function(rows, client=handle), -personal)
+    np.testing.assert_allclose(
+        fitted.decision_function(rows, client=1), -fitted.score_samples_client(rows, 1)
+    )
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        fitted.adapt(rows[:1])
+
+
+# ------------------------------------------------------------------ files of the old class
+@pytest.fixture(scope="module")
+def old():
+    return np.load(DATA / "fedgmm_v0.1_scores.npz")
+
+
+def test_an_old_joint_file_loads_as_the_joint_estimator(old):
+    path = DATA / "fedgmm_joint_v0.1.safetensors"
+    for detector in (load(path), JointFedGMMDetector.load(path)):
+        assert type(detector) is JointFedGMMDetector
+        assert detector.n_learners == 2 and detector.classes_.tolist() == [0, 1]
+        assert "mixture_weights" not in detector.get_params()
+        # scores recomputed from the file's tensors, as by the code that wrote it
+        assert_close_scaled(detector.log_pxy(old["X"], old["y"]), old["joint_pxy"])
+        assert_close_scaled(detector.decision_function(old["X"]), old["joint_px"])
+    with pytest.raises(ModelFormatError, match="holds a JointFedGMMDetector, not a FedGMMDetector"):
+        FedGMMDetector.load(path)
+
+
+def test_an_old_plain_file_loads_without_the_joint_settings(old, tmp_path):
+    path = DATA / "fedgmm_plain_v0.1.safetensors"
+    detector = FedGMMDetector.load(path)
+    assert type(detector) is FedGMMDetector
+    assert_close_scaled(detector.decision_function(old["X"]), old["plain"])
+    detector.save(tmp_path / "again.safetensors")  # written in the current layout
+    again = load(tmp_path / "again.safetensors")
+    assert again.get_params() == detector.get_params()
+    with pytest.raises(ModelFormatError, match="holds a FedGMMDetector"):
+        JointFedGMMDetector.load(path)
