@@ -1,21 +1,55 @@
 """Algorithm layer: each federated algorithm as a client step and a server step over
-plain ``Message`` objects. Nothing here knows which engine runs it."""
+plain ``Message`` objects, its settings as one frozen dataclass, its protocols as
+composable steps. Nothing here knows which engine runs it."""
 
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
-from fednovelty.federated.em import INIT_PARAMS, MIXTURE_WEIGHTS, EMState, FederatedEM
+from fednovelty.federated.config import (
+    INIT_PARAMS,
+    MIXTURE_WEIGHTS,
+    EMConfig,
+    FedGenConfig,
+    JointConfig,
+    PCAConfig,
+)
+from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
+from fednovelty.federated.joint import JointFedGMM, JointState, pfl_algorithm
+from fednovelty.federated.pca import FederatedPCA, PCAProjection, PCAState
 from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.registry import (
+    ALGORITHMS,
+    algorithm_name,
+    algorithm_settings,
+    build_algorithm,
+)
+from fednovelty.federated.steps import ChainedAlgorithm, Step
 
 __all__ = [
+    "ALGORITHMS",
     "INIT_PARAMS",
     "MIXTURE_WEIGHTS",
+    "ChainedAlgorithm",
     "ClientContext",
+    "EMConfig",
     "EMState",
+    "FedGenConfig",
     "FedGenGMM",
     "FedGenState",
     "FederatedAlgorithm",
     "FederatedEM",
+    "FederatedPCA",
+    "JointConfig",
+    "JointFedGMM",
+    "JointState",
     "LocalGMMs",
     "Message",
+    "PCAConfig",
+    "PCAProjection",
+    "PCAState",
     "PrivacyPolicy",
+    "Step",
+    "algorithm_name",
+    "algorithm_settings",
+    "build_algorithm",
+    "pfl_algorithm",
 ]

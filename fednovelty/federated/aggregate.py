@@ -8,7 +8,7 @@ functions that take replies leave it out, as if the client had not replied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -144,3 +144,42 @@ def union_mixture(models: list[MixtureParams], sizes: list[float]) -> MixturePar
     else:
         prec = torch.cat([m.precisions_cholesky for m in models])
     return MixtureParams(weights / weights.sum(), means, prec, ct)
+
+
+def learner_name(index: int, name: str) -> str:
+    """The message tensor name of parameter ``name`` of learner ``index``."""
+    return f"learner.{index}.{name}"
+
+
+def average_learners(
+    learners: Sequence[dict[str, Tensor]], replies: Sequence[Message], gammas: Tensor
+) -> list[dict[str, Tensor]]:
+    """Each learner as the gamma-weighted mean of the clients' trained copies (FedGMM's
+    learner M-step): ``theta_m2 = sum_c gamma_c(m2) theta_c(m2) / sum_c gamma_c(m2)``.
+
+    Args:
+        learners: the broadcast learners, M2 dicts of parameter tensors; a learner that no
+            client used (its gammas sum to 0) is kept as it is, and each result has the
+            dtype and device of the broadcast tensor.
+        replies: the clients' replies (skipped ones left out), each with tensors
+            ``learner.{m2}.{name}`` for every learner and parameter.
+        gammas: (n_replies, M2) each client's summed responsibilities of each learner,
+            in the order of ``replies``.
+
+    Returns:
+        M2 new dicts of parameter tensors (``learners`` is not modified).
+    """
+    averaged = []
+    for m2, learner in enumerate(learners):
+        weight = gammas[:, m2]
+        total = float(weight.sum())
+        if total <= 0:
+            averaged.append(dict(learner))
+            continue
+        new = {}
+        for name, current in learner.items():
+            stacked = torch.stack([r.tensors[learner_name(m2, name)] for r in replies])
+            shape = (-1,) + (1,) * (stacked.ndim - 1)
+            new[name] = (stacked * (weight / total).view(shape)).sum(0).to(current)
+        averaged.append(new)
+    return averaged

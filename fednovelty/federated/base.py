@@ -8,6 +8,10 @@ objects cross between the halves: tensors and plain scalars, never raw rows (the
 exception, ``init_params="subset"``, is flagged wherever it is used and answered only by
 clients whose :class:`~fednovelty.federated.privacy.PrivacyPolicy` allows it).
 
+Settings travel once: an algorithm holds its settings as one frozen dataclass
+(``algorithm.config``, :mod:`fednovelty.federated.config`) that both halves read, and a
+message carries only what changes from round to round (parameters, statistics, seeds).
+
 Every client step enforces its client's own privacy policy (``ClientContext.policy``)
 whatever the message asks; a client that releases nothing in a round replies
 :func:`skipped_reply` (``scalars["skipped"]`` and a ``reason``, no tensors), which the
@@ -16,9 +20,10 @@ server halves treat as absent.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,11 +42,18 @@ class Message:
         kind: what the message asks for or answers (e.g. ``"em"``, ``"assign"``).
         tensors: named tensors.
         scalars: named plain scalars (bool, int, float, str).
+        expect: on the server only, what a valid reply to this broadcast may hold, for the
+            server's reply validation (:mod:`fednovelty.federated.validation`):
+            ``covariance_type`` of returned statistics or mixtures, ``n_clusters`` (most
+            centroids), ``max_components`` (largest local mixture), ``n_features`` (width
+            of the rows the round works on, when not the federation's). Never sent, not
+            counted in :meth:`nbytes`; empty on a decoded message.
     """
 
     kind: str
     tensors: dict[str, Tensor] = field(default_factory=dict)
     scalars: dict[str, Scalar] = field(default_factory=dict)
+    expect: dict[str, Scalar] = field(default_factory=dict, compare=False)
 
     def nbytes(self) -> int:
         """Payload size: tensor bytes plus 8 bytes per scalar (strings: their UTF-8 length)."""
@@ -74,6 +86,12 @@ def skipped_reply(kind: str, reason: str) -> Message:
     return Message(kind, scalars={"skipped": True, "reason": reason})
 
 
+def derived_seed(random_state: int, salt: int) -> int:
+    """An integer seed for one use (a round, a server draw) derived from ``random_state``
+    and ``salt``: independent streams for different salts."""
+    return int(np.random.SeedSequence([int(random_state), int(salt)]).generate_state(1)[0])
+
+
 def client_generator(seed: int, client_id: int) -> torch.Generator:
     """A CPU generator for one client in one round, independent across clients."""
     entropy = np.random.SeedSequence([int(seed), int(client_id)]).generate_state(1)[0]
@@ -81,7 +99,7 @@ def client_generator(seed: int, client_id: int) -> torch.Generator:
 
 
 class FederatedAlgorithm(ABC):
-    """Base class: an algorithm is its configuration plus two pure halves.
+    """Base class: an algorithm is its settings (``config``) plus two pure halves.
 
     The engine loop is::
 
@@ -90,6 +108,9 @@ class FederatedAlgorithm(ABC):
             message = algo.configure(state)
             replies = {cid: algo.client_step(X_c, message, ctx_c) for sampled clients}
             state, metrics = algo.server_step(state, replies)
+
+    Every field of ``config`` reads as an attribute of the algorithm
+    (``algo.covariance_type``); settings are frozen: build a new algorithm to change one.
     """
 
     #: upper bound on the number of rounds (for progress bars and safety).
@@ -97,6 +118,45 @@ class FederatedAlgorithm(ABC):
     #: whether a client's data is a labelled tuple ``(X, y)`` / ``(X, y, Z)`` rather than
     #: rows ``X`` alone (engines check client data by it; they know no algorithm by name).
     labelled: bool = False
+    #: the settings dataclass of the algorithm (``None`` for algorithms without one).
+    config_class: ClassVar[type | None] = None
+    #: the algorithm's settings, an instance of ``config_class``.
+    config: Any = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> FederatedAlgorithm:
+        """The algorithm with settings ``config`` (an instance of ``config_class``)."""
+        if cls.config_class is None or not isinstance(config, cls.config_class):
+            expected = getattr(cls.config_class, "__name__", None)
+            raise TypeError(
+                f"{cls.__name__} takes a {expected} config, got {type(config).__name__}."
+            )
+        algorithm = cls.__new__(cls)
+        algorithm._setup(config)
+        return algorithm
+
+    def _setup(self, config: Any) -> None:
+        """Hold ``config`` and derive what the algorithm needs from it (subclasses extend)."""
+        object.__setattr__(self, "config", config)
+
+    def _setting_names(self) -> frozenset[str]:
+        config = self.__dict__.get("config")
+        if config is None or not dataclasses.is_dataclass(config):
+            return frozenset()
+        return frozenset(f.name for f in dataclasses.fields(config))
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and name in self._setting_names():
+            return getattr(self.__dict__["config"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._setting_names():
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is a setting and settings are frozen; build a "
+                f"new {type(self).__name__} (or dataclasses.replace its config) instead."
+            )
+        object.__setattr__(self, name, value)
 
     @abstractmethod
     def start(self) -> Any:
@@ -119,15 +179,3 @@ class FederatedAlgorithm(ABC):
     @abstractmethod
     def finished(self, state: Any) -> bool:
         """Whether training is over."""
-
-
-def check_prior_arguments(
-    prior_strength: float | None, prior_scale: float
-) -> tuple[float | None, float]:
-    """``(prior_strength, prior_scale)`` as floats, or a ``ValueError`` naming the bad one:
-    the strength is ``None`` (no prior) or > 0 pseudo-rows, the scale > 0."""
-    if prior_strength is not None and not float(prior_strength) > 0:
-        raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
-    if not float(prior_scale) > 0:
-        raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
-    return (None if prior_strength is None else float(prior_strength)), float(prior_scale)

@@ -35,7 +35,14 @@ the result independent of the partition and of the eigen-solver's arbitrary choi
 
 Used for FedGMM's MNIST experiment: the clients first agree on a federated PCA of the
 pixels, then the Gaussian mixtures are fitted on the projected features
-(``PCAProjection.transform``), which every client computes locally.
+(``PCAProjection.transform``), which every client computes locally. The two rounds are
+:class:`PCAStep`, which ``FederatedPCA`` runs alone and federated EM chains before its own
+steps (``pca_components``): there the server sends the projection's mean and axes once,
+with the first round after the PCA rounds (``projection.mean``, ``projection.components``:
+``n_features * (n_components + 1)`` floats per client); each client keeps them in its
+``ClientContext.state`` and projects its rows for every later round. A client that missed
+that round has no projection and skips the rest of the run, which the PCA rounds'
+full participation (``fraction=1``, no dropout) already rules out.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ from fednovelty.federated.base import (
     Scalar,
     skipped_reply,
 )
+from fednovelty.federated.config import PCAConfig
+from fednovelty.federated.steps import ClientSkip, Step
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,46 +176,92 @@ def _count(cid: int, n: Tensor) -> int:
     return round(value)
 
 
-class FederatedPCA(FederatedAlgorithm):
-    """Exact PCA of the pooled client rows in two rounds of summed statistics.
+#: kinds of the PCA rounds.
+PCA_KINDS: tuple[str, str] = ("moments_mean", "moments_scatter")
+#: names of the projection's tensors in a broadcast and in a client's state.
+PROJECTION_MEAN, PROJECTION_COMPONENTS = "projection.mean", "projection.components"
+
+
+class PCAStep(Step):
+    """The two rounds of federated PCA as a chainable step (module docstring).
+
+    Its own progress is a :class:`PCAState`: ``FederatedPCA`` passes its state, a chain
+    keeps one in ``state.pca`` and gets the result in ``state.projection``.
 
     Args:
-        n_components: number of principal axes to keep (1 <= n_components <= n_features).
-        device: where the server aggregates; ``None`` uses the device of the first reply
-            (by client id).
-        dtype: the server's floating dtype (float64 by default, for parity with
-            scikit-learn).
+        n_components: number of principal axes to keep.
+        dtype: the server's floating dtype.
+        device: where the server aggregates; ``None`` uses the device of the first reply.
     """
 
+    kinds = PCA_KINDS
+    counted = False
     max_rounds = 2
 
     def __init__(
         self,
         n_components: int,
         *,
-        device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
     ) -> None:
-        if int(n_components) < 1:
-            raise ValueError(f"n_components must be >= 1, got {n_components}.")
-        if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating dtype, got {dtype}.")
         self.n_components = int(n_components)
-        self.device = None if device is None else torch.device(device)
         self.dtype = dtype
+        self.device = None if device is None else torch.device(device)
 
-    def start(self) -> PCAState:
-        return PCAState()
-
-    def finished(self, state: PCAState) -> bool:
-        return state.round >= 2
-
-    def configure(self, state: PCAState) -> Message:
-        if state.round == 0:
+    # ------------------------------------------------------------------ on a PCAState
+    def configure_round(self, pca: PCAState) -> Message:
+        """The message of the next PCA round."""
+        if pca.round == 0:
             return Message("moments_mean")
-        if state.round == 1:
-            return Message("moments_scatter", {"mean": state.mean})
+        if pca.round == 1:
+            return Message("moments_scatter", {"mean": pca.mean})
         raise RuntimeError("FederatedPCA has finished; there is no round to configure.")
+
+    def fold(self, pca: PCAState, replies: dict[int, Message]) -> dict[str, Scalar]:
+        """Fold one PCA round's replies into ``pca``; returns the round's metrics."""
+        if pca.round == 0:
+            return self._moments_mean(pca, replies)
+        if pca.round == 1:
+            return self._moments_scatter(pca, replies)
+        raise RuntimeError("FederatedPCA has finished; no further server step.")
+
+    # ------------------------------------------------------------------ in a chain
+    def begin(self, state) -> str:
+        state.pca = PCAState()
+        return "moments_mean"
+
+    def configure(self, state) -> Message:
+        return self.configure_round(state.pca)
+
+    def server_step(self, state, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        metrics = self.fold(state.pca, replies)
+        if state.pca.round < 2:
+            return "moments_scatter", metrics
+        state.projection = state.pca.projection
+        return None, metrics
+
+    def broadcast(self, state) -> tuple[dict[str, Tensor], dict[str, Scalar]]:
+        expect = {"n_features": self.n_components}
+        if state.rounds > 0:  # the clients hold the projection since the first later round
+            return {}, expect
+        projection = state.projection
+        tensors = {PROJECTION_MEAN: projection.mean, PROJECTION_COMPONENTS: projection.components}
+        return tensors, expect
+
+    def view(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        """The client's rows projected, (n_samples, n_components); the projection is kept
+        from the broadcast that carries it."""
+        if PROJECTION_COMPONENTS in message.tensors:
+            for name in (PROJECTION_MEAN, PROJECTION_COMPONENTS):
+                context.state[name] = message.tensors[name]
+        if PROJECTION_COMPONENTS not in context.state:
+            raise ClientSkip(
+                "the client has no PCA projection (it missed the round after the PCA rounds)"
+            )
+        mean = context.state[PROJECTION_MEAN].to(X.device, X.dtype)
+        components = context.state[PROJECTION_COMPONENTS].to(X.device, X.dtype)
+        return (X - mean) @ components.T
 
     # ------------------------------------------------------------------ client half
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
@@ -215,9 +270,7 @@ class FederatedPCA(FederatedAlgorithm):
                 f"client {context.client_id}: rows must be a 2-D floating tensor "
                 f"(n_samples, n_features), got {X.dtype} of shape {tuple(X.shape)}."
             )
-        if message.kind in ("moments_mean", "moments_scatter") and not context.policy.releases(
-            X.shape[0]
-        ):
+        if message.kind in PCA_KINDS and not context.policy.releases(X.shape[0]):
             return skipped_reply(message.kind, context.policy.below_floor)
         n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
         if message.kind == "moments_mean":
@@ -268,9 +321,7 @@ class FederatedPCA(FederatedAlgorithm):
             values[cid] = value.to(device=target, dtype=self.dtype)
         return counts, values
 
-    def _moments_mean(
-        self, state: PCAState, replies: dict[int, Message]
-    ) -> tuple[PCAState, dict[str, Scalar]]:
+    def _moments_mean(self, state: PCAState, replies: dict[int, Message]) -> dict[str, Scalar]:
         counts, sums = self._replies(replies, "moments_mean", "sum", None)
         widths = {cid: s.shape[0] for cid, s in sums.items()}
         if len(set(widths.values())) > 1:
@@ -289,11 +340,9 @@ class FederatedPCA(FederatedAlgorithm):
             )
         state.mean = torch.stack(list(sums.values())).sum(dim=0) / n_samples
         state.n_samples, state.client_counts, state.round = n_samples, counts, 1
-        return state, {"phase": "moments_mean", "n_samples": n_samples}
+        return {"phase": "moments_mean", "n_samples": n_samples}
 
-    def _moments_scatter(
-        self, state: PCAState, replies: dict[int, Message]
-    ) -> tuple[PCAState, dict[str, Scalar]]:
+    def _moments_scatter(self, state: PCAState, replies: dict[int, Message]) -> dict[str, Scalar]:
         d = state.mean.shape[0]
         counts, scatters = self._replies(replies, "moments_scatter", "scatter", (d, d))
         if counts != state.client_counts:
@@ -326,13 +375,50 @@ class FederatedPCA(FederatedAlgorithm):
         )
         state.round = 2
         ratio = float(explained.sum()) / total if total > 0 else float("nan")
-        return state, {"phase": "moments_scatter", "explained_variance_ratio": ratio}
+        return {"phase": "moments_scatter", "explained_variance_ratio": ratio}
+
+
+class FederatedPCA(FederatedAlgorithm):
+    """Exact PCA of the pooled client rows in two rounds of summed statistics
+    (:class:`PCAStep` run alone).
+
+    Args:
+        n_components: number of principal axes to keep (1 <= n_components <= n_features).
+        device: where the server aggregates; ``None`` uses the device of the first reply
+            (by client id).
+        dtype: the server's floating dtype (float64 by default, for parity with
+            scikit-learn).
+    """
+
+    max_rounds = 2
+    config_class = PCAConfig
+
+    def __init__(
+        self,
+        n_components: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        self._setup(PCAConfig(n_components=n_components, device=device, dtype=dtype))
+
+    def _setup(self, config: PCAConfig) -> None:
+        super()._setup(config)
+        self._step = PCAStep(config.n_components, dtype=config.dtype, device=config.device)
+
+    def start(self) -> PCAState:
+        return PCAState()
+
+    def finished(self, state: PCAState) -> bool:
+        return state.round >= 2
+
+    def configure(self, state: PCAState) -> Message:
+        return self._step.configure_round(state)
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        return self._step.client_step(X, message, context)
 
     def server_step(
         self, state: PCAState, replies: dict[int, Message]
     ) -> tuple[PCAState, dict[str, Scalar]]:
-        if state.round == 0:
-            return self._moments_mean(state, replies)
-        if state.round == 1:
-            return self._moments_scatter(state, replies)
-        raise RuntimeError("FederatedPCA has finished; no further server step.")
+        return state, self._step.fold(state, replies)

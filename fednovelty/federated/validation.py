@@ -32,6 +32,12 @@ A client that lies consistently from its first reply on (a made-up data set) pas
 checks: that is what the robust aggregation options of the algorithms bound (a cap on one
 client's weight, trimmed and median combinations; ``docs/robust.md``).
 
+What the server expects of a reply beyond the broadcast's tensors (the covariance type of
+statistics and mixtures, the most centroids or local components, the width of the rows the
+round works on after a PCA projection) is the server's own setting, not something a client
+is told in every message: the algorithm writes it into the broadcast's ``expect``
+(:class:`~fednovelty.federated.base.Message`), which stays on the server.
+
 A skipped reply (``scalars["skipped"]``: the client is below its privacy floor or refused
 the round) carries no statistics and is passed on as it is.
 """
@@ -45,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message
+from fednovelty.federated.base import Message, Scalar
 
 #: reply tensors that must be >= 0 wherever they appear.
 NON_NEGATIVE: tuple[str, ...] = ("counts", "n_samples", "joint_counts", "weights", "n", "m2")
@@ -82,6 +88,23 @@ def _learner_count(broadcast: Message) -> int:
     return len({name.split(".")[1] for name in broadcast.tensors if name.startswith("learner.")})
 
 
+def expectation(broadcast: Message, name: str) -> Scalar:
+    """``broadcast.expect[name]``, or a ``ValueError`` (a server-side error: the algorithm
+    did not say what replies to its round may hold)."""
+    if name not in broadcast.expect:
+        raise ValueError(
+            f"a {broadcast.kind!r} broadcast must state expect[{name!r}] for its replies to be "
+            "checked; the algorithm's configure sets it."
+        )
+    return broadcast.expect[name]
+
+
+def round_width(broadcast: Message, n_features: int) -> int:
+    """Width ``d`` of the rows a round works on: the federation's ``n_features``, or the
+    broadcast's ``expect["n_features"]`` (e.g. a PCA projection's components)."""
+    return int(broadcast.expect.get("n_features", n_features))
+
+
 def is_skipped(reply: Message) -> bool:
     """Whether ``reply`` says the client did not take part (below its floor, refused)."""
     return bool(reply.scalars.get("skipped", False))
@@ -93,13 +116,14 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
     Args:
         broadcast: the round's message to the clients.
         reply: the client's reply (a skipped reply carries at most ``n_samples``).
-        n_features: ``d``, the width of the client's rows.
+        n_features: the width of the federation's rows (the round's ``d`` unless the
+            broadcast's ``expect`` names another, :func:`round_width`).
 
     Returns:
         name -> shape; a string dimension (``"k"``) is free but equal wherever it appears.
         Unknown kinds return ``{}`` (only the value checks apply).
     """
-    d, kind, scalars = n_features, broadcast.kind, broadcast.scalars
+    d, kind = round_width(broadcast, n_features), broadcast.kind
     if is_skipped(reply):
         return {}
     if kind in STATS_KINDS:
@@ -108,7 +132,7 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         shapes: dict[str, Shape] = {
             "counts": (k,),
             "sums": (k, d),
-            "second": covariance_shape(str(scalars["covariance_type"]), k, d),
+            "second": covariance_shape(str(expectation(broadcast, "covariance_type")), k, d),
             "log_likelihood": (),
             "n_samples": (),
         }
@@ -119,7 +143,9 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         return {
             "weights": ("k",),
             "means": ("k", d),
-            "precisions_cholesky": covariance_shape(str(scalars["covariance_type"]), "k", d),
+            "precisions_cholesky": covariance_shape(
+                str(expectation(broadcast, "covariance_type")), "k", d
+            ),
             "n_samples": (),
         }
     simple: dict[str, dict[str, Shape]] = {
@@ -148,10 +174,8 @@ def _match_shape(name: str, actual: tuple[int, ...], shape: Shape, bound: dict[s
 
 def max_local_components(broadcast: Message) -> int | None:
     """The largest K a ``local_fit`` broadcast lets a client fit (``None``: not stated)."""
-    candidates = broadcast.scalars.get("candidates")
-    if candidates is None:
-        return None
-    return max(int(k) for k in str(candidates).split(","))
+    most = broadcast.expect.get("max_components")
+    return None if most is None else int(most)
 
 
 def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
@@ -195,7 +219,7 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
     elif broadcast.kind == "local_fit":
         _check_local_fit(reply, broadcast, bound.get("k", 0))
     elif broadcast.kind in STATS_KINDS:
-        _check_stats(reply, str(broadcast.scalars["covariance_type"]))
+        _check_stats(reply, str(expectation(broadcast, "covariance_type")))
 
 
 def _check_size(reply: Message, broadcast: Message) -> None:
@@ -206,7 +230,8 @@ def _check_size(reply: Message, broadcast: Message) -> None:
         if most is not None and k > most:
             raise InvalidReplyError(f"local mixture has {k} components; the round allows {most}.")
     if broadcast.kind == "centroids" and "centers" in reply.tensors:
-        k, asked = int(reply.tensors["centers"].shape[0]), int(broadcast.scalars["n_clusters"])
+        k = int(reply.tensors["centers"].shape[0])
+        asked = int(expectation(broadcast, "n_clusters"))
         if k > asked:
             raise InvalidReplyError(f"reply has {k} centroids; at most {asked} asked.")
 
@@ -216,7 +241,7 @@ def _close_or_below(value: float, limit: float, rtol: float = RTOL) -> bool:
 
 
 def _check_centroids(reply: Message, broadcast: Message, k: int) -> None:
-    asked = int(broadcast.scalars["n_clusters"])
+    asked = int(expectation(broadcast, "n_clusters"))
     if k > asked:
         raise InvalidReplyError(f"reply has {k} centroids; at most {asked} asked.")
     total, n = float(reply.tensors["counts"].sum()), float(reply.tensors["n_samples"])
@@ -232,7 +257,8 @@ def _check_local_fit(reply: Message, broadcast: Message, k: int) -> None:
     if k == 0 or abs(float(weights.sum()) - 1.0) > relative_tolerance(weights.dtype):
         raise InvalidReplyError(f"local mixture weights add up to {float(weights.sum()):g}, not 1.")
     prec = reply.tensors["precisions_cholesky"]
-    diagonal = prec if prec.ndim <= 2 and broadcast.scalars["covariance_type"] != "tied" else None
+    tied = expectation(broadcast, "covariance_type") == "tied"
+    diagonal = prec if prec.ndim <= 2 and not tied else None
     if diagonal is None:
         diagonal = torch.diagonal(prec, dim1=-2, dim2=-1)
         if not bool(torch.equal(prec, prec.triu())):
@@ -436,7 +462,7 @@ class ReplyValidator:
             counts, sums = t["counts"], t["sums"]
             occupied = counts > rtol * max(float(t["n_samples"]), 1.0)
             inside(shift + sums[occupied] / counts[occupied].unsqueeze(1), "component means")
-            ct = str(broadcast.scalars["covariance_type"])
+            ct = str(expectation(broadcast, "covariance_type"))
             d = shift.shape[0]
             delta = shift - center  # sum_i r (x - m)^2 = S + 2 delta s + n delta^2
             deviations = _second_diagonal(t["second"], ct, d).sum(0)

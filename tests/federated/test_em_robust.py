@@ -85,13 +85,13 @@ def test_moments_round_is_first_and_counted():
     )
 
 
-def test_arguments_are_checked_and_joint_refuses_them():
+def test_arguments_are_checked():
     with pytest.raises(ValueError, match="prior_strength"):
         FederatedEM(2, prior_strength=0.0)
     with pytest.raises(ValueError, match="prior_scale"):
         FedGenGMM(prior_scale=-1.0)
-    with pytest.raises(ValueError, match="JointFedGMM does not take"):
-        JointFedGMM(2, 2, 3, standardize=True)
+    with pytest.raises(ValueError, match="prior_strength"):
+        JointFedGMM(2, 2, 3, prior_strength=-1.0)
 
 
 def test_flower_validation_knows_the_moments_reply():

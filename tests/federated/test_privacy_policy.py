@@ -58,6 +58,19 @@ FLOOR = 5  # PrivacyPolicy's default min_rows
 POLICY = PrivacyPolicy()
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: settings under which FederatedEM's protocol has rounds of a kind (a client answers only
+#: the rounds of its own protocol, and reads every setting from its own configuration).
+PROTOCOL = {
+    "moments": {"standardize": True},
+    "range": {"init_params": "separated"},
+    "count": {"init_params": "subset"},
+    "subset": {"init_params": "subset"},
+}
+
+
+def em_answering(kind: str, n_components: int = 2, **settings) -> FederatedEM:
+    """A ``FederatedEM`` whose protocol has rounds of ``kind``."""
+    return FederatedEM(n_components, **PROTOCOL.get(kind, {}), **settings)
 
 
 # ---------------------------------------------------------------------------- clients
@@ -122,7 +135,7 @@ def em_rounds(draw, X: Tensor) -> Message:
     means = points(draw, X, k)
     shift = points(draw, X, 1)[0]
     if draw(st.booleans()):
-        return Message("assign", {"centers": means, "shift": shift}, {"covariance_type": ct})
+        return Message("assign", {"centers": means, "shift": shift}, expect={"covariance_type": ct})
     raw = torch.as_tensor(draw(st.lists(st.floats(0.01, 1.0), min_size=k, max_size=k)))
     tensors = {
         "weights": (raw / raw.sum()).to(X.dtype),
@@ -130,7 +143,7 @@ def em_rounds(draw, X: Tensor) -> Message:
         "precisions_cholesky": precision_factors(draw, ct, k, d),
         "shift": shift,
     }
-    return Message("em", tensors, {"covariance_type": ct, "personal": draw(st.booleans())})
+    return Message("em", tensors, expect={"covariance_type": ct})
 
 
 # ---------------------------------------------------------------------------- checks
@@ -178,7 +191,7 @@ def assert_stats_backed(reply: Message, message: Message, X: Tensor) -> None:
         rows = resp.sum(0)
     else:
         params = MixtureParams(
-            b["weights"], b["means"], b["precisions_cholesky"], message.scalars["covariance_type"]
+            b["weights"], b["means"], b["precisions_cholesky"], message.expect["covariance_type"]
         )
         resp = predict_proba(params, X)
         rows = kish(resp)
@@ -186,7 +199,7 @@ def assert_stats_backed(reply: Message, message: Message, X: Tensor) -> None:
     assert bool((rows[released] >= FLOOR * (1 - 1e-6)).all()), (rows, t["counts"])
     np.testing.assert_allclose(t["counts"][released], resp.sum(0)[released], rtol=1e-6)
     assert bool((t["sums"][~released] == 0).all())
-    if message.scalars["covariance_type"] != "tied":
+    if message.expect["covariance_type"] != "tied":
         assert bool((t["second"][~released] == 0).all())
 
 
@@ -197,14 +210,16 @@ def test_init_rounds_reveal_no_row(X, data):
     d, n = X.shape[1], X.shape[0]
     kind = data.draw(st.sampled_from(["centroids", "subset", "range", "count", "moments"]))
     scalars = {"seed": data.draw(st.integers(0, 2**31))}
+    n_clusters = 2
     if kind == "centroids":
-        scalars["n_clusters"] = data.draw(st.sampled_from([1, 2, 3, 10, 64, 10**9]))
+        n_clusters = data.draw(st.sampled_from([1, 2, 3, 10, 64, 10**9]))
     if kind == "subset":
         scalars["fraction"] = data.draw(st.sampled_from([1.0, 0.5, 0.01]))
     message = Message(kind, {}, scalars)
     if data.draw(st.booleans()):  # a standardised round: the client works on z-scores
         message.tensors.update(offset=torch.zeros(d, dtype=X.dtype), scale=torch.ones(d))
-    reply = FederatedEM(2).client_step(X, message, ClientContext(0, policy=POLICY))
+    algorithm = em_answering(kind, n_clusters)
+    reply = algorithm.client_step(X, message, ClientContext(0, policy=POLICY))
     if not assert_floor(reply, n):
         return
     assert kind != "subset", "the subset round was answered without allow_raw_rows"
@@ -219,7 +234,11 @@ def test_init_rounds_reveal_no_row(X, data):
 @given(X=clients(), data=st.data())
 def test_statistics_rounds_reveal_no_row(X, data):
     message = data.draw(em_rounds(X))
-    reply = FederatedEM(2).client_step(X, message, ClientContext(0, policy=POLICY))
+    weights = data.draw(st.sampled_from(["global", "personal"]))
+    algorithm = FederatedEM(
+        2, covariance_type=message.expect["covariance_type"], mixture_weights=weights
+    )
+    reply = algorithm.client_step(X, message, ClientContext(0, policy=POLICY))
     if not assert_floor(reply, X.shape[0]):
         return
     assert_no_raw_row(reply, X, message.tensors["shift"])
@@ -252,7 +271,7 @@ def test_local_fits_reveal_no_row(X, data):
 def joint_responsibilities(message: Message, X: Tensor, y: Tensor, k2: int) -> Tensor:
     """``q_i(m1, m2)`` (n, M1, M2) of a first joint round, computed here from scratch."""
     t = message.tensors
-    ct = message.scalars["covariance_type"]
+    ct = message.expect["covariance_type"]
     log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], ct)
     template = nn.Linear(X.shape[1], 2).double()
     log_py = []
@@ -280,8 +299,8 @@ def test_joint_rounds_reveal_no_row(X, data):
         rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
         learners[f"learner.{m2}.weight"] = torch.as_tensor(rng.normal(0, sharp, (2, d)))
         learners[f"learner.{m2}.bias"] = torch.as_tensor(rng.normal(0, sharp, 2))
-    ct = base.scalars["covariance_type"]
-    message = Message("joint_em", {**base.tensors, **learners}, {"covariance_type": ct, "seed": 3})
+    ct = base.expect["covariance_type"]
+    message = Message("joint_em", {**base.tensors, **learners}, {"seed": 3}, expect=base.expect)
     algorithm = JointFedGMM(base.tensors["means"].shape[0], k2, 2, covariance_type=ct)
     reply = algorithm.client_step((X, y), message, ClientContext(0, policy=POLICY))
     if not assert_floor(reply, n):
@@ -340,7 +359,7 @@ def far_out_client(n_rows: int = 200) -> Tensor:
 
 def test_a_far_out_row_is_never_a_centroid():
     X = far_out_client()
-    message = Message("centroids", scalars={"n_clusters": 8, "seed": 0})
+    message = Message("centroids", scalars={"seed": 0})
     reply = FederatedEM(8).client_step(X, message, ClientContext(0))
     centers, counts = reply.tensors["centers"], reply.tensors["counts"]
     assert bool((counts >= FLOOR).all()) and float(counts.sum()) == X.shape[0]
@@ -366,12 +385,12 @@ def test_small_clusters_merge_into_the_nearest_large_one():
 
 def test_a_huge_n_clusters_is_bounded_by_the_policy():
     X = client_rows(1, 40, 2, far_out=False)
-    message = Message("centroids", scalars={"n_clusters": 10**9, "seed": 0})
-    reply = FederatedEM(2).client_step(X, message, ClientContext(0))
+    message = Message("centroids", scalars={"seed": 0})
+    reply = FederatedEM(10**9).client_step(X, message, ClientContext(0))
     assert 1 <= reply.tensors["centers"].shape[0] <= 40 // FLOOR
     assert bool((reply.tensors["counts"] >= FLOOR).all())
     capped = ClientContext(0, policy=PrivacyPolicy(min_rows=2, max_clusters=3))
-    assert FederatedEM(2).client_step(X, message, capped).tensors["centers"].shape[0] <= 3
+    assert FederatedEM(10**9).client_step(X, message, capped).tensors["centers"].shape[0] <= 3
     assert PrivacyPolicy().cluster_bound(10**9, 40) == 8
     assert PrivacyPolicy(max_clusters=3).cluster_bound(10**9, 40) == 3
 
@@ -379,18 +398,17 @@ def test_a_huge_n_clusters_is_bounded_by_the_policy():
 def test_subset_is_refused_unless_raw_rows_are_allowed():
     X = client_rows(2, 30, 2, far_out=False)
     message = Message("subset", scalars={"fraction": 1.0, "seed": 0})
-    refused = FederatedEM(2).client_step(X, message, ClientContext(0))
+    refused = em_answering("subset").client_step(X, message, ClientContext(0))
     assert refused.scalars["skipped"] and refused.tensors == {}
     assert "allow_raw_rows" in refused.scalars["reason"]
     allowed = ClientContext(0, policy=PrivacyPolicy(allow_raw_rows=True))
-    rows = FederatedEM(2).client_step(X, message, allowed).tensors["rows"]
+    rows = em_answering("subset").client_step(X, message, allowed).tensors["rows"]
     assert rows.shape == X.shape  # fraction 1: every row, as the user allowed
     assert bool(torch.isclose(rows.unsqueeze(1), X.unsqueeze(0)).all(-1).any(1).all())
 
 
 def test_a_three_row_client_releases_nothing():
     X = client_rows(3, 3, 2, far_out=False)
-    em = FederatedEM(2)
     params = {
         "weights": torch.tensor([0.5, 0.5], dtype=X.dtype),
         "means": X[:2].clone(),
@@ -399,13 +417,13 @@ def test_a_three_row_client_releases_nothing():
     }
     messages = [
         Message("moments"),
-        Message("centroids", scalars={"n_clusters": 2, "seed": 0}),
+        Message("centroids", scalars={"seed": 0}),
         Message("range"),
         Message("count"),
-        Message("assign", {"centers": X[:2], "shift": X[0]}, {"covariance_type": "full"}),
-        Message("em", params, {"covariance_type": "full", "personal": False}),
+        Message("assign", {"centers": X[:2], "shift": X[0]}),
+        Message("em", params),
     ]
-    replies = [em.client_step(X, m, ClientContext(0)) for m in messages]
+    replies = [em_answering(m.kind).client_step(X, m, ClientContext(0)) for m in messages]
     fedgen = FedGenGMM(k_range=(1, 2))
     replies.append(fedgen.client_step(X, fedgen.configure(fedgen.start()), ClientContext(0)))
     replies += [
@@ -419,14 +437,16 @@ def test_a_three_row_client_releases_nothing():
         "learner.0.weight": torch.zeros(2, 2, dtype=X.dtype),
         "learner.0.bias": torch.zeros(2, dtype=X.dtype),
     }
-    message = Message("joint_em", {**params, **learner}, {"covariance_type": "full", "seed": 0})
+    message = Message("joint_em", {**params, **learner}, {"seed": 0})
     replies.append(joint.client_step((X, torch.tensor([0, 1, 0])), message, ClientContext(0)))
     for reply in replies:
         assert reply.scalars == {"skipped": True, "reason": POLICY.below_floor}, reply.kind
         assert reply.tensors == {}, reply.kind  # not even the row count
     # min_rows=1 is the unprotected protocol: the same client answers every round
     bare = ClientContext(0, policy=PrivacyPolicy(min_rows=1))
-    assert all(not em.client_step(X, m, bare).scalars.get("skipped") for m in messages)
+    assert all(
+        not em_answering(m.kind).client_step(X, m, bare).scalars.get("skipped") for m in messages
+    )
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -446,8 +466,8 @@ def test_a_component_on_a_far_out_row_is_suppressed(covariance_type):
         "precisions_cholesky": loose_and_sharp,
         "shift": X.mean(0),
     }
-    message = Message("em", tensors, {"covariance_type": ct, "personal": False})
-    t = FederatedEM(2).client_step(X, message, ClientContext(0)).tensors
+    message = Message("em", tensors)
+    t = FederatedEM(2, covariance_type=ct).client_step(X, message, ClientContext(0)).tensors
     assert float(t["counts"][1]) == 0.0 and bool((t["sums"][1] == 0).all())
     params = MixtureParams(tensors["weights"], tensors["means"], loose_and_sharp, ct)
     keep = torch.tensor([1.0, 0.0], dtype=X.dtype)
@@ -587,7 +607,8 @@ def test_a_flower_node_enforces_its_own_policy(monkeypatch):
 
     for name, value in (("_run_id", 1), ("_node_id", 5), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)
-    run_config = {"algorithm": "FederatedEM", "algorithm-params": json.dumps({"n_components": 2})}
+    params = {"n_components": 2, "init_params": "subset"}
+    run_config = {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params)}
     rows = np.random.default_rng(0).normal(size=(30, 2))
     broadcast = Message("subset", scalars={"fraction": 1.0, "seed": 0})
     for node_extra, answered in (({}, False), ({"privacy-allow-raw-rows": True}, True)):

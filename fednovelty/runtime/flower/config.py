@@ -1,56 +1,47 @@
 """Plain configuration -> the algorithm object both halves of a Flower run construct.
 
 The ServerApp and every ClientApp run in different processes (on different machines), so
-they cannot share a Python object: each builds *the same* ``FederatedAlgorithm`` from the
-run's configuration, the ``run_config`` Flower hands to both. The algorithm is named by its
-class (``algorithm = "FedGenGMM"``) and its keyword arguments are one JSON object
-(``algorithm-params = '{"n_components": 3}'``): Flower's run-config values are scalars
-only, and one JSON string carries lists (``k_range``, ``means_init``) and keeps the set of
-keys the same whatever the algorithm (Flower refuses ``--run-config`` overrides of keys the
-app's ``pyproject.toml`` does not declare).
+they cannot share a Python object: each builds *the same* ``FederatedAlgorithm`` (the same
+settings dataclass, ``algorithm.config``) from the run's configuration, the ``run_config``
+Flower hands to both. The algorithm is named as in the algorithm registry
+(:data:`fednovelty.federated.registry.ALGORITHMS`, ``algorithm = "FedGenGMM"``) and its
+settings are one JSON object in the settings' JSON form (``algorithm-params =
+'{"n_components": 3}'``; :meth:`~fednovelty.federated.config.Settings.to_json`): Flower's
+run-config values are scalars only, and one JSON string carries lists (``k_range``,
+``means_init``) and keeps the set of keys the same whatever the algorithm (Flower refuses
+``--run-config`` overrides of keys the app's ``pyproject.toml`` does not declare).
 
 Engine settings (``min-clients``, ``fraction``, timeouts, where to write the result) are
-separate keys, read into :class:`EngineConfig`. Nothing here imports Flower.
+separate keys, read into :class:`EngineConfig`. Nothing here imports Flower or names an
+algorithm.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, LocalGMMs
-from fednovelty.federated.joint import JointFedGMM, linear_learner, mlp_learner
+from fednovelty.federated import registry
+from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.registry import ALGORITHMS
 
 #: run-config keys read by the ServerApp and the ClientApp.
 ALGORITHM_KEY = "algorithm"
 PARAMS_KEY = "algorithm-params"
 SEED_KEY = "seed"
 
-LEARNERS: dict[str, Callable] = {"linear": linear_learner, "mlp": mlp_learner}
-DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
-
-
-def _joint(params: dict[str, Any]) -> JointFedGMM:
-    learner = params.pop("learner", "linear")
-    if learner not in LEARNERS:
-        raise ValueError(
-            f"algorithm-params 'learner' must be one of {sorted(LEARNERS)} on Flower (a custom "
-            f"factory is code, which a run config cannot carry); got {learner!r}."
-        )
-    return JointFedGMM(learner_factory=LEARNERS[learner], **params)
-
-
-#: algorithm name (as written in ``run_config["algorithm"]``) -> constructor of keywords.
-ALGORITHMS: dict[str, Callable[..., FederatedAlgorithm]] = {
-    "FederatedEM": lambda params: FederatedEM(**params),
-    "FedGenGMM": lambda params: FedGenGMM(**params),
-    "LocalGMMs": lambda params: LocalGMMs(**params),
-    "JointFedGMM": _joint,
-}
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_KEY",
+    "PARAMS_KEY",
+    "SEED_KEY",
+    "EngineConfig",
+    "algorithm_from_run_config",
+    "build_algorithm",
+    "parse_params",
+]
 
 
 def parse_params(text: str) -> dict[str, Any]:
@@ -74,55 +65,37 @@ def parse_params(text: str) -> dict[str, Any]:
 
 
 def build_algorithm(name: str, params: Mapping[str, Any]) -> FederatedAlgorithm:
-    """Construct algorithm ``name`` from JSON-style keyword arguments.
-
-    JSON types are mapped to what the constructors take: ``dtype`` ``"float64"`` /
-    ``"float32"`` -> torch dtypes, ``k_range`` list -> tuple, ``learner`` ``"linear"`` /
-    ``"mlp"`` -> the learner factory (``JointFedGMM``); nested lists (``means_init``, ...)
-    are accepted by the constructors as they are.
-
-    Args:
-        name: one of ``ALGORITHMS`` (``FederatedEM``, ``FedGenGMM``, ``LocalGMMs``,
-            ``JointFedGMM``).
-        params: keyword arguments of that class.
+    """Algorithm ``name`` of the registry with the settings of a JSON object (dtypes as
+    ``"float64"``, lists for tuples and tensors, ``"learner": "mlp"``).
 
     Raises:
-        ValueError: unknown name, unknown dtype, or arguments the class does not take.
+        ValueError: unknown name, or settings the algorithm does not take or accept, named
+            with the run-config key they came from.
     """
-    if name not in ALGORITHMS:
-        raise ValueError(
-            f"run_config '{ALGORITHM_KEY}' must be one of {sorted(ALGORITHMS)}; got {name!r}."
-        )
-    kwargs = dict(params)
-    if "dtype" in kwargs:
-        if kwargs["dtype"] not in DTYPES:
-            raise ValueError(
-                f"algorithm-params 'dtype' must be one of {sorted(DTYPES)}, got "
-                f"{kwargs['dtype']!r}."
-            )
-        kwargs["dtype"] = DTYPES[kwargs["dtype"]]
-    if "k_range" in kwargs:
-        kwargs["k_range"] = tuple(kwargs["k_range"])
     try:
-        return ALGORITHMS[name](kwargs)
-    except TypeError as error:
-        raise ValueError(f"algorithm-params do not fit {name}: {error}.") from None
+        return registry.build_algorithm(name, params)
+    except ValueError as error:
+        key = PARAMS_KEY if name in ALGORITHMS else ALGORITHM_KEY
+        raise ValueError(f"run_config '{key}': {error}") from None
 
 
 def algorithm_from_run_config(run_config: Mapping[str, Any]) -> FederatedAlgorithm:
     """The algorithm a run's configuration describes (same object on server and nodes).
 
     ``run_config[SEED_KEY]`` (default 0) is the algorithm's ``random_state`` unless
-    ``algorithm-params`` sets one.
+    ``algorithm-params`` sets one (for algorithms that have one).
     """
     if ALGORITHM_KEY not in run_config:
         raise ValueError(
             f"run_config has no '{ALGORITHM_KEY}' key; set it in [tool.flwr.app.config] of the "
             f'app\'s pyproject.toml, e.g. {ALGORITHM_KEY} = "FedGenGMM".'
         )
+    name = str(run_config[ALGORITHM_KEY])
     params = parse_params(str(run_config.get(PARAMS_KEY, "{}")))
-    params.setdefault("random_state", int(run_config.get(SEED_KEY, 0)))
-    return build_algorithm(str(run_config[ALGORITHM_KEY]), params)
+    config_class = getattr(ALGORITHMS.get(name), "config_class", None)
+    if config_class is not None and "random_state" in config_class.__dataclass_fields__:
+        params.setdefault("random_state", int(run_config.get(SEED_KEY, 0)))
+    return build_algorithm(name, params)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,13 @@
 Flower runs the ServerApp in a process of its own (started by the SuperLink), so its result
 cannot be returned as a Python object: ``save_result`` writes it to one ``.safetensors``
 file and ``load_result`` reads it back as a :class:`FlowerResult`, a ``SimulationResult``
-with the algorithm's name and settings. The final server state (an ``EMState``,
-``FedGenState`` or ``JointState``) is stored field by field: tensors in safetensors, the rest
-(numbers, lists, dicts keyed by client id, mixtures) in a JSON document in the file's
-metadata. Loading parses JSON and reads raw tensors; it runs no code from the file.
+with the algorithm's registry name and settings (their JSON form,
+:func:`~fednovelty.federated.registry.algorithm_settings`). The final server state (a state
+class of the registry: ``EMState``, ``JointState``, ``FedGenState``, ``PCAState``) is stored
+field by field: tensors in safetensors, the rest (numbers, lists, dicts keyed by client id,
+mixtures, covariance priors, PCA projections) in a JSON document in the file's metadata.
+Loading parses JSON and reads raw tensors; it runs no code from the file. A field a later
+version dropped from a state class is ignored on loading.
 
 Nothing here imports Flower: a result file can be loaded where Flower is not installed.
 """
@@ -19,22 +22,22 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated import EMState, FederatedAlgorithm, FedGenState
-from fednovelty.federated.joint import JointState
-from fednovelty.mixture import MixtureParams
+from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.pca import PCAProjection, PCAState
+from fednovelty.federated.registry import STATES, algorithm_settings
+from fednovelty.mixture import CovariancePrior, MixtureParams
 from fednovelty.runtime.simulation import RoundRecord, SimulationResult
 
 FORMAT_TAG = "fednovelty-flower-result"
 FORMAT_VERSION = 1
 _METADATA_KEY = "fednovelty"
-#: server-state classes a result file may hold.
-STATES: dict[str, type] = {cls.__name__: cls for cls in (EMState, FedGenState, JointState)}
+#: dataclasses a state field may hold, stored field by field (``{"__dataclass__": name}``).
+VALUES: dict[str, type] = {cls.__name__: cls for cls in (CovariancePrior, PCAProjection, PCAState)}
 
 
 @dataclass
@@ -44,10 +47,10 @@ class FlowerResult(SimulationResult):
     Attributes:
         state, history, client_states: as ``SimulationResult`` (``client_states`` is empty:
             on Flower they stay on the nodes).
-        algorithm: the algorithm's class name.
-        config: its settings (public scalar attributes, e.g. ``n_components``,
-            ``covariance_type``, ``dtype`` as ``"float64"``); ``Detector.from_model`` takes
-            its constructor defaults from them.
+        algorithm: the algorithm's registry name.
+        config: its settings as JSON (``algorithm.config.to_json()``: e.g.
+            ``n_components``, ``covariance_type``, ``dtype`` as ``"float64"``);
+            ``Detector.from_model`` takes its constructor defaults from them.
         dropped: replies not used, one dict per reply (round, client_id, node_id, reason).
     """
 
@@ -57,19 +60,9 @@ class FlowerResult(SimulationResult):
 
 
 def algorithm_config(algorithm: FederatedAlgorithm) -> dict[str, Any]:
-    """An algorithm's public settings as JSON values (tensors, callables and devices left
-    out; torch dtypes as ``"float64"``/``"float32"``; tuples as lists)."""
-    config: dict[str, Any] = {}
-    for name, value in vars(algorithm).items():
-        if name.startswith("_"):
-            continue
-        if isinstance(value, torch.dtype):
-            config[name] = str(value).removeprefix("torch.")
-        elif value is None or isinstance(value, bool | int | float | str):
-            config[name] = value
-        elif isinstance(value, tuple) and all(isinstance(v, int | float) for v in value):
-            config[name] = list(value)
-    return config
+    """An algorithm's settings as JSON (its config's ``to_json()``: dtypes as ``"float64"``,
+    devices as ``"cpu"``, tuples and tensors as lists, a learner factory by name)."""
+    return algorithm_settings(algorithm)
 
 
 def encode_value(value: Any, key: str, tensors: dict[str, Tensor]) -> Any:
@@ -86,6 +79,12 @@ def encode_value(value: Any, key: str, tensors: dict[str, Tensor]) -> Any:
     if isinstance(value, MixtureParams):
         parts = {n: encode_value(t, f"{key}.{n}", tensors) for n, t in value.tensors().items()}
         return {"__mixture__": value.covariance_type, "tensors": parts}
+    if type(value).__name__ in VALUES and type(value) is VALUES[type(value).__name__]:
+        parts = {
+            f.name: encode_value(getattr(value, f.name), f"{key}.{f.name}", tensors)
+            for f in dataclasses.fields(value)
+        }
+        return {"__dataclass__": type(value).__name__, "fields": parts}
     if isinstance(value, list | tuple):
         return [encode_value(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
     if isinstance(value, dict):
@@ -110,6 +109,12 @@ def decode_value(value: Any, tensors: dict[str, Tensor]) -> Any:
         return MixtureParams(
             parts["weights"], parts["means"], parts["precisions_cholesky"], value["__mixture__"]
         )
+    if "__dataclass__" in value:
+        cls = VALUES.get(value["__dataclass__"])
+        if cls is None:
+            name = value["__dataclass__"]
+            raise ModelFormatError(f"unknown value class {name!r} in result file.")
+        return _build(cls, {k: decode_value(v, tensors) for k, v in value["fields"].items()})
     if "__intdict__" in value:
         return {int(k): decode_value(v, tensors) for k, v in value["__intdict__"]}
     if "__dict__" in value:
@@ -129,12 +134,18 @@ def encode_state(state: Any, tensors: dict[str, Tensor]) -> dict[str, Any]:
     return {"class": name, "fields": fields}
 
 
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    """``cls(**values)`` without the fields ``cls`` no longer has."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
 def decode_state(document: dict[str, Any], tensors: dict[str, Tensor]) -> Any:
     """Inverse of :func:`encode_state`."""
     cls = STATES.get(document.get("class"))
     if cls is None:
         raise ModelFormatError(f"unknown state class {document.get('class')!r} in result file.")
-    return cls(**{k: decode_value(v, tensors) for k, v in document["fields"].items()})
+    return _build(cls, {k: decode_value(v, tensors) for k, v in document["fields"].items()})
 
 
 def _record_to_json(record: RoundRecord) -> dict[str, Any]:

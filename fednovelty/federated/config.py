@@ -1,0 +1,471 @@
+"""The algorithms' settings: frozen dataclasses, validated once, written to and read from JSON.
+
+Every federated algorithm holds one of these as ``algorithm.config``; both halves read their
+settings from it (a client never learns a setting from a message), and Flower's ClientApp
+rebuilds the same dataclass from the run config (``from_json(to_json())`` round-trips). Each
+``__post_init__`` normalises what it is given (ints, floats, tuples, tensors in the
+configured dtype and device) and raises a ``ValueError`` that names the bad argument.
+
+JSON form (:meth:`Settings.to_json`): torch dtypes as ``"float64"``, devices as ``"cpu"``,
+tuples and tensors as (nested) lists, the joint model's learner factory by name
+(``"linear"``, ``"mlp"``; a custom factory is code, which JSON cannot carry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments
+from fednovelty.mixture.covariance import check_covariance_type
+
+INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
+MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
+#: JSON names of the floating dtypes the settings accept.
+DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+
+LearnerFactory = Callable[[int, int], nn.Module]
+
+
+def linear_learner(n_features: int, n_classes: int) -> nn.Module:
+    """Multinomial logistic regression (the default learner)."""
+    return nn.Linear(n_features, n_classes)
+
+
+def mlp_learner(n_features: int, n_classes: int, hidden: int = 64) -> nn.Module:
+    """A small two-layer perceptron."""
+    return nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+
+#: learner factories by their JSON name.
+LEARNERS: dict[str, LearnerFactory] = {"linear": linear_learner, "mlp": mlp_learner}
+
+
+def as_dtype(value: Any) -> torch.dtype:
+    """A floating torch dtype from a dtype or its JSON name, or a ``ValueError`` naming
+    ``'dtype'``."""
+    if isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
+        return DTYPES[value.removeprefix("torch.")]
+    if isinstance(value, torch.dtype) and value.is_floating_point:
+        return value
+    raise ValueError(
+        f"'dtype' must be a floating torch dtype or one of {sorted(DTYPES)}, got {value!r}."
+    )
+
+
+def as_learner(value: Any) -> LearnerFactory:
+    """A learner factory from a callable or its JSON name, or a ``ValueError`` naming
+    ``'learner'``."""
+    if isinstance(value, str):
+        if value not in LEARNERS:
+            raise ValueError(
+                f"'learner' must be one of {sorted(LEARNERS)} (a custom factory is code, which "
+                f"a JSON setting cannot carry); got {value!r}."
+            )
+        return LEARNERS[value]
+    if not callable(value):
+        raise ValueError(
+            f"'learner' must be a factory (n_features, n_classes) -> nn.Module or one of "
+            f"{sorted(LEARNERS)}; got {value!r}."
+        )
+    return value
+
+
+def check_prior_arguments(
+    prior_strength: float | None, prior_scale: float
+) -> tuple[float | None, float]:
+    """``(prior_strength, prior_scale)`` as floats, or a ``ValueError`` naming the bad one:
+    the strength is ``None`` (no prior) or > 0 pseudo-rows, the scale > 0."""
+    if prior_strength is not None and not float(prior_strength) > 0:
+        raise ValueError(f"prior_strength must be > 0 or None, got {prior_strength}.")
+    if not float(prior_scale) > 0:
+        raise ValueError(f"prior_scale must be > 0, got {prior_scale}.")
+    return (None if prior_strength is None else float(prior_strength)), float(prior_scale)
+
+
+def _at_least(name: str, value: Any, low: float, optional: bool = False) -> Any:
+    """``value`` unchanged if it is ``>= low`` (or ``None`` when ``optional``), else a
+    ``ValueError`` naming ``name``."""
+    if value is None and optional:
+        return None
+    if value is None or isinstance(value, bool) or not float(value) >= low:
+        bound = f">= {low:g}" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {bound}, got {value!r}.")
+    return value
+
+
+def _json_value(value: Any) -> Any:
+    """A setting as a JSON value (dtype and device as strings, tuples and tensors as lists,
+    a learner factory by name)."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    if callable(value):
+        names = [name for name, factory in LEARNERS.items() if factory is value]
+        if not names:
+            raise ValueError(
+                "a custom learner factory cannot be written as JSON; use 'linear' or 'mlp' "
+                "where the settings must travel (Flower)."
+            )
+        return names[0]
+    return value
+
+
+class Settings:
+    """Base of the settings dataclasses: JSON in and out, equality by value.
+
+    ``JSON_NAMES`` maps a field to its JSON key where they differ (e.g. the joint model's
+    ``learner_factory`` is ``"learner"``).
+    """
+
+    JSON_NAMES: ClassVar[dict[str, str]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        """Every setting as a JSON value, keyed by its JSON name."""
+        return {
+            self.JSON_NAMES.get(f.name, f.name): _json_value(getattr(self, f.name))
+            for f in fields(self)
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]):
+        """The settings ``to_json`` wrote (missing keys keep their defaults).
+
+        Raises:
+            ValueError: an unknown key (naming it and the known ones), or a bad value.
+        """
+        by_json = {cls.JSON_NAMES.get(f.name, f.name): f.name for f in fields(cls)}
+        unknown = sorted(set(data) - set(by_json))
+        if unknown:
+            raise ValueError(
+                f"unknown setting(s) {unknown} for {cls.__name__}; known: {sorted(by_json)}."
+            )
+        values = {by_json[key]: value for key, value in data.items()}
+        for name, read in (("dtype", as_dtype), ("learner_factory", as_learner)):
+            if name in values:  # named before any missing setting
+                values[name] = read(values[name])
+        return cls(**values)
+
+    def _values(self) -> dict[str, Any]:
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value if callable(value) else _json_value(value)
+        return values
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self._values().items(), key=lambda item: item[0])))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class MixtureSettings(Settings):
+    """The settings every Gaussian-mixture algorithm has.
+
+    Attributes:
+        covariance_type: ``full``, ``tied``, ``diag`` or ``spherical``.
+        reg_covar: added to covariance diagonals (>= 0).
+        tol: EM's convergence threshold on the change of mean log-likelihood (>= 0).
+        max_iter: most EM iterations (>= 1).
+        standardize: fit on z-scores (the result is in the original units).
+        prior_strength: pseudo-rows of the covariance prior (``None``: plain ML M-steps).
+        prior_scale: the prior's target variance, as a multiple of each feature's variance.
+        aggregation: how the server combines the clients' contributions: ``"sum"`` (exact),
+            ``"trimmed"`` or ``"median"`` (robust; :mod:`fednovelty.federated.robust`), as
+            far as the algorithm has them (``AGGREGATION_CHOICES``).
+        trim: share of clients a ``"trimmed"`` aggregation leaves out.
+        client_weight_cap: no client counts for more than this many times the median
+            client's row count (``None``: no cap).
+        random_state: integer seed.
+        dtype, device: where the server computes; client rows arrive in this dtype.
+    """
+
+    #: the aggregations the algorithm has.
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
+
+    covariance_type: str = "full"
+    reg_covar: float = 1e-6
+    tol: float = 1e-3
+    max_iter: int = 100
+    standardize: bool = False
+    prior_strength: float | None = None
+    prior_scale: float = 1.0
+    aggregation: str = "sum"
+    trim: float = 0.1
+    client_weight_cap: float | None = None
+    random_state: int = 0
+    dtype: torch.dtype = torch.float64
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        check_covariance_type(self.covariance_type)
+        robust = check_robust_arguments(
+            self.aggregation, self.trim, self.client_weight_cap, self.AGGREGATION_CHOICES
+        )
+        for name, value in zip(("aggregation", "trim", "client_weight_cap"), robust, strict=True):
+            self._set(name, value)
+        prior = check_prior_arguments(self.prior_strength, self.prior_scale)
+        self._set("prior_strength", prior[0])
+        self._set("prior_scale", prior[1])
+        self._set("reg_covar", float(_at_least("reg_covar", self.reg_covar, 0)))
+        self._set("tol", float(_at_least("tol", self.tol, 0)))
+        self._set("max_iter", int(_at_least("max_iter", self.max_iter, 1)))
+        self._set("standardize", bool(self.standardize))
+        self._set("random_state", int(self.random_state))
+        self._set("dtype", as_dtype(self.dtype))
+        self._set("device", torch.device(self.device))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class EMConfig(MixtureSettings):
+    """Settings of federated EM (``FederatedEM``; FedGMM Algorithm 2 and DEM):
+    :class:`MixtureSettings` (``aggregation`` ``"sum"`` or ``"trimmed"``) and
+
+    Attributes:
+        n_components: number of Gaussian components K (>= 1).
+        mixture_weights: ``"global"`` (one pi for all clients; DEM) or ``"personal"``
+            (one pi_c per client; FedGMM).
+        init_params: ``"kmeans"``, ``"separated"`` or ``"subset"``.
+        kmeans_rounds: maximum federated Lloyd rounds (``kmeans`` init, >= 1).
+        kmeans_tol: Lloyd stops when the largest squared centre move is below
+            ``kmeans_tol`` times the mean feature variance.
+        subset_size: rows sent in total for ``init_params="subset"`` (>= 1).
+        weights_init, means_init, precisions_init: scikit-learn's initial parameters
+            (numpy, lists or torch; precisions, not covariances), kept as tensors in
+            ``dtype`` on ``device``.
+        pca_components: fit the Gaussians on a federated PCA of the rows with this many
+            axes (two extra rounds first; ``None``: on the rows themselves).
+        chunk_size: rows per E-step chunk (memory bound); default from K and d.
+
+    ``standardize`` adds one ``moments`` round; ``max_iter`` counts EM rounds.
+    """
+
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
+
+    n_components: int
+    mixture_weights: str = "global"
+    init_params: str = "kmeans"
+    kmeans_rounds: int = 10
+    kmeans_tol: float = 1e-4
+    subset_size: int = 100
+    weights_init: Tensor | None = None
+    means_init: Tensor | None = None
+    precisions_init: Tensor | None = None
+    pca_components: int | None = None
+    chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mixture_weights not in MIXTURE_WEIGHTS:
+            raise ValueError(
+                f"mixture_weights must be one of {MIXTURE_WEIGHTS}, got {self.mixture_weights!r}."
+            )
+        if self.init_params not in INIT_PARAMS:
+            raise ValueError(f"init_params must be one of {INIT_PARAMS}, got {self.init_params!r}.")
+        for name, low in (("n_components", 1), ("kmeans_rounds", 1), ("subset_size", 1)):
+            self._set(name, int(_at_least(name, getattr(self, name), low)))
+        self._set("kmeans_tol", float(_at_least("kmeans_tol", self.kmeans_tol, 0)))
+        for name in ("pca_components", "chunk_size"):
+            value = _at_least(name, getattr(self, name), 1, optional=True)
+            self._set(name, None if value is None else int(value))
+        for name in ("weights_init", "means_init", "precisions_init"):
+            value = getattr(self, name)
+            if value is not None:
+                value = torch.as_tensor(np.asarray(value), dtype=self.dtype, device=self.device)
+            self._set(name, value)
+
+    @property
+    def needs_moments(self) -> bool:
+        """Whether a ``moments`` round runs first (standardisation or the prior)."""
+        return self.standardize or self.prior_strength is not None
+
+    @property
+    def given_params(self) -> bool:
+        """Whether the initial weights, means and precisions are all given (no init rounds)."""
+        given = (self.weights_init, self.means_init, self.precisions_init)
+        return all(value is not None for value in given)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class JointConfig(EMConfig):
+    """Settings of FedGMM's joint model (``JointFedGMM``): ``EMConfig`` plus the learners.
+
+    Attributes:
+        n_learners: M2 conditional models (>= 1).
+        n_classes: number of label classes, labels 0..n_classes-1 (>= 2).
+        learner_factory: ``(n_features, n_classes) -> nn.Module`` (JSON: ``"learner"``,
+            ``"linear"`` or ``"mlp"``); default multinomial logistic regression.
+        local_epochs, learning_rate, batch_size: the learners' local training.
+        optimizer: ``"sgd"`` (plain mini-batch SGD) or ``"adam"`` (a fresh Adam state every
+            round: optimiser state never crosses the wire).
+        mu_prox: FedProx proximal coefficient (0 = none).
+        aggregate_learners: ``False`` keeps every learner on its client (the Local baseline).
+        n_learner_features: width of the learners' input ``Z`` when clients hold
+            ``(X, y, Z)`` triples; default the width of the raw rows ``X``.
+        Other attributes as ``EMConfig``; ``mixture_weights`` defaults to ``"personal"``.
+    """
+
+    JSON_NAMES: ClassVar[dict[str, str]] = {"learner_factory": "learner"}
+
+    n_learners: int
+    n_classes: int
+    mixture_weights: str = "personal"
+    learner_factory: LearnerFactory = linear_learner
+    local_epochs: int = 1
+    learning_rate: float = 0.1
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    mu_prox: float = 0.0
+    aggregate_learners: bool = True
+    n_learner_features: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if int(self.n_learners) < 1 or int(self.n_classes) < 2:
+            raise ValueError(
+                f"need n_learners >= 1 and n_classes >= 2; got n_learners={self.n_learners}, "
+                f"n_classes={self.n_classes}."
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {sorted(OPTIMIZERS)}; got {self.optimizer!r}."
+            )
+        self._set("n_learners", int(self.n_learners))
+        self._set("n_classes", int(self.n_classes))
+        self._set("learner_factory", as_learner(self.learner_factory))
+        self._set("local_epochs", int(_at_least("local_epochs", self.local_epochs, 0)))
+        self._set("learning_rate", float(_at_least("learning_rate", self.learning_rate, 0)))
+        self._set("batch_size", int(_at_least("batch_size", self.batch_size, 1)))
+        self._set("mu_prox", float(_at_least("mu_prox", self.mu_prox, 0)))
+        self._set("aggregate_learners", bool(self.aggregate_learners))
+        value = _at_least("n_learner_features", self.n_learner_features, 1, optional=True)
+        self._set("n_learner_features", None if value is None else int(value))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FedGenConfig(MixtureSettings):
+    """Settings of one-shot FedGenGMM and its local-only baseline ``LocalGMMs``:
+    :class:`MixtureSettings` (every local and global fit uses ``reg_covar``, ``tol``,
+    ``max_iter``, ``standardize`` and the prior; ``aggregation`` ``"sum"``, the union of
+    every client model, or ``"trimmed"`` / ``"median"``, leaving out the most outlying
+    client models) and
+
+    Attributes:
+        n_components: global K; ``None`` picks it by BIC in ``k_range``.
+        client_components: every client's K; ``None`` lets each pick by BIC in ``k_range``.
+        k_range: inclusive ``(k_min, k_max)`` for BIC searches, ``1 <= k_min <= k_max``.
+        samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
+        min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
+            are skipped (at least 1).
+        copula: the server also fits a Gaussian copula with mixture marginals on its
+            synthetic rows; no extra communication.
+    """
+
+    n_components: int | None = None
+    client_components: int | None = None
+    k_range: tuple[int, int] = (1, 10)
+    samples_per_component: int = 100
+    min_client_samples: int = 2
+    copula: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        k_min, k_max = (int(k) for k in self.k_range)
+        if not 1 <= k_min <= k_max:
+            raise ValueError(
+                f"k_range must satisfy 1 <= k_min <= k_max, got {tuple(self.k_range)}."
+            )
+        self._set("k_range", (k_min, k_max))
+        for name in ("n_components", "client_components"):
+            value = _at_least(name, getattr(self, name), 1, optional=True)
+            self._set(name, None if value is None else int(value))
+        self._set("samples_per_component", int(self.samples_per_component))
+        self._set("min_client_samples", max(1, int(self.min_client_samples)))
+        self._set("copula", bool(self.copula))
+
+    def candidates(self) -> list[int]:
+        """Numbers of components a client may fit."""
+        if self.client_components is not None:
+            return [self.client_components]
+        return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def global_candidates(self) -> list[int]:
+        """Numbers of components the server's global fit may have."""
+        if self.n_components is not None:
+            return [self.n_components]
+        return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def rows_needed(self) -> int:
+        """Fewest rows a client needs to take part (else it is skipped)."""
+        return max(self.min_client_samples, min(self.candidates()))
+
+    def client_candidates(self, n_samples: int, min_rows: int = 1) -> list[int]:
+        """The K a client of ``n_samples`` rows fits among; empty when it must be skipped.
+
+        ``min_rows`` is the client's privacy floor: the client needs ``max(rows_needed(),
+        min_rows)`` rows and fits at most ``n_samples // min_rows`` components.
+        """
+        if n_samples < max(self.rows_needed(), int(min_rows), 1):
+            return []
+        most = n_samples // max(1, int(min_rows))
+        return [k for k in self.candidates() if k <= most]
+
+    def fit_settings(self, generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments of :func:`~fednovelty.mixture.fit_gmm_scaled` for one fit (all
+        but the rows and the candidate K)."""
+        return {
+            "covariance_type": self.covariance_type,
+            "reg_covar": self.reg_covar,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "generator": generator,
+            "standardize": self.standardize,
+            "prior_strength": self.prior_strength,
+            "prior_scale": self.prior_scale,
+        }
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PCAConfig(Settings):
+    """Settings of federated PCA (``FederatedPCA``, and the PCA step of the mixtures).
+
+    Attributes:
+        n_components: number of principal axes to keep (>= 1; at most n_features, checked
+            when the rows' width is known).
+        device: where the server aggregates; ``None`` uses the device of the first reply.
+        dtype: the server's floating dtype (float64 by default, for parity with scikit-learn).
+    """
+
+    n_components: int
+    device: torch.device | None = None
+    dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_components, bool) or int(self.n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {self.n_components}.")
+        if isinstance(self.dtype, torch.dtype) and not self.dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating dtype, got {self.dtype}.")
+        self._set("n_components", int(self.n_components))
+        self._set("dtype", as_dtype(self.dtype))
+        self._set("device", None if self.device is None else torch.device(self.device))

@@ -1,0 +1,462 @@
+"""The steps that prepare federated EM: feature moments and the initial mixture.
+
+Each class is a :class:`~fednovelty.federated.steps.Step` (server half and client half of one
+protocol) that ``FederatedEM`` and ``JointFedGMM`` chain before their EM step. They read
+their settings from an :class:`~fednovelty.federated.config.EMConfig` and keep their
+progress in the algorithm's state (``EMState``: ``offset``, ``scale``, ``prior``,
+``centers``, ``lloyd_rounds``, ``subset_fraction``, ``params``).
+
+- :class:`MomentsStep` (``moments``): every client sends its row count, feature means and
+  sums of squared deviations (``2 d + 1`` numbers), which merge exactly into the pooled
+  mean and variance. They set the standardisation ``z = (x - offset) / scale``
+  (``standardize``: every later round broadcasts ``offset`` and ``scale`` and clients work
+  on ``z``; the final mixture is mapped back to ``x``) and the covariance prior
+  (``prior_strength``).
+- Initial centres: :class:`CentroidsStep` (``centroids``; DEM init 3, k-FED: local k-means
+  centroids, weighted k-means++ and Lloyd on the server), :class:`RangeStep` (``range``;
+  DEM init 1: centres far apart in the merged feature box) or :class:`GivenMeans`
+  (``means_init``, no round).
+- :class:`AssignStep` (``assign``): federated Lloyd rounds from those centres; the last one
+  sends second moments too, so the initial mixture is the M-step from hard k-means
+  responsibilities (scikit-learn's ``init_params="kmeans"``). User-given initial weights,
+  means or precisions then replace the computed ones.
+- :class:`SubsetStep` (``count``, ``subset``; DEM init 2): clients send their row counts,
+  then a random ``subset_size`` rows in all; the server fits a mixture on them. **This
+  sends raw rows to the server**; it warns when it begins.
+- :class:`GivenParams`: weights, means and precisions all given; no round.
+
+Every client half enforces the client's privacy policy (``docs/privacy.md``): it skips
+below ``min_rows`` rows, forms at most ``min(n_components, max_clusters, n_rows //
+min_rows)`` local clusters and merges smaller ones into the nearest larger one, sends
+ranges as the mean of the ``min_rows`` extreme values, suppresses assignment statistics of
+centres backed by fewer than ``min_rows`` rows, and refuses the ``subset`` round unless the
+policy allows raw rows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import (
+    merge_ranges,
+    pool_centroids,
+    stats_from_message,
+    stats_message,
+    sum_stats,
+    total_variance,
+)
+from fednovelty.federated.base import (
+    ClientContext,
+    Message,
+    Scalar,
+    client_generator,
+    derived_seed,
+    skipped_reply,
+)
+from fednovelty.federated.config import EMConfig
+from fednovelty.federated.privacy import backed, merge_small_clusters, trimmed_range
+from fednovelty.federated.robust import robust_stats
+from fednovelty.federated.steps import Step
+from fednovelty.mixture import (
+    CovariancePrior,
+    FeatureMoments,
+    MixtureParams,
+    affine_params,
+    feature_moments,
+    fit_gmm,
+    kmeans,
+    merge_moments,
+    params_from_stats,
+    precisions_cholesky_from_precisions,
+    prior_target,
+    standardization,
+    stats_from_resp,
+)
+from fednovelty.mixture.kmeans import assign, one_hot
+from fednovelty.mixture.stats import SufficientStats
+
+
+def round_seed(config: EMConfig, state: Any) -> int:
+    """The seed of the round after ``state.rounds`` counted rounds."""
+    return derived_seed(config.random_state, state.rounds)
+
+
+def server_generator(config: EMConfig, state: Any) -> torch.Generator:
+    """The server's generator in the round after ``state.rounds`` counted rounds."""
+    return torch.Generator().manual_seed(round_seed(config, state) ^ 0x5EED)
+
+
+def row_count(X: Tensor) -> Tensor:
+    """The number of rows of ``X`` as a 0-d tensor in its dtype (on the CPU)."""
+    return torch.tensor(float(X.shape[0]), dtype=X.dtype)
+
+
+def combine_stats(replies: dict[int, Message], shift: Tensor, config: EMConfig) -> SufficientStats:
+    """The M-step's statistics from the clients' replies about ``shift`` (n_features,): the
+    plain sum, or the robust combination ``aggregation="trimmed"``
+    (:func:`~fednovelty.federated.robust.robust_stats`)."""
+    if config.aggregation == "sum":
+        return sum_stats(replies.values(), shift, config.covariance_type)
+    ct = config.covariance_type
+    per_client = {c: stats_from_message(m, shift, ct) for c, m in replies.items()}
+    return robust_stats(per_client, config.trim)
+
+
+def _check_enough(n_samples: float, config: EMConfig) -> None:
+    if n_samples < config.n_components:
+        raise ValueError(
+            f"The clients hold {int(n_samples)} sample(s) but n_components={config.n_components}."
+        )
+
+
+class MomentsStep(Step):
+    """Pooled feature moments: the standardisation and the covariance prior (module
+    docstring). Runs only with ``standardize`` or ``prior_strength``."""
+
+    kinds = ("moments",)
+
+    def __init__(self, config: EMConfig) -> None:
+        self.config = config
+        self.max_rounds = int(config.needs_moments)
+
+    def begin(self, state: Any) -> str | None:
+        return "moments" if self.config.needs_moments else None
+
+    def configure(self, state: Any) -> Message:
+        return Message("moments")
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("moments", context.policy.below_floor)
+        return Message("moments", feature_moments(X).tensors())
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        moments = merge_moments(
+            FeatureMoments(
+                *(m.tensors[k].to(config.device, config.dtype) for k in ("n_samples", "mean", "m2"))
+            )
+            for m in replies.values()
+        )
+        if float(moments.n_samples) == 0:
+            raise ValueError("no client with data replied in the moments round.")
+        scale = torch.ones_like(moments.mean)
+        if config.standardize:
+            state.offset, scale = standardization(moments, config.covariance_type)
+            state.scale = scale
+        if config.prior_strength is not None:
+            target = prior_target(moments.variance, scale, config.prior_scale)
+            state.prior = CovariancePrior(config.prior_strength, target)
+        return None, {"phase": "moments", "n_samples": float(moments.n_samples)}
+
+    def broadcast(self, state: Any) -> tuple[dict[str, Tensor], dict[str, Scalar]]:
+        if state.scale is None:
+            return {}, {}
+        return {"offset": state.offset, "scale": state.scale}, {}
+
+    def view(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        if "scale" not in message.tensors:
+            return X
+        offset = message.tensors["offset"].to(X.device, X.dtype)
+        return (X - offset) / message.tensors["scale"].to(X.device, X.dtype)
+
+    def finish(self, state: Any) -> None:
+        if state.scale is not None and state.params is not None:  # back to the user's units
+            state.params = affine_params(state.params, state.offset, state.scale)
+
+
+def to_working_units(state: Any, points: Tensor) -> Tensor:
+    """User-unit points (m, n_features) in the units the rounds work in (z-scores after a
+    standardising moments round)."""
+    return points if state.scale is None else (points - state.offset) / state.scale
+
+
+class GivenParams(Step):
+    """Initial weights, means and precisions all given: the initial mixture, no round."""
+
+    max_rounds = 0
+
+    def __init__(self, config: EMConfig) -> None:
+        self.config = config
+
+    def begin(self, state: Any) -> None:
+        config = self.config
+        params = MixtureParams(
+            config.weights_init,
+            config.means_init,
+            precisions_cholesky_from_precisions(config.precisions_init, config.covariance_type),
+            config.covariance_type,
+        )
+        if state.scale is not None:
+            params = affine_params(params, -state.offset / state.scale, 1 / state.scale)
+        state.params = params
+        return None
+
+    def configure(self, state: Any) -> Message:
+        raise RuntimeError("GivenParams has no round.")
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        raise RuntimeError("GivenParams has no round.")
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        raise RuntimeError("GivenParams has no round.")
+
+
+class GivenMeans(GivenParams):
+    """``means_init`` given: the Lloyd assignment starts from those centres, no round."""
+
+    def begin(self, state: Any) -> None:
+        state.centers = to_working_units(state, self.config.means_init)
+        return None
+
+
+class CentroidsStep(Step):
+    """k-FED: local k-means centroids, pooled and clustered by weighted k-means++ and Lloyd
+    on the server into ``n_components`` centres."""
+
+    kinds = ("centroids",)
+
+    def __init__(self, config: EMConfig) -> None:
+        self.config = config
+
+    def configure(self, state: Any) -> Message:
+        return Message(
+            "centroids",
+            scalars={"seed": round_seed(self.config, state)},
+            expect={"n_clusters": self.config.n_components},
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        k = policy.cluster_bound(self.config.n_components, X.shape[0])
+        if k == 0:
+            return skipped_reply("centroids", policy.below_floor)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        centers, labels = kmeans(X, k, generator=generator)
+        centers, counts = merge_small_clusters(X, labels, centers, policy.min_rows)
+        tensors = {"centers": centers, "counts": counts, "n_samples": row_count(X)}
+        return Message("centroids", tensors)
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        centers, counts = pool_centroids(replies.values())
+        if centers.shape[0] < config.n_components:
+            n_rows = int(sum(float(m.tensors["n_samples"]) for m in replies.values()))
+            raise ValueError(
+                f"The clients hold {n_rows} sample(s) in all but n_components="
+                f"{config.n_components}; need at least as many samples as components, and "
+                f"they sent {centers.shape[0]} centroid(s) (a client forms at most n_rows // "
+                "min_rows clusters under its privacy floor). Lower n_components, add data or "
+                "lower the clients' privacy floor (privacy_min_rows)."
+            )
+        centers = centers.to(config.device, config.dtype)
+        counts = counts.to(config.device, config.dtype)
+        state.centers, _ = kmeans(
+            centers,
+            config.n_components,
+            generator=server_generator(config, state),
+            sample_weight=counts,
+        )
+        return None, {"phase": "centroids", "n_centroids": int(centers.shape[0])}
+
+
+def separated_centers(low: Tensor, high: Tensor, n_centers: int, seed: int) -> Tensor:
+    """``n_centers`` points far apart in the box ``[low, high]`` (each (n_features,)).
+
+    Greedy max-min selection over a scrambled Sobol set, starting at the point nearest the
+    box centre. Returns shape (n_centers, n_features).
+    """
+    d = low.shape[0]
+    engine = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed)
+    unit = engine.draw(max(256, 64 * n_centers), dtype=torch.float64).to(low.device, low.dtype)
+    candidates = low + unit * (high - low)
+    middle = (low + high) / 2
+    chosen = [int((candidates - middle).square().sum(1).argmin())]
+    nearest = (candidates - candidates[chosen[0]]).square().sum(1)
+    for _ in range(1, n_centers):
+        chosen.append(int(nearest.argmax()))
+        nearest = torch.minimum(nearest, (candidates - candidates[chosen[-1]]).square().sum(1))
+    return candidates[chosen]
+
+
+class RangeStep(Step):
+    """Feature ranges merged on the server; ``n_components`` centres far apart in the box."""
+
+    kinds = ("range",)
+
+    def __init__(self, config: EMConfig) -> None:
+        self.config = config
+
+    def configure(self, state: Any) -> Message:
+        return Message("range")
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("range", context.policy.below_floor)
+        low, high = trimmed_range(X, context.policy.min_rows)
+        return Message("range", {"min": low, "max": high, "n_samples": row_count(X)})
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        low, high = merge_ranges(replies.values())
+        low, high = low.to(config.device, config.dtype), high.to(config.device, config.dtype)
+        seed = round_seed(config, state)
+        state.centers = separated_centers(low, high, config.n_components, seed)
+        return None, {"phase": "range"}
+
+
+def apply_user_init(params: MixtureParams, config: EMConfig, state: Any) -> MixtureParams:
+    """``params`` with the user's ``weights_init``, ``means_init`` and ``precisions_init``
+    (those given) in their place, in the units the rounds work in."""
+    weights = params.weights if config.weights_init is None else config.weights_init
+    means, prec = params.means, params.precisions_cholesky
+    if config.means_init is not None:
+        means = to_working_units(state, config.means_init)
+    if config.precisions_init is not None:
+        ct = config.covariance_type
+        prec = precisions_cholesky_from_precisions(config.precisions_init, ct)
+        if state.scale is not None:  # x = offset + scale * z: U_z = D U_x
+            prec = affine_params(
+                MixtureParams(weights, means, prec, ct),
+                means.new_zeros(means.shape[1]),
+                1 / state.scale,
+            ).precisions_cholesky
+    return MixtureParams(weights, means, prec, config.covariance_type)
+
+
+class AssignStep(Step):
+    """Federated Lloyd rounds from ``state.centers``; at most ``budget`` rounds, fewer when
+    the centres stop moving. Ends with the initial mixture in ``state.params``."""
+
+    kinds = ("assign",)
+
+    def __init__(self, config: EMConfig, budget: int) -> None:
+        self.config = config
+        self.budget = int(budget)
+        self.max_rounds = self.budget
+
+    def configure(self, state: Any) -> Message:
+        return Message(
+            "assign",
+            {"centers": state.centers, "shift": state.centers.mean(0)},
+            expect={"covariance_type": self.config.covariance_type},
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        if not policy.releases(X.shape[0]):
+            return skipped_reply("assign", policy.below_floor)
+        centers = message.tensors["centers"].to(X.device, X.dtype)
+        shift = message.tensors["shift"].to(X.device, X.dtype)
+        labels, _ = assign(X, centers)
+        resp = one_hot(labels, centers.shape[0], X)
+        keep = backed(resp.sum(0), policy.min_rows)
+        if not bool(keep.any()):
+            return skipped_reply("assign", f"no centre has min_rows={policy.min_rows} rows")
+        stats = stats_from_resp(X, resp * keep.to(X.dtype), self.config.covariance_type, shift)
+        return stats_message(stats, "assign")
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        stats = combine_stats(replies, state.centers.mean(0), config)
+        _check_enough(float(stats.n_samples), config)
+        occupied = stats.counts > 0
+        moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
+        new_centers = torch.where(occupied.unsqueeze(1), moved, state.centers)
+        movement = float((new_centers - state.centers).square().sum(1).max())
+        state.lloyd_rounds += 1
+        threshold = config.kmeans_tol * total_variance(stats)
+        metrics = {"phase": "assign", "center_shift": movement}
+        if state.lloyd_rounds >= self.budget or movement <= threshold:
+            params = params_from_stats(stats, config.reg_covar, state.prior)
+            state.params = apply_user_init(params, config, state)
+            return None, metrics
+        state.centers = new_centers
+        return "assign", metrics
+
+
+class SubsetStep(Step):
+    """Row counts, then a random ``subset_size`` rows in all; the server fits a mixture on
+    them (raw rows leave the clients: only clients whose policy allows it answer)."""
+
+    kinds = ("count", "subset")
+    max_rounds = 2
+
+    def __init__(self, config: EMConfig) -> None:
+        self.config = config
+
+    def begin(self, state: Any) -> str:
+        warnings.warn(
+            "init_params='subset' sends raw rows of every client to the server; use "
+            "'kmeans' (the default) where data must stay on the clients.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return "count"
+
+    def configure(self, state: Any) -> Message:
+        if state.phase == "count":
+            return Message("count")
+        seed = round_seed(self.config, state)
+        return Message("subset", scalars={"fraction": state.subset_fraction, "seed": seed})
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        if message.kind == "count":
+            if not policy.releases(X.shape[0]):
+                return skipped_reply("count", policy.below_floor)
+            return Message("count", {"n_samples": row_count(X)})
+        if not policy.allow_raw_rows:
+            return skipped_reply(
+                "subset", "the client's privacy policy does not allow raw rows (allow_raw_rows)"
+            )
+        n = X.shape[0]
+        m = min(n, math.ceil(float(message.scalars["fraction"]) * n))
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        index = torch.randperm(n, generator=generator)[:m].to(X.device)
+        return Message("subset", {"rows": X[index], "n_samples": row_count(X)})
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        if state.phase == "count":
+            total = sum(float(m.tensors["n_samples"]) for m in replies.values())
+            _check_enough(total, config)
+            state.subset_fraction = min(1.0, max(config.subset_size, config.n_components) / total)
+            return "subset", {"phase": "count", "n_samples": total}
+        rows = torch.cat([m.tensors["rows"] for m in replies.values()])
+        rows = rows.to(config.device, config.dtype)
+        k = config.n_components
+        if rows.shape[0] < k:
+            raise ValueError(f"the subset has {rows.shape[0]} rows, fewer than n_components={k}.")
+        result = fit_gmm(
+            rows,
+            k,
+            covariance_type=config.covariance_type,
+            reg_covar=config.reg_covar,
+            tol=config.tol,
+            max_iter=config.max_iter,
+            generator=server_generator(config, state),
+            prior=state.prior,
+        )
+        state.params = result.params
+        return None, {"phase": "subset", "rows_shared": int(rows.shape[0])}
+
+
+def init_steps(config: EMConfig) -> list[Step]:
+    """The steps that produce the initial mixture, by the settings (scikit-learn's rule:
+    weights, means and precisions all given -> no rounds; ``means_init`` -> one Lloyd
+    round from them; else ``init_params``)."""
+    if config.given_params:
+        return [GivenParams(config)]
+    if config.means_init is not None:
+        return [GivenMeans(config), AssignStep(config, budget=1)]
+    if config.init_params == "kmeans":
+        return [CentroidsStep(config), AssignStep(config, budget=config.kmeans_rounds)]
+    if config.init_params == "separated":
+        return [RangeStep(config), AssignStep(config, budget=1)]
+    return [SubsetStep(config)]

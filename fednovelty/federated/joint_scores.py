@@ -1,0 +1,131 @@
+"""Scoring and adaptation of a trained FedGMM joint model: pure functions of a ``JointState``.
+
+:func:`joint_log_components` gives ``log N(x; m1) + log P_m2(y | x)`` per row and pair,
+:func:`joint_log_scores` the marginal, conditional and joint log-likelihoods under some
+``pi``, and :func:`adapt_joint_weights` fits a new client's ``pi`` with every shared
+parameter frozen. Nothing here changes the state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fednovelty.mixture import WeightsFit, fit_weights, log_gaussian_prob
+
+if TYPE_CHECKING:
+    from fednovelty.federated.joint import JointState
+
+
+def log_likelihoods_of_labels(
+    module: nn.Module, params: dict[str, Tensor], X: Tensor, y: Tensor
+) -> Tensor:
+    """``log P_theta(y_i | x_i)`` of each row, shape (n_samples,)."""
+    logits = functional_call(module, params, (X,))
+    return -nn.functional.cross_entropy(logits, y, reduction="none")
+
+
+def global_log_joint_weights(state: JointState) -> Tensor:
+    """Sample-weighted global ``log pi`` (M1, M2): the summed joint counts, normalised."""
+    return (state.joint_counts / state.joint_counts.sum()).log()
+
+
+def learner_log_probs(template: nn.Module, learners: list[dict[str, Tensor]], Z: Tensor) -> Tensor:
+    """``log P_m2(y = k | z_i)`` for every learner and class, shape (n, M2, n_classes)."""
+    with torch.no_grad():
+        return torch.stack(
+            [
+                nn.functional.log_softmax(functional_call(template, p, (Z,)), dim=1)
+                for p in learners
+            ],
+            dim=1,
+        )
+
+
+def joint_log_components(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    Z: Tensor | None = None,
+    learners: list[dict[str, Tensor]] | None = None,
+) -> Tensor:
+    """``log N(x_i; m1) + log P_m2(y_i | z_i)``, shape (n, M1, M2); without ``y`` the
+    Gaussian part alone, shape (n, M1, 1) (broadcasts against (M1, M2) weights).
+
+    ``learners`` overrides ``state.learners`` (a Local client's own learners).
+    """
+    params = state.params
+    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    if y is None:
+        return log_n.unsqueeze(2)
+    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+    log_py = log_probs.gather(2, y.view(-1, 1, 1).expand(-1, log_probs.shape[1], 1)).squeeze(2)
+    return log_n.unsqueeze(2) + log_py.unsqueeze(1)
+
+
+def joint_log_scores(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    log_joint_weights: Tensor | None = None,
+    Z: Tensor | None = None,
+    learners: list[dict[str, Tensor]] | None = None,
+) -> dict[str, Tensor]:
+    """``log_px`` (n,), ``proba_y`` (n, n_classes) = Eq. 3's ``p(y | x)``, ``msp`` (n,) =
+    its largest entry, and with labels ``y`` also ``log_pxy`` and ``log_py_given_x`` (n,).
+
+    Everything is computed in log space: ``log p(x, y) = logsumexp_{m1, m2} [log pi(m1, m2)
+    + log N(x; m1) + log P_m2(y | z)]`` (the paper's reference code adds ``pi`` instead of
+    ``log pi`` here).
+
+    Args:
+        log_joint_weights: ``log pi`` (M1, M2) of one client; default the global weights.
+        Z: the learners' input rows when it differs from ``X``.
+        learners: a Local client's own learners instead of ``state.learners``.
+    """
+    log_pi = global_log_joint_weights(state) if log_joint_weights is None else log_joint_weights
+    params = state.params
+    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    log_px = torch.logsumexp(log_n + torch.logsumexp(log_pi, dim=1), dim=1)
+    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+    # log sum_{m1,m2} pi N P(y|x) for every class: (n, n_classes)
+    joint_all = torch.logsumexp(
+        (log_pi.unsqueeze(0) + log_n.unsqueeze(2)).unsqueeze(3) + log_probs.unsqueeze(1),
+        dim=(1, 2),
+    )
+    proba = (joint_all - log_px.unsqueeze(1)).exp()
+    out = {"log_px": log_px, "proba_y": proba, "msp": proba.max(1).values}
+    if y is not None:
+        log_pxy = joint_all.gather(1, y.view(-1, 1)).squeeze(1)
+        out["log_pxy"] = log_pxy
+        out["log_py_given_x"] = log_pxy - log_px
+    return out
+
+
+def adapt_joint_weights(
+    state: JointState,
+    template: nn.Module,
+    X: Tensor,
+    y: Tensor | None = None,
+    Z: Tensor | None = None,
+    *,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+) -> WeightsFit:
+    """A new client's ``pi`` (M1, M2) by EM with every shared parameter frozen.
+
+    With labels the E-step uses ``pi N(x; m1) P_m2(y | z)``; without, ``pi N(x; m1)`` (x-only
+    EM: the Gaussian weights move, the learner split within each Gaussian keeps the global
+    proportions). Starts from the global weights. Nothing in ``state`` is modified.
+
+    Returns:
+        ``fit_weights``'s result; ``log_weights`` (M1, M2) is usable as
+        ``joint_log_scores(..., log_joint_weights=...)``.
+    """
+    log_components = joint_log_components(state, template, X, y, Z)
+    return fit_weights(log_components, global_log_joint_weights(state), max_iter=max_iter, tol=tol)

@@ -1,0 +1,192 @@
+"""Composable protocol steps and the algorithm that chains them.
+
+A *step* is one protocol of a federated algorithm with both halves: its server half
+configures a round from the state and folds the replies into the state, its client half
+answers the round. An algorithm is an ordered list of steps (e.g. federated EM =
+``[PCA?, moments?, k-means centroids, Lloyd assignment, EM]``); :class:`ChainedAlgorithm`
+runs them in turn and is itself a :class:`~fednovelty.federated.base.FederatedAlgorithm`,
+so engines see the usual five methods.
+
+How steps cooperate, without knowing each other:
+
+- ``state.phase`` is the kind of the next round's message; each kind belongs to exactly one
+  step, which configures that round, answers it on the clients and folds its replies.
+- When a step's server half reports it is done, the chain calls ``begin`` on the following
+  steps until one names its first round (a step with nothing to do, e.g. an initialisation
+  whose result the user gave, returns ``None``); after the last step the phase is
+  ``"done"`` and every step's ``finish`` runs, last step first.
+- A finished step may change how later rounds look: ``broadcast`` adds tensors to their
+  messages (e.g. the standardisation's offset and scale) and ``view`` transforms the
+  client's rows before a later step's client half sees them (z-scores, a PCA projection).
+  A ``view`` that cannot work (a client without the projection) raises :class:`ClientSkip`
+  and the client replies skipped.
+- ``state.rounds`` counts the rounds of the steps whose ``counted`` is true; the round seeds
+  are drawn from it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from torch import Tensor
+
+from fednovelty.federated.base import (
+    ClientContext,
+    FederatedAlgorithm,
+    Message,
+    Scalar,
+    skipped_reply,
+)
+from fednovelty.federated.robust import cap_replies
+
+
+class ClientSkip(Exception):
+    """A client cannot answer a round (raised by a step's ``view``); it replies skipped
+    with the exception's message as the reason."""
+
+
+class Step(ABC):
+    """One protocol of a chained algorithm (see the module docstring).
+
+    Attributes:
+        kinds: the message kinds of its rounds (its client half answers them).
+        counted: whether its rounds count in ``state.rounds`` (and move the round seeds).
+        labelled: whether its client half takes ``(X, y, Z)`` instead of rows ``X``.
+        max_rounds: most rounds it runs.
+    """
+
+    kinds: tuple[str, ...] = ()
+    counted: bool = True
+    labelled: bool = False
+    max_rounds: int = 1
+
+    def begin(self, state: Any) -> str | None:
+        """Prepare ``state`` for this step; the kind of its first round, or ``None`` when it
+        needs no round."""
+        return self.kinds[0]
+
+    @abstractmethod
+    def configure(self, state: Any) -> Message:
+        """The message of the round ``state.phase`` (one of ``kinds``)."""
+
+    @abstractmethod
+    def client_step(self, X: Any, message: Message, context: ClientContext) -> Message:
+        """Answer a round of this step on rows ``X`` (n_samples, n_features), or on
+        ``(X, y, Z)`` when ``labelled``."""
+
+    @abstractmethod
+    def server_step(
+        self, state: Any, replies: dict[int, Message]
+    ) -> tuple[str | None, dict[str, Scalar]]:
+        """Fold the released replies into ``state``; returns the kind of this step's next
+        round (``None``: the step is done) and the round's metrics."""
+
+    def broadcast(self, state: Any) -> tuple[dict[str, Tensor], dict[str, Scalar]]:
+        """Tensors this finished step adds to a later round's message, and what it adds to
+        the message's ``expect``."""
+        return {}, {}
+
+    def view(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        """The rows a later step's client half sees (this step finished)."""
+        return X
+
+    def finish(self, state: Any) -> None:  # noqa: B027 (optional hook; most steps need none)
+        """Called once when the last step is done (e.g. map the result back to the user's
+        units)."""
+
+
+class ChainedAlgorithm(FederatedAlgorithm):
+    """A federated algorithm made of :class:`Step` objects run in order.
+
+    Subclasses call :meth:`_chain` with their steps (in ``_setup``) and implement
+    :meth:`new_state`; the state needs ``phase`` (str) and ``rounds`` (int) fields.
+    """
+
+    steps: tuple[Step, ...] = ()
+
+    def _chain(self, steps: list[Step]) -> None:
+        owner: dict[str, int] = {}
+        for index, step in enumerate(steps):
+            for kind in step.kinds:
+                if kind in owner:
+                    raise ValueError(f"two steps answer messages of kind {kind!r}.")
+                owner[kind] = index
+        self.steps = tuple(steps)
+        self._owner = owner
+        self.max_rounds = sum(step.max_rounds for step in steps)
+
+    def new_state(self) -> Any:
+        """The state before any step began."""
+        raise NotImplementedError
+
+    def _step_of(self, kind: str) -> int:
+        if kind not in self._owner:
+            raise ValueError(
+                f"{type(self).__name__} clients do not answer messages of kind {kind!r}."
+            )
+        return self._owner[kind]
+
+    def _begin_from(self, state: Any, index: int) -> str:
+        """The first round of the steps from ``index`` on; ``"done"`` (and every step's
+        ``finish``) when none has one."""
+        for step in self.steps[index:]:
+            kind = step.begin(state)
+            if kind is not None:
+                return kind
+        for step in reversed(self.steps):
+            step.finish(state)
+        return "done"
+
+    # ------------------------------------------------------------------ server half
+    def start(self) -> Any:
+        state = self.new_state()
+        state.phase = self._begin_from(state, 0)
+        return state
+
+    def finished(self, state: Any) -> bool:
+        return state.phase == "done"
+
+    def configure(self, state: Any) -> Message:
+        if state.phase == "done":
+            raise RuntimeError(f"{type(self).__name__} has finished; no round to configure.")
+        index = self._step_of(state.phase)
+        message = self.steps[index].configure(state)
+        for earlier in self.steps[:index]:
+            tensors, expect = earlier.broadcast(state)
+            message.tensors.update(tensors)
+            message.expect.update(expect)
+        return message
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:
+        replies = {cid: r for cid, r in replies.items() if not r.scalars.get("skipped")}
+        if not replies:
+            raise ValueError(
+                f"no client replied with statistics in round {state.rounds + 1} ({state.phase}); "
+                "clients below their privacy floor, or refusing the round, skip."
+            )
+        replies = cap_replies(replies, getattr(self.config, "client_weight_cap", None))
+        index = self._step_of(state.phase)
+        step = self.steps[index]
+        following, metrics = step.server_step(state, replies)
+        if step.counted:
+            state.rounds += 1
+        state.phase = following if following is not None else self._begin_from(state, index + 1)
+        return state, {"phase": metrics.pop("phase", ""), **metrics}
+
+    # ------------------------------------------------------------------ client half
+    def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """A client's data as rows ``X`` and the labelled steps' extra tensors (``None``
+        for algorithms whose clients hold rows only)."""
+        return data, None
+
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        index = self._step_of(message.kind)
+        X, extra = self.split_data(data)
+        try:
+            for earlier in self.steps[:index]:
+                X = earlier.view(X, message, context)
+        except ClientSkip as skip:
+            return skipped_reply(message.kind, str(skip))
+        step = self.steps[index]
+        return step.client_step((X, *extra) if step.labelled else X, message, context)
