@@ -1,9 +1,9 @@
 """FedGMM novelty detection on federated MNIST: the paper's Table 4, Figure 2 and Figure 6.
 
-Run ``python benchmarks/fedgmm_mnist.py`` (3 seeds, about 10 minutes on 2 cores) or ``--quick``
-(a smoke run on a small split, under a minute, written to a temporary folder unless ``--out``
-is given). The full run writes ``fedgmm_mnist.md``, ``fedgmm_figure2.png`` and
-``fedgmm_mnist_histograms.png`` to ``--out`` (default ``benchmarks/results``).
+Run ``python benchmarks/fedgmm_mnist.py`` (3 seeds) or ``--quick`` (a smoke run on a small
+split, written to a temporary folder unless ``--out`` is given). The full run writes
+``fedgmm_mnist.md``, ``fedgmm_figure2.png`` and ``fedgmm_mnist_histograms.png`` to ``--out``
+(default ``benchmarks/results``).
 
 Data (FedGMM paper Sec. 4.5 and App. C.3): ``make_mnist_federated`` with 50 clients x 500
 training images, Dirichlet(0.4) label skew, 100 test images per client (same skew).
@@ -22,27 +22,20 @@ training images, Dirichlet(0.4) label skew, 100 test images per client (same ske
    gets the label the model predicts for it), and the normal test images with labels permuted
    by a derangement of the 9 known classes (``permute_labels``).
 
-Settings, chosen once before the 3-seed run and used for every seed and both experiments:
+Settings, chosen once before the 3-seed run and used for every seed and both experiments
+(``docs/joint.md``, "The MNIST benchmark's settings", says how and what the probes measured):
 
 * Every image (train, test, novel) is scaled to unit L2 norm, ``x / ||x||``: a per-row
-  transform each client applies locally. Densities of raw pixels rank shrunken digits as *more*
-  normal (fewer lit pixels, higher density: AUROC about 0.35 with raw PCA features), a known
-  complexity bias; the normalisation removes it (centralized PCA(24) + GMM(10) on normalised
-  images: AUROC 0.994 on the composed transform).
-* ``FedGMMDetector(n_components=10, n_learners=2, pca_components=24, learner="linear",
+  transform each client applies locally; it removes the density's preference for images with
+  fewer lit pixels.
+* ``JointFedGMMDetector(n_components=10, n_learners=2, pca_components=24, learner="linear",
   local_epochs=1, learning_rate=10.0, batch_size=32, max_iter=30, tol=1e-3)``, full
-  covariances, personal mixture weights, federated k-means init (the detector's defaults).
-  The Gaussians model a 24-component federated PCA projection; the learners see all 784
-  normalised pixels. ``learning_rate=10`` looks large but the inputs have norm 1; on raw [0, 1]
-  pixels (norm about 9.3) it is the same step as about 0.12. It was picked, with
-  ``n_learners``, by in-distribution test accuracy on seed 0 only (global-weight accuracy
-  81.7 / 83.9 / 87.2 / 89.5 % for learning rates 0.5 / 2 / 5 / 10; 89.1 / 89.5 / 90.7 % for
-  1 / 2 / 3 learners, 3 being twice as slow). Never by novelty metrics; FedGMM's px AUROC was
-  0.994 in every one of those probes.
+  covariances, federated k-means init (the detector's defaults). The Gaussians model a
+  24-component federated PCA projection; the learners see all 784 normalised pixels
+  (``learning_rate=10`` on rows of norm 1).
 * The headline FedGMM score is ``log p(x)`` (the shift is a covariate shift; labels are kept);
   the target is AUROC >= 99.2 (the paper's 99.21). All other scores are reported beside it.
-* ``torch.set_num_threads(1)`` by default (``--threads``): on the shared 2-core machine torch's
-  two-thread kernels were about 6x slower whenever another process was busy.
+* ``torch.set_num_threads(1)`` by default (``--threads``).
 """
 
 from __future__ import annotations
@@ -72,7 +65,7 @@ from _machine import machine_facts  # noqa: E402  (benchmarks/ is on sys.path)
 
 from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
 from fednovelty.datasets.shifts import permute_labels, transform_images  # noqa: E402
-from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.metrics import aupr_out, auroc, max_f1  # noqa: E402
 
 SETTINGS = {
@@ -128,9 +121,9 @@ def image_rows(images: np.ndarray, transforms=()) -> np.ndarray:
     return unit_norm(pixels.reshape(len(pixels), -1))
 
 
-def fit(method: str, X, y, groups, seed: int) -> tuple[FedGMMDetector, float]:
+def fit(method: str, X, y, groups, seed: int) -> tuple[JointFedGMMDetector, float]:
     """Fit FedGMM or one of its ``pfl_baseline`` configurations; returns (detector, seconds)."""
-    det = FedGMMDetector.pfl_baseline(method, **SETTINGS, random_state=seed)
+    det = JointFedGMMDetector.pfl_baseline(method, **SETTINGS, random_state=seed)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # non-convergence is reported as converged_ instead
@@ -138,7 +131,7 @@ def fit(method: str, X, y, groups, seed: int) -> tuple[FedGMMDetector, float]:
     return det, time.perf_counter() - start
 
 
-def accuracies(det: FedGMMDetector, X, y, groups) -> tuple[float, float]:
+def accuracies(det: JointFedGMMDetector, X, y, groups) -> tuple[float, float]:
     """(global-weight accuracy, mean over clients of the accuracy under their own weights)."""
     overall = float(np.mean(det.predict_y(X) == y))
     per_client = [

@@ -1,7 +1,7 @@
 """FedGMM personalised classification and unseen-client adaptation on the paper's synthetic data.
 
-Run ``python benchmarks/fedgmm_pfl.py`` (all seeds, both experiments; 13 minutes on 2 busy
-cores) or ``--quick`` (a smoke run: 8 clients, 5 rounds, one seed, under a minute).
+Run ``python benchmarks/fedgmm_pfl.py`` (all seeds, both experiments) or ``--quick`` (a smoke
+run: 8 clients, 5 rounds, one seed).
 ``--experiment pfl|unseen|all`` picks the experiments, ``--seeds 0 1 2`` the seeds,
 ``--clients N`` the number of clients, ``--out FILE`` also writes the markdown report.
 
@@ -10,7 +10,8 @@ Gaussian components in d = 32, each with its own linear labelling rule, client w
 Dir(0.4); the constants of the paper's reference code, see that module's docstring). The same
 seed draws the data, the client split and the model's randomness.
 
-Shared settings of every method (all built by ``FedGMMDetector.pfl_baseline(name, ...)``):
+Shared settings of every method (all built by
+``JointFedGMMDetector.pfl_baseline(name, ...)``):
 ``max_iter=50`` EM rounds with ``tol=0`` (every round runs), learners are multinomial logistic
 regressions trained by ``local_epochs=5`` epochs of SGD (``learning_rate=0.5``,
 ``batch_size=32``) per round, float64. FedGMM has ``n_components=3`` Gaussians and
@@ -60,7 +61,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._machine import emit_report  # noqa: E402
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic  # noqa: E402
-from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
 #: FedGMM paper, Table 2, row "Synthetic" (average test accuracy, %).
@@ -101,17 +102,17 @@ class Settings:
 
 
 # ----------------------------------------------------------------------------- helpers
-def make_model(name: str, settings: Settings, seed: int) -> FedGMMDetector:
-    return FedGMMDetector.pfl_baseline(name, **settings.model_params(seed))
+def make_model(name: str, settings: Settings, seed: int) -> JointFedGMMDetector:
+    return JointFedGMMDetector.pfl_baseline(name, **settings.model_params(seed))
 
 
-def timed_fit(model: FedGMMDetector, X, y, groups) -> float:
+def timed_fit(model: JointFedGMMDetector, X, y, groups) -> float:
     start = time.perf_counter()
     model.fit(X, y, groups=groups)
     return time.perf_counter() - start
 
 
-def personal_accuracy(model: FedGMMDetector, X, y, groups) -> float:
+def personal_accuracy(model: JointFedGMMDetector, X, y, groups) -> float:
     """Sample-weighted accuracy, each client's rows predicted with its own weights."""
     correct = sum(
         int((model.predict_y(X[groups == c], client=c) == y[groups == c]).sum())

@@ -1,5 +1,9 @@
 """``JointFedGMMDetector``: fit(X, y, groups) trains FedGMM's joint model of (x, y)."""
 
+import re
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -365,3 +369,14 @@ def test_from_model_is_refused(fitted, split):
     result = SimulationResult(fitted.joint_state_, [], {})
     with pytest.raises(ValueError, match="does not rebuild joint models"):
         JointFedGMMDetector.from_model(result, split.X_train)
+
+
+def test_the_docs_example_runs(capsys):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "joint.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the short fit's ConvergenceWarning
+        exec(compile(block, "docs/joint.md", "exec"), {})
+    predicted, scores = capsys.readouterr().out.strip().split("\n", 1)
+    assert set(predicted.strip("[]").split()) <= {"0", "1"}
+    assert len(scores.strip("[]").split()) == 5
