@@ -18,6 +18,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
+from fednovelty.detectors._labels import encode_labels, label_codes
 from fednovelty.detectors._validation import (
     check_groups,
     check_X,
@@ -220,7 +221,7 @@ class JointFedGMMDetector(EMDetector):
         self._validate_params()
         callbacks = check_callbacks(callbacks)
         array = check_X(X)
-        classes, codes = _encode_labels(y, array.shape[0])
+        classes, codes = encode_labels(y, array.shape[0])
         client_ids, group_codes = check_groups(groups, array.shape[0])
         self.classes_ = classes
         self.n_features_in_ = array.shape[1]
@@ -302,22 +303,6 @@ class JointFedGMMDetector(EMDetector):
     def _personal_weights(self) -> np.ndarray:
         return self.client_joint_weights_
 
-    def _check_labels(self, y, n_rows: int, device) -> torch.Tensor:
-        """Labels of rows to score as codes into ``classes_`` (n_rows,) on ``device``."""
-        y_array = np.asarray(y)
-        if y_array.ndim != 1 or len(y_array) != n_rows:
-            raise ValueError(
-                f"y has {len(y_array) if y_array.ndim == 1 else y_array.shape} labels but X has "
-                f"{n_rows} rows; give one label per row."
-            )
-        unknown = ~np.isin(y_array, self.classes_)
-        if unknown.any():
-            raise ValueError(
-                f"y has label(s) {np.unique(y_array[unknown])[:5].tolist()} not seen in fit; "
-                f"known classes: {self.classes_.tolist()}."
-            )
-        return torch.as_tensor(np.searchsorted(self.classes_, y_array), device=device)
-
     def _local_learners(self, client):
         """Local (``aggregate_learners=False``): the client's own learners, or an error."""
         if self.aggregate_learners:
@@ -331,7 +316,7 @@ class JointFedGMMDetector(EMDetector):
 
     def _joint_scores(self, X, y=None, client=None) -> dict[str, torch.Tensor]:
         Xt = self._check_score_input(X)
-        codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
+        codes = None if y is None else label_codes(y, self.classes_, Xt.shape[0], Xt.device)
         with torch.no_grad():
             return joint_log_scores(
                 self.joint_state_,
@@ -422,7 +407,7 @@ class JointFedGMMDetector(EMDetector):
                 "a Local model (aggregate_learners=False) has no shared learner to adapt "
                 "with labels; call adapt(X) for the Gaussian weights only."
             )
-        codes = None if y is None else self._check_labels(y, Xt.shape[0], Xt.device)
+        codes = None if y is None else label_codes(y, self.classes_, Xt.shape[0], Xt.device)
         with torch.no_grad():
             result = adapt_joint_weights(
                 self.joint_state_,
@@ -496,31 +481,3 @@ class JointFedGMMDetector(EMDetector):
             self.client_learners_ = [
                 learners(f"client_learner.{c}.") for c in range(self.n_clients_)
             ]
-
-
-def _encode_labels(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(classes, codes)`` of fit's labels: the sorted distinct values (n_classes,) and
-    each row's index into them (n_rows,) int64.
-
-    Raises:
-        ValueError: ``y`` is missing, not 1-D, not one label per row, holds NaN/inf or a
-            single class.
-    """
-    if y is None:
-        raise ValueError(
-            "JointFedGMMDetector.fit needs y, one label per row: fit(X, y, groups). For a "
-            "model of X alone use FedGMMDetector."
-        )
-    y_array = np.asarray(y)
-    if y_array.ndim != 1:
-        raise ValueError(f"y must be 1-D (one label per row), got shape {y_array.shape}.")
-    if y_array.dtype.kind == "f" and not np.isfinite(y_array).all():
-        raise ValueError("y contains NaN or inf; every row needs a label.")
-    if len(y_array) != n_rows:
-        raise ValueError(
-            f"y has {len(y_array)} labels but X has {n_rows} rows; give one label per row."
-        )
-    classes, codes = np.unique(y_array, return_inverse=True)
-    if len(classes) < 2:
-        raise ValueError("y has a single class; the joint model needs at least 2 classes.")
-    return classes, codes.astype(np.int64)
