@@ -102,7 +102,8 @@ def test_same_seed_same_model_and_mlp_learners_run():
 
 
 def test_paper_synthetic_ordering_fedgmm_over_fedem_over_fedavg():
-    """Reduced Table 2 setting (10 clients, 15 rounds): measured 0.77 / 0.68 / 0.56 accuracy."""
+    """Reduced Table 2 setting (10 clients, 15 rounds): FedGMM's test accuracy above FedEM's
+    above FedAvg's."""
     from fednovelty.datasets import make_fedgmm_synthetic
 
     split = make_fedgmm_synthetic(10, random_state=0)
@@ -219,3 +220,57 @@ def test_adam_learners_train_and_bad_optimizer_is_named():
     assert acc_adam > 0.83 and acc_adam > accuracy(run_simulation(sgd, clients).state, sgd, X, y)
     with pytest.raises(ValueError, match="optimizer must be one of"):
         JointFedGMM(2, 2, 2, optimizer="lbfgs")
+
+
+# ---------------------------------------------------------------- composition
+def test_learner_averaging_weights_each_learner_by_its_gammas():
+    from fednovelty.federated import Message
+    from fednovelty.federated.aggregate import average_learners
+
+    broadcast = [
+        {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)},
+        {"w": torch.full((2, 3), 7.0, dtype=torch.float64), "b": torch.ones(2)},
+    ]
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(like):
+        return torch.randn(like.shape, generator=gen, dtype=torch.float64)
+
+    trained = [[{k: draw(v) for k, v in learner.items()} for learner in broadcast] for _ in "abc"]
+    replies = [
+        Message(
+            "joint_em", {f"learner.{m2}.{k}": v for m2, lr in enumerate(t) for k, v in lr.items()}
+        )
+        for t in trained
+    ]
+    gammas = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    averaged = average_learners(broadcast, replies, gammas)
+    for name in ("w", "b"):
+        expected = (1.0 * trained[0][0][name] + 3.0 * trained[1][0][name]) / 4.0
+        torch.testing.assert_close(averaged[0][name], expected, rtol=1e-12, atol=0)
+        assert averaged[0][name].dtype == broadcast[0][name].dtype
+        assert torch.equal(averaged[1][name], broadcast[1][name])  # no client used learner 1
+    assert float(broadcast[0]["w"].abs().sum()) == 0.0  # the broadcast learners are unchanged
+
+
+def test_standardised_joint_model_is_in_the_users_units():
+    """``standardize`` composes with the joint model: rescaling the Gaussians' features by
+    powers of two (exact in floating point) rescales the fitted means and nothing else;
+    the learners, which see ``Z``, come out the same."""
+    clients = opposite_labels(n_clients=4)
+    unit = torch.tensor([8.0, 1 / 64], dtype=torch.float64)
+    settings = {"standardize": True, "prior_strength": 4.0, "max_iter": 4, "random_state": 0}
+    a = run_simulation(JointFedGMM(2, 2, 2, **settings), [(x, y, x) for x, y in clients]).state
+    scaled = [(x * unit, y, x) for x, y in clients]
+    b = run_simulation(JointFedGMM(2, 2, 2, n_learner_features=2, **settings), scaled).state
+    assert a.scale is not None and a.prior is not None
+    torch.testing.assert_close(b.params.means, a.params.means * unit, rtol=1e-9, atol=0)
+    torch.testing.assert_close(b.params.weights, a.params.weights, rtol=1e-9, atol=0)
+    for la, lb in zip(a.learners, b.learners, strict=True):
+        for name in la:
+            torch.testing.assert_close(lb[name], la[name], rtol=1e-9, atol=1e-12)
+    shift = float(unit.log().sum())  # log p(x * unit) = log p(x) - sum log unit
+    np.testing.assert_allclose(b.lower_bounds, np.array(a.lower_bounds) - shift, rtol=1e-9)
+    X = pooled(clients)[0]
+    assert 2.0 < float(a.params.means[:, 0].abs().max()) < 4.0  # rows' units, not z-scores
+    assert float(a.params.means.abs().max()) < float(X.abs().max())

@@ -57,6 +57,7 @@ def test_the_pca_step_gives_what_pca_then_em_give(settings) -> None:
     assert_close_scaled(state.lower_bounds, old.lower_bounds, rtol=1e-10)
     assert (state.n_iter, state.converged) == (old.n_iter, old.converged)
     assert state.rounds == old.rounds  # the round seeds' counter leaves the PCA rounds out
+    assert all(not r.dropped for r in one.history)  # replies checked in the projection's width
     kinds = [r.kind for r in one.history]
     assert kinds == ["moments_mean", "moments_scatter"] + [r.kind for r in em.history]
     # the projection goes down once: with the first round after the PCA rounds

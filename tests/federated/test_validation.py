@@ -205,7 +205,6 @@ def test_means_outside_the_declared_moments_are_dropped() -> None:
 
 
 def test_a_forged_reply_drops_its_client_not_the_run() -> None:
-    # before: one non-PSD second moment raised SingularCovarianceError and ended the fit
     def forge(reply: Message, message: Message) -> Message:
         if message.kind != "em":
             return reply
@@ -241,3 +240,17 @@ def test_a_200000_component_local_fit_is_dropped_in_a_run() -> None:
     assert result.history[0].replied == (0, 1, 3, 4)
     assert "200000 components; the round allows 5" in result.history[0].dropped[0][1]
     assert sorted(result.state.client_models) == [0, 1, 3, 4]
+
+
+def test_the_server_checks_replies_against_what_it_expects_not_what_it_sent() -> None:
+    """The covariance type of returned statistics is the server's own setting
+    (``Message.expect``, never sent): a decoded copy of the broadcast cannot vouch for it."""
+    broadcast, reply = em_broadcast_and_reply("diag")
+    assert "covariance_type" not in broadcast.scalars
+    assert broadcast.expect == {"covariance_type": "diag"}
+    assert broadcast.nbytes() == Message(broadcast.kind, broadcast.tensors).nbytes()
+    with pytest.raises(ValueError, match=r"must state expect\['covariance_type'\]"):
+        check_reply(reply, Message(broadcast.kind, broadcast.tensors), D)
+    as_full = Message(broadcast.kind, broadcast.tensors, expect={"covariance_type": "full"})
+    with pytest.raises(InvalidReplyError, match="'second' has shape"):
+        check_reply(reply, as_full, D)

@@ -1,0 +1,206 @@
+"""Settings travel once: each algorithm's settings are one frozen dataclass, validated once
+with errors that name the argument, written to JSON and read back as the same dataclass;
+the registry builds any algorithm from its name and that JSON; messages carry no setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fednovelty.federated import (
+    ALGORITHMS,
+    ClientContext,
+    EMConfig,
+    FederatedEM,
+    FederatedPCA,
+    FedGenConfig,
+    FedGenGMM,
+    JointConfig,
+    JointFedGMM,
+    LocalGMMs,
+    PCAConfig,
+    PrivacyPolicy,
+    algorithm_name,
+    algorithm_settings,
+    build_algorithm,
+)
+from fednovelty.federated.config import mlp_learner
+
+#: one algorithm of each registered name, with settings away from their defaults.
+EXAMPLES = {
+    "FederatedEM": lambda: FederatedEM(
+        3,
+        covariance_type="diag",
+        mixture_weights="personal",
+        standardize=True,
+        prior_strength=4.0,
+        means_init=np.arange(6.0).reshape(3, 2),
+        pca_components=2,
+        dtype=torch.float32,
+        chunk_size=64,
+    ),
+    "JointFedGMM": lambda: JointFedGMM(
+        2, 3, 4, learner_factory=mlp_learner, optimizer="adam", mu_prox=0.1, max_iter=7
+    ),
+    "FedGenGMM": lambda: FedGenGMM(k_range=(2, 4), copula=True, aggregation="median"),
+    "LocalGMMs": lambda: LocalGMMs(client_components=2, min_client_samples=9),
+    "FederatedPCA": lambda: FederatedPCA(2, dtype=torch.float32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_settings_round_trip_through_json_to_the_same_dataclass(name) -> None:
+    algorithm = EXAMPLES[name]()
+    assert algorithm_name(algorithm) == name
+    settings = algorithm_settings(algorithm)
+    text = json.dumps(settings)  # JSON values only
+    rebuilt = build_algorithm(name, json.loads(text))
+    assert type(rebuilt) is type(algorithm)
+    assert rebuilt.config == algorithm.config
+    assert algorithm_settings(rebuilt) == settings
+    assert rebuilt.max_rounds == algorithm.max_rounds
+
+
+def test_json_forms_of_dtypes_tuples_tensors_and_learners() -> None:
+    em = algorithm_settings(EXAMPLES["FederatedEM"]())
+    assert em["dtype"] == "float32" and em["device"] == "cpu"
+    assert em["means_init"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert algorithm_settings(EXAMPLES["FedGenGMM"]())["k_range"] == [2, 4]
+    assert algorithm_settings(EXAMPLES["JointFedGMM"]())["learner"] == "mlp"
+    config = EMConfig.from_json({"n_components": 2, "means_init": [[0, 1], [2, 3]]})
+    assert config.means_init.dtype == torch.float64 and config.means_init.shape == (2, 2)
+    custom = JointFedGMM(2, 1, 2, learner_factory=lambda d, k: torch.nn.Linear(d, k))
+    with pytest.raises(ValueError, match="custom learner factory"):
+        algorithm_settings(custom)
+
+
+def test_settings_read_as_attributes_and_are_frozen() -> None:
+    algorithm = FederatedEM(3, tol=1e-4, covariance_type="tied")
+    assert isinstance(algorithm.config, EMConfig)
+    assert (algorithm.tol, algorithm.covariance_type, algorithm.n_components) == (1e-4, "tied", 3)
+    with pytest.raises(AttributeError, match="settings are frozen"):
+        algorithm.tol = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        algorithm.config.tol = 1.0
+    changed = FederatedEM.from_config(dataclasses.replace(algorithm.config, tol=1e-2))
+    assert changed.tol == 1e-2 and algorithm.tol == 1e-4
+    with pytest.raises(TypeError, match="takes a EMConfig config"):
+        FederatedEM.from_config(FedGenConfig())
+    with pytest.raises(AttributeError, match="no attribute 'n_comps'"):
+        _ = algorithm.n_comps
+
+
+def test_local_gmms_is_a_configuration_of_fedgengmm() -> None:
+    local = LocalGMMs(k_range=(1, 3), min_client_samples=4)
+    assert isinstance(local, FedGenGMM) and isinstance(local.config, FedGenConfig)
+    assert local.candidates() == [1, 2, 3] and local.rows_needed() == 4
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: EMConfig(n_components=0), "n_components must be >= 1"),
+        (lambda: EMConfig(n_components=2, covariance_type="round"), "covariance_type"),
+        (lambda: EMConfig(n_components=2, mixture_weights="mine"), "mixture_weights"),
+        (lambda: EMConfig(n_components=2, init_params="random"), "init_params"),
+        (lambda: EMConfig(n_components=2, reg_covar=-1.0), "reg_covar must be >= 0"),
+        (lambda: EMConfig(n_components=2, tol=-1.0), "tol must be >= 0"),
+        (lambda: EMConfig(n_components=2, max_iter=0), "max_iter must be >= 1"),
+        (lambda: EMConfig(n_components=2, kmeans_rounds=0), "kmeans_rounds must be >= 1"),
+        (lambda: EMConfig(n_components=2, pca_components=0), "pca_components must be >= 1 or"),
+        (lambda: EMConfig(n_components=2, chunk_size=0), "chunk_size must be >= 1 or None"),
+        (lambda: EMConfig(n_components=2, dtype=torch.int64), "'dtype'"),
+        (lambda: EMConfig(n_components=2, dtype="float8"), "'dtype'"),
+        (lambda: EMConfig(n_components=2, aggregation="median"), "aggregation"),
+        (lambda: EMConfig(n_components=2, trim=0.5), "trim"),
+        (lambda: EMConfig(n_components=2, client_weight_cap=0.5), "client_weight_cap"),
+        (lambda: EMConfig(n_components=2, prior_strength=0.0), "prior_strength"),
+        (lambda: EMConfig(n_components=2, prior_scale=0.0), "prior_scale"),
+        (lambda: JointConfig(n_components=2, n_learners=1, n_classes=1), "n_classes >= 2"),
+        (lambda: JointConfig(n_components=2, n_learners=0, n_classes=2), "n_learners >= 1"),
+        (
+            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, optimizer="lbfgs"),
+            "optimizer",
+        ),
+        (
+            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, learner_factory="cnn"),
+            "'learner'",
+        ),
+        (
+            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, batch_size=0),
+            "batch_size",
+        ),
+        (lambda: FedGenConfig(k_range=(3, 2)), "k_range"),
+        (lambda: FedGenConfig(n_components=0), "n_components must be >= 1 or None"),
+        (lambda: FedGenConfig(max_iter=0), "max_iter"),
+        (lambda: PCAConfig(n_components=0), "n_components must be >= 1"),
+        (
+            lambda: EMConfig.from_json({"n_components": 2, "n_comps": 3}),
+            r"unknown setting\(s\) \['n_comps'\]",
+        ),
+    ],
+)
+def test_bad_settings_are_named(build, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_the_registry_names_what_it_cannot_build() -> None:
+    assert set(ALGORITHMS) == {
+        "FederatedEM",
+        "JointFedGMM",
+        "FedGenGMM",
+        "LocalGMMs",
+        "FederatedPCA",
+    }
+    with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
+        build_algorithm("KMeans", {})
+    with pytest.raises(ValueError, match="settings do not fit FedGenGMM: unknown setting"):
+        build_algorithm("FedGenGMM", {"n_comps": 3})
+    with pytest.raises(ValueError, match="settings do not fit FederatedEM"):
+        build_algorithm("FederatedEM", {})  # n_components is required
+
+
+def clients(n_clients: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(40, 4, generator=gen, dtype=torch.float64) + 3 * c for c in range(n_clients)
+    ]
+
+
+def broadcasts(algorithm, data) -> list:
+    """Every message of a full in-process run of ``algorithm`` on ``data``."""
+    contexts = {c: ClientContext(c, policy=PrivacyPolicy(allow_raw_rows=True)) for c in data}
+    state, messages = algorithm.start(), []
+    while not algorithm.finished(state):
+        message = algorithm.configure(state)
+        messages.append(message)
+        replies = {c: algorithm.client_step(x, message, contexts[c]) for c, x in data.items()}
+        state, _ = algorithm.server_step(state, replies)
+    return messages
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FederatedEM(2, standardize=True, prior_strength=3.0, pca_components=3, max_iter=4),
+        lambda: FederatedEM(2, init_params="subset", mixture_weights="personal", max_iter=3),
+        lambda: FederatedEM(2, init_params="separated", covariance_type="spherical", max_iter=3),
+        lambda: JointFedGMM(2, 2, 2, standardize=True, max_iter=3),
+        lambda: FedGenGMM(k_range=(1, 3), standardize=True, prior_strength=2.0),
+    ],
+)
+def test_messages_carry_only_what_changes_per_round(make) -> None:
+    """Parameters, statistics and seeds only: no covariance type, candidate K, tolerance,
+    prior or other setting in any broadcast's scalars."""
+    algorithm = make()
+    data = dict(enumerate(clients()))
+    if algorithm.labelled:
+        data = {c: (x, (x[:, 0] > 3 * c).long()) for c, x in data.items()}
+    for message in broadcasts(algorithm, data):
+        assert set(message.scalars) <= {"seed", "fraction"}, (message.kind, message.scalars)
