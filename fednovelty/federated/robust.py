@@ -71,7 +71,15 @@ def weight_factors(sizes: Mapping[int, float], cap: float | None) -> dict[int, f
 
 
 #: reply tensors that are sums over rows (scaled by a weight cap); means are not.
-EXTENSIVE: tuple[str, ...] = ("counts", "sums", "second", "log_likelihood", "n_samples", "m2")
+EXTENSIVE: tuple[str, ...] = (
+    "counts",
+    "sums",
+    "second",
+    "log_likelihood",
+    "n_samples",
+    "m2",
+    "joint_counts",
+)
 
 
 def cap_replies(replies: Mapping[int, Message], cap: float | None) -> dict[int, Message]:

@@ -158,6 +158,9 @@ def test_weight_factors_cap_at_multiples_of_the_median() -> None:
     capped = cap_replies({0: small, 1: small, 2: reply}, 2.0)
     assert float(capped[2].tensors["n_samples"]) == pytest.approx(200.0, rel=1e-12)
     assert capped[0] is small
+    joint = Message("joint_em", {**reply.tensors, "joint_counts": torch.tensor([[6e11, 4e11]])})
+    capped = cap_replies({0: small, 1: small, 2: joint}, 2.0)  # the joint model's counts too
+    torch.testing.assert_close(capped[2].tensors["joint_counts"], torch.tensor([[120.0, 80.0]]))
 
 
 def test_trimmed_mean_drops_both_ends() -> None:
