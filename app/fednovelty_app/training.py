@@ -29,7 +29,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import importlib
 import json
 import queue
 import tempfile
@@ -279,12 +278,7 @@ def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
     Raises:
         ValueError: an unknown method name.
     """
-    name = registry_name(method, joint=joint)
-    if joint and not hasattr(
-        importlib.import_module("fednovelty.detectors"), "JointFedGMMDetector"
-    ):
-        name = "FedGMM"  # TRANSITIONAL: the joint estimator is not there yet
-    entry = get_method(name)
+    entry = get_method(registry_name(method, joint=joint))
     shared = entry.shared_params(
         n_components=method.n_components,
         client_components=method.client_components,
@@ -336,16 +330,6 @@ class Progress:
         return f"round {self.round}{total}{detail}, {self.seconds:.1f} s"
 
 
-def _joint_class():
-    import fednovelty.detectors
-
-    return getattr(fednovelty.detectors, "JointFedGMMDetector", FedGMMDetectorPlaceholder)
-
-
-class FedGMMDetectorPlaceholder:  # TRANSITIONAL
-    pass
-
-
 def max_rounds(detector) -> int | None:
     """Most rounds ``detector.fit`` can run (the progress bar's total); None if unknown.
 
@@ -353,9 +337,14 @@ def max_rounds(detector) -> int | None:
     ``max_iter``), plus federated PCA's rounds with ``pca_components``; FedGenGMM and Local:
     one round.
     """
-    from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+    from fednovelty.detectors import (
+        FedGenGMMDetector,
+        FedGMMDetector,
+        JointFedGMMDetector,
+        LocalGMMDetector,
+    )
 
-    if isinstance(detector, FedGMMDetector | _joint_class()):
+    if isinstance(detector, FedGMMDetector | JointFedGMMDetector):
         from fednovelty.federated import FederatedEM
         from fednovelty.federated.pca import FederatedPCA
 
@@ -455,7 +444,9 @@ class TrainedRun:
     @property
     def joint(self) -> bool:
         """Whether the detector is FedGMM's joint model (log p(y|x) available)."""
-        return hasattr(self.detector, "joint_state_")  # TRANSITIONAL until JointFedGMMDetector
+        from fednovelty.detectors import JointFedGMMDetector
+
+        return isinstance(self.detector, JointFedGMMDetector)
 
     @property
     def fednovelty(self) -> bool:

@@ -25,14 +25,9 @@ from fednovelty_app.training import (
     uploaded_run,
 )
 
-import fednovelty.detectors
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty.detectors import JointFedGMMDetector
 from fednovelty.methods import get_method, method_names
-
-# TRANSITIONAL: until helper C's JointFedGMMDetector lands
-needs_joint = pytest.mark.skipif(
-    not hasattr(fednovelty.detectors, "JointFedGMMDetector"), reason="no JointFedGMMDetector yet"
-)
 
 
 def test_run_key_is_stable_and_tells_settings_apart():
@@ -87,10 +82,7 @@ def test_every_method_builds_a_detector(method):
         build_detector(MethodSettings(method="nope"), seed=0)
 
 
-@needs_joint
 def test_dem_initialisation_and_the_joint_model_are_registry_methods():
-    from fednovelty.detectors import JointFedGMMDetector
-
     subset = build_detector(MethodSettings(method="DEM", init_params="subset"), seed=0)
     assert (subset.mixture_weights, subset.init_params) == ("global", "subset")
     settings = MethodSettings(n_components=2, max_iter=9, n_learners=4, local_epochs=2)
@@ -165,10 +157,7 @@ def test_fit_errors_reach_the_caller():
         fit_with_progress(fail)
 
 
-@needs_joint
 def test_train_fits_the_joint_model_on_labelled_data(joint_run):
-    from fednovelty.detectors import JointFedGMMDetector
-
     assert joint_run.joint and joint_run.fednovelty and joint_run.fit_seconds > 0
     assert joint_run.detector.n_clients_ == 4
     assert joint_run.label.startswith("FedGMM (joint) on synthetic")
