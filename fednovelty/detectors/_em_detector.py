@@ -7,10 +7,11 @@ weights per client, adapt the weights of a client unseen in fit (:class:`Adapted
 and save the same mixture state. A subclass builds its federated algorithm and reads its
 final state (``_fit_em``), and adds its own scores and saved tensors.
 
-The rounds of one fit are numbered ``1..n_rounds_`` in one sequence: federated PCA's
-two rounds first (``pca_components`` set), then the EM algorithm's, which run as two
-simulations; ``history_`` and the byte totals are built from both results
-(:meth:`EMDetector._record_rounds`).
+One fit is one simulation of the algorithm, with federated PCA as its first step when
+``pca_components`` is set (``state.projection``); its rounds are numbered ``1..n_rounds_``.
+PCA's two rounds need the same clients, so when rounds sample clients (``fraction < 1`` or
+``dropout > 0``) PCA runs on every client in a simulation of its own first
+(:meth:`EMDetector._fit_after_pca`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class EMDetector(MixtureDetector):
         self._fit_rounds(clients, seed)
 
     def _fit_rounds(self, clients: list[torch.Tensor], seed: int, labels=None) -> None:
-        """Federated PCA (``pca_components``), then ``_fit_em``; records every round.
+        """Run the fit's federation and set the fitted attributes.
 
         Args:
             clients: each client's rows (n_c, n_features), in ``client_ids_`` order.
@@ -100,60 +101,59 @@ class EMDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
-        results = []
-        pca = self._fit_pca(clients, seed)
-        if pca is not None:
-            results.append(pca)
-        views = [self._gmm_input(c) for c in clients]
-        if labels is None:
-            data = views
-        else:
-            codes = [torch.as_tensor(p, device=views[0].device) for p in labels]
-            data = list(zip(views, codes, clients, strict=True))
-        offset = sum(len(r.history) for r in results)
-        results.append(self._fit_em(data, seed, offset))
-        self._record_rounds(results)
-
-    def _fit_em(self, data: list, seed: int, round_offset: int):
-        """Run the subclass's EM algorithm on ``data`` (one entry per client: its Gaussian
-        view (n_c, d), or the ``(view, label codes, rows)`` triple of a joint fit), set the
-        fitted attributes and return the ``SimulationResult``."""
-        raise NotImplementedError
-
-    def _fit_pca(self, clients: list[torch.Tensor], seed: int):
-        """Federated PCA of the rows (``pca_components``): sets ``pca_`` and returns the
-        PCA run's ``SimulationResult``, or None (and no ``pca_``) without it."""
-        if self.pca_components is None:
-            if hasattr(self, "pca_"):
-                del self.pca_
-            return None
         n_features = clients[0].shape[1]
-        if self.pca_components > n_features:
+        if self.pca_components is not None and self.pca_components > n_features:
             raise ValueError(
                 f"pca_components={self.pca_components} must be <= n_features={n_features}."
             )
-        options = self._torch_options()
-        result = self._simulate(
-            FederatedPCA(self.pca_components, **options), clients, seed, full=True
+        codes = None
+        if labels is not None:
+            codes = [torch.as_tensor(p, device=clients[0].device) for p in labels]
+        if self.pca_components is not None and (self.fraction < 1 or self.dropout > 0):
+            self._fit_after_pca(clients, seed, codes)
+            return
+        data = clients if codes is None else list(zip(clients, codes, strict=True))
+        result = self._fit_em(data, seed, pca_components=self.pca_components)
+        self._set_projection(result.state.projection)
+
+    def _fit_after_pca(self, clients: list[torch.Tensor], seed: int, codes) -> None:
+        """The fit with ``pca_components`` when rounds sample clients (``fraction < 1`` or
+        ``dropout > 0``): federated PCA's two rounds need the same clients, so they run on
+        every client in a simulation of their own, then the EM algorithm runs on the
+        projected rows with the client sampling. ``history_`` and the byte totals are built
+        from both runs, rounds numbered on across them."""
+        pca = self._simulate(
+            FederatedPCA(self.pca_components, **self._torch_options()), clients, seed, full=True
         )
-        self.pca_ = result.state.projection
-        return result
+        self._set_projection(pca.state.projection)
+        views = [self.pca_.transform(c) for c in clients]
+        data = views if codes is None else list(zip(views, codes, clients, strict=True))
+        em = self._fit_em(data, seed, pca_components=None, round_offset=len(pca.history))
+        offset = len(pca.history)
+        self.history_ = [r.as_dict() for r in pca.history] + [
+            {**r.as_dict(), "round": r.round + offset} for r in em.history
+        ]
+        self.n_rounds_ = offset + len(em.history)
+        self.bytes_up_ = pca.bytes_up + em.bytes_up
+        self.bytes_down_ = pca.bytes_down + em.bytes_down
 
-    def _record_rounds(self, results: list) -> None:
-        """``history_``, ``n_rounds_``, ``bytes_up_`` and ``bytes_down_`` of a fit that ran
-        the simulations ``results`` one after the other (rounds numbered on across them)."""
-        history, offset = [], 0
-        for result in results:
-            history += [{**r.as_dict(), "round": r.round + offset} for r in result.history]
-            offset += len(result.history)
-        self.history_ = history
-        self.n_rounds_ = offset
-        self.bytes_up_ = sum(r.bytes_up for r in results)
-        self.bytes_down_ = sum(r.bytes_down for r in results)
+    def _fit_em(self, data: list, seed: int, *, pca_components, round_offset: int = 0):
+        """Run the subclass's EM algorithm (with the ``pca_components`` step when given) on
+        ``data``, one entry per client: its rows, or ``(rows, label codes)`` /
+        ``(Gaussian view, label codes, rows)`` for the joint model. Sets the fitted
+        attributes and returns the ``SimulationResult``."""
+        raise NotImplementedError
 
-    def _em_options(self, seed: int) -> dict:
+    def _set_projection(self, projection: PCAProjection | None) -> None:
+        if projection is not None:
+            self.pca_ = projection
+        elif hasattr(self, "pca_"):
+            del self.pca_
+
+    def _em_options(self, seed: int, pca_components: int | None) -> dict:
         """Arguments of the federated EM algorithms that both estimators set alike."""
         return {
+            "pca_components": pca_components,
             "covariance_type": self.covariance_type,
             "init_params": self.init_params,
             "reg_covar": self.reg_covar,

@@ -232,7 +232,8 @@ class FedGMMDetector(EMDetector):
         self.dtype = dtype
         self.progress = progress
 
-    def _fit_em(self, data, seed, round_offset):
+    def _fit_em(self, data, seed, *, pca_components, round_offset=0):
+        width = pca_components or data[0].shape[1]  # of the rows the Gaussians see
         algorithm = FederatedEM(
             self.n_components,
             mixture_weights=self.mixture_weights,
@@ -242,8 +243,8 @@ class FedGMMDetector(EMDetector):
             aggregation=self.aggregation,
             trim=self.trim,
             client_weight_cap=self.client_weight_cap,
-            **self._robust_options(data[0].shape[1]),
-            **self._em_options(seed),
+            **self._robust_options(width),
+            **self._em_options(seed, pca_components),
         )
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()

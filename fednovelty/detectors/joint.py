@@ -43,6 +43,7 @@ from fednovelty.federated.joint import (
     joint_log_scores,
     linear_learner,
     mlp_learner,
+    unpack_client_data,
 )
 from fednovelty.mixture import score_samples
 
@@ -244,8 +245,8 @@ class JointFedGMMDetector(EMDetector):
         self._process_decision_scores()
         return self
 
-    def _fit_em(self, data, seed, round_offset):
-        learner_width = data[0][2].shape[1]
+    def _fit_em(self, data, seed, *, pca_components, round_offset=0):
+        learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
         algorithm = JointFedGMM(
             self.n_components,
             self.n_learners,
@@ -258,7 +259,7 @@ class JointFedGMMDetector(EMDetector):
             mu_prox=self.mu_prox,
             aggregate_learners=self.aggregate_learners,
             n_learner_features=learner_width,
-            **self._em_options(seed),
+            **self._em_options(seed, pca_components),
         )
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()

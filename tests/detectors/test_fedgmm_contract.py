@@ -143,3 +143,18 @@ def test_an_old_plain_file_loads_without_the_joint_settings(old, tmp_path):
     assert again.get_params() == detector.get_params()
     with pytest.raises(ModelFormatError, match="holds a FedGMMDetector"):
         JointFedGMMDetector.load(path)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("engine", [{"fraction": 0.5}, {"dropout": 0.3}])
+def test_pca_with_sampled_clients_runs_pca_on_every_client(engine):
+    """Federated PCA's two rounds need the same clients: with sampling or dropout they ask
+    every client (a run of their own), then EM samples; rounds are numbered on."""
+    detector = FedGMMDetector(2, pca_components=2, max_iter=4, random_state=0, **engine)
+    detector.fit(X, groups=GROUPS)
+    kinds = [r["kind"] for r in detector.history_]
+    assert kinds[:2] == ["moments_mean", "moments_scatter"] and "em" in kinds
+    assert [r["n_replied"] for r in detector.history_[:2]] == [4, 4]
+    assert [r["round"] for r in detector.history_] == list(range(1, detector.n_rounds_ + 1))
+    assert detector.bytes_up_ == sum(r["bytes_up"] for r in detector.history_)
+    assert detector.pca_.components.shape == (2, 3)

@@ -241,29 +241,37 @@ def test_pca_features_for_the_gaussians(split):
 
 
 # ------------------------------------------------------------------ the algorithm layer
-def _algorithm_run(split, seed, *, pca_components=None, **learning):
+def _algorithm_runs(split, seed, *, pca_components=None, fraction=1.0):
     """The federation ``JointFedGMMDetector(3, n_learners=2, max_iter=4, tol=0,
-    random_state=0, pca_components=...)`` runs, built from the algorithm layer:
-    ``(pca SimulationResult or None, JointFedGMM SimulationResult)``."""
+    random_state=0, pca_components=..., fraction=...)`` runs, from the algorithm layer: one
+    ``JointFedGMM`` run (PCA as its first step), or with ``fraction < 1`` and PCA a
+    ``FederatedPCA`` run on every client, then ``JointFedGMM`` on the projected rows. Returns
+    ``(runs, JointFedGMM's result, projection)``."""
     ids = np.unique(split.groups_train)
     rows = [torch.as_tensor(split.X_train[split.groups_train == c]) for c in ids]
     labels = [torch.as_tensor(split.y_train[split.groups_train == c]) for c in ids]
-    pca = None
-    views = rows
-    if pca_components is not None:
+    options = {"device": torch.device("cpu"), "dtype": torch.float64}
+    runs, data, step = [], list(zip(rows, labels, strict=True)), pca_components
+    if pca_components is not None and fraction < 1:
         pca = run_simulation(
-            FederatedPCA(pca_components, device=torch.device("cpu"), dtype=torch.float64),
+            FederatedPCA(pca_components, **options),
             rows,
             random_state=seed,
-            privacy=PrivacyPolicy(min_rows=5),
+            privacy=PrivacyPolicy(),
         )
         views = [pca.state.projection.transform(r) for r in rows]
+        runs, data, step = [pca], list(zip(views, labels, rows, strict=True)), None
     algorithm = JointFedGMM(
         3,
         2,
         2,
         learner_factory=linear_learner,
         n_learner_features=rows[0].shape[1],
+        local_epochs=5,
+        learning_rate=0.5,
+        batch_size=32,
+        optimizer="sgd",
+        pca_components=step,
         covariance_type="full",
         init_params="kmeans",
         reg_covar=1e-6,
@@ -272,28 +280,32 @@ def _algorithm_run(split, seed, *, pca_components=None, **learning):
         kmeans_rounds=10,
         subset_size=100,
         random_state=seed,
-        device=torch.device("cpu"),
-        dtype=torch.float64,
-        **learning,
+        **options,
     )
     policy = PrivacyPolicy(min_rows=5, allow_raw_rows=False, max_clusters=DEFAULT_MAX_CLUSTERS)
-    joint = run_simulation(
-        algorithm, list(zip(views, labels, rows, strict=True)), random_state=seed, privacy=policy
-    )
-    return pca, joint
+    joint = run_simulation(algorithm, data, random_state=seed, privacy=policy, fraction=fraction)
+    runs.append(joint)
+    projection = runs[0].state.projection if pca_components is not None else None
+    return runs, joint, projection
 
 
-LEARNING = {"local_epochs": 5, "learning_rate": 0.5, "batch_size": 32, "optimizer": "sgd"}
-
-
-@pytest.mark.parametrize("pca_components", [None, 4])
-def test_the_detector_runs_the_algorithm_layers_federation(split, pca_components):
-    """Same numbers as ``JointFedGMM`` (after ``FederatedPCA``) run directly: the detector
-    adds no computation of its own to the fit."""
+@pytest.mark.parametrize(("pca_components", "fraction"), [(None, 1.0), (4, 1.0), (4, 0.5)])
+def test_the_detector_runs_the_algorithm_layers_federation(split, pca_components, fraction):
+    """Same numbers as the algorithm layer run directly: the detector adds no computation of
+    its own to the fit. With PCA, one run; when rounds sample clients, PCA first on every
+    client (its two rounds need the same clients), as the detector's fit has always done."""
     detector = JointFedGMMDetector(
-        3, n_learners=2, max_iter=4, tol=0.0, random_state=0, pca_components=pca_components
+        3,
+        n_learners=2,
+        max_iter=4,
+        tol=0.0,
+        random_state=0,
+        pca_components=pca_components,
+        fraction=fraction,
     ).fit(split.X_train, split.y_train, groups=split.groups_train)
-    pca, joint = _algorithm_run(split, seed_from(0), pca_components=pca_components, **LEARNING)
+    runs, joint, projection = _algorithm_runs(
+        split, seed_from(0), pca_components=pca_components, fraction=fraction
+    )
     state = joint.state
     # the same computation in the same order: equal to the bit
     np.testing.assert_array_equal(detector.means_, state.params.means.numpy())
@@ -303,22 +315,24 @@ def test_the_detector_runs_the_algorithm_layers_federation(split, pca_components
     for mine, theirs in zip(detector.joint_state_.learners, state.learners, strict=True):
         for name, value in theirs.items():
             assert torch.equal(mine[name], value), name
+    global_pi = state.joint_counts / state.joint_counts.sum()
     np.testing.assert_array_equal(
         detector.client_joint_weights_,
-        torch.stack([state.client_joint_weights[c] for c in range(6)]).numpy(),
+        torch.stack([state.client_joint_weights.get(c, global_pi) for c in range(6)]).numpy(),
     )
     assert detector.lower_bounds_ == list(state.lower_bounds)
-    runs = [r for r in (pca, joint) if r is not None]
     records = [record for run in runs for record in run.history]
     assert detector.n_rounds_ == len(records)
     assert [r["round"] for r in detector.history_] == list(range(1, len(records) + 1))
     assert [r["kind"] for r in detector.history_] == [r.kind for r in records]
+    assert [r["n_replied"] for r in detector.history_] == [len(r.replied) for r in records]
     assert detector.bytes_up_ == sum(r.bytes_up for r in records)
     assert detector.bytes_down_ == sum(r.bytes_down for r in records)
-    if pca is not None:
-        torch.testing.assert_close(
-            detector.pca_.components, pca.state.projection.components, rtol=0, atol=0
-        )
+    if projection is None:
+        assert not hasattr(detector, "pca_")
+    else:
+        assert torch.equal(detector.pca_.components, projection.components)
+        assert [r["kind"] for r in detector.history_[:2]] == ["moments_mean", "moments_scatter"]
 
 
 # ------------------------------------------------------------------ estimator contract
