@@ -5,18 +5,12 @@
   the same settings are trained once per server process.
 - :func:`build_bundle` makes the data, :func:`build_detector` the (unfitted) detector and
   :func:`train` fits it and returns a :class:`TrainedRun`.
-- :func:`fit_with_progress` reports each communication round while a detector fits.
+- :func:`~fednovelty_app.progress.fit_with_progress` reports each communication round while a
+  detector fits (:mod:`fednovelty_app.progress`, re-exported here).
 - :func:`model_to_bytes` / :func:`model_from_bytes`: the safetensors model file (no pickle).
 
 Choices, and why:
 
-- Per-round progress through the detectors' own hook: ``fit(..., callbacks=[hook])`` calls
-  ``hook`` with each round's ``fednovelty.runtime.RoundRecord``. The fit runs in a worker
-  thread whose hook only puts the record on a queue; the page's (script) thread takes them
-  off and calls ``on_progress``, because Streamlit elements must be updated from the script
-  thread. The PyOD baselines fit in one call, so they report only ``done``.
-- One torch thread while fitting: the mixtures are small, and torch's default thread pool
-  oversubscribes a shared machine's cores.
 - Methods come from the registry (:mod:`fednovelty.methods`): the page offers its novelty
   methods, with DEM's three initialisations as one choice (``DEM``, ``init_params`` a setting)
   and FedGenGMM's copula as a setting of ``FedGenGMM`` (:func:`registry_name`). FedGMM on
@@ -30,23 +24,17 @@ Choices, and why:
 from __future__ import annotations
 
 import json
-import queue
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fednovelty_app.data import SYNTHETIC, DataBundle, adbench_bundle, synthetic_bundle
+from fednovelty_app.progress import Progress, fit_with_progress, max_rounds
 
 from fednovelty.methods import Method, get_method, method_names
-
-if TYPE_CHECKING:
-    from fednovelty.runtime import RoundRecord
 
 __all__ = [
     "CENTRALIZED",
@@ -286,138 +274,6 @@ def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
         random_state=seed,
     )
     return entry.build(**shared, **_fit_settings(method, joint))
-
-
-# ----------------------------------------------------------------------------- progress
-@dataclass(frozen=True)
-class Progress:
-    """One progress report while a detector fits.
-
-    Attributes:
-        round: rounds done in the fit (``RoundRecord.round``); total: the fit's maximum
-            rounds (None if unknown).
-        phase: the last round's message kind (e.g. ``"centroids"``, ``"em"``), if known.
-        loglik: the last round's mean log-likelihood, if it reported one.
-        seconds: since the fit started.
-        done: the fit has finished.
-    """
-
-    round: int
-    total: int | None
-    phase: str | None
-    loglik: float | None
-    seconds: float
-    done: bool = False
-
-    @property
-    def fraction(self) -> float:
-        """Share done in [0, 1] (1 when done)."""
-        if self.done:
-            return 1.0
-        if not self.total:
-            return 0.0
-        return min(self.round / self.total, 1.0)
-
-    def text(self) -> str:
-        """A one-line status, e.g. ``"round 12 / 130 (em, log-lik -3.2104), 2.1 s"``."""
-        if self.done:
-            return f"done in {self.seconds:.1f} s"
-        total = f" / {self.total}" if self.total else ""
-        extra = [self.phase] if self.phase else []
-        if self.loglik is not None:
-            extra.append(f"log-lik {self.loglik:.4f}")
-        detail = f" ({', '.join(extra)})" if extra else ""
-        return f"round {self.round}{total}{detail}, {self.seconds:.1f} s"
-
-
-def max_rounds(detector) -> int | None:
-    """Most rounds ``detector.fit`` can run (the progress bar's total); None if unknown.
-
-    FedGMM/DEM and the joint model: its EM algorithm's ``max_rounds`` (initialisation +
-    ``max_iter``), plus federated PCA's rounds with ``pca_components``; FedGenGMM and Local:
-    one round.
-    """
-    from fednovelty.detectors import (
-        FedGenGMMDetector,
-        FedGMMDetector,
-        JointFedGMMDetector,
-        LocalGMMDetector,
-    )
-
-    if isinstance(detector, FedGMMDetector | JointFedGMMDetector):
-        from fednovelty.federated import FederatedEM
-        from fednovelty.federated.pca import FederatedPCA
-
-        algorithm = FederatedEM(
-            1,
-            init_params=detector.init_params,
-            max_iter=detector.max_iter,
-            kmeans_rounds=detector.kmeans_rounds,
-        )
-        pca = FederatedPCA.max_rounds if detector.pca_components is not None else 0
-        return algorithm.max_rounds + pca
-    if isinstance(detector, FedGenGMMDetector | LocalGMMDetector):
-        return 1
-    return None
-
-
-def fit_with_progress(
-    fit: Callable[[Callable[[RoundRecord], None]], object],
-    on_progress: Callable[[Progress], None] = lambda progress: None,
-    *,
-    total: int | None = None,
-    threads: int = 1,
-):
-    """Run ``fit(hook)`` in a worker thread and report every round ``hook`` receives.
-
-    Args:
-        fit: the call that fits, given the per-round hook to pass on, e.g.
-            ``lambda hook: detector.fit(X, groups=g, callbacks=[hook])`` (a fit with no
-            rounds may ignore it); its warnings are recorded, not shown.
-        on_progress: called in the caller's thread with a :class:`Progress` per round, in
-            order, and once with ``done=True``.
-        total: the fit's maximum rounds (:func:`max_rounds`), for ``Progress.total``.
-        threads: torch threads in the worker (1: fastest for these small mixtures).
-
-    Returns:
-        ``(fit's return value, list of warning messages)``.
-
-    Raises:
-        whatever ``fit`` (or ``on_progress``) raises.
-    """
-    records: queue.Queue = queue.Queue()
-    finished = object()
-    caught: list[str] = []
-
-    def work():
-        from fednovelty.runtime.threads import torch_threads
-
-        try:
-            with torch_threads(threads), warnings.catch_warnings(record=True) as found:
-                warnings.simplefilter("always")
-                result = fit(records.put)  # the worker only queues; the caller reports
-            caught.extend(dict.fromkeys(str(r.message) for r in found))
-            return result
-        finally:
-            records.put(finished)
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(1, thread_name_prefix="fednovelty-fit") as pool:
-        future = pool.submit(work)
-        while (record := records.get()) is not finished:
-            loglik = record.metrics.get("mean_log_likelihood")
-            on_progress(
-                Progress(
-                    record.round,
-                    total,
-                    record.kind,
-                    None if loglik is None else float(loglik),
-                    time.perf_counter() - started,
-                )
-            )
-        result = future.result()
-    on_progress(Progress(0, total, None, None, time.perf_counter() - started, done=True))
-    return result, caught
 
 
 # ----------------------------------------------------------------------------- runs
