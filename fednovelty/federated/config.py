@@ -291,8 +291,10 @@ class EMConfig(MixtureSettings):
             self._set(name, None if value is None else int(value))
         for name in ("weights_init", "means_init", "precisions_init"):
             value = getattr(self, name)
-            if value is not None:
-                value = torch.as_tensor(np.asarray(value), dtype=self.dtype, device=self.device)
+            if isinstance(value, Tensor):
+                value = value.detach().to(dtype=self.dtype, device=self.device, copy=True)
+            elif value is not None:
+                value = torch.tensor(np.asarray(value), dtype=self.dtype, device=self.device)
             self._set(name, value)
 
     @property
