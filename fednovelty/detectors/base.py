@@ -291,7 +291,10 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
         ``client_weights_`` in ``client_ids_`` order). Subclasses with other models override."""
         state = result.state
         if getattr(state, "learners", None):
-            raise ValueError("from_model does not rebuild joint models (fitted with y) yet.")
+            raise ValueError(
+                "from_model does not rebuild joint models (JointFedGMM runs) yet; fit "
+                "JointFedGMMDetector in the simulation instead."
+            )
         if state.params.n_features != self.n_features_in_:
             raise ValueError(
                 f"X has {self.n_features_in_} features but the model was trained on "

@@ -47,6 +47,12 @@ def test_capped_weight_and_bad_options_are_named() -> None:
         FedGMMDetector(2, aggregation="median").fit(X, groups=groups)
     with pytest.raises(ValueError, match="client_weight_cap"):
         FedGenGMMDetector(client_weight_cap=0.5).fit(X, groups=groups)
+
+
+def test_robust_options_ignore_labels() -> None:
+    X, groups, far = lone_far_client()
     labels = (X[:, 0] > 5).astype(int)
-    with pytest.raises(ValueError, match="apply to the unsupervised model"):
-        FedGMMDetector(2, aggregation="trimmed").fit(X, labels, groups=groups)
+    # FedGMMDetector ignores y (PyOD's contract): the same fit with or without it
+    with_y = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, labels, groups=groups)
+    without = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, groups=groups)
+    np.testing.assert_allclose(with_y.score_samples(far), without.score_samples(far), rtol=1e-12)

@@ -274,3 +274,24 @@ def test_standardised_joint_model_is_in_the_users_units():
     X = pooled(clients)[0]
     assert 2.0 < float(a.params.means[:, 0].abs().max()) < 4.0  # rows' units, not z-scores
     assert float(a.params.means.abs().max()) < float(X.abs().max())
+
+
+def test_robust_aggregation_bounds_a_lone_clients_gaussian() -> None:
+    """Trimming and a client weight cap act on the joint model's Gaussian statistics and
+    joint counts as they do in federated EM: a tenth client holding a far cluster alone."""
+    rng = np.random.default_rng(0)
+    parts = [
+        (torch.tensor(rng.normal(0, 1, (100, 3))), torch.tensor(rng.integers(0, 2, 100)))
+        for _ in range(9)
+    ]
+    parts.append(
+        (torch.tensor(rng.normal(15, 0.5, (300, 3))), torch.tensor(rng.integers(0, 2, 300)))
+    )
+
+    def weights(**options):
+        algorithm = JointFedGMM(2, 1, 2, max_iter=10, random_state=0, **options)
+        return np.sort(run_simulation(algorithm, parts).state.params.weights.numpy())
+
+    assert weights()[0] == pytest.approx(0.25, abs=1e-6)  # 300 of 1,200 rows
+    assert weights(aggregation="trimmed", trim=0.1)[0] < 1e-6
+    assert weights(client_weight_cap=1.0)[0] == pytest.approx(0.1, abs=1e-6)  # 100 of 1,000

@@ -316,6 +316,7 @@ ENGINE_CASES = [
         1.0,
     ),
     ("FederatedEM", {"n_components": 2, "max_iter": 3}, 0.5),  # sampling: registration first
+    ("FederatedEM", {"n_components": 2, "max_iter": 3, "pca_components": 2}, 1.0),
     ("FedGenGMM", {"n_components": 2, "k_range": [1, 3]}, 1.0),
     (
         "JointFedGMM",
