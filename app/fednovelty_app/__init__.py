@@ -1,10 +1,12 @@
 """Helpers of the fednovelty Streamlit dashboard (``app/``), kept out of the page scripts.
 
 - :mod:`~fednovelty_app.data`: data sources (the FedGMM paper's synthetic clients, ADBench
-  tasks from ``../shared/data``, uploaded tables) turned into one :class:`DataBundle`, and
-  the checks that turn a bad upload into a message instead of a traceback.
-- :mod:`~fednovelty_app.training`: the settings of a run, building and fitting a detector
-  with per-round progress, and model files (safetensors) in and out.
+  tasks from ``../shared/data``, uploaded tables) turned into one :class:`DataBundle`.
+- :mod:`~fednovelty_app.uploads`: reading uploaded tables and the checks that turn a bad
+  upload into a message naming the column, row or client instead of a traceback.
+- :mod:`~fednovelty_app.training`: the settings of a run from the method registry, building
+  and fitting a detector, and model files (safetensors) in and out.
+- :mod:`~fednovelty_app.progress`: per-round progress of a fit.
 - :mod:`~fednovelty_app.analysis`: the numbers each page shows (scores, curves, confusion
   counts, per-client AUROC, the joint view, unseen-client adaptation, scoring new rows).
 - :mod:`~fednovelty_app.plots`: Plotly figures built from those numbers.

@@ -263,13 +263,15 @@ def _validate(
 
 
 def _show(bar: Any, record: RoundRecord, failed_in_a_row: int) -> None:
-    """Advance the progress bar by a successful round; show the phase and log-likelihood."""
+    """Advance the progress bar by a successful round; show the phase, the log-likelihood
+    where the round has one and the failed rounds in a row where there are any."""
     bar.update(0 if record.failed else 1)
+    postfix = {"phase": record.kind}
     if "mean_log_likelihood" in record.metrics:
-        loglik = f"{record.metrics['mean_log_likelihood']:.4f}"
-        bar.set_postfix(phase=record.kind, loglik=loglik)
-    else:
-        bar.set_postfix(phase=record.kind, failed=failed_in_a_row or None)
+        postfix["loglik"] = f"{record.metrics['mean_log_likelihood']:.4f}"
+    if failed_in_a_row:
+        postfix["failed"] = failed_in_a_row
+    bar.set_postfix(postfix)
 
 
 def failed_rounds_message(records: Sequence[RoundRecord], min_clients: int) -> str:

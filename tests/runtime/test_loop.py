@@ -199,6 +199,23 @@ def test_the_progress_bar_counts_successful_rounds(capsys) -> None:
     assert "fake" in capsys.readouterr().err
 
 
+def test_the_progress_bar_shows_the_phase_loglik_and_failures_only_when_there_are_any() -> None:
+    class Bar:
+        def update(self, n):
+            self.n = n
+
+        def set_postfix(self, postfix):
+            self.postfix = postfix
+
+    bar = Bar()
+    em = RoundRecord(1, "em", (0,), (0,), 0, 0, 0.0, {"mean_log_likelihood": -1.23456})
+    loop._show(bar, em, 0)
+    assert (bar.n, bar.postfix) == (1, {"phase": "em", "loglik": "-1.2346"})
+    lost = RoundRecord(2, "centroids", (0,), (), 0, 0, 0.0, failed=True)
+    loop._show(bar, lost, 2)
+    assert (bar.n, bar.postfix) == (0, {"phase": "centroids", "failed": 2})
+
+
 def test_run_simulation_runs_the_shared_loop_with_its_transport(monkeypatch) -> None:
     calls = []
     shared = loop.run_rounds

@@ -4,7 +4,8 @@
 app (see ``examples/flower/``); ``run_rounds(grid, algorithm)`` is the server loop itself;
 ``load_result(path)`` reads what the ServerApp wrote, and ``Detector.from_model(result, X)``
 turns it into a detector. ``LocalFederation`` (in ``deploy``) starts a SuperLink and
-SuperNodes on 127.0.0.1 for tests and trials.
+SuperNodes on 127.0.0.1 for tests and trials; ``make_certificates`` and ``make_node_key`` (in
+``credentials``) write the TLS certificates and SuperNode key pairs it and real deployments use.
 
 Flower (``flwr``) is an optional dependency: ``pip install 'fednovelty[flower]'``. Names that
 need it are imported on first use, so ``load_result`` and the configuration helpers work
@@ -25,6 +26,10 @@ _EXPORTS = {
     "load_result": "results",
     "save_result": "results",
     "LocalFederation": "deploy",
+    "Certificates": "credentials",
+    "NodeKey": "credentials",
+    "make_certificates": "credentials",
+    "make_node_key": "credentials",
     "decode_message": "codec",
     "encode_message": "codec",
     "InvalidReplyError": "validation",
