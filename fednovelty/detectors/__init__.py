@@ -1,9 +1,10 @@
 """Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty."""
 
 from fednovelty.detectors.base import MixtureDetector
-from fednovelty.detectors.fedgengmm import FedGenGMMDetector, LocalGMMDetector
+from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.persistence import load
 
 __all__ = [

@@ -84,8 +84,8 @@ class EMDetector(MixtureDetector):
     _joint = False
 
     # -------------------------------------------------------------- fitting
-    def _fit_clients(self, parts, clients, seed) -> None:
-        self._fit_rounds(clients, seed)
+    def _fit_clients(self, parts, clients, seed, labels=None) -> None:
+        self._fit_rounds(clients, seed, labels)
 
     def _fit_rounds(self, clients: list[torch.Tensor], seed: int, labels=None) -> None:
         """Run the fit's federation and set the fitted attributes.

@@ -37,6 +37,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from fednovelty.detectors._probability import finite_moments, outlier_probability
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
 from fednovelty.detectors.persistence import (
@@ -170,33 +171,54 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
         Raises:
             TypeError: ``callbacks`` is not a sequence of callables.
         """
+        return self._fit(X, None, groups, callbacks)
+
+    def _fit(self, X, y, groups, callbacks):
+        """The fit every detector runs: check the settings, the callbacks, ``X``, the labels
+        (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
+        labels) by client; train (``_fit_clients``) with the callbacks; set PyOD's
+        ``decision_scores_``, ``threshold_`` and ``labels_``. Returns self."""
         self._validate_params()
         callbacks = check_callbacks(callbacks)
         array = check_X(X)
-        names = feature_names(X)
-        client_ids, codes = check_groups(groups, array.shape[0])
+        codes = self._label_codes(y, array.shape[0])
+        client_ids, groups_codes = check_groups(groups, array.shape[0])
         self.n_features_in_ = array.shape[1]
+        names = feature_names(X)
         if names is not None:
             self.feature_names_in_ = names
         elif hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
         self.client_ids_ = client_ids
         self.n_clients_ = len(client_ids)
-        parts = split_by_client(array, codes, self.n_clients_)
+        parts = split_by_client(array, groups_codes, self.n_clients_)
+        labels = None if codes is None else split_by_client(codes, groups_codes, self.n_clients_)
         self._fit_callbacks = callbacks
         try:
             tensors = [self._as_tensor(p) for p in parts]
-            self._fit_clients(parts, tensors, seed_from(self.random_state))
+            self._fit_clients(parts, tensors, seed_from(self.random_state), labels)
         finally:
             del self._fit_callbacks
-        self._classes = 2  # PyOD's predict_proba reads it; y is not used here
+        self._classes = 2  # PyOD's predict_proba reads it
         self.decision_scores_ = self.decision_function(array)
         self._process_decision_scores()
         return self
 
+    def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
+        """Integer codes (n_rows,) of the labels a fit models, or None: the unsupervised
+        detectors ignore ``y`` (PyOD's contract); a labelled model overrides this."""
+        return None
+
     @abstractmethod
-    def _fit_clients(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int) -> None:
-        """Train on client tensors (same order as ``client_ids_``) and set fitted attributes."""
+    def _fit_clients(
+        self,
+        parts: list[np.ndarray],
+        clients: list[torch.Tensor],
+        seed: int,
+        labels: list[np.ndarray] | None = None,
+    ) -> None:
+        """Train on client tensors (same order as ``client_ids_``; ``labels``: each client's
+        label codes, for a labelled model) and set fitted attributes."""
 
     def _simulate(
         self,
@@ -452,7 +474,7 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
         self.decision_scores_ = scores.numpy()
         self.labels_ = (self.decision_scores_ > self.threshold_).astype(int)
         self._classes = 2
-        self._mu, self._sigma = _finite_moments(self.decision_scores_)
+        self._mu, self._sigma = finite_moments(self.decision_scores_)
 
     @staticmethod
     def _mixture_tensors(params: MixtureParams, prefix: str) -> dict[str, torch.Tensor]:
@@ -470,42 +492,6 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
         moved to the detector's device and dtype."""
         width = self.n_features_in_ if n_features is None else n_features
         return check_mixture(tensors, prefix, covariance_type, width).to(**self._torch_options())
-
-
-def outlier_probability(scores: np.ndarray, train: np.ndarray, method: str) -> np.ndarray:
-    """Probability that each of ``scores`` (n_samples,) is an anomaly, in [0, 1], from the
-    training scores ``train`` (n_train,): ``"linear"`` min-max or ``"unify"`` erf scaling of
-    the finite training scores (see ``MixtureDetector.predict_proba``); +inf -> 1, -inf -> 0.
-    """
-    from scipy.special import erf
-
-    finite = train[np.isfinite(train)]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        if method == "linear":
-            low, high = (finite.min(), finite.max()) if finite.size else (0.0, 0.0)
-            span = high - low
-            if span > 0 and np.isfinite(span):
-                anomaly = (scores - low) / span
-            else:  # one training score (or none): above it is anomalous
-                anomaly = (scores > high).astype(np.float64)
-        else:
-            mu, sigma = _finite_moments(train)
-            if sigma > 0 and np.isfinite(sigma):
-                anomaly = erf((scores - mu) / (sigma * np.sqrt(2.0)))
-            else:
-                anomaly = (scores > mu).astype(np.float64)
-    anomaly = np.where(np.isposinf(scores), 1.0, np.where(np.isneginf(scores), 0.0, anomaly))
-    return np.clip(np.nan_to_num(anomaly, nan=1.0), 0.0, 1.0)
-
-
-def _finite_moments(scores: np.ndarray) -> tuple[float, float]:
-    """Mean and standard deviation of the finite ``scores`` (PyOD's ``_mu``, ``_sigma``);
-    ``(0, 1)`` if none is finite."""
-    finite = scores[np.isfinite(scores)].astype(np.float64)
-    if finite.size == 0:
-        return 0.0, 1.0
-    with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.mean(finite)), float(np.std(finite))
 
 
 def _client_ids(ids: list) -> np.ndarray:

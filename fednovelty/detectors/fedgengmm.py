@@ -1,4 +1,5 @@
-"""``FedGenGMMDetector`` (one-shot FedGenGMM) and ``LocalGMMDetector`` (local-only baseline)."""
+"""``FedGenGMMDetector`` (one-shot FedGenGMM) and the base it shares with ``LocalGMMDetector``:
+every client fits its own mixture in one round (``_LocalFitDetector``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import warnings
 from numbers import Integral
 from typing import ClassVar
 
-import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
@@ -19,13 +19,11 @@ from fednovelty.detectors.base import (
 )
 from fednovelty.detectors.persistence import (
     check_items,
-    check_probabilities,
     get_attr,
-    get_tensor,
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated import FedGenGMM, LocalGMMs
+from fednovelty.federated import FedGenGMM
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
 
@@ -116,24 +114,6 @@ class _LocalFitDetector(MixtureDetector):
                 )
         self.skipped_clients_ = skipped
         self.client_n_components_ = record
-
-
-def _warn_single_row_clients(parts: list[np.ndarray], client_ids: np.ndarray) -> None:
-    """Warn, naming them, about clients (rows ``parts[c]``, n_c x n_features) with more than
-    one row, all copies of one row: each such client's model is a narrow spike there."""
-    single = [
-        cid
-        for cid, part in zip(client_ids.tolist(), parts, strict=True)
-        if part.shape[0] > 1 and not np.ptp(part, axis=0).any()
-    ]
-    if single:
-        warnings.warn(
-            f"client(s) {single} hold copies of a single row: each one's model is a narrow "
-            "spike at that row (rows near it score as very normal; with combine='mean' the "
-            "spike would dominate every score). Check those clients' data.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 def _bic_record(saved: dict) -> dict[int, float]:
@@ -282,7 +262,7 @@ class FedGenGMMDetector(_LocalFitDetector):
             self.copula_marginals_ = [m.to(**options) for m in marginals]
             self.copula_joint_ = joint.to(**options)
 
-    def _fit_clients(self, parts, clients, seed) -> None:
+    def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         n_total = sum(p.shape[0] for p in parts)
         if self.n_components is not None and self.n_components > n_total:
             raise ValueError(
@@ -342,184 +322,3 @@ class FedGenGMMDetector(_LocalFitDetector):
         self.n_synthetic_ = get_attr(attrs, "n_synthetic_", int, minimum=0)
         self.bic_ = _bic_record(get_attr(attrs, "bic_", dict))
         self._set_client_record(attrs)
-
-
-@register
-class LocalGMMDetector(_LocalFitDetector):
-    """Local-only baseline: every client fits its own mixture; nothing is aggregated.
-
-    A row's ``score_samples`` combines the client models' densities ``p_c(x)``:
-
-    - ``combine="mixture"`` (default): ``log sum_c w_c p_c(x)`` with ``w_c`` each fitted
-      client's share of the rows, the log-density of the pooled rows under the client models
-      (the union FedGenGMM samples from). A client whose model is a narrow spike (e.g. it holds
-      copies of one row) adds density near its spike only.
-    - ``combine="mean"``: ``mean_c log p_c(x)``, the average of the client models' scores
-      (the FedGenGMM paper's "local" baseline; not a normalised density). One such spike
-      client dominates it: far from its spike its log-density falls much faster than the
-      others', so the score becomes the distance to that one row (measured: AUROC 1.0 -> 0.83
-      with one of 6 clients holding 200 copies of one row).
-
-    Fitting warns, naming them, about clients whose rows are all copies of one row.
-    Measured on 25 ADBench sets (10 clients, Dirichlet 0.5, seed 0): mean AUROC 0.860
-    (mixture) against 0.839 (mean) in the novelty protocol (mixture ahead on 19 sets), 0.791
-    against 0.792 in the outlier protocol; on the demo's 10_cover split (20 clients) 0.913
-    against 0.939: the mean's product of densities rewards rows that every client finds
-    normal.
-
-    Args: as ``FedGenGMMDetector`` without ``n_components`` (there is no global model),
-    ``standardize``, ``covariance_prior`` and ``prior_scale`` included, and:
-        combine: ``"mixture"`` or ``"mean"``, as above.
-
-    Attributes:
-        client_models_: list of client ``MixtureParams`` (clients with enough rows).
-        client_shares_: (n_models,) each fitted client's share of the fitted rows, in
-            ``client_models_`` order.
-        client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
-
-    ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
-    client id given in ``groups``, a number or a name).
-
-    ``fit(X, groups=g, callbacks=[hook])`` calls ``hook`` with the one round's
-    ``RoundRecord``, as ``FedGenGMMDetector`` does.
-    """
-
-    _algorithm = LocalGMMs
-    _parameter_constraints: ClassVar[dict] = {
-        **_FEDGEN_CONSTRAINTS,
-        "combine": [StrOptions({"mixture", "mean"})],
-    }
-    #: Files saved before ``combine`` existed were scored with the mean of log-densities.
-    _legacy_params: ClassVar[dict] = {"combine": "mean"}
-
-    def __init__(
-        self,
-        client_components=None,
-        k_range=(1, 10),
-        *,
-        covariance_type="full",
-        min_client_samples=2,
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        standardize=True,
-        covariance_prior="auto",
-        prior_scale=PRIOR_SCALE,
-        privacy_min_rows=5,
-        combine="mixture",
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.client_components = client_components
-        self.k_range = k_range
-        self.covariance_type = covariance_type
-        self.min_client_samples = min_client_samples
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.standardize = standardize
-        self.covariance_prior = covariance_prior
-        self.prior_scale = prior_scale
-        self.privacy_min_rows = privacy_min_rows
-        self.combine = combine
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    def _fit_clients(self, parts, clients, seed) -> None:
-        _warn_single_row_clients(parts, self.client_ids_)
-        state = self._run(clients, seed)
-        self._set_client_models(state)
-
-    def _set_result(self, result) -> None:
-        super()._set_result(result)
-        self._set_client_models(result.state)
-
-    def _set_client_models(self, state) -> None:
-        """``client_models_`` and ``client_shares_`` from a finished run, by client id."""
-        ids = sorted(state.client_models)
-        options = self._torch_options()
-        self.client_models_ = [state.client_models[c].to(**options) for c in ids]
-        sizes = np.array([float(state.client_sizes[c]) for c in ids])
-        self.client_shares_ = sizes / sizes.sum()
-
-    def _log_density(self, X: torch.Tensor) -> torch.Tensor:
-        scores = torch.stack([score_samples(m, X) for m in self.client_models_])
-        if self.combine == "mean":
-            return scores.mean(0)
-        if not hasattr(self, "client_shares_"):
-            raise ValueError(
-                "this LocalGMMDetector was saved without its clients' sizes (an older "
-                "fednovelty); score it with combine='mean', or fit it again."
-            )
-        log_weights = torch.as_tensor(self.client_shares_).to(scores).log()
-        return torch.logsumexp(scores + log_weights[:, None], dim=0)
-
-    def score_samples_client(self, X, client) -> np.ndarray:
-        """``log p_c(x)`` under one client's own mixture, shape (n_samples,).
-
-        Args:
-            X: rows (n_samples, n_features).
-            client: a client id as given in ``groups`` at fit time (a number or a name).
-
-        Raises:
-            ValueError: ``client`` was not seen in fit, or was skipped (too few rows: it has
-                no model).
-        """
-        Xt = self._check_score_input(X)
-        ids = self.client_ids_.tolist()
-        if isinstance(client, np.generic):
-            client = client.item()
-        if client not in ids:
-            raise ValueError(
-                f"client {client!r} was not seen in fit; known clients: {ids[:10]}"
-                f"{'...' if len(ids) > 10 else ''}."
-            )
-        fitted = [c for c in ids if c in self.client_n_components_]  # client_models_' order
-        if client not in fitted:
-            raise ValueError(
-                f"client {client!r} was skipped in fit (too few rows) and has no model; "
-                "score with score_samples (every client's model)."
-            )
-        index = fitted.index(client)
-        with torch.no_grad():
-            scores = score_samples(self.client_models_[index], Xt)
-        return scores.cpu().numpy().astype(np.float64)
-
-    def _get_state(self):
-        tensors = {}
-        for i, model in enumerate(self.client_models_):
-            tensors.update(self._mixture_tensors(model, f"client.{i}"))
-        if hasattr(self, "client_shares_"):
-            tensors["client_shares"] = torch.as_tensor(self.client_shares_)
-        attrs = {
-            "n_models": len(self.client_models_),
-            "skipped_clients_": self.skipped_clients_,
-            "client_n_components_": [[k, v] for k, v in self.client_n_components_.items()],
-        }
-        return tensors, attrs
-
-    def _set_state(self, tensors, attrs) -> None:
-        super()._set_state(tensors, attrs)
-        n_models = get_attr(attrs, "n_models", int, minimum=1)
-        self.client_models_ = [
-            self._mixture_from(tensors, f"client.{i}", self.covariance_type)
-            for i in range(n_models)
-        ]
-        self._set_client_record(attrs)
-        record = self.client_n_components_
-        ks = [record[c] for c in self.client_ids_.tolist() if c in record]  # models' order
-        if ks != [m.n_components for m in self.client_models_]:
-            raise ModelFormatError(
-                f"client_n_components_ {ks} does not match the {n_models} client models' "
-                f"components {[m.n_components for m in self.client_models_]}."
-            )
-        if "client_shares" in tensors or self.combine == "mixture":
-            weights = get_tensor(tensors, "client_shares", (n_models,))
-            check_probabilities(weights, "the client shares 'client_shares'")
-            self.client_shares_ = weights.numpy().astype(np.float64)

@@ -19,13 +19,6 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors._labels import encode_labels, label_codes
-from fednovelty.detectors._validation import (
-    check_groups,
-    check_X,
-    feature_names,
-    split_by_client,
-)
-from fednovelty.detectors.base import check_callbacks, seed_from
 from fednovelty.detectors.persistence import (
     check_items,
     check_probabilities,
@@ -219,31 +212,13 @@ class JointFedGMMDetector(EMDetector):
             ValueError: ``y`` missing, not one label per row, with NaN, or a single class.
             TypeError: ``callbacks`` is not a sequence of callables.
         """
-        self._validate_params()
-        callbacks = check_callbacks(callbacks)
-        array = check_X(X)
-        classes, codes = encode_labels(y, array.shape[0])
-        client_ids, group_codes = check_groups(groups, array.shape[0])
-        self.classes_ = classes
-        self.n_features_in_ = array.shape[1]
-        names = feature_names(X)
-        if names is not None:
-            self.feature_names_in_ = names
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self.client_ids_, self.n_clients_ = client_ids, len(client_ids)
-        rows = split_by_client(array, group_codes, self.n_clients_)
-        labels = split_by_client(codes, group_codes, self.n_clients_)
-        self._fit_callbacks = callbacks  # read by _simulate, as in MixtureDetector.fit
-        try:
-            clients = [self._as_tensor(part) for part in rows]
-            self._fit_rounds(clients, seed_from(self.random_state), labels)
-        finally:
-            del self._fit_callbacks
-        self._classes = 2  # PyOD's predict_proba reads it
-        self.decision_scores_ = self.decision_function(array)
-        self._process_decision_scores()
-        return self
+        return self._fit(X, y, groups, callbacks)
+
+    def _label_codes(self, y, n_rows: int) -> np.ndarray:
+        """Check ``y`` (one label per row, at least two classes), set ``classes_`` and return
+        each row's class index (n_rows,)."""
+        self.classes_, codes = encode_labels(y, n_rows)
+        return codes
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
