@@ -11,8 +11,8 @@ the GEMM's accumulation instead of a separate pass over the large buffer), and
 ``log N = -0.5 * (d log 2 pi + ||y_ik||^2) + log det U_k``. ``diag`` and ``spherical`` expand
 the square as scikit-learn does, as one GEMM on ``[x, x**2, 1]`` (``[x, ||x||**2, 1]``).
 
-Where the time goes on CPU, and what is done about it (measured on 2 cores, N = 10^6, d = 32,
-K = 10; ``benchmarks/bench_mixture.py``):
+Where the time goes on CPU, and what is done about it (figures: ``benchmarks/README.md``,
+"E-step kernels"):
 
 * The two GEMMs of a full-covariance E-step are near the machine's peak; the passes over the
   (rows, K * d) buffer around them (square, row sums, the weighted copy for the second
@@ -20,7 +20,7 @@ K = 10; ``benchmarks/bench_mixture.py``):
   sum block by block (``BLOCK_BYTES`` per thread, about L2 size), so the buffer is read back
   from cache, and the buffer is allocated once per call, not per chunk.
 * ``exp`` of arguments whose result underflows takes a slow scalar path in torch's vectorised
-  kernels (10-150x per element); responsibilities of far components are exactly that
+  kernels; responsibilities of far components are exactly that
   (below -87 in float32). ``exp_flushed_`` keeps every argument in range and zeroes those
   results, and ``normalize_rows_`` reuses the log-sum-exp's exponentials as responsibilities.
 * Constants of the log-density are applied in scikit-learn's order for plain log-densities
@@ -40,8 +40,7 @@ from fednovelty.mixture.covariance import check_covariance_type, log_det_cholesk
 LOG_2PI = math.log(2 * math.pi)
 #: Bytes per CPU thread of the (rows, n_components * n_features) work buffer processed at a
 #: time: small enough to stay in a core's L2 cache between the GEMM that writes it and the
-#: passes that read it back (measured on 2 cores, d=32, K=10: 1 MiB beats 0.25-64 MiB by
-#: 10-40%).
+#: passes that read it back.
 BLOCK_BYTES = 1 << 20
 
 
@@ -257,7 +256,7 @@ def exp_flushed_(x: Tensor) -> Tensor:
     """``x.exp_()`` with results below ``e * tiny`` (``tiny`` the smallest normal number) set to
     exactly 0; NaN stays NaN.
 
-    Vectorised ``exp`` on CPU takes a slow path (10-150x slower per element) for arguments whose
+    Vectorised ``exp`` on CPU takes a slow path for arguments whose
     result underflows (below about -87 in float32, -708 in float64), and log-responsibilities
     of far components live there. Arguments are clamped to ``log(tiny) + 1`` before ``exp``
     and multiplied by a 0/1 mask after (a float mask: ``masked_fill_`` and boolean masks are
