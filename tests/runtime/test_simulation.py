@@ -269,8 +269,10 @@ def test_progress_bar_with_federated_em(capsys):
 
 
 def test_degenerate_clients_are_rejected_by_name():
-    good = torch.randn(20, 3, dtype=torch.float64)
-    algorithm = FederatedEM(2)
+    gen = torch.Generator().manual_seed(0)
+    good = torch.randn(20, 3, dtype=torch.float64, generator=gen)
+    good[10:] += 5.0  # two clusters, so the 20 rows back two centroids under the privacy floor
+    algorithm = FederatedEM(2, random_state=0)
     with pytest.raises(ClientDataError, match="client 1 has 4 features but client 0 has 3"):
         run_simulation(algorithm, [good, torch.randn(5, 4, dtype=torch.float64)])
     bad = good.clone()
