@@ -157,16 +157,36 @@ def _unfold_full(folded: Tensor, n_components: int, n_features: int) -> Tensor:
 
 
 def stats_from_resp(
-    X: Tensor, resp: Tensor, covariance_type: str, shift: Tensor
+    X: Tensor,
+    resp: Tensor,
+    covariance_type: str,
+    shift: Tensor,
+    chunk_size: int | None = None,
 ) -> SufficientStats:
     """Statistics of rows ``X`` (n_samples, n_features) with given responsibilities
-    ``resp`` (n_samples, n_components), e.g. one-hot k-means labels. ``log_likelihood`` is 0."""
+    ``resp`` (n_samples, n_components), e.g. one-hot k-means labels or a joint model's
+    responsibilities summed over its learners. ``log_likelihood`` is 0.
+
+    Rows are taken ``chunk_size`` at a time (default ``default_chunk_size``: a (rows,
+    n_components, n_features) float64 buffer of 32 MiB), so extra memory is bounded whatever
+    ``n_samples``; one chunk gives the statistics of a single pass exactly.
+    """
     check_covariance_type(covariance_type)
-    centered = X - shift
+    n, d = X.shape
+    step = int(chunk_size or default_chunk_size(resp.shape[1], d))
+    counts = sums = second = None
+    for start in range(0, max(n, 1), step):
+        centered = X[start : start + step] - shift
+        part = resp[start : start + step]
+        moments = (part.sum(0), part.T @ centered, _second_moments(centered, part, covariance_type))
+        if counts is None:
+            counts, sums, second = moments
+        else:
+            counts, sums, second = counts + moments[0], sums + moments[1], second + moments[2]
     return SufficientStats(
-        counts=resp.sum(0),
-        sums=resp.T @ centered,
-        second=_second_moments(centered, resp, covariance_type),
+        counts=counts,
+        sums=sums,
+        second=second,
         shift=shift,
         log_likelihood=torch.zeros((), dtype=X.dtype, device=X.device),
         n_samples=torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device),

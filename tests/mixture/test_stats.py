@@ -366,3 +366,21 @@ def test_unknown_covariance_type(bad):
         stats_from_resp(torch.zeros(2, 3), torch.ones(2, 1), bad, torch.zeros(3))
     with pytest.raises(ValueError, match="'full', 'tied', 'diag', 'spherical'"):
         zero_stats(2, 3, bad, torch.zeros(3))
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
+def test_stats_from_resp_in_chunks_equals_one_pass(covariance_type, chunk_size):
+    """Chunked statistics add up to those of one pass over all rows (to round-off); zero rows
+    give zero statistics of the right shapes."""
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(50, 4, dtype=torch.float64, generator=gen) * 3 + 10
+    resp = torch.softmax(torch.randn(50, 3, dtype=torch.float64, generator=gen), dim=1)
+    shift = X.mean(0)
+    whole = stats_from_resp(X, resp, covariance_type, shift, chunk_size=50)
+    chunked = stats_from_resp(X, resp, covariance_type, shift, chunk_size=chunk_size)
+    for name in ("counts", "sums", "second"):
+        assert_close_scaled(getattr(chunked, name), getattr(whole, name), rtol=1e-12)
+    empty = stats_from_resp(X[:0], resp[:0], covariance_type, shift, chunk_size=chunk_size)
+    assert empty.second.shape == whole.second.shape and not empty.second.any()
+    assert empty.sums.shape == (3, 4) and float(empty.counts.sum()) == 0.0
