@@ -156,9 +156,7 @@ def test_pfl_methods_are_joint_baselines_built_by_name(monkeypatch):
 
 
 def test_pfl_methods_build_the_joint_estimator():
-    joint = getattr(fednovelty.detectors, "JointFedGMMDetector", None)
-    if joint is None:
-        pytest.skip("JointFedGMMDetector is not in fednovelty.detectors yet")
+    joint = fednovelty.detectors.JointFedGMMDetector
     fedem = get_method("PFL-FedEM").build(n_learners=3, random_state=0)
     assert isinstance(fedem, joint) and fedem.n_components == 1 and fedem.n_learners == 3
     assert get_method("PFL-FedProx").build(mu_prox=0.5).mu_prox == 0.5
