@@ -1,20 +1,36 @@
 """Data: loaders for ``../shared/data``, client partitioners and federated min-max scaling.
 
 - :mod:`~fednovelty.datasets.loaders`: ``data_dir``, ``list_adbench``, ``load_adbench``,
-  ``load_mnist`` (read-only, no downloads).
+  ``load_mnist``, ``load_femnist`` (read-only, no downloads).
 - :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
   ``quantity_partition``, ``kmeans_groups``, ``groups_from_partition`` (client id per row for
   ``fit(groups=...)``), ``partition_counts`` and ``partition_dot_plot`` (FedGenGMM Figure 1).
 - :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
 - :mod:`~fednovelty.datasets.mnist`: ``make_mnist_federated`` (MNIST clients with Dirichlet
   label skew, the FedGMM paper's novelty experiments).
+- :mod:`~fednovelty.datasets.femnist`: ``make_femnist_federated`` (FEMNIST's writers as
+  clients, split 60 / 20 / 20 inside each writer), ``split_writers`` (unseen writers),
+  ``shift_writers`` (the FedGMM paper's transformed-and-relabelled rows).
 - :mod:`~fednovelty.datasets.shifts`: OOD sets: ``rotate90``, ``hflip``, ``scale_images``,
   ``invert``, ``transform_images``, ``add_gaussian_noise``, ``permute_labels``.
 - :mod:`~fednovelty.datasets.synthetic`: ``make_fedgmm_synthetic`` (the FedGMM paper's
   synthetic federated classification data) and its ``FederatedSplit``.
 """
 
-from fednovelty.datasets.loaders import data_dir, list_adbench, load_adbench, load_mnist
+# femnist imports shifts, so it comes after it
+from fednovelty.datasets.femnist import (
+    FederatedWriters,
+    make_femnist_federated,
+    shift_writers,
+    split_writers,
+)
+from fednovelty.datasets.loaders import (
+    data_dir,
+    list_adbench,
+    load_adbench,
+    load_femnist,
+    load_mnist,
+)
 from fednovelty.datasets.mnist import FederatedImages, make_mnist_federated
 from fednovelty.datasets.partition import (
     dirichlet_partition,
@@ -42,6 +58,7 @@ __all__ = [
     "TRANSFORMS",
     "FederatedImages",
     "FederatedSplit",
+    "FederatedWriters",
     "MinMaxScaling",
     "add_gaussian_noise",
     "client_minmax",
@@ -54,8 +71,10 @@ __all__ = [
     "kmeans_groups",
     "list_adbench",
     "load_adbench",
+    "load_femnist",
     "load_mnist",
     "make_fedgmm_synthetic",
+    "make_femnist_federated",
     "make_mnist_federated",
     "merge_minmax",
     "partition_counts",
@@ -64,5 +83,7 @@ __all__ = [
     "quantity_partition",
     "rotate90",
     "scale_images",
+    "shift_writers",
+    "split_writers",
     "transform_images",
 ]

@@ -6,6 +6,8 @@ Layout of the data folder (see its ``README.md`` and ``MANIFEST.tsv``)::
     adbench_cv/<name>.npz    ResNet-18 embeddings, X (n_samples, 512); e.g. CIFAR10_0,
                              MVTec-AD_bottle
     mnist/mnist.npz          x_train (60000, 28, 28) uint8, y_train, x_test, y_test
+    femnist/femnist.npz      X (n, 28, 28) uint8 (white background), y (n,) 0-61, writer (n,),
+                             writer_ids (n_writers,): LEAF's FEMNIST, each writer a client
 
 Choices, and why:
 
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["data_dir", "list_adbench", "load_adbench", "load_mnist"]
+__all__ = ["data_dir", "list_adbench", "load_adbench", "load_femnist", "load_mnist"]
 
 ENV_VAR = "FEDNOVELTY_DATA"
 _ADBENCH_FOLDERS = ("adbench", "adbench_cv")
@@ -168,3 +170,47 @@ def load_mnist(data_dir: str | os.PathLike[str] | None = None) -> dict[str, np.n
             "y_test": np.array(npz["y_test"], dtype=np.int64),
         }
     return out
+
+
+def load_femnist(data_dir: str | os.PathLike[str] | None = None) -> dict[str, np.ndarray]:
+    """Load LEAF's FEMNIST from ``femnist/femnist.npz``, as stored: handwritten digits and
+    letters grouped by writer.
+
+    Args:
+        data_dir: data folder; see :func:`data_dir` for the default.
+
+    Returns:
+        ``{"X": uint8 (n, 28, 28), "y": int64 (n,), "writer": int64 (n,),
+        "writer_ids": str (n_writers,)}``. ``X`` keeps the file's convention (white background
+        255, dark ink: the inverse of MNIST's); ``y`` is the class 0-61 (0-9 digits, 10-35
+        upper-case, 36-61 lower-case letters); ``writer`` indexes ``writer_ids``.
+
+    Raises:
+        FileNotFoundError: the file is missing (named). ValueError: the arrays disagree in
+            length, or a writer index or class is out of range.
+    """
+    path = _resolve(data_dir) / "femnist" / "femnist.npz"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"FEMNIST file not found: {path}. The shared data folder should hold "
+            "femnist/femnist.npz (arrays X, y, writer, writer_ids)."
+        )
+    with np.load(path, allow_pickle=False) as npz:
+        out = {
+            "X": np.array(npz["X"], dtype=np.uint8),
+            "y": np.array(npz["y"], dtype=np.int64),
+            "writer": np.array(npz["writer"], dtype=np.int64),
+            "writer_ids": np.array(npz["writer_ids"]).astype(str),
+        }
+    n = out["X"].shape[0]
+    if out["X"].shape[1:] != (28, 28) or out["y"].shape != (n,) or out["writer"].shape != (n,):
+        raise ValueError(f"{path}: X must be (n, 28, 28) with one y and one writer per image.")
+    if n and (out["writer"].min() < 0 or out["writer"].max() >= out["writer_ids"].shape[0]):
+        raise ValueError(f"{path}: writer indices must index writer_ids.")
+    if n and (out["y"].min() < 0 or out["y"].max() >= FEMNIST_CLASSES):
+        raise ValueError(f"{path}: classes must be in 0..{FEMNIST_CLASSES - 1}.")
+    return out
+
+
+#: FEMNIST's classes: 10 digits, 26 upper-case and 26 lower-case letters.
+FEMNIST_CLASSES = 62
