@@ -64,19 +64,25 @@ def fit_methods() -> list[str]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fednovelty.demo import format_table, run_demo
+    from fednovelty.demo import demo_dataset, demo_settings, format_table, run_demo
 
+    dataset, why = demo_dataset(args.dataset, args.data_dir)
+    if why:
+        print(f"fednovelty demo: {why}", flush=True)
+    settings = demo_settings(dataset)
+    clients = settings["n_clients"] if args.clients is None else args.clients
+    components = settings["n_components"] if args.components is None else args.components
     print(
-        f"fednovelty demo: {args.dataset}, {args.clients} clients, Dirichlet({args.alpha}) "
-        "over k-means clusters, novelty protocol (train on inliers; test on held-out inliers "
-        "+ ADBench anomalies), in-process engine",
+        f"fednovelty demo: {dataset}, {clients} clients, Dirichlet({args.alpha}) over "
+        f"{settings['groups']}, novelty protocol (train on inliers; test on held-out inliers "
+        f"+ {settings['novel']}), in-process engine",
         flush=True,
     )
     table = run_demo(
-        args.dataset,
-        n_clients=args.clients,
+        dataset,
+        n_clients=clients,
         alpha=args.alpha,
-        n_components=args.components,
+        n_components=components,
         random_state=args.seed,
         data_dir=args.data_dir,
     )
@@ -141,10 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fednovelty", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train every method on a real dataset and compare")
-    demo.add_argument("--dataset", default="10_cover", help="ADBench name (default 10_cover)")
-    demo.add_argument("--clients", type=int, default=20)
+    demo.add_argument(
+        "--dataset",
+        default=None,
+        help="ADBench name, or 'digits' (scikit-learn's bundled digits); default 10_cover, or "
+        "digits when the data folder is missing",
+    )
+    demo.add_argument("--clients", type=int, default=None, help="default 20 (digits: 10)")
     demo.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
-    demo.add_argument("--components", type=int, default=15, help="K of the iterative methods")
+    demo.add_argument(
+        "--components", type=int, default=None, help="K of the iterative methods (15; digits: 5)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"

@@ -8,6 +8,10 @@ anomalies never reach training), the training inliers split among heterogeneous 
 with the range merged from the clients' own minima and maxima. It trains the registry's
 methods of ``DEMO_METHODS`` (:mod:`fednovelty.methods`) and prints AUROC / AUC-PR / rounds /
 bytes against centralized EM on the pooled rows (the papers' "ideal") and PyOD's IForest.
+
+Without the data folder (a package installed from a wheel has no ``../shared``) the demo runs
+on scikit-learn's bundled handwritten digits (``make_task("digits")``: digit 0 the novel class,
+clients by Dirichlet(alpha) over the other digits), which ship inside scikit-learn, and says so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import time
 import pandas as pd
 from tqdm.auto import tqdm
 
-from fednovelty.datasets.protocols import make_task
+from fednovelty.datasets.loaders import data_dir as find_data_dir
+from fednovelty.datasets.protocols import BUNDLED_DIGITS, DIGITS_NOVEL, make_task
 from fednovelty.evaluation import aupr_out, auroc
 from fednovelty.methods import get_method
 
@@ -30,6 +35,50 @@ DEMO_METHODS: tuple[tuple[str, str], ...] = (
     ("CentralGMM", "CentralGMM (pooled data)"),
     ("IForest", "IForest (pooled data, PyOD)"),
 )
+
+
+#: The demo's dataset when the data folder is there.
+DEFAULT_DATASET = "10_cover"
+
+
+def demo_dataset(dataset: str | None, data_dir=None) -> tuple[str, str]:
+    """The dataset the demo runs and, when it is not the one asked for, why.
+
+    ``dataset`` None means the default: ``DEFAULT_DATASET`` when the data folder exists, else
+    the bundled digits (the reason names the folder that was not found). A dataset given by
+    name, or any dataset with an explicit ``data_dir``, is returned as it is (a missing folder
+    then stops the run with the loader's error).
+    """
+    if dataset is not None:
+        return dataset, ""
+    if data_dir is not None:
+        return DEFAULT_DATASET, ""
+    try:
+        find_data_dir(data_dir)
+    except FileNotFoundError as missing:
+        return BUNDLED_DIGITS, (
+            f"{missing} Running on scikit-learn's bundled handwritten digits instead "
+            "(1,797 8x8 images shipped with scikit-learn; --dataset names another)."
+        )
+    return DEFAULT_DATASET, ""
+
+
+def demo_settings(dataset: str) -> dict:
+    """Default clients and components of the demo for ``dataset``, and how its table
+    describes the client split and the novel rows."""
+    if dataset.partition(":")[0] == BUNDLED_DIGITS:
+        return {
+            "n_clients": 10,
+            "n_components": 5,
+            "groups": "digits",
+            "novel": f"every image of digit {DIGITS_NOVEL}",
+        }
+    return {
+        "n_clients": 20,
+        "n_components": 15,
+        "groups": "k-means clusters",
+        "novel": "ADBench anomalies",
+    }
 
 
 def run_demo(

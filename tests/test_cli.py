@@ -57,6 +57,27 @@ def test_demo_runs_on_a_small_real_dataset():
     assert "AUROC" in format_table(table)
 
 
+def test_demo_without_the_data_folder_runs_on_the_bundled_digits(monkeypatch, tmp_path, capsys):
+    """An installed package has no ../shared: the default demo says so and runs on
+    scikit-learn's bundled digits; a dataset named explicitly still needs its folder."""
+    monkeypatch.setenv("FEDNOVELTY_DATA", str(tmp_path / "missing"))
+    assert main(["demo", "--clients", "3", "--components", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "data folder not found" in out and "bundled handwritten digits" in out
+    assert "fednovelty demo: digits, 3 clients" in out and "CentralGMM" in out
+    assert main(["demo", "--dataset", "14_glass"]) == 1
+    assert "data folder not found" in capsys.readouterr().err
+
+
+def test_demo_defaults_follow_the_dataset():
+    from fednovelty.demo import demo_dataset, demo_settings
+
+    assert demo_dataset(None) == ("10_cover", "")  # the shared folder is beside the checkout
+    assert demo_dataset("digits") == ("digits", "")
+    assert demo_settings("digits")["n_clients"] == 10
+    assert demo_settings("10_cover")["n_components"] == 15
+
+
 # ----------------------------------------------------------------------------- the registry
 def test_fit_methods_are_the_registrys_savable_novelty_methods():
     from fednovelty.cli import fit_methods

@@ -26,9 +26,16 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   :class:`~fednovelty.federated.pca.FederatedPCA`: summed rows, then summed scatter about the
   pooled mean), so every method sees the same 24 features. Novelty protocol only.
 
+- Bundled digits (``"digits"``): scikit-learn's handwritten digits (1,797 8x8 images with 64
+  pixel features, shipped inside scikit-learn, so they need no data folder): the images of
+  digit ``DIGITS_NOVEL`` (0) are the anomalies, the other digits the inliers; both protocols.
+  Pixels are projected on 16 federated principal axes, as MNIST's on 24 (many of the 64 pixels
+  are constant in training, which a density cannot score).
+
 Clients (``partition``), drawn over a grouping of the training rows: the digit labels for
-MNIST; for ADBench, which has no class column, ``n_groups`` (10) k-means clusters of the
-min-max scaled training rows (the FedGenGMM paper's feature-distribution skew):
+MNIST and the bundled digits; for ADBench, which has no class column, ``n_groups`` (10)
+k-means clusters of the min-max scaled training rows (the FedGenGMM paper's
+feature-distribution skew):
 
 - ``"dirichlet"``: Dirichlet(``alpha``) shares of every group per client, redrawn until every
   client has ``min_size`` rows (default: 10, lowered to ``n_train // (2 * n_clients)`` for small
@@ -66,6 +73,8 @@ from fednovelty.datasets import (
 )
 
 __all__ = [
+    "BUNDLED_DIGITS",
+    "DIGITS_NOVEL",
     "MNIST_PCA_COMPONENTS",
     "NOISE_VARIANCE",
     "OOD_KINDS",
@@ -81,6 +90,12 @@ PARTITIONS = ("dirichlet", "quantity", "iid")
 OOD_KINDS = ("anomalies", "noise", "transforms", *TRANSFORMS)
 NOISE_VARIANCE = 0.005  # the FedGenGMM paper's Covertype noise, on min-max scaled features
 MNIST_PCA_COMPONENTS = 24  # the FedGenGMM paper's MNIST features
+#: scikit-learn's bundled handwritten digits, usable without the data folder.
+BUNDLED_DIGITS = "digits"
+#: The digit whose images are the bundled digits' anomalies.
+DIGITS_NOVEL = 0
+#: Image datasets whose pixels are projected on federated principal axes (count by default).
+PCA_COMPONENTS = {"mnist": MNIST_PCA_COMPONENTS, BUNDLED_DIGITS: 16}
 _MNIST_OOD_CYCLE = ("scale", "rotate", "hflip")
 
 
@@ -156,7 +171,8 @@ def make_task(
 
     Args:
         dataset: an ADBench name from :func:`~fednovelty.datasets.list_adbench` (tabular or,
-            with ``include_cv``, embeddings) or ``"mnist"``, optionally with ``":<ood>"``.
+            with ``include_cv``, embeddings), ``"mnist"`` or ``"digits"`` (scikit-learn's
+            bundled digits, no data folder needed), optionally with ``":<ood>"``.
         protocol: ``"novelty"`` or ``"outlier"``.
         n_clients: number of clients, >= 1.
         alpha: Dirichlet concentration (``"dirichlet"``), groups per client (``"quantity"``,
@@ -173,7 +189,8 @@ def make_task(
         test_share: share of the inliers (novelty) or of all rows (outlier) held out, in (0, 1).
         n_groups: k-means clusters to skew over (ADBench).
         min_size: rows every Dirichlet client must hold; default see the module doc.
-        pca_components: MNIST only: principal axes kept (default 24).
+        pca_components: MNIST and the bundled digits only: principal axes kept (default 24
+            and 16).
 
     Returns:
         A :class:`Task`.
@@ -213,6 +230,20 @@ def make_task(
         X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _mnist_split(
             ood, max_train, max_test, data_dir, rng
         )
+    elif base == BUNDLED_DIGITS:
+        if ood not in ("anomalies", "noise"):
+            raise ValueError(f"ood={ood!r}: the bundled digits take 'anomalies' or 'noise'.")
+        X, digits = _bundled_digits()
+        train_idx, test_idx, y_test = _tabular_split(
+            (digits == DIGITS_NOVEL).astype(np.int64),
+            protocol,
+            ood,
+            test_share,
+            max_train,
+            max_test,
+            rng,
+        )
+        X_raw, X_test_raw, labels = X[train_idx], X[test_idx], digits[train_idx]
     else:
         if ood not in ("anomalies", "noise"):
             raise ValueError(
@@ -229,9 +260,9 @@ def make_task(
         pooled = MinMaxScaling.from_clients([X_raw]).transform(X_raw)
         labels = kmeans_groups(pooled, min(n_groups, X_raw.shape[0]), random_state=rng)
     parts = _partition(labels, n_clients, alpha, partition, min_size, rng)
-    if base == "mnist":
+    if base in PCA_COMPONENTS:
         X_raw, X_test_raw = _federated_pca(
-            X_raw, X_test_raw, parts, pca_components or MNIST_PCA_COMPONENTS
+            X_raw, X_test_raw, parts, pca_components or PCA_COMPONENTS[base]
         )
     scaling = MinMaxScaling.from_clients([X_raw[p] for p in parts])
     X_train, X_test = scaling.transform(X_raw), scaling.transform(X_test_raw)
@@ -255,6 +286,15 @@ def make_task(
         partition=partition,
         seed=int(seed),
     )
+
+
+def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled handwritten digits: pixels (1797, 64) float64 in [0, 16] and the
+    digit of each image (1797,) int64. Read from scikit-learn's own files (no download)."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
 
 
 def _subsample(index: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:

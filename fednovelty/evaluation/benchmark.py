@@ -107,13 +107,17 @@ def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
     """Dataset names as a list (``"all"`` = every ADBench tabular set); unknown names raise
     ValueError with the closest names. A name may carry an OOD suffix: ``"10_cover:noise"``."""
     from fednovelty.datasets import list_adbench
-    from fednovelty.datasets.protocols import OOD_KINDS, parse_dataset
+    from fednovelty.datasets.protocols import BUNDLED_DIGITS, OOD_KINDS, parse_dataset
 
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
     if not datasets:
         raise ValueError("datasets is empty; name at least one, e.g. '4_breastw'.")
-    tabular = list_adbench(data_dir)
-    known = [*tabular, *list_adbench(data_dir, include_cv=True)[len(tabular) :], "mnist"]
+    if all(parse_dataset(name)[0] == BUNDLED_DIGITS for name in datasets):
+        tabular, embeddings = [], []  # scikit-learn's own digits: no data folder needed
+    else:
+        tabular = list_adbench(data_dir)
+        embeddings = list_adbench(data_dir, include_cv=True)[len(tabular) :]
+    known = [*tabular, *embeddings, "mnist", BUNDLED_DIGITS]
     out: list[str] = []
     for name in datasets:
         out.extend(tabular if name == "all" else [name])
@@ -122,8 +126,8 @@ def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
         "dataset",
         [base for base, _ in parsed],
         known,
-        " 'all' = every ADBench tabular dataset; 'mnist' = MNIST; add ':noise' for the "
-        "Gaussian-noise OOD set.",
+        " 'all' = every ADBench tabular dataset; 'mnist' = MNIST; 'digits' = scikit-learn's "
+        "bundled digits; add ':noise' for the Gaussian-noise OOD set.",
     )
     check_known("OOD suffix", [o for _, o in parsed if o is not None], list(OOD_KINDS))
     return list(dict.fromkeys(out))
@@ -257,8 +261,9 @@ def run_benchmark(
     """Run every cell of the grid and return the results, one row per cell.
 
     Args:
-        datasets: ADBench names, ``"all"`` (every tabular set), ``"mnist"``; a ``":noise"`` (or
-            MNIST ``":rotate"``, ...) suffix picks the OOD set (see ``make_task``).
+        datasets: ADBench names, ``"all"`` (every tabular set), ``"mnist"``, ``"digits"``; a
+            ``":noise"`` (or MNIST ``":rotate"``, ...) suffix picks the OOD set (see
+            ``make_task``).
         methods: names of novelty methods of :mod:`fednovelty.methods` (ablation variants
             included).
         protocols: ``"novelty"`` and/or ``"outlier"``.

@@ -134,3 +134,24 @@ def test_bad_arguments_say_what_is_wrong(args, kwargs, match):
 def test_parse_dataset():
     assert parse_dataset("10_cover:noise") == ("10_cover", "noise")
     assert parse_dataset("4_breastw") == ("4_breastw", None)
+
+
+def test_bundled_digits_need_no_data_folder(tmp_path):
+    """``make_task("digits")``: scikit-learn's digits, digit 0 novel, clients skewed over the
+    other digits, 16 federated principal axes; it reads no data folder."""
+    from sklearn.datasets import load_digits
+
+    from fednovelty.datasets.protocols import DIGITS_NOVEL
+
+    digits = load_digits().target
+    task = make_task("digits", "novelty", n_clients=5, alpha=0.5, seed=0, data_dir=tmp_path)
+    assert task.X_train.shape[1] == task.X_test.shape[1] == 16
+    assert (digits[task.train_index] != DIGITS_NOVEL).all()
+    novel = task.test_index[task.y_test == 1]
+    assert set(digits[novel].tolist()) == {DIGITS_NOVEL}
+    assert (digits == DIGITS_NOVEL).sum() == novel.size  # every image of the novel digit
+    assert len(set(task.groups_train.tolist())) == 5
+    outlier = make_task("digits", "outlier", n_clients=3, alpha=0.5, seed=0)
+    assert (digits[outlier.train_index] == DIGITS_NOVEL).any()  # trains on contaminated rows
+    with pytest.raises(ValueError, match="the bundled digits take"):
+        make_task("digits:rotate", "novelty", n_clients=3, alpha=0.5)

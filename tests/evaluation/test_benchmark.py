@@ -215,3 +215,15 @@ def test_torch_threads_are_set_for_the_run_and_restored():
         assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_bundled_digits_need_no_data_folder(tmp_path):
+    from fednovelty.evaluation.benchmark import check_datasets
+
+    missing = tmp_path / "missing"
+    assert check_datasets(["digits", "digits:noise"], data_dir=missing) == [
+        "digits",
+        "digits:noise",
+    ]
+    with pytest.raises(FileNotFoundError, match="data folder not found"):
+        check_datasets(["digits", "4_breastw"], data_dir=missing)
