@@ -253,13 +253,16 @@ def synthetic_bundle(
 
 # ----------------------------------------------------------------------------- ADBench
 def adbench_names(data_dir=None) -> list[str]:
-    """ADBench tabular datasets on disk (``[]`` when the data folder is missing)."""
+    """The benchmark tasks the app can train on: scikit-learn's bundled digits (always there,
+    shipped with scikit-learn) and the ADBench tabular datasets on disk (none when the data
+    folder is missing)."""
     from fednovelty.datasets import list_adbench
+    from fednovelty.datasets.protocols import BUNDLED_DIGITS
 
     try:
-        return list_adbench(data_dir)
+        return [BUNDLED_DIGITS, *list_adbench(data_dir)]
     except (FileNotFoundError, ValueError):
-        return []
+        return [BUNDLED_DIGITS]
 
 
 def adbench_bundle(
@@ -276,12 +279,13 @@ def adbench_bundle(
 ) -> DataBundle:
     """An ADBench benchmark task (``make_task``) with its last ``n_unseen`` clients held out:
     the task's training rows, clients, test rows and novelty labels as they are; an unseen
-    client adapts on its inliers (see :func:`_task_training_rows`).
+    client adapts on its inliers (the task's ``y_train`` marks the outlier protocol's
+    anomalous training rows).
 
     Raises:
         ValueError: from ``make_task`` (unknown name, a partition that cannot be drawn, ...).
     """
-    from fednovelty.datasets.protocols import make_task
+    from fednovelty.datasets.protocols import BUNDLED_DIGITS, make_task
 
     task = make_task(
         name,
@@ -294,7 +298,8 @@ def adbench_bundle(
         max_test=max_test,
         data_dir=data_dir,
     )
-    anomalous, clusters = _task_training_rows(task, data_dir)
+    anomalous, clusters = task.y_train == 1, task.partition_labels
+    digits = task.dataset == BUNDLED_DIGITS
     train = task.groups_train < n_clients
     novel = task.y_test == 1
     rng = np.random.default_rng(seed)
@@ -321,40 +326,15 @@ def adbench_bundle(
         groups_test=None,
         unseen=tuple(unseen),
         partition_clients=task.groups_train,
-        partition_labels=np.array([f"cluster {g}" for g in clusters]),
-        partition_label_name="k-means cluster",
+        partition_labels=np.array([f"{'digit' if digits else 'cluster'} {g}" for g in clusters]),
+        partition_label_name="digit" if digits else "k-means cluster",
         description=(
-            f"ADBench {task.name}, {protocol} protocol, {partition} partition into "
+            f"{'scikit-learn bundled' if digits else 'ADBench'} {task.name}, {protocol} "
+            f"protocol, {partition} partition into "
             f"{n_clients} training clients + {n_unseen} unseen; features min-max scaled; "
             f"test = held-out inliers + anomalies ({int(novel.sum())} novel of {novel.size})."
         ),
     )
-
-
-def _task_training_rows(task, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(anomalous, groups)``, (n_train,) each, of a ``make_task`` task's training rows:
-    whether a row is one of the dataset's anomalies (only the outlier protocol trains on any)
-    and the group the clients were drawn over.
-
-    Read from the task's ``y_train`` and ``partition_labels`` where it has them; otherwise
-    the outlier protocol's anomalies come from the source file (rows ``task.train_index``)
-    and the groups are 10 k-means clusters of the scaled training rows (seeded by
-    ``task.seed``; they need not be the clusters the partition was drawn over).
-    """
-    n_train = task.X_train.shape[0]
-    anomalous = getattr(task, "y_train", None)
-    if anomalous is None and task.protocol == "outlier":
-        from fednovelty.datasets import load_adbench
-
-        anomalous = load_adbench(task.dataset, data_dir)[1][task.train_index]
-    elif anomalous is None:
-        anomalous = np.zeros(n_train, np.int64)  # the novelty protocol trains on inliers
-    groups = getattr(task, "partition_labels", None)
-    if groups is None:
-        from fednovelty.datasets import kmeans_groups
-
-        groups = kmeans_groups(task.X_train, min(10, n_train), random_state=task.seed)
-    return np.asarray(anomalous) == 1, np.asarray(groups)
 
 
 # ----------------------------------------------------------------------------- uploads

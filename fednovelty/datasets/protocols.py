@@ -109,7 +109,12 @@ class Task:
         dataset: the file it was read from (``"10_cover"``, ``"mnist"``).
         protocol: ``"novelty"`` or ``"outlier"``; ood: what the novel test rows are.
         X_train: (n_train, n_features) float64, scaled; in novelty tasks inliers only.
+        y_train: (n_train,) int64, 1 = a training row that is one of the dataset's anomalies
+            (only the outlier protocol trains on any), else 0.
         groups_train: (n_train,) int64 client id of each training row, in ``range(n_clients)``.
+        partition_labels: (n_train,) int64 group of each training row that the clients were
+            drawn over (the digit for MNIST and the bundled digits, the k-means cluster for
+            ADBench).
         X_test: (n_test, n_features) float64, scaled with the training clients' range.
         y_test: (n_test,) int64, 1 = novel/anomalous (the positive class), 0 = inlier.
         train_index: (n_train,) rows of the source array used for training (MNIST: of
@@ -125,7 +130,9 @@ class Task:
     protocol: str
     ood: str
     X_train: np.ndarray
+    y_train: np.ndarray
     groups_train: np.ndarray
+    partition_labels: np.ndarray
     X_test: np.ndarray
     y_test: np.ndarray
     train_index: np.ndarray
@@ -230,6 +237,7 @@ def make_task(
         X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _mnist_split(
             ood, max_train, max_test, data_dir, rng
         )
+        y_train = np.zeros(train_idx.shape[0], dtype=np.int64)
     elif base == BUNDLED_DIGITS:
         if ood not in ("anomalies", "noise"):
             raise ValueError(f"ood={ood!r}: the bundled digits take 'anomalies' or 'noise'.")
@@ -244,6 +252,7 @@ def make_task(
             rng,
         )
         X_raw, X_test_raw, labels = X[train_idx], X[test_idx], digits[train_idx]
+        y_train = (labels == DIGITS_NOVEL).astype(np.int64)
     else:
         if ood not in ("anomalies", "noise"):
             raise ValueError(
@@ -255,6 +264,7 @@ def make_task(
             y, protocol, ood, test_share, max_train, max_test, rng
         )
         X_raw, X_test_raw, labels = X[train_idx], X[test_idx], None
+        y_train = np.asarray(y[train_idx], dtype=np.int64)
 
     if labels is None:  # no class column: skew over k-means clusters of the scaled rows
         pooled = MinMaxScaling.from_clients([X_raw]).transform(X_raw)
@@ -275,7 +285,9 @@ def make_task(
         protocol=protocol,
         ood=ood,
         X_train=X_train,
+        y_train=y_train,
         groups_train=groups_from_partition(parts, X_train.shape[0]),
+        partition_labels=np.asarray(labels, dtype=np.int64),
         X_test=X_test,
         y_test=y_test,
         train_index=train_idx,

@@ -1,7 +1,6 @@
 """Dashboard data sources and upload checks (app/fednovelty_app/data.py, uploads.py)."""
 
 import io
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -78,18 +77,25 @@ def test_adbench_bundle_is_the_task_with_clients_held_out():
     assert held == inliers.sum()
 
 
-def test_task_fields_are_used_when_the_task_has_them():
+def test_the_bundled_digits_are_a_source_without_the_data_folder(tmp_path):
+    """scikit-learn's digits are always offered, first; their clients were drawn over digits,
+    and an unseen client adapts on its training rows that are not the novel digit."""
+    assert data.adbench_names(tmp_path / "missing") == ["digits"]
+    assert data.adbench_names()[0] == "digits" and "4_breastw" in data.adbench_names()
+    bundle = data.adbench_bundle("digits", "outlier", n_clients=4, n_unseen=1, data_dir=tmp_path)
+    assert bundle.partition_label_name == "digit"
+    assert set(bundle.partition_labels) <= {f"digit {d}" for d in range(10)}
+    assert "scikit-learn bundled digits" in bundle.description
+
+
+def test_the_tasks_anomalous_training_rows_stay_out_of_adaptation():
     task = make_task("4_breastw", "outlier", n_clients=3, alpha=1.0, seed=0)
-    n = task.X_train.shape[0]
-    marked = np.zeros(n, np.int64)
-    marked[:5] = 1
-    fields = {**vars(task), "y_train": marked, "partition_labels": np.arange(n) % 3}
-    anomalous, groups = data._task_training_rows(SimpleNamespace(**fields), "/nonexistent")
-    np.testing.assert_array_equal(anomalous, marked == 1)
-    np.testing.assert_array_equal(groups, np.arange(n) % 3)
-    novelty = make_task("4_breastw", "novelty", n_clients=3, alpha=1.0, seed=0)
-    anomalous, _ = data._task_training_rows(novelty, "/nonexistent")  # no file read
-    assert not anomalous.any() and anomalous.shape == (novelty.X_train.shape[0],)
+    assert task.y_train.sum() > 0  # the outlier protocol trains on anomalies
+    bundle = data.adbench_bundle("4_breastw", "outlier", n_clients=2, n_unseen=1, alpha=1.0)
+    held = task.groups_train == 2
+    client = bundle.unseen[0]
+    inliers = client.X_adapt.shape[0] + int((client.novel_eval == 0).sum())
+    assert inliers == (held & (task.y_train == 0)).sum()
 
 
 def test_upload_bundle_splits_each_client_and_tests_novel_rows():
