@@ -1,6 +1,7 @@
 """The python examples of the pages under docs/ really run."""
 
 import re
+import textwrap
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -41,3 +42,12 @@ def test_benchmarks_page_lists_the_registry(capsys):
     federated, description = capsys.readouterr().out.strip().splitlines()
     assert "FedGenGMM" in federated and "CentralGMM" not in federated
     assert description
+
+
+def test_benchmarks_page_femnist_example_runs(capsys):
+    text = (DOCS / "benchmarks.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (block,) = [textwrap.dedent(b) for b in blocks if "femnist" in b]  # indented in a list
+    exec(compile(block, "docs/benchmarks.md FEMNIST", "exec"), {})
+    shape, seen, unseen = capsys.readouterr().out.rsplit(maxsplit=2)
+    assert shape.startswith("(") and shape.endswith(", 784)") and (seen, unseen) == ("16", "4")
