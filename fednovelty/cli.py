@@ -73,9 +73,9 @@ def _demo(args: argparse.Namespace) -> int:
     clients = settings["n_clients"] if args.clients is None else args.clients
     components = settings["n_components"] if args.components is None else args.components
     print(
-        f"fednovelty demo: {dataset}, {clients} clients, Dirichlet({args.alpha}) over "
-        f"{settings['groups']}, novelty protocol (train on inliers; test on held-out inliers "
-        f"+ {settings['novel']}), in-process engine",
+        f"fednovelty demo: {dataset}, {clients} clients by "
+        f"{settings['split'].format(alpha=args.alpha)}, novelty protocol (train on inliers; "
+        f"test on held-out inliers + {settings['novel']}), in-process engine",
         flush=True,
     )
     table = run_demo(

@@ -64,19 +64,26 @@ def demo_dataset(dataset: str | None, data_dir=None) -> tuple[str, str]:
 
 
 def demo_settings(dataset: str) -> dict:
-    """Default clients and components of the demo for ``dataset``, and how its table
-    describes the client split and the novel rows."""
+    """Default clients and components of the demo for ``dataset``, and how its header
+    describes the client split (a format string with ``{alpha}``) and the novel rows."""
+    if dataset.partition(":")[0] == "femnist":
+        return {
+            "n_clients": 20,
+            "n_components": 15,
+            "split": "its writers (each writer a client)",
+            "novel": "half of the writers' test images, scaled, rotated or flipped",
+        }
     if dataset.partition(":")[0] == BUNDLED_DIGITS:
         return {
             "n_clients": 10,
             "n_components": 5,
-            "groups": "digits",
+            "split": "Dirichlet({alpha}) over digits",
             "novel": f"every image of digit {DIGITS_NOVEL}",
         }
     return {
         "n_clients": 20,
         "n_components": 15,
-        "groups": "k-means clusters",
+        "split": "Dirichlet({alpha}) over k-means clusters",
         "novel": "ADBench anomalies",
     }
 

@@ -162,7 +162,8 @@ def add_parser(sub) -> None:
     bench.add_argument(
         "--datasets",
         nargs="+",
-        help="ADBench names, 'all', 'mnist', 'digits' (scikit-learn's bundled digits); a suffix "
+        help="ADBench names, 'all', 'mnist', 'femnist' (writers as clients), 'digits' "
+        "(scikit-learn's bundled digits); a suffix "
         "':noise' picks the Gaussian-noise OOD set",
     )
     ablations = ", ".join(f"NAME{suffix}" for suffix in ABLATIONS)

@@ -26,6 +26,11 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   :class:`~fednovelty.federated.pca.FederatedPCA`: summed rows, then summed scatter about the
   pooled mean), so every method sees the same 24 features. Novelty protocol only.
 
+- FEMNIST (``"femnist"``): the clients are the first ``n_clients`` writers of
+  :func:`~fednovelty.datasets.make_femnist_federated` (seeded; ``partition`` and ``alpha``
+  do not apply and the task records ``partition="writers"``) and hold their writers' training
+  images; the writers' test images are halved into inliers and novel images, transformed as
+  MNIST's, and the pixels projected on 24 federated principal axes. Novelty protocol only.
 - Bundled digits (``"digits"``): scikit-learn's handwritten digits (1,797 8x8 images with 64
   pixel features, shipped inside scikit-learn, so they need no data folder): the images of
   digit ``DIGITS_NOVEL`` (0) are the anomalies, the other digits the inliers; both protocols.
@@ -69,6 +74,7 @@ from fednovelty.datasets import (
     kmeans_groups,
     load_adbench,
     load_mnist,
+    make_femnist_federated,
     transform_images,
 )
 
@@ -95,7 +101,15 @@ BUNDLED_DIGITS = "digits"
 #: The digit whose images are the bundled digits' anomalies.
 DIGITS_NOVEL = 0
 #: Image datasets whose pixels are projected on federated principal axes (count by default).
-PCA_COMPONENTS = {"mnist": MNIST_PCA_COMPONENTS, BUNDLED_DIGITS: 16}
+PCA_COMPONENTS = {
+    "mnist": MNIST_PCA_COMPONENTS,
+    "femnist": MNIST_PCA_COMPONENTS,
+    BUNDLED_DIGITS: 16,
+}
+#: Image sets whose novel test rows are transformed images.
+IMAGE_SETS = ("mnist", "femnist")
+#: The partition of FEMNIST: its writers are the clients.
+WRITERS = "writers"
 _MNIST_OOD_CYCLE = ("scale", "rotate", "hflip")
 
 
@@ -215,7 +229,7 @@ def make_task(
     base, suffix = parse_dataset(dataset)
     if suffix is not None and ood is not None and suffix != ood:
         raise ValueError(f"dataset {dataset!r} names ood={suffix!r} but ood={ood!r} was passed.")
-    default_ood = "transforms" if base == "mnist" else "anomalies"
+    default_ood = "transforms" if base in IMAGE_SETS else "anomalies"
     ood = ood or suffix or default_ood
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}; got {protocol!r}.")
@@ -231,12 +245,18 @@ def make_task(
             "novelty protocol only."
         )
     rng = np.random.default_rng(seed)
-    if base == "mnist":
+    if base in IMAGE_SETS:
         if ood == "anomalies":
-            raise ValueError("mnist has no anomaly labels; use ood='transforms' or a transform.")
-        X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _mnist_split(
-            ood, max_train, max_test, data_dir, rng
-        )
+            raise ValueError(f"{base} has no anomaly labels; use ood='transforms' or a transform.")
+        if base == "mnist":
+            X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _mnist_split(
+                ood, max_train, max_test, data_dir, rng
+            )
+        else:
+            X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _femnist_split(
+                ood, n_clients, max_train, max_test, data_dir, rng
+            )
+            partition, alpha = WRITERS, None
         y_train = np.zeros(train_idx.shape[0], dtype=np.int64)
     elif base == BUNDLED_DIGITS:
         if ood not in ("anomalies", "noise"):
@@ -269,7 +289,10 @@ def make_task(
     if labels is None:  # no class column: skew over k-means clusters of the scaled rows
         pooled = MinMaxScaling.from_clients([X_raw]).transform(X_raw)
         labels = kmeans_groups(pooled, min(n_groups, X_raw.shape[0]), random_state=rng)
-    parts = _partition(labels, n_clients, alpha, partition, min_size, rng)
+    if partition == WRITERS:  # each writer is a client: no partition to draw
+        parts = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    else:
+        parts = _partition(labels, n_clients, alpha, partition, min_size, rng)
     if base in PCA_COMPONENTS:
         X_raw, X_test_raw = _federated_pca(
             X_raw, X_test_raw, parts, pca_components or PCA_COMPONENTS[base]
@@ -371,19 +394,38 @@ def _mnist_split(ood, max_train, max_test, data_dir, rng):
     y_test = np.zeros(test_idx.size, np.int64)
     y_test[test_idx.size // 2 :] = 1
     test_idx, y_test = _stratified_cap(test_idx, y_test, max_test, rng)
-    images = mnist["x_test"][test_idx].copy()
+    flat = _novel_images(mnist["x_test"][test_idx], y_test, ood)
+    X_train = mnist["x_train"][train_idx].reshape(train_idx.size, -1).astype(np.float64) / 255.0
+    return X_train, mnist["y_train"][train_idx], train_idx, flat, y_test, test_idx
+
+
+def _novel_images(images: np.ndarray, y_test: np.ndarray, ood: str) -> np.ndarray:
+    """Test images (n, h, w) uint8 with the rows where ``y_test == 1`` made novel by ``ood``
+    (``"transforms"`` cycles through ``_MNIST_OOD_CYCLE``; ``"noise"`` is added later, after
+    scaling), flattened and divided by 255: (n, h * w) float64."""
+    images = images.copy()
     novel = np.flatnonzero(y_test == 1)
-    if ood == "noise":
-        pass  # noise is added after scaling, by the caller
-    elif ood == "transforms":
+    if ood == "transforms":
         for j, name in enumerate(_MNIST_OOD_CYCLE):
             rows = novel[j :: len(_MNIST_OOD_CYCLE)]
             images[rows] = transform_images(images[rows], name)
-    else:
+    elif ood != "noise":
         images[novel] = transform_images(images[novel], ood)
-    flat = images.reshape(images.shape[0], -1).astype(np.float64) / 255.0
-    X_train = mnist["x_train"][train_idx].reshape(train_idx.size, -1).astype(np.float64) / 255.0
-    return X_train, mnist["y_train"][train_idx], train_idx, flat, y_test, test_idx
+    return images.reshape(images.shape[0], -1).astype(np.float64) / 255.0
+
+
+def _femnist_split(ood, n_writers, max_train, max_test, data_dir, rng):
+    """FEMNIST's writers as the clients: their training rows (pixels / 255), each row's
+    writer, and their test rows with half turned OOD, as MNIST's."""
+    writers = make_femnist_federated(n_writers, random_state=rng, data_dir=data_dir)
+    train_idx = _subsample(np.arange(writers.y_train.shape[0]), max_train, rng)
+    test_idx = rng.permutation(writers.y_test.shape[0])
+    y_test = np.zeros(test_idx.size, np.int64)
+    y_test[test_idx.size // 2 :] = 1
+    test_idx, y_test = _stratified_cap(test_idx, y_test, max_test, rng)
+    flat = _novel_images(writers.images_test[test_idx], y_test, ood)
+    X_train = writers.X_train[train_idx]
+    return X_train, writers.groups_train[train_idx], train_idx, flat, y_test, test_idx
 
 
 def _min_size(n_train: int, n_clients: int, min_size: int | None) -> int:

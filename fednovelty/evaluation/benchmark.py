@@ -117,7 +117,7 @@ def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
     else:
         tabular = list_adbench(data_dir)
         embeddings = list_adbench(data_dir, include_cv=True)[len(tabular) :]
-    known = [*tabular, *embeddings, "mnist", BUNDLED_DIGITS]
+    known = [*tabular, *embeddings, "mnist", "femnist", BUNDLED_DIGITS]
     out: list[str] = []
     for name in datasets:
         out.extend(tabular if name == "all" else [name])
@@ -126,7 +126,8 @@ def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
         "dataset",
         [base for base, _ in parsed],
         known,
-        " 'all' = every ADBench tabular dataset; 'mnist' = MNIST; 'digits' = scikit-learn's "
+        " 'all' = every ADBench tabular dataset; 'mnist' = MNIST; 'femnist' = FEMNIST's "
+        "writers as clients; 'digits' = scikit-learn's "
         "bundled digits; add ':noise' for the Gaussian-noise OOD set.",
     )
     check_known("OOD suffix", [o for _, o in parsed if o is not None], list(OOD_KINDS))

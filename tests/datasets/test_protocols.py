@@ -155,3 +155,16 @@ def test_bundled_digits_need_no_data_folder(tmp_path):
     assert (digits[outlier.train_index] == DIGITS_NOVEL).any()  # trains on contaminated rows
     with pytest.raises(ValueError, match="the bundled digits take"):
         make_task("digits:rotate", "novelty", n_clients=3, alpha=0.5)
+
+
+def test_femnist_writers_are_the_clients():
+    task = make_task("femnist", "novelty", n_clients=4, alpha=0.5, seed=0, max_test=200)
+    assert (task.partition, task.alpha) == ("writers", None)
+    assert set(task.groups_train.tolist()) == set(range(4))
+    np.testing.assert_array_equal(task.partition_labels, task.groups_train)
+    n_test = task.y_test.size
+    assert task.X_train.shape[1] == 24 and task.y_test.sum() == n_test - n_test // 2  # half novel
+    again = make_task("femnist:rotate", "novelty", n_clients=4, alpha=None, seed=0, max_test=200)
+    assert again.name == "femnist:rotate"
+    with pytest.raises(ValueError, match="femnist has no anomaly labels"):
+        make_task("femnist:anomalies", "novelty", n_clients=2, alpha=None)
