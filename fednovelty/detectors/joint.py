@@ -27,6 +27,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated.config import LEARNERS
 from fednovelty.federated.joint import (
     PFL_METHODS,
     JointFedGMM,
@@ -34,8 +35,6 @@ from fednovelty.federated.joint import (
     adapt_joint_weights,
     global_log_joint_weights,
     joint_log_scores,
-    linear_learner,
-    mlp_learner,
     unpack_client_data,
 )
 from fednovelty.mixture import score_samples
@@ -59,8 +58,10 @@ class JointFedGMMDetector(EMDetector):
         n_components: M1 shared Gaussians.
         n_learners: M2 conditional models ``P_m2(y | x)``.
         learner: ``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer
-            of 64) or a factory ``(n_features, n_classes) -> torch.nn.Module`` (a model with
-            a factory cannot be saved).
+            of 64), ``"cnn"`` (the FedGMM paper's FEMNIST encoder, for square images
+            flattened to rows: ``fednovelty.federated.config.cnn_learner``) or a factory
+            ``(n_features, n_classes) -> torch.nn.Module`` (a model with a factory cannot be
+            saved).
         local_epochs, learning_rate, batch_size: the learners' local training each round.
         optimizer: ``"sgd"`` (default) or ``"adam"`` for the learners' local steps.
         mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
@@ -108,7 +109,7 @@ class JointFedGMMDetector(EMDetector):
     _parameter_constraints: ClassVar[dict] = {
         **EM_CONSTRAINTS,
         "n_learners": _POSITIVE_INT,
-        "learner": [StrOptions({"linear", "mlp"}), callable],
+        "learner": [StrOptions(set(LEARNERS)), callable],
         "local_epochs": _POSITIVE_INT,
         "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
         "batch_size": _POSITIVE_INT,
@@ -262,7 +263,7 @@ class JointFedGMMDetector(EMDetector):
         return result
 
     def _learner_factory(self):
-        return {"linear": linear_learner, "mlp": mlp_learner}.get(self.learner, self.learner)
+        return LEARNERS[self.learner] if isinstance(self.learner, str) else self.learner
 
     def _learner_template(self, n_features: int):
         options = self._torch_options()
@@ -401,8 +402,8 @@ class JointFedGMMDetector(EMDetector):
         if callable(self.learner):
             raise ValueError(
                 "a joint model with a custom learner factory cannot be saved safely (the "
-                "factory is code, and loading runs no code); use learner='linear' or "
-                "'mlp', or save the learner weights yourself."
+                f"factory is code, and loading runs no code); use a named learner "
+                f"{sorted(LEARNERS)}, or save the learner weights yourself."
             )
         tensors, attrs = super()._get_state()
         state = self.joint_state_

@@ -13,6 +13,7 @@ tuples and tensors as (nested) lists, the joint model's learner factory by name
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -49,7 +50,42 @@ def mlp_learner(n_features: int, n_classes: int, hidden: int = 64) -> nn.Module:
 
 
 #: learner factories by their JSON name.
-LEARNERS: dict[str, LearnerFactory] = {"linear": linear_learner, "mlp": mlp_learner}
+def cnn_learner(n_features: int, n_classes: int) -> nn.Module:
+    """The FedGMM paper's FEMNIST encoder for square one-channel images flattened to
+    ``n_features = side * side`` (side >= 6): two 3x3 convolutions (32 and 64 channels,
+    ReLU), 2x2 max pooling, a 128-unit dense layer (ReLU) and the class layer. The paper's
+    dropout is left out: the learners' local training draws no randomness but its batches'.
+
+    Raises:
+        ValueError: ``n_features`` is not the square of a side of at least 6.
+    """
+    side = math.isqrt(max(int(n_features), 0))
+    if side * side != n_features or side < 6:
+        raise ValueError(
+            f"learner='cnn' needs square images flattened to side * side features with side "
+            f">= 6 (784 for 28 x 28); got n_features={n_features}. Use 'linear' or 'mlp' for "
+            "other rows."
+        )
+    pooled = (side - 4) // 2
+    return nn.Sequential(
+        nn.Unflatten(1, (1, side, side)),
+        nn.Conv2d(1, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * pooled * pooled, 128),
+        nn.ReLU(),
+        nn.Linear(128, n_classes),
+    )
+
+
+LEARNERS: dict[str, LearnerFactory] = {
+    "linear": linear_learner,
+    "mlp": mlp_learner,
+    "cnn": cnn_learner,
+}
 
 
 def as_dtype(value: Any) -> torch.dtype:
@@ -120,8 +156,8 @@ def _json_value(value: Any) -> Any:
         names = [name for name, factory in LEARNERS.items() if factory is value]
         if not names:
             raise ValueError(
-                "a custom learner factory cannot be written as JSON; use 'linear' or 'mlp' "
-                "where the settings must travel (Flower)."
+                f"a custom learner factory cannot be written as JSON; use one of "
+                f"{sorted(LEARNERS)} where the settings must travel (Flower)."
             )
         return names[0]
     return value

@@ -394,3 +394,23 @@ def test_the_docs_example_runs(capsys):
     predicted, scores = capsys.readouterr().out.strip().split("\n", 1)
     assert set(predicted.strip("[]").split()) <= {"0", "1"}
     assert len(scores.strip("[]").split()) == 5
+
+
+def test_a_cnn_learner_fits_saves_and_loads(tmp_path):
+    """learner='cnn' on 8 x 8 images flattened to 64 features: fits, classifies, and saves
+    by name (no code in the file)."""
+    rng = np.random.default_rng(0)
+    X = rng.random((120, 64))
+    y = (X[:, :32].sum(1) > X[:, 32:].sum(1)).astype(int)
+    detector = JointFedGMMDetector(
+        2, n_learners=1, learner="cnn", max_iter=2, local_epochs=1, random_state=0
+    ).fit(X, y, groups=np.arange(120) % 3)
+    assert detector.predict_y(X).shape == (120,)
+    detector.save(tmp_path / "cnn.safetensors")
+    loaded = load(tmp_path / "cnn.safetensors")
+    assert loaded.learner == "cnn"
+    assert_close_scaled(loaded.log_py_given_x(X, y), detector.log_py_given_x(X, y))
+    with pytest.raises(ValueError, match="learner='cnn' needs square images"):
+        JointFedGMMDetector(2, n_learners=1, learner="cnn", max_iter=1).fit(
+            X[:, :50], y, groups=np.arange(120) % 3
+        )

@@ -127,7 +127,7 @@ def test_local_gmms_is_a_configuration_of_fedgengmm() -> None:
             "optimizer",
         ),
         (
-            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, learner_factory="cnn"),
+            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, learner_factory="resnet"),
             "'learner'",
         ),
         (
@@ -204,3 +204,17 @@ def test_messages_carry_only_what_changes_per_round(make) -> None:
         data = {c: (x, (x[:, 0] > 3 * c).long()) for c, x in data.items()}
     for message in broadcasts(algorithm, data):
         assert set(message.scalars) <= {"seed", "fraction"}, (message.kind, message.scalars)
+
+
+def test_the_cnn_learner_reads_square_images_and_travels_by_name() -> None:
+    from fednovelty.federated.config import LEARNERS, cnn_learner
+
+    module = cnn_learner(28 * 28, 62)
+    assert module(torch.zeros(5, 784)).shape == (5, 62)
+    assert cnn_learner(8 * 8, 3)(torch.zeros(2, 64)).shape == (2, 3)
+    for bad in (783, 25):  # not a square; a side below 6
+        with pytest.raises(ValueError, match="learner='cnn' needs square images"):
+            cnn_learner(bad, 2)
+    algorithm = JointFedGMM(2, 1, 3, learner_factory="cnn")
+    assert algorithm.config.learner_factory is LEARNERS["cnn"]
+    assert algorithm.config.to_json()["learner"] == "cnn"
