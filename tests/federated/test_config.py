@@ -127,7 +127,7 @@ def test_local_gmms_is_a_configuration_of_fedgengmm() -> None:
             "optimizer",
         ),
         (
-            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, learner_factory="resnet"),
+            lambda: JointConfig(n_components=2, n_learners=1, n_classes=2, learner_factory="rnn"),
             "'learner'",
         ),
         (
