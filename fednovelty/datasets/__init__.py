@@ -11,11 +11,15 @@
 - :mod:`~fednovelty.datasets.femnist`: ``make_femnist_federated`` (FEMNIST's writers as
   clients, split 60 / 20 / 20 inside each writer), ``split_writers`` (unseen writers),
   ``shift_writers`` (the FedGMM paper's transformed-and-relabelled rows).
+- :mod:`~fednovelty.datasets.digits`: ``load_bundled_digits`` (scikit-learn's bundled 8x8
+  digits, no data folder needed; the ``"digits"`` benchmark task and the demo's fallback).
 - :mod:`~fednovelty.datasets.shifts`: OOD sets: ``rotate90``, ``hflip``, ``scale_images``,
   ``invert``, ``transform_images``, ``add_gaussian_noise``, ``permute_labels``.
 - :mod:`~fednovelty.datasets.synthetic`: ``make_fedgmm_synthetic`` (the FedGMM paper's
   synthetic federated classification data) and its ``FederatedSplit``.
 """
+
+from fednovelty.datasets.digits import load_bundled_digits
 
 # femnist imports shifts, so it comes after it
 from fednovelty.datasets.femnist import (
@@ -71,6 +75,7 @@ __all__ = [
     "kmeans_groups",
     "list_adbench",
     "load_adbench",
+    "load_bundled_digits",
     "load_femnist",
     "load_mnist",
     "make_fedgmm_synthetic",

@@ -43,7 +43,7 @@ def _default_data_dir() -> Path:
 
 
 def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """Folder holding ``adbench/``, ``adbench_cv/`` and ``mnist/``.
+    """Folder holding ``adbench/``, ``adbench_cv/``, ``mnist/`` and ``femnist/``.
 
     Args:
         path: explicit folder. If None, the environment variable ``FEDNOVELTY_DATA`` is used;

@@ -31,8 +31,9 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   do not apply and the task records ``partition="writers"``) and hold their writers' training
   images; the writers' test images are halved into inliers and novel images, transformed as
   MNIST's, and the pixels projected on 24 federated principal axes. Novelty protocol only.
-- Bundled digits (``"digits"``): scikit-learn's handwritten digits (1,797 8x8 images with 64
-  pixel features, shipped inside scikit-learn, so they need no data folder): the images of
+- Bundled digits (``"digits"``): scikit-learn's handwritten digits
+  (:func:`~fednovelty.datasets.digits.load_bundled_digits`: 1,797 8x8 images with 64 pixel
+  features, shipped inside scikit-learn, so they need no data folder): the images of
   digit ``DIGITS_NOVEL`` (0) are the anomalies, the other digits the inliers; both protocols.
   Pixels are projected on 16 federated principal axes, as MNIST's on 24 (many of the 64 pixels
   are constant in training, which a density cannot score).
@@ -77,6 +78,12 @@ from fednovelty.datasets import (
     make_femnist_federated,
     transform_images,
 )
+from fednovelty.datasets.digits import (
+    BUNDLED_DIGITS,
+    DIGITS_NOVEL,
+    DIGITS_PCA_COMPONENTS,
+    load_bundled_digits,
+)
 
 __all__ = [
     "BUNDLED_DIGITS",
@@ -96,15 +103,11 @@ PARTITIONS = ("dirichlet", "quantity", "iid")
 OOD_KINDS = ("anomalies", "noise", "transforms", *TRANSFORMS)
 NOISE_VARIANCE = 0.005  # the FedGenGMM paper's Covertype noise, on min-max scaled features
 MNIST_PCA_COMPONENTS = 24  # the FedGenGMM paper's MNIST features
-#: scikit-learn's bundled handwritten digits, usable without the data folder.
-BUNDLED_DIGITS = "digits"
-#: The digit whose images are the bundled digits' anomalies.
-DIGITS_NOVEL = 0
 #: Image datasets whose pixels are projected on federated principal axes (count by default).
 PCA_COMPONENTS = {
     "mnist": MNIST_PCA_COMPONENTS,
     "femnist": MNIST_PCA_COMPONENTS,
-    BUNDLED_DIGITS: 16,
+    BUNDLED_DIGITS: DIGITS_PCA_COMPONENTS,
 }
 #: Image sets whose novel test rows are transformed images.
 IMAGE_SETS = ("mnist", "femnist")
@@ -192,10 +195,11 @@ def make_task(
 
     Args:
         dataset: an ADBench name from :func:`~fednovelty.datasets.list_adbench` (tabular or,
-            with ``include_cv``, embeddings), ``"mnist"`` or ``"digits"`` (scikit-learn's
-            bundled digits, no data folder needed), optionally with ``":<ood>"``.
+            with ``include_cv``, embeddings), ``"mnist"``, ``"femnist"`` (its writers are the
+            clients) or ``"digits"`` (scikit-learn's bundled digits, no data folder needed),
+            optionally with ``":<ood>"``.
         protocol: ``"novelty"`` or ``"outlier"``.
-        n_clients: number of clients, >= 1.
+        n_clients: number of clients, >= 1 (FEMNIST: writers).
         alpha: Dirichlet concentration (``"dirichlet"``), groups per client (``"quantity"``,
             an integer) or ignored (``"iid"``; may be None).
         partition: ``"dirichlet"``, ``"quantity"`` or ``"iid"``.
@@ -261,7 +265,7 @@ def make_task(
     elif base == BUNDLED_DIGITS:
         if ood not in ("anomalies", "noise"):
             raise ValueError(f"ood={ood!r}: the bundled digits take 'anomalies' or 'noise'.")
-        X, digits = _bundled_digits()
+        X, digits = load_bundled_digits()
         train_idx, test_idx, y_test = _tabular_split(
             (digits == DIGITS_NOVEL).astype(np.int64),
             protocol,
@@ -321,15 +325,6 @@ def make_task(
         partition=partition,
         seed=int(seed),
     )
-
-
-def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's bundled handwritten digits: pixels (1797, 64) float64 in [0, 16] and the
-    digit of each image (1797,) int64. Read from scikit-learn's own files (no download)."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    return np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
 
 
 def _subsample(index: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:
