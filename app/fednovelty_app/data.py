@@ -10,9 +10,19 @@ Sources:
 - :func:`synthetic_bundle`: the FedGMM paper's synthetic clients
   (``fednovelty.datasets.make_fedgmm_synthetic``) with one extra component that no client
   trains on: its rows are the novel inputs. Labelled, so FedGMM fits its joint model.
-- :func:`adbench_bundle`: an ADBench dataset from ``../shared/data`` as a benchmark task
-  (``fednovelty.datasets.protocols.make_task``: novelty or outlier protocol, Dirichlet,
-  quantity or IID clients over k-means clusters, min-max scaled). No class labels.
+- :func:`adbench_bundle`: a benchmark task (``fednovelty.datasets.protocols.make_task``),
+  named by :func:`adbench_names`:
+
+  - ``BUNDLED_DIGITS``: scikit-learn's bundled 8x8 handwritten digits (shipped with
+    scikit-learn, so always there): digit 0 is novel, clients by Dirichlet over the other
+    digits. The default source when the data folder is missing (:func:`default_source`).
+  - an ADBench dataset from ``../shared/data``: novelty or outlier protocol, Dirichlet,
+    quantity or IID clients over k-means clusters, min-max scaled.
+  - ``FEMNIST`` ("FEMNIST writers"): LEAF's handwriting, each writer a client; the held-out
+    clients are whole writers the federation never saw; half of the writers' test images are
+    made novel by rotation, mirroring or scaling; pixels on 24 federated principal axes.
+
+  No class labels (the tasks carry novelty labels only).
 - :func:`upload_bundle`: a table the user uploads, checked by ``fednovelty_app.uploads``
   (a client column, an optional class-label column and an optional novelty column).
 
@@ -45,6 +55,9 @@ from fednovelty_app.uploads import (
 )
 
 __all__ = [
+    "BUNDLED_DIGITS",
+    "FEMNIST",
+    "FEMNIST_WRITERS",
     "MIN_ROWS_PER_CLIENT",
     "SYNTHETIC",
     "TEST_SHARE",
@@ -55,13 +68,24 @@ __all__ = [
     "adbench_names",
     "check_score_table",
     "check_table",
+    "default_source",
     "digest",
     "read_table",
+    "source_label",
     "synthetic_bundle",
     "upload_bundle",
 ]
 
 SYNTHETIC = "FedGMM synthetic (labelled)"
+#: Task names of scikit-learn's bundled digits and of FEMNIST (``make_task``'s names).
+BUNDLED_DIGITS = "digits"
+FEMNIST = "femnist"
+#: FEMNIST writers trained on by default (plus the held-out ones): trains in seconds.
+FEMNIST_WRITERS = 20
+_LABELS = {
+    BUNDLED_DIGITS: "scikit-learn digits (bundled, real)",
+    FEMNIST: "FEMNIST writers",
+}
 #: Fewest novel test rows of the synthetic data (else the clients' novel training rows join).
 MIN_NOVEL_ROWS = 10
 
@@ -251,18 +275,38 @@ def synthetic_bundle(
     )
 
 
-# ----------------------------------------------------------------------------- ADBench
+# ----------------------------------------------------------------------------- tasks
 def adbench_names(data_dir=None) -> list[str]:
     """The benchmark tasks the app can train on: scikit-learn's bundled digits (always there,
-    shipped with scikit-learn) and the ADBench tabular datasets on disk (none when the data
-    folder is missing)."""
+    shipped with scikit-learn), then, when the data folder holds them, ``FEMNIST`` and the
+    ADBench tabular datasets (none when the data folder is missing)."""
+    from fednovelty.datasets import data_dir as find_data_dir
     from fednovelty.datasets import list_adbench
-    from fednovelty.datasets.protocols import BUNDLED_DIGITS
 
     try:
-        return [BUNDLED_DIGITS, *list_adbench(data_dir)]
+        root = find_data_dir(data_dir)
+        femnist = [FEMNIST] if (root / "femnist" / "femnist.npz").is_file() else []
+        return [BUNDLED_DIGITS, *femnist, *list_adbench(root)]
     except (FileNotFoundError, ValueError):
         return [BUNDLED_DIGITS]
+
+
+def default_source(data_dir=None) -> str:
+    """The Train page's first choice: ``SYNTHETIC`` (labelled, so every page works) when the
+    data folder is there, else scikit-learn's bundled digits, real data that needs no folder."""
+    from fednovelty.datasets import data_dir as find_data_dir
+
+    try:
+        find_data_dir(data_dir)
+    except FileNotFoundError:
+        return BUNDLED_DIGITS
+    return SYNTHETIC
+
+
+def source_label(source: str) -> str:
+    """How the Train page names a source: ``"femnist"`` -> ``"FEMNIST writers"``, ...; any
+    other source (ADBench names, ``SYNTHETIC``) as it is."""
+    return _LABELS.get(source, source)
 
 
 def adbench_bundle(
@@ -277,15 +321,21 @@ def adbench_bundle(
     max_test: int | None = 5_000,
     data_dir=None,
 ) -> DataBundle:
-    """An ADBench benchmark task (``make_task``) with its last ``n_unseen`` clients held out:
-    the task's training rows, clients, test rows and novelty labels as they are; an unseen
-    client adapts on its inliers (the task's ``y_train`` marks the outlier protocol's
-    anomalous training rows).
+    """A benchmark task (``make_task``: an ADBench name, ``BUNDLED_DIGITS`` or ``FEMNIST``)
+    with its last ``n_unseen`` clients held out: the task's training rows, clients, test rows
+    and novelty labels as they are; an unseen client adapts on its inliers (the task's
+    ``y_train`` marks the outlier protocol's anomalous training rows).
+
+    For ``FEMNIST`` the clients are ``n_clients + n_unseen`` writers (``partition`` and
+    ``alpha`` do not apply), so the held-out clients are writers the federation never saw; the
+    test set is the writers' test images (the held-out writers' too), half of them
+    transformed, and an unseen writer adapts on its training images.
 
     Raises:
         ValueError: from ``make_task`` (unknown name, a partition that cannot be drawn, ...).
+        FileNotFoundError: the data folder or the dataset's file is missing.
     """
-    from fednovelty.datasets.protocols import BUNDLED_DIGITS, make_task
+    from fednovelty.datasets.protocols import make_task
 
     task = make_task(
         name,
@@ -298,8 +348,7 @@ def adbench_bundle(
         max_test=max_test,
         data_dir=data_dir,
     )
-    anomalous, clusters = task.y_train == 1, task.partition_labels
-    digits = task.dataset == BUNDLED_DIGITS
+    anomalous, groups = task.y_train == 1, task.partition_labels
     train = task.groups_train < n_clients
     novel = task.y_test == 1
     rng = np.random.default_rng(seed)
@@ -314,8 +363,9 @@ def adbench_bundle(
         )
         for h in range(n_clients, n_clients + n_unseen)
     ]
+    group_name, description = _task_words(task, n_clients, n_unseen, int(novel.sum()))
     return DataBundle(
-        name=f"{task.name} ({protocol})",
+        name=f"{task.name} ({task.protocol})",
         feature_names=_names(task.n_features),
         X_train=task.X_train[train],
         groups_train=task.groups_train[train],
@@ -326,14 +376,33 @@ def adbench_bundle(
         groups_test=None,
         unseen=tuple(unseen),
         partition_clients=task.groups_train,
-        partition_labels=np.array([f"{'digit' if digits else 'cluster'} {g}" for g in clusters]),
-        partition_label_name="digit" if digits else "k-means cluster",
-        description=(
-            f"{'scikit-learn bundled' if digits else 'ADBench'} {task.name}, {protocol} "
-            f"protocol, {partition} partition into "
-            f"{n_clients} training clients + {n_unseen} unseen; features min-max scaled; "
-            f"test = held-out inliers + anomalies ({int(novel.sum())} novel of {novel.size})."
-        ),
+        partition_labels=np.array([f"{group_name.split()[-1]} {g}" for g in groups]),
+        partition_label_name=group_name,
+        description=description,
+    )
+
+
+def _task_words(task, n_clients: int, n_unseen: int, n_novel: int) -> tuple[str, str]:
+    """What a task's partition groups are, and one line on where its data came from."""
+    clients = f"{n_clients} training clients + {n_unseen} unseen"
+    tested = f"({n_novel} novel of {task.y_test.size})"
+    if task.dataset == FEMNIST:
+        return "writer", (
+            f"FEMNIST writers (LEAF): {clients} writers, each writer a client; novelty "
+            f"protocol: test = the writers' held-out images, half of them transformed "
+            f"({task.ood}) {tested}; pixels on {task.n_features} federated principal axes, "
+            "min-max scaled."
+        )
+    if task.dataset == BUNDLED_DIGITS:
+        return "digit", (
+            f"scikit-learn's bundled handwritten digits (real data shipped with scikit-learn; "
+            f"no data folder needed), {task.protocol} protocol, {task.partition} partition "
+            f"over the digits into {clients}; digit 0 is novel {tested}; pixels on "
+            f"{task.n_features} federated principal axes, min-max scaled."
+        )
+    return "k-means cluster", (
+        f"ADBench {task.name}, {task.protocol} protocol, {task.partition} partition into "
+        f"{clients}; features min-max scaled; test = held-out inliers + anomalies {tested}."
     )
 
 

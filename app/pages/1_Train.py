@@ -6,11 +6,15 @@ from fednovelty_app import ui
 ui.setup("Train", ":material/model_training:")
 
 from fednovelty_app.data import (  # noqa: E402  (after the page config, as Streamlit wants)
+    FEMNIST,
+    FEMNIST_WRITERS,
     SYNTHETIC,
     UploadError,
     adbench_names,
+    default_source,
     digest,
     read_table,
+    source_label,
 )
 from fednovelty_app.training import (  # noqa: E402
     CENTRALIZED,
@@ -64,13 +68,16 @@ upload_key = None
 with data_col:
     st.subheader("Data and clients")
     sources = [SYNTHETIC, *adbench_names(), UPLOAD]
-    ui.default_choice(P + "source", sources, SYNTHETIC)
+    ui.default_choice(P + "source", sources, default_source())
     source = st.selectbox(
         "Dataset",
         sources,
         key=P + "source",
-        help="The FedGMM paper's synthetic clients (labelled: every page works), an ADBench "
-        "dataset from the shared data folder, or your own table.",
+        format_func=source_label,
+        help="The FedGMM paper's synthetic clients (labelled: every page works), "
+        "scikit-learn's bundled handwritten digits (real, no data folder needed), FEMNIST's "
+        "writers as clients or an ADBench dataset from the shared data folder, or your own "
+        "table.",
     )
     extra: dict = {}
     if source == SYNTHETIC:
@@ -123,6 +130,16 @@ with data_col:
                 extra["upload_digest"] = upload_key
                 extra["upload_name"] = uploaded.name
                 st.dataframe(frame.head(5), hide_index=True)
+    elif source == FEMNIST:
+        ui.default(P + "fem_writers", FEMNIST_WRITERS)
+        extra["n_clients"] = st.slider(
+            "Training writers (each writer a client)",
+            2,
+            200,
+            key=P + "fem_writers",
+            help="A seeded choice of FEMNIST's 539 writers; more writers train longer. Half "
+            "of the writers' test images are rotated, mirrored or scaled: the novel inputs.",
+        )
     else:
         ui.default(P + "protocol", "novelty")
         ui.default(P + "partition", "dirichlet")

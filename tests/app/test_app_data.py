@@ -85,7 +85,37 @@ def test_the_bundled_digits_are_a_source_without_the_data_folder(tmp_path):
     bundle = data.adbench_bundle("digits", "outlier", n_clients=4, n_unseen=1, data_dir=tmp_path)
     assert bundle.partition_label_name == "digit"
     assert set(bundle.partition_labels) <= {f"digit {d}" for d in range(10)}
-    assert "scikit-learn bundled digits" in bundle.description
+    assert "scikit-learn's bundled handwritten digits" in bundle.description
+
+
+def test_without_the_data_folder_the_default_source_is_the_bundled_digits(tmp_path):
+    assert data.default_source(tmp_path / "missing") == data.BUNDLED_DIGITS
+    assert data.default_source() == data.SYNTHETIC  # the shared folder is beside the checkout
+    from fednovelty.datasets.digits import BUNDLED_DIGITS
+
+    assert data.BUNDLED_DIGITS == BUNDLED_DIGITS  # the app's copy of the task name
+    assert data.source_label(data.FEMNIST) == "FEMNIST writers"
+    assert data.source_label("4_breastw") == "4_breastw"
+
+
+def test_femnist_writers_are_a_source_with_unseen_writers(tmp_path):
+    """FEMNIST is offered when its file is there; the clients are writers and the held-out
+    clients are whole writers whose images never reach training."""
+    assert data.FEMNIST in data.adbench_names()
+    assert data.FEMNIST not in data.adbench_names(tmp_path)  # a folder without femnist/
+    bundle = data.adbench_bundle(data.FEMNIST, n_clients=4, n_unseen=1, seed=0)
+    task = make_task("femnist", n_clients=5, alpha=None, seed=0, max_train=20_000,
+                     max_test=5_000)  # fmt: skip
+    train = task.groups_train < 4
+    np.testing.assert_array_equal(bundle.X_train, task.X_train[train])
+    np.testing.assert_array_equal(bundle.X_test, task.X_test)
+    assert bundle.n_features == 24 and set(bundle.client_ids.tolist()) == {0, 1, 2, 3}
+    (unseen,) = bundle.unseen
+    own = task.X_train[task.groups_train == 4]
+    assert unseen.X_adapt.shape[0] + int((unseen.novel_eval == 0).sum()) == own.shape[0]
+    assert bundle.partition_label_name == "writer"
+    assert set(bundle.partition_labels) == {f"writer {w}" for w in range(5)}
+    assert "FEMNIST writers" in bundle.description and "each writer a client" in bundle.description
 
 
 def test_the_tasks_anomalous_training_rows_stay_out_of_adaptation():
