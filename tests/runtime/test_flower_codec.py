@@ -230,7 +230,15 @@ def test_run_config_builds_the_same_algorithm_on_both_sides() -> None:
             {"algorithm": "FederatedEM", "algorithm-params": '{"n_components": 2, "dtype": "f16"}'},
             "'dtype'",
         ),
-        ({"algorithm": "JointFedGMM", "algorithm-params": '{"learner": "cnn"}'}, "'learner'"),
+        (
+            {
+                "algorithm": "JointFedGMM",
+                "algorithm-params": '{"n_components": 2, "n_learners": 1, "n_classes": 3, '
+                '"learner": "resnet"}',
+            },
+            "'learner'",
+        ),
+        ({"algorithm": "JointFedGMM", "algorithm-params": '{"learner": "linear"}'}, "n_components"),
     ],
 )
 def test_bad_run_config_is_named(run_config, match) -> None:
