@@ -390,8 +390,9 @@ def _task_words(task, n_clients: int, n_unseen: int, n_novel: int) -> tuple[str,
         return "writer", (
             f"FEMNIST writers (LEAF): {clients} writers, each writer a client; novelty "
             f"protocol: test = the writers' held-out images, half of them transformed "
-            f"({task.ood}) {tested}; pixels on {task.n_features} federated principal axes, "
-            "min-max scaled."
+            f"({task.ood}) {tested}; each image's direction (pixels over their L2 norm) on "
+            f"{task.n_features - 1} federated principal axes plus the log of its norm (the "
+            "ink), min-max scaled."
         )
     if task.dataset == BUNDLED_DIGITS:
         return "digit", (

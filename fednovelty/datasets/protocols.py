@@ -21,8 +21,10 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   halved into test inliers and images that become novel by a transform from
   :func:`~fednovelty.datasets.transform_images`: ``"transforms"`` (default) cycles through
   scale (0.5), rotate (90 degrees) and horizontal flip; ``"scale"``, ``"rotate"``, ``"hflip"``
-  or ``"invert"`` uses one. Pixels are divided by 255 and projected on ``pca_components`` (24)
-  principal axes found by federated PCA over the training clients (the two-pass algorithm of
+  or ``"invert"`` uses one; ``"inv-flip-rot"`` applies the FedGMM paper's real-data transform
+  ``T`` (invert, flip, rotate: :func:`~fednovelty.datasets.femnist.transform_writer_images`).
+  Pixels are divided by 255 and projected on ``pca_components`` (24) principal axes found
+  by federated PCA over the training clients (the two-pass algorithm of
   :class:`~fednovelty.federated.pca.FederatedPCA`: summed rows, then summed scatter about the
   pooled mean), so every method sees the same 24 features. Novelty protocol only.
 
@@ -30,7 +32,12 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   :func:`~fednovelty.datasets.make_femnist_federated` (seeded; ``partition`` and ``alpha``
   do not apply and the task records ``partition="writers"``) and hold their writers' training
   images; the writers' test images are halved into inliers and novel images, transformed as
-  MNIST's, and the pixels projected on 24 federated principal axes. Novelty protocol only.
+  MNIST's (``groups_test`` records each test row's writer). Features are ``"polar"`` by
+  default: each image's direction (pixels over their L2 norm) on 24 federated principal axes
+  plus the log of its norm, the amount of ink. FEMNIST's strokes are thin, so an image shrunk
+  by 0.5 keeps little ink and lies next to the pixel mean, where a density on pixel axes is
+  highest; the norm feature is what lets a density see it (``image_features="pixels"`` gives
+  the MNIST features). Novelty protocol only.
 - Bundled digits (``"digits"``): scikit-learn's handwritten digits
   (:func:`~fednovelty.datasets.digits.load_bundled_digits`: 1,797 8x8 images with 64 pixel
   features, shipped inside scikit-learn, so they need no data folder): the images of
@@ -84,10 +91,12 @@ from fednovelty.datasets.digits import (
     DIGITS_PCA_COMPONENTS,
     load_bundled_digits,
 )
+from fednovelty.datasets.femnist import transform_writer_images
 
 __all__ = [
     "BUNDLED_DIGITS",
     "DIGITS_NOVEL",
+    "IMAGE_FEATURES",
     "MNIST_PCA_COMPONENTS",
     "NOISE_VARIANCE",
     "OOD_KINDS",
@@ -96,11 +105,18 @@ __all__ = [
     "Task",
     "make_task",
     "parse_dataset",
+    "polar_rows",
 ]
 
 PROTOCOLS = ("novelty", "outlier")
 PARTITIONS = ("dirichlet", "quantity", "iid")
-OOD_KINDS = ("anomalies", "noise", "transforms", *TRANSFORMS)
+#: The FedGMM paper's real-data transform ``T`` as an OOD set (invert, hflip, rotate 90).
+PAPER_TRANSFORM = "inv-flip-rot"
+OOD_KINDS = ("anomalies", "noise", "transforms", *TRANSFORMS, PAPER_TRANSFORM)
+#: How image rows become features before the federated PCA (see the module doc).
+IMAGE_FEATURES = ("pixels", "polar")
+#: Default of ``image_features`` per image set.
+DEFAULT_IMAGE_FEATURES = {"mnist": "pixels", "femnist": "polar"}
 NOISE_VARIANCE = 0.005  # the FedGenGMM paper's Covertype noise, on min-max scaled features
 MNIST_PCA_COMPONENTS = 24  # the FedGenGMM paper's MNIST features
 #: Image datasets whose pixels are projected on federated principal axes (count by default).
@@ -140,6 +156,8 @@ class Task:
             noise/transform OOD row points at the inlier it was made from).
         scaling: the federated min-max scaling applied to both sets.
         n_clients, alpha, partition, seed: how the clients were drawn.
+        groups_test: (n_test,) int64 client of each test row where the test rows belong to
+            the clients (FEMNIST: the writer), else None.
     """
 
     name: str
@@ -159,6 +177,7 @@ class Task:
     alpha: float | None
     partition: str
     seed: int
+    groups_test: np.ndarray | None = None
 
     @property
     def n_features(self) -> int:
@@ -190,6 +209,7 @@ def make_task(
     n_groups: int = 10,
     min_size: int | None = None,
     pca_components: int | None = None,
+    image_features: str | None = None,
 ) -> Task:
     """Build one task (see the module doc for the protocols, OOD sets and partitions).
 
@@ -214,8 +234,12 @@ def make_task(
         test_share: share of the inliers (novelty) or of all rows (outlier) held out, in (0, 1).
         n_groups: k-means clusters to skew over (ADBench).
         min_size: rows every Dirichlet client must hold; default see the module doc.
-        pca_components: MNIST and the bundled digits only: principal axes kept (default 24
-            and 16).
+        pca_components: image sets and the bundled digits only: principal axes kept
+            (default 24 and 16).
+        image_features: MNIST and FEMNIST only: ``"pixels"`` (pixels / 255 on the principal
+            axes) or ``"polar"`` (each row's direction, the row over its L2 norm, on the
+            principal axes, and the log of its norm as one more feature); default
+            ``"pixels"`` for MNIST, ``"polar"`` for FEMNIST.
 
     Returns:
         A :class:`Task`.
@@ -248,7 +272,9 @@ def make_task(
             f"the outlier protocol trains on a dataset's own anomalies; ood={ood!r} is for the "
             "novelty protocol only."
         )
+    features = _image_features(base, image_features)
     rng = np.random.default_rng(seed)
+    groups_test = None
     if base in IMAGE_SETS:
         if ood == "anomalies":
             raise ValueError(f"{base} has no anomaly labels; use ood='transforms' or a transform.")
@@ -257,7 +283,7 @@ def make_task(
                 ood, max_train, max_test, data_dir, rng
             )
         else:
-            X_raw, labels, train_idx, X_test_raw, y_test, test_idx = _femnist_split(
+            X_raw, labels, train_idx, X_test_raw, y_test, test_idx, groups_test = _femnist_split(
                 ood, n_clients, max_train, max_test, data_dir, rng
             )
             partition, alpha = WRITERS, None
@@ -297,10 +323,14 @@ def make_task(
         parts = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
     else:
         parts = _partition(labels, n_clients, alpha, partition, min_size, rng)
+    if features == "polar":
+        (X_raw, norm_raw), (X_test_raw, norm_test) = polar_rows(X_raw), polar_rows(X_test_raw)
     if base in PCA_COMPONENTS:
         X_raw, X_test_raw = _federated_pca(
             X_raw, X_test_raw, parts, pca_components or PCA_COMPONENTS[base]
         )
+    if features == "polar":
+        X_raw, X_test_raw = np.c_[X_raw, norm_raw], np.c_[X_test_raw, norm_test]
     scaling = MinMaxScaling.from_clients([X_raw[p] for p in parts])
     X_train, X_test = scaling.transform(X_raw), scaling.transform(X_test_raw)
     if ood == "noise":
@@ -324,7 +354,37 @@ def make_task(
         alpha=None if alpha is None else float(alpha),
         partition=partition,
         seed=int(seed),
+        groups_test=groups_test,
     )
+
+
+def _image_features(base: str, image_features: str | None) -> str | None:
+    """The feature map of an image set (None for other datasets); validates the argument."""
+    if image_features is None:
+        return DEFAULT_IMAGE_FEATURES.get(base)
+    if base not in IMAGE_SETS:
+        raise ValueError(
+            f"image_features applies to the image sets {IMAGE_SETS}; {base!r} is not one."
+        )
+    if image_features not in IMAGE_FEATURES:
+        raise ValueError(f"image_features must be one of {IMAGE_FEATURES}; got {image_features!r}.")
+    return image_features
+
+
+def polar_rows(X: np.ndarray, floor: float = 1.0 / 255.0) -> tuple[np.ndarray, np.ndarray]:
+    """Each row as its direction and the log of its length: (n, d) -> ((n, d), (n,)).
+
+    Directions are ``x / ||x||``; lengths below ``floor`` count as ``floor`` (a blank row keeps
+    a zero direction and ``log(floor)``). For images the length is the amount of ink, which a
+    density on the directions' principal axes alone would not see.
+
+    Example:
+        >>> unit, log_norm = polar_rows(np.array([[3.0, 4.0]]))
+        >>> unit.tolist(), round(float(np.exp(log_norm[0])), 6)
+        ([[0.6, 0.8]], 5.0)
+    """
+    norm = np.maximum(np.linalg.norm(X, axis=1), floor)
+    return X / norm[:, None], np.log(norm)
 
 
 def _subsample(index: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:
@@ -404,6 +464,8 @@ def _novel_images(images: np.ndarray, y_test: np.ndarray, ood: str) -> np.ndarra
         for j, name in enumerate(_MNIST_OOD_CYCLE):
             rows = novel[j :: len(_MNIST_OOD_CYCLE)]
             images[rows] = transform_images(images[rows], name)
+    elif ood == PAPER_TRANSFORM:
+        images[novel] = transform_writer_images(images[novel])
     elif ood != "noise":
         images[novel] = transform_images(images[novel], ood)
     return images.reshape(images.shape[0], -1).astype(np.float64) / 255.0
@@ -420,7 +482,8 @@ def _femnist_split(ood, n_writers, max_train, max_test, data_dir, rng):
     test_idx, y_test = _stratified_cap(test_idx, y_test, max_test, rng)
     flat = _novel_images(writers.images_test[test_idx], y_test, ood)
     X_train = writers.X_train[train_idx]
-    return X_train, writers.groups_train[train_idx], train_idx, flat, y_test, test_idx
+    groups_test = writers.groups_test[test_idx].astype(np.int64)
+    return X_train, writers.groups_train[train_idx], train_idx, flat, y_test, test_idx, groups_test
 
 
 def _min_size(n_train: int, n_clients: int, min_size: int | None) -> int:

@@ -109,7 +109,7 @@ def test_femnist_writers_are_a_source_with_unseen_writers(tmp_path):
     train = task.groups_train < 4
     np.testing.assert_array_equal(bundle.X_train, task.X_train[train])
     np.testing.assert_array_equal(bundle.X_test, task.X_test)
-    assert bundle.n_features == 24 and set(bundle.client_ids.tolist()) == {0, 1, 2, 3}
+    assert bundle.n_features == 25 and set(bundle.client_ids.tolist()) == {0, 1, 2, 3}
     (unseen,) = bundle.unseen
     own = task.X_train[task.groups_train == 4]
     assert unseen.X_adapt.shape[0] + int((unseen.novel_eval == 0).sum()) == own.shape[0]

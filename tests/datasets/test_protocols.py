@@ -7,7 +7,7 @@ import pytest
 
 import fednovelty.datasets as datasets
 from fednovelty.datasets import load_adbench
-from fednovelty.datasets.protocols import NOISE_VARIANCE, make_task, parse_dataset
+from fednovelty.datasets.protocols import NOISE_VARIANCE, make_task, parse_dataset, polar_rows
 
 NAME = "4_breastw"  # 683 rows, 9 features, 239 anomalies
 
@@ -163,8 +163,43 @@ def test_femnist_writers_are_the_clients():
     assert set(task.groups_train.tolist()) == set(range(4))
     np.testing.assert_array_equal(task.partition_labels, task.groups_train)
     n_test = task.y_test.size
-    assert task.X_train.shape[1] == 24 and task.y_test.sum() == n_test - n_test // 2  # half novel
+    assert task.X_train.shape[1] == 25 and task.y_test.sum() == n_test - n_test // 2  # half novel
+    assert task.groups_test.shape == task.y_test.shape
+    assert set(task.groups_test.tolist()) <= set(range(4))
     again = make_task("femnist:rotate", "novelty", n_clients=4, alpha=None, seed=0, max_test=200)
     assert again.name == "femnist:rotate"
     with pytest.raises(ValueError, match="femnist has no anomaly labels"):
         make_task("femnist:anomalies", "novelty", n_clients=2, alpha=None)
+
+
+def test_polar_rows_are_unit_directions_and_log_norms():
+    X = np.array([[3.0, 4.0], [0.0, 0.0], [0.0, 2.0]])
+    unit, log_norm = polar_rows(X)
+    np.testing.assert_allclose(unit, [[0.6, 0.8], [0.0, 0.0], [0.0, 1.0]])
+    np.testing.assert_allclose(log_norm, np.log([5.0, 1.0 / 255.0, 2.0]))
+
+
+def test_femnist_polar_features_see_the_ink_a_shrunk_image_lost():
+    polar = make_task("femnist:scale", "novelty", n_clients=4, alpha=None, seed=0, max_test=200)
+    ink = polar.X_test[:, -1]  # the log norm, min-max scaled
+    novel = polar.y_test == 1
+    assert ink[novel].mean() < ink[~novel].mean() - 0.1  # half the size: about half the norm
+    pixels = make_task(
+        "femnist:scale", n_clients=4, alpha=None, seed=0, max_test=200, image_features="pixels"
+    )
+    assert pixels.X_train.shape[1] == 24
+    np.testing.assert_array_equal(pixels.y_test, polar.y_test)  # same draw, other features
+
+
+def test_femnist_paper_transform_is_an_ood_set():
+    task = make_task("femnist:inv-flip-rot", n_clients=3, alpha=None, seed=0, max_test=100)
+    assert task.ood == "inv-flip-rot" and task.y_test.sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("dataset", "value", "match"),
+    [(NAME, "polar", "applies to the image sets"), ("femnist", "hog", "must be one of")],
+)
+def test_image_features_errors_are_named(dataset, value, match):
+    with pytest.raises(ValueError, match=match):
+        make_task(dataset, n_clients=3, alpha=0.5, image_features=value)
