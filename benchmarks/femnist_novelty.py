@@ -21,7 +21,9 @@ of its L2 norm), the same for every method; ``--pixels`` adds rows on the MNIST 
 2. Per writer: FedGMM's AUROC on each writer's own test rows, scored with the global weights
    and with that writer's personal weights (mean and quartiles over writers).
 3. Label novelty: ``JointFedGMMDetector`` (FedGMM, 10 Gaussians on 24 federated principal
-   axes of the pixels, 2 linear learners on the pixels, 15 rounds of 1 local epoch) and
+   axes of the pixels, 2 linear learners on the pixels, 15 rounds of 5 local epochs of SGD
+   at learning rate 0.5: FedAvg's validation accuracy 53 % on seed 0, against 38 % with 1
+   epoch at 0.1 and 52 % with 2 epochs of Adam at 0.01; nothing else was tried) and
    FedAvg, trained on the writers' labelled training images; test rows are the writers'
    test images, half with their true label and half with the label moved by one random
    permutation of the 62 classes (rows it maps to themselves count as inliers). Scores:
@@ -212,17 +214,21 @@ def pooled_report(per_seed: list[dict], settings: Settings) -> str:
 
     checks = []
     for ood in OOD_SETS:
-        fed, central = mean_of(ood, "FedGMM"), mean_of(ood, "CentralGMM")
+        fed = mean_of(ood, "FedGMM")
         checks.append(
             check(f"{ood}: FedGMM AUROC >= {TARGET_AUROC:.0f} % ({fed:.2f} %)", fed >= TARGET_AUROC)
         )
-        checks.append(
-            check(
-                f"{ood}: FedGMM within {TARGET_GAP} points of CentralGMM ({fed:.2f} vs "
-                f"{central:.2f})",
-                central - fed <= TARGET_GAP,
+        for suffix in ("", "-plain"):
+            if f"FedGMM{suffix}" not in methods or f"CentralGMM{suffix}" not in methods:
+                continue
+            fed, central = mean_of(ood, f"FedGMM{suffix}"), mean_of(ood, f"CentralGMM{suffix}")
+            checks.append(
+                check(
+                    f"{ood}: FedGMM{suffix} within {TARGET_GAP} points of CentralGMM{suffix} "
+                    f"({fed:.2f} vs {central:.2f})",
+                    central - fed <= TARGET_GAP,
+                )
             )
-        )
     lines = [
         f"## 1. Covariate novelty, pooled ({settings.n_writers} writers, seeds "
         f"{list(settings.seeds)}, K = {N_COMPONENTS})",
@@ -278,8 +284,8 @@ def run_labels(settings: Settings, seed: int) -> dict[str, float]:
         "pca_components": 24,
         "max_iter": settings.joint_rounds,
         "tol": 0.0,
-        "local_epochs": 1,
-        "learning_rate": 0.1,
+        "local_epochs": 5,
+        "learning_rate": 0.5,
         "random_state": seed,
         "dtype": "float32",
     }
@@ -392,22 +398,37 @@ def unseen_report(per_seed: list[dict[str, list[float]]], settings: Settings) ->
 
 # ----------------------------------------------------------------------------- figure
 def figure(per_seed: list[dict], path: Path) -> None:
+    """Left: FedGMM's AUROC by transform on each feature map; right: per-writer AUROC on
+    the ``transforms`` set with global and personal weights."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, ood in zip(axes, OOD_SETS, strict=True):
-        data = [
-            np.concatenate([s["writers"][ood][kind] for s in per_seed])
-            for kind in ("global", "personal")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = [k[1] for k in per_seed[0]["transforms"] if k[1].startswith("FedGMM")]
+    names = [n for n in names if n in ("FedGMM", "FedGMM (pixels)", "FedGMM-plain")]
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        means = [
+            np.mean([s["transforms"][("transforms", name)][t] for s in per_seed]) for t in CYCLE
         ]
-        ax.hist(data, bins=np.linspace(0, 100, 21), label=["global weights", "personal weights"])
-        ax.set_title(f"FedGMM per-writer AUROC, novel = {ood}")
-        ax.set_xlabel("AUROC % on one writer's test rows")
-        ax.set_ylabel("writers x seeds")
-        ax.legend(loc="upper left")
+        left.bar(np.arange(len(CYCLE)) + i * width, means, width, label=name)
+    left.axhline(50, color="grey", lw=0.8, ls=":")
+    left.set_xticks(np.arange(len(CYCLE)) + width * (len(names) - 1) / 2, CYCLE)
+    left.set_ylabel("AUROC % (pooled test rows)")
+    left.set_ylim(0, 100)
+    left.set_title("FEMNIST novel images by transform")
+    left.legend(loc="lower right", fontsize=8)
+    data = [
+        np.concatenate([s["writers"]["transforms"][kind] for s in per_seed])
+        for kind in ("global", "personal")
+    ]
+    right.hist(data, bins=np.linspace(0, 100, 21), label=["global weights", "personal weights"])
+    right.set_title("FedGMM per writer, novel = transforms")
+    right.set_xlabel("AUROC % on one writer's test rows")
+    right.set_ylabel("writers x seeds")
+    right.legend(loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
