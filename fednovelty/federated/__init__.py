@@ -10,6 +10,7 @@ from fednovelty.federated.config import (
     FedGenConfig,
     JointConfig,
     PCAConfig,
+    StreamConfig,
 )
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
@@ -23,6 +24,7 @@ from fednovelty.federated.registry import (
     build_algorithm,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.streaming import StreamingEM, StreamState
 
 __all__ = [
     "ALGORITHMS",
@@ -48,6 +50,9 @@ __all__ = [
     "PCAState",
     "PrivacyPolicy",
     "Step",
+    "StreamConfig",
+    "StreamState",
+    "StreamingEM",
     "algorithm_name",
     "algorithm_settings",
     "build_algorithm",

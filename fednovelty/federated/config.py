@@ -345,6 +345,112 @@ class EMConfig(MixtureSettings):
         return all(value is not None for value in given)
 
 
+def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """A setting's array as a tensor in ``dtype`` on ``device`` (a copy); ``None`` stays."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        return value.detach().to(dtype=dtype, device=device, copy=True)
+    return torch.tensor(np.asarray(value), dtype=dtype, device=device)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StreamConfig(MixtureSettings):
+    """Settings of one window of streaming federated EM (``StreamingEM``): the model going
+    into the window, the statistics it carries, and how the window updates them.
+
+    Attributes:
+        n_components: K (>= 1).
+        weights_init, means_init, precisions_init: the mixture going into the window (the
+            previous window's result; scikit-learn's precision factors), required.
+        carry_counts, carry_sums, carry_second, carry_shift, carry_n_samples: the carried
+            summed statistics ``S_{t-1}`` (``None``: the first window carries nothing).
+        rho: forgetting factor in [0, 1]: ``S_t = rho S_{t-1} + S_window``.
+        rounds: M-steps in the window (>= 0); 0 only tracks the clients' weights.
+        far_quantile: a row is *far* when its squared Mahalanobis distance to every
+            component exceeds this quantile of the chi-square law with d degrees of freedom
+            (``None``: no births).
+        birth_share: when the far rows are at least this share of the window's rows, the
+            component with the least carried mass is re-born on their statistics.
+        adapt_iter, adapt_tol: each client's EM over its weights at the window's start.
+        chunk_size: rows per E-step chunk.
+
+    The M-steps are plain (no standardisation, no covariance prior); ``max_iter`` and
+    ``tol`` are not used.
+    """
+
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum",)
+
+    n_components: int
+    weights_init: Tensor | None = None
+    means_init: Tensor | None = None
+    precisions_init: Tensor | None = None
+    carry_counts: Tensor | None = None
+    carry_sums: Tensor | None = None
+    carry_second: Tensor | None = None
+    carry_shift: Tensor | None = None
+    carry_n_samples: float = 0.0
+    rho: float = 0.9
+    rounds: int = 1
+    far_quantile: float | None = 0.999
+    birth_share: float = 0.05
+    adapt_iter: int = 100
+    adapt_tol: float = 1e-6
+    chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.standardize or self.prior_strength is not None:
+            raise ValueError(
+                "a streaming window fits plain M-steps: standardize=False and "
+                "prior_strength=None (their scales would change from window to window)."
+            )
+        self._set("n_components", int(_at_least("n_components", self.n_components, 1)))
+        self._set("rounds", int(_at_least("rounds", self.rounds, 0)))
+        self._set("adapt_iter", int(_at_least("adapt_iter", self.adapt_iter, 1)))
+        self._set("adapt_tol", float(_at_least("adapt_tol", self.adapt_tol, 0)))
+        rho = float(_at_least("rho", self.rho, 0))
+        if rho > 1:
+            raise ValueError(f"rho (the forgetting factor) must be in [0, 1]; got {self.rho!r}.")
+        self._set("rho", rho)
+        share = float(_at_least("birth_share", self.birth_share, 0))
+        if share > 1:
+            raise ValueError(f"birth_share must be in [0, 1]; got {self.birth_share!r}.")
+        self._set("birth_share", share)
+        if self.far_quantile is not None and not 0.0 < float(self.far_quantile) < 1.0:
+            raise ValueError(f"far_quantile must be in (0, 1) or None; got {self.far_quantile!r}.")
+        if self.covariance_type == "tied" and self.far_quantile is not None:
+            raise ValueError(
+                "births re-bear one component's covariance, which covariance_type='tied' "
+                "shares among all: use far_quantile=None with 'tied'."
+            )
+        value = _at_least("chunk_size", self.chunk_size, 1, optional=True)
+        self._set("chunk_size", None if value is None else int(value))
+        self._set("carry_n_samples", float(_at_least("carry_n_samples", self.carry_n_samples, 0)))
+        for name in (
+            "weights_init",
+            "means_init",
+            "precisions_init",
+            "carry_counts",
+            "carry_sums",
+            "carry_second",
+            "carry_shift",
+        ):
+            self._set(name, _as_tensor(getattr(self, name), self.dtype, self.device))
+        if any(getattr(self, n) is None for n in ("weights_init", "means_init", "precisions_init")):
+            raise ValueError(
+                "a streaming window starts from a mixture: give weights_init, means_init and "
+                "precisions_init (the previous window's result)."
+            )
+        carried = [getattr(self, n) is None for n in ("carry_counts", "carry_sums", "carry_second")]
+        if any(carried) and not all(carried):
+            raise ValueError("give all of carry_counts, carry_sums, carry_second or none.")
+        if not all(carried) and self.carry_shift is None:
+            raise ValueError(
+                "carried statistics need the shift they were taken about (carry_shift)."
+            )
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class JointConfig(EMConfig):
     """Settings of FedGMM's joint model (``JointFedGMM``): ``EMConfig`` plus the learners.

@@ -17,6 +17,7 @@ from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.joint import JointFedGMM, JointState
 from fednovelty.federated.pca import FederatedPCA, PCAState
+from fednovelty.federated.streaming import StreamingEM, StreamState
 
 #: algorithm name -> class (its ``config_class`` reads the JSON settings).
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
@@ -25,11 +26,12 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     "FedGenGMM": FedGenGMM,
     "LocalGMMs": LocalGMMs,
     "FederatedPCA": FederatedPCA,
+    "StreamingEM": StreamingEM,
 }
 
 #: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.
 STATES: dict[str, type] = {
-    cls.__name__: cls for cls in (EMState, JointState, FedGenState, PCAState)
+    cls.__name__: cls for cls in (EMState, JointState, FedGenState, PCAState, StreamState)
 }
 
 

@@ -54,7 +54,15 @@ from torch import Tensor
 from fednovelty.federated.base import Message, Scalar
 
 #: reply tensors that must be >= 0 wherever they appear.
-NON_NEGATIVE: tuple[str, ...] = ("counts", "n_samples", "joint_counts", "weights", "n", "m2")
+NON_NEGATIVE: tuple[str, ...] = (
+    "counts",
+    "n_samples",
+    "joint_counts",
+    "weights",
+    "n",
+    "m2",
+    "far_counts",
+)
 #: reply kinds that carry summed Gaussian statistics.
 STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em")
 #: relative slack of the consistency checks in float64 (round-off of sums over many rows);
@@ -139,6 +147,8 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         if kind == "joint_em":
             shapes["joint_counts"] = (k, _learner_count(broadcast))
         return shapes
+    if kind == "stream":
+        return _stream_shapes(broadcast, d)
     if kind == "local_fit":
         return {
             "weights": ("k",),
@@ -158,6 +168,57 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         "moments_scatter": {"n": (), "scatter": (d, d)},
     }
     return dict(simple.get(kind, {}))
+
+
+def _stream_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A streaming window's reply: weighted row counts (and drift values in the window's
+    first round); with M-steps the statistics too, and in the first round the far rows'."""
+    k = int(broadcast.tensors["means"].shape[0])
+    ct = str(expectation(broadcast, "covariance_type"))
+    first = int(broadcast.scalars.get("window_round", 0)) == 0
+    shapes: dict[str, Shape] = {"counts": (k,), "n_samples": ()}
+    if first:
+        shapes["drift"] = (4,)
+    if not bool(expectation(broadcast, "track_only")):
+        shapes.update(sums=(k, d), second=covariance_shape(ct, k, d), log_likelihood=())
+        if first and bool(expectation(broadcast, "far")):
+            shapes.update(far_counts=(k,), far_sums=(k, d), far_second=covariance_shape(ct, k, d))
+    return shapes
+
+
+def _check_stream(reply: Message, broadcast: Message) -> None:
+    """A streaming reply's values: drift values in range, counts within the rows, the
+    statistics (and the far rows' statistics) those of some rows."""
+    t = reply.tensors
+    n = float(t["n_samples"])
+    rtol = relative_tolerance(t["counts"].dtype)
+    if not _close_or_below(float(t["counts"].sum()), n, rtol):
+        total = float(t["counts"].sum())
+        raise InvalidReplyError(f"component counts add up to {total:g}, more than the {n:g} rows.")
+    if "drift" in t:
+        _, variance, tv, new = (float(v) for v in t["drift"])
+        if variance < 0 or not -rtol <= tv <= 1 + rtol or new not in (0.0, 1.0):
+            raise InvalidReplyError(
+                "drift values out of range (variance >= 0, total variation in [0, 1], new 0/1)."
+            )
+    if "sums" not in t:
+        return
+    ct = str(expectation(broadcast, "covariance_type"))
+    _check_stats(reply, ct)
+    if "far_counts" in t:
+        slack = rtol * (t["counts"].abs() + 1.0)
+        if bool((t["far_counts"] > t["counts"] + slack).any()):
+            raise InvalidReplyError("a component has more far rows than rows.")
+        far = Message(
+            "far",
+            {
+                "counts": t["far_counts"],
+                "sums": t["far_sums"],
+                "second": t["far_second"],
+                "n_samples": t["far_counts"].sum(),
+            },
+        )
+        _check_stats(far, ct)
 
 
 def _match_shape(name: str, actual: tuple[int, ...], shape: Shape, bound: dict[str, int]) -> None:
@@ -220,6 +281,8 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
         _check_local_fit(reply, broadcast, bound.get("k", 0))
     elif broadcast.kind in STATS_KINDS:
         _check_stats(reply, str(expectation(broadcast, "covariance_type")))
+    elif broadcast.kind == "stream":
+        _check_stream(reply, broadcast)
 
 
 def _check_size(reply: Message, broadcast: Message) -> None:

@@ -19,7 +19,7 @@ row stop the run with a :class:`~fednovelty.exceptions.FederationError`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,7 @@ def run_simulation(
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     description: str | None = None,
     privacy: PrivacyPolicy | None = None,
+    client_states: Mapping[int, Mapping[str, Tensor]] | None = None,
 ) -> SimulationResult:
     """Run ``algorithm`` to completion over in-process clients.
 
@@ -133,6 +134,9 @@ def run_simulation(
         privacy: the privacy policy every client enforces (its ``ClientContext.policy``);
             default ``PrivacyPolicy()`` (at least 5 rows behind every released statistic,
             no raw rows). ``PrivacyPolicy(min_rows=1)`` is the unprotected protocol.
+        client_states: what each client kept from an earlier run (``SimulationResult.
+            client_states``; e.g. a stream's personal weights from window to window), by
+            client id; copied, never modified. Clients not in it start empty.
 
     Returns:
         ``SimulationResult``.
@@ -160,7 +164,13 @@ def run_simulation(
     policy = PrivacyPolicy() if privacy is None else privacy
     if not isinstance(policy, PrivacyPolicy):
         raise TypeError(f"privacy must be a PrivacyPolicy or None, got {type(privacy).__name__}.")
-    contexts = {cid: ClientContext(cid, policy=policy) for cid in data}
+    kept = client_states or {}
+    contexts = {
+        cid: ClientContext(
+            cid, state={k: v.clone() for k, v in kept.get(cid, {}).items()}, policy=policy
+        )
+        for cid in data
+    }
     rng = np.random.default_rng(random_state)
     transport = InProcessTransport(algorithm, data, contexts, fraction, dropout, rng)
     width = int(client_rows(next(iter(data.values()))).shape[1])

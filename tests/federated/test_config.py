@@ -156,6 +156,7 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "FedGenGMM",
         "LocalGMMs",
         "FederatedPCA",
+        "StreamingEM",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
         build_algorithm("KMeans", {})

@@ -1,0 +1,393 @@
+"""Streaming federated EM: one window of a stream of client data (issue 21).
+
+A stream is a sequence of windows; in each, every client holds new rows. One run of
+:class:`StreamingEM` is one window and starts from the mixture the previous window left
+(``weights_init``, ``means_init``, ``precisions_init``) and the summed statistics it carries
+(``carry_*``, ``S_{t-1}``). Its rounds, all of kind ``"stream"``:
+
+- **the window's first round**: each client first scores its new rows under the mixture it
+  had (its own weights ``pi_c``, or the global weights if it is new) and keeps their mean
+  and variance of ``log p(x)`` (the window's *surprise*); then re-estimates ``pi_c`` by EM
+  over the weights with every component frozen (:func:`~fednovelty.mixture.em.fit_weights`,
+  nothing sent), and the total variation between its old and new weights. It replies with
+  the E-step statistics under its new weights, the drift values
+  ``[mean log p, variance of log p, total variation, new]`` and the statistics of its *far*
+  rows: those whose squared Mahalanobis distance to every component exceeds the
+  chi-square quantile ``far_quantile`` (mass where no component sits).
+- the server adds the statistics, forgets: ``S_t = rho S_{t-1} + S_window``
+  (:func:`~fednovelty.mixture.streaming.forget_and_add`), and when the far rows are at least
+  ``birth_share`` of the window's rows it re-bears the component with the least carried mass
+  on the far rows' statistics (a population that moved to where no component sits gets a
+  component there at once, instead of dragging the nearest one over several windows). The
+  M-step on ``S_t`` gives the new mixture.
+- ``rounds > 1``: further rounds are personal EM rounds (the clients' weights take one EM step
+  each, as :class:`~fednovelty.federated.em.EMStep`'s) on the window's rows, each M-step
+  again on ``rho S_{t-1} + S_window``.
+- ``rounds = 0``: one round in which clients only track their weights and reply with their
+  weighted row counts and drift values; the mixture and the carried statistics stay.
+
+Only statistics cross the wire. Each client keeps its weights in its own state
+(``log_weights``) from window to window; an engine that starts a window passes each
+client's state in (``run_simulation(client_states=...)``). Every client enforces its
+privacy floor: below ``min_rows`` rows in the window it updates its weights but releases
+nothing; a component backed by fewer effective rows is sent as zeros, and far rows count
+only when at least ``min_rows`` of them are there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from scipy.stats import chi2
+from torch import Tensor
+
+from fednovelty.federated.aggregate import stats_message, sum_stats
+from fednovelty.federated.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.config import StreamConfig
+from fednovelty.federated.privacy import backed, effective_rows, suppress_components
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.mixture import (
+    MixtureParams,
+    SufficientStats,
+    e_step_stats,
+    params_from_stats,
+    stats_from_resp,
+)
+from fednovelty.mixture.covariance import log_det_cholesky
+from fednovelty.mixture.density import Workspace, log_gaussian_prob
+from fednovelty.mixture.em import fit_weights, moment_shift
+from fednovelty.mixture.streaming import forget_and_add
+
+__all__ = ["DRIFT_FIELDS", "STREAM_KIND", "StreamState", "StreamStep", "StreamingEM"]
+
+STREAM_KIND = "stream"
+#: the values of a client's ``drift`` tensor, in order.
+DRIFT_FIELDS = ("mean_log_likelihood", "var_log_likelihood", "total_variation", "new")
+FAR_FIELDS = ("far_counts", "far_sums", "far_second")
+
+
+@dataclass
+class StreamState:
+    """Server state of one streaming window.
+
+    Attributes:
+        phase: ``"stream"`` or ``"done"``.
+        params: the current mixture (the window's result when done).
+        carry: the carried statistics ``S_t`` after the last M-step (``None`` before the
+            first window's M-step, or the input carry with ``rounds=0``).
+        window_round: rounds run in this window.
+        rounds: rounds run (the round seeds' counter).
+        lower_bounds: each M-step's mean log-likelihood of the window's rows (before it).
+        client_weights: each replying client's weights after the window's first round.
+        drift: each replying client's drift values (``DRIFT_FIELDS``) from the first round.
+        births: the components re-born in this window.
+        far_share: the share of the window's released rows that were far.
+        window_rows: the window's released rows.
+    """
+
+    phase: str
+    params: MixtureParams | None = None
+    carry: SufficientStats | None = None
+    window_round: int = 0
+    rounds: int = 0
+    lower_bounds: list[float] = field(default_factory=list)
+    client_weights: dict[int, Tensor] = field(default_factory=dict)
+    drift: dict[int, Tensor] = field(default_factory=dict)
+    births: list[int] = field(default_factory=list)
+    far_share: float = 0.0
+    window_rows: float = 0.0
+
+
+def far_threshold(far_quantile: float, n_features: int) -> float:
+    """The squared Mahalanobis distance beyond which a row is far from a component."""
+    return float(chi2.ppf(far_quantile, df=n_features))
+
+
+def far_rows(log_components: Tensor, params: MixtureParams, threshold: float) -> Tensor:
+    """Rows whose squared Mahalanobis distance to *every* component exceeds ``threshold``:
+    (n, K) log-densities -> (n,) bool. ``log N = log det U - (d log 2 pi + m^2) / 2``."""
+    d = params.means.shape[1]
+    log_det = log_det_cholesky(params.precisions_cholesky, params.covariance_type, d)
+    squared = 2.0 * (log_det - log_components) - d * math.log(2.0 * math.pi)
+    return squared.amin(dim=1) > threshold
+
+
+def pooled_component(stats: SufficientStats) -> SufficientStats:
+    """K-component statistics pooled into one component (counts, sums and per-component
+    second moments added up): the statistics of the same rows under one Gaussian."""
+    return replace(
+        stats,
+        counts=stats.counts.sum(0, keepdim=True),
+        sums=stats.sums.sum(0, keepdim=True),
+        second=stats.second.sum(0, keepdim=True),
+    )
+
+
+def rebirth(carry: SufficientStats, far: SufficientStats, component: int) -> SufficientStats:
+    """``carry`` with ``component``'s counts and moments replaced by the (one-component,
+    same shift) statistics ``far`` (not for ``tied``, whose second moment is shared)."""
+    counts, sums, second = carry.counts.clone(), carry.sums.clone(), carry.second.clone()
+    counts[component], sums[component] = far.counts[0], far.sums[0]
+    second[component] = far.second[0]
+    return SufficientStats(
+        counts=counts,
+        sums=sums,
+        second=second,
+        shift=carry.shift,
+        log_likelihood=carry.log_likelihood,
+        n_samples=carry.n_samples,
+        covariance_type=carry.covariance_type,
+    )
+
+
+class StreamStep(Step):
+    """The rounds of one streaming window (module docstring)."""
+
+    kinds = (STREAM_KIND,)
+
+    def __init__(self, config: StreamConfig) -> None:
+        self.config = config
+        self.max_rounds = max(config.rounds, 1)
+        self._workspace = Workspace()
+
+    # ------------------------------------------------------------------ server half
+    def configure(self, state: Any) -> Message:
+        config = self.config
+        return Message(
+            STREAM_KIND,
+            {**state.params.tensors(), "shift": moment_shift(state.params)},
+            scalars={"window_round": state.window_round},
+            expect={
+                "covariance_type": config.covariance_type,
+                "track_only": config.rounds == 0,
+                "far": config.far_quantile is not None,
+            },
+        )
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        first = state.window_round == 0
+        if first:
+            for cid, reply in replies.items():
+                counts = reply.tensors["counts"].to(config.device, config.dtype)
+                state.client_weights[cid] = counts / counts.sum().clamp_min(1e-300)
+                state.drift[cid] = reply.tensors["drift"].to(config.device, config.dtype)
+        state.window_round += 1
+        metrics: dict[str, Any] = {"phase": STREAM_KIND}
+        if config.rounds == 0:
+            state.window_rows = sum(float(r.tensors["n_samples"]) for r in replies.values())
+            return None, metrics
+        shift = moment_shift(state.params)
+        window = sum_stats(replies.values(), shift, config.covariance_type)
+        if first:
+            state.window_rows = float(window.n_samples)
+            stats = self._births(state, replies, window, shift)
+        else:
+            stats = forget_and_add(state.carry, window, config.rho)
+        state.params = params_from_stats(stats, config.reg_covar)
+        state.carry = stats
+        lower_bound = float(window.log_likelihood / window.n_samples)
+        state.lower_bounds.append(lower_bound)
+        metrics["mean_log_likelihood"] = lower_bound
+        return (None if state.window_round >= config.rounds else STREAM_KIND), metrics
+
+    def _births(
+        self, state: Any, replies: dict[int, Message], window: SufficientStats, shift: Tensor
+    ) -> SufficientStats:
+        """``rho S_{t-1} + S_window``; when the far rows are at least ``birth_share`` of the
+        window's rows, their statistics leave every component and re-bear the component with
+        the least mass in the sum (module docstring)."""
+        config = self.config
+        if config.far_quantile is None:
+            return forget_and_add(state.carry, window, config.rho)
+        ct, d = config.covariance_type, shift.shape[0]
+        far_replies = [
+            Message(
+                "far",
+                {
+                    "counts": r.tensors["far_counts"],
+                    "sums": r.tensors["far_sums"],
+                    "second": r.tensors["far_second"],
+                    "log_likelihood": torch.zeros((), dtype=shift.dtype),
+                    "n_samples": r.tensors["far_counts"].sum(),
+                },
+            )
+            for r in replies.values()
+        ]
+        far = sum_stats(far_replies, shift, ct)
+        n_far = float(far.counts.sum())
+        state.far_share = n_far / max(state.window_rows, 1.0)
+        if n_far < max(config.birth_share * state.window_rows, d + 1.0, 1.0):
+            return forget_and_add(state.carry, window, config.rho)
+        near = replace(
+            window,
+            counts=(window.counts - far.counts).clamp_min(0),
+            sums=window.sums - far.sums,
+            second=window.second - far.second,
+        )
+        stats = forget_and_add(state.carry, near, config.rho)
+        component = int(torch.argmin(stats.counts))
+        state.births.append(component)
+        return rebirth(stats, pooled_component(far), component)
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        config = self.config
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        ct = config.covariance_type
+        params = MixtureParams(t["weights"], t["means"], t["precisions_cholesky"], ct)
+        first = int(message.scalars.get("window_round", 0)) == 0
+        n = X.shape[0]
+        extra: dict[str, Tensor] = {}
+        log_n = None
+        if first:
+            if n == 0:
+                return skipped_reply(STREAM_KIND, "no rows in this window")
+            extra["drift"], log_n = self._track(X, params, context)
+        log_weights = context.state["log_weights"].to(X.device, X.dtype)
+        policy = context.policy
+        if not policy.releases(n):
+            return skipped_reply(STREAM_KIND, policy.below_floor)
+        if config.rounds == 0:
+            counts = n * log_weights.exp()
+            return Message(
+                STREAM_KIND,
+                {"counts": counts, "n_samples": torch.tensor(float(n), dtype=X.dtype), **extra},
+            )
+        squared = X.new_zeros(params.n_components) if policy.has_floor else None
+        stats = e_step_stats(
+            X,
+            log_weights,
+            t["means"],
+            t["precisions_cholesky"],
+            ct,
+            t["shift"],
+            config.chunk_size,
+            self._workspace,
+            squared_counts=squared,
+        )
+        if not first:  # one EM step on the client's weights per further round
+            counts = stats.counts + 10 * torch.finfo(X.dtype).eps
+            context.state["log_weights"] = (counts / counts.sum()).log()
+        if first and config.far_quantile is not None:
+            extra.update(
+                self._far_stats(X, log_n, log_weights, params, t["shift"], policy, stats, squared)
+            )
+        if squared is not None:
+            keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
+            if not bool(keep.any()):
+                return skipped_reply(
+                    STREAM_KIND, f"no component has min_rows={policy.min_rows} rows"
+                )
+            if not bool(keep.all()):
+                if ct == "tied":
+                    resp = torch.softmax(
+                        log_gaussian_prob(X, params.means, params.precisions_cholesky, ct)
+                        + log_weights,
+                        1,
+                    )
+                    tied = stats_from_resp(X, resp * keep.to(X.dtype), ct, t["shift"]).second
+                else:
+                    tied = None
+                stats = suppress_components(stats, keep, tied)
+        reply = stats_message(stats, STREAM_KIND)
+        reply.tensors.update(extra)
+        return reply
+
+    def _track(
+        self, X: Tensor, params: MixtureParams, context: ClientContext
+    ) -> tuple[Tensor, Tensor]:
+        """The window's first client work: surprise under the old weights, the weights
+        re-estimated with the components frozen, their total variation. Stores the new
+        weights in the client's state; returns the drift values (4,) and the rows'
+        component log-densities (n, K)."""
+        config = self.config
+        stored = context.state.get("log_weights")
+        new = stored is None or stored.shape != params.weights.shape
+        old = params.weights.log() if new else stored.to(X.device, X.dtype)
+        with torch.no_grad():
+            log_n = log_gaussian_prob(
+                X, params.means, params.precisions_cholesky, params.covariance_type
+            )
+            per_row = torch.logsumexp(log_n + old, dim=1)
+            fit = fit_weights(log_n, old, max_iter=config.adapt_iter, tol=config.adapt_tol)
+        context.state["log_weights"] = fit.log_weights
+        variance = per_row.var(unbiased=True) if X.shape[0] > 1 else per_row.new_zeros(())
+        tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
+        drift = torch.stack([per_row.mean(), variance, tv, per_row.new_tensor(float(new))])
+        return drift, log_n
+
+    def _far_stats(
+        self,
+        X: Tensor,
+        log_n: Tensor,
+        log_weights: Tensor,
+        params: MixtureParams,
+        shift: Tensor,
+        policy: Any,
+        window: SufficientStats,
+        squared: Tensor | None,
+    ) -> dict[str, Tensor]:
+        """The E-step statistics (K components, about ``shift``) of the client's far rows
+        (``log_n``: every row's component log-densities, (n, K)). A component is sent as
+        zeros unless its far rows and its other rows are each backed by ``min_rows``
+        effective rows (the server subtracts one from the other); all zeros when fewer than
+        ``min_rows`` rows are far or near."""
+        mask = far_rows(log_n, params, far_threshold(self.config.far_quantile, X.shape[1]))
+        resp = torch.softmax(log_n[mask] + log_weights, dim=1)
+        far = stats_from_resp(X[mask], resp, params.covariance_type, shift)
+        n_far, n = int(mask.sum()), X.shape[0]
+        if min(n_far, n - n_far) < max(policy.min_rows, 1):
+            far = suppress_components(far, torch.zeros(params.n_components, dtype=torch.bool))
+        elif squared is not None:
+            far_squared = resp.square().sum(0)
+            keep = backed(effective_rows(far.counts, far_squared), policy.min_rows) & backed(
+                effective_rows(
+                    (window.counts - far.counts).clamp_min(0),
+                    (squared - far_squared).clamp_min(0),
+                ),
+                policy.min_rows,
+            )
+            far = suppress_components(far, keep)
+        return {"far_counts": far.counts, "far_sums": far.sums, "far_second": far.second}
+
+
+class StreamingEM(ChainedAlgorithm):
+    """One window of streaming federated EM (see module docstring).
+
+    ``StreamingEM(n_components, weights_init=..., means_init=..., precisions_init=...,
+    **settings)`` with the settings of :class:`~fednovelty.federated.config.StreamConfig`,
+    or ``StreamingEM.from_config(StreamConfig(...))``.
+    """
+
+    config_class = StreamConfig
+
+    def __init__(self, n_components: int, **settings: Any) -> None:
+        self._setup(StreamConfig(n_components=n_components, **settings))
+
+    def _setup(self, config: StreamConfig) -> None:
+        super()._setup(config)
+        self._chain([StreamStep(config)])
+
+    def new_state(self) -> StreamState:
+        config = self.config
+        params = MixtureParams(
+            config.weights_init, config.means_init, config.precisions_init, config.covariance_type
+        )
+        carry = None
+        if config.carry_counts is not None:
+            carry = SufficientStats(
+                counts=config.carry_counts,
+                sums=config.carry_sums,
+                second=config.carry_second,
+                shift=config.carry_shift,
+                log_likelihood=torch.zeros((), dtype=config.dtype, device=config.device),
+                n_samples=torch.tensor(
+                    config.carry_n_samples, dtype=config.dtype, device=config.device
+                ),
+                covariance_type=config.covariance_type,
+            )
+        return StreamState(phase="", params=params, carry=carry)
