@@ -19,11 +19,19 @@ __all__ = [
     "FedGenGMMDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
+    "StreamingFedGMMDetector",
     "__version__",
     "load",
 ]
 
-_LAZY = {"FedGMMDetector", "FedGenGMMDetector", "JointFedGMMDetector", "LocalGMMDetector", "load"}
+_LAZY = {
+    "FedGMMDetector",
+    "FedGenGMMDetector",
+    "JointFedGMMDetector",
+    "LocalGMMDetector",
+    "StreamingFedGMMDetector",
+    "load",
+}
 
 
 def __getattr__(name: str):

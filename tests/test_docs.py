@@ -51,3 +51,13 @@ def test_benchmarks_page_femnist_example_runs(capsys):
     exec(compile(block, "docs/benchmarks.md FEMNIST", "exec"), {})
     shape, seen, unseen = capsys.readouterr().out.rsplit(maxsplit=2)
     assert shape.startswith("(") and shape.endswith(", 784)") and (seen, unseen) == ("16", "4")
+
+
+def test_streaming_page_example_runs(capsys):
+    text = (DOCS / "streaming.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    exec(compile(block, "docs/streaming.md", "exec"), {})
+    first, *table = capsys.readouterr().out.strip().splitlines()
+    window, weights = first.split(" ", 1)
+    assert window == "4" and weights == "[0.6, 0.6, 0.6, 0.6]"  # the share of A tracked
+    assert table[0].split() == ["window", "client", "total_variation", "surprise", "alarm"]
