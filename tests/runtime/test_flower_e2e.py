@@ -26,7 +26,7 @@ pytest.importorskip("flwr")
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector
 from fednovelty.datasets.protocols import make_task
-from fednovelty.federated import FederatedEM, FedGenGMM
+from fednovelty.federated import FederatedEM, FedGenGMM, StreamingEM
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 
@@ -156,3 +156,35 @@ def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> Non
     assert on_flower.mixture_weights == "personal"
     assert_close_scaled(on_flower.client_weights_, in_process.client_weights_, rtol=1e-12)
     assert_close_scaled(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
+
+
+def test_a_streaming_window_on_flower_equals_simulation(federation, partitions) -> None:
+    """One window of StreamingEM (issue 21) after a fitted first window: the nodes are new
+    to the stream, so both engines start every client from the global weights."""
+    federation, app = federation
+    first = simulate(FederatedEM(3, mixture_weights="personal", random_state=0), partitions[1])
+    p = first.state.params
+    params = {
+        "n_components": 3,
+        "weights_init": p.weights.tolist(),
+        "means_init": p.means.tolist(),
+        "precisions_init": p.precisions_cholesky.tolist(),
+        "rho": 0.5,
+        "rounds": 2,
+    }
+    result = federation.run_app(
+        app,
+        {"algorithm": "StreamingEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(StreamingEM(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert_same_mixture(state.params, expected.params)
+    for name in ("counts", "sums", "second"):
+        assert_close_scaled(getattr(state.carry, name), getattr(expected.carry, name), rtol=1e-12)
+    assert sorted(state.drift) == [0, 1, 2]
+    for c, values in expected.drift.items():
+        assert_close_scaled(state.drift[c], values, rtol=1e-12)
+    assert state.births == expected.births
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []

@@ -30,14 +30,16 @@ from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.base import FederatedAlgorithm
 from fednovelty.federated.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
-from fednovelty.mixture import CovariancePrior, MixtureParams
+from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
 from fednovelty.runtime.simulation import RoundRecord, SimulationResult
 
 FORMAT_TAG = "fednovelty-flower-result"
 FORMAT_VERSION = 1
 _METADATA_KEY = "fednovelty"
 #: dataclasses a state field may hold, stored field by field (``{"__dataclass__": name}``).
-VALUES: dict[str, type] = {cls.__name__: cls for cls in (CovariancePrior, PCAProjection, PCAState)}
+VALUES: dict[str, type] = {
+    cls.__name__: cls for cls in (CovariancePrior, PCAProjection, PCAState, SufficientStats)
+}
 
 
 @dataclass
