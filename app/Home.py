@@ -31,6 +31,8 @@ PAGES = [
      "adapt the mixture weights to a held-out client from a few of its rows."),
     ("pages/6_Score_your_data.py", "Score your data", ":material/upload_file:",
      "upload rows and download their scores, flags and components."),
+    ("pages/7_Drift.py", "Drift", ":material/timeline:",
+     "a stream whose client mix moves: per-client weights, surprise and drift alarms."),
 ]  # fmt: skip
 
 for path, label, icon, text in PAGES:

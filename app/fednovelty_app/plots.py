@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 __all__ = [
     "COLORS",
     "adaptation_figure",
+    "alarms_figure",
     "client_auroc_figure",
     "joint_scatter",
     "partition_dot_plot",
@@ -23,6 +24,7 @@ __all__ = [
     "rounds_figure",
     "score_histogram",
     "shares_figure",
+    "tracking_figure",
     "weights_heatmap",
 ]
 
@@ -248,3 +250,49 @@ def shares_figure(shares: pd.Series, title: str | None = None, top: int = 25) ->
     bottom_to_top = frame.feature.tolist()[::-1]
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=bottom_to_top)
     return fig.update_layout(height=max(260, 24 * len(frame) + 120), **_LAYOUT)
+
+
+def tracking_figure(truth: np.ndarray, learned: np.ndarray, client_ids) -> go.Figure:
+    """Each client's learned weight on population A's component (solid) against its true
+    share (dotted), per window: (n_windows, n_clients) arrays."""
+    fig = go.Figure()
+    palette = px.colors.qualitative.Plotly
+    windows = np.arange(truth.shape[0])
+    for j, client in enumerate(client_ids):
+        color = palette[j % len(palette)]
+        fig.add_trace(
+            go.Scatter(
+                x=windows,
+                y=learned[:, j],
+                mode="lines",
+                name=f"client {client}",
+                line={"color": color},
+            )
+        )
+        fig.add_trace(
+            go.Scatter(x=windows, y=truth[:, j], mode="lines", name=f"client {client} (true)",
+                       line={"color": color, "dash": "dot"}, showlegend=False)
+        )  # fmt: skip
+    fig.update_layout(
+        title="Weight on population A's component (dotted: the true share)",
+        xaxis_title="window",
+        yaxis_title="pi",
+        **_LAYOUT,
+    )
+    fig.update_yaxes(range=[-0.02, 1.02])
+    return fig
+
+
+def alarms_figure(drift: pd.DataFrame) -> go.Figure:
+    """Surprise z-score per client and window, alarms marked (``drift_frame()`` rows)."""
+    scored = drift[np.isfinite(drift["surprise"])]
+    fig = px.line(
+        scored, x="window", y="surprise", color=scored["client"].astype(str),
+        title="Surprise per window (z-score; x = CUSUM alarm)",
+    )  # fmt: skip
+    alarms = scored[scored["alarm"]]
+    fig.add_trace(
+        go.Scatter(x=alarms["window"], y=alarms["surprise"], mode="markers", name="alarm",
+                   marker={"symbol": "x", "size": 11, "color": COLORS["novel"]})
+    )  # fmt: skip
+    return fig.update_layout(legend_title_text="client", **_LAYOUT)

@@ -41,6 +41,7 @@ PAGES = {
     "Clients": ("Clients", 4),
     "Unseen client": ("Unseen client", 1),
     "Score your data": ("Score your data", 0),
+    "Drift": ("Drift", 2),
 }
 
 

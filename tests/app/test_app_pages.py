@@ -17,6 +17,7 @@ PAGES = {
     "clients": "pages/4_Clients.py",
     "unseen": "pages/5_Unseen_client.py",
     "score": "pages/6_Score_your_data.py",
+    "drift": "pages/7_Drift.py",
 }
 
 
@@ -306,3 +307,13 @@ def test_every_method_trains_and_every_page_renders(app_dir, quick_train):
         goto(at, "score")
         assert tuple(found) == expected, method
         goto(at, "train")
+
+
+def test_drift_page_streams_without_a_trained_model(app_dir):
+    at = goto(new_app(app_dir), "drift")
+    assert charts(at) == 2
+    shown = metrics(at)
+    assert shown["Windows"] == "30" and float(shown["Mean |pi - true share|"]) < 0.1
+    at.checkbox(key="drift_jump").check().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert int(metrics(at)["Global alarms"]) >= 1  # B's jump is seen by every client
