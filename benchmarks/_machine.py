@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 from pathlib import Path
@@ -28,6 +29,21 @@ def machine_facts() -> str:
         f"scikit-learn {sklearn.__version__}, numpy {np.__version__}, "
         f"python {platform.python_version()}; CPUs={os.cpu_count()} ({cpu}); "
         f"load average {load}"
+    )
+
+
+def report_header(title: str, command: str, quick: bool, seconds: float) -> str:
+    """A report's first lines: title, the command that ran, date, machine, runtime."""
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- command: `{command.strip()}`" + (" (quick smoke run)" if quick else ""),
+            f"- date: {datetime.date.today().isoformat()}",
+            f"- {machine_facts()}",
+            f"- total runtime: {seconds / 60:.1f} min; load average at the end "
+            f"{os.getloadavg()[0]:.1f}",
+        ]
     )
 
 

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -58,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import emit_report, machine_facts  # noqa: E402
+from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_pfl import (  # noqa: E402
     check,
     markdown_table,
@@ -114,17 +112,23 @@ def standardise_images(X: np.ndarray) -> np.ndarray:
     return (X - X.mean(1, keepdims=True)) / np.maximum(X.std(1, keepdims=True), 1e-6)
 
 
-def shifted_writers(settings: Settings, seed: int) -> FederatedWriters:
-    """The shifted writers with every split's rows standardised image by image."""
-    data = shift_writers(
-        make_femnist_federated(settings.n_writers, random_state=seed), random_state=seed
-    )
+def standardised(data: FederatedWriters) -> FederatedWriters:
+    """``data`` with every split's rows standardised image by image (``split_writers``
+    rebuilds rows from the images, so this comes after any split)."""
     rows = {f"X_{s}": standardise_images(getattr(data, f"X_{s}")) for s in ("train", "val", "test")}
     return dataclasses.replace(data, **rows)
 
 
+def shifted_writers(settings: Settings, seed: int) -> FederatedWriters:
+    """The shifted writers (rows as pixels / 255: standardise after splitting)."""
+    return shift_writers(
+        make_femnist_federated(settings.n_writers, random_state=seed), random_state=seed
+    )
+
+
 # ----------------------------------------------------------------------------- 1
 def run_pfl_seed(data: FederatedWriters, settings: Settings, seed: int) -> dict[str, dict]:
+    data = standardised(data)
     results = {}
     for name in METHODS:
         model = make_model(name, settings, seed)
@@ -230,6 +234,7 @@ UNSEEN_COLUMNS = (
 
 def run_unseen_seed(data: FederatedWriters, settings: Settings, seed: int) -> dict[str, float]:
     seen, unseen = split_writers(data, unseen=UNSEEN_SHARE, random_state=seed)
+    seen, unseen = standardised(seen), standardised(unseen)
     models = {}
     for name in ("FedGMM", "FedEM", "FedAvg"):
         models[name] = make_model(name, settings, seed).fit(
@@ -345,16 +350,10 @@ def main(argv=None) -> str:
             )
         )
     elapsed = time.perf_counter() - started
-    header = [
-        "# FedGMM on FEMNIST writers (Tables 2 and 5)",
-        "",
-        f"- command: `{command.strip()}`" + (" (quick smoke run)" if args.quick else ""),
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- {machine_facts()}",
-        f"- total runtime: {elapsed / 60:.1f} min; load average at the end "
-        f"{os.getloadavg()[0]:.1f}",
-    ]
-    return emit_report("\n\n".join(["\n".join(header), *sections]) + "\n", args.out)
+    header = report_header(
+        "FedGMM on FEMNIST writers (Tables 2 and 5)", command, args.quick, elapsed
+    )
+    return emit_report("\n\n".join([header, *sections]) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,6 @@ Targets (issue 20): FedGMM ``log p(x)`` AUROC >= 99 % on transformed FEMNIST and
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -56,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import emit_report, machine_facts  # noqa: E402
+from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
 from fednovelty.datasets.femnist import make_femnist_federated, split_writers  # noqa: E402
 from fednovelty.datasets.protocols import make_task, polar_rows  # noqa: E402
@@ -470,17 +468,9 @@ def main(argv=None) -> str:
     if args.figure is not None:
         figure(pooled, args.figure)
     elapsed = time.perf_counter() - started
-    header = [
-        "# Novelty on FEMNIST writers",
-        "",
-        f"- command: `{command.strip()}`" + (" (quick smoke run)" if args.quick else ""),
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- {machine_facts()}",
-        f"- total runtime: {elapsed / 60:.1f} min; load average at the end "
-        f"{os.getloadavg()[0]:.1f}",
-    ]
+    header = report_header("Novelty on FEMNIST writers", command, args.quick, elapsed)
     sections = [
-        "\n".join(header),
+        header,
         pooled_report(pooled, settings),
         labels_report(labels, settings),
         unseen_report(unseen, settings),

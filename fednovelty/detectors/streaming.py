@@ -46,7 +46,7 @@ from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.streaming import DRIFT_FIELDS, StreamingEM
-from fednovelty.mixture import SufficientStats
+from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.drift import cusum_step, cusum_threshold
 
 __all__ = ["StreamingFedGMMDetector"]
@@ -78,7 +78,9 @@ class StreamingFedGMMDetector(EMDetector):
             ``FedGMMDetector``'s.
 
     Attributes:
-        weights_, means_, covariances_, precisions_cholesky_: the current mixture.
+        weights_, means_, covariances_, precisions_cholesky_: the current mixture; its
+            weights are the last window's mix (its clients' weights, weighted by their rows),
+            which ``decision_function`` without ``client=`` uses.
         client_ids_, client_weights_: every client seen so far and its current weights.
         window_: windows fitted after ``fit``'s (0 after ``fit``).
         weights_history_: per window, ``{client id: weights}`` of the clients that replied.
@@ -287,7 +289,7 @@ class StreamingFedGMMDetector(EMDetector):
             self._client_state[i] = client_state
         if state.carry is not None:
             self.carry_ = state.carry
-        self._set_mixture(state.params)
+        self._set_mixture(self._current_mix(state.params, clients))
         self.client_weights_ = self._weights_matrix()
         if not record:
             for i, values in state.drift.items():
@@ -303,6 +305,24 @@ class StreamingFedGMMDetector(EMDetector):
         alarms = sum(r["alarm"] for r in present)
         if present and alarms >= self.global_alarm_share * len(present):
             self.global_alarms_.append(self.window_)
+
+    def _current_mix(self, params: MixtureParams, clients) -> MixtureParams:
+        """``params`` with the window's mix as weights: its clients' kept weights, weighted
+        by their rows (the M-step's weights average the forgotten windows too, so they lag
+        a moving mix); the M-step's weights if no client kept any."""
+        rows, total = None, 0.0
+        for i, X in clients.items():
+            log_w = self._client_state.get(i, {}).get("log_weights")
+            if log_w is None or X.shape[0] == 0:
+                continue
+            part = X.shape[0] * log_w.exp().to(params.weights)
+            rows = part if rows is None else rows + part
+            total += X.shape[0]
+        if rows is None:
+            return params
+        return MixtureParams(
+            rows / total, params.means, params.precisions_cholesky, params.covariance_type
+        )
 
     def _weights_matrix(self) -> np.ndarray:
         """(n_clients, K) each client's kept weights; the global weights for one without."""

@@ -6,7 +6,7 @@ def test_quick_run_writes_both_sections(benchmark_script, tmp_path):
     report = benchmark_script("stream_drift").main(["--quick", "--seeds", "1", "--out", str(out)])
     assert out.read_text() == report
     assert (
-        "## 1-2. Novelty under drift and weight tracking (3 clients x 60 rows, 4 windows" in report
+        "## 1-2. Novelty under drift and weight tracking (3 clients x 60 rows, 4 windows, linear" in report
     )
     for name in ("| streaming |", "| static |", "| refit |", "| FedGenGMM |"):
         assert name in report
