@@ -10,12 +10,14 @@ from fednovelty.federated.config import (
     FedGenConfig,
     JointConfig,
     PCAConfig,
+    PFedEMConfig,
     StreamConfig,
 )
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.joint import JointFedGMM, JointState, pfl_algorithm
 from fednovelty.federated.pca import FederatedPCA, PCAProjection, PCAState
+from fednovelty.federated.pfedem import PFedEM
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.registry import (
     ALGORITHMS,
@@ -48,6 +50,8 @@ __all__ = [
     "PCAConfig",
     "PCAProjection",
     "PCAState",
+    "PFedEM",
+    "PFedEMConfig",
     "PrivacyPolicy",
     "Step",
     "StreamConfig",

@@ -613,3 +613,46 @@ class PCAConfig(Settings):
         self._set("n_components", int(self.n_components))
         self._set("dtype", as_dtype(self.dtype))
         self._set("device", None if self.device is None else torch.device(self.device))
+
+
+#: How pFedEM's server combines the clients' Gaussians (``PFedEMConfig``).
+GAUSSIAN_AGGREGATIONS: tuple[str, ...] = ("paper", "exact")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PFedEMConfig(JointConfig):
+    """Settings of pFedEM (``PFedEM``; the pFedEM paper's Algorithm 1): ``JointConfig``'s,
+    with one sub-model per Gaussian (``n_learners`` = ``n_components``) and
+
+    Attributes:
+        gaussian_aggregation: ``"paper"`` (Eq. 12-14: each client's means and variances
+            from its own E-step, averaged with its hard counts; ``covariance_type="diag"``)
+            or ``"exact"`` (summed soft statistics, federated EM's exact M-step).
+        covariance_type: ``"diag"`` by default (the paper's per-feature variances).
+    """
+
+    n_learners: int = 0
+    covariance_type: str = "diag"
+    gaussian_aggregation: str = "paper"
+
+    def __post_init__(self) -> None:
+        if int(self.n_learners) == 0:
+            self._set("n_learners", int(self.n_components))
+        super().__post_init__()
+        if self.n_learners != self.n_components:
+            raise ValueError(
+                f"pFedEM trains one sub-model per Gaussian: n_learners must equal n_components "
+                f"({self.n_components}); got {self.n_learners}."
+            )
+        if self.gaussian_aggregation not in GAUSSIAN_AGGREGATIONS:
+            raise ValueError(
+                f"gaussian_aggregation must be one of {GAUSSIAN_AGGREGATIONS}; got "
+                f"{self.gaussian_aggregation!r}."
+            )
+        if self.gaussian_aggregation == "paper" and self.covariance_type != "diag":
+            raise ValueError(
+                "gaussian_aggregation='paper' averages the clients' per-feature variances "
+                "(Eq. 13): use covariance_type='diag', or gaussian_aggregation='exact'."
+            )
+        if self.standardize or self.prior_strength is not None:
+            raise ValueError("pFedEM's M-steps are plain: standardize=False, prior_strength=None.")

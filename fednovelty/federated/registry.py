@@ -17,6 +17,7 @@ from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.joint import JointFedGMM, JointState
 from fednovelty.federated.pca import FederatedPCA, PCAState
+from fednovelty.federated.pfedem import PFedEM
 from fednovelty.federated.streaming import StreamingEM, StreamState
 
 #: algorithm name -> class (its ``config_class`` reads the JSON settings).
@@ -27,6 +28,7 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     "LocalGMMs": LocalGMMs,
     "FederatedPCA": FederatedPCA,
     "StreamingEM": StreamingEM,
+    "PFedEM": PFedEM,
 }
 
 #: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.

@@ -62,6 +62,8 @@ NON_NEGATIVE: tuple[str, ...] = (
     "n",
     "m2",
     "far_counts",
+    "hard_counts",
+    "client_vars",
 )
 #: reply kinds that carry summed Gaussian statistics.
 STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em")
@@ -149,6 +151,15 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         return shapes
     if kind == "stream":
         return _stream_shapes(broadcast, d)
+    if kind == "pfedem":
+        k = int(broadcast.tensors["means"].shape[0])
+        shapes = {"hard_counts": (k,), "log_likelihood": (), "n_samples": ()}
+        if expectation(broadcast, "gaussian_aggregation") == "exact":
+            ct = str(expectation(broadcast, "covariance_type"))
+            shapes.update(counts=(k,), sums=(k, d), second=covariance_shape(ct, k, d))
+        else:
+            shapes.update(client_means=(k, d), client_vars=(k, d))
+        return shapes
     if kind == "local_fit":
         return {
             "weights": ("k",),
@@ -283,6 +294,12 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
         _check_stats(reply, str(expectation(broadcast, "covariance_type")))
     elif broadcast.kind == "stream":
         _check_stream(reply, broadcast)
+    elif broadcast.kind == "pfedem":
+        n = float(reply.tensors["n_samples"])
+        if not _close_or_below(float(reply.tensors["hard_counts"].sum()), n):
+            raise InvalidReplyError("hard counts add up to more than the rows sent.")
+        if "sums" in reply.tensors:
+            _check_stats(reply, str(expectation(broadcast, "covariance_type")))
 
 
 def _check_size(reply: Message, broadcast: Message) -> None:

@@ -1,0 +1,223 @@
+"""pFedEM (the pFedEM paper, Algorithm 1; issue 21): K Gaussians and K sub-models, one EM
+step per round, a hard partition of each client's rows.
+
+Each round, on client ``i`` (its personal weights ``pi_i`` kept in its state, the global
+weights when it has none):
+
+- Eq. 8: posteriors ``gamma_ik(z) ∝ pi_ik N(z; mu_k, sigma_k)`` of its rows under the broadcast
+  Gaussians; Eq. 9-11: its own means, variances (per feature) and weights from them;
+- the rows are partitioned by their most likely Gaussian, ``D_ik``, and sub-model ``k`` is
+  trained from the broadcast weights on ``D_ik`` alone (``local_epochs`` of SGD or Adam);
+- it sends the sub-models, the hard counts ``|D_ik|`` and, by ``gaussian_aggregation``:
+  ``"paper"``: its means and variances (Eq. 9-10); ``"exact"``: the summed statistics of
+  its rows under ``gamma`` about the broadcast shift.
+
+The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5) and sets
+the Gaussians: ``"paper"``: Eq. 12-14, means and variances averaged with the hard counts (the
+between-client spread of each component is dropped, as written); ``"exact"``: federated EM's
+M-step on the summed statistics (the pooled rows' M-step). The first round starts from
+federated EM's initialisation (``init_params``, k-means by default) and sub-models from
+``learner_factory`` under ``random_state``.
+
+Inference (Eq. 15): ``P(y | x) = sum_k pi_k P_k(y | x)`` with the client's weights (or the
+global ones): :func:`pfedem_predict_proba`.
+
+Clients enforce their privacy floor: below ``min_rows`` rows they skip; a component whose
+partition holds fewer than ``min_rows`` rows is sent as zeros and its sub-model as broadcast
+(no weight in the average).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
+from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.config import PFedEMConfig
+from fednovelty.federated.em import EMStep, em_steps
+from fednovelty.federated.init import round_seed
+from fednovelty.federated.joint import JointFedGMM, JointState
+from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.steps import Step
+from fednovelty.mixture import MixtureParams, SufficientStats, log_gaussian_prob, stats_from_resp
+from fednovelty.mixture.em import moment_shift
+
+__all__ = ["PFEDEM_KIND", "PFedEM", "PFedEMStep", "paper_gaussians", "pfedem_predict_proba"]
+
+PFEDEM_KIND = "pfedem"
+
+
+def paper_gaussians(
+    hard_counts: Tensor, means: Tensor, variances: Tensor, reg_covar: float
+) -> MixtureParams:
+    """Eq. 12-14: (n_clients, K) hard counts, (n_clients, K, d) client means and variances
+    -> the global diagonal mixture (components no client's partition held keep weight 0 and
+    get the unweighted mean of the clients' values)."""
+    total = hard_counts.sum(0)  # (K,)
+    share = torch.where(
+        total > 0, hard_counts / total.clamp_min(1e-300), 1.0 / hard_counts.shape[0]
+    )  # (n_clients, K)
+    mu = (share.unsqueeze(2) * means).sum(0)
+    var = (share.unsqueeze(2) * variances).sum(0) + reg_covar
+    weights = total / total.sum()
+    return MixtureParams.from_covariances(weights, mu, var, "diag")
+
+
+def pfedem_predict_proba(
+    template: nn.Module, learners: list[dict[str, Tensor]], Z: Tensor, weights: Tensor
+) -> Tensor:
+    """Eq. 15: ``sum_k pi_k P_k(y | z)``, (n, n_classes), for rows ``Z`` and weights (K,)."""
+    probs = learner_log_probs(template, learners, Z).exp()  # (n, K, n_classes)
+    return (weights.to(probs).view(1, -1, 1) * probs).sum(1)
+
+
+class PFedEMStep(Step):
+    """pFedEM's rounds (module docstring)."""
+
+    kinds = (PFEDEM_KIND,)
+    labelled = True
+
+    def __init__(self, algorithm: PFedEM) -> None:
+        self.algorithm = algorithm
+        self.config: PFedEMConfig = algorithm.config
+        self.gaussian = EMStep(self.config)
+        self.max_rounds = self.config.max_iter
+
+    def begin(self, state: JointState) -> str:
+        if not state.learners:
+            raw = state.projection.n_features if state.projection is not None else None
+            width = self.config.n_learner_features or raw or state.params.n_features
+            state.learners = self.algorithm._initial_learners(width)
+        return PFEDEM_KIND
+
+    def configure(self, state: JointState) -> Message:
+        tensors = {**state.params.tensors(), "shift": moment_shift(state.params)}
+        for k, learner in enumerate(state.learners):
+            tensors.update({learner_name(k, name): v for name, v in learner.items()})
+        return Message(
+            PFEDEM_KIND,
+            tensors,
+            {"seed": round_seed(self.config, state)},
+            expect={
+                "covariance_type": self.config.covariance_type,
+                "gaussian_aggregation": self.config.gaussian_aggregation,
+            },
+        )
+
+    # ------------------------------------------------------------------ server half
+    def server_step(
+        self, state: JointState, replies: dict[int, Message]
+    ) -> tuple[str | None, dict]:
+        config = self.config
+        hard = torch.stack([r.tensors["hard_counts"] for r in replies.values()]).to(
+            config.device, config.dtype
+        )
+        state.learners = average_learners(state.learners, list(replies.values()), hard)
+        for cid, counts in zip(replies, hard, strict=True):
+            if float(counts.sum()) > 0:
+                state.client_weights[cid] = counts / counts.sum()
+        if config.gaussian_aggregation == "exact":
+            stats = self.gaussian.m_step(state, replies)
+        else:
+            t = {
+                name: torch.stack([r.tensors[name] for r in replies.values()]).to(
+                    config.device, config.dtype
+                )
+                for name in ("client_means", "client_vars", "log_likelihood", "n_samples")
+            }
+            state.params = paper_gaussians(
+                hard, t["client_means"], t["client_vars"], config.reg_covar
+            )
+            stats = _totals(t["log_likelihood"].sum(), t["n_samples"].sum(), state.params)
+        state.joint_counts = torch.diag(hard.sum(0))
+        done, lower_bound = self.gaussian.advance(state, stats)
+        return (None if done else PFEDEM_KIND), {
+            "phase": PFEDEM_KIND,
+            "mean_log_likelihood": lower_bound,
+        }
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y, Z = data
+        config, algorithm = self.config, self.algorithm
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        k = t["means"].shape[0]
+        template = algorithm._template(Z.shape[1])
+        names = [name for name, _ in template.named_parameters()]
+        learners = [{name: t[learner_name(j, name)] for name in names} for j in range(k)]
+        log_pi = context.state.get("log_weights")
+        if log_pi is None:
+            log_pi = t["weights"].log()
+        n = X.shape[0]
+        log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], config.covariance_type)
+        joint = log_n + log_pi
+        log_norm = torch.logsumexp(joint, dim=1)
+        gamma = (joint - log_norm.unsqueeze(1)).exp()  # Eq. 8, (n, K)
+        soft = gamma.sum(0)
+        if n > 0:
+            eps = 10 * torch.finfo(X.dtype).eps
+            context.state["log_weights"] = ((soft + eps) / (n + eps * k)).log()  # Eq. 11
+        part = gamma.argmax(1) if n > 0 else torch.zeros(0, dtype=torch.long, device=X.device)
+        hard = torch.bincount(part, minlength=k).to(X.dtype)
+        policy = context.policy
+        if not policy.releases(n):
+            return skipped_reply(PFEDEM_KIND, policy.below_floor)
+        keep = hard >= max(policy.min_rows, 1)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
+        for j, params in enumerate(learners):
+            rows = part == j
+            trained = params
+            if bool(keep[j]):
+                ones = torch.ones(int(rows.sum()), dtype=X.dtype, device=X.device)
+                trained = algorithm._local_sgd(template, params, Z[rows], y[rows], ones, generator)
+            tensors.update({learner_name(j, name): v.clone() for name, v in trained.items()})
+        resp = gamma * keep.to(X.dtype)
+        tensors["log_likelihood"] = log_norm.sum()
+        tensors["n_samples"] = torch.tensor(float(n), dtype=X.dtype, device=X.device)
+        if config.gaussian_aggregation == "exact":
+            stats = stats_from_resp(X, resp, config.covariance_type, t["shift"])
+            stats = replace(stats, log_likelihood=log_norm.sum())
+            tensors.update(stats_message(stats, PFEDEM_KIND).tensors)
+        else:  # Eq. 9-10 on the client's rows, zeros for components it does not release
+            weight = soft.clamp_min(1e-300).unsqueeze(1)
+            means = gamma.T @ X / weight
+            variances = gamma.T @ X.square() / weight - means.square()
+            mask = keep.to(X.dtype).unsqueeze(1)
+            tensors["client_means"] = means * mask
+            tensors["client_vars"] = variances.clamp_min(0) * mask
+        return Message(PFEDEM_KIND, tensors)
+
+
+def _totals(log_likelihood: Tensor, n_samples: Tensor, params: MixtureParams) -> SufficientStats:
+    """Statistics that carry only a round's summed log-likelihood and rows (what
+    ``EMStep.advance`` reads) for the paper's aggregation, which has no summed moments."""
+    k, d = params.means.shape
+    zeros = torch.zeros(k, d, dtype=params.means.dtype, device=params.means.device)
+    return SufficientStats(
+        counts=zeros[:, 0],
+        sums=zeros,
+        second=zeros,
+        shift=zeros[0],
+        log_likelihood=log_likelihood,
+        n_samples=n_samples,
+        covariance_type="diag",
+    )
+
+
+class PFedEM(JointFedGMM):
+    """pFedEM (see module docstring): ``PFedEM(n_components, n_classes, **settings)`` with
+    the settings of :class:`~fednovelty.federated.config.PFedEMConfig`."""
+
+    config_class = PFedEMConfig
+
+    def __init__(self, n_components: int, n_classes: int, **settings: Any):
+        self._setup(PFedEMConfig(n_components=n_components, n_classes=n_classes, **settings))
+
+    def _setup(self, config: PFedEMConfig) -> None:
+        super(JointFedGMM, self)._setup(config)
+        self._chain(em_steps(config, PFedEMStep(self)))
