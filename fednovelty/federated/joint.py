@@ -134,7 +134,7 @@ class JointEMStep(Step):
             raw = state.projection.n_features if state.projection is not None else None
             width = self.config.n_learner_features or raw or state.params.n_features
             state.learners = self.algorithm._initial_learners(width)
-        return "joint_em"
+        return self.kinds[0]
 
     def configure(self, state: JointState) -> Message:
         tensors = {**state.params.tensors(), "shift": moment_shift(state.params)}

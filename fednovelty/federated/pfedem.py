@@ -38,11 +38,10 @@ from torch import Tensor, nn
 from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import PFedEMConfig
-from fednovelty.federated.em import EMStep, em_steps
+from fednovelty.federated.em import em_steps
 from fednovelty.federated.init import round_seed
-from fednovelty.federated.joint import JointFedGMM, JointState
+from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointState
 from fednovelty.federated.joint_scores import learner_log_probs
-from fednovelty.federated.steps import Step
 from fednovelty.mixture import MixtureParams, SufficientStats, log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
 
@@ -75,24 +74,10 @@ def pfedem_predict_proba(
     return (weights.to(probs).view(1, -1, 1) * probs).sum(1)
 
 
-class PFedEMStep(Step):
-    """pFedEM's rounds (module docstring)."""
+class PFedEMStep(JointEMStep):
+    """pFedEM's rounds (module docstring); the learners start as the joint model's."""
 
     kinds = (PFEDEM_KIND,)
-    labelled = True
-
-    def __init__(self, algorithm: PFedEM) -> None:
-        self.algorithm = algorithm
-        self.config: PFedEMConfig = algorithm.config
-        self.gaussian = EMStep(self.config)
-        self.max_rounds = self.config.max_iter
-
-    def begin(self, state: JointState) -> str:
-        if not state.learners:
-            raw = state.projection.n_features if state.projection is not None else None
-            width = self.config.n_learner_features or raw or state.params.n_features
-            state.learners = self.algorithm._initial_learners(width)
-        return PFEDEM_KIND
 
     def configure(self, state: JointState) -> Message:
         tensors = {**state.params.tensors(), "shift": moment_shift(state.params)}
