@@ -41,12 +41,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
 from fednovelty.detectors._validation import check_groups, check_X, split_by_client
+from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.persistence import get_attr, get_tensor, register
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.streaming import DRIFT_FIELDS, StreamingEM
-from fednovelty.mixture import MixtureParams, SufficientStats
+from fednovelty.mixture import MixtureParams, SufficientStats, score_samples
 from fednovelty.mixture.drift import cusum_step, cusum_threshold
 
 __all__ = ["StreamingFedGMMDetector"]
@@ -387,25 +388,13 @@ class StreamingFedGMMDetector(EMDetector):
         if client is None:
             return super().decision_function(X)
         Xt = self._check_score_input(X)
-        from fednovelty.mixture import score_samples
-
         with torch.no_grad():
             return -score_samples(self.model_, Xt, self._log_pi(client, Xt)).cpu().numpy()
 
     def adapt(self, X, *, max_iter: int = 100, tol: float = 1e-6):
-        """Weights for a client not in the stream, every component frozen (as
-        ``FedGMMDetector.adapt``)."""
-        from fednovelty.mixture.density import log_gaussian_prob
-        from fednovelty.mixture.em import fit_weights
-
-        Xt = self._adapt_rows(X, max_iter)
-        params = self.model_
-        with torch.no_grad():
-            log_n = log_gaussian_prob(
-                Xt, params.means, params.precisions_cholesky, params.covariance_type
-            )
-            result = fit_weights(log_n, params.weights.log(), max_iter=max_iter, tol=tol)
-        return self._adapted(result, Xt.shape[0], labelled=False)
+        """Weights for a client not in the stream from its rows, every component frozen:
+        ``FedGMMDetector.adapt`` on the current mixture."""
+        return FedGMMDetector.adapt(self, X, max_iter=max_iter, tol=tol)
 
     # -------------------------------------------------------------- persistence
     def _get_state(self):

@@ -143,3 +143,13 @@ def test_save_and_load_mid_stream_then_carry_on_with_the_same_numbers(tmp_path):
     np.testing.assert_allclose(again.client_weights_, det.client_weights_, rtol=1e-12)
     assert again.drift_history_[-1] == det.drift_history_[-1]
     np.testing.assert_allclose(again.decision_function(X), det.decision_function(X), rtol=1e-12)
+
+
+def test_a_client_outside_the_stream_adapts_its_weights():
+    rng = np.random.default_rng(6)
+    det = fitted(rng, [[0.4, 0.3, 0.3]] * 2)
+    X, _ = window(rng, [[0.0, 0.0, 1.0]])
+    handle = det.adapt(X)
+    assert handle.weights[component_of(det, CENTERS[2])] > 0.9
+    own = det.decision_function(X, client=handle)
+    assert np.mean(own) < np.mean(det.decision_function(X))  # its own weights fit it better
