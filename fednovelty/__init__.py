@@ -19,6 +19,7 @@ __all__ = [
     "FedGenGMMDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
+    "PFedEMDetector",
     "StreamingFedGMMDetector",
     "__version__",
     "load",
@@ -29,6 +30,7 @@ _LAZY = {
     "FedGenGMMDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
+    "PFedEMDetector",
     "StreamingFedGMMDetector",
     "load",
 }

@@ -219,6 +219,10 @@ FEDGMM_PAPER = (
     "Wu et al.: Personalized Federated Learning under Mixture of Distributions (FedGMM), ICML 2023"
 )
 DEM_PAPER = f"distributed EM as compared in {FEDGENGMM_PAPER}"
+PFEDEM_PAPER = (
+    "Chen et al.: Adaptive Personalized Federated Learning for Non-IID Data with Continual "
+    "Distribution Shift (pFedEM)"
+)
 _ABLATION_TEXT = {
     "-plain": "ablation: plain maximum likelihood, no standardisation, no prior",
     "-std": "ablation: standardisation only, no covariance prior",
@@ -378,6 +382,16 @@ def _registry() -> dict[str, Method]:
             )
             for name, paper, kind, what in _PFL
         ],
+        Method(
+            "PFL-pFedEM",
+            _detector("PFedEMDetector"),
+            "federated",
+            PFEDEM_PAPER,
+            "personalised classification: K Gaussians, one sub-model trained on each "
+            "Gaussian's hard partition, inference by Eq. 15",
+            task="pfl",
+            shared=("n_components", "random_state"),
+        ),
     ]
     names = [m.name for m in methods]
     repeated = sorted({n for n in names if names.count(n) > 1})

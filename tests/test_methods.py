@@ -32,6 +32,7 @@ def test_names_by_task_kind_and_variant():
         "PFL-FedAvg",
         "PFL-FedProx",
         "PFL-Local",
+        "PFL-pFedEM",
     ]
     variants = set(method_names(variants=True)) - set(method_names())
     assert variants == {m + s for m in MIXTURES for s in ABLATIONS}
@@ -111,7 +112,8 @@ def test_pyod_baselines_take_only_their_seed():
 def test_unknown_names_and_parameters_are_refused_with_the_closest():
     with pytest.raises(ValueError, match=r"unknown method 'IForrest' \(did you mean IForest"):
         get_method("IForrest")
-    with pytest.raises(ValueError, match=r"Known: FedGenGMM, FedGMM, .*PFL-Local; and the abl"):
+    known = r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM; and the abl"
+    with pytest.raises(ValueError, match=known):
         get_method("nope")
     with pytest.raises(ValueError, match=r"'n_compnents' \(did you mean n_components"):
         get_method("DEM-kmeans").build(n_compnents=3)

@@ -6,6 +6,7 @@ from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.joint import JointFedGMMDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.persistence import load
+from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "JointFedGMMDetector",
     "LocalGMMDetector",
     "MixtureDetector",
+    "PFedEMDetector",
     "StreamingFedGMMDetector",
     "load",
 ]

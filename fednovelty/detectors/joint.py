@@ -221,9 +221,9 @@ class JointFedGMMDetector(EMDetector):
         self.classes_, codes = encode_labels(y, n_rows)
         return codes
 
-    def _fit_em(self, data, seed, *, pca_components, round_offset=0):
-        learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
-        algorithm = JointFedGMM(
+    def _algorithm(self, learner_width: int, seed: int, pca_components):
+        """The federated algorithm a fit runs (the joint model's EM)."""
+        return JointFedGMM(
             self.n_components,
             self.n_learners,
             len(self.classes_),
@@ -237,6 +237,10 @@ class JointFedGMMDetector(EMDetector):
             n_learner_features=learner_width,
             **self._em_options(seed, pca_components),
         )
+
+    def _fit_em(self, data, seed, *, pca_components, round_offset=0):
+        learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
+        algorithm = self._algorithm(learner_width, seed, pca_components)
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
         )

@@ -105,6 +105,7 @@ class PFedEMStep(JointEMStep):
         for cid, counts in zip(replies, hard, strict=True):
             if float(counts.sum()) > 0:
                 state.client_weights[cid] = counts / counts.sum()
+                state.client_joint_weights[cid] = torch.diag(state.client_weights[cid])
         if config.gaussian_aggregation == "exact":
             stats = self.gaussian.m_step(state, replies)
         else:
