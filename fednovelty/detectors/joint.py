@@ -19,6 +19,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors._labels import encode_labels, label_codes
+from fednovelty.detectors._validation import check_groups, check_X, split_by_client
 from fednovelty.detectors.persistence import (
     check_items,
     check_probabilities,
@@ -215,14 +216,98 @@ class JointFedGMMDetector(EMDetector):
         """
         return self._fit(X, y, groups, callbacks)
 
+    def partial_fit(self, X, y=None, groups=None, *, rounds: int = 1):
+        """Continue training on a new window of rows (the pFedEM paper's setting: clients
+        whose data move from round to round): ``rounds`` more rounds from the current
+        Gaussians, learners and each client's weights, on ``X`` alone.
+
+        Args:
+            X: the window's rows (n_samples, n_features), the width ``fit`` saw.
+            y: their labels, among ``classes_``.
+            groups: client id of each row, ids seen in ``fit`` (a new client: ``adapt``).
+            rounds: communication rounds on this window (>= 1).
+
+        Returns:
+            self
+
+        Raises:
+            NotFittedError: before ``fit``. ValueError: another width, NaN, unknown labels or
+                client ids, ``rounds < 1`` (the model is unchanged).
+        """
+        self._check_fitted()
+        if not isinstance(rounds, Integral) or rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")
+        if not self.aggregate_learners:
+            raise ValueError("a Local model (aggregate_learners=False) has no partial_fit.")
+        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        if y is None:
+            raise ValueError("partial_fit needs the window's labels y.")
+        codes = label_codes(y, self.classes_, array.shape[0], torch.device("cpu")).numpy()
+        ids, group_codes = check_groups(
+            np.zeros(array.shape[0], int) if groups is None else groups, array.shape[0]
+        )
+        known = {c: i for i, c in enumerate(self.client_ids_.tolist())}
+        unknown = [c for c in ids.tolist() if c not in known]
+        if unknown:
+            raise ValueError(
+                f"groups holds client ids {unknown[:3]} not seen in fit; partial_fit continues "
+                "the clients of fit (a new client's weights: adapt(X))."
+            )
+        parts = split_by_client(array, group_codes, len(ids))
+        labels = split_by_client(codes, group_codes, len(ids))
+        data, states = {}, {}
+        for c, rows, lab in zip(ids.tolist(), parts, labels, strict=True):
+            i = known[c]
+            Xt = self._as_tensor(rows)
+            yt = torch.as_tensor(lab, device=Xt.device)
+            data[i] = (Xt, yt) if not hasattr(self, "pca_") else (self.pca_.transform(Xt), yt, Xt)
+            states[i] = self._kept_state(i)
+        params = self.model_
+        seed = getattr(self, "_seed", 0) + len(self.history_)
+        algorithm = self._algorithm(
+            self.n_features_in_,
+            seed,
+            None,
+            weights_init=params.weights,
+            means_init=params.means,
+            precisions_init=params.precisions_cholesky,
+            learners_init=self.joint_state_.learners,
+            max_iter=int(rounds),
+            tol=0.0,
+        )
+        result = self._simulate(
+            algorithm, data, seed, full=True, client_states=states, **self._em_engine()
+        )
+        kept = getattr(self, "_client_states", {})
+        before = self.client_weights_.copy(), self.client_joint_weights_.copy()
+        self._set_joint_result(result, self.n_features_in_)
+        self._client_states = {**kept, **self._client_states}
+        absent = [i for i in range(self.n_clients_) if i not in result.state.client_weights]
+        self.client_weights_[absent] = before[0][absent]  # their weights carry over
+        self.client_joint_weights_[absent] = before[1][absent]
+        self.decision_scores_ = self.decision_function(array)
+        self._process_decision_scores()
+        return self
+
+    def _kept_state(self, index: int) -> dict[str, torch.Tensor]:
+        """What client ``index`` kept from the last run (its joint weights); after a load,
+        rebuilt from ``client_joint_weights_``."""
+        kept = getattr(self, "_client_states", {}).get(index)
+        if kept is not None:
+            return kept
+        weights = torch.as_tensor(self.client_joint_weights_[index]).to(**self._torch_options())
+        return {"log_joint_weights": weights.clamp_min(1e-300).log()}
+
     def _label_codes(self, y, n_rows: int) -> np.ndarray:
         """Check ``y`` (one label per row, at least two classes), set ``classes_`` and return
         each row's class index (n_rows,)."""
         self.classes_, codes = encode_labels(y, n_rows)
         return codes
 
-    def _algorithm(self, learner_width: int, seed: int, pca_components):
-        """The federated algorithm a fit runs (the joint model's EM)."""
+    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
+        """The federated algorithm a fit runs (the joint model's EM); ``overrides`` replace
+        its settings (``partial_fit``'s start and rounds)."""
+        options = {**self._em_options(seed, pca_components), **overrides}
         return JointFedGMM(
             self.n_components,
             self.n_learners,
@@ -235,7 +320,7 @@ class JointFedGMMDetector(EMDetector):
             mu_prox=self.mu_prox,
             aggregate_learners=self.aggregate_learners,
             n_learner_features=learner_width,
-            **self._em_options(seed, pca_components),
+            **options,
         )
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
@@ -244,6 +329,12 @@ class JointFedGMMDetector(EMDetector):
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
         )
+        self._seed = seed
+        return self._set_joint_result(result, learner_width)
+
+    def _set_joint_result(self, result, learner_width: int):
+        """The fitted attributes from a finished run of the joint algorithm; returns it."""
+        self._client_states = dict(result.client_states)
         state = result.state
         self.joint_state_ = state
         self.learner_template_ = self._learner_template(learner_width)

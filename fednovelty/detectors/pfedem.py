@@ -117,7 +117,7 @@ class PFedEMDetector(JointFedGMMDetector):
     def n_learners(self) -> int:
         return self.n_components
 
-    def _algorithm(self, learner_width: int, seed: int, pca_components):
+    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
         return PFedEM(
             self.n_components,
             len(self.classes_),
@@ -128,8 +128,15 @@ class PFedEMDetector(JointFedGMMDetector):
             batch_size=self.batch_size,
             optimizer=self.optimizer,
             n_learner_features=learner_width,
-            **self._em_options(seed, pca_components),
+            **{**self._em_options(seed, pca_components), **overrides},
         )
+
+    def _kept_state(self, index: int) -> dict[str, torch.Tensor]:
+        kept = getattr(self, "_client_states", {}).get(index)
+        if kept is not None:
+            return kept
+        weights = torch.as_tensor(np.diagonal(self.client_joint_weights_[index]).copy())
+        return {"log_weights": weights.to(**self._torch_options()).clamp_min(1e-300).log()}
 
     # -------------------------------------------------------------- Eq. 15
     def predict_proba_y(self, X, client=None) -> np.ndarray:

@@ -152,6 +152,8 @@ def _json_value(value: Any) -> Any:
         return value.detach().cpu().tolist()
     if isinstance(value, tuple):
         return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
     if callable(value):
         names = [name for name, factory in LEARNERS.items() if factory is value]
         if not names:
@@ -467,6 +469,9 @@ class JointConfig(EMConfig):
         aggregate_learners: ``False`` keeps every learner on its client (the Local baseline).
         n_learner_features: width of the learners' input ``Z`` when clients hold
             ``(X, y, Z)`` triples; default the width of the raw rows ``X``.
+        learners_init: the learners' starting weights (one dict of parameter tensors per
+            learner, e.g. an earlier run's ``state.learners``); default ``learner_factory``'s
+            initialisation under ``random_state``.
         Other attributes as ``EMConfig``; ``mixture_weights`` defaults to ``"personal"``.
     """
 
@@ -483,9 +488,27 @@ class JointConfig(EMConfig):
     mu_prox: float = 0.0
     aggregate_learners: bool = True
     n_learner_features: int | None = None
+    learners_init: tuple[dict[str, Tensor], ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.learners_init is not None:
+            learners = list(self.learners_init)
+            if len(learners) != int(self.n_learners) or not all(
+                isinstance(p, Mapping) for p in learners
+            ):
+                raise ValueError(
+                    f"learners_init must hold one dict of parameter tensors per learner "
+                    f"({self.n_learners}); got {type(self.learners_init).__name__} of "
+                    f"{len(learners)}."
+                )
+            self._set(
+                "learners_init",
+                tuple(
+                    {k: _as_tensor(v, self.dtype, self.device) for k, v in p.items()}
+                    for p in learners
+                ),
+            )
         if int(self.n_learners) < 1 or int(self.n_classes) < 2:
             raise ValueError(
                 f"need n_learners >= 1 and n_classes >= 2; got n_learners={self.n_learners}, "

@@ -130,7 +130,9 @@ class JointEMStep(Step):
         self.max_rounds = self.config.max_iter
 
     def begin(self, state: JointState) -> str:
-        if not state.learners:
+        if not state.learners and self.config.learners_init is not None:
+            state.learners = [dict(p) for p in self.config.learners_init]
+        elif not state.learners:
             raw = state.projection.n_features if state.projection is not None else None
             width = self.config.n_learner_features or raw or state.params.n_features
             state.learners = self.algorithm._initial_learners(width)

@@ -47,3 +47,56 @@ def test_saves_loads_and_is_a_registered_method(data, tmp_path):
     assert method.task == "pfl" and method.build(n_components=3, random_state=0).n_learners == 3
     with pytest.raises(ValueError, match="covariance_type='diag'"):
         PFedEMDetector(2, covariance_type="full").fit(X, y, groups)
+
+
+def moving_window(rng, share_a, n=200, clients=3):
+    """Each client's rows: population A (left, rule y = x2 > 0) with share ``share_a``, else
+    B (right, rule y = x2 < 0)."""
+    a = rng.random(n * clients) < share_a
+    X = rng.normal(0, 1, (n * clients, 2)) + np.where(a[:, None], [-4.0, 0.0], [4.0, 0.0])
+    y = np.where(a, X[:, 1] > 0, X[:, 1] < 0).astype(int)
+    return X, y, np.repeat(np.arange(clients), n)
+
+
+@pytest.mark.parametrize("cls_name", ["PFedEMDetector", "JointFedGMMDetector"])
+def test_partial_fit_carries_the_model_through_a_moving_stream(cls_name, tmp_path):
+    import fednovelty
+
+    cls = getattr(fednovelty, cls_name)
+    rng = np.random.default_rng(2)
+    det = cls(2, max_iter=5, random_state=0).fit(*moving_window(rng, 0.9))
+    learners = [dict(p) for p in det.joint_state_.learners]
+    before = det.client_joint_weights_.copy()
+    for share in (0.7, 0.5, 0.3, 0.1):
+        X, y, g = moving_window(rng, share)
+        det.partial_fit(X, y, g, rounds=2)
+    assert len(det.history_) == 2  # the last window's rounds
+    assert any(
+        not np.allclose(p[k].numpy(), det.joint_state_.learners[j][k].numpy())
+        for j, p in enumerate(learners)
+        for k in p
+    )
+    # every client's weight on the left Gaussian followed its share down from 0.9
+    left = int(np.argmin(det.means_[:, 0]))
+    assert (det.client_joint_weights_[:, left].sum(1) < 0.3).all()
+    assert (before[:, left].sum(1) > 0.7).all()
+    det.save(tmp_path / "m.safetensors")
+    again = fednovelty.load(tmp_path / "m.safetensors")
+    again.partial_fit(X, y, g)  # after a load the clients start from their saved weights
+    with pytest.raises(ValueError, match="not seen in fit"):
+        det.partial_fit(X, y, g + 10)
+    with pytest.raises(ValueError, match="rounds must be"):
+        det.partial_fit(X, y, g, rounds=0)
+    with pytest.raises(ValueError, match="labels"):
+        det.partial_fit(X, None, g)
+
+
+def test_pfedem_predicts_the_window_it_moved_to():
+    rng = np.random.default_rng(2)
+    det = PFedEMDetector(2, max_iter=5, random_state=0).fit(*moving_window(rng, 0.9))
+    for share in (0.7, 0.5, 0.3, 0.1):
+        X, y, g = moving_window(rng, share)
+        det.partial_fit(X, y, g, rounds=2)
+    X, y, g = moving_window(rng, 0.1)
+    own = np.concatenate([det.predict_y(X[g == c], client=c) for c in range(3)])
+    assert np.mean(own == np.concatenate([y[g == c] for c in range(3)])) > 0.85  # B's rule
