@@ -8,13 +8,14 @@ import numpy as np
 import torch
 
 
-def encode_labels(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(classes, codes)`` of fit's labels: the sorted distinct values (n_classes,) and
-    each row's index into them (n_rows,) int64.
+def encode_labels(y, n_rows: int, classes=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, codes)`` of fit's labels: the sorted distinct values (n_classes,) (or of
+    ``classes``, every label the model will know, a superset of ``y``'s) and each row's
+    index into them (n_rows,) int64.
 
     Raises:
         ValueError: ``y`` is missing, not 1-D, not one label per row, holds NaN/inf or a
-            single class.
+            single class, or a label not in ``classes``.
     """
     if y is None:
         raise ValueError(
@@ -30,6 +31,18 @@ def encode_labels(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"y has {len(y_array)} labels but X has {n_rows} rows; give one label per row."
         )
+    if classes is not None:
+        known = np.unique(np.asarray(classes))
+        missing = np.setdiff1d(np.unique(y_array), known)
+        if missing.size:
+            raise ValueError(
+                f"y has label(s) {missing[:5].tolist()} not in classes; classes must hold every "
+                "label the model will see."
+            )
+        codes = np.searchsorted(known, y_array)
+        if len(known) < 2:
+            raise ValueError("classes has a single class; the joint model needs at least 2.")
+        return known, codes.astype(np.int64)
     classes, codes = np.unique(y_array, return_inverse=True)
     if len(classes) < 2:
         raise ValueError("y has a single class; the joint model needs at least 2 classes.")

@@ -195,7 +195,7 @@ class JointFedGMMDetector(EMDetector):
         return cls(**{**params, **config})
 
     # -------------------------------------------------------------- fitting
-    def fit(self, X, y=None, groups=None, *, callbacks=()):
+    def fit(self, X, y=None, groups=None, *, callbacks=(), classes=None):
         """Fit the joint model on rows ``X`` with labels ``y``, split into clients by
         ``groups``.
 
@@ -206,6 +206,8 @@ class JointFedGMMDetector(EMDetector):
             callbacks: callables, each called with every ``fednovelty.runtime.RoundRecord``
                 as its round completes (federated PCA's, the initialisation's and EM's rounds,
                 numbered ``1..n_rounds_`` as in ``history_``); kept only while ``fit`` runs.
+            classes: every label value the model will know (``classes_``), when later
+                ``partial_fit`` windows may hold labels this ``y`` lacks; default ``y``'s.
 
         Returns:
             self
@@ -214,7 +216,11 @@ class JointFedGMMDetector(EMDetector):
             ValueError: ``y`` missing, not one label per row, with NaN, or a single class.
             TypeError: ``callbacks`` is not a sequence of callables.
         """
-        return self._fit(X, y, groups, callbacks)
+        self._fit_classes = classes
+        try:
+            return self._fit(X, y, groups, callbacks)
+        finally:
+            del self._fit_classes
 
     def partial_fit(self, X, y=None, groups=None, *, rounds: int = 1):
         """Continue training on a new window of rows (the pFedEM paper's setting: clients
@@ -301,7 +307,7 @@ class JointFedGMMDetector(EMDetector):
     def _label_codes(self, y, n_rows: int) -> np.ndarray:
         """Check ``y`` (one label per row, at least two classes), set ``classes_`` and return
         each row's class index (n_rows,)."""
-        self.classes_, codes = encode_labels(y, n_rows)
+        self.classes_, codes = encode_labels(y, n_rows, getattr(self, "_fit_classes", None))
         return codes
 
     def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):

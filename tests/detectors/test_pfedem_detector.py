@@ -100,3 +100,19 @@ def test_pfedem_predicts_the_window_it_moved_to():
     X, y, g = moving_window(rng, 0.1)
     own = np.concatenate([det.predict_y(X[g == c], client=c) for c in range(3)])
     assert np.mean(own == np.concatenate([y[g == c] for c in range(3)])) > 0.85  # B's rule
+
+
+def test_fit_declares_the_classes_later_windows_may_bring(data):
+    import fednovelty
+
+    X, y, groups = data
+    det = fednovelty.JointFedGMMDetector(2, n_learners=1, max_iter=2, random_state=0)
+    det.fit(X, y, groups, classes=[0, 1, 2])
+    assert det.classes_.tolist() == [0, 1, 2] and det.predict_proba_y(X[:3]).shape == (3, 3)
+    y2 = y.copy()
+    y2[:10] = 2  # a class the first window did not hold
+    det.partial_fit(X, y2, groups)
+    with pytest.raises(ValueError, match="not in classes"):
+        fednovelty.JointFedGMMDetector(2).fit(X, y, groups, classes=[0])
+    with pytest.raises(ValueError, match="not seen in fit"):
+        fednovelty.JointFedGMMDetector(2, max_iter=2).fit(X, y, groups).partial_fit(X, y2, groups)

@@ -1,0 +1,16 @@
+"""Smoke test of ``benchmarks/pfedem_femnist.py``: the quick run writes Table I for both
+schedules and the figure."""
+
+
+def test_quick_run_writes_table_one_and_the_figure(benchmark_script, tmp_path):
+    out, fig = tmp_path / "report.md", tmp_path / "curves.png"
+    report = benchmark_script("pfedem_femnist").main(
+        ["--quick", "--seeds", "1", "--out", str(out), "--figure", str(fig)]
+    )
+    assert out.read_text() == report and fig.stat().st_size > 0
+    assert "## Table I and Fig. 2 (6 writers, 4 windows, 1 cycle(s)" in report
+    for kind in ("**linear**", "**cosine**"):
+        assert kind in report
+    for name in ("| pFedEM |", "| FedGMM |", "| FedEM |", "| FedAvg |"):
+        assert report.count(name) == 2
+    assert report.count("PASS") + report.count("FAIL") == 4
