@@ -57,9 +57,8 @@ def paper_gaussians(
     -> the global diagonal mixture (components no client's partition held keep weight 0 and
     get the unweighted mean of the clients' values)."""
     total = hard_counts.sum(0)  # (K,)
-    share = torch.where(
-        total > 0, hard_counts / total.clamp_min(1e-300), 1.0 / hard_counts.shape[0]
-    )  # (n_clients, K)
+    safe = total.clamp_min(torch.finfo(hard_counts.dtype).tiny)
+    share = torch.where(total > 0, hard_counts / safe, 1.0 / hard_counts.shape[0])
     mu = (share.unsqueeze(2) * means).sum(0)
     var = (share.unsqueeze(2) * variances).sum(0) + reg_covar
     weights = total / total.sum()
@@ -170,9 +169,10 @@ class PFedEMStep(JointEMStep):
             stats = replace(stats, log_likelihood=log_norm.sum())
             tensors.update(stats_message(stats, PFEDEM_KIND).tensors)
         else:  # Eq. 9-10 on the client's rows, zeros for components it does not release
-            weight = soft.clamp_min(1e-300).unsqueeze(1)
-            means = gamma.T @ X / weight
-            variances = gamma.T @ X.square() / weight - means.square()
+            weight = soft.unsqueeze(1)  # a component with no responsibility sends zeros
+            safe = weight.clamp_min(torch.finfo(X.dtype).tiny)
+            means = torch.where(weight > 0, gamma.T @ X / safe, 0.0)
+            variances = torch.where(weight > 0, gamma.T @ X.square() / safe - means.square(), 0.0)
             mask = keep.to(X.dtype).unsqueeze(1)
             tensors["client_means"] = means * mask
             tensors["client_vars"] = variances.clamp_min(0) * mask

@@ -155,3 +155,18 @@ def test_settings_round_trip_and_errors_are_named():
         PFedEM(3, 4, covariance_type="full")
     with pytest.raises(ValueError, match="gaussian_aggregation must be one of"):
         PFedEM(3, 4, gaussian_aggregation="mean")
+
+
+def test_float32_clients_holding_one_population_send_finite_values():
+    rng = np.random.default_rng(3)
+    centers = np.array([[-20.0, 0.0], [20.0, 0.0]])  # responsibilities underflow to 0
+    clients = [
+        (
+            torch.tensor(rng.normal(size=(50, 2)) + centers[c], dtype=torch.float32),
+            torch.tensor(rng.integers(0, 2, 50)),
+        )
+        for c in range(2)
+    ]
+    result = run_simulation(start(dtype="float32"), clients)
+    assert all(not r.dropped for r in result.history)
+    assert bool(torch.isfinite(result.state.params.means).all())
