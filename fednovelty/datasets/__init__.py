@@ -3,8 +3,10 @@
 - :mod:`~fednovelty.datasets.loaders`: ``data_dir``, ``list_adbench``, ``load_adbench``,
   ``load_mnist``, ``load_femnist`` (read-only, no downloads).
 - :mod:`~fednovelty.datasets.partition`: ``iid_partition``, ``dirichlet_partition``,
-  ``quantity_partition``, ``kmeans_groups``, ``groups_from_partition`` (client id per row for
-  ``fit(groups=...)``), ``partition_counts`` and ``partition_dot_plot`` (FedGenGMM Figure 1).
+  ``quantity_partition``, ``cluster_dirichlet_partition`` and ``cluster_nclass_partition``
+  (Fed-CAM's cluster-wise skews, with each client's true cluster), ``kmeans_groups``,
+  ``groups_from_partition`` (client id per row for ``fit(groups=...)``), ``partition_counts``
+  and ``partition_dot_plot`` (FedGenGMM Figure 1).
 - :mod:`~fednovelty.datasets.scaling`: ``client_minmax``, ``merge_minmax``, ``MinMaxScaling``.
 - :mod:`~fednovelty.datasets.mnist`: ``make_mnist_federated`` (MNIST clients with Dirichlet
   label skew, the FedGMM paper's novelty experiments).
@@ -37,6 +39,9 @@ from fednovelty.datasets.loaders import (
 )
 from fednovelty.datasets.mnist import FederatedImages, make_mnist_federated
 from fednovelty.datasets.partition import (
+    ClusteredPartition,
+    cluster_dirichlet_partition,
+    cluster_nclass_partition,
     dirichlet_partition,
     groups_from_partition,
     iid_partition,
@@ -60,12 +65,15 @@ from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
 
 __all__ = [
     "TRANSFORMS",
+    "ClusteredPartition",
     "FederatedImages",
     "FederatedSplit",
     "FederatedWriters",
     "MinMaxScaling",
     "add_gaussian_noise",
     "client_minmax",
+    "cluster_dirichlet_partition",
+    "cluster_nclass_partition",
     "data_dir",
     "dirichlet_partition",
     "groups_from_partition",

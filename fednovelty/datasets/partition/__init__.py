@@ -1,4 +1,4 @@
-"""Split one dataset's rows among simulated clients: Dirichlet, Quantity and IID schemes.
+"""Split one dataset's rows among simulated clients: Dirichlet, Quantity, IID, clustered schemes.
 
 A partition is a ``list`` of ``n_clients`` int64 index arrays, each sorted, that together use
 every row exactly once. One module per scheme:
@@ -8,6 +8,10 @@ every row exactly once. One module per scheme:
 - :mod:`~fednovelty.datasets.partition.quantity`: ``quantity_partition`` (each client holds rows
   of only ``groups_per_client`` groups, NIID-Bench's ``#C=k``).
 - :mod:`~fednovelty.datasets.partition.iid`: ``iid_partition`` (uniform, sizes within one).
+- :mod:`~fednovelty.datasets.partition.clustered`: ``cluster_dirichlet_partition`` and
+  ``cluster_nclass_partition`` (the Fed-CAM paper's cluster-wise skews: clients in ground-truth
+  clusters that share a label distribution; they return a ``ClusteredPartition``, the parts and
+  each client's true cluster).
 - :mod:`~fednovelty.datasets.partition.groups`: ``kmeans_groups`` (clusters to skew over when the
   data has no class column: the FedGenGMM paper's feature-distribution skew) and
   ``groups_from_partition`` (client id per row, the ``groups=`` a detector's ``fit`` takes).
@@ -28,6 +32,11 @@ Example:
 from fednovelty.datasets.partition._common import _MAX_TRIES as _MAX_TRIES
 from fednovelty.datasets.partition._common import _check_int as _check_int
 from fednovelty.datasets.partition._common import _rng as _rng
+from fednovelty.datasets.partition.clustered import (
+    ClusteredPartition,
+    cluster_dirichlet_partition,
+    cluster_nclass_partition,
+)
 from fednovelty.datasets.partition.dirichlet import dirichlet_partition
 from fednovelty.datasets.partition.groups import groups_from_partition, kmeans_groups
 from fednovelty.datasets.partition.iid import iid_partition
@@ -35,6 +44,9 @@ from fednovelty.datasets.partition.plot import partition_counts, partition_dot_p
 from fednovelty.datasets.partition.quantity import quantity_partition
 
 __all__ = [
+    "ClusteredPartition",
+    "cluster_dirichlet_partition",
+    "cluster_nclass_partition",
     "dirichlet_partition",
     "groups_from_partition",
     "iid_partition",
