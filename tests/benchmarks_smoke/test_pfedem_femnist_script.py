@@ -8,9 +8,9 @@ def test_quick_run_writes_table_one_and_the_figure(benchmark_script, tmp_path):
         ["--quick", "--seeds", "1", "--out", str(out), "--figure", str(fig)]
     )
     assert out.read_text() == report and fig.stat().st_size > 0
-    assert "## Table I and Fig. 2 (6 writers, 4 windows, 1 cycle(s)" in report
-    for kind in ("**linear**", "**cosine**"):
+    assert "## Table I, Figs. 2-4 (6 writers, 4 windows of one round" in report
+    for kind in ("**linear, 1 cycle(s)**", "**cosine, 1 cycle(s)**"):
         assert kind in report
     for name in ("| pFedEM |", "| FedGMM |", "| FedEM |", "| FedAvg |"):
         assert report.count(name) == 2
-    assert report.count("PASS") + report.count("FAIL") == 4
+    assert report.count("PASS") + report.count("FAIL") == 6
