@@ -1,29 +1,42 @@
-"""Streams (issue 21): weight tracking, false alarms, and novelty under drift.
+"""Streams (issue 21): novelty under drift, weight tracking and false alarms.
 
-Run ``python benchmarks/stream_drift.py`` (seeds 0 1 2) or ``--quick`` (a smoke run).
-``--windows``, ``--clients``, ``--seeds``, ``--out FILE``.
+Run ``python benchmarks/stream_drift.py`` (both datasets, seeds 0 1 2) or ``--quick`` (a
+smoke run of cifar10-svhn unless ``--dataset`` names more). ``--dataset cifar10-svhn
+femnist``, ``--windows``, ``--clients``, ``--rows``, ``--components`` (each overrides the
+per-dataset settings below), ``--rho``, ``--rounds``, ``--seeds``, ``--threads``, ``--out FILE``
+(the report; the tidy table goes beside it as ``.csv`` and the figure as ``.png``, or
+``--figure``).
 
-Data: ADBench's ResNet-18 embeddings of CIFAR-10 (``CIFAR10_0``) and SVHN (``SVHN_0``) as two
-image domains, A and B (512 features, each with its own 5 % anomalies). Each domain's inliers
-are split 70 / 30 into a training and a test pool (seeded). In window ``t`` every client draws
-``rows`` training rows, each from A with probability ``share(t)`` (the pFedEM paper's linear
-cycle, 0 -> 1 -> 0, one cycle over the windows; or a constant one half for the stationary
-stream) and else from B; the window's test set is 300 rows of the test pools mixed the same way
-plus 30 anomalies of both domains (the novel rows). Features: the 512 embeddings on 16
-principal axes from the first window's rows (their summed moments, as federated PCA computes
-them; fixed afterwards).
+The streams, the detectors and the table are the library's
+(:func:`fednovelty.datasets.streams.domain_stream`,
+:func:`fednovelty.evaluation.run_stream_benchmark`; ``docs/streaming.md``); this script
+chooses the settings, checks the issue's targets and adds the stationary stream.
 
-1. **Novelty under drift** (linear stream): per-window AUROC of the test set, with bytes sent
-   and seconds, for ``StreamingFedGMMDetector`` (K = 4, ``--rho`` 0.7 and ``--rounds`` 1 per
-   window by default; the stationary stream uses ``rho=0.7``);
-   ``static``, ``FedGMMDetector`` fitted on the first window and never again; ``refit``,
-   ``FedGMMDetector`` fitted from scratch on every window; ``FedGenGMM`` fitted from scratch on
-   every window. Mixtures are plain (no standardisation, no covariance prior), K = 4.
-2. **Weight tracking**: each client's weight on domain A's components (those most of whose
-   first-window rows are A's) against the true share, mean absolute error after the first
-   half-cycle.
-3. **False alarms** on the stationary stream: alarms per client and window against the
-   documented ``false_alarm_rate`` (0.01).
+Datasets (domain A's share follows the pFedEM paper's linear cycle 0 -> 1 -> 0 over the
+windows, after a warm-up window with share 1/2 that every detector is first fitted on and
+the features are learned from):
+
+- ``cifar10-svhn``: ADBench's ResNet-18 embeddings of CIFAR-10 (``CIFAR10_0``, A) and SVHN
+  (``SVHN_0``, B), 512 features on 16 principal axes; inliers split 70 / 30 into training and
+  test pools; the novel rows are both sets' own anomalies. 10 clients x 100 rows per window,
+  40 windows, K = 4.
+- ``femnist``: 40 FEMNIST writers as the clients, digits = A, letters = B, each writer
+  drawing 50 of its own training images per window; ``make_task("femnist")``'s polar
+  features (direction on 24 principal axes + log norm, min-max scaled); the novel rows are
+  held-out images scaled by 0.5, rotated 90 degrees or mirrored (``make_task``'s
+  ``"transforms"``). 30 windows, K = 10.
+
+Each window's test set: 300 test inliers in the window's mix + 30 novel rows.
+
+1. **Novelty under drift**: per-window AUROC, bytes and seconds of ``streaming``
+   (``StreamingFedGMMDetector``, ``--rho`` 0.7, ``--rounds`` 1 per window), ``static``
+   (FedGMM fitted on the warm-up window only), ``refit`` (FedGMM from scratch every window)
+   and ``FedGenGMM`` (from scratch every window); the mixtures are plain maximum likelihood
+   (the registry's ``FedGMM-plain`` and ``FedGenGMM-plain``), as the streaming detector's.
+2. **Weight tracking**: each client's weight on A's components (those holding mostly A's
+   warm-up rows) against its share of A, mean absolute error after the first half-cycle.
+3. **False alarms** on a stationary stream (share 1/2 throughout, ``rho=0.7``): alarms per
+   client and window against the documented ``false_alarm_rate`` (0.01).
 
 Targets (issue 21): streaming AUROC within 0.01 of refitting at <= 1/5 of its bytes and well
 above the static detector once the mix has moved; tracking error <= 0.05; false alarms <= the
@@ -36,12 +49,12 @@ import argparse
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
-from sklearn.metrics import roc_auc_score
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -49,16 +62,15 @@ if str(REPO) not in sys.path:
 
 from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty import FedGenGMMDetector, FedGMMDetector, StreamingFedGMMDetector  # noqa: E402
-from fednovelty.datasets import load_adbench  # noqa: E402
-from fednovelty.datasets.streams import schedule_share  # noqa: E402
-from fednovelty.mixture import predict_proba  # noqa: E402
+from fednovelty import StreamingFedGMMDetector  # noqa: E402
+from fednovelty.datasets.streams import domain_stream, stream_pools  # noqa: E402
+from fednovelty.evaluation import run_stream_benchmark  # noqa: E402
 
-DOMAINS = ("CIFAR10_0", "SVHN_0")
-K = 4
-AXES = 16
+DATASETS = ("cifar10-svhn", "femnist")
+#: Methods of run_stream_benchmark and their names in the report.
+METHODS = {"streaming": "streaming", "static": "static", "refit": "refit"}
+METHODS["FedGenGMM-plain"] = "FedGenGMM"
 TEST_INLIERS, TEST_NOVEL = 300, 30
-METHODS = ("streaming", "static", "refit", "FedGenGMM")
 
 
 @dataclass(frozen=True)
@@ -66,160 +78,95 @@ class Settings:
     n_windows: int
     n_clients: int
     rows: int
+    n_components: int
     seeds: tuple[int, ...]
     rho: float = 0.7
     rounds: int = 1
 
 
-@dataclass(frozen=True)
-class Pools:
-    """Each domain's training and test inliers and its anomalies (rows of 512)."""
-
-    train: tuple[np.ndarray, np.ndarray]
-    test: tuple[np.ndarray, np.ndarray]
-    novel: np.ndarray
-
-
-def load_pools(seed: int) -> Pools:
-    rng = np.random.default_rng(seed)
-    train, test, novel = [], [], []
-    for name in DOMAINS:
-        X, y = load_adbench(name)
-        inliers = rng.permutation(np.flatnonzero(y == 0))
-        cut = int(0.7 * inliers.size)
-        train.append(X[inliers[:cut]])
-        test.append(X[inliers[cut:]])
-        novel.append(X[y == 1])
-    return Pools(tuple(train), tuple(test), np.concatenate(novel))
-
-
-def draw(pool_a: np.ndarray, pool_b: np.ndarray, n: int, share: float, rng) -> tuple:
-    """``n`` rows, each from ``pool_a`` with probability ``share`` (with replacement)."""
-    from_a = rng.random(n) < share
-    rows = np.empty((n, pool_a.shape[1]))
-    rows[from_a] = pool_a[rng.integers(0, pool_a.shape[0], int(from_a.sum()))]
-    rows[~from_a] = pool_b[rng.integers(0, pool_b.shape[0], int((~from_a).sum()))]
-    return rows, from_a
-
-
-def window(pools: Pools, share: float, settings: Settings, rng) -> dict:
-    """A window's training rows, client ids, A flags, and its test rows and labels."""
-    parts = [draw(*pools.train, settings.rows, share, rng) for _ in range(settings.n_clients)]
-    X = np.concatenate([p[0] for p in parts])
-    from_a = np.concatenate([p[1] for p in parts])
-    groups = np.repeat(np.arange(settings.n_clients), settings.rows)
-    test, _ = draw(*pools.test, TEST_INLIERS, share, rng)
-    novel = pools.novel[rng.integers(0, pools.novel.shape[0], TEST_NOVEL)]
-    y = np.r_[np.zeros(TEST_INLIERS), np.ones(TEST_NOVEL)]
-    return {"X": X, "groups": groups, "from_a": from_a, "X_test": np.r_[test, novel], "y": y}
-
-
-def projection(X: np.ndarray, groups: np.ndarray):
-    """The first window's principal axes from the clients' summed rows and scatter."""
-    parts = [X[groups == c] for c in np.unique(groups)]
-    mean = sum(p.sum(0) for p in parts) / X.shape[0]
-    scatter = sum((p - mean).T @ (p - mean) for p in parts) / (X.shape[0] - 1)
-    values, vectors = np.linalg.eigh(scatter)
-    axes = vectors[:, np.argsort(values)[::-1][:AXES]].T
-    return lambda rows: (rows - mean) @ axes.T
-
-
-def plain(cls, seed: int, **kw):
-    return cls(K, standardize=False, covariance_prior=None, random_state=seed, **kw)
-
-
-def fit_quiet(det, X, groups):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return det.fit(X, groups=groups)
-
-
-def a_components(det, X: np.ndarray, from_a: np.ndarray) -> np.ndarray:
-    """Components most of whose responsibility on ``X`` is domain A's rows."""
-    resp = predict_proba(det.model_, torch.as_tensor(X)).numpy()
-    share_a = (resp * from_a[:, None]).sum(0) / np.maximum(resp.sum(0), 1e-12)
-    return share_a > 0.5
+#: Per-dataset settings (module docstring); ``--quick`` and the options override them.
+DEFAULTS = {
+    "cifar10-svhn": Settings(40, 10, 100, 4, (0, 1, 2)),
+    "femnist": Settings(30, 40, 50, 10, (0, 1, 2)),
+}
+QUICK = {"n_windows": 4, "n_clients": 3, "rows": 60, "n_components": 4}
 
 
 # ----------------------------------------------------------------------------- 1 and 2
-def run_linear(settings: Settings, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    pools = load_pools(seed)
-    first = window(pools, 0.5, settings, rng)  # the first window holds both domains
-    project = projection(first["X"], first["groups"])
-    Z0 = project(first["X"])
-    stream = fit_quiet(
-        StreamingFedGMMDetector(K, rho=settings.rho, rounds=settings.rounds, random_state=seed),
-        Z0,
-        first["groups"],
+def run_linear(dataset: str, settings: Settings, progress: bool) -> pd.DataFrame:
+    """The library's stream benchmark on the linear cycle (one row per method x window x
+    seed)."""
+    df = run_stream_benchmark(
+        dataset,
+        list(METHODS),
+        seeds=settings.seeds,
+        n_windows=settings.n_windows,
+        schedule="linear",
+        n_clients=settings.n_clients,
+        rows_per_window=settings.rows,
+        test_inliers=TEST_INLIERS,
+        test_novel=TEST_NOVEL,
+        n_components=settings.n_components,
+        rho=settings.rho,
+        rounds=settings.rounds,
+        progress=progress,
+        threads=None,  # main() set them
     )
-    static = fit_quiet(plain(FedGMMDetector, seed), Z0, first["groups"])
-    a = a_components(stream, Z0, first["from_a"])
-    out = {m: {"auroc": [], "bytes": [], "seconds": []} for m in METHODS}
-    out["share"], out["tracking"] = [], []
-    for t in range(1, settings.n_windows + 1):
-        share = schedule_share(t, settings.n_windows, "linear")
-        w = window(pools, share, settings, rng)
-        Z, Z_test = project(w["X"]), project(w["X_test"])
-        started = time.perf_counter()
-        stream.partial_fit(Z, groups=w["groups"])
-        timed = {
-            "streaming": (
-                stream,
-                time.perf_counter() - started,
-                stream.bytes_up_ + stream.bytes_down_,
-            )
-        }
-        timed["static"] = (static, 0.0, 0.0)
-        for name, cls in (("refit", FedGMMDetector), ("FedGenGMM", FedGenGMMDetector)):
-            started = time.perf_counter()
-            det = fit_quiet(plain(cls, seed), Z, w["groups"])
-            timed[name] = (det, time.perf_counter() - started, det.bytes_up_ + det.bytes_down_)
-        for name, (det, seconds, sent) in timed.items():
-            out[name]["auroc"].append(100 * roc_auc_score(w["y"], det.decision_function(Z_test)))
-            out[name]["bytes"].append(sent)
-            out[name]["seconds"].append(seconds)
-        out["share"].append(share)
-        out["tracking"].append(float(np.abs(stream.client_weights_[:, a].sum(1) - share).mean()))
-    print(
-        f"  seed {seed}: "
-        + ", ".join(f"{m} {np.mean(out[m]['auroc']):.2f}" for m in METHODS)
-        + f", tracking {np.mean(out['tracking'][settings.n_windows // 2 :]):.3f}",
-        flush=True,
-    )
-    return out
+    scored = df[df["window"] >= 1]
+    for seed, rows in scored.groupby("seed"):
+        means = rows.groupby("method", sort=False)["auroc"].mean()
+        tracking = rows.loc[
+            (rows["method"] == "streaming") & (rows["window"] > settings.n_windows // 2),
+            "tracking_error",
+        ].mean()
+        print(
+            f"  {dataset} seed {seed}: "
+            + ", ".join(f"{METHODS[m]} {100 * v:.2f}" for m, v in means.items())
+            + f", tracking {tracking:.3f}",
+            flush=True,
+        )
+    return df
 
 
-def linear_report(per_seed: list[dict], settings: Settings) -> str:
+def per_seed(df: pd.DataFrame, method: str, column: str, mask=None) -> list[float]:
+    """``column``'s mean over the windows (>= 1, or ``mask``) of ``method``, per seed."""
+    rows = df[(df["method"] == method) & (df["window"] >= 1)]
+    if mask is not None:
+        rows = rows[mask(rows)]
+    return rows.groupby("seed")[column].mean().tolist()
+
+
+def linear_report(dataset: str, df: pd.DataFrame, settings: Settings) -> str:
     half = settings.n_windows // 2
-    moved = [i for i, s in enumerate(per_seed[0]["share"]) if abs(s - 0.5) >= 0.3]
 
-    def mean_of(name: str, key: str, rows=None) -> list[float]:
-        return [
-            float(np.mean(np.asarray(s[name][key])[rows] if rows is not None else s[name][key]))
-            for s in per_seed
-        ]
+    def moved(rows):
+        return rows["moved"].astype(bool)
+
+    def auroc(name, mask=None):
+        return [100 * v for v in per_seed(df, name, "auroc", mask)]
 
     rows = [
         [
-            name,
-            mean_std(mean_of(name, "auroc"), 2),
-            mean_std(mean_of(name, "auroc", moved), 2),
-            mean_std([v / 1e3 for v in mean_of(name, "bytes")], 1),
-            mean_std(mean_of(name, "seconds"), 2),
+            METHODS[name],
+            mean_std(auroc(name), 2),
+            mean_std(auroc(name, moved), 2),
+            mean_std([v / 1e3 for v in per_seed(df, name, "bytes")], 1),
+            mean_std(per_seed(df, name, "fit_seconds"), 2),
         ]
         for name in METHODS
     ]
-    stream, refit = (float(np.mean(mean_of(n, "auroc"))) for n in ("streaming", "refit"))
-    moved_stream = float(np.mean(mean_of("streaming", "auroc", moved)))
-    moved_static = float(np.mean(mean_of("static", "auroc", moved)))
-    ratio = float(np.mean(mean_of("streaming", "bytes"))) / float(
-        np.mean(mean_of("refit", "bytes"))
+    stream, refit = (float(np.mean(auroc(n))) for n in ("streaming", "refit"))
+    moved_stream = float(np.mean(auroc("streaming", moved)))
+    moved_static = float(np.mean(auroc("static", moved)))
+    moved_refit = float(np.mean(auroc("refit", moved)))
+    ratio = float(np.mean(per_seed(df, "streaming", "bytes"))) / float(
+        np.mean(per_seed(df, "refit", "bytes"))
     )
-    tracking = [float(np.mean(s["tracking"][half:])) for s in per_seed]
+    tracking = per_seed(df, "streaming", "tracking_error", lambda r: r["window"] > half)
     checks = [
         check(
-            f"streaming AUROC within 1 point of refitting ({stream:.2f} vs {refit:.2f})",
+            f"streaming AUROC within 1 point of refitting ({stream:.2f} vs {refit:.2f}; "
+            f"once the mix moved {moved_stream:.2f} vs {moved_refit:.2f})",
             refit - stream <= 1.0,
         ),
         check(f"streaming bytes <= 1/5 of refitting's (ratio {ratio:.3f})", ratio <= 0.2),
@@ -237,11 +184,13 @@ def linear_report(per_seed: list[dict], settings: Settings) -> str:
         [
             f"## 1-2. Novelty under drift and weight tracking ({settings.n_clients} clients x "
             f"{settings.rows} rows, {settings.n_windows} windows, linear cycle, rho "
-            f"{settings.rho}, {settings.rounds} round(s) per window, seeds {list(settings.seeds)})",
+            f"{settings.rho}, {settings.rounds} round(s) per window, K = "
+            f"{settings.n_components}, seeds {list(settings.seeds)}): {dataset}",
             "",
-            "Per-window AUROC % of the window's test set (300 inliers in the window's mix + 30 "
-            "anomalies), mean over windows; bytes per window (up + down, KB); fit seconds "
-            "per window.",
+            f"Per-window AUROC % of the window's test set ({TEST_INLIERS} inliers in the "
+            f"window's mix + {TEST_NOVEL} novel rows), mean over windows 1..{settings.n_windows} "
+            "(mean ± std over seeds); bytes per window (up + down, KB); fit seconds per window. "
+            "static and refit are the registry's FedGMM-plain, FedGenGMM its FedGenGMM-plain.",
             "",
             markdown_table(
                 [
@@ -254,8 +203,8 @@ def linear_report(per_seed: list[dict], settings: Settings) -> str:
                 rows,
             ),
             "",
-            f"Tracking: mean |weight on A's components - A's share| over clients, windows "
-            f"{half + 1}..{settings.n_windows}: {mean_std(tracking, 3)}.",
+            f"Tracking: mean |weight on A's components - the client's share of A| over clients, "
+            f"windows {half + 1}..{settings.n_windows}: {mean_std(tracking, 3)}.",
             "",
             *checks,
         ]
@@ -263,17 +212,25 @@ def linear_report(per_seed: list[dict], settings: Settings) -> str:
 
 
 # ----------------------------------------------------------------------------- 3
-def run_stationary(settings: Settings, seed: int) -> dict:
-    rng = np.random.default_rng(seed + 1000)
-    pools = load_pools(seed)
-    first = window(pools, 0.5, settings, rng)
-    project = projection(first["X"], first["groups"])
-    det = fit_quiet(
-        StreamingFedGMMDetector(K, rho=0.7, random_state=seed), project(first["X"]), first["groups"]
+def run_stationary(dataset: str, settings: Settings, seed: int) -> dict:
+    """The streaming detector on a constant share of 1/2: its drift records."""
+    pools = stream_pools(dataset, n_writers=max(40, settings.n_clients), random_state=seed)
+    stream = domain_stream(
+        pools,
+        settings.n_windows,
+        kind="constant",
+        n_clients=settings.n_clients,
+        rows_per_window=settings.rows,
+        test_inliers=TEST_INLIERS,
+        test_novel=TEST_NOVEL,
+        random_state=seed + 1000,
     )
-    for _ in range(settings.n_windows):
-        w = window(pools, 0.5, settings, rng)
-        det.partial_fit(project(w["X"]), groups=w["groups"])
+    det = StreamingFedGMMDetector(settings.n_components, rho=0.7, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        det.fit(stream.windows[0].X, groups=stream.windows[0].groups)
+    for window in stream.windows[1:]:
+        det.partial_fit(window.X, groups=window.groups)
     frame = det.drift_frame()
     scored = frame[frame.status == "ok"]
     return {
@@ -284,8 +241,8 @@ def run_stationary(settings: Settings, seed: int) -> dict:
     }
 
 
-def stationary_report(per_seed: list[dict], settings: Settings) -> str:
-    rate = float(np.mean([s["rate"] for s in per_seed]))
+def stationary_report(dataset: str, results: list[dict], settings: Settings) -> str:
+    rate = float(np.mean([s["rate"] for s in results]))
     rows = [
         [
             str(seed),
@@ -294,12 +251,12 @@ def stationary_report(per_seed: list[dict], settings: Settings) -> str:
             f"{s['z_mean']:+.2f}",
             f"{s['z_sd']:.2f}",
         ]
-        for seed, s in zip(settings.seeds, per_seed, strict=True)
+        for seed, s in zip(settings.seeds, results, strict=True)
     ]
     return "\n".join(
         [
             f"## 3. False alarms on a stationary stream (share 1/2 throughout, "
-            f"{settings.n_windows} windows)",
+            f"{settings.n_windows} windows): {dataset}",
             "",
             markdown_table(
                 ["seed", "alarms %", "client-windows", "surprise mean", "surprise sd"], rows
@@ -310,47 +267,87 @@ def stationary_report(per_seed: list[dict], settings: Settings) -> str:
     )
 
 
+def figure(frames: dict[str, pd.DataFrame], path: Path) -> None:
+    """AUROC per window (mean over seeds) per method, one panel per dataset, with A's share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fednovelty.evaluation.plots import plot_stream_metric
+
+    fig, axes = plt.subplots(
+        len(frames), 1, figsize=(9.0, 3.6 * len(frames)), layout="constrained", squeeze=False
+    )
+    for ax, (dataset, df) in zip(axes[:, 0], frames.items(), strict=True):
+        labelled = df.assign(method=df["method"].map(METHODS))
+        plot_stream_metric(labelled, "auroc", ax, title=f"{dataset}: AUROC per window")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--windows", type=int, default=40)
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--rows", type=int, default=100)
+    parser.add_argument("--dataset", nargs="+", choices=DATASETS, default=None)
+    parser.add_argument("--windows", type=int, default=None)
+    parser.add_argument("--clients", type=int, default=None)
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--components", type=int, default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rho", type=float, default=0.7)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--figure", type=Path, default=None, help="default: --out with .png")
     return parser.parse_args(argv)
+
+
+def settings_for(dataset: str, args) -> Settings:
+    settings = replace(DEFAULTS[dataset], seeds=tuple(args.seeds), rho=args.rho, rounds=args.rounds)
+    if args.quick:
+        settings = replace(settings, seeds=(args.seeds[0],), **QUICK)
+    given = {
+        "n_windows": args.windows,
+        "n_clients": args.clients,
+        "rows": args.rows,
+        "n_components": args.components,
+    }
+    return replace(settings, **{k: v for k, v in given.items() if v is not None})
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.quick:
-        settings = Settings(4, 3, 60, (args.seeds[0],))
-    else:
-        settings = Settings(
-            args.windows, args.clients, args.rows, tuple(args.seeds), args.rho, args.rounds
-        )
+    datasets = args.dataset or (["cifar10-svhn"] if args.quick else list(DATASETS))
     command = "python benchmarks/stream_drift.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     started = time.perf_counter()
-    print("Linear stream")
-    linear = [run_linear(settings, s) for s in settings.seeds]
-    print("Stationary stream")
-    stationary = [run_stationary(settings, s) for s in settings.seeds]
+    sections, frames = [], {}
+    for dataset in datasets:
+        settings = settings_for(dataset, args)
+        print(f"Linear stream: {dataset}", flush=True)
+        frames[dataset] = run_linear(dataset, settings, progress=sys.stderr.isatty())
+        print(f"Stationary stream: {dataset}", flush=True)
+        stationary = [run_stationary(dataset, settings, s) for s in settings.seeds]
+        sections += [
+            linear_report(dataset, frames[dataset], settings),
+            stationary_report(dataset, stationary, settings),
+        ]
     elapsed = time.perf_counter() - started
     header = report_header(
         "Streams: novelty under drift, weight tracking, false alarms", command, args.quick, elapsed
     )
-    sections = [
-        header,
-        linear_report(linear, settings),
-        stationary_report(stationary, settings),
-    ]
-    return emit_report("\n\n".join(sections) + "\n", args.out)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        table = pd.concat(frames.values(), ignore_index=True)
+        table.to_csv(args.out.with_suffix(".csv"), index=False)
+    figure_path = args.figure or (args.out.with_suffix(".png") if args.out else None)
+    if figure_path is not None:
+        figure(frames, figure_path)
+    return emit_report("\n\n".join([header, *sections]) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,19 @@ Methods are names of the registry (:mod:`fednovelty.methods`); without ``--metho
 runs :func:`~fednovelty.methods.method_names` (every novelty method but the ablation
 variants). The run writes ``results.csv`` (appended cell by cell), then ``summary.md`` and
 the figures, rewritten from the whole table.
+
+``--stream linear|cosine|constant`` runs novelty under drift instead
+(:func:`~fednovelty.evaluation.streams.run_stream_benchmark`): each dataset is a two-domain
+stream (``cifar10-svhn``, ``femnist``, ``A+B`` of two ADBench names of one width) whose share
+of domain A follows the schedule over ``--windows`` windows (``--cycles``, ``--share`` for
+``constant``); the methods are ``streaming``, ``static``, ``refit`` and federated registry
+methods refitted every window (``--baseline`` is the registry method of ``static`` and
+``refit``); ``--clients`` (one value: clients, FEMNIST's writers), ``--rows`` per client and
+window, ``--components`` (one value, default 4), ``--rho`` and ``--rounds`` the streaming
+detector's. It writes ``results.csv`` (one row per method x window x seed), ``summary.md``
+and one figure per dataset (AUROC per window with the share), and does not resume: ``--out``
+must not hold a ``results.csv`` yet. Grid options (``--alphas``, ``--protocols``, ...) are
+refused with ``--stream`` and stream options without it.
 """
 
 from __future__ import annotations
@@ -22,6 +35,31 @@ from fednovelty._cli.files import (
     write_atomically,
 )
 from fednovelty.methods import ABLATIONS, method_names
+
+#: Grid options and the value a grid run takes when one is not given (argparse default None,
+#: so that ``--stream`` can refuse the ones given).
+GRID_DEFAULTS = {
+    "protocols": ["novelty"],
+    "alphas": [0.5],
+    "partition": "dirichlet",
+    "client_components": [None],
+    "max_train": None,
+    "max_test": None,
+    "min_size": None,
+    "metric": "auroc",
+}
+#: Stream options and their defaults (None in argparse: refused without ``--stream``).
+STREAM_DEFAULTS = {
+    "windows": 40,
+    "cycles": 1,
+    "share": 0.5,
+    "rho": 0.7,
+    "rounds": 1,
+    "rows": 100,
+    "baseline": "FedGMM-plain",
+}
+#: ``--stream --quick``: a smoke stream.
+STREAM_QUICK = {"datasets": ["cifar10-svhn"], "windows": 4, "clients": [3], "rows": 40}
 
 #: ``--quick``: a smoke grid of one federated EM, FedGenGMM and one PyOD method.
 QUICK = {
@@ -84,8 +122,152 @@ def check_bench_folder(out: str) -> Path:
     return folder
 
 
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _single(args: argparse.Namespace, name: str, default: int) -> int:
+    """A list option of the grid that a stream takes once (``--clients 10``)."""
+    values = getattr(args, name)
+    if values is None:
+        return default
+    if len(values) != 1:
+        raise UsageError(
+            f"{_option(name)} takes one value with --stream (got {len(values)}); run the "
+            "stream once per value."
+        )
+    return values[0]
+
+
+def stream_figures(df: pd.DataFrame, out: Path) -> list[Path]:
+    """One figure per dataset: AUROC per window, one line per method, with A's share."""
+    import matplotlib.pyplot as plt
+
+    from fednovelty.evaluation.plots import plot_stream_metric
+
+    paths = []
+    for dataset, rows in df.groupby("dataset", sort=False):
+        ax = plot_stream_metric(rows, "auroc", title=f"{dataset}: AUROC per window")
+        safe = dataset.replace(":", "-").replace("/", "-").replace("+", "-")
+        paths.append(out / f"auroc_by_window_{safe}.png")
+        ax.figure.savefig(paths[-1], dpi=120)
+        plt.close(ax.figure)
+    return paths
+
+
+def run_stream(args: argparse.Namespace) -> int:
+    """``bench --stream``: novelty under drift (module doc); print the summary. Exit 0."""
+    from fednovelty.evaluation.streams import (
+        STREAM_METHODS,
+        check_stream_datasets,
+        check_stream_methods,
+        format_stream_summary,
+        run_stream_benchmark,
+    )
+
+    given = [name for name in GRID_DEFAULTS if getattr(args, name) not in (None, False)]
+    given += ["retry_errors"] if args.retry_errors else []
+    if given:
+        raise UsageError(
+            f"{', '.join(_option(n) for n in given)}: grid option(s) that do not apply to "
+            "--stream runs; drop them (streams take --windows, --cycles, --share, --rho, "
+            "--rounds, --rows, --baseline, --clients, --components, --seeds)."
+        )
+    if args.share is not None and args.stream != "constant":
+        raise UsageError("--share is the constant schedule's share; use it with --stream constant.")
+    if args.quick:
+        for name, value in STREAM_QUICK.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    for name, value in STREAM_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.datasets is None:
+        raise UsageError(
+            "name the streams (--datasets cifar10-svhn femnist, or A+B of two ADBench names "
+            "of one width), or --quick."
+        )
+    if not 0.0 <= args.share <= 1.0:
+        raise UsageError(f"--share must be in [0, 1]; got {args.share}.")
+    if not 0.0 <= args.rho <= 1.0:
+        raise UsageError(f"--rho must be in [0, 1]; got {args.rho}.")
+    clients = _single(args, "clients", 10)
+    components = _single(args, "components", 4)
+    methods = args.methods or list(STREAM_METHODS)
+    out = check_bench_folder(args.out)
+    if (out / "results.csv").exists():
+        raise UsageError(
+            f"{out / 'results.csv'} exists: a stream run does not resume; choose a new --out "
+            "or move the old results away."
+        )
+    try:
+        datasets = check_stream_datasets(args.datasets, args.data_dir)
+        check_stream_methods(methods, args.baseline)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    started = time.perf_counter()
+    frames = [
+        run_stream_benchmark(
+            dataset,
+            methods,
+            seeds=args.seeds or [0],
+            n_windows=args.windows,
+            schedule=args.stream,
+            cycles=args.cycles,
+            constant=args.share,
+            n_clients=clients,
+            rows_per_window=args.rows,
+            n_components=components,
+            covariance_type=args.covariance_type,
+            rho=args.rho,
+            rounds=args.rounds,
+            baseline=args.baseline,
+            data_dir=args.data_dir,
+            progress=not args.no_progress,
+            threads=args.threads or None,
+        )
+        for dataset in datasets
+    ]
+    df = pd.concat(frames, ignore_index=True)
+    out.mkdir(exist_ok=True)
+    write_atomically(
+        out / "results.csv", lambda path: df.to_csv(path, index=False), overwrite=False
+    )
+    summary = format_stream_summary(df)
+    write_atomically(
+        out / "summary.md",
+        lambda path: Path(path).write_text(summary, encoding="utf-8"),
+        overwrite=True,
+    )
+    figures = stream_figures(df, out)
+    seconds = time.perf_counter() - started
+    print(summary)
+    n_failed = int(df["error"].notna().sum())
+    print(
+        f"{len(df)} rows ({n_failed} failed) in {seconds:.1f} s: {out / 'results.csv'}, "
+        f"{out / 'summary.md'}, {len(figures)} figure(s)"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the grid of ``args`` (see :func:`add_parser`); print the summary. Exit status 0."""
+    """Run the grid of ``args`` (see :func:`add_parser`), or the stream of ``--stream``;
+    print the summary. Exit status 0."""
+    stream_given = [n for n in STREAM_DEFAULTS if getattr(args, n) is not None]
+    if args.stream is not None:
+        return run_stream(args)
+    if stream_given:
+        raise UsageError(
+            f"{', '.join(_option(n) for n in stream_given)}: stream option(s); add --stream "
+            "linear|cosine|constant to run a stream, or drop them."
+        )
+    for name, value in GRID_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.clients is None:
+        args.clients = [10]
+    if args.components is None:
+        args.components = [10]
     from fednovelty.evaluation.benchmark import (
         check_grid,
         check_results_file,
@@ -98,6 +280,11 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, name, value if args.quick else None)
     if args.datasets is None:
         raise UsageError("name the datasets (--datasets 4_breastw 29_Pima, or 'all'), or --quick.")
+    streams = [d for d in args.datasets if d.split(":")[0] == "cifar10-svhn" or "+" in d]
+    if streams:
+        raise UsageError(
+            f"{', '.join(streams)}: stream dataset(s); add --stream linear|cosine|constant."
+        )
     args.methods = args.methods or method_names()
     out = check_bench_folder(args.out)  # created by run_benchmark
     try:  # what run_benchmark checks before it runs anything, as usage errors
@@ -174,26 +361,44 @@ def add_parser(sub) -> None:
         f"the ablation variants {ablations} when named)",
     )
     bench.add_argument(
-        "--protocols", nargs="+", default=["novelty"], choices=["novelty", "outlier"]
+        "--protocols",
+        nargs="+",
+        default=None,
+        choices=["novelty", "outlier"],
+        help="default: novelty",
     )
-    bench.add_argument("--alphas", nargs="+", type=positive_float, default=[0.5])
-    bench.add_argument("--clients", nargs="+", type=positive_int, default=[10])
+    bench.add_argument(
+        "--alphas", nargs="+", type=positive_float, default=None, help="default: 0.5"
+    )
+    bench.add_argument(
+        "--clients",
+        nargs="+",
+        type=positive_int,
+        default=None,
+        help="default: 10 (with --stream one value: clients per window, FEMNIST's writers)",
+    )
     bench.add_argument("--seeds", nargs="+", type=non_negative_int, default=None, help="default: 0")
     bench.add_argument(
         "--components",
         nargs="+",
         type=positive_int,
-        default=[10],
-        help="K of the mixture methods (default 10)",
+        default=None,
+        help="K of the mixture methods (default 10; with --stream one value, default 4)",
     )
     bench.add_argument(
         "--client-components",
         nargs="+",
         type=client_components,
-        default=[None],
-        help="K_c of the methods whose clients fit their own mixture (FedGenGMM, Local), or 'bic'",
+        default=None,
+        help="K_c of the methods whose clients fit their own mixture (FedGenGMM, Local), or "
+        "'bic' (default)",
     )
-    bench.add_argument("--partition", choices=["dirichlet", "quantity", "iid"], default="dirichlet")
+    bench.add_argument(
+        "--partition",
+        choices=["dirichlet", "quantity", "iid"],
+        default=None,
+        help="default: dirichlet",
+    )
     bench.add_argument(
         "--covariance-type", default="full", choices=["full", "tied", "diag", "spherical"]
     )
@@ -207,7 +412,7 @@ def add_parser(sub) -> None:
     )
     bench.add_argument(
         "--metric",
-        default="auroc",
+        default=None,
         choices=METRICS,
         help="metric of summary.md and the bar chart (default auroc)",
     )
@@ -230,6 +435,39 @@ def add_parser(sub) -> None:
         help="torch threads (default 1; 0 = torch's default)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    streams = bench.add_argument_group(
+        "streams",
+        "novelty under drift (--stream): datasets cifar10-svhn, femnist[:ood] or A+B of two "
+        "ADBench names of one width; methods streaming, static, refit and federated registry "
+        "methods refitted every window (default: streaming static refit FedGenGMM-plain)",
+    )
+    streams.add_argument(
+        "--stream",
+        choices=["linear", "cosine", "constant"],
+        default=None,
+        help="run a stream whose share of domain A follows this schedule",
+    )
+    streams.add_argument(
+        "--windows", type=positive_int, default=None, help="windows after the warm-up (40)"
+    )
+    streams.add_argument("--cycles", type=positive_int, default=None, help="schedule cycles (1)")
+    streams.add_argument(
+        "--share", type=float, default=None, help="A's share of --stream constant (0.5)"
+    )
+    streams.add_argument(
+        "--rho", type=float, default=None, help="the streaming detector's forgetting (0.7)"
+    )
+    streams.add_argument(
+        "--rounds", type=non_negative_int, default=None, help="federated rounds per window (1)"
+    )
+    streams.add_argument(
+        "--rows", type=positive_int, default=None, help="rows per client and window (100)"
+    )
+    streams.add_argument(
+        "--baseline",
+        default=None,
+        help="registry method of static and refit (FedGMM-plain)",
+    )
     bench.add_argument(
         "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"
     )

@@ -11,8 +11,12 @@ higher means more anomalous (PyOD's ``decision_function``).
   (:mod:`fednovelty.methods`, ``METHODS`` re-exported here).
 - :mod:`~fednovelty.evaluation.results`: the results table's columns and its resumable CSV file.
 - :mod:`~fednovelty.evaluation.summary`: ``summarize`` (markdown tables of a results table).
+- :mod:`~fednovelty.evaluation.streams`: ``run_stream_benchmark`` (novelty under drift: the
+  streaming detector, a static one and refits scored window by window on a two-domain stream
+  -> tidy DataFrame), ``stream_summary`` and ``format_stream_summary``.
 - :mod:`~fednovelty.evaluation.plots`: ``plot_metric_vs`` (a metric vs alpha, clients or K, the
-  FedGenGMM paper's Figs 3-5), ``plot_method_bars`` (matplotlib imported on call).
+  FedGenGMM paper's Figs 3-5), ``plot_method_bars``, ``plot_stream_metric`` (a metric per
+  window with the stream's share; matplotlib imported on call).
 """
 
 from fednovelty.evaluation.benchmark import run_benchmark
@@ -24,7 +28,12 @@ from fednovelty.evaluation.metrics import (
     fpr_at_95_tpr,
     max_f1,
 )
-from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs
+from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs, plot_stream_metric
+from fednovelty.evaluation.streams import (
+    format_stream_summary,
+    run_stream_benchmark,
+    stream_summary,
+)
 from fednovelty.evaluation.summary import summarize
 from fednovelty.methods import METHODS
 
@@ -34,10 +43,14 @@ __all__ = [
     "aupr_out",
     "auroc",
     "evaluate",
+    "format_stream_summary",
     "fpr_at_95_tpr",
     "max_f1",
     "plot_method_bars",
     "plot_metric_vs",
+    "plot_stream_metric",
     "run_benchmark",
+    "run_stream_benchmark",
+    "stream_summary",
     "summarize",
 ]

@@ -6,6 +6,9 @@
   Methods that do not vary along ``x`` (all NaN there, e.g. DEM for K_c) are drawn as dashed
   horizontal reference lines with their band.
 - :func:`plot_method_bars`: a metric per dataset and method, mean with std error bars.
+- :func:`plot_stream_metric`: a metric per window of a stream, one line per method with a
+  mean ± std band over seeds, and domain A's share on a twin axis (a
+  :func:`~fednovelty.evaluation.streams.run_stream_benchmark` table).
 
 matplotlib is imported when a function is called, with the non-interactive ``Agg`` backend
 unless pyplot is already in use or ``MPLBACKEND`` names a backend, so importing fednovelty never
@@ -20,7 +23,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-__all__ = ["plot_method_bars", "plot_metric_vs"]
+__all__ = ["plot_method_bars", "plot_metric_vs", "plot_stream_metric"]
 
 _LABELS = {
     "auroc": "AUROC",
@@ -171,4 +174,61 @@ def plot_method_bars(df: pd.DataFrame, metric: str = "auroc", ax=None, *, title=
     if methods:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def plot_stream_metric(
+    df: pd.DataFrame,
+    metric: str = "auroc",
+    ax=None,
+    *,
+    share: bool = True,
+    title: str | None = None,
+):
+    """``metric`` per window, one line per method (mean ± std over seeds), with domain A's
+    share on a twin axis (dashed grey; the mean over seeds).
+
+    Args:
+        df: a :func:`~fednovelty.evaluation.streams.run_stream_benchmark` table; filter it to
+            one dataset first (rows are pooled over every column but method and window).
+        metric: ``"auroc"`` (default) or another metric column.
+        ax: matplotlib Axes to draw on; a new figure's if None.
+        share: draw A's share on a twin y axis (``ax.figure.axes[-1]``).
+        title: Axes title.
+
+    Returns:
+        The matplotlib ``Axes`` of the metric.
+    """
+    ok = _ok(df, ["method", "window", "share", metric])
+    if ax is None:
+        _, ax = _pyplot().subplots(figsize=(8.0, 4.0), layout="constrained")
+    for method, rows in ok.groupby("method", sort=False):
+        stats = rows.groupby("window")[metric].agg(["mean", "std"]).sort_index()
+        std = stats["std"].fillna(0.0)
+        (line,) = ax.plot(stats.index, stats["mean"], label=str(method), linewidth=1.5)
+        ax.fill_between(
+            stats.index,
+            stats["mean"] - std,
+            stats["mean"] + std,
+            color=line.get_color(),
+            alpha=0.15,
+        )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("window")
+    ax.set_ylabel(_LABELS.get(metric, metric))
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if share:
+        twin = ax.twinx()
+        mix = ok.groupby("window")["share"].mean().sort_index()
+        (line,) = twin.plot(mix.index, mix.to_numpy(), color="grey", linestyle="--", linewidth=1)
+        twin.set_ylim(-0.05, 1.05)
+        twin.set_ylabel("share of domain A")
+        handles, labels = [*handles, line], [*labels, "share of A"]
+    if title:
+        ax.set_title(title)
+    if handles:
+        ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.12, 1.0))
     return ax
