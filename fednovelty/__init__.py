@@ -15,6 +15,8 @@ import importlib
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClusteredFLClassifier",
+    "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
     "JointFedGMMDetector",
@@ -26,6 +28,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ClusteredFLClassifier",
+    "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
     "JointFedGMMDetector",

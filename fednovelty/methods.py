@@ -11,8 +11,10 @@ PyOD), its ``kind``, the ``paper`` it comes from and one line of ``description``
   bytes), ``"local"`` (each client's own model, also fitted with ``groups``), ``"centralized"``
   (a mixture fitted on the pooled rows) or ``"pyod"`` (a PyOD baseline on the pooled rows).
 - ``task``: ``"novelty"`` (an x-only detector: ``fit(X)``, ``decision_function``, higher = more
-  anomalous) or ``"pfl"`` (the FedGMM paper's personalised classifiers: a
-  ``JointFedGMMDetector``, ``fit(X, y, groups)``).
+  anomalous) or ``"pfl"`` (classifiers of federated clients, ``fit(X, y, groups)`` and
+  ``predict_y(X, client=...)``: the FedGMM paper's personalised ones, a
+  ``JointFedGMMDetector`` or ``PFedEMDetector``, and the Fed-CAM paper's clustered ones, a
+  ``ClusteredFLClassifier``).
 - ``shared``: which of the settings a runner sets alike for every method
   (:data:`SHARED_SETTINGS`: the mixture's ``n_components``, the clients' ``client_components``,
   ``covariance_type``, ``random_state``) this method takes. PyOD's ``PCA`` has an
@@ -223,6 +225,12 @@ PFEDEM_PAPER = (
     "Chen et al.: Adaptive Personalized Federated Learning for Non-IID Data with Continual "
     "Distribution Shift (pFedEM)"
 )
+FEDCAM_PAPER = (
+    "Ma et al.: Structured Federated Learning through Clustered Additive Modeling (Fed-CAM)"
+)
+FEDCAM_PAPER = (
+    "Ma et al.: Structured Federated Learning through Clustered Additive Modeling (Fed-CAM)"
+)
 _ABLATION_TEXT = {
     "-plain": "ablation: plain maximum likelihood, no standardisation, no prior",
     "-std": "ablation: standardisation only, no covariance prior",
@@ -268,6 +276,20 @@ def _mixtures(suffix: str = "", **settings) -> list[Method]:
                 ("kmeans", "federated k-means initialisation (the paper's DEM init 3)"),
                 ("separated", "centres spread over the feature range (DEM init 1)"),
                 ("subset", "EM on 100 pooled raw rows first: not private (DEM init 2)"),
+            )
+        ],
+        *[
+            Method(
+                f"ClusteredGMM-{style}",
+                _detector("ClusteredFedGMMDetector", assignment=assignment, **settings),
+                "federated",
+                FEDCAM_PAPER,
+                f"global Gaussians plus each client cluster's own ({how})",
+                shared=_MIXTURE,
+            )
+            for style, assignment, how in (
+                ("IFCA", "likelihood", "a client joins the cluster that fits its rows best"),
+                ("FeSEM", "summary", "the server clusters the clients' weight summaries"),
             )
         ],
         Method(
@@ -346,6 +368,23 @@ _PFL = (
 )
 
 
+_CLUSTERED = (
+    ("FedAvg+", FEDCAM_PAPER, "an ensemble of K FedAvg models, soft vote"),
+    (
+        "IFCA",
+        "Ghosh et al.: An Efficient Framework for Clustered Federated Learning, NeurIPS 2020",
+        "K cluster models, each client joins the one with the lowest loss",
+    ),
+    (
+        "FeSEM",
+        "Xie et al.: Multi-Center Federated Learning, 2021",
+        "K cluster models, the server k-means-clusters the client models",
+    ),
+    ("IFCA-CAM", FEDCAM_PAPER, "IFCA plus a global model added to the cluster models (Eq. 1)"),
+    ("FeSEM-CAM", FEDCAM_PAPER, "FeSEM plus a global model added to the cluster models (Eq. 1)"),
+)
+
+
 def _registry() -> dict[str, Method]:
     methods = [
         *_mixtures(),
@@ -392,6 +431,17 @@ def _registry() -> dict[str, Method]:
             task="pfl",
             shared=("n_components", "random_state"),
         ),
+    ]
+    methods += [
+        Method(
+            f"PFL-{name}",
+            _detector("ClusteredFLClassifier", method=name),
+            "federated",
+            paper,
+            f"clustered classification (the Fed-CAM paper's Table 1): {what}",
+            task="pfl",
+        )
+        for name, paper, what in _CLUSTERED
     ]
     names = [m.name for m in methods]
     repeated = sorted({n for n in names if names.count(n) > 1})

@@ -1,5 +1,6 @@
 """The python examples of the pages under docs/ really run."""
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -61,3 +62,35 @@ def test_streaming_page_example_runs(capsys):
     window, weights = first.split(" ", 1)
     assert window == "4" and weights == "[0.6, 0.6, 0.6, 0.6]"  # the share of A tracked
     assert table[0].split() == ["window", "client", "total_variation", "surprise", "alarm"]
+
+
+def test_clustered_page_example_runs(capsys):
+    """docs/clustered.md: the Fed-CAM methods on clients with opposite labelling rules print
+    what the page shows (the numbers to a tolerance: float32 training on another CPU)."""
+    text = (DOCS / "clustered.md").read_text()
+    block, shown = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)[:2]
+    exec(compile(block, "docs/clustered.md", "exec"), {})
+
+    def table(lines):
+        rows = {}
+        for line in lines.strip().splitlines():
+            name, _, accuracy, _, ari, _, sizes = line.split(maxsplit=6)
+            rows[name] = (float(accuracy), float(ari), sizes)
+        return rows
+
+    printed, expected = table(capsys.readouterr().out), table(shown)
+    assert list(printed) == ["FedAvg+", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM"]
+    for name, (accuracy, ari, _) in expected.items():
+        assert abs(printed[name][0] - accuracy) <= 0.02 and abs(printed[name][1] - ari) <= 0.02
+    for name in ("FeSEM", "IFCA-CAM", "FeSEM-CAM"):
+        assert printed[name][1:] == (1.0, "[3, 3, 3]")
+
+
+def test_clustered_mixtures_page_example_runs(capsys):
+    text = (DOCS / "clustered_mixtures.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    exec(compile(block, "docs/clustered_mixtures.md", "exec"), {})
+    clusters, sizes, flags, placed = capsys.readouterr().out.strip().splitlines()
+    found = json.loads(clusters)
+    assert found[:3] == found[3:6] == found[6:] and len(set(found)) == 3
+    assert sizes == "[3, 3, 3]" and flags == "True True" and placed == "True"

@@ -15,8 +15,8 @@ from fednovelty.methods import (
     method_names,
 )
 
-MIXTURES = ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset", "Local",
-            "CentralGMM"]  # fmt: skip
+MIXTURES = ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset",
+            "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM", "Local", "CentralGMM"]  # fmt: skip
 PYOD = ["IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA"]
 
 
@@ -33,6 +33,11 @@ def test_names_by_task_kind_and_variant():
         "PFL-FedProx",
         "PFL-Local",
         "PFL-pFedEM",
+        "PFL-FedAvg+",
+        "PFL-IFCA",
+        "PFL-FeSEM",
+        "PFL-IFCA-CAM",
+        "PFL-FeSEM-CAM",
     ]
     variants = set(method_names(variants=True)) - set(method_names())
     assert variants == {m + s for m in MIXTURES for s in ABLATIONS}
@@ -112,7 +117,7 @@ def test_pyod_baselines_take_only_their_seed():
 def test_unknown_names_and_parameters_are_refused_with_the_closest():
     with pytest.raises(ValueError, match=r"unknown method 'IForrest' \(did you mean IForest"):
         get_method("IForrest")
-    known = r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM; and the abl"
+    known = r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM, .*PFL-FeSEM-CAM; and the abl"
     with pytest.raises(ValueError, match=known):
         get_method("nope")
     with pytest.raises(ValueError, match=r"'n_compnents' \(did you mean n_components"):

@@ -1,6 +1,9 @@
-"""Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty."""
+"""Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty (and the
+clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``)."""
 
 from fednovelty.detectors.base import MixtureDetector
+from fednovelty.detectors.cam import ClusteredFLClassifier
+from fednovelty.detectors.clustered import ClusteredFedGMMDetector
 from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.joint import JointFedGMMDetector
@@ -10,6 +13,8 @@ from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 
 __all__ = [
+    "ClusteredFLClassifier",
+    "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
     "JointFedGMMDetector",

@@ -109,15 +109,14 @@ def check_callbacks(callbacks) -> tuple[Callable[[RoundRecord], None], ...]:
     return callbacks
 
 
-class MixtureDetector(ComponentsMixin, BaseDetector):
-    """Base class of the fednovelty detectors (not used directly).
+class SimulatedFitMixin:
+    """What every estimator that trains on a simulated federation shares: its torch options
+    (``device``, ``dtype``), its clients' privacy policy (``privacy_min_rows``), client rows as
+    tensors and the run of an algorithm on the in-process engine (``_simulate``: the
+    history, rounds and bytes it records, ``fit``'s callbacks)."""
 
-    Besides PyOD's contract every detector has the per-component API of
-    ``fednovelty.detectors.explain.ComponentsMixin``: ``component_log_densities``,
-    ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``.
-    """
-
-    _parameter_constraints: ClassVar[dict] = COMMON_CONSTRAINTS
+    #: how the estimator is fitted, for the not-fitted error.
+    _fit_call: ClassVar[str] = "fit(X, groups=...)"
 
     # -------------------------------------------------------------- configuration
     def _torch_options(self) -> dict:
@@ -127,17 +126,6 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
                 "device='cuda' was requested but torch sees no CUDA device; use device='cpu'."
             )
         return {"device": device, "dtype": getattr(torch, self.dtype)}
-
-    def _robust_options(self, n_features: int) -> dict:
-        """The algorithms' ``standardize``, ``prior_strength`` and ``prior_scale`` from the
-        detector's ``standardize``, ``covariance_prior`` (``"auto"``: ``n_features + 2``
-        pseudo-rows) and ``prior_scale``."""
-        prior = self.covariance_prior
-        return {
-            "standardize": self.standardize,
-            "prior_strength": n_features + 2.0 if prior == "auto" else prior,
-            "prior_scale": self.prior_scale,
-        }
 
     def _privacy_policy(self, **options) -> PrivacyPolicy:
         """The privacy policy of the simulated clients: at least ``privacy_min_rows`` rows
@@ -151,6 +139,92 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
         if not X.flags.writeable:  # torch cannot share read-only memory; copy once
             X = np.array(X)
         return torch.as_tensor(X).to(**options)
+
+    def _simulate(
+        self,
+        algorithm,
+        clients: list[torch.Tensor],
+        seed: int,
+        full: bool = False,
+        round_offset: int = 0,
+        privacy: PrivacyPolicy | None = None,
+        **engine,
+    ):
+        """Run ``algorithm`` on the in-process engine, record the rounds, return its state
+        (the whole ``SimulationResult`` with ``full``).
+
+        Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
+        ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
+        ``privacy`` (default :meth:`_privacy_policy`)."""
+        callbacks = getattr(self, "_fit_callbacks", ())
+        if round_offset:
+            callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
+        result = run_simulation(
+            algorithm,
+            clients,
+            random_state=seed,
+            progress=self.progress,
+            callbacks=callbacks,
+            description=type(self).__name__,
+            privacy=self._privacy_policy() if privacy is None else privacy,
+            **engine,
+        )
+        self.history_ = [
+            {**record.as_dict(), "round": record.round + round_offset} for record in result.history
+        ]
+        self.n_rounds_ = len(result.history)
+        self.bytes_up_ = result.bytes_up
+        self.bytes_down_ = result.bytes_down
+        return result if full else result.state
+
+    # -------------------------------------------------------------- checks
+    def _check_fitted(self) -> None:
+        try:
+            check_is_fitted(self, "history_")
+        except Exception:
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet; call "
+                f"{self._fit_call} first, or load a saved model with fednovelty.load(path)."
+            ) from None
+
+    def _check_score_input(self, X) -> torch.Tensor:
+        self._check_fitted()
+        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        names = feature_names(X)
+        fitted_names = getattr(self, "feature_names_in_", None)
+        if (
+            names is not None
+            and fitted_names is not None
+            and not np.array_equal(names, fitted_names)
+        ):
+            raise ValueError(
+                "The feature names of X differ from those seen in fit: "
+                f"{names.tolist()} vs {fitted_names.tolist()}. Reorder or rename the columns."
+            )
+        return self._as_tensor(array)
+
+
+class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
+    """Base class of the fednovelty detectors (not used directly).
+
+    Besides PyOD's contract every detector has the per-component API of
+    ``fednovelty.detectors.explain.ComponentsMixin``: ``component_log_densities``,
+    ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``.
+    """
+
+    _parameter_constraints: ClassVar[dict] = COMMON_CONSTRAINTS
+
+    # -------------------------------------------------------------- configuration
+    def _robust_options(self, n_features: int) -> dict:
+        """The algorithms' ``standardize``, ``prior_strength`` and ``prior_scale`` from the
+        detector's ``standardize``, ``covariance_prior`` (``"auto"``: ``n_features + 2``
+        pseudo-rows) and ``prior_scale``."""
+        prior = self.covariance_prior
+        return {
+            "standardize": self.standardize,
+            "prior_strength": n_features + 2.0 if prior == "auto" else prior,
+            "prior_scale": self.prior_scale,
+        }
 
     # -------------------------------------------------------------- fitting
     def fit(self, X, y=None, groups=None, *, callbacks=()):
@@ -219,43 +293,6 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
     ) -> None:
         """Train on client tensors (same order as ``client_ids_``; ``labels``: each client's
         label codes, for a labelled model) and set fitted attributes."""
-
-    def _simulate(
-        self,
-        algorithm,
-        clients: list[torch.Tensor],
-        seed: int,
-        full: bool = False,
-        round_offset: int = 0,
-        privacy: PrivacyPolicy | None = None,
-        **engine,
-    ):
-        """Run ``algorithm`` on the in-process engine, record the rounds, return its state
-        (the whole ``SimulationResult`` with ``full``).
-
-        Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
-        ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
-        ``privacy`` (default :meth:`_privacy_policy`)."""
-        callbacks = getattr(self, "_fit_callbacks", ())
-        if round_offset:
-            callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
-        result = run_simulation(
-            algorithm,
-            clients,
-            random_state=seed,
-            progress=self.progress,
-            callbacks=callbacks,
-            description=type(self).__name__,
-            privacy=self._privacy_policy() if privacy is None else privacy,
-            **engine,
-        )
-        self.history_ = [
-            {**record.as_dict(), "round": record.round + round_offset} for record in result.history
-        ]
-        self.n_rounds_ = len(result.history)
-        self.bytes_up_ = result.bytes_up
-        self.bytes_down_ = result.bytes_down
-        return result if full else result.state
 
     def _set_mixture(self, params: MixtureParams) -> None:
         """Store a fitted mixture and its scikit-learn-named numpy attributes."""
@@ -330,31 +367,6 @@ class MixtureDetector(ComponentsMixin, BaseDetector):
             self.client_weights_ = torch.stack(rows).cpu().numpy()
 
     # -------------------------------------------------------------- scoring
-    def _check_fitted(self) -> None:
-        try:
-            check_is_fitted(self, "history_")
-        except Exception:
-            raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet; call fit(X, groups=...) "
-                "first, or load a saved model with fednovelty.load(path)."
-            ) from None
-
-    def _check_score_input(self, X) -> torch.Tensor:
-        self._check_fitted()
-        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
-        names = feature_names(X)
-        fitted_names = getattr(self, "feature_names_in_", None)
-        if (
-            names is not None
-            and fitted_names is not None
-            and not np.array_equal(names, fitted_names)
-        ):
-            raise ValueError(
-                "The feature names of X differ from those seen in fit: "
-                f"{names.tolist()} vs {fitted_names.tolist()}. Reorder or rename the columns."
-            )
-        return self._as_tensor(array)
-
     @abstractmethod
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         """log p(x) of torch rows (n_samples, n_features) -> (n_samples,)."""

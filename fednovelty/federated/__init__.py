@@ -3,9 +3,11 @@ plain ``Message`` objects, its settings as one frozen dataclass, its protocols a
 composable steps. Nothing here knows which engine runs it."""
 
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
+from fednovelty.federated.cam import ClusteredFL, ClusteredState
 from fednovelty.federated.config import (
     INIT_PARAMS,
     MIXTURE_WEIGHTS,
+    ClusteredConfig,
     EMConfig,
     FedGenConfig,
     JointConfig,
@@ -34,6 +36,9 @@ __all__ = [
     "MIXTURE_WEIGHTS",
     "ChainedAlgorithm",
     "ClientContext",
+    "ClusteredConfig",
+    "ClusteredFL",
+    "ClusteredState",
     "EMConfig",
     "EMState",
     "FedGenConfig",

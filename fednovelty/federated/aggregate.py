@@ -169,17 +169,37 @@ def average_learners(
     Returns:
         M2 new dicts of parameter tensors (``learners`` is not modified).
     """
-    averaged = []
-    for m2, learner in enumerate(learners):
-        weight = gammas[:, m2]
-        total = float(weight.sum())
-        if total <= 0:
-            averaged.append(dict(learner))
-            continue
-        new = {}
-        for name, current in learner.items():
-            stacked = torch.stack([r.tensors[learner_name(m2, name)] for r in replies])
-            shape = (-1,) + (1,) * (stacked.ndim - 1)
-            new[name] = (stacked * (weight / total).view(shape)).sum(0).to(current)
-        averaged.append(new)
-    return averaged
+    return [
+        average_params(
+            learner,
+            [{name: r.tensors[learner_name(m2, name)] for name in learner} for r in replies],
+            gammas[:, m2],
+        )
+        for m2, learner in enumerate(learners)
+    ]
+
+
+def average_params(
+    current: dict[str, Tensor], copies: Sequence[dict[str, Tensor]], weights: Tensor
+) -> dict[str, Tensor]:
+    """The weighted mean ``sum_c w_c theta_c / sum_c w_c`` of parameter dicts.
+
+    Args:
+        current: the parameters the copies started from; kept (a new dict of the same
+            tensors) when the weights sum to 0, and each result has the dtype and device of
+            its tensor here.
+        copies: the clients' parameter dicts, each with every name of ``current``.
+        weights: (len(copies),) non-negative weights, in the order of ``copies``.
+
+    Returns:
+        A new dict of parameter tensors (nothing given is modified).
+    """
+    total = float(weights.sum())
+    if total <= 0:
+        return dict(current)
+    new = {}
+    for name, tensor in current.items():
+        stacked = torch.stack([copy[name] for copy in copies])
+        shape = (-1,) + (1,) * (stacked.ndim - 1)
+        new[name] = (stacked * (weights / total).view(shape)).sum(0).to(tensor)
+    return new

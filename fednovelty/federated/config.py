@@ -679,3 +679,216 @@ class PFedEMConfig(JointConfig):
             )
         if self.standardize or self.prior_strength is not None:
             raise ValueError("pFedEM's M-steps are plain: standardize=False, prior_strength=None.")
+
+
+#: The Fed-CAM paper's methods (``ClusteredConfig.method``): name -> (how clients are
+#: clustered, whether a global model is added to the cluster models).
+CLUSTERED_METHODS: dict[str, tuple[str, bool]] = {
+    "FedAvg+": ("ensemble", False),
+    "IFCA": ("min_loss", False),
+    "FeSEM": ("kmeans", False),
+    "IFCA-CAM": ("min_loss", True),
+    "FeSEM-CAM": ("kmeans", True),
+}
+#: How the server moves a cluster model towards its clients' copies (``cluster_average``).
+CLUSTER_AVERAGES: tuple[str, ...] = ("cluster", "global")
+#: What becomes of a cluster that no client joined (``empty_clusters``).
+EMPTY_CLUSTER_RULES: tuple[str, ...] = ("keep", "reseed")
+#: The share of ``rounds`` a CAM method warms up by default (the paper: 30 of 100).
+WARMUP_SHARE = 0.3
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ClusteredConfig(Settings):
+    """Settings of the Fed-CAM paper's classification methods (``ClusteredFL``,
+    :mod:`fednovelty.federated.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
+    which 30 warm-up, 10 local steps of SGD with learning rate 0.001, momentum 0.9 and
+    batch 32).
+
+    Attributes:
+        method: ``"FedAvg+"`` (an ensemble of ``n_clusters`` FedAvg models), ``"IFCA"``
+            (min-loss clusters), ``"FeSEM"`` (k-means on client models), ``"IFCA-CAM"`` or
+            ``"FeSEM-CAM"`` (either, plus a global model added to the cluster models' logits,
+            Eq. 1).
+        n_features: width of the clients' rows (the models are built before any reply).
+        n_classes: number of label classes, labels 0..n_classes-1 (>= 2).
+        n_clusters: K cluster models (FedAvg+: ensemble members), >= 1.
+        rounds: communication rounds in all, warm-up included (>= 1).
+        warmup_rounds: the CAM warm-up (Alg. 1): IFCA-CAM runs this many rounds of FedAvg
+            on the global model alone; FeSEM and FeSEM-CAM this many rounds of local
+            training only before their first k-means (at least 1: k-means needs trained
+            client models). ``None``: ``round(0.3 * rounds)`` for the CAM methods (30 of
+            100), 1 for FeSEM, 0 for IFCA and FedAvg+ (which have no warm-up).
+        learner_factory: ``(n_features, n_classes) -> nn.Module`` (JSON: ``"learner"``,
+            ``"linear"``, ``"mlp"`` or ``"cnn"``); every model (global, cluster, member) is
+            one.
+        local_steps: mini-batch steps of each local training per round (>= 1).
+        learning_rate, momentum, batch_size, optimizer: the local training (``"sgd"`` with
+            heavy-ball ``momentum``, or ``"adam"``).
+        kmeans_reg: FeSEM's lambda (Eq. 12-13): proximal pull of a client's model towards
+            its cluster's model in local training (>= 0; the paper picks it from 0.001, 0.01,
+            0.1).
+        kmeans_iter: most Lloyd iterations of the server's k-means each round (>= 1).
+        cluster_average: ``"cluster"``: a cluster model becomes the row-weighted mean of its
+            clients' copies (IFCA's and FeSEM's rule, Eq. 11); ``"global"``: Eq. 6, each
+            copy weighted by its rows over all the round's rows and the rest kept from the
+            current model.
+        empty_clusters: ``"keep"``: a cluster no client joined keeps its model and may win
+            clients back (the paper's methods as written; collapse stays visible);
+            ``"reseed"``: its model is replaced by the released client model farthest from
+            its own cluster's model.
+        random_state: integer seed (initial models, batches, k-means++).
+        dtype, device: of the models, on the server and the clients.
+    """
+
+    JSON_NAMES: ClassVar[dict[str, str]] = {"learner_factory": "learner"}
+
+    method: str
+    n_features: int
+    n_classes: int
+    n_clusters: int = 5
+    rounds: int = 100
+    warmup_rounds: int | None = None
+    learner_factory: LearnerFactory = mlp_learner
+    local_steps: int = 10
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    kmeans_reg: float = 0.01
+    kmeans_iter: int = 10
+    cluster_average: str = "cluster"
+    empty_clusters: str = "keep"
+    random_state: int = 0
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        if self.method not in CLUSTERED_METHODS:
+            raise ValueError(
+                f"method must be one of {list(CLUSTERED_METHODS)}; got {self.method!r}."
+            )
+        for name, low in (
+            ("n_features", 1),
+            ("n_classes", 2),
+            ("n_clusters", 1),
+            ("rounds", 1),
+            ("local_steps", 1),
+            ("batch_size", 1),
+            ("kmeans_iter", 1),
+        ):
+            value = _at_least(name, getattr(self, name), low)
+            if int(value) != float(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            self._set(name, int(value))
+        for name in ("learning_rate", "momentum", "kmeans_reg"):
+            self._set(name, float(_at_least(name, getattr(self, name), 0)))
+        if self.momentum >= 1:
+            raise ValueError(f"momentum must be in [0, 1); got {self.momentum!r}.")
+        for name, choices in (
+            ("optimizer", OPTIMIZERS),
+            ("cluster_average", CLUSTER_AVERAGES),
+            ("empty_clusters", EMPTY_CLUSTER_RULES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"{name} must be one of {list(choices)}; got {getattr(self, name)!r}."
+                )
+        self._set("learner_factory", as_learner(self.learner_factory))
+        self._set("random_state", int(self.random_state))
+        self._set("dtype", as_dtype(self.dtype))
+        self._set("device", torch.device(self.device))
+        self._set("warmup_rounds", self._checked_warmup())
+
+    @property
+    def clustering(self) -> str:
+        """``"ensemble"`` (FedAvg+), ``"min_loss"`` (IFCA) or ``"kmeans"`` (FeSEM)."""
+        return CLUSTERED_METHODS[self.method][0]
+
+    @property
+    def additive(self) -> bool:
+        """Whether a global model is added to the cluster models (CAM, Eq. 1)."""
+        return CLUSTERED_METHODS[self.method][1]
+
+    def _checked_warmup(self) -> int:
+        clustering, additive = CLUSTERED_METHODS[self.method]
+        value = self.warmup_rounds
+        if value is None:
+            value = round(WARMUP_SHARE * self.rounds) if additive else 0
+            value = max(value, 1) if clustering == "kmeans" else value
+            return min(int(value), self.rounds)
+        value = int(_at_least("warmup_rounds", value, 0))
+        if value > self.rounds:
+            raise ValueError(
+                f"warmup_rounds={value} exceeds rounds={self.rounds} (rounds counts the "
+                "warm-up); raise rounds or lower warmup_rounds."
+            )
+        if clustering == "kmeans" and value < 1:
+            raise ValueError(
+                f"{self.method} clusters client models by k-means, which needs models trained "
+                "first: warmup_rounds must be >= 1 (rounds of local training only)."
+            )
+        if not additive and clustering != "kmeans" and value:
+            raise ValueError(
+                f"{self.method} has no warm-up (Alg. 1 warms up the CAM methods); use "
+                "warmup_rounds=0 or None."
+            )
+        return value
+
+
+#: how a clustered mixture's clients join clusters: IFCA's rule or FeSEM's.
+CLUSTER_ASSIGNMENTS = ("likelihood", "summary")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ClusteredEMConfig(EMConfig):
+    """Settings of the clustered additive mixture (``ClusteredEM``,
+    :mod:`fednovelty.federated.clustered_em`): :class:`EMConfig` for the ``n_components``
+    global components (its ``mixture_weights`` is always ``"personal"``) and
+
+    Attributes:
+        n_clusters: C client clusters (>= 1), each with its own components.
+        cluster_components: K_c components per cluster (>= 1).
+        assignment: ``"likelihood"`` (IFCA: every client joins the cluster whose mixture
+            gives its rows the highest mean log-likelihood) or ``"summary"`` (FeSEM: the
+            server runs k-means on the clients' summaries, the square roots of their
+            weights).
+        warmup: rounds of federated EM on all ``K_g + C K_c`` components (FedGMM with
+            personal weights) before the clusters form and take their components (>= 1;
+            the Fed-CAM warm-up).
+        cluster_kmeans_restarts: k-means restarts of the server's clustering of summaries.
+
+    ``max_iter`` counts the clustered rounds (after the warm-up); they stop when the mean
+    log-likelihood changes by less than ``tol`` and no client changed cluster.
+    """
+
+    n_clusters: int = 2
+    cluster_components: int = 2
+    assignment: str = "likelihood"
+    warmup: int = 10
+    cluster_kmeans_restarts: int = 5
+    mixture_weights: str = "personal"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mixture_weights != "personal":
+            raise ValueError(
+                "a clustered mixture keeps every client's own weights: mixture_weights must "
+                f"be 'personal'; got {self.mixture_weights!r}."
+            )
+        if self.assignment not in CLUSTER_ASSIGNMENTS:
+            raise ValueError(
+                f"assignment must be one of {list(CLUSTER_ASSIGNMENTS)}; got {self.assignment!r}."
+            )
+        for name in ("n_clusters", "cluster_components", "warmup", "cluster_kmeans_restarts"):
+            self._set(name, int(_at_least(name, getattr(self, name), 1)))
+        if self.given_params:
+            raise ValueError(
+                "a clustered mixture initialises its global components itself; leave "
+                "weights_init, means_init and precisions_init unset."
+            )
+
+    @property
+    def total_components(self) -> int:
+        """K_g + C K_c: every component of the model."""
+        return self.n_components + self.n_clusters * self.cluster_components

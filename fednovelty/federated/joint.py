@@ -58,7 +58,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
@@ -73,12 +72,15 @@ from fednovelty.federated.joint_scores import (
     learner_log_probs,
     log_likelihoods_of_labels,
 )
+from fednovelty.federated.learners import (
+    initial_parameters,
+    learner_template,
+    local_sgd,
+)
 from fednovelty.federated.privacy import joint_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
-
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
 @dataclass
@@ -260,16 +262,15 @@ class JointFedGMM(ChainedAlgorithm):
 
     # ------------------------------------------------------------------ learners
     def _template(self, n_features: int) -> nn.Module:
-        module = self.config.learner_factory(n_features, self.config.n_classes)
-        return module.to(device=self.config.device, dtype=self.config.dtype)
+        config = self.config
+        return learner_template(
+            config.learner_factory, n_features, config.n_classes, config.device, config.dtype
+        )
 
     def _initial_learners(self, n_features: int) -> list[dict[str, Tensor]]:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.config.random_state)
-            return [
-                {k: v.detach().clone() for k, v in self._template(n_features).named_parameters()}
-                for _ in range(self.config.n_learners)
-            ]
+        return initial_parameters(
+            lambda: self._template(n_features), self.config.n_learners, self.config.random_state
+        )
 
     def _local_sgd(
         self,
@@ -280,27 +281,22 @@ class JointFedGMM(ChainedAlgorithm):
         weight: Tensor,
         generator: torch.Generator,
     ) -> dict[str, Tensor]:
-        """``local_epochs`` of mini-batch SGD or Adam on ``mean_i w_i CE_i`` from ``start``."""
+        """``local_epochs`` of mini-batch SGD or Adam on ``mean_i w_i CE_i`` from ``start``
+        (:func:`~fednovelty.federated.learners.local_sgd`)."""
         config = self.config
-        params = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
-        optimizer = OPTIMIZERS[config.optimizer](params.values(), lr=config.learning_rate)
-        n = X.shape[0]
-        for _ in range(config.local_epochs if n else 0):
-            order = torch.randperm(n, generator=generator).to(X.device)
-            for begin in range(0, n, config.batch_size):
-                batch = order[begin : begin + config.batch_size]
-                logits = functional_call(template, params, (X[batch],))
-                loss = (
-                    weight[batch] * nn.functional.cross_entropy(logits, y[batch], reduction="none")
-                ).mean()
-                if config.mu_prox > 0:
-                    loss = loss + 0.5 * config.mu_prox * sum(
-                        (params[k] - start[k]).square().sum() for k in params
-                    )
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-        return {k: v.detach() for k, v in params.items()}
+        return local_sgd(
+            template,
+            start,
+            X,
+            y,
+            weight,
+            generator,
+            epochs=config.local_epochs,
+            learning_rate=config.learning_rate,
+            batch_size=config.batch_size,
+            optimizer=config.optimizer,
+            mu_prox=config.mu_prox,
+        )
 
 
 #: The FedGMM paper's Table 2 methods as configurations of ``JointFedGMM``.

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.cam import ClusteredFL, ClusteredState
+from fednovelty.federated.clustered_em import ClusteredEM, ClusteredEMState
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.joint import JointFedGMM, JointState
@@ -29,11 +31,22 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     "FederatedPCA": FederatedPCA,
     "StreamingEM": StreamingEM,
     "PFedEM": PFedEM,
+    "ClusteredFL": ClusteredFL,
+    "ClusteredEM": ClusteredEM,
 }
 
 #: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.
 STATES: dict[str, type] = {
-    cls.__name__: cls for cls in (EMState, JointState, FedGenState, PCAState, StreamState)
+    cls.__name__: cls
+    for cls in (
+        EMState,
+        JointState,
+        FedGenState,
+        PCAState,
+        StreamState,
+        ClusteredState,
+        ClusteredEMState,
+    )
 }
 
 

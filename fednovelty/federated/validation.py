@@ -15,7 +15,9 @@ What a reply is checked against:
   moments by covariance type; a local mixture has at most as many components as the
   largest candidate K; at most ``n_clusters`` centroids); floating tensors finite; counts,
   row counts and weights non-negative; a local mixture's weights sum to one and its
-  precision factors have a positive diagonal.
+  precision factors have a positive diagonal; a clustered classifier's reply
+  (``fednovelty.federated.cam``) holds the models it trained in the broadcast's shapes, a
+  positive row count, a loss >= 0 and a cluster index the broadcast has.
 - **the statistics themselves**: the second moments are those of some rows
   (``n_k S_k - s_k s_k^T`` positive semi-definite: the Cauchy-Schwarz inequality any
   weighted set of rows satisfies), components' counts add up to at most the row count,
@@ -64,6 +66,14 @@ NON_NEGATIVE: tuple[str, ...] = (
     "far_counts",
     "hard_counts",
     "client_vars",
+    "loss",
+)
+#: reply kinds of the clustered classification algorithms (``fednovelty.federated.cam``).
+MODEL_KINDS: tuple[str, ...] = (
+    "cam_ensemble",
+    "cam_cluster",
+    "cam_warmup_global",
+    "cam_warmup_local",
 )
 #: reply kinds that carry summed Gaussian statistics.
 STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em")
@@ -151,6 +161,18 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         return shapes
     if kind == "stream":
         return _stream_shapes(broadcast, d)
+    if kind == "cluster_em":
+        k = int(broadcast.tensors["means"].shape[0])
+        ct = str(expectation(broadcast, "covariance_type"))
+        c = int(broadcast.tensors["cluster_log_weights"].shape[0])
+        return {
+            "counts": (k,),
+            "sums": (k, d),
+            "second": covariance_shape(ct, k, d),
+            "log_likelihood": (),
+            "n_samples": (),
+            "cluster_log_likelihood": (c,),
+        }
     if kind == "pfedem":
         k = int(broadcast.tensors["means"].shape[0])
         shapes = {"hard_counts": (k,), "log_likelihood": (), "n_samples": ()}
@@ -160,6 +182,8 @@ def expected_shapes(broadcast: Message, reply: Message, n_features: int) -> dict
         else:
             shapes.update(client_means=(k, d), client_vars=(k, d))
         return shapes
+    if kind in MODEL_KINDS:
+        return _model_shapes(broadcast)
     if kind == "local_fit":
         return {
             "weights": ("k",),
@@ -195,6 +219,52 @@ def _stream_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
         if first and bool(expectation(broadcast, "far")):
             shapes.update(far_counts=(k,), far_sums=(k, d), far_second=covariance_shape(ct, k, d))
     return shapes
+
+
+def _model_shapes(broadcast: Message) -> dict[str, Shape]:
+    """A clustered round's reply: the models it trained, each of the broadcast's shapes
+    (``cam_ensemble``: every member ``learner.{m}.*``; ``cam_cluster`` and
+    ``cam_warmup_local``: one cluster model ``cluster.*`` shaped as ``learner.0.*``; the
+    global model ``global.*`` where the round broadcast it), its row count and its loss."""
+    shapes: dict[str, Shape] = {"n_samples": (), "loss": ()}
+    for name, tensor in broadcast.tensors.items():
+        if name.startswith("global.") or (
+            broadcast.kind == "cam_ensemble" and name.startswith("learner.")
+        ):
+            shapes[name] = tuple(tensor.shape)
+        elif broadcast.kind != "cam_ensemble" and name.startswith("learner.0."):
+            shapes["cluster." + name.removeprefix("learner.0.")] = tuple(tensor.shape)
+    return shapes
+
+
+def _check_model_reply(reply: Message, broadcast: Message) -> None:
+    """A clustered reply's row count is positive and a ``cam_cluster`` reply names one of
+    the broadcast's clusters."""
+    if not float(reply.tensors["n_samples"]) > 0:
+        raise InvalidReplyError("a model reply must come from at least one row.")
+    if broadcast.kind != "cam_cluster":
+        return
+    cluster, k = reply.scalars.get("cluster"), _learner_count(broadcast)
+    if isinstance(cluster, bool) or not isinstance(cluster, int) or not 0 <= cluster < k:
+        raise InvalidReplyError(
+            f"scalar 'cluster' must be a cluster index in [0, {k}); got {cluster!r}."
+        )
+
+
+def _check_cluster_reply(reply: Message, broadcast: Message) -> None:
+    """A clustered EM reply: a cluster of the broadcast, statistics only on the components
+    that cluster's clients use, and statistics some rows could produce."""
+    cluster = reply.scalars.get("cluster")
+    n_clusters = int(broadcast.tensors["cluster_log_weights"].shape[0])
+    if not isinstance(cluster, int) or isinstance(cluster, bool) or not 0 <= cluster < n_clusters:
+        raise InvalidReplyError(f"cluster {cluster!r} is not one of the {n_clusters} clusters.")
+    owners = broadcast.tensors["component_clusters"]
+    foreign = (owners != -1) & (owners != cluster)
+    if bool((reply.tensors["counts"][foreign] != 0).any()):
+        raise InvalidReplyError(
+            f"statistics on components of another cluster than the reply's ({cluster})."
+        )
+    _check_stats(reply, str(expectation(broadcast, "covariance_type")))
 
 
 def _check_stream(reply: Message, broadcast: Message) -> None:
@@ -294,6 +364,10 @@ def check_reply(reply: Message, broadcast: Message, n_features: int) -> None:
         _check_stats(reply, str(expectation(broadcast, "covariance_type")))
     elif broadcast.kind == "stream":
         _check_stream(reply, broadcast)
+    elif broadcast.kind == "cluster_em":
+        _check_cluster_reply(reply, broadcast)
+    elif broadcast.kind in MODEL_KINDS:
+        _check_model_reply(reply, broadcast)
     elif broadcast.kind == "pfedem":
         n = float(reply.tensors["n_samples"])
         if not _close_or_below(float(reply.tensors["hard_counts"].sum()), n):

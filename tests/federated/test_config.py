@@ -28,6 +28,7 @@ from fednovelty.federated import (
     algorithm_settings,
     build_algorithm,
 )
+from fednovelty.federated.cam import ClusteredFL
 from fednovelty.federated.config import mlp_learner
 
 #: one algorithm of each registered name, with settings away from their defaults.
@@ -49,6 +50,9 @@ EXAMPLES = {
     "FedGenGMM": lambda: FedGenGMM(k_range=(2, 4), copula=True, aggregation="median"),
     "LocalGMMs": lambda: LocalGMMs(client_components=2, min_client_samples=9),
     "FederatedPCA": lambda: FederatedPCA(2, dtype=torch.float32),
+    "ClusteredFL": lambda: ClusteredFL(
+        "FeSEM-CAM", 4, 3, n_clusters=2, rounds=9, warmup_rounds=2, learner_factory="linear"
+    ),
 }
 
 
@@ -158,6 +162,8 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "FederatedPCA",
         "StreamingEM",
         "PFedEM",
+        "ClusteredFL",
+        "ClusteredEM",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
         build_algorithm("KMeans", {})
@@ -195,6 +201,7 @@ def broadcasts(algorithm, data) -> list:
         lambda: FederatedEM(2, init_params="separated", covariance_type="spherical", max_iter=3),
         lambda: JointFedGMM(2, 2, 2, standardize=True, max_iter=3),
         lambda: FedGenGMM(k_range=(1, 3), standardize=True, prior_strength=2.0),
+        lambda: ClusteredFL("IFCA-CAM", 4, 2, n_clusters=2, rounds=3, warmup_rounds=1),
     ],
 )
 def test_messages_carry_only_what_changes_per_round(make) -> None:

@@ -27,6 +27,7 @@ pytest.importorskip("flwr")
 from fednovelty import FedGenGMMDetector, FedGMMDetector
 from fednovelty.datasets.protocols import make_task
 from fednovelty.federated import FederatedEM, FedGenGMM, StreamingEM
+from fednovelty.federated.clustered_em import ClusteredEM
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 
@@ -186,5 +187,34 @@ def test_a_streaming_window_on_flower_equals_simulation(federation, partitions) 
     for c, values in expected.drift.items():
         assert_close_scaled(state.drift[c], values, rtol=1e-12)
     assert state.births == expected.births
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
+
+
+def test_clustered_mixture_on_flower_equals_simulation(federation, partitions) -> None:
+    """ClusteredEM (issue 22): warm-up, the server's clustering and two clustered rounds;
+    each node keeps its cluster and masked weights between rounds, as in the simulation."""
+    federation, app = federation
+    params = {
+        "n_components": 2,
+        "n_clusters": 2,
+        "cluster_components": 1,
+        "warmup": 2,
+        "max_iter": 2,
+        "tol": 0.0,
+    }
+    result = federation.run_app(
+        app,
+        {"algorithm": "ClusteredEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(ClusteredEM(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert_same_mixture(state.params, expected.params)
+    assert state.client_clusters == expected.client_clusters
+    assert state.cluster_sizes == expected.cluster_sizes and len(state.cluster_sizes) == 2
+    assert torch.equal(state.component_clusters, expected.component_clusters)
+    for c, values in expected.client_log_likelihoods.items():
+        assert_close_scaled(state.client_log_likelihoods[c], values, rtol=1e-12)
     assert_same_history(result.history, simulated.history)
     assert result.dropped == []

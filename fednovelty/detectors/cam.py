@@ -1,0 +1,478 @@
+"""``ClusteredFLClassifier``: the Fed-CAM paper's classification methods (FedAvg+, IFCA,
+FeSEM, IFCA-CAM, FeSEM-CAM; Ma et al., issue 22) as one estimator.
+
+A classifier, not a novelty detector: it models ``p(y | x)`` with cluster models (and, for
+the CAM methods, a global model added to them, ``F_i(x) = h(x; Theta_g) + f(x;
+Theta_c(i))``), and has no density of ``x``. ``fit(X, y, groups)`` runs the simulated
+federation of :class:`~fednovelty.federated.cam.ClusteredFL`; ``predict_y(X, client=c)``
+classifies with client ``c``'s cluster. The algorithm and its choices (warm-up, the residual
+alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.cam` and
+``docs/clustered.md``.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import ClassVar
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from fednovelty.detectors._labels import encode_labels, label_codes
+from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors.base import SimulatedFitMixin, _client_ids, check_callbacks, seed_from
+from fednovelty.detectors.persistence import (
+    check_items,
+    get_attr,
+    get_tensor,
+    load,
+    register,
+    save_detector,
+)
+from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated.cam import (
+    ClusteredFL,
+    ClusteredState,
+    cluster_log_proba,
+    ensemble_proba,
+    mean_losses,
+    model_template,
+)
+from fednovelty.federated.config import CLUSTERED_METHODS, LEARNERS, ClusteredConfig
+from fednovelty.federated.learners import logits
+
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+
+
+@register
+class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
+    """Clustered federated classification (the Fed-CAM paper's Table 1 methods).
+
+    Args:
+        method: ``"IFCA-CAM"`` (default), ``"FeSEM-CAM"``, ``"IFCA"``, ``"FeSEM"`` or
+            ``"FedAvg+"`` (an ensemble of ``n_clusters`` FedAvg models, soft vote).
+        n_clusters: K cluster models (FedAvg+: ensemble members); the paper uses 5 and 10.
+        learner: ``"mlp"`` (one hidden layer of 64), ``"linear"``, ``"cnn"`` (square images
+            flattened to rows) or a factory ``(n_features, n_classes) -> nn.Module`` (a model
+            with a factory cannot be saved).
+        rounds: communication rounds in all, warm-up included (the paper: 100).
+        warmup_rounds: the CAM warm-up (IFCA-CAM: FedAvg of the global model; FeSEM,
+            FeSEM-CAM: local training only before the first k-means); ``None``: 30 % of
+            ``rounds`` for the CAM methods, 1 for FeSEM, 0 for IFCA and FedAvg+.
+        local_steps, learning_rate, momentum, batch_size, optimizer: each model's local
+            training per round (the paper: 10 steps of SGD, lr 0.001, momentum 0.9,
+            batch 32).
+        kmeans_reg: FeSEM's lambda (pull of a client's model towards its centre).
+        kmeans_iter: most Lloyd iterations of the server's k-means per round.
+        cluster_average: ``"cluster"`` (a cluster model is its clients' row-weighted mean)
+            or ``"global"`` (the paper's Eq. 6).
+        empty_clusters: ``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.
+        fraction: share of clients asked each round; dropout: chance one fails to reply.
+        privacy_min_rows: each client's privacy floor: a client with fewer rows releases
+            nothing (and gets no cluster).
+        random_state, device, progress: as the other estimators'.
+        dtype: ``"float32"`` (default: the models are neural networks) or ``"float64"``.
+
+    Attributes:
+        classes_: the label values, sorted; columns of ``predict_proba_y``.
+        client_ids_, n_clients_: the clients of ``fit``, in ``groups``' sorted order.
+        client_clusters_: (n_clients,) each client's cluster in ``client_ids_`` order (its
+            latest assignment); -1 for a client the server never heard from (below its
+            privacy floor) and for every client of FedAvg+ (no clusters).
+        cluster_sizes_history_: (n_rounds, n_clusters) clients per cluster after every
+            round (a row of zeros: a round without assignments, e.g. IFCA-CAM's warm-up).
+        cluster_sizes_: (n_clusters,) clients per cluster at the end.
+        warmup_rounds_: the warm-up rounds run.
+        state_: the final :class:`~fednovelty.federated.cam.ClusteredState` (models).
+        learner_template_: the learners' module (evaluated with each model's parameters).
+        history_, n_rounds_, bytes_up_, bytes_down_, n_features_in_, feature_names_in_:
+            as the detectors'; ``history_`` rounds carry ``loss``, ``n_empty`` and
+            ``reseeded``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from fednovelty import ClusteredFLClassifier
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(0, 1, (800, 2))
+        >>> groups = np.repeat(np.arange(8), 100)
+        >>> y = np.where(groups % 2 == 0, X[:, 0] > 0, X[:, 0] < 0).astype(int)
+        >>> clf = ClusteredFLClassifier("IFCA-CAM", n_clusters=2, learner="linear",
+        ...     rounds=20, learning_rate=0.1, random_state=0).fit(X, y, groups)
+        >>> clf.client_clusters_.tolist() in ([0, 1] * 4, [1, 0] * 4)
+        True
+    """
+
+    _fit_call = "fit(X, y, groups=...)"
+    _parameter_constraints: ClassVar[dict] = {
+        "method": [StrOptions(set(CLUSTERED_METHODS))],
+        "n_clusters": _POSITIVE_INT,
+        "learner": [StrOptions(set(LEARNERS)), callable],
+        "rounds": _POSITIVE_INT,
+        "warmup_rounds": [Interval(Integral, 0, None, closed="left"), None],
+        "local_steps": _POSITIVE_INT,
+        "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
+        "momentum": [Interval(Real, 0.0, 1.0, closed="left")],
+        "batch_size": _POSITIVE_INT,
+        "optimizer": [StrOptions({"sgd", "adam"})],
+        "kmeans_reg": [Interval(Real, 0.0, None, closed="left")],
+        "kmeans_iter": _POSITIVE_INT,
+        "cluster_average": [StrOptions({"cluster", "global"})],
+        "empty_clusters": [StrOptions({"keep", "reseed"})],
+        "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
+        "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
+        "privacy_min_rows": _POSITIVE_INT,
+        "random_state": ["random_state"],
+        "device": [None, str, torch.device],
+        "dtype": [StrOptions({"float64", "float32"})],
+        "progress": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        method="IFCA-CAM",
+        n_clusters=5,
+        *,
+        learner="mlp",
+        rounds=100,
+        warmup_rounds=None,
+        local_steps=10,
+        learning_rate=0.001,
+        momentum=0.9,
+        batch_size=32,
+        optimizer="sgd",
+        kmeans_reg=0.01,
+        kmeans_iter=10,
+        cluster_average="cluster",
+        empty_clusters="keep",
+        fraction=1.0,
+        dropout=0.0,
+        privacy_min_rows=5,
+        random_state=None,
+        device=None,
+        dtype="float32",
+        progress=False,
+    ):
+        self.method = method
+        self.n_clusters = n_clusters
+        self.learner = learner
+        self.rounds = rounds
+        self.warmup_rounds = warmup_rounds
+        self.local_steps = local_steps
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.kmeans_reg = kmeans_reg
+        self.kmeans_iter = kmeans_iter
+        self.cluster_average = cluster_average
+        self.empty_clusters = empty_clusters
+        self.fraction = fraction
+        self.dropout = dropout
+        self.privacy_min_rows = privacy_min_rows
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
+    # -------------------------------------------------------------- fitting
+    def fit(self, X, y=None, groups=None, *, callbacks=()):
+        """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
+
+        Args:
+            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
+            y: one label per row (n_samples,), any sortable values (``classes_``).
+            groups: client id of each row; ``None`` means one client.
+            callbacks: callables, each called with every ``RoundRecord`` as it completes.
+
+        Returns:
+            self
+
+        Raises:
+            ValueError: ``y`` missing or not one label per row, a single class, settings out
+                of range, or more clusters than clients (a clustered method).
+            TypeError: ``callbacks`` is not a sequence of callables.
+        """
+        self._validate_params()
+        callbacks = check_callbacks(callbacks)
+        array = check_X(X)
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__}.fit needs y, one label per row: fit(X, y, groups)."
+            )
+        classes, codes = encode_labels(y, array.shape[0])
+        client_ids, group_codes = check_groups(groups, array.shape[0])
+        if self.method != "FedAvg+" and self.n_clusters > len(client_ids):
+            raise ValueError(
+                f"n_clusters={self.n_clusters} exceeds the {len(client_ids)} client(s): a "
+                "cluster needs at least one client. Lower n_clusters."
+            )
+        config = self._config(array.shape[1], len(classes), seed_from(self.random_state))
+        algorithm = ClusteredFL.from_config(config)
+        self.classes_ = classes
+        self.n_features_in_ = array.shape[1]
+        names = feature_names(X)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_, self.n_clients_ = client_ids, len(client_ids)
+        parts = split_by_client(array, group_codes, self.n_clients_)
+        labels = split_by_client(codes, group_codes, self.n_clients_)
+        self._fit_callbacks = callbacks
+        try:
+            data = []
+            for rows, lab in zip(parts, labels, strict=True):
+                Xt = self._as_tensor(rows)
+                data.append((Xt, torch.as_tensor(lab, device=Xt.device)))
+            result = self._simulate(
+                algorithm,
+                data,
+                config.random_state,
+                full=True,
+                fraction=self.fraction,
+                dropout=self.dropout,
+            )
+        finally:
+            del self._fit_callbacks
+        self.warmup_rounds_ = config.warmup_rounds
+        self.learner_template_ = algorithm.template
+        self._set_fitted_state(result.state)
+        return self
+
+    def _config(self, n_features: int, n_classes: int, seed: int) -> ClusteredConfig:
+        options = self._torch_options()
+        return ClusteredConfig(
+            method=self.method,
+            n_features=n_features,
+            n_classes=n_classes,
+            n_clusters=self.n_clusters,
+            rounds=self.rounds,
+            warmup_rounds=self.warmup_rounds,
+            learner_factory=self.learner,
+            local_steps=self.local_steps,
+            learning_rate=self.learning_rate,
+            momentum=self.momentum,
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            kmeans_reg=self.kmeans_reg,
+            kmeans_iter=self.kmeans_iter,
+            cluster_average=self.cluster_average,
+            empty_clusters=self.empty_clusters,
+            random_state=seed,
+            dtype=options["dtype"],
+            device=options["device"],
+        )
+
+    def _set_fitted_state(self, state: ClusteredState) -> None:
+        """``state_``, ``client_clusters_``, ``cluster_sizes_history_`` and ``cluster_sizes_``
+        from a final state whose client ids are indexes into ``client_ids_``."""
+        self.state_ = state
+        self.client_clusters_ = np.asarray(
+            [state.client_clusters.get(i, -1) for i in range(self.n_clients_)], dtype=np.int64
+        )
+        sizes = np.asarray(state.cluster_sizes, dtype=np.int64)
+        self.cluster_sizes_history_ = sizes.reshape(len(state.cluster_sizes), self.n_clusters)
+        known = self.client_clusters_[self.client_clusters_ >= 0]
+        self.cluster_sizes_ = np.bincount(known, minlength=self.n_clusters).astype(np.int64)
+
+    # -------------------------------------------------------------- predicting
+    @property
+    def _additive(self) -> bool:
+        return CLUSTERED_METHODS[self.method][1]
+
+    def _cluster_of(self, client, cluster) -> int | None:
+        """The cluster to predict with: ``cluster`` as given, ``client``'s (``None`` for a
+        client without one), or ``None`` for neither."""
+        if client is not None and cluster is not None:
+            raise ValueError("pass client= or cluster=, not both.")
+        if self.method == "FedAvg+":
+            if cluster is not None:
+                raise ValueError("FedAvg+ has no clusters: its members vote; drop cluster=.")
+            return None
+        if cluster is not None:
+            if isinstance(cluster, bool) or not isinstance(cluster, Integral):
+                raise ValueError(f"cluster must be an integer; got {cluster!r}.")
+            if not 0 <= int(cluster) < self.n_clusters:
+                raise ValueError(f"cluster must be in [0, {self.n_clusters}); got {cluster}.")
+            return int(cluster)
+        if client is None:
+            return None
+        matches = np.flatnonzero(self.client_ids_ == client)
+        if matches.size == 0:
+            raise ValueError(
+                f"unknown client {client!r}; known clients: {self.client_ids_[:10].tolist()}"
+                + (" ..." if self.n_clients_ > 10 else "")
+                + ". For a client unseen in fit, assign_cluster(X, y) gives its cluster."
+            )
+        found = int(self.client_clusters_[matches[0]])
+        return None if found < 0 else found
+
+    def predict_proba_y(self, X, client=None, *, cluster=None) -> np.ndarray:
+        """Class probabilities ``p(y | x)``, (n_samples, n_classes), columns ``classes_``.
+
+        Args:
+            X: rows (n_samples, n_features).
+            client: a client id of ``fit``: its cluster's model (CAM: plus the global
+                model); a client without a cluster (below its privacy floor) gets the
+                no-client prediction.
+            cluster: a cluster index instead of a client (e.g. from ``assign_cluster``).
+
+        Without either: the cluster models' probabilities averaged with the final cluster
+        sizes as weights (equal weights when no client has a cluster); FedAvg+ always
+        answers its members' soft vote.
+        """
+        self._check_fitted()
+        k = self._cluster_of(client, cluster)
+        Xt = self._check_score_input(X)
+        template, state = self.learner_template_, self.state_
+        if self.method == "FedAvg+":
+            return ensemble_proba(template, state, Xt).cpu().numpy().astype(np.float64)
+        if k is not None:
+            log_proba = cluster_log_proba(template, state, Xt, k, self._additive)
+            return log_proba.exp().cpu().numpy().astype(np.float64)
+        sizes = self.cluster_sizes_.astype(np.float64)
+        weights = sizes / sizes.sum() if sizes.sum() > 0 else np.full(self.n_clusters, 1.0)
+        weights = weights / weights.sum()
+        proba = sum(
+            float(w) * cluster_log_proba(template, state, Xt, j, self._additive).exp()
+            for j, w in enumerate(weights)
+            if w > 0
+        )
+        return proba.cpu().numpy().astype(np.float64)
+
+    def predict_y(self, X, client=None, *, cluster=None) -> np.ndarray:
+        """The most probable label of each row, in the original label values; ``client`` and
+        ``cluster`` as in :meth:`predict_proba_y`."""
+        proba = self.predict_proba_y(X, client, cluster=cluster)
+        return self.classes_[proba.argmax(1)]
+
+    def predict_proba(self, X, client=None, *, cluster=None) -> np.ndarray:
+        """scikit-learn's name for :meth:`predict_proba_y`."""
+        return self.predict_proba_y(X, client, cluster=cluster)
+
+    def predict(self, X, client=None, *, cluster=None) -> np.ndarray:
+        """scikit-learn's name for :meth:`predict_y`."""
+        return self.predict_y(X, client, cluster=cluster)
+
+    def assign_cluster(self, X, y) -> int:
+        """The cluster a client unseen in fit joins: the cluster model (CAM: plus the global
+        model) with the lowest mean cross-entropy on its labelled rows (IFCA's rule, Eq. 2;
+        ties: the lowest index). The estimator is not modified.
+
+        Raises:
+            ValueError: FedAvg+ (no clusters), or labels not seen in fit.
+        """
+        self._check_fitted()
+        if self.method == "FedAvg+":
+            raise ValueError("FedAvg+ has no clusters to assign; predict without client=.")
+        Xt = self._check_score_input(X)
+        codes = label_codes(y, self.classes_, Xt.shape[0], Xt.device)
+        template, state = self.learner_template_, self.state_
+        offset = None
+        if self._additive:
+            with torch.no_grad():
+                offset = logits(template, state.global_model, Xt)
+        losses = mean_losses(template, state.cluster_models, Xt, codes, offset)
+        return int(losses.argmin())
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path) -> None:
+        """Save the fitted classifier (safetensors + JSON metadata; no pickle)."""
+        self._check_fitted()
+        if callable(self.learner):
+            raise ValueError(
+                "a model with a custom learner factory cannot be saved safely (the factory is "
+                f"code, and loading runs no code); use a named learner {sorted(LEARNERS)}."
+            )
+        save_detector(self, path, *self._saved_state())
+
+    @classmethod
+    def load(cls, path):
+        """Load a classifier saved with ``save``; the file runs no code.
+
+        Raises:
+            ModelFormatError: not a model of this class, or damaged.
+        """
+        return load(path, expected=cls)
+
+    def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        state = self.state_
+        tensors = {}
+        for k, params in enumerate(state.cluster_models):
+            tensors.update({f"cluster.{k}.{name}": v for name, v in params.items()})
+        if self._additive:
+            tensors.update({f"global.{name}": v for name, v in state.global_model.items()})
+        attrs = {
+            "n_features_in_": self.n_features_in_,
+            "feature_names_in_": (
+                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
+            ),
+            "client_ids_": self.client_ids_.tolist(),
+            "classes_": self.classes_.tolist(),
+            "client_clusters_": self.client_clusters_.tolist(),
+            "cluster_sizes_history_": self.cluster_sizes_history_.tolist(),
+            "warmup_rounds_": int(self.warmup_rounds_),
+            "history_": self.history_,
+            "n_rounds_": self.n_rounds_,
+            "bytes_up_": self.bytes_up_,
+            "bytes_down_": self.bytes_down_,
+        }
+        return tensors, attrs
+
+    def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
+        """Restore the fitted attributes from ``save``'s output, validated."""
+        options = self._torch_options()
+        self.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
+        names = get_attr(attrs, "feature_names_in_", (list, type(None)))
+        if names is not None:
+            check_items(names, "feature_names_in_", str)
+            if len(names) != self.n_features_in_:
+                raise ModelFormatError(
+                    f"feature_names_in_ has {len(names)} names for {self.n_features_in_} features."
+                )
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
+        self.n_clients_ = len(self.client_ids_)
+        classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
+        if len(classes) < 2 or len(set(classes)) != len(classes):
+            raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
+        self.classes_ = np.asarray(classes)
+        clusters = check_items(get_attr(attrs, "client_clusters_", list), "client_clusters_", int)
+        if len(clusters) != self.n_clients_ or any(not -1 <= c < self.n_clusters for c in clusters):
+            raise ModelFormatError(
+                f"client_clusters_ must hold one cluster in [-1, {self.n_clusters}) per client "
+                f"({self.n_clients_})."
+            )
+        history = check_items(
+            get_attr(attrs, "cluster_sizes_history_", list), "cluster_sizes_history_", list
+        )
+        for row in history:
+            check_items(row, "cluster_sizes_history_ rows", int)
+            if len(row) != self.n_clusters or min(row, default=0) < 0:
+                raise ModelFormatError(
+                    f"cluster_sizes_history_ rows must hold {self.n_clusters} counts >= 0."
+                )
+        self.warmup_rounds_ = get_attr(attrs, "warmup_rounds_", int, minimum=0)
+        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
+        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
+        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
+        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
+        self.learner_template_ = model_template(self._config(self.n_features_in_, len(classes), 0))
+        shapes = {n: tuple(p.shape) for n, p in self.learner_template_.named_parameters()}
+
+        def model(prefix: str) -> dict[str, torch.Tensor]:
+            return {
+                n: get_tensor(tensors, f"{prefix}{n}", s).to(**options) for n, s in shapes.items()
+            }
+
+        state = ClusteredState(
+            phase="done",
+            rounds=self.n_rounds_,
+            global_model=model("global.") if self._additive else {},
+            cluster_models=[model(f"cluster.{k}.") for k in range(self.n_clusters)],
+            client_clusters={i: int(c) for i, c in enumerate(clusters) if c >= 0},
+            cluster_sizes=[list(row) for row in history],
+        )
+        self._set_fitted_state(state)

@@ -1,0 +1,655 @@
+"""Clustered federated classification and Fed-CAM (Ma et al., "Structured federated learning
+through clustered additive modeling"; issue 22) (algorithm layer).
+
+Five methods of the paper's Table 1, one algorithm :class:`ClusteredFL` set by
+``ClusteredConfig.method``, every model a learner of ``learner_factory`` trained by
+:func:`~fednovelty.federated.learners.local_sgd` (``local_steps`` mini-batch steps of SGD
+with momentum per round) and averaged by
+:func:`~fednovelty.federated.aggregate.average_params`:
+
+- **FedAvg+**: ``n_clusters`` FedAvg models from different random starts; every client trains
+  every member each round; prediction is their soft vote (mean class probabilities).
+- **IFCA** (Ghosh et al. 2020): each client evaluates the K cluster models' mean
+  cross-entropy on its rows, joins the argmin, trains that model and sends it back; the
+  server averages each cluster's copies.
+- **FeSEM** (Xie et al. 2021): the server clusters the clients' models by k-means on their
+  parameters (Eq. 10-11); each client trains from its cluster's model with the proximal pull
+  ``kmeans_reg`` towards it (Eq. 13).
+- **IFCA-CAM**, **FeSEM-CAM** (Alg. 1): a global model ``h`` is added to the cluster
+  models' logits, ``F_i(x) = h(x; Theta_g) + f(x; Theta_c(i))`` (Eq. 1). Each round a client
+  trains two copies in parallel (the paper's FedSim form): its cluster model on the residual of
+  the global one (logits ``h(x; Theta_g) + f(x; theta_i)``, ``Theta_g`` fixed: Eq. 5/13) and
+  the global model on the residual of its cluster's (``h(x; theta_i^0) + f(x; Theta_c(i))``,
+  ``Theta_c(i)`` fixed: Eq. 8/15); the server averages the global copies over every client
+  (Eq. 9) and the cluster copies as IFCA or FeSEM do. IFCA-CAM's assignment is the min-loss
+  of Eq. 2 on the additive model.
+
+Warm-up (Alg. 1): IFCA-CAM first runs ``warmup_rounds`` rounds of FedAvg on the global model
+alone (logits ``h``), so that its residual is informative before the cluster models start;
+FeSEM-CAM (and FeSEM, with one round by default) first runs ``warmup_rounds`` rounds of
+*local training only*: each client continues its own model (logits ``f`` alone, from a common
+start) and sends it, and the server k-means-clusters those models every warm-up round
+(k-means++ seeds the first, later ones start from the previous centres); the last warm-up
+clustering gives the first cluster models and assignments.
+
+Choices where the paper is silent, each a setting or stated here:
+
+- **Who decides a client's cluster**: the client, in every method. IFCA: the min-loss
+  model. FeSEM: the centre nearest to the model it sent last (kept in its state,
+  ``cam.model.*``), which is the server's k-means assignment of that model to the current
+  centres (the same squared distances, up to round-off at exact ties); a client without such
+  a model (not asked during the warm-up) joins by min-loss. The reply carries the cluster id
+  (``scalars["cluster"]``), so the server learns what the client used without broadcasting
+  other clients' assignments. The server's record (``client_clusters``) is each client's
+  latest: IFCA's choice, FeSEM's k-means label.
+- **Ties**: the lowest cluster index wins (``argmin``'s first minimum), in the min-loss rule
+  and in nearest-centre assignment alike.
+- **FeSEM's distance**: squared Euclidean on the flattened parameters of the learner's
+  ``nn.Linear`` layers (the paper: "the flattened parameters of the fully-connected layers";
+  all parameters for ``linear`` and ``mlp``, the dense layers of ``cnn``), every client
+  weighted by its rows; the centres are the row-weighted means of the full models.
+- **Empty clusters** (``empty_clusters``): ``"keep"`` (default): a cluster no client joined
+  keeps its model unchanged (Eq. 6 with an empty ``C_k``; in k-means, an empty centre does not
+  move) and can win clients back; ``"reseed"``: after the round, each empty cluster's model is
+  replaced by a released client model, the one farthest (FeSEM's distance) from its own
+  cluster's model, each client model used once. Every round records the cluster sizes
+  (``cluster_sizes``: clients per cluster over every client the server has heard from, by
+  their latest assignment) and the number of clusters re-seeded (``reseeded``); a row of
+  zeros is a round without assignments (warm-up of IFCA-CAM, FedAvg+).
+- **More clusters than clients**: nothing special for IFCA (some clusters stay empty); the
+  server's k-means seeds at most one centre per released model and the remaining clusters
+  keep their models, empty.
+- **Eq. 13's gradient weight** ``n_i / n`` is left out: each client takes plain steps on
+  its own mean loss (as FedAvg's local training), the pull ``kmeans_reg`` added.
+- **The privacy floor**: a client with fewer rows than its ``min_rows`` trains nothing and
+  releases nothing (``skipped``), so the server never learns its cluster.
+
+Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
+Predictions are pure functions of the final :class:`ClusteredState`:
+:func:`cluster_log_proba`, :func:`ensemble_proba`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fednovelty.federated.aggregate import average_learners, average_params, learner_name
+from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.config import ClusteredConfig
+from fednovelty.federated.init import round_seed, server_generator
+from fednovelty.federated.learners import (
+    initial_parameters,
+    learner_template,
+    local_sgd,
+    logits,
+)
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.mixture.kmeans import kmeans_plusplus
+
+__all__ = [
+    "CAM_KINDS",
+    "ClusteredFL",
+    "ClusteredState",
+    "cluster_log_proba",
+    "ensemble_proba",
+    "linear_vector",
+    "mean_losses",
+    "model_template",
+    "nearest_cluster",
+]
+
+#: the message kinds of the clustered algorithms' rounds.
+ENSEMBLE_KIND = "cam_ensemble"
+CLUSTER_KIND = "cam_cluster"
+WARMUP_GLOBAL_KIND = "cam_warmup_global"
+WARMUP_LOCAL_KIND = "cam_warmup_local"
+CAM_KINDS: tuple[str, ...] = (ENSEMBLE_KIND, CLUSTER_KIND, WARMUP_GLOBAL_KIND, WARMUP_LOCAL_KIND)
+#: where a k-means client keeps the model it sent last (``ClientContext.state``).
+KEPT = "cam.model."
+
+
+@dataclass
+class ClusteredState:
+    """The server's state of a clustered run.
+
+    Attributes:
+        phase, rounds: the chain's current kind and counted rounds.
+        global_model: the global model's parameters (CAM; unused otherwise).
+        cluster_models: K parameter dicts: the cluster models (FedAvg+: the members).
+        client_clusters: client id -> its latest cluster (clients heard from).
+        cluster_sizes: one list of K client counts per round.
+        reseeded: clusters re-seeded in each round (``empty_clusters="reseed"``).
+        losses: the round's row-weighted mean training loss of the clients' starting models.
+    """
+
+    phase: str = ""
+    rounds: int = 0
+    global_model: dict[str, Tensor] = field(default_factory=dict)
+    cluster_models: list[dict[str, Tensor]] = field(default_factory=list)
+    client_clusters: dict[int, int] = field(default_factory=dict)
+    cluster_sizes: list[list[int]] = field(default_factory=list)
+    reseeded: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def model_template(config: ClusteredConfig) -> nn.Module:
+    """The module every model of a run is evaluated with (its own initial weights are never
+    used, and drawing them leaves torch's global generator as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        return learner_template(
+            config.learner_factory, config.n_features, config.n_classes, config.device, config.dtype
+        )
+
+
+def linear_names(template: nn.Module) -> list[str]:
+    """Names of the parameters of ``template``'s ``nn.Linear`` layers (all parameters when
+    it has none): the coordinates of FeSEM's distance."""
+    names = [
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in template.named_modules()
+        if isinstance(module, nn.Linear)
+        for name, _ in module.named_parameters(recurse=False)
+    ]
+    return names or [name for name, _ in template.named_parameters()]
+
+
+def linear_vector(params: dict[str, Tensor], names: Sequence[str]) -> Tensor:
+    """The parameters ``names`` of one model flattened into one vector."""
+    return torch.cat([params[name].reshape(-1) for name in names])
+
+
+def nearest_cluster(vectors: Tensor, centres: Tensor) -> Tensor:
+    """Index of the nearest centre of each vector, (n_vectors,) from (n_vectors, P) and
+    (K, P); ties go to the lowest index. The squared distances are taken centre by centre as
+    sums of squared differences, so a client's own computation and the server's agree."""
+    distances = torch.stack([(vectors - c).square().sum(1) for c in centres], dim=1)
+    return distances.argmin(1)
+
+
+def mean_losses(
+    template: nn.Module,
+    models: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    offset: Tensor | None = None,
+) -> Tensor:
+    """Mean cross-entropy of each model on ``(X, y)`` (logits plus ``offset``), (len(models),)."""
+    with torch.no_grad():
+        out = []
+        for params in models:
+            z = logits(template, params, X)
+            z = z if offset is None else z + offset
+            out.append(nn.functional.cross_entropy(z, y))
+        return torch.stack(out)
+
+
+def cluster_log_proba(
+    template: nn.Module, state: ClusteredState, X: Tensor, cluster: int, additive: bool
+) -> Tensor:
+    """``log p(y | x)`` (n, n_classes) of cluster ``cluster``'s model (plus the global model's
+    logits when ``additive``: Eq. 1)."""
+    with torch.no_grad():
+        z = logits(template, state.cluster_models[cluster], X)
+        if additive:
+            z = z + logits(template, state.global_model, X)
+        return nn.functional.log_softmax(z, dim=1)
+
+
+def ensemble_proba(template: nn.Module, state: ClusteredState, X: Tensor) -> Tensor:
+    """FedAvg+'s soft vote: the members' mean class probabilities, (n, n_classes)."""
+    with torch.no_grad():
+        probs = [nn.functional.softmax(logits(template, p, X), dim=1) for p in state.cluster_models]
+        return torch.stack(probs).mean(0)
+
+
+def _named(prefix: str, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"{prefix}{name}": value for name, value in params.items()}
+
+
+def _unnamed(prefix: str, tensors: dict[str, Tensor], names: Sequence[str]) -> dict[str, Tensor]:
+    return {name: tensors[f"{prefix}{name}"] for name in names}
+
+
+# ----------------------------------------------------------------------------- the steps
+class _ModelStep(Step):
+    """What the clustered steps share: the settings, the template, the local training."""
+
+    labelled = True
+
+    def __init__(self, algorithm: ClusteredFL) -> None:
+        self.algorithm = algorithm
+        self.config: ClusteredConfig = algorithm.config
+
+    @property
+    def template(self) -> nn.Module:
+        return self.algorithm.template
+
+    @property
+    def names(self) -> list[str]:
+        return self.algorithm.parameter_names
+
+    def train(
+        self,
+        start: dict[str, Tensor],
+        X: Tensor,
+        y: Tensor,
+        generator: torch.Generator,
+        offset: Tensor | None = None,
+        mu_prox: float = 0.0,
+    ) -> dict[str, Tensor]:
+        config = self.config
+        return local_sgd(
+            self.template,
+            start,
+            X,
+            y,
+            None,
+            generator,
+            steps=config.local_steps,
+            learning_rate=config.learning_rate,
+            batch_size=config.batch_size,
+            optimizer=config.optimizer,
+            momentum=config.momentum,
+            mu_prox=mu_prox,
+            offset=offset,
+        )
+
+    def received(self, message: Message, X: Tensor) -> dict[str, Tensor]:
+        return {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+
+    def finished_after(self, state: ClusteredState, last: int) -> bool:
+        """Whether the round being folded (number ``state.rounds + 1``) is round ``last``."""
+        return state.rounds + 1 >= last
+
+    def record(
+        self, state: ClusteredState, replies: dict[int, Message], reseeded: int = 0
+    ) -> dict[str, Any]:
+        """Append the round's cluster sizes, re-seeds and loss; the round's metrics."""
+        sizes = [0] * self.config.n_clusters
+        for cluster in state.client_clusters.values():
+            sizes[cluster] += 1
+        state.cluster_sizes.append(sizes)
+        state.reseeded.append(reseeded)
+        n = torch.stack([r.tensors["n_samples"].double().cpu() for r in replies.values()])
+        loss = torch.stack([r.tensors["loss"].double().cpu() for r in replies.values()])
+        state.losses.append(float((n * loss).sum() / n.sum()))
+        return {
+            "phase": self.kinds[0],
+            "loss": state.losses[-1],
+            "n_empty": sum(size == 0 for size in sizes) if state.client_clusters else 0,
+            "reseeded": reseeded,
+        }
+
+
+def _reply(kind: str, X: Tensor, loss: Tensor, tensors: dict[str, Tensor], **scalars) -> Message:
+    tensors = {name: value.clone() for name, value in tensors.items()}
+    tensors["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype)
+    tensors["loss"] = loss.detach().to(X.dtype).reshape(())
+    return Message(kind, tensors, scalars)
+
+
+def _weights(replies: dict[int, Message], like: Tensor) -> Tensor:
+    return torch.stack([r.tensors["n_samples"] for r in replies.values()]).to(like)
+
+
+class EnsembleStep(_ModelStep):
+    """FedAvg+: every client trains every member; each member is averaged as FedAvg."""
+
+    kinds = (ENSEMBLE_KIND,)
+
+    def __init__(self, algorithm: ClusteredFL) -> None:
+        super().__init__(algorithm)
+        self.max_rounds = self.config.rounds
+
+    def configure(self, state: ClusteredState) -> Message:
+        tensors = {}
+        for m, params in enumerate(state.cluster_models):
+            tensors.update({learner_name(m, name): value for name, value in params.items()})
+        return Message(ENSEMBLE_KIND, tensors, {"seed": round_seed(self.config, state)})
+
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(ENSEMBLE_KIND, context.policy.below_floor)
+        t = self.received(message, X)
+        members = [_unnamed(f"learner.{m}.", t, self.names) for m in range(self.config.n_clusters)]
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        loss = mean_losses(self.template, members, X, y).mean()
+        tensors = {}
+        for m, params in enumerate(members):
+            trained = self.train(params, X, y, generator)
+            tensors.update({learner_name(m, name): value for name, value in trained.items()})
+        return _reply(ENSEMBLE_KIND, X, loss, tensors)
+
+    def server_step(self, state: ClusteredState, replies: dict[int, Message]):
+        first = state.cluster_models[0][self.names[0]]
+        n = _weights(replies, first)
+        gammas = n.unsqueeze(1).expand(-1, self.config.n_clusters)
+        state.cluster_models = average_learners(
+            state.cluster_models, list(replies.values()), gammas
+        )
+        metrics = self.record(state, replies)
+        return (None if self.finished_after(state, self.config.rounds) else ENSEMBLE_KIND), metrics
+
+
+class GlobalWarmupStep(_ModelStep):
+    """IFCA-CAM's warm-up (Alg. 1 (1)): FedAvg of the global model alone."""
+
+    kinds = (WARMUP_GLOBAL_KIND,)
+
+    def __init__(self, algorithm: ClusteredFL) -> None:
+        super().__init__(algorithm)
+        self.max_rounds = self.config.warmup_rounds
+
+    def begin(self, state: ClusteredState) -> str | None:
+        return WARMUP_GLOBAL_KIND if self.config.warmup_rounds > 0 else None
+
+    def configure(self, state: ClusteredState) -> Message:
+        tensors = _named("global.", state.global_model)
+        return Message(WARMUP_GLOBAL_KIND, tensors, {"seed": round_seed(self.config, state)})
+
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(WARMUP_GLOBAL_KIND, context.policy.below_floor)
+        start = _unnamed("global.", self.received(message, X), self.names)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        loss = mean_losses(self.template, [start], X, y)[0]
+        trained = self.train(start, X, y, generator)
+        return _reply(WARMUP_GLOBAL_KIND, X, loss, _named("global.", trained))
+
+    def server_step(self, state: ClusteredState, replies: dict[int, Message]):
+        copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
+        first = state.global_model[self.names[0]]
+        state.global_model = average_params(state.global_model, copies, _weights(replies, first))
+        metrics = self.record(state, replies)
+        done = self.finished_after(state, self.config.warmup_rounds)
+        return (None if done else WARMUP_GLOBAL_KIND), metrics
+
+
+class _KMeansServer:
+    """The server's k-means of client models (FeSEM, Eq. 10-11): Lloyd iterations on the
+    flattened ``nn.Linear`` parameters, clients weighted by their rows, each centre the
+    row-weighted mean of its clients' full models (an empty one does not move)."""
+
+    def __init__(self, step: _ModelStep) -> None:
+        self.step = step
+
+    def cluster(self, state: ClusteredState, replies: dict[int, Message], seeded: bool) -> None:
+        """New ``state.cluster_models`` and the replying clients' assignments; Lloyd starts
+        from the current models, or from k-means++ seeds among the client models when
+        ``seeded`` (at most one per client model; further clusters keep their models)."""
+        step, config = self.step, self.step.config
+        names = step.names
+        like = state.cluster_models[0][names[0]]
+        models = [_unnamed("cluster.", r.tensors, names) for r in replies.values()]
+        flat = torch.stack([linear_vector(p, names) for p in models]).to(like)  # (m, P)
+        columns = step.algorithm.linear_columns.to(like.device)
+        n = _weights(replies, like)
+        centres = torch.stack([linear_vector(p, names) for p in state.cluster_models])
+        if seeded:
+            k = min(config.n_clusters, len(models))
+            generator = server_generator(config, state)
+            seeds = kmeans_plusplus(flat[:, columns], k, generator=generator, sample_weight=n)
+            for j in range(k):  # a seed is a client model: take the whole model
+                centres[j] = flat[int((flat[:, columns] - seeds[j]).abs().sum(1).argmin())]
+        labels = None
+        for _ in range(config.kmeans_iter):
+            new = nearest_cluster(flat[:, columns], centres[:, columns])
+            if labels is not None and bool(torch.equal(new, labels)):
+                break
+            labels = new
+            share = nn.functional.one_hot(labels, config.n_clusters).to(n).T * n  # (K, m)
+            total = share.sum(1, keepdim=True)
+            means = (share / total.clamp_min(torch.finfo(n.dtype).tiny)) @ flat
+            centres = torch.where(total > 0, means, centres)
+        labels = nearest_cluster(flat[:, columns], centres[:, columns])  # the clients' rule
+        state.cluster_models = [step.algorithm.unflatten(c) for c in centres]
+        for cid, label in zip(replies, labels.tolist(), strict=True):
+            state.client_clusters[cid] = int(label)
+
+
+class LocalWarmupStep(_ModelStep):
+    """FeSEM's and FeSEM-CAM's warm-up (Alg. 1 (2)): local training only; the server
+    clusters the client models every round."""
+
+    kinds = (WARMUP_LOCAL_KIND,)
+
+    def __init__(self, algorithm: ClusteredFL) -> None:
+        super().__init__(algorithm)
+        self.max_rounds = self.config.warmup_rounds
+        self.kmeans = _KMeansServer(self)
+
+    def configure(self, state: ClusteredState) -> Message:
+        tensors = _named("learner.0.", state.cluster_models[0])  # the common start
+        return Message(WARMUP_LOCAL_KIND, tensors, {"seed": round_seed(self.config, state)})
+
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(WARMUP_LOCAL_KIND, context.policy.below_floor)
+        start = _unnamed("learner.0.", self.received(message, X), self.names)
+        if f"{KEPT}{self.names[0]}" in context.state:
+            start = _unnamed(KEPT, context.state, self.names)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        loss = mean_losses(self.template, [start], X, y)[0]
+        trained = self.train(start, X, y, generator)
+        context.state.update({f"{KEPT}{k}": v.clone() for k, v in trained.items()})
+        return _reply(WARMUP_LOCAL_KIND, X, loss, _named("cluster.", trained))
+
+    def server_step(self, state: ClusteredState, replies: dict[int, Message]):
+        self.kmeans.cluster(state, replies, seeded=state.rounds == 0)
+        reseeded = self.algorithm.reseed(state, replies)
+        metrics = self.record(state, replies, reseeded)
+        done = self.finished_after(state, self.config.warmup_rounds)
+        return (None if done else WARMUP_LOCAL_KIND), metrics
+
+
+class ClusterStep(_ModelStep):
+    """The clustered rounds of IFCA, FeSEM and their CAM forms (module docstring)."""
+
+    kinds = (CLUSTER_KIND,)
+
+    def __init__(self, algorithm: ClusteredFL) -> None:
+        super().__init__(algorithm)
+        self.max_rounds = self.config.rounds - self.config.warmup_rounds
+        self.kmeans = _KMeansServer(self)
+
+    def begin(self, state: ClusteredState) -> str | None:
+        return CLUSTER_KIND if self.max_rounds > 0 else None
+
+    def configure(self, state: ClusteredState) -> Message:
+        tensors = {}
+        for k, params in enumerate(state.cluster_models):
+            tensors.update({learner_name(k, name): value for name, value in params.items()})
+        if self.config.additive:
+            tensors.update(_named("global.", state.global_model))
+        return Message(CLUSTER_KIND, tensors, {"seed": round_seed(self.config, state)})
+
+    # ------------------------------------------------------------------ client half
+    def choose(
+        self, models: list[dict[str, Tensor]], X: Tensor, y: Tensor, h: Tensor | None, kept
+    ) -> tuple[int, Tensor]:
+        """The client's cluster (module docstring) and its model's loss on the rows."""
+        if self.config.clustering == "kmeans" and kept is not None:
+            fc = self.algorithm.linear_names
+            centres = torch.stack([linear_vector(p, fc) for p in models])
+            mine = linear_vector(kept, fc).to(centres).unsqueeze(0)
+            cluster = int(nearest_cluster(mine, centres)[0])
+            return cluster, mean_losses(self.template, [models[cluster]], X, y, h)[0]
+        losses = mean_losses(self.template, models, X, y, h)
+        return int(losses.argmin()), losses[int(losses.argmin())]
+
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        config = self.config
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(CLUSTER_KIND, context.policy.below_floor)
+        t = self.received(message, X)
+        models = [_unnamed(f"learner.{k}.", t, self.names) for k in range(config.n_clusters)]
+        glob = _unnamed("global.", t, self.names) if config.additive else None
+        with torch.no_grad():
+            h = None if glob is None else logits(self.template, glob, X)
+        kept = None
+        if f"{KEPT}{self.names[0]}" in context.state:
+            kept = _unnamed(KEPT, context.state, self.names)
+        cluster, loss = self.choose(models, X, y, h, kept)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        pull = config.kmeans_reg if config.clustering == "kmeans" else 0.0
+        theta = self.train(models[cluster], X, y, generator, offset=h, mu_prox=pull)
+        tensors = _named("cluster.", theta)
+        if glob is not None:  # the global copy fits the residual of the cluster's model
+            with torch.no_grad():
+                f = logits(self.template, models[cluster], X)
+            tensors.update(_named("global.", self.train(glob, X, y, generator, offset=f)))
+        if config.clustering == "kmeans":
+            context.state.update({f"{KEPT}{k}": v.clone() for k, v in theta.items()})
+        return _reply(CLUSTER_KIND, X, loss, tensors, cluster=cluster)
+
+    # ------------------------------------------------------------------ server half
+    def server_step(self, state: ClusteredState, replies: dict[int, Message]):
+        config = self.config
+        like = state.cluster_models[0][self.names[0]]
+        n = _weights(replies, like)
+        if config.additive:
+            copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
+            state.global_model = average_params(state.global_model, copies, n)
+        if config.clustering == "kmeans":
+            self.kmeans.cluster(state, replies, seeded=False)
+        else:
+            self.average_clusters(state, replies, n)
+        reseeded = self.algorithm.reseed(state, replies)
+        metrics = self.record(state, replies, reseeded)
+        return (None if self.finished_after(state, config.rounds) else CLUSTER_KIND), metrics
+
+    def average_clusters(self, state: ClusteredState, replies: dict[int, Message], n: Tensor):
+        """IFCA: each cluster model from its clients' copies (``cluster_average``)."""
+        chosen = torch.tensor([int(r.scalars["cluster"]) for r in replies.values()])
+        copies = [_unnamed("cluster.", r.tensors, self.names) for r in replies.values()]
+        total = n.sum()
+        for k in range(self.config.n_clusters):
+            weights = n * (chosen == k).to(n)
+            if float(weights.sum()) <= 0:
+                continue  # empty: kept (Eq. 6 with C_k empty)
+            if self.config.cluster_average == "global":  # Eq. 6
+                rest = (total - weights.sum()).reshape(1)
+                weights = torch.cat([rest, weights])
+                state.cluster_models[k] = average_params(
+                    state.cluster_models[k], [state.cluster_models[k], *copies], weights
+                )
+            else:
+                state.cluster_models[k] = average_params(state.cluster_models[k], copies, weights)
+        for cid, reply in replies.items():
+            state.client_clusters[cid] = int(reply.scalars["cluster"])
+
+
+# ----------------------------------------------------------------------------- the algorithm
+class ClusteredFL(ChainedAlgorithm):
+    """The Fed-CAM paper's classification methods (module docstring):
+    ``ClusteredFL(method, n_features, n_classes, **settings)`` with the settings of
+    :class:`~fednovelty.federated.config.ClusteredConfig`, or
+    ``ClusteredFL.from_config(ClusteredConfig(...))``.
+
+    The chain is the method's warm-up step (IFCA-CAM: :class:`GlobalWarmupStep`; FeSEM,
+    FeSEM-CAM: :class:`LocalWarmupStep`) then :class:`ClusterStep`; FedAvg+ is
+    :class:`EnsembleStep` alone. Initial models: ``n_clusters + 1`` draws of
+    ``learner_factory`` under ``random_state``, the cluster models (members) first and the
+    global model last; k-means methods start every client's warm-up from the first.
+    """
+
+    labelled = True
+    config_class = ClusteredConfig
+
+    def __init__(self, method: str, n_features: int, n_classes: int, **settings: Any):
+        config = ClusteredConfig(
+            method=method, n_features=n_features, n_classes=n_classes, **settings
+        )
+        self._setup(config)
+
+    def _setup(self, config: ClusteredConfig) -> None:
+        super()._setup(config)
+        self.template = model_template(config)
+        self.parameter_names = [name for name, _ in self.template.named_parameters()]
+        self.linear_names = linear_names(self.template)
+        self._shapes = {n: p.shape for n, p in self.template.named_parameters()}
+        offsets, begin = {}, 0
+        for name, shape in self._shapes.items():
+            offsets[name] = (begin, begin + shape.numel())
+            begin += shape.numel()
+        #: the columns of ``linear_names`` in a model flattened in ``parameter_names`` order
+        self.linear_columns = torch.cat(
+            [torch.arange(*offsets[name]) for name in self.linear_names]
+        )
+        self._offsets = offsets
+        if config.clustering == "ensemble":
+            steps: list[Step] = [EnsembleStep(self)]
+        elif config.clustering == "kmeans":
+            steps = [LocalWarmupStep(self), ClusterStep(self)]
+        else:
+            steps = [GlobalWarmupStep(self), ClusterStep(self)]
+        self._chain(steps)
+
+    def new_state(self) -> ClusteredState:
+        config = self.config
+        draws = initial_parameters(
+            lambda: learner_template(
+                config.learner_factory,
+                config.n_features,
+                config.n_classes,
+                config.device,
+                config.dtype,
+            ),
+            config.n_clusters + 1,
+            config.random_state,
+        )
+        return ClusteredState(global_model=draws[-1], cluster_models=draws[:-1])
+
+    def unflatten(self, vector: Tensor) -> dict[str, Tensor]:
+        """A model flattened in ``parameter_names`` order as its parameter dict."""
+        return {
+            name: vector[begin:end].reshape(self._shapes[name]).clone()
+            for name, (begin, end) in self._offsets.items()
+        }
+
+    def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor]]:
+        if not isinstance(data, tuple | list) or len(data) != 2:
+            raise ValueError(
+                f"ClusteredFL clients hold (X, y) pairs; got {type(data).__name__}"
+                + (f" of {len(data)}" if isinstance(data, tuple | list) else "")
+                + "."
+            )
+        X, y = data
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"client data rows disagree: X has {X.shape[0]}, y {y.shape[0]}.")
+        return X, (y,)
+
+    def reseed(self, state: ClusteredState, replies: dict[int, Message]) -> int:
+        """``empty_clusters="reseed"``: each cluster without clients gets the released client
+        model farthest from its own cluster's model (each used once); returns how many."""
+        config = self.config
+        if config.empty_clusters != "reseed" or not state.client_clusters:
+            return 0
+        sizes = [0] * config.n_clusters
+        for cluster in state.client_clusters.values():
+            sizes[cluster] += 1
+        empty = [k for k, size in enumerate(sizes) if size == 0]
+        if not empty:
+            return 0
+        fc = self.linear_names
+        models = [_unnamed("cluster.", r.tensors, self.parameter_names) for r in replies.values()]
+        like = state.cluster_models[0][fc[0]]
+        vectors = torch.stack([linear_vector(p, fc) for p in models]).to(like)
+        own = torch.stack(
+            [linear_vector(state.cluster_models[state.client_clusters[c]], fc) for c in replies]
+        )
+        far = (vectors - own).square().sum(1)
+        order = sorted(range(len(models)), key=lambda i: (-float(far[i]), i))
+        for k, index in zip(empty, order, strict=False):
+            state.cluster_models[k] = {n: v.to(like) for n, v in models[index].items()}
+        return min(len(empty), len(order))

@@ -1,0 +1,507 @@
+"""Clustered additive mixtures: global components shared by every client plus the components
+of the client's cluster (issue 22; the Fed-CAM paper's idea carried to Gaussian mixtures).
+
+Client ``c`` in cluster ``j`` has the density
+
+    p_c(x) = sum_{k in G} pi_ck N(x; mu_k, Sigma_k) + sum_{k in C_j} pi_ck N(x; mu_k, Sigma_k)
+
+over the ``K_g`` global components ``G`` and the ``K_c`` components ``C_j`` of its cluster; its
+weights ``pi_c`` are its own (zero outside ``G`` and ``C_j``). The model is one mixture of
+``M = K_g + C K_c`` components whose clients' weights are masked by cluster: the E-step of a
+client touches only its allowed components, so every component's summed statistics are
+exact sums over the rows that use it, and the server's M-step is federated EM's.
+
+Rounds (``ClusteredEM`` chains them; :mod:`fednovelty.federated.steps`):
+
+1. **Warm-up** (``warmup`` rounds): ``[PCA?] + [moments] + init + EM`` on all ``M``
+   components with personal weights (FedGMM), every client using every component: the
+   Fed-CAM paper's warm-up, which trains before any clustering.
+2. **Clusters form** (server only, no round): k-means (``cluster_kmeans_restarts``
+   restarts, k-means++) on every client's summary, the square roots of its warm-up weights
+   (their Euclidean distance is the Hellinger distance of the weight vectors). Each
+   cluster then takes the ``K_c`` components its members use most relative to the other
+   clusters (:func:`partition_components`); the remaining ``K_g`` components are global.
+   The clustering reads the weights of the whole codebook, so clusters that differ in any
+   component are told apart.
+3. **Clustered EM** (kind ``"cluster_em"``, at most ``max_iter`` rounds): the broadcast
+   holds the mixture, each component's cluster (-1: global), each cluster's weights (its
+   members' rows pooled) and, with ``assignment="summary"``, the server's choice of
+   cluster per client id. A client scores its rows under every cluster's mixture (mean
+   log-likelihood per row, ``(C,)``, sent: the client-level anomaly score reads it), joins
+   the best cluster (``"likelihood"``, IFCA's rule; ties go to the lowest index) or the
+   server's choice (``"summary"``), runs the E-step under its personal weights (its
+   warm-up weights on the allowed components in the first round; the cluster's weights
+   when it changed cluster) and sends the statistics of all ``M``
+   components (zero outside its allowed ones), its cluster and its row count. The server
+   sums the statistics and runs the M-step; a component nobody used in the round keeps its
+   parameters. With ``"summary"`` the next round's assignment is k-means on the clients'
+   summaries (square roots of their new weights), warm-started from the clusters' centres.
+
+Degenerate cases: ``n_clusters`` above the clients that replied in the warm-up raises by
+name; a cluster no client joined keeps its components (IFCA lets it win clients back;
+FeSEM's k-means re-seeds an empty centre at the summary farthest from its centre) and the
+round's record says so (``ClusteredEMState.events``); a client below its privacy floor
+skips every round (``skipped_reply``) and has no cluster; a component backed by fewer than
+``min_rows`` effective rows of a client is sent as zeros (federated EM's floor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.base import ClientContext, Message, derived_seed, skipped_reply
+from fednovelty.federated.config import ClusteredEMConfig, EMConfig
+from fednovelty.federated.em import EMState, EMStep, em_steps
+from fednovelty.federated.init import combine_stats
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.mixture import MixtureParams, params_from_stats
+from fednovelty.mixture.density import log_gaussian_prob
+from fednovelty.mixture.em import moment_shift
+
+__all__ = [
+    "ClusteredEM",
+    "ClusteredEMState",
+    "allowed_components",
+    "cluster_log_likelihoods",
+    "hellinger_kmeans",
+    "partition_components",
+]
+
+#: a client's cluster in a broadcast assignment when it chooses for itself.
+CHOOSE = -1
+
+
+@dataclass
+class ClusteredEMState(EMState):
+    """``EMState`` plus the clusters.
+
+    Attributes:
+        component_clusters: (M,) int64, each component's cluster (-1: global).
+        cluster_log_weights: (C, M) each cluster's pooled log weights (-inf outside its
+            allowed components).
+        client_clusters: cluster of every client that replied in the last round, by id.
+        client_log_likelihoods: by client id, (C,) its rows' mean log-likelihood under
+            each cluster's mixture in its last reply.
+        assignment: by client id, the server's cluster for the next round (``"summary"``).
+        summary_centers: (C, M) the k-means centres of the summaries (``"summary"``).
+        cluster_sizes: clients per cluster, one list per clustered round.
+        events: one dict per noteworthy event (``round``, ``cluster``, ``event``).
+        cluster_rounds: clustered rounds run.
+    """
+
+    component_clusters: Tensor | None = None
+    cluster_log_weights: Tensor | None = None
+    client_clusters: dict[int, int] = field(default_factory=dict)
+    client_log_likelihoods: dict[int, Tensor] = field(default_factory=dict)
+    assignment: dict[int, int] = field(default_factory=dict)
+    summary_centers: Tensor | None = None
+    cluster_sizes: list[list[int]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    cluster_rounds: int = 0
+
+
+# ---------------------------------------------------------------------- pure functions
+def allowed_components(component_clusters: Tensor, n_clusters: int) -> Tensor:
+    """Which components each cluster's clients use: the global ones and their cluster's.
+
+    Args:
+        component_clusters: (M,) int64, -1 for a global component, else its cluster.
+        n_clusters: C.
+
+    Returns:
+        (C, M) bool.
+    """
+    clusters = torch.arange(n_clusters, device=component_clusters.device).unsqueeze(1)
+    return (component_clusters.unsqueeze(0) == -1) | (component_clusters.unsqueeze(0) == clusters)
+
+
+def cluster_log_likelihoods(log_prob: Tensor, cluster_log_weights: Tensor) -> Tensor:
+    """Mean log-likelihood per row of rows under each cluster's mixture.
+
+    Args:
+        log_prob: (n_samples, M) ``log N(x_i; mu_k, Sigma_k)``.
+        cluster_log_weights: (C, M) each cluster's log weights (-inf where not allowed).
+
+    Returns:
+        (C,); ``-inf`` for a cluster without an allowed component.
+    """
+    joint = log_prob.unsqueeze(0) + cluster_log_weights.unsqueeze(1)  # (C, n, M)
+    return torch.logsumexp(joint, dim=2).mean(dim=1)
+
+
+def hellinger_kmeans(
+    summaries: Tensor,
+    n_clusters: int,
+    generator: torch.Generator,
+    *,
+    restarts: int = 5,
+    max_iter: int = 100,
+    centers_init: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """k-means of clients' summaries (rows), the best of ``restarts`` k-means++ starts (or
+    one start from ``centers_init``); an empty cluster's centre is re-seeded at the row
+    farthest from its own centre.
+
+    Args:
+        summaries: (n_clients, p) rows (square roots of weight vectors for the Hellinger
+            distance).
+        n_clusters: C <= n_clients.
+        generator: the draws of k-means++.
+        restarts: starts tried (>= 1) when ``centers_init`` is None.
+        centers_init: (C, p) a warm start.
+
+    Returns:
+        ``(labels (n_clients,) int64, centers (C, p))``.
+    """
+    n = summaries.shape[0]
+    if n_clusters > n:
+        raise ValueError(f"n_clusters={n_clusters} exceeds the {n} clients to cluster.")
+    starts = [centers_init] if centers_init is not None else [None] * max(1, restarts)
+    best = None
+    for start in starts:
+        centers = _kmeans_pp(summaries, n_clusters, generator) if start is None else start.clone()
+        labels = torch.zeros(n, dtype=torch.long, device=summaries.device)
+        for _ in range(max_iter):
+            dist = torch.cdist(summaries, centers).square()
+            new = dist.argmin(dim=1)
+            for j in range(n_clusters):
+                if not bool((new == j).any()):  # re-seed at the farthest row
+                    far = int(dist.gather(1, new.unsqueeze(1)).squeeze(1).argmax())
+                    new[far] = j
+            centers = torch.stack([summaries[new == j].mean(0) for j in range(n_clusters)])
+            if bool((new == labels).all()):
+                break
+            labels = new
+        inertia = float(torch.cdist(summaries, centers).square().min(dim=1).values.sum())
+        if best is None or inertia < best[0] - 1e-12 * max(1.0, abs(best[0])):
+            best = (inertia, labels, centers)
+    return best[1], best[2]
+
+
+def _kmeans_pp(rows: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """k-means++ seeding: (k, p) centres drawn from ``rows`` (n, p)."""
+    n = rows.shape[0]
+    first = int(torch.randint(n, (1,), generator=generator))
+    centers = [rows[first]]
+    for _ in range(1, k):
+        dist = torch.cdist(rows, torch.stack(centers)).square().min(dim=1).values
+        total = float(dist.sum())
+        if total <= 0:
+            index = int(torch.randint(n, (1,), generator=generator))
+        else:
+            probs = (dist / total).cpu()
+            index = int(torch.multinomial(probs, 1, generator=generator))
+        centers.append(rows[index])
+    return torch.stack(centers)
+
+
+def partition_components(
+    member_weights: list[Tensor], cluster_components: int
+) -> tuple[Tensor, Tensor]:
+    """Give each cluster the ``cluster_components`` components its members use most
+    (module docstring, step 2); the rest stay global.
+
+    A component's *share* in cluster ``j`` is the members' mean weight on it over the sum of
+    that mean across clusters. In ``cluster_components`` passes, every cluster in turn takes
+    the unassigned component with its largest share (ties: the lowest index).
+
+    Args:
+        member_weights: per cluster, (n_members, M) its members' weights (a cluster with no
+            member counts as using nothing).
+        cluster_components: K_c, with ``C K_c < M``.
+
+    Returns:
+        ``(component_clusters, cluster_log_weights)``: (M,) int64 each component's cluster
+        (-1: global) and (C, M) each cluster's log weights, its members' mean weights on
+        the global components and its own, renormalised (-inf elsewhere).
+    """
+    m = member_weights[0].shape[1]
+    usage = torch.stack(
+        [w.mean(0) if w.shape[0] else w.new_zeros(m) for w in member_weights]
+    )  # (C, M)
+    n_clusters = usage.shape[0]
+    share = usage / usage.sum(0, keepdim=True).clamp_min(torch.finfo(usage.dtype).tiny)
+    owners = torch.full((m,), -1, dtype=torch.long, device=usage.device)
+    for _ in range(cluster_components):
+        for j in range(n_clusters):
+            free = owners == -1
+            candidates = torch.where(free, share[j], torch.full_like(share[j], -1.0))
+            owners[int(torch.argmax(candidates))] = j
+    allowed = allowed_components(owners, n_clusters)
+    floor = 10 * torch.finfo(usage.dtype).eps
+    weights = torch.where(allowed, usage + floor, torch.zeros_like(usage))
+    return owners, (weights / weights.sum(1, keepdim=True)).log()
+
+
+def _log_normalised(weights: Tensor) -> Tensor:
+    """log of ``weights / weights.sum()``, -inf where a weight is 0."""
+    total = weights.sum()
+    if float(total) <= 0:
+        raise ValueError("a cluster's weights are all zero.")
+    return (weights / total).log()
+
+
+def summary_of(counts: Tensor) -> Tensor:
+    """A client's summary for the server's k-means: the square roots of its weights (their
+    Euclidean distance is the Hellinger distance). counts: (M,) -> (M,)."""
+    part = counts.clamp_min(0)
+    total = part.sum()
+    if float(total) <= 0:
+        return torch.full_like(part, 1.0 / math.sqrt(part.numel()))
+    return (part / total).sqrt()
+
+
+# ---------------------------------------------------------------------- the step
+class ClusteredEMStep(Step):
+    """Clusters form and clustered EM rounds (module docstring, steps 2-3)."""
+
+    kinds = ("cluster_em",)
+
+    def __init__(self, config: ClusteredEMConfig, em: EMStep) -> None:
+        self.config = config
+        self.max_rounds = config.max_iter
+        self._em = em  # its client half answers the E-step; its server half is reused
+
+    # ------------------------------------------------------------------ server half
+    def begin(self, state: ClusteredEMState) -> str:
+        config = self.config
+        clients = sorted(state.client_weights)
+        if config.n_clusters > len(clients):
+            raise ValueError(
+                f"n_clusters={config.n_clusters} exceeds the {len(clients)} client(s) that "
+                "replied in the warm-up: lower n_clusters or add clients."
+            )
+        summaries = torch.stack([state.client_weights[c].clamp_min(0).sqrt() for c in clients])
+        generator = torch.Generator().manual_seed(derived_seed(config.random_state, 7919))
+        labels, centers = hellinger_kmeans(
+            summaries.cpu(), config.n_clusters, generator, restarts=config.cluster_kmeans_restarts
+        )
+        weights = summaries.square().to(state.params.weights)  # (n_clients, M)
+        members = [weights[labels.to(weights.device) == j] for j in range(config.n_clusters)]
+        component_clusters, cluster_log_weights = partition_components(
+            members, config.cluster_components
+        )
+        state.component_clusters = component_clusters
+        state.cluster_log_weights = cluster_log_weights
+        state.summary_centers = centers.to(state.params.means)
+        state.assignment = {c: int(lab) for c, lab in zip(clients, labels.tolist(), strict=True)}
+        state.client_weights = {}
+        return "cluster_em"
+
+    def configure(self, state: ClusteredEMState) -> Message:
+        tensors = {
+            **state.params.tensors(),
+            "shift": moment_shift(state.params),
+            "component_clusters": state.component_clusters,
+            "cluster_log_weights": state.cluster_log_weights,
+        }
+        if self.config.assignment == "summary" and state.assignment:
+            size = max(state.assignment) + 1
+            assignment = torch.full((size,), CHOOSE, dtype=torch.long)
+            for client, cluster in state.assignment.items():
+                assignment[client] = cluster
+            tensors["assignment"] = assignment.to(state.params.means.device)
+        return Message(
+            "cluster_em",
+            tensors,
+            expect={
+                "covariance_type": self.config.covariance_type,
+                "n_clusters": self.config.n_clusters,
+            },
+        )
+
+    def server_step(self, state: ClusteredEMState, replies: dict[int, Message]):
+        config = self.config
+        previous = state.params
+        stats = combine_stats(replies, moment_shift(previous), self._em_config)
+        if float(stats.n_samples) <= 0:
+            raise ValueError("no client with data replied in this clustered EM round.")
+        fitted = params_from_stats(stats, config.reg_covar, state.prior)
+        used = stats.counts > 0
+        state.params = _keep_unused(fitted, previous, used)
+        old = dict(state.client_clusters)
+        state.client_clusters = {c: int(r.scalars["cluster"]) for c, r in replies.items()}
+        jacobian = 0.0 if state.scale is None else float(state.scale.log().sum())
+        state.client_log_likelihoods = {  # in the user's units: log p(x) = log p(z) - ...
+            c: r.tensors["cluster_log_likelihood"].to(config.device, config.dtype) - jacobian
+            for c, r in replies.items()
+        }
+        for c, reply in replies.items():
+            counts = reply.tensors["counts"].to(config.device, config.dtype)
+            if float(counts.sum()) > 0:
+                state.client_weights[c] = counts / counts.sum()
+        self._update_cluster_weights(state, replies)
+        sizes = [0] * config.n_clusters
+        for cluster in state.client_clusters.values():
+            sizes[cluster] += 1
+        state.cluster_sizes.append(sizes)
+        state.cluster_rounds += 1
+        for j, size in enumerate(sizes):
+            if size == 0:
+                state.events.append(
+                    {"round": state.cluster_rounds, "cluster": j, "event": "empty: kept"}
+                )
+        if config.assignment == "summary":
+            self._reassign(state, replies)
+        changed = sum(int(old.get(c, -2) != j) for c, j in state.client_clusters.items())
+        done, lower_bound = self._advance(state, stats, changed)
+        metrics = {
+            "phase": "cluster_em",
+            "mean_log_likelihood": lower_bound,
+            "clusters_changed": changed,
+            "empty_clusters": sizes.count(0),
+        }
+        return (None if done else "cluster_em"), metrics
+
+    @property
+    def _em_config(self) -> EMConfig:
+        return self._em.config
+
+    def _update_cluster_weights(self, state: ClusteredEMState, replies) -> None:
+        """Each cluster's pooled weights: its members' counts summed (a cluster without
+        members keeps its weights)."""
+        config = self.config
+        allowed = allowed_components(state.component_clusters, config.n_clusters)
+        rows = []
+        for j in range(config.n_clusters):
+            members = [r for c, r in replies.items() if state.client_clusters[c] == j]
+            if not members:
+                rows.append(state.cluster_log_weights[j])
+                continue
+            counts = sum(r.tensors["counts"].to(config.device, config.dtype) for r in members)
+            counts = counts.clamp_min(0) + 10 * torch.finfo(config.dtype).eps
+            counts = torch.where(allowed[j], counts, torch.zeros_like(counts))
+            rows.append(_log_normalised(counts))
+        state.cluster_log_weights = torch.stack(rows)
+
+    def _reassign(self, state: ClusteredEMState, replies) -> None:
+        """FeSEM: k-means on the replying clients' summaries, warm-started from the centres."""
+        config = self.config
+        clients = sorted(replies)
+        if len(clients) < config.n_clusters:
+            return
+        summaries = torch.stack([summary_of(replies[c].tensors["counts"]) for c in clients]).to(
+            state.summary_centers
+        )
+        generator = torch.Generator().manual_seed(
+            derived_seed(config.random_state, 7919 + state.cluster_rounds)
+        )
+        labels, centers = hellinger_kmeans(
+            summaries.cpu(),
+            config.n_clusters,
+            generator,
+            centers_init=state.summary_centers.cpu(),
+        )
+        state.summary_centers = centers.to(state.summary_centers)
+        state.assignment = {c: int(lab) for c, lab in zip(clients, labels.tolist(), strict=True)}
+
+    def _advance(self, state: ClusteredEMState, stats, changed: int) -> tuple[bool, float]:
+        lower_bound = float(stats.log_likelihood / stats.n_samples)
+        if state.scale is not None:  # log p(x) = log p(z) - sum log scale
+            lower_bound -= float(state.scale.log().sum())
+        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+        state.lower_bounds.append(lower_bound)
+        state.n_iter += 1
+        state.converged = changed == 0 and abs(lower_bound - previous) < self.config.tol
+        return state.converged or state.cluster_rounds >= self.config.max_iter, lower_bound
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        t = {name: value.to(X.device) for name, value in message.tensors.items()}
+        floats = {n: v.to(X.dtype) for n, v in t.items() if v.is_floating_point()}
+        clusters = t["component_clusters"].long()
+        cluster_log_weights = floats["cluster_log_weights"]
+        n_clusters = cluster_log_weights.shape[0]
+        if X.shape[0] == 0 or not context.policy.releases(X.shape[0]):
+            return skipped_reply("cluster_em", context.policy.below_floor)
+        log_prob = log_gaussian_prob(
+            X, floats["means"], floats["precisions_cholesky"], self.config.covariance_type
+        )
+        scores = cluster_log_likelihoods(log_prob, cluster_log_weights)
+        cluster = int(torch.argmax(scores))  # the first of tied maxima
+        if "assignment" in t and context.client_id < t["assignment"].shape[0]:
+            given = int(t["assignment"][context.client_id])
+            if 0 <= given < n_clusters:
+                cluster = given
+        allowed = allowed_components(clusters, n_clusters)[cluster]
+        kept = context.state.get("log_weights")
+        same = "cluster" in context.state and int(context.state["cluster"]) == cluster
+        if kept is not None and "cluster" not in context.state and kept.shape == allowed.shape:
+            # the first clustered round: the warm-up's own weights on the allowed components
+            own = kept.to(X.dtype).masked_fill(~allowed, -math.inf)
+            kept = own - torch.logsumexp(own, 0) if bool(torch.isfinite(own).any()) else None
+            same = kept is not None
+        if kept is None or not same or kept.shape != allowed.shape:
+            kept = cluster_log_weights[cluster]
+        context.state["log_weights"] = kept.to(X.dtype)
+        em_message = Message(
+            "em", {n: floats[n] for n in ("weights", "means", "precisions_cholesky", "shift")}
+        )
+        reply = self._em.client_step(X, em_message, context)
+        masked = context.state["log_weights"].masked_fill(~allowed, -math.inf)
+        context.state["log_weights"] = masked - torch.logsumexp(masked, 0)
+        context.state["cluster"] = torch.tensor(cluster)
+        if reply.scalars.get("skipped"):
+            return skipped_reply("cluster_em", str(reply.scalars.get("reason", "")))
+        return Message(
+            "cluster_em",
+            {**reply.tensors, "cluster_log_likelihood": scores},
+            {**reply.scalars, "cluster": cluster},
+        )
+
+
+def _keep_unused(fitted: MixtureParams, previous: MixtureParams, used: Tensor) -> MixtureParams:
+    """``fitted`` with the means and precisions of the unused components taken from
+    ``previous`` (their weights stay as fitted: ~0)."""
+    if bool(used.all()):
+        return fitted
+    means = torch.where(used.unsqueeze(1), fitted.means, previous.means)
+    prec = fitted.precisions_cholesky
+    if fitted.covariance_type != "tied":
+        shape = (-1,) + (1,) * (prec.ndim - 1)
+        prec = torch.where(used.view(shape), prec, previous.precisions_cholesky)
+    return MixtureParams(fitted.weights, means, prec, fitted.covariance_type)
+
+
+def warmup_config(config: ClusteredEMConfig) -> EMConfig:
+    """The warm-up's federated EM settings: ``config``'s with every component (K_g + C K_c),
+    ``warmup`` rounds and personal weights."""
+    base = {f.name: getattr(config, f.name) for f in dataclasses.fields(EMConfig)}
+    return EMConfig(
+        **{
+            **base,
+            "n_components": config.total_components,
+            "max_iter": config.warmup,
+            "mixture_weights": "personal",
+        }
+    )
+
+
+class ClusteredEM(ChainedAlgorithm):
+    """The clustered additive mixture (module docstring).
+
+    ``ClusteredEM(n_components, **settings)`` with the settings of
+    :class:`~fednovelty.federated.config.ClusteredEMConfig` (``n_clusters``,
+    ``cluster_components``, ``assignment``, ``warmup`` and federated EM's), or
+    ``ClusteredEM.from_config(ClusteredEMConfig(...))``.
+    """
+
+    config_class = ClusteredEMConfig
+
+    def __init__(self, n_components: int, **settings: Any) -> None:
+        self._setup(ClusteredEMConfig(n_components=n_components, **settings))
+
+    def _setup(self, config: ClusteredEMConfig) -> None:
+        super()._setup(config)
+        warm_config = warmup_config(config)
+        warm = EMStep(warm_config)
+        self._chain([*em_steps(warm_config, warm), ClusteredEMStep(config, warm)])
+
+    def new_state(self) -> ClusteredEMState:
+        return ClusteredEMState(phase="")
