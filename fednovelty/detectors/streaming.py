@@ -14,12 +14,16 @@ Drift, per client and window (``drift_history_``):
 - ``total_variation``: how far the client's weights moved, ``0.5 sum_k |pi_k(t) - pi_k(t-1)|``.
 - ``surprise``: the window's mean ``log p(x)`` under the model the client had before the
   window, as a z-score against the client's reference (the mean of its earlier windows'
-  values, discounted by ``rho``; positive = less likely than usual).
+  values, discounted by ``rho``; positive = less likely than usual). Its scale is the
+  larger of the row-level standard error and the spread of the client's own window means
+  (discounted alike): windows that are not independent draws of rows (a writer's few
+  images resampled) spread wider than their rows say.
 - ``cusum`` and ``alarm``: a one-sided CUSUM on the surprise with reference ``cusum_k`` and
   the threshold whose false-alarm rate per window on a stationary stream is
   ``false_alarm_rate`` (Siegmund's approximation, :mod:`fednovelty.mixture.drift`). A
-  client's alarms start from its second window after ``fit``'s (its first sets its
-  reference out of sample).
+  client's alarms start once its reference holds ``REFERENCE_WINDOWS`` (3) windows, the
+  first being ``fit``'s (statistical process control's Phase I: the reference's mean and
+  spread are estimated before monitoring).
 - a global alarm (``global_alarms_``) when at least ``global_alarm_share`` of the window's
   clients alarm together.
 
@@ -51,6 +55,10 @@ from fednovelty.mixture import MixtureParams, SufficientStats, score_samples
 from fednovelty.mixture.drift import cusum_step, cusum_threshold
 
 __all__ = ["StreamingFedGMMDetector"]
+
+#: windows in a client's reference before its alarms start (SPC's Phase I: the reference's
+#: mean and the spread of its window means are estimated first).
+REFERENCE_WINDOWS = 3
 
 _CARRY = ("counts", "sums", "second", "shift", "n_samples")
 
@@ -294,7 +302,7 @@ class StreamingFedGMMDetector(EMDetector):
         self.client_weights_ = self._weights_matrix()
         if not record:
             for i, values in state.drift.items():
-                self._reference[i] = [float(values[0]), float(values[1]), 1.0]
+                self._reference[i] = [float(values[0]), float(values[1]), 1.0, 0.0, 1]
             return
         self.window_ += 1
         self.weights_history_.append(
@@ -358,16 +366,20 @@ class StreamingFedGMMDetector(EMDetector):
         if reference is None or new:
             record["status"] = "new"
         else:
-            ref_mean, ref_var, ref_weight = reference
+            ref_mean, ref_var, ref_weight, between, count = _with_spread(reference)
             spread = np.sqrt(
                 max(var_ll, 1e-12) / n + max(ref_var, 1e-12) / max(ref_weight * n, 1.0)
             )
+            monitored = count >= REFERENCE_WINDOWS
+            if monitored:  # the client's window means spread wider than its rows say: use it
+                spread = max(spread, float(np.sqrt(between * (1.0 + 1.0 / ref_weight))))
             record["surprise"] = float((ref_mean - mean_ll) / spread)
-            statistic, alarm = cusum_step(
-                self._cusum.get(i, 0.0), record["surprise"], self.cusum_k, self.alarm_threshold_
-            )
-            self._cusum[i] = statistic
-            record.update(cusum=statistic, alarm=alarm)
+            if monitored:
+                statistic, alarm = cusum_step(
+                    self._cusum.get(i, 0.0), record["surprise"], self.cusum_k, self.alarm_threshold_
+                )
+                self._cusum[i] = statistic
+                record.update(cusum=statistic, alarm=alarm)
         self._reference[i] = _updated_reference(reference, mean_ll, var_ll, self.rho)
         return record
 
@@ -456,19 +468,39 @@ class StreamingFedGMMDetector(EMDetector):
         self.total_bytes_up_ = get_attr(attrs, "total_bytes_up_", float, minimum=0)
         self.total_bytes_down_ = get_attr(attrs, "total_bytes_down_", float, minimum=0)
         self._reference = {int(i): list(v) for i, v in get_attr(attrs, "reference", dict).items()}
+        for values in self._reference.values():
+            if len(values) not in (3, 5) or not all(
+                isinstance(v, int | float) and np.isfinite(v) for v in values
+            ):
+                raise ModelFormatError(
+                    "each client's 'reference' must be 5 finite numbers (mean, variance, "
+                    "weight, spread, windows; 3 in files before the spread)."
+                )
         self._cusum = {int(i): float(v) for i, v in get_attr(attrs, "cusum", dict).items()}
         self._seed = get_attr(attrs, "seed", int)
 
 
 def _updated_reference(reference, mean_ll: float, var_ll: float, rho: float) -> list[float]:
-    """The client's reference ``[mean, variance, weight]`` of per-row ``log p`` after one
-    more window (earlier windows discounted by ``rho``; ``weight`` counts windows)."""
+    """The client's reference ``[mean, variance, weight, spread, count]`` after one more
+    window: the mean of its windows' mean ``log p``, the mean within-window variance of
+    per-row ``log p``, the windows' weight, the variance of the window means about their
+    mean (earlier windows discounted by ``rho``) and the number of windows."""
     if reference is None:
-        return [mean_ll, var_ll, 1.0]
-    mean, var, weight = reference
+        return [mean_ll, var_ll, 1.0, 0.0, 1]
+    mean, var, weight, between, count = _with_spread(reference)
     weight = rho * weight
     total = weight + 1.0
-    return [(weight * mean + mean_ll) / total, (weight * var + var_ll) / total, total]
+    new_mean = (weight * mean + mean_ll) / total
+    between = (weight * (between + (mean - new_mean) ** 2) + (mean_ll - new_mean) ** 2) / total
+    return [new_mean, (weight * var + var_ll) / total, total, between, int(count) + 1]
+
+
+def _with_spread(reference) -> list[float]:
+    """A reference with the spread of its window means and its window count (a file written
+    before them has three values: its client is monitored, without the spread)."""
+    if len(reference) == 5:
+        return list(reference)
+    return [*reference[:3], 0.0, REFERENCE_WINDOWS]
 
 
 def _same_kind(a: np.ndarray, b: np.ndarray) -> bool:
