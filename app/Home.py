@@ -33,6 +33,8 @@ PAGES = [
      "upload rows and download their scores, flags and components."),
     ("pages/7_Drift.py", "Drift", ":material/timeline:",
      "a stream whose client mix moves: per-client weights, surprise and drift alarms."),
+    ("pages/8_Clusters.py", "Clusters", ":material/workspaces:",
+     "clients in clusters: sizes per round, found vs true clusters, client-level scores."),
 ]  # fmt: skip
 
 for path, label, icon, text in PAGES:

@@ -9,6 +9,8 @@
 - :mod:`~fednovelty_app.progress`: per-round progress of a fit.
 - :mod:`~fednovelty_app.analysis`: the numbers each page shows (scores, curves, confusion
   counts, per-client AUROC, the joint view, unseen-client adaptation, scoring new rows).
+- :mod:`~fednovelty_app.drift`, :mod:`~fednovelty_app.clusters`: the Drift and Clusters
+  pages' synthetic clients and the numbers they show.
 - :mod:`~fednovelty_app.plots`: Plotly figures built from those numbers.
 - :mod:`~fednovelty_app.ui`: the few Streamlit-specific pieces shared by the pages.
 

@@ -17,6 +17,11 @@ __all__ = [
     "adaptation_figure",
     "alarms_figure",
     "client_auroc_figure",
+    "client_scores_figure",
+    "cluster_assignment_figure",
+    "cluster_color",
+    "cluster_scatter",
+    "cluster_sizes_figure",
     "joint_scatter",
     "partition_dot_plot",
     "pr_figure",
@@ -296,3 +301,150 @@ def alarms_figure(drift: pd.DataFrame) -> go.Figure:
                    marker={"symbol": "x", "size": 11, "color": COLORS["novel"]})
     )  # fmt: skip
     return fig.update_layout(legend_title_text="client", **_LAYOUT)
+
+
+def cluster_color(cluster) -> str:
+    """The colour of found cluster ``cluster`` (an int or its text) on every Clusters chart;
+    grey for -1 (a client that never replied)."""
+    j = int(cluster)
+    palette = px.colors.qualitative.Plotly
+    return COLORS["unknown"] if j < 0 else palette[j % len(palette)]
+
+
+def cluster_sizes_figure(sizes: pd.DataFrame, warmup: int | None = None) -> go.Figure:
+    """Clients per found cluster in each clustered round, stacked (``sizes``: long rows of
+    ``round``, ``cluster`` as text, ``clients``); ``warmup``: warm-up rounds, named in the
+    title."""
+    order = sorted(set(sizes.cluster), key=int)
+    fig = px.area(
+        sizes,
+        x="round",
+        y="clients",
+        color="cluster",
+        markers=True,
+        category_orders={"cluster": order},
+        color_discrete_map={c: cluster_color(c) for c in order},
+        labels={"round": "communication round"},
+        title="Clients per found cluster, clustered rounds",
+    )
+    fig.update_xaxes(dtick=1)
+    if warmup:
+        fig.update_xaxes(title_text=f"communication round (after {warmup} warm-up rounds)")
+    return fig.update_layout(legend_title_text="found cluster", **_LAYOUT)
+
+
+def cluster_assignment_figure(table: pd.DataFrame, ari: float | None = None) -> go.Figure:
+    """Heatmap of clients per true cluster (rows) and found cluster (columns), counts
+    written in the cells; the adjusted Rand index in the title."""
+    fig = px.imshow(
+        table.to_numpy(),
+        x=[str(c) for c in table.columns],
+        y=[str(r) for r in table.index],
+        color_continuous_scale="Blues",
+        zmin=0,
+        text_auto=True,
+        aspect="auto",
+        labels={"x": "found cluster", "y": "true cluster", "color": "clients"},
+        title="Clients per true and found cluster"
+        + ("" if ari is None else f" (adjusted Rand index {ari:.3f})"),
+    )
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    return fig.update_layout(**_LAYOUT)
+
+
+def client_scores_figure(clients: pd.DataFrame, threshold: float | None = 3.0) -> go.Figure:
+    """Bar per client of its client-level anomaly score (``clients``: ``client``,
+    ``score``, ``rogue``, ``true_cluster``, ``found_cluster``), rogue clients in red, with
+    the threshold as a dashed line."""
+    frame = clients.assign(
+        client=clients.client.astype(str),
+        kind=np.where(clients.rogue, "rogue", "normal"),
+    )
+    fig = px.bar(
+        frame,
+        x="client",
+        y="score",
+        color="kind",
+        color_discrete_map={"normal": COLORS["normal"], "rogue": COLORS["novel"]},
+        category_orders={"client": frame.client.tolist(), "kind": ["normal", "rogue"]},
+        hover_data=["true_cluster", "found_cluster"],
+        labels={"score": "client score (robust z)"},
+        title="Client-level anomaly score (high: fits no cluster)",
+    )
+    fig.update_xaxes(type="category")
+    if threshold is not None:
+        fig.add_hline(
+            y=threshold, line_dash="dash", line_color="black", annotation_text="threshold",
+            annotation_position="top left",
+        )  # fmt: skip
+    return fig.update_layout(height=520, **_LAYOUT)
+
+
+def _ellipse(mean: np.ndarray, cov: np.ndarray, scale: float = 2.0, n: int = 60) -> np.ndarray:
+    """(n + 1, 2) points of the ``scale``-sigma ellipse of a 2-D Gaussian."""
+    values, vectors = np.linalg.eigh(cov)
+    t = np.linspace(0, 2 * np.pi, n + 1)
+    circle = np.c_[np.cos(t), np.sin(t)] * (scale * np.sqrt(np.clip(values, 0, None)))
+    return mean + circle @ vectors.T
+
+
+def cluster_scatter(
+    rows: pd.DataFrame, components: pd.DataFrame, covariances: np.ndarray | None = None
+) -> go.Figure:
+    """Rows (``x``, ``y``, ``found_cluster`` as text, ``rogue``) coloured by their client's
+    found cluster, rogue clients' rows as crosses, and the component means: global ones as
+    black diamonds, each cluster's as stars in its colour (``components``: ``x``, ``y``,
+    ``owner``, ``kind``, ``weight``); with ``covariances`` (n_components, 2, 2), each
+    component's 2-sigma ellipse (dashed: global)."""
+    fig = go.Figure()
+    for cluster in sorted(set(rows.found_cluster), key=int):
+        for rogue in (False, True):
+            part = rows[(rows.found_cluster == cluster) & (rows.rogue == rogue)]
+            if part.empty:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=part.x, y=part.y, mode="markers", opacity=0.45,
+                    name=f"cluster {cluster}" + (" (rogue clients)" if rogue else ""),
+                    legendgroup=f"cluster {cluster}",
+                    marker={"color": cluster_color(cluster), "size": 9 if rogue else 5,
+                            "symbol": "x" if rogue else "circle"},
+                )
+            )  # fmt: skip
+    for i, comp in components.iterrows():
+        is_global = comp.owner < 0
+        color = "black" if is_global else cluster_color(comp.owner)
+        if covariances is not None:
+            edge = _ellipse(np.array([comp.x, comp.y]), np.asarray(covariances[i])[:2, :2])
+            fig.add_trace(
+                go.Scatter(
+                    x=edge[:, 0], y=edge[:, 1], mode="lines", hoverinfo="skip",
+                    showlegend=False, legendgroup=comp.kind,
+                    line={"color": color, "width": 1.5, "dash": "dash" if is_global else "solid"},
+                )
+            )  # fmt: skip
+    for kind, part in components.groupby("kind", sort=False):
+        is_global = kind == "global"
+        fig.add_trace(
+            go.Scatter(
+                x=part.x, y=part.y, mode="markers", name=f"{kind} component",
+                legendgroup=kind,
+                text=[f"component {c}, weight {w:.3f}" for c, w in zip(part.component, part.weight,
+                                                                        strict=True)],
+                hovertemplate="%{text}<br>(%{x:.2f}, %{y:.2f})<extra></extra>",
+                marker={"symbol": "diamond" if is_global else "star", "size": 18,
+                        "color": "black" if is_global else cluster_color(part.owner.iloc[0]),
+                        "line": {"color": "white" if is_global else "black", "width": 1.5}},
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        title="Rows by found cluster; component means, 2-sigma ellipses",
+        xaxis_title="x1",
+        yaxis_title="x2",
+        height=560,
+        **_LAYOUT,
+    )
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.16, "title": None})
+    fig.update_yaxes(scaleanchor="x", scaleratio=1)
+    return fig

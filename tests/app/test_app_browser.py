@@ -2,13 +2,15 @@
 driven by Playwright (never ``playwright install``: browser downloads fail here).
 
 One test visits every page through the sidebar (a full page load would start a new session
-and forget the trained model), trains the default model, checks that no Streamlit exception
-box appears, and saves a screenshot of each page to ``$PYTEST_ARTIFACTS/app`` (default
-``tests/app/artifacts/``, ignored by git).
+and forget the trained model), trains the default model, adds a rogue client on the Clusters
+page (its federation refits), checks that no Streamlit exception box appears, and saves a
+screenshot of each page to ``$PYTEST_ARTIFACTS/app`` (default ``tests/app/artifacts/``,
+ignored by git).
 """
 
 import contextlib
 import os
+import re
 import time
 from pathlib import Path
 
@@ -34,6 +36,7 @@ WAIT_MS = 180_000
 EXCEPTION = '[data-testid="stException"]'
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 PLOT = ".js-plotly-plot"
+METRIC = '[data-testid="stMetricValue"]'
 #: Sidebar label -> (heading the page shows, Plotly charts expected once a model exists).
 PAGES = {
     "Scores": ("Scores", 4),
@@ -42,6 +45,7 @@ PAGES = {
     "Unseen client": ("Unseen client", 1),
     "Score your data": ("Score your data", 0),
     "Drift": ("Drift", 2),
+    "Clusters": ("Clusters", 4),
 }
 
 
@@ -133,5 +137,14 @@ def test_every_page_in_chromium(server):
                     page.locator(PLOT).nth(n_plots - 1).wait_for()
                 assert page.locator(PLOT).count() == n_plots, label
                 check_and_shoot(page, f"{number}_{label.lower().replace(' ', '_')}", folder)
+
+            # Clusters (the last page visited): one more rogue client refits the federation.
+            page.get_by_role("slider", name="Rogue clients").press("ArrowRight")
+            settle(page)
+            rogues = page.locator(METRIC, has_text=re.compile(r"^\d of 2$"))
+            rogues.wait_for()
+            assert rogues.inner_text() == "2 of 2"  # both rogue clients flagged
+            assert page.locator(PLOT).count() == PAGES["Clusters"][1]
+            check_and_shoot(page, f"{len(PAGES) + 2}_clusters_two_rogues", folder)
         finally:
             browser.close()

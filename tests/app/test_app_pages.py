@@ -18,6 +18,7 @@ PAGES = {
     "unseen": "pages/5_Unseen_client.py",
     "score": "pages/6_Score_your_data.py",
     "drift": "pages/7_Drift.py",
+    "clusters": "pages/8_Clusters.py",
 }
 
 
