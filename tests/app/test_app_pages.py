@@ -286,6 +286,8 @@ EXPECTED_CHARTS = {
     "DEM": (4, 0, 3, 1),
     "FedGenGMM": (4, 0, 3, 0),
     "Local": (4, 0, 3, 0),
+    "ClusteredGMM-IFCA": (4, 0, 4, 1),
+    "ClusteredGMM-FeSEM": (4, 0, 4, 1),
     "CentralGMM": (4, 0, 3, 1),
     **{name: (3, 0, 2, 0) for name in ("IForest", "ECOD", "COPOD", "HBOS", "KNN", "LOF", "PCA")},
 }

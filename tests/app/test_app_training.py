@@ -38,7 +38,14 @@ def test_run_key_is_stable_and_tells_settings_apart():
 
 
 def test_the_page_choices_are_the_registry_methods():
-    assert list(FEDERATED) == ["FedGenGMM", "FedGMM", "DEM", "Local"]
+    assert list(FEDERATED) == [
+        "FedGenGMM",
+        "FedGMM",
+        "DEM",
+        "ClusteredGMM-IFCA",
+        "ClusteredGMM-FeSEM",
+        "Local",
+    ]
     assert CENTRALIZED == ("CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA")
     assert FEDERATED["DEM"] == get_method("DEM-kmeans").description
     # every novelty method of the registry is one page choice with its settings away
