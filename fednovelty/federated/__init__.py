@@ -4,16 +4,19 @@ composable steps. Nothing here knows which engine runs it."""
 
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
 from fednovelty.federated.cam import ClusteredFL, ClusteredState
+from fednovelty.federated.clustered_em import ClusteredEM, ClusteredEMState
 from fednovelty.federated.config import (
     INIT_PARAMS,
     MIXTURE_WEIGHTS,
     ClusteredConfig,
+    ClusteredEMConfig,
     EMConfig,
     FedGenConfig,
     JointConfig,
     PCAConfig,
     PFedEMConfig,
     StreamConfig,
+    VBConfig,
 )
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
@@ -29,6 +32,7 @@ from fednovelty.federated.registry import (
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.streaming import StreamingEM, StreamState
+from fednovelty.federated.variational import FederatedVB, VBState
 
 __all__ = [
     "ALGORITHMS",
@@ -37,6 +41,9 @@ __all__ = [
     "ChainedAlgorithm",
     "ClientContext",
     "ClusteredConfig",
+    "ClusteredEM",
+    "ClusteredEMConfig",
+    "ClusteredEMState",
     "ClusteredFL",
     "ClusteredState",
     "EMConfig",
@@ -47,6 +54,7 @@ __all__ = [
     "FederatedAlgorithm",
     "FederatedEM",
     "FederatedPCA",
+    "FederatedVB",
     "JointConfig",
     "JointFedGMM",
     "JointState",
@@ -62,6 +70,8 @@ __all__ = [
     "StreamConfig",
     "StreamState",
     "StreamingEM",
+    "VBConfig",
+    "VBState",
     "algorithm_name",
     "algorithm_settings",
     "build_algorithm",

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments
 from fednovelty.mixture.covariance import check_covariance_type
+from fednovelty.mixture.variational import WEIGHT_PRIOR_TYPES, InvalidPriorError
 
 INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
 MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
@@ -892,3 +893,69 @@ class ClusteredEMConfig(EMConfig):
     def total_components(self) -> int:
         """K_g + C K_c: every component of the model."""
         return self.n_components + self.n_clusters * self.cluster_components
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class VBConfig(EMConfig):
+    """Settings of federated variational Bayes (``FederatedVB``): :class:`EMConfig`'s
+    (``n_components`` is the upper bound K; ``tol`` applies to the ELBO, as scikit-learn)
+    and scikit-learn's ``BayesianGaussianMixture`` priors (``None``: its defaults).
+
+    Attributes:
+        weight_concentration_prior_type: ``dirichlet_process`` or ``dirichlet_distribution``.
+        weight_concentration_prior: > 0 (default ``1 / n_components``).
+        mean_precision_prior: > 0 (default 1).
+        mean_prior: (n_features,) (default: the pooled mean).
+        degrees_of_freedom_prior: > n_features - 1 (default n_features; checked once the
+            width is known).
+        covariance_prior: (n_features, n_features), (n_features,) or a float by
+            covariance type (default: from the pooled covariance).
+        weight_threshold: expected weight above which a component counts as effective.
+    """
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("standardize", "prior_strength", "pca_components")
+
+    weight_concentration_prior_type: str = "dirichlet_process"
+    weight_concentration_prior: float | None = None
+    mean_precision_prior: float | None = None
+    mean_prior: Tensor | None = None
+    degrees_of_freedom_prior: float | None = None
+    covariance_prior: Tensor | float | None = None
+    weight_threshold: float = 1e-2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weight_concentration_prior_type not in WEIGHT_PRIOR_TYPES:
+            raise InvalidPriorError(
+                f"weight_concentration_prior_type must be one of {WEIGHT_PRIOR_TYPES}, "
+                f"got {self.weight_concentration_prior_type!r}."
+            )
+        for name in ("weight_concentration_prior", "mean_precision_prior"):
+            value = getattr(self, name)
+            if value is not None and not (float(value) > 0 and math.isfinite(float(value))):
+                raise InvalidPriorError(f"{name} must be a finite number > 0, got {value}.")
+        if (
+            self.degrees_of_freedom_prior is not None
+            and not float(self.degrees_of_freedom_prior) > 0
+        ):
+            raise InvalidPriorError(
+                f"degrees_of_freedom_prior must be > n_features - 1, got "
+                f"{self.degrees_of_freedom_prior}."
+            )
+        for name in ("mean_prior", "covariance_prior"):
+            self._set(name, _as_tensor(getattr(self, name), self.dtype, self.device))
+        if self.standardize or self.prior_strength is not None or self.pca_components:
+            raise ValueError(
+                "FederatedVB does not support standardize, prior_strength or pca_components "
+                "yet; its Normal-Wishart prior replaces the covariance prior."
+            )
+        if self.mixture_weights != "global" or self.aggregation != "sum":
+            raise ValueError(
+                "FederatedVB needs mixture_weights='global' and aggregation='sum' (the exact "
+                "posterior from summed statistics)."
+            )
+
+    @property
+    def needs_prior_moments(self) -> bool:
+        """Whether a ``vb_prior`` round runs (a default mean or covariance prior)."""
+        return self.mean_prior is None or self.covariance_prior is None

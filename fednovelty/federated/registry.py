@@ -21,6 +21,7 @@ from fednovelty.federated.joint import JointFedGMM, JointState
 from fednovelty.federated.pca import FederatedPCA, PCAState
 from fednovelty.federated.pfedem import PFedEM
 from fednovelty.federated.streaming import StreamingEM, StreamState
+from fednovelty.federated.variational import FederatedVB, VBState
 
 #: algorithm name -> class (its ``config_class`` reads the JSON settings).
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
@@ -33,6 +34,7 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     "PFedEM": PFedEM,
     "ClusteredFL": ClusteredFL,
     "ClusteredEM": ClusteredEM,
+    "FederatedVB": FederatedVB,
 }
 
 #: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.
@@ -46,6 +48,7 @@ STATES: dict[str, type] = {
         StreamState,
         ClusteredState,
         ClusteredEMState,
+        VBState,
     )
 }
 

@@ -76,7 +76,7 @@ MODEL_KINDS: tuple[str, ...] = (
     "cam_warmup_local",
 )
 #: reply kinds that carry summed Gaussian statistics.
-STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em")
+STATS_KINDS: tuple[str, ...] = ("assign", "em", "joint_em", "vb_init", "vb")
 #: relative slack of the consistency checks in float64 (round-off of sums over many rows);
 #: float32 replies get ``1e3`` times their machine epsilon where that is larger.
 RTOL = 1e-6

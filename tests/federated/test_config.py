@@ -164,6 +164,7 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "PFedEM",
         "ClusteredFL",
         "ClusteredEM",
+        "FederatedVB",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
         build_algorithm("KMeans", {})

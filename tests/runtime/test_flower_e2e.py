@@ -28,6 +28,7 @@ from fednovelty import FedGenGMMDetector, FedGMMDetector
 from fednovelty.datasets.protocols import make_task
 from fednovelty.federated import FederatedEM, FedGenGMM, StreamingEM
 from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.variational import FederatedVB
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 
@@ -216,5 +217,33 @@ def test_clustered_mixture_on_flower_equals_simulation(federation, partitions) -
     assert torch.equal(state.component_clusters, expected.component_clusters)
     for c, values in expected.client_log_likelihoods.items():
         assert_close_scaled(state.client_log_likelihoods[c], values, rtol=1e-12)
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
+
+
+def test_federated_vb_on_flower_equals_simulation(federation, partitions) -> None:
+    """FederatedVB (issue 23): the prior's moments round, the initial posterior and two VB
+    rounds give the simulation's posterior and ELBOs."""
+    federation, app = federation
+    X = partitions[0]
+    d = X.shape[1]
+    params = {
+        "n_components": 3,
+        "weights_init": [0.3, 0.3, 0.4],
+        "means_init": X[[0, len(X) // 2, len(X) - 1]].tolist(),
+        "precisions_init": np.tile(10.0 * np.eye(d), (3, 1, 1)).tolist(),
+        "max_iter": 2,
+        "tol": 0.0,
+    }
+    result = federation.run_app(
+        app,
+        {"algorithm": "FederatedVB", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(FederatedVB(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    for name, tensor in expected.posterior.tensors().items():
+        assert_close_scaled(state.posterior.tensors()[name], tensor, rtol=1e-12, err_msg=name)
+    assert_close_scaled(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
     assert_same_history(result.history, simulated.history)
     assert result.dropped == []

@@ -31,6 +31,7 @@ from fednovelty.federated.base import FederatedAlgorithm
 from fednovelty.federated.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
 from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
+from fednovelty.mixture.variational import VBPosterior, VBPrior
 from fednovelty.runtime.simulation import RoundRecord, SimulationResult
 
 FORMAT_TAG = "fednovelty-flower-result"
@@ -38,7 +39,8 @@ FORMAT_VERSION = 1
 _METADATA_KEY = "fednovelty"
 #: dataclasses a state field may hold, stored field by field (``{"__dataclass__": name}``).
 VALUES: dict[str, type] = {
-    cls.__name__: cls for cls in (CovariancePrior, PCAProjection, PCAState, SufficientStats)
+    cls.__name__: cls
+    for cls in (CovariancePrior, PCAProjection, PCAState, SufficientStats, VBPrior, VBPosterior)
 }
 
 

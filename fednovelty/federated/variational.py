@@ -1,0 +1,281 @@
+"""Federated variational Bayes for Gaussian mixtures (exact: summed statistics, one prior).
+
+Every round the server broadcasts the variational posterior (:mod:`fednovelty.mixture.variational`)
+and a moment shift; each client runs the variational E-step on its rows and replies with
+summed statistics (the same message as federated EM); the server adds them, recovers the
+responsibilities' entropy from them, runs the conjugate M-step and records the ELBO. Under
+one shared prior the summed statistics are those of the pooled rows, so any split of the
+rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-off.
+
+``FederatedVB`` is a chain of steps::
+
+    [prior moments] + initialisation (federated EM's init steps) + VB
+
+- prior moments (:class:`VBPriorStep`, one round, skipped when ``mean_prior`` and
+  ``covariance_prior`` are both given): each client sends its row count, mean and scatter
+  about its own mean (full matrix); the server merges them exactly (Chan's parallel
+  formula, no cancellation) into scikit-learn's default ``mean_prior`` (the data mean) and
+  ``covariance_prior`` (the data covariance, ``ddof=1``).
+- initialisation: :func:`~fednovelty.federated.init.init_steps` as in federated EM
+  (k-means, separated, subset, or given ``weights_init``/``means_init``/
+  ``precisions_init``); it leaves a Gaussian mixture in ``state.params``.
+- VB (:class:`VBStep`): one ``vb_init`` round (clients' Gaussian E-step responsibilities
+  under ``state.params``, summed; the server's VB M-step gives the first posterior:
+  scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
+  the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran.
+
+Not supported yet (rejected by :class:`VBConfig`): standardisation, the EM covariance
+prior, PCA, personal weights and trimmed aggregation. A client below its privacy floor
+skips; per-component suppression is not applied (the variational M-step keeps an empty
+component at its prior, which is what pruning means here).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import stats_message, sum_stats
+from fednovelty.federated.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.config import VBConfig
+from fednovelty.federated.init import init_steps
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.mixture import MixtureParams, e_step_stats
+from fednovelty.mixture.em import moment_shift
+from fednovelty.mixture.stats import SufficientStats
+from fednovelty.mixture.variational import (
+    VBPosterior,
+    VBPrior,
+    effective_n_components,
+    prior_from_moments,
+    resp_entropy_from_stats,
+    vb_log_offset,
+    vb_lower_bound,
+    vb_m_step,
+)
+
+__all__ = ["FederatedVB", "VBConfig", "VBPriorStep", "VBState", "VBStep"]
+
+
+@dataclass
+class VBState:
+    """Server state of federated VB.
+
+    Attributes:
+        phase, rounds, params, centers, lloyd_rounds, subset_fraction, offset, scale,
+        prior, pca, projection: as :class:`~fednovelty.federated.em.EMState` (what the
+            shared init steps read and write); ``params`` is the initial mixture.
+        vb_prior: the Normal-Wishart prior once known.
+        posterior: current variational posterior.
+        lower_bounds: the ELBO after each VB M-step (scikit-learn's ``lower_bounds_``).
+        n_iter: VB rounds run (the ``vb_init`` round is not one); ``converged``.
+        effective_n_components: components whose expected weight exceeds the threshold.
+    """
+
+    phase: str
+    rounds: int = 0
+    params: MixtureParams | None = None
+    centers: Tensor | None = None
+    lloyd_rounds: int = 0
+    subset_fraction: float = 0.0
+    offset: Tensor | None = None
+    scale: Tensor | None = None
+    prior: Any = None
+    pca: Any = None
+    projection: Any = None
+    vb_prior: VBPrior | None = None
+    posterior: VBPosterior | None = None
+    lower_bounds: list[float] = field(default_factory=list)
+    n_iter: int = 0
+    converged: bool = False
+    effective_n_components: int = 0
+
+
+class VBPriorStep(Step):
+    """Pooled mean and covariance for scikit-learn's default prior (module docstring)."""
+
+    kinds = ("vb_prior",)
+
+    def __init__(self, config: VBConfig) -> None:
+        self.config = config
+
+    def begin(self, state: Any) -> str | None:
+        if self.config.needs_prior_moments:
+            return "vb_prior"
+        state.vb_prior = self._prior(None, None, None)
+        return None
+
+    def configure(self, state: Any) -> Message:
+        return Message("vb_prior")
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("vb_prior", context.policy.below_floor)
+        n = X.shape[0]
+        mean = X.mean(0) if n else X.new_zeros(X.shape[1])
+        centered = X - mean
+        return Message(
+            "vb_prior",
+            {
+                "n_samples": torch.tensor(float(n), dtype=X.dtype, device=X.device),
+                "mean": mean,
+                "scatter": centered.T @ centered,
+            },
+        )
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        parts = [
+            {k: v.to(config.device, config.dtype) for k, v in reply.tensors.items()}
+            for reply in replies.values()
+        ]
+        n = sum(p["n_samples"] for p in parts)
+        if float(n) < 2:
+            raise ValueError("the default variational prior needs >= 2 rows in all.")
+        mean = sum(p["n_samples"] * p["mean"] for p in parts) / n
+        scatter = sum(
+            p["scatter"] + p["n_samples"] * torch.outer(p["mean"] - mean, p["mean"] - mean)
+            for p in parts
+        )
+        state.vb_prior = self._prior(n, mean, scatter)
+        return None, {"phase": "vb_prior", "n_samples": float(n)}
+
+    def _prior(self, n: Tensor | None, mean: Tensor | None, scatter: Tensor | None) -> VBPrior:
+        config = self.config
+        if n is None:  # every prior given: only the width is needed
+            mean = config.mean_prior
+            n, scatter = mean.new_tensor(2.0), torch.eye(mean.shape[0]).to(mean)
+        moments = SufficientStats(
+            counts=n.reshape(1),
+            sums=torch.zeros_like(mean).unsqueeze(0),
+            second=scatter.unsqueeze(0),
+            shift=mean,
+            log_likelihood=mean.new_zeros(()),
+            n_samples=n,
+            covariance_type="full",
+        )
+        return prior_from_moments(
+            moments,
+            config.n_components,
+            config.covariance_type,
+            weight_concentration_prior_type=config.weight_concentration_prior_type,
+            weight_concentration_prior=config.weight_concentration_prior,
+            mean_precision_prior=config.mean_precision_prior,
+            mean_prior=config.mean_prior,
+            degrees_of_freedom_prior=config.degrees_of_freedom_prior,
+            covariance_prior=config.covariance_prior,
+        )
+
+
+class VBStep(Step):
+    """The ``vb_init`` round and the VB rounds (module docstring)."""
+
+    kinds = ("vb_init", "vb")
+
+    def __init__(self, config: VBConfig) -> None:
+        self.config = config
+        self.max_rounds = config.max_iter + 1
+
+    def begin(self, state: Any) -> str | None:
+        return "vb_init"
+
+    def configure(self, state: Any) -> Message:
+        expect = {"covariance_type": self.config.covariance_type}
+        if state.phase == "vb_init":
+            params = state.params
+            return Message(
+                "vb_init", {**params.tensors(), "shift": moment_shift(params)}, expect=expect
+            )
+        posterior = state.posterior
+        return Message(
+            "vb",
+            {
+                "log_weights": vb_log_offset(posterior),
+                "means": posterior.means,
+                "precisions_cholesky": posterior.precisions_cholesky,
+                "shift": posterior.weights @ posterior.means,
+            },
+            expect=expect,
+        )
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(message.kind, context.policy.below_floor)
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        log_weights = t["weights"].log() if message.kind == "vb_init" else t["log_weights"]
+        stats = e_step_stats(
+            X,
+            log_weights,
+            t["means"],
+            t["precisions_cholesky"],
+            self.config.covariance_type,
+            t["shift"],
+            self.config.chunk_size,
+        )
+        return stats_message(stats, message.kind)
+
+    # ------------------------------------------------------------------ server half
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        if state.phase == "vb_init":
+            shift = moment_shift(state.params)
+        else:
+            shift = state.posterior.weights @ state.posterior.means
+        stats = sum_stats(replies.values(), shift, config.covariance_type)
+        if float(stats.n_samples) <= 0:
+            raise ValueError("no client with data replied in this VB round.")
+        if state.phase == "vb_init":
+            state.posterior = vb_m_step(stats, state.vb_prior, config.reg_covar)
+            state.effective_n_components = effective_n_components(
+                state.posterior, config.weight_threshold
+            )
+            return "vb", {"phase": "vb_init"}
+        entropy = resp_entropy_from_stats(stats, state.posterior)
+        state.posterior = vb_m_step(stats, state.vb_prior, config.reg_covar)
+        elbo = float(vb_lower_bound(state.posterior, entropy))
+        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+        state.lower_bounds.append(elbo)
+        state.n_iter += 1
+        state.converged = abs(elbo - previous) < config.tol
+        state.effective_n_components = effective_n_components(
+            state.posterior, config.weight_threshold
+        )
+        done = state.converged or state.n_iter >= config.max_iter
+        metrics = {
+            "phase": "vb",
+            "elbo": elbo,
+            "effective_n_components": state.effective_n_components,
+        }
+        return (None if done else "vb"), metrics
+
+
+def vb_steps(config: VBConfig) -> list[Step]:
+    """The chain of federated VB: ``[prior moments] + init steps + [VB]``."""
+    return [VBPriorStep(config), *init_steps(config), VBStep(config)]
+
+
+class FederatedVB(ChainedAlgorithm):
+    """Federated variational Bayes Gaussian mixture (module docstring).
+
+    ``FederatedVB(n_components, **settings)`` with the settings of :class:`VBConfig`, or
+    ``FederatedVB.from_config(VBConfig(...))``. The result is ``state.posterior``
+    (:class:`~fednovelty.mixture.variational.VBPosterior`), ``state.lower_bounds`` (ELBO per
+    round) and ``state.effective_n_components``.
+    """
+
+    config_class = VBConfig
+
+    def __init__(self, n_components: int, **settings: Any) -> None:
+        self._setup(VBConfig(n_components=n_components, **settings))
+
+    def _setup(self, config: VBConfig) -> None:
+        super()._setup(config)
+        self._chain(vb_steps(config))
+
+    def new_state(self) -> VBState:
+        return VBState(phase="")
