@@ -94,3 +94,17 @@ def test_clustered_mixtures_page_example_runs(capsys):
     found = json.loads(clusters)
     assert found[:3] == found[3:6] == found[6:] and len(set(found)) == 3
     assert sizes == "[3, 3, 3]" and flags == "True True" and placed == "True"
+
+
+def test_variational_page_example_runs(capsys):
+    """docs/variational.md: K = 10 pruned to the three blobs, 4 clients = 1 client, the
+    predictive and plug-in scores close, save/load scoring identically."""
+    text = (DOCS / "variational.md").read_text()
+    block, shown = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)[:2]
+    exec(compile(block, "docs/variational.md", "exec"), {})
+    out = capsys.readouterr().out.strip().splitlines()
+    expected = shown.strip().splitlines()
+    assert len(out) == len(expected) == 5
+    assert [out[i] for i in (0, 1, 2, 4)] == [expected[i] for i in (0, 1, 2, 4)]
+    gap, far = out[3].split()
+    assert float(gap) < 0.05 and far == "True"  # the gap's last digits vary by CPU

@@ -11,12 +11,14 @@ from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.persistence import load
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
+from fednovelty.detectors.variational import FedVBDetector
 
 __all__ = [
     "ClusteredFLClassifier",
     "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
+    "FedVBDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
     "MixtureDetector",
