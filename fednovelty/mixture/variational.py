@@ -169,6 +169,23 @@ class VBPrior:
         }
 
 
+#: relative size of the ridge a singular default covariance prior gets (a constant feature).
+PRIOR_RIDGE = 1e-6
+
+
+def _positive_definite(cov: Tensor) -> Tensor:
+    """``cov`` (d, d) as it is when positive definite (scikit-learn's default prior);
+    otherwise (a constant or collinear feature) plus ``PRIOR_RIDGE`` times its mean variance
+    (or 1) on the diagonal, where scikit-learn's prior would fail."""
+    _, info = torch.linalg.cholesky_ex(cov)
+    if int(info) == 0:
+        return cov
+    scale = float(torch.diagonal(cov).clamp_min(0).mean())
+    ridge = PRIOR_RIDGE * (scale if scale > 0 else 1.0)
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
+    return cov + (ridge - min(float(torch.linalg.eigvalsh(cov).min()), 0.0)) * eye
+
+
 def prior_from_moments(
     moments: SufficientStats,
     n_components: int,
@@ -192,7 +209,8 @@ def prior_from_moments(
         weight_concentration_prior_type, ...: scikit-learn's arguments; ``None`` means
             its default (``1/K``, ``1``, the data mean, ``n_features``, and the data
             covariance with ``ddof=1``: its diagonal for diag, the mean of the diagonal
-            for spherical).
+            for spherical; a singular one, e.g. with a constant feature, gets a small ridge:
+            :func:`_positive_definite`).
 
     Raises:
         InvalidPriorError: a given prior is invalid.
@@ -212,7 +230,7 @@ def prior_from_moments(
     d = moments.n_features
     if covariance_prior is None:
         cov = (moments.second[0] - n * torch.outer(offset, offset)) / (n - 1)
-        cov = 0.5 * (cov + cov.T)
+        cov = _positive_definite(0.5 * (cov + cov.T))
         covariance_prior = {
             "full": cov,
             "tied": cov,

@@ -355,3 +355,21 @@ def test_predictive_approaches_plugin_with_many_rows(covariance_type):
         score_samples(vb_plugin_params(posterior), grid),
         1e-3,
     )
+
+
+def test_a_constant_feature_gets_a_usable_default_prior() -> None:
+    """scikit-learn's default covariance prior (the data covariance) is singular with a
+    constant feature; the default here adds a small ridge and the fit runs."""
+    from fednovelty.mixture import stats_from_resp
+    from fednovelty.mixture.variational import prior_from_moments
+
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.normal(size=(200, 2)), np.full(200, 3.0)]
+    Xt = torch.as_tensor(X)
+    moments = stats_from_resp(Xt, torch.ones(200, 1, dtype=Xt.dtype), "full", Xt.mean(0))
+    for ct in ("full", "tied", "diag", "spherical"):
+        prior = prior_from_moments(moments, 3, ct)
+        assert bool(torch.isfinite(prior.covariance).all())
+    full = prior_from_moments(moments, 3, "full").covariance
+    assert float(torch.linalg.eigvalsh(full).min()) > 0
+    assert_close_scaled(full[:2, :2], torch.as_tensor(np.cov(X[:, :2].T)), rtol=1e-4)
