@@ -190,7 +190,7 @@ def test_predictive_and_plugin_scores_are_finite_and_close(pruned):
     # Far out the Student-t tails are heavier than the Gaussian ones.
     far = np.array([[40.0, -30.0, 20.0]])
     assert pruned.score_samples(far)[0] > plugin.score_samples(far)[0]
-    assert np.array_equal(pruned.decision_function(rows), -predictive)
+    assert_close_scaled(pruned.decision_function(rows), -predictive, rtol=1e-12)
 
 
 def test_far_points_are_more_anomalous(pruned):
@@ -207,7 +207,7 @@ def test_y_is_ignored():
         warnings.simplefilter("ignore", ConvergenceWarning)
         a = det.fit(X, groups=GROUPS).decision_scores_.copy()
         b = det.fit(X, np.arange(len(X)) % 2, groups=GROUPS).decision_scores_
-    assert np.array_equal(a, b)
+    assert_close_scaled(a, b, rtol=1e-12)
 
 
 def test_not_converging_warns():
@@ -229,13 +229,14 @@ def test_save_load_keeps_the_posterior_and_scores(tmp_path, covariance_type, wei
     assert type(back) is FedVBDetector and back.score == score
     for name, value in det.posterior_.tensors().items():
         assert torch.equal(getattr(back.posterior_, name), value), name
-    for name in ("weights_", "means_", "covariances_", "active_components_", "decision_scores_"):
-        assert np.array_equal(getattr(back, name), getattr(det, name)), name
+    assert np.array_equal(back.active_components_, det.active_components_)
+    for name in ("weights_", "means_", "covariances_", "decision_scores_"):
+        assert_close_scaled(getattr(back, name), getattr(det, name), rtol=1e-12, err_msg=name)
     assert back.effective_n_components_ == det.effective_n_components_
     assert back.lower_bounds_ == det.lower_bounds_ and back.n_iter_ == det.n_iter_
     assert back.threshold_ == det.threshold_
     rows = np.vstack([X[::7], [[30.0, 30.0, 30.0]]])
-    assert np.array_equal(back.score_samples(rows), det.score_samples(rows))
+    assert_close_scaled(back.score_samples(rows), det.score_samples(rows), rtol=1e-12)
     assert np.array_equal(back.predict(rows), det.predict(rows))
 
 
