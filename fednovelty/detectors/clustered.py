@@ -272,9 +272,6 @@ class ClusteredFedGMMDetector(EMDetector):
         """Client-level anomaly score of a client's rows (n_samples, n_features): minus the
         best mean log-likelihood per row any cluster's mixture gives them, on the scale of
         ``client_scores_`` (higher = fits no cluster)."""
-        from sklearn.utils.validation import check_is_fitted
-
-        check_is_fitted(self)
         Xt = self._check_score_input(X)
         if Xt.shape[0] < 1:
             raise ValueError("client_score needs at least 1 row of the client.")

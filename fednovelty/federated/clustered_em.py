@@ -63,6 +63,7 @@ from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import MixtureParams, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import moment_shift
+from fednovelty.mixture.kmeans import assign, kmeans_plusplus
 
 __all__ = [
     "ClusteredEM",
@@ -165,40 +166,26 @@ def hellinger_kmeans(
     starts = [centers_init] if centers_init is not None else [None] * max(1, restarts)
     best = None
     for start in starts:
-        centers = _kmeans_pp(summaries, n_clusters, generator) if start is None else start.clone()
+        centers = (
+            kmeans_plusplus(summaries, n_clusters, generator=generator)
+            if start is None
+            else start.clone()
+        )
         labels = torch.zeros(n, dtype=torch.long, device=summaries.device)
         for _ in range(max_iter):
-            dist = torch.cdist(summaries, centers).square()
-            new = dist.argmin(dim=1)
+            new, dist = assign(summaries, centers)
             for j in range(n_clusters):
                 if not bool((new == j).any()):  # re-seed at the farthest row
-                    far = int(dist.gather(1, new.unsqueeze(1)).squeeze(1).argmax())
-                    new[far] = j
+                    far = int(dist.argmax())
+                    new[far], dist[far] = j, 0.0
             centers = torch.stack([summaries[new == j].mean(0) for j in range(n_clusters)])
             if bool((new == labels).all()):
                 break
             labels = new
-        inertia = float(torch.cdist(summaries, centers).square().min(dim=1).values.sum())
+        inertia = float(assign(summaries, centers)[1].sum())
         if best is None or inertia < best[0] - 1e-12 * max(1.0, abs(best[0])):
             best = (inertia, labels, centers)
     return best[1], best[2]
-
-
-def _kmeans_pp(rows: Tensor, k: int, generator: torch.Generator) -> Tensor:
-    """k-means++ seeding: (k, p) centres drawn from ``rows`` (n, p)."""
-    n = rows.shape[0]
-    first = int(torch.randint(n, (1,), generator=generator))
-    centers = [rows[first]]
-    for _ in range(1, k):
-        dist = torch.cdist(rows, torch.stack(centers)).square().min(dim=1).values
-        total = float(dist.sum())
-        if total <= 0:
-            index = int(torch.randint(n, (1,), generator=generator))
-        else:
-            probs = (dist / total).cpu()
-            index = int(torch.multinomial(probs, 1, generator=generator))
-        centers.append(rows[index])
-    return torch.stack(centers)
 
 
 def partition_components(
