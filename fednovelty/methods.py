@@ -124,6 +124,17 @@ class _PFLBaseline:
         return JointFedGMMDetector.pfl_baseline(self.paper_name, **params)
 
 
+@dataclass(frozen=True)
+class _FedVB:
+    """Factory of ``FedVBDetector(n_components=FEDVB_MAX_COMPONENTS, **params)`` (imported on
+    call): a generous upper bound by default, which ``params`` may still change."""
+
+    def __call__(self, **params):
+        from fednovelty.detectors import FedVBDetector
+
+        return FedVBDetector(**{"n_components": FEDVB_MAX_COMPONENTS, **params})
+
+
 # ----------------------------------------------------------------------------- the entry
 @dataclass(frozen=True)
 class Method:
@@ -228,9 +239,12 @@ PFEDEM_PAPER = (
 FEDCAM_PAPER = (
     "Ma et al.: Structured Federated Learning through Clustered Additive Modeling (Fed-CAM)"
 )
-FEDCAM_PAPER = (
-    "Ma et al.: Structured Federated Learning through Clustered Additive Modeling (Fed-CAM)"
+VB_PAPER = (
+    "Blei, Jordan: Variational Inference for Dirichlet Process Mixtures, Bayesian Analysis "
+    "2006 (scikit-learn's BayesianGaussianMixture), federated as in VGM2"
 )
+#: The upper bound on K that FedVB's prior prunes from (not the runner's shared K).
+FEDVB_MAX_COMPONENTS = 20
 _ABLATION_TEXT = {
     "-plain": "ablation: plain maximum likelihood, no standardisation, no prior",
     "-std": "ablation: standardisation only, no covariance prior",
@@ -396,6 +410,16 @@ def _registry() -> dict[str, Method]:
             "FedGenGMM whose server also fits a Gaussian copula on its synthetic rows and "
             "scores with it (same round)",
             shared=("n_components", *_CLIENT_MIXTURE),
+        ),
+        Method(
+            "FedVB",
+            _FedVB(),
+            "federated",
+            VB_PAPER,
+            f"federated variational Bayes (Dirichlet-process weights, Normal-Wishart "
+            f"components), K chosen by the prior from at most {FEDVB_MAX_COMPONENTS}; "
+            f"scores with the Student-t posterior predictive",
+            shared=("covariance_type", "random_state"),
         ),
         *[
             Method(

@@ -96,9 +96,9 @@ FEDERATED: dict[str, str] = {
 }
 #: Page choices fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
 CENTRALIZED: tuple[str, ...] = tuple(c for c in _choices() if c not in FEDERATED)
-#: Choices whose ``max_iter`` counts federated EM rounds; choices that fit EM within each
+#: Choices whose ``max_iter`` counts federated EM (or VB) rounds; choices that fit EM within each
 #: client (``max_iter`` at least 100 there).
-EM_CHOICES = ("FedGMM", "DEM", "CentralGMM")
+EM_CHOICES = ("FedGMM", "DEM", "CentralGMM", "FedVB")
 LOCAL_FIT_CHOICES = ("FedGenGMM", "Local")
 PLAIN_TOL = 1e-3
 JOINT_TOL = 1e-6  # joint models run (nearly) every round: learners improve after the Gaussians

@@ -45,6 +45,7 @@ def test_the_page_choices_are_the_registry_methods():
         "ClusteredGMM-IFCA",
         "ClusteredGMM-FeSEM",
         "Local",
+        "FedVB",
     ]
     assert CENTRALIZED == ("CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA")
     assert FEDERATED["DEM"] == get_method("DEM-kmeans").description

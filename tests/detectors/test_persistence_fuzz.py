@@ -2,10 +2,10 @@
 saved model back; never another exception, never a model that scores NaN.
 
 Real small models of each kind (FedGMM, the joint model JointFedGMMDetector, FedGenGMM with
-and without the copula, Local) are saved, then mutated as damage or careless editing would: a
-tensor value made NaN, inf, negative, zero or huge; a tensor dropped, renamed, reshaped or
-retyped; a JSON field dropped, renamed, added or given another value or type; the file
-truncated or a byte flipped.
+and without the copula, Local, FedVB's posterior) are saved, then mutated as damage or careless
+editing would: a tensor value made NaN, inf, negative, zero or huge; a tensor dropped,
+renamed, reshaped or retyped; a JSON field dropped, renamed, added or given another value or
+type; the file truncated or a byte flipped.
 
 Two modes. As damage leaves it (the stored checksum kept): the load raises or the model
 scores as the original did. With the checksum recomputed (a crafted file, or one damaged before
@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from fednovelty import (
     FedGenGMMDetector,
     FedGMMDetector,
+    FedVBDetector,
     JointFedGMMDetector,
     LocalGMMDetector,
     load,
@@ -57,6 +58,7 @@ KINDS = {
         X, groups=GROUPS
     ),
     "Local": lambda: LocalGMMDetector(k_range=(1, 2), random_state=0).fit(X, groups=GROUPS),
+    "FedVB": lambda: FedVBDetector(4, max_iter=100, random_state=0).fit(X, groups=GROUPS),
 }
 VALUES = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e300, -1e300, 1e-300]
 JSON_VALUES = [None, True, 0, -1, 2.5, 1e400, "x", "", [], {}, [1, "a"], {"__tensor__": "nope"}]
@@ -379,4 +381,5 @@ def test_every_kind_round_trips(saved, originals):
             "FedGenGMMDetector",
             "JointFedGMMDetector",
             "LocalGMMDetector",
+            "FedVBDetector",
         }
