@@ -242,6 +242,9 @@ class MixtureSettings(Settings):
 
     #: the aggregations the algorithm has.
     AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
+    #: whether the k-means initialisation may seed fewer than ``n_components`` centres (an
+    #: upper bound on K, as variational Bayes has); EM needs all of them.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = False
 
     covariance_type: str = "full"
     reg_covar: float = 1e-6
@@ -914,6 +917,9 @@ class VBConfig(EMConfig):
     """
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("standardize", "prior_strength", "pca_components")
+    #: K is an upper bound: the k-means initialisation may seed fewer components than K when
+    #: the clients' privacy floors allow fewer centroids; the rest start empty, at the prior.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = True
 
     weight_concentration_prior_type: str = "dirichlet_process"
     weight_concentration_prior: float | None = None

@@ -107,10 +107,10 @@ def combine_stats(replies: dict[int, Message], shift: Tensor, config: EMConfig) 
     return robust_stats(per_client, config.trim)
 
 
-def _check_enough(n_samples: float, config: EMConfig) -> None:
-    if n_samples < config.n_components:
+def _check_enough(n_samples: float, n_components: int) -> None:
+    if n_samples < n_components:
         raise ValueError(
-            f"The clients hold {int(n_samples)} sample(s) but n_components={config.n_components}."
+            f"The clients hold {int(n_samples)} sample(s) but n_components={n_components}."
         )
 
 
@@ -217,7 +217,8 @@ class GivenMeans(GivenParams):
 
 class CentroidsStep(Step):
     """k-FED: local k-means centroids, pooled and clustered by weighted k-means++ and Lloyd
-    on the server into ``n_components`` centres."""
+    on the server into ``n_components`` centres (when fewer centroids arrive and the config's
+    ``FEWER_CENTROIDS_OK``, K an upper bound: into half as many centres as centroids)."""
 
     kinds = ("centroids",)
 
@@ -245,7 +246,13 @@ class CentroidsStep(Step):
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
         centers, counts = pool_centroids(replies.values())
-        if centers.shape[0] < config.n_components:
+        n_centers = config.n_components
+        if config.FEWER_CENTROIDS_OK and 0 < centers.shape[0] < n_centers:
+            # small clients under their privacy floors: each centre pools about two of their
+            # centroids, so that after Lloyd's reassignment it still holds min_rows rows of
+            # some client (one centroid a centre leaves every centre under the floor often)
+            n_centers = (centers.shape[0] + 1) // 2
+        if centers.shape[0] < n_centers:
             n_rows = int(sum(float(m.tensors["n_samples"]) for m in replies.values()))
             raise ValueError(
                 f"The clients hold {n_rows} sample(s) in all but n_components="
@@ -258,7 +265,7 @@ class CentroidsStep(Step):
         counts = counts.to(config.device, config.dtype)
         state.centers, _ = kmeans(
             centers,
-            config.n_components,
+            n_centers,
             generator=server_generator(config, state),
             sample_weight=counts,
         )
@@ -364,7 +371,7 @@ class AssignStep(Step):
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
         stats = combine_stats(replies, state.centers.mean(0), config)
-        _check_enough(float(stats.n_samples), config)
+        _check_enough(float(stats.n_samples), state.centers.shape[0])
         occupied = stats.counts > 0
         moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
         new_centers = torch.where(occupied.unsqueeze(1), moved, state.centers)
@@ -425,7 +432,7 @@ class SubsetStep(Step):
         config = self.config
         if state.phase == "count":
             total = sum(float(m.tensors["n_samples"]) for m in replies.values())
-            _check_enough(total, config)
+            _check_enough(total, config.n_components)
             state.subset_fraction = min(1.0, max(config.subset_size, config.n_components) / total)
             return "subset", {"phase": "count", "n_samples": total}
         rows = torch.cat([m.tensors["rows"] for m in replies.values()])

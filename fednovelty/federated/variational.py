@@ -18,7 +18,10 @@ rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-of
   ``covariance_prior`` (the data covariance, ``ddof=1``).
 - initialisation: :func:`~fednovelty.federated.init.init_steps` as in federated EM
   (k-means, separated, subset, or given ``weights_init``/``means_init``/
-  ``precisions_init``); it leaves a Gaussian mixture in ``state.params``.
+  ``precisions_init``); it leaves a Gaussian mixture in ``state.params``. K is an upper
+  bound: when the clients' privacy floors let them send fewer k-means centroids than K,
+  the k-means init seeds half as many components as centroids arrived and the rest start
+  empty (:func:`pad_components`), at the prior.
 - VB (:class:`VBStep`): one ``vb_init`` round (clients' Gaussian E-step responsibilities
   under ``state.params``, summed; the server's VB M-step gives the first posterior:
   scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
@@ -171,6 +174,24 @@ class VBPriorStep(Step):
         )
 
 
+def pad_components(params: MixtureParams, n_components: int) -> MixtureParams:
+    """``params`` with zero-weight components appended up to ``n_components`` (each at the
+    mixture mean with the first component's precision factor): components the
+    initialisation could not seed (fewer centroids than the upper bound K) take no
+    responsibility in the ``vb_init`` round, so the VB M-step leaves them at the prior.
+    ``params`` itself when it has ``n_components`` already."""
+    missing = n_components - params.n_components
+    if missing <= 0:
+        return params
+    weights = torch.cat([params.weights, params.weights.new_zeros(missing)])
+    mean = moment_shift(params)
+    means = torch.cat([params.means, mean.expand(missing, -1)])
+    prec = params.precisions_cholesky
+    if params.covariance_type != "tied":
+        prec = torch.cat([prec, prec[:1].expand(missing, *prec.shape[1:])])
+    return MixtureParams(weights, means, prec, params.covariance_type)
+
+
 class VBStep(Step):
     """The ``vb_init`` round and the VB rounds (module docstring)."""
 
@@ -181,6 +202,7 @@ class VBStep(Step):
         self.max_rounds = config.max_iter + 1
 
     def begin(self, state: Any) -> str | None:
+        state.params = pad_components(state.params, self.config.n_components)
         return "vb_init"
 
     def configure(self, state: Any) -> Message:

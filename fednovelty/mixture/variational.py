@@ -169,21 +169,23 @@ class VBPrior:
         }
 
 
-#: relative size of the ridge a singular default covariance prior gets (a constant feature).
+#: smallest eigenvalue of the default covariance prior, relative to its mean variance: a
+#: singular or near-singular one (a constant or collinear feature) is lifted to it.
 PRIOR_RIDGE = 1e-6
 
 
 def _positive_definite(cov: Tensor) -> Tensor:
-    """``cov`` (d, d) as it is when positive definite (scikit-learn's default prior);
-    otherwise (a constant or collinear feature) plus ``PRIOR_RIDGE`` times its mean variance
-    (or 1) on the diagonal, where scikit-learn's prior would fail."""
-    _, info = torch.linalg.cholesky_ex(cov)
-    if int(info) == 0:
-        return cov
+    """``cov`` (d, d) as it is when its smallest eigenvalue is at least ``PRIOR_RIDGE``
+    times its mean variance (scikit-learn's default prior); otherwise (a constant or
+    collinear feature, where scikit-learn's prior fails or its posterior's Cholesky
+    factorisation does) with the diagonal raised until it is."""
     scale = float(torch.diagonal(cov).clamp_min(0).mean())
-    ridge = PRIOR_RIDGE * (scale if scale > 0 else 1.0)
+    floor = PRIOR_RIDGE * (scale if scale > 0 else 1.0)
+    smallest = float(torch.linalg.eigvalsh(cov).min())
+    if smallest >= floor:
+        return cov
     eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-    return cov + (ridge - min(float(torch.linalg.eigvalsh(cov).min()), 0.0)) * eye
+    return cov + (floor - min(smallest, 0.0)) * eye
 
 
 def prior_from_moments(

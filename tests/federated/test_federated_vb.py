@@ -118,6 +118,32 @@ def test_federated_vb_with_kmeans_init_runs_and_prunes():
     assert 3 <= result.state.effective_n_components < 8  # the prior empties the rest
 
 
+def test_an_upper_bound_above_what_small_clients_can_seed_starts_the_rest_at_the_prior():
+    """Ten clients of 8 rows (each from one or two of the three clusters) under a floor of 5
+    send one k-means centroid each: federated EM with K = 20 is refused by name; VB seeds
+    half as many centres and leaves the other components empty, at the prior."""
+    from fednovelty.federated.em import FederatedEM
+
+    X = make_data()[::3]  # 80 rows, ordered by cluster
+    clients = [torch.as_tensor(X[8 * i : 8 * i + 8]) for i in range(10)]
+    floor = PrivacyPolicy(min_rows=5)
+    with pytest.raises(ValueError, match="need at least as many samples as components"):
+        run_simulation(FederatedEM(20, random_state=0), clients, privacy=floor)
+    result = run_simulation(
+        FederatedVB(20, max_iter=300, random_state=0), clients, privacy=floor
+    )
+    state = result.state
+    centroids = next(h for h in result.history if h.kind == "centroids")
+    assert centroids.metrics["n_centroids"] == 10
+    assert state.posterior.n_components == 20
+    assert 1 <= state.effective_n_components <= 5
+    # the 15 components never seeded hold no rows: their posterior counts are the prior's
+    prior = state.vb_prior
+    counts = state.posterior.mean_precision - prior.mean_precision
+    assert float(counts[5:].abs().max()) <= 1e-9 * len(X)
+    assert bool(torch.isfinite(state.posterior.covariances).all())
+
+
 def test_config_rejects_invalid_priors():
     with pytest.raises(InvalidPriorError, match="weight_concentration_prior"):
         VBConfig(n_components=2, weight_concentration_prior=0.0)

@@ -373,3 +373,12 @@ def test_a_constant_feature_gets_a_usable_default_prior() -> None:
     full = prior_from_moments(moments, 3, "full").covariance
     assert float(torch.linalg.eigvalsh(full).min()) > 0
     assert_close_scaled(full[:2, :2], torch.as_tensor(np.cov(X[:, :2].T)), rtol=1e-4)
+    # collinear features whose covariance still factorises in floating point: lifted too
+    # (its posterior's Cholesky factorisation fails otherwise once a component empties)
+    Z = np.c_[X[:, :2], X[:, 0] + X[:, 1]]
+    Zt = torch.as_tensor(Z)
+    collinear = stats_from_resp(Zt, torch.ones(200, 1, dtype=Zt.dtype), "full", Zt.mean(0))
+    lifted = prior_from_moments(collinear, 3, "full").covariance
+    mean_variance = float(torch.diagonal(lifted).mean())
+    assert float(torch.linalg.eigvalsh(lifted).min()) >= 0.99e-6 * mean_variance
+    assert_close_scaled(lifted, torch.as_tensor(np.cov(Z.T)), rtol=1e-5)
