@@ -19,11 +19,13 @@ __all__ = [
     "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
+    "FedKNNMarkerDetector",
     "FedVBDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
     "PFedEMDetector",
     "StreamingFedGMMDetector",
+    "VGM2Classifier",
     "__version__",
     "load",
 ]
@@ -32,12 +34,14 @@ _LAZY = {
     "ClusteredFLClassifier",
     "ClusteredFedGMMDetector",
     "FedGMMDetector",
+    "FedKNNMarkerDetector",
     "FedVBDetector",
     "FedGenGMMDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
     "PFedEMDetector",
     "StreamingFedGMMDetector",
+    "VGM2Classifier",
     "load",
 }
 

@@ -126,13 +126,21 @@ class _PFLBaseline:
 
 @dataclass(frozen=True)
 class _FedVB:
-    """Factory of ``FedVBDetector(n_components=FEDVB_MAX_COMPONENTS, **params)`` (imported on
-    call): a generous upper bound by default, which ``params`` may still change."""
+    """Factory of ``FedVBDetector(n_components=FEDVB_MAX_COMPONENTS, aggregation=...,
+    **params)`` (imported on call): a generous upper bound by default, which ``params`` may
+    still change; the aggregation is fixed (it makes the method)."""
+
+    aggregation: str = "exact"
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return {"aggregation": self.aggregation}
 
     def __call__(self, **params):
         from fednovelty.detectors import FedVBDetector
 
-        return FedVBDetector(**{"n_components": FEDVB_MAX_COMPONENTS, **params})
+        settings = {"n_components": FEDVB_MAX_COMPONENTS, **params}
+        return FedVBDetector(aggregation=self.aggregation, **settings)
 
 
 # ----------------------------------------------------------------------------- the entry
@@ -242,6 +250,10 @@ FEDCAM_PAPER = (
 VB_PAPER = (
     "Blei, Jordan: Variational Inference for Dirichlet Process Mixtures, Bayesian Analysis "
     "2006 (scikit-learn's BayesianGaussianMixture), federated as in VGM2"
+)
+VGM2_PAPER = (
+    "Puppala et al.: Variational Gaussian Mixture Manifold Models for Client-Specific "
+    "Federated Personalization (VGM2)"
 )
 #: The upper bound on K that FedVB's prior prunes from (not the runner's shared K).
 FEDVB_MAX_COMPONENTS = 20
@@ -399,6 +411,30 @@ _CLUSTERED = (
 )
 
 
+_VGM2 = (
+    (
+        "VGM2",
+        "vgm2",
+        "federated",
+        "per-client parametric-UMAP encoders; only Dir-NIG same/different-class distance "
+        "markers (10K scalars) are shared, moment-matched",
+    ),
+    ("VGM2-Local", "local", "local", "the VGM2 encoder plus a class head, each client alone"),
+    (
+        "VGM2-FedAvg",
+        "fedavg",
+        "federated",
+        "the VGM2 encoder plus a class head averaged by FedAvg",
+    ),
+    (
+        "VGM2-Prototype",
+        "prototype",
+        "federated",
+        "FedProto on the VGM2 encoder: class prototypes averaged per round",
+    ),
+)
+
+
 def _registry() -> dict[str, Method]:
     methods = [
         *_mixtures(),
@@ -420,6 +456,33 @@ def _registry() -> dict[str, Method]:
             f"components), K chosen by the prior from at most {FEDVB_MAX_COMPONENTS}; "
             f"scores with the Student-t posterior predictive",
             shared=("covariance_type", "random_state"),
+        ),
+        *[
+            Method(
+                f"FedVB-oneshot-{how}",
+                _FedVB(how),
+                "federated",
+                VB_PAPER,
+                f"one-shot federated VB: each client's own VB posterior (at most "
+                f"{FEDVB_MAX_COMPONENTS} components) sent once, components matched on the "
+                f"server and combined by {what}",
+                shared=("covariance_type", "random_state"),
+                variant_of="FedVB",
+            )
+            for how, what in (
+                ("natural", "natural-parameter averaging (VGM2's Sec. 3.5 text)"),
+                ("moment", "moment matching (VGM2's Proposition 1)"),
+            )
+        ],
+        Method(
+            "KNN-markers",
+            _detector("FedKNNMarkerDetector"),
+            "federated",
+            VGM2_PAPER,
+            "each client's leave-one-out k-th neighbour log-distances modelled by a federated "
+            "Dirichlet-NIG mixture (VGM2's relation markers), personalised per client; scores "
+            "the predictive tail probability of a row's distance to each client's rows",
+            shared=("random_state",),
         ),
         *[
             Method(
@@ -467,6 +530,17 @@ def _registry() -> dict[str, Method]:
         )
         for name, paper, what in _CLUSTERED
     ]
+    methods += [
+        Method(
+            f"PFL-{name}",
+            _detector("VGM2Classifier", method=method),
+            kind,
+            VGM2_PAPER,
+            f"personalised classification (the VGM2 paper's Table 1): {what}",
+            task="pfl",
+        )
+        for name, method, kind, what in _VGM2
+    ]
     names = [m.name for m in methods]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -486,13 +560,16 @@ def get_method(name: str) -> Method:
     """
     if name not in METHODS:
         bases = [m.name for m in METHODS.values() if not m.variant_of]
-        with_variants = [n for n in bases if any(m.variant_of == n for m in METHODS.values())]
+        ablations = [m for m in METHODS.values() if m.name.endswith(tuple(ABLATIONS))]
+        with_ablations = list(dict.fromkeys(m.variant_of for m in ablations))
+        others = [m.name for m in METHODS.values() if m.variant_of and m not in ablations]
         check_known(
             "method",
             [name],
             list(METHODS),
-            f" Known: {', '.join(bases)}; and the ablations {', '.join(ABLATIONS)} of "
-            f"{', '.join(with_variants)} (e.g. {with_variants[0]}{next(iter(ABLATIONS))}).",
+            f" Known: {', '.join(bases)}; the ablations {', '.join(ABLATIONS)} of "
+            f"{', '.join(with_ablations)} (e.g. {with_ablations[0]}{next(iter(ABLATIONS))}); "
+            f"and the variants {', '.join(others)}.",
         )
     return METHODS[name]
 

@@ -21,11 +21,11 @@ PYOD = ["IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA"]
 
 
 def test_names_by_task_kind_and_variant():
-    assert method_names() == [*MIXTURES, "FedGenGMM-copula", "FedVB", *PYOD]
+    assert method_names() == [*MIXTURES, "FedGenGMM-copula", "FedVB", "KNN-markers", *PYOD]
     assert method_names(kind="pyod") == PYOD
     assert method_names(kind="centralized") == ["CentralGMM"]
     assert method_names(kind="local") == ["Local"]
-    assert method_names(kind="local", task=None) == ["Local", "PFL-Local"]
+    assert method_names(kind="local", task=None) == ["Local", "PFL-Local", "PFL-VGM2-Local"]
     assert method_names(task="pfl") == [
         "PFL-FedGMM",
         "PFL-FedEM",
@@ -38,9 +38,16 @@ def test_names_by_task_kind_and_variant():
         "PFL-FeSEM",
         "PFL-IFCA-CAM",
         "PFL-FeSEM-CAM",
+        "PFL-VGM2",
+        "PFL-VGM2-Local",
+        "PFL-VGM2-FedAvg",
+        "PFL-VGM2-Prototype",
     ]
     variants = set(method_names(variants=True)) - set(method_names())
-    assert variants == {m + s for m in MIXTURES for s in ABLATIONS}
+    assert variants == {m + s for m in MIXTURES for s in ABLATIONS} | {
+        "FedVB-oneshot-natural",
+        "FedVB-oneshot-moment",
+    }
     assert set(method_names(task=None, variants=True)) == set(METHODS)
     with pytest.raises(ValueError, match="unknown kind 'pooled'"):
         method_names(kind="pooled")
@@ -117,7 +124,11 @@ def test_pyod_baselines_take_only_their_seed():
 def test_unknown_names_and_parameters_are_refused_with_the_closest():
     with pytest.raises(ValueError, match=r"unknown method 'IForrest' \(did you mean IForest"):
         get_method("IForrest")
-    known = r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM, .*PFL-FeSEM-CAM; and the abl"
+    known = (
+        r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM, .*PFL-VGM2-Prototype; the abl.*"
+        r"CentralGMM \(e.g. FedGenGMM-plain\); and the variants FedVB-oneshot-natural, "
+        r"FedVB-oneshot-moment\."
+    )
     with pytest.raises(ValueError, match=known):
         get_method("nope")
     with pytest.raises(ValueError, match=r"'n_compnents' \(did you mean n_components"):
@@ -167,3 +178,18 @@ def test_pfl_methods_build_the_joint_estimator():
     fedem = get_method("PFL-FedEM").build(n_learners=3, random_state=0)
     assert isinstance(fedem, joint) and fedem.n_components == 1 and fedem.n_learners == 3
     assert get_method("PFL-FedProx").build(mu_prox=0.5).mu_prox == 0.5
+
+
+def test_fedvb_takes_no_runner_k_and_its_variants_fix_the_aggregation():
+    fedvb = get_method("FedVB")
+    assert fedvb.shared_params(n_components=3, covariance_type="diag", random_state=1) == {
+        "covariance_type": "diag",
+        "random_state": 1,
+    }
+    assert fedvb.build().n_components == 20 and fedvb.build(n_components=5).n_components == 5
+    for how in ("natural", "moment"):
+        variant = get_method(f"FedVB-oneshot-{how}")
+        assert variant.variant_of == "FedVB" and variant.build().aggregation == how
+        with pytest.raises(ValueError, match="fixes aggregation"):
+            variant.build(aggregation="exact")
+    assert get_method("FedVB").build().aggregation == "exact"

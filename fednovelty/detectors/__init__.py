@@ -1,5 +1,6 @@
 """Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty (and the
-clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``)."""
+clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``, and VGM2's
+``VGM2Classifier``)."""
 
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.cam import ClusteredFLClassifier
@@ -7,22 +8,26 @@ from fednovelty.detectors.clustered import ClusteredFedGMMDetector
 from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.persistence import load
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
+from fednovelty.detectors.vgm2 import VGM2Classifier
 
 __all__ = [
     "ClusteredFLClassifier",
     "ClusteredFedGMMDetector",
     "FedGMMDetector",
     "FedGenGMMDetector",
+    "FedKNNMarkerDetector",
     "FedVBDetector",
     "JointFedGMMDetector",
     "LocalGMMDetector",
     "MixtureDetector",
     "PFedEMDetector",
     "StreamingFedGMMDetector",
+    "VGM2Classifier",
     "load",
 ]

@@ -28,6 +28,15 @@ Choices, and why:
   freedom ``<= n_features - 1``, covariances that are not positive definite, NaN) and rebuilds
   the precision factors and the plug-in mixture with the functions fit used, so a loaded
   detector scores bit for bit as the saved one.
+- ``aggregation="exact"`` (default) runs :class:`~fednovelty.federated.variational.
+  FederatedVB` (the pooled rows' posterior, one round per VB iteration);
+  ``aggregation="natural"`` or ``"moment"`` runs the one-shot
+  :class:`~fednovelty.federated.vb_oneshot.FederatedVBOneShot` instead (a prior round and
+  one round in which every client fits its own posterior; the server matches components
+  and combines them by natural-parameter averaging or moment matching,
+  ``docs/variational.md``). The fitted attributes and the saved file are the same either
+  way (the posterior); ``lower_bounds_`` is empty and ``n_iter_`` the most local
+  iterations for one-shot fits.
 - Not here (yet): client sampling and dropout (the exact posterior needs every client each
   round), standardisation and PCA (``FederatedVB`` rejects them), personal weights.
 """
@@ -50,6 +59,7 @@ from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
 from fednovelty.federated import INIT_PARAMS
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.covariance import covariance_shape, precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import (
@@ -104,6 +114,14 @@ class FedVBDetector(MixtureDetector):
         score: ``"predictive"`` (Student-t mixture; default) or ``"plugin"`` (Gaussian
             mixture of ``weights_``, ``means_``, ``covariances_``).
         weight_threshold: expected weight above which a component is counted as effective.
+        aggregation: ``"exact"`` (federated VB on summed statistics; default), or one
+            shot: ``"natural"`` (natural-parameter averaging of the clients' local
+            posteriors) or ``"moment"`` (moment matching); one-shot fits initialise locally
+            with k-means (``init_params="kmeans"``, no ``*_init``) and take
+            ``covariance_type`` ``full``, ``diag`` or ``spherical``.
+        match_threshold: one-shot matching: a client component opens a new slot when its
+            divergence to the closest slot exceeds this share of its divergence to the
+            pooled data (> 0; ignored by ``"exact"``).
         privacy_min_rows: each client's privacy floor (``docs/privacy.md``); a client with
             fewer rows skips the rounds.
         contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
@@ -157,6 +175,8 @@ class FedVBDetector(MixtureDetector):
         "subset_size": [Interval(Integral, 1, None, closed="left")],
         "score": [StrOptions({"predictive", "plugin"})],
         "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
+        "aggregation": [StrOptions({"exact", "natural", "moment"})],
+        "match_threshold": [Interval(Real, 0.0, None, closed="neither")],
     }
 
     def __init__(
@@ -181,6 +201,8 @@ class FedVBDetector(MixtureDetector):
         subset_size=100,
         score="predictive",
         weight_threshold=1e-2,
+        aggregation="exact",
+        match_threshold=0.5,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -207,6 +229,8 @@ class FedVBDetector(MixtureDetector):
         self.subset_size = subset_size
         self.score = score
         self.weight_threshold = weight_threshold
+        self.aggregation = aggregation
+        self.match_threshold = match_threshold
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -274,6 +298,9 @@ class FedVBDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
+        if self.aggregation != "exact":
+            self._fit_one_shot(clients, seed)
+            return
         algorithm = FederatedVB(
             self.n_components,
             weight_concentration_prior_type=self.weight_concentration_prior_type,
@@ -313,6 +340,61 @@ class FedVBDetector(MixtureDetector):
                 stacklevel=4,  # the caller's fit(...)
             )
 
+    def _fit_one_shot(self, clients, seed) -> None:
+        """The one-shot fit (``aggregation`` ``"natural"`` or ``"moment"``)."""
+        given = ("weights_init", "means_init", "precisions_init")
+        if self.init_params != "kmeans" or any(getattr(self, n) is not None for n in given):
+            raise ValueError(
+                f"aggregation={self.aggregation!r} (one shot) initialises each client's fit "
+                "with local k-means: use init_params='kmeans' and leave weights_init, "
+                "means_init and precisions_init unset, or aggregation='exact'."
+            )
+        if self.covariance_type == "tied":
+            raise ValueError(
+                f"aggregation={self.aggregation!r} (one shot) takes covariance_type 'full', "
+                "'diag' or 'spherical'; use aggregation='exact' for 'tied'."
+            )
+        algorithm = FederatedVBOneShot(
+            self.n_components,
+            posterior_aggregation=self.aggregation,
+            match_threshold=self.match_threshold,
+            weight_concentration_prior_type=self.weight_concentration_prior_type,
+            weight_concentration_prior=self.weight_concentration_prior,
+            mean_prior=self.mean_prior,
+            mean_precision_prior=self.mean_precision_prior,
+            degrees_of_freedom_prior=self.degrees_of_freedom_prior,
+            covariance_prior=self.covariance_prior,
+            weight_threshold=self.weight_threshold,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            random_state=seed,
+            **self._torch_options(),
+        )
+        state = self._simulate(algorithm, clients, seed, privacy=self._privacy_policy())
+        self._set_posterior(state.posterior)
+        self.n_iter_ = state.n_iter
+        self.converged_ = state.converged
+        self.lower_bounds_ = list(state.lower_bounds)
+        if not self.converged_:
+            warnings.warn(
+                f"A client's local variational fit did not converge in max_iter={self.max_iter} "
+                "iterations (last change in its ELBO above tol). Increase max_iter or tol.",
+                ConvergenceWarning,
+                stacklevel=5,  # the caller's fit(...)
+            )
+
+    @classmethod
+    def from_model(cls, result, X, **params):
+        """:meth:`MixtureDetector.from_model` for a ``FederatedVB`` or ``FederatedVBOneShot``
+        run: ``aggregation`` is ``"exact"`` for the former and the run's
+        ``posterior_aggregation`` for the latter (the algorithms' own ``aggregation``
+        setting, ``"sum"``, is not the detector's)."""
+        config = getattr(result, "config", None) or {}
+        params.setdefault("aggregation", config.get("posterior_aggregation", "exact"))
+        return super().from_model(result, X, **params)
+
     def _set_posterior(self, posterior: VBPosterior) -> None:
         """Store the posterior, its plug-in mixture and the pruning record."""
         self.posterior_ = posterior
@@ -326,7 +408,9 @@ class FedVBDetector(MixtureDetector):
         state = result.state
         posterior = getattr(state, "posterior", None)
         if posterior is None:
-            raise ValueError("from_model needs the result of a FederatedVB run.")
+            raise ValueError(
+                "from_model needs the result of a FederatedVB or FederatedVBOneShot run."
+            )
         if posterior.n_features != self.n_features_in_:
             raise ValueError(
                 f"X has {self.n_features_in_} features but the model was trained on "

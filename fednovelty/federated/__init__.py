@@ -17,6 +17,7 @@ from fednovelty.federated.config import (
     PFedEMConfig,
     StreamConfig,
     VBConfig,
+    VBOneShotConfig,
 )
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
@@ -33,6 +34,7 @@ from fednovelty.federated.registry import (
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.streaming import StreamingEM, StreamState
 from fednovelty.federated.variational import FederatedVB, VBState
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot, VBOneShotState
 
 __all__ = [
     "ALGORITHMS",
@@ -55,6 +57,7 @@ __all__ = [
     "FederatedEM",
     "FederatedPCA",
     "FederatedVB",
+    "FederatedVBOneShot",
     "JointConfig",
     "JointFedGMM",
     "JointState",
@@ -71,6 +74,8 @@ __all__ = [
     "StreamState",
     "StreamingEM",
     "VBConfig",
+    "VBOneShotConfig",
+    "VBOneShotState",
     "VBState",
     "algorithm_name",
     "algorithm_settings",

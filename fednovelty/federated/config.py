@@ -965,3 +965,210 @@ class VBConfig(EMConfig):
     def needs_prior_moments(self) -> bool:
         """Whether a ``vb_prior`` round runs (a default mean or covariance prior)."""
         return self.mean_prior is None or self.covariance_prior is None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class KNNMarkerConfig(VBConfig):
+    """Settings of federated kNN-distance markers (``FederatedKNNMarkers``,
+    :mod:`fednovelty.federated.knn_markers`): :class:`VBConfig`'s, applied to the one-column
+    feature ``log(d_k + distance_floor)`` (``d_k`` a row's leave-one-out distance to its
+    ``n_neighbors``-th nearest row of its own client), and:
+
+    Attributes:
+        n_neighbors: ``k`` (>= 1); a client needs ``k + 1`` rows to take part.
+        distance_floor: added to every distance before the log (> 0), so duplicate rows
+            (distance 0) give a finite feature; in the rows' units.
+
+    ``covariance_type`` must be ``"full"`` (for one column every type is the same model).
+    """
+
+    n_neighbors: int = 5
+    distance_floor: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("n_neighbors", int(_at_least("n_neighbors", self.n_neighbors, 1)))
+        floor = self.distance_floor
+        if isinstance(floor, bool) or not (float(floor) > 0 and math.isfinite(float(floor))):
+            raise ValueError(f"distance_floor must be a finite number > 0, got {floor!r}.")
+        self._set("distance_floor", float(floor))
+        if self.covariance_type != "full":
+            raise ValueError(
+                f"FederatedKNNMarkers models one column: covariance_type must be 'full', got "
+                f"{self.covariance_type!r}."
+            )
+
+
+#: VGM2's methods (issue 23): the paper's and its baselines on the same encoder.
+VGM2_METHODS: tuple[str, ...] = ("vgm2", "local", "fedavg", "prototype")
+#: how VGM2's server combines the client markers (Prop. 1 or Sec. 3.5).
+VGM2_AGGREGATIONS: tuple[str, ...] = ("moment", "natural")
+#: how VGM2 turns pair similarities into class predictions (``docs/vgm2.md``).
+VGM2_PREDICTIONS: tuple[str, ...] = ("nearest", "top_pi")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class VGM2Config(Settings):
+    """Settings of VGM2 and its baselines (``VGM2``, :mod:`fednovelty.federated.vgm2`).
+
+    The paper (Puppala et al., Sec. 5) fixes rounds (100), local epochs (8), Adam and
+    B = 15 calibration bins; it gives no gamma, eta, lambda or d: the defaults here are this
+    package's choice, fixed across datasets (``docs/vgm2.md``).
+
+    Attributes:
+        method: ``"vgm2"`` (markers only cross the wire), ``"local"`` (nothing does),
+            ``"fedavg"`` (encoder and head averaged) or ``"prototype"`` (FedProto: class
+            prototypes in the embedding averaged).
+        n_features: width of the rows; n_classes: labels 0..n_classes-1 (>= 2).
+        embedding_dim: d, the encoder's output width (>= 1).
+        hidden: the encoder's hidden width (an MLP ``n_features -> hidden -> d``).
+        n_markers: K components per relation marker (>= 1).
+        rounds: communication rounds (>= 1); local_epochs: E passes over the rows per round.
+        batch_size: rows per step (pairs: every pair of the batch; UMAP: as many edges).
+        learning_rate: Adam's for the networks; marker_learning_rate: Adam's for the
+            markers' unconstrained parameters.
+        umap_weight, similarity_weight (gamma), calibration_weight (eta), kl_weight
+            (lambda): the weights of Eq. 7's terms (calibration 0 switches Eq. 5 off).
+        prototype_weight: FedProto's pull towards the global prototypes.
+        train_encoder: False freezes the encoder at its initial weights (ablation).
+        n_neighbors, min_dist, negative_sample_rate: parametric UMAP's graph and loss.
+        n_bins: calibration bins (B).
+        aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
+        prediction, top_m: how VGM2 classifies a row from ``pi_1`` (Eq. 3) of its distances
+            to the client's training rows: ``"nearest"`` (default): among its ``top_m``
+            nearest training rows, a class scores the sum of its rows' ``pi_1``;
+            ``"top_pi"``: a class scores the mean of its ``top_m`` largest ``pi_1``.
+        random_state: integer seed; dtype, device: of the models.
+    """
+
+    method: str = "vgm2"
+    n_features: int
+    n_classes: int
+    embedding_dim: int = 16
+    hidden: int = 128
+    n_markers: int = 3
+    rounds: int = 100
+    local_epochs: int = 8
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    marker_learning_rate: float = 1e-2
+    umap_weight: float = 1.0
+    similarity_weight: float = 1.0
+    calibration_weight: float = 1.0
+    kl_weight: float = 0.01
+    prototype_weight: float = 1.0
+    train_encoder: bool = True
+    n_neighbors: int = 15
+    min_dist: float = 0.1
+    negative_sample_rate: int = 5
+    n_bins: int = 15
+    aggregation: str = "moment"
+    prediction: str = "nearest"
+    top_m: int = 5
+    random_state: int = 0
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        for name, choices in (
+            ("method", VGM2_METHODS),
+            ("aggregation", VGM2_AGGREGATIONS),
+            ("prediction", VGM2_PREDICTIONS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"{name} must be one of {list(choices)}; got {getattr(self, name)!r}."
+                )
+        for name, low in (
+            ("n_features", 1),
+            ("n_classes", 2),
+            ("embedding_dim", 1),
+            ("hidden", 1),
+            ("n_markers", 1),
+            ("rounds", 1),
+            ("local_epochs", 1),
+            ("batch_size", 2),
+            ("n_neighbors", 2),
+            ("negative_sample_rate", 1),
+            ("n_bins", 1),
+            ("top_m", 1),
+        ):
+            value = _at_least(name, getattr(self, name), low)
+            if int(value) != float(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            self._set(name, int(value))
+        for name in (
+            "umap_weight",
+            "similarity_weight",
+            "calibration_weight",
+            "kl_weight",
+            "prototype_weight",
+        ):
+            self._set(name, float(_at_least(name, getattr(self, name), 0)))
+        for name in ("learning_rate", "marker_learning_rate", "min_dist"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not float(value) > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}.")
+            self._set(name, float(value))
+        if not isinstance(self.train_encoder, bool):
+            raise ValueError(f"train_encoder must be True or False, got {self.train_encoder!r}.")
+        self._set("random_state", int(self.random_state))
+        self._set("dtype", as_dtype(self.dtype))
+        self._set("device", torch.device(self.device))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class VBOneShotConfig(VBConfig):
+    """Settings of one-shot federated variational Bayes (``FederatedVBOneShot``,
+    :mod:`fednovelty.federated.vb_oneshot`): :class:`VBConfig`'s (``max_iter`` and ``tol``
+    apply to each client's local variational EM; the clients initialise it with local
+    k-means, so ``init_params`` must be ``"kmeans"`` and no initial parameters are given;
+    ``covariance_type`` is ``full``, ``diag`` or ``spherical``), and:
+
+    Attributes:
+        posterior_aggregation: how the server combines matched components
+            (:func:`fednovelty.mixture.vb_aggregate.aggregate_posteriors`): ``"moment"``
+            (moment matching, minimises the forward KL) or ``"natural"`` (natural-parameter
+            averaging, minimises the reverse KL).
+        match_threshold: a client component joins the closest slot when its symmetric KL
+            divergence to the slot is at most ``match_threshold`` times its divergence to
+            the pooled data's Gaussian; otherwise it opens a new slot while fewer than
+            ``n_components`` are open (> 0).
+        total_evidence: after combining a slot, scale its evidence from the average
+            client's to the slot's total, the prior counted once
+            (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
+            rule's average (VGM2's use: the average as the next prior).
+    """
+
+    posterior_aggregation: str = "moment"
+    match_threshold: float = 0.5
+    total_evidence: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.posterior_aggregation not in ("natural", "moment"):
+            raise ValueError(
+                "posterior_aggregation must be 'natural' or 'moment', got "
+                f"{self.posterior_aggregation!r}."
+            )
+        threshold = self.match_threshold
+        if isinstance(threshold, bool) or not (
+            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0
+        ):
+            raise ValueError(f"match_threshold must be a finite number > 0, got {threshold!r}.")
+        self._set("match_threshold", float(threshold))
+        if not isinstance(self.total_evidence, bool):
+            raise ValueError(f"total_evidence must be True or False, got {self.total_evidence!r}.")
+        if self.covariance_type == "tied":
+            raise ValueError(
+                "covariance_type='tied' is not supported by the one-shot algorithm (one "
+                "Wishart shared by components that the clients' fits do not align); use "
+                "'full', 'diag' or 'spherical', or the exact FederatedVB."
+            )
+        given = (self.weights_init, self.means_init, self.precisions_init)
+        if self.init_params != "kmeans" or any(value is not None for value in given):
+            raise ValueError(
+                "one-shot clients initialise their local fits with local k-means: use "
+                "init_params='kmeans' and leave weights_init, means_init and precisions_init "
+                "unset."
+            )

@@ -60,7 +60,12 @@ from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import INIT_PARAMS, MIXTURE_WEIGHTS, EMConfig
 from fednovelty.federated.init import MomentsStep, combine_stats, init_steps
 from fednovelty.federated.pca import PCAProjection, PCAState, PCAStep
-from fednovelty.federated.privacy import backed, effective_rows, suppress_components
+from fednovelty.federated.privacy import (
+    PrivacyPolicy,
+    backed,
+    effective_rows,
+    suppress_components,
+)
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import (
     CovariancePrior,
@@ -201,19 +206,39 @@ class EMStep(Step):
             context.state["log_weights"] = (counts / counts.sum()).log()
         if not policy.releases(X.shape[0]):
             return skipped_reply("em", policy.below_floor)
-        if squared is None:  # no floor
-            return stats_message(stats, "em")
-        keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
-        if not bool(keep.any()):
-            return skipped_reply("em", f"no component has min_rows={policy.min_rows} rows")
-        if not bool(keep.all()):
-            tied_second = None
-            if ct == "tied":  # the one second moment of the kept components' rows
-                params = MixtureParams(log_weights.exp(), t["means"], t["precisions_cholesky"], ct)
-                resp = predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)
-                tied_second = stats_from_resp(X, resp, ct, t["shift"]).second
-            stats = suppress_components(stats, keep, tied_second)
-        return stats_message(stats, "em")
+        return floored_stats_message(X, stats, squared, policy, log_weights, t, "em")
+
+
+def floored_stats_message(
+    X: Tensor,
+    stats: SufficientStats,
+    squared: Tensor | None,
+    policy: PrivacyPolicy,
+    log_weights: Tensor,
+    broadcast: dict[str, Tensor],
+    kind: str,
+) -> Message:
+    """The reply of an E-step round under the client's floor: ``stats`` of the rows ``X``
+    (n, d) with every component backed by fewer than ``min_rows`` effective rows sent as
+    zeros (``squared``: sum_i r_ik^2, (n_components,); None: no floor), or a skipped reply
+    when no component is backed. ``log_weights`` (n_components,) and the broadcast
+    ``means``, ``precisions_cholesky`` and ``shift`` gave the responsibilities (a tied
+    covariance's one second moment is recomputed from the kept components' rows)."""
+    if squared is None:  # no floor
+        return stats_message(stats, kind)
+    keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
+    if not bool(keep.any()):
+        return skipped_reply(kind, f"no component has min_rows={policy.min_rows} rows")
+    if not bool(keep.all()):
+        ct = stats.covariance_type
+        tied_second = None
+        if ct == "tied":  # the one second moment of the kept components' rows
+            prec = broadcast["precisions_cholesky"]
+            params = MixtureParams(log_weights.exp(), broadcast["means"], prec, ct)
+            resp = predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)
+            tied_second = stats_from_resp(X, resp, ct, broadcast["shift"]).second
+        stats = suppress_components(stats, keep, tied_second)
+    return stats_message(stats, kind)
 
 
 def em_steps(config: EMConfig, final: Step) -> list[Step]:

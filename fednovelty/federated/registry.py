@@ -18,10 +18,13 @@ from fednovelty.federated.clustered_em import ClusteredEM, ClusteredEMState
 from fednovelty.federated.em import EMState, FederatedEM
 from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.joint import JointFedGMM, JointState
+from fednovelty.federated.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.pca import FederatedPCA, PCAState
 from fednovelty.federated.pfedem import PFedEM
 from fednovelty.federated.streaming import StreamingEM, StreamState
 from fednovelty.federated.variational import FederatedVB, VBState
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot, VBOneShotState
+from fednovelty.federated.vgm2 import VGM2, VGM2State
 
 #: algorithm name -> class (its ``config_class`` reads the JSON settings).
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
@@ -35,6 +38,9 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     "ClusteredFL": ClusteredFL,
     "ClusteredEM": ClusteredEM,
     "FederatedVB": FederatedVB,
+    "VGM2": VGM2,
+    "FederatedVBOneShot": FederatedVBOneShot,
+    "FederatedKNNMarkers": FederatedKNNMarkers,
 }
 
 #: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.
@@ -49,6 +55,8 @@ STATES: dict[str, type] = {
         ClusteredState,
         ClusteredEMState,
         VBState,
+        VGM2State,
+        VBOneShotState,
     )
 }
 

@@ -29,8 +29,9 @@ rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-of
 
 Not supported yet (rejected by :class:`VBConfig`): standardisation, the EM covariance
 prior, PCA, personal weights and trimmed aggregation. A client below its privacy floor
-skips; per-component suppression is not applied (the variational M-step keeps an empty
-component at its prior, which is what pruning means here).
+skips; as in federated EM, a component backed by fewer than ``min_rows`` of a client's
+effective rows is sent as zeros (then the sums are not the pooled rows' exactly; with
+``min_rows=1`` they are), and a component no client backs stays at its prior.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import stats_message, sum_stats
+from fednovelty.federated.aggregate import sum_stats
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import VBConfig
+from fednovelty.federated.em import floored_stats_message
 from fednovelty.federated.init import init_steps
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import MixtureParams, e_step_stats
@@ -230,6 +232,9 @@ class VBStep(Step):
             return skipped_reply(message.kind, context.policy.below_floor)
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         log_weights = t["weights"].log() if message.kind == "vb_init" else t["log_weights"]
+        policy = context.policy
+        # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
+        squared = X.new_zeros(t["means"].shape[0]) if policy.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -238,8 +243,9 @@ class VBStep(Step):
             self.config.covariance_type,
             t["shift"],
             self.config.chunk_size,
+            squared_counts=squared,
         )
-        return stats_message(stats, message.kind)
+        return floored_stats_message(X, stats, squared, policy, log_weights, t, message.kind)
 
     # ------------------------------------------------------------------ server half
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:

@@ -46,6 +46,7 @@ def test_the_page_choices_are_the_registry_methods():
         "ClusteredGMM-FeSEM",
         "Local",
         "FedVB",
+        "KNN-markers",
     ]
     assert CENTRALIZED == ("CentralGMM", "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA")
     assert FEDERATED["DEM"] == get_method("DEM-kmeans").description

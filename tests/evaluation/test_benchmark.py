@@ -162,6 +162,7 @@ def test_methods_come_from_the_registry():
     assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
                                      "DEM-subset", "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM",
                                      "Local", "CentralGMM", "FedGenGMM-copula", "FedVB",
+                                     "KNN-markers",
                                      "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS",
                                      "PCA"]  # fmt: skip
     assert METHODS is methods.METHODS and list(DEFAULT_METHODS) == methods.method_names()

@@ -165,6 +165,9 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "ClusteredFL",
         "ClusteredEM",
         "FederatedVB",
+        "FederatedVBOneShot",
+        "FederatedKNNMarkers",
+        "VGM2",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
         build_algorithm("KMeans", {})

@@ -480,6 +480,34 @@ def test_a_component_on_a_far_out_row_is_suppressed(covariance_type):
     assert float(t["n_samples"]) == X.shape[0]
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_a_vb_component_on_a_far_out_row_is_suppressed(covariance_type):
+    """Federated VB's rounds keep the floor as EM's do: a component the broadcast centres
+    sharply on the far-out row goes out as zeros, the other carries the rest's statistics."""
+    from fednovelty.federated.variational import FederatedVB
+
+    X, ct = far_out_client(60), covariance_type
+    sharp = {
+        "full": torch.stack([torch.eye(3), 1e3 * torch.eye(3)]),
+        "tied": torch.eye(3),
+        "diag": torch.tensor([[1.0] * 3, [1e3] * 3]),
+        "spherical": torch.tensor([1.0, 1e3]),
+    }[ct].to(X.dtype)
+    tensors = {
+        "log_weights": torch.tensor([0.9, 0.1], dtype=X.dtype).log(),
+        "means": torch.stack([X[:-1].mean(0), X[-1]]),
+        "precisions_cholesky": sharp,
+        "shift": X.mean(0),
+    }
+    algorithm = FederatedVB(2, covariance_type=ct)
+    t = algorithm.client_step(X, Message("vb", tensors), ClientContext(0)).tensors
+    assert float(t["counts"][1]) == 0.0 and bool((t["sums"][1] == 0).all())
+    assert float(t["counts"][0]) > X.shape[0] - 2
+    bare = ClientContext(0, policy=PrivacyPolicy(min_rows=1))  # no floor: both released
+    loose = algorithm.client_step(X, Message("vb", tensors), bare).tensors
+    assert 0.5 < float(loose["counts"][1]) <= 1.0 + 1e-9
+
+
 def test_local_fits_keep_only_backed_components():
     X = client_rows(5, 12, 2, far_out=True)
     algorithm = FedGenGMM(k_range=(1, 10))

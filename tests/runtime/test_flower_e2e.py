@@ -2,9 +2,11 @@
 
 A SuperLink and three SuperNodes run on 127.0.0.1 (free ports) as separate processes, and
 ``examples/flower`` (copied) is started with ``flwr run``; each node holds one partition of
-one dataset. FedGenGMM (one round) and two rounds of iterative EM with personal weights (the
-second round reads each node's persisted state) must equal ``run_simulation`` on the same
-partitions to float64 round-off, and load into the detectors. The federation is stopped in
+one dataset. FedGenGMM (one round), two rounds of iterative EM with personal weights (the
+second round reads each node's persisted state), a streaming window, clustered EM, federated
+VB, one-shot VB and the kNN-distance markers (each node keeps its rows' distances in its
+state) must equal ``run_simulation`` on the same partitions to float64 round-off, and load
+into the detectors. The federation is stopped in
 a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
 malformed replies is tested without a deployment in ``test_flower_validation.py``.)
 Every message starts a ClientApp process, so each round takes seconds: the module is
@@ -24,11 +26,13 @@ from _tolerance import assert_close_scaled
 
 pytest.importorskip("flwr")
 
-from fednovelty import FedGenGMMDetector, FedGMMDetector
+from fednovelty import FedGenGMMDetector, FedGMMDetector, FedVBDetector
 from fednovelty.datasets.protocols import make_task
 from fednovelty.federated import FederatedEM, FedGenGMM, StreamingEM
 from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 
@@ -241,6 +245,62 @@ def test_federated_vb_on_flower_equals_simulation(federation, partitions) -> Non
         timeout=600,  # a wait, not a budget
     )
     simulated = simulate(FederatedVB(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    for name, tensor in expected.posterior.tensors().items():
+        assert_close_scaled(state.posterior.tensors()[name], tensor, rtol=1e-12, err_msg=name)
+    assert_close_scaled(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
+
+
+def assert_same_posterior(actual, expected, name: str) -> None:
+    for part, tensor in expected.tensors().items():
+        assert_close_scaled(actual.tensors()[part], tensor, rtol=1e-12, err_msg=f"{name}.{part}")
+
+
+def test_one_shot_vb_on_flower_equals_simulation(federation, partitions) -> None:
+    federation, app = federation
+    params = {"n_components": 4, "posterior_aggregation": "natural"}
+    result = federation.run_app(
+        app,
+        {
+            "algorithm": "FederatedVBOneShot",
+            "algorithm-params": json.dumps(params),
+            "num-nodes": N_PARTS,
+        },
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(FederatedVBOneShot(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert result.algorithm == "FederatedVBOneShot" and result.dropped == []
+    assert sorted(state.client_posteriors) == list(range(N_PARTS))
+    for cid, posterior in expected.client_posteriors.items():
+        assert_same_posterior(state.client_posteriors[cid], posterior, f"client {cid}")
+        assert torch.equal(state.assignments[cid], expected.assignments[cid])
+    assert_same_posterior(state.posterior, expected.posterior, "posterior")
+    assert state.client_rows == expected.client_rows
+    assert_same_history(result.history, simulated.history)
+
+    X = partitions[0]
+    on_flower = FedVBDetector.from_model(result, X)
+    in_process = FedVBDetector.from_model(simulated, X, n_components=4, aggregation="natural")
+    assert on_flower.n_components == 4 and on_flower.aggregation == "natural"
+    assert_close_scaled(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
+
+
+def test_knn_markers_on_flower_equal_simulation(federation, partitions) -> None:
+    federation, app = federation
+    params = {"n_components": 3, "n_neighbors": 4, "kmeans_rounds": 2, "max_iter": 2, "tol": 0.0}
+    result = federation.run_app(
+        app,
+        {
+            "algorithm": "FederatedKNNMarkers",
+            "algorithm-params": json.dumps(params),
+            "num-nodes": N_PARTS,
+        },
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(FederatedKNNMarkers(**params, random_state=0), partitions[1])
     state, expected = result.state, simulated.state
     for name, tensor in expected.posterior.tensors().items():
         assert_close_scaled(state.posterior.tensors()[name], tensor, rtol=1e-12, err_msg=name)

@@ -8,6 +8,8 @@ every row exactly once. One module per scheme:
 - :mod:`~fednovelty.datasets.partition.quantity`: ``quantity_partition`` (each client holds rows
   of only ``groups_per_client`` groups, NIID-Bench's ``#C=k``).
 - :mod:`~fednovelty.datasets.partition.iid`: ``iid_partition`` (uniform, sizes within one).
+- :mod:`~fednovelty.datasets.partition.shards`: ``shard_partition`` (McMahan's label shards:
+  rows sorted by label, cut into equal shards, ``shards_per_client`` of them per client).
 - :mod:`~fednovelty.datasets.partition.clustered`: ``cluster_dirichlet_partition`` and
   ``cluster_nclass_partition`` (the Fed-CAM paper's cluster-wise skews: clients in ground-truth
   clusters that share a label distribution; they return a ``ClusteredPartition``, the parts and
@@ -42,6 +44,7 @@ from fednovelty.datasets.partition.groups import groups_from_partition, kmeans_g
 from fednovelty.datasets.partition.iid import iid_partition
 from fednovelty.datasets.partition.plot import partition_counts, partition_dot_plot
 from fednovelty.datasets.partition.quantity import quantity_partition
+from fednovelty.datasets.partition.shards import shard_partition
 
 __all__ = [
     "ClusteredPartition",
@@ -54,4 +57,5 @@ __all__ = [
     "partition_counts",
     "partition_dot_plot",
     "quantity_partition",
+    "shard_partition",
 ]

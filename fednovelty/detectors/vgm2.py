@@ -1,0 +1,487 @@
+"""``VGM2Classifier``: VGM2 (Puppala et al., issue 23) and its baselines (Local, FedAvg,
+Prototype sharing) as one personalised classifier.
+
+A classifier, not a novelty detector: ``fit(X, y, groups)`` runs the simulated federation of
+:class:`~fednovelty.federated.vgm2.VGM2` (``clients_per_round`` clients sampled each round,
+the paper's 2), and ``predict_y(X, client=c)`` classifies with client ``c``'s personal
+model: VGM2 by its markers' same-class probabilities ``pi_1`` between the row and ``c``'s
+training rows in ``c``'s embedding (summed per class over the ``top_m`` nearest), Local and
+Prototype sharing by ``c``'s own network, FedAvg by the global network (``client`` may be
+left out). A client never sampled predicts with the initial encoder (VGM2: and the final
+prior as its markers). The algorithm, its choices and the measured results are in
+:mod:`fednovelty.federated.vgm2` and ``docs/vgm2.md``.
+
+Each VGM2 client keeps its training rows as the reference of its predictions (they stay
+with the client: only markers cross the wire); the fitted estimator, which simulates every
+client, holds them in ``client_states_`` and in its saved file.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import ClassVar
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from fednovelty.detectors._labels import encode_labels
+from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors.base import SimulatedFitMixin, _client_ids, check_callbacks, seed_from
+from fednovelty.detectors.persistence import (
+    check_items,
+    get_attr,
+    get_tensor,
+    load,
+    register,
+    save_detector,
+)
+from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated.config import (
+    VGM2_AGGREGATIONS,
+    VGM2_METHODS,
+    VGM2_PREDICTIONS,
+    VGM2Config,
+)
+from fednovelty.federated.vgm2 import ENCODER, HEAD, MARKERS, VGM2, VGM2State
+
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+_NON_NEGATIVE = [Interval(Real, 0.0, None, closed="left")]
+_POSITIVE = [Interval(Real, 0.0, None, closed="neither")]
+#: what a client keeps that the estimator keeps too (the graph is training-only).
+_KEPT = (ENCODER, HEAD, MARKERS, "reference.")
+
+
+@register
+class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
+    """VGM2 and its baselines on one encoder (the VGM2 paper's Table 1).
+
+    Args:
+        method: ``"vgm2"`` (default), ``"local"``, ``"fedavg"`` or ``"prototype"``.
+        n_markers: K components per relation marker (the paper: 3; ablation 1).
+        embedding_dim, hidden: the MLP encoder ``n_features -> hidden -> embedding_dim``.
+        rounds: communication rounds (the paper: 100); clients_per_round: clients sampled
+            each round (the paper: 2; capped at the number of clients).
+        local_epochs: passes over a client's rows each time it is sampled (the paper: 8);
+            batch_size: rows per step.
+        learning_rate, marker_learning_rate: Adam's, for the networks and the markers.
+        umap_weight, similarity_weight, calibration_weight, kl_weight: the weights of
+            Eq. 7 (``L_umap``, gamma ``L_sim``, eta ``L_cal``, lambda ``KL``).
+        prototype_weight: FedProto's pull towards the global prototypes.
+        train_encoder: False freezes the encoder (ablation).
+        n_neighbors, min_dist: parametric UMAP's graph and curve.
+        aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
+        prediction, top_m: VGM2's rule: ``"nearest"`` (among the ``top_m`` nearest training
+            rows, a class scores the sum of its rows' ``pi_1``) or ``"top_pi"`` (the mean of
+            a class's ``top_m`` largest ``pi_1``). Read at prediction time too.
+        privacy_min_rows: each client's privacy floor (fewer rows: it releases nothing).
+        random_state, device, progress: as the other estimators'.
+        dtype: ``"float32"`` (default) or ``"float64"``.
+
+    Attributes:
+        classes_: the label values, sorted; columns of ``predict_proba_y``.
+        client_ids_, n_clients_: the clients of ``fit``, in ``groups``' sorted order.
+        state_: the final :class:`~fednovelty.federated.vgm2.VGM2State` (prior, global
+            network, prototypes).
+        client_states_: per client (``client_ids_`` order) what it keeps: ``vgm2.encoder.*``,
+            ``vgm2.head.*``, ``vgm2.markers`` and (VGM2) its reference rows
+            ``reference.X``, ``reference.y``; ``{}`` plus the reference for a client never
+            sampled.
+        markers_: (n_clients, 2, 5, K) each client's markers (VGM2; the final prior for a
+            client never sampled).
+        sampled_counts_: (n_clients,) rounds each client trained in.
+        bytes_per_client_round_: mean bytes one client uploads in a round (measured).
+        history_, n_rounds_, bytes_up_, bytes_down_, n_features_in_, feature_names_in_:
+            as the detectors'; ``history_`` rounds carry ``loss`` and ``n_invalid``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from fednovelty.detectors.vgm2 import VGM2Classifier
+        >>> rng = np.random.default_rng(0)
+        >>> y = np.repeat([0, 1, 2, 3], 60)
+        >>> X = rng.normal(0, 0.3, (240, 5)) + np.eye(5)[y] * 3
+        >>> groups = np.repeat([0, 1, 2, 3], 60) // 2  # two clients, two classes each
+        >>> clf = VGM2Classifier(rounds=4, local_epochs=2, hidden=16, embedding_dim=4,
+        ...     random_state=0).fit(X, y, groups)
+        >>> float((clf.predict_y(X[:60], client=0) == y[:60]).mean()) > 0.9
+        True
+    """
+
+    _fit_call = "fit(X, y, groups=...)"
+    _parameter_constraints: ClassVar[dict] = {
+        "method": [StrOptions(set(VGM2_METHODS))],
+        "n_markers": _POSITIVE_INT,
+        "embedding_dim": _POSITIVE_INT,
+        "hidden": _POSITIVE_INT,
+        "rounds": _POSITIVE_INT,
+        "clients_per_round": _POSITIVE_INT,
+        "local_epochs": _POSITIVE_INT,
+        "batch_size": [Interval(Integral, 2, None, closed="left")],
+        "learning_rate": _POSITIVE,
+        "marker_learning_rate": _POSITIVE,
+        "umap_weight": _NON_NEGATIVE,
+        "similarity_weight": _NON_NEGATIVE,
+        "calibration_weight": _NON_NEGATIVE,
+        "kl_weight": _NON_NEGATIVE,
+        "prototype_weight": _NON_NEGATIVE,
+        "train_encoder": ["boolean"],
+        "n_neighbors": [Interval(Integral, 2, None, closed="left")],
+        "min_dist": _POSITIVE,
+        "aggregation": [StrOptions(set(VGM2_AGGREGATIONS))],
+        "prediction": [StrOptions(set(VGM2_PREDICTIONS))],
+        "top_m": _POSITIVE_INT,
+        "privacy_min_rows": _POSITIVE_INT,
+        "random_state": ["random_state"],
+        "device": [None, str, torch.device],
+        "dtype": [StrOptions({"float64", "float32"})],
+        "progress": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        method="vgm2",
+        n_markers=3,
+        *,
+        embedding_dim=16,
+        hidden=128,
+        rounds=100,
+        clients_per_round=2,
+        local_epochs=8,
+        batch_size=64,
+        learning_rate=1e-3,
+        marker_learning_rate=1e-2,
+        umap_weight=1.0,
+        similarity_weight=1.0,
+        calibration_weight=1.0,
+        kl_weight=0.01,
+        prototype_weight=1.0,
+        train_encoder=True,
+        n_neighbors=15,
+        min_dist=0.1,
+        aggregation="moment",
+        prediction="nearest",
+        top_m=5,
+        privacy_min_rows=5,
+        random_state=None,
+        device=None,
+        dtype="float32",
+        progress=False,
+    ):
+        self.method = method
+        self.n_markers = n_markers
+        self.embedding_dim = embedding_dim
+        self.hidden = hidden
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.marker_learning_rate = marker_learning_rate
+        self.umap_weight = umap_weight
+        self.similarity_weight = similarity_weight
+        self.calibration_weight = calibration_weight
+        self.kl_weight = kl_weight
+        self.prototype_weight = prototype_weight
+        self.train_encoder = train_encoder
+        self.n_neighbors = n_neighbors
+        self.min_dist = min_dist
+        self.aggregation = aggregation
+        self.prediction = prediction
+        self.top_m = top_m
+        self.privacy_min_rows = privacy_min_rows
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
+    # -------------------------------------------------------------- fitting
+    def fit(self, X, y=None, groups=None, *, callbacks=()):
+        """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
+
+        Args:
+            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
+            y: one label per row (n_samples,), any sortable values (``classes_``).
+            groups: client id of each row; ``None`` means one client.
+            callbacks: callables, each called with every ``RoundRecord`` as it completes.
+
+        Returns:
+            self
+
+        Raises:
+            ValueError: ``y`` missing or not one label per row, a single class, or settings
+                out of range.
+        """
+        self._validate_params()
+        callbacks = check_callbacks(callbacks)
+        array = check_X(X)
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__}.fit needs y, one label per row: fit(X, y, groups)."
+            )
+        classes, codes = encode_labels(y, array.shape[0])
+        client_ids, group_codes = check_groups(groups, array.shape[0])
+        config = self._config(array.shape[1], len(classes), seed_from(self.random_state))
+        algorithm = VGM2.from_config(config)
+        self.classes_ = classes
+        self.n_features_in_ = array.shape[1]
+        names = feature_names(X)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_, self.n_clients_ = client_ids, len(client_ids)
+        parts = split_by_client(array, group_codes, self.n_clients_)
+        labels = split_by_client(codes, group_codes, self.n_clients_)
+        asked = min(self.clients_per_round, self.n_clients_)
+        fraction = 1.0 if asked >= self.n_clients_ else (asked - 0.5) / self.n_clients_
+        self._fit_callbacks = callbacks
+        try:
+            data = []
+            for rows, lab in zip(parts, labels, strict=True):
+                Xt = self._as_tensor(rows)
+                data.append((Xt, torch.as_tensor(lab, device=Xt.device)))
+            result = self._simulate(
+                algorithm, data, config.random_state, full=True, fraction=fraction
+            )
+        finally:
+            del self._fit_callbacks
+        states = []
+        for c, (Xc, yc) in enumerate(data):
+            kept = {
+                k: v.clone()
+                for k, v in result.client_states.get(c, {}).items()
+                if k.startswith(_KEPT)
+            }
+            if self.method == "vgm2":
+                kept["reference.X"], kept["reference.y"] = Xc.clone(), yc.clone()
+            states.append(kept)
+        self.state_ = result.state
+        self.client_states_ = states
+        self._set_derived()
+        return self
+
+    def _config(self, n_features: int, n_classes: int, seed: int) -> VGM2Config:
+        options = self._torch_options()
+        return VGM2Config(
+            method=self.method,
+            n_features=n_features,
+            n_classes=n_classes,
+            embedding_dim=self.embedding_dim,
+            hidden=self.hidden,
+            n_markers=self.n_markers,
+            rounds=self.rounds,
+            local_epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            marker_learning_rate=self.marker_learning_rate,
+            umap_weight=self.umap_weight,
+            similarity_weight=self.similarity_weight,
+            calibration_weight=self.calibration_weight,
+            kl_weight=self.kl_weight,
+            prototype_weight=self.prototype_weight,
+            train_encoder=self.train_encoder,
+            n_neighbors=self.n_neighbors,
+            min_dist=self.min_dist,
+            aggregation=self.aggregation,
+            prediction=self.prediction,
+            top_m=self.top_m,
+            random_state=seed,
+            dtype=options["dtype"],
+            device=options["device"],
+        )
+
+    def _set_derived(self) -> None:
+        """``markers_``, ``sampled_counts_``, ``bytes_per_client_round_`` and the algorithm
+        used for prediction, from the fitted state and history."""
+        self.algorithm_ = VGM2.from_config(self._config(self.n_features_in_, len(self.classes_), 0))
+        if self.method == "vgm2":
+            self.markers_ = (
+                torch.stack([s.get(MARKERS, self.state_.prior) for s in self.client_states_])
+                .cpu()
+                .numpy()
+            )
+        counts = np.zeros(self.n_clients_, dtype=np.int64)
+        up, replies = 0.0, 0
+        for record in self.history_:
+            up += float(record["bytes_up"])
+            replies += int(record["n_replied"])
+        for record in getattr(self, "_replied", []):
+            counts[record] += 1
+        self.sampled_counts_ = counts
+        self.bytes_per_client_round_ = up / max(replies, 1)
+
+    def _simulate(self, algorithm, clients, seed, full=False, **engine):
+        result = super()._simulate(algorithm, clients, seed, full=full, **engine)
+        self._replied = [c for record in result.history for c in record.replied]
+        return result
+
+    # -------------------------------------------------------------- predicting
+    def _client_index(self, client) -> int | None:
+        if client is None:
+            if self.method != "fedavg":
+                raise ValueError(
+                    f"method={self.method!r} is personalised: pass client=, one of the "
+                    f"clients of fit ({self.client_ids_[:10].tolist()}"
+                    + (" ..." if self.n_clients_ > 10 else "")
+                    + ")."
+                )
+            return None
+        matches = np.flatnonzero(self.client_ids_ == client)
+        if matches.size == 0:
+            raise ValueError(
+                f"unknown client {client!r}; known clients: {self.client_ids_[:10].tolist()}"
+                + (" ..." if self.n_clients_ > 10 else "")
+                + "."
+            )
+        return int(matches[0])
+
+    def predict_proba_y(self, X, client=None) -> np.ndarray:
+        """Class probabilities (n_samples, n_classes), columns ``classes_``, with client
+        ``client``'s model (FedAvg: the global one; ``client`` may be omitted).
+
+        VGM2's "probabilities" are its class scores normalised to sum to 1 (module
+        docstring); classes the client never saw get 0.
+        """
+        self._check_fitted()
+        index = self._client_index(client)
+        Xt = self._check_score_input(X)
+        kept = {} if index is None else self.client_states_[index]
+        reference = None
+        if self.method == "vgm2":
+            reference = (kept["reference.X"], kept["reference.y"])
+        proba = self.algorithm_.client_proba(kept, self.state_, Xt, reference, self.prediction)
+        return proba.cpu().numpy().astype(np.float64)
+
+    def predict_y(self, X, client=None) -> np.ndarray:
+        """The most probable label of each row (original label values)."""
+        return self.classes_[self.predict_proba_y(X, client).argmax(1)]
+
+    def predict_proba(self, X, client=None) -> np.ndarray:
+        """scikit-learn's name for :meth:`predict_proba_y`."""
+        return self.predict_proba_y(X, client)
+
+    def predict(self, X, client=None) -> np.ndarray:
+        """scikit-learn's name for :meth:`predict_y`."""
+        return self.predict_y(X, client)
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path) -> None:
+        """Save the fitted classifier (safetensors + JSON metadata; no pickle)."""
+        self._check_fitted()
+        save_detector(self, path, *self._saved_state())
+
+    @classmethod
+    def load(cls, path):
+        """Load a classifier saved with ``save``; the file runs no code.
+
+        Raises:
+            ModelFormatError: not a model of this class, or damaged.
+        """
+        return load(path, expected=cls)
+
+    def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        state = self.state_
+        tensors: dict[str, torch.Tensor] = {}
+        if state.prior is not None:
+            tensors["state.prior"] = state.prior
+        tensors.update({f"state.encoder.{k}": v for k, v in state.global_encoder.items()})
+        tensors.update({f"state.head.{k}": v for k, v in state.global_head.items()})
+        if state.prototypes is not None:
+            tensors["state.prototypes"] = state.prototypes
+            tensors["state.prototype_counts"] = state.prototype_counts
+        for c, kept in enumerate(self.client_states_):
+            for k, v in kept.items():
+                tensors[f"client.{c}.{k}"] = v
+        attrs = {
+            "n_features_in_": self.n_features_in_,
+            "feature_names_in_": (
+                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
+            ),
+            "client_ids_": self.client_ids_.tolist(),
+            "classes_": self.classes_.tolist(),
+            "client_keys_": [sorted(kept) for kept in self.client_states_],
+            "replied_": list(self._replied),
+            "losses_": list(state.losses),
+            "invalid_": list(state.invalid),
+            "history_": self.history_,
+            "n_rounds_": self.n_rounds_,
+            "bytes_up_": self.bytes_up_,
+            "bytes_down_": self.bytes_down_,
+        }
+        return tensors, attrs
+
+    def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
+        """Restore the fitted attributes from ``save``'s output, validated."""
+        options = self._torch_options()
+        self.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
+        names = get_attr(attrs, "feature_names_in_", (list, type(None)))
+        if names is not None:
+            check_items(names, "feature_names_in_", str)
+            if len(names) != self.n_features_in_:
+                raise ModelFormatError(
+                    f"feature_names_in_ has {len(names)} names for {self.n_features_in_} features."
+                )
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
+        self.n_clients_ = len(self.client_ids_)
+        classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
+        if len(classes) < 2 or len(set(classes)) != len(classes):
+            raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
+        self.classes_ = np.asarray(classes)
+        keys = check_items(get_attr(attrs, "client_keys_", list), "client_keys_", list)
+        if len(keys) != self.n_clients_:
+            raise ModelFormatError(f"client_keys_ must list {self.n_clients_} clients' keys.")
+        replied = check_items(get_attr(attrs, "replied_", list), "replied_", int)
+        if any(not 0 <= c < self.n_clients_ for c in replied):
+            raise ModelFormatError("replied_ names a client that does not exist.")
+        self._replied = replied
+        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
+        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
+        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
+        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
+        config = self._config(self.n_features_in_, len(classes), 0)
+        algorithm = VGM2.from_config(config)
+
+        def shaped(prefix: str, template) -> dict[str, torch.Tensor]:
+            return {
+                n: get_tensor(tensors, f"{prefix}{n}", tuple(p.shape)).to(**options)
+                for n, p in template.named_parameters()
+            }
+
+        state = VGM2State(phase="done", rounds=self.n_rounds_)
+        state.losses = [float(v) for v in get_attr(attrs, "losses_", list)]
+        state.invalid = check_items(get_attr(attrs, "invalid_", list), "invalid_", int)
+        k = config.n_markers
+        if self.method == "vgm2":
+            state.prior = get_tensor(tensors, "state.prior", (2, 5, k)).to(**options)
+        elif self.method == "fedavg":
+            state.global_encoder = shaped("state.encoder.", algorithm.encoder)
+            state.global_head = shaped("state.head.", algorithm.head)
+        elif self.method == "prototype":
+            shape = (len(classes), config.embedding_dim)
+            state.prototypes = get_tensor(tensors, "state.prototypes", shape).to(**options)
+            state.prototype_counts = get_tensor(
+                tensors, "state.prototype_counts", (len(classes),)
+            ).to(**options)
+        self.state_ = state
+        clients = []
+        for c, names_c in enumerate(keys):
+            check_items(names_c, "client_keys_ items", str)
+            kept = {}
+            for key in names_c:
+                name = f"client.{c}.{key}"
+                if name not in tensors:
+                    raise ModelFormatError(f"the tensor {name!r} is missing.")
+                tensor = tensors[name]
+                if key == "reference.y":
+                    if tensor.dtype != torch.int64 or bool(
+                        ((tensor < 0) | (tensor >= len(classes))).any()
+                    ):
+                        raise ModelFormatError(f"{name!r} must hold class codes.")
+                    kept[key] = tensor.to(options["device"])
+                else:
+                    kept[key] = get_tensor(tensors, name).to(**options)
+            clients.append(kept)
+        self.client_states_ = clients
+        self._set_derived()

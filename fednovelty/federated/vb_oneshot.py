@@ -1,0 +1,554 @@
+"""One-shot federated variational Bayes: local posteriors, matched and combined once.
+
+Two rounds, whatever the number of components:
+
+1. ``vb_prior`` (:class:`~fednovelty.federated.variational.VBPriorStep`, skipped when
+   ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
+   for scikit-learn's default Normal-Wishart prior, so every client fits under one shared
+   prior. The server also records each client's declared row count.
+2. ``vb_local``: the server broadcasts the prior (and its mean as the statistics' shift);
+   each client runs variational EM on its own rows
+   (:func:`~fednovelty.mixture.variational.fit_vb` from local k-means labels,
+   ``K = n_components`` as the upper bound, at most ``n_rows // min_rows`` k-means
+   clusters, and for full covariances at most one per ``n_features + 1`` rows:
+   :func:`local_clusters`) and replies with the statistics of its converged
+   responsibilities (counts, sums, second moments: the same message as a federated EM
+   round). Under the shared prior these statistics *are* the client's posterior
+   (:func:`~fednovelty.mixture.variational.vb_m_step` maps one to the other), so the server
+   rebuilds it exactly and never has to trust a posterior it cannot check: every reply is
+   validated like a statistics reply (shapes, finite, counts >= 0 adding up to at most the
+   row count the client declared in round 1, second moments some rows could have) and a bad
+   one is dropped with its reason (``state.dropped``), never the run.
+
+Matching (:func:`match_components`). The clients' components are pooled (each weighted by
+its expected count ``n_ic``), largest first; each joins the open *slot* whose
+count-weighted Gaussian is closest in symmetric KL divergence (a slot holding another
+component of the same client is used only when no other is left), unless that divergence
+exceeds ``match_threshold`` times the component's divergence to the pooled data's Gaussian
+(the prior's mean and covariance): then it opens a new slot, while fewer than
+``n_components`` are open. The threshold is relative, so it needs no units: a component
+joins a slot that explains it much better than the whole data does.
+
+Combining. Each slot's components are combined with
+:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors` (``posterior_aggregation``:
+``"moment"``, moment matching, the minimiser of ``sum w KL(q_i || p)``, or ``"natural"``,
+natural-parameter averaging, the minimiser of ``sum w KL(p || q_i)``), the weights being the
+clients' expected counts. The weight distribution comes from the slots' summed counts and
+the prior, as the exact M-step would make it (Dirichlet ``alpha_0 + N_s``; sticks ``(1 +
+N_s, gamma_0 + sum_{t > s} N_t)``), slots ordered by decreasing count; unused slots keep the
+prior (an empty component).
+
+Evidence (``total_evidence``, default on). Either rule gives an *average* of the clients'
+posteriors: the prior counted once per client's worth of rows, the mean precision and
+degrees of freedom of one typical client. Measured, that costs the predictive density:
+every client's covariance carries ``W_0^-1 / (nu_0 + n_ic)`` of prior, which the exact
+posterior dilutes over all rows. So the server then raises the combined likelihood factor
+``p / p_0`` to the power ``S = N_s^2 / sum_i n_is^2`` (the slot's total count over the
+count-weighted average contribution; 1 for one client, the number of clients for equal
+shares): :func:`~fednovelty.mixture.vb_aggregate.scale_evidence`. For natural averaging
+with equal shares this is exactly the product of the clients' likelihood factors, the
+posterior of the matched statistics summed. ``total_evidence=False`` keeps the average
+(what VGM2 uses as the next round's prior).
+
+Components with an expected count below ``MIN_COMPONENT_COUNT`` (one row) are left out of
+the matching. Privacy: a client below its floor skips both rounds; a client suppresses
+every component backed by fewer than ``min_rows`` effective rows (Kish) by sending it as
+zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import stats_message
+from fednovelty.federated.base import (
+    ClientContext,
+    Message,
+    client_generator,
+    derived_seed,
+    skipped_reply,
+)
+from fednovelty.federated.config import VBOneShotConfig
+from fednovelty.federated.privacy import backed, effective_rows
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import InvalidReplyError, check_reply
+from fednovelty.federated.variational import VBPriorStep
+from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
+from fednovelty.mixture.kmeans import kmeans, one_hot
+from fednovelty.mixture.stats import SufficientStats, stats_from_resp
+from fednovelty.mixture.variational import (
+    InvalidPriorError,
+    VBPosterior,
+    VBPrior,
+    effective_n_components,
+    fit_vb,
+    vb_log_resp,
+    vb_m_step,
+)
+from fednovelty.mixture.vb_aggregate import aggregate_posteriors, scale_evidence
+
+__all__ = [
+    "FederatedVBOneShot",
+    "VBLocalStep",
+    "VBOneShotConfig",
+    "VBOneShotState",
+    "combine_slots",
+    "gaussian_jeffreys",
+    "match_components",
+]
+
+
+#: expected count (rows) below which a client's component takes no part in the matching.
+MIN_COMPONENT_COUNT = 1.0
+
+
+@dataclass
+class VBOneShotState:
+    """Server state of one-shot federated VB.
+
+    Attributes:
+        phase, rounds: the chain's (``vb_prior``, ``vb_local``, ``done``).
+        vb_prior: the shared Normal-Wishart prior once known.
+        client_rows: client id -> row count declared in the ``vb_prior`` round.
+        client_posteriors: client id -> its local posterior (rebuilt from its statistics).
+        assignments: client id -> slot of each of its components, (n_components,) long
+            (-1: the component was empty or suppressed).
+        dropped: client id -> why its reply was refused.
+        posterior: the combined posterior.
+        n_iter: most local VB iterations a client ran; ``converged``: every client's local
+            fit converged.
+        lower_bounds: empty (no global ELBO is computed in one shot); kept so detectors
+            read the same fields as from ``FederatedVB``.
+        effective_n_components: components whose expected weight exceeds the threshold.
+    """
+
+    phase: str
+    rounds: int = 0
+    vb_prior: VBPrior | None = None
+    client_rows: dict[int, float] = field(default_factory=dict)
+    client_posteriors: dict[int, VBPosterior] = field(default_factory=dict)
+    assignments: dict[int, Tensor] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    posterior: VBPosterior | None = None
+    n_iter: int = 0
+    converged: bool = True
+    lower_bounds: list[float] = field(default_factory=list)
+    effective_n_components: int = 0
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def _full_covariances(covariances: Tensor, covariance_type: str, d: int) -> Tensor:
+    """Covariances of full, diag or spherical components (or one prior covariance of
+    that type, with a leading axis) as full matrices, (n_components, d, d)."""
+    if covariance_type == "full":
+        return covariances
+    if covariance_type == "diag":
+        return torch.diag_embed(covariances)
+    eye = torch.eye(d, dtype=covariances.dtype, device=covariances.device)
+    return covariances.reshape(-1, 1, 1) * eye
+
+
+def gaussian_jeffreys(means_a: Tensor, cov_a: Tensor, means_b: Tensor, cov_b: Tensor) -> Tensor:
+    """Symmetric KL divergence ``(KL(a || b) + KL(b || a)) / 2`` between Gaussians, pairwise.
+
+    Args:
+        means_a, cov_a: (m, d) and (m, d, d).
+        means_b, cov_b: (s, d) and (s, d, d).
+
+    Returns:
+        (m, s): ``(tr(B^-1 A) + tr(A^-1 B) - 2 d + delta^T (A^-1 + B^-1) delta) / 4``.
+    """
+    d = means_a.shape[1]
+    inv_a, inv_b = torch.linalg.inv(cov_a), torch.linalg.inv(cov_b)
+    traces = torch.einsum("sde,med->ms", inv_b, cov_a) + torch.einsum("mde,sed->ms", inv_a, cov_b)
+    delta = means_a.unsqueeze(1) - means_b.unsqueeze(0)  # (m, s, d)
+    quad = torch.einsum("msd,mde,mse->ms", delta, inv_a, delta) + torch.einsum(
+        "msd,sde,mse->ms", delta, inv_b, delta
+    )
+    return 0.25 * (traces - 2 * d + quad)
+
+
+def match_components(
+    means: Tensor,
+    covariances: Tensor,
+    counts: Tensor,
+    owners: Tensor,
+    reference: tuple[Tensor, Tensor],
+    n_slots: int,
+    threshold: float,
+) -> Tensor:
+    """Slots for pooled components (module docstring).
+
+    Args:
+        means: (m, d) component means; covariances: (m, d, d); counts: (m,) > 0 expected
+            counts; owners: (m,) client id of each component.
+        reference: mean (d,) and covariance (d, d) of the pooled data.
+        n_slots: most slots (K).
+        threshold: a component opens a new slot when its divergence to the closest slot
+            exceeds ``threshold`` times its divergence to ``reference``.
+
+    Returns:
+        (m,) long: the slot of each component, slots numbered in the order they opened.
+    """
+    m = means.shape[0]
+    slot = torch.full((m,), -1, dtype=torch.long)
+    if m == 0:
+        return slot
+    to_reference = gaussian_jeffreys(
+        means, covariances, reference[0].unsqueeze(0), reference[1].unsqueeze(0)
+    )[:, 0]
+    slot_means: list[Tensor] = []
+    slot_covs: list[Tensor] = []
+    members: list[list[int]] = []
+    for j in torch.argsort(counts, descending=True, stable=True).tolist():
+        if slot_means:
+            cost = gaussian_jeffreys(
+                means[j : j + 1],
+                covariances[j : j + 1],
+                torch.stack(slot_means),
+                torch.stack(slot_covs),
+            )[0]
+            free = torch.tensor(
+                [all(owners[i] != owners[j] for i in group) for group in members],
+                device=cost.device,
+            )
+            pool = free if bool(free.any()) else torch.ones_like(free)
+            best = int(torch.where(pool, cost, torch.full_like(cost, math.inf)).argmin())
+            room = len(members) < n_slots
+            far = float(cost[best]) > threshold * float(to_reference[j]) or not bool(free.any())
+            if not (room and far):
+                slot[j] = best
+                members[best].append(j)
+                group = torch.tensor(members[best])
+                w = counts[group] / counts[group].sum()
+                mean = w @ means[group]
+                diff = means[group] - mean
+                slot_means[best] = mean
+                slot_covs[best] = torch.einsum("g,gde->de", w, covariances[group]) + torch.einsum(
+                    "g,gd,ge->de", w, diff, diff
+                )
+                continue
+        slot[j] = len(members)
+        members.append([j])
+        slot_means.append(means[j])
+        slot_covs.append(covariances[j])
+    return slot
+
+
+def _component(posterior: VBPosterior, index: int) -> VBPosterior:
+    """Component ``index`` of ``posterior`` (not tied) as a one-component posterior (its
+    weight concentration is a placeholder: only the component is combined)."""
+    ct = posterior.covariance_type
+    part = slice(index, index + 1)
+    ones = posterior.mean_precision.new_ones(
+        (2, 1) if posterior.weight_concentration_prior_type == "dirichlet_process" else (1,)
+    )
+    return VBPosterior(
+        weight_concentration=ones,
+        mean_precision=posterior.mean_precision[part],
+        means=posterior.means[part],
+        degrees_of_freedom=posterior.degrees_of_freedom[part],
+        covariances=posterior.covariances[part],
+        precisions_cholesky=posterior.precisions_cholesky[part],
+        covariance_type=ct,
+        weight_concentration_prior_type=posterior.weight_concentration_prior_type,
+    )
+
+
+def _weight_concentration(prior: VBPrior, counts: Tensor) -> Tensor:
+    """The M-step's weight concentration from per-slot counts (n_slots,)."""
+    gamma0 = float(prior.weight_concentration)
+    if prior.weight_concentration_prior_type == "dirichlet_process":
+        tail = torch.flip(torch.cumsum(torch.flip(counts, [0]), 0), [0])
+        tail = torch.cat([tail[1:], counts.new_zeros(1)])
+        return torch.stack([1.0 + counts, gamma0 + tail])
+    return gamma0 + counts
+
+
+def combine_slots(
+    posteriors: list[VBPosterior],
+    counts: list[Tensor],
+    slots: list[Tensor],
+    prior: VBPrior,
+    how: str,
+    reg_covar: float = 1e-6,
+    total_evidence: bool = True,
+) -> VBPosterior:
+    """The combined posterior of matched client posteriors.
+
+    Args:
+        posteriors: each client's local posterior (K components, one family).
+        counts: each client's expected counts per component, (K,).
+        slots: each client's slot per component, (K,) long, -1 for none.
+        prior: the shared prior (empty slots keep it; the weights use it).
+        how: ``"moment"`` or ``"natural"`` (:func:`aggregate_posteriors`).
+        reg_covar: of the M-step that makes an empty slot's posterior.
+        total_evidence: scale each combined component's evidence from the average
+            contribution's to the slot's total (:func:`~fednovelty.mixture.vb_aggregate.
+            scale_evidence` by ``N_s^2 / sum_i n_is^2``), so that the prior counts once.
+
+    Returns:
+        A K-component posterior: used slots by decreasing summed count, then empty ones.
+    """
+    k = posteriors[0].n_components
+    d = posteriors[0].n_features
+    ct = prior.covariance_type
+    like = {"dtype": posteriors[0].means.dtype, "device": posteriors[0].means.device}
+    empty = vb_m_step(_zero_stats(k, d, ct, prior.mean.to(**like)), prior, reg_covar)
+    entries: dict[int, list[tuple[VBPosterior, Tensor]]] = {}
+    for post, count, slot in zip(posteriors, counts, slots, strict=True):
+        for c in range(k):
+            s = int(slot[c])
+            if s >= 0:
+                entries.setdefault(s, []).append((_component(post, c), count[c]))
+    totals = {s: float(sum(float(w) for _, w in group)) for s, group in entries.items()}
+    order = sorted(entries, key=lambda s: (-totals[s], s))
+    parts = []
+    for s in order:
+        weights = torch.stack([w for _, w in entries[s]])
+        part = aggregate_posteriors([p for p, _ in entries[s]], weights, how)
+        if total_evidence:
+            factor = (weights.sum().square() / weights.square().sum()).clamp_min(1.0)
+            part = scale_evidence(part, prior, factor.reshape(1))
+        parts.append(part)
+    slot_counts = torch.zeros(k, **like)
+    slot_counts[: len(parts)] = torch.tensor([totals[s] for s in order], **like)
+    tensors = {
+        name: getattr(empty, name).clone()
+        for name in ("mean_precision", "means", "degrees_of_freedom", "covariances")
+    }
+    for i, part in enumerate(parts):
+        for name, value in tensors.items():
+            value[i] = getattr(part, name)[0]
+    covariances = tensors["covariances"]
+    return VBPosterior(
+        weight_concentration=_weight_concentration(prior, slot_counts),
+        mean_precision=tensors["mean_precision"],
+        means=tensors["means"],
+        degrees_of_freedom=tensors["degrees_of_freedom"],
+        covariances=covariances,
+        precisions_cholesky=precisions_cholesky_from_covariances(covariances, ct),
+        covariance_type=ct,
+        weight_concentration_prior_type=prior.weight_concentration_prior_type,
+    )
+
+
+def _zero_stats(k: int, d: int, covariance_type: str, shift: Tensor) -> SufficientStats:
+    like = {"dtype": shift.dtype, "device": shift.device}
+    second_shape = {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}
+    return SufficientStats(
+        counts=torch.zeros(k, **like),
+        sums=torch.zeros(k, d, **like),
+        second=torch.zeros(second_shape[covariance_type], **like),
+        shift=shift,
+        log_likelihood=torch.zeros((), **like),
+        n_samples=torch.zeros((), **like),
+        covariance_type=covariance_type,
+    )
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class _PriorStep(VBPriorStep):
+    """:class:`VBPriorStep` that also records each client's declared row count."""
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        for cid, reply in replies.items():
+            state.client_rows[cid] = float(reply.tensors["n_samples"])
+        return super().server_step(state, replies)
+
+
+def _prior_message(prior: VBPrior) -> dict[str, Tensor]:
+    return {**prior.tensors(), "shift": prior.mean}
+
+
+def local_clusters(
+    n_rows: int, n_features: int, n_components: int, min_rows: int, covariance_type: str
+) -> int:
+    """k-means clusters a client's local fit starts from: at most ``n_components``, at most
+    ``n_rows // min_rows`` (privacy) and, for ``full`` covariances, at most one per
+    ``n_features + 1`` rows (a full covariance needs more rows than features: started
+    with fewer, the local components are mostly prior and match poorly); at least one."""
+    per_cluster = min_rows if covariance_type != "full" else max(min_rows, n_features + 1)
+    return max(1, min(n_components, n_rows // per_cluster))
+
+
+class VBLocalStep(Step):
+    """The ``vb_local`` round: local VB fits, matched and combined (module docstring)."""
+
+    kinds = ("vb_local",)
+
+    def __init__(self, config: VBOneShotConfig) -> None:
+        self.config = config
+
+    def configure(self, state: Any) -> Message:
+        return Message(
+            "vb_local",
+            _prior_message(state.vb_prior),
+            {"seed": derived_seed(self.config.random_state, 0)},
+            expect={"covariance_type": self.config.covariance_type},
+        )
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        config = self.config
+        policy = context.policy
+        n = X.shape[0]
+        if not policy.releases(n):
+            return skipped_reply("vb_local", policy.below_floor)
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        try:
+            prior = VBPrior(
+                config.weight_concentration_prior_type,
+                float(t["weight_concentration"]),
+                float(t["mean_precision"]),
+                t["mean"],
+                float(t["degrees_of_freedom"]),
+                t["covariance"],
+                config.covariance_type,
+            )
+        except (InvalidPriorError, KeyError) as error:
+            return skipped_reply("vb_local", f"the broadcast prior is invalid: {error}")
+        k = config.n_components
+        clusters = local_clusters(n, X.shape[1], k, policy.min_rows, config.covariance_type)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        _, labels = kmeans(X, clusters, generator=generator)
+        shift = t["shift"]
+        resp = one_hot(labels, k, X)
+        init = vb_m_step(
+            stats_from_resp(X, resp, config.covariance_type, shift), prior, config.reg_covar
+        )
+        result = fit_vb(
+            X,
+            init,
+            prior,
+            reg_covar=config.reg_covar,
+            tol=config.tol,
+            max_iter=config.max_iter,
+            chunk_size=config.chunk_size,
+        )
+        resp = vb_log_resp(X, result.posterior)[1].exp()
+        keep = backed(effective_rows(resp.sum(0), resp.square().sum(0)), policy.min_rows)
+        stats = stats_from_resp(X, resp * keep.to(X.dtype), config.covariance_type, shift)
+        reply = stats_message(stats, "vb_local")
+        reply.scalars.update(converged=bool(result.converged), n_iter=int(result.n_iter))
+        return reply
+
+    # ------------------------------------------------------------------ server half
+    def _valid_stats(self, state: Any, cid: int, reply: Message, d: int) -> SufficientStats:
+        """The reply's statistics, or :class:`InvalidReplyError` (what a ``vb`` statistics
+        reply must satisfy, plus the row count declared in the ``vb_prior`` round)."""
+        config = self.config
+        k = config.n_components
+        like = {"dtype": config.dtype, "device": config.device}
+        expected = Message(
+            "vb",
+            {"means": torch.zeros(k, d, **like)},
+            expect={"covariance_type": config.covariance_type},
+        )
+        tensors = dict(reply.tensors)
+        check_reply(Message("vb", tensors), expected, d)
+        n = float(tensors["n_samples"])
+        declared = state.client_rows.get(cid)
+        if declared is not None and abs(n - declared) > 1e-9 * max(declared, 1.0):
+            raise InvalidReplyError(f"reply claims {n:g} rows; the client declared {declared:g}.")
+        t = {name: value.to(**like) for name, value in tensors.items()}
+        return SufficientStats(
+            shift=state.vb_prior.mean.to(**like), covariance_type=config.covariance_type, **t
+        )
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        prior = state.vb_prior
+        d = prior.n_features
+        posteriors, counts = {}, {}
+        for cid in sorted(replies):
+            try:
+                stats = self._valid_stats(state, cid, replies[cid], d)
+                posterior = vb_m_step(stats, prior, config.reg_covar)
+            except (InvalidReplyError, ValueError) as error:
+                state.dropped[cid] = str(error)
+                continue
+            posteriors[cid], counts[cid] = posterior, stats.counts
+            state.n_iter = max(state.n_iter, int(replies[cid].scalars.get("n_iter", 0)))
+            state.converged = state.converged and bool(replies[cid].scalars.get("converged", True))
+        if not posteriors:
+            raise ValueError(
+                f"no client sent a valid local posterior in the vb_local round: {state.dropped}."
+            )
+        ids = sorted(posteriors)
+        ct = config.covariance_type
+        pooled = [
+            (cid, c)
+            for cid in ids
+            for c in range(config.n_components)
+            if counts[cid][c] >= MIN_COMPONENT_COUNT
+        ]
+        means = torch.stack([posteriors[cid].means[c] for cid, c in pooled]) if pooled else None
+        slots = {cid: torch.full((config.n_components,), -1, dtype=torch.long) for cid in ids}
+        if pooled:
+            covs = torch.stack(
+                [
+                    _full_covariances(posteriors[cid].covariances[c : c + 1], ct, d)[0]
+                    for cid, c in pooled
+                ]
+            )
+            weights = torch.stack([counts[cid][c] for cid, c in pooled])
+            owner = torch.tensor([cid for cid, _ in pooled])
+            reference = (prior.mean, _full_covariances(prior.covariance.unsqueeze(0), ct, d)[0])
+            found = match_components(
+                means, covs, weights, owner, reference, config.n_components, config.match_threshold
+            )
+            for (cid, c), s in zip(pooled, found.tolist(), strict=True):
+                slots[cid][c] = s
+        state.client_posteriors = posteriors
+        state.assignments = slots
+        state.posterior = combine_slots(
+            [posteriors[cid] for cid in ids],
+            [counts[cid] for cid in ids],
+            [slots[cid] for cid in ids],
+            prior,
+            config.posterior_aggregation,
+            config.reg_covar,
+            config.total_evidence,
+        )
+        state.effective_n_components = effective_n_components(
+            state.posterior, config.weight_threshold
+        )
+        return None, {
+            "phase": "vb_local",
+            "n_clients": len(posteriors),
+            "n_dropped": len(state.dropped),
+            "effective_n_components": state.effective_n_components,
+        }
+
+
+class FederatedVBOneShot(ChainedAlgorithm):
+    """One-shot federated variational Bayes Gaussian mixture (module docstring).
+
+    ``FederatedVBOneShot(n_components, **settings)`` with the settings of
+    :class:`~fednovelty.federated.config.VBOneShotConfig`, or
+    ``FederatedVBOneShot.from_config(VBOneShotConfig(...))``. The result is
+    ``state.posterior``; ``state.assignments`` records the matching and ``state.dropped``
+    the refused replies.
+    """
+
+    config_class = VBOneShotConfig
+
+    def __init__(self, n_components: int, **settings: Any) -> None:
+        self._setup(VBOneShotConfig(n_components=n_components, **settings))
+
+    def _setup(self, config: VBOneShotConfig) -> None:
+        super()._setup(config)
+        self._chain([_PriorStep(config), VBLocalStep(config)])
+
+    def new_state(self) -> VBOneShotState:
+        return VBOneShotState(phase="")

@@ -1,0 +1,677 @@
+"""VGM2 (Puppala et al., "Variational Gaussian Mixture Manifold Models for Client-Specific
+Federated Personalization"; issue 23) and its baselines on the same encoder (algorithm layer).
+
+One algorithm :class:`VGM2`, one kind of round (``"vgm2"``), the method set by
+``VGM2Config.method``; every client trains a personal MLP encoder ``f: R^m -> R^d`` (and,
+for the baselines, a linear class head ``R^d -> C``) with Adam for ``local_epochs`` passes
+over its rows each time it is sampled:
+
+- ``"vgm2"`` (Alg. 1): the loss of Eq. 7, ``L_umap + gamma L_sim + eta L_cal + lambda KL``:
+  parametric UMAP's cross-entropy (Eq. 1) on edges of the client's fuzzy kNN graph
+  (``umap-learn``'s ``fuzzy_simplicial_set`` on scikit-learn's exact neighbours, built once
+  per client and kept in its state), the pairs' log-loss of ``pi_1(s_ij)`` (Eq. 3-4) over
+  every pair of the batch, the soft-binned calibration error (Eq. 5) of the same pairs and
+  ``KL(q || p_t)`` to the broadcast prior (Eq. 6). The client's markers ``q`` start from the
+  prior (Alg. 1 line 4) and are trained by Adam on their unconstrained parameters (log of
+  the positive ones). Only the markers (2, 5, K) and the row count cross the wire; the
+  server aggregates them (``aggregation="moment"``: Prop. 1's moment matching, the default;
+  ``"natural"``: Sec. 3.5's natural-parameter average), clients weighted by rows.
+- ``"local"``: cross-entropy of the head on the encoder; nothing but the row count and
+  loss is sent and the server keeps nothing.
+- ``"fedavg"``: the same network trained from the global one; the server averages encoder
+  and head by rows (McMahan et al.); prediction uses the global network.
+- ``"prototype"`` (FedProto, the paper's App. B): personal networks trained on
+  cross-entropy plus ``prototype_weight`` times FedProto's ``MSELoss`` between each row's
+  embedding and its class's global prototype (the mean over rows and coordinates); clients
+  send their class means in the embedding and class counts; the server's prototype of a
+  class is the count-weighted mean of the round's client prototypes (a class absent from the
+  round keeps its last one).
+
+Ablations are settings: ``n_markers=1``, ``calibration_weight=0``, ``train_encoder=False``
+(the encoder stays at its initial weights; the markers are still trained).
+
+Choices where the paper is silent (``docs/vgm2.md``): the encoder (MLP ``m -> 128 -> 16``,
+the same initial weights on every client), ``pi_hat_1 = pi_hat_0 = 1/2`` (Eq. 3), per-batch
+mean losses with ``gamma = eta = 1``, ``lambda = 0.01``, Adam at ``1e-3`` (networks) and
+``1e-2`` (markers), UMAP's ``n_neighbors = 15``, ``min_dist = 0.1``, 5 negatives per edge
+(shuffled tails of the batch, as parametric UMAP), the prior ``p_0`` of
+:func:`~fednovelty.mixture.dirnig.default_markers`. Prediction (:func:`marker_scores`,
+``prediction="nearest"``): among the ``top_m = 5`` training rows of client ``k`` nearest to
+``f_k(x)``, class ``c`` scores the sum of ``pi_1(||f_k(x) - f_k(x_j)||)`` (``q_k``'s markers)
+of its rows, normalised; classes the client never saw score 0. The first rule tried,
+``prediction="top_pi"`` (the mean of a class's ``top_m`` largest ``pi_1``), fails because the
+learned ``pi_1(s)`` is not monotone in ``s`` (``docs/vgm2.md``); it stays as a setting.
+
+Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
+What a client keeps (``ClientContext.state``): ``vgm2.encoder.*``, ``vgm2.head.*``,
+``vgm2.markers`` and its graph ``vgm2.graph.*``; the server validates every reply against
+the broadcast (:func:`reply_problem`) and drops a bad one (``n_invalid`` in the metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fednovelty.federated.aggregate import average_params
+from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.config import VGM2Config
+from fednovelty.federated.init import round_seed
+from fednovelty.federated.learners import initial_parameters, logits
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.mixture.dirnig import (
+    default_markers,
+    free_from_markers,
+    kl_markers,
+    marker_to_posterior,
+    markers_from_free,
+    posterior_to_marker,
+    same_class_logit,
+    soft_calibration_error,
+)
+from fednovelty.mixture.vb_aggregate import aggregate_posteriors
+
+__all__ = [
+    "VGM2",
+    "VGM2_KIND",
+    "VGM2State",
+    "aggregate_priors",
+    "class_prototypes",
+    "embed",
+    "encoder_template",
+    "fuzzy_graph",
+    "head_template",
+    "marker_scores",
+    "pair_distances",
+    "reply_problem",
+    "umap_ab",
+    "umap_loss",
+]
+
+VGM2_KIND = "vgm2"
+#: where a client keeps its personal models, markers and graph (``ClientContext.state``).
+ENCODER, HEAD, MARKERS, GRAPH = "vgm2.encoder.", "vgm2.head.", "vgm2.markers", "vgm2.graph."
+
+
+@dataclass
+class VGM2State:
+    """The server's state of a VGM2 run.
+
+    Attributes:
+        phase, rounds: the chain's current kind and counted rounds.
+        prior: the Dir-NIG prior ``p_t(M)``, (2, 5, K) (``"vgm2"``).
+        global_encoder, global_head: FedAvg's network (``"fedavg"``).
+        prototypes: (n_classes, d) global prototypes; prototype_counts: (n_classes,) rows
+            behind each (0: none yet) (``"prototype"``).
+        losses: the round's row-weighted mean training loss.
+        invalid: replies dropped by the server's validation, per round.
+    """
+
+    phase: str = ""
+    rounds: int = 0
+    prior: Tensor | None = None
+    global_encoder: dict[str, Tensor] = field(default_factory=dict)
+    global_head: dict[str, Tensor] = field(default_factory=dict)
+    prototypes: Tensor | None = None
+    prototype_counts: Tensor | None = None
+    losses: list[float] = field(default_factory=list)
+    invalid: list[int] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def encoder_template(config: VGM2Config) -> nn.Module:
+    """The encoder: ``Linear(n_features, hidden) - ReLU - Linear(hidden, d)``."""
+    with torch.random.fork_rng(devices=[]):
+        module = nn.Sequential(
+            nn.Linear(config.n_features, config.hidden),
+            nn.ReLU(),
+            nn.Linear(config.hidden, config.embedding_dim),
+        )
+    return module.to(device=config.device, dtype=config.dtype)
+
+
+def head_template(config: VGM2Config) -> nn.Module:
+    """The baselines' class head: ``Linear(d, n_classes)``."""
+    with torch.random.fork_rng(devices=[]):
+        module = nn.Linear(config.embedding_dim, config.n_classes)
+    return module.to(device=config.device, dtype=config.dtype)
+
+
+def embed(template: nn.Module, params: dict[str, Tensor], X: Tensor) -> Tensor:
+    """The encoder's embeddings of rows ``X`` (n, n_features) -> (n, d)."""
+    return logits(template, params, X)
+
+
+def _umap():
+    """umap-learn's ``umap.umap_`` module (the ``vgm2`` extra), or an ImportError saying how
+    to install it."""
+    try:
+        from umap import umap_
+    except ImportError as error:  # pragma: no cover - the extra is installed by make
+        raise ImportError(
+            "VGM2's parametric-UMAP loss needs umap-learn: pip install 'fednovelty[vgm2]' "
+            "(or umap-learn>=0.5.5)."
+        ) from error
+    return umap_
+
+
+def umap_ab(min_dist: float, spread: float = 1.0) -> tuple[float, float]:
+    """UMAP's curve ``q(d) = 1 / (1 + a d^(2b))`` for ``min_dist`` (umap-learn's fit)."""
+    find_ab_params = _umap().find_ab_params
+
+    a, b = find_ab_params(spread, min_dist)
+    return float(a), float(b)
+
+
+def fuzzy_graph(X: Tensor, n_neighbors: int, random_state: int) -> tuple[Tensor, Tensor, Tensor]:
+    """UMAP's fuzzy simplicial set of rows ``X`` (n, n_features): umap-learn's
+    ``fuzzy_simplicial_set`` on scikit-learn's exact Euclidean neighbours (the row itself
+    included, as UMAP expects; ``min(n_neighbors, n)`` of them). Returns the edges' heads,
+    tails (int64, (n_edges,)) and membership strengths (n_edges,) in ``X``'s dtype."""
+    from sklearn.neighbors import NearestNeighbors
+
+    fuzzy_simplicial_set = _umap().fuzzy_simplicial_set
+
+    rows = X.detach().cpu().numpy().astype(np.float32)
+    k = max(2, min(int(n_neighbors), rows.shape[0]))
+    distances, indices = NearestNeighbors(n_neighbors=k).fit(rows).kneighbors(rows)
+    graph, _, _ = fuzzy_simplicial_set(
+        rows,
+        k,
+        np.random.RandomState(random_state),
+        "euclidean",
+        knn_indices=indices,
+        knn_dists=distances.astype(np.float32),
+    )
+    coo = graph.tocoo()
+    keep = coo.row != coo.col
+    heads = torch.as_tensor(coo.row[keep].astype(np.int64))
+    tails = torch.as_tensor(coo.col[keep].astype(np.int64))
+    weights = torch.as_tensor(coo.data[keep]).to(device=X.device, dtype=X.dtype)
+    return heads.to(X.device), tails.to(X.device), weights
+
+
+def umap_loss(
+    z_head: Tensor, z_tail: Tensor, a: float, b: float, negatives: int, generator: torch.Generator
+) -> Tensor:
+    """Parametric UMAP's cross-entropy (Eq. 1) on a batch of sampled edges: embeddings of
+    the heads and tails (n, d) are attracted (``p = 1``), each head is repelled from
+    ``negatives`` tails of the batch shuffled (``p = 0``); the mean over all ``n (1 +
+    negatives)`` terms, a 0-d tensor. ``q(d) = 1 / (1 + a d^(2b))``."""
+    n = z_head.shape[0]
+    order = torch.cat([torch.randperm(n, generator=generator) for _ in range(negatives)])
+    order = order.to(z_head.device)
+    d2_pos = (z_head - z_tail).square().sum(1)
+    d2_neg = (z_head.repeat(negatives, 1) - z_tail[order]).square().sum(1)
+    eps = 1e-4
+
+    def log1p_term(d2: Tensor) -> Tensor:
+        return torch.log1p(a * (d2 + eps).pow(b))
+
+    attract = log1p_term(d2_pos)  # -log q
+    u = a * (d2_neg + eps).pow(b)
+    repel = torch.log1p(u) - torch.log(u)  # -log(1 - q)
+    return torch.cat([attract, repel]).mean()
+
+
+def pair_distances(Z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Distances ``||z_i - z_j||`` of every pair ``i < j`` of embeddings (n, d): the
+    distances (n(n-1)/2,) and the pairs' ``i``, ``j`` (int64)."""
+    i, j = torch.triu_indices(Z.shape[0], Z.shape[0], offset=1, device=Z.device)
+    s = ((Z[i] - Z[j]).square().sum(1) + 1e-12).sqrt()
+    return s, i, j
+
+
+def marker_scores(
+    Z: Tensor,
+    reference: Tensor,
+    reference_y: Tensor,
+    markers: Tensor,
+    n_classes: int,
+    top_m: int,
+    rule: str = "nearest",
+) -> Tensor:
+    """VGM2's prediction scores (n, n_classes) of embeddings ``Z`` (n, d) against the
+    ``reference`` embeddings (n_ref, d) with labels ``reference_y`` (n_ref,), from
+    ``pi_1(||z - r_j||)`` (Eq. 3, markers (2, 5, K)).
+
+    ``rule="nearest"``: among the ``top_m`` nearest reference rows, class ``c`` scores the
+    sum of ``pi_1`` of its rows (a kNN vote weighted by the same-class probability; ties in
+    distance go to the lower index). ``rule="top_pi"``: class ``c`` scores the mean of the
+    ``top_m`` largest ``pi_1`` over its rows. A class without reference rows scores 0."""
+    with torch.no_grad():
+        s = torch.cdist(Z, reference)  # (n, n_ref)
+        pi = torch.sigmoid(same_class_logit(s.reshape(-1), markers)).reshape(s.shape)
+        scores = Z.new_zeros(Z.shape[0], n_classes)
+        if rule == "nearest":
+            m = min(top_m, reference.shape[0])
+            near = s.topk(m, dim=1, largest=False).indices  # (n, m)
+            return scores.scatter_add_(1, reference_y[near], pi.gather(1, near))
+        if rule != "top_pi":
+            raise ValueError(f"rule must be 'nearest' or 'top_pi'; got {rule!r}.")
+        for c in torch.unique(reference_y).tolist():
+            column = pi[:, reference_y == c]
+            m = min(top_m, column.shape[1])
+            scores[:, c] = column.topk(m, dim=1).values.mean(1)
+        return scores
+
+
+def class_prototypes(Z: Tensor, y: Tensor, n_classes: int) -> tuple[Tensor, Tensor]:
+    """Class means of embeddings ``Z`` (n, d) by labels ``y`` (n,): (n_classes, d) (zeros
+    for absent classes) and the counts (n_classes,) in ``Z``'s dtype."""
+    counts = torch.bincount(y, minlength=n_classes).to(Z.dtype)
+    sums = Z.new_zeros(n_classes, Z.shape[1]).index_add_(0, y, Z)
+    return sums / counts.clamp_min(1).unsqueeze(1), counts
+
+
+def reply_problem(reply: Message, broadcast: Message, config: VGM2Config, d: int) -> str | None:
+    """Why ``reply`` is not a valid answer to ``broadcast`` (``None``: it is): kind, the
+    tensors of the method, shapes, finite values, a positive row count, positive marker
+    parameters, class counts that add up to at most the rows."""
+    if reply.kind != broadcast.kind:
+        return f"reply of kind {reply.kind!r} to a {broadcast.kind!r} round"
+    expected: dict[str, tuple[int, ...]] = {"n_samples": (), "loss": ()}
+    if config.method == "vgm2":
+        expected["markers"] = tuple(broadcast.tensors["prior"].shape)
+    elif config.method == "fedavg":
+        expected.update({k: tuple(v.shape) for k, v in broadcast.tensors.items()})
+    elif config.method == "prototype":
+        expected.update(prototypes=(config.n_classes, d), class_counts=(config.n_classes,))
+    if set(reply.tensors) != set(expected):
+        return f"reply tensors {sorted(reply.tensors)}; expected {sorted(expected)}"
+    for name, shape in expected.items():
+        tensor = reply.tensors[name]
+        if tuple(tensor.shape) != shape:
+            return f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {shape}"
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"tensor {name!r} has NaN or inf values"
+    n = float(reply.tensors["n_samples"])
+    if not n > 0:
+        return "a reply must come from at least one row"
+    if "markers" in reply.tensors and not bool(
+        (reply.tensors["markers"][:, [0, 2, 3, 4]] > 0).all()
+    ):
+        return "marker concentration, kappa, alpha and beta must be > 0"
+    if "class_counts" in reply.tensors:
+        counts = reply.tensors["class_counts"]
+        if bool((counts < 0).any()) or float(counts.sum()) > n * (1 + 1e-6):
+            return "class counts negative or above the rows sent"
+    return None
+
+
+def aggregate_priors(markers: list[Tensor], weights: Tensor, how: str) -> Tensor:
+    """The server's prior (2, 5, K) from client markers (each (2, 5, K)) weighted by
+    ``weights`` (n,): each relation's Dir-NIG as a 1-D posterior combined by
+    :func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors` (``how``: ``"moment"``,
+    Prop. 1, or ``"natural"``, Sec. 3.5), components aligned by index."""
+    return torch.stack(
+        [
+            posterior_to_marker(
+                aggregate_posteriors([marker_to_posterior(m[r]) for m in markers], weights, how)
+            )
+            for r in range(2)
+        ]
+    )
+
+
+def _named(prefix: str, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"{prefix}{k}": v for k, v in params.items()}
+
+
+def _unnamed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+# ----------------------------------------------------------------------------- the step
+class VGM2Step(Step):
+    """The rounds of every method (module docstring): configure, client half, server half."""
+
+    kinds = (VGM2_KIND,)
+    labelled = True
+
+    def __init__(self, algorithm: VGM2) -> None:
+        self.algorithm = algorithm
+        self.config: VGM2Config = algorithm.config
+        self.max_rounds = self.config.rounds
+
+    # ------------------------------------------------------------------ server half
+    def configure(self, state: VGM2State) -> Message:
+        method = self.config.method
+        tensors: dict[str, Tensor] = {}
+        if method == "vgm2":
+            tensors["prior"] = state.prior
+        elif method == "fedavg":
+            tensors.update(_named("encoder.", state.global_encoder))
+            tensors.update(_named("head.", state.global_head))
+        elif method == "prototype":
+            tensors["prototypes"] = state.prototypes
+            tensors["prototype_counts"] = state.prototype_counts
+        return Message(VGM2_KIND, tensors, {"seed": round_seed(self.config, state)})
+
+    def server_step(self, state: VGM2State, replies: dict[int, Message]):
+        config = self.config
+        broadcast = self.configure(state)
+        valid = {
+            cid: r
+            for cid, r in replies.items()
+            if reply_problem(r, broadcast, config, config.embedding_dim) is None
+        }
+        state.invalid.append(len(replies) - len(valid))
+        if valid:
+            n = torch.stack([r.tensors["n_samples"].double() for r in valid.values()])
+            loss = torch.stack([r.tensors["loss"].double() for r in valid.values()])
+            state.losses.append(float((n * loss).sum() / n.sum()))
+            self.fold(state, valid, n)
+        else:
+            state.losses.append(float("nan"))
+        done = state.rounds + 1 >= config.rounds
+        metrics = {"phase": VGM2_KIND, "loss": state.losses[-1], "n_invalid": state.invalid[-1]}
+        return (None if done else VGM2_KIND), metrics
+
+    def fold(self, state: VGM2State, replies: dict[int, Message], n: Tensor) -> None:
+        """Fold the valid replies (rows ``n``) into the state, by method."""
+        method = self.config.method
+        if method == "vgm2":
+            markers = [r.tensors["markers"].double() for r in replies.values()]
+            state.prior = aggregate_priors(markers, n, self.config.aggregation).to(state.prior)
+        elif method == "fedavg":
+            like = next(iter(state.global_encoder.values()))
+            weights = n.to(like)
+            encoders = [_unnamed("encoder.", r.tensors) for r in replies.values()]
+            heads = [_unnamed("head.", r.tensors) for r in replies.values()]
+            state.global_encoder = average_params(state.global_encoder, encoders, weights)
+            state.global_head = average_params(state.global_head, heads, weights)
+        elif method == "prototype":
+            counts = torch.stack([r.tensors["class_counts"] for r in replies.values()])
+            protos = torch.stack([r.tensors["prototypes"] for r in replies.values()])
+            total = counts.sum(0)
+            mean = (counts.unsqueeze(-1) * protos).sum(0) / total.clamp_min(1).unsqueeze(1)
+            seen = total > 0
+            state.prototypes = torch.where(seen.unsqueeze(1), mean, state.prototypes)
+            state.prototype_counts = torch.where(seen, total, state.prototype_counts)
+
+    # ------------------------------------------------------------------ client half
+    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        X, y = data
+        config = self.config
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply(VGM2_KIND, context.policy.below_floor)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        algo = self.algorithm
+        state = context.state
+        if config.method == "fedavg":
+            encoder = {k: v.to(X) for k, v in _unnamed("encoder.", message.tensors).items()}
+            head = {k: v.to(X) for k, v in _unnamed("head.", message.tensors).items()}
+        else:
+            encoder = _unnamed(ENCODER, state) or algo.initial_encoder()
+            head = _unnamed(HEAD, state) or algo.initial_head()
+            encoder = {k: v.to(X) for k, v in encoder.items()}
+            head = {k: v.to(X) for k, v in head.items()}
+        tensors: dict[str, Tensor] = {}
+        if config.method == "vgm2":
+            prior = message.tensors["prior"].to(X)
+            if config.train_encoder and config.umap_weight > 0 and f"{GRAPH}heads" not in state:
+                heads, tails, weights = fuzzy_graph(X, config.n_neighbors, config.random_state)
+                state.update(
+                    {f"{GRAPH}heads": heads, f"{GRAPH}tails": tails, f"{GRAPH}weights": weights}
+                )
+            graph = (
+                state.get(f"{GRAPH}heads"),
+                state.get(f"{GRAPH}tails"),
+                state.get(f"{GRAPH}weights"),
+            )
+            encoder, markers, loss = algo.train_vgm2(encoder, prior, X, y, graph, generator)
+            state[MARKERS] = markers.clone()
+            tensors["markers"] = markers.clone()
+        else:
+            protos = counts = None
+            if config.method == "prototype":
+                protos = message.tensors["prototypes"].to(X)
+                counts = message.tensors["prototype_counts"].to(X)
+            encoder, head, loss = algo.train_classifier(
+                encoder, head, X, y, generator, protos, counts
+            )
+            if config.method == "fedavg":
+                tensors.update(_named("encoder.", encoder))
+                tensors.update(_named("head.", head))
+            if config.method == "prototype":
+                with torch.no_grad():
+                    Z = embed(algo.encoder, encoder, X)
+                tensors["prototypes"], tensors["class_counts"] = class_prototypes(
+                    Z, y, config.n_classes
+                )
+        if config.method != "fedavg":
+            state.update({f"{ENCODER}{k}": v.clone() for k, v in encoder.items()})
+            state.update({f"{HEAD}{k}": v.clone() for k, v in head.items()})
+        tensors["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype)
+        tensors["loss"] = torch.as_tensor(loss, dtype=X.dtype).reshape(())
+        return Message(VGM2_KIND, tensors)
+
+
+# ----------------------------------------------------------------------------- the algorithm
+class VGM2(ChainedAlgorithm):
+    """VGM2 and its baselines (module docstring): ``VGM2(n_features, n_classes,
+    **settings)`` with the settings of :class:`~fednovelty.federated.config.VGM2Config`, or
+    ``VGM2.from_config(VGM2Config(...))``."""
+
+    labelled = True
+    config_class = VGM2Config
+
+    def __init__(self, n_features: int, n_classes: int, **settings: Any):
+        self._setup(VGM2Config(n_features=n_features, n_classes=n_classes, **settings))
+
+    def _setup(self, config: VGM2Config) -> None:
+        super()._setup(config)
+        self.encoder = encoder_template(config)
+        self.head = head_template(config)
+        self.ab = umap_ab(config.min_dist) if config.method == "vgm2" else (1.0, 1.0)
+        self._initial = initial_parameters(
+            lambda: nn.ModuleDict(
+                {"encoder": encoder_template(config), "head": head_template(config)}
+            ),
+            1,
+            config.random_state,
+        )[0]
+        self._chain([VGM2Step(self)])
+
+    def initial_encoder(self) -> dict[str, Tensor]:
+        """The encoder's initial weights (the same on every client and the server)."""
+        return {k: v.clone() for k, v in _unnamed("encoder.", self._initial).items()}
+
+    def initial_head(self) -> dict[str, Tensor]:
+        """The head's initial weights."""
+        return {k: v.clone() for k, v in _unnamed("head.", self._initial).items()}
+
+    def initial_prior(self) -> Tensor:
+        """``p_0(M)``, (2, 5, K)."""
+        return default_markers(self.config.n_markers, dtype=self.config.dtype).to(
+            self.config.device
+        )
+
+    def new_state(self) -> VGM2State:
+        config = self.config
+        state = VGM2State()
+        if config.method == "vgm2":
+            state.prior = self.initial_prior()
+        elif config.method == "fedavg":
+            state.global_encoder, state.global_head = self.initial_encoder(), self.initial_head()
+        elif config.method == "prototype":
+            options = {"dtype": config.dtype, "device": config.device}
+            state.prototypes = torch.zeros(config.n_classes, config.embedding_dim, **options)
+            state.prototype_counts = torch.zeros(config.n_classes, **options)
+        return state
+
+    def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor]]:
+        if not isinstance(data, tuple | list) or len(data) != 2:
+            raise ValueError(f"VGM2 clients hold (X, y) pairs; got {type(data).__name__}.")
+        X, y = data
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"client data rows disagree: X has {X.shape[0]}, y {y.shape[0]}.")
+        return X, (y,)
+
+    # ------------------------------------------------------------------ local training
+    def _batches(self, n: int, generator: torch.Generator):
+        size = self.config.batch_size
+        for _ in range(self.config.local_epochs):
+            order = torch.randperm(n, generator=generator)
+            for begin in range(0, n, size):
+                batch = order[begin : begin + size]
+                if batch.numel() >= 2:
+                    yield batch
+
+    def train_vgm2(
+        self,
+        encoder: dict[str, Tensor],
+        prior: Tensor,
+        X: Tensor,
+        y: Tensor,
+        graph: tuple[Tensor | None, Tensor | None, Tensor | None],
+        generator: torch.Generator,
+    ) -> tuple[dict[str, Tensor], Tensor, float]:
+        """Eq. 7 by Adam for ``local_epochs`` passes from ``encoder`` and ``q = prior``;
+        returns the encoder, the markers (2, 5, K) and the mean loss."""
+        config = self.config
+        a, b = self.ab
+        train_encoder = config.train_encoder
+        params = {k: v.detach().clone().requires_grad_(train_encoder) for k, v in encoder.items()}
+        free = free_from_markers(prior.detach().clone()).requires_grad_(True)
+        groups = [{"params": [free], "lr": config.marker_learning_rate}]
+        if train_encoder:
+            groups.append({"params": list(params.values()), "lr": config.learning_rate})
+        optimizer = torch.optim.Adam(groups)
+        heads, tails, weights = graph
+        use_umap = train_encoder and config.umap_weight > 0 and heads is not None and heads.numel()
+        total, steps = 0.0, 0
+        frozen = None
+        if not train_encoder:
+            with torch.no_grad():
+                frozen = embed(self.encoder, params, X)
+        for batch in self._batches(X.shape[0], generator):
+            batch = batch.to(X.device)
+            Z = frozen[batch] if frozen is not None else embed(self.encoder, params, X[batch])
+            markers = markers_from_free(free)
+            s, i, j = pair_distances(Z)
+            same = (y[batch][i] == y[batch][j]).to(Z.dtype)
+            logit = same_class_logit(s, markers)
+            loss = config.similarity_weight * nn.functional.binary_cross_entropy_with_logits(
+                logit, same
+            )
+            if config.calibration_weight > 0:
+                loss = loss + config.calibration_weight * soft_calibration_error(
+                    torch.sigmoid(logit), same, config.n_bins
+                )
+            if config.kl_weight > 0:
+                loss = loss + config.kl_weight * kl_markers(markers, prior)
+            if use_umap:
+                edges = torch.multinomial(
+                    weights, batch.numel(), replacement=True, generator=generator
+                ).to(X.device)
+                z_head = embed(self.encoder, params, X[heads[edges]])
+                z_tail = embed(self.encoder, params, X[tails[edges]])
+                loss = loss + config.umap_weight * umap_loss(
+                    z_head, z_tail, a, b, config.negative_sample_rate, generator
+                )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+        markers = markers_from_free(free.detach())
+        trained = {k: v.detach() for k, v in params.items()}
+        return trained, markers, total / max(steps, 1)
+
+    def train_classifier(
+        self,
+        encoder: dict[str, Tensor],
+        head: dict[str, Tensor],
+        X: Tensor,
+        y: Tensor,
+        generator: torch.Generator,
+        prototypes: Tensor | None = None,
+        prototype_counts: Tensor | None = None,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], float]:
+        """Cross-entropy by Adam for ``local_epochs`` passes (plus FedProto's pull towards
+        the global ``prototypes`` (n_classes, d) of classes with ``prototype_counts`` > 0);
+        returns encoder, head and the mean loss."""
+        config = self.config
+        enc = {
+            k: v.detach().clone().requires_grad_(config.train_encoder) for k, v in encoder.items()
+        }
+        hd = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
+        trainable = list(hd.values()) + (list(enc.values()) if config.train_encoder else [])
+        optimizer = torch.optim.Adam(trainable, lr=config.learning_rate)
+        total, steps = 0.0, 0
+        for batch in self._batches(X.shape[0], generator):
+            batch = batch.to(X.device)
+            Z = embed(self.encoder, enc, X[batch])
+            loss = nn.functional.cross_entropy(logits(self.head, hd, Z), y[batch])
+            if prototypes is not None and config.prototype_weight > 0:
+                known = prototype_counts[y[batch]] > 0
+                if bool(known.any()):
+                    gap = (Z[known] - prototypes[y[batch][known]]).square().mean()
+                    loss = loss + config.prototype_weight * gap
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+        return (
+            {k: v.detach() for k, v in enc.items()},
+            {k: v.detach() for k, v in hd.items()},
+            total / max(steps, 1),
+        )
+
+    # ------------------------------------------------------------------ prediction
+    def client_proba(
+        self,
+        client_state: dict[str, Tensor],
+        state: VGM2State,
+        X: Tensor,
+        reference: tuple[Tensor, Tensor] | None = None,
+        rule: str | None = None,
+    ) -> Tensor:
+        """Class probabilities (n, n_classes) of rows ``X`` for a client whose kept state is
+        ``client_state`` (``{}``: never trained: initial weights, markers = the final prior).
+
+        VGM2: :func:`marker_scores` against ``reference`` (the client's training rows and
+        labels), normalised to sum to 1 (uniform over the reference's classes when every
+        score is 0); ``rule`` overrides ``config.prediction``. Local, FedProto: the client's
+        network's softmax; FedAvg: the global network's.
+        """
+        config = self.config
+        if config.method == "fedavg":
+            encoder, head = state.global_encoder, state.global_head
+        else:
+            encoder = _unnamed(ENCODER, client_state) or self.initial_encoder()
+            head = _unnamed(HEAD, client_state) or self.initial_head()
+        encoder = {k: v.to(X) for k, v in encoder.items()}
+        with torch.no_grad():
+            Z = embed(self.encoder, encoder, X)
+            if config.method != "vgm2":
+                head = {k: v.to(X) for k, v in head.items()}
+                return torch.softmax(logits(self.head, head, Z), dim=1)
+            if reference is None:
+                raise ValueError(
+                    "VGM2 predicts against the client's training rows: pass reference."
+                )
+            markers = client_state.get(MARKERS, state.prior).to(X)
+            rows, labels = reference
+            ref = embed(self.encoder, encoder, rows.to(X))
+            scores = marker_scores(
+                Z,
+                ref,
+                labels.to(X.device),
+                markers,
+                config.n_classes,
+                config.top_m,
+                rule or config.prediction,
+            )
+            total = scores.sum(1, keepdim=True)
+            present = torch.zeros(config.n_classes, dtype=X.dtype, device=X.device)
+            present[torch.unique(labels)] = 1.0
+            uniform = (present / present.sum()).expand_as(scores)
+            return torch.where(total > 0, scores / total.clamp_min(1e-30), uniform)

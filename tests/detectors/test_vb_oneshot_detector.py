@@ -1,0 +1,129 @@
+"""``FedVBDetector(aggregation=...)``: the one-shot fits beside the exact one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.metrics import roc_auc_score
+
+import fednovelty
+from fednovelty import FedVBDetector
+
+torch.set_num_threads(1)
+
+CENTERS = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
+
+
+def blobs(n_per: int = 150, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.vstack([c + rng.normal(size=(n_per, 2)) for c in CENTERS])
+    order = rng.permutation(len(X))
+    return X[order], rng.integers(0, 4, size=len(X))
+
+
+@pytest.fixture(scope="module")
+def data():
+    return blobs()
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, groups = data
+    return {
+        how: FedVBDetector(n_components=8, aggregation=how, random_state=0).fit(X, groups=groups)
+        for how in ("exact", "natural", "moment")
+    }
+
+
+def test_exact_is_the_default_and_unchanged(data, fitted):
+    X, groups = data
+    default = FedVBDetector(n_components=8, random_state=0).fit(X, groups=groups)
+    assert default.aggregation == "exact"
+    assert np.array_equal(default.decision_scores_, fitted["exact"].decision_scores_)
+    assert default.history_[-1]["kind"] == "vb" and len(default.lower_bounds_) > 0
+
+
+@pytest.mark.parametrize("how", ["natural", "moment"])
+def test_one_shot_finds_the_blobs_in_two_rounds(fitted, how):
+    det = fitted[how]
+    assert det.effective_n_components_ == 3
+    assert [r["kind"] for r in det.history_] == ["vb_prior", "vb_local"]
+    assert det.n_rounds_ == 2 and det.lower_bounds_ == [] and det.n_iter_ >= 1
+    assert bool(det.decision_function([[4.0, 20.0]])[0] > det.threshold_)
+    order = np.argsort(-det.weights_)[:3]
+    found = sorted(map(tuple, np.round(det.means_[order])))
+    assert found == sorted(map(tuple, CENTERS))
+
+
+@pytest.mark.parametrize("how", ["natural", "moment"])
+def test_one_shot_auroc_is_close_to_exact(data, fitted, how):
+    rng = np.random.default_rng(7)
+    inliers, _ = blobs(100, seed=3)
+    outliers = rng.uniform(-6, 14, size=(100, 2))
+    far = np.min(np.linalg.norm(outliers[:, None] - CENTERS[None], axis=2), axis=1) > 3
+    X_test = np.vstack([inliers, outliers[far]])
+    y_test = np.r_[np.zeros(len(inliers)), np.ones(int(far.sum()))]
+    exact = roc_auc_score(y_test, fitted["exact"].decision_function(X_test))
+    one_shot = roc_auc_score(y_test, fitted[how].decision_function(X_test))
+    assert one_shot >= exact - 0.01, (one_shot, exact)
+
+
+@pytest.mark.parametrize("how", ["natural", "moment"])
+def test_save_load_keeps_the_one_shot_posterior(tmp_path, data, fitted, how):
+    X, _ = data
+    det = fitted[how]
+    path = tmp_path / f"{how}.safetensors"
+    det.save(path)
+    back = fednovelty.load(path)
+    assert back.aggregation == how
+    assert np.array_equal(back.score_samples(X), det.score_samples(X))
+    for name in ("weight_concentration", "means", "covariances"):
+        assert torch.equal(getattr(back.posterior_, name), getattr(det.posterior_, name))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"aggregation": "mean"}, "aggregation"),
+        ({"match_threshold": 0.0}, "match_threshold"),
+        ({"aggregation": "moment", "covariance_type": "tied"}, "tied"),
+        ({"aggregation": "natural", "init_params": "separated"}, "init_params='kmeans'"),
+        ({"aggregation": "natural", "means_init": [[0.0, 0.0], [8.0, 0.0]]}, "means_init"),
+    ],
+)
+def test_invalid_settings_are_named(data, kwargs, message):
+    X, groups = data
+    with pytest.raises(ValueError, match=message):
+        FedVBDetector(n_components=2, **kwargs).fit(X, groups=groups)
+
+
+def test_clone_keeps_the_aggregation():
+    det = FedVBDetector(aggregation="natural", match_threshold=0.2)
+    copy = clone(det)
+    assert copy.aggregation == "natural" and copy.match_threshold == 0.2
+    assert not hasattr(copy, "posterior_")
+
+
+def test_one_shot_diag_and_spherical(data):
+    X, groups = data
+    for covariance_type in ("diag", "spherical"):
+        det = FedVBDetector(
+            n_components=6, covariance_type=covariance_type, aggregation="moment", random_state=0
+        ).fit(X, groups=groups)
+        assert det.effective_n_components_ == 3
+        assert np.isfinite(det.decision_scores_).all()
+
+
+def test_docs_one_shot_example_runs(capsys):
+    """docs/variational.md, section "One-shot aggregation": its example prints what the
+    page shows."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "variational.md").read_text()
+    section = text[text.index("## One-shot aggregation") :]
+    block, shown = re.findall(r"```(?:python)?\n(.*?)```", section, flags=re.S)[:2]
+    exec(compile(block, "docs/variational.md", "exec"), {})
+    assert capsys.readouterr().out.strip().splitlines() == shown.strip().splitlines()

@@ -1,0 +1,123 @@
+"""VGM2Classifier (fednovelty.detectors.vgm2): fit / predict per client for every method,
+errors naming the argument, the recorded communication, save and load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fednovelty.detectors.vgm2 import VGM2Classifier
+from fednovelty.exceptions import ModelFormatError
+
+FAST = {"rounds": 4, "local_epochs": 2, "hidden": 16, "embedding_dim": 4, "batch_size": 32}
+
+
+def make_data(seed: int = 0):
+    """Four clients, two of four classes each (Gaussians at 3 e_k in 6 features)."""
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(4), 60)
+    y = np.where(np.arange(240) % 60 < 30, groups, (groups + 1) % 4)
+    X = rng.normal(0, 0.4, (240, 6)) + 3 * np.eye(6)[y]
+    return X, np.array(["a", "b", "c", "d"])[y], groups
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_data()
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, y, groups = data
+    return VGM2Classifier(**FAST, clients_per_round=4, random_state=0).fit(X, y, groups)
+
+
+def test_vgm2_predicts_each_client_and_records_markers(fitted, data) -> None:
+    X, y, groups = data
+    for client in range(4):
+        rows = groups == client
+        proba = fitted.predict_proba_y(X[rows], client=client)
+        np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-6)
+        assert np.mean(fitted.predict_y(X[rows], client=client) == y[rows]) > 0.9
+    assert fitted.markers_.shape == (4, 2, 5, 3)
+    assert fitted.bytes_per_client_round_ == 2 * 5 * 3 * 4 + 2 * 4
+    assert len(fitted.history_) == 4 and all("loss" in r for r in fitted.history_)
+    assert fitted.sampled_counts_.tolist() == [4, 4, 4, 4]
+    assert list(fitted.classes_) == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("method", ["local", "fedavg", "prototype"])
+def test_baselines_fit_and_predict(data, method) -> None:
+    X, y, groups = data
+    settings = {**FAST, "local_epochs": 4, "learning_rate": 0.02, "clients_per_round": 4}
+    clf = VGM2Classifier(method, **settings, random_state=0).fit(X, y, groups)
+    rows = groups == 1
+    pred = clf.predict_y(X[rows], client=1)
+    assert pred.shape == (60,)
+    if method != "fedavg":
+        assert np.mean(pred == y[rows]) > 0.8
+    else:
+        assert clf.predict_proba_y(X[:5]).shape == (5, 4)  # the global model, no client
+    assert not hasattr(clf, "markers_")
+
+
+def test_two_clients_per_round_and_determinism(data) -> None:
+    X, y, groups = data
+    a = VGM2Classifier(**FAST, random_state=3).fit(X, y, groups)
+    b = VGM2Classifier(**FAST, random_state=3).fit(X, y, groups)
+    assert all(r["n_sampled"] == 2 for r in a.history_)
+    assert a.sampled_counts_.sum() == 8
+    np.testing.assert_array_equal(a.markers_, b.markers_)
+    np.testing.assert_array_equal(a.predict_proba_y(X[:20], 0), b.predict_proba_y(X[:20], 0))
+
+
+def test_errors_name_the_argument(fitted, data) -> None:
+    X, y, groups = data
+    with pytest.raises(ValueError, match="needs y"):
+        VGM2Classifier(**FAST).fit(X, None, groups)
+    with pytest.raises(ValueError, match="client="):
+        fitted.predict_y(X[:3])
+    with pytest.raises(ValueError, match="unknown client 9"):
+        fitted.predict_y(X[:3], client=9)
+    with pytest.raises(ValueError, match="method"):
+        VGM2Classifier("fedprox").fit(X, y, groups)
+    with pytest.raises(ValueError, match="fitted with 6 features"):
+        fitted.predict_y(X[:3, :4], client=0)
+
+
+def test_prediction_rule_is_read_at_prediction_time(fitted, data) -> None:
+    X, _, groups = data
+    rows = X[groups == 2]
+    nearest = fitted.predict_proba_y(rows, client=2)
+    fitted.set_params(prediction="top_pi")
+    try:
+        top = fitted.predict_proba_y(rows, client=2)
+    finally:
+        fitted.set_params(prediction="nearest")
+    assert not np.allclose(nearest, top)
+
+
+def test_save_and_load_give_the_same_predictions(fitted, data, tmp_path) -> None:
+    X, _, groups = data
+    path = tmp_path / "vgm2.safetensors"
+    fitted.save(path)
+    loaded = VGM2Classifier.load(path)
+    for client in range(4):
+        rows = X[groups == client]
+        np.testing.assert_array_equal(
+            loaded.predict_proba_y(rows, client=client), fitted.predict_proba_y(rows, client=client)
+        )
+    np.testing.assert_array_equal(loaded.markers_, fitted.markers_)
+    assert loaded.bytes_per_client_round_ == fitted.bytes_per_client_round_
+    with pytest.raises(ModelFormatError):
+        from fednovelty.detectors.cam import ClusteredFLClassifier
+
+        ClusteredFLClassifier.load(path)
+
+
+def test_save_and_load_fedavg(data, tmp_path) -> None:
+    X, y, groups = data
+    clf = VGM2Classifier("fedavg", **FAST, random_state=0).fit(X, y, groups)
+    clf.save(tmp_path / "f.safetensors")
+    loaded = VGM2Classifier.load(tmp_path / "f.safetensors")
+    np.testing.assert_array_equal(loaded.predict_proba_y(X[:10]), clf.predict_proba_y(X[:10]))
