@@ -517,6 +517,31 @@ def _client_ids(ids: list) -> np.ndarray:
     return np.asarray(ids)
 
 
+def restore_classifier_attrs(estimator, attrs: dict) -> None:
+    """Set a saved federated classifier's ``n_features_in_``, ``feature_names_in_``,
+    ``client_ids_``, ``n_clients_`` and ``classes_`` from its JSON ``attrs``, validated.
+
+    Raises:
+        ModelFormatError: a missing, mistyped or inconsistent attribute, named.
+    """
+    estimator.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
+    names = get_attr(attrs, "feature_names_in_", (list, type(None)))
+    if names is not None:
+        check_items(names, "feature_names_in_", str)
+        if len(names) != estimator.n_features_in_:
+            raise ModelFormatError(
+                f"feature_names_in_ has {len(names)} names for {estimator.n_features_in_} "
+                "features."
+            )
+        estimator.feature_names_in_ = np.asarray(names, dtype=object)
+    estimator.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
+    estimator.n_clients_ = len(estimator.client_ids_)
+    classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
+    estimator.classes_ = np.asarray(classes)
+
+
 def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:
     """``callback`` fed records whose ``round`` is shifted by ``offset``."""
 

@@ -303,14 +303,7 @@ class FedVBDetector(MixtureDetector):
             return
         algorithm = FederatedVB(
             self.n_components,
-            weight_concentration_prior_type=self.weight_concentration_prior_type,
-            weight_concentration_prior=self.weight_concentration_prior,
-            mean_prior=self.mean_prior,
-            mean_precision_prior=self.mean_precision_prior,
-            degrees_of_freedom_prior=self.degrees_of_freedom_prior,
-            covariance_prior=self.covariance_prior,
-            weight_threshold=self.weight_threshold,
-            covariance_type=self.covariance_type,
+            **self._prior_settings(),
             init_params=self.init_params,
             weights_init=self.weights_init,
             means_init=self.means_init,
@@ -340,6 +333,20 @@ class FedVBDetector(MixtureDetector):
                 stacklevel=4,  # the caller's fit(...)
             )
 
+    def _prior_settings(self) -> dict:
+        """The priors, effective-weight threshold and covariance type, as both algorithms
+        (exact and one-shot) take them."""
+        return {
+            "weight_concentration_prior_type": self.weight_concentration_prior_type,
+            "weight_concentration_prior": self.weight_concentration_prior,
+            "mean_prior": self.mean_prior,
+            "mean_precision_prior": self.mean_precision_prior,
+            "degrees_of_freedom_prior": self.degrees_of_freedom_prior,
+            "covariance_prior": self.covariance_prior,
+            "weight_threshold": self.weight_threshold,
+            "covariance_type": self.covariance_type,
+        }
+
     def _fit_one_shot(self, clients, seed) -> None:
         """The one-shot fit (``aggregation`` ``"natural"`` or ``"moment"``)."""
         given = ("weights_init", "means_init", "precisions_init")
@@ -358,14 +365,7 @@ class FedVBDetector(MixtureDetector):
             self.n_components,
             posterior_aggregation=self.aggregation,
             match_threshold=self.match_threshold,
-            weight_concentration_prior_type=self.weight_concentration_prior_type,
-            weight_concentration_prior=self.weight_concentration_prior,
-            mean_prior=self.mean_prior,
-            mean_precision_prior=self.mean_precision_prior,
-            degrees_of_freedom_prior=self.degrees_of_freedom_prior,
-            covariance_prior=self.covariance_prior,
-            weight_threshold=self.weight_threshold,
-            covariance_type=self.covariance_type,
+            **self._prior_settings(),
             reg_covar=self.reg_covar,
             tol=self.tol,
             max_iter=self.max_iter,

@@ -28,7 +28,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
-from fednovelty.detectors.base import SimulatedFitMixin, _client_ids, check_callbacks, seed_from
+from fednovelty.detectors.base import (
+    SimulatedFitMixin,
+    check_callbacks,
+    restore_classifier_attrs,
+    seed_from,
+)
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -414,21 +419,8 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore the fitted attributes from ``save``'s output, validated."""
         options = self._torch_options()
-        self.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
-        names = get_attr(attrs, "feature_names_in_", (list, type(None)))
-        if names is not None:
-            check_items(names, "feature_names_in_", str)
-            if len(names) != self.n_features_in_:
-                raise ModelFormatError(
-                    f"feature_names_in_ has {len(names)} names for {self.n_features_in_} features."
-                )
-            self.feature_names_in_ = np.asarray(names, dtype=object)
-        self.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
-        self.n_clients_ = len(self.client_ids_)
-        classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
-        if len(classes) < 2 or len(set(classes)) != len(classes):
-            raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
-        self.classes_ = np.asarray(classes)
+        restore_classifier_attrs(self, attrs)
+        classes = self.classes_.tolist()
         keys = check_items(get_attr(attrs, "client_keys_", list), "client_keys_", list)
         if len(keys) != self.n_clients_:
             raise ModelFormatError(f"client_keys_ must list {self.n_clients_} clients' keys.")
