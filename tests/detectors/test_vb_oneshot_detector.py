@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 from sklearn.base import clone
 from sklearn.metrics import roc_auc_score
 
@@ -44,7 +45,7 @@ def test_exact_is_the_default_and_unchanged(data, fitted):
     X, groups = data
     default = FedVBDetector(n_components=8, random_state=0).fit(X, groups=groups)
     assert default.aggregation == "exact"
-    assert np.array_equal(default.decision_scores_, fitted["exact"].decision_scores_)
+    assert_close_scaled(default.decision_scores_, fitted["exact"].decision_scores_, rtol=1e-12)
     assert default.history_[-1]["kind"] == "vb" and len(default.lower_bounds_) > 0
 
 
@@ -81,7 +82,8 @@ def test_save_load_keeps_the_one_shot_posterior(tmp_path, data, fitted, how):
     det.save(path)
     back = fednovelty.load(path)
     assert back.aggregation == how
-    assert np.array_equal(back.score_samples(X), det.score_samples(X))
+    # scores are recomputed from the loaded (copied) posterior
+    assert_close_scaled(back.score_samples(X), det.score_samples(X), rtol=1e-12)
     for name in ("weight_concentration", "means", "covariances"):
         assert torch.equal(getattr(back.posterior_, name), getattr(det.posterior_, name))
 
