@@ -58,7 +58,10 @@ def has_personal_weights(detector) -> bool:
 
 def score_axis(detector) -> tuple[str, int]:
     """``(axis name, sign)``: the value shown is ``sign * score``; mixtures show ``log p(x)``
-    (sign -1), other detectors their anomaly score (sign +1)."""
+    (sign -1), the kNN-distance markers the log of their tail probability (sign -1), other
+    detectors their anomaly score (sign +1)."""
+    if hasattr(detector, "tail_probability") and hasattr(detector, "history_"):
+        return "log tail probability", -1
     if hasattr(detector, "score_samples") and hasattr(detector, "history_"):
         return "log p(x)", -1
     return "anomaly score", 1

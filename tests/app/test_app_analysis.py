@@ -190,3 +190,14 @@ def test_score_rows_of_a_baseline_has_no_log_px():
     assert any("without labels" in n for n in notes)
     assert any("no Gaussian components" in n for n in notes)
     assert most_responsible(det, bundle_frame) is None and explain_row(det, None, 0) is None
+
+
+
+def test_the_knn_markers_show_their_log_tail_probability():
+    from fednovelty import FedKNNMarkerDetector
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 2))
+    det = FedKNNMarkerDetector(n_components=3, random_state=0).fit(X, groups=np.repeat([0, 1], 60))
+    assert score_axis(det) == ("log tail probability", -1)
+    assert score_axis(FedGMMDetector(2, random_state=0).fit(X)) == ("log p(x)", -1)
