@@ -105,7 +105,7 @@ def test_same_seed_same_numbers_and_client_states_kept() -> None:
     clients = make_clients()
     first = simulate(VGM2(6, 3, **SMALL), clients)
     second = simulate(VGM2(6, 3, **SMALL), clients)
-    assert_close_scaled(first.state.prior, second.state.prior, rtol=0)
+    assert_close_scaled(first.state.prior, second.state.prior, rtol=1e-12)
     kept = first.client_states[0]
     assert {"vgm2.markers", "vgm2.graph.heads"} <= set(kept)
     assert any(k.startswith("vgm2.encoder.") for k in kept)
@@ -196,7 +196,7 @@ def test_learning_separates_classes_and_predicts() -> None:
     assert proba.shape == (X.shape[0], 3)
     assert_close_scaled(proba.sum(1), torch.ones(X.shape[0]), rtol=1e-6)
     assert float((proba.argmax(1) == y).float().mean()) > 0.9
-    assert float(proba[:, 0].max()) == 0.0  # client 1 never saw class 0
+    assert float(proba[:, 0].max()) == 0.0  # structural: client 1 has no reference row of class 0
     with pytest.raises(ValueError, match="reference"):
         algorithm.client_proba(result.client_states[1], result.state, X)
 
