@@ -20,11 +20,12 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._labels import encode_labels, label_codes
-from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors.base import (
     SimulatedFitMixin,
     check_callbacks,
+    check_labelled,
+    labelled_client_data,
     restore_classifier_attrs,
     seed_from,
 )
@@ -201,13 +202,7 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         """
         self._validate_params()
         callbacks = check_callbacks(callbacks)
-        array = check_X(X)
-        if y is None:
-            raise ValueError(
-                f"{type(self).__name__}.fit needs y, one label per row: fit(X, y, groups)."
-            )
-        classes, codes = encode_labels(y, array.shape[0])
-        client_ids, group_codes = check_groups(groups, array.shape[0])
+        array, classes, codes, client_ids, group_codes = check_labelled(self, X, y, groups)
         if self.method != "FedAvg+" and self.n_clusters > len(client_ids):
             raise ValueError(
                 f"n_clusters={self.n_clusters} exceeds the {len(client_ids)} client(s): a "
@@ -215,22 +210,9 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             )
         config = self._config(array.shape[1], len(classes), seed_from(self.random_state))
         algorithm = ClusteredFL.from_config(config)
-        self.classes_ = classes
-        self.n_features_in_ = array.shape[1]
-        names = feature_names(X)
-        if names is not None:
-            self.feature_names_in_ = names
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self.client_ids_, self.n_clients_ = client_ids, len(client_ids)
-        parts = split_by_client(array, group_codes, self.n_clients_)
-        labels = split_by_client(codes, group_codes, self.n_clients_)
+        data = labelled_client_data(self, X, array, classes, codes, client_ids, group_codes)
         self._fit_callbacks = callbacks
         try:
-            data = []
-            for rows, lab in zip(parts, labels, strict=True):
-                Xt = self._as_tensor(rows)
-                data.append((Xt, torch.as_tensor(lab, device=Xt.device)))
             result = self._simulate(
                 algorithm,
                 data,
