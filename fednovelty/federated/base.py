@@ -48,12 +48,17 @@ class Message:
             centroids), ``max_components`` (largest local mixture), ``n_features`` (width
             of the rows the round works on, when not the federation's). Never sent, not
             counted in :meth:`nbytes`; empty on a decoded message.
+        backing: on the client only, the effective rows behind the entries of each
+            released tensor (a tensor of the shape of the tensor's grouped leading
+            dimension, or a scalar for a whole-client value), which the client gate reads
+            (:func:`fednovelty.federated.privacy.release`) and removes. Never sent.
     """
 
     kind: str
     tensors: dict[str, Tensor] = field(default_factory=dict)
     scalars: dict[str, Scalar] = field(default_factory=dict)
     expect: dict[str, Scalar] = field(default_factory=dict, compare=False)
+    backing: dict[str, Tensor] = field(default_factory=dict, compare=False)
 
     def nbytes(self) -> int:
         """Payload size: tensor bytes plus 8 bytes per scalar (strings: their UTF-8 length)."""
