@@ -1,0 +1,236 @@
+"""A lying client cannot crash a fit: property test over every algorithm in the registry.
+
+One client of ten replies whatever hypothesis draws from its honest reply: tensors scaled to
+1e300 or 1e-300 or negated, a NaN or an inf, a tensor of the wrong shape, a tensor missing or
+one too many, the second moments made non-PSD, another kind, a huge row count. The server's
+gate must drop or neutralise it: the fit ends normally, or (when no round can go on) with a
+:class:`~fednovelty.exceptions.FederationError` that says why; never with an error from deep
+inside (a torch RuntimeError, an IndexError, a singular covariance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fednovelty.exceptions import FederationError
+from fednovelty.federated import registry
+from fednovelty.federated.base import Message
+from fednovelty.federated.cam import ClusteredFL
+from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.em import FederatedEM
+from fednovelty.federated.fedgengmm import FedGenGMM, LocalGMMs
+from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.knn_markers import FederatedKNNMarkers
+from fednovelty.federated.pca import FederatedPCA
+from fednovelty.federated.pfedem import PFedEM
+from fednovelty.federated.streaming import StreamingEM
+from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.vgm2 import VGM2
+from fednovelty.runtime import run_simulation, simulation
+
+N_CLIENTS, LIAR, D = 10, 9, 3
+
+
+def _rows(seed: int, n: int = 40, d: int = D) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    centre = 4.0 * (seed % 2)
+    return torch.randn(n, d, dtype=torch.float64, generator=g) + centre
+
+
+def _unlabelled() -> list[torch.Tensor]:
+    return [_rows(c) for c in range(N_CLIENTS)]
+
+
+def _labelled(d: int = D) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for c in range(N_CLIENTS):
+        X = _rows(c, d=d)
+        out.append((X, (X[:, 0] > X[:, 0].median()).long()))
+    return out
+
+
+def _stream() -> StreamingEM:
+    start = run_simulation(FederatedEM(2, random_state=0, max_iter=5), _unlabelled())
+    p = start.state.params
+    return StreamingEM(
+        2, weights_init=p.weights, means_init=p.means, precisions_init=p.precisions_cholesky
+    )
+
+
+#: registry name -> (algorithm factory, client data factory); small and fast settings.
+CASES: dict[str, tuple[Callable, Callable]] = {
+    "FederatedEM": (lambda: FederatedEM(2, max_iter=4, random_state=0), _unlabelled),
+    "JointFedGMM": (lambda: JointFedGMM(2, 2, 2, max_iter=2, random_state=0), _labelled),
+    "FedGenGMM": (lambda: FedGenGMM(k_range=(1, 2), random_state=0), _unlabelled),
+    "LocalGMMs": (lambda: LocalGMMs(k_range=(1, 2), random_state=0), _unlabelled),
+    "FederatedPCA": (lambda: FederatedPCA(2), _unlabelled),
+    "StreamingEM": (_stream, _unlabelled),
+    "PFedEM": (lambda: PFedEM(2, 2, max_iter=2, local_epochs=1, random_state=0), _labelled),
+    "ClusteredFL": (
+        lambda: ClusteredFL("IFCA", D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+        _labelled,
+    ),
+    "ClusteredEM": (
+        lambda: ClusteredEM(2, n_clusters=2, cluster_components=1, max_iter=4, random_state=0),
+        _unlabelled,
+    ),
+    "FederatedVB": (lambda: FederatedVB(3, max_iter=4, random_state=0), _unlabelled),
+    "FederatedVBOneShot": (lambda: FederatedVBOneShot(3, random_state=0), _unlabelled),
+    "FederatedKNNMarkers": (
+        lambda: FederatedKNNMarkers(2, n_neighbors=3, max_iter=4, random_state=0),
+        _unlabelled,
+    ),
+    "VGM2": (
+        lambda: VGM2(D, 2, hidden=8, embedding_dim=2, local_epochs=1, batch_size=16, rounds=2),
+        _labelled,
+    ),
+}
+
+
+def test_every_registered_algorithm_has_a_case() -> None:
+    assert set(CASES) == set(registry.ALGORITHMS)
+
+
+# ----------------------------------------------------------------------------- the liar
+LIES = (
+    "scale",
+    "nan",
+    "inf",
+    "wrong_shape",
+    "missing",
+    "extra",
+    "non_psd",
+    "other_kind",
+    "huge_rows",
+    "random",
+)
+
+
+@st.composite
+def lies(draw) -> dict:
+    """What the liar does: a lie, the tensor it picks (by position), a factor, the rounds."""
+    return {
+        "lie": draw(st.sampled_from(LIES)),
+        "pick": draw(st.integers(0, 7)),
+        "factor": draw(st.sampled_from([1e300, 1e10, -1.0, 1e-300, 0.0, -1e300])),
+        "every_round": draw(st.booleans()),
+        "first_round": draw(st.integers(0, 3)),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def lie(reply: Message, how: dict) -> Message:
+    """``reply`` as the liar sends it (see :data:`LIES`)."""
+    tensors = {name: t.clone() for name, t in reply.tensors.items()}
+    names = sorted(tensors)
+    g = torch.Generator().manual_seed(how["seed"])
+    lie_kind = how["lie"]
+    if lie_kind == "other_kind":
+        return Message("em" if reply.kind != "em" else "moments", tensors, dict(reply.scalars))
+    if lie_kind == "extra" or not names:
+        tensors["extra"] = torch.ones(3, dtype=torch.float64)
+        return Message(reply.kind, tensors, dict(reply.scalars))
+    name = names[how["pick"] % len(names)]
+    t = tensors[name]
+    floating = t.is_floating_point()
+    if lie_kind == "scale" and floating:
+        tensors[name] = t * how["factor"]
+    elif lie_kind == "scale":  # every float tensor, as a consistent liar would
+        tensors = {
+            n: (v * how["factor"] if v.is_floating_point() else v) for n, v in tensors.items()
+        }
+    elif lie_kind in ("nan", "inf") and floating and t.numel():
+        flat = t.reshape(-1).clone()
+        flat[int(torch.randint(flat.numel(), (1,), generator=g))] = (
+            float("nan") if lie_kind == "nan" else float("inf")
+        )
+        tensors[name] = flat.reshape(t.shape)
+    elif lie_kind == "wrong_shape":
+        tensors[name] = torch.zeros(*[s + 1 for s in t.shape], 2, dtype=t.dtype)
+    elif lie_kind == "missing":
+        del tensors[name]
+    elif lie_kind == "non_psd" and "second" in tensors:
+        tensors["second"] = -tensors["second"]
+    elif lie_kind == "huge_rows":
+        for key in ("n_samples", "n"):
+            if key in tensors:
+                tensors[key] = tensors[key] * 1e200
+    elif floating:  # random: any values of the right shape
+        tensors[name] = torch.randn(t.shape, dtype=t.dtype, generator=g) * how["factor"]
+    return Message(reply.kind, tensors, dict(reply.scalars))
+
+
+def run_with_liar(name: str, how: dict):
+    build, data = CASES[name]
+    honest = simulation.run_client_step
+    answered = {"n": 0}
+
+    def liar_step(algorithm, client_data, message, context, *args, **kwargs):
+        reply = honest(algorithm, client_data, message, context, *args, **kwargs)
+        if context.client_id != LIAR or reply.scalars.get("skipped"):
+            return reply
+        answered["n"] += 1
+        round_index = answered["n"] - 1
+        if round_index == how["first_round"] or (
+            how["every_round"] and round_index > how["first_round"]
+        ):
+            return lie(reply, how)
+        return reply
+
+    with mock.patch.object(simulation, "run_client_step", liar_step):
+        return run_simulation(build(), data(), random_state=0)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(how=lies())
+def test_a_liar_never_crashes_a_fit_with_an_unnamed_error(name, how) -> None:
+    try:
+        result = run_with_liar(name, how)
+    except FederationError:
+        return  # named: the federation could not go on, and the message says why
+    for record in result.history:
+        for _, reason in record.dropped:
+            assert reason  # every drop has a reason
+    state = result.state
+    params = getattr(state, "params", None)
+    if params is not None:
+        for tensor in params.tensors().values():
+            assert bool(torch.isfinite(tensor).all()), f"{name}: non-finite fitted parameters"
+
+
+def test_the_liar_is_dropped_by_name_in_the_round_it_lies() -> None:
+    how = {
+        "lie": "nan",
+        "pick": 0,
+        "factor": 1.0,
+        "every_round": True,
+        "first_round": 0,
+        "seed": 0,
+    }
+    result = run_with_liar("FederatedEM", how)
+    drops = [reason for r in result.history for c, reason in r.dropped if c == LIAR]
+    assert drops and all("NaN" in reason or "liar" in reason or reason for reason in drops)
+    assert np.isfinite(result.state.lower_bounds[-1])
+
+
+def test_lie_changes_the_reply() -> None:
+    ones = {"counts": torch.ones(2, dtype=torch.float64), "sums": torch.ones(2, 3)}
+    reply = Message("em", ones)
+    how = {"lie": "scale", "pick": 0, "factor": 1e300, "every_round": False, "first_round": 0}
+    assert float(lie(reply, {**how, "seed": 0}).tensors["counts"][0]) == 1e300
+    assert lie(reply, {**how, "lie": "missing", "seed": 0}).tensors.keys() == {"sums"}
+    assert torch.equal(reply.tensors["counts"], torch.ones(2, dtype=torch.float64))  # not mutated
