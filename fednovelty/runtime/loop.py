@@ -6,8 +6,10 @@ their replies -> every reply goes through the run's
 :class:`~fednovelty.federated.validation.ReplyValidator` -> ``server_step`` over the valid
 replies (in increasing client id, under :func:`~fednovelty.runtime.threads.run_server_step`)
 -> a :class:`RoundRecord` -> callbacks -> ``finished``. A round with fewer than
-``min_clients`` valid replies is recorded as failed (no server step) and asked again;
-``max_failed_rounds`` failed rounds in a row stop the run with a
+``min_clients`` valid replies that carry statistics is recorded as failed (no server step)
+and asked again: a ``skipped`` reply (a client below its privacy floor, or refusing the
+round) passes validation but does not count, so no server step sees a round of skipped
+replies only. ``max_failed_rounds`` failed rounds in a row stop the run with a
 :class:`~fednovelty.exceptions.FederationError`.
 
 A :class:`Transport` decides which clients are asked each round and how the message reaches
@@ -32,7 +34,7 @@ from tqdm.auto import tqdm
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.validation import ReplyValidator, is_skipped
 from fednovelty.runtime.threads import run_server_step
 
 #: a dropped reply: ``(client id, reason)``; the client id is ``None`` where the engine
@@ -53,8 +55,8 @@ class RoundRecord:
         seconds: wall time of the round.
         metrics: the algorithm's metrics for the round.
         dropped: ``(client id, reason)`` of every reply the validation dropped.
-        failed: fewer than ``min_clients`` valid replies: the server step did not run and
-            the round is asked again.
+        failed: fewer than ``min_clients`` valid replies that are not ``skipped``: the
+            server step did not run and the round is asked again.
     """
 
     round: int
@@ -182,8 +184,8 @@ def run_rounds(
         validator: the run's reply validation; default ``ReplyValidator()``, which learns
             the federation's row width from the first broadcast that has means or centres,
             else from the widths the first replies declare (``Delivery.widths``).
-        min_clients: fewest valid replies a round may go on with; a round with fewer is
-            recorded as failed and asked again.
+        min_clients: fewest valid replies that are not ``skipped`` a round may go on with;
+            a round with fewer is recorded as failed and asked again.
         max_failed_rounds: failed rounds in a row after which the federation counts as
             gone.
         callbacks: called with each :class:`RoundRecord` as it completes, in order.
@@ -222,7 +224,7 @@ def run_rounds(
             delivery = transport.exchange(number, message)
             valid, invalid = _validate(validator, message, delivery)
             settled = transport.settle(number, delivery, valid, invalid)
-            failed = len(valid) < min_clients
+            failed = n_contributing(valid) < min_clients
             metrics: dict[str, Scalar] = {}
             if not failed:
                 state, metrics = run_server_step(algorithm, state, valid)
@@ -250,6 +252,11 @@ def run_rounds(
     finally:
         bar.close()
     return state, history
+
+
+def n_contributing(valid: Mapping[int, Message]) -> int:
+    """How many of a round's valid replies carry statistics (are not ``skipped``)."""
+    return sum(not is_skipped(reply) for reply in valid.values())
 
 
 def _validate(
@@ -280,7 +287,7 @@ def failed_rounds_message(records: Sequence[RoundRecord], min_clients: int) -> s
     reasons = "; ".join(f"client {c}: {why}" for c, why in last.dropped) or "none dropped"
     return (
         f"{len(records)} round(s) in a row had fewer than min_clients={min_clients} valid "
-        f"replies (last: round {last.round} ({last.kind}), {len(last.replied)} of "
-        f"{len(last.sampled)} asked replied validly; dropped: {reasons}). Lower dropout or "
-        "min_clients, or check the clients."
+        f"replies (skipped ones not counted; last: round {last.round} ({last.kind}), "
+        f"{len(last.replied)} of {len(last.sampled)} asked replied validly; dropped: "
+        f"{reasons}). Lower dropout or min_clients, or check the clients."
     )

@@ -12,8 +12,9 @@ The loop does the rest, as on Flower: every reply goes through a
 :class:`~fednovelty.federated.validation.ReplyValidator` (a reply that is malformed or
 contradicts what its client declared before is dropped and recorded in
 ``RoundRecord.dropped``), a round with fewer than ``min_clients`` valid replies is recorded
-as failed and asked again of a fresh sample, and ``max_failed_rounds`` failed rounds in a
-row stop the run with a :class:`~fednovelty.exceptions.FederationError`.
+as failed and asked again of a fresh sample (a ``skipped`` reply does not count), and
+``max_failed_rounds`` failed rounds in a row stop the run with a
+:class:`~fednovelty.exceptions.FederationError`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "SimulationResult",
     "check_clients",
     "failed_rounds_message",
+    "failure_budget",
     "run_simulation",
     "sample_clients",
 ]
@@ -101,6 +103,24 @@ class InProcessTransport(Transport):
         return Delivery(replies, asked=tuple(asked), n_asked=len(asked), bytes_up=bytes_up)
 
 
+#: failed rounds in a row that end a simulation without dropout.
+MAX_FAILED_ROUNDS = 5
+#: the chance, per round, that simulated dropout alone ends a run under the default budget.
+SPURIOUS_END = 1e-6
+
+
+def failure_budget(dropout: float) -> int:
+    """Failed rounds in a row after which a simulation counts its federation as gone, by
+    default: ``MAX_FAILED_ROUNDS``, or more where ``dropout`` makes runs of failed rounds
+    likely. A round fails only when every client that could contribute drops out
+    (probability at most ``dropout``), so ``m`` failures in a row have probability at most
+    ``dropout ** m``; the budget is the least ``m`` that puts it below ``SPURIOUS_END``.
+    """
+    if dropout <= 0:
+        return MAX_FAILED_ROUNDS
+    return max(MAX_FAILED_ROUNDS, math.ceil(math.log(SPURIOUS_END) / math.log(dropout)))
+
+
 def run_simulation(
     algorithm: FederatedAlgorithm,
     clients: Sequence[Tensor] | dict[int, Tensor],
@@ -108,7 +128,7 @@ def run_simulation(
     fraction: float = 1.0,
     dropout: float = 0.0,
     min_clients: int = 1,
-    max_failed_rounds: int = 5,
+    max_failed_rounds: int | None = None,
     random_state: int = 0,
     progress: bool = False,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
@@ -127,7 +147,9 @@ def run_simulation(
         min_clients: fewest valid replies a round may go on with; a round with fewer is
             recorded as failed and asked again of a fresh sample.
         max_failed_rounds: failed rounds in a row after which the federation counts as
-            gone (a ``FederationError``).
+            gone (a ``FederationError``); default :func:`failure_budget` of ``dropout``
+            (5 without dropout), so that simulated dropout alone stops a run with
+            probability below ``1e-6`` per round.
         random_state: seed of client sampling and dropout.
         progress: show a tqdm bar over rounds (labelled ``description``).
         callbacks: called with each ``RoundRecord`` as it completes.
@@ -149,6 +171,8 @@ def run_simulation(
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+    if max_failed_rounds is None:
+        max_failed_rounds = failure_budget(dropout)
     if int(max_failed_rounds) < 1:
         raise ValueError(f"max_failed_rounds must be >= 1, got {max_failed_rounds}.")
     data = dict(enumerate(clients)) if not isinstance(clients, dict) else dict(clients)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,6 +136,42 @@ def test_rounds_with_too_few_valid_replies_fail_and_are_asked_again() -> None:
     # a failed round is asked again: the same state, so the same message
     steps = [float(m.tensors["step"]) for _, m in transport.sent]
     assert steps == [0.0, 0.0, 0.0, 1.0] and len(algorithm.seen) == 2
+
+
+def skipped() -> Message:
+    return Message("tick", scalars={"skipped": True, "reason": "below the floor"})
+
+
+def test_a_round_of_skipped_replies_only_fails_and_is_asked_again() -> None:
+    """A skipped reply passes validation but carries nothing: it does not count toward
+    min_clients, so the server step never sees a round without statistics."""
+    algorithm = Rounds(n_rounds=2)
+    transport = Scripted([{0: skipped(), 1: skipped()}, {0: skipped(), 1: reply()}])
+    state, history = run_rounds(algorithm, transport, validator=ReplyValidator(D))
+    assert state == 2
+    assert [r.failed for r in history] == [True, False, False]
+    assert history[0].replied == (0, 1) and not history[0].dropped
+    assert [sorted(replies) for replies in algorithm.seen] == [[0, 1], [0, 1]]
+
+
+@pytest.mark.parametrize("detector", ["FedGMMDetector", "ClusteredFedGMMDetector"])
+def test_dropout_with_a_client_below_its_floor_fits_every_seed(detector) -> None:
+    """Three clients, one of 4 rows (below the default floor of 5: it always skips), 60 %
+    dropout: rounds where only the small client answers are asked again, and every seed
+    fits."""
+    import fednovelty
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(204, 2))
+    groups = np.r_[np.zeros(100), np.ones(100), np.full(4, 2)].astype(int)
+    options = {"n_clusters": 2, "cluster_components": 1} if detector != "FedGMMDetector" else {}
+    failed = 0
+    for seed in range(6):
+        model = getattr(fednovelty, detector)(2, dropout=0.6, random_state=seed, **options)
+        model.fit(X, groups=groups)
+        assert np.isfinite(model.score_samples(X)).all()
+        failed += sum(r["failed"] for r in model.history_)
+    assert failed > 0  # rounds were asked again
 
 
 def test_the_federation_is_gone_after_max_failed_rounds_in_a_row() -> None:

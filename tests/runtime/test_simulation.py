@@ -219,6 +219,15 @@ def test_the_federation_is_gone_after_max_failed_rounds_in_a_row():
         run_simulation(CountingAlgorithm(), make_clients(2), max_failed_rounds=0)
 
 
+def test_the_default_failure_budget_grows_with_dropout():
+    from fednovelty.runtime.simulation import SPURIOUS_END, failure_budget
+
+    assert failure_budget(0.0) == failure_budget(0.05) == 5
+    for dropout in (0.5, 0.6, 0.9):
+        m = failure_budget(dropout)
+        assert dropout**m <= SPURIOUS_END < dropout ** (m - 1)
+
+
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5, float("nan")])
 def test_bad_fraction_raises(fraction):
     with pytest.raises(ValueError, match="fraction"):
