@@ -12,9 +12,11 @@ Methods (``fit --method``, ``bench --methods``) are names of the registry,
 Files: ``fit`` and ``score`` never write over one of their inputs (the data, the model), refuse
 to replace an existing ``--out`` unless ``--overwrite`` is given, and need ``--out``'s folder to
 exist; they write a temporary file beside ``--out`` and rename it, so an interrupted run leaves
-the old file or the new one, never half of one. ``bench --out DIR`` creates ``DIR`` (its parent
-must exist) and resumes from ``DIR/results.csv``; ``summary.md`` and the figures are rewritten
-from it on every run.
+the old file or the new one, never half of one; only a regular file is ever replaced (a link,
+a FIFO, a device or a folder at ``--out`` is refused, ``--overwrite`` or not). ``bench --out
+DIR`` creates ``DIR`` (its parent must exist) and resumes from ``DIR/results.csv``;
+``summary.md`` and the figures are rewritten from it on every run, and only files ``bench``
+wrote itself are ever replaced (:mod:`fednovelty._cli.bench_outputs`).
 
 Exit status: 0 done; 1 the data or the model cannot be used (an unreadable table, NaN,
 a damaged model file, a fit that fails) or a file cannot be written; 2 a usage error (argparse's
@@ -143,6 +145,9 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
+OVERWRITE_HELP = "replace --out if it is an existing regular file (never a link, FIFO or device)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fednovelty", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -186,14 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--out", required=True, help="model file (.safetensors); its folder must exist"
     )
-    fit.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    fit.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     fit.set_defaults(func=_fit)
     score = sub.add_parser("score", help="score a table with a saved detector")
     score.add_argument("model")
     score.add_argument("data")
     score.add_argument("--client-column", default=None, help="column to drop before scoring")
     score.add_argument("--out", required=True, help="output CSV; its folder must exist")
-    score.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    score.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     score.set_defaults(func=_score)
     bench.add_parser(sub)
     dashboard.add_parser(sub)

@@ -4,16 +4,21 @@ output only with ``--overwrite``, a missing folder is a clear error; exit codes 
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from fednovelty import load
+from fednovelty._cli.files import UsageError, write_atomically
 from fednovelty.cli import main
+from fednovelty.evaluation.results import COLUMNS
 
 FIT = ["--client-column", "site", "--components", "1"]
 
@@ -167,3 +172,120 @@ def test_the_process_exit_status_and_stderr(tmp_path, table):
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("fednovelty: error: ") and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------ bench --out: owned files
+BENCH = ["bench", "--quick", "--methods", "IForest", "--components", "2", "--clients", "3",
+         "--max-train", "150", "--no-progress"]  # fmt: skip
+STREAM = ["bench", "--stream", "linear", "--datasets", "cifar10-svhn", "--methods", "static",
+          "--windows", "2", "--clients", "3", "--rows", "40", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture
+def no_long_work(monkeypatch):
+    """The grid and the stream runners fail the test if called: refusals come first."""
+    from fednovelty.evaluation import benchmark, streams
+
+    def started(*args, **kwargs):
+        raise AssertionError("the benchmark started before the output folder was checked")
+
+    monkeypatch.setattr(benchmark, "run_benchmark", started)
+    monkeypatch.setattr(streams, "run_stream_benchmark", started)
+
+
+def _special(path, kind):
+    """A FIFO or a symbolic link to /dev/null at ``path``; returns a check that it is unchanged."""
+    if kind == "fifo":
+        os.mkfifo(path)
+        return lambda: stat.S_ISFIFO(os.lstat(path).st_mode)
+    path.symlink_to(os.devnull)
+    return lambda: path.is_symlink() and os.readlink(path) == os.devnull
+
+
+def test_bench_keeps_a_foreign_summary_and_names_it(tmp_path, capsys):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "summary.md").write_text("my notes\n")
+    assert main([*BENCH, "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert str(out / "summary.md") in line and "another --out" in line
+    assert (out / "summary.md").read_text() == "my notes\n"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.md"]  # refused before the run
+    # beside a bench results file (a folder of an older bench, no manifest) it is still foreign
+    (out / "results.csv").write_text(",".join(COLUMNS) + "\n")
+    assert main([*BENCH, "--out", str(out)]) == 2
+    assert str(out / "summary.md") in _error_line(capsys)
+    assert (out / "summary.md").read_text() == "my notes\n"
+
+
+def test_bench_stream_keeps_a_foreign_figure(tmp_path, capsys, no_long_work):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "auroc_by_window_cifar10-svhn.png").write_bytes(b"mine")
+    assert main([*STREAM, "--out", str(out)]) == 2
+    assert "auroc_by_window_cifar10-svhn.png" in _error_line(capsys)
+    assert (out / "auroc_by_window_cifar10-svhn.png").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+@pytest.mark.parametrize("name", ["results.csv", "summary.md"])
+@pytest.mark.parametrize("stream", [False, True], ids=["grid", "stream"])
+def test_bench_never_replaces_a_special_file(tmp_path, capsys, no_long_work, kind, name, stream):
+    out = tmp_path / "run"
+    out.mkdir()
+    unchanged = _special(out / name, kind)
+    assert main([*(STREAM if stream else BENCH), "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert str(out / name) in line and ("FIFO" if kind == "fifo" else "symbolic link") in line
+    assert unchanged()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_overwrite_replaces_only_a_regular_file(tmp_path, table, model, capsys, kind):
+    out = tmp_path / "scores.csv"
+    unchanged = _special(out, kind)
+    score = ["score", str(model), str(table), "--client-column", "site", "--out", str(out)]
+    assert main([*score, "--overwrite"]) == 2
+    line = _error_line(capsys)
+    assert str(out) in line and ("FIFO" if kind == "fifo" else "symbolic link") in line
+    assert unchanged()
+    weights = tmp_path / "w.safetensors"
+    weights.symlink_to(model)  # a link to a regular file is not replaced either
+    assert main(["fit", str(table), *FIT, "--out", str(weights), "--overwrite"]) == 2
+    assert "symbolic link" in _error_line(capsys)
+    assert weights.is_symlink() and load(model).n_components_ == 1
+
+
+def test_overwrite_refuses_a_special_file_that_appears_while_writing(tmp_path):
+    path = tmp_path / "scores.csv"
+
+    def write(temporary):
+        Path(temporary).write_text("new\n")
+        os.mkfifo(path)  # appears while the command runs
+
+    with pytest.raises(UsageError, match="FIFO"):
+        write_atomically(path, write, overwrite=True)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.csv"]
+
+
+def test_bench_reruns_into_its_own_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*BENCH, "--out", str(out)]) == 0
+    first = pd.read_csv(out / "results.csv")
+    manifest = json.loads((out / ".fednovelty-bench.json").read_text())
+    assert sorted(manifest["files"]) == [
+        "auroc_by_dataset_novelty.png",
+        "results.csv",
+        "summary.md",
+    ]
+    assert main([*BENCH, "--metric", "aupr_out", "--out", str(out)]) == 0  # resumed
+    pd.testing.assert_frame_equal(pd.read_csv(out / "results.csv"), first)
+    assert (out / "summary.md").read_text().startswith("# Benchmark summary: aupr_out")
+    assert (out / "aupr_out_by_dataset_novelty.png").is_file()
+    # a folder of an older bench (no manifest): its summary and figures are recognised
+    (out / ".fednovelty-bench.json").unlink()
+    assert main([*BENCH, "--out", str(out)]) == 0
+    assert (out / "summary.md").read_text().startswith("# Benchmark summary: auroc")
+    assert "summary.md" in json.loads((out / ".fednovelty-bench.json").read_text())["files"]
+    capsys.readouterr()

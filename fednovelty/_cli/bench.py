@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from fednovelty._cli.bench_outputs import BenchOutputs
 from fednovelty._cli.files import (
     UsageError,
     non_negative_int,
     positive_float,
     positive_int,
-    write_atomically,
 )
 from fednovelty.methods import ABLATIONS, method_names
 
@@ -84,32 +84,39 @@ def client_components(text: str) -> int | None:
     return value
 
 
-def bench_figures(df: pd.DataFrame, out: Path, metric: str) -> list[Path]:
-    """One bar chart of ``metric`` per protocol; AUC-PR vs every swept axis per dataset."""
+def save_figure(outputs: BenchOutputs, name: str, figure) -> Path:
+    """Write the matplotlib ``figure`` as the PNG ``name`` of the bench folder, then close it."""
     import matplotlib.pyplot as plt
 
+    try:
+        return outputs.write(name, lambda path: figure.savefig(path, dpi=120, format="png"))
+    finally:
+        plt.close(figure)
+
+
+def bench_figures(df: pd.DataFrame, outputs: BenchOutputs, metric: str) -> list[Path]:
+    """One bar chart of ``metric`` per protocol; AUC-PR vs every swept axis per dataset."""
     from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs
 
     paths = []
     for protocol, rows in df.groupby("protocol", sort=False):
         ax = plot_method_bars(rows, metric, title=f"{protocol} protocol")
-        paths.append(out / f"{metric}_by_dataset_{protocol}.png")
-        ax.figure.savefig(paths[-1], dpi=120)
-        plt.close(ax.figure)
+        paths.append(save_figure(outputs, f"{metric}_by_dataset_{protocol}.png", ax.figure))
         for x in SWEEP_AXES:
             if rows[x].nunique() < 2:
                 continue
             for dataset, part in rows.groupby("dataset", sort=False):
                 ax = plot_metric_vs(part, x, "aupr_out", title=f"{dataset}, {protocol}")
                 safe = dataset.replace(":", "-").replace("/", "-")
-                paths.append(out / f"aupr_out_vs_{x}_{safe}_{protocol}.png")
-                ax.figure.savefig(paths[-1], dpi=120)
-                plt.close(ax.figure)
+                name = f"aupr_out_vs_{x}_{safe}_{protocol}.png"
+                paths.append(save_figure(outputs, name, ax.figure))
     return paths
 
 
-def check_bench_folder(out: str) -> Path:
-    """``bench --out``: an existing folder (resumed) or a new one in an existing folder."""
+def check_bench_folder(out: str) -> BenchOutputs:
+    """``bench --out``: an existing folder (resumed) or a new one in an existing folder, whose
+    files named like the bench's outputs are the bench's own
+    (:meth:`~fednovelty._cli.bench_outputs.BenchOutputs.check`)."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {out} is a file; bench writes into a folder: name a folder.")
@@ -119,7 +126,7 @@ def check_bench_folder(out: str) -> Path:
             f"--out {out}: the folder {parent} does not exist; create it first "
             f"(mkdir -p {parent}) or choose another --out."
         )
-    return folder
+    return BenchOutputs.check(folder)
 
 
 def _option(name: str) -> str:
@@ -139,19 +146,15 @@ def _single(args: argparse.Namespace, name: str, default: int) -> int:
     return values[0]
 
 
-def stream_figures(df: pd.DataFrame, out: Path) -> list[Path]:
+def stream_figures(df: pd.DataFrame, outputs: BenchOutputs) -> list[Path]:
     """One figure per dataset: AUROC per window, one line per method, with A's share."""
-    import matplotlib.pyplot as plt
-
     from fednovelty.evaluation.plots import plot_stream_metric
 
     paths = []
     for dataset, rows in df.groupby("dataset", sort=False):
         ax = plot_stream_metric(rows, "auroc", title=f"{dataset}: AUROC per window")
         safe = dataset.replace(":", "-").replace("/", "-").replace("+", "-")
-        paths.append(out / f"auroc_by_window_{safe}.png")
-        ax.figure.savefig(paths[-1], dpi=120)
-        plt.close(ax.figure)
+        paths.append(save_figure(outputs, f"auroc_by_window_{safe}.png", ax.figure))
     return paths
 
 
@@ -194,7 +197,8 @@ def run_stream(args: argparse.Namespace) -> int:
     clients = _single(args, "clients", 10)
     components = _single(args, "components", 4)
     methods = args.methods or list(STREAM_METHODS)
-    out = check_bench_folder(args.out)
+    outputs = check_bench_folder(args.out)
+    out = outputs.folder
     if (out / "results.csv").exists():
         raise UsageError(
             f"{out / 'results.csv'} exists: a stream run does not resume; choose a new --out "
@@ -230,16 +234,10 @@ def run_stream(args: argparse.Namespace) -> int:
     ]
     df = pd.concat(frames, ignore_index=True)
     out.mkdir(exist_ok=True)
-    write_atomically(
-        out / "results.csv", lambda path: df.to_csv(path, index=False), overwrite=False
-    )
+    outputs.write("results.csv", lambda path: df.to_csv(path, index=False))
     summary = format_stream_summary(df)
-    write_atomically(
-        out / "summary.md",
-        lambda path: Path(path).write_text(summary, encoding="utf-8"),
-        overwrite=True,
-    )
-    figures = stream_figures(df, out)
+    outputs.write("summary.md", lambda path: Path(path).write_text(summary, encoding="utf-8"))
+    figures = stream_figures(df, outputs)
     seconds = time.perf_counter() - started
     print(summary)
     n_failed = int(df["error"].notna().sum())
@@ -286,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(streams)}: stream dataset(s); add --stream linear|cosine|constant."
         )
     args.methods = args.methods or method_names()
-    out = check_bench_folder(args.out)  # created by run_benchmark
+    outputs = check_bench_folder(args.out)
+    out = outputs.folder  # created by run_benchmark
     try:  # what run_benchmark checks before it runs anything, as usage errors
         check_grid(
             args.datasets,
@@ -320,13 +319,13 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         threads=args.threads or None,
     )
+    if (out / "results.csv").is_file():
+        outputs.record("results.csv")
     summary = summarize(df, args.metric)
-    write_atomically(
-        out / "summary.md",
-        lambda path: Path(path).write_text(summary + "\n", encoding="utf-8"),
-        overwrite=True,
+    outputs.write(
+        "summary.md", lambda path: Path(path).write_text(summary + "\n", encoding="utf-8")
     )
-    figures = bench_figures(df, out, args.metric)
+    figures = bench_figures(df, outputs, args.metric)
     seconds = time.perf_counter() - started
     print(summary)
     n_failed = int(df["error"].notna().sum())
@@ -344,7 +343,10 @@ def add_parser(sub) -> None:
         help="run a benchmark grid; write results.csv, summary.md and PNG figures",
         description="Run every dataset x method x protocol x alpha x clients x seed cell; "
         "resumes from DIR/results.csv (finished cells are skipped; a torn last row is "
-        "dropped and its cell run again); summary.md and the figures are rewritten.",
+        "dropped and its cell run again); summary.md and the figures are rewritten. Only "
+        "files bench wrote itself (listed in DIR/.fednovelty-bench.json) are replaced: a "
+        "foreign summary.md, figure or results.csv, or a link, FIFO or device in their "
+        "place, stops the command before it runs.",
     )
     bench.add_argument(
         "--datasets",
@@ -419,7 +421,8 @@ def add_parser(sub) -> None:
     bench.add_argument(
         "--out",
         required=True,
-        help="output folder (created; its parent must exist); results.csv in it is resumed",
+        help="output folder (created; its parent must exist); results.csv in it is resumed; "
+        "files in it that bench did not write are never replaced",
     )
     bench.add_argument(
         "--quick",

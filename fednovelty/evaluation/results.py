@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -87,16 +88,24 @@ def cell_key(row) -> tuple[str, ...]:
 def check_results_file(out_csv: str | os.PathLike[str]) -> None:
     """Check that ``out_csv`` is absent, empty or a results file of
     :func:`~fednovelty.evaluation.benchmark.run_benchmark` (its header names ``dataset`` and
-    ``method``), so that resuming into it never rewrites another file.
+    ``method``), so that resuming into it never rewrites another file. It is looked at with
+    ``os.lstat``: a symbolic link, a FIFO or a device there is refused, never written through.
 
     Raises:
-        ValueError: ``out_csv`` is a folder, or a file with another header.
+        ValueError: ``out_csv`` is a folder, not a regular file, or a file with another header.
     """
     path = Path(out_csv)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; out_csv must name a .csv file.")
-    if not path.is_file():
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
+    if not stat.S_ISREG(mode):
+        raise ValueError(
+            f"{path} is not a regular file (a symbolic link, a FIFO, a device?); results are "
+            "written only to a regular file. Remove it or choose another output."
+        )
     with open(path, "rb") as handle:
         first = handle.readline()
     if not first.endswith(b"\n"):  # empty, or a header torn while it was written
@@ -202,11 +211,12 @@ def _replace_text(path: Path, text: str) -> None:
 def append_row(out_csv: Path, row: dict, header: list[str]) -> None:
     """Append ``row`` (and the header, to an empty file) as whole lines in one ``write``
     on a file opened for appending, then flush it to disk: a row is on disk whole or, if the
-    process dies or the disk fills mid-write, torn at the end, which ``read_finished`` drops."""
+    process dies or the disk fills mid-write, torn at the end, which ``read_finished`` drops.
+    A symbolic link at ``out_csv`` is not followed (``OSError``)."""
     new = not out_csv.is_file() or out_csv.stat().st_size == 0
     frame = pd.DataFrame([row]).reindex(columns=header)
     data = frame.to_csv(index=False, header=new, lineterminator="\n").encode("utf-8")
-    descriptor = os.open(out_csv, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    descriptor = os.open(out_csv, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     try:
         view = memoryview(data)
         while view:
