@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,7 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError
+from fednovelty.federated.privacy import PrivacyPolicy, release
 
 Scalar = bool | int | float | str
 
@@ -127,6 +129,25 @@ class FederatedAlgorithm(ABC):
     config_class: ClassVar[type | None] = None
     #: the algorithm's settings, an instance of ``config_class``.
     config: Any = None
+    #: message kind -> what its replies hold (:class:`~fednovelty.federated.declarations.
+    #: ReplySpec`), one per kind the client half answers; a chained algorithm reads its
+    #: steps' instead.
+    replies: ClassVar[Mapping[str, ReplySpec]] = {}
+
+    def reply_spec(self, kind: str) -> ReplySpec:
+        """The declaration of replies of ``kind``, read by the client gate and the server
+        gate (:mod:`fednovelty.federated.validation`) and by the thread choice.
+
+        Raises:
+            UndeclaredReplyError: the algorithm declares no reply of ``kind``.
+        """
+        spec = self.replies.get(kind)
+        if spec is None:
+            raise UndeclaredReplyError(
+                f"{type(self).__name__} declares no replies of kind {kind!r} (it declares "
+                f"{sorted(self.replies)}); messages of that kind are not answered or accepted."
+            )
+        return spec
 
     @classmethod
     def from_config(cls, config: Any) -> FederatedAlgorithm:
@@ -175,6 +196,22 @@ class FederatedAlgorithm(ABC):
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         """Run the client half on local rows ``X`` (n_samples, n_features); may update
         ``context.state``. Returns the reply."""
+
+    def answer(self, data: Any, message: Message, context: ClientContext) -> Message:
+        """What the client sends back: :meth:`client_step`, then the client gate.
+
+        The gate (:func:`~fednovelty.federated.privacy.release`) applies the client's own
+        policy (``context.policy``) to the step's reply by the declaration of its kind
+        (``self.reply_spec(message.kind)``): every released value backed by at least
+        ``min_rows`` effective rows, no more grouped entries than the client's own
+        configuration allows, nothing the declaration does not classify, and the
+        client-side ``backing`` removed. Every engine answers through this method
+        (``fednovelty.runtime.threads.run_client_step``); it is the one place the
+        differential-privacy work will add noise.
+        """
+        reply = self.client_step(data, message, context)
+        spec = self.reply_spec(message.kind)
+        return release(reply, spec, context.policy, self.config, message)
 
     @abstractmethod
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:

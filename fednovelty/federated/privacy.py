@@ -29,11 +29,14 @@ two replies (e.g. the sums with and without a suppressed row).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from fednovelty.federated.declarations import ReplySpec
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -282,15 +285,229 @@ def joint_backing(q: Tensor, min_rows: int) -> tuple[Tensor, Tensor, Tensor]:
     return gaussians, cells & gaussians.unsqueeze(1), learners
 
 
+def deviation_rows(values: Tensor) -> Tensor:
+    """Effective rows behind a sum of per-row values (a log-likelihood sum, a mean score).
+
+    A sum ``sum_i v_i`` tells a reader about the rows through how the ``v_i`` differ; a value
+    that is the same for every row (or for most of them) says nothing about any one. So the
+    sum is backed by Kish's effective number of the deviations ``|v_i - median(v)|``:
+    ``(sum_i |dev_i|)^2 / sum_i dev_i^2``, ``n`` when every value is the median. It is 1
+    when one row differs from the others (a ReLU probe, ``max(0, u.x - t)``, set so that
+    one row lies beyond ``t``), and about ``0.44 n`` for the log-densities of ``n`` rows
+    drawn from the model that scores them (exponentially distributed deviations).
+
+    Args:
+        values: per-row values, (n_samples,) or (n_samples, n_sums) for several sums at once.
+
+    Returns:
+        The effective rows, () or (n_sums,); 0 for no rows.
+    """
+    n = values.shape[0]
+    if n == 0:
+        return values.new_zeros(values.shape[1:])
+    deviation = (values - values.median(0).values).abs()
+    rows = effective_rows(deviation.sum(0), deviation.square().sum(0))
+    flat = deviation.amax(0) == 0
+    return torch.where(flat, torch.full_like(rows, float(n)), rows)
+
+
+def stats_backing(
+    stats: SufficientStats, rows: Tensor, tied_rows: Tensor | float | None = None
+) -> dict[str, Tensor]:
+    """What backs each tensor of a statistics reply (``aggregate.STATS_FIELDS``).
+
+    Args:
+        stats: the released statistics (n_components components).
+        rows: each component's effective rows, (n_components,).
+        tied_rows: for ``tied`` statistics, the effective rows behind the one second
+            moment (the rows' summed responsibilities over the kept components).
+
+    Returns:
+        ``counts``, ``sums`` and per-component ``second``: ``rows``; a tied ``second``:
+        ``tied_rows`` (shape ()); ``log_likelihood`` and ``n_samples``: the row count.
+    """
+    like = stats.counts
+    n = torch.as_tensor(float(stats.n_samples), dtype=like.dtype, device=like.device)
+    second = rows
+    if stats.covariance_type == "tied":
+        second = n if tied_rows is None else torch.as_tensor(tied_rows).to(like)
+    return {"counts": rows, "sums": rows, "second": second, "log_likelihood": n, "n_samples": n}
+
+
+#: rows whose deviations give the candidate directions of :func:`contrast_rows`.
+CONTRAST_CANDIDATES = 256
+
+
+def contrast_rows(values: Tensor) -> Tensor:
+    """Effective rows behind a vector of sums of per-row values, under any contrast.
+
+    A reader of ``C`` released sums ``s_c = sum_i v_ic`` can form any linear combination
+    ``sum_c l_c s_c``: two cluster rows' log-likelihoods, each a V-shaped log-sum-exp of
+    two equal-covariance Gaussians, can agree on every row but one, and their difference
+    is then that row's value. The sums are backed by the smallest :func:`deviation_rows`
+    of the combined values ``l . v_i`` over directions ``l``. The ones that isolate rows
+    make ``l . v_i`` equal over many rows, i.e. ``l`` is orthogonal to differences
+    ``v_i - v_j`` of those rows; the candidates are the directions orthogonal to ``C - 1``
+    differences within groups of ``C`` rows taken from the :data:`CONTRAST_CANDIDATES`
+    rows of largest deviation and rows spread evenly over the rest (pairs of neighbours
+    in both lists), plus each single sum. For ``C = 1`` it is :func:`deviation_rows`.
+
+    Args:
+        values: per-row values, (n_samples, C).
+
+    Returns:
+        The effective rows, a () tensor (``n_samples`` when no direction isolates rows).
+    """
+    n, c = values.shape
+    if n == 0:
+        return values.new_zeros(())
+    single = deviation_rows(values).min()
+    if c == 1 or n < c:
+        return single
+    deviation = (values - values.median(0).values).norm(dim=1)
+    half = CONTRAST_CANDIDATES // 2
+    top = deviation.argsort(descending=True)[:half]
+    spread = torch.linspace(0, n - 1, min(n, half), device=values.device).long()
+    groups = torch.cat([_windows(top, c), _windows(spread, c)])  # (n_groups, C) row indices
+    differences = values[groups[:, 1:]] - values[groups[:, :1]]  # (n_groups, C - 1, C)
+    directions = torch.linalg.svd(differences, full_matrices=True).Vh[:, -1, :]
+    return torch.minimum(single, deviation_rows(values @ directions.T).min())
+
+
+def _windows(index: Tensor, size: int) -> Tensor:
+    """Overlapping windows of ``size`` consecutive entries of ``index``: (n - size + 1, size)."""
+    if index.numel() < size:
+        return index.new_zeros((0, size))
+    return index.unfold(0, size, 1)
+
+
+def _refused(reply: Any, reason: str) -> Any:
+    """A skipped reply of ``reply``'s kind (and its message class) giving ``reason``."""
+    return type(reply)(reply.kind, scalars={"skipped": True, "reason": reason})
+
+
+def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, broadcast: Any) -> Any:
+    """The client gate: what of a client step's ``reply`` leaves the client.
+
+    The one place every engine passes a reply through (``FederatedAlgorithm.answer``), and
+    the one place the differential-privacy work will add noise. Pure: ``reply`` is not
+    changed.
+
+    ``reply.backing`` states, for every tensor of ``reply.tensors``, the effective rows
+    behind it, and ``spec.backing`` what kind of value it is (:data:`BACKINGS`):
+
+    - a backing of shape ``()`` backs the whole tensor (a ``"client"`` total, a learner, a
+      statistic the step recomputed from the kept components such as a tied second
+      moment); below ``policy.min_rows`` the reply is not released.
+    - a backing of shape ``tensor.shape[:b]`` (``b >= 1``) backs each entry it indexes
+      (component ``k``, class ``y``, bin ``b``, cell ``(m1, m2)``). Dimension 0 is the
+      group; more entries than ``spec.limit(config, broadcast)`` allows refuse the reply
+      (a limit may be a mapping from backing to limit where a reply has groups of two
+      sizes, e.g. components and cluster rows).
+      An entry below the floor is sent as zeros (``"components"``, ``"classes"``,
+      ``"bins"``), removed (``"model"``: a local mixture's component, with the
+      ``"weights"`` of the kept components renormalised), or refuses the reply
+      (``"clusters"``: a cluster row's score of 0 would be read as a score, so a client
+      never sends one it cannot back). When no entry of any grouped tensor is kept the
+      reply is not released.
+    - a tensor the declaration does not classify, or one without a stated backing, refuses
+      the reply: what the gate cannot classify is not released.
+
+    Args:
+        reply: the client step's ``Message`` (``tensors`` with shapes per its kind,
+            ``scalars``, ``backing``: name -> () or leading-shape tensor of effective rows).
+        spec: the ``ReplySpec`` of the reply's kind.
+        policy: the client's own ``PrivacyPolicy``.
+        config: the client's own configuration (the algorithm's settings) for
+            ``spec.limit``.
+        broadcast: the message the reply answers.
+
+    Returns:
+        The released ``Message`` (same kind and scalars, tensors floored, no ``backing``),
+        or a skipped reply whose reason names the tensor (or the limit) that stopped it.
+        A skipped reply passes as it is (without ``backing``).
+    """
+    if reply.scalars.get("skipped"):
+        return type(reply)(reply.kind, scalars=dict(reply.scalars))
+    where = f"the client's {reply.kind!r} reply"
+    unclassified = sorted(name for name in reply.tensors if spec.backing_of(name) is None)
+    if unclassified:
+        return _refused(
+            reply,
+            f"{where} holds {unclassified}, which its declaration does not classify; not released",
+        )
+    unbacked = sorted(set(reply.tensors) - set(reply.backing))
+    if unbacked:
+        return _refused(reply, f"{where} states no backing for {unbacked}; not released")
+    floor = policy.min_rows
+    limits = None if spec.limit is None else spec.limit(config, broadcast)
+    tensors: dict[str, Tensor] = {}
+    grouped_kept: list[bool] = []
+    removed: dict[str, Tensor] = {}
+    for name, value in reply.tensors.items():
+        rows = torch.as_tensor(reply.backing[name], dtype=torch.float64)
+        kind = spec.backing_of(name)
+        if rows.ndim == 0:
+            if not bool(backed(rows, floor)):
+                return _refused(
+                    reply,
+                    f"{where}: {name!r} is backed by {float(rows):.3g} "
+                    f"effective rows, below the client's floor min_rows={floor}",
+                )
+            tensors[name] = value
+            continue
+        if tuple(rows.shape) != tuple(value.shape[: rows.ndim]):
+            return _refused(
+                reply,
+                f"{where}: the backing of {name!r} has shape "
+                f"{tuple(rows.shape)}, which does not index its shape "
+                f"{tuple(value.shape)}; not released",
+            )
+        limit = limits.get(kind) if isinstance(limits, Mapping) else limits
+        if limit is not None and rows.shape[0] > limit:
+            return _refused(
+                reply,
+                f"{where}: {name!r} has {rows.shape[0]} {kind} entries, more "
+                f"than the client's own configuration allows ({limit})",
+            )
+        keep = backed(rows, floor).to(value.device)
+        if kind == "clusters" and not bool(keep.all()):
+            return _refused(
+                reply,
+                f"{where}: an entry of {name!r} is backed by "
+                f"{float(rows.min()):.3g} effective rows, below the client's floor "
+                f"min_rows={floor}",
+            )
+        grouped_kept.append(bool(keep.any()))
+        if kind == "model" and rows.ndim == 1:
+            removed[name] = keep
+            tensors[name] = value[keep]
+        else:
+            mask = keep.to(value.dtype).reshape(*keep.shape, *[1] * (value.ndim - keep.ndim))
+            tensors[name] = value * mask
+    if grouped_kept and not any(grouped_kept):
+        return _refused(
+            reply, f"{where}: no entry is backed by the client's floor min_rows={floor}"
+        )
+    if "weights" in removed and tensors["weights"].numel():
+        tensors["weights"] = tensors["weights"] / tensors["weights"].sum()
+    return type(reply)(reply.kind, tensors, dict(reply.scalars))
+
+
 __all__ = [
+    "CONTRAST_CANDIDATES",
     "DEFAULT_MAX_CLUSTERS",
     "DEFAULT_MIN_ROWS",
     "PrivacyPolicy",
     "backed",
     "backed_mixture",
+    "contrast_rows",
+    "deviation_rows",
     "effective_rows",
     "joint_backing",
     "merge_small_clusters",
+    "release",
+    "stats_backing",
     "suppress_components",
     "trimmed_range",
 ]
