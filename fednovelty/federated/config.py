@@ -219,7 +219,40 @@ class Settings:
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class MixtureSettings(Settings):
+class RobustSettings(Settings):
+    """The robust options of an algorithm that sums or averages its clients' replies
+    (:mod:`fednovelty.federated.robust`, ``docs/robust.md``); off by default.
+
+    Attributes:
+        aggregation: how the server combines the clients' contributions: ``"sum"`` (the
+            exact sum or weighted mean), ``"trimmed"`` or ``"median"`` (robust), as far as
+            the algorithm has them (``AGGREGATION_CHOICES``; others are refused by name).
+        trim: share of clients a ``"trimmed"`` aggregation leaves out (at each end).
+        client_weight_cap: no client counts for more than this many times the median
+            client's row count (``None``: no cap).
+    """
+
+    #: the aggregations the algorithm has.
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
+
+    aggregation: str = "sum"
+    trim: float = 0.1
+    client_weight_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        robust = check_robust_arguments(
+            self.aggregation,
+            self.trim,
+            self.client_weight_cap,
+            self.AGGREGATION_CHOICES,
+            owner=type(self).__name__,
+        )
+        for name, value in zip(("aggregation", "trim", "client_weight_cap"), robust, strict=True):
+            self._set(name, value)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class MixtureSettings(RobustSettings):
     """The settings every Gaussian-mixture algorithm has.
 
     Attributes:
@@ -230,18 +263,11 @@ class MixtureSettings(Settings):
         standardize: fit on z-scores (the result is in the original units).
         prior_strength: pseudo-rows of the covariance prior (``None``: plain ML M-steps).
         prior_scale: the prior's target variance, as a multiple of each feature's variance.
-        aggregation: how the server combines the clients' contributions: ``"sum"`` (exact),
-            ``"trimmed"`` or ``"median"`` (robust; :mod:`fednovelty.federated.robust`), as
-            far as the algorithm has them (``AGGREGATION_CHOICES``).
-        trim: share of clients a ``"trimmed"`` aggregation leaves out.
-        client_weight_cap: no client counts for more than this many times the median
-            client's row count (``None``: no cap).
+        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`).
         random_state: integer seed.
         dtype, device: where the server computes; client rows arrive in this dtype.
     """
 
-    #: the aggregations the algorithm has.
-    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
     #: whether the k-means initialisation may seed fewer than ``n_components`` centres (an
     #: upper bound on K, as variational Bayes has); EM needs all of them.
     FEWER_CENTROIDS_OK: ClassVar[bool] = False
@@ -253,20 +279,13 @@ class MixtureSettings(Settings):
     standardize: bool = False
     prior_strength: float | None = None
     prior_scale: float = 1.0
-    aggregation: str = "sum"
-    trim: float = 0.1
-    client_weight_cap: float | None = None
     random_state: int = 0
     dtype: torch.dtype = torch.float64
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_covariance_type(self.covariance_type)
-        robust = check_robust_arguments(
-            self.aggregation, self.trim, self.client_weight_cap, self.AGGREGATION_CHOICES
-        )
-        for name, value in zip(("aggregation", "trim", "client_weight_cap"), robust, strict=True):
-            self._set(name, value)
         prior = check_prior_arguments(self.prior_strength, self.prior_scale)
         self._set("prior_strength", prior[0])
         self._set("prior_scale", prior[1])
@@ -385,7 +404,8 @@ class StreamConfig(MixtureSettings):
     ``tol`` are not used.
     """
 
-    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum",)
+    #: the window's and the far rows' statistics: summed, or trimmed as federated EM's.
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
 
     n_components: int
     weights_init: Tensor | None = None
@@ -955,10 +975,9 @@ class VBConfig(EMConfig):
                 "FederatedVB does not support standardize, prior_strength or pca_components "
                 "yet; its Normal-Wishart prior replaces the covariance prior."
             )
-        if self.mixture_weights != "global" or self.aggregation != "sum":
+        if self.mixture_weights != "global":
             raise ValueError(
-                "FederatedVB needs mixture_weights='global' and aggregation='sum' (the exact "
-                "posterior from summed statistics)."
+                "FederatedVB needs mixture_weights='global' (one posterior of the weights)."
             )
 
     @property
@@ -1139,6 +1158,10 @@ class VBOneShotConfig(VBConfig):
             (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
             rule's average (VGM2's use: the average as the next prior).
     """
+
+    #: the clients' posteriors are matched and combined, not summed: no trimmed form yet
+    #: (``client_weight_cap`` applies).
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum",)
 
     posterior_aggregation: str = "moment"
     match_threshold: float = 0.5

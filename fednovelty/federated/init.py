@@ -60,7 +60,7 @@ from fednovelty.federated.base import (
 )
 from fednovelty.federated.config import EMConfig
 from fednovelty.federated.privacy import backed, merge_small_clusters, trimmed_range
-from fednovelty.federated.robust import robust_stats
+from fednovelty.federated.robust import coordinate_median, outlying_points, robust_stats
 from fednovelty.federated.steps import Step
 from fednovelty.mixture import (
     CovariancePrior,
@@ -105,6 +105,34 @@ def combine_stats(replies: dict[int, Message], shift: Tensor, config: EMConfig) 
     ct = config.covariance_type
     per_client = {c: stats_from_message(m, shift, ct) for c, m in replies.items()}
     return robust_stats(per_client, config.trim)
+
+
+def robust_centroid_replies(replies: dict[int, Message], aggregation: str) -> dict[int, Message]:
+    """The ``centroids`` replies a robust ``aggregation`` keeps (``"sum"``: all).
+
+    Each client is summarised by the count-weighted mean of its centroids, (n_features,);
+    the clients whose summary :func:`~fednovelty.federated.robust.outlying_points` calls
+    outlying are left out, the spread floored at the median client's own spread of its
+    centroids (clients of different clusters are not outlying). One client's centroid far
+    from every row (e.g. at 1e133) would otherwise seed a centre that no row joins, and
+    the first M-step would fail. Only the seeds are affected: every client's rows still
+    join the Lloyd rounds."""
+    ids = [c for c, m in replies.items() if m.tensors["centers"].shape[0] > 0]
+    if aggregation == "sum" or len(ids) < 3:
+        return replies
+    summaries, spreads = [], []
+    for c in ids:
+        t = replies[c].tensors
+        centers = t["centers"].double().cpu()
+        weights = t["counts"].double().cpu().clamp_min(0) + 1e-12
+        weights = weights / weights.sum()
+        mean = weights @ centers
+        summaries.append(mean)
+        spreads.append((weights @ (centers - mean).square()).sqrt())
+    floor = coordinate_median(torch.nan_to_num(torch.stack(spreads), nan=math.inf))
+    out = outlying_points(torch.stack(summaries), floor)
+    left_out = {c for c, o in zip(ids, out.tolist(), strict=True) if o}
+    return {c: m for c, m in replies.items() if c not in left_out}
 
 
 def _check_enough(n_samples: float, n_components: int) -> None:
@@ -245,6 +273,7 @@ class CentroidsStep(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
+        replies = robust_centroid_replies(replies, config.aggregation)
         centers, counts = pool_centroids(replies.values())
         n_centers = config.n_components
         if config.FEWER_CENTROIDS_OK and 0 < centers.shape[0] < n_centers:

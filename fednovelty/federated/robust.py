@@ -44,11 +44,17 @@ def check_robust_arguments(
     trim: float,
     client_weight_cap: float | None,
     allowed: tuple[str, ...] = AGGREGATIONS,
+    owner: str = "",
+    name: str = "aggregation",
 ) -> tuple[str, float, float | None]:
     """Validated ``(aggregation, trim, client_weight_cap)``, or a ``ValueError`` naming the
-    bad one; ``allowed`` lists the aggregations the algorithm has."""
+    bad one; ``allowed`` lists the aggregations the algorithm ``owner`` has, and ``name``
+    is the aggregation's setting there."""
     if aggregation not in allowed:
-        raise ValueError(f"aggregation must be one of {allowed}, got {aggregation!r}.")
+        has = f"{owner} has" if owner else "the algorithm has"
+        raise ValueError(
+            f"{name} must be one of {allowed} (the robust options {has}), got {aggregation!r}."
+        )
     if not 0.0 <= float(trim) < 0.5:
         raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
     if client_weight_cap is not None and not float(client_weight_cap) >= 1.0:
@@ -148,10 +154,11 @@ def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> Suff
         trim: share of clients dropped at each end, in [0, 0.5).
 
     Returns:
-        ``SufficientStats`` whose component ``k`` has count ``N * w_k`` (``N`` the rows of
-        all clients, ``w`` the trimmed shares, normalised) and the mean and covariance of
-        the kept clients' rows of that component; log-likelihood and row count are the
-        plain sums.
+        ``SufficientStats`` whose component ``k`` has count ``N * w_k`` (``N = C`` times
+        the trimmed mean of the clients' row counts: the plain total when they agree;
+        ``w`` the trimmed shares, normalised) and the mean and covariance of the kept
+        clients' rows of that component; the row count is ``N`` and the log-likelihood
+        ``N`` times the trimmed mean of the clients' per-row log-likelihoods.
     """
     ids = sorted(per_client)
     stats = [per_client[c] for c in ids]
@@ -161,7 +168,10 @@ def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> Suff
     if float(combined.sum()) <= 0:
         combined = (counts / n.unsqueeze(1)).mean(0)
     weights = combined / combined.sum()
-    total = n.sum()
+    # the rows the combination stands for: the trimmed mean client's, times the clients
+    # (the plain sum when trim is 0), so a claimed row count does not set the scale
+    total = n.shape[0] * trimmed_mean(n, trim)
+    log_likelihoods = torch.stack([s.log_likelihood for s in stats])  # (C,)
     sums = torch.stack([s.sums for s in stats])  # (C, K, d)
     seconds = torch.stack([s.second for s in stats])
     tied = stats[0].covariance_type == "tied"
@@ -188,7 +198,7 @@ def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> Suff
         sums=new_sums,
         second=new_second,
         shift=stats[0].shift,
-        log_likelihood=torch.stack([s.log_likelihood for s in stats]).sum(),
+        log_likelihood=total * trimmed_mean(log_likelihoods / n, trim),
         n_samples=total,
         covariance_type=stats[0].covariance_type,
     )
@@ -228,3 +238,118 @@ def outlying_models(models: Mapping[int, MixtureParams], method: str, trim: floa
         return [c for c, z in zip(ids, score.tolist(), strict=True) if z > OUTLYING_Z]
     order = score.argsort(descending=True)[: math.ceil(trim * len(ids) - 1e-9)]
     return sorted(ids[int(i)] for i in order)
+
+
+# ---------------------------------------------------------------------- model updates
+#: the robust combinations of model updates (learners, encoders, cluster models).
+UPDATE_AGGREGATIONS: tuple[str, ...] = ("sum", "trimmed", "median")
+
+
+def coordinate_median(values: Tensor) -> Tensor:
+    """Median over dim 0 of ``values`` (n_clients, ...) of every entry, shape (...): the
+    middle value, or the mean of the two middle values for an even number of clients
+    (``numpy.median``'s rule). The coordinate-wise median of Yin et al. (2018)."""
+    n = values.shape[0]
+    if n == 0:
+        raise ValueError("coordinate_median needs at least one client's values.")
+    ordered = values.sort(0).values
+    middle = ordered[(n - 1) // 2]
+    return middle if n % 2 else (middle + ordered[n // 2]) / 2
+
+
+def coordinate_trimmed_mean(values: Tensor, trim: float) -> Tensor:
+    """Mean over dim 0 of ``values`` (n_clients, ...) of every entry after dropping its
+    ``floor(trim * n_clients)`` lowest and highest values, shape (...): the coordinate-wise
+    trimmed mean of Yin et al. (2018) (``scipy.stats.trim_mean``'s cut)."""
+    if values.shape[0] == 0:
+        raise ValueError("coordinate_trimmed_mean needs at least one client's values.")
+    return trimmed_mean(values, trim)
+
+
+def robust_average_params(
+    current: Mapping[str, Tensor],
+    copies: list[Mapping[str, Tensor]],
+    weights: Tensor,
+    aggregation: str,
+    trim: float,
+) -> dict[str, Tensor]:
+    """A new model from the clients' trained copies of ``current``.
+
+    ``"sum"``: the weighted mean ``sum_c w_c theta_c / sum_c w_c``
+    (:func:`~fednovelty.federated.aggregate.average_params`); ``"trimmed"`` /
+    ``"median"``: the coordinate-wise trimmed mean (``trim`` at each end) or median of the
+    copies whose weight is positive, unweighted: a client's weight only says whether it
+    took part, so a claimed row count buys no influence (Byzantine-robust FL, Yin et al.
+    2018).
+
+    Args:
+        current: name -> the broadcast tensor; kept (a new dict of the same tensors) when
+            no copy has a positive weight, and each result has its dtype and device.
+        copies: the clients' parameter dicts, each with every name of ``current``.
+        weights: (len(copies),) non-negative weights, in the order of ``copies``.
+        aggregation: ``"sum"``, ``"trimmed"`` or ``"median"``.
+        trim: share of copies dropped at each end of every entry (``"trimmed"``).
+
+    Returns:
+        name -> tensor of ``current[name]``'s shape (nothing given is modified).
+    """
+    from fednovelty.federated.aggregate import average_params
+
+    if aggregation == "sum":
+        return average_params(dict(current), copies, weights)
+    if aggregation not in UPDATE_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {UPDATE_AGGREGATIONS}, got {aggregation!r}.")
+    chosen = [copy for copy, w in zip(copies, weights.tolist(), strict=True) if w > 0]
+    if not chosen:
+        return dict(current)
+    new = {}
+    for name, tensor in current.items():
+        stacked = torch.stack([copy[name].to(tensor.device) for copy in chosen]).double()
+        if aggregation == "median":
+            new[name] = coordinate_median(stacked).to(tensor)
+        else:
+            new[name] = coordinate_trimmed_mean(stacked, trim).to(tensor)
+    return new
+
+
+def robust_average_learners(
+    learners: list[dict[str, Tensor]],
+    replies: list[Message],
+    gammas: Tensor,
+    aggregation: str,
+    trim: float,
+) -> list[dict[str, Tensor]]:
+    """:func:`~fednovelty.federated.aggregate.average_learners` under ``aggregation``:
+    learner ``m2`` from the clients' copies ``learner.{m2}.{name}`` of ``replies`` whose
+    ``gammas[:, m2]`` (n_replies, M2) is positive, by :func:`robust_average_params`."""
+    from fednovelty.federated.aggregate import learner_name
+
+    return [
+        robust_average_params(
+            learner,
+            [{name: r.tensors[learner_name(m2, name)] for name in learner} for r in replies],
+            gammas[:, m2],
+            aggregation,
+            trim,
+        )
+        for m2, learner in enumerate(learners)
+    ]
+
+
+def outlying_points(points: Tensor, floor: Tensor | None = None) -> Tensor:
+    """(n_points,) boolean: the points (n_points, n_features) whose robust z-score
+    ``|p - median| / spread`` exceeds ``OUTLYING_Z`` in some feature, ``spread`` the
+    larger of ``1.4826 MAD`` and ``floor`` (n_features,) (a known scale of honest points,
+    so that a feature where most points agree does not make the rest outlying; default
+    ``1e-12`` times the median's scale). Fewer than three points: none."""
+    n = points.shape[0]
+    if n < 3:
+        return torch.zeros(n, dtype=torch.bool, device=points.device)
+    values = points.double()
+    center = coordinate_median(values)
+    spread = 1.4826 * coordinate_median((values - center).abs())
+    if floor is not None:
+        spread = torch.maximum(spread, floor.to(spread))
+    spread = spread.clamp_min(1e-12 * (float(center.abs().max()) + 1))
+    score = ((values - center).abs() / spread).amax(1)
+    return torch.nan_to_num(score, nan=math.inf) > OUTLYING_Z

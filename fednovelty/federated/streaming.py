@@ -44,9 +44,10 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from fednovelty.federated.aggregate import stats_message, sum_stats
+from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import StreamConfig
+from fednovelty.federated.init import combine_stats
 from fednovelty.federated.privacy import backed, effective_rows, suppress_components
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import (
@@ -181,7 +182,7 @@ class StreamStep(Step):
             state.window_rows = sum(float(r.tensors["n_samples"]) for r in replies.values())
             return None, metrics
         shift = moment_shift(state.params)
-        window = sum_stats(replies.values(), shift, config.covariance_type)
+        window = combine_stats(replies, shift, config)
         if first:
             state.window_rows = float(window.n_samples)
             stats = self._births(state, replies, window, shift)
@@ -203,9 +204,9 @@ class StreamStep(Step):
         config = self.config
         if config.far_quantile is None:
             return forget_and_add(state.carry, window, config.rho)
-        ct, d = config.covariance_type, shift.shape[0]
-        far_replies = [
-            Message(
+        d = shift.shape[0]
+        far_replies = {
+            cid: Message(
                 "far",
                 {
                     "counts": r.tensors["far_counts"],
@@ -215,9 +216,9 @@ class StreamStep(Step):
                     "n_samples": r.tensors["far_counts"].sum(),
                 },
             )
-            for r in replies.values()
-        ]
-        far = sum_stats(far_replies, shift, ct)
+            for cid, r in replies.items()
+        }
+        far = combine_stats(far_replies, shift, config)
         n_far = float(far.counts.sum())
         state.far_share = n_far / max(state.window_rows, 1.0)
         if n_far < max(config.birth_share * state.window_rows, d + 1.0, 1.0):

@@ -27,8 +27,16 @@ rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-of
   scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
   the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran.
 
+Robust options (:mod:`fednovelty.federated.robust`, as federated EM's): ``client_weight_cap``
+scales down the sums of a client claiming more than that many median clients' rows, and
+``aggregation="trimmed"`` combines the ``vb_init``/``vb`` statistics by
+:func:`~fednovelty.federated.robust.robust_stats` (through the shared
+:func:`~fednovelty.federated.init.combine_stats`) and leaves the most outlying client's
+k-means centroids out of the initialisation; the posterior is then no longer the pooled
+rows' exactly, and the ELBO is computed from the combined statistics.
+
 Not supported yet (rejected by :class:`VBConfig`): standardisation, the EM covariance
-prior, PCA, personal weights and trimmed aggregation. A client below its privacy floor
+prior, PCA and personal weights. A client below its privacy floor
 skips; as in federated EM, a component backed by fewer than ``min_rows`` of a client's
 effective rows is sent as zeros (then the sums are not the pooled rows' exactly; with
 ``min_rows=1`` they are), and a component no client backs stays at its prior.
@@ -43,11 +51,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import sum_stats
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import VBConfig
 from fednovelty.federated.em import floored_stats_message
-from fednovelty.federated.init import init_steps
+from fednovelty.federated.init import combine_stats, init_steps
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.em import moment_shift
@@ -254,7 +261,7 @@ class VBStep(Step):
             shift = moment_shift(state.params)
         else:
             shift = state.posterior.weights @ state.posterior.means
-        stats = sum_stats(replies.values(), shift, config.covariance_type)
+        stats = combine_stats(replies, shift, config)
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this VB round.")
         if state.phase == "vb_init":

@@ -1,0 +1,266 @@
+"""Robust options of every family that sums or averages (``federated.robust``): one liar
+among ten clients, with the options on and off, and their cost on honest federations.
+
+The task: nine honest clients with rows of three Gaussian blobs; client 9 holds rows far
+from them (``FAR``). The liar is *consistent*: it answers every round about its own rows
+with every sum over rows x 1e10 (``scaled``), or sends one centroid at 1e133 in the
+k-means round (``far_centroid``). The reference is the fit of the nine honest clients
+alone; the held-out rows are inliers of the blobs and anomalies where the liar's rows lie
+(a poisoned model calls them normal) or anywhere in a wide box.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import trim_mean
+from sklearn.metrics import roc_auc_score
+
+from fednovelty.exceptions import SingularCovarianceError
+from fednovelty.federated import FederatedEM, Message
+from fednovelty.federated.init import robust_centroid_replies
+from fednovelty.federated.robust import (
+    EXTENSIVE,
+    coordinate_median,
+    coordinate_trimmed_mean,
+    outlying_points,
+    robust_average_learners,
+    robust_average_params,
+)
+from fednovelty.federated.streaming import StreamingEM
+from fednovelty.federated.variational import FederatedVB
+from fednovelty.mixture import score_samples
+from fednovelty.mixture.variational import vb_predictive_log_prob
+from fednovelty.runtime import run_simulation
+from tests.federated.test_validation import WithForger
+
+D, N_CLIENTS, LIAR, FACTOR = 4, 10, 9, 1e10
+BLOBS = torch.tensor([[0.0] * D, [4.0] + [0.0] * (D - 1), [0.0, 4.0] + [0.0] * (D - 2)])
+FAR = 10.0
+#: what the robust option may lose against the liar-free fit (AUROC or accuracy).
+CLOSE = 0.02
+
+
+# ---------------------------------------------------------------------- the task
+def _blobs(n: int, gen: torch.Generator) -> torch.Tensor:
+    labels = torch.randint(0, 3, (n,), generator=gen)
+    return BLOBS.double()[labels] + torch.randn(n, D, generator=gen, dtype=torch.float64)
+
+
+def _far(n: int, gen: torch.Generator) -> torch.Tensor:
+    return FAR + torch.randn(n, D, generator=gen, dtype=torch.float64)
+
+
+def clients(seed: int, liar: bool = True) -> list[torch.Tensor]:
+    """Ten clients of 200 rows: client 9's are far from the others' (``liar``) or blobs."""
+    gen = torch.Generator().manual_seed(seed)
+    out = [_blobs(200, gen) for _ in range(N_CLIENTS)]
+    if liar:
+        out[LIAR] = _far(200, gen)
+    return out
+
+
+def held_out(seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """500 inliers of the blobs, 100 anomalies where the liar's rows lie and 100 in a box."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    box = torch.rand(100, D, generator=gen, dtype=torch.float64) * 20 - 8
+    X = torch.cat([_blobs(500, gen), _far(100, gen), box])
+    return X, np.r_[np.zeros(500), np.ones(200)]
+
+
+def scaled(algorithm):
+    """The liar: every sum over rows of every reply x ``FACTOR``."""
+
+    def forge(reply: Message, message: Message) -> Message:
+        if reply.scalars.get("skipped"):
+            return reply
+        t = {k: (v * FACTOR if k in EXTENSIVE else v) for k, v in reply.tensors.items()}
+        return Message(reply.kind, t, dict(reply.scalars))
+
+    return forge
+
+
+def far_centroid(algorithm):
+    """The liar: honest, but its first k-means centroid sent at 1e133."""
+
+    def forge(reply: Message, message: Message) -> Message:
+        if reply.kind != "centroids" or reply.scalars.get("skipped"):
+            return reply
+        centers = reply.tensors["centers"].clone()
+        centers[0] = 1e133
+        return Message(reply.kind, {**reply.tensors, "centers": centers}, dict(reply.scalars))
+
+    return forge
+
+
+def fit(make, data, attack=None, seed: int = 0):
+    """The final state of ``make()`` run on ``data`` (client ``LIAR`` forged by ``attack``)."""
+    algorithm = make()
+    if attack is not None:
+        algorithm = WithForger(algorithm, LIAR, attack(algorithm))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_simulation(algorithm, data, random_state=seed).state
+
+
+# ---------------------------------------------------------------------- pure functions
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_coordinate_median_is_numpys_median(n) -> None:
+    values = torch.randn(n, 3, 2, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    expected = np.median(values.numpy(), axis=0)
+    np.testing.assert_allclose(coordinate_median(values).numpy(), expected, rtol=1e-12)
+
+
+def test_coordinate_median_by_hand() -> None:
+    values = torch.tensor([[1.0, -5.0], [3.0, 1e10], [2.0, 0.0], [10.0, 1.0]])
+    assert coordinate_median(values).tolist() == [2.5, 0.5]
+
+
+@pytest.mark.parametrize(("n", "trim"), [(10, 0.1), (10, 0.25), (7, 0.2), (3, 0.0)])
+def test_coordinate_trimmed_mean_is_scipys_trim_mean(n, trim) -> None:
+    values = torch.randn(n, 4, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    expected = trim_mean(values.numpy(), trim, axis=0)
+    np.testing.assert_allclose(coordinate_trimmed_mean(values, trim).numpy(), expected, rtol=1e-12)
+
+
+def test_robust_average_params_by_hand() -> None:
+    current = {"w": torch.zeros(2, dtype=torch.float32), "b": torch.zeros(())}
+    values = [(1.0, 2.0), (2.0, 4.0), (3.0, 6.0), (1e10, -1e10), (5.0, 5.0)]
+    copies = [{"w": torch.tensor([a, b]), "b": torch.tensor(a)} for a, b in values]
+    weights = torch.tensor([1.0, 1.0, 1.0, 1e12, 0.0])  # the last took no part
+    median = robust_average_params(current, copies, weights, "median", 0.1)
+    # median of 4 copies: the mean of the middle two, whatever the claimed weight
+    assert median["w"].tolist() == [2.5, 3.0] and float(median["b"]) == 2.5
+    assert median["w"].dtype == torch.float32
+    trimmed = robust_average_params(current, copies, weights, "trimmed", 0.25)
+    assert trimmed["w"].tolist() == [2.5, 3.0]
+    plain = robust_average_params(current, copies, weights, "sum", 0.1)
+    assert float(plain["b"]) == pytest.approx(1e10, rel=1e-6)  # the weighted mean follows it
+    nobody = robust_average_params(current, copies, torch.zeros(5), "median", 0.1)
+    assert nobody["w"] is current["w"]
+
+
+def test_robust_average_learners_per_learner_weights() -> None:
+    learners = [{"w": torch.zeros(1)}, {"w": torch.zeros(1)}]
+    replies = [
+        Message("x", {"learner.0.w": torch.tensor([float(c)]), "learner.1.w": torch.tensor([-c])})
+        for c in (1.0, 2.0, 3.0)
+    ]
+    gammas = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    new = robust_average_learners(learners, replies, gammas, "median", 0.1)
+    assert new[0]["w"].tolist() == [2.0] and new[1]["w"].tolist() == [-2.5]
+
+
+def test_outlying_points() -> None:
+    points = torch.tensor(
+        [[0.0, 0.0], [1.0, 0.5], [0.5, 1.0], [0.2, 0.6], [1e133, 0.4]], dtype=torch.float64
+    )  # robust z of the honest ones <= 1.6 in each feature
+    assert outlying_points(points).tolist() == [False] * 4 + [True]
+    assert not outlying_points(points[:2]).any()  # too few to say
+    # most points agree in feature 0 (MAD 0): the floor keeps the others in
+    agree = torch.tensor([[0.0, 0], [0, 1], [0, 2], [3, 0], [3, 1]], dtype=torch.float64)
+    assert outlying_points(agree).tolist() == [False] * 3 + [True] * 2
+    floor = torch.ones(2, dtype=torch.float64)
+    assert not outlying_points(agree, floor).any()
+
+
+def test_robust_centroid_replies_leave_out_a_far_centroid() -> None:
+    def reply(centers):
+        centers = torch.tensor(centers, dtype=torch.float64)
+        counts = torch.full((centers.shape[0],), 5.0, dtype=torch.float64)
+        return Message("centroids", {"centers": centers, "counts": counts})
+
+    replies = {c: reply([[3.0 * (c % 2), 0.0], [3.0 * (c % 2) + 1.0, 1.0]]) for c in range(5)}
+    replies[5] = reply([[1e133, 0.0], [1.0, 1.0]])
+    assert sorted(robust_centroid_replies(replies, "trimmed")) == [0, 1, 2, 3, 4]
+    assert robust_centroid_replies(replies, "sum") is replies
+
+
+# ---------------------------------------------------------------------- FedVB
+def _vb(aggregation: str, seed: int):
+    return lambda: FederatedVB(6, aggregation=aggregation, random_state=seed)
+
+
+def _vb_auroc(state, seed: int) -> float:
+    X, y = held_out(seed)
+    return roc_auc_score(y, -vb_predictive_log_prob(X, state.posterior).numpy())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fedvb_trimmed_stops_a_consistent_liar(seed) -> None:
+    data = clients(seed)
+    reference = _vb_auroc(fit(_vb("sum", seed), data[:LIAR], seed=seed), seed)
+    robust = _vb_auroc(fit(_vb("trimmed", seed), data, scaled, seed), seed)
+    plain = _vb_auroc(fit(_vb("sum", seed), data, scaled, seed), seed)
+    assert robust >= reference - CLOSE
+    assert plain < reference - 0.3  # what the option buys
+
+
+def test_fedvb_trimmed_survives_a_far_centroid() -> None:
+    data = clients(0)
+    reference = _vb_auroc(fit(_vb("sum", 0), data[:LIAR]), 0)
+    with pytest.raises(SingularCovarianceError):
+        fit(_vb("sum", 0), data, far_centroid)
+    assert _vb_auroc(fit(_vb("trimmed", 0), data, far_centroid), 0) >= reference - CLOSE
+
+
+def test_fedvb_trimmed_costs_little_on_honest_federations() -> None:
+    data = clients(0, liar=False)
+    plain = _vb_auroc(fit(_vb("sum", 0), data), 0)
+    assert _vb_auroc(fit(_vb("trimmed", 0), data), 0) >= plain - CLOSE
+
+
+# ---------------------------------------------------------------------- federated EM, streaming
+def _em(aggregation: str, seed: int):
+    return lambda: FederatedEM(3, aggregation=aggregation, random_state=seed)
+
+
+def _auroc(params, seed: int) -> float:
+    X, y = held_out(seed)
+    return roc_auc_score(y, -score_samples(params, X).numpy())
+
+
+def test_federated_em_trimmed_survives_a_far_centroid() -> None:
+    """The k-means round's robust form, shared by every family that starts with it."""
+    data = clients(0)
+    reference = _auroc(fit(_em("sum", 0), data[:LIAR]).params, 0)
+    with pytest.raises(SingularCovarianceError):
+        fit(_em("sum", 0), data, far_centroid)
+    assert _auroc(fit(_em("trimmed", 0), data, far_centroid).params, 0) >= reference - CLOSE
+
+
+def _window(aggregation: str, seed: int):
+    """A streaming window of three rounds from the nine honest clients' EM mixture."""
+    start = fit(_em("sum", seed), clients(seed)[:LIAR], seed=seed).params
+
+    def make():
+        return StreamingEM(
+            3,
+            weights_init=start.weights,
+            means_init=start.means,
+            precisions_init=start.precisions_cholesky,
+            rounds=3,
+            aggregation=aggregation,
+            random_state=seed,
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_streaming_trimmed_stops_a_consistent_liar(seed) -> None:
+    data = clients(seed)
+    reference = _auroc(fit(_window("sum", seed), data[:LIAR], seed=seed).params, seed)
+    robust = _auroc(fit(_window("trimmed", seed), data, scaled, seed).params, seed)
+    plain = _auroc(fit(_window("sum", seed), data, scaled, seed).params, seed)
+    assert robust >= reference - CLOSE
+    assert plain < reference - 0.3
+
+
+def test_streaming_trimmed_costs_little_on_honest_federations() -> None:
+    data = clients(0, liar=False)
+    plain = _auroc(fit(_window("sum", 0), data).params, 0)
+    assert _auroc(fit(_window("trimmed", 0), data).params, 0) >= plain - CLOSE
