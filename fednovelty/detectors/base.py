@@ -19,14 +19,23 @@ the fitted detector stays saveable. ``fit`` keeps them in the private ``_fit_cal
 while it runs (removed in a ``finally``), and ``_simulate`` hands them to the engine. Every
 round a fit runs is numbered in one sequence ``1..n_rounds_`` (e.g. federated PCA's rounds,
 then EM's), in ``history_`` and in the records the callbacks receive alike.
+
+Fits are atomic: every method that sets fitted state (``fit``, ``partial_fit``) is wrapped by
+``atomic_fit``, which deep-copies the estimator's state first and puts it back on any error,
+so a failed refit keeps the previous model exactly (its ``n_features_in_``,
+``feature_names_in_`` and ``client_ids_`` included) and a failed first fit leaves the estimator
+unfitted.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import ClassVar
 
@@ -108,6 +117,45 @@ def check_callbacks(callbacks) -> tuple[Callable[[RoundRecord], None], ...]:
                 "must hold functions taking one RoundRecord."
             )
     return callbacks
+
+
+@contextmanager
+def state_kept_on_error(estimator):
+    """Run the block; on any exception (``KeyboardInterrupt`` included) put ``estimator``'s
+    attributes back as they were before it, then re-raise.
+
+    Everything in ``estimator.__dict__`` but the constructor arguments is deep-copied first
+    (fitted attributes ending in ``_`` and private fitted state alike; tensors, arrays,
+    modules); the constructor arguments are kept as the same objects (a ``random_state``
+    generator stays the caller's). A fitted estimator whose refit fails therefore keeps its
+    previous model exactly, and an unfitted one stays unfitted.
+    """
+    params = {name: estimator.__dict__[name] for name in _init_names(estimator)}
+    memo = {id(value): value for value in params.values()}
+    saved = copy.deepcopy(estimator.__dict__, memo)
+    try:
+        yield
+    except BaseException:
+        estimator.__dict__.clear()
+        estimator.__dict__.update(saved)
+        raise
+
+
+def atomic_fit(method):
+    """Decorate a method that sets fitted state (``fit``, ``partial_fit``): on any error the
+    estimator keeps the state it had before the call (:func:`state_kept_on_error`)."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with state_kept_on_error(self):
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+def _init_names(estimator) -> list[str]:
+    """The constructor arguments ``estimator`` stores under their own names."""
+    return [n for n in estimator._get_param_names() if n in estimator.__dict__]
 
 
 class SimulatedFitMixin:
@@ -248,11 +296,13 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """
         return self._fit(X, None, groups, callbacks)
 
+    @atomic_fit
     def _fit(self, X, y, groups, callbacks):
         """The fit every detector runs: check the settings, the callbacks, ``X``, the labels
         (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
         labels) by client; train (``_fit_clients``) with the callbacks; set PyOD's
-        ``decision_scores_``, ``threshold_`` and ``labels_``. Returns self."""
+        ``decision_scores_``, ``threshold_`` and ``labels_``. Returns self; on any error the
+        detector keeps its previous fitted state (``atomic_fit``)."""
         self._validate_params()
         callbacks = check_callbacks(callbacks)
         array = check_X(X)

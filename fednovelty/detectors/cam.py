@@ -23,6 +23,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors.base import (
     SimulatedFitMixin,
+    atomic_fit,
     check_callbacks,
     check_labelled,
     labelled_client_data,
@@ -183,6 +184,7 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.progress = progress
 
     # -------------------------------------------------------------- fitting
+    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
 

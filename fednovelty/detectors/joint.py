@@ -20,6 +20,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors._labels import encode_labels, label_codes
 from fednovelty.detectors._validation import check_groups, check_X, split_by_client
+from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.persistence import (
     check_items,
     check_probabilities,
@@ -222,6 +223,7 @@ class JointFedGMMDetector(EMDetector):
         finally:
             del self._fit_classes
 
+    @atomic_fit
     def partial_fit(self, X, y=None, groups=None, *, rounds: int = 1):
         """Continue training on a new window of rows (the pFedEM paper's setting: clients
         whose data move from round to round): ``rounds`` more rounds from the current
@@ -238,7 +240,7 @@ class JointFedGMMDetector(EMDetector):
 
         Raises:
             NotFittedError: before ``fit``. ValueError: another width, NaN, unknown labels or
-                client ids, ``rounds < 1`` (the model is unchanged).
+                client ids, ``rounds < 1``. On any error the model is unchanged.
         """
         self._check_fitted()
         if not isinstance(rounds, Integral) or rounds < 1:

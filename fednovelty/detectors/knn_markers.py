@@ -92,6 +92,7 @@ from fednovelty.detectors.base import (
     COMMON_CONSTRAINTS,
     MixtureDetector,
     SimulatedFitMixin,
+    atomic_fit,
     check_callbacks,
     seed_from,
 )
@@ -252,6 +253,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         self.progress = progress
 
     # -------------------------------------------------------------- fitting
+    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Fit on rows ``X`` (n_samples, n_features) split into clients by ``groups``.
 

@@ -45,6 +45,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
 from fednovelty.detectors._validation import check_groups, check_X, split_by_client
+from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.persistence import get_attr, get_tensor, register
 from fednovelty.exceptions import ModelFormatError
@@ -220,6 +221,7 @@ class StreamingFedGMMDetector(EMDetector):
         self.total_bytes_up_, self.total_bytes_down_ = self.bytes_up_, self.bytes_down_
 
     # -------------------------------------------------------------- later windows
+    @atomic_fit
     def partial_fit(self, X, y=None, groups=None):
         """Update the model with one window of rows ``X`` split into clients by ``groups``.
 
@@ -234,7 +236,7 @@ class StreamingFedGMMDetector(EMDetector):
 
         Raises:
             NotFittedError: before ``fit``. ValueError: another width, NaN or inf, empty
-                ``X`` or bad ``groups`` (the model is unchanged).
+                ``X`` or bad ``groups``. On any error the model is unchanged.
         """
         self._check_fitted()
         array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)

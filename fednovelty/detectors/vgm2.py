@@ -28,6 +28,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors.base import (
     SimulatedFitMixin,
+    atomic_fit,
     check_callbacks,
     check_labelled,
     labelled_client_data,
@@ -201,6 +202,7 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.progress = progress
 
     # -------------------------------------------------------------- fitting
+    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
 
