@@ -11,7 +11,9 @@ progress in the algorithm's state (``EMState``: ``offset``, ``scale``, ``prior``
   mean and variance. They set the standardisation ``z = (x - offset) / scale``
   (``standardize``: every later round broadcasts ``offset`` and ``scale`` and clients work
   on ``z``; the final mixture is mapped back to ``x``) and the covariance prior
-  (``prior_strength``).
+  (``prior_strength``). With a robust option on (``aggregation`` ``"trimmed"`` /
+  ``"median"`` or a ``client_weight_cap``) the clients' moments are combined robustly
+  (:func:`pooled_moments`), so one client cannot move the standardisation far.
 - Initial centres: :class:`CentroidsStep` (``centroids``; DEM init 3, k-FED: local k-means
   centroids, weighted k-means++ and Lloyd on the server), :class:`RangeStep` (``range``;
   DEM init 1: centres far apart in the merged feature box) or :class:`GivenMeans`
@@ -59,6 +61,7 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.config import EMConfig
+from fednovelty.federated.plausible import robust_moments
 from fednovelty.federated.privacy import backed, merge_small_clusters, trimmed_range
 from fednovelty.federated.robust import coordinate_median, outlying_points, robust_stats
 from fednovelty.federated.steps import Step
@@ -142,6 +145,25 @@ def _check_enough(n_samples: float, n_components: int) -> None:
         )
 
 
+def pooled_moments(replies: dict[int, Message], config: EMConfig) -> FeatureMoments:
+    """The ``moments`` round's pooled moments: the exact merge of the clients' moments, or,
+    with a robust option on (``aggregation`` other than ``"sum"``, or a
+    ``client_weight_cap``), :func:`~fednovelty.federated.plausible.robust_moments` (the
+    coordinate-wise median for ``"median"``, else the trimmed mean with ``trim``), so one
+    client cannot move the standardisation far."""
+    parts = [
+        FeatureMoments(
+            *(m.tensors[k].to(config.device, config.dtype) for k in ("n_samples", "mean", "m2"))
+        )
+        for m in replies.values()
+    ]
+    if config.aggregation == "sum" and config.client_weight_cap is None:
+        return merge_moments(parts)
+    method = "median" if config.aggregation == "median" else "trimmed"
+    n, mean, m2 = (torch.stack([getattr(p, k) for p in parts]) for k in ("n_samples", "mean", "m2"))
+    return robust_moments(n, mean, m2, method, config.trim)
+
+
 class MomentsStep(Step):
     """Pooled feature moments: the standardisation and the covariance prior (module
     docstring). Runs only with ``standardize`` or ``prior_strength``."""
@@ -165,12 +187,7 @@ class MomentsStep(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
-        moments = merge_moments(
-            FeatureMoments(
-                *(m.tensors[k].to(config.device, config.dtype) for k in ("n_samples", "mean", "m2"))
-            )
-            for m in replies.values()
-        )
+        moments = pooled_moments(replies, config)
         if float(moments.n_samples) == 0:
             raise ValueError("no client with data replied in the moments round.")
         scale = torch.ones_like(moments.mean)

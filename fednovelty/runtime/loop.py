@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.plausible import gross_screen
 from fednovelty.federated.validation import ReplyValidator, is_skipped
 from fednovelty.runtime.threads import run_server_step
 
@@ -55,6 +56,8 @@ class RoundRecord:
         seconds: wall time of the round.
         metrics: the algorithm's metrics for the round.
         dropped: ``(client id, reason)`` of every reply the validation dropped.
+        skipped: ``(client id, reason)`` of every valid reply that carried nothing
+            (``skipped``: below the client's privacy floor, or refused).
         failed: fewer than ``min_clients`` valid replies that are not ``skipped``: the
             server step did not run and the round is asked again.
     """
@@ -69,6 +72,7 @@ class RoundRecord:
     metrics: dict[str, Scalar] = field(default_factory=dict)
     dropped: tuple[tuple[int, str], ...] = ()
     failed: bool = False
+    skipped: tuple[tuple[int, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -239,6 +243,9 @@ def run_rounds(
                 metrics={**metrics, **delivery.metrics},
                 dropped=tuple((c, why) for c, why in settled.dropped if c is not None),
                 failed=failed,
+                skipped=tuple(
+                    (c, str(r.scalars.get("reason", ""))) for c, r in valid.items() if is_skipped(r)
+                ),
             )
             history.append(record)
             for callback in callbacks:
@@ -262,11 +269,17 @@ def n_contributing(valid: Mapping[int, Message]) -> int:
 def _validate(
     validator: ReplyValidator, message: Message, delivery: Delivery
 ) -> tuple[dict[int, Message], dict[int, str]]:
-    """``validator.accept`` of the delivered replies; ``({}, {})`` when none arrived (the
-    validator may not know the federation's width yet, and there is nothing to check)."""
+    """``validator.accept`` of the delivered replies, then
+    :func:`~fednovelty.federated.plausible.gross_screen` of the valid ones against each
+    other (a client whose declared moments or local model no honest federation produces is
+    dropped with the invalid replies); ``({}, {})`` when none arrived (the validator may not
+    know the federation's width yet, and there is nothing to check)."""
     if not delivery.replies:
         return {}, {}
-    return validator.accept(message, delivery.replies, delivery.widths)
+    valid, invalid = validator.accept(message, delivery.replies, delivery.widths)
+    implausible = gross_screen(message, valid)
+    valid = {c: reply for c, reply in valid.items() if c not in implausible}
+    return valid, {**invalid, **implausible}
 
 
 def _show(bar: Any, record: RoundRecord, failed_in_a_row: int) -> None:
@@ -285,6 +298,8 @@ def failed_rounds_message(records: Sequence[RoundRecord], min_clients: int) -> s
     """Why a federation counts as gone: the last failed rounds with their drops."""
     last = records[-1]
     reasons = "; ".join(f"client {c}: {why}" for c, why in last.dropped) or "none dropped"
+    if last.skipped:
+        reasons += "; skipped: " + "; ".join(f"client {c}: {why}" for c, why in last.skipped)
     return (
         f"{len(records)} round(s) in a row had fewer than min_clients={min_clients} valid "
         f"replies (skipped ones not counted; last: round {last.round} ({last.kind}), "

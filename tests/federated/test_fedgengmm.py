@@ -9,7 +9,8 @@ import pytest
 import torch
 from sklearn.mixture import GaussianMixture
 
-from fednovelty.federated import FedGenGMM, LocalGMMs, Message
+from fednovelty.exceptions import FederationError
+from fednovelty.federated import FedGenGMM, LocalGMMs, Message, PrivacyPolicy
 from fednovelty.federated.aggregate import union_mixture
 from fednovelty.mixture import MixtureParams, score_samples
 from fednovelty.mixture.copula import copula_score_samples
@@ -99,13 +100,15 @@ def test_small_clients_are_skipped_and_listed(nested_clients):
 
 
 def test_all_clients_too_small_raises():
+    """Every client skips: no round has statistics, each is asked again, and the error
+    names why the clients skipped."""
     rng = np.random.default_rng(2)
     clients = [torch.as_tensor(blob(rng, 0, 1)), torch.as_tensor(blob(rng, 1, 1))]
     algorithm = FedGenGMM(n_components=1, client_components=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        with pytest.raises(ValueError, match="min_client_samples=2"):
-            run_simulation(algorithm, clients)
+        with pytest.raises(FederationError, match=r"skipped: client 0: .*fewer rows than"):
+            run_simulation(algorithm, clients, privacy=PrivacyPolicy(min_rows=1))
 
 
 def test_local_gmms_keeps_one_model_per_client(nested_clients):

@@ -118,18 +118,22 @@ def test_honest_federations_keep_their_model_under_both_options() -> None:
     )
 
 
-def test_fedgengmm_median_screening_leaves_out_a_model_with_huge_covariances() -> None:
-    def tiny_precision(reply: Message, message: Message) -> Message:
+def _precision_times(factor: float):
+    def forge(reply: Message, message: Message) -> Message:
         return Message(
             reply.kind,
             {
                 **reply.tensors,
-                "precisions_cholesky": reply.tensors["precisions_cholesky"] * 1e-75,
+                "precisions_cholesky": reply.tensors["precisions_cholesky"] * factor,
                 "n_samples": torch.tensor(10.0, dtype=torch.float64),
             },
             dict(reply.scalars),
         )
 
+    return forge
+
+
+def _fedgengmm_runs(factor: float) -> dict:
     clients = [*honest_clients(), honest_clients()[0]]
     results = {}
     for aggregation in ("sum", "median", "trimmed"):
@@ -137,13 +141,31 @@ def test_fedgengmm_median_screening_leaves_out_a_model_with_huge_covariances() -
             n_components=4, standardize=True, prior_strength=5.0, aggregation=aggregation
         )
         results[aggregation] = run_simulation(
-            WithForger(algorithm, 9, tiny_precision), clients
-        ).state
-    assert float(results["sum"].params.means.abs().max()) > 1e50
+            WithForger(algorithm, 9, _precision_times(factor)), clients
+        )
+    return results
+
+
+def test_a_model_with_covariances_of_1e150_is_dropped_at_the_gate_under_every_aggregation():
+    """The gross-outlier rule (``fednovelty.federated.plausible``) drops it by name before
+    any aggregation, the default ``"sum"`` included."""
+    for result in _fedgengmm_runs(1e-75).values():
+        assert [c for c, _ in result.history[0].dropped] == [9]
+        assert "implausible" in result.history[0].dropped[0][1]
+        assert float(result.state.params.means.abs().max()) < 10
+        assert auroc(result.state.params) > 0.99
+
+
+def test_fedgengmm_median_screening_leaves_out_a_model_with_wide_covariances() -> None:
+    """Covariances x 1e4 (standard deviations x 100, below the gross rule's 1e3): the gate
+    keeps the model, the robust aggregations leave it out."""
+    results = _fedgengmm_runs(1e-2)
+    assert results["sum"].history[0].dropped == ()
     for aggregation in ("median", "trimmed"):
-        assert results[aggregation].left_out == [9]
-        assert float(results[aggregation].params.means.abs().max()) < 10
-        assert auroc(results[aggregation].params) > 0.99
+        assert results[aggregation].state.left_out == [9]
+        assert float(results[aggregation].state.params.means.abs().max()) < 10
+        assert auroc(results[aggregation].state.params) > 0.99
+    clients = [*honest_clients(), honest_clients()[0]]
     honest = run_simulation(FedGenGMM(n_components=4, aggregation="median"), clients).state
     assert honest.left_out == []
 
