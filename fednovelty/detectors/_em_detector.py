@@ -31,6 +31,7 @@ from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
     get_tensor,
+    mixture_log_density_bound,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import INIT_PARAMS
@@ -206,6 +207,11 @@ class EMDetector(MixtureDetector):
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
         return score_samples(self.model_, self._gmm_input(X))
+
+    def _log_density_bound(self) -> float:
+        """The highest ``log p(x)`` the mixture gives any row (``log_density_bound``; in the
+        projected space with ``pca_components``, where the density is taken)."""
+        return mixture_log_density_bound(self.model_)
 
     def _personal_weights(self) -> np.ndarray:
         """Each fitted client's personal weights, rows in ``client_ids_`` order."""

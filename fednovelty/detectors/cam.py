@@ -430,9 +430,18 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
                 raise ModelFormatError(
                     f"cluster_sizes_history_ rows must hold {self.n_clusters} counts >= 0."
                 )
+            if sum(row) > self.n_clients_:
+                raise ModelFormatError(
+                    f"a cluster_sizes_history_ row places {sum(row)} clients; the model has "
+                    f"{self.n_clients_} (client_ids_)."
+                )
         self.warmup_rounds_ = get_attr(attrs, "warmup_rounds_", int, minimum=0)
         self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
+        if self.warmup_rounds_ > self.n_rounds_:
+            raise ModelFormatError(
+                f"warmup_rounds_={self.warmup_rounds_} exceeds n_rounds_={self.n_rounds_}."
+            )
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
         self.learner_template_ = model_template(self._config(self.n_features_in_, len(classes), 0))

@@ -29,7 +29,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors.base import PRIOR_SCALE, ROBUST_CONSTRAINTS
-from fednovelty.detectors.persistence import get_attr, get_tensor, register
+from fednovelty.detectors.persistence import (
+    check_probabilities,
+    get_attr,
+    get_tensor,
+    register,
+)
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered_em import (
     ClusteredEM,
@@ -342,6 +347,7 @@ class ClusteredFedGMMDetector(EMDetector):
         allowed = allowed_components(owners, c)
         if bool((weights[~allowed] != 0).any()) or bool((weights < 0).any()):
             raise ModelFormatError("'cluster_weights' puts weight outside a cluster's components.")
+        check_probabilities(weights, "the rows of 'cluster_weights'")
         clusters = _integers(get_tensor(tensors, "client_clusters", (n,)), "client_clusters")
         if bool(((clusters < -1) | (clusters >= c)).any()):
             raise ModelFormatError("'client_clusters' holds a cluster outside [-1, n_clusters).")

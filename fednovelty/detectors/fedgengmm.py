@@ -20,6 +20,7 @@ from fednovelty.detectors.base import (
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
+    mixture_log_density_bound,
     register,
 )
 from fednovelty.exceptions import ModelFormatError
@@ -291,6 +292,13 @@ class FedGenGMMDetector(_LocalFitDetector):
         if self.copula_joint_ is not None:
             return copula_score_samples(self.copula_marginals_, self.copula_joint_, X)
         return score_samples(self.model_, X)
+
+    def _log_density_bound(self) -> float | None:
+        """The highest ``log p(x)`` the mixture gives any row (``mixture_log_density_bound``);
+        ``None`` with the copula (its density is not a mixture of unimodal parts in ``x``)."""
+        if self.copula_joint_ is not None:
+            return None
+        return mixture_log_density_bound(self.model_)
 
     def _get_state(self):
         attrs = {

@@ -23,6 +23,7 @@ from fednovelty.detectors._validation import check_groups, check_X, split_by_cli
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.persistence import (
     check_items,
+    check_positive,
     check_probabilities,
     get_attr,
     get_tensor,
@@ -543,8 +544,12 @@ class JointFedGMMDetector(EMDetector):
         joint_weights = get_tensor(tensors, "joint.client_weights", (self.n_clients_, *shape))
         check_probabilities(joint_weights, "the blocks of 'joint.client_weights'", dims=2)
         counts = get_tensor(tensors, "joint.counts", shape)
-        if bool((counts < 0).any()):
-            raise ModelFormatError("the tensor 'joint.counts' holds negative counts.")
+        check_positive(
+            counts, "the tensor 'joint.counts'", "counts are sums of weights", allow_zero=True
+        )
+        check_positive(
+            counts.sum(), "the total of 'joint.counts'", "the global weights divide by it"
+        )
         joint_weights = joint_weights.to(**options)
         self.client_joint_weights_ = joint_weights.cpu().numpy()
         self.joint_state_ = JointState(

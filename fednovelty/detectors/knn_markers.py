@@ -97,6 +97,7 @@ from fednovelty.detectors.base import (
     seed_from,
 )
 from fednovelty.detectors.persistence import (
+    check_in_box,
     check_items,
     get_attr,
     get_tensor,
@@ -486,6 +487,10 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     load = MixtureDetector.__dict__["load"]
     _saved_state = MixtureDetector._saved_state
 
+    def _log_density_bound(self) -> float:
+        """The highest ``score_samples`` of any row: a tail probability is at most 1."""
+        return 0.0
+
     def _get_state(self):
         tensors = {f"posterior.{k}": getattr(self.posterior_, k) for k in _POSTERIOR_TENSORS}
         for i, (rows, posterior) in enumerate(
@@ -546,6 +551,19 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 self.client_posteriors_.append(
                     self._posterior(tensors, prefix, "dirichlet_distribution")
                 )
+        low, high = log_distance_box(references, self.distance_floor)
+        prefixes = ["posterior"]
+        if self.personal_strength is not None:
+            prefixes += [f"client.{i}.posterior" for i in range(len(scoring))]
+        for prefix in prefixes:
+            check_in_box(
+                tensors[f"{prefix}.means"],
+                f"the tensor '{prefix}.means'",
+                low,
+                high,
+                "posterior means of log kNN distances lie between log(distance_floor) and "
+                "the log of the widest client's diameter (from 'client.<i>.rows')",
+            )
         self._set_references(references)
 
     def _posterior(self, tensors, prefix: str, weight_type: str) -> VBPosterior:
@@ -572,6 +590,16 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         ):
             raise ModelFormatError(f"the tensor '{prefix}.weight_concentration' is damaged.")
         return posterior
+
+
+def log_distance_box(references: list[np.ndarray], distance_floor: float) -> tuple[float, float]:
+    """The range ``[log(floor), log(D + floor)]`` of every training feature
+    ``log(d_k + floor)``, ``D`` the largest diagonal of a client's bounding box (each
+    reference (n_c, n_features) is one client's rows; a kNN distance within a client is at
+    most that client's diameter). Posterior means are weighted means of these features and
+    of the prior mean (their pooled mean), so they lie in it too."""
+    diameter = max(float(np.linalg.norm(r.max(0) - r.min(0))) for r in references)
+    return math.log(distance_floor), math.log(diameter + distance_floor)
 
 
 __all__ = ["FedKNNMarkerDetector"]

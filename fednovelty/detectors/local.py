@@ -15,6 +15,7 @@ from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
     get_tensor,
+    mixture_log_density_bound,
     register,
 )
 from fednovelty.exceptions import ModelFormatError
@@ -180,6 +181,11 @@ class LocalGMMDetector(_LocalFitDetector):
         with torch.no_grad():
             scores = score_samples(self.client_models_[index], Xt)
         return scores.cpu().numpy().astype(np.float64)
+
+    def _log_density_bound(self) -> float:
+        """The highest ``log p(x)`` any client model gives a row: the mean of their log
+        densities and their share-weighted mixture are both below it."""
+        return max(mixture_log_density_bound(m) for m in self.client_models_)
 
     def _get_state(self):
         tensors = {}

@@ -25,6 +25,14 @@ a ``KeyError``/``TypeError``/``IndexError`` nor a model that scores NaN:
   the model implies (``n_features``, ``n_components``, clients), mixture weights a probability
   vector, precision Cholesky factors triangular with a positive diagonal (so every covariance
   is positive definite), a finite threshold;
+- the meaning of the state, with the small checks below shared by every kind: values that
+  are divided by are positive (``check_positive``), weights are probability vectors, means
+  lie in the box the stored rows imply (``check_in_box``), stored second moments are
+  consistent with their counts and sums (``check_second_moments``), the threshold lies
+  within the training scores' range (``check_threshold``), and no training score is more
+  likely than the model can make any row (``check_reachable_scores``, with each kind's
+  ``_log_density_bound``): e.g. covariances scaled by 1e200 leave the stored scores
+  unreachable;
 - nothing extra: the loaded detector, saved again, must hold the same tensors and attributes;
 - last, the checksum (format 2): a value changed in a way that still looks valid (a mean, the
   threshold) is reported as a modified file. Format-1 files (no checksum) are still read.
@@ -45,7 +53,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.mixture import MixtureParams
+from fednovelty.mixture import MixtureParams, score_samples
 
 FORMAT_TAG = "fednovelty-detector"
 #: 2: the metadata holds a SHA-256 checksum of the document and the tensors.
@@ -249,6 +257,7 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
         raise ModelFormatError(f"invalid setting: {error}") from None
     attrs = {k: _restore(v, tensors, f"attrs[{k!r}]") for k, v in attrs.items()}
     detector._set_state(tensors, attrs)
+    check_scores(detector)
     again, again_tensors = build_document(detector, *detector._saved_state())
     _check_same_keys("tensor", set(tensors), set(again_tensors))
     _check_same_keys("attribute", set(attrs), set(again["attrs"]))
@@ -409,6 +418,144 @@ def check_mixture(
             f"Cholesky factor times mean: {size:.3g})."
         )
     return params
+
+
+def check_positive(
+    tensor: torch.Tensor, name: str, why: str, *, allow_zero: bool = False
+) -> torch.Tensor:
+    """``tensor`` unchanged if every entry is > 0 (``allow_zero``: >= 0); ``why`` says what
+    the value is for (e.g. "the class probabilities divide by their sum").
+
+    Raises:
+        ModelFormatError: naming ``name`` and ``why``.
+    """
+    bad = tensor < 0 if allow_zero else tensor <= 0
+    if bool(bad.any()):
+        bound = "< 0" if allow_zero else "<= 0"
+        raise ModelFormatError(f"{name} holds {int(bad.sum())} value(s) {bound}; {why}.")
+    return tensor
+
+
+def check_in_box(tensor: torch.Tensor, name: str, low: float, high: float, why: str) -> None:
+    """Every entry of ``tensor`` in ``[low, high]`` widened by ``1e-6`` of the box's width
+    (round-off); ``why`` says where the box comes from.
+
+    Raises:
+        ModelFormatError: naming ``name``, the box and the value furthest out.
+    """
+    slack = 1e-6 * max(1.0, high - low)
+    outside = (tensor < low - slack) | (tensor > high + slack)
+    if bool(outside.any()):
+        worst = tensor[outside].double().abs().max().item()
+        raise ModelFormatError(
+            f"{name} holds {int(outside.sum())} value(s) outside [{low:.6g}, {high:.6g}] (up "
+            f"to {worst:.3g} in magnitude); {why}."
+        )
+
+
+def check_second_moments(
+    counts: torch.Tensor, sums: torch.Tensor, second: torch.Tensor, covariance_type: str, name: str
+) -> None:
+    """Summed statistics (``SufficientStats``: ``counts`` (K,), ``sums`` (K, d), ``second``
+    (K, d, d) full, (d, d) tied, (K, d) diag, (K,) spherical) are moments of some weighted
+    rows: counts >= 0 and every variance they imply >= 0 (Cauchy-Schwarz:
+    ``counts_k * second_k[j, j] >= sums_k[j]^2``, to a relative 1e-9).
+
+    Raises:
+        ModelFormatError: naming the tensors ``name.counts`` / ``name.second``.
+    """
+    check_positive(
+        counts, f"the tensor '{name}.counts'", "counts are sums of weights", allow_zero=True
+    )
+    k, d = sums.shape
+    shapes = {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}
+    if tuple(second.shape) != shapes[covariance_type]:
+        raise ModelFormatError(
+            f"the tensor '{name}.second' has shape {tuple(second.shape)}; the model implies "
+            f"{shapes[covariance_type]}."
+        )
+    if covariance_type in ("full", "tied"):
+        second = second.diagonal(dim1=-2, dim2=-1)
+    squares = sums.square()
+    safe = torch.where(counts > 0, counts, torch.ones_like(counts))[:, None]
+    floor = torch.where(counts[:, None] > 0, squares / safe, squares)  # (K, d)
+    if covariance_type == "tied":
+        floor = floor.sum(0)
+    elif covariance_type == "spherical":
+        floor = floor.sum(1)
+    scale = float(second.abs().max()) if second.numel() else 0.0
+    if bool((second < floor - 1e-9 * max(scale, float(floor.abs().max()))).any()):
+        raise ModelFormatError(
+            f"the tensor '{name}.second' is smaller than its sums and counts allow (a negative "
+            "variance): the statistics are not moments of any rows."
+        )
+
+
+def log_density_bound(log_density_at_modes: torch.Tensor) -> float:
+    """An upper bound on ``log p(x)`` over every ``x`` for a mixture of unimodal symmetric
+    components (Gaussian, Student-t), from its log-density at the component means
+    (n_components,): ``p(x) = sum_k w_k f_k(x) <= sum_k w_k f_k(m_k) <= sum_k p(m_k)``."""
+    return float(torch.logsumexp(log_density_at_modes.double().reshape(-1), 0))
+
+
+def mixture_log_density_bound(params: MixtureParams) -> float:
+    """``log_density_bound`` of a Gaussian mixture: the highest ``log p(x)`` it gives any
+    row is at most the log-sum-exp of its log-density at its means."""
+    with torch.no_grad():
+        return log_density_bound(score_samples(params, params.means))
+
+
+def check_threshold(threshold: float, decision_scores: np.ndarray) -> None:
+    """``threshold`` is a quantile of the training ``decision_scores`` (n_samples,): it lies
+    within their finite range.
+
+    Raises:
+        ModelFormatError: naming ``threshold_`` and the range.
+    """
+    finite = decision_scores[np.isfinite(decision_scores)]
+    if finite.size == 0:
+        raise ModelFormatError("the tensor 'decision_scores' holds no finite score.")
+    low, high = float(finite.min()), float(finite.max())
+    slack = 1e-9 * max(1.0, abs(low), abs(high))
+    if not low - slack <= threshold <= high + slack:
+        raise ModelFormatError(
+            f"the attribute 'threshold_' ({threshold:.6g}) is outside the training scores' "
+            f"range [{low:.6g}, {high:.6g}] in 'decision_scores'; a threshold is a quantile "
+            "of them."
+        )
+
+
+def check_reachable_scores(decision_scores: np.ndarray, bound: float) -> None:
+    """No training score ``-log p(x)`` (n_samples,) is below ``-bound``, ``bound`` the
+    highest ``log p`` the loaded model gives any row (to a relative 1e-3: the scores may have
+    been computed in float32).
+
+    Raises:
+        ModelFormatError: the model cannot have produced the stored scores.
+    """
+    best = -float(np.min(decision_scores))
+    if best > bound + 1e-3 * max(1.0, abs(bound), abs(best)):
+        raise ModelFormatError(
+            f"the tensor 'decision_scores' holds a training score with log p(x) = {best:.6g}, "
+            f"but the stored model gives no row more than {bound:.6g}: its parameters (e.g. "
+            "covariances) do not belong to these scores."
+        )
+
+
+def check_scores(detector) -> None:
+    """A loaded detector's ``threshold_`` and ``decision_scores_`` agree with each other and
+    with its model (``check_threshold``, ``check_reachable_scores`` with the detector's
+    ``_log_density_bound()``, when it has one and it is not ``None``); a model without
+    training scores (a classifier) is left alone."""
+    scores = getattr(detector, "decision_scores_", None)
+    if scores is None:
+        return
+    scores = np.asarray(scores, dtype=np.float64)
+    check_threshold(float(detector.threshold_), scores)
+    bound = getattr(detector, "_log_density_bound", None)
+    value = None if bound is None else bound()
+    if value is not None:
+        check_reachable_scores(scores, value)
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -47,7 +47,15 @@ from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
 from fednovelty.detectors._validation import check_groups, check_X, split_by_client
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
-from fednovelty.detectors.persistence import get_attr, get_tensor, register
+from fednovelty.detectors.persistence import (
+    check_items,
+    check_positive,
+    check_probabilities,
+    check_second_moments,
+    get_attr,
+    get_tensor,
+    register,
+)
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
@@ -446,6 +454,8 @@ class StreamingFedGMMDetector(EMDetector):
                     raise ModelFormatError(
                         f"the tensor {name!r} is not one client's {k} log weights."
                     )
+                value = get_tensor(tensors, name, (k,), allow_inf=True)  # log 0 = -inf
+                check_probabilities(value.exp(), f"the weights exp({name!r})")
                 self._client_state[i] = {"log_weights": value.to(**self._torch_options())}
         self.carry_ = None
         if "carry.counts" in tensors:
@@ -454,6 +464,15 @@ class StreamingFedGMMDetector(EMDetector):
             }
             if tuple(parts["sums"].shape) != (k, d):
                 raise ModelFormatError(f"the carried sums must have shape ({k}, {d}).")
+            if tuple(parts["shift"].shape) != (d,) or parts["n_samples"].ndim != 0:
+                raise ModelFormatError(
+                    f"'carry.shift' must have shape ({d},) and 'carry.n_samples' shape ()."
+                )
+            rows = parts["n_samples"]
+            check_positive(rows, "the tensor 'carry.n_samples'", "it counts rows", allow_zero=True)
+            check_second_moments(
+                parts["counts"], parts["sums"], parts["second"], self.covariance_type, "carry"
+            )
             self.carry_ = SufficientStats(
                 log_likelihood=torch.zeros((), **self._torch_options()),
                 covariance_type=self.covariance_type,
@@ -478,7 +497,15 @@ class StreamingFedGMMDetector(EMDetector):
                     "each client's 'reference' must be 5 finite numbers (mean, variance, "
                     "weight, spread, windows; 3 in files before the spread)."
                 )
-        self._cusum = {int(i): float(v) for i, v in get_attr(attrs, "cusum", dict).items()}
+            _, variance, weight, spread, count = _with_spread(values)
+            if variance < 0 or weight <= 0 or spread < 0 or count < 1:
+                raise ModelFormatError(
+                    "a client's 'reference' needs a variance >= 0, a weight > 0 (the drift "
+                    f"test divides by it), a spread >= 0 and >= 1 window; got {values}."
+                )
+        cusum = get_attr(attrs, "cusum", dict)
+        check_items(cusum.values(), "cusum", float)
+        self._cusum = {int(i): float(v) for i, v in cusum.items()}
         self._seed = get_attr(attrs, "seed", int)
 
 

@@ -54,7 +54,13 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
-from fednovelty.detectors.persistence import check_items, get_attr, get_tensor, register
+from fednovelty.detectors.persistence import (
+    check_items,
+    get_attr,
+    get_tensor,
+    log_density_bound,
+    register,
+)
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
 from fednovelty.federated import INIT_PARAMS
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
@@ -435,6 +441,12 @@ class FedVBDetector(MixtureDetector):
         return vb_predictive_log_prob(X, self.posterior_)
 
     # -------------------------------------------------------------- persistence
+    def _log_density_bound(self) -> float:
+        """The highest ``log p(x)`` the scored density (predictive Student-t or plug-in
+        Gaussian mixture) gives any row (``log_density_bound`` at the posterior means)."""
+        with torch.no_grad():
+            return log_density_bound(self._log_density(self.posterior_.means))
+
     def _get_state(self):
         tensors = {f"posterior.{k}": getattr(self.posterior_, k) for k in POSTERIOR_TENSORS}
         attrs = {

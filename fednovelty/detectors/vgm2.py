@@ -37,6 +37,7 @@ from fednovelty.detectors.base import (
 )
 from fednovelty.detectors.persistence import (
     check_items,
+    check_positive,
     get_attr,
     get_tensor,
     load,
@@ -51,6 +52,7 @@ from fednovelty.federated.config import (
     VGM2Config,
 )
 from fednovelty.federated.vgm2 import ENCODER, HEAD, MARKERS, VGM2, VGM2State
+from fednovelty.mixture.dirnig import check_markers
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 _NON_NEGATIVE = [Interval(Real, 0.0, None, closed="left")]
@@ -429,17 +431,23 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         state.invalid = check_items(get_attr(attrs, "invalid_", list), "invalid_", int)
         k = config.n_markers
         if self.method == "vgm2":
-            state.prior = get_tensor(tensors, "state.prior", (2, 5, k)).to(**options)
+            state.prior = _markers(tensors, "state.prior", k).to(**options)
         elif self.method == "fedavg":
             state.global_encoder = shaped("state.encoder.", algorithm.encoder)
             state.global_head = shaped("state.head.", algorithm.head)
         elif self.method == "prototype":
             shape = (len(classes), config.embedding_dim)
             state.prototypes = get_tensor(tensors, "state.prototypes", shape).to(**options)
-            state.prototype_counts = get_tensor(
-                tensors, "state.prototype_counts", (len(classes),)
-            ).to(**options)
+            counts = get_tensor(tensors, "state.prototype_counts", (len(classes),))
+            check_positive(
+                counts, "the tensor 'state.prototype_counts'", "it counts rows", allow_zero=True
+            )
+            state.prototype_counts = counts.to(**options)
         self.state_ = state
+        shapes = {
+            **{f"{ENCODER}{n}": tuple(p.shape) for n, p in algorithm.encoder.named_parameters()},
+            **{f"{HEAD}{n}": tuple(p.shape) for n, p in algorithm.head.named_parameters()},
+        }
         clients = []
         for c, names_c in enumerate(keys):
             check_items(names_c, "client_keys_ items", str)
@@ -455,8 +463,37 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
                     ):
                         raise ModelFormatError(f"{name!r} must hold class codes.")
                     kept[key] = tensor.to(options["device"])
-                else:
+                elif key == MARKERS:
+                    kept[key] = _markers(tensors, name, k).to(**options)
+                elif key == "reference.X":
                     kept[key] = get_tensor(tensors, name).to(**options)
+                    if kept[key].ndim != 2 or kept[key].shape[1] != self.n_features_in_:
+                        raise ModelFormatError(
+                            f"the tensor {name!r} has shape {tuple(tensor.shape)}; the model "
+                            f"implies (n_rows, {self.n_features_in_})."
+                        )
+                elif key in shapes:
+                    kept[key] = get_tensor(tensors, name, shapes[key]).to(**options)
+                else:
+                    raise ModelFormatError(f"the tensor {name!r} is not part of a client's state.")
+            if (
+                "reference.X" in kept
+                and kept["reference.X"].shape[0] != kept.get("reference.y", torch.empty(0)).shape[0]
+            ):
+                raise ModelFormatError(
+                    f"'client.{c}.reference.X' and 'client.{c}.reference.y' must hold the "
+                    "same rows."
+                )
             clients.append(kept)
         self.client_states_ = clients
         self._set_derived()
+
+
+def _markers(tensors: dict[str, torch.Tensor], name: str, n_markers: int) -> torch.Tensor:
+    """The Dir-NIG markers ``tensors[name]`` (2, 5, ``n_markers``), checked: finite, positive
+    concentration, kappa, alpha and beta (``check_markers``). Raises ``ModelFormatError``."""
+    markers = get_tensor(tensors, name, (2, 5, n_markers))
+    try:
+        return check_markers(markers, f"the tensor {name!r}")
+    except ValueError as error:
+        raise ModelFormatError(str(error)) from None

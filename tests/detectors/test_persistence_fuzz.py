@@ -11,6 +11,13 @@ Two modes. As damage leaves it (the stored checksum kept): the load raises or th
 scores as the original did. With the checksum recomputed (a crafted file, or one damaged before
 it was written): the checks on the content alone must raise, or the model must score without
 NaN. Deterministic tests name the message of each check.
+
+Forged files of every kind that can be saved (the ones above, and the clustered, streaming,
+pFedEM, one-shot VB, kNN-marker, Fed-CAM and VGM2 models), checksum recomputed, whose values
+are each valid alone but inconsistent together (covariances or precisions scaled, counts
+zeroed, client means or cluster weights scaled, weights not summing to 1, NaN or inf, a
+threshold outside the training scores): each is refused by name, and a genuine file of each
+kind loads and predicts as the saved model.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -29,14 +37,20 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fednovelty import (
+    ClusteredFedGMMDetector,
+    ClusteredFLClassifier,
     FedGenGMMDetector,
     FedGMMDetector,
     FedVBDetector,
     JointFedGMMDetector,
     LocalGMMDetector,
+    PFedEMDetector,
+    StreamingFedGMMDetector,
     load,
 )
+from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
+from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.exceptions import ModelFormatError
 
 RNG = np.random.default_rng(0)
@@ -352,7 +366,8 @@ def test_a_value_changed_within_its_valid_range_is_caught_by_the_checksum(saved,
     _write(scratch, tensors, document, stored)
     with pytest.raises(ModelFormatError, match="checksum does not match"):
         load(scratch)
-    document = {**document, "attrs": {**document["attrs"], "threshold_": 123.0}}
+    inside = float(tensors["decision_scores"].median())  # a threshold the checks accept
+    document = {**document, "attrs": {**document["attrs"], "threshold_": inside}}
     _write(scratch, saved["FedGMM"][1], document, stored)
     with pytest.raises(ModelFormatError, match="checksum does not match"):
         load(scratch)
@@ -383,3 +398,178 @@ def test_every_kind_round_trips(saved, originals):
             "LocalGMMDetector",
             "FedVBDetector",
         }
+
+
+# ----------------------------------------------------------------------------- meaning
+#: Kinds saved only for the consistency checks below (the fuzz tests above score every file,
+#: and two of these are classifiers). Built on first use: VGM2's first fit compiles UMAP.
+MORE_KINDS = {
+    "Clustered": lambda: ClusteredFedGMMDetector(
+        2, n_clusters=2, cluster_components=1, max_iter=5, random_state=0
+    ).fit(X, groups=GROUPS),
+    "Streaming": lambda: StreamingFedGMMDetector(2, random_state=0).fit(X, groups=GROUPS),
+    "pFedEM": lambda: PFedEMDetector(2, max_iter=3, random_state=0).fit(X, Y, GROUPS),
+    "VB-oneshot": lambda: FedVBDetector(4, aggregation="natural", random_state=0).fit(
+        X, groups=GROUPS
+    ),
+    "kNN": lambda: FedKNNMarkerDetector(personal_strength=10.0, random_state=0).fit(
+        X, groups=GROUPS
+    ),
+    "CAM": lambda: ClusteredFLClassifier(
+        "IFCA-CAM", n_clusters=2, learner="linear", rounds=3, random_state=0
+    ).fit(X, Y, GROUPS),
+    "VGM2": lambda: VGM2Classifier(
+        rounds=2, local_epochs=1, hidden=8, embedding_dim=4, batch_size=32, random_state=0
+    ).fit(X, Y, GROUPS),
+}
+CLASSIFIERS = {"CAM", "VGM2"}
+
+
+class _Files(dict):
+    """kind -> (path, tensors, document, checksum, what the saved model predicts on
+    X_SCORE); every kind of ``KINDS`` and ``MORE_KINDS``, each saved on first use."""
+
+    def __init__(self, saved, originals, folder):
+        super().__init__()
+        self.saved, self.originals, self.folder = saved, originals, folder
+
+    def __missing__(self, kind):
+        if kind in self.saved:
+            self[kind] = (*self.saved[kind], self.originals[kind])
+            return self[kind]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a convergence warning on 180 rows is not the point
+            model = MORE_KINDS[kind]()
+        path = self.folder / f"{kind}.safetensors"
+        model.save(path)
+        with safe_open(os.fspath(path), framework="pt") as handle:
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+            metadata = handle.metadata()
+        document = json.loads(metadata[_METADATA_KEY])
+        self[kind] = (path, tensors, document, metadata[_CHECKSUM_KEY], _predicted(model))
+        return self[kind]
+
+
+def _predicted(model) -> np.ndarray:
+    """A detector's scores, or a classifier's probabilities for its first client, on
+    X_SCORE."""
+    if type(model).__name__ in {"ClusteredFLClassifier", "VGM2Classifier"}:
+        return model.predict_proba(X_SCORE, client=model.client_ids_[0])
+    return model.score_samples(X_SCORE)
+
+
+@pytest.fixture(scope="module")
+def files(saved, originals, tmp_path_factory):
+    return _Files(saved, originals, tmp_path_factory.mktemp("every_kind"))
+
+
+def _scale(*names, factor):
+    """Multiply the tensors ``names`` by ``factor``."""
+
+    def change(tensors, document):
+        for name in names:
+            tensors[name] = tensors[name] * factor
+
+    return change
+
+
+def _put(name, index, value):
+    """Set one entry (flat ``index``) of the tensor ``name``."""
+
+    def change(tensors, document):
+        _set(name, index, value)(tensors)
+
+    return change
+
+
+def _put_attr(name, value):
+    def change(tensors, document):
+        document["attrs"][name] = value
+
+    return change
+
+
+def _scale_rows(name, factor):
+    """Multiply every row (``[:, 0]``) of the tensor ``name`` by ``factor``."""
+
+    def change(tensors, document):
+        tensor = tensors[name].clone()
+        tensor[..., 0] = tensor[..., 0] * factor
+        tensors[name] = tensor
+
+    return change
+
+
+UNREACHABLE = "gives no row more than"
+#: (kind, change(tensors, document), the message the refusal must hold)
+FORGED = [
+    # the four of the bug report: each loaded and scored constant or NaN
+    ("FedVB", _scale("posterior.covariances", factor=1e200), UNREACHABLE),
+    ("FedGMM-joint", _scale("joint.counts", factor=0.0), "the total of 'joint.counts'"),
+    ("kNN", _scale("client.0.posterior.means", factor=1e200), "'client.0.posterior.means'"),
+    ("Clustered", _scale("cluster_weights", factor=1e200), "'cluster_weights' do not sum to 1"),
+    # covariances or precisions scaled: the stored training scores are out of reach
+    ("VB-oneshot", _scale("posterior.covariances", factor=1e200), UNREACHABLE),
+    ("FedGMM", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("FedGMM-diag-pca", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("FedGMM-joint", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("FedGenGMM", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    (
+        "Local",
+        _scale(*(f"client.{i}.precisions_cholesky" for i in range(3)), factor=1e-100),
+        UNREACHABLE,
+    ),
+    ("Clustered", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("Streaming", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("pFedEM", _scale("model.precisions_cholesky", factor=1e-100), UNREACHABLE),
+    ("kNN", _put("decision_scores", 0, -5.0), "gives no row more than 0"),
+    # counts that are divided by
+    ("pFedEM", _scale("joint.counts", factor=0.0), "the total of 'joint.counts'"),
+    ("Streaming", _put("carry.counts", 0, -1.0), "'carry.counts' holds 1 value"),
+    ("Streaming", _scale("carry.second", factor=1e-3), "smaller than its sums and counts"),
+    ("Streaming", _put_attr("reference", {"0": [-5.0, 2.0, 0.0, 0.0, 1]}), "a weight > 0"),
+    ("VGM2", _put("state.prior", 0, -1.0), "must be > 0"),
+    ("VGM2", _put("client.0.vgm2.markers", 10, 0.0), "must be > 0"),  # kappa, component 0
+    # client means out of their box
+    ("kNN", _scale("posterior.means", factor=1e200), "'posterior.means' holds"),
+    ("kNN", _put("client.2.posterior.means", 0, 60.0), "outside"),  # a distance of e^60
+    # weights that do not sum to 1
+    ("Streaming", _scale("client_state.0", factor=0.5), "do not sum to 1"),
+    ("Clustered", _scale_rows("cluster_weights", 0.5), "do not sum to 1"),
+    ("FedGenGMM-copula", _scale("copula.joint.weights", factor=2.0), "do not sum to 1"),
+    ("pFedEM", _scale("joint.client_weights", factor=3.0), "do not sum to 1"),
+    # NaN or inf
+    ("Streaming", _put("carry.sums", 0, math.inf), "'carry.sums' holds NaN or inf"),
+    ("kNN", _put("client.1.rows", 4, math.nan), "'client.1.rows' holds NaN"),
+    ("CAM", _put("cluster.1.weight", 0, math.nan), "'cluster.1.weight' holds NaN"),
+    ("VGM2", _put("client.2.reference.X", 0, math.inf), "holds NaN or inf"),
+    ("VB-oneshot", _put("posterior.means", 0, math.nan), "holds NaN"),
+    # thresholds and sizes
+    ("FedGMM", _put_attr("threshold_", 1e6), "outside the training scores' range"),
+    ("kNN", _put_attr("threshold_", -1.0), "outside the training scores' range"),
+    ("CAM", _put_attr("cluster_sizes_history_", [[3, 3]]), "places 6 clients"),
+    ("CAM", _put_attr("warmup_rounds_", 99), "exceeds n_rounds_"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "message"),
+    FORGED,
+    ids=[f"{kind}-{i}" for i, (kind, *_) in enumerate(FORGED)],
+)
+def test_forged_inconsistent_files_are_refused_by_name(files, scratch, kind, change, message):
+    _, tensors, document, *_ = files[kind]
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    document = json.loads(json.dumps(document))
+    change(tensors, document)
+    _write(scratch, tensors, document)  # checksum recomputed: only the meaning can tell
+    with pytest.raises(ModelFormatError, match=message):
+        load(scratch)
+
+
+@pytest.mark.parametrize("kind", sorted({*KINDS, *MORE_KINDS}))
+def test_every_kind_loads_and_predicts_as_saved(files, kind):
+    path, *_, predicted = files[kind]
+    again = load(path)
+    assert np.isfinite(predicted).all()
+    assert_close_scaled(_predicted(again), predicted, rtol=1e-9)
