@@ -12,6 +12,16 @@ round) passes validation but does not count, so no server step sees a round of s
 replies only. ``max_failed_rounds`` failed rounds in a row stop the run with a
 :class:`~fednovelty.exceptions.FederationError`.
 
+**A client caught lying loses its earlier contributions.** A client whose reply the server
+gate drops (invalid, or implausible against the others: not a ``skipped`` reply) is
+excluded from the rest of the run (:meth:`Transport.exclude`; any later reply of it is
+dropped unread). Where it contributed to an earlier successful round of the run, its
+statistics are already in the model: the run starts again from ``algorithm.start()``
+without it (:meth:`Transport.restart` puts the clients' kept state and the sampling stream
+back to where the run began), so the final model is that of a run without the client. The
+round that caught it is recorded with ``restarted`` (the reason); at most ``max_restarts``
+restarts, each excluding at least one more client.
+
 A :class:`Transport` decides which clients are asked each round and how the message reaches
 them: the in-process engine runs client steps on rows it holds
 (:mod:`fednovelty.runtime.simulation`), the Flower engine pushes encoded messages to nodes
@@ -25,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +70,8 @@ class RoundRecord:
             (``skipped``: below the client's privacy floor, or refused).
         failed: fewer than ``min_clients`` valid replies that are not ``skipped``: the
             server step did not run and the round is asked again.
+        restarted: why the run started again after this round (clients caught lying
+            after contributing to earlier rounds); empty when it did not.
     """
 
     round: int
@@ -73,6 +85,7 @@ class RoundRecord:
     dropped: tuple[tuple[int, str], ...] = ()
     failed: bool = False
     skipped: tuple[tuple[int, str], ...] = ()
+    restarted: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +98,7 @@ class RoundRecord:
             "seconds": self.seconds,
             "n_dropped": len(self.dropped),
             "failed": self.failed,
+            "restarted": bool(self.restarted),
             **self.metrics,
         }
 
@@ -148,6 +162,15 @@ class Transport(ABC):
         """
         return Settled(tuple(delivery.asked), tuple(invalid.items()))
 
+    def exclude(self, client_ids: Iterable[int]) -> None:  # noqa: B027 - optional hook
+        """Stop asking ``client_ids`` (caught lying) for the rest of the run. The default
+        asks them still; the loop drops their replies unread."""
+
+    def restart(self) -> None:  # noqa: B027 - optional hook
+        """The run starts again from ``algorithm.start()``: put what the clients keep
+        between rounds, and the client sampling, back to where the run began. The default
+        does nothing (clients that keep no state, no sampling stream)."""
+
 
 def sample_clients(
     client_ids: Sequence[int], fraction: float, dropout: float, rng: np.random.Generator
@@ -176,6 +199,7 @@ def run_rounds(
     validator: ReplyValidator | None = None,
     min_clients: int = 1,
     max_failed_rounds: int = 5,
+    max_restarts: int = 5,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     progress: bool = False,
     description: str | None = None,
@@ -192,6 +216,8 @@ def run_rounds(
             a round with fewer is recorded as failed and asked again.
         max_failed_rounds: failed rounds in a row after which the federation counts as
             gone.
+        max_restarts: most restarts of the run without clients caught lying after they
+            contributed (module docstring).
         callbacks: called with each :class:`RoundRecord` as it completes, in order.
         progress: show a tqdm bar over rounds; ``description`` labels it (default: the
             algorithm's class name).
@@ -201,14 +227,17 @@ def run_rounds(
 
     Raises:
         ValueError: ``max_failed_rounds`` < 1. FederationError: ``max_failed_rounds``
-            failed rounds in a row. RuntimeError: more than ``algorithm.max_rounds``
-            successful rounds without finishing.
+            failed rounds in a row, or more than ``max_restarts`` restarts.
+            RuntimeError: more than ``algorithm.max_rounds`` successful rounds of one
+            attempt without finishing.
     """
     if int(max_failed_rounds) < 1:
         raise ValueError(f"max_failed_rounds must be >= 1, got {max_failed_rounds}.")
     validator = ReplyValidator() if validator is None else validator
     history: list[RoundRecord] = []
-    failed_in_a_row = 0
+    failed_in_a_row = restarts = first = 0  # first: index of the attempt's first record
+    excluded: set[int] = set()
+    contributed: set[int] = set()  # clients in a successful round of this attempt
     state = algorithm.start()
     bar = tqdm(
         total=algorithm.max_rounds,
@@ -219,19 +248,25 @@ def run_rounds(
     )
     try:
         while not algorithm.finished(state):
-            if sum(not r.failed for r in history) >= algorithm.max_rounds:
+            if sum(not r.failed for r in history[first:]) >= algorithm.max_rounds:
                 name, most = type(algorithm).__name__, algorithm.max_rounds
                 raise RuntimeError(f"{name} exceeded {most} rounds.")
             started = time.perf_counter()
             number = len(history) + 1
             message = algorithm.configure(state)
             delivery = transport.exchange(number, message)
-            valid, invalid = _validate(validator, message, delivery)
+            valid, invalid = _validate(validator, message, delivery, excluded)
             settled = transport.settle(number, delivery, valid, invalid)
-            failed = n_contributing(valid) < min_clients
+            caught = sorted(set(invalid) - excluded)
+            restart = restart_reason(caught, contributed, invalid)
+            if caught:
+                excluded.update(caught)
+                transport.exclude(caught)
+            failed = not restart and n_contributing(valid) < min_clients
             metrics: dict[str, Scalar] = {}
-            if not failed:
+            if not failed and not restart:
                 state, metrics = run_server_step(algorithm, state, valid)
+                contributed.update(c for c, r in valid.items() if not is_skipped(r))
             record = RoundRecord(
                 round=number,
                 kind=message.kind,
@@ -246,10 +281,23 @@ def run_rounds(
                 skipped=tuple(
                     (c, str(r.scalars.get("reason", ""))) for c, r in valid.items() if is_skipped(r)
                 ),
+                restarted=restart,
             )
             history.append(record)
             for callback in callbacks:
                 callback(record)
+            if restart:
+                restarts += 1
+                if restarts > max_restarts:
+                    raise FederationError(
+                        f"{restart} That is restart {restarts}; max_restarts={max_restarts}. "
+                        "Check the clients, or raise max_restarts."
+                    )
+                transport.restart()
+                state, first, failed_in_a_row = algorithm.start(), len(history), 0
+                contributed.clear()
+                bar.reset()
+                continue
             failed_in_a_row = failed_in_a_row + 1 if failed else 0
             if failed_in_a_row >= max_failed_rounds:
                 raise FederationError(
@@ -266,20 +314,44 @@ def n_contributing(valid: Mapping[int, Message]) -> int:
     return sum(not is_skipped(reply) for reply in valid.values())
 
 
+def restart_reason(caught: Sequence[int], contributed: set[int], invalid: Mapping[int, str]) -> str:
+    """Why the run must start again: the clients of ``caught`` (dropped this round) that
+    are in ``contributed`` (used by an earlier successful round of this attempt), with the
+    reasons ``invalid`` gives; ``""`` when there are none."""
+    liars = [c for c in caught if c in contributed]
+    if not liars:
+        return ""
+    reasons = "; ".join(f"client {c}: {invalid[c]}" for c in liars)
+    return (
+        f"client(s) {liars} sent a reply the server dropped ({reasons}) after contributing to "
+        "earlier rounds; the run starts again without them."
+    )
+
+
 def _validate(
-    validator: ReplyValidator, message: Message, delivery: Delivery
+    validator: ReplyValidator,
+    message: Message,
+    delivery: Delivery,
+    excluded: set[int] | frozenset[int] = frozenset(),
 ) -> tuple[dict[int, Message], dict[int, str]]:
     """``validator.accept`` of the delivered replies, then
     :func:`~fednovelty.federated.plausible.gross_screen` of the valid ones against each
     other (a client whose declared moments or local model no honest federation produces is
     dropped with the invalid replies); ``({}, {})`` when none arrived (the validator may not
-    know the federation's width yet, and there is nothing to check)."""
-    if not delivery.replies:
-        return {}, {}
-    valid, invalid = validator.accept(message, delivery.replies, delivery.widths)
+    know the federation's width yet, and there is nothing to check). Replies of
+    ``excluded`` clients are dropped unread."""
+    shut_out = {c: EXCLUDED for c in delivery.replies if c in excluded}
+    replies = {c: r for c, r in delivery.replies.items() if c not in excluded}
+    if not replies:
+        return {}, shut_out
+    valid, invalid = validator.accept(message, replies, delivery.widths)
     implausible = gross_screen(message, valid)
     valid = {c: reply for c, reply in valid.items() if c not in implausible}
-    return valid, {**invalid, **implausible}
+    return valid, {**shut_out, **invalid, **implausible}
+
+
+#: why a reply of a client excluded earlier in the run is dropped.
+EXCLUDED = "the client was excluded from this run after an earlier reply was dropped"
 
 
 def _show(bar: Any, record: RoundRecord, failed_in_a_row: int) -> None:

@@ -19,8 +19,9 @@ as failed and asked again of a fresh sample (a ``skipped`` reply does not count)
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +92,37 @@ class InProcessTransport(Transport):
     ) -> None:
         self.algorithm, self.data, self.contexts = algorithm, data, contexts
         self.fraction, self.dropout, self.rng = fraction, dropout, rng
+        self.excluded: set[int] = set()
+        self._start = (
+            copy.deepcopy(rng.bit_generator.state),
+            {cid: {k: v.clone() for k, v in ctx.state.items()} for cid, ctx in contexts.items()},
+        )
 
     def exchange(self, number: int, message: Message) -> Delivery:
-        """Sample this round's clients and run the client step of each that replies."""
-        asked, replying = sample_clients(list(self.data), self.fraction, self.dropout, self.rng)
+        """Sample this round's clients (those not excluded) and run the client step of each
+        that replies."""
+        ids = [c for c in self.data if c not in self.excluded]
+        if not ids:
+            return Delivery({}, asked=(), n_asked=0, bytes_up=0)
+        asked, replying = sample_clients(ids, self.fraction, self.dropout, self.rng)
         replies = {
             cid: run_client_step(self.algorithm, self.data[cid], message, self.contexts[cid])
             for cid in replying
         }
         bytes_up = sum(r.nbytes() for r in replies.values())
         return Delivery(replies, asked=tuple(asked), n_asked=len(asked), bytes_up=bytes_up)
+
+    def exclude(self, client_ids: Iterable[int]) -> None:
+        """Ask ``client_ids`` no more in this run."""
+        self.excluded.update(client_ids)
+
+    def restart(self) -> None:
+        """The sampling stream and every client's kept state as they were when the run
+        began: the restarted run is the run of a federation without the excluded clients."""
+        rng_state, states = self._start
+        self.rng.bit_generator.state = copy.deepcopy(rng_state)
+        for cid, ctx in self.contexts.items():
+            ctx.state = {k: v.clone() for k, v in states[cid].items()}
 
 
 #: failed rounds in a row that end a simulation without dropout.

@@ -214,8 +214,11 @@ def test_a_forged_reply_drops_its_client_not_the_run() -> None:
     inner = FederatedEM(2, max_iter=10, random_state=0)
     result = run_simulation(WithForger(inner, 4, forge), clients)
     em_rounds = [r for r in result.history if r.kind == "em"]
-    assert em_rounds and all(r.replied == (0, 1, 2, 3) for r in em_rounds)
-    assert all("no rows have these statistics" in r.dropped[0][1] for r in em_rounds)
+    caught = em_rounds[0]  # it contributed to the earlier rounds: the run starts again
+    assert caught.replied == (0, 1, 2, 3) and caught.restarted
+    assert "no rows have these statistics" in caught.dropped[0][1]
+    after = result.history[result.history.index(caught) + 1 :]
+    assert all(4 not in r.sampled and not r.dropped for r in after)
     assert bool(torch.isfinite(result.state.params.means).all())
 
 
