@@ -344,6 +344,9 @@ class WithAttackers(FederatedAlgorithm):
     def server_step(self, state, replies):
         return self.inner.server_step(state, replies)
 
+    def reply_spec(self, kind):
+        return self.inner.reply_spec(kind)
+
     def client_step(self, X, message, context) -> Message:
         attacker = context.client_id in self.attackers
         key = None

@@ -141,13 +141,13 @@ class FederatedAlgorithm(ABC):
         Raises:
             UndeclaredReplyError: the algorithm declares no reply of ``kind``.
         """
-        spec = self.replies.get(kind)
-        if spec is None:
+        declared = type(self).replies  # the class's declaration, whatever an instance holds
+        if kind not in declared:
             raise UndeclaredReplyError(
                 f"{type(self).__name__} declares no replies of kind {kind!r} (it declares "
-                f"{sorted(self.replies)}); messages of that kind are not answered or accepted."
+                f"{sorted(declared)}); messages of that kind are not answered or accepted."
             )
-        return spec
+        return declared[kind]
 
     @classmethod
     def from_config(cls, config: Any) -> FederatedAlgorithm:

@@ -17,24 +17,35 @@ The vocabulary:
 - ``checks``: value checks beyond shape, finiteness and non-negativity, each
   ``check(reply, broadcast)`` raising
   :class:`~fednovelty.federated.validation.InvalidReplyError` with a reason.
-- ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`. The client
-  half states the effective rows behind each entry in the reply's ``backing`` (never sent);
-  the gate releases an entry only when they reach the client's floor, and releases no tensor
-  the declaration does not classify.
+- ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`; a name
+  ending in ``"."`` (``"learner."``) covers every tensor whose name starts with it
+  (:meth:`ReplySpec.backing_of`). The client half states the effective rows behind each
+  entry in the reply's ``backing`` (never sent); the gate releases an entry only when they
+  reach the client's floor, and releases no tensor the declaration does not classify.
 - ``limit(config, broadcast)``: the most entries along the leading dimension of the
   component-, cluster-, class- or bin-backed tensors that the client's *own* configuration
   allows (``None``: no bound beyond the broadcast's shapes).
-- ``box``: how the client's declared moments bound the reply (``"none"``, ``"means"``: every
-  mean-like tensor in the box, ``"stats"``: summed statistics whose means and spread lie in
-  it).
+- ``box``: how the client's declared moments bound the reply (``"none"``; ``"means"``:
+  every row of the ``points`` tensors (centroids, ranges) in the box; ``"stats"``: summed
+  statistics about the broadcast's ``shift``, where the reply carries them, whose means
+  and spread lie in it; ``"moments"``: the moments the reply itself declares, the same
+  way).
+- ``moments(reply)``: for a reply that declares the client's moments (a ``moments`` or
+  prior-moments round), its row count, per-feature mean and sum of squared deviations;
+  the server keeps the first such declaration as the client's box for its later replies.
 - ``serial``: the client half runs on one torch thread at any size (learner SGD on small
-  batches).
+  batches); ``components(setting)`` and ``covariance`` estimate the client half's work
+  where the broadcast does not carry it: the K it works with from the algorithm's settings
+  (``setting(name)``), and whether the algorithm's ``covariance_type`` (full or tied makes
+  the work grow with the square of the width) applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 #: what can back a released tensor's entries:
@@ -52,12 +63,14 @@ from typing import Any
 BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bins", "model")
 
 #: the ways a reply can be bounded by the box of its client's declared moments.
-BOXES: tuple[str, ...] = ("none", "means", "stats")
+BOXES: tuple[str, ...] = ("none", "means", "stats", "moments")
 
 Shape = tuple[int | str, ...]
 ShapeRule = Callable[[Any, int], dict[str, Shape]]
 Check = Callable[[Any, Any], None]
 Limit = Callable[[Any, Any], int | None]
+Moments = Callable[[Any], tuple[Any, Any, Any]]
+Components = Callable[[Callable[[str], Any]], int]
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,12 @@ class ReplySpec:
         limit: ``(config, broadcast) -> most entries`` of the grouped tensors, or ``None``.
         box: one of :data:`BOXES`.
         serial: the client half runs on one thread.
+        points: the tensors whose rows ``box="means"`` bounds.
+        moments: ``reply -> (n_samples, mean (d,), m2 (d,))`` for a reply that declares
+            the client's moments, else ``None``.
+        components: ``setting -> K`` of the client half's work when the broadcast does
+            not say, else ``None``.
+        covariance: the algorithm's ``covariance_type`` sets the client half's work.
 
     Raises:
         ValueError: an unknown backing or box, naming it.
@@ -84,6 +103,19 @@ class ReplySpec:
     limit: Limit | None = None
     box: str = "none"
     serial: bool = False
+    points: tuple[str, ...] = ()
+    moments: Moments | None = None
+    components: Components | None = None
+    covariance: bool = False
+
+    def backing_of(self, name: str) -> str | None:
+        """What backs tensor ``name``: its own entry, else the entry of the longest prefix
+        ending in ``"."`` that it starts with; ``None`` when the declaration does not
+        classify it."""
+        if name in self.backing:
+            return self.backing[name]
+        prefixes = [p for p in self.backing if p.endswith(".") and name.startswith(p)]
+        return self.backing[max(prefixes, key=len)] if prefixes else None
 
     def __post_init__(self) -> None:
         unknown = {name: b for name, b in self.backing.items() if b not in BACKINGS}
@@ -93,6 +125,35 @@ class ReplySpec:
             )
         if self.box not in BOXES:
             raise ValueError(f"ReplySpec({self.kind!r}): box must be one of {BOXES}.")
+
+
+#: the backing of a summed-statistics reply: counts, sums and second moments per component,
+#: the log-likelihood sum and the row count of the whole client.
+STATS_BACKING: Mapping[str, str] = {
+    "counts": "components",
+    "sums": "components",
+    "second": "components",
+    "log_likelihood": "client",
+    "n_samples": "client",
+}
+
+
+def components_limit(config: Any, broadcast: Any) -> int | None:
+    """The client's own bound on components or centroids per reply: its configuration's
+    ``total_components`` where it has one (a clustered mixture's K over all clusters), else
+    its ``n_components`` (``None`` where it has neither)."""
+    k = getattr(config, "total_components", None) or getattr(config, "n_components", None)
+    return None if k is None else int(k)
+
+
+def components_setting(setting: Callable[[str], Any]) -> int:
+    """K of a client half's work from the algorithm's ``n_components`` setting (1 if none)."""
+    return max(1, int(setting("n_components") or 1))
+
+
+def declare(*specs: ReplySpec) -> Mapping[str, ReplySpec]:
+    """A step's ``replies``: each spec under its kind, read-only."""
+    return MappingProxyType({spec.kind: spec for spec in specs})
 
 
 class UndeclaredReplyError(TypeError):
@@ -113,10 +174,57 @@ def check_declared(owner: str, kinds: tuple[str, ...], specs: Mapping[str, Reply
         raise UndeclaredReplyError(f"{owner}: the ReplySpec for {wrong} names another kind.")
 
 
+def declared_spec(kind: str) -> ReplySpec:
+    """The package's own declaration of replies of ``kind``: the one the fednovelty step
+    or algorithm that answers ``kind`` declares (a kind is answered by one protocol,
+    whichever algorithm chains it). For checks made without the algorithm at hand (a
+    reply checked on its own, a thread estimate from settings); a run reads its
+    algorithm's declarations (``FederatedAlgorithm.reply_spec``).
+
+    Raises:
+        UndeclaredReplyError: no fednovelty step or algorithm declares ``kind``.
+    """
+    table = _package_declarations()
+    if kind not in table:
+        raise UndeclaredReplyError(
+            f"no fednovelty step declares replies of kind {kind!r}; known kinds: "
+            f"{sorted(table)}."
+        )
+    return table[kind]
+
+
+@functools.cache
+def _package_declarations() -> dict[str, ReplySpec]:
+    import fednovelty.federated.registry  # noqa: F401 (imports every algorithm's module)
+    from fednovelty.federated.base import FederatedAlgorithm
+    from fednovelty.federated.steps import Step
+
+    table: dict[str, ReplySpec] = {}
+    for root in (Step, FederatedAlgorithm):
+        for cls in _subclasses(root):
+            if not cls.__module__.startswith("fednovelty."):
+                continue
+            for kind, spec in dict(vars(cls).get("replies", {})).items():
+                if table.setdefault(kind, spec) is not spec:
+                    raise ValueError(f"two fednovelty classes declare replies of kind {kind!r}.")
+    return table
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
 __all__ = [
     "BACKINGS",
     "BOXES",
+    "STATS_BACKING",
     "ReplySpec",
     "UndeclaredReplyError",
     "check_declared",
+    "components_limit",
+    "components_setting",
+    "declare",
+    "declared_spec",
 ]

@@ -58,15 +58,23 @@ from torch import Tensor
 from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import INIT_PARAMS, MIXTURE_WEIGHTS, EMConfig
+from fednovelty.federated.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
+)
 from fednovelty.federated.init import MomentsStep, combine_stats, init_steps
 from fednovelty.federated.pca import PCAProjection, PCAState, PCAStep
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
     backed,
     effective_rows,
+    stats_backing,
     suppress_components,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import check_stats, stats_shapes
 from fednovelty.mixture import (
     CovariancePrior,
     MixtureParams,
@@ -123,11 +131,24 @@ class EMState:
     projection: PCAProjection | None = None
 
 
+#: an ``em`` reply: the E-step's summed statistics under the broadcast mixture.
+EM_REPLY = ReplySpec(
+    "em",
+    shapes=stats_shapes,
+    checks=(check_stats,),
+    backing=STATS_BACKING,
+    limit=components_limit,
+    box="stats",
+    covariance=True,
+)
+
+
 class EMStep(Step):
     """The EM rounds of federated EM (module docstring); :meth:`m_step` and :meth:`advance`
     are the Gaussian server half that other EM algorithms (``JointFedGMM``) reuse."""
 
     kinds = ("em",)
+    replies = declare(EM_REPLY)
 
     def __init__(self, config: EMConfig) -> None:
         self.config = config
@@ -224,21 +245,29 @@ def floored_stats_message(
     when no component is backed. ``log_weights`` (n_components,) and the broadcast
     ``means``, ``precisions_cholesky`` and ``shift`` gave the responsibilities (a tied
     covariance's one second moment is recomputed from the kept components' rows)."""
-    if squared is None:  # no floor
-        return stats_message(stats, kind)
-    keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
+    if squared is None:  # no floor: every component is released, backed by the row count
+        reply = stats_message(stats, kind)
+        rows = torch.full_like(stats.counts, float(X.shape[0]))
+        reply.backing.update(stats_backing(stats, rows))
+        return reply
+    rows = effective_rows(stats.counts, squared)
+    keep = backed(rows, policy.min_rows)
     if not bool(keep.any()):
         return skipped_reply(kind, f"no component has min_rows={policy.min_rows} rows")
+    tied_rows = None
     if not bool(keep.all()):
         ct = stats.covariance_type
         tied_second = None
         if ct == "tied":  # the one second moment of the kept components' rows
             prec = broadcast["precisions_cholesky"]
             params = MixtureParams(log_weights.exp(), broadcast["means"], prec, ct)
-            resp = predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)
-            tied_second = stats_from_resp(X, resp, ct, broadcast["shift"]).second
+            weight = (predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)).sum(1)
+            tied_rows = effective_rows(weight.sum(0), weight.square().sum(0))
+            tied_second = stats_from_resp(X, weight.unsqueeze(1), ct, broadcast["shift"]).second
         stats = suppress_components(stats, keep, tied_second)
-    return stats_message(stats, kind)
+    reply = stats_message(stats, kind)
+    reply.backing.update(stats_backing(stats, rows, tied_rows))
+    return reply
 
 
 def em_steps(config: EMConfig, final: Step) -> list[Step]:

@@ -61,10 +61,30 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.config import EMConfig
+from fednovelty.federated.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    components_setting,
+    declare,
+)
 from fednovelty.federated.plausible import robust_moments
-from fednovelty.federated.privacy import backed, merge_small_clusters, trimmed_range
+from fednovelty.federated.privacy import (
+    backed,
+    client_backing,
+    merge_small_clusters,
+    stats_backing,
+    trimmed_range,
+)
 from fednovelty.federated.robust import coordinate_median, outlying_points, robust_stats
 from fednovelty.federated.steps import Step
+from fednovelty.federated.validation import (
+    RTOL,
+    InvalidReplyError,
+    check_stats,
+    expectation,
+    stats_shapes,
+)
 from fednovelty.mixture import (
     CovariancePrior,
     FeatureMoments,
@@ -145,6 +165,75 @@ def _check_enough(n_samples: float, n_components: int) -> None:
         )
 
 
+# ----------------------------------------------------------------------------- replies
+def declared_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
+    """The moments a ``moments`` reply declares: row count, per-feature mean and sum of
+    squared deviations (n_features,)."""
+    t = reply.tensors
+    return t["n_samples"], t["mean"], t["m2"]
+
+
+def check_centroids(reply: Message, broadcast: Message) -> None:
+    """At most the ``n_clusters`` centroids the round asked for, their counts adding up to
+    the row count."""
+    k, asked = int(reply.tensors["centers"].shape[0]), int(expectation(broadcast, "n_clusters"))
+    if k > asked:
+        raise InvalidReplyError(f"reply has {k} centroids; at most {asked} asked.")
+    total, n = float(reply.tensors["counts"].sum()), float(reply.tensors["n_samples"])
+    if abs(total - n) > RTOL * max(n, 1.0):
+        raise InvalidReplyError(f"centroid counts add up to {total:g}, not the {n:g} rows sent.")
+
+
+def check_subset(reply: Message, broadcast: Message) -> None:
+    """At most as many rows as the client holds."""
+    r, n = int(reply.tensors["rows"].shape[0]), float(reply.tensors["n_samples"])
+    if r > n:
+        raise InvalidReplyError(f"reply sends {r} rows of a client declaring {n:g}.")
+
+
+MOMENTS_REPLY = ReplySpec(
+    "moments",
+    shapes=lambda b, d: {"n_samples": (), "mean": (d,), "m2": (d,)},
+    backing={"n_samples": "client", "mean": "client", "m2": "client"},
+    moments=declared_moments,
+)
+CENTROIDS_REPLY = ReplySpec(
+    "centroids",
+    shapes=lambda b, d: {"centers": ("k", d), "counts": ("k",), "n_samples": ()},
+    checks=(check_centroids,),
+    backing={"centers": "components", "counts": "components", "n_samples": "client"},
+    limit=components_limit,
+    box="means",
+    points=("centers",),
+    components=components_setting,
+)
+RANGE_REPLY = ReplySpec(
+    "range",
+    shapes=lambda b, d: {"min": (d,), "max": (d,), "n_samples": ()},
+    backing={"min": "client", "max": "client", "n_samples": "client"},
+    box="means",
+    points=("min", "max"),
+)
+ASSIGN_REPLY = ReplySpec(
+    "assign",
+    shapes=lambda b, d: stats_shapes(b, d, centers="centers"),
+    checks=(check_stats,),
+    backing=STATS_BACKING,
+    limit=components_limit,
+    box="stats",
+    covariance=True,
+)
+COUNT_REPLY = ReplySpec(
+    "count", shapes=lambda b, d: {"n_samples": ()}, backing={"n_samples": "client"}
+)
+SUBSET_REPLY = ReplySpec(
+    "subset",
+    shapes=lambda b, d: {"rows": ("r", d), "n_samples": ()},
+    checks=(check_subset,),
+    backing={"rows": "client", "n_samples": "client"},
+)
+
+
 def pooled_moments(replies: dict[int, Message], config: EMConfig) -> FeatureMoments:
     """The ``moments`` round's pooled moments: the exact merge of the clients' moments, or,
     with a robust option on (``aggregation`` other than ``"sum"``, or a
@@ -169,6 +258,7 @@ class MomentsStep(Step):
     docstring). Runs only with ``standardize`` or ``prior_strength``."""
 
     kinds = ("moments",)
+    replies = declare(MOMENTS_REPLY)
 
     def __init__(self, config: EMConfig) -> None:
         self.config = config
@@ -183,7 +273,8 @@ class MomentsStep(Step):
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         if not context.policy.releases(X.shape[0]):
             return skipped_reply("moments", context.policy.below_floor)
-        return Message("moments", feature_moments(X).tensors())
+        tensors = feature_moments(X).tensors()
+        return Message("moments", tensors, backing=client_backing(tensors, X.shape[0]))
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
@@ -266,6 +357,7 @@ class CentroidsStep(Step):
     ``FEWER_CENTROIDS_OK``, K an upper bound: into half as many centres as centroids)."""
 
     kinds = ("centroids",)
+    replies = declare(CENTROIDS_REPLY)
 
     def __init__(self, config: EMConfig) -> None:
         self.config = config
@@ -286,7 +378,10 @@ class CentroidsStep(Step):
         centers, labels = kmeans(X, k, generator=generator)
         centers, counts = merge_small_clusters(X, labels, centers, policy.min_rows)
         tensors = {"centers": centers, "counts": counts, "n_samples": row_count(X)}
-        return Message("centroids", tensors)
+        # each centroid is the mean of its (merged) cluster's rows
+        backing = {"centers": counts, "counts": counts}
+        backing.update(client_backing(["n_samples"], X.shape[0]))
+        return Message("centroids", tensors, backing=backing)
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
@@ -341,6 +436,7 @@ class RangeStep(Step):
     """Feature ranges merged on the server; ``n_components`` centres far apart in the box."""
 
     kinds = ("range",)
+    replies = declare(RANGE_REPLY)
 
     def __init__(self, config: EMConfig) -> None:
         self.config = config
@@ -352,7 +448,11 @@ class RangeStep(Step):
         if not context.policy.releases(X.shape[0]):
             return skipped_reply("range", context.policy.below_floor)
         low, high = trimmed_range(X, context.policy.min_rows)
-        return Message("range", {"min": low, "max": high, "n_samples": row_count(X)})
+        # each end is the mean of the min_rows extreme values of its feature
+        backing = client_backing(["min", "max"], context.policy.min_rows)
+        backing.update(client_backing(["n_samples"], X.shape[0]))
+        tensors = {"min": low, "max": high, "n_samples": row_count(X)}
+        return Message("range", tensors, backing=backing)
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
@@ -387,6 +487,7 @@ class AssignStep(Step):
     the centres stop moving. Ends with the initial mixture in ``state.params``."""
 
     kinds = ("assign",)
+    replies = declare(ASSIGN_REPLY)
 
     def __init__(self, config: EMConfig, budget: int) -> None:
         self.config = config
@@ -408,11 +509,14 @@ class AssignStep(Step):
         shift = message.tensors["shift"].to(X.device, X.dtype)
         labels, _ = assign(X, centers)
         resp = one_hot(labels, centers.shape[0], X)
-        keep = backed(resp.sum(0), policy.min_rows)
-        if not bool(keep.any()):
-            return skipped_reply("assign", f"no centre has min_rows={policy.min_rows} rows")
-        stats = stats_from_resp(X, resp * keep.to(X.dtype), self.config.covariance_type, shift)
-        return stats_message(stats, "assign")
+        rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
+        keep = backed(rows, policy.min_rows)
+        # a tied second moment is one for all centres: of the kept centres' rows only
+        ct = self.config.covariance_type
+        stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)
+        reply = stats_message(stats, "assign")
+        reply.backing.update(stats_backing(stats, rows, (rows * keep).sum()))
+        return reply
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
@@ -438,6 +542,7 @@ class SubsetStep(Step):
     them (raw rows leave the clients: only clients whose policy allows it answer)."""
 
     kinds = ("count", "subset")
+    replies = declare(COUNT_REPLY, SUBSET_REPLY)
     max_rounds = 2
 
     def __init__(self, config: EMConfig) -> None:
@@ -463,7 +568,8 @@ class SubsetStep(Step):
         if message.kind == "count":
             if not policy.releases(X.shape[0]):
                 return skipped_reply("count", policy.below_floor)
-            return Message("count", {"n_samples": row_count(X)})
+            n_rows = {"n_samples": row_count(X)}
+            return Message("count", n_rows, backing=client_backing(n_rows, X.shape[0]))
         if not policy.allow_raw_rows:
             return skipped_reply(
                 "subset", "the client's privacy policy does not allow raw rows (allow_raw_rows)"
@@ -472,7 +578,10 @@ class SubsetStep(Step):
         m = min(n, math.ceil(float(message.scalars["fraction"]) * n))
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         index = torch.randperm(n, generator=generator)[:m].to(X.device)
-        return Message("subset", {"rows": X[index], "n_samples": row_count(X)})
+        tensors = {"rows": X[index], "n_samples": row_count(X)}
+        # raw rows leave only by the client's own consent (allow_raw_rows, checked above);
+        # the floor then asks for the client's rows behind the round, not behind each row
+        return Message("subset", tensors, backing=client_backing(tensors, n))
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config

@@ -22,12 +22,24 @@ How steps cooperate, without knowing each other:
   and the client replies skipped.
 - ``state.rounds`` counts the rounds of the steps whose ``counted`` is true; the round seeds
   are drawn from it.
+
+A step declares the replies of its rounds: ``replies`` maps each of its ``kinds`` to a
+:class:`~fednovelty.federated.declarations.ReplySpec` (the tensors and shapes a reply holds
+given the broadcast, its value checks, what backs each released value, the client's own
+limit, how the client's declared box bounds it, whether its client half runs on one thread).
+Both gates and the thread choice read these declarations through
+:meth:`ChainedAlgorithm.reply_spec`, never a table keyed by kind: the client gate
+(``FederatedAlgorithm.answer``) floors what a client releases by the declared backing, the
+server gate (:class:`~fednovelty.federated.validation.ReplyValidator`) checks every reply
+against the declared schema. A step that answers a kind without declaring it cannot be
+chained (:class:`~fednovelty.federated.declarations.UndeclaredReplyError`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -38,6 +50,7 @@ from fednovelty.federated.base import (
     Scalar,
     skipped_reply,
 )
+from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, check_declared
 from fednovelty.federated.robust import cap_replies
 
 
@@ -51,12 +64,15 @@ class Step(ABC):
 
     Attributes:
         kinds: the message kinds of its rounds (its client half answers them).
+        replies: kind -> :class:`~fednovelty.federated.declarations.ReplySpec`, one for
+            each of ``kinds`` (module docstring).
         counted: whether its rounds count in ``state.rounds`` (and move the round seeds).
         labelled: whether its client half takes ``(X, y, Z)`` instead of rows ``X``.
         max_rounds: most rounds it runs.
     """
 
     kinds: tuple[str, ...] = ()
+    replies: ClassVar[Mapping[str, ReplySpec]] = {}
     counted: bool = True
     labelled: bool = False
     max_rounds: int = 1
@@ -106,8 +122,15 @@ class ChainedAlgorithm(FederatedAlgorithm):
     steps: tuple[Step, ...] = ()
 
     def _chain(self, steps: list[Step]) -> None:
+        """Chain ``steps`` in order.
+
+        Raises:
+            UndeclaredReplyError: a step answers a kind it declares no reply for.
+            ValueError: two steps answer the same kind.
+        """
         owner: dict[str, int] = {}
         for index, step in enumerate(steps):
+            check_declared(type(step).__name__, tuple(step.kinds), step.replies)
             for kind in step.kinds:
                 if kind in owner:
                     raise ValueError(f"two steps answer messages of kind {kind!r}.")
@@ -119,6 +142,18 @@ class ChainedAlgorithm(FederatedAlgorithm):
     def new_state(self) -> Any:
         """The state before any step began."""
         raise NotImplementedError
+
+    def reply_spec(self, kind: str) -> ReplySpec:
+        """The declaration of replies of ``kind`` by the step that answers it.
+
+        Raises:
+            UndeclaredReplyError: no step of the chain answers ``kind``.
+        """
+        if kind not in self._owner:
+            raise UndeclaredReplyError(
+                f"no step of {type(self).__name__} answers messages of kind {kind!r}."
+            )
+        return self.steps[self._owner[kind]].replies[kind]
 
     def _step_of(self, kind: str) -> int:
         if kind not in self._owner:

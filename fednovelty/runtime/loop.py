@@ -211,7 +211,9 @@ def run_rounds(
         transport: the engine's :class:`Transport`.
         validator: the run's reply validation; default ``ReplyValidator()``, which learns
             the federation's row width from the first broadcast that has means or centres,
-            else from the widths the first replies declare (``Delivery.widths``).
+            else from the widths the first replies declare (``Delivery.widths``). A
+            validator without ``specs`` reads ``algorithm.reply_spec``: a reply of a kind
+            the algorithm declares nothing for is dropped.
         min_clients: fewest valid replies that are not ``skipped`` a round may go on with;
             a round with fewer is recorded as failed and asked again.
         max_failed_rounds: failed rounds in a row after which the federation counts as
@@ -234,6 +236,8 @@ def run_rounds(
     if int(max_failed_rounds) < 1:
         raise ValueError(f"max_failed_rounds must be >= 1, got {max_failed_rounds}.")
     validator = ReplyValidator() if validator is None else validator
+    if validator.specs is None:  # the server gate reads the algorithm's declarations
+        validator.specs = algorithm.reply_spec
     history: list[RoundRecord] = []
     failed_in_a_row = restarts = first = 0  # first: index of the attempt's first record
     excluded: set[int] = set()

@@ -36,7 +36,8 @@ def make_clients(n_clients: int = 5, dtype=torch.float64) -> list[torch.Tensor]:
 
 
 class WithForger(FederatedAlgorithm):
-    """``inner`` with client ``forger``'s replies replaced by ``forge(reply, message)``."""
+    """``inner`` with client ``forger``'s replies replaced by ``forge(reply, message)``
+    (after its client gate: a liar does not hold itself to its policy)."""
 
     def __init__(self, inner, forger: int, forge) -> None:
         self.inner, self.forger, self.forge = inner, forger, forge
@@ -54,8 +55,15 @@ class WithForger(FederatedAlgorithm):
     def server_step(self, state, replies):
         return self.inner.server_step(state, replies)
 
+    def reply_spec(self, kind):
+        return self.inner.reply_spec(kind)
+
     def client_step(self, X, message, context):
-        reply = self.inner.client_step(X, message, context)
+        return self.inner.client_step(X, message, context)
+
+    def answer(self, X, message, context):
+        """The liar sends its forgery past its own client gate."""
+        reply = self.inner.answer(X, message, context)
         if context.client_id == self.forger:
             return self.forge(reply, message)
         return reply

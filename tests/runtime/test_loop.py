@@ -14,12 +14,21 @@ import torch
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FederatedAlgorithm, Message
+from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, run_rounds
 from fednovelty.runtime.simulation import InProcessTransport
 
 D = 2
+
+
+#: what a ``tick`` reply holds: the client's row count and two values.
+TICK = ReplySpec(
+    "tick",
+    shapes=lambda broadcast, d: {"n_samples": (), "value": (2,)},
+    backing={"n_samples": "client", "value": "client"},
+)
 
 
 class Rounds(FederatedAlgorithm):
@@ -44,6 +53,8 @@ class Rounds(FederatedAlgorithm):
     def server_step(self, state: int, replies):
         self.seen.append(dict(replies))
         return state + 1, {"n_replies": len(replies)}
+
+    replies = declare(TICK)
 
     def finished(self, state: int) -> bool:
         return self.n_rounds is not None and state >= self.n_rounds

@@ -14,7 +14,15 @@ import torch
 
 from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated import ClientContext, FederatedAlgorithm, FederatedEM, Message
+from fednovelty.federated.declarations import ReplySpec
 from fednovelty.runtime import RoundRecord, run_simulation
+
+#: what a ``tick`` reply holds: ``client_id + 1`` zeros and the row count.
+TICK = ReplySpec(
+    "tick",
+    shapes=lambda broadcast, d: {"data": ("c",), "n": (1,)},
+    backing={"data": "client", "n": "client"},
+)
 
 
 class CountingAlgorithm(FederatedAlgorithm):
@@ -29,6 +37,9 @@ class CountingAlgorithm(FederatedAlgorithm):
         self.max_rounds = n_rounds
         self.replies: list[dict[int, Message]] = []
         self.client_calls: list[tuple[int, int]] = []
+
+    def reply_spec(self, kind: str) -> ReplySpec:
+        return TICK
 
     def start(self) -> dict:
         return {"round": 0}

@@ -28,7 +28,6 @@ from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import Message
 from fednovelty.federated.validation import (
     NON_NEGATIVE,
-    STATS_KINDS,
     InvalidReplyError,
     ReplyValidator,
     check_reply,
@@ -39,7 +38,6 @@ from fednovelty.runtime.flower.codec import CodecError, decode_message
 
 __all__ = [
     "NON_NEGATIVE",
-    "STATS_KINDS",
     "Accepted",
     "Dropped",
     "FederationError",
