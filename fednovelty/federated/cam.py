@@ -81,6 +81,7 @@ from torch import Tensor, nn
 from fednovelty.federated.aggregate import average_learners, average_params, learner_name
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import ClusteredConfig
+from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.init import round_seed, server_generator
 from fednovelty.federated.learners import (
     initial_parameters,
@@ -88,7 +89,14 @@ from fednovelty.federated.learners import (
     local_sgd,
     logits,
 )
+from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    check_positive_rows,
+    learner_count,
+)
 from fednovelty.mixture.kmeans import kmeans_plusplus
 
 __all__ = [
@@ -216,6 +224,57 @@ def _unnamed(prefix: str, tensors: dict[str, Tensor], names: Sequence[str]) -> d
     return {name: tensors[f"{prefix}{name}"] for name in names}
 
 
+# ----------------------------------------------------------------------------- replies
+def model_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A clustered round's reply: the models it trained, each of the broadcast's shapes
+    (``cam_ensemble``: every member ``learner.{m}.*``; ``cam_cluster`` and
+    ``cam_warmup_local``: one cluster model ``cluster.*`` shaped as ``learner.0.*``; the
+    global model ``global.*`` where the round broadcast it), its row count and its loss."""
+    shapes: dict[str, Shape] = {"n_samples": (), "loss": ()}
+    for name, tensor in broadcast.tensors.items():
+        if name.startswith("global.") or (
+            broadcast.kind == ENSEMBLE_KIND and name.startswith("learner.")
+        ):
+            shapes[name] = tuple(tensor.shape)
+        elif broadcast.kind != ENSEMBLE_KIND and name.startswith("learner.0."):
+            shapes["cluster." + name.removeprefix("learner.0.")] = tuple(tensor.shape)
+    return shapes
+
+
+def check_cluster_index(reply: Message, broadcast: Message) -> None:
+    """A ``cam_cluster`` reply names one of the broadcast's clusters."""
+    cluster, k = reply.scalars.get("cluster"), learner_count(broadcast)
+    if isinstance(cluster, bool) or not isinstance(cluster, int) or not 0 <= cluster < k:
+        raise InvalidReplyError(
+            f"scalar 'cluster' must be a cluster index in [0, {k}); got {cluster!r}."
+        )
+
+
+def _model_reply(kind: str, *checks) -> ReplySpec:
+    """A model reply of ``kind``: trained models (backed as models), row count and loss."""
+    return ReplySpec(
+        kind,
+        shapes=model_shapes,
+        checks=(check_positive_rows, *checks),
+        backing={
+            "n_samples": "client",
+            "loss": "client",
+            "learner.": "model",
+            "cluster.": "model",
+            "global.": "model",
+        },
+    )
+
+
+#: the replies of the clustered steps, by kind.
+MODEL_REPLIES: dict[str, ReplySpec] = {
+    ENSEMBLE_KIND: _model_reply(ENSEMBLE_KIND),
+    WARMUP_GLOBAL_KIND: _model_reply(WARMUP_GLOBAL_KIND),
+    WARMUP_LOCAL_KIND: _model_reply(WARMUP_LOCAL_KIND),
+    CLUSTER_KIND: _model_reply(CLUSTER_KIND, check_cluster_index),
+}
+
+
 # ----------------------------------------------------------------------------- the steps
 class _ModelStep(Step):
     """What the clustered steps share: the settings, the template, the local training."""
@@ -291,7 +350,8 @@ def _reply(kind: str, X: Tensor, loss: Tensor, tensors: dict[str, Tensor], **sca
     tensors = {name: value.clone() for name, value in tensors.items()}
     tensors["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype)
     tensors["loss"] = loss.detach().to(X.dtype).reshape(())
-    return Message(kind, tensors, scalars)
+    # models trained on all the client's rows, their row count and mean loss
+    return Message(kind, tensors, scalars, backing=client_backing(tensors, X.shape[0]))
 
 
 def _weights(replies: dict[int, Message], like: Tensor) -> Tensor:
@@ -302,6 +362,7 @@ class EnsembleStep(_ModelStep):
     """FedAvg+: every client trains every member; each member is averaged as FedAvg."""
 
     kinds = (ENSEMBLE_KIND,)
+    replies = declare(MODEL_REPLIES[ENSEMBLE_KIND])
 
     def __init__(self, algorithm: ClusteredFL) -> None:
         super().__init__(algorithm)
@@ -342,6 +403,7 @@ class GlobalWarmupStep(_ModelStep):
     """IFCA-CAM's warm-up (Alg. 1 (1)): FedAvg of the global model alone."""
 
     kinds = (WARMUP_GLOBAL_KIND,)
+    replies = declare(MODEL_REPLIES[WARMUP_GLOBAL_KIND])
 
     def __init__(self, algorithm: ClusteredFL) -> None:
         super().__init__(algorithm)
@@ -420,6 +482,7 @@ class LocalWarmupStep(_ModelStep):
     clusters the client models every round."""
 
     kinds = (WARMUP_LOCAL_KIND,)
+    replies = declare(MODEL_REPLIES[WARMUP_LOCAL_KIND])
 
     def __init__(self, algorithm: ClusteredFL) -> None:
         super().__init__(algorithm)
@@ -455,6 +518,7 @@ class ClusterStep(_ModelStep):
     """The clustered rounds of IFCA, FeSEM and their CAM forms (module docstring)."""
 
     kinds = (CLUSTER_KIND,)
+    replies = declare(MODEL_REPLIES[CLUSTER_KIND])
 
     def __init__(self, algorithm: ClusteredFL) -> None:
         super().__init__(algorithm)

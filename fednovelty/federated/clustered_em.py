@@ -57,9 +57,17 @@ from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message, derived_seed, skipped_reply
 from fednovelty.federated.config import ClusteredEMConfig, EMConfig
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
 from fednovelty.federated.em import EMState, EMStep, em_steps
 from fednovelty.federated.init import combine_stats
+from fednovelty.federated.privacy import contrast_rows
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    check_stats,
+    stats_shapes,
+)
 from fednovelty.mixture import MixtureParams, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import moment_shift
@@ -72,6 +80,7 @@ __all__ = [
     "cluster_log_likelihoods",
     "hellinger_kmeans",
     "partition_components",
+    "row_log_likelihoods",
 ]
 
 #: a client's cluster in a broadcast assignment when it chooses for itself.
@@ -132,8 +141,15 @@ def cluster_log_likelihoods(log_prob: Tensor, cluster_log_weights: Tensor) -> Te
     Returns:
         (C,); ``-inf`` for a cluster without an allowed component.
     """
-    joint = log_prob.unsqueeze(0) + cluster_log_weights.unsqueeze(1)  # (C, n, M)
-    return torch.logsumexp(joint, dim=2).mean(dim=1)
+    return row_log_likelihoods(log_prob, cluster_log_weights).mean(0)
+
+
+def row_log_likelihoods(log_prob: Tensor, cluster_log_weights: Tensor) -> Tensor:
+    """Each row's log-likelihood under each cluster's mixture: (n_samples, C) from
+    ``log_prob`` (n_samples, M) and ``cluster_log_weights`` (C, M); ``-inf`` for a cluster
+    without an allowed component."""
+    joint = log_prob.unsqueeze(1) + cluster_log_weights.unsqueeze(0)  # (n, C, M)
+    return torch.logsumexp(joint, dim=2)
 
 
 def hellinger_kmeans(
@@ -245,10 +261,49 @@ def summary_of(counts: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------- the step
+def cluster_em_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A clustered EM reply: federated EM's statistics and one log-likelihood per cluster
+    row of the broadcast (C,)."""
+    c = int(broadcast.tensors["cluster_log_weights"].shape[0])
+    return {**stats_shapes(broadcast, d), "cluster_log_likelihood": (c,)}
+
+
+def check_cluster_reply(reply: Message, broadcast: Message) -> None:
+    """A clustered EM reply names a cluster of the broadcast and has statistics only on
+    the components that cluster's clients use."""
+    cluster = reply.scalars.get("cluster")
+    n_clusters = int(broadcast.tensors["cluster_log_weights"].shape[0])
+    if not isinstance(cluster, int) or isinstance(cluster, bool) or not 0 <= cluster < n_clusters:
+        raise InvalidReplyError(f"cluster {cluster!r} is not one of the {n_clusters} clusters.")
+    owners = broadcast.tensors["component_clusters"]
+    foreign = (owners != -1) & (owners != cluster)
+    if bool((reply.tensors["counts"][foreign] != 0).any()):
+        raise InvalidReplyError(
+            f"statistics on components of another cluster than the reply's ({cluster})."
+        )
+
+
+def cluster_em_limit(config: ClusteredEMConfig, broadcast: Message) -> int:
+    """The client's own bound on grouped entries: its components or its clusters."""
+    return max(int(config.total_components), int(config.n_clusters))
+
+
+#: a ``cluster_em`` reply: statistics (in the client's box) and cluster log-likelihoods.
+CLUSTER_EM_REPLY = ReplySpec(
+    "cluster_em",
+    shapes=cluster_em_shapes,
+    checks=(check_cluster_reply, check_stats),
+    backing={**STATS_BACKING, "cluster_log_likelihood": "clusters"},
+    limit=cluster_em_limit,
+    box="stats",
+)
+
+
 class ClusteredEMStep(Step):
     """Clusters form and clustered EM rounds (module docstring, steps 2-3)."""
 
     kinds = ("cluster_em",)
+    replies = declare(CLUSTER_EM_REPLY)
 
     def __init__(self, config: ClusteredEMConfig, em: EMStep) -> None:
         self.config = config
@@ -410,7 +465,8 @@ class ClusteredEMStep(Step):
         log_prob = log_gaussian_prob(
             X, floats["means"], floats["precisions_cholesky"], self.config.covariance_type
         )
-        scores = cluster_log_likelihoods(log_prob, cluster_log_weights)
+        per_row = row_log_likelihoods(log_prob, cluster_log_weights)  # (n, C)
+        scores = per_row.mean(0)
         cluster = int(torch.argmax(scores))  # the first of tied maxima
         if "assignment" in t and context.client_id < t["assignment"].shape[0]:
             given = int(t["assignment"][context.client_id])
@@ -436,10 +492,14 @@ class ClusteredEMStep(Step):
         context.state["cluster"] = torch.tensor(cluster)
         if reply.scalars.get("skipped"):
             return skipped_reply("cluster_em", str(reply.scalars.get("reason", "")))
+        # every cluster row's score is backed by the rows behind any contrast of the scores
+        finite = torch.isfinite(per_row).all(0)
+        behind = contrast_rows(per_row[:, finite]) if bool(finite.any()) else X.new_zeros(())
         return Message(
             "cluster_em",
             {**reply.tensors, "cluster_log_likelihood": scores},
             {**reply.scalars, "cluster": cluster},
+            backing={**reply.backing, "cluster_log_likelihood": behind.expand(n_clusters)},
         )
 
 

@@ -23,9 +23,10 @@ detector scores with it (``docs/robust.md`` measures it).
 
 A client enforces its privacy policy (``ClientContext.policy``, ``docs/privacy.md``): with
 fewer than ``min_rows`` rows it skips the round (sending nothing, not even its row count), it
-fits at most ``n_rows // min_rows`` components, and it drops the components whose share of
-its rows (``weight_k * n_rows``) is below ``min_rows`` and renormalises the rest before it
-sends its mixture.
+fits at most ``n_rows // min_rows`` components, and its reply states each component's share
+of its rows (``weight_k * n_rows``, :func:`local_fit_backing`), by which the client gate
+(``FederatedAlgorithm.answer``) drops the components below ``min_rows`` and renormalises the
+rest before the mixture is sent.
 
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
@@ -50,8 +51,16 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.config import FedGenConfig
-from fednovelty.federated.privacy import backed_mixture
+from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.privacy import client_backing, unfloored
 from fednovelty.federated.robust import outlying_models, weight_factors
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    covariance_shape,
+    expectation,
+    relative_tolerance,
+)
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 
@@ -91,6 +100,79 @@ class FedGenState:
 MARGINAL_COMPONENTS = 5
 
 
+def local_fit_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A local fit's reply: a mixture of some K components and the client's row count."""
+    ct = str(expectation(broadcast, "covariance_type"))
+    return {
+        "weights": ("k",),
+        "means": ("k", d),
+        "precisions_cholesky": covariance_shape(ct, "k", d),
+        "n_samples": (),
+    }
+
+
+def check_local_fit(reply: Message, broadcast: Message) -> None:
+    """At most the round's ``max_components`` components (when stated), weights adding up
+    to one, precision factors upper triangular with a positive diagonal."""
+    weights = reply.tensors["weights"]
+    k, most = int(weights.shape[0]), broadcast.expect.get("max_components")
+    if most is not None and k > int(most):
+        raise InvalidReplyError(f"local mixture has {k} components; the round allows {most}.")
+    if k == 0 or abs(float(weights.sum()) - 1.0) > relative_tolerance(weights.dtype):
+        raise InvalidReplyError(f"local mixture weights add up to {float(weights.sum()):g}, not 1.")
+    prec = reply.tensors["precisions_cholesky"]
+    tied = expectation(broadcast, "covariance_type") == "tied"
+    diagonal = prec if prec.ndim <= 2 and not tied else None
+    if diagonal is None:
+        diagonal = torch.diagonal(prec, dim1=-2, dim2=-1)
+        if not bool(torch.equal(prec, prec.triu())):
+            raise InvalidReplyError("precision factors are not upper triangular.")
+    if not bool((diagonal > 0).all()):
+        raise InvalidReplyError("precision factors have a non-positive diagonal.")
+
+
+def local_fit_limit(config: FedGenConfig, broadcast: Message) -> int:
+    """The most components the client's own configuration lets it fit."""
+    return int(config.client_components or max(config.k_range))
+
+
+def local_fit_components(setting: Any) -> int:
+    """K of a local fit's work: the fixed client K, else the largest of ``k_range``."""
+    fixed = setting("client_components")
+    return max(1, int(fixed) if fixed else max(setting("k_range") or (1,)))
+
+
+#: a ``local_fit`` reply: a local mixture (its components backed as a model's).
+LOCAL_FIT_REPLY = ReplySpec(
+    "local_fit",
+    shapes=local_fit_shapes,
+    checks=(check_local_fit,),
+    backing={
+        "weights": "model",
+        "means": "model",
+        "precisions_cholesky": "model",
+        "n_samples": "client",
+    },
+    limit=local_fit_limit,
+    components=local_fit_components,
+    covariance=True,
+)
+
+
+def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[str, Tensor]:
+    """What backs a local mixture fitted on ``n_rows`` rows: each component by
+    ``weight_k * n_rows`` rows, its share of the responsibilities that gave its mean and
+    covariance (at most its effective rows, so the stricter rule); the client gate removes
+    the components below the floor and renormalises the kept weights. A tied covariance,
+    one for all components, and the row count are backed by all the rows."""
+    rows = unfloored(params.weights * n_rows, n_rows, policy)
+    backing = {"weights": rows, "means": rows, "precisions_cholesky": rows}
+    if params.covariance_type == "tied":
+        backing.update(client_backing(["precisions_cholesky"], n_rows))
+    backing.update(client_backing(["n_samples"], n_rows))
+    return backing
+
+
 class FedGenGMM(FederatedAlgorithm):
     """One-shot FedGenGMM (see module docstring).
 
@@ -106,6 +188,7 @@ class FedGenGMM(FederatedAlgorithm):
 
     max_rounds = 1
     config_class = FedGenConfig
+    replies = declare(LOCAL_FIT_REPLY)
 
     def __init__(self, **settings: Any) -> None:
         self._setup(FedGenConfig(**settings))
@@ -156,11 +239,12 @@ class FedGenGMM(FederatedAlgorithm):
             return skipped_reply("local_fit", reason)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         result, _ = fit_gmm_scaled(X, candidates, **config.fit_settings(generator))
-        params = backed_mixture(result.params, n, min_rows)
+        tensors = {**result.params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)}
         return Message(
             "local_fit",
-            {**params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)},
+            tensors,
             {"skipped": False, "converged": result.converged, "n_iter": result.n_iter},
+            backing=local_fit_backing(result.params, n, context.policy),
         )
 
     # ------------------------------------------------------------------ server half

@@ -53,6 +53,7 @@ Scoring and adaptation are pure functions of a trained ``JointState``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,6 +63,7 @@ from torch import Tensor, nn
 from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import JointConfig, linear_learner, mlp_learner
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.em import EMState, EMStep, em_steps
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.joint_scores import (
@@ -77,8 +79,9 @@ from fednovelty.federated.learners import (
     learner_template,
     local_sgd,
 )
-from fednovelty.federated.privacy import joint_backing
+from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import Shape, check_stats, learner_count, stats_shapes
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
 
@@ -113,6 +116,27 @@ def unpack_client_data(data) -> tuple[Tensor, Tensor, Tensor]:
     return X, y, Z
 
 
+def joint_em_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A joint EM reply: federated EM's statistics and the joint counts (K, n_learners);
+    the learners it trained have the broadcast's shapes."""
+    k = int(broadcast.tensors["means"].shape[0])
+    return {**stats_shapes(broadcast, d), "joint_counts": (k, learner_count(broadcast))}
+
+
+#: a ``joint_em`` reply: statistics (in the client's box), joint counts and the learners
+#: (``learner.{m}.*``, backed as models); learner SGD runs on one thread.
+JOINT_EM_REPLY = ReplySpec(
+    "joint_em",
+    shapes=joint_em_shapes,
+    checks=(check_stats,),
+    backing={**STATS_BACKING, "joint_counts": "components", "learner.": "model"},
+    limit=components_limit,
+    box="stats",
+    serial=True,
+    covariance=True,
+)
+
+
 class JointEMStep(Step):
     """The joint EM rounds (module docstring): the joint E-step and learner training on the
     client; federated EM's Gaussian M-step plus learner averaging on the server.
@@ -123,6 +147,7 @@ class JointEMStep(Step):
     """
 
     kinds = ("joint_em",)
+    replies = declare(JOINT_EM_REPLY)
     labelled = True
 
     def __init__(self, algorithm: JointFedGMM) -> None:
@@ -212,18 +237,24 @@ class JointEMStep(Step):
         policy = context.policy
         if not policy.releases(n):
             return skipped_reply("joint_em", policy.below_floor)
-        gaussians, cells, used_learners = joint_backing(q, policy.min_rows)
-        if not bool(gaussians.any()):
-            return skipped_reply("joint_em", f"no Gaussian has min_rows={policy.min_rows} rows")
-        kept = cells.to(X.dtype)
-        stats = stats_from_resp(X, (q * kept).sum(2), ct, t["shift"])
+        gaussian_rows, cell_rows, learner_rows = joint_rows(q, policy.min_rows)
+        # a Gaussian's statistics are of its backed cells' responsibilities (the gate
+        # zeros the cells and Gaussians below the floor)
+        weight = (q * backed(cell_rows, policy.min_rows).to(X.dtype)).sum(2)  # (n, M1)
+        stats = stats_from_resp(X, weight, ct, t["shift"])
         stats = replace(stats, log_likelihood=log_norm.sum())
         tensors = dict(stats_message(stats, "joint_em").tensors)
-        tensors["joint_counts"] = joint_counts * kept
+        tensors["joint_counts"] = joint_counts
+        backing = stats_backing(stats, gaussian_rows, resp_rows(weight.sum(1, keepdim=True))[0])
+        backing["joint_counts"] = cell_rows
         for m2, params in enumerate(trained if config.aggregate_learners else []):
-            released = params if bool(used_learners[m2]) else learners[m2]
+            used = bool(backed(learner_rows[m2], policy.min_rows))
+            released = params if used else learners[m2]
             tensors.update({learner_name(m2, k): v.clone() for k, v in released.items()})
-        return Message("joint_em", tensors)
+            # a learner not trained on enough rows goes back as broadcast: none of the rows
+            behind = learner_rows[m2] if used else learner_rows.new_tensor(math.inf)
+            backing.update(dict.fromkeys((learner_name(m2, k) for k in released), behind))
+        return Message("joint_em", tensors, backing=backing)
 
 
 class JointFedGMM(ChainedAlgorithm):

@@ -61,7 +61,10 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.config import PCAConfig
+from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ClientSkip, Step
+from fednovelty.federated.validation import check_scatter
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,6 +181,21 @@ def _count(cid: int, n: Tensor) -> int:
 
 #: kinds of the PCA rounds.
 PCA_KINDS: tuple[str, str] = ("moments_mean", "moments_scatter")
+#: the PCA rounds' replies: the row count and the sum of the rows, then their scatter about
+#: the broadcast mean (d, d), symmetric positive semi-definite.
+PCA_REPLIES = declare(
+    ReplySpec(
+        "moments_mean",
+        shapes=lambda b, d: {"n": (), "sum": (d,)},
+        backing={"n": "client", "sum": "client"},
+    ),
+    ReplySpec(
+        "moments_scatter",
+        shapes=lambda b, d: {"n": (), "scatter": (d, d)},
+        checks=(check_scatter,),
+        backing={"n": "client", "scatter": "client"},
+    ),
+)
 #: names of the projection's tensors in a broadcast and in a client's state.
 PROJECTION_MEAN, PROJECTION_COMPONENTS = "projection.mean", "projection.components"
 
@@ -195,6 +213,7 @@ class PCAStep(Step):
     """
 
     kinds = PCA_KINDS
+    replies = PCA_REPLIES
     counted = False
     max_rounds = 2
 
@@ -274,7 +293,8 @@ class PCAStep(Step):
             return skipped_reply(message.kind, context.policy.below_floor)
         n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
         if message.kind == "moments_mean":
-            return Message("moments_mean", {"n": n, "sum": X.sum(dim=0)})
+            tensors = {"n": n, "sum": X.sum(dim=0)}
+            return Message("moments_mean", tensors, backing=client_backing(tensors, X.shape[0]))
         if message.kind == "moments_scatter":
             mean = message.tensors["mean"]
             if tuple(mean.shape) != (X.shape[1],):
@@ -283,7 +303,9 @@ class PCAStep(Step):
                     f"{tuple(mean.shape)} but the rows have {X.shape[1]} features."
                 )
             centred = X - mean.to(device=X.device, dtype=X.dtype)
-            return Message("moments_scatter", {"n": n, "scatter": centred.T @ centred})
+            tensors = {"n": n, "scatter": centred.T @ centred}
+            backing = client_backing(tensors, X.shape[0])
+            return Message("moments_scatter", tensors, backing=backing)
         raise ValueError(f"FederatedPCA clients do not answer messages of kind {message.kind!r}.")
 
     # ------------------------------------------------------------------ server half
@@ -392,6 +414,7 @@ class FederatedPCA(FederatedAlgorithm):
 
     max_rounds = 2
     config_class = PCAConfig
+    replies = PCA_REPLIES
 
     def __init__(
         self,

@@ -23,12 +23,15 @@ Inference (Eq. 15): ``P(y | x) = sum_k pi_k P_k(y | x)`` with the client's weigh
 global ones): :func:`pfedem_predict_proba`.
 
 Clients enforce their privacy floor: below ``min_rows`` rows they skip; a component whose
-partition holds fewer than ``min_rows`` rows is sent as zeros and its sub-model as broadcast
-(no weight in the average).
+partition holds fewer than ``min_rows`` rows, or whose responsibilities have fewer than
+``min_rows`` effective rows (Kish's ``(sum r)^2 / sum r^2``: a wide component whose few far
+rows carry most of its weight), is sent as zeros and its sub-model as broadcast (no weight in
+the average).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -38,10 +41,19 @@ from torch import Tensor, nn
 from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import PFedEMConfig
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.em import em_steps
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointState
 from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.privacy import backed, effective_rows, stats_backing
+from fednovelty.federated.validation import (
+    Shape,
+    check_counts_within,
+    check_stats,
+    covariance_shape,
+    expectation,
+)
 from fednovelty.mixture import MixtureParams, SufficientStats, log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
 
@@ -73,10 +85,49 @@ def pfedem_predict_proba(
     return (weights.to(probs).view(1, -1, 1) * probs).sum(1)
 
 
+def pfedem_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A pFedEM reply: hard counts (K,), the log-likelihood sum and the row count; with
+    ``exact`` Gaussian aggregation the statistics, else per-component client means and
+    variances (K, d); the learners it trained have the broadcast's shapes."""
+    k = int(broadcast.tensors["means"].shape[0])
+    shapes: dict[str, Shape] = {"hard_counts": (k,), "log_likelihood": (), "n_samples": ()}
+    if expectation(broadcast, "gaussian_aggregation") == "exact":
+        ct = str(expectation(broadcast, "covariance_type"))
+        shapes.update(counts=(k,), sums=(k, d), second=covariance_shape(ct, k, d))
+    else:
+        shapes.update(client_means=(k, d), client_vars=(k, d))
+    return shapes
+
+
+def check_pfedem(reply: Message, broadcast: Message) -> None:
+    """Hard counts within the rows; statistics, where sent, those of some rows."""
+    check_counts_within(reply, "hard_counts", "hard counts")
+    if "sums" in reply.tensors:
+        check_stats(reply, broadcast)
+
+
+#: a ``pfedem`` reply (:func:`pfedem_shapes`); exact statistics lie in the client's box.
+PFEDEM_REPLY = ReplySpec(
+    PFEDEM_KIND,
+    shapes=pfedem_shapes,
+    checks=(check_pfedem,),
+    backing={
+        **STATS_BACKING,
+        "hard_counts": "components",
+        "client_means": "components",
+        "client_vars": "components",
+        "learner.": "model",
+    },
+    limit=components_limit,
+    box="stats",
+)
+
+
 class PFedEMStep(JointEMStep):
     """pFedEM's rounds (module docstring); the learners start as the joint model's."""
 
     kinds = (PFEDEM_KIND,)
+    replies = declare(PFEDEM_REPLY)
 
     def configure(self, state: JointState) -> Message:
         tensors = {**state.params.tensors(), "shift": moment_shift(state.params)}
@@ -151,16 +202,30 @@ class PFedEMStep(JointEMStep):
         policy = context.policy
         if not policy.releases(n):
             return skipped_reply(PFEDEM_KIND, policy.below_floor)
-        keep = hard >= max(policy.min_rows, 1)
+        # a component is backed by its partition's rows and by its responsibilities'
+        # effective rows (a wide component's few far rows can carry most of its sums)
+        rows = torch.minimum(hard, effective_rows(soft, gamma.square().sum(0)))
+        keep = backed(rows, max(policy.min_rows, 1))
+        behind = dict.fromkeys(("hard_counts", "counts", "sums", "client_means"), rows)
+        behind.update(client_vars=rows, log_likelihood=rows.new_tensor(float(n)))
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
         for j, params in enumerate(learners):
-            rows = part == j
+            members = part == j
             trained = params
             if bool(keep[j]):
-                ones = torch.ones(int(rows.sum()), dtype=X.dtype, device=X.device)
-                trained = algorithm._local_sgd(template, params, Z[rows], y[rows], ones, generator)
+                ones = torch.ones(int(members.sum()), dtype=X.dtype, device=X.device)
+                trained = algorithm._local_sgd(
+                    template, params, Z[members], y[members], ones, generator
+                )
             tensors.update({learner_name(j, name): v.clone() for name, v in trained.items()})
+            # an unbacked component's learner goes back as broadcast: none of the rows
+            behind.update(
+                dict.fromkeys(
+                    (learner_name(j, name) for name in trained),
+                    rows[j] if bool(keep[j]) else rows.new_tensor(math.inf),
+                )
+            )
         resp = gamma * keep.to(X.dtype)
         tensors["log_likelihood"] = log_norm.sum()
         tensors["n_samples"] = torch.tensor(float(n), dtype=X.dtype, device=X.device)
@@ -168,6 +233,8 @@ class PFedEMStep(JointEMStep):
             stats = stats_from_resp(X, resp, config.covariance_type, t["shift"])
             stats = replace(stats, log_likelihood=log_norm.sum())
             tensors.update(stats_message(stats, PFEDEM_KIND).tensors)
+            tied_rows = rows[keep].min() if bool(keep.any()) else rows.new_zeros(())
+            behind.update(stats_backing(stats, rows, tied_rows))
         else:  # Eq. 9-10 on the client's rows, zeros for components it does not release
             weight = soft.unsqueeze(1)  # a component with no responsibility sends zeros
             safe = weight.clamp_min(torch.finfo(X.dtype).tiny)
@@ -176,7 +243,8 @@ class PFedEMStep(JointEMStep):
             mask = keep.to(X.dtype).unsqueeze(1)
             tensors["client_means"] = means * mask
             tensors["client_vars"] = variances.clamp_min(0) * mask
-        return Message(PFEDEM_KIND, tensors)
+        behind["n_samples"] = rows.new_tensor(float(n))
+        return Message(PFEDEM_KIND, tensors, backing={k: behind[k] for k in tensors})
 
 
 def _totals(log_likelihood: Tensor, n_samples: Tensor, params: MixtureParams) -> SufficientStats:

@@ -47,9 +47,25 @@ from torch import Tensor
 from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import StreamConfig
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.init import combine_stats
-from fednovelty.federated.privacy import backed, effective_rows, suppress_components
+from fednovelty.federated.privacy import (
+    backed,
+    contrast_rows,
+    effective_rows,
+    stats_backing,
+    suppress_components,
+)
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    check_counts_within,
+    check_stats_tensors,
+    covariance_shape,
+    expectation,
+    relative_tolerance,
+)
 from fednovelty.mixture import (
     MixtureParams,
     SufficientStats,
@@ -144,10 +160,69 @@ def rebirth(carry: SufficientStats, far: SufficientStats, component: int) -> Suf
     )
 
 
+def stream_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A streaming window's reply: weighted row counts (and drift values in the window's
+    first round); with M-steps the statistics too, and in the first round the far rows'."""
+    k = int(broadcast.tensors["means"].shape[0])
+    ct = str(expectation(broadcast, "covariance_type"))
+    first = int(broadcast.scalars.get("window_round", 0)) == 0
+    shapes: dict[str, Shape] = {"counts": (k,), "n_samples": ()}
+    if first:
+        shapes["drift"] = (4,)
+    if not bool(expectation(broadcast, "track_only")):
+        shapes.update(sums=(k, d), second=covariance_shape(ct, k, d), log_likelihood=())
+        if first and bool(expectation(broadcast, "far")):
+            shapes.update(far_counts=(k,), far_sums=(k, d), far_second=covariance_shape(ct, k, d))
+    return shapes
+
+
+def check_stream(reply: Message, broadcast: Message) -> None:
+    """A streaming reply's values: drift values in range, counts within the rows, the
+    statistics (and the far rows' statistics) those of some rows."""
+    t = reply.tensors
+    rtol = relative_tolerance(t["counts"].dtype)
+    check_counts_within(reply, "counts", "component counts")
+    if "drift" in t:
+        _, variance, tv, new = (float(v) for v in t["drift"])
+        if variance < 0 or not -rtol <= tv <= 1 + rtol or new not in (0.0, 1.0):
+            raise InvalidReplyError(
+                "drift values out of range (variance >= 0, total variation in [0, 1], new 0/1)."
+            )
+    if "sums" not in t:
+        return
+    ct = str(expectation(broadcast, "covariance_type"))
+    check_stats_tensors(t["counts"], t["sums"], t["second"], float(t["n_samples"]), ct)
+    if "far_counts" in t:
+        slack = rtol * (t["counts"].abs() + 1.0)
+        if bool((t["far_counts"] > t["counts"] + slack).any()):
+            raise InvalidReplyError("a component has more far rows than rows.")
+        far_n = float(t["far_counts"].sum())
+        check_stats_tensors(t["far_counts"], t["far_sums"], t["far_second"], far_n, ct)
+
+
+#: a ``stream`` reply (see :func:`stream_shapes`); with M-steps its statistics lie in the
+#: client's box.
+STREAM_REPLY = ReplySpec(
+    STREAM_KIND,
+    shapes=stream_shapes,
+    checks=(check_stream,),
+    backing={
+        **STATS_BACKING,
+        "drift": "client",
+        "far_counts": "components",
+        "far_sums": "components",
+        "far_second": "components",
+    },
+    limit=components_limit,
+    box="stats",
+)
+
+
 class StreamStep(Step):
     """The rounds of one streaming window (module docstring)."""
 
     kinds = (STREAM_KIND,)
+    replies = declare(STREAM_REPLY)
 
     def __init__(self, config: StreamConfig) -> None:
         self.config = config
@@ -243,20 +318,27 @@ class StreamStep(Step):
         first = int(message.scalars.get("window_round", 0)) == 0
         n = X.shape[0]
         extra: dict[str, Tensor] = {}
+        behind: dict[str, Tensor] = {}
         log_n = None
         if first:
             if n == 0:
                 return skipped_reply(STREAM_KIND, "no rows in this window")
-            extra["drift"], log_n = self._track(X, params, context)
+            extra["drift"], log_n, behind["drift"] = self._track(X, params, context)
         log_weights = context.state["log_weights"].to(X.device, X.dtype)
         policy = context.policy
         if not policy.releases(n):
             return skipped_reply(STREAM_KIND, policy.below_floor)
+        rows_n = torch.tensor(float(n), dtype=X.dtype)
         if config.rounds == 0:
+            # the weighted row counts n pi_c (EM over the weights: the responsibilities' sums),
+            # each backed by its responsibilities' effective rows
+            resp = torch.softmax(log_n + log_weights, dim=1)
             counts = n * log_weights.exp()
+            rows = effective_rows(resp.sum(0), resp.square().sum(0))
             return Message(
                 STREAM_KIND,
-                {"counts": counts, "n_samples": torch.tensor(float(n), dtype=X.dtype), **extra},
+                {"counts": counts, "n_samples": rows_n, **extra},
+                backing={"counts": rows, "n_samples": rows_n, **behind},
             )
         squared = X.new_zeros(params.n_components) if policy.has_floor else None
         stats = e_step_stats(
@@ -274,11 +356,15 @@ class StreamStep(Step):
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps
             context.state["log_weights"] = (counts / counts.sum()).log()
         if first and config.far_quantile is not None:
-            extra.update(
-                self._far_stats(X, log_n, log_weights, params, t["shift"], policy, stats, squared)
-            )
+            far = self._far_stats(X, log_n, log_weights, params, t["shift"], policy, stats, squared)
+            far_rows_behind, second_rows = far.pop("rows"), far.pop("second_rows")
+            extra.update(far)
+            behind.update(dict.fromkeys(far, far_rows_behind), far_second=second_rows)
+        rows = torch.full_like(stats.counts, float(n))
+        tied_rows = None
         if squared is not None:
-            keep = backed(effective_rows(stats.counts, squared), policy.min_rows)
+            rows = effective_rows(stats.counts, squared)
+            keep = backed(rows, policy.min_rows)
             if not bool(keep.any()):
                 return skipped_reply(
                     STREAM_KIND, f"no component has min_rows={policy.min_rows} rows"
@@ -290,12 +376,15 @@ class StreamStep(Step):
                         + log_weights,
                         1,
                     )
-                    tied = stats_from_resp(X, resp * keep.to(X.dtype), ct, t["shift"]).second
+                    weight = (resp * keep.to(X.dtype)).sum(1)
+                    tied_rows = effective_rows(weight.sum(0), weight.square().sum(0))
+                    tied = stats_from_resp(X, weight.unsqueeze(1), ct, t["shift"]).second
                 else:
                     tied = None
                 stats = suppress_components(stats, keep, tied)
         reply = stats_message(stats, STREAM_KIND)
         reply.tensors.update(extra)
+        reply.backing.update({**stats_backing(stats, rows, tied_rows), **behind})
         return reply
 
     def _track(
@@ -319,7 +408,10 @@ class StreamStep(Step):
         variance = per_row.var(unbiased=True) if X.shape[0] > 1 else per_row.new_zeros(())
         tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
         drift = torch.stack([per_row.mean(), variance, tv, per_row.new_tensor(float(new))])
-        return drift, log_n
+        # the mean and variance of log p are sums of per-row values: backed by the rows
+        # behind any contrast of them (a crafted mixture can make one row stand out)
+        behind = contrast_rows(torch.stack([per_row, per_row.square()], 1))
+        return drift, log_n, behind
 
     def _far_stats(
         self,
@@ -336,24 +428,35 @@ class StreamStep(Step):
         (``log_n``: every row's component log-densities, (n, K)). A component is sent as
         zeros unless its far rows and its other rows are each backed by ``min_rows``
         effective rows (the server subtracts one from the other); all zeros when fewer than
-        ``min_rows`` rows are far or near."""
+        ``min_rows`` rows are far or near. Also returns what backs them: ``rows`` (K,) and
+        ``second_rows`` (the second moments' backing)."""
         mask = far_rows(log_n, params, far_threshold(self.config.far_quantile, X.shape[1]))
         resp = torch.softmax(log_n[mask] + log_weights, dim=1)
         far = stats_from_resp(X[mask], resp, params.covariance_type, shift)
         n_far, n = int(mask.sum()), X.shape[0]
+        far_squared = resp.square().sum(0)
+        # far and near rows are each backed (the server subtracts one from the other)
+        rows = torch.minimum(
+            effective_rows(far.counts, far_squared),
+            effective_rows((window.counts - far.counts).clamp_min(0), (squared - far_squared))
+            if squared is not None
+            else torch.full_like(far.counts, float(n - n_far)),
+        )
         if min(n_far, n - n_far) < max(policy.min_rows, 1):
+            rows = torch.zeros_like(rows)
             far = suppress_components(far, torch.zeros(params.n_components, dtype=torch.bool))
         elif squared is not None:
-            far_squared = resp.square().sum(0)
-            keep = backed(effective_rows(far.counts, far_squared), policy.min_rows) & backed(
-                effective_rows(
-                    (window.counts - far.counts).clamp_min(0),
-                    (squared - far_squared).clamp_min(0),
-                ),
-                policy.min_rows,
-            )
-            far = suppress_components(far, keep)
-        return {"far_counts": far.counts, "far_sums": far.sums, "far_second": far.second}
+            far = suppress_components(far, backed(rows, policy.min_rows))
+        second_rows = rows  # a tied second moment: one for all the far rows
+        if params.covariance_type == "tied":
+            second_rows = rows.new_tensor(float(min(n_far, n - n_far)))
+        return {
+            "far_counts": far.counts,
+            "far_sums": far.sums,
+            "far_second": far.second,
+            "rows": rows,
+            "second_rows": second_rows,
+        }
 
 
 class StreamingEM(ChainedAlgorithm):

@@ -53,9 +53,12 @@ from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import VBConfig
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.em import floored_stats_message
 from fednovelty.federated.init import combine_stats, init_steps
+from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
 from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
@@ -107,10 +110,46 @@ class VBState:
     effective_n_components: int = 0
 
 
+def prior_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
+    """The moments a ``vb_prior`` reply declares: row count, per-feature mean and sum of
+    squared deviations (the scatter's diagonal), (n_features,)."""
+    t = reply.tensors
+    return t["n_samples"], t["mean"], torch.diagonal(t["scatter"])
+
+
+#: a ``vb_prior`` reply: the client's row count, mean (d,) and scatter about it (d, d),
+#: symmetric positive semi-definite; it declares the client's moments (the box of its
+#: later replies) and lies in the box of moments declared before it.
+VB_PRIOR_REPLY = ReplySpec(
+    "vb_prior",
+    shapes=lambda b, d: {"n_samples": (), "mean": (d,), "scatter": (d, d)},
+    checks=(check_scatter,),
+    backing={"n_samples": "client", "mean": "client", "scatter": "client"},
+    box="moments",
+    moments=prior_moments,
+)
+#: ``vb_init`` and ``vb`` replies: summed statistics under the broadcast mixture or
+#: posterior, in the client's box.
+VB_REPLIES = declare(
+    *(
+        ReplySpec(
+            kind,
+            shapes=stats_shapes,
+            checks=(check_stats,),
+            backing=STATS_BACKING,
+            limit=components_limit,
+            box="stats",
+        )
+        for kind in ("vb_init", "vb")
+    )
+)
+
+
 class VBPriorStep(Step):
     """Pooled mean and covariance for scikit-learn's default prior (module docstring)."""
 
     kinds = ("vb_prior",)
+    replies = declare(VB_PRIOR_REPLY)
 
     def __init__(self, config: VBConfig) -> None:
         self.config = config
@@ -130,14 +169,12 @@ class VBPriorStep(Step):
         n = X.shape[0]
         mean = X.mean(0) if n else X.new_zeros(X.shape[1])
         centered = X - mean
-        return Message(
-            "vb_prior",
-            {
-                "n_samples": torch.tensor(float(n), dtype=X.dtype, device=X.device),
-                "mean": mean,
-                "scatter": centered.T @ centered,
-            },
-        )
+        tensors = {
+            "n_samples": torch.tensor(float(n), dtype=X.dtype, device=X.device),
+            "mean": mean,
+            "scatter": centered.T @ centered,
+        }
+        return Message("vb_prior", tensors, backing=client_backing(tensors, n))
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
@@ -205,6 +242,7 @@ class VBStep(Step):
     """The ``vb_init`` round and the VB rounds (module docstring)."""
 
     kinds = ("vb_init", "vb")
+    replies = VB_REPLIES
 
     def __init__(self, config: VBConfig) -> None:
         self.config = config

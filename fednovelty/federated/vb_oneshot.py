@@ -74,9 +74,17 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.config import VBOneShotConfig
-from fednovelty.federated.privacy import backed, effective_rows
+from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
+from fednovelty.federated.privacy import backed, resp_rows, stats_backing, unfloored
 from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import InvalidReplyError, check_reply
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    check_reply,
+    check_stats,
+    covariance_shape,
+    expectation,
+)
 from fednovelty.federated.variational import VBPriorStep
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot
@@ -381,10 +389,36 @@ def local_clusters(
     return max(1, min(n_components, n_rows // per_cluster))
 
 
+def vb_local_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A ``vb_local`` reply: the statistics of the client's converged responsibilities over
+    some K components (the server's step holds K to its ``n_components``)."""
+    ct = str(expectation(broadcast, "covariance_type"))
+    return {
+        "counts": ("k",),
+        "sums": ("k", d),
+        "second": covariance_shape(ct, "k", d),
+        "log_likelihood": (),
+        "n_samples": (),
+    }
+
+
+#: a ``vb_local`` reply: statistics (about the prior's mean, the broadcast ``shift``) in the
+#: client's box.
+VB_LOCAL_REPLY = ReplySpec(
+    "vb_local",
+    shapes=vb_local_shapes,
+    checks=(check_stats,),
+    backing=STATS_BACKING,
+    limit=components_limit,
+    box="stats",
+)
+
+
 class VBLocalStep(Step):
     """The ``vb_local`` round: local VB fits, matched and combined (module docstring)."""
 
     kinds = ("vb_local",)
+    replies = declare(VB_LOCAL_REPLY)
 
     def __init__(self, config: VBOneShotConfig) -> None:
         self.config = config
@@ -436,9 +470,13 @@ class VBLocalStep(Step):
             chunk_size=config.chunk_size,
         )
         resp = vb_log_resp(X, result.posterior)[1].exp()
-        keep = backed(effective_rows(resp.sum(0), resp.square().sum(0)), policy.min_rows)
-        stats = stats_from_resp(X, resp * keep.to(X.dtype), config.covariance_type, shift)
+        rows = unfloored(resp_rows(resp), n, policy)
+        ct = config.covariance_type
+        # a tied second moment is one for all components: of the kept components' rows only
+        weight = resp * backed(rows, policy.min_rows).to(X.dtype) if ct == "tied" else resp
+        stats = stats_from_resp(X, weight, ct, shift)
         reply = stats_message(stats, "vb_local")
+        reply.backing.update(stats_backing(stats, rows, resp_rows(weight.sum(1, keepdim=True))[0]))
         reply.scalars.update(converged=bool(result.converged), n_iter=int(result.n_iter))
         return reply
 

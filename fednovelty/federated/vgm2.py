@@ -60,9 +60,17 @@ from torch import Tensor, nn
 from fednovelty.federated.aggregate import average_params
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import VGM2Config
+from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.learners import initial_parameters, logits
+from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    check_counts_within,
+    check_positive_rows,
+)
 from fednovelty.mixture.dirnig import (
     default_markers,
     free_from_markers,
@@ -327,10 +335,61 @@ def _unnamed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 # ----------------------------------------------------------------------------- the step
+def vgm2_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A ``vgm2`` reply by what the round broadcast: the client's markers shaped as the
+    ``prior`` (VGM2), or its class prototypes and counts shaped as the broadcast's
+    (prototype baseline), or its encoder and head under the broadcast's names (FedAvg);
+    always the row count and the loss."""
+    shapes: dict[str, Shape] = {"n_samples": (), "loss": ()}
+    t = broadcast.tensors
+    if "prior" in t:
+        shapes["markers"] = tuple(t["prior"].shape)
+    if "prototypes" in t:
+        shapes.update(
+            prototypes=tuple(t["prototypes"].shape),
+            class_counts=tuple(t["prototype_counts"].shape),
+        )
+    return shapes
+
+
+def check_vgm2(reply: Message, broadcast: Message) -> None:
+    """Positive marker concentration, kappa, alpha and beta; class counts within the rows."""
+    if "markers" in reply.tensors and not bool(
+        (reply.tensors["markers"][:, [0, 2, 3, 4]] > 0).all()
+    ):
+        raise InvalidReplyError("marker concentration, kappa, alpha and beta must be > 0.")
+    if "class_counts" in reply.tensors:
+        check_counts_within(reply, "class_counts", "class counts")
+
+
+def classes_limit(config: VGM2Config, broadcast: Message) -> int:
+    """The client's own bound on classes per reply: its configuration's ``n_classes``."""
+    return int(config.n_classes)
+
+
+#: a ``vgm2`` reply (:func:`vgm2_shapes`).
+VGM2_REPLY = ReplySpec(
+    VGM2_KIND,
+    shapes=vgm2_shapes,
+    checks=(check_positive_rows, check_vgm2),
+    backing={
+        "n_samples": "client",
+        "loss": "client",
+        "markers": "model",
+        "prototypes": "classes",
+        "class_counts": "classes",
+        "encoder.": "model",
+        "head.": "model",
+    },
+    limit=classes_limit,
+)
+
+
 class VGM2Step(Step):
     """The rounds of every method (module docstring): configure, client half, server half."""
 
     kinds = (VGM2_KIND,)
+    replies = declare(VGM2_REPLY)
     labelled = True
 
     def __init__(self, algorithm: VGM2) -> None:
@@ -449,7 +508,12 @@ class VGM2Step(Step):
             state.update({f"{HEAD}{k}": v.clone() for k, v in head.items()})
         tensors["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype)
         tensors["loss"] = torch.as_tensor(loss, dtype=X.dtype).reshape(())
-        return Message(VGM2_KIND, tensors)
+        # markers, encoder and head: models trained on all the rows; a class's prototype
+        # and count: that class's rows (the gate zeros the classes below the floor)
+        backing = client_backing(tensors, X.shape[0])
+        if "class_counts" in tensors:
+            backing["prototypes"] = backing["class_counts"] = tensors["class_counts"]
+        return Message(VGM2_KIND, tensors, backing=backing)
 
 
 # ----------------------------------------------------------------------------- the algorithm

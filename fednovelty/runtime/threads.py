@@ -13,8 +13,9 @@ scoring, inside :func:`torch_threads` with a count chosen here:
 - ``"auto"`` (the default): one thread, unless the step's work (:func:`client_work`,
   :func:`server_work`: rows x components x features^2 for full covariances, x features
   otherwise) reaches :data:`PARALLEL_WORK` *and* the cores are free (:func:`free_cores`);
-  then the caller's own ``torch.get_num_threads()``, capped by the free cores. Learner SGD
-  (``joint_em`` rounds) always runs on one thread: its batches are small at any size.
+  then the caller's own ``torch.get_num_threads()``, capped by the free cores. A client
+  step whose declaration says ``serial`` (learner SGD on small batches, e.g. ``joint_em``
+  rounds) always runs on one thread: its batches are small at any size.
 - an integer ``n >= 1``: every step runs with ``n`` threads (the ``threads`` argument, else
   the environment variable ``FEDNOVELTY_NUM_THREADS``).
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, declared_spec
 from fednovelty.runtime.clients import client_rows
 
 #: environment variable that overrides the choice: ``auto`` or a positive integer.
@@ -42,8 +44,6 @@ ENV_VAR = "FEDNOVELTY_NUM_THREADS"
 #: work units (rows x components x features^2, full covariances) from which a step may use
 #: more than one thread (on free cores).
 PARALLEL_WORK = 2e9
-#: message kinds whose client step is learner SGD on small batches: one thread at any size.
-SERIAL_KINDS = frozenset({"joint_em"})
 
 
 @contextmanager
@@ -119,11 +119,6 @@ def threads_for_work(work: float, threads: int | str | None = None) -> int:
     return caller if free is None else max(1, min(caller, free))
 
 
-#: message kinds whose client step works with full (or tied) covariances when the algorithm
-#: (or the message) says so.
-COVARIANCE_KINDS = frozenset({"assign", "em", "joint_em", "local_fit"})
-
-
 def _setting(algorithm: Any, name: str) -> Any:
     """An algorithm's setting: its attribute ``name``, else its ``config``'s; ``None``."""
     value = getattr(algorithm, name, None)
@@ -132,19 +127,33 @@ def _setting(algorithm: Any, name: str) -> Any:
     return value
 
 
-def _feature_power(message, algorithm: Any = None) -> int:
+def step_spec(message, algorithm: Any = None) -> ReplySpec | None:
+    """The declaration of the step that answers ``message``: ``algorithm.reply_spec``,
+    else the package's own declaration of the kind; ``None`` where none is known."""
+    for find in (getattr(algorithm, "reply_spec", None), declared_spec):
+        if find is None:
+            continue
+        try:
+            return find(message.kind)
+        except UndeclaredReplyError:
+            continue
+    return None
+
+
+def _feature_power(message, algorithm: Any = None, spec: ReplySpec | None = None) -> int:
     """2 when the step's statistics have full (or tied) covariances, else 1: the message's
-    ``covariance_type`` scalar, else the algorithm's setting for the kinds that use one."""
+    ``covariance_type`` scalar, else the algorithm's setting where the step declares that
+    it applies (``ReplySpec.covariance``)."""
     covariance_type = message.scalars.get("covariance_type")
-    if covariance_type is None and message.kind in COVARIANCE_KINDS:
+    if covariance_type is None and spec is not None and spec.covariance:
         covariance_type = _setting(algorithm, "covariance_type")
     return 2 if covariance_type in ("full", "tied") else 1
 
 
-def _n_components(message, algorithm: Any = None) -> int:
+def _n_components(message, algorithm: Any = None, spec: ReplySpec | None = None) -> int:
     """K a client step works with: from the message's fields (``means``/``centers`` rows,
-    ``n_clusters``, ``candidates``), else for a k-means (``centroids``) or local fit
-    (``local_fit``) round from the algorithm's settings; 1 otherwise."""
+    ``n_clusters``, ``candidates``), else from the algorithm's settings as the step
+    declares (``ReplySpec.components``: k-means, local fits); 1 otherwise."""
     for name in ("means", "centers"):
         if name in message.tensors:
             return int(message.tensors[name].shape[0])
@@ -154,11 +163,8 @@ def _n_components(message, algorithm: Any = None) -> int:
     numbers = [int(part) for part in candidates.split(",") if part.strip().isdigit()]
     if numbers:
         return max(numbers)
-    if message.kind == "centroids":
-        return max(1, int(_setting(algorithm, "n_components") or 1))
-    if message.kind == "local_fit":
-        fixed = _setting(algorithm, "client_components")
-        return max(1, int(fixed) if fixed else max(_k_range(algorithm)))
+    if spec is not None and spec.components is not None:
+        return max(1, int(spec.components(lambda name: _setting(algorithm, name))))
     return 1
 
 
@@ -167,13 +173,15 @@ def client_work(message, data: Any, algorithm: Any = None) -> float:
 
     Args:
         message: the broadcast ``Message``; data: the client's rows (n_samples, n_features)
-            or a tuple whose first entry they are; algorithm: the settings K and the
-            covariance type are read from when the message does not carry them.
+            or a tuple whose first entry they are; algorithm: whose declaration of the
+            message's kind (:func:`step_spec`) says whether its settings give K and the
+            covariance type when the message does not carry them.
     """
     X = client_rows(data)
     n_rows, n_features = (int(X.shape[0]), int(X.shape[1])) if X.ndim == 2 else (0, 0)
-    k = _n_components(message, algorithm)
-    return float(n_rows) * k * float(n_features) ** _feature_power(message, algorithm)
+    spec = step_spec(message, algorithm)
+    k = _n_components(message, algorithm, spec)
+    return float(n_rows) * k * float(n_features) ** _feature_power(message, algorithm, spec)
 
 
 def server_work(algorithm: Any, replies: Mapping[int, Any]) -> float:
@@ -206,10 +214,12 @@ def _k_range(algorithm: Any) -> tuple[int, ...]:
 
 def client_threads(message, data: Any, threads: int | str | None = None, algorithm: Any = None):
     """Context manager for one client step: :func:`torch_threads` with the count chosen for
-    ``message`` (learner SGD: 1) on ``data`` under the override ``threads``
-    (:func:`client_work`, ``algorithm`` the step's)."""
-    if thread_setting(threads) == "auto" and message.kind in SERIAL_KINDS:
-        return torch_threads(1)
+    ``message`` (a step declared ``serial``, learner SGD: 1) on ``data`` under the override
+    ``threads`` (:func:`client_work`, ``algorithm`` the step's)."""
+    if thread_setting(threads) == "auto":
+        spec = step_spec(message, algorithm)
+        if spec is not None and spec.serial:
+            return torch_threads(1)
     return torch_threads(threads_for_work(client_work(message, data, algorithm), threads))
 
 
@@ -226,9 +236,11 @@ def scoring_threads(
 
 
 def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
-    """``algorithm.client_step(data, message, context)`` under :func:`client_threads`."""
+    """``algorithm.answer(data, message, context)`` under :func:`client_threads`: the client
+    step, then the client gate (:func:`fednovelty.federated.privacy.release`); the one
+    place every engine runs a client half."""
     with client_threads(message, data, threads, algorithm):
-        return algorithm.client_step(data, message, context)
+        return algorithm.answer(data, message, context)
 
 
 def run_server_step(algorithm: Any, state: Any, replies: Mapping[int, Any], threads=None):

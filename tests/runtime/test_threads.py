@@ -16,6 +16,7 @@ import torch
 
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.federated import FederatedAlgorithm, Message
+from fednovelty.federated.declarations import ReplySpec
 from fednovelty.federated.joint import JointFedGMM
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime import threads as threads_module
@@ -72,6 +73,10 @@ class RecordingAlgorithm(FederatedAlgorithm):
         self.max_rounds = 2
         self.client_threads: list[int] = []
         self.server_threads: list[int] = []
+
+    def reply_spec(self, kind: str) -> ReplySpec:
+        rows = {"n_samples": "client"}
+        return ReplySpec(kind, shapes=lambda b, d: {"n_samples": ()}, backing=rows)
 
     def start(self) -> dict:
         return {"round": 0}
