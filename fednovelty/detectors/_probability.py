@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["finite_moments", "outlier_probability"]
+__all__ = ["finite_moments", "outlier_labels", "outlier_probability"]
 
 
 def outlier_probability(scores: np.ndarray, train: np.ndarray, method: str) -> np.ndarray:
@@ -36,6 +36,12 @@ def outlier_probability(scores: np.ndarray, train: np.ndarray, method: str) -> n
                 anomaly = (scores > mu).astype(np.float64)
     anomaly = np.where(np.isposinf(scores), 1.0, np.where(np.isneginf(scores), 0.0, anomaly))
     return np.clip(np.nan_to_num(anomaly, nan=1.0), 0.0, 1.0)
+
+
+def outlier_labels(scores: np.ndarray, threshold: float) -> np.ndarray:
+    """PyOD's binary labels (n_samples,) of decision ``scores``: 1 (anomaly) unless the score
+    is at most ``threshold``, so a NaN score is an anomaly, never an inlier."""
+    return (~(np.asarray(scores) <= threshold)).astype(int).ravel()
 
 
 def finite_moments(scores: np.ndarray) -> tuple[float, float]:

@@ -17,14 +17,31 @@ def feature_names(X) -> np.ndarray | None:
     return names if all(isinstance(c, str) for c in columns) else None
 
 
+def largest_value(dtype: str = "float64") -> float:
+    """The largest magnitude a feature may have in ``dtype`` (``"float64"``, ``"float32"``):
+    ``sqrt(finfo(dtype).max)``, about 1.3e154 for float64 and 1.8e19 for float32, beyond which
+    its square overflows to inf (distances, variances and log-densities then turn inf or
+    NaN)."""
+    return float(np.sqrt(np.finfo(np.dtype(dtype)).max))
+
+
 def check_X(
-    X, *, name: str = "X", n_features: int | None = None, fitted_by: str = ""
+    X,
+    *,
+    name: str = "X",
+    n_features: int | None = None,
+    fitted_by: str = "",
+    dtype: str = "float64",
 ) -> np.ndarray:
     """Validate a sample matrix and return it as a float64 array (n_samples, n_features).
 
+    ``dtype`` is the precision the rows are computed in (the estimator's ``dtype``): values
+    whose square overflows in it (:func:`largest_value`) are refused.
+
     Raises:
         ValueError: not 2-D, empty, non-numeric, NaN/inf (naming the first bad column and
-            row), or a different number of features than at fit time.
+            row), a value too large to square in ``dtype`` (naming its row and column), or a
+            different number of features than at fit time.
     """
     if np.iscomplexobj(X) or np.asarray(X).dtype.kind == "c":
         raise ValueError(f"{name} has complex values; give real-valued features.")
@@ -60,12 +77,28 @@ def check_X(
             )
             + "). Remove or impute these values before fitting or scoring."
         )
+    _check_magnitude(array, name, dtype)
     if n_features is not None and array.shape[1] != n_features:
         raise ValueError(
             f"{name} has {array.shape[1]} features, but {fitted_by or 'the detector'} was fitted "
             f"with {n_features} features."
         )
     return array
+
+
+def _check_magnitude(array: np.ndarray, name: str, dtype: str) -> None:
+    """ValueError naming the first value of ``array`` (n_samples, n_features) whose square
+    overflows in ``dtype`` (row-major order)."""
+    limit = largest_value(dtype)
+    too_large = np.abs(array) > limit
+    if too_large.any():
+        row, col = np.argwhere(too_large)[0]
+        raise ValueError(
+            f"{name} has {array[row, col]:.3g} at row {row}, column {col}: beyond +-{limit:.3g}, "
+            f"where squares overflow {dtype} (distances and densities would be inf or NaN). "
+            "Rescale the features (e.g. standardise them, or divide by a power of ten) before "
+            "fitting or scoring."
+        )
 
 
 def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:

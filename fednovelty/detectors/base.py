@@ -47,7 +47,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors._labels import encode_labels
-from fednovelty.detectors._probability import finite_moments, outlier_probability
+from fednovelty.detectors._probability import finite_moments, outlier_labels, outlier_probability
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
 from fednovelty.detectors.persistence import (
@@ -236,9 +236,24 @@ class SimulatedFitMixin:
                 f"{self._fit_call} first, or load a saved model with fednovelty.load(path)."
             ) from None
 
+    def _check_X(self, X, *, fitted: bool = False) -> np.ndarray:
+        """``X`` checked (``check_X``) as rows this estimator computes with: no value whose
+        square overflows its ``dtype``; with ``fitted``, the width seen in fit."""
+        if not fitted:
+            return check_X(X, dtype=self.dtype)
+        return check_X(
+            X, n_features=self.n_features_in_, fitted_by=type(self).__name__, dtype=self.dtype
+        )
+
     def _check_score_input(self, X) -> torch.Tensor:
+        """Rows to score as a tensor (:meth:`_check_score_array`)."""
+        return self._as_tensor(self._check_score_array(X))
+
+    def _check_score_array(self, X) -> np.ndarray:
+        """Rows to score (n_samples, n_features), float64: the estimator fitted, ``X`` checked
+        (:meth:`_check_X`) and its column names, if any, those seen in fit."""
         self._check_fitted()
-        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        array = self._check_X(X, fitted=True)
         names = feature_names(X)
         fitted_names = getattr(self, "feature_names_in_", None)
         if (
@@ -250,7 +265,7 @@ class SimulatedFitMixin:
                 "The feature names of X differ from those seen in fit: "
                 f"{names.tolist()} vs {fitted_names.tolist()}. Reorder or rename the columns."
             )
-        return self._as_tensor(array)
+        return array
 
 
 class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
@@ -305,7 +320,7 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         detector keeps its previous fitted state (``atomic_fit``)."""
         self._validate_params()
         callbacks = check_callbacks(callbacks)
-        array = check_X(X)
+        array = self._check_X(X)
         codes = self._label_codes(y, array.shape[0])
         client_ids, groups_codes = check_groups(groups, array.shape[0])
         self.n_features_in_ = array.shape[1]
@@ -379,7 +394,7 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         config = {k: v for k, v in getattr(result, "config", {}).items() if k in names}
         detector = cls(**{**config, **params})
         detector._validate_params()
-        array = check_X(X)
+        array = detector._check_X(X)
         detector.n_features_in_ = array.shape[1]
         if feature_names(X) is not None:
             detector.feature_names_in_ = feature_names(X)
@@ -433,9 +448,15 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         return -self.score_samples(X)
 
     def predict(self, X, return_confidence=False):
-        """PyOD's binary labels (1 = anomaly: ``decision_function(X) > threshold_``)."""
+        """PyOD's binary labels (1 = anomaly: ``decision_function(X) > threshold_``; a score
+        that is not a number counts as an anomaly), shape (n_samples,); with
+        ``return_confidence`` also PyOD's confidence."""
         self._check_fitted()
-        return super().predict(self._checked_array(X), return_confidence=return_confidence)
+        array = self._checked_array(X)
+        labels = outlier_labels(self.decision_function(array), self.threshold_)
+        if return_confidence:
+            return labels, self.predict_confidence(array)
+        return labels
 
     def predict_proba(self, X, method="linear", return_confidence=False):
         """Outlier probabilities as PyOD's, shape (n_samples, 2); column 1 = anomaly.
@@ -465,7 +486,7 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """``X`` validated for scoring, kept as a DataFrame when it is one (feature names)."""
         if feature_names(X) is not None:
             return X
-        return check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        return self._check_X(X, fitted=True)
 
     # -------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:
@@ -580,7 +601,7 @@ def check_labelled(estimator, X, y, groups):
         ValueError: ``y`` missing or not one label per row, a single class, bad ``X`` or
             ``groups`` (named).
     """
-    array = check_X(X)
+    array = estimator._check_X(X)
     if y is None:
         raise ValueError(
             f"{type(estimator).__name__}.fit needs y, one label per row: fit(X, y, groups)."

@@ -19,7 +19,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors._labels import encode_labels, label_codes
-from fednovelty.detectors._validation import check_groups, check_X, split_by_client
+from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.persistence import (
     check_items,
@@ -248,7 +248,7 @@ class JointFedGMMDetector(EMDetector):
             raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")
         if not self.aggregate_learners:
             raise ValueError("a Local model (aggregate_learners=False) has no partial_fit.")
-        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        array = self._check_X(X, fitted=True)
         if y is None:
             raise ValueError("partial_fit needs the window's labels y.")
         codes = label_codes(y, self.classes_, array.shape[0], torch.device("cpu")).numpy()

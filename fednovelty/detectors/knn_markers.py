@@ -87,7 +87,7 @@ from sklearn.neighbors import NearestNeighbors
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._probability import outlier_probability
-from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
+from fednovelty.detectors._validation import check_groups, feature_names, split_by_client
 from fednovelty.detectors.base import (
     COMMON_CONSTRAINTS,
     MixtureDetector,
@@ -274,7 +274,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         """
         self._validate_params()
         callbacks = check_callbacks(callbacks)
-        array = check_X(X)
+        array = self._check_X(X)
         client_ids, codes = check_groups(groups, array.shape[0])
         self.n_features_in_ = array.shape[1]
         names = feature_names(X)
@@ -422,16 +422,9 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         return np.column_stack(columns)
 
     def _checked(self, X) -> np.ndarray:
-        self._check_fitted()
-        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
-        names = feature_names(X)
-        fitted = getattr(self, "feature_names_in_", None)
-        if names is not None and fitted is not None and not np.array_equal(names, fitted):
-            raise ValueError(
-                "The feature names of X differ from those seen in fit: "
-                f"{names.tolist()} vs {fitted.tolist()}. Reorder or rename the columns."
-            )
-        return array
+        return self._check_score_array(X)
+
+    _checked_array = _checked
 
     def tail_probability(self, X, *, per_client: bool = False) -> np.ndarray:
         """Predictive upper-tail probability of each row's kNN distance (module docstring).
@@ -460,10 +453,8 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         more anomalous."""
         return -self.score_samples(X)
 
-    def predict(self, X, return_confidence=False):
-        """PyOD's binary labels (1 = anomaly: ``decision_function(X) > threshold_``)."""
-        self._check_fitted()
-        return super().predict(self._checked(X), return_confidence=return_confidence)
+    # PyOD's labels as every fednovelty detector's (a NaN score would be an anomaly).
+    predict = MixtureDetector.predict
 
     def predict_proba(self, X, method="linear", return_confidence=False):
         """PyOD's outlier probabilities from ``decision_scores_``, shape (n_samples, 2) (as

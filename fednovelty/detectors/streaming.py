@@ -44,7 +44,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
-from fednovelty.detectors._validation import check_groups, check_X, split_by_client
+from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.persistence import (
@@ -247,7 +247,7 @@ class StreamingFedGMMDetector(EMDetector):
                 ``X`` or bad ``groups``. On any error the model is unchanged.
         """
         self._check_fitted()
-        array = check_X(X, n_features=self.n_features_in_, fitted_by=type(self).__name__)
+        array = self._check_X(X, fitted=True)
         if groups is None:
             groups = np.full(array.shape[0], self.client_ids_[0])
         ids, codes = check_groups(groups, array.shape[0])

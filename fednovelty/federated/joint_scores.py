@@ -81,7 +81,9 @@ def joint_log_scores(
 
     Everything is computed in log space: ``log p(x, y) = logsumexp_{m1, m2} [log pi(m1, m2)
     + log N(x; m1) + log P_m2(y | z)]`` (the paper's reference code adds ``pi`` instead of
-    ``log pi`` here).
+    ``log pi`` here). ``p(y | x)`` is computed from responsibilities (``_log_proba_y``), so
+    it sums to 1 even for rows far from every Gaussian; where every density underflows it
+    comes from the weights ``pi`` alone: ``proba_y`` and ``log_py_given_x`` are never NaN.
 
     Args:
         log_joint_weights: ``log pi`` (M1, M2) of one client; default the global weights.
@@ -98,13 +100,32 @@ def joint_log_scores(
         (log_pi.unsqueeze(0) + log_n.unsqueeze(2)).unsqueeze(3) + log_probs.unsqueeze(1),
         dim=(1, 2),
     )
-    proba = (joint_all - log_px.unsqueeze(1)).exp()
+    log_py_x = _log_proba_y(log_pi, log_n, log_probs)
+    proba = log_py_x.exp()
     out = {"log_px": log_px, "proba_y": proba, "msp": proba.max(1).values}
     if y is not None:
-        log_pxy = joint_all.gather(1, y.view(-1, 1)).squeeze(1)
-        out["log_pxy"] = log_pxy
-        out["log_py_given_x"] = log_pxy - log_px
+        out["log_pxy"] = joint_all.gather(1, y.view(-1, 1)).squeeze(1)
+        out["log_py_given_x"] = log_py_x.gather(1, y.view(-1, 1)).squeeze(1)
     return out
+
+
+def _log_proba_y(log_pi: Tensor, log_n: Tensor, log_probs: Tensor) -> Tensor:
+    """``log p(y = k | x)`` (n, n_classes) from ``log_pi`` (M1, M2), ``log_n`` (n, M1) and
+    ``log_probs`` (n, M2, n_classes), as responsibilities times predictions: the Gaussians'
+    responsibilities ``r(m1 | x)`` (a softmax, exact however small the densities), each
+    split over the learners by ``pi(m2 | m1)``. Subtracting ``log p(x)`` from ``log p(x, y)``
+    instead loses every digit when the densities are as small as 1e-300. Where every
+    weighted density underflowed (``log pi N = -inf``) the weights alone decide."""
+    log_pi_m1 = torch.logsumexp(log_pi, dim=1)  # (M1,)
+    weighted = log_n + log_pi_m1  # (n, M1)
+    log_r = torch.log_softmax(weighted, dim=1)
+    far = torch.isneginf(weighted).all(dim=1)
+    if bool(far.any()):
+        log_r[far] = torch.log_softmax(log_pi_m1, dim=0)
+    empty = torch.isneginf(log_pi_m1).unsqueeze(1)  # a Gaussian of weight 0 splits nothing
+    log_split = torch.where(empty, -torch.inf, log_pi - log_pi_m1.unsqueeze(1))  # pi(m2 | m1)
+    log_r_pairs = log_r.unsqueeze(2) + log_split.unsqueeze(0)  # (n, M1, M2)
+    return torch.logsumexp(log_r_pairs.unsqueeze(3) + log_probs.unsqueeze(1), dim=(1, 2))
 
 
 def adapt_joint_weights(

@@ -284,14 +284,16 @@ def personal_posterior(
 
 def _t_log_sf(z: np.ndarray, dof: np.ndarray) -> np.ndarray:
     """``log P(T > z)`` for Student-t ``T`` with ``dof`` degrees of freedom (broadcast),
-    finite far in the upper tail (Mills-ratio asymptote where scipy underflows)."""
-    out = scipy_stats.t.logsf(z, dof)
-    far = ~np.isfinite(out) | (out < -600.0)
+    finite far in the upper tail (Mills-ratio asymptote where scipy underflows) and ``-inf``
+    at ``z = +inf`` (a distance that overflowed: nothing lies beyond it), never NaN."""
+    out = np.array(scipy_stats.t.logsf(z, dof), dtype=np.float64)
+    beyond = np.broadcast_to(np.isposinf(z), out.shape)
+    out[beyond] = -np.inf
+    far = (~np.isfinite(out) | (out < -600.0)) & ~beyond
     if far.any():
         zf = np.broadcast_to(z, out.shape)[far]
         nu = np.broadcast_to(dof, out.shape)[far]
         asymptote = scipy_stats.t.logpdf(zf, nu) + np.log((nu + zf * zf) / ((nu + 1.0) * zf))
-        out = np.array(out, dtype=np.float64)
         out[far] = asymptote
     return out
 

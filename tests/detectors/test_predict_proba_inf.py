@@ -9,11 +9,19 @@ import pytest
 from pyod.models.base import BaseDetector
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector, load
+from fednovelty.detectors._validation import largest_value
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(0, 1, (200, 2))
 GROUPS = np.repeat([0, 1], 100)
-FAR = np.array([[1e200, 0.0], [1e30, -1e30], [0.0, 0.0], [3.0, 3.0]])
+
+
+def far(dtype: str = "float64") -> np.ndarray:
+    """Two rows just inside the largest values ``dtype`` accepts (their squared distances
+    overflow), the centre and a row at (3, 3)."""
+    top = 0.99 * largest_value(dtype)
+    return np.array([[top, top], [top, -top], [0.0, 0.0], [3.0, 3.0]])
+
 
 DETECTORS = {
     "FedGMM": lambda: FedGMMDetector(2, random_state=0),
@@ -30,14 +38,15 @@ def fitted(request):
 
 @pytest.mark.parametrize("method", ["linear", "unify"])
 def test_an_infinite_score_has_probability_one(fitted, method):
-    scores = fitted.decision_function(FAR)
+    rows = far(fitted.dtype)
+    scores = fitted.decision_function(rows)
     assert np.isposinf(scores[0])  # the row's density underflows to 0
-    probs = fitted.predict_proba(FAR, method=method)
+    probs = fitted.predict_proba(rows, method=method)
     assert probs.shape == (4, 2) and not np.isnan(probs).any()
     np.testing.assert_array_equal(probs[:2, 1], [1.0, 1.0])  # copied constants
     assert probs[2, 1] < 0.5 < probs[3, 1]  # the centre is normal, (3, 3) is not
     np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-12)
-    probs, confidence = fitted.predict_proba(FAR, method=method, return_confidence=True)
+    probs, confidence = fitted.predict_proba(rows, method=method, return_confidence=True)
     assert not np.isnan(confidence).any() and ((confidence >= 0) & (confidence <= 1)).all()
 
 
@@ -60,7 +69,7 @@ def test_infinite_training_scores_give_no_nan(tmp_path, method):
     detector.save(tmp_path / "model.safetensors")
     loaded = load(tmp_path / "model.safetensors")
     assert np.isposinf(loaded.decision_scores_[-1])
-    probs = loaded.predict_proba(FAR, method=method)
+    probs = loaded.predict_proba(far(), method=method)
     assert not np.isnan(probs).any()
     np.testing.assert_array_equal(probs[:2, 1], [1.0, 1.0])
     np.testing.assert_allclose(loaded.predict_proba(rows, method=method), expected, rtol=1e-12)
@@ -68,4 +77,4 @@ def test_infinite_training_scores_give_no_nan(tmp_path, method):
 
 def test_an_unknown_method_is_named(fitted):
     with pytest.raises(ValueError, match="method must be 'linear' or 'unify'"):
-        fitted.predict_proba(FAR, method="sigmoid")
+        fitted.predict_proba(far(fitted.dtype), method="sigmoid")

@@ -154,3 +154,48 @@ def test_restarts_are_bounded():
     transport = InProcessTransport(algorithm, clients, contexts, 1.0, 0.0, np.random.default_rng(0))
     with pytest.raises(FederationError, match=r"client\(s\) \[3\] .*max_restarts=0"):
         run_rounds(algorithm, transport, validator=ReplyValidator(4), max_restarts=0)
+
+
+def test_on_flower_a_liar_caught_later_is_refitted_out_of_the_model(monkeypatch):
+    """The same restart on the Flower engine: the liar's node is asked no more, every other
+    node starts its kept state afresh (personal weights), and the final model equals the
+    simulation of the federation without the liar."""
+    pytest.importorskip("flwr")
+    from _flower_grid import make_grid, set_task_identity
+
+    from fednovelty.runtime.flower import client as flower_client
+    from fednovelty.runtime.flower.config import EngineConfig, algorithm_from_run_config
+    from fednovelty.runtime.flower.server import run_rounds
+
+    set_task_identity(monkeypatch)
+    liar, answered = 1, []
+    honest = flower_client.run_client_step
+
+    def lying(algorithm, data, message, context):
+        reply = honest(algorithm, data, message, context)
+        if context.client_id == liar and message.kind == "em":
+            answered.append(message.kind)
+            if len(answered) == 2:  # after the nodes keep personal weights of an em round
+                return _replace(reply, sums=reply.tensors["sums"] * float("nan"))
+        return reply
+
+    monkeypatch.setattr(flower_client, "run_client_step", lying)
+    gen = torch.Generator().manual_seed(5)
+    parts = [torch.randn(60, 2, dtype=torch.float64, generator=gen) for c in range(3)]
+    for c, X in enumerate(parts):  # two overlapping blobs in other shares per client
+        X[: 15 + 15 * c] += 2.0
+    params = {"n_components": 2, "mixture_weights": "personal", "max_iter": 5}
+    grid, run_config = make_grid("FederatedEM", params, parts)
+    result = run_rounds(grid, algorithm_from_run_config(run_config), EngineConfig())
+    without = run_simulation(
+        algorithm_from_run_config(run_config), {0: parts[0], 2: parts[2]}, random_state=0
+    )
+    restarted = [r.round for r in result.history if r.restarted]
+    assert len(restarted) == 1 and result.history[restarted[0] - 2].kind == "em"
+    assert all(liar not in r.sampled for r in result.history[restarted[0] :])
+    got, want = result.state.params, without.state.params
+    for name in ("weights", "means", "precisions_cholesky"):
+        a, b = getattr(got, name), getattr(want, name)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
+    for c, weights in without.state.client_weights.items():
+        torch.testing.assert_close(result.state.client_weights[c], weights, rtol=1e-9, atol=1e-12)

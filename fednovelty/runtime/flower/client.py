@@ -223,11 +223,12 @@ def policy_from_node_config(node_config: Mapping[str, Any]) -> PrivacyPolicy:
 def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
     """Run one client step on this node's rows; persist its state; reply."""
     algorithm, client_id, data = node_inputs(context, load_data)
-    request, _ = decode_message(message.content)
+    request, header = decode_message(message.content)
+    attempt = int(header.get("attempt", 0))  # a restarted run starts from empty states
     policy = policy_from_node_config(context.node_config)
-    client = ClientContext(client_id, load_client_state(context.state), policy=policy)
+    client = ClientContext(client_id, load_client_state(context.state, attempt), policy=policy)
     reply = run_client_step(algorithm, data, request, client)
-    store_client_state(context.state, client.state)
+    store_client_state(context.state, client.state, attempt)
     header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
     return Message(encode_message(reply, **header), reply_to=message)
 

@@ -34,6 +34,8 @@ except ImportError as error:  # pragma: no cover - depends on the installation
 TENSORS = "fednovelty.tensors"
 SCALARS = "fednovelty.scalars"
 HEADER = "fednovelty.header"
+#: the node's ``context.state`` record of the run attempt its client state belongs to.
+CLIENT_ATTEMPT = "fednovelty.client_attempt"
 CLIENT_STATE = "fednovelty.client_state"
 CODEC_VERSION = 1
 
@@ -131,13 +133,20 @@ def wire_nbytes(content: RecordDict) -> int:
     return sum(record.count_bytes() for record in records)
 
 
-def load_client_state(state: RecordDict) -> dict[str, Tensor]:
-    """A client's persistent tensors from a node's ``context.state`` (empty at first)."""
+def load_client_state(state: RecordDict, attempt: int = 0) -> dict[str, Tensor]:
+    """A client's persistent tensors from a node's ``context.state`` (empty at first, and
+    empty when they were stored in another ``attempt`` of the run: the server restarted it,
+    ``fednovelty.runtime.loop``)."""
     if CLIENT_STATE not in state.array_records:
+        return {}
+    stored = state.config_records.get(CLIENT_ATTEMPT)
+    if int(stored["attempt"] if stored is not None else 0) != int(attempt):
         return {}
     return record_to_tensors(state.array_records[CLIENT_STATE])
 
 
-def store_client_state(state: RecordDict, tensors: Mapping[str, Tensor]) -> None:
-    """Keep a client's tensors in the node's ``context.state`` for its next message."""
+def store_client_state(state: RecordDict, tensors: Mapping[str, Tensor], attempt: int = 0) -> None:
+    """Keep a client's tensors in the node's ``context.state`` for its next message, with
+    the ``attempt`` of the run they belong to."""
     state[CLIENT_STATE] = tensors_to_record(tensors)
+    state[CLIENT_ATTEMPT] = ConfigRecord({"attempt": int(attempt)})

@@ -163,6 +163,7 @@ def _record_from_json(data: dict[str, Any]) -> RoundRecord:
             "sampled": tuple(data["sampled"]),
             "replied": tuple(data["replied"]),
             "dropped": tuple((int(c), str(why)) for c, why in data.get("dropped", ())),
+            "skipped": tuple((int(c), str(why)) for c, why in data.get("skipped", ())),
         }
     )
 

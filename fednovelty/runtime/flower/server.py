@@ -235,6 +235,8 @@ class GridTransport(Transport):
         self.grid, self.client_of, self.engine, self.rng = grid, client_of, engine, rng
         self.dropped: list[dict] = []
         self._n_asked = 0
+        self.attempt = 0  # sent with every message: a node's kept state is of one attempt
+        self._node_of: dict[int, int] = {}  # client id -> node of its last decoded reply
 
     def ask(self) -> dict[int, int | None]:
         """Node id -> client id of the nodes asked this round: every node, or with
@@ -249,7 +251,7 @@ class GridTransport(Transport):
     def exchange(self, number: int, message: FedMessage) -> FlowerDelivery:
         """Push the encoded message to this round's nodes; decode what comes back in time."""
         asked = self.ask()
-        content = encode_message(message, round=number)
+        content = encode_message(message, round=number, attempt=self.attempt)
         replies = exchange(
             self.grid,
             dict.fromkeys(asked, content),
@@ -279,11 +281,29 @@ class GridTransport(Transport):
         ids (those bound now included)."""
         accepted = settle_replies(delivery.received, valid, invalid)
         self.client_of.update({n: c for c, n in accepted.nodes.items()})
+        self._node_of.update(delivery.received.nodes)
         for d in accepted.dropped:
             logger.warning("round %d: dropped client %s (node %d): %s", number, *_fields(d))
             self.dropped.append({"round": number, **_as_dict(d)})
         sampled = sorted(c for c in (self.client_of[n] for n in delivery.nodes) if c is not None)
         return Settled(tuple(sampled), tuple((d.client_id, d.reason) for d in accepted.dropped))
+
+    def exclude(self, client_ids: Iterable[int]) -> None:
+        """Ask the nodes of ``client_ids`` (bound to them, or whose last reply named them)
+        no more in this run."""
+        for c in client_ids:
+            nodes = {n for n, bound in self.client_of.items() if bound == c}
+            nodes.update({self._node_of[c]} if c in self._node_of else set())
+            for node in nodes:
+                self.client_of.pop(node, None)
+                logger.warning("client %d (node %d) is excluded from this run", c, node)
+
+    def restart(self) -> None:
+        """The next messages carry the next attempt number: each node starts its client
+        state afresh (:func:`~fednovelty.runtime.flower.codec.load_client_state`), and the
+        sampling stream starts again from the engine's seed."""
+        self.attempt += 1
+        self.rng = np.random.default_rng(self.engine.seed)
 
     def log_round(self, record: RoundRecord) -> None:
         """Log one finished round on Flower's logger."""
