@@ -75,6 +75,11 @@ NON_NEGATIVE: tuple[str, ...] = (
     "loss",
     "class_counts",
 )
+#: reply tensors that are a client's row count.
+ROW_COUNTS: tuple[str, ...] = ("n_samples", "n")
+#: the most rows a reply may claim: 2**53, the largest count float64 holds exactly (a claim
+#: above it cannot be a count of rows, and its products overflow the server's sums).
+MAX_ROWS = float(2**53)
 #: relative slack of the consistency checks in float64 (round-off of sums over many rows);
 #: float32 replies get ``1e3`` times their machine epsilon where that is larger.
 RTOL = 1e-6
@@ -357,12 +362,17 @@ def check_reply(
 
 
 def _check_values(reply: Message) -> None:
-    """Floating tensors finite, :data:`NON_NEGATIVE` tensors >= 0."""
+    """Floating tensors finite, :data:`NON_NEGATIVE` tensors >= 0, row counts at most
+    :data:`MAX_ROWS`."""
     for name, tensor in reply.tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise InvalidReplyError(f"tensor {name!r} has NaN or inf values.")
         if name in NON_NEGATIVE and tensor.numel() and bool((tensor < 0).any()):
             raise InvalidReplyError(f"tensor {name!r} has negative values.")
+        if name in ROW_COUNTS and tensor.numel() and bool((tensor > MAX_ROWS).any()):
+            raise InvalidReplyError(
+                f"tensor {name!r} claims more than {MAX_ROWS:.3g} rows: no client holds that many."
+            )
 
 
 # ----------------------------------------------------------------------------- declared
