@@ -78,7 +78,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import average_learners, average_params, learner_name
+from fednovelty.federated.aggregate import average_params, learner_name
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import ClusteredConfig
 from fednovelty.federated.declarations import ReplySpec, declare
@@ -90,6 +90,12 @@ from fednovelty.federated.learners import (
     logits,
 )
 from fednovelty.federated.privacy import client_backing
+from fednovelty.federated.robust import (
+    coordinate_median,
+    coordinate_trimmed_mean,
+    robust_average_learners,
+    robust_average_params,
+)
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -319,6 +325,18 @@ class _ModelStep(Step):
             offset=offset,
         )
 
+    @property
+    def robust(self) -> tuple[str, float]:
+        """``(aggregation, trim)`` of the config (:mod:`fednovelty.federated.robust`)."""
+        return self.config.aggregation, self.config.trim
+
+    def average(
+        self, current: dict[str, Tensor], copies: list[dict[str, Tensor]], weights: Tensor
+    ) -> dict[str, Tensor]:
+        """A model from the clients' copies: the row-weighted mean, or the coordinate-wise
+        trimmed mean or median of the copies with positive weight (``aggregation``)."""
+        return robust_average_params(current, copies, weights, *self.robust)
+
     def received(self, message: Message, X: Tensor) -> dict[str, Tensor]:
         return {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
 
@@ -392,8 +410,8 @@ class EnsembleStep(_ModelStep):
         first = state.cluster_models[0][self.names[0]]
         n = _weights(replies, first)
         gammas = n.unsqueeze(1).expand(-1, self.config.n_clusters)
-        state.cluster_models = average_learners(
-            state.cluster_models, list(replies.values()), gammas
+        state.cluster_models = robust_average_learners(
+            state.cluster_models, list(replies.values()), gammas, *self.robust
         )
         metrics = self.record(state, replies)
         return (None if self.finished_after(state, self.config.rounds) else ENSEMBLE_KIND), metrics
@@ -429,10 +447,31 @@ class GlobalWarmupStep(_ModelStep):
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
         first = state.global_model[self.names[0]]
-        state.global_model = average_params(state.global_model, copies, _weights(replies, first))
+        state.global_model = self.average(state.global_model, copies, _weights(replies, first))
         metrics = self.record(state, replies)
         done = self.finished_after(state, self.config.warmup_rounds)
         return (None if done else WARMUP_GLOBAL_KIND), metrics
+
+
+def robust_centres(
+    flat: Tensor, labels: Tensor | None, centres: Tensor, aggregation: str, trim: float
+) -> Tensor:
+    """The k-means centres (n_clusters, P) with each non-empty cluster's centre the
+    coordinate-wise trimmed mean or median of its members' flattened models ``flat``
+    (n_models, P; ``labels`` (n_models,)) under a robust ``aggregation``; ``centres``
+    unchanged under ``"sum"`` (the row-weighted means) or without labels."""
+    if aggregation == "sum" or labels is None:
+        return centres
+    out = centres.clone()
+    for k in range(centres.shape[0]):
+        members = flat[labels == k]
+        if members.shape[0]:
+            members = members.double()
+            if aggregation == "median":
+                out[k] = coordinate_median(members).to(out)
+            else:
+                out[k] = coordinate_trimmed_mean(members, trim).to(out)
+    return out
 
 
 class _KMeansServer:
@@ -471,6 +510,7 @@ class _KMeansServer:
             total = share.sum(1, keepdim=True)
             means = (share / total.clamp_min(torch.finfo(n.dtype).tiny)) @ flat
             centres = torch.where(total > 0, means, centres)
+        centres = robust_centres(flat, labels, centres, *step.robust)
         labels = nearest_cluster(flat[:, columns], centres[:, columns])  # the clients' rule
         state.cluster_models = [step.algorithm.unflatten(c) for c in centres]
         for cid, label in zip(replies, labels.tolist(), strict=True):
@@ -583,7 +623,7 @@ class ClusterStep(_ModelStep):
         n = _weights(replies, like)
         if config.additive:
             copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
-            state.global_model = average_params(state.global_model, copies, n)
+            state.global_model = self.average(state.global_model, copies, n)
         if config.clustering == "kmeans":
             self.kmeans.cluster(state, replies, seeded=False)
         else:
@@ -601,14 +641,13 @@ class ClusterStep(_ModelStep):
             weights = n * (chosen == k).to(n)
             if float(weights.sum()) <= 0:
                 continue  # empty: kept (Eq. 6 with C_k empty)
-            if self.config.cluster_average == "global":  # Eq. 6
-                rest = (total - weights.sum()).reshape(1)
-                weights = torch.cat([rest, weights])
-                state.cluster_models[k] = average_params(
-                    state.cluster_models[k], [state.cluster_models[k], *copies], weights
+            combined = self.average(state.cluster_models[k], copies, weights)
+            if self.config.cluster_average == "global":  # Eq. 6: the rest of the rows keep it
+                share = torch.stack([total - weights.sum(), weights.sum()])
+                combined = average_params(
+                    state.cluster_models[k], [state.cluster_models[k], combined], share
                 )
-            else:
-                state.cluster_models[k] = average_params(state.cluster_models[k], copies, weights)
+            state.cluster_models[k] = combined
         for cid, reply in replies.items():
             state.client_clusters[cid] = int(reply.scalars["cluster"])
 

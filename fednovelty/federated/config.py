@@ -723,7 +723,7 @@ WARMUP_SHARE = 0.3
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class ClusteredConfig(Settings):
+class ClusteredConfig(RobustSettings):
     """Settings of the Fed-CAM paper's classification methods (``ClusteredFL``,
     :mod:`fednovelty.federated.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
     which 30 warm-up, 10 local steps of SGD with learning rate 0.001, momentum 0.9 and
@@ -757,6 +757,10 @@ class ClusteredConfig(Settings):
             clients' copies (IFCA's and FeSEM's rule, Eq. 11); ``"global"``: Eq. 6, each
             copy weighted by its rows over all the round's rows and the rest kept from the
             current model.
+        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`):
+            every model the server averages (global, cluster, ensemble member, FeSEM's
+            k-means centres) becomes the coordinate-wise trimmed mean (``"trimmed"``) or
+            median (``"median"``) of its clients' copies instead of their row-weighted mean.
         empty_clusters: ``"keep"``: a cluster no client joined keeps its model and may win
             clients back (the paper's methods as written; collapse stays visible);
             ``"reseed"``: its model is replaced by the released client model farthest from
@@ -788,6 +792,7 @@ class ClusteredConfig(Settings):
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.method not in CLUSTERED_METHODS:
             raise ValueError(
                 f"method must be one of {list(CLUSTERED_METHODS)}; got {self.method!r}."
@@ -1053,6 +1058,13 @@ class VGM2Config(Settings):
         n_neighbors, min_dist, negative_sample_rate: parametric UMAP's graph and loss.
         n_bins: calibration bins (B).
         aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
+        robust_aggregation, trim, client_weight_cap: the robust options of
+            :class:`RobustSettings` (``robust_aggregation`` there ``aggregation``, a name
+            this config gives the markers' rule): ``method="fedavg"`` averages the encoder
+            and head as the coordinate-wise trimmed mean (``"trimmed"``) or median
+            (``"median"``) of the clients' copies; the other methods have ``"sum"`` only
+            (markers and prototypes are not model updates); the cap applies to every
+            method.
         prediction, top_m: how VGM2 classifies a row from ``pi_1`` (Eq. 3) of its distances
             to the client's training rows: ``"nearest"`` (default): among its ``top_m``
             nearest training rows, a class scores the sum of its rows' ``pi_1``;
@@ -1082,6 +1094,9 @@ class VGM2Config(Settings):
     negative_sample_rate: int = 5
     n_bins: int = 15
     aggregation: str = "moment"
+    robust_aggregation: str = "sum"
+    trim: float = 0.1
+    client_weight_cap: float | None = None
     prediction: str = "nearest"
     top_m: int = 5
     random_state: int = 0
@@ -1134,6 +1149,19 @@ class VGM2Config(Settings):
         self._set("random_state", int(self.random_state))
         self._set("dtype", as_dtype(self.dtype))
         self._set("device", torch.device(self.device))
+        allowed = RobustSettings.AGGREGATION_CHOICES if self.method == "fedavg" else ("sum",)
+        robust = check_robust_arguments(
+            self.robust_aggregation,
+            self.trim,
+            self.client_weight_cap,
+            allowed,
+            owner=f"VGM2 with method={self.method!r}",
+            name="robust_aggregation",
+        )
+        for name, value in zip(
+            ("robust_aggregation", "trim", "client_weight_cap"), robust, strict=True
+        ):
+            self._set(name, value)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -28,7 +28,11 @@ round = one communication round:
 - Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast
   weights on the cross-entropy weighted by ``w_i(m2) = sum_m1 q_i(m1, m2)`` and sends the new
   weights with ``gamma_c(m2) = sum_i w_i(m2)``; the server averages them weighted by gamma
-  (:func:`~fednovelty.federated.aggregate.average_learners`).
+  (:func:`~fednovelty.federated.aggregate.average_learners`), or under
+  ``aggregation="trimmed"`` takes the coordinate-wise trimmed mean of the copies of the
+  clients that used the learner
+  (:func:`~fednovelty.federated.robust.robust_average_learners`; the Gaussians' statistics
+  are then trimmed as federated EM's).
 
 The Gaussians are initialised by federated EM's init steps (``init_params``: federated
 k-means by default); the learners start from ``learner_factory`` under ``random_state``.
@@ -60,7 +64,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
+from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import JointConfig, linear_learner, mlp_learner
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
@@ -80,6 +84,7 @@ from fednovelty.federated.learners import (
     local_sgd,
 )
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
+from fednovelty.federated.robust import robust_average_learners
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import Shape, check_stats, learner_count, stats_shapes
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
@@ -191,7 +196,10 @@ class JointEMStep(Step):
                 state.client_joint_weights[cid] = weights
                 state.client_weights[cid] = weights.sum(1)
         if config.aggregate_learners:
-            state.learners = average_learners(state.learners, list(replies.values()), joint.sum(1))
+            robust = (config.aggregation, config.trim)
+            state.learners = robust_average_learners(
+                state.learners, list(replies.values()), joint.sum(1), *robust
+            )
         done, lower_bound = self.gaussian.advance(state, stats)
         metrics = {"phase": "joint_em", "mean_log_likelihood": lower_bound}
         return (None if done else "joint_em"), metrics

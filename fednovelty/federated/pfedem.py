@@ -12,7 +12,11 @@ weights when it has none):
   ``"paper"``: its means and variances (Eq. 9-10); ``"exact"``: the summed statistics of
   its rows under ``gamma`` about the broadcast shift.
 
-The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5) and sets
+The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5; under
+``aggregation="trimmed"``, the coordinate-wise trimmed mean of the copies of the clients
+whose partition held the component, and the Gaussians by
+:func:`~fednovelty.federated.robust.robust_stats`, the paper's replies read as statistics:
+:func:`paper_stats`) and sets
 the Gaussians: ``"paper"``: Eq. 12-14, means and variances averaged with the hard counts (the
 between-client spread of each component is dropped, as written); ``"exact"``: federated EM's
 M-step on the summed statistics (the pooled rows' M-step). The first round starts from
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import average_learners, learner_name, stats_message
+from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import PFedEMConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
@@ -47,6 +51,7 @@ from fednovelty.federated.init import round_seed
 from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointState
 from fednovelty.federated.joint_scores import learner_log_probs
 from fednovelty.federated.privacy import backed, effective_rows, stats_backing
+from fednovelty.federated.robust import robust_average_learners, robust_stats
 from fednovelty.federated.validation import (
     Shape,
     check_counts_within,
@@ -54,7 +59,13 @@ from fednovelty.federated.validation import (
     covariance_shape,
     expectation,
 )
-from fednovelty.mixture import MixtureParams, SufficientStats, log_gaussian_prob, stats_from_resp
+from fednovelty.mixture import (
+    MixtureParams,
+    SufficientStats,
+    log_gaussian_prob,
+    params_from_stats,
+    stats_from_resp,
+)
 from fednovelty.mixture.em import moment_shift
 
 __all__ = ["PFEDEM_KIND", "PFedEM", "PFedEMStep", "paper_gaussians", "pfedem_predict_proba"]
@@ -75,6 +86,29 @@ def paper_gaussians(
     var = (share.unsqueeze(2) * variances).sum(0) + reg_covar
     weights = total / total.sum()
     return MixtureParams.from_covariances(weights, mu, var, "diag")
+
+
+def paper_stats(hard_counts: Tensor, replies: dict[str, Tensor]) -> dict[int, SufficientStats]:
+    """The paper's replies read as per-client diagonal statistics about 0: counts the hard
+    counts (n_clients, K), sums ``counts * client_means`` and second moments ``counts *
+    (client_vars + client_means^2)`` (n_clients, K, d), with each client's
+    ``log_likelihood`` and ``n_samples`` (n_clients,) from ``replies``; what
+    :func:`~fednovelty.federated.robust.robust_stats` combines under a robust
+    ``aggregation`` (a component's between-client spread then counts, unlike Eq. 13)."""
+    means, variances = replies["client_means"], replies["client_vars"]
+    weight = hard_counts.unsqueeze(2)
+    return {
+        c: SufficientStats(
+            counts=hard_counts[c],
+            sums=weight[c] * means[c],
+            second=weight[c] * (variances[c] + means[c].square()),
+            shift=means.new_zeros(means.shape[2]),
+            log_likelihood=replies["log_likelihood"][c],
+            n_samples=replies["n_samples"][c],
+            covariance_type="diag",
+        )
+        for c in range(hard_counts.shape[0])
+    }
 
 
 def pfedem_predict_proba(
@@ -151,7 +185,9 @@ class PFedEMStep(JointEMStep):
         hard = torch.stack([r.tensors["hard_counts"] for r in replies.values()]).to(
             config.device, config.dtype
         )
-        state.learners = average_learners(state.learners, list(replies.values()), hard)
+        state.learners = robust_average_learners(
+            state.learners, list(replies.values()), hard, config.aggregation, config.trim
+        )
         for cid, counts in zip(replies, hard, strict=True):
             if float(counts.sum()) > 0:
                 state.client_weights[cid] = counts / counts.sum()
@@ -165,9 +201,14 @@ class PFedEMStep(JointEMStep):
                 )
                 for name in ("client_means", "client_vars", "log_likelihood", "n_samples")
             }
-            state.params = paper_gaussians(
-                hard, t["client_means"], t["client_vars"], config.reg_covar
-            )
+            if config.aggregation == "sum":
+                state.params = paper_gaussians(
+                    hard, t["client_means"], t["client_vars"], config.reg_covar
+                )
+            else:
+                per_client = paper_stats(hard, t)
+                combined = robust_stats(per_client, config.trim)
+                state.params = params_from_stats(combined, config.reg_covar)
             stats = _totals(t["log_likelihood"].sum(), t["n_samples"].sum(), state.params)
         state.joint_counts = torch.diag(hard.sum(0))
         done, lower_bound = self.gaussian.advance(state, stats)

@@ -85,6 +85,11 @@ EXTENSIVE: tuple[str, ...] = (
     "n_samples",
     "m2",
     "joint_counts",
+    "hard_counts",
+    "far_counts",
+    "far_sums",
+    "far_second",
+    "scatter",
 )
 
 

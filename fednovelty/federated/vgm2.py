@@ -57,13 +57,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import average_params
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import VGM2Config
 from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.learners import initial_parameters, logits
 from fednovelty.federated.privacy import client_backing
+from fednovelty.federated.robust import robust_average_params
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -442,8 +442,11 @@ class VGM2Step(Step):
             weights = n.to(like)
             encoders = [_unnamed("encoder.", r.tensors) for r in replies.values()]
             heads = [_unnamed("head.", r.tensors) for r in replies.values()]
-            state.global_encoder = average_params(state.global_encoder, encoders, weights)
-            state.global_head = average_params(state.global_head, heads, weights)
+            robust = (self.config.robust_aggregation, self.config.trim)
+            state.global_encoder = robust_average_params(
+                state.global_encoder, encoders, weights, *robust
+            )
+            state.global_head = robust_average_params(state.global_head, heads, weights, *robust)
         elif method == "prototype":
             counts = torch.stack([r.tensors["class_counts"] for r in replies.values()])
             protos = torch.stack([r.tensors["prototypes"] for r in replies.values()])

@@ -21,7 +21,11 @@ from sklearn.metrics import roc_auc_score
 
 from fednovelty.exceptions import SingularCovarianceError
 from fednovelty.federated import FederatedEM, Message
+from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.init import robust_centroid_replies
+from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
 from fednovelty.federated.robust import (
     EXTENSIVE,
     coordinate_median,
@@ -32,6 +36,8 @@ from fednovelty.federated.robust import (
 )
 from fednovelty.federated.streaming import StreamingEM
 from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.vgm2 import VGM2, embed, encoder_template, head_template
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation
@@ -200,10 +206,9 @@ def test_fedvb_trimmed_stops_a_consistent_liar(seed) -> None:
 
 
 def test_fedvb_trimmed_survives_a_far_centroid() -> None:
+    """(Under "sum" the server gate's box from the vb_prior round drops it too.)"""
     data = clients(0)
     reference = _vb_auroc(fit(_vb("sum", 0), data[:LIAR]), 0)
-    with pytest.raises(SingularCovarianceError):
-        fit(_vb("sum", 0), data, far_centroid)
     assert _vb_auroc(fit(_vb("trimmed", 0), data, far_centroid), 0) >= reference - CLOSE
 
 
@@ -264,3 +269,143 @@ def test_streaming_trimmed_costs_little_on_honest_federations() -> None:
     data = clients(0, liar=False)
     plain = _auroc(fit(_window("sum", 0), data).params, 0)
     assert _auroc(fit(_window("trimmed", 0), data).params, 0) >= plain - CLOSE
+
+
+# ---------------------------------------------------------------------- learner families
+def labelled(seed: int, liar: bool = True, n: int = 150):
+    """Ten clients of (rows, blob labels); the liar's labels are shifted by one class."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for c in range(N_CLIENTS):
+        y = torch.randint(0, 3, (n,), generator=gen)
+        X = BLOBS.double()[y] + torch.randn(n, D, generator=gen, dtype=torch.float64)
+        out.append((X, (y + 1) % 3 if liar and c == LIAR else y))
+    return out
+
+
+def labelled_held_out(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    X, y = labelled(2000 + seed, liar=False, n=300)[0]
+    return X, y
+
+
+def accuracy(proba: torch.Tensor, y: torch.Tensor) -> float:
+    return float((proba.argmax(1) == y).double().mean())
+
+
+def _joint(aggregation: str, seed: int):
+    return lambda: JointFedGMM(
+        1, 1, 3, max_iter=8, learning_rate=0.5, aggregation=aggregation, random_state=seed
+    )
+
+
+def _joint_accuracy(state, seed: int) -> float:
+    X, y = labelled_held_out(seed)
+    template = JointFedGMM(1, 1, 3)._template(D)
+    return accuracy(learner_log_probs(template, state.learners, X)[:, 0], y)
+
+
+def _pfedem(aggregation: str, seed: int):
+    return lambda: PFedEM(
+        2, 3, max_iter=8, learning_rate=0.5, aggregation=aggregation, random_state=seed
+    )
+
+
+def _pfedem_accuracy(state, seed: int) -> float:
+    X, y = labelled_held_out(seed)
+    template = PFedEM(2, 3)._template(D)
+    return accuracy(pfedem_predict_proba(template, state.learners, X, state.params.weights), y)
+
+
+def _vgm2(aggregation: str, seed: int):
+    return lambda: VGM2(
+        method="fedavg",
+        n_features=D,
+        n_classes=3,
+        rounds=5,
+        local_epochs=2,
+        hidden=16,
+        embedding_dim=4,
+        learning_rate=1e-2,
+        robust_aggregation=aggregation,
+        random_state=seed,
+        dtype=torch.float64,
+    )
+
+
+def _vgm2_accuracy(state, seed: int) -> float:
+    X, y = labelled_held_out(seed)
+    config = _vgm2("sum", seed)().config
+    Z = embed(encoder_template(config), state.global_encoder, X)
+    out = torch.func.functional_call(head_template(config), state.global_head, (Z,))
+    return accuracy(out, y)
+
+
+def _clustered(aggregation: str, seed: int):
+    return lambda: ClusteredFL(
+        "FedAvg+",
+        D,
+        3,
+        n_clusters=2,
+        rounds=8,
+        learner_factory="linear",
+        learning_rate=0.1,
+        aggregation=aggregation,
+        random_state=seed,
+        dtype=torch.float64,
+    )
+
+
+def _clustered_accuracy(state, seed: int) -> float:
+    X, y = labelled_held_out(seed)
+    config = _clustered("sum", seed)().config
+    return accuracy(ensemble_proba(model_template(config), state, X), y)
+
+
+#: family -> (algorithm factory by aggregation and seed, accuracy of a final state, the
+#: robust aggregations it has besides "sum").
+LEARNER_FAMILIES = {
+    "JointFedGMM": (_joint, _joint_accuracy, ("trimmed",)),
+    "PFedEM": (_pfedem, _pfedem_accuracy, ("trimmed",)),
+    "VGM2-fedavg": (_vgm2, _vgm2_accuracy, ("trimmed", "median")),
+    "ClusteredFL": (_clustered, _clustered_accuracy, ("trimmed", "median")),
+}
+CASES = [(f, a) for f, (_, _, robust) in LEARNER_FAMILIES.items() for a in robust]
+
+
+@pytest.mark.parametrize(("family", "aggregation"), CASES)
+def test_learner_families_stop_a_consistent_liar(family, aggregation) -> None:
+    make, score, _ = LEARNER_FAMILIES[family]
+    data = labelled(0)
+    reference = score(fit(make("sum", 0), data[:LIAR]), 0)
+    robust = score(fit(make(aggregation, 0), data, scaled), 0)
+    plain = score(fit(make("sum", 0), data, scaled), 0)
+    assert robust >= reference - CLOSE
+    assert plain < reference - 0.3  # the liar's shifted labels win without the option
+
+
+@pytest.mark.parametrize(("family", "aggregation"), CASES)
+def test_learner_families_robust_options_cost_little_on_honest_federations(
+    family, aggregation
+) -> None:
+    make, score, _ = LEARNER_FAMILIES[family]
+    data = labelled(0, liar=False)
+    plain = score(fit(make("sum", 0), data), 0)
+    assert score(fit(make(aggregation, 0), data), 0) >= plain - CLOSE
+
+
+@pytest.mark.parametrize("family", ["JointFedGMM", "PFedEM"])
+def test_gaussian_learner_families_survive_a_far_centroid(family) -> None:
+    make, score, _ = LEARNER_FAMILIES[family]
+    data = labelled(0)
+    reference = score(fit(make("sum", 0), data[:LIAR]), 0)
+    assert score(fit(make("trimmed", 0), data, far_centroid), 0) >= reference - CLOSE
+
+
+def test_options_a_family_lacks_are_refused_by_name() -> None:
+    pfedem_has = r"one of \('sum', 'trimmed'\) \(the robust options PFedEMConfig has\)"
+    with pytest.raises(ValueError, match=pfedem_has):
+        PFedEM(2, 3, aggregation="median")
+    with pytest.raises(ValueError, match=r"robust_aggregation .*VGM2 with method='prototype'"):
+        VGM2(method="prototype", n_features=D, n_classes=3, robust_aggregation="median")
+    with pytest.raises(ValueError, match="VBOneShotConfig has"):
+        FederatedVBOneShot(3, aggregation="trimmed")
