@@ -37,6 +37,10 @@ Choices, and why:
   ``docs/variational.md``). The fitted attributes and the saved file are the same either
   way (the posterior); ``lower_bounds_`` is empty and ``n_iter_`` the most local
   iterations for one-shot fits.
+- Robust options against a lying client (``docs/robust.md``): ``robust_aggregation``
+  (``"sum"`` or ``"trimmed"``), ``trim`` and ``client_weight_cap``, the algorithms'
+  ``aggregation``, ``trim`` and ``client_weight_cap`` (named ``robust_aggregation`` here
+  because ``aggregation`` already picks the exact or one-shot rule, a different choice).
 - Not here (yet): client sampling and dropout (the exact posterior needs every client each
   round), standardisation and PCA (``FederatedVB`` rejects them), personal weights.
 """
@@ -53,7 +57,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -125,6 +129,13 @@ class FedVBDetector(MixtureDetector):
             posteriors) or ``"moment"`` (moment matching); one-shot fits initialise locally
             with k-means (``init_params="kmeans"``, no ``*_init``) and take
             ``covariance_type`` ``full``, ``diag`` or ``spherical``.
+        robust_aggregation: the robust combination of the exact fit's statistics
+            (``aggregation`` names the exact or one-shot rule here): ``"sum"`` (default) or
+            ``"trimmed"`` (:func:`~fednovelty.federated.robust.robust_stats`, and a robust
+            k-means first round; ``docs/robust.md``); one-shot fits have ``"sum"`` only.
+        trim: share of clients ``robust_aggregation="trimmed"`` leaves out at each end.
+        client_weight_cap: no client counts for more than this many times the median
+            client's row count (``None``: no cap); both fits.
         match_threshold: one-shot matching: a client component opens a new slot when its
             divergence to the closest slot exceeds this share of its divergence to the
             pooled data (> 0; ignored by ``"exact"``).
@@ -183,6 +194,8 @@ class FedVBDetector(MixtureDetector):
         "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
         "aggregation": [StrOptions({"exact", "natural", "moment"})],
         "match_threshold": [Interval(Real, 0.0, None, closed="neither")],
+        "robust_aggregation": [StrOptions({"sum", "trimmed"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -209,6 +222,9 @@ class FedVBDetector(MixtureDetector):
         weight_threshold=1e-2,
         aggregation="exact",
         match_threshold=0.5,
+        robust_aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -237,6 +253,9 @@ class FedVBDetector(MixtureDetector):
         self.weight_threshold = weight_threshold
         self.aggregation = aggregation
         self.match_threshold = match_threshold
+        self.robust_aggregation = robust_aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -319,6 +338,9 @@ class FedVBDetector(MixtureDetector):
             max_iter=self.max_iter,
             kmeans_rounds=self.kmeans_rounds,
             subset_size=self.subset_size,
+            aggregation=self.robust_aggregation,
+            trim=self.trim,
+            client_weight_cap=self.client_weight_cap,
             random_state=seed,
             **self._torch_options(),
         )
@@ -367,10 +389,17 @@ class FedVBDetector(MixtureDetector):
                 f"aggregation={self.aggregation!r} (one shot) takes covariance_type 'full', "
                 "'diag' or 'spherical'; use aggregation='exact' for 'tied'."
             )
+        if self.robust_aggregation != "sum":
+            raise ValueError(
+                f"aggregation={self.aggregation!r} (one shot) has robust_aggregation='sum' "
+                f"only (and client_weight_cap), got {self.robust_aggregation!r}; use "
+                "aggregation='exact' for the trimmed combination."
+            )
         algorithm = FederatedVBOneShot(
             self.n_components,
             posterior_aggregation=self.aggregation,
             match_threshold=self.match_threshold,
+            client_weight_cap=self.client_weight_cap,
             **self._prior_settings(),
             reg_covar=self.reg_covar,
             tol=self.tol,

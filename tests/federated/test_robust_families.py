@@ -12,6 +12,7 @@ alone; the held-out rows are inliers of the blobs and anomalies where the liar's
 from __future__ import annotations
 
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 from scipy.stats import trim_mean
 from sklearn.metrics import roc_auc_score
 
+from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.exceptions import SingularCovarianceError
 from fednovelty.federated import FederatedEM, Message
 from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
@@ -409,3 +411,28 @@ def test_options_a_family_lacks_are_refused_by_name() -> None:
         VGM2(method="prototype", n_features=D, n_classes=3, robust_aggregation="median")
     with pytest.raises(ValueError, match="VBOneShotConfig has"):
         FederatedVBOneShot(3, aggregation="trimmed")
+
+
+# ---------------------------------------------------------------------- detectors
+def test_fedvb_detector_reaches_the_robust_options() -> None:
+    data = clients(0)
+    X = torch.cat(data).numpy()
+    groups = np.repeat(np.arange(N_CLIENTS), 200)
+    held, y = held_out(0)
+
+    def detector_auroc(**options) -> float:
+        algorithm = FederatedVB  # the liar forges replies of the detector's own algorithm
+
+        def build(n_components, **settings):
+            inner = algorithm(n_components, **settings)
+            return WithForger(inner, LIAR, scaled(inner))
+
+        with mock.patch("fednovelty.detectors.variational.FederatedVB", build):
+            detector = FedVBDetector(6, random_state=0, privacy_min_rows=1, **options)
+            detector.fit(X, groups=groups)
+        return roc_auc_score(y, detector.decision_function(held.numpy()))
+
+    assert detector_auroc(robust_aggregation="trimmed") > 0.99
+    assert detector_auroc() < 0.7
+    with pytest.raises(ValueError, match="robust_aggregation='sum'"):
+        FedVBDetector(3, aggregation="moment", robust_aggregation="trimmed").fit(X, groups=groups)
