@@ -253,36 +253,39 @@ def backed_mixture(params: MixtureParams, n_rows: int, min_rows: int) -> Mixture
     return MixtureParams(weights / weights.sum(), params.means[keep], prec, params.covariance_type)
 
 
-def joint_backing(q: Tensor, min_rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """What a client of the joint model (FedGMM) may release, from its joint
+def joint_rows(q: Tensor, min_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """What backs what a client of the joint model (FedGMM) releases, from its joint
     responsibilities.
 
     A learner is backed by the effective rows of its training weights ``sum_m1 q``; a cell
-    ``(m1, m2)`` by those of ``q(m1, m2)`` (and needs its learner); a Gaussian by those of
-    its responsibilities over the kept cells, ``sum_{m2 kept} q(m1, m2)``, so that the
-    Gaussian's released count equals its row of the released joint counts.
+    ``(m1, m2)`` by those of ``q(m1, m2)``, and by none when its learner is below the floor;
+    a Gaussian by those of its responsibilities over the backed cells,
+    ``sum_{m2 backed} q(m1, m2)``, so that the Gaussian's released count equals its row of
+    the released joint counts; a cell of a Gaussian below the floor is backed by none.
 
     Args:
         q: ``q_i(m1, m2)``, shape (n_samples, M1, M2), each row summing to 1.
         min_rows: the floor.
 
     Returns:
-        Bool tensors ``(gaussians, cells, learners)`` of shapes (M1,), (M1, M2) and (M2,);
-        a kept cell's Gaussian and learner are kept. With ``min_rows=1`` (no floor) all
-        are kept.
+        Effective rows ``(gaussians, cells, learners)`` of shapes (M1,), (M1, M2) and (M2,);
+        with ``min_rows=1`` (no floor) every entry is backed by the row count.
     """
+    n, k1, k2 = q.shape
     if min_rows <= 1:
-        k1, k2 = q.shape[1:]
-        everything = torch.ones(k1, k2, dtype=torch.bool, device=q.device)
+        everything = q.new_full((k1, k2), float(n))
         return everything[:, 0], everything, everything[0]
+    learners = resp_rows(q.sum(1))
+    cells = torch.where(backed(learners, min_rows).unsqueeze(0), resp_rows(q), 0.0)
+    gaussians = resp_rows((q * backed(cells, min_rows).to(q.dtype)).sum(2))
+    return gaussians, torch.where(backed(gaussians, min_rows).unsqueeze(1), cells, 0.0), learners
 
-    def rows_behind(weights: Tensor) -> Tensor:  # (n, ...) -> (...) effective rows
-        return effective_rows(weights.sum(0), weights.square().sum(0))
 
-    learners = backed(rows_behind(q.sum(1)), min_rows)
-    cells = backed(rows_behind(q), min_rows) & learners.unsqueeze(0)
-    gaussians = backed(rows_behind((q * cells.to(q.dtype)).sum(2)), min_rows)
-    return gaussians, cells & gaussians.unsqueeze(1), learners
+def joint_backing(q: Tensor, min_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Which Gaussians, cells and learners of the joint model a client may release:
+    :func:`joint_rows` at the floor, bool tensors (M1,), (M1, M2), (M2,); a kept cell's
+    Gaussian and learner are kept."""
+    return tuple(backed(rows, min_rows) for rows in joint_rows(q, min_rows))
 
 
 def deviation_rows(values: Tensor) -> Tensor:
@@ -334,6 +337,25 @@ def stats_backing(
     return {"counts": rows, "sums": rows, "second": second, "log_likelihood": n, "n_samples": n}
 
 
+def client_backing(tensors: Mapping[str, Tensor], n_rows: float) -> dict[str, Tensor]:
+    """Every tensor of ``tensors`` backed as a whole by the client's ``n_rows`` rows (a
+    ``"client"`` total such as a row count, feature moments or a scatter, or a model
+    trained on all of them): name -> () tensor."""
+    return {name: torch.tensor(float(n_rows), dtype=torch.float64) for name in tensors}
+
+
+def resp_rows(resp: Tensor) -> Tensor:
+    """Effective rows behind each column of responsibilities (or any non-negative
+    weights) ``resp`` (n_samples, n_components): (n_components,)."""
+    return effective_rows(resp.sum(0), resp.square().sum(0))
+
+
+def unfloored(rows: Tensor, n_rows: float, policy: PrivacyPolicy) -> Tensor:
+    """``rows``, or, for a policy without a floor (``min_rows=1``), the client's row count
+    in their place: every entry is then released, as the unprotected protocol does."""
+    return rows if policy.has_floor else torch.full_like(rows, float(n_rows))
+
+
 #: rows whose deviations give the candidate directions of :func:`contrast_rows`.
 CONTRAST_CANDIDATES = 256
 
@@ -372,6 +394,39 @@ def contrast_rows(values: Tensor) -> Tensor:
     differences = values[groups[:, 1:]] - values[groups[:, :1]]  # (n_groups, C - 1, C)
     directions = torch.linalg.svd(differences, full_matrices=True).Vh[:, -1, :]
     return torch.minimum(single, deviation_rows(values @ directions.T).min())
+
+
+def contrast_backed(values: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
+    """The rows whose per-row values may be summed and released: all of them when their
+    sums are backed (:func:`contrast_rows` >= ``min_rows``), else all but the ``m`` rows
+    farthest from the median (``m`` = 1, 2, 4, ... up to half the rows), the fewest left
+    out that back the sums of the others. An honest client's outlying row can make a
+    contrast of its sums (two clusters' mean log-likelihoods) mostly that row's value;
+    leaving it out of the sums releases nothing of it.
+
+    Args:
+        values: per-row values, (n_samples, C).
+        min_rows: the floor.
+
+    Returns:
+        ``(keep, rows)``: bool (n_samples,), the rows summed, and the effective rows behind
+        their sums (a () tensor; below ``min_rows`` when no such ``m`` backs them).
+    """
+    n = values.shape[0]
+    keep = torch.ones(n, dtype=torch.bool, device=values.device)
+    rows = contrast_rows(values)
+    if bool(backed(rows, min_rows)) or n == 0:
+        return keep, rows
+    order = (values - values.median(0).values).norm(dim=1).argsort(descending=True)
+    m = 1
+    while m <= n // 2:
+        trial = keep.clone()
+        trial[order[:m]] = False
+        trial_rows = contrast_rows(values[trial])
+        if bool(backed(trial_rows, min_rows)):
+            return trial, trial_rows
+        m *= 2
+    return keep, rows
 
 
 def _windows(index: Tensor, size: int) -> Tensor:
@@ -501,13 +556,18 @@ __all__ = [
     "PrivacyPolicy",
     "backed",
     "backed_mixture",
+    "client_backing",
+    "contrast_backed",
     "contrast_rows",
     "deviation_rows",
     "effective_rows",
     "joint_backing",
+    "joint_rows",
     "merge_small_clusters",
     "release",
+    "resp_rows",
     "stats_backing",
     "suppress_components",
     "trimmed_range",
+    "unfloored",
 ]
