@@ -60,7 +60,7 @@ from fednovelty.federated.config import ClusteredEMConfig, EMConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
 from fednovelty.federated.em import EMState, EMStep, em_steps
 from fednovelty.federated.init import combine_stats
-from fednovelty.federated.privacy import contrast_rows
+from fednovelty.federated.privacy import contrast_backed
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -466,7 +466,14 @@ class ClusteredEMStep(Step):
             X, floats["means"], floats["precisions_cholesky"], self.config.covariance_type
         )
         per_row = row_log_likelihoods(log_prob, cluster_log_weights)  # (n, C)
-        scores = per_row.mean(0)
+        # every cluster row's score is backed by the rows behind any contrast of the scores;
+        # rows that alone would make up a contrast are left out of the scores
+        finite = torch.isfinite(per_row).all(0)
+        summed = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
+        behind = X.new_zeros(())
+        if bool(finite.any()):
+            summed, behind = contrast_backed(per_row[:, finite], context.policy.min_rows)
+        scores = per_row[summed].mean(0)
         cluster = int(torch.argmax(scores))  # the first of tied maxima
         if "assignment" in t and context.client_id < t["assignment"].shape[0]:
             given = int(t["assignment"][context.client_id])
@@ -492,9 +499,6 @@ class ClusteredEMStep(Step):
         context.state["cluster"] = torch.tensor(cluster)
         if reply.scalars.get("skipped"):
             return skipped_reply("cluster_em", str(reply.scalars.get("reason", "")))
-        # every cluster row's score is backed by the rows behind any contrast of the scores
-        finite = torch.isfinite(per_row).all(0)
-        behind = contrast_rows(per_row[:, finite]) if bool(finite.any()) else X.new_zeros(())
         return Message(
             "cluster_em",
             {**reply.tensors, "cluster_log_likelihood": scores},
