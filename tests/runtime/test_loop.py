@@ -15,6 +15,7 @@ import torch
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FederatedAlgorithm, Message
 from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, run_rounds
@@ -63,7 +64,7 @@ class Rounds(FederatedAlgorithm):
 def reply(n_rows: float = 10.0, value: float = 1.0) -> Message:
     tensors = {"n_samples": torch.tensor(n_rows, dtype=torch.float64)}
     tensors["value"] = torch.tensor([value, value], dtype=torch.float64)
-    return Message("tick", tensors)
+    return Message("tick", tensors, backing=client_backing(tensors, n_rows))
 
 
 class Scripted(Transport):
@@ -274,7 +275,7 @@ def test_run_simulation_runs_the_shared_loop_with_its_transport(monkeypatch) -> 
         return shared(algorithm, transport, **kwargs)
 
     monkeypatch.setattr(loop, "run_rounds", spy)
-    clients = [torch.ones(c + 3, D, dtype=torch.float64) for c in range(4)]
+    clients = [torch.ones(c + 5, D, dtype=torch.float64) for c in range(4)]
     result = run_simulation(Rounds(n_rounds=2), clients, fraction=0.5, min_clients=2)
     assert len(calls) == 1
     transport, kwargs = calls[0]

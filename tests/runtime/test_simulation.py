@@ -15,6 +15,7 @@ import torch
 from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated import ClientContext, FederatedAlgorithm, FederatedEM, Message
 from fednovelty.federated.declarations import ReplySpec
+from fednovelty.federated.privacy import client_backing
 from fednovelty.runtime import RoundRecord, run_simulation
 
 #: what a ``tick`` reply holds: ``client_id + 1`` zeros and the row count.
@@ -55,14 +56,11 @@ class CountingAlgorithm(FederatedAlgorithm):
         self.client_calls.append((int(message.scalars["round"]), context.client_id))
         seen = context.state.get("seen", torch.zeros((), dtype=torch.int64))
         context.state["seen"] = seen + 1
-        return Message(
-            "tick",
-            {
-                "data": torch.zeros(context.client_id + 1, dtype=torch.float64),
-                "n": torch.tensor([float(X.shape[0])], dtype=torch.float32),
-            },
-            {"status": "ok"},
-        )
+        tensors = {
+            "data": torch.zeros(context.client_id + 1, dtype=torch.float64),
+            "n": torch.tensor([float(X.shape[0])], dtype=torch.float32),
+        }
+        return Message("tick", tensors, {"status": "ok"}, backing=client_backing(tensors, len(X)))
 
     def server_step(self, state: dict, replies: dict[int, Message]):
         self.replies.append(dict(replies))
@@ -78,7 +76,8 @@ def reply_bytes(client_id: int) -> int:
 
 
 def make_clients(n_clients: int = 6) -> list[torch.Tensor]:
-    return [torch.ones(c + 2, 3, dtype=torch.float64) for c in range(n_clients)]
+    """Clients of 5, 6, ... rows (each at the default privacy floor or above)."""
+    return [torch.ones(c + 5, 3, dtype=torch.float64) for c in range(n_clients)]
 
 
 def test_history_records_rounds_and_bytes():
@@ -96,12 +95,12 @@ def test_history_records_rounds_and_bytes():
         assert record.bytes_up == sum(m.nbytes() for m in replies.values())
         assert record.bytes_down == (4 * 8 + 8) * 4
         assert record.seconds >= 0
-        assert record.metrics == {"n_rows": 2 + 3 + 4 + 5, "phase": "tick"}
+        assert record.metrics == {"n_rows": 5 + 6 + 7 + 8, "phase": "tick"}
     assert result.bytes_up == 3 * sum(reply_bytes(c) for c in range(4))
     assert result.bytes_down == 3 * 40 * 4
     as_dict = history[0].as_dict()
     assert as_dict["round"] == 1 and as_dict["n_sampled"] == 4 and as_dict["n_replied"] == 4
-    assert as_dict["n_rows"] == 14
+    assert as_dict["n_rows"] == 26
     # Client state persists across rounds and is returned.
     assert {c: int(s["seen"]) for c, s in result.client_states.items()} == {
         0: 3,
@@ -113,7 +112,7 @@ def test_history_records_rounds_and_bytes():
 
 def test_dict_clients_keep_their_ids():
     algorithm = CountingAlgorithm(n_rounds=1)
-    clients = {10: torch.ones(2, 3), 3: torch.ones(5, 3)}
+    clients = {10: torch.ones(6, 3), 3: torch.ones(5, 3)}
     result = run_simulation(algorithm, clients)
     assert result.history[0].sampled == (3, 10)
     assert result.history[0].bytes_up == reply_bytes(3) + reply_bytes(10)
@@ -318,6 +317,6 @@ def test_a_labelled_algorithm_without_labels_is_named_by_client():
 
     rows = make_clients(2)
     with pytest.raises(ClientDataError, match="client 1: this algorithm needs labelled data"):
-        run_simulation(Labelled(n_rounds=1), {0: (rows[0], torch.zeros(2)), 1: rows[1]})
+        run_simulation(Labelled(n_rounds=1), {0: (rows[0], torch.zeros(len(rows[0]))), 1: rows[1]})
     labelled = [(X, torch.zeros(len(X))) for X in rows]
     assert len(run_simulation(Labelled(n_rounds=1), labelled).history) == 1

@@ -18,6 +18,7 @@ from fednovelty.detectors import FedGMMDetector
 from fednovelty.federated import FederatedAlgorithm, Message
 from fednovelty.federated.declarations import ReplySpec
 from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.privacy import client_backing
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime import threads as threads_module
 from fednovelty.runtime.threads import (
@@ -89,7 +90,8 @@ class RecordingAlgorithm(FederatedAlgorithm):
         self.client_threads.append(torch.get_num_threads())
         if self.fail_in == "client":
             raise RuntimeError("client step failed")
-        return Message(self.kind, {"n_samples": torch.tensor(float(X.shape[0]))})
+        tensors = {"n_samples": torch.tensor(float(X.shape[0]))}
+        return Message(self.kind, tensors, backing=client_backing(tensors, X.shape[0]))
 
     def server_step(self, state, replies):
         self.server_threads.append(torch.get_num_threads())
