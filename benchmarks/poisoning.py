@@ -56,10 +56,26 @@ does (K by BIC in 1..10 on clients and server, ``H = 100``, same remedies). Both
 in-process engine with its default privacy policy; the score is
 ``fednovelty.mixture.score_samples(params, X)``.
 
+**The other families** (``--families``): FedVB, StreamingEM, JointFedGMM, pFedEM,
+VGM2's FedAvg baseline and ClusteredFL (FedAvg+) on a synthetic task (:func:`family_task`:
+three Gaussian classes in ``FAMILY_D`` features, ten clients of ``FAMILY_ROWS`` rows; the
+liar, client 9, holds rows ``FAMILY_FAR`` away for the mixtures, and rows of the classes
+with labels shifted by one class for the classifiers). Attacks: ``scale-1e10`` (every sum
+over rows of every reply x 1e10, from the first reply on; the ``EXTENSIVE`` tensors) and
+``far-centroid`` (honest, but its first
+k-means centroid at 1e133; the families that start with federated k-means). Defences:
+``sum`` (the default) and each robust ``aggregation`` the family has, ``trimmed`` at 0.1
+and, for the model-update families, ``median``. Reference: the nine honest clients alone
+(``absent``); cost: the ten clients with the liar honest (``none``). The score is the
+AUROC of ``-log p(x)`` (inliers against anomalies where the liar's rows lie and in a wide
+box) for the mixtures, the accuracy on held-out rows for the classifiers. Written to
+``<out>/poisoning_families.csv`` and ``poisoning_families.md``.
+
 Run (about 17 minutes on 2 shared cores)::
 
     .venv/bin/python benchmarks/poisoning.py               # 4 datasets x 3 seeds
     .venv/bin/python benchmarks/poisoning.py --quick       # smoke run: 4_breastw, seed 0
+    .venv/bin/python benchmarks/poisoning.py --families    # the other families, 3 seeds
 
 It prints one line per (dataset, algorithm, attack, attackers, defence) with mean +- std
 over seeds of both AUROCs, the replies the validation dropped per fit and the seconds per
@@ -96,9 +112,17 @@ from fednovelty.detectors.base import PRIOR_SCALE
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.base import ClientContext
+from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
 from fednovelty.federated.robust import EXTENSIVE
+from fednovelty.federated.streaming import StreamingEM
+from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vgm2 import VGM2, embed, encoder_template, head_template
 from fednovelty.mixture import score_samples
-from fednovelty.runtime import simulation
+from fednovelty.mixture.variational import vb_predictive_log_prob
+from fednovelty.runtime import loop, simulation
 
 OUT = Path(__file__).resolve().parent / "results"
 DATASETS = ("4_breastw", "29_Pima", "7_Cardiotocography", "22_magic.gamma")
@@ -187,6 +211,7 @@ class _AcceptAll:
 
     def __init__(self, n_features: int | None = None) -> None:
         self.n_features = n_features
+        self.specs = None  # the loop hands it the algorithm's declarations; unread
 
     def accept(self, broadcast, replies, widths=None):
         return {c: replies[c] for c in sorted(replies)}, {}
@@ -194,11 +219,15 @@ class _AcceptAll:
 
 @contextmanager
 def validation(on: bool) -> Iterator[None]:
-    """Run the in-process engine with (``on``) or without its reply validation."""
+    """Run the in-process engine with (``on``) or without its reply validation and the
+    first round's gross screen (``fednovelty.federated.plausible``)."""
     if on:
         yield
         return
-    with mock.patch.object(simulation, "ReplyValidator", _AcceptAll):
+    with (
+        mock.patch.object(simulation, "ReplyValidator", _AcceptAll),
+        mock.patch.object(loop, "gross_screen", lambda message, replies: {}),
+    ):
         yield
 
 
@@ -346,6 +375,21 @@ class WithAttackers(FederatedAlgorithm):
 
     def reply_spec(self, kind):
         return self.inner.reply_spec(kind)
+
+    def answer(self, X, message, context) -> Message:
+        """Honest clients answer through their client gate; an attacker sends its forgery
+        past its own (a liar does not hold itself to its policy)."""
+        if context.client_id in self.attackers:
+            return self.client_step(X, message, context)
+        return super().answer(X, message, context)
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    @property
+    def labelled(self) -> bool:
+        return getattr(self.inner, "labelled", False)
 
     def client_step(self, X, message, context) -> Message:
         attacker = context.client_id in self.attackers
@@ -598,6 +642,242 @@ def summary(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- the other families
+FAMILY_D, FAMILY_ROWS, FAMILY_FAR, FAMILY_FACTOR = 4, 200, 10.0, 1e10
+FAMILY_ATTACKS = ("scale-1e10", "far-centroid")
+#: families whose first round is federated k-means (the far-centroid attack applies).
+KMEANS_FAMILIES = ("FederatedVB", "JointFedGMM", "PFedEM")
+
+
+def family_task(seed: int, liar: str = "", n: int = FAMILY_ROWS, gen=None):
+    """Ten clients ``(X, y)`` of three Gaussian classes (centres 0, 4 e_1, 4 e_2, unit
+    variance); client 9's rows lie ``FAMILY_FAR`` away in every feature (``liar="far"``,
+    for the mixtures) or keep their class centres with labels shifted by one class
+    (``liar="labels"``, for the classifiers); ``""``: honest like the others."""
+    gen = gen or torch.Generator().manual_seed(seed)
+    centres = torch.zeros(3, FAMILY_D, dtype=torch.float64)
+    centres[1, 0] = centres[2, 1] = 4.0
+    out = []
+    for c in range(N_CLIENTS):
+        y = torch.randint(0, 3, (n,), generator=gen)
+        X = centres[y] + torch.randn(n, FAMILY_D, generator=gen, dtype=torch.float64)
+        if liar == "far" and c == N_CLIENTS - 1:
+            X = X - centres[y] + FAMILY_FAR
+        elif liar == "labels" and c == N_CLIENTS - 1:
+            y = (y + 1) % 3
+        out.append((X, y))
+    return out
+
+
+def family_held_out(seed: int):
+    """``(X, y_class, X_novelty, y_novel)``: 600 held-out rows of the classes, and for the
+    mixtures those rows' first 500 against 100 rows where the liar's lie and 100 in a box."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    parts = family_task(seed, n=60, gen=gen)
+    X, y = torch.cat([X for X, _ in parts]), torch.cat([y for _, y in parts])
+    far = FAMILY_FAR + torch.randn(100, FAMILY_D, generator=gen, dtype=torch.float64)
+    box = torch.rand(100, FAMILY_D, generator=gen, dtype=torch.float64) * 20 - 8
+    novelty = torch.cat([X[:500], far, box])
+    return X, y, novelty, np.r_[np.zeros(500), np.ones(200)]
+
+
+def scale_1e10(inner, X, message, context) -> Message:
+    """Every sum over rows x ``FAMILY_FACTOR``."""
+    return scaled(inner.client_step(X, message, context), FAMILY_FACTOR)
+
+
+def far_centroid(inner, X, message, context) -> Message:
+    """Honest, but the first k-means centroid at 1e133."""
+    reply = inner.client_step(X, message, context)
+    if message.kind != "centroids" or reply.scalars.get("skipped"):
+        return reply
+    centers = reply.tensors["centers"].clone()
+    centers[0] = 1e133
+    return Message(reply.kind, {**reply.tensors, "centers": centers}, dict(reply.scalars))
+
+
+FAMILY_FORGERS: dict[str, Forge] = {"scale-1e10": scale_1e10, "far-centroid": far_centroid}
+
+
+def _stream_start(seed: int):
+    """The nine honest clients' federated EM mixture: every streaming window's start."""
+    rows = [X for X, _ in family_task(seed)[: N_CLIENTS - 1]]  # the honest nine
+    return simulation.run_simulation(FederatedEM(3, random_state=seed), rows).state.params
+
+
+def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
+    """The family ``name`` on the synthetic task with ``aggregation`` (small settings)."""
+    if name == "FederatedVB":
+        return FederatedVB(6, aggregation=aggregation, random_state=seed)
+    if name == "StreamingEM":
+        p = _stream_start(seed)
+        return StreamingEM(
+            3,
+            weights_init=p.weights,
+            means_init=p.means,
+            precisions_init=p.precisions_cholesky,
+            rounds=3,
+            aggregation=aggregation,
+            random_state=seed,
+        )
+    learning = {"max_iter": 8, "learning_rate": 0.5, "aggregation": aggregation}
+    if name == "JointFedGMM":
+        return JointFedGMM(1, 1, 3, random_state=seed, **learning)
+    if name == "PFedEM":
+        return PFedEM(2, 3, random_state=seed, **learning)
+    if name == "VGM2-fedavg":
+        return VGM2(
+            method="fedavg",
+            n_features=FAMILY_D,
+            n_classes=3,
+            rounds=5,
+            local_epochs=2,
+            hidden=16,
+            embedding_dim=4,
+            learning_rate=1e-2,
+            robust_aggregation=aggregation,
+            random_state=seed,
+            dtype=torch.float64,
+        )
+    if name == "ClusteredFL":
+        return ClusteredFL(
+            "FedAvg+",
+            FAMILY_D,
+            3,
+            n_clusters=2,
+            rounds=8,
+            learner_factory="linear",
+            learning_rate=0.1,
+            aggregation=aggregation,
+            random_state=seed,
+            dtype=torch.float64,
+        )
+    raise ValueError(f"unknown family {name!r}; choose one of {list(FAMILY_AGGREGATIONS)}.")
+
+
+#: family -> the robust aggregations it has besides "sum".
+FAMILY_AGGREGATIONS: dict[str, tuple[str, ...]] = {
+    "FederatedVB": ("trimmed",),
+    "StreamingEM": ("trimmed",),
+    "JointFedGMM": ("trimmed",),
+    "PFedEM": ("trimmed",),
+    "VGM2-fedavg": ("trimmed", "median"),
+    "ClusteredFL": ("trimmed", "median"),
+}
+#: the unsupervised families (scored by AUROC); the others by accuracy.
+MIXTURE_FAMILIES = ("FederatedVB", "StreamingEM")
+
+
+def family_score(name: str, algorithm: FederatedAlgorithm, state, seed: int) -> float:
+    """AUROC (mixtures) or accuracy (classifiers) of a final ``state`` on held-out rows."""
+    X, y, novelty, y_novel = family_held_out(seed)
+    if name == "FederatedVB":
+        return auroc(y_novel, -vb_predictive_log_prob(novelty, state.posterior).numpy())
+    if name == "StreamingEM":
+        return auroc(y_novel, -score_samples(state.params, novelty).numpy())
+    if name == "JointFedGMM":
+        proba = learner_log_probs(algorithm._template(FAMILY_D), state.learners, X)[:, 0]
+    elif name == "PFedEM":
+        template = algorithm._template(FAMILY_D)
+        proba = pfedem_predict_proba(template, state.learners, X, state.params.weights)
+    elif name == "VGM2-fedavg":
+        config = algorithm.config
+        Z = embed(encoder_template(config), state.global_encoder, X)
+        proba = torch.func.functional_call(head_template(config), state.global_head, (Z,))
+    else:
+        proba = ensemble_proba(model_template(algorithm.config), state, X)
+    return float((proba.argmax(1) == y).double().mean())
+
+
+def run_family(name: str, attack: str, aggregation: str, seed: int) -> dict:
+    """One fit of the families' grid; ``attack`` ``"none"`` (the liar honest),
+    ``"absent"`` (the nine honest clients alone) or one of ``FAMILY_ATTACKS``."""
+    row = {"family": name, "attack": attack, "aggregation": aggregation, "seed": seed}
+    liar = "" if attack == "none" else "far" if name in MIXTURE_FAMILIES else "labels"
+    data = family_task(seed, liar=liar)
+    if attack == ABSENT:
+        data = data[: N_CLIENTS - 1]
+    if name in MIXTURE_FAMILIES:
+        data = [X for X, _ in data]
+    inner = make_family(name, aggregation, seed)
+    forge = FAMILY_FORGERS.get(attack)
+    algorithm = WithAttackers(inner, (N_CLIENTS - 1,), forge) if forge else inner
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = simulation.run_simulation(algorithm, data, random_state=seed).state
+        row["score"], row["error"] = family_score(name, inner, state, seed), ""
+    except Exception as error:  # a fit the attack stopped is a result
+        row["score"] = math.nan
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+def family_grid(families, seeds) -> Iterator[tuple[str, str, str, int]]:
+    """``(family, attack, aggregation, seed)`` of every fit of the families' grid."""
+    for name in families:
+        aggregations = ("sum", *FAMILY_AGGREGATIONS[name])
+        attacks = [a for a in FAMILY_ATTACKS if a != "far-centroid" or name in KMEANS_FAMILIES]
+        for seed in seeds:
+            yield name, ABSENT, "sum", seed
+            for attack in ("none", *attacks):
+                for aggregation in aggregations:
+                    yield name, attack, aggregation, seed
+
+
+def family_summary(df: pd.DataFrame) -> str:
+    """Markdown: per family and attack, the mean score over seeds of each aggregation, the
+    reference without the liar beside it."""
+    lines = [
+        "# Poisoning: the other families, one liar of ten",
+        "",
+        f"Synthetic task (three Gaussian classes, d={FAMILY_D}, {N_CLIENTS} clients of "
+        f"{FAMILY_ROWS} rows), means over {df['seed'].nunique()} seed(s). Score: AUROC "
+        "(FederatedVB, StreamingEM) or accuracy (the classifiers). 'liar absent': the nine "
+        "honest clients alone; 'none': the liar's client honest (the options' cost). "
+        "'stopped': the fit raised. Generated by `benchmarks/poisoning.py --families`.",
+        "",
+        "| family | attack | liar absent | sum | trimmed | median |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def text(rows: pd.DataFrame) -> str:
+        if rows.empty:
+            return "-"
+        stopped = int((rows["error"] != "").sum())
+        if stopped == len(rows):
+            return "stopped"
+        value = f"{rows['score'].mean():.3f}"
+        return value + (f" ({stopped} stopped)" if stopped else "")
+
+    for name, part in df.groupby("family", sort=False):
+        absent = text(part[part["attack"] == ABSENT])
+        for attack, rows in part[part["attack"] != ABSENT].groupby("attack", sort=False):
+            cells = [text(rows[rows["aggregation"] == a]) for a in ("sum", "trimmed", "median")]
+            lines.append(f"| {name} | {attack} | {absent} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main_families(args) -> pd.DataFrame:
+    """The families' grid: print and write ``poisoning_families.csv`` / ``.md``."""
+    seeds = args.seeds or ((0,) if args.quick else SEEDS)
+    families = args.families_only or (
+        ("FederatedVB", "ClusteredFL") if args.quick else tuple(FAMILY_AGGREGATIONS)
+    )
+    started = time.perf_counter()
+    with one_thread():
+        df = pd.DataFrame([run_family(*key) for key in family_grid(families, seeds)])
+    report = family_summary(df)
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "poisoning_families.csv", index=False)
+    (args.out / "poisoning_families.md").write_text(report + "\n")
+    print(report)
+    print(f"\n{len(df)} fits in {time.perf_counter() - started:.0f} s")
+    return df
+
+
 # ---------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -611,6 +891,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--algorithms", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--families",
+        action="store_true",
+        help="the other families (FedVB, streaming, joint, pFedEM, VGM2-fedavg, ClusteredFL)",
+    )
+    parser.add_argument(
+        "--families-only", nargs="+", default=None, choices=list(FAMILY_AGGREGATIONS)
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     return parser.parse_args(argv)
 
@@ -619,6 +907,8 @@ def main(argv=None) -> pd.DataFrame:
     """Run the grid, print the per-task table, write ``poisoning.csv`` and ``poisoning.md``
     to ``--out``; returns every fit's row."""
     args = parse_args(argv)
+    if args.families:
+        return main_families(args)
     datasets = args.datasets or (QUICK_DATASETS if args.quick else DATASETS)
     seeds = args.seeds or ((0,) if args.quick else SEEDS)
     attacks = QUICK_ATTACKS if args.quick else ATTACKS

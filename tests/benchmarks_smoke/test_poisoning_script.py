@@ -43,3 +43,17 @@ def test_quick_run_prints_and_writes_the_tables(benchmark_script, tmp_path, caps
     assert on["error"] == "" and on["dropped"] > 0 and 0.0 <= on["auroc"] <= 1.0
     # honest federations lose no reply to the validation
     assert (df.loc[df["attack"] == "none", "dropped"] == 0).all()
+
+
+def test_quick_families_run_writes_the_per_family_table(benchmark_script, tmp_path, capsys):
+    df = benchmark_script("poisoning").main(["--families", "--quick", "--out", str(tmp_path)])
+    assert "| family | attack | liar absent | sum | trimmed | median |" in capsys.readouterr().out
+    written = pd.read_csv(tmp_path / "poisoning_families.csv", keep_default_na=False)
+    assert len(written) == len(df) and set(written["family"]) == {"FederatedVB", "ClusteredFL"}
+    assert "## " not in (tmp_path / "poisoning_families.md").read_text()  # one table
+    # the liar takes the plain sum and not the robust options
+    scaled = df[df["attack"] == "scale-1e10"].set_index(["family", "aggregation"])["score"]
+    absent = df[df["attack"] == "absent"].set_index("family")["score"]
+    for family in ("FederatedVB", "ClusteredFL"):
+        assert scaled[family, "sum"] < absent[family] - 0.3
+        assert scaled[family, "trimmed"] >= absent[family] - 0.02
