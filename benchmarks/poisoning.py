@@ -724,7 +724,7 @@ def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
     if name == "JointFedGMM":
         return JointFedGMM(1, 1, 3, random_state=seed, **learning)
     if name == "PFedEM":
-        return PFedEM(2, 3, random_state=seed, **learning)
+        return PFedEM(3, 3, random_state=seed, **{**learning, "max_iter": 15})
     if name == "VGM2-fedavg":
         return VGM2(
             method="fedavg",
