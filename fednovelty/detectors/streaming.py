@@ -45,7 +45,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import atomic_fit
+from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -92,6 +92,9 @@ class StreamingFedGMMDetector(EMDetector):
         global_alarm_share: share of a window's clients whose alarms make a global alarm.
         covariance_type, init_params, reg_covar, tol, max_iter, kmeans_rounds, subset_size:
             the first window's federated EM, as ``FedGMMDetector``'s (plain M-steps).
+        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``) of
+            the first window's federated EM and of every window: ``aggregation`` ``"sum"``
+            (exact) or ``"trimmed"`` (trimmed statistics and a robust k-means first round).
         privacy_min_rows, contamination, random_state, device, dtype, progress: as
             ``FedGMMDetector``'s.
 
@@ -137,6 +140,8 @@ class StreamingFedGMMDetector(EMDetector):
         "cusum_k": [Interval(Real, 0.0, None, closed="neither")],
         "global_alarm_share": [Interval(Real, 0.0, 1.0, closed="right")],
         "init_params": [StrOptions({"kmeans", "separated", "subset"})],
+        "aggregation": [StrOptions({"sum", "trimmed"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -157,6 +162,9 @@ class StreamingFedGMMDetector(EMDetector):
         max_iter=100,
         kmeans_rounds=10,
         subset_size=100,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -179,6 +187,9 @@ class StreamingFedGMMDetector(EMDetector):
         self.max_iter = max_iter
         self.kmeans_rounds = kmeans_rounds
         self.subset_size = subset_size
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -190,6 +201,14 @@ class StreamingFedGMMDetector(EMDetector):
     pca_components = None
     fraction = 1.0
     dropout = 0.0
+
+    def _robust_options(self) -> dict:
+        """The robust options every window's algorithm takes."""
+        return {
+            "aggregation": self.aggregation,
+            "trim": self.trim,
+            "client_weight_cap": self.client_weight_cap,
+        }
 
     # -------------------------------------------------------------- first window
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
@@ -206,7 +225,10 @@ class StreamingFedGMMDetector(EMDetector):
             )
         self._seed = seed
         em = FederatedEM(
-            self.n_components, mixture_weights="personal", **self._em_options(seed, None)
+            self.n_components,
+            mixture_weights="personal",
+            **self._em_options(seed, None),
+            **self._robust_options(),
         )
         result = self._simulate(em, clients, seed, full=True, **self._em_engine())
         self._set_em_state(result.state)
@@ -289,6 +311,7 @@ class StreamingFedGMMDetector(EMDetector):
             "reg_covar": self.reg_covar,
             "random_state": self._seed,
             **self._torch_options(),
+            **self._robust_options(),
         }
         if self.carry_ is not None:
             settings.update({f"carry_{k}": getattr(self.carry_, k) for k in _CARRY})

@@ -20,6 +20,7 @@ import torch
 from scipy.stats import trim_mean
 from sklearn.metrics import roc_auc_score
 
+from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.exceptions import SingularCovarianceError
 from fednovelty.federated import FederatedEM, Message
@@ -414,25 +415,43 @@ def test_options_a_family_lacks_are_refused_by_name() -> None:
 
 
 # ---------------------------------------------------------------------- detectors
-def test_fedvb_detector_reaches_the_robust_options() -> None:
+def detector_auroc(detector, module: str, algorithm) -> float:
+    """AUROC of ``detector`` fitted on ``clients(0)`` with the liar forging the replies of
+    ``algorithm`` (which ``module`` imports and the detector builds)."""
     data = clients(0)
-    X = torch.cat(data).numpy()
-    groups = np.repeat(np.arange(N_CLIENTS), 200)
+    X, groups = torch.cat(data).numpy(), np.repeat(np.arange(N_CLIENTS), 200)
     held, y = held_out(0)
 
-    def detector_auroc(**options) -> float:
-        algorithm = FederatedVB  # the liar forges replies of the detector's own algorithm
+    def build(*args, **settings):
+        inner = algorithm(*args, **settings)
+        return WithForger(inner, LIAR, scaled(inner))
 
-        def build(n_components, **settings):
-            inner = algorithm(n_components, **settings)
-            return WithForger(inner, LIAR, scaled(inner))
+    with mock.patch(f"{module}.{algorithm.__name__}", build), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        detector.fit(X, groups=groups)
+    return roc_auc_score(y, detector.decision_function(held.numpy()))
 
-        with mock.patch("fednovelty.detectors.variational.FederatedVB", build):
-            detector = FedVBDetector(6, random_state=0, privacy_min_rows=1, **options)
-            detector.fit(X, groups=groups)
-        return roc_auc_score(y, detector.decision_function(held.numpy()))
 
-    assert detector_auroc(robust_aggregation="trimmed") > 0.99
-    assert detector_auroc() < 0.7
+def test_fedvb_detector_reaches_the_robust_options() -> None:
+    module = "fednovelty.detectors.variational"
+
+    def auroc(**options) -> float:
+        detector = FedVBDetector(6, random_state=0, privacy_min_rows=1, **options)
+        return detector_auroc(detector, module, FederatedVB)
+
+    assert auroc(robust_aggregation="trimmed") > 0.99
+    assert auroc() < 0.7
+    X, groups = torch.cat(clients(0)).numpy(), np.repeat(np.arange(N_CLIENTS), 200)
     with pytest.raises(ValueError, match="robust_aggregation='sum'"):
         FedVBDetector(3, aggregation="moment", robust_aggregation="trimmed").fit(X, groups=groups)
+
+
+def test_streaming_detector_reaches_the_robust_options() -> None:
+    module = "fednovelty.detectors.streaming"
+
+    def auroc(**options) -> float:
+        detector = StreamingFedGMMDetector(3, random_state=0, privacy_min_rows=1, **options)
+        return detector_auroc(detector, module, FederatedEM)
+
+    assert auroc(aggregation="trimmed") > 0.99
+    assert auroc() < 0.9  # the liar's far component takes weight in the mix
