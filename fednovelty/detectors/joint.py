@@ -20,7 +20,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
 from fednovelty.detectors._labels import encode_labels, label_codes
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import atomic_fit
+from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, atomic_fit
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -70,6 +70,9 @@ class JointFedGMMDetector(EMDetector):
         mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
         aggregate_learners: ``False`` never averages learners (the Local baseline: score
             with ``client=``).
+        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``):
+            ``aggregation="trimmed"`` trims the Gaussians' statistics as federated EM's and
+            takes each learner as the coordinate-wise trimmed mean of its clients' copies.
         covariance_type, reg_covar, tol, max_iter: the Gaussians, as scikit-learn's
             ``GaussianMixture`` (``max_iter`` = maximum EM rounds); the M-step is FedGMM's
             plain one (no prior, no standardisation).
@@ -119,6 +122,8 @@ class JointFedGMMDetector(EMDetector):
         "optimizer": [StrOptions({"sgd", "adam"})],
         "mu_prox": [Interval(Real, 0.0, None, closed="left")],
         "aggregate_learners": ["boolean"],
+        "aggregation": [StrOptions({"sum", "trimmed"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -133,6 +138,9 @@ class JointFedGMMDetector(EMDetector):
         optimizer="sgd",
         mu_prox=0.0,
         aggregate_learners=True,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         covariance_type="full",
         init_params="kmeans",
         reg_covar=1e-6,
@@ -159,6 +167,9 @@ class JointFedGMMDetector(EMDetector):
         self.optimizer = optimizer
         self.mu_prox = mu_prox
         self.aggregate_learners = aggregate_learners
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.covariance_type = covariance_type
         self.init_params = init_params
         self.reg_covar = reg_covar
@@ -316,7 +327,11 @@ class JointFedGMMDetector(EMDetector):
     def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
         """The federated algorithm a fit runs (the joint model's EM); ``overrides`` replace
         its settings (``partial_fit``'s start and rounds)."""
-        options = {**self._em_options(seed, pca_components), **overrides}
+        options = {
+            **self._em_options(seed, pca_components),
+            **self._aggregation_options(),
+            **overrides,
+        }
         return JointFedGMM(
             self.n_components,
             self.n_learners,

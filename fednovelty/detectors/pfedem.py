@@ -37,7 +37,8 @@ class PFedEMDetector(JointFedGMMDetector):
         learner, local_epochs, learning_rate, batch_size, optimizer: the sub-models' local
             training each round (as ``JointFedGMMDetector``'s).
         Other arguments as ``JointFedGMMDetector``'s (no ``n_learners``, ``mu_prox`` or
-        ``aggregate_learners``).
+        ``aggregate_learners``; ``aggregation="trimmed"`` also reads the paper's replies as
+        statistics and trims them).
 
     Example:
         >>> import numpy as np
@@ -68,6 +69,9 @@ class PFedEMDetector(JointFedGMMDetector):
         learning_rate=0.5,
         batch_size=32,
         optimizer="sgd",
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         covariance_type="diag",
         init_params="kmeans",
         reg_covar=1e-6,
@@ -92,6 +96,9 @@ class PFedEMDetector(JointFedGMMDetector):
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.optimizer = optimizer
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.covariance_type = covariance_type
         self.init_params = init_params
         self.reg_covar = reg_covar
@@ -128,7 +135,11 @@ class PFedEMDetector(JointFedGMMDetector):
             batch_size=self.batch_size,
             optimizer=self.optimizer,
             n_learner_features=learner_width,
-            **{**self._em_options(seed, pca_components), **overrides},
+            **{
+                **self._em_options(seed, pca_components),
+                **self._aggregation_options(),
+                **overrides,
+            },
         )
 
     def _kept_state(self, index: int) -> dict[str, torch.Tensor]:

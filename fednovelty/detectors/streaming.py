@@ -202,14 +202,6 @@ class StreamingFedGMMDetector(EMDetector):
     fraction = 1.0
     dropout = 0.0
 
-    def _robust_options(self) -> dict:
-        """The robust options every window's algorithm takes."""
-        return {
-            "aggregation": self.aggregation,
-            "trim": self.trim,
-            "client_weight_cap": self.client_weight_cap,
-        }
-
     # -------------------------------------------------------------- first window
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         if self.covariance_type == "tied" and self.far_quantile is not None:
@@ -228,7 +220,7 @@ class StreamingFedGMMDetector(EMDetector):
             self.n_components,
             mixture_weights="personal",
             **self._em_options(seed, None),
-            **self._robust_options(),
+            **self._aggregation_options(),
         )
         result = self._simulate(em, clients, seed, full=True, **self._em_engine())
         self._set_em_state(result.state)
@@ -311,7 +303,7 @@ class StreamingFedGMMDetector(EMDetector):
             "reg_covar": self.reg_covar,
             "random_state": self._seed,
             **self._torch_options(),
-            **self._robust_options(),
+            **self._aggregation_options(),
         }
         if self.carry_ is not None:
             settings.update({f"carry_{k}": getattr(self.carry_, k) for k in _CARRY})

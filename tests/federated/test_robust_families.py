@@ -20,6 +20,8 @@ import torch
 from scipy.stats import trim_mean
 from sklearn.metrics import roc_auc_score
 
+from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.exceptions import SingularCovarianceError
@@ -455,3 +457,45 @@ def test_streaming_detector_reaches_the_robust_options() -> None:
 
     assert auroc(aggregation="trimmed") > 0.99
     assert auroc() < 0.9  # the liar's far component takes weight in the mix
+
+
+@pytest.mark.parametrize(
+    ("detector", "module", "algorithm"),
+    [
+        (
+            lambda **o: JointFedGMMDetector(1, n_learners=1, max_iter=8, **o),
+            "fednovelty.detectors.joint",
+            JointFedGMM,
+        ),
+        (
+            lambda **o: PFedEMDetector(2, max_iter=8, **o),
+            "fednovelty.detectors.pfedem",
+            PFedEM,
+        ),
+    ],
+    ids=["JointFedGMMDetector", "PFedEMDetector"],
+)
+def test_joint_detectors_reach_the_robust_options(detector, module, algorithm) -> None:
+    parts = labelled(0)
+    X = torch.cat([X for X, _ in parts]).numpy()
+    y = torch.cat([y for _, y in parts]).numpy()
+    groups = np.repeat(np.arange(N_CLIENTS), 150)
+    held, y_held = labelled_held_out(0)
+
+    def accuracy_of(liar: bool = True, **options) -> float:
+        def build(*args, **settings):
+            inner = algorithm(*args, **settings)
+            return WithForger(inner, LIAR, scaled(inner))
+
+        model = detector(random_state=0, privacy_min_rows=1, **options)
+        with mock.patch(f"{module}.{algorithm.__name__}", build), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if liar:
+                model.fit(X, y, groups=groups)
+            else:  # the nine honest clients alone
+                model.fit(X[groups < LIAR], y[groups < LIAR], groups=groups[groups < LIAR])
+        return float((model.predict_y(held.numpy()) == y_held.numpy()).mean())
+
+    reference = accuracy_of(liar=False)
+    assert accuracy_of(aggregation="trimmed") >= reference - CLOSE
+    assert accuracy_of() < 0.3
