@@ -61,6 +61,7 @@ class _LocalFitDetector(MixtureDetector):
             **self._algorithm_kwargs(),
             **self._torch_options(),
         )
+        self._check_some_client_fits(algorithm, clients)
         state = self._simulate(algorithm, clients, seed)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
@@ -77,6 +78,26 @@ class _LocalFitDetector(MixtureDetector):
         ids = self.client_ids_.tolist()  # plain Python ids, whatever the array's dtype
         self.client_n_components_ = {ids[c]: m.n_components for c, m in state.client_models.items()}
         return state
+
+    def _check_some_client_fits(self, algorithm, clients) -> None:
+        """Raise ``ValueError`` (naming the setting to lower) when no client has the rows a
+        local fit needs: every client would skip, a setting error rather than a federation
+        that went away."""
+        min_rows = self._privacy_policy().min_rows
+        if any(algorithm.config.client_candidates(int(X.shape[0]), min_rows) for X in clients):
+            return
+        source = (
+            f"client_components={self.client_components}"
+            if self.client_components is not None
+            else f"k_range={tuple(self.k_range)}"
+        )
+        raise ValueError(
+            "No client could fit a local mixture: every client has fewer rows than "
+            f"{max(algorithm.rows_needed(), min_rows)} (min_client_samples="
+            f"{self.min_client_samples}, privacy_min_rows={min_rows}; smallest K from "
+            f"{source}), or too few for one component per min_rows rows. Lower "
+            "client_components or k_range, or merge clients."
+        )
 
     def _set_result(self, result) -> None:
         """``from_model``: what every local-fit run records (client ids are the run's own)."""
