@@ -51,7 +51,7 @@ from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, componen
 from fednovelty.federated.init import combine_stats
 from fednovelty.federated.privacy import (
     backed,
-    contrast_rows,
+    contrast_backed,
     effective_rows,
     stats_backing,
     suppress_components,
@@ -405,12 +405,16 @@ class StreamStep(Step):
             per_row = torch.logsumexp(log_n + old, dim=1)
             fit = fit_weights(log_n, old, max_iter=config.adapt_iter, tol=config.adapt_tol)
         context.state["log_weights"] = fit.log_weights
-        variance = per_row.var(unbiased=True) if X.shape[0] > 1 else per_row.new_zeros(())
+        # the mean and variance of log p are sums of per-row values: taken over the rows
+        # whose sums are backed under any contrast of them (a crafted mixture can make one
+        # row stand out, and so can an honest outlying row: it is left out of them)
+        keep, behind = contrast_backed(
+            torch.stack([per_row, per_row.square()], 1), context.policy.min_rows
+        )
+        kept = per_row[keep]
+        variance = kept.var(unbiased=True) if kept.shape[0] > 1 else per_row.new_zeros(())
         tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
-        drift = torch.stack([per_row.mean(), variance, tv, per_row.new_tensor(float(new))])
-        # the mean and variance of log p are sums of per-row values: backed by the rows
-        # behind any contrast of them (a crafted mixture can make one row stand out)
-        behind = contrast_rows(torch.stack([per_row, per_row.square()], 1))
+        drift = torch.stack([kept.mean(), variance, tv, per_row.new_tensor(float(new))])
         return drift, log_n, behind
 
     def _far_stats(
