@@ -283,9 +283,11 @@ def check_cluster_reply(reply: Message, broadcast: Message) -> None:
         )
 
 
-def cluster_em_limit(config: ClusteredEMConfig, broadcast: Message) -> int:
-    """The client's own bound on grouped entries: its components or its clusters."""
-    return max(int(config.total_components), int(config.n_clusters))
+def cluster_em_limit(config: ClusteredEMConfig, broadcast: Message) -> dict[str, int]:
+    """The client's own bounds on grouped entries, by what backs them: its components
+    (``total_components``) and its clusters (``n_clusters`` cluster rows, however many
+    the broadcast carries)."""
+    return {"components": int(config.total_components), "clusters": int(config.n_clusters)}
 
 
 #: a ``cluster_em`` reply: statistics (in the client's box) and cluster log-likelihoods.

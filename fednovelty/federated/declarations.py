@@ -68,7 +68,7 @@ BOXES: tuple[str, ...] = ("none", "means", "stats", "moments")
 Shape = tuple[int | str, ...]
 ShapeRule = Callable[[Any, int], dict[str, Shape]]
 Check = Callable[[Any, Any], None]
-Limit = Callable[[Any, Any], int | None]
+Limit = Callable[[Any, Any], int | Mapping[str, int] | None]
 Moments = Callable[[Any], tuple[Any, Any, Any]]
 Components = Callable[[Callable[[str], Any]], int]
 
@@ -82,7 +82,8 @@ class ReplySpec:
         shapes: ``(broadcast, d) -> {tensor name: shape}``.
         checks: value checks, each ``(reply, broadcast) -> None`` or raises.
         backing: tensor name -> one of :data:`BACKINGS`.
-        limit: ``(config, broadcast) -> most entries`` of the grouped tensors, or ``None``.
+        limit: ``(config, broadcast) -> most entries`` of the grouped tensors (a mapping
+            from backing to most entries where a reply has groups of two sizes), or ``None``.
         box: one of :data:`BOXES`.
         serial: the client half runs on one thread.
         points: the tensors whose rows ``box="means"`` bounds.
