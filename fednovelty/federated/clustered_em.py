@@ -60,7 +60,7 @@ from fednovelty.federated.config import ClusteredEMConfig, EMConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
 from fednovelty.federated.em import EMState, EMStep, em_steps
 from fednovelty.federated.init import combine_stats
-from fednovelty.federated.privacy import contrast_backed
+from fednovelty.federated.privacy import backed, contrast_backed
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -476,7 +476,12 @@ class ClusteredEMStep(Step):
         if bool(finite.any()):
             summed, behind = contrast_backed(per_row[:, finite], context.policy.min_rows)
         scores = per_row[summed].mean(0)
+        withheld = not bool(backed(behind, context.policy.min_rows))
         cluster = int(torch.argmax(scores))  # the first of tied maxima
+        if withheld and "cluster" in context.state:
+            # the scores would release a few rows' values: the client keeps its cluster and
+            # sends no contrast between clusters (below)
+            cluster = int(context.state["cluster"])
         if "assignment" in t and context.client_id < t["assignment"].shape[0]:
             given = int(t["assignment"][context.client_id])
             if 0 <= given < n_clusters:
@@ -501,6 +506,9 @@ class ClusteredEMStep(Step):
         context.state["cluster"] = torch.tensor(cluster)
         if reply.scalars.get("skipped"):
             return skipped_reply("cluster_em", str(reply.scalars.get("reason", "")))
+        if withheld:  # every cluster row scored as the client's released log-likelihood
+            scores = (reply.tensors["log_likelihood"] / X.shape[0]).expand(n_clusters).clone()
+            behind = reply.backing["log_likelihood"].reshape(())
         return Message(
             "cluster_em",
             {**reply.tensors, "cluster_log_likelihood": scores},

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.clustered_em import ClusteredEMStep, warmup_config
+from fednovelty.federated.clustered_em import ClusteredEMStep, row_log_likelihoods, warmup_config
 from fednovelty.federated.config import ClusteredEMConfig, StreamConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec
 from fednovelty.federated.em import EMStep
@@ -24,6 +24,7 @@ from fednovelty.federated.privacy import (
     release,
 )
 from fednovelty.federated.streaming import StreamStep
+from fednovelty.mixture import log_gaussian_prob
 
 F64 = torch.float64
 POLICY = PrivacyPolicy(min_rows=5)
@@ -147,17 +148,20 @@ SEVEN = torch.tensor([0.11, 0.52, 0.27, 0.93, 0.45, 0.68, 10.37], dtype=F64).uns
 
 def test_clustered_em_two_v_probes_give_no_far_row():
     """Two cluster rows whose Vs share their middle Gaussian agree on every row below both
-    kinks: their difference is the far row's alone (its coordinate exactly)."""
+    kinks: the difference of the plain per-row means is the far row's alone (its coordinate
+    exactly). The client sends no such contrast: its scores are equal, its reply released."""
     step, config = _cluster_step()
     message = _clustered_probe(SEVEN, [-5.0, 5.0])
-    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
-    scores = reply.tensors["cluster_log_likelihood"]
+    t = message.tensors
+    log_prob = log_gaussian_prob(SEVEN, t["means"], t["precisions_cholesky"], "diag")
+    plain = row_log_likelihoods(log_prob, t["cluster_log_weights"]).mean(0)
     n = SEVEN.shape[0]
-    recovered = (float(scores[1] - scores[0]) * n + 50.0) / 10.0  # (10 x - 50) / n
-    assert recovered == pytest.approx(10.37, abs=1e-9)  # what the reply holds
+    recovered = (float(plain[1] - plain[0]) * n + 50.0) / 10.0  # (10 x - 50) / n
+    assert recovered == pytest.approx(10.37, abs=1e-9)  # what unprotected scores give
+    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
     released = release(reply, CLUSTER_SPEC, POLICY, config, message)
-    assert released.scalars["skipped"] and "cluster_log_likelihood" in released.scalars["reason"]
-    assert "cluster_log_likelihood" not in released.tensors
+    scores = released.tensors["cluster_log_likelihood"]
+    assert float(scores[1] - scores[0]) == 0.0  # no contrast between the cluster rows
 
 
 def test_clustered_em_hundreds_of_cluster_rows_are_refused_by_the_clients_own_limit():
