@@ -324,6 +324,12 @@ class StreamStep(Step):
             if n == 0:
                 return skipped_reply(STREAM_KIND, "no rows in this window")
             extra["drift"], log_n, behind["drift"] = self._track(X, params, context)
+        elif config.rounds == 0 or "log_weights" not in context.state:
+            # the client's own config runs no later round (track only), or it never ran
+            # this window's first: a crafted message, refused rather than answered
+            return skipped_reply(
+                STREAM_KIND, "refused: a later round of a window this client has not begun"
+            )
         log_weights = context.state["log_weights"].to(X.device, X.dtype)
         policy = context.policy
         if not policy.releases(n):

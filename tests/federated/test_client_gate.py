@@ -359,3 +359,30 @@ def test_vgm2_prototype_of_a_one_row_class_is_not_released():
     assert released.tensors["class_counts"].tolist() == [6.0, 5.0, 0.0]
     assert bool((released.tensors["prototypes"][2] == 0).all())
     assert bool((released.tensors["prototypes"][:2] != 0).any())
+
+
+@pytest.mark.parametrize("rounds", [0, 1])
+def test_a_window_round_the_client_never_began_is_refused_not_a_crash(rounds):
+    """A crafted ``window_round=1`` to a client that did not answer the window's first round
+    (or whose own config tracks only) is refused by name."""
+    config = StreamConfig(
+        n_components=2,
+        weights_init=torch.tensor([0.5, 0.5], dtype=F64),
+        means_init=torch.tensor([[0.0], [5.0]], dtype=F64),
+        precisions_init=torch.ones(2, 1, dtype=F64),
+        covariance_type="diag",
+        rounds=rounds,
+    )
+    step = StreamStep(config)
+    message = Message(
+        "stream",
+        {
+            "weights": config.weights_init,
+            "means": config.means_init,
+            "precisions_cholesky": config.precisions_init,
+            "shift": torch.zeros(1, dtype=F64),
+        },
+        scalars={"window_round": 1},
+    )
+    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
+    assert reply.scalars["skipped"] and "refused" in reply.scalars["reason"]
