@@ -1,13 +1,21 @@
-"""A lying client's replies, drawn by hypothesis: shared by the liar property tests
-(imported as ``_liars``; ``tests/`` is on ``sys.path``, see ``_tolerance``)."""
+"""Lying clients for the tests: an algorithm wrapper whose one client forges its replies
+after its own client gate (a liar does not hold itself to its policy), the lies hypothesis
+draws from an honest reply, and a context in which the simulation's client lies so (for
+detectors, whose algorithm the test does not build). Imported as ``_liars``; ``tests/`` is
+on ``sys.path``, see ``_tolerance``."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import torch
 from hypothesis import strategies as st
 
-from fednovelty.federated.base import Message
+from fednovelty.federated.base import FederatedAlgorithm, Message
 from fednovelty.federated.robust import EXTENSIVE
+from fednovelty.runtime import simulation
 
 LIES = (
     "scale",
@@ -83,3 +91,67 @@ def lie(reply: Message, how: dict) -> Message:
     elif floating:  # random: any values of the right shape
         tensors[name] = torch.randn(t.shape, dtype=t.dtype, generator=g) * how["factor"]
     return Message(reply.kind, tensors, dict(reply.scalars))
+
+
+def lies_now(how: dict, number: int) -> bool:
+    """Whether the liar lies in its ``number``-th reply that carries something (0-based)."""
+    return number == how["first_round"] or (how["every_round"] and number > how["first_round"])
+
+
+class Forging(FederatedAlgorithm):
+    """``inner`` with client ``liar``'s replies replaced, after its own client gate, by
+    ``forge(reply, message, number)`` (``number``: 1-based count of its replies that carry
+    something; with ``skipped=True`` skipped replies are forged too, and counted)."""
+
+    def __init__(
+        self,
+        inner: FederatedAlgorithm,
+        liar: int,
+        forge: Callable[[Message, Message, int], Message],
+        skipped: bool = False,
+    ) -> None:
+        self.inner, self.liar, self.forge, self.skipped = inner, liar, forge, skipped
+        self.max_rounds, self.labelled, self.replies = inner.max_rounds, inner.labelled, 0
+
+    def start(self):
+        return self.inner.start()
+
+    def configure(self, state):
+        return self.inner.configure(state)
+
+    def finished(self, state):
+        return self.inner.finished(state)
+
+    def server_step(self, state, replies):
+        return self.inner.server_step(state, replies)
+
+    def reply_spec(self, kind):
+        return self.inner.reply_spec(kind)
+
+    def client_step(self, X, message, context):
+        return self.inner.client_step(X, message, context)
+
+    def answer(self, X, message, context):
+        reply = self.inner.answer(X, message, context)
+        if context.client_id != self.liar or (reply.scalars.get("skipped") and not self.skipped):
+            return reply
+        self.replies += 1
+        return self.forge(reply, message, self.replies)
+
+
+@contextmanager
+def lying_client(liar: int, how: dict) -> Iterator[None]:
+    """Within the block, the simulation's client ``liar`` replies ``lie(reply, how)`` in the
+    rounds ``how`` names (:func:`lies_now`), after its own client gate."""
+    honest = simulation.run_client_step
+    answered = {"n": 0}
+
+    def liar_step(algorithm, data, message, context, *args, **kwargs):
+        reply = honest(algorithm, data, message, context, *args, **kwargs)
+        if context.client_id != liar or reply.scalars.get("skipped"):
+            return reply
+        answered["n"] += 1
+        return lie(reply, how) if lies_now(how, answered["n"] - 1) else reply
+
+    with mock.patch.object(simulation, "run_client_step", liar_step):
+        yield

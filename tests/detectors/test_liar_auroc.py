@@ -12,17 +12,14 @@ stays within 0.02 of the fit without the liar's client; with the plain sum it do
 
 from __future__ import annotations
 
-from unittest import mock
-
 import numpy as np
 import pytest
-from _liars import lie, lies
+from _liars import lies, lying_client
 from hypothesis import HealthCheck, given, settings
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector, FedVBDetector
 from fednovelty.exceptions import FederationError
-from fednovelty.runtime import simulation
 
 N_CLIENTS, LIAR, ROWS = 10, 9, 60
 TOLERANCE = 0.02
@@ -80,20 +77,7 @@ def fit_with_liar(family: str, how: dict) -> float | None:
     """AUROC of the fit with client 9 lying as ``how`` says; None if the federation could
     not go on (a named FederationError)."""
     X, groups, _, _ = TASK
-    honest = simulation.run_client_step
-    answered = {"n": 0}
-
-    def liar_step(algorithm, data, message, context, *args, **kwargs):
-        reply = honest(algorithm, data, message, context, *args, **kwargs)
-        if context.client_id != LIAR or reply.scalars.get("skipped"):
-            return reply
-        answered["n"] += 1
-        index = answered["n"] - 1
-        if index == how["first_round"] or (how["every_round"] and index > how["first_round"]):
-            return lie(reply, how)
-        return reply
-
-    with mock.patch.object(simulation, "run_client_step", liar_step):
+    with lying_client(LIAR, how):
         try:
             return auroc(ROBUST[family]().fit(X, groups=groups))
         except FederationError:

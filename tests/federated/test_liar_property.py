@@ -11,12 +11,11 @@ inside (a torch RuntimeError, an IndexError, a singular covariance).
 from __future__ import annotations
 
 from collections.abc import Callable
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch
-from _liars import lie, lies
+from _liars import lie, lies, lying_client
 from hypothesis import HealthCheck, given, settings
 
 from fednovelty.exceptions import FederationError
@@ -34,7 +33,7 @@ from fednovelty.federated.streaming import StreamingEM
 from fednovelty.federated.variational import FederatedVB
 from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.vgm2 import VGM2
-from fednovelty.runtime import run_simulation, simulation
+from fednovelty.runtime import run_simulation
 
 N_CLIENTS, LIAR, D = 10, 9, 3
 
@@ -101,22 +100,7 @@ def test_every_registered_algorithm_has_a_case() -> None:
 
 def run_with_liar(name: str, how: dict):
     build, data = CASES[name]
-    honest = simulation.run_client_step
-    answered = {"n": 0}
-
-    def liar_step(algorithm, client_data, message, context, *args, **kwargs):
-        reply = honest(algorithm, client_data, message, context, *args, **kwargs)
-        if context.client_id != LIAR or reply.scalars.get("skipped"):
-            return reply
-        answered["n"] += 1
-        round_index = answered["n"] - 1
-        if round_index == how["first_round"] or (
-            how["every_round"] and round_index > how["first_round"]
-        ):
-            return lie(reply, how)
-        return reply
-
-    with mock.patch.object(simulation, "run_client_step", liar_step):
+    with lying_client(LIAR, how):
         return run_simulation(build(), data(), random_state=0)
 
 

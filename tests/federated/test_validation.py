@@ -11,10 +11,10 @@ import warnings
 
 import pytest
 import torch
+from _liars import Forging
 
 from fednovelty.federated import (
     ClientContext,
-    FederatedAlgorithm,
     FederatedEM,
     FedGenGMM,
     Message,
@@ -35,38 +35,10 @@ def make_clients(n_clients: int = 5, dtype=torch.float64) -> list[torch.Tensor]:
     ]
 
 
-class WithForger(FederatedAlgorithm):
+def WithForger(inner, forger: int, forge) -> Forging:
     """``inner`` with client ``forger``'s replies replaced by ``forge(reply, message)``
     (after its client gate: a liar does not hold itself to its policy)."""
-
-    def __init__(self, inner, forger: int, forge) -> None:
-        self.inner, self.forger, self.forge = inner, forger, forge
-        self.max_rounds = inner.max_rounds
-
-    def start(self):
-        return self.inner.start()
-
-    def configure(self, state):
-        return self.inner.configure(state)
-
-    def finished(self, state):
-        return self.inner.finished(state)
-
-    def server_step(self, state, replies):
-        return self.inner.server_step(state, replies)
-
-    def reply_spec(self, kind):
-        return self.inner.reply_spec(kind)
-
-    def client_step(self, X, message, context):
-        return self.inner.client_step(X, message, context)
-
-    def answer(self, X, message, context):
-        """The liar sends its forgery past its own client gate."""
-        reply = self.inner.answer(X, message, context)
-        if context.client_id == self.forger:
-            return self.forge(reply, message)
-        return reply
+    return Forging(inner, forger, lambda reply, message, n: forge(reply, message), skipped=True)
 
 
 def with_tensors(reply: Message, **tensors) -> Message:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _liars import Forging
 
 from fednovelty import FedGMMDetector
 from fednovelty.detectors import base
@@ -17,41 +18,10 @@ from fednovelty.runtime import run_simulation
 LIAR = 3
 
 
-class Lying(FederatedAlgorithm):
+def Lying(inner: FederatedAlgorithm, forge) -> Forging:
     """``inner`` whose client ``LIAR`` replies ``forge(reply, number)`` in its
     ``number``-th non-skipped reply (1-based) and honestly otherwise."""
-
-    def __init__(self, inner: FederatedAlgorithm, forge) -> None:
-        self.inner, self.forge, self.replies = inner, forge, 0
-        self.max_rounds, self.labelled = inner.max_rounds, inner.labelled
-
-    def start(self):
-        return self.inner.start()
-
-    def configure(self, state):
-        return self.inner.configure(state)
-
-    def finished(self, state):
-        return self.inner.finished(state)
-
-    def server_step(self, state, replies):
-        return self.inner.server_step(state, replies)
-
-    def reply_spec(self, kind):
-        return self.inner.reply_spec(kind)
-
-    def client_step(self, X, message, context):
-        return self._lie(self.inner.client_step(X, message, context), context)
-
-    def answer(self, X, message, context):
-        """The liar lies past its own client gate."""
-        return self._lie(self.inner.answer(X, message, context), context)
-
-    def _lie(self, reply, context):
-        if context.client_id != LIAR or reply.scalars.get("skipped"):
-            return reply
-        self.replies += 1
-        return self.forge(reply, self.replies)
+    return Forging(inner, LIAR, lambda reply, message, number: forge(reply, number))
 
 
 def _replace(reply: Message, **tensors) -> Message:
