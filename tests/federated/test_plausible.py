@@ -144,3 +144,38 @@ def test_the_moments_round_is_robust_when_the_robust_option_is_on(options):
     ratio = state.scale / honest_state.scale
     robust = options.get("aggregation") != "sum"
     assert bool(((ratio > 0.5) & (ratio < 2.0)).all()) == robust
+
+
+# ------------------------------------------------------------ a prior scatter of 1e300 I
+@pytest.mark.parametrize("name", ["FederatedVB", "FederatedVBOneShot", "FederatedKNNMarkers"])
+def test_a_huge_prior_scatter_is_screened_and_the_fit_is_that_without_the_liar(name) -> None:
+    """One client of ten sends a ``vb_prior`` scatter of 1e300 I (its other values honest):
+    before, it collapsed federated VB, one-shot VB and the kNN markers; the first round's
+    screen drops it by name, and the posterior equals the fit without that client."""
+    from _liars import Forging
+
+    from fednovelty.federated import registry
+    from fednovelty.runtime import run_simulation
+
+    settings = {"n_components": 3, "random_state": 0}
+    if name == "FederatedKNNMarkers":
+        settings["n_neighbors"] = 3
+    build = registry.ALGORITHMS[name]
+    clients = dict(enumerate(_clients()))
+
+    def huge(reply, message, number):
+        if message.kind != "vb_prior":
+            return reply
+        d = reply.tensors["scatter"].shape[0]
+        return _with(reply, scatter=1e300 * torch.eye(d, dtype=reply.tensors["scatter"].dtype))
+
+    attacked = run_simulation(Forging(build(**settings), 4, huge), clients, random_state=0)
+    first = attacked.history[0]
+    assert first.kind == "vb_prior" and [c for c, _ in first.dropped] == [4]
+    alone = run_simulation(
+        build(**settings), {c: X for c, X in clients.items() if c != 4}, random_state=0
+    )
+    for field in ("weight_concentration", "means", "covariances"):
+        got = getattr(attacked.state.posterior, field)
+        want = getattr(alone.state.posterior, field)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
