@@ -30,7 +30,8 @@ What backs what (the helpers client steps use):
   ``n_eff >= m`` no row carries more than ``1 / sqrt(m)`` of the component's weight.
 - Sums of per-row values (log-likelihoods): the effective rows of their deviations from the
   median, under every contrast of the released sums (:func:`deviation_rows`,
-  :func:`contrast_rows`).
+  :func:`contrast_rows`: an exact search over the directions that contain a minimiser where
+  affordable, else a proven lower bound from the values' leverages).
 - Client totals and models trained on all rows: the row count (:func:`client_backing`).
 - A client with fewer than ``min_rows`` rows releases nothing, not even its row count.
 
@@ -43,6 +44,7 @@ with and without a suppressed row), which only differential privacy bounds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -370,44 +372,106 @@ def unfloored(rows: Tensor, n_rows: float, policy: PrivacyPolicy) -> Tensor:
     return rows if policy.has_floor else torch.full_like(rows, float(n_rows))
 
 
-#: rows whose deviations give the candidate directions of :func:`contrast_rows`.
-CONTRAST_CANDIDATES = 256
+#: the most combined values (candidate directions times rows) the exact search of
+#: :func:`contrast_rows` evaluates; beyond it the leverage bound stands alone.
+CONTRAST_BUDGET = 2**20
 
 
-def contrast_rows(values: Tensor) -> Tensor:
-    """Effective rows behind a vector of sums of per-row values, under any contrast.
+def contrast_rows(values: Tensor, floor: float | None = None) -> Tensor:
+    """Effective rows behind a vector of sums of per-row values, under any contrast: a
+    lower bound of the minimum, exact where it is affordable.
 
     A reader of ``C`` released sums ``s_c = sum_i v_ic`` can form any linear combination
     ``sum_c l_c s_c``: two cluster rows' log-likelihoods, each a V-shaped log-sum-exp of
     two equal-covariance Gaussians, can agree on every row but one, and their difference
     is then that row's value. The sums are backed by the smallest :func:`deviation_rows`
-    of the combined values ``l . v_i`` over directions ``l``. The ones that isolate rows
-    make ``l . v_i`` equal over many rows, i.e. ``l`` is orthogonal to differences
-    ``v_i - v_j`` of those rows; the candidates are the directions orthogonal to ``C - 1``
-    differences within groups of ``C`` rows taken from the :data:`CONTRAST_CANDIDATES`
-    rows of largest deviation and rows spread evenly over the rest (pairs of neighbours
-    in both lists), plus each single sum. For ``C = 1`` it is :func:`deviation_rows`.
+    of the combined values ``f_i = l . v_i`` over all directions ``l``,
+    ``m(V) = min_l K(l)``, ``K(l) = ||f - med f||_1^2 / ||f - med f||_2^2``. Both ways of
+    computing it below work on ``Y`` (n, r): the left singular vectors of the centred
+    values ``W = V - mean(V)`` of rank ``r`` (singular values above ``max(n, C) * eps``
+    times the largest); ``f = W l + const`` and ``W l = Y u`` with ``u = S Vh l``, so
+    ``m(V)`` is the same minimum over ``u`` for ``Y``.
+
+    **Exact search.** The directions ``u`` orthogonal to ``r - 1`` linearly independent
+    row differences ``y_i - y_j`` (combined values equal on those pairs) contain a
+    minimiser. Proof: the hyperplanes ``(y_i - y_j) . u = 0`` cut the directions into
+    cones in which the order of the ``f_i`` is fixed, hence the median row ``m`` and the
+    signs ``s_i`` of ``f_i - f_m``; there ``sqrt K(u) = g . u / ||A u||_2`` with the fixed
+    ``g = sum_i s_i (y_i - y_m)`` and ``A = Y - 1 y_m^T``. Its superlevel sets
+    ``{u : g . u - t ||A u||_2 >= 0}`` are convex (a linear minus a norm), so ``K`` is
+    quasi-concave on the cone, ``K`` is continuous, and its minimum over the cone's
+    closure (a pointed cone, as ``Y`` has rank ``r``) lies on an extreme ray: on
+    ``r - 1`` independent hyperplanes. The search evaluates every such direction (the
+    vectors orthogonal to each choice of ``r - 1`` of the ``n (n - 1) / 2`` differences)
+    when their number times ``n`` is at most :data:`CONTRAST_BUDGET` (``C = 2``: ``n <= 127``;
+    ``C = 3``: ``n <= 24``).
+
+    **Leverage bound.** For every direction, ``K >= 1 / (h + 1 / n)`` with
+    ``h = max_i ||y_i||^2``, the largest leverage of the centred values. Proof: take
+    ``||u|| = 1``, so ``f - mean f = Y u`` has ``||Y u||_2^2 = 1`` (``Y`` orthonormal),
+    ``|f_i - mean f| = |y_i . u| <= sqrt h``, and let ``delta = |mean f - med f|``, at
+    most the standard deviation ``1 / sqrt n`` (``|mean - med| = |E(f - med)| <=
+    E|f - med| <= E|f - mean| <= sd``, the lower median minimising ``E|f - c|``). With
+    ``x = f - med f``: ``||x||_1 >= ||x||_2^2 / ||x||_inf``, so ``K >= ||x||_2^2 /
+    ||x||_inf^2 >= (1 + n delta^2) / (sqrt h + delta)^2``, whose least value over
+    ``delta`` (at ``delta = 1 / (n sqrt h)``) is ``n / (1 + n h)``. It is exact for one
+    row apart from equal others (``h = 1 - 1/n``: 1 row), and about ``n / (1 + 2 ln n)``
+    for normally distributed values.
 
     Args:
         values: per-row values, (n_samples, C).
+        floor: when given, the exact search is skipped once the leverage bound reaches it
+            (the sums are backed either way); None: search whenever affordable.
 
     Returns:
-        The effective rows, a () tensor (``n_samples`` when no direction isolates rows).
+        The effective rows, a () tensor: the exact minimum where searched, else the
+        leverage bound (never above it); ``n_samples`` when no direction separates rows.
     """
     n, c = values.shape
     if n == 0:
         return values.new_zeros(())
-    single = deviation_rows(values).min()
-    if c == 1 or n < c:
-        return single
-    deviation = (values - values.median(0).values).norm(dim=1)
-    half = CONTRAST_CANDIDATES // 2
-    top = deviation.argsort(descending=True)[:half]
-    spread = torch.linspace(0, n - 1, min(n, half), device=values.device).long()
-    groups = torch.cat([_windows(top, c), _windows(spread, c)])  # (n_groups, C) row indices
-    differences = values[groups[:, 1:]] - values[groups[:, :1]]  # (n_groups, C - 1, C)
-    directions = torch.linalg.svd(differences, full_matrices=True).Vh[:, -1, :]
-    return torch.minimum(single, deviation_rows(values @ directions.T).min())
+    centred = values - values.mean(0)
+    u, s, _ = torch.linalg.svd(centred, full_matrices=False)
+    tol = s.max() * max(n, c) * torch.finfo(values.dtype).eps if s.numel() else 0.0
+    y = u[:, s > tol] if bool((s > 0).any()) else u[:, :0]
+    r = y.shape[1]
+    if r == 0:
+        return values.new_tensor(float(n))
+    bound = torch.clamp(1.0 / (y.square().sum(1).max() + 1.0 / n), max=float(n))
+    if floor is not None and bool(backed(bound, floor)):
+        return bound
+    directions = _vertex_directions(y)
+    if directions is None:
+        return bound
+    rows = min(float(deviation_rows(y[:, 0])), float(n))
+    for chunk in directions.split(max(1, CONTRAST_BUDGET // (16 * n))):
+        rows = min(rows, float(deviation_rows(y @ chunk.T).min()))
+    return values.new_tensor(rows)
+
+
+def _vertex_directions(y: Tensor) -> Tensor | None:
+    """The directions orthogonal to ``r - 1`` linearly independent differences of the
+    rows of ``y`` (n, r): (n_directions, r); None when their number times ``n`` exceeds
+    :data:`CONTRAST_BUDGET`. For ``r = 1``: the one direction."""
+    n, r = y.shape
+    if r == 1:
+        return y.new_ones((1, 1))
+    if math.comb(n * (n - 1) // 2, r - 1) * n > CONTRAST_BUDGET:
+        return None
+    pairs = torch.combinations(torch.arange(n, device=y.device), 2)
+    differences = y[pairs[:, 1]] - y[pairs[:, 0]]  # (P, r)
+    if r == 2:
+        directions = torch.stack([-differences[:, 1], differences[:, 0]], 1)
+    else:
+        picks = torch.combinations(torch.arange(pairs.shape[0], device=y.device), r - 1)
+        chosen = differences[picks]  # (n_directions, r - 1, r)
+        if r == 3:
+            directions = torch.linalg.cross(chosen[:, 0], chosen[:, 1])
+        else:
+            directions = torch.linalg.svd(chosen, full_matrices=True).Vh[:, -1, :]
+    # any direction's combined values are backed by at least the minimum, so directions of
+    # dependent differences (round-off) only add candidates; exact zeros are dropped
+    return directions[directions.norm(dim=1) > 0]
 
 
 def contrast_backed(values: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
@@ -428,7 +492,7 @@ def contrast_backed(values: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
     """
     n = values.shape[0]
     keep = torch.ones(n, dtype=torch.bool, device=values.device)
-    rows = contrast_rows(values)
+    rows = contrast_rows(values, min_rows)
     if bool(backed(rows, min_rows)) or n == 0:
         return keep, rows
     order = (values - values.median(0).values).norm(dim=1).argsort(descending=True)
@@ -436,18 +500,11 @@ def contrast_backed(values: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
     while m <= n // 2:
         trial = keep.clone()
         trial[order[:m]] = False
-        trial_rows = contrast_rows(values[trial])
+        trial_rows = contrast_rows(values[trial], min_rows)
         if bool(backed(trial_rows, min_rows)):
             return trial, trial_rows
         m *= 2
     return keep, rows
-
-
-def _windows(index: Tensor, size: int) -> Tensor:
-    """Overlapping windows of ``size`` consecutive entries of ``index``: (n - size + 1, size)."""
-    if index.numel() < size:
-        return index.new_zeros((0, size))
-    return index.unfold(0, size, 1)
 
 
 def _refused(reply: Any, reason: str) -> Any:
@@ -564,7 +621,7 @@ def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, bro
 
 
 __all__ = [
-    "CONTRAST_CANDIDATES",
+    "CONTRAST_BUDGET",
     "DEFAULT_MAX_CLUSTERS",
     "DEFAULT_MIN_ROWS",
     "PrivacyPolicy",

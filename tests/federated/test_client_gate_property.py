@@ -166,6 +166,10 @@ VARIANTS: dict[str, Variant] = {
         "ClusteredEM",
         lambda: ClusteredEM(2, n_clusters=2, cluster_components=1, max_iter=2, random_state=0),
     ),
+    "clustered_em3": Variant(
+        "ClusteredEM",
+        lambda: ClusteredEM(2, n_clusters=3, cluster_components=1, max_iter=2, random_state=0),
+    ),
     "vb": Variant("FederatedVB", lambda: FederatedVB(3, max_iter=2, random_state=0)),
     "vb_oneshot": Variant("FederatedVBOneShot", lambda: FederatedVBOneShot(3, random_state=0)),
     "knn_markers": Variant(
@@ -207,6 +211,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("fesem_cam", "cam_warmup_local"),
     ("fedavg_plus", "cam_ensemble"),
     ("clustered_em", "cluster_em"),
+    ("clustered_em3", "cluster_em"),
     ("vb", "vb_prior"),
     ("vb", "vb_init"),
     ("vb", "vb"),
@@ -890,3 +895,28 @@ def test_cluster_rows_beyond_the_clients_own_clusters_are_refused() -> None:
     )
     released = algorithm.answer(X, two, ClientContext(0, policy=POLICY))
     assert not released.scalars.get("skipped"), released.scalars
+
+
+def test_three_cluster_rows_of_a_crafted_broadcast_are_backed_under_every_contrast() -> None:
+    """A 3-cluster client of 14 rows under a broadcast with means on its rows: some
+    contrasts of its three scores, equal on two pairs of rows, are backed by 4.2 effective
+    rows (the search over groups of three rows had found 5.7 and released them)."""
+    algorithm, messages = templates("clustered_em3")
+    how = {
+        "n": 14,
+        "far": 1.0,
+        "seed": 136,
+        "extra": 0,
+        "extra_clusters": 0,
+        "place": "rows",
+        "log_scale": (0.0, 0.0),
+        "weights": "dirichlet",
+        "shift": "zero",
+        "learner_scale": 1.0,
+        "one_row_class": False,
+    }
+    data = client_data(how, labelled=False)
+    message = craft(algorithm, "cluster_em", messages["cluster_em"], data.numpy(), how)
+    context = ClientContext(0, policy=POLICY)
+    reply, before = answer(algorithm, "cluster_em", message, data, context)
+    check(algorithm, "cluster_em", message, data, reply, before)
