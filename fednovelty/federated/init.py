@@ -385,7 +385,11 @@ class CentroidsStep(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
-        replies = robust_centroid_replies(replies, config.aggregation)
+        screened = robust_centroid_replies(replies, config.aggregation)
+        if sum(int(m.tensors["centers"].shape[0]) for m in screened.values()) >= (
+            config.n_components
+        ):
+            replies = screened  # else too few seeds remain: small honest clients, kept
         centers, counts = pool_centroids(replies.values())
         n_centers = config.n_components
         if config.FEWER_CENTROIDS_OK and 0 < centers.shape[0] < n_centers:

@@ -121,3 +121,19 @@ def test_fedgengmm_robust_is_unit_equivariant_and_one_round():
     np.testing.assert_allclose(b.state.params.means, a.state.params.means * unit, rtol=1e-9)
     for cid, model in a.state.client_models.items():
         np.testing.assert_allclose(b.state.client_models[cid].means, model.means * unit, rtol=1e-9)
+
+
+def test_robust_seeding_keeps_every_centroid_when_too_few_would_remain():
+    """Ten small clients each send one k-means centroid (9 rows, floor 5); three hold rows
+    far from the rest. The robust seeding would leave those three out and keep 7 centroids
+    for 8 components: it keeps them all instead of ending the fit."""
+    rng = np.random.default_rng(0)
+    places = [0.0] * 7 + [20.0, 40.0, 60.0]
+    clients = [torch.as_tensor(rng.normal(p, 1.0, (9, 2))) for p in places]
+    state = run_simulation(
+        FederatedEM(8, aggregation="trimmed", trim=0.1, max_iter=3, random_state=0),
+        clients,
+        random_state=0,
+    ).state
+    assert state.params.means.shape == (8, 2)
+    assert bool(torch.isfinite(state.params.means).all())
