@@ -166,11 +166,6 @@ class EMDetector(MixtureDetector):
             **self._torch_options(),
         }
 
-    def _aggregation_options(self) -> dict:
-        """The robust options (``docs/robust.md``) of a detector that has them, as its
-        algorithms take them."""
-        return {n: getattr(self, n) for n in ("aggregation", "trim", "client_weight_cap")}
-
     def _em_engine(self) -> dict:
         """The EM simulation's engine options: client sampling, dropout and the simulated
         clients' privacy policy (the user owns them, so they answer the ``subset`` round when

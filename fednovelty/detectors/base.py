@@ -176,6 +176,12 @@ class SimulatedFitMixin:
             )
         return {"device": device, "dtype": getattr(torch, self.dtype)}
 
+    def _aggregation_options(self, name: str = "aggregation") -> dict:
+        """The robust options (``docs/robust.md``) of an estimator that has them, as its
+        algorithms take them: the aggregation (the setting ``name``), ``trim`` and
+        ``client_weight_cap``."""
+        return {n: getattr(self, n) for n in (name, "trim", "client_weight_cap")}
+
     def _privacy_policy(self, **options) -> PrivacyPolicy:
         """The privacy policy of the simulated clients: at least ``privacy_min_rows`` rows
         behind every statistic they release (``docs/privacy.md``); ``options`` set the

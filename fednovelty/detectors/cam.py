@@ -22,6 +22,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors.base import (
+    AGGREGATION_CONSTRAINTS,
     SimulatedFitMixin,
     atomic_fit,
     check_callbacks,
@@ -49,6 +50,7 @@ from fednovelty.federated.cam import (
 )
 from fednovelty.federated.config import CLUSTERED_METHODS, LEARNERS, ClusteredConfig
 from fednovelty.federated.learners import logits
+from fednovelty.federated.robust import AGGREGATIONS
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 
@@ -76,6 +78,11 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         cluster_average: ``"cluster"`` (a cluster model is its clients' row-weighted mean)
             or ``"global"`` (the paper's Eq. 6).
         empty_clusters: ``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.
+        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``):
+            ``"sum"`` (every model the server averages is its clients' row-weighted mean),
+            ``"trimmed"`` or ``"median"`` (their coordinate-wise trimmed mean, ``trim`` of
+            the copies left out at each end, or median); ``client_weight_cap`` caps a
+            client's row weight at this many times the median client's.
         fraction: share of clients asked each round; dropout: chance one fails to reply.
         privacy_min_rows: each client's privacy floor: a client with fewer rows releases
             nothing (and gets no cluster).
@@ -127,6 +134,8 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         "kmeans_iter": _POSITIVE_INT,
         "cluster_average": [StrOptions({"cluster", "global"})],
         "empty_clusters": [StrOptions({"keep", "reseed"})],
+        "aggregation": [StrOptions(set(AGGREGATIONS))],
+        **AGGREGATION_CONSTRAINTS,
         "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
         "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
         "privacy_min_rows": _POSITIVE_INT,
@@ -153,6 +162,9 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         kmeans_iter=10,
         cluster_average="cluster",
         empty_clusters="keep",
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         fraction=1.0,
         dropout=0.0,
         privacy_min_rows=5,
@@ -175,6 +187,9 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.kmeans_iter = kmeans_iter
         self.cluster_average = cluster_average
         self.empty_clusters = empty_clusters
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.fraction = fraction
         self.dropout = dropout
         self.privacy_min_rows = privacy_min_rows
@@ -249,6 +264,7 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             kmeans_iter=self.kmeans_iter,
             cluster_average=self.cluster_average,
             empty_clusters=self.empty_clusters,
+            **self._aggregation_options(),
             random_state=seed,
             dtype=options["dtype"],
             device=options["device"],

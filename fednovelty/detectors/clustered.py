@@ -28,7 +28,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
-from fednovelty.detectors.base import PRIOR_SCALE, ROBUST_CONSTRAINTS
+from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, PRIOR_SCALE, ROBUST_CONSTRAINTS
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -75,6 +75,10 @@ class ClusteredFedGMMDetector(EMDetector):
         warmup: federated EM rounds on all ``n_components + n_clusters * cluster_components``
             components before the clusters form and take their own.
         max_iter: most clustered rounds after the warm-up.
+        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``), as
+            ``FedGMMDetector``'s: ``aggregation="trimmed"`` combines the warm-up's and every
+            clustered round's statistics by the trimmed rule of federated EM (and screens
+            the k-means round's centroids); ``client_weight_cap`` caps a client's weight.
         covariance_type, init_params, reg_covar, tol, standardize, covariance_prior,
             prior_scale, kmeans_rounds, subset_size, pca_components, fraction, dropout,
             privacy_min_rows, contamination, random_state, device, dtype, progress: as
@@ -119,6 +123,8 @@ class ClusteredFedGMMDetector(EMDetector):
         "cluster_components": [Interval(Integral, 1, None, closed="left")],
         "assignment": [StrOptions(set(CLUSTER_ASSIGNMENTS))],
         "warmup": [Interval(Integral, 1, None, closed="left")],
+        "aggregation": [StrOptions({"sum", "trimmed"})],
+        **AGGREGATION_CONSTRAINTS,
     }
 
     def __init__(
@@ -129,6 +135,9 @@ class ClusteredFedGMMDetector(EMDetector):
         cluster_components=2,
         assignment="likelihood",
         warmup=10,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         covariance_type="full",
         init_params="kmeans",
         reg_covar=1e-6,
@@ -154,6 +163,9 @@ class ClusteredFedGMMDetector(EMDetector):
         self.cluster_components = cluster_components
         self.assignment = assignment
         self.warmup = warmup
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.covariance_type = covariance_type
         self.init_params = init_params
         self.reg_covar = reg_covar
@@ -189,6 +201,7 @@ class ClusteredFedGMMDetector(EMDetector):
             assignment=self.assignment,
             warmup=self.warmup,
             **self._robust_options(width),
+            **self._aggregation_options(),
             **self._em_options(seed, pca_components),
         )
         result = self._simulate(

@@ -27,6 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors.base import (
+    AGGREGATION_CONSTRAINTS,
     SimulatedFitMixin,
     atomic_fit,
     check_callbacks,
@@ -51,6 +52,7 @@ from fednovelty.federated.config import (
     VGM2_PREDICTIONS,
     VGM2Config,
 )
+from fednovelty.federated.robust import AGGREGATIONS
 from fednovelty.federated.vgm2 import ENCODER, HEAD, MARKERS, VGM2, VGM2State
 from fednovelty.mixture.dirnig import check_markers
 
@@ -80,6 +82,13 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         train_encoder: False freezes the encoder (ablation).
         n_neighbors, min_dist: parametric UMAP's graph and curve.
         aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
+        robust_aggregation, trim, client_weight_cap: the robust options of the FedAvg
+            baseline (``docs/robust.md``; ``aggregation`` already names the markers' rule):
+            ``"sum"`` (the row-weighted mean of the clients' encoders and heads),
+            ``"trimmed"`` or ``"median"`` (coordinate-wise, ``trim`` of the copies left out
+            at each end); ``client_weight_cap`` caps a client's row weight at this many
+            times the median client's. Other methods have ``"sum"`` only (others are
+            refused by name).
         prediction, top_m: VGM2's rule: ``"nearest"`` (among the ``top_m`` nearest training
             rows, a class scores the sum of its rows' ``pi_1``) or ``"top_pi"`` (the mean of
             a class's ``top_m`` largest ``pi_1``). Read at prediction time too.
@@ -137,6 +146,8 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         "n_neighbors": [Interval(Integral, 2, None, closed="left")],
         "min_dist": _POSITIVE,
         "aggregation": [StrOptions(set(VGM2_AGGREGATIONS))],
+        "robust_aggregation": [StrOptions(set(AGGREGATIONS))],
+        **AGGREGATION_CONSTRAINTS,
         "prediction": [StrOptions(set(VGM2_PREDICTIONS))],
         "top_m": _POSITIVE_INT,
         "privacy_min_rows": _POSITIVE_INT,
@@ -168,6 +179,9 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         n_neighbors=15,
         min_dist=0.1,
         aggregation="moment",
+        robust_aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         prediction="nearest",
         top_m=5,
         privacy_min_rows=5,
@@ -195,6 +209,9 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.n_neighbors = n_neighbors
         self.min_dist = min_dist
         self.aggregation = aggregation
+        self.robust_aggregation = robust_aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.prediction = prediction
         self.top_m = top_m
         self.privacy_min_rows = privacy_min_rows
@@ -274,6 +291,7 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             n_neighbors=self.n_neighbors,
             min_dist=self.min_dist,
             aggregation=self.aggregation,
+            **self._aggregation_options("robust_aggregation"),
             prediction=self.prediction,
             top_m=self.top_m,
             random_state=seed,

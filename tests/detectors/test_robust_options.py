@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fednovelty import FedGenGMMDetector, FedGMMDetector, load
+from fednovelty import (
+    ClusteredFedGMMDetector,
+    ClusteredFLClassifier,
+    FedGenGMMDetector,
+    FedGMMDetector,
+    load,
+)
+from fednovelty.detectors.vgm2 import VGM2Classifier
+from fednovelty.federated.cam import ClusteredFL
+from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.vgm2 import VGM2
 
 
 def lone_far_client() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -59,3 +69,64 @@ def test_robust_options_ignore_labels() -> None:
     with_y = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, labels, groups=groups)
     without = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, groups=groups)
     np.testing.assert_allclose(with_y.score_samples(far), without.score_samples(far), rtol=1e-12)
+
+
+def configs_of(monkeypatch, algorithm: type) -> list:
+    """Every config an ``algorithm`` is set up with while the test runs."""
+    seen, original = [], algorithm._setup
+
+    def recording(self, config) -> None:
+        seen.append(config)
+        original(self, config)
+
+    monkeypatch.setattr(algorithm, "_setup", recording)
+    return seen
+
+
+ROBUST_DETECTORS = {
+    "ClusteredFedGMMDetector": (
+        lambda: ClusteredFedGMMDetector(
+            2, n_clusters=2, cluster_components=1, warmup=2, max_iter=2,
+            aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
+        ),
+        ClusteredEM,
+        "aggregation",
+    ),
+    "ClusteredFLClassifier": (
+        lambda: ClusteredFLClassifier(
+            "FedAvg+", 2, learner="linear", rounds=2, local_steps=2,
+            aggregation="median", trim=0.2, client_weight_cap=2.0, random_state=0,
+        ),
+        ClusteredFL,
+        "aggregation",
+    ),
+    "VGM2Classifier": (
+        lambda: VGM2Classifier(
+            "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2,
+            robust_aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
+        ),
+        VGM2,
+        "robust_aggregation",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ROBUST_DETECTORS))
+def test_robust_options_reach_the_algorithm_and_survive_save_load(
+    name, monkeypatch, tmp_path
+) -> None:
+    make, algorithm, option = ROBUST_DETECTORS[name]
+    X, groups, far = lone_far_client()
+    y = (X[:, 1] > 0).astype(int)
+    configs = configs_of(monkeypatch, algorithm)
+    det = make()
+    det.fit(X, groups=groups) if algorithm is ClusteredEM else det.fit(X, y, groups)
+    wanted = {option: getattr(det, option), "trim": 0.2, "client_weight_cap": 2.0}
+    assert wanted[option] != "sum" and configs
+    for config in configs:  # the fit's algorithm (and any rebuilt for prediction)
+        assert {k: getattr(config, k) for k in wanted} == wanted
+    det.save(tmp_path / "m.safetensors")
+    again = load(tmp_path / "m.safetensors")
+    assert {k: getattr(again, k) for k in wanted} == wanted
+    score = "decision_function" if algorithm is ClusteredEM else "predict_proba_y"
+    np.testing.assert_allclose(getattr(again, score)(far), getattr(det, score)(far), rtol=1e-12)
