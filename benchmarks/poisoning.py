@@ -56,26 +56,39 @@ does (K by BIC in 1..10 on clients and server, ``H = 100``, same remedies). Both
 in-process engine with its default privacy policy; the score is
 ``fednovelty.mixture.score_samples(params, X)``.
 
-**The other families** (``--families``): FedVB, StreamingEM, JointFedGMM, pFedEM,
-VGM2's FedAvg baseline and ClusteredFL (FedAvg+) on a synthetic task (:func:`family_task`:
-three Gaussian classes in ``FAMILY_D`` features, ten clients of ``FAMILY_ROWS`` rows; the
-liar, client 9, holds rows ``FAMILY_FAR`` away for the mixtures, and rows of the classes
-with labels shifted by one class for the classifiers). Attacks: ``scale-1e10`` (every sum
-over rows of every reply x 1e10, from the first reply on; the ``EXTENSIVE`` tensors) and
-``far-centroid`` (honest, but its first
-k-means centroid at 1e133; the families that start with federated k-means). Defences:
-``sum`` (the default) and each robust ``aggregation`` the family has, ``trimmed`` at 0.1
-and, for the model-update families, ``median``. Reference: the nine honest clients alone
-(``absent``); cost: the ten clients with the liar honest (``none``). The score is the
-AUROC of ``-log p(x)`` (inliers against anomalies where the liar's rows lie and in a wide
-box) for the mixtures, the accuracy on held-out rows for the classifiers. Written to
-``<out>/poisoning_families.csv`` and ``poisoning_families.md``.
+**The other families** (``--families``): FedVB, one-shot VB (``FederatedVBOneShot``), the
+kNN markers (``FederatedKNNMarkers``), the clustered mixture (``ClusteredEM``), the local
+baseline ``LocalGMMs``, StreamingEM, JointFedGMM, pFedEM, VGM2's FedAvg baseline and
+ClusteredFL (FedAvg+) on a synthetic task (:func:`family_task`: three Gaussian classes in
+``FAMILY_D`` features, ten clients of ``FAMILY_ROWS`` rows; the liar, client 9, holds rows
+``FAMILY_FAR`` away for the mixtures (for the kNN markers, whose feature is a row's
+distance to its client's neighbours, also ``FAMILY_WIDE`` times as spread), and rows of the
+classes with labels shifted by one class for the classifiers). Attacks: ``scale-1e10``
+(every sum over rows of every reply x 1e10, from the first reply on; the ``EXTENSIVE``
+tensors) and ``far-centroid`` (honest, but its first k-means centroid at 1e133; the
+families that start with federated k-means: FedVB, the kNN markers, the clustered mixture,
+joint, pFedEM). Options (the ``aggregation`` column): ``sum`` (the default), each robust
+``aggregation`` the family has (``trimmed`` at 0.1 and, for the model-update families,
+``median``) and ``cap`` (the sum with ``client_weight_cap=CAP``). One-shot VB has ``sum``
+and the cap only (its matched posteriors have no trimmed form); the kNN markers are
+federated VB on a one-column feature and have FedVB's options; ``LocalGMMs`` aggregates
+nothing (every client keeps its own model), so it has none and the liar can only spoil its
+own model. Reference: the nine honest clients alone (``absent``); cost: the ten clients
+with the liar honest (``none``). The score is the AUROC of ``-log p(x)`` (inliers against
+anomalies where the liar's rows lie and in a wide box) for the mixtures (``LocalGMMs``:
+the mean over the honest clients' own models; ``liar_score``: the liar's), the accuracy on
+held-out rows for the classifiers, and for the kNN markers the balanced accuracy of
+flagging a tail probability below ``KNN_LEVEL`` (a row's feature: its distance to the
+``n_neighbors``-th nearest training row of client ``KNN_REFERENCE_CLIENT``; one
+posterior's tail probability is monotone in that distance, so an AUROC would be the same
+for any posterior). Written to ``<out>/poisoning_families.csv`` and
+``poisoning_families.md``.
 
 Run (about 17 minutes on 2 shared cores)::
 
     .venv/bin/python benchmarks/poisoning.py               # 4 datasets x 3 seeds
     .venv/bin/python benchmarks/poisoning.py --quick       # smoke run: 4_breastw, seed 0
-    .venv/bin/python benchmarks/poisoning.py --families    # the other families, 3 seeds
+    .venv/bin/python benchmarks/poisoning.py --families    # the other families, 3 seeds (~1.5 min)
 
 It prints one line per (dataset, algorithm, attack, attackers, defence) with mean +- std
 over seeds of both AUROCs, the replies the validation dropped per fit and the seconds per
@@ -113,12 +126,16 @@ from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.base import ClientContext
 from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.fedgengmm import LocalGMMs
 from fednovelty.federated.joint import JointFedGMM
 from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.knn_markers import FederatedKNNMarkers, predictive_log_tail
 from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
 from fednovelty.federated.robust import EXTENSIVE
 from fednovelty.federated.streaming import StreamingEM
 from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.vgm2 import VGM2, embed, encoder_template, head_template
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
@@ -646,14 +663,25 @@ def summary(df: pd.DataFrame) -> str:
 FAMILY_D, FAMILY_ROWS, FAMILY_FAR, FAMILY_FACTOR = 4, 200, 10.0, 1e10
 FAMILY_ATTACKS = ("scale-1e10", "far-centroid")
 #: families whose first round is federated k-means (the far-centroid attack applies).
-KMEANS_FAMILIES = ("FederatedVB", "JointFedGMM", "PFedEM")
+KMEANS_FAMILIES = ("FederatedVB", "FederatedKNNMarkers", "ClusteredEM", "JointFedGMM", "PFedEM")
+#: the kNN-marker liar's rows: centred ``FAMILY_FAR`` away, ``FAMILY_WIDE`` times as spread
+#: (its neighbour distances, the family's feature, ``FAMILY_WIDE`` times the others').
+FAMILY_WIDE = 10.0
+#: the kNN markers' reference rows: a held-out row's feature is its distance to the
+#: ``n_neighbors``-th nearest training row of this (honest) client.
+KNN_REFERENCE_CLIENT = 0
+#: the kNN markers' score flags a row whose tail probability is below this level: any
+#: one posterior's tail probability is monotone in the distance, so the AUROC cannot see
+#: what the posterior is, only whether the flags it gives are calibrated.
+KNN_LEVEL = 0.01
 
 
 def family_task(seed: int, liar: str = "", n: int = FAMILY_ROWS, gen=None):
     """Ten clients ``(X, y)`` of three Gaussian classes (centres 0, 4 e_1, 4 e_2, unit
     variance); client 9's rows lie ``FAMILY_FAR`` away in every feature (``liar="far"``,
     for the mixtures) or keep their class centres with labels shifted by one class
-    (``liar="labels"``, for the classifiers); ``""``: honest like the others."""
+    (``liar="labels"``, for the classifiers), or lie ``FAMILY_FAR`` away with ``FAMILY_WIDE``
+    times the spread (``liar="wide"``, for the kNN markers); ``""``: honest like the others."""
     gen = gen or torch.Generator().manual_seed(seed)
     centres = torch.zeros(3, FAMILY_D, dtype=torch.float64)
     centres[1, 0] = centres[2, 1] = 4.0
@@ -663,6 +691,8 @@ def family_task(seed: int, liar: str = "", n: int = FAMILY_ROWS, gen=None):
         X = centres[y] + torch.randn(n, FAMILY_D, generator=gen, dtype=torch.float64)
         if liar == "far" and c == N_CLIENTS - 1:
             X = X - centres[y] + FAMILY_FAR
+        elif liar == "wide" and c == N_CLIENTS - 1:
+            X = (X - centres[y]) * FAMILY_WIDE + FAMILY_FAR
         elif liar == "labels" and c == N_CLIENTS - 1:
             y = (y + 1) % 3
         out.append((X, y))
@@ -705,10 +735,37 @@ def _stream_start(seed: int):
     return simulation.run_simulation(FederatedEM(3, random_state=seed), rows).state.params
 
 
-def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
-    """The family ``name`` on the synthetic task with ``aggregation`` (small settings)."""
+def family_options(name: str, option: str) -> dict:
+    """The robust settings of ``option`` as family ``name``'s algorithm takes them:
+    ``"sum"``, ``"trimmed"`` (at ``trim=0.1``), ``"median"`` or ``"cap"`` (the sum with
+    ``client_weight_cap=CAP``); VGM2 names its aggregation ``robust_aggregation``."""
+    aggregation = "sum" if option == "cap" else option
+    key = "robust_aggregation" if name == "VGM2-fedavg" else "aggregation"
+    return {key: aggregation, "client_weight_cap": CAP if option == "cap" else None}
+
+
+def make_family(name: str, option: str, seed: int) -> FederatedAlgorithm:
+    """The family ``name`` on the synthetic task with the robust ``option`` (small
+    settings; :func:`family_options`)."""
+    robust = family_options(name, option)
     if name == "FederatedVB":
-        return FederatedVB(6, aggregation=aggregation, random_state=seed)
+        return FederatedVB(6, random_state=seed, **robust)
+    if name == "FederatedVBOneShot":
+        return FederatedVBOneShot(6, random_state=seed, **robust)
+    if name == "FederatedKNNMarkers":
+        return FederatedKNNMarkers(3, max_iter=30, random_state=seed, **robust)
+    if name == "ClusteredEM":
+        return ClusteredEM(
+            2,
+            n_clusters=2,
+            cluster_components=1,
+            warmup=5,
+            max_iter=10,
+            random_state=seed,
+            **robust,
+        )
+    if name == "LocalGMMs":  # every client keeps its own model: nothing is aggregated
+        return LocalGMMs(client_components=3, random_state=seed, **robust)
     if name == "StreamingEM":
         p = _stream_start(seed)
         return StreamingEM(
@@ -717,10 +774,10 @@ def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
             means_init=p.means,
             precisions_init=p.precisions_cholesky,
             rounds=3,
-            aggregation=aggregation,
             random_state=seed,
+            **robust,
         )
-    learning = {"max_iter": 8, "learning_rate": 0.5, "aggregation": aggregation}
+    learning = {"max_iter": 8, "learning_rate": 0.5, **robust}
     if name == "JointFedGMM":
         return JointFedGMM(1, 1, 3, random_state=seed, **learning)
     if name == "PFedEM":
@@ -735,9 +792,9 @@ def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
             hidden=16,
             embedding_dim=4,
             learning_rate=1e-2,
-            robust_aggregation=aggregation,
             random_state=seed,
             dtype=torch.float64,
+            **robust,
         )
     if name == "ClusteredFL":
         return ClusteredFL(
@@ -748,33 +805,82 @@ def make_family(name: str, aggregation: str, seed: int) -> FederatedAlgorithm:
             rounds=8,
             learner_factory="linear",
             learning_rate=0.1,
-            aggregation=aggregation,
             random_state=seed,
             dtype=torch.float64,
+            **robust,
         )
     raise ValueError(f"unknown family {name!r}; choose one of {list(FAMILY_AGGREGATIONS)}.")
 
 
-#: family -> the robust aggregations it has besides "sum".
+#: family -> the robust options it has besides "sum" ("cap": the sum with
+#: client_weight_cap=CAP). LocalGMMs aggregates nothing: it has none to run.
 FAMILY_AGGREGATIONS: dict[str, tuple[str, ...]] = {
-    "FederatedVB": ("trimmed",),
-    "StreamingEM": ("trimmed",),
-    "JointFedGMM": ("trimmed",),
-    "PFedEM": ("trimmed",),
-    "VGM2-fedavg": ("trimmed", "median"),
-    "ClusteredFL": ("trimmed", "median"),
+    "FederatedVB": ("trimmed", "cap"),
+    "FederatedVBOneShot": ("cap",),
+    "FederatedKNNMarkers": ("trimmed", "cap"),
+    "ClusteredEM": ("trimmed", "cap"),
+    "LocalGMMs": (),
+    "StreamingEM": ("trimmed", "cap"),
+    "JointFedGMM": ("trimmed", "cap"),
+    "PFedEM": ("trimmed", "cap"),
+    "VGM2-fedavg": ("trimmed", "median", "cap"),
+    "ClusteredFL": ("trimmed", "median", "cap"),
 }
 #: the unsupervised families (scored by AUROC); the others by accuracy.
-MIXTURE_FAMILIES = ("FederatedVB", "StreamingEM")
+MIXTURE_FAMILIES = (
+    "FederatedVB",
+    "FederatedVBOneShot",
+    "FederatedKNNMarkers",
+    "ClusteredEM",
+    "LocalGMMs",
+    "StreamingEM",
+)
+#: the table's option columns, in order.
+FAMILY_OPTIONS = ("sum", "trimmed", "median", "cap")
 
 
-def family_score(name: str, algorithm: FederatedAlgorithm, state, seed: int) -> float:
-    """AUROC (mixtures) or accuracy (classifiers) of a final ``state`` on held-out rows."""
+def knn_feature(seed: int, X: torch.Tensor, config) -> np.ndarray:
+    """The kNN markers' feature of rows ``X`` (n, d) under their ``config``: the log
+    distance (plus ``distance_floor``) to the ``n_neighbors``-th nearest training row of
+    client ``KNN_REFERENCE_CLIENT``, (n,)."""
+    reference = family_task(seed)[KNN_REFERENCE_CLIENT][0]
+    nearest = torch.cdist(X, reference).topk(config.n_neighbors, largest=False).values
+    return torch.log(nearest[:, -1] + config.distance_floor).numpy()
+
+
+def mixture_novelty(name: str, algorithm: FederatedAlgorithm, state, X: torch.Tensor, seed: int):
+    """``-log p(x)`` (or the kNN markers' ``-log`` tail probability) of rows ``X`` under a
+    mixture family's final ``state``, (n,); LocalGMMs: one column per client model,
+    (n, n_models) in client-id order."""
+    if name in ("FederatedVB", "FederatedVBOneShot"):
+        return -vb_predictive_log_prob(X, state.posterior).numpy()
+    if name == "FederatedKNNMarkers":
+        values = knn_feature(seed, X, algorithm.config)
+        return -predictive_log_tail(values, state.posterior)
+    if name == "LocalGMMs":
+        models = [state.client_models[c] for c in sorted(state.client_models)]
+        return np.column_stack([-score_samples(m, X).numpy() for m in models])
+    return -score_samples(state.params, X).numpy()
+
+
+def family_score(name: str, algorithm: FederatedAlgorithm, state, seed: int) -> dict:
+    """``{"score": ...}``: the AUROC (mixtures) or accuracy (classifiers) of a final
+    ``state`` on held-out rows. The kNN markers: the balanced accuracy (mean of the shares
+    of anomalies and of inliers classed right) of flagging a tail probability below
+    ``KNN_LEVEL``. LocalGMMs: the mean AUROC of the honest clients' own models (``score``)
+    and the liar's own model's (``liar_score``)."""
     X, y, novelty, y_novel = family_held_out(seed)
-    if name == "FederatedVB":
-        return auroc(y_novel, -vb_predictive_log_prob(novelty, state.posterior).numpy())
-    if name == "StreamingEM":
-        return auroc(y_novel, -score_samples(state.params, novelty).numpy())
+    if name in MIXTURE_FAMILIES:
+        scores = mixture_novelty(name, algorithm, state, novelty, seed)
+        if name == "FederatedKNNMarkers":  # balanced accuracy of the flags (KNN_LEVEL)
+            flagged = scores > -math.log(KNN_LEVEL)
+            return {"score": 0.5 * (flagged[y_novel == 1].mean() + (~flagged[y_novel == 0]).mean())}
+        if name != "LocalGMMs":
+            return {"score": auroc(y_novel, scores)}
+        ids = sorted(state.client_models)
+        per_model = {c: auroc(y_novel, scores[:, i]) for i, c in enumerate(ids)}
+        liar = per_model.pop(N_CLIENTS - 1, math.nan)
+        return {"score": float(np.mean(list(per_model.values()))), "liar_score": liar}
     if name == "JointFedGMM":
         proba = learner_log_probs(algorithm._template(FAMILY_D), state.learners, X)[:, 0]
     elif name == "PFedEM":
@@ -786,15 +892,23 @@ def family_score(name: str, algorithm: FederatedAlgorithm, state, seed: int) -> 
         proba = torch.func.functional_call(head_template(config), state.global_head, (Z,))
     else:
         proba = ensemble_proba(model_template(algorithm.config), state, X)
-    return float((proba.argmax(1) == y).double().mean())
+    return {"score": float((proba.argmax(1) == y).double().mean())}
+
+
+def family_liar(name: str, attack: str) -> str:
+    """How client 9's rows differ (:func:`family_task`): none when it is honest."""
+    if attack == "none":
+        return ""
+    if name == "FederatedKNNMarkers":
+        return "wide"
+    return "far" if name in MIXTURE_FAMILIES else "labels"
 
 
 def run_family(name: str, attack: str, aggregation: str, seed: int) -> dict:
     """One fit of the families' grid; ``attack`` ``"none"`` (the liar honest),
     ``"absent"`` (the nine honest clients alone) or one of ``FAMILY_ATTACKS``."""
     row = {"family": name, "attack": attack, "aggregation": aggregation, "seed": seed}
-    liar = "" if attack == "none" else "far" if name in MIXTURE_FAMILIES else "labels"
-    data = family_task(seed, liar=liar)
+    data = family_task(seed, liar=family_liar(name, attack))
     if attack == ABSENT:
         data = data[: N_CLIENTS - 1]
     if name in MIXTURE_FAMILIES:
@@ -807,7 +921,7 @@ def run_family(name: str, attack: str, aggregation: str, seed: int) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             state = simulation.run_simulation(algorithm, data, random_state=seed).state
-        row["score"], row["error"] = family_score(name, inner, state, seed), ""
+        row.update(family_score(name, inner, state, seed), error="")
     except Exception as error:  # a fit the attack stopped is a result
         row["score"] = math.nan
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
@@ -835,12 +949,18 @@ def family_summary(df: pd.DataFrame) -> str:
         "",
         f"Synthetic task (three Gaussian classes, d={FAMILY_D}, {N_CLIENTS} clients of "
         f"{FAMILY_ROWS} rows), means over {df['seed'].nunique()} seed(s). Score: AUROC "
-        "(FederatedVB, StreamingEM) or accuracy (the classifiers). 'liar absent': the nine "
-        "honest clients alone; 'none': the liar's client honest (the options' cost). "
-        "'stopped': the fit raised. Generated by `benchmarks/poisoning.py --families`.",
+        f"({', '.join(m for m in MIXTURE_FAMILIES if m != 'FederatedKNNMarkers')}) or "
+        "accuracy (the classifiers); FederatedKNNMarkers: the balanced accuracy of flagging "
+        f"tail probabilities below {KNN_LEVEL:g} (its tail probability is monotone in the "
+        "distance: an AUROC would not see the posterior); LocalGMMs aggregates nothing: its "
+        "score is the mean AUROC of the honest clients' own models. "
+        "'liar absent': the nine honest clients alone; 'none': the liar's client honest "
+        f"(the options' cost); 'cap': the sum with client_weight_cap={CAP:g}; '-': an "
+        "option the family does not have. 'stopped': the fit raised. Generated by "
+        "`benchmarks/poisoning.py --families`.",
         "",
-        "| family | attack | liar absent | sum | trimmed | median |",
-        "|---|---|---|---|---|---|",
+        "| family | attack | liar absent | " + " | ".join(FAMILY_OPTIONS) + " |",
+        "|---|---|---|" + "---|" * len(FAMILY_OPTIONS),
     ]
 
     def text(rows: pd.DataFrame) -> str:
@@ -855,8 +975,17 @@ def family_summary(df: pd.DataFrame) -> str:
     for name, part in df.groupby("family", sort=False):
         absent = text(part[part["attack"] == ABSENT])
         for attack, rows in part[part["attack"] != ABSENT].groupby("attack", sort=False):
-            cells = [text(rows[rows["aggregation"] == a]) for a in ("sum", "trimmed", "median")]
+            cells = [text(rows[rows["aggregation"] == a]) for a in FAMILY_OPTIONS]
             lines.append(f"| {name} | {attack} | {absent} | " + " | ".join(cells) + " |")
+    if "liar_score" in df:
+        own = df[(df["family"] == "LocalGMMs") & ~df["attack"].isin(["none", ABSENT])]
+        by_attack = own.groupby("attack", sort=False)["liar_score"].mean()
+        lines += [
+            "",
+            "LocalGMMs, the liar's own model (its rows lie where the anomalies are): AUROC "
+            + ", ".join(f"{v:.3f} ({a})" for a, v in by_attack.items())
+            + "; no other client's model depends on it.",
+        ]
     return "\n".join(lines)
 
 
@@ -894,7 +1023,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--families",
         action="store_true",
-        help="the other families (FedVB, streaming, joint, pFedEM, VGM2-fedavg, ClusteredFL)",
+        help="the other families (FedVB, one-shot VB, kNN markers, clustered EM, local "
+        "GMMs, streaming, joint, pFedEM, VGM2-fedavg, ClusteredFL)",
     )
     parser.add_argument(
         "--families-only", nargs="+", default=None, choices=list(FAMILY_AGGREGATIONS)
