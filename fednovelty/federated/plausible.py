@@ -2,7 +2,9 @@
 
 The first round of most algorithms asks every client where its rows lie: feature moments
 (``moments``: the standardisation of federated EM and its relatives), the default prior's
-mean and scatter (``vb_prior``), or a whole local mixture (FedGenGMM's ``local_fit``).
+mean and scatter (``vb_prior``), a whole local mixture (FedGenGMM's ``local_fit``), or, where
+no moments round comes first, k-means centroids (``centroids``: their count-weighted mean is
+the mean of the client's rows).
 Nothing earlier bounds these replies, and everything later is measured in their units: one
 client declaring a mean of 1e133 makes the pooled scale 1e132 and every score a constant.
 Two defences, both pure functions:
@@ -109,6 +111,18 @@ def _local_fit_summary(reply: Message, broadcast: Message) -> tuple[Tensor, Tens
     return moments.mean, moments.m2.clamp_min(0).sqrt()
 
 
+def _centroids_summary(reply: Message, broadcast: Message) -> tuple[Tensor, Tensor]:
+    """A ``centroids`` reply's count-weighted mean of its centroids (the mean of the rows
+    they summarise) and the weighted standard deviation of the centroids about it, each
+    (n_features,)."""
+    t = reply.tensors
+    centers = t["centers"].double()
+    weights = t["counts"].double().clamp_min(0)
+    weights = weights / weights.sum().clamp_min(1e-300)
+    mean = weights @ centers
+    return mean, (weights @ (centers - mean).square()).clamp_min(0).sqrt()
+
+
 Summary = Callable[[Message, Message], tuple[Tensor, Tensor]]
 #: reply kinds in which every client declares where its rows lie, and how to read that
 #: (per-feature mean and standard deviation): the replies :func:`gross_screen` compares.
@@ -116,6 +130,7 @@ GROSS_SUMMARIES: dict[str, Summary] = {
     "moments": _moments_summary,
     "vb_prior": _scatter_summary,
     "local_fit": _local_fit_summary,
+    "centroids": _centroids_summary,
 }
 
 

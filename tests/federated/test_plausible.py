@@ -179,3 +179,33 @@ def test_a_huge_prior_scatter_is_screened_and_the_fit_is_that_without_the_liar(n
         got = getattr(attacked.state.posterior, field)
         want = getattr(alone.state.posterior, field)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["FederatedEM", "ClusteredEM"])
+def test_a_far_centroid_is_screened_where_no_moments_round_comes_first(name) -> None:
+    """Without standardisation the k-means centroids are the first round: one client of ten
+    sending a centroid at 1e133 used to end the fit with a singular covariance under the
+    plain sum; the screen drops it by name and the fit goes on."""
+    from _liars import Forging
+
+    from fednovelty.federated import registry
+    from fednovelty.runtime import run_simulation
+
+    settings = {"n_components": 3, "random_state": 0, "max_iter": 5}
+    if name == "ClusteredEM":
+        settings.update(n_clusters=2, cluster_components=1)
+    clients = dict(enumerate(_clients()))
+
+    def far(reply, message, number):
+        if message.kind != "centroids":
+            return reply
+        centers = reply.tensors["centers"].clone()
+        centers[0] = 1e133
+        return _with(reply, centers=centers)
+
+    result = run_simulation(
+        Forging(registry.ALGORITHMS[name](**settings), 4, far), clients, random_state=0
+    )
+    first = result.history[0]
+    assert first.kind == "centroids" and [c for c, _ in first.dropped] == [4]
+    assert bool(torch.isfinite(result.state.params.means).all())

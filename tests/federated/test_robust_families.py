@@ -24,7 +24,6 @@ from fednovelty.detectors.joint import JointFedGMMDetector
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
-from fednovelty.exceptions import SingularCovarianceError
 from fednovelty.federated import FederatedEM, Message
 from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.init import robust_centroid_replies
@@ -234,11 +233,12 @@ def _auroc(params, seed: int) -> float:
 
 
 def test_federated_em_trimmed_survives_a_far_centroid() -> None:
-    """The k-means round's robust form, shared by every family that starts with it."""
+    """The k-means round's robust form, shared by every family that starts with it; under
+    the plain sum the first round's screen drops the far centroid's client (it used to end
+    the fit with a SingularCovarianceError)."""
     data = clients(0)
     reference = _auroc(fit(_em("sum", 0), data[:LIAR]).params, 0)
-    with pytest.raises(SingularCovarianceError):
-        fit(_em("sum", 0), data, far_centroid)
+    assert _auroc(fit(_em("sum", 0), data, far_centroid).params, 0) >= reference - CLOSE
     assert _auroc(fit(_em("trimmed", 0), data, far_centroid).params, 0) >= reference - CLOSE
 
 
