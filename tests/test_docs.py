@@ -108,3 +108,10 @@ def test_variational_page_example_runs(capsys):
     assert [out[i] for i in (0, 1, 2, 4)] == [expected[i] for i in (0, 1, 2, 4)]
     gap, far = out[3].split()
     assert float(gap) < 0.05 and far == "True"  # the gap's last digits vary by CPU
+
+
+def test_trust_page_example_runs(capsys):
+    text = (DOCS / "trust.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, "docs/trust.md", "exec"), {})
+    assert capsys.readouterr().out.split() == ["True", "0", "False"]
