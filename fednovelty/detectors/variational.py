@@ -38,9 +38,10 @@ Choices, and why:
   way (the posterior); ``lower_bounds_`` is empty and ``n_iter_`` the most local
   iterations for one-shot fits.
 - Robust options against a lying client (``docs/robust.md``): ``robust_aggregation``
-  (``"sum"`` or ``"trimmed"``), ``trim`` and ``client_weight_cap``, the algorithms'
-  ``aggregation``, ``trim`` and ``client_weight_cap`` (named ``robust_aggregation`` here
-  because ``aggregation`` already picks the exact or one-shot rule, a different choice).
+  (``"sum"`` or ``"trimmed"``; one-shot fits also ``"median"``), ``trim`` and
+  ``client_weight_cap``, the algorithms' ``aggregation``, ``trim`` and
+  ``client_weight_cap`` (named ``robust_aggregation`` here because ``aggregation``
+  already picks the exact or one-shot rule, a different choice).
 - Not here (yet): client sampling and dropout (the exact posterior needs every client each
   round), standardisation and PCA (``FederatedVB`` rejects them), personal weights.
 """
@@ -129,11 +130,16 @@ class FedVBDetector(MixtureDetector):
             posteriors) or ``"moment"`` (moment matching); one-shot fits initialise locally
             with k-means (``init_params="kmeans"``, no ``*_init``) and take
             ``covariance_type`` ``full``, ``diag`` or ``spherical``.
-        robust_aggregation: the robust combination of the exact fit's statistics
-            (``aggregation`` names the exact or one-shot rule here): ``"sum"`` (default) or
-            ``"trimmed"`` (:func:`~fednovelty.federated.robust.robust_stats`, and a robust
-            k-means first round; ``docs/robust.md``); one-shot fits have ``"sum"`` only.
-        trim: share of clients ``robust_aggregation="trimmed"`` leaves out at each end.
+        robust_aggregation: the robust combination of the clients' replies (``aggregation``
+            names the exact or one-shot rule here; ``docs/robust.md``): ``"sum"`` (default)
+            or ``"trimmed"``: for the exact fit the trimmed statistics
+            (:func:`~fednovelty.federated.robust.robust_stats`) and a robust k-means first
+            round; for one-shot fits the most outlying client posteriors left out before
+            matching, every client counted as the typical client's rows
+            (:func:`~fednovelty.federated.robust.outlying_models`). ``"median"``: one-shot
+            fits only, the posteriors with a robust z-score above 3.5 left out.
+        trim: share of clients ``robust_aggregation="trimmed"`` leaves out (at each end
+            for the exact fit).
         client_weight_cap: no client counts for more than this many times the median
             client's row count (``None``: no cap); both fits.
         match_threshold: one-shot matching: a client component opens a new slot when its
@@ -194,7 +200,7 @@ class FedVBDetector(MixtureDetector):
         "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
         "aggregation": [StrOptions({"exact", "natural", "moment"})],
         "match_threshold": [Interval(Real, 0.0, None, closed="neither")],
-        "robust_aggregation": [StrOptions({"sum", "trimmed"})],
+        "robust_aggregation": [StrOptions({"sum", "trimmed", "median"})],
         **AGGREGATION_CONSTRAINTS,
     }
 
@@ -326,6 +332,11 @@ class FedVBDetector(MixtureDetector):
         if self.aggregation != "exact":
             self._fit_one_shot(clients, seed)
             return
+        if self.robust_aggregation == "median":
+            raise ValueError(
+                "robust_aggregation='median' is a one-shot option (aggregation 'natural' or "
+                "'moment'); the exact fit (aggregation='exact') has 'sum' and 'trimmed'."
+            )
         algorithm = FederatedVB(
             self.n_components,
             **self._prior_settings(),
@@ -389,16 +400,12 @@ class FedVBDetector(MixtureDetector):
                 f"aggregation={self.aggregation!r} (one shot) takes covariance_type 'full', "
                 "'diag' or 'spherical'; use aggregation='exact' for 'tied'."
             )
-        if self.robust_aggregation != "sum":
-            raise ValueError(
-                f"aggregation={self.aggregation!r} (one shot) has robust_aggregation='sum' "
-                f"only (and client_weight_cap), got {self.robust_aggregation!r}; use "
-                "aggregation='exact' for the trimmed combination."
-            )
         algorithm = FederatedVBOneShot(
             self.n_components,
             posterior_aggregation=self.aggregation,
             match_threshold=self.match_threshold,
+            aggregation=self.robust_aggregation,
+            trim=self.trim,
             client_weight_cap=self.client_weight_cap,
             **self._prior_settings(),
             reg_covar=self.reg_covar,

@@ -1185,11 +1185,16 @@ class VBOneShotConfig(VBConfig):
             client's to the slot's total, the prior counted once
             (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
             rule's average (VGM2's use: the average as the next prior).
+        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`):
+            ``"trimmed"`` leaves out the ``ceil(trim * C)`` most outlying client posteriors,
+            ``"median"`` those whose robust z-score exceeds 3.5, and both count every
+            client as the typical client's rows (trimmed mean or median of the row counts).
     """
 
-    #: the clients' posteriors are matched and combined, not summed: no trimmed form yet
-    #: (``client_weight_cap`` applies).
-    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum",)
+    #: ``"trimmed"`` / ``"median"``: every client counts as the typical client's rows, and
+    #: outlying client posteriors are left out before the matching
+    #: (:func:`fednovelty.federated.robust.outlying_models`); ``client_weight_cap`` applies.
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
 
     posterior_aggregation: str = "moment"
     match_threshold: float = 0.5

@@ -23,6 +23,9 @@ options, off by default; ``benchmarks/poisoning.py`` measures both sides.
   mixture is summarised by the per-feature mean and log-variance of its distribution;
   ``"trimmed"`` leaves out the ``ceil(trim * C)`` clients farthest from the median summary,
   ``"median"`` every client whose robust z-score (median and MAD) exceeds 3.5.
+  One-shot federated VB leaves out client posteriors the same way (their plug-in
+  mixtures), after :func:`typical_row_factors` has counted every client as the typical
+  client's rows.
 """
 
 from __future__ import annotations
@@ -74,6 +77,21 @@ def weight_factors(sizes: Mapping[int, float], cap: float | None) -> dict[int, f
     median = float(torch.tensor([float(s) for s in sizes.values()]).quantile(0.5))
     limit = cap * max(median, 1.0)
     return {c: (1.0 if s <= limit else limit / float(s)) for c, s in sizes.items()}
+
+
+def typical_row_factors(
+    sizes: Mapping[int, float], aggregation: str, trim: float
+) -> dict[int, float]:
+    """Per-client factor ``typical / size`` that counts every client as the typical
+    client's rows: ``typical`` the median of ``sizes`` (``"median"``) or their trimmed mean
+    (``"trimmed"``, ``floor(trim * C)`` dropped at each end), so a claimed row count buys
+    no weight; 1 for all under ``"sum"``. Scaling a client's statistics by its factor
+    keeps its shares, means and covariances."""
+    if aggregation == "sum" or not sizes:
+        return dict.fromkeys(sizes, 1.0)
+    values = torch.tensor([float(s) for s in sizes.values()], dtype=torch.float64)
+    typical = coordinate_median(values) if aggregation == "median" else trimmed_mean(values, trim)
+    return {c: float(typical) / max(float(s), 1e-300) for c, s in sizes.items()}
 
 
 #: reply tensors that are sums over rows (scaled by a weight cap); means are not.

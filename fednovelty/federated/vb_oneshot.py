@@ -50,6 +50,16 @@ with equal shares this is exactly the product of the clients' likelihood factors
 posterior of the matched statistics summed. ``total_evidence=False`` keeps the average
 (what VGM2 uses as the next round's prior).
 
+Robust options (``aggregation`` ``"trimmed"`` or ``"median"``, :mod:`fednovelty.federated.
+robust`). Before the matching, every client's statistics are rescaled to the typical
+client's row count (:func:`~fednovelty.federated.robust.typical_row_factors`: the trimmed
+mean or median of the declared counts), so a claimed row count sets no weight, and the
+clients whose posteriors' plug-in mixtures are outlying
+(:func:`~fednovelty.federated.robust.outlying_models`: the ``ceil(trim * C)`` most outlying,
+or every one with a robust z-score above 3.5) are left out (``state.left_out``). The
+``vb_prior`` round is still the plain sum. ``client_weight_cap`` scales down a client's
+statistics before either.
+
 Components with an expected count below ``MIN_COMPONENT_COUNT`` (one row) are left out of
 the matching. Privacy: a client below its floor skips both rounds; a client suppresses
 every component backed by fewer than ``min_rows`` effective rows (Kish) by sending it as
@@ -76,6 +86,7 @@ from fednovelty.federated.base import (
 from fednovelty.federated.config import VBOneShotConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.privacy import backed, resp_rows, stats_backing, unfloored
+from fednovelty.federated.robust import outlying_models, scale_stats, typical_row_factors
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -97,6 +108,7 @@ from fednovelty.mixture.variational import (
     fit_vb,
     vb_log_resp,
     vb_m_step,
+    vb_plugin_params,
 )
 from fednovelty.mixture.vb_aggregate import aggregate_posteriors, scale_evidence
 
@@ -123,10 +135,13 @@ class VBOneShotState:
         phase, rounds: the chain's (``vb_prior``, ``vb_local``, ``done``).
         vb_prior: the shared Normal-Wishart prior once known.
         client_rows: client id -> row count declared in the ``vb_prior`` round.
-        client_posteriors: client id -> its local posterior (rebuilt from its statistics).
+        client_posteriors: client id -> its local posterior (rebuilt from its statistics,
+            counted as the typical client's rows under a robust ``aggregation``).
         assignments: client id -> slot of each of its components, (n_components,) long
             (-1: the component was empty or suppressed).
         dropped: client id -> why its reply was refused.
+        left_out: clients whose posteriors the robust ``aggregation`` left out of the
+            matching and combination (outlying plug-in mixtures).
         posterior: the combined posterior.
         n_iter: most local VB iterations a client ran; ``converged``: every client's local
             fit converged.
@@ -142,6 +157,7 @@ class VBOneShotState:
     client_posteriors: dict[int, VBPosterior] = field(default_factory=dict)
     assignments: dict[int, Tensor] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
+    left_out: list[int] = field(default_factory=list)
     posterior: VBPosterior | None = None
     n_iter: int = 0
     converged: bool = True
@@ -507,22 +523,33 @@ class VBLocalStep(Step):
         config = self.config
         prior = state.vb_prior
         d = prior.n_features
-        posteriors, counts = {}, {}
+        valid = {}
         for cid in sorted(replies):
             try:
-                stats = self._valid_stats(state, cid, replies[cid], d)
-                posterior = vb_m_step(stats, prior, config.reg_covar)
+                valid[cid] = self._valid_stats(state, cid, replies[cid], d)
             except (InvalidReplyError, ValueError) as error:
                 state.dropped[cid] = str(error)
+        # under a robust option every client counts as the typical client's rows
+        sizes = {cid: float(stats.n_samples) for cid, stats in valid.items()}
+        factors = typical_row_factors(sizes, config.aggregation, config.trim)
+        posteriors, counts = {}, {}
+        for cid, stats in valid.items():
+            stats = scale_stats(stats, factors[cid])
+            try:
+                posteriors[cid] = vb_m_step(stats, prior, config.reg_covar)
+            except ValueError as error:
+                state.dropped[cid] = str(error)
                 continue
-            posteriors[cid], counts[cid] = posterior, stats.counts
+            counts[cid] = stats.counts
             state.n_iter = max(state.n_iter, int(replies[cid].scalars.get("n_iter", 0)))
             state.converged = state.converged and bool(replies[cid].scalars.get("converged", True))
         if not posteriors:
             raise ValueError(
                 f"no client sent a valid local posterior in the vb_local round: {state.dropped}."
             )
-        ids = sorted(posteriors)
+        plugins = {cid: vb_plugin_params(post) for cid, post in posteriors.items()}
+        state.left_out = outlying_models(plugins, config.aggregation, config.trim)
+        ids = [cid for cid in sorted(posteriors) if cid not in state.left_out]
         ct = config.covariance_type
         pooled = [
             (cid, c)
@@ -565,6 +592,7 @@ class VBLocalStep(Step):
             "phase": "vb_local",
             "n_clients": len(posteriors),
             "n_dropped": len(state.dropped),
+            "n_left_out": len(state.left_out),
             "effective_n_components": state.effective_n_components,
         }
 

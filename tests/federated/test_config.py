@@ -30,6 +30,7 @@ from fednovelty.federated import (
 )
 from fednovelty.federated.cam import ClusteredFL
 from fednovelty.federated.config import mlp_learner
+from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 
 #: one algorithm of each registered name, with settings away from their defaults.
 EXAMPLES = {
@@ -49,6 +50,9 @@ EXAMPLES = {
     ),
     "FedGenGMM": lambda: FedGenGMM(k_range=(2, 4), copula=True, aggregation="median"),
     "LocalGMMs": lambda: LocalGMMs(client_components=2, min_client_samples=9),
+    "FederatedVBOneShot": lambda: FederatedVBOneShot(
+        3, posterior_aggregation="natural", aggregation="median", trim=0.2, client_weight_cap=4
+    ),
     "FederatedPCA": lambda: FederatedPCA(2, dtype=torch.float32),
     "ClusteredFL": lambda: ClusteredFL(
         "FeSEM-CAM", 4, 3, n_clusters=2, rounds=9, warmup_rounds=2, learner_factory="linear"

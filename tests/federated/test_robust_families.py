@@ -222,6 +222,66 @@ def test_fedvb_trimmed_costs_little_on_honest_federations() -> None:
     assert _vb_auroc(fit(_vb("trimmed", 0), data), 0) >= plain - CLOSE
 
 
+# ---------------------------------------------------------------------- one-shot VB
+def _one_shot(aggregation: str, seed: int, how: str = "moment", **settings):
+    return lambda: FederatedVBOneShot(
+        6, aggregation=aggregation, posterior_aggregation=how, random_state=seed, **settings
+    )
+
+
+ONE_SHOT_CASES = [("trimmed", "moment", s) for s in (0, 1, 2)] + [("median", "natural", 0)]
+
+
+@pytest.mark.parametrize(("aggregation", "how", "seed"), ONE_SHOT_CASES)
+def test_one_shot_vb_robust_stops_a_consistent_liar(aggregation, how, seed) -> None:
+    """The liar's posterior (its rows far away, every sum x 1e10, its declared row count
+    too) is left out, and its claimed rows buy no weight."""
+    data = clients(seed)
+    reference = _vb_auroc(fit(_one_shot("sum", seed, how), data[:LIAR], seed=seed), seed)
+    state = fit(_one_shot(aggregation, seed, how), data, scaled, seed)
+    plain = _vb_auroc(fit(_one_shot("sum", seed, how), data, scaled, seed), seed)
+    assert state.left_out == [LIAR]
+    assert _vb_auroc(state, seed) >= reference - CLOSE
+    assert plain < reference - 0.3  # what the option buys
+
+
+@pytest.mark.parametrize(("aggregation", "how"), [("trimmed", "moment"), ("median", "natural")])
+def test_one_shot_vb_robust_costs_little_on_honest_federations(aggregation, how) -> None:
+    data = clients(0, liar=False)
+    plain = _vb_auroc(fit(_one_shot("sum", 0, how), data), 0)
+    assert _vb_auroc(fit(_one_shot(aggregation, 0, how), data), 0) >= plain - CLOSE
+
+
+def test_one_shot_vb_robust_counts_every_client_as_the_typical_one() -> None:
+    """Equal honest clients: the robust options change nothing (every factor is 1 and
+    none is left out under "median"); one client claiming ten times its rows counts as
+    the others under "median", as much as under the sum without the claim (the prior is
+    given, so no vb_prior round the claim would move)."""
+    data = clients(0, liar=False)
+    given = {"mean_prior": torch.zeros(D), "covariance_prior": torch.eye(D)}
+    plain = fit(_one_shot("sum", 0, "natural", **given), data)
+    robust = fit(_one_shot("median", 0, "natural", **given), data)
+    assert robust.left_out == []
+    for name in ("means", "covariances", "weight_concentration"):
+        a, b = getattr(robust.posterior, name), getattr(plain.posterior, name)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12 * float(b.abs().max()))
+
+    def claim_ten(algorithm):
+        def forge(reply: Message, message: Message) -> Message:
+            t = {k: (v * 10 if k in EXTENSIVE else v) for k, v in reply.tensors.items()}
+            return Message(reply.kind, t, dict(reply.scalars))
+
+        return forge
+
+    claimed = fit(_one_shot("median", 0, "natural", **given), data, claim_ten)
+    summed = fit(_one_shot("sum", 0, "natural", **given), data, claim_ten)
+    concentration = plain.posterior.weight_concentration
+    torch.testing.assert_close(
+        claimed.posterior.weight_concentration, concentration, rtol=1e-9, atol=1e-9
+    )
+    assert not torch.allclose(summed.posterior.weight_concentration, concentration, rtol=1e-3)
+
+
 # ---------------------------------------------------------------------- federated EM, streaming
 def _em(aggregation: str, seed: int):
     return lambda: FederatedEM(3, aggregation=aggregation, random_state=seed)
@@ -413,7 +473,7 @@ def test_options_a_family_lacks_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"robust_aggregation .*VGM2 with method='prototype'"):
         VGM2(method="prototype", n_features=D, n_classes=3, robust_aggregation="median")
     with pytest.raises(ValueError, match="VBOneShotConfig has"):
-        FederatedVBOneShot(3, aggregation="trimmed")
+        FederatedVBOneShot(3, aggregation="mean")
 
 
 # ---------------------------------------------------------------------- detectors
@@ -444,8 +504,20 @@ def test_fedvb_detector_reaches_the_robust_options() -> None:
     assert auroc(robust_aggregation="trimmed") > 0.99
     assert auroc() < 0.7
     X, groups = torch.cat(clients(0)).numpy(), np.repeat(np.arange(N_CLIENTS), 200)
-    with pytest.raises(ValueError, match="robust_aggregation='sum'"):
-        FedVBDetector(3, aggregation="moment", robust_aggregation="trimmed").fit(X, groups=groups)
+    with pytest.raises(ValueError, match="robust_aggregation='median' is a one-shot option"):
+        FedVBDetector(3, robust_aggregation="median").fit(X, groups=groups)
+
+
+@pytest.mark.parametrize(("aggregation", "robust"), [("moment", "trimmed"), ("natural", "median")])
+def test_one_shot_fedvb_detector_reaches_the_robust_options(aggregation, robust) -> None:
+    def auroc(**options) -> float:
+        detector = FedVBDetector(
+            6, aggregation=aggregation, random_state=0, privacy_min_rows=1, **options
+        )
+        return detector_auroc(detector, "fednovelty.detectors.variational", FederatedVBOneShot)
+
+    assert auroc(robust_aggregation=robust, trim=0.1) > 0.99
+    assert auroc() < 0.7
 
 
 def test_streaming_detector_reaches_the_robust_options() -> None:
