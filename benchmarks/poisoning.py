@@ -69,8 +69,9 @@ tensors) and ``far-centroid`` (honest, but its first k-means centroid at 1e133; 
 families that start with federated k-means: FedVB, the kNN markers, the clustered mixture,
 joint, pFedEM). Options (the ``aggregation`` column): ``sum`` (the default), each robust
 ``aggregation`` the family has (``trimmed`` at 0.1 and, for the model-update families,
-``median``) and ``cap`` (the sum with ``client_weight_cap=CAP``). One-shot VB has ``sum``
-and the cap only (its matched posteriors have no trimmed form); the kNN markers are
+``median``) and ``cap`` (the sum with ``client_weight_cap=CAP``). One-shot VB runs
+``trimmed`` (outlying client posteriors left out, every client counted as the typical
+client's rows); the kNN markers are
 federated VB on a one-column feature and have FedVB's options; ``LocalGMMs`` aggregates
 nothing (every client keeps its own model), so it has none and the liar can only spoil its
 own model. Reference: the nine honest clients alone (``absent``); cost: the ten clients
@@ -816,7 +817,7 @@ def make_family(name: str, option: str, seed: int) -> FederatedAlgorithm:
 #: client_weight_cap=CAP). LocalGMMs aggregates nothing: it has none to run.
 FAMILY_AGGREGATIONS: dict[str, tuple[str, ...]] = {
     "FederatedVB": ("trimmed", "cap"),
-    "FederatedVBOneShot": ("cap",),
+    "FederatedVBOneShot": ("trimmed", "cap"),
     "FederatedKNNMarkers": ("trimmed", "cap"),
     "ClusteredEM": ("trimmed", "cap"),
     "LocalGMMs": (),
