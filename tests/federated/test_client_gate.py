@@ -386,3 +386,21 @@ def test_a_window_round_the_client_never_began_is_refused_not_a_crash(rounds):
     )
     reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
     assert reply.scalars["skipped"] and "refused" in reply.scalars["reason"]
+
+
+def test_a_windows_outlying_row_is_winsorised_not_released():
+    """A window's log p values: every row equal but one far row (a probe) -> the released
+    values are all equal (the far row clipped to the others); an honest window with one
+    outlying row keeps all its rows, the outlier clipped, its sums backed by the floor."""
+    from fednovelty.federated.streaming import backed_row_values
+
+    probe = torch.full((30,), -2.0, dtype=F64)
+    probe[7] = 40.0
+    values, rows = backed_row_values(probe, POLICY.min_rows)
+    assert values.shape == (30,) and bool((values == -2.0).all())
+    rng = np.random.default_rng(0)
+    honest = torch.as_tensor(rng.normal(-3.0, 1.0, 150))
+    honest[0] = -60.0
+    values, rows = backed_row_values(honest, POLICY.min_rows)
+    assert values.shape == (150,) and float(values.min()) > -60.0
+    assert float(rows) >= POLICY.min_rows
