@@ -155,3 +155,16 @@ def lying_client(liar: int, how: dict) -> Iterator[None]:
 
     with mock.patch.object(simulation, "run_client_step", liar_step):
         yield
+
+
+def shifted_component(reply: Message, shift: float, component: int = 0) -> Message:
+    """``reply``'s statistics with component ``component``'s rows moved by ``shift`` in
+    every feature, consistently (sums and full second moments about the same shift):
+    statistics some rows could have, outside the client's declared box."""
+    t = reply.tensors
+    a = torch.full((t["sums"].shape[1],), float(shift), dtype=t["sums"].dtype)
+    n, s = t["counts"][component], t["sums"][component]
+    sums, second = t["sums"].clone(), t["second"].clone()
+    sums[component] = s + n * a
+    second[component] += torch.outer(a, s) + torch.outer(s, a) + n * torch.outer(a, a)
+    return Message(reply.kind, {**t, "sums": sums, "second": second}, dict(reply.scalars))

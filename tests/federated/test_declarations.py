@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _liars import shifted_component
 
 from fednovelty.federated import ClientContext, Message
 from fednovelty.federated.base import skipped_reply
@@ -196,14 +197,7 @@ def test_shifted_clustered_statistics_are_dropped_by_name() -> None:
         message = algorithm.configure(state)
         reply = algorithm.client_step(X, message, context)
         if message.kind == "cluster_em":
-            t = reply.tensors
-            a = torch.full((D,), 100.0, dtype=torch.float64)
-            n, s = t["counts"][0], t["sums"][0]
-            sums, second = t["sums"].clone(), t["second"].clone()
-            sums[0] = s + n * a
-            second[0] += torch.outer(a, s) + torch.outer(s, a) + n * torch.outer(a, a)
-            moved = with_tensors(reply, sums=sums, second=second)
-            moved = Message(moved.kind, moved.tensors, dict(reply.scalars))
+            moved = shifted_component(reply, 100.0)
             check_reply(moved, message, D)
             seen.append(validator.accept(message, {0: moved})[1])
         valid, dropped = validator.accept(message, {0: reply})

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from _liars import Forging
+from _liars import Forging, shifted_component
 
 from fednovelty.federated import (
     ClientContext,
@@ -168,13 +168,7 @@ def test_means_outside_the_declared_moments_are_dropped() -> None:
         message = algorithm.configure(state)
         reply = algorithm.client_step(X, message, context)
         if message.kind == "em":  # the rows of component 0 moved 100 sd away, consistently
-            t = reply.tensors
-            a = torch.full((D,), 100.0, dtype=torch.float64)
-            n, s = t["counts"][0], t["sums"][0]
-            sums, second = t["sums"].clone(), t["second"].clone()
-            sums[0] = s + n * a
-            second[0] += torch.outer(a, s) + torch.outer(s, a) + n * torch.outer(a, a)
-            moved = with_tensors(reply, sums=sums, second=second)
+            moved = shifted_component(reply, 100.0)
             check_reply(moved, message, D)  # statistics some rows could have
             valid, dropped = validator.accept(message, {0: moved})
             seen.append(dropped)
