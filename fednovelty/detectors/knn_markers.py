@@ -89,6 +89,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._validation import check_groups, feature_names, split_by_client
 from fednovelty.detectors.base import (
+    AGGREGATION_CONSTRAINTS,
     COMMON_CONSTRAINTS,
     MixtureDetector,
     SimulatedFitMixin,
@@ -163,6 +164,10 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             scikit-learn's defaults; the prior mean and variance are the pooled ones).
         reg_covar, tol, max_iter, kmeans_rounds: federated VB's (as ``FedVBDetector``).
         weight_threshold: expected weight above which a component counts as effective.
+        aggregation, trim, client_weight_cap: the robust options against a lying client
+            (``docs/trust.md``), as ``FedGMMDetector``'s: ``aggregation="trimmed"`` combines
+            the VB rounds' statistics by the trimmed rule (and screens the k-means round's
+            centroids); ``client_weight_cap`` caps a client's weight.
         privacy_min_rows: each client's privacy floor; a client below it skips.
         contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
         random_state, device, dtype, progress: as every fednovelty detector.
@@ -204,6 +209,8 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         "degrees_of_freedom_prior": [Interval(Real, 0.0, None, closed="neither"), None],
         "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
         "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
+        **AGGREGATION_CONSTRAINTS,
+        "aggregation": [StrOptions({"sum", "trimmed"})],
     }
 
     def __init__(
@@ -224,6 +231,9 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         max_iter=100,
         kmeans_rounds=10,
         weight_threshold=1e-2,
+        aggregation="sum",
+        trim=0.1,
+        client_weight_cap=None,
         privacy_min_rows=5,
         contamination=0.1,
         random_state=None,
@@ -246,6 +256,9 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         self.max_iter = max_iter
         self.kmeans_rounds = kmeans_rounds
         self.weight_threshold = weight_threshold
+        self.aggregation = aggregation
+        self.trim = trim
+        self.client_weight_cap = client_weight_cap
         self.privacy_min_rows = privacy_min_rows
         self.contamination = contamination
         self.random_state = random_state
@@ -349,6 +362,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             max_iter=self.max_iter,
             kmeans_rounds=self.kmeans_rounds,
             random_state=seed,
+            **self._aggregation_options(),
             **self._torch_options(),
         )
         clients = [self._as_tensor(p) for p in parts]

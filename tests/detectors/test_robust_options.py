@@ -10,11 +10,13 @@ from fednovelty import (
     ClusteredFLClassifier,
     FedGenGMMDetector,
     FedGMMDetector,
+    FedKNNMarkerDetector,
     load,
 )
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.federated.cam import ClusteredFL
 from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.vgm2 import VGM2
 
 
@@ -108,7 +110,18 @@ ROBUST_DETECTORS = {
         VGM2,
         "robust_aggregation",
     ),
+    "FedKNNMarkerDetector": (
+        lambda: FedKNNMarkerDetector(
+            3, 3, max_iter=5, aggregation="trimmed", trim=0.2, client_weight_cap=2.0,
+            random_state=0,
+        ),
+        FederatedKNNMarkers,
+        "aggregation",
+    ),
 }  # fmt: skip
+#: the detectors that ignore labels (their fit takes rows and groups; scored by
+#: decision_function), by their algorithm.
+UNSUPERVISED = (ClusteredEM, FederatedKNNMarkers)
 
 
 @pytest.mark.parametrize("name", list(ROBUST_DETECTORS))
@@ -120,7 +133,7 @@ def test_robust_options_reach_the_algorithm_and_survive_save_load(
     y = (X[:, 1] > 0).astype(int)
     configs = configs_of(monkeypatch, algorithm)
     det = make()
-    det.fit(X, groups=groups) if algorithm is ClusteredEM else det.fit(X, y, groups)
+    det.fit(X, groups=groups) if algorithm in UNSUPERVISED else det.fit(X, y, groups)
     wanted = {option: getattr(det, option), "trim": 0.2, "client_weight_cap": 2.0}
     assert wanted[option] != "sum" and configs
     for config in configs:  # the fit's algorithm (and any rebuilt for prediction)
@@ -128,5 +141,5 @@ def test_robust_options_reach_the_algorithm_and_survive_save_load(
     det.save(tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")
     assert {k: getattr(again, k) for k in wanted} == wanted
-    score = "decision_function" if algorithm is ClusteredEM else "predict_proba_y"
+    score = "decision_function" if algorithm in UNSUPERVISED else "predict_proba_y"
     np.testing.assert_allclose(getattr(again, score)(far), getattr(det, score)(far), rtol=1e-12)
