@@ -49,7 +49,7 @@ and EM steps (``EMState.rounds``); the PCA rounds do not move them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -72,6 +72,7 @@ from fednovelty.federated.privacy import (
     effective_rows,
     stats_backing,
     suppress_components,
+    winsorised_row_values,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import check_stats, stats_shapes
@@ -211,6 +212,7 @@ class EMStep(Step):
         policy = context.policy
         # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
         squared = X.new_zeros(t["means"].shape[0]) if policy.has_floor else None
+        row_log_likelihood = X.new_empty(X.shape[0]) if policy.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -221,13 +223,16 @@ class EMStep(Step):
             self.config.chunk_size,
             self._workspace,
             squared_counts=squared,
+            row_log_likelihood=row_log_likelihood,
         )
         if personal and X.shape[0] > 0:
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps
             context.state["log_weights"] = (counts / counts.sum()).log()
         if not policy.releases(X.shape[0]):
             return skipped_reply("em", policy.below_floor)
-        return floored_stats_message(X, stats, squared, policy, log_weights, t, "em")
+        return floored_stats_message(
+            X, stats, squared, policy, log_weights, t, "em", row_log_likelihood
+        )
 
 
 def floored_stats_message(
@@ -238,13 +243,25 @@ def floored_stats_message(
     log_weights: Tensor,
     broadcast: dict[str, Tensor],
     kind: str,
+    row_log_likelihood: Tensor | None = None,
 ) -> Message:
     """The reply of an E-step round under the client's floor: ``stats`` of the rows ``X``
     (n, d) with every component backed by fewer than ``min_rows`` effective rows sent as
     zeros (``squared``: sum_i r_ik^2, (n_components,); None: no floor), or a skipped reply
     when no component is backed. ``log_weights`` (n_components,) and the broadcast
     ``means``, ``precisions_cholesky`` and ``shift`` gave the responsibilities (a tied
-    covariance's one second moment is recomputed from the kept components' rows)."""
+    covariance's one second moment is recomputed from the kept components' rows).
+
+    ``row_log_likelihood`` (n,): each row's ``log p(x_i)``; where given, the released
+    log-likelihood is the sum of those values with outlying rows winsorised
+    (:func:`~fednovelty.federated.privacy.winsorised_row_values`, n times the mean of the
+    rows kept where clipping cannot back it): a crafted mixture (two Gaussians of equal
+    covariance make ``log p`` a softplus of one direction) cannot make it one row's value."""
+    if squared is not None and row_log_likelihood is not None and X.shape[0] > 0:
+        values, ll_rows = winsorised_row_values(row_log_likelihood, policy.min_rows)
+        stats = replace(stats, log_likelihood=values.mean() * X.shape[0])
+    else:
+        ll_rows = None
     if squared is None:  # no floor: every component is released, backed by the row count
         reply = stats_message(stats, kind)
         rows = torch.full_like(stats.counts, float(X.shape[0]))
@@ -267,6 +284,8 @@ def floored_stats_message(
         stats = suppress_components(stats, keep, tied_second)
     reply = stats_message(stats, kind)
     reply.backing.update(stats_backing(stats, rows, tied_rows))
+    if ll_rows is not None:
+        reply.backing["log_likelihood"] = ll_rows
     return reply
 
 

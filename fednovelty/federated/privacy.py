@@ -507,6 +507,78 @@ def contrast_backed(values: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
     return keep, rows
 
 
+def clipped_deviations(per_row: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
+    """Per-row values whose one sum is backed by ``min_rows`` rows by construction.
+
+    Where the sum's deviations (:func:`deviation_rows`) are already backed, the values as
+    they are. Else every deviation from the median is clipped to ``c``, the ``min_rows``-th
+    largest ``|v_i - median|``: then at least ``min_rows`` rows deviate by exactly ``c`` and
+    none by more, so ``sum_i d_i^2 <= c sum_i |d_i|`` and the effective rows
+    ``(sum |d|)^2 / sum d^2 >= sum |d| / c >= min_rows``. A value that one row alone makes
+    (a probe) is clipped to the others'; honest sums lose the tail of their
+    ``min_rows - 1`` most outlying rows. Clipping about the median keeps the median.
+
+    Args:
+        per_row: (n_samples,) each row's value, ``n_samples >= 1``.
+        min_rows: the client's floor.
+
+    Returns:
+        ``(values, rows)``: (n_samples,) values to sum, and the effective rows behind the
+        sum (``>= min(min_rows, n_samples)``), a () tensor.
+    """
+    rows = deviation_rows(per_row)
+    if bool(backed(rows, min_rows)):
+        return per_row, rows
+    median = per_row.median()
+    deviation = per_row - median
+    c = deviation.abs().topk(min(int(min_rows), per_row.shape[0])).values[-1]
+    clipped = median + deviation.clamp(-c, c)
+    return clipped, deviation_rows(clipped)
+
+
+def winsorised_row_values(
+    per_row: Tensor, min_rows: int, powers: tuple[int, ...] = (1,)
+) -> tuple[Tensor, Tensor]:
+    """Per-row values whose sums of powers (``sum_i v_i^p`` for ``p`` in ``powers``: a
+    log-likelihood sum, a window's mean and variance of ``log p``) a client may release,
+    and the effective rows behind those sums.
+
+    A crafted broadcast can make one row stand out in such sums, and so can an honest
+    outlying row. When the sums are not backed by ``min_rows`` rows under every contrast
+    (:func:`contrast_backed`), the rows it would leave out are winsorised to the range of
+    the others (a clipped row equals a kept one, so no contrast singles it out) where that
+    backs the sums, which keeps every row and most of the spread; else they are left out.
+    With ``min_rows <= 1`` (no floor) the values are returned as they are.
+
+    Args:
+        per_row: (n_samples,) each row's value.
+        min_rows: the client's floor.
+        powers: the powers whose sums are released.
+
+    Returns:
+        ``(values, rows)``: the values to sum, (m,) with m <= n_samples, and the effective
+        rows behind their sums, a () tensor.
+    """
+    n = per_row.shape[0]
+    if min_rows <= 1 or n == 0:
+        return per_row, per_row.new_tensor(float(n))
+    if tuple(powers) == (1,):
+        return clipped_deviations(per_row, min_rows)
+
+    def stack(values: Tensor) -> Tensor:
+        return torch.stack([values**p for p in powers], 1)
+
+    keep, rows = contrast_backed(stack(per_row), min_rows)
+    if bool(keep.all()) or not bool(keep.any()):
+        return per_row[keep], rows
+    kept = per_row[keep]
+    clipped = per_row.clamp(float(kept.min()), float(kept.max()))
+    clipped_rows = contrast_rows(stack(clipped), floor=min_rows)
+    if bool(backed(clipped_rows, min_rows)):
+        return clipped, clipped_rows
+    return kept, rows
+
+
 def _refused(reply: Any, reason: str) -> Any:
     """A skipped reply of ``reply``'s kind (and its message class) giving ``reason``."""
     return type(reply)(reply.kind, scalars={"skipped": True, "reason": reason})
@@ -628,6 +700,7 @@ __all__ = [
     "backed",
     "backed_mixture",
     "client_backing",
+    "clipped_deviations",
     "contrast_backed",
     "contrast_rows",
     "deviation_rows",
@@ -641,4 +714,5 @@ __all__ = [
     "suppress_components",
     "trimmed_range",
     "unfloored",
+    "winsorised_row_values",
 ]

@@ -51,11 +51,10 @@ from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, componen
 from fednovelty.federated.init import combine_stats
 from fednovelty.federated.privacy import (
     backed,
-    contrast_backed,
-    contrast_rows,
     effective_rows,
     stats_backing,
     suppress_components,
+    winsorised_row_values,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
@@ -217,37 +216,6 @@ STREAM_REPLY = ReplySpec(
     limit=components_limit,
     box="stats",
 )
-
-
-def backed_row_values(per_row: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
-    """The per-row values whose mean and variance a window releases, and the effective rows
-    behind them.
-
-    The mean and variance of ``log p`` are sums of per-row values (``v`` and ``v^2``): a
-    crafted mixture can make one row stand out in them, and so can an honest outlying row.
-    When their sums are not backed by ``min_rows`` rows under every contrast
-    (:func:`~fednovelty.federated.privacy.contrast_backed`), the rows it would leave out are
-    winsorised to the range of the others (a clipped row equals a kept one, so no contrast
-    singles it out) where that backs the sums, which keeps the window's row count and most
-    of its spread; else they are left out.
-
-    Args:
-        per_row: (n_samples,) each row's value.
-        min_rows: the client's floor.
-
-    Returns:
-        ``(values, rows)``: the values to summarise, (m,) with m <= n_samples, and the
-        effective rows behind their sums, a () tensor.
-    """
-    keep, rows = contrast_backed(torch.stack([per_row, per_row.square()], 1), min_rows)
-    if bool(keep.all()) or not bool(keep.any()):
-        return per_row[keep], rows
-    kept = per_row[keep]
-    clipped = per_row.clamp(float(kept.min()), float(kept.max()))
-    clipped_rows = contrast_rows(torch.stack([clipped, clipped.square()], 1), floor=min_rows)
-    if bool(backed(clipped_rows, min_rows)):
-        return clipped, clipped_rows
-    return kept, rows
 
 
 class StreamStep(Step):
@@ -443,7 +411,7 @@ class StreamStep(Step):
             per_row = torch.logsumexp(log_n + old, dim=1)
             fit = fit_weights(log_n, old, max_iter=config.adapt_iter, tol=config.adapt_tol)
         context.state["log_weights"] = fit.log_weights
-        kept, behind = backed_row_values(per_row, context.policy.min_rows)
+        kept, behind = winsorised_row_values(per_row, context.policy.min_rows, powers=(1, 2))
         variance = kept.var(unbiased=True) if kept.shape[0] > 1 else per_row.new_zeros(())
         tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
         drift = torch.stack([kept.mean(), variance, tv, per_row.new_tensor(float(new))])

@@ -204,6 +204,7 @@ def e_step_stats(
     chunk_size: int | None = None,
     workspace: Workspace | None = None,
     squared_counts: Tensor | None = None,
+    row_log_likelihood: Tensor | None = None,
 ) -> SufficientStats:
     """E-step on ``X`` folded into sufficient statistics, in row chunks.
 
@@ -236,6 +237,8 @@ def e_step_stats(
         squared_counts: if given, a (n_components,) tensor to which ``sum_i r_ik^2`` is
             added (with ``counts``, a component's effective number of rows, which a client's
             privacy floor needs); one extra (chunk, n_components) product per chunk.
+        row_log_likelihood: if given, a (n_samples,) tensor filled with each row's
+            ``log p(x_i)`` (the terms of the returned ``log_likelihood``).
 
     Returns:
         ``SufficientStats`` whose ``log_likelihood`` is ``sum_i log p(x_i)`` under the given
@@ -275,6 +278,8 @@ def e_step_stats(
         weighted = density.log_prob(A)  # (n, K): log pi_k + log N(x_i | k)
         log_norm, resp = normalize_rows_(weighted)
         log_likelihood += log_norm.sum()
+        if row_log_likelihood is not None:
+            row_log_likelihood[start : start + n] = log_norm
         moments.addmm_(resp.T, A)
         if squared_counts is not None:
             squared_counts += resp.square().sum(0)

@@ -16,7 +16,7 @@ from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.clustered_em import ClusteredEMStep, row_log_likelihoods, warmup_config
 from fednovelty.federated.config import ClusteredEMConfig, StreamConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec
-from fednovelty.federated.em import EMStep
+from fednovelty.federated.em import EMStep, FederatedEM
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
     contrast_rows,
@@ -392,7 +392,10 @@ def test_a_windows_outlying_row_is_winsorised_not_released():
     """A window's log p values: every row equal but one far row (a probe) -> the released
     values are all equal (the far row clipped to the others); an honest window with one
     outlying row keeps all its rows, the outlier clipped, its sums backed by the floor."""
-    from fednovelty.federated.streaming import backed_row_values
+    from fednovelty.federated.privacy import winsorised_row_values
+
+    def backed_row_values(values, min_rows):
+        return winsorised_row_values(values, min_rows, powers=(1, 2))
 
     probe = torch.full((30,), -2.0, dtype=F64)
     probe[7] = 40.0
@@ -404,3 +407,33 @@ def test_a_windows_outlying_row_is_winsorised_not_released():
     values, rows = backed_row_values(honest, POLICY.min_rows)
     assert values.shape == (150,) and float(values.min()) > -60.0
     assert float(rows) >= POLICY.min_rows
+
+
+def test_an_em_log_likelihood_probe_gives_no_far_row():
+    """Two Gaussians of equal variance make log p a softplus of x: with the first's weight
+    tiny, log p(x) = log w1 + log N(x; 0, s^2) + softplus(x - 5), so the plain sum over
+    the rows, less n log N's constant, is the far row's excess over 5 (to about 0.1). The
+    released log-likelihood winsorises that row: it gives nothing of it."""
+    from fednovelty.mixture import e_step_stats
+
+    s2, t = 1000.0, 5.0
+    offset = s2 / 2 - t  # log(w2 / w1): the softplus's kink at x = t
+    weights = torch.tensor([math.exp(-offset), 1.0], dtype=F64)
+    means = torch.tensor([[0.0], [s2]], dtype=F64)
+    prec = torch.full((2, 1), 1.0 / math.sqrt(s2), dtype=F64)
+    shift = torch.zeros(1, dtype=F64)
+    message = Message(
+        "em",
+        {"weights": weights, "means": means, "precisions_cholesky": prec, "shift": shift},
+    )
+    n, constant = SEVEN.shape[0], -offset - 0.5 * math.log(2 * math.pi * s2)
+
+    def far_row_from(log_likelihood: float) -> float:
+        return t + (log_likelihood - n * constant)
+
+    plain = e_step_stats(SEVEN, weights.log(), means, prec, "diag", shift)
+    assert far_row_from(float(plain.log_likelihood)) == pytest.approx(10.37, abs=0.1)
+    algorithm = FederatedEM(2, covariance_type="diag")
+    reply = algorithm.answer(SEVEN, message, ClientContext(0, policy=POLICY))
+    assert not reply.scalars.get("skipped")
+    assert abs(far_row_from(float(reply.tensors["log_likelihood"])) - 10.37) > 3.0
