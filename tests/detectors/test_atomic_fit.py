@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from _every_estimator import COLUMNS, NAMES, build, data, fit, labelled, scores
+from _tolerance import assert_close_scaled
 
 from fednovelty.detectors.base import SimulatedFitMixin
 from fednovelty.exceptions import NotFittedError
@@ -98,7 +99,8 @@ def test_a_failed_refit_keeps_the_previous_model_exactly(name, monkeypatch):
     monkeypatch.undo()
 
     assert_same(vars(detector), before)
-    np.testing.assert_array_equal(scores(detector, name, X), expected)
+    # recomputed from the kept (copied) state: equal up to round-off of the scoring
+    assert_close_scaled(scores(detector, name, X), expected, rtol=1e-12)
     with pytest.raises(ValueError, match="feature names of X differ"):
         scores(detector, name, X[COLUMNS[::-1]])
 
@@ -138,7 +140,8 @@ def test_a_failed_partial_fit_keeps_the_model(name, monkeypatch):
             detector.partial_fit(window, groups=wgroups)
     monkeypatch.undo()
     assert_same(vars(detector), before)
-    np.testing.assert_array_equal(scores(detector, name, X), expected)
+    # recomputed from the kept (copied) state: equal up to round-off of the scoring
+    assert_close_scaled(scores(detector, name, X), expected, rtol=1e-12)
 
 
 def test_an_interrupted_fit_is_rolled_back_too(monkeypatch):
