@@ -71,7 +71,6 @@ from fednovelty.federated.privacy import (
     backed,
     effective_rows,
     stats_backing,
-    suppress_components,
     winsorised_row_values,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
@@ -267,26 +266,46 @@ def floored_stats_message(
         rows = torch.full_like(stats.counts, float(X.shape[0]))
         reply.backing.update(stats_backing(stats, rows))
         return reply
+    # the gate zeroes the components below the floor; a tied second moment (one for all
+    # components) is recomputed here from the kept components' rows
     rows = effective_rows(stats.counts, squared)
-    keep = backed(rows, policy.min_rows)
-    if not bool(keep.any()):
-        return skipped_reply(kind, f"no component has min_rows={policy.min_rows} rows")
-    tied_rows = None
-    if not bool(keep.all()):
-        ct = stats.covariance_type
-        tied_second = None
-        if ct == "tied":  # the one second moment of the kept components' rows
-            prec = broadcast["precisions_cholesky"]
-            params = MixtureParams(log_weights.exp(), broadcast["means"], prec, ct)
-            weight = (predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)).sum(1)
-            tied_rows = effective_rows(weight.sum(0), weight.square().sum(0))
-            tied_second = stats_from_resp(X, weight.unsqueeze(1), ct, broadcast["shift"]).second
-        stats = suppress_components(stats, keep, tied_second)
+    stats, tied_rows = kept_tied_second(
+        stats, X, log_weights, broadcast["means"], broadcast["precisions_cholesky"], rows, policy
+    )
     reply = stats_message(stats, kind)
     reply.backing.update(stats_backing(stats, rows, tied_rows))
     if ll_rows is not None:
         reply.backing["log_likelihood"] = ll_rows
     return reply
+
+
+def kept_tied_second(
+    stats: SufficientStats,
+    X: Tensor,
+    log_weights: Tensor,
+    means: Tensor,
+    precisions_cholesky: Tensor,
+    rows: Tensor,
+    policy: PrivacyPolicy,
+) -> tuple[SufficientStats, Tensor | None]:
+    """``tied`` statistics whose one second moment covers only the rows of the components
+    backed by ``policy.min_rows`` effective rows (``rows``, (n_components,)), and the
+    effective rows behind it; other statistics, or tied ones whose components are all (or
+    none) backed, come back as they are with ``None``. The client gate zeroes the other
+    tensors of the unbacked components.
+
+    Args:
+        stats: one client's statistics of rows ``X`` (n, d) about ``stats.shift``.
+        log_weights: (n_components,) the responsibilities' log weights; ``means`` and
+            ``precisions_cholesky`` the broadcast mixture's.
+    """
+    keep = backed(rows, policy.min_rows)
+    if stats.covariance_type != "tied" or bool(keep.all()) or not bool(keep.any()):
+        return stats, None
+    params = MixtureParams(log_weights.exp(), means, precisions_cholesky, "tied")
+    weight = (predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)).sum(1)
+    second = stats_from_resp(X, weight.unsqueeze(1), "tied", stats.shift).second
+    return replace(stats, second=second), effective_rows(weight.sum(0), weight.square().sum(0))
 
 
 def em_steps(config: EMConfig, final: Step) -> list[Step]:

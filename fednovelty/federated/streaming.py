@@ -48,6 +48,7 @@ from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import StreamConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
+from fednovelty.federated.em import kept_tied_second
 from fednovelty.federated.init import combine_stats
 from fednovelty.federated.privacy import (
     backed,
@@ -368,26 +369,11 @@ class StreamStep(Step):
             behind.update(dict.fromkeys(far, far_rows_behind), far_second=second_rows)
         rows = torch.full_like(stats.counts, float(n))
         tied_rows = None
-        if squared is not None:
+        if squared is not None:  # the gate zeroes the components below the floor
             rows = effective_rows(stats.counts, squared)
-            keep = backed(rows, policy.min_rows)
-            if not bool(keep.any()):
-                return skipped_reply(
-                    STREAM_KIND, f"no component has min_rows={policy.min_rows} rows"
-                )
-            if not bool(keep.all()):
-                if ct == "tied":
-                    resp = torch.softmax(
-                        log_gaussian_prob(X, params.means, params.precisions_cholesky, ct)
-                        + log_weights,
-                        1,
-                    )
-                    weight = (resp * keep.to(X.dtype)).sum(1)
-                    tied_rows = effective_rows(weight.sum(0), weight.square().sum(0))
-                    tied = stats_from_resp(X, weight.unsqueeze(1), ct, t["shift"]).second
-                else:
-                    tied = None
-                stats = suppress_components(stats, keep, tied)
+            stats, tied_rows = kept_tied_second(
+                stats, X, log_weights, params.means, params.precisions_cholesky, rows, policy
+            )
         reply = stats_message(stats, STREAM_KIND)
         reply.tensors.update(extra)
         reply.backing.update({**stats_backing(stats, rows, tied_rows), **behind})
