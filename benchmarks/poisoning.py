@@ -122,7 +122,7 @@ import pandas as pd
 import torch
 
 from fednovelty.datasets.protocols import Task, make_task
-from fednovelty.detectors.base import PRIOR_SCALE
+from fednovelty.detectors._params import PRIOR_SCALE
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.base import ClientContext
@@ -265,7 +265,7 @@ def make_algorithm(name: str, n_features: int, defence: Defence, seed: int) -> F
     """``FederatedEM`` / ``FedGenGMM`` with the detectors' defaults and ``defence``'s options."""
     common = {
         "standardize": True,
-        "prior_strength": n_features + 2.0,  # covariance_prior="auto"
+        "prior_strength": n_features + 2.0,  # prior_strength="auto"
         "prior_scale": PRIOR_SCALE,
         "aggregation": defence.aggregation,
         "trim": defence.trim,

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors import _params
 from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -34,21 +34,15 @@ from fednovelty.detectors.persistence import (
     mixture_log_density_bound,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated import INIT_PARAMS
 from fednovelty.federated.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import WeightsFit, score_samples
 
-#: Settings of ``FedGMMDetector`` and ``JointFedGMMDetector`` alike.
+# Transitional: the EM estimators not yet declared with ``_params``.
 EM_CONSTRAINTS: dict = {
     **COMMON_CONSTRAINTS,
-    "n_components": [Interval(Integral, 1, None, closed="left")],
-    "init_params": [StrOptions(set(INIT_PARAMS))],
-    "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
-    "subset_size": [Interval(Integral, 1, None, closed="left")],
-    "pca_components": [Interval(Integral, 1, None, closed="left"), None],
-    "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
-    "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
+    **{p.name: list(p.constraints) for p in (*_params.INIT, *_params.PCA, *_params.SAMPLING)},
+    "n_components": list(_params.N_COMPONENTS.constraints),
 }
 
 
@@ -83,6 +77,20 @@ class EMDetector(MixtureDetector):
     """
 
     _joint = False
+
+    def max_fit_rounds(self) -> int:
+        """Most rounds ``fit`` can run: federated PCA's with ``pca_components``, the
+        initialisation's (``init_params``, ``kmeans_rounds``) and ``max_iter`` EM rounds."""
+        from fednovelty.federated import FederatedEM
+
+        init = FederatedEM(
+            1,
+            init_params=self.init_params,
+            max_iter=self.max_iter,
+            kmeans_rounds=self.kmeans_rounds,
+        )
+        pca = FederatedPCA.max_rounds if getattr(self, "pca_components", None) else 0
+        return init.max_rounds + pca
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
@@ -151,17 +159,15 @@ class EMDetector(MixtureDetector):
         elif hasattr(self, "pca_"):
             del self.pca_
 
-    def _em_options(self, seed: int, pca_components: int | None) -> dict:
-        """Arguments of the federated EM algorithms that both estimators set alike."""
+    def _em_options(
+        self, seed: int, pca_components: int | None, width: int, config: type | None = None
+    ) -> dict:
+        """Arguments of the federated EM algorithms: the declared settings (for Gaussians
+        over ``width`` features; with ``config``, those it has), the fit's
+        ``pca_components`` step, seed and torch options."""
         return {
+            **self._settings(width, config),
             "pca_components": pca_components,
-            "covariance_type": self.covariance_type,
-            "init_params": self.init_params,
-            "reg_covar": self.reg_covar,
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "kmeans_rounds": self.kmeans_rounds,
-            "subset_size": self.subset_size,
             "random_state": seed,
             **self._torch_options(),
         }
@@ -175,7 +181,7 @@ class EMDetector(MixtureDetector):
             allow_raw_rows=self.init_params == "subset",
             max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
         )
-        return {"fraction": self.fraction, "dropout": self.dropout, "privacy": privacy}
+        return {**self._engine_settings(), "privacy": privacy}
 
     def _set_em_state(self, state) -> None:
         """The mixture and EM record of a finished ``EMState``."""

@@ -36,16 +36,15 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from numbers import Integral, Real
 from typing import ClassVar
 
 import numpy as np
 import torch
 from pyod.models.base import BaseDetector
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from fednovelty.detectors import _params
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._probability import finite_moments, outlier_labels, outlier_probability
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
@@ -56,6 +55,7 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     load,
+    register,
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError, NotFittedError
@@ -63,34 +63,6 @@ from fednovelty.federated.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 from fednovelty.mixture import MixtureParams
 from fednovelty.runtime import RoundRecord, run_simulation
 from fednovelty.runtime.threads import scoring_threads
-
-COMMON_CONSTRAINTS: dict = {
-    "contamination": [Interval(Real, 0.0, 0.5, closed="right")],
-    "random_state": ["random_state"],
-    "device": [None, str, torch.device],
-    "dtype": [StrOptions({"float64", "float32"})],
-    "progress": ["boolean"],
-    "reg_covar": [Interval(Real, 0.0, None, closed="left")],
-    "tol": [Interval(Real, 0.0, None, closed="left")],
-    "max_iter": [Interval(Integral, 1, None, closed="left")],
-    "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
-    "privacy_min_rows": [Interval(Integral, 1, None, closed="left")],
-}
-
-
-#: Settings of the remedies for real tabular data (``docs/robust.md``), shared by the detectors.
-ROBUST_CONSTRAINTS: dict = {
-    "standardize": ["boolean"],
-    "covariance_prior": [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
-    "prior_scale": [Interval(Real, 0.0, None, closed="neither")],
-}
-#: Robust aggregation against hostile clients (``fednovelty.federated.robust``).
-AGGREGATION_CONSTRAINTS: dict = {
-    "trim": [Interval(Real, 0.0, 0.5, closed="left")],
-    "client_weight_cap": [Interval(Real, 1.0, None, closed="left"), None],
-}
-#: Default target of the covariance prior, as a multiple of each feature's pooled variance.
-PRIOR_SCALE = 4.0
 
 
 def seed_from(random_state) -> int:
@@ -166,6 +138,23 @@ class SimulatedFitMixin:
 
     #: how the estimator is fitted, for the not-fitted error.
     _fit_call: ClassVar[str] = "fit(X, groups=...)"
+    #: the constructor's parameters (``fednovelty.detectors._params``), declared by each
+    #: estimator; ``__init__``, ``_parameter_constraints`` and the ``Args:`` docs come from it.
+    _params: ClassVar[_params.ParamSet] = _params.declare()
+
+    #: settings saved under an older name in files this class loads: old name -> new name.
+    _renamed_params: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_params" in cls.__dict__:
+            _params.compose(cls)
+        register(cls)  # every estimator class is loadable by name (persistence.REGISTRY)
+
+    def max_fit_rounds(self) -> int | None:
+        """Most communication rounds ``fit`` can run with these settings (a progress bar's
+        total); None if the estimator does not know it before it sees the data."""
+        return None
 
     # -------------------------------------------------------------- configuration
     def _torch_options(self) -> dict:
@@ -176,11 +165,18 @@ class SimulatedFitMixin:
             )
         return {"device": device, "dtype": getattr(torch, self.dtype)}
 
-    def _aggregation_options(self, name: str = "aggregation") -> dict:
-        """The robust options (``docs/robust.md``) of an estimator that has them, as its
-        algorithms take them: the aggregation (the setting ``name``), ``trim`` and
-        ``client_weight_cap``."""
+    def _settings(self, n_features: int, config: type | None = None) -> dict:
+        """The algorithm's settings from the declared parameters (``role="algorithm"``),
+        renamed and converted as declared (e.g. ``prior_strength="auto"`` for rows of
+        ``n_features``); with ``config``, only those that settings class has."""
+        return self._params.settings(self, n_features, config=config)
+
+    def _aggregation_options(self, name: str = "aggregation") -> dict:  # transitional
         return {n: getattr(self, n) for n in (name, "trim", "client_weight_cap")}
+
+    def _engine_settings(self) -> dict:
+        """The engine's options from the declared parameters (``fraction``, ``dropout``)."""
+        return self._params.settings(self, 0, role="engine")
 
     def _privacy_policy(self, **options) -> PrivacyPolicy:
         """The privacy policy of the simulated clients: at least ``privacy_min_rows`` rows
@@ -232,6 +228,75 @@ class SimulatedFitMixin:
         self.bytes_down_ = result.bytes_down
         return result if full else result.state
 
+    # -------------------------------------------------------------- the fit template
+    #: whether ``fit`` needs labels ``y`` (a classifier or a joint model of ``(x, y)``), and
+    #: what to use instead without them.
+    _labelled: ClassVar[bool] = False
+    _without_labels: ClassVar[str] = ""
+
+    @atomic_fit
+    def _fit(self, X, y, groups, callbacks):
+        """The fit every estimator runs: check the settings, the callbacks, ``X``, the labels
+        (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
+        labels) by client; train (``_fit_clients``) with the callbacks; then ``_after_fit``
+        (a detector's PyOD outputs). Returns self; on any error the estimator keeps its
+        previous fitted state (``atomic_fit``)."""
+        self._validate_params()
+        callbacks = check_callbacks(callbacks)
+        array = self._check_X(X)
+        codes = self._label_codes(y, array.shape[0])
+        client_ids, group_codes = check_groups(groups, array.shape[0])
+        self.n_features_in_ = array.shape[1]
+        names = feature_names(X)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.client_ids_ = client_ids
+        self.n_clients_ = len(client_ids)
+        parts = split_by_client(array, group_codes, self.n_clients_)
+        labels = None if codes is None else split_by_client(codes, group_codes, self.n_clients_)
+        self._fit_callbacks = callbacks
+        try:
+            tensors = [self._as_tensor(p) for p in parts]
+            self._fit_clients(parts, tensors, seed_from(self.random_state), labels)
+        finally:
+            del self._fit_callbacks
+        self._after_fit(array)
+        return self
+
+    def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
+        """Integer codes (n_rows,) of the labels a labelled fit models, ``classes_`` set; or
+        None: the unsupervised detectors ignore ``y`` (PyOD's contract).
+
+        Raises:
+            ValueError: a labelled fit without ``y``, not one label per row, or one class.
+        """
+        if not self._labelled:
+            return None
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__}.fit needs y, one label per row: fit(X, y, groups)."
+                + self._without_labels
+            )
+        self.classes_, codes = encode_labels(y, n_rows, getattr(self, "_fit_classes", None))
+        return codes
+
+    def _fit_clients(
+        self,
+        parts: list[np.ndarray],
+        clients: list[torch.Tensor],
+        seed: int,
+        labels: list[np.ndarray] | None = None,
+    ) -> None:
+        """Train on the clients' rows (``parts`` as arrays, ``clients`` as tensors, in
+        ``client_ids_`` order; ``labels``: each client's label codes in a labelled fit) and
+        set the fitted attributes."""
+        raise NotImplementedError
+
+    def _after_fit(self, array: np.ndarray) -> None:
+        """What a fit sets last from the training rows ``array`` (nothing by default)."""
+
     # -------------------------------------------------------------- checks
     def _check_fitted(self) -> None:
         try:
@@ -282,20 +347,6 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
     ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``.
     """
 
-    _parameter_constraints: ClassVar[dict] = COMMON_CONSTRAINTS
-
-    # -------------------------------------------------------------- configuration
-    def _robust_options(self, n_features: int) -> dict:
-        """The algorithms' ``standardize``, ``prior_strength`` and ``prior_scale`` from the
-        detector's ``standardize``, ``covariance_prior`` (``"auto"``: ``n_features + 2``
-        pseudo-rows) and ``prior_scale``."""
-        prior = self.covariance_prior
-        return {
-            "standardize": self.standardize,
-            "prior_strength": n_features + 2.0 if prior == "auto" else prior,
-            "prior_scale": self.prior_scale,
-        }
-
     # -------------------------------------------------------------- fitting
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Fit on rows ``X`` (n_samples, n_features) split into clients by ``groups``.
@@ -317,54 +368,11 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """
         return self._fit(X, None, groups, callbacks)
 
-    @atomic_fit
-    def _fit(self, X, y, groups, callbacks):
-        """The fit every detector runs: check the settings, the callbacks, ``X``, the labels
-        (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
-        labels) by client; train (``_fit_clients``) with the callbacks; set PyOD's
-        ``decision_scores_``, ``threshold_`` and ``labels_``. Returns self; on any error the
-        detector keeps its previous fitted state (``atomic_fit``)."""
-        self._validate_params()
-        callbacks = check_callbacks(callbacks)
-        array = self._check_X(X)
-        codes = self._label_codes(y, array.shape[0])
-        client_ids, groups_codes = check_groups(groups, array.shape[0])
-        self.n_features_in_ = array.shape[1]
-        names = feature_names(X)
-        if names is not None:
-            self.feature_names_in_ = names
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self.client_ids_ = client_ids
-        self.n_clients_ = len(client_ids)
-        parts = split_by_client(array, groups_codes, self.n_clients_)
-        labels = None if codes is None else split_by_client(codes, groups_codes, self.n_clients_)
-        self._fit_callbacks = callbacks
-        try:
-            tensors = [self._as_tensor(p) for p in parts]
-            self._fit_clients(parts, tensors, seed_from(self.random_state), labels)
-        finally:
-            del self._fit_callbacks
+    def _after_fit(self, array: np.ndarray) -> None:
+        """PyOD's ``decision_scores_``, ``threshold_`` and ``labels_`` on the training rows."""
         self._classes = 2  # PyOD's predict_proba reads it
         self.decision_scores_ = self.decision_function(array)
         self._process_decision_scores()
-        return self
-
-    def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
-        """Integer codes (n_rows,) of the labels a fit models, or None: the unsupervised
-        detectors ignore ``y`` (PyOD's contract); a labelled model overrides this."""
-        return None
-
-    @abstractmethod
-    def _fit_clients(
-        self,
-        parts: list[np.ndarray],
-        clients: list[torch.Tensor],
-        seed: int,
-        labels: list[np.ndarray] | None = None,
-    ) -> None:
-        """Train on client tensors (same order as ``client_ids_``; ``labels``: each client's
-        label codes, for a labelled model) and set fitted attributes."""
 
     def _set_mixture(self, params: MixtureParams) -> None:
         """Store a fitted mixture and its scikit-learn-named numpy attributes."""
@@ -652,8 +660,7 @@ def restore_classifier_attrs(estimator, attrs: dict) -> None:
         check_items(names, "feature_names_in_", str)
         if len(names) != estimator.n_features_in_:
             raise ModelFormatError(
-                f"feature_names_in_ has {len(names)} names for {estimator.n_features_in_} "
-                "features."
+                f"feature_names_in_ has {len(names)} names for {estimator.n_features_in_} features."
             )
         estimator.feature_names_in_ = np.asarray(names, dtype=object)
     estimator.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
@@ -671,3 +678,19 @@ def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:
         callback(dataclasses.replace(record, round=record.round + offset))
 
     return call
+
+
+# Transitional: constraint tables of the estimators not yet declared with ``_params``.
+def _constraints(*groups) -> dict:
+    return {p.name: list(p.constraints) for group in groups for p in group}
+
+
+COMMON_CONSTRAINTS: dict = {
+    **_constraints(_params.RUNTIME, _params.DETECTOR, _params.PRIVACY, _params.EM),
+}
+ROBUST_CONSTRAINTS: dict = _constraints(_params.PRIOR)
+ROBUST_CONSTRAINTS["covariance_prior"] = ROBUST_CONSTRAINTS.pop("prior_strength")
+AGGREGATION_CONSTRAINTS: dict = {
+    k: v for k, v in _constraints(_params.ROBUST).items() if k != "aggregation"
+}
+PRIOR_SCALE = _params.PRIOR_SCALE

@@ -1,5 +1,5 @@
 """``ClusteredFedGMMDetector``: a federated mixture of global components shared by every
-client plus the components of each client's cluster (issue 22; the algorithm is
+client plus the components of each client's cluster (the algorithm is
 :class:`~fednovelty.federated.clustered_em.ClusteredEM`).
 
 Clients often come in near-homogeneous groups (hospital types, vehicle models). A single
@@ -27,8 +27,21 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
-from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, PRIOR_SCALE, ROBUST_CONSTRAINTS
+from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    INIT,
+    N_COMPONENTS,
+    PCA,
+    PRIOR,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    SAMPLING,
+    Param,
+    declare,
+)
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -37,15 +50,16 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered_em import (
+    CLUSTER_ASSIGNMENTS,
     ClusteredEM,
     allowed_components,
     cluster_log_likelihoods,
 )
-from fednovelty.federated.config import CLUSTER_ASSIGNMENTS
 from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
 
 __all__ = ["ClusteredClient", "ClusteredFedGMMDetector"]
 
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 #: MAD to standard deviation under a normal law.
 _MAD_SCALE = 1.4826
 
@@ -64,25 +78,6 @@ class ClusteredClient(AdaptedClient):
 @register
 class ClusteredFedGMMDetector(EMDetector):
     """Clustered additive Gaussian mixture over clients (see the module docstring).
-
-    Args:
-        n_components: K_g global components, shared by every client.
-        n_clusters: C client clusters.
-        cluster_components: K_c components per cluster.
-        assignment: ``"likelihood"`` (IFCA's rule: a client joins the cluster whose mixture
-            fits its rows best) or ``"summary"`` (FeSEM's: the server clusters the clients'
-            weight summaries by k-means).
-        warmup: federated EM rounds on all ``n_components + n_clusters * cluster_components``
-            components before the clusters form and take their own.
-        max_iter: most clustered rounds after the warm-up.
-        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``), as
-            ``FedGMMDetector``'s: ``aggregation="trimmed"`` combines the warm-up's and every
-            clustered round's statistics by the trimmed rule of federated EM (and screens
-            the k-means round's centroids); ``client_weight_cap`` caps a client's weight.
-        covariance_type, init_params, reg_covar, tol, standardize, covariance_prior,
-            prior_scale, kmeans_rounds, subset_size, pca_components, fraction, dropout,
-            privacy_min_rows, contamination, random_state, device, dtype, progress: as
-            ``FedGMMDetector``'s.
 
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: the M = K_g + C K_c
@@ -116,75 +111,42 @@ class ClusteredFedGMMDetector(EMDetector):
         True
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **EM_CONSTRAINTS,
-        **ROBUST_CONSTRAINTS,
-        "n_clusters": [Interval(Integral, 1, None, closed="left")],
-        "cluster_components": [Interval(Integral, 1, None, closed="left")],
-        "assignment": [StrOptions(set(CLUSTER_ASSIGNMENTS))],
-        "warmup": [Interval(Integral, 1, None, closed="left")],
-        "aggregation": [StrOptions({"sum", "trimmed"})],
-        **AGGREGATION_CONSTRAINTS,
-    }
-
-    def __init__(
-        self,
-        n_components=4,
-        *,
-        n_clusters=2,
-        cluster_components=2,
-        assignment="likelihood",
-        warmup=10,
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        covariance_type="full",
-        init_params="kmeans",
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=50,
-        standardize=True,
-        covariance_prior="auto",
-        prior_scale=PRIOR_SCALE,
-        kmeans_rounds=10,
-        subset_size=100,
-        pca_components=None,
-        fraction=1.0,
-        dropout=0.0,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.n_clusters = n_clusters
-        self.cluster_components = cluster_components
-        self.assignment = assignment
-        self.warmup = warmup
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.covariance_type = covariance_type
-        self.init_params = init_params
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.standardize = standardize
-        self.covariance_prior = covariance_prior
-        self.prior_scale = prior_scale
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.pca_components = pca_components
-        self.fraction = fraction
-        self.dropout = dropout
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _params = declare(
+        N_COMPONENTS,
+        Param("n_clusters", 2, _POSITIVE_INT, "C client clusters."),
+        Param("cluster_components", 2, _POSITIVE_INT, "K_c components per cluster."),
+        Param(
+            "assignment",
+            "likelihood",
+            [StrOptions(set(CLUSTER_ASSIGNMENTS))],
+            '``"likelihood"`` (IFCA\'s rule: a client joins the cluster whose mixture fits '
+            "its rows best) or ``\"summary\"`` (FeSEM's: the server clusters the clients' "
+            "weight summaries by k-means).",
+        ),
+        Param(
+            "warmup",
+            10,
+            _POSITIVE_INT,
+            "federated EM rounds on all ``n_components + n_clusters * cluster_components`` "
+            "components before the clusters form and take their own.",
+        ),
+        ROBUST,
+        EM,
+        INIT,
+        PRIOR,
+        PCA,
+        SAMPLING,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 4, "max_iter": 50},
+        docs={
+            "n_components": "K_g global components, shared by every client.",
+            "max_iter": "Counted after the warm-up.",
+        },
+        positional=1,
+    )
 
     # -------------------------------------------------------------- fitting
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
@@ -194,16 +156,7 @@ class ClusteredFedGMMDetector(EMDetector):
                 "lower n_clusters or add clients."
             )
         width = pca_components or data[0].shape[1]
-        algorithm = ClusteredEM(
-            self.n_components,
-            n_clusters=self.n_clusters,
-            cluster_components=self.cluster_components,
-            assignment=self.assignment,
-            warmup=self.warmup,
-            **self._robust_options(width),
-            **self._aggregation_options(),
-            **self._em_options(seed, pca_components),
-        )
+        algorithm = ClusteredEM(**self._em_options(seed, pca_components, width))
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
         )

@@ -8,15 +8,20 @@ from numbers import Integral
 from typing import ClassVar
 
 import torch
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors.base import (
-    AGGREGATION_CONSTRAINTS,
-    COMMON_CONSTRAINTS,
-    PRIOR_SCALE,
-    ROBUST_CONSTRAINTS,
-    MixtureDetector,
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    LOCAL_FIT,
+    PRIOR,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    Param,
+    declare,
 )
+from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -28,12 +33,15 @@ from fednovelty.federated import FedGenGMM
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
 
-_FEDGEN_CONSTRAINTS: dict = {
-    **COMMON_CONSTRAINTS,
-    **ROBUST_CONSTRAINTS,
-    "client_components": [Interval(Integral, 1, None, closed="left"), None],
-    "k_range": [tuple, list],
-    "min_client_samples": [Interval(Integral, 1, None, closed="left")],
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+#: What the shared settings mean where every client fits its own mixture.
+LOCAL_FIT_DOCS = {
+    "standardize": "Every fit (each client's, the server's) is on z-scores of its own rows.",
+    "prior_strength": "The prior makes the BIC choices favour fewer components; for cluster "
+    "structure pass ``prior_strength=None`` (``docs/robust.md``, Limits).",
+    "privacy_min_rows": "A client with fewer rows is skipped, fits at most "
+    "``n_rows // privacy_min_rows`` components and drops those backed by fewer rows.",
+    "max_iter": "Of each local EM fit.",
 }
 
 
@@ -42,23 +50,16 @@ class _LocalFitDetector(MixtureDetector):
 
     _algorithm: type = FedGenGMM
 
-    def _algorithm_kwargs(self) -> dict:
-        return {}
+    def max_fit_rounds(self) -> int:
+        """One round: each client fits its mixture and sends it once."""
+        return self._algorithm.max_rounds
 
     def _run(self, clients, seed):
         if len(self.k_range) != 2:
             raise ValueError(f"k_range must be (k_min, k_max), got {self.k_range!r}.")
         algorithm = self._algorithm(
-            client_components=self.client_components,
-            k_range=tuple(self.k_range),
-            covariance_type=self.covariance_type,
-            min_client_samples=self.min_client_samples,
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
+            **self._settings(clients[0].shape[1]),
             random_state=seed,
-            **self._robust_options(clients[0].shape[1]),
-            **self._algorithm_kwargs(),
             **self._torch_options(),
         )
         self._check_some_client_fits(algorithm, clients)
@@ -159,42 +160,6 @@ class FedGenGMMDetector(_LocalFitDetector):
     ``samples_per_component * sum_c K_c`` rows from the size-weighted union and fits the
     global mixture with ``n_components`` (``None``: BIC in ``k_range``). One round.
 
-    Args:
-        n_components: global K, or ``None`` for BIC.
-        client_components: every client's K, or ``None`` for a per-client BIC choice.
-        k_range: inclusive ``(k_min, k_max)`` searched by BIC.
-        covariance_type, reg_covar, tol, max_iter: local EM settings (as scikit-learn).
-        standardize: every fit (each client's, the server's) on z-scores of its own
-            rows (the model and its scores stay in the original units; still one round);
-            ``False`` fits the raw features.
-        covariance_prior: pseudo-rows of a conjugate prior that pulls every covariance
-            towards ``prior_scale`` times the pooled variance of each feature (MAP EM on summed
-            statistics); ``"auto"`` (default) is ``n_features + 2``, ``None`` turns it off
-            (plain maximum likelihood, the behaviour before these remedies).
-        prior_scale: the prior's target variance as a multiple of each feature's variance
-            (default 4: a component backed by few rows is flattened, not made a spike).
-            The prior is tuned for novelty scores, not for recovering clusters: it makes
-            the BIC choices favour fewer components (three clusters 6 sd apart get K = 2).
-            For cluster structure pass ``covariance_prior=None`` (``docs/robust.md``, Limits).
-        samples_per_component: ``H`` of the paper (100).
-        min_client_samples: clients with fewer rows are skipped with a warning.
-        copula: the server also fits a Gaussian copula on its synthetic rows (a 1-D
-            mixture per feature, a joint mixture of the features' normal scores) and
-            ``score_samples`` is its log-density; the attributes of the global mixture stay
-            those of the plain global fit. Same single round, same messages.
-        aggregation: ``"sum"`` (the paper: the union of every client's mixture),
-            ``"median"`` (client mixtures whose mean or log-variance lies more than 3.5
-            robust z-scores from the median client's are left out) or ``"trimmed"`` (the
-            ``trim`` share of most outlying client mixtures left out); README "Poisoning".
-        trim: share of client mixtures ``aggregation="trimmed"`` leaves out.
-        client_weight_cap: no client's mixture weighs more than this many times the median
-            client's row count in the union (``None``: no cap).
-        privacy_min_rows: each client's privacy floor (``docs/privacy.md``): a client with
-            fewer rows is skipped, fits at most ``n_rows // privacy_min_rows`` components
-            and drops those backed by fewer rows before it sends its mixture; ``1`` is no
-            floor.
-        contamination, random_state, device, dtype, progress: as ``FedGMMDetector``.
-
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: the global mixture.
         copula_marginals_, copula_joint_: with ``copula``, each feature's 1-D mixture
@@ -207,73 +172,39 @@ class FedGenGMMDetector(_LocalFitDetector):
     ``RoundRecord`` when it completes (see ``MixtureDetector.fit``).
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **_FEDGEN_CONSTRAINTS,
-        "n_components": [Interval(Integral, 1, None, closed="left"), None],
-        "samples_per_component": [Interval(Integral, 1, None, closed="left")],
-        "copula": ["boolean"],
-        "aggregation": [StrOptions({"sum", "trimmed", "median"})],
-        **AGGREGATION_CONSTRAINTS,
-    }
-
-    def __init__(
-        self,
-        n_components=None,
-        client_components=None,
-        k_range=(1, 10),
-        *,
-        covariance_type="full",
-        samples_per_component=100,
-        min_client_samples=2,
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        standardize=True,
-        covariance_prior="auto",
-        prior_scale=PRIOR_SCALE,
-        copula=False,
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.client_components = client_components
-        self.k_range = k_range
-        self.covariance_type = covariance_type
-        self.samples_per_component = samples_per_component
-        self.min_client_samples = min_client_samples
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.standardize = standardize
-        self.covariance_prior = covariance_prior
-        self.prior_scale = prior_scale
-        self.copula = copula
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    def _algorithm_kwargs(self) -> dict:
-        return {
-            "n_components": self.n_components,
-            "samples_per_component": self.samples_per_component,
-            "copula": self.copula,
-            "aggregation": self.aggregation,
-            "trim": self.trim,
-            "client_weight_cap": self.client_weight_cap,
-        }
+    _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _params = declare(
+        Param(
+            "n_components",
+            None,
+            [Interval(Integral, 1, None, closed="left"), None],
+            "number of components of the global mixture; ``None`` chooses it by BIC over "
+            "``k_range``.",
+        ),
+        LOCAL_FIT,
+        EM,
+        Param(
+            "samples_per_component",
+            100,
+            _POSITIVE_INT,
+            "synthetic rows the server draws per client component (the paper's ``H``).",
+        ),
+        PRIOR,
+        Param(
+            "copula",
+            False,
+            ["boolean"],
+            "the server also fits a Gaussian copula on its synthetic rows (a 1-D mixture per "
+            "feature, a joint mixture of the features' normal scores) and ``score_samples`` "
+            "is its log-density; same single round, same messages.",
+        ),
+        ROBUST,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        docs=LOCAL_FIT_DOCS,
+        positional=3,
+    )
 
     def _set_copula(self, marginals, joint) -> None:
         """Store the copula (``joint`` ``None``: the detector scores with the mixture)."""

@@ -11,16 +11,29 @@ ignores ``y`` (``docs/joint.md``).
 from __future__ import annotations
 
 from numbers import Integral, Real
-from typing import ClassVar
 
 import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._em_detector import EM_CONSTRAINTS, AdaptedClient, EMDetector
-from fednovelty.detectors._labels import encode_labels, label_codes
+from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
+from fednovelty.detectors._labels import label_codes
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    INIT,
+    LEARNER,
+    N_COMPONENTS,
+    PCA,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    SAMPLING,
+    Param,
+    declare,
+)
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, atomic_fit
+from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -30,7 +43,6 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.config import LEARNERS
 from fednovelty.federated.joint import (
     PFL_METHODS,
     JointFedGMM,
@@ -40,172 +52,63 @@ from fednovelty.federated.joint import (
     joint_log_scores,
     unpack_client_data,
 )
+from fednovelty.federated.learners import LEARNERS
 from fednovelty.mixture import score_samples
 
 SCORES = ("px", "py|x", "pxy", "msp")
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+#: The learners' architecture (the joint models').
+LEARNER_CHOICE = Param(
+    "learner",
+    "linear",
+    [StrOptions(set(LEARNERS)), callable],
+    '``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer of 64), '
+    '``"cnn"`` (the FedGMM paper\'s FEMNIST encoder, for square images flattened to rows) '
+    "or a factory ``(n_features, n_classes) -> torch.nn.Module`` (a model with a factory "
+    "cannot be saved).",
+    "estimator",
+)
 
 
-@register
-class JointFedGMMDetector(EMDetector):
-    """FedGMM's joint model ``p_c(x, y)`` trained by federated EM; scores covariate novelty
-    (``-log p(x)``), label novelty (``-log p(y | x)``) and joint novelty (``-log p(x, y)``),
-    and classifies (``predict_y``) with each client's personal weights.
+class JointModelDetector(EMDetector):
+    """What the joint models of ``(x, y)`` share (``JointFedGMMDetector``,
+    ``PFedEMDetector``; not used directly): the labelled fit and ``partial_fit``, the
+    learners' template, the joint scores (``log_px``, ``log_py_given_x``, ``log_pxy``,
+    ``predict_y``), ``adapt`` with labels, and saving.
 
-    One EM iteration is one communication round: clients send the Gaussians' sufficient
-    statistics under their joint responsibilities, their joint counts (``n_c pi_c``) and
-    their learners trained for ``local_epochs`` on the responsibility-weighted
-    cross-entropy; the server sums the statistics and averages the learners.
-
-    Args:
-        n_components: M1 shared Gaussians.
-        n_learners: M2 conditional models ``P_m2(y | x)``.
-        learner: ``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer
-            of 64), ``"cnn"`` (the FedGMM paper's FEMNIST encoder, for square images
-            flattened to rows: ``fednovelty.federated.config.cnn_learner``) or a factory
-            ``(n_features, n_classes) -> torch.nn.Module`` (a model with a factory cannot be
-            saved).
-        local_epochs, learning_rate, batch_size: the learners' local training each round.
-        optimizer: ``"sgd"`` (default) or ``"adam"`` for the learners' local steps.
-        mu_prox: FedProx proximal coefficient of the learners' local objective (0 = none).
-        aggregate_learners: ``False`` never averages learners (the Local baseline: score
-            with ``client=``).
-        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``):
-            ``aggregation="trimmed"`` trims the Gaussians' statistics as federated EM's and
-            takes each learner as the coordinate-wise trimmed mean of its clients' copies.
-        covariance_type, reg_covar, tol, max_iter: the Gaussians, as scikit-learn's
-            ``GaussianMixture`` (``max_iter`` = maximum EM rounds); the M-step is FedGMM's
-            plain one (no prior, no standardisation).
-        init_params, kmeans_rounds, subset_size: the Gaussians' initialisation, as
-            ``FedGMMDetector``'s.
-        pca_components: if set, the Gaussians model the rows' projection on this many
-            principal components found by federated PCA (two extra rounds); the learners
-            see the full rows.
-        fraction: share of clients asked each round; dropout: chance that one fails to reply.
-        privacy_min_rows: each client's privacy floor (``docs/privacy.md``).
-        contamination: expected share of anomalies, sets ``threshold_`` on ``-log p(x)``.
-        random_state, device, dtype, progress: as ``FedGMMDetector``'s.
-
-    Attributes:
-        classes_: the label values, sorted; columns of ``predict_proba_y``.
-        weights_, means_, covariances_, precisions_cholesky_: the Gaussians and their
-            sample-weighted global weights (numpy, as scikit-learn).
-        client_weights_: (n_clients, M1) each client's Gaussian weights ``sum_m2 pi_c``.
-        client_joint_weights_: (n_clients, M1, M2) each client's ``pi_c``, rows in
-            ``client_ids_`` order.
-        joint_state_: the algorithm's final ``JointState`` (learners' weights, joint counts).
-        client_learners_: each client's own learners (``aggregate_learners=False``).
-        pca_: the federated PCA projection (``pca_components`` set).
-        n_iter_, converged_, lower_bounds_, history_, n_rounds_, bytes_up_, bytes_down_,
-        decision_scores_, threshold_, labels_: as ``FedGMMDetector``'s.
-
-    Examples:
-        >>> import numpy as np
-        >>> from fednovelty import JointFedGMMDetector
-        >>> rng = np.random.default_rng(0)
-        >>> X = rng.normal(0, 1, (400, 2))
-        >>> y = (X[:, 0] > 0).astype(int)
-        >>> groups = np.repeat([0, 1, 2, 3], 100)
-        >>> det = JointFedGMMDetector(2, n_learners=1, random_state=0).fit(X, y, groups)
-        >>> det.predict_y([[2.0, 0.0], [-2.0, 0.0]]).tolist()
-        [1, 0]
+    Subclasses declare their parameters (``_params``, with ``learner`` among them), build
+    their algorithm (``_algorithm``) and say how many learners they train
+    (``_n_learners``) and whether the server averages them (``_shared_learners``).
     """
 
     _joint = True
-    _parameter_constraints: ClassVar[dict] = {
-        **EM_CONSTRAINTS,
-        "n_learners": _POSITIVE_INT,
-        "learner": [StrOptions(set(LEARNERS)), callable],
-        "local_epochs": _POSITIVE_INT,
-        "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
-        "batch_size": _POSITIVE_INT,
-        "optimizer": [StrOptions({"sgd", "adam"})],
-        "mu_prox": [Interval(Real, 0.0, None, closed="left")],
-        "aggregate_learners": ["boolean"],
-        "aggregation": [StrOptions({"sum", "trimmed"})],
-        **AGGREGATION_CONSTRAINTS,
-    }
+    _labelled = True
+    _without_labels = " For a model of X alone use FedGMMDetector."
 
-    def __init__(
-        self,
-        n_components=8,
-        *,
-        n_learners=2,
-        learner="linear",
-        local_epochs=5,
-        learning_rate=0.5,
-        batch_size=32,
-        optimizer="sgd",
-        mu_prox=0.0,
-        aggregate_learners=True,
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        covariance_type="full",
-        init_params="kmeans",
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        kmeans_rounds=10,
-        subset_size=100,
-        pca_components=None,
-        fraction=1.0,
-        dropout=0.0,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.n_learners = n_learners
-        self.learner = learner
-        self.local_epochs = local_epochs
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.mu_prox = mu_prox
-        self.aggregate_learners = aggregate_learners
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.covariance_type = covariance_type
-        self.init_params = init_params
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.pca_components = pca_components
-        self.fraction = fraction
-        self.dropout = dropout
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    @property
+    def _n_learners(self) -> int:
+        raise NotImplementedError
 
-    @classmethod
-    def pfl_baseline(cls, name: str, **params) -> JointFedGMMDetector:
-        """A detector configured as one of the FedGMM paper's Table 2 methods.
+    @property
+    def _shared_learners(self) -> bool:
+        return True
 
-        ``"FedGMM"`` (as given), ``"FedEM"`` (one Gaussian: mixture of learners only),
-        ``"FedAvg"`` (one Gaussian, one learner), ``"FedProx"`` (FedAvg plus the proximal
-        term, ``mu_prox=0.01`` unless given) and ``"Local"`` (one Gaussian, one learner per
-        client, never aggregated: score with ``client=``). Fit with ``fit(X, y, groups)``.
+    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
+        """The federated algorithm a fit runs; ``overrides`` replace its settings
+        (``partial_fit``'s start and rounds)."""
+        raise NotImplementedError
 
-        Example:
-            >>> JointFedGMMDetector.pfl_baseline("FedEM", n_learners=3).n_components
-            1
-        """
-        if name not in PFL_METHODS:
-            raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
-        config = dict(PFL_METHODS[name])
-        if name == "FedProx" and "mu_prox" in params:
-            config.pop("mu_prox")
-        return cls(**{**params, **config})
+    def _joint_options(self, learner_width: int, seed: int, pca_components, overrides) -> dict:
+        """The joint algorithm's settings: the declared ones, the classes, the learners'
+        factory and width (the learners see all ``learner_width`` features), then
+        ``overrides``."""
+        return {
+            **self._em_options(seed, pca_components, learner_width),
+            "n_classes": len(self.classes_),
+            "learner_factory": self._learner_factory(),
+            "n_learner_features": learner_width,
+            **overrides,
+        }
 
     # -------------------------------------------------------------- fitting
     def fit(self, X, y=None, groups=None, *, callbacks=(), classes=None):
@@ -257,7 +160,7 @@ class JointFedGMMDetector(EMDetector):
         self._check_fitted()
         if not isinstance(rounds, Integral) or rounds < 1:
             raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")
-        if not self.aggregate_learners:
+        if not self._shared_learners:
             raise ValueError("a Local model (aggregate_learners=False) has no partial_fit.")
         array = self._check_X(X, fitted=True)
         if y is None:
@@ -318,35 +221,6 @@ class JointFedGMMDetector(EMDetector):
         weights = torch.as_tensor(self.client_joint_weights_[index]).to(**self._torch_options())
         return {"log_joint_weights": weights.clamp_min(1e-300).log()}
 
-    def _label_codes(self, y, n_rows: int) -> np.ndarray:
-        """Check ``y`` (one label per row, at least two classes), set ``classes_`` and return
-        each row's class index (n_rows,)."""
-        self.classes_, codes = encode_labels(y, n_rows, getattr(self, "_fit_classes", None))
-        return codes
-
-    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
-        """The federated algorithm a fit runs (the joint model's EM); ``overrides`` replace
-        its settings (``partial_fit``'s start and rounds)."""
-        options = {
-            **self._em_options(seed, pca_components),
-            **self._aggregation_options(),
-            **overrides,
-        }
-        return JointFedGMM(
-            self.n_components,
-            self.n_learners,
-            len(self.classes_),
-            learner_factory=self._learner_factory(),
-            local_epochs=self.local_epochs,
-            learning_rate=self.learning_rate,
-            batch_size=self.batch_size,
-            optimizer=self.optimizer,
-            mu_prox=self.mu_prox,
-            aggregate_learners=self.aggregate_learners,
-            n_learner_features=learner_width,
-            **options,
-        )
-
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
         algorithm = self._algorithm(learner_width, seed, pca_components)
@@ -367,7 +241,7 @@ class JointFedGMMDetector(EMDetector):
         global_pi = state.joint_counts / state.joint_counts.sum()
         joint = [state.client_joint_weights.get(c, global_pi) for c in range(self.n_clients_)]
         self.client_joint_weights_ = torch.stack(joint).cpu().numpy()
-        if self.aggregate_learners:
+        if self._shared_learners:
             if hasattr(self, "client_learners_"):
                 del self.client_learners_
             return result
@@ -375,7 +249,7 @@ class JointFedGMMDetector(EMDetector):
         self.client_learners_ = [
             [
                 {n: own.get(f"learner.{m2}.{n}", state.learners[m2][n]) for n in names}
-                for m2 in range(self.n_learners)
+                for m2 in range(self._n_learners)
             ]
             for own in (result.client_states.get(c, {}) for c in range(self.n_clients_))
         ]
@@ -401,7 +275,7 @@ class JointFedGMMDetector(EMDetector):
 
     def _local_learners(self, client):
         """Local (``aggregate_learners=False``): the client's own learners, or an error."""
-        if self.aggregate_learners:
+        if self._shared_learners:
             return None
         if client is None or isinstance(client, AdaptedClient):
             raise ValueError(
@@ -498,7 +372,7 @@ class JointFedGMMDetector(EMDetector):
             An :class:`AdaptedClient` (weights, their trace over iterations, log-likelihoods).
         """
         Xt = self._adapt_rows(X, max_iter)
-        if not self.aggregate_learners and y is not None:
+        if not self._shared_learners and y is not None:
             raise ValueError(
                 "a Local model (aggregate_learners=False) has no shared learner to adapt "
                 "with labels; call adapt(X) for the Gaussian weights only."
@@ -552,10 +426,10 @@ class JointFedGMMDetector(EMDetector):
                     n: get_tensor(tensors, f"{prefix}{m2}.{n}", shape).to(**options)
                     for n, shape in shapes.items()
                 }
-                for m2 in range(self.n_learners)
+                for m2 in range(self._n_learners)
             ]
 
-        shape = (self.n_components_, self.n_learners)
+        shape = (self.n_components_, self._n_learners)
         joint_weights = get_tensor(tensors, "joint.client_weights", (self.n_clients_, *shape))
         check_probabilities(joint_weights, "the blocks of 'joint.client_weights'", dims=2)
         counts = get_tensor(tensors, "joint.counts", shape)
@@ -577,7 +451,108 @@ class JointFedGMMDetector(EMDetector):
             joint_counts=counts.to(**options),
             client_joint_weights=dict(enumerate(joint_weights)),
         )
-        if not self.aggregate_learners:
+        if not self._shared_learners:
             self.client_learners_ = [
                 learners(f"client_learner.{c}.") for c in range(self.n_clients_)
             ]
+
+
+@register
+class JointFedGMMDetector(JointModelDetector):
+    """FedGMM's joint model ``p_c(x, y)`` trained by federated EM; scores covariate novelty
+    (``-log p(x)``), label novelty (``-log p(y | x)``) and joint novelty (``-log p(x, y)``),
+    and classifies (``predict_y``) with each client's personal weights.
+
+    One EM iteration is one communication round: clients send the Gaussians' sufficient
+    statistics under their joint responsibilities, their joint counts (``n_c pi_c``) and
+    their learners trained for ``local_epochs`` on the responsibility-weighted
+    cross-entropy; the server sums the statistics and averages the learners.
+
+    Attributes:
+        classes_: the label values, sorted; columns of ``predict_proba_y``.
+        weights_, means_, covariances_, precisions_cholesky_: the Gaussians and their
+            sample-weighted global weights (numpy, as scikit-learn).
+        client_weights_: (n_clients, M1) each client's Gaussian weights ``sum_m2 pi_c``.
+        client_joint_weights_: (n_clients, M1, M2) each client's ``pi_c``, rows in
+            ``client_ids_`` order.
+        joint_state_: the algorithm's final ``JointState`` (learners' weights, joint counts).
+        client_learners_: each client's own learners (``aggregate_learners=False``).
+        pca_: the federated PCA projection (``pca_components`` set).
+        n_iter_, converged_, lower_bounds_, history_, n_rounds_, bytes_up_, bytes_down_,
+        decision_scores_, threshold_, labels_: as ``FedGMMDetector``'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> from fednovelty import JointFedGMMDetector
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(0, 1, (400, 2))
+        >>> y = (X[:, 0] > 0).astype(int)
+        >>> groups = np.repeat([0, 1, 2, 3], 100)
+        >>> det = JointFedGMMDetector(2, n_learners=1, random_state=0).fit(X, y, groups)
+        >>> det.predict_y([[2.0, 0.0], [-2.0, 0.0]]).tolist()
+        [1, 0]
+    """
+
+    _params = declare(
+        N_COMPONENTS,
+        Param("n_learners", 2, _POSITIVE_INT, "M2 conditional models ``P_m2(y | x)``."),
+        LEARNER_CHOICE,
+        *LEARNER,
+        Param(
+            "mu_prox",
+            0.0,
+            [Interval(Real, 0.0, None, closed="left")],
+            "FedProx proximal coefficient of the learners' local objective (0 = none).",
+        ),
+        Param(
+            "aggregate_learners",
+            True,
+            ["boolean"],
+            "``False`` never averages learners (the Local baseline: score with ``client=``).",
+        ),
+        ROBUST,
+        EM,
+        INIT,
+        PCA,
+        SAMPLING,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 8, "learning_rate": 0.5},
+        docs={
+            "aggregation": "The learners are combined coordinate-wise alike.",
+            "pca_components": "The learners see the full rows.",
+        },
+        positional=1,
+    )
+
+    @property
+    def _n_learners(self) -> int:
+        return self.n_learners
+
+    @property
+    def _shared_learners(self) -> bool:
+        return self.aggregate_learners
+
+    @classmethod
+    def pfl_baseline(cls, name: str, **params) -> JointFedGMMDetector:
+        """A detector configured as one of the FedGMM paper's Table 2 methods.
+
+        ``"FedGMM"`` (as given), ``"FedEM"`` (one Gaussian: mixture of learners only),
+        ``"FedAvg"`` (one Gaussian, one learner), ``"FedProx"`` (FedAvg plus the proximal
+        term, ``mu_prox=0.01`` unless given) and ``"Local"`` (one Gaussian, one learner per
+        client, never aggregated: score with ``client=``). Fit with ``fit(X, y, groups)``.
+
+        Example:
+            >>> JointFedGMMDetector.pfl_baseline("FedEM", n_learners=3).n_components
+            1
+        """
+        if name not in PFL_METHODS:
+            raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
+        config = dict(PFL_METHODS[name])
+        if name == "FedProx" and "mu_prox" in params:
+            config.pop("mu_prox")
+        return cls(**{**params, **config})
+
+    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
+        return JointFedGMM(**self._joint_options(learner_width, seed, pca_components, overrides))

@@ -9,8 +9,17 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
-from fednovelty.detectors.base import PRIOR_SCALE
-from fednovelty.detectors.fedgengmm import _FEDGEN_CONSTRAINTS, _LocalFitDetector
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    LOCAL_FIT,
+    PRIOR,
+    PRIVACY,
+    RUNTIME,
+    Param,
+    declare,
+)
+from fednovelty.detectors.fedgengmm import LOCAL_FIT_DOCS, _LocalFitDetector
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -58,10 +67,6 @@ class LocalGMMDetector(_LocalFitDetector):
 
     Fitting warns, naming them, about clients whose rows are all copies of one row.
 
-    Args: as ``FedGenGMMDetector`` without ``n_components`` (there is no global model),
-    ``standardize``, ``covariance_prior`` and ``prior_scale`` included, and:
-        combine: ``"mixture"`` or ``"mean"``, as above.
-
     Attributes:
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
         client_shares_: (n_models,) each fitted client's share of the fitted rows, in
@@ -76,51 +81,28 @@ class LocalGMMDetector(_LocalFitDetector):
     """
 
     _algorithm = LocalGMMs
-    _parameter_constraints: ClassVar[dict] = {
-        **_FEDGEN_CONSTRAINTS,
-        "combine": [StrOptions({"mixture", "mean"})],
-    }
     #: Files saved before ``combine`` existed were scored with the mean of log-densities.
     _legacy_params: ClassVar[dict] = {"combine": "mean"}
 
-    def __init__(
-        self,
-        client_components=None,
-        k_range=(1, 10),
-        *,
-        covariance_type="full",
-        min_client_samples=2,
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        standardize=True,
-        covariance_prior="auto",
-        prior_scale=PRIOR_SCALE,
-        privacy_min_rows=5,
-        combine="mixture",
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.client_components = client_components
-        self.k_range = k_range
-        self.covariance_type = covariance_type
-        self.min_client_samples = min_client_samples
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.standardize = standardize
-        self.covariance_prior = covariance_prior
-        self.prior_scale = prior_scale
-        self.privacy_min_rows = privacy_min_rows
-        self.combine = combine
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _params = declare(
+        LOCAL_FIT,
+        EM,
+        PRIOR,
+        PRIVACY,
+        Param(
+            "combine",
+            "mixture",
+            [StrOptions({"mixture", "mean"})],
+            '``"mixture"`` or ``"mean"``: how the client models\' densities make one score '
+            "(above).",
+            "estimator",
+        ),
+        DETECTOR,
+        RUNTIME,
+        docs=LOCAL_FIT_DOCS,
+        positional=2,
+    )
 
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         _warn_single_row_clients(parts, self.client_ids_)

@@ -1,7 +1,7 @@
 """``PFedEMDetector``: the pFedEM paper's method (``fednovelty.federated.pfedem``) as a
 scikit-learn style classifier and novelty scorer, beside FedGMM's joint model.
 
-It shares ``JointFedGMMDetector``'s fitting, saving and Gaussian scores (``log_px``,
+It shares the joint models' fitting, saving and Gaussian scores (``log_px``,
 ``decision_function(score="px")``, ``adapt``); its class probabilities follow the paper's
 Eq. 15, ``P(y | x) = sum_k pi_k P_k(y | x)``, with a client's weights (the shares of its rows
 in each Gaussian's partition in the last round) or the global ones.
@@ -9,36 +9,36 @@ in each Gaussian's partition in the last round) or the global ones.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    INIT,
+    LEARNER,
+    N_COMPONENTS,
+    PCA,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    SAMPLING,
+    Param,
+    declare,
+)
+from fednovelty.detectors.joint import LEARNER_CHOICE, JointModelDetector
 from fednovelty.detectors.persistence import register
-from fednovelty.federated.config import GAUSSIAN_AGGREGATIONS
-from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
+from fednovelty.federated.pfedem import GAUSSIAN_AGGREGATIONS, PFedEM, pfedem_predict_proba
 
 __all__ = ["PFedEMDetector"]
 
 
 @register
-class PFedEMDetector(JointFedGMMDetector):
+class PFedEMDetector(JointModelDetector):
     """pFedEM (the pFedEM paper, Algorithm 1): K Gaussians and K sub-models, each trained on
     the rows its Gaussian claims; inference by Eq. 15.
-
-    Args:
-        n_components: K Gaussians, and as many sub-models.
-        gaussian_aggregation: ``"paper"`` (Eq. 12-14, per-feature variances) or ``"exact"``
-            (summed soft statistics).
-        covariance_type: ``"diag"`` (the paper's) or, with ``"exact"``, any type.
-        learner, local_epochs, learning_rate, batch_size, optimizer: the sub-models' local
-            training each round (as ``JointFedGMMDetector``'s).
-        Other arguments as ``JointFedGMMDetector``'s (no ``n_learners``, ``mu_prox`` or
-        ``aggregate_learners``; ``aggregation="trimmed"`` also reads the paper's replies as
-        statistics and trims them).
 
     Example:
         >>> import numpy as np
@@ -50,97 +50,40 @@ class PFedEMDetector(JointFedGMMDetector):
         [1, 1]
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **{
-            k: v
-            for k, v in JointFedGMMDetector._parameter_constraints.items()
-            if k not in ("n_learners", "mu_prox", "aggregate_learners")
+    _params = declare(
+        N_COMPONENTS,
+        Param(
+            "gaussian_aggregation",
+            "paper",
+            [StrOptions(set(GAUSSIAN_AGGREGATIONS))],
+            '``"paper"`` (Eq. 12-14, per-feature variances) or ``"exact"`` (summed soft '
+            "statistics).",
+        ),
+        LEARNER_CHOICE,
+        *LEARNER,
+        ROBUST,
+        EM,
+        INIT,
+        PCA,
+        SAMPLING,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 2, "learning_rate": 0.5, "covariance_type": "diag"},
+        docs={
+            "n_components": "K Gaussians, and as many sub-models.",
+            "covariance_type": 'The paper\'s is ``"diag"``; ``"exact"`` takes any type.',
+            "aggregation": '``"trimmed"`` reads the paper\'s replies as statistics and trims them.',
         },
-        "gaussian_aggregation": [StrOptions(set(GAUSSIAN_AGGREGATIONS))],
-    }
-
-    def __init__(
-        self,
-        n_components=2,
-        *,
-        gaussian_aggregation="paper",
-        learner="linear",
-        local_epochs=5,
-        learning_rate=0.5,
-        batch_size=32,
-        optimizer="sgd",
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        covariance_type="diag",
-        init_params="kmeans",
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        kmeans_rounds=10,
-        subset_size=100,
-        pca_components=None,
-        fraction=1.0,
-        dropout=0.0,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.gaussian_aggregation = gaussian_aggregation
-        self.learner = learner
-        self.local_epochs = local_epochs
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.covariance_type = covariance_type
-        self.init_params = init_params
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.pca_components = pca_components
-        self.fraction = fraction
-        self.dropout = dropout
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    # the joint model's settings pFedEM fixes
-    mu_prox = 0.0
-    aggregate_learners = True
+        positional=1,
+    )
 
     @property
-    def n_learners(self) -> int:
+    def _n_learners(self) -> int:
         return self.n_components
 
     def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
-        return PFedEM(
-            self.n_components,
-            len(self.classes_),
-            gaussian_aggregation=self.gaussian_aggregation,
-            learner_factory=self._learner_factory(),
-            local_epochs=self.local_epochs,
-            learning_rate=self.learning_rate,
-            batch_size=self.batch_size,
-            optimizer=self.optimizer,
-            n_learner_features=learner_width,
-            **{
-                **self._em_options(seed, pca_components),
-                **self._aggregation_options(),
-                **overrides,
-            },
-        )
+        return PFedEM(**self._joint_options(learner_width, seed, pca_components, overrides))
 
     def _kept_state(self, index: int) -> dict[str, torch.Tensor]:
         kept = getattr(self, "_client_states", {}).get(index)

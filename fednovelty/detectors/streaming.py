@@ -1,5 +1,5 @@
 """``StreamingFedGMMDetector``: a federated mixture that learns online, window by window,
-and says when a client's data has drifted (issue 21).
+and says when a client's data has drifted.
 
 ``fit(X, groups=...)`` is the stream's first window: federated EM with personal weights
 (as ``FedGMMDetector``'s, plain M-steps), closed by one streaming round that sets the carried
@@ -37,15 +37,25 @@ the last window's rows.
 from __future__ import annotations
 
 from numbers import Integral, Real
-from typing import ClassVar
 
 import numpy as np
 import torch
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._em_detector import EM_CONSTRAINTS, EMDetector
+from fednovelty.detectors._em_detector import EMDetector
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    INIT,
+    N_COMPONENTS,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    Param,
+    declare,
+)
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, atomic_fit
+from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -57,7 +67,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated import FederatedEM
+from fednovelty.federated import EMConfig, FederatedEM, StreamConfig
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.streaming import DRIFT_FIELDS, StreamingEM
 from fednovelty.mixture import MixtureParams, SufficientStats, score_samples
@@ -76,27 +86,6 @@ _CARRY = ("counts", "sums", "second", "shift", "n_samples")
 class StreamingFedGMMDetector(EMDetector):
     """A federated Gaussian mixture updated window by window with ``partial_fit``, with
     per-client weights and drift alarms (see the module docstring).
-
-    Args:
-        n_components: K Gaussians shared by all clients.
-        rho: forgetting factor per window in [0, 1] (the statistics hold about
-            ``window rows / (1 - rho)`` rows of a stationary stream).
-        rounds: federated rounds per window that refresh the components (0: the clients'
-            weights are tracked, the components stay).
-        far_quantile: rows beyond this chi-square quantile of every component are *far*
-            (``None``: no births; required for ``covariance_type="tied"``).
-        birth_share: far rows at least this share of a window re-bear a component.
-        false_alarm_rate: a client's false alarms per window on a stationary stream.
-        cusum_k: the CUSUM's reference value (shifts of about ``2 k`` standard errors are
-            what it is tuned to).
-        global_alarm_share: share of a window's clients whose alarms make a global alarm.
-        covariance_type, init_params, reg_covar, tol, max_iter, kmeans_rounds, subset_size:
-            the first window's federated EM, as ``FedGMMDetector``'s (plain M-steps).
-        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``) of
-            the first window's federated EM and of every window: ``aggregation`` ``"sum"``
-            (exact) or ``"trimmed"`` (trimmed statistics and a robust k-means first round).
-        privacy_min_rows, contamination, random_state, device, dtype, progress: as
-            ``FedGMMDetector``'s.
 
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: the current mixture; its
@@ -126,81 +115,66 @@ class StreamingFedGMMDetector(EMDetector):
         [[1.0, 0.0], [1.0, 0.0]]
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **{
-            k: v
-            for k, v in EM_CONSTRAINTS.items()
-            if k not in ("pca_components", "fraction", "dropout")
-        },
-        "rho": [Interval(Real, 0.0, 1.0, closed="both")],
-        "rounds": [Interval(Integral, 0, None, closed="left")],
-        "far_quantile": [Interval(Real, 0.0, 1.0, closed="neither"), None],
-        "birth_share": [Interval(Real, 0.0, 1.0, closed="both")],
-        "false_alarm_rate": [Interval(Real, 0.0, 1.0, closed="neither")],
-        "cusum_k": [Interval(Real, 0.0, None, closed="neither")],
-        "global_alarm_share": [Interval(Real, 0.0, 1.0, closed="right")],
-        "init_params": [StrOptions({"kmeans", "separated", "subset"})],
-        "aggregation": [StrOptions({"sum", "trimmed"})],
-        **AGGREGATION_CONSTRAINTS,
-    }
-
-    def __init__(
-        self,
-        n_components=8,
-        *,
-        rho=0.9,
-        rounds=1,
-        far_quantile=0.999,
-        birth_share=0.05,
-        false_alarm_rate=0.01,
-        cusum_k=0.5,
-        global_alarm_share=0.5,
-        covariance_type="full",
-        init_params="kmeans",
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        kmeans_rounds=10,
-        subset_size=100,
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.rho = rho
-        self.rounds = rounds
-        self.far_quantile = far_quantile
-        self.birth_share = birth_share
-        self.false_alarm_rate = false_alarm_rate
-        self.cusum_k = cusum_k
-        self.global_alarm_share = global_alarm_share
-        self.covariance_type = covariance_type
-        self.init_params = init_params
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    # the EM base's options that this detector does not have
-    pca_components = None
-    fraction = 1.0
-    dropout = 0.0
+    _params = declare(
+        N_COMPONENTS,
+        Param(
+            "rho",
+            0.9,
+            [Interval(Real, 0.0, 1.0, closed="both")],
+            "forgetting factor per window in [0, 1] (the statistics hold about "
+            "``window rows / (1 - rho)`` rows of a stationary stream).",
+        ),
+        Param(
+            "rounds",
+            1,
+            [Interval(Integral, 0, None, closed="left")],
+            "federated rounds per window that refresh the components (0: the clients' "
+            "weights are tracked, the components stay).",
+        ),
+        Param(
+            "far_quantile",
+            0.999,
+            [Interval(Real, 0.0, 1.0, closed="neither"), None],
+            "rows beyond this chi-square quantile of every component are *far* (``None``: no "
+            'births; required for ``covariance_type="tied"``).',
+        ),
+        Param(
+            "birth_share",
+            0.05,
+            [Interval(Real, 0.0, 1.0, closed="both")],
+            "far rows at least this share of a window re-bear a component.",
+        ),
+        Param(
+            "false_alarm_rate",
+            0.01,
+            [Interval(Real, 0.0, 1.0, closed="neither")],
+            "a client's false alarms per window on a stationary stream.",
+            "estimator",
+        ),
+        Param(
+            "cusum_k",
+            0.5,
+            [Interval(Real, 0.0, None, closed="neither")],
+            "the CUSUM's reference value (tuned to shifts of about ``2 k`` standard errors).",
+            "estimator",
+        ),
+        Param(
+            "global_alarm_share",
+            0.5,
+            [Interval(Real, 0.0, 1.0, closed="right")],
+            "share of a window's clients whose alarms make a global alarm.",
+            "estimator",
+        ),
+        EM,
+        INIT,
+        ROBUST,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 8},
+        docs={"n_components": "K Gaussians shared by all clients."},
+        positional=1,
+    )
 
     # -------------------------------------------------------------- first window
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
@@ -216,11 +190,9 @@ class StreamingFedGMMDetector(EMDetector):
                 "n_components or provide more rows."
             )
         self._seed = seed
+        width = clients[0].shape[1]
         em = FederatedEM(
-            self.n_components,
-            mixture_weights="personal",
-            **self._em_options(seed, None),
-            **self._aggregation_options(),
+            mixture_weights="personal", **self._em_options(seed, None, width, EMConfig)
         )
         result = self._simulate(em, clients, seed, full=True, **self._em_engine())
         self._set_em_state(result.state)
@@ -292,23 +264,19 @@ class StreamingFedGMMDetector(EMDetector):
         result into the fitted attributes and, with ``record``, the drift history."""
         params = self.model_
         settings = {
+            **self._settings(self.n_features_in_, StreamConfig),
             "weights_init": params.weights,
             "means_init": params.means,
             "precisions_init": params.precisions_cholesky,
             "rho": rho,
             "rounds": rounds,
-            "far_quantile": self.far_quantile,
-            "birth_share": self.birth_share,
-            "covariance_type": self.covariance_type,
-            "reg_covar": self.reg_covar,
             "random_state": self._seed,
             **self._torch_options(),
-            **self._aggregation_options(),
         }
         if self.carry_ is not None:
             settings.update({f"carry_{k}": getattr(self.carry_, k) for k in _CARRY})
             settings["carry_n_samples"] = float(self.carry_.n_samples)
-        algorithm = StreamingEM(self.n_components, **settings)
+        algorithm = StreamingEM(**settings)
         privacy = self._privacy_policy(max_clusters=max(DEFAULT_MAX_CLUSTERS, self.n_components))
         result = self._simulate(
             algorithm,

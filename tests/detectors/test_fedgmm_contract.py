@@ -1,17 +1,22 @@
 """``FedGMMDetector`` models x alone and honours PyOD's contract: ``y`` is ignored, the joint
-model's names raise an error naming ``JointFedGMMDetector``, old files still load."""
+model's names belong to ``JointFedGMMDetector`` only, old files still load."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _saved_files import rewrite
 from _tolerance import assert_close_scaled
 from pyod.models.iforest import IForest
+from safetensors import safe_open
 from sklearn.base import clone
 
 from fednovelty import FedGMMDetector, JointFedGMMDetector, load
-from fednovelty.detectors.fedgmm import JOINT_ONLY_METHODS, JOINT_ONLY_PARAMS
+from fednovelty.detectors.persistence import _METADATA_KEY
 from fednovelty.exceptions import ModelFormatError
+
+JOINT_ONLY_PARAMS = ("n_learners", "learner", "local_epochs", "mu_prox", "aggregate_learners")
+JOINT_ONLY_METHODS = ("log_px", "log_py_given_x", "log_pxy", "predict_y", "pfl_baseline")
 
 DATA = Path(__file__).parent / "data"
 RNG = np.random.default_rng(0)
@@ -62,42 +67,29 @@ def test_clone_and_get_params(fitted):
         fresh.set_params(n_learners=2)
 
 
-@pytest.mark.parametrize("name", JOINT_ONLY_METHODS)
-def test_joint_methods_name_the_joint_estimator(fitted, name):
-    assert not hasattr(fitted, name)
-    assert not hasattr(FedGMMDetector, name)
-    with pytest.raises(AttributeError, match=rf"no '{name}'.*JointFedGMMDetector"):
-        getattr(fitted, name)
-    with pytest.raises(AttributeError, match="JointFedGMMDetector"):
-        getattr(FedGMMDetector, name)
-    assert callable(getattr(JointFedGMMDetector, name))
-
-
-@pytest.mark.parametrize("name", JOINT_ONLY_PARAMS)
-def test_joint_constructor_arguments_name_the_joint_estimator(name):
-    value = JointFedGMMDetector().get_params()[name]
-    with pytest.raises(TypeError, match=rf"\['{name}'\].*JointFedGMMDetector\({name}=\.\.\.\)"):
-        FedGMMDetector(2, **{name: value})
-    JointFedGMMDetector(2, **{name: value})  # where it belongs
-
-
-def test_other_unknown_arguments_are_plain_type_errors():
+def test_the_joint_models_names_are_not_the_plain_models():
+    for name in JOINT_ONLY_METHODS:
+        assert not hasattr(FedGMMDetector, name) and callable(getattr(JointFedGMMDetector, name))
+    for name in JOINT_ONLY_PARAMS:
+        value = JointFedGMMDetector().get_params()[name]
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+            FedGMMDetector(2, **{name: value})
+        JointFedGMMDetector(2, **{name: value})  # where it belongs
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         FedGMMDetector(2, colour="red")
+    with pytest.raises(TypeError):
+        FedGMMDetector(2, 3)  # only n_components is positional
 
 
-def test_joint_scoring_arguments_name_the_joint_estimator(fitted):
-    rows = X[:10]
-    for call in (
-        lambda: fitted.decision_function(rows, Y[:10]),
-        lambda: fitted.decision_function(rows, score="pxy"),
-        lambda: fitted.decision_function(rows, y=Y[:10], score="py|x"),
-        lambda: fitted.adapt(rows, Y[:10]),
-        lambda: fitted.adapt(rows, y=Y[:10]),
-    ):
-        with pytest.raises(TypeError, match="JointFedGMMDetector"):
-            call()
-    np.testing.assert_array_equal(fitted.decision_function(rows), -fitted.score_samples(rows))
+def test_a_file_saved_with_the_older_prior_name_loads(fitted, tmp_path):
+    """Files written when ``prior_strength`` was called ``covariance_prior`` still load."""
+    path = tmp_path / "old.safetensors"
+    fitted.set_params(prior_strength=7.0).save(path)
+    fitted.set_params(prior_strength="auto")
+    rewrite(path, lambda text: text.replace('"prior_strength"', '"covariance_prior"'))
+    with safe_open(str(path), framework="pt") as handle:
+        assert '"covariance_prior": 7.0' in handle.metadata()[_METADATA_KEY]
+    assert load(path).prior_strength == 7.0
 
 
 def test_plain_model_adapts_its_gaussian_weights(fitted):

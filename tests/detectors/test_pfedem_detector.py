@@ -44,7 +44,7 @@ def test_saves_loads_and_is_a_registered_method(data, tmp_path):
         again.predict_proba_y(X[:20], client=1), det.predict_proba_y(X[:20], client=1), rtol=1e-12
     )
     method = METHODS["PFL-pFedEM"]
-    assert method.task == "pfl" and method.build(n_components=3, random_state=0).n_learners == 3
+    assert method.task == "pfl" and method.build(n_components=3, random_state=0)._n_learners == 3
     with pytest.raises(ValueError, match="covariance_type='diag'"):
         PFedEMDetector(2, covariance_type="full").fit(X, y, groups)
 

@@ -3,7 +3,7 @@
 Setting: ``fednovelty bench``'s outlier protocol, 10 clients, Dirichlet(0.5), seed 0, K = 10.
 ``BEFORE`` is the AUROC of the committed scoreboard from before the remedies (commit e322c08,
 ``benchmarks/results/adbench/results.csv``, now its ``-plain`` rows): the ablation switch
-(``standardize=False, covariance_prior=None``) must reproduce it. ``FLOOR`` is the measured
+(``standardize=False, prior_strength=None``) must reproduce it. ``FLOOR`` is the measured
 AUROC of the defaults (DEM-kmeans 0.995, 1.000, 0.852; FedGenGMM 0.549, 0.669, 0.996) less a
 margin of 0.02-0.03 for round-off across machines.
 """
@@ -17,7 +17,7 @@ from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 
 #: the behaviour before the remedies, and before the clients' privacy floor (min_rows=1: no
 #: floor; the plain DEM fits hold components of a few rows, which the floor suppresses).
-PLAIN = {"standardize": False, "covariance_prior": None, "privacy_min_rows": 1}
+PLAIN = {"standardize": False, "prior_strength": None, "privacy_min_rows": 1}
 
 CASES = {
     ("DEM-kmeans", "16_http"): (0.6036903, 0.97),
