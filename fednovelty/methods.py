@@ -126,21 +126,21 @@ class _PFLBaseline:
 
 @dataclass(frozen=True)
 class _FedVB:
-    """Factory of ``FedVBDetector(n_components=FEDVB_MAX_COMPONENTS, aggregation=...,
+    """Factory of ``FedVBDetector(n_components=FEDVB_MAX_COMPONENTS, posterior_merge=...,
     **params)`` (imported on call): a generous upper bound by default, which ``params`` may
-    still change; the aggregation is fixed (it makes the method)."""
+    still change; the posterior rule is fixed (it makes the method)."""
 
-    aggregation: str = "exact"
+    posterior_merge: str = "exact"
 
     @property
     def fixed(self) -> dict[str, Any]:
-        return {"aggregation": self.aggregation}
+        return {"posterior_merge": self.posterior_merge}
 
     def __call__(self, **params):
         from fednovelty.detectors import FedVBDetector
 
         settings = {"n_components": FEDVB_MAX_COMPONENTS, **params}
-        return FedVBDetector(aggregation=self.aggregation, **settings)
+        return FedVBDetector(posterior_merge=self.posterior_merge, **settings)
 
 
 # ----------------------------------------------------------------------------- the entry

@@ -189,7 +189,7 @@ def test_fedvb_takes_no_runner_k_and_its_variants_fix_the_aggregation():
     assert fedvb.build().n_components == 20 and fedvb.build(n_components=5).n_components == 5
     for how in ("natural", "moment"):
         variant = get_method(f"FedVB-oneshot-{how}")
-        assert variant.variant_of == "FedVB" and variant.build().aggregation == how
-        with pytest.raises(ValueError, match="fixes aggregation"):
-            variant.build(aggregation="exact")
-    assert get_method("FedVB").build().aggregation == "exact"
+        assert variant.variant_of == "FedVB" and variant.build().posterior_merge == how
+        with pytest.raises(ValueError, match="fixes posterior_merge"):
+            variant.build(posterior_merge="exact")
+    assert get_method("FedVB").build().posterior_merge == "exact"

@@ -244,6 +244,7 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
     for key, value in (("params", params), ("attrs", attrs)):
         if not isinstance(value, dict):
             raise ModelFormatError(f"'{key}' must be a JSON object, got {type(value).__name__}.")
+    params = current_names(params, getattr(cls, "_renamed_params", {}))
     known = cls().get_params(deep=False)
     unknown = sorted(set(params) - set(known))
     if unknown:
@@ -262,6 +263,17 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
     _check_same_keys("tensor", set(tensors), set(again_tensors))
     _check_same_keys("attribute", set(attrs), set(again["attrs"]))
     return detector
+
+
+def current_names(params: dict, renamed: dict[str, str]) -> dict:
+    """Saved settings ``params`` under their current names: ``renamed`` maps a setting's
+    older name to its new one (it may swap names, ``{"a": "b", "c": "a"}``). A file that
+    holds a new name no older name uses was written with the current names and is read as
+    it is."""
+    fresh = set(renamed.values()) - set(renamed)
+    if fresh & set(params):
+        return dict(params)
+    return {renamed.get(k, k): v for k, v in params.items()}
 
 
 def _check_same_keys(kind: str, found: set[str], expected: set[str]) -> None:

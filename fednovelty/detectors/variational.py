@@ -4,53 +4,30 @@
 simulated clients (``y`` is ignored, as PyOD's detectors do). Every round the clients send the
 summed statistics federated EM sends; under one shared prior the server's posterior is the
 posterior of the pooled rows (scikit-learn's ``BayesianGaussianMixture``), whatever the split.
+``posterior_merge="natural"`` or ``"moment"`` runs the one-shot
+:class:`~fednovelty.federated.vb_oneshot.FederatedVBOneShot` instead (every client fits its
+own posterior; the server matches and combines them); the fitted attributes are the same.
 
 Choices, and why:
 
-- ``n_components`` is a generous upper bound K: the Dirichlet (process) prior on the weights
-  empties the components the data do not need. ``effective_n_components_`` counts the
-  components whose expected weight exceeds ``weight_threshold``; ``active_components_`` is
-  their mask. A pruned component keeps the posterior of an empty component (its prior: finite
-  mean and covariance, a tiny weight), so nothing reported is ever NaN.
-- ``score="predictive"`` (default) scores with the posterior predictive density, a mixture of
-  Student-t densities (Bishop, PRML 10.81), which widens a component backed by few rows;
-  ``score="plugin"`` scores with the plug-in Gaussian mixture (``weights_``, ``means_``,
-  ``covariances_``, as scikit-learn reports them). Both are normalised densities, so
-  ``score_samples`` is a log-density either way; for many rows per component they agree.
-  scikit-learn's ``BayesianGaussianMixture.score_samples`` is neither (an E-step normaliser).
-- Invalid priors raise :class:`~fednovelty.mixture.variational.InvalidPriorError` (a
-  ``ValueError``) naming the argument, before any round runs; the checks that need the width
-  (``degrees_of_freedom_prior > n_features - 1``, the shapes of ``mean_prior`` and
-  ``covariance_prior``) run once ``X`` is known.
-- ``save`` keeps the posterior itself (weight concentrations, mean precisions, degrees of
-  freedom, means, covariances), not only the plug-in mixture; ``load`` validates it
-  (``ModelFormatError`` on bad shapes, non-positive concentrations or precisions, degrees of
-  freedom ``<= n_features - 1``, covariances that are not positive definite, NaN) and rebuilds
-  the precision factors and the plug-in mixture with the functions fit used, so a loaded
-  detector scores bit for bit as the saved one.
-- ``aggregation="exact"`` (default) runs :class:`~fednovelty.federated.variational.
-  FederatedVB` (the pooled rows' posterior, one round per VB iteration);
-  ``aggregation="natural"`` or ``"moment"`` runs the one-shot
-  :class:`~fednovelty.federated.vb_oneshot.FederatedVBOneShot` instead (a prior round and
-  one round in which every client fits its own posterior; the server matches components
-  and combines them by natural-parameter averaging or moment matching,
-  ``docs/variational.md``). The fitted attributes and the saved file are the same either
-  way (the posterior); ``lower_bounds_`` is empty and ``n_iter_`` the most local
-  iterations for one-shot fits.
-- Robust options against a lying client (``docs/robust.md``): ``robust_aggregation``
-  (``"sum"`` or ``"trimmed"``; one-shot fits also ``"median"``), ``trim`` and
-  ``client_weight_cap``, the algorithms' ``aggregation``, ``trim`` and
-  ``client_weight_cap`` (named ``robust_aggregation`` here because ``aggregation``
-  already picks the exact or one-shot rule, a different choice).
-- Not here (yet): client sampling and dropout (the exact posterior needs every client each
-  round), standardisation and PCA (``FederatedVB`` rejects them), personal weights.
+- ``n_components`` is an upper bound: the Dirichlet (process) prior empties the components the
+  data do not need (``effective_n_components_``, ``active_components_``); a pruned component
+  keeps its prior's finite posterior, so nothing reported is NaN.
+- ``score="predictive"`` scores with the posterior predictive (a Student-t mixture, Bishop PRML
+  10.81), ``"plugin"`` with the plug-in Gaussian mixture; both are normalised densities.
+- Invalid priors raise :class:`~fednovelty.mixture.variational.InvalidPriorError` naming the
+  argument before any round runs (the width-dependent checks once ``X`` is known).
+- ``save`` keeps the posterior itself; ``load`` validates it and rebuilds the plug-in mixture
+  with the functions fit used, so a loaded detector scores bit for bit as the saved one.
+- Not here: client sampling and dropout (the exact posterior needs every client each round),
+  standardisation and PCA, personal weights. ``docs/variational.md`` has the details.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 from typing import ClassVar
 
 import numpy as np
@@ -58,7 +35,20 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors.base import AGGREGATION_CONSTRAINTS, COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM,
+    INIT,
+    N_COMPONENTS,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    START,
+    VB_PRIORS,
+    Param,
+    declare,
+)
+from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -67,14 +57,12 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
-from fednovelty.federated import INIT_PARAMS
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.variational import FederatedVB
 from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.covariance import covariance_shape, precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import (
-    WEIGHT_PRIOR_TYPES,
     InvalidPriorError,
     VBPosterior,
     VBPrior,
@@ -82,6 +70,55 @@ from fednovelty.mixture.variational import (
     vb_plugin_params,
     vb_predictive_log_prob,
 )
+
+#: The prior mean of the Gaussian-Wishart prior (scikit-learn's name).
+MEAN_PRIOR = Param(
+    "mean_prior",
+    None,
+    ["array-like", None],
+    "(n_features,) the means' prior mean (``None``: the pooled mean, one extra round).",
+)
+#: The Wishart's scale (scikit-learn's ``covariance_prior``); checked in fit, by shape.
+COVARIANCE_PRIOR = Param(
+    "covariance_prior",
+    None,
+    ["array-like", Real, None],
+    "the Wishart's ``W_0^-1``: (n_features, n_features) for full/tied, (n_features,) for "
+    "diag, a float for spherical (``None``: the pooled covariance, its diagonal, or the "
+    "mean of its diagonal; one extra round).",
+)
+#: Which components count as effective (every variational mixture).
+WEIGHT_THRESHOLD = Param(
+    "weight_threshold",
+    1e-2,
+    [Interval(Real, 0.0, 1.0, closed="left")],
+    "expected weight above which a component counts as effective.",
+)
+#: How the server combines the clients' posteriors (the exact or a one-shot rule).
+POSTERIOR_MERGE = Param(
+    "posterior_merge",
+    "exact",
+    [StrOptions({"exact", "natural", "moment"})],
+    '``"exact"`` (federated VB on summed statistics: the pooled rows\' posterior) or one '
+    'shot: ``"natural"`` (natural-parameter averaging of the clients\' local posteriors) or '
+    '``"moment"`` (moment matching); one-shot fits initialise locally with k-means '
+    '(``init_params="kmeans"``, no ``*_init``) and take ``covariance_type`` ``"full"``, '
+    '``"diag"`` or ``"spherical"``.',
+    setting="posterior_aggregation",
+)
+#: The one-shot fits' matching of client components.
+MATCH_THRESHOLD = Param(
+    "match_threshold",
+    0.5,
+    [Interval(Real, 0.0, None, closed="neither")],
+    "one-shot matching: a client component opens a new slot when its divergence to the "
+    "closest slot exceeds this share of its divergence to the pooled data (ignored by "
+    '``"exact"``).',
+)
+#: The settings only the one-shot algorithm takes, and those only the exact one takes (its
+#: initialisation: one-shot clients start from local k-means).
+_ONE_SHOT_ONLY = ("posterior_aggregation", "match_threshold")
+_EXACT_ONLY = tuple(p.name for p in (*INIT, *START))
 
 #: The posterior's tensors ``save`` writes (``posterior.<name>``).
 POSTERIOR_TENSORS = (
@@ -97,61 +134,6 @@ POSTERIOR_TENSORS = (
 class FedVBDetector(MixtureDetector):
     """Bayesian Gaussian mixture of ``x`` trained by federated variational Bayes; scores
     novelty as ``-log p(x)`` under the posterior predictive (or the plug-in mixture).
-
-    Args:
-        n_components: upper bound K on the number of components; the prior prunes the ones
-            the data do not need (``effective_n_components_``).
-        weight_concentration_prior_type: ``"dirichlet_process"`` (stick-breaking; default)
-            or ``"dirichlet_distribution"``.
-        weight_concentration_prior: ``gamma_0`` / ``alpha_0`` > 0 (``None``: ``1 / K``);
-            smaller empties more components.
-        mean_prior: (n_features,) prior mean (``None``: the pooled mean, one extra round).
-        mean_precision_prior: ``beta_0`` > 0 (``None``: 1).
-        degrees_of_freedom_prior: ``nu_0`` > n_features - 1 (``None``: n_features).
-        covariance_prior: the Wishart's ``W_0^-1``: (n_features, n_features) for
-            full/tied, (n_features,) for diag, a float for spherical (``None``: the pooled
-            covariance, its diagonal, or the mean of its diagonal; one extra round).
-        covariance_type: ``"full"``, ``"tied"``, ``"diag"`` or ``"spherical"``.
-        init_params: ``"kmeans"`` (federated k-means; default), ``"separated"`` or
-            ``"subset"`` (pools a few raw rows on the server: not private); the initial
-            mixture's responsibilities give the first posterior (scikit-learn's
-            ``_initialize``).
-        weights_init, means_init, precisions_init: a given initial mixture instead
-            (scikit-learn's ``GaussianMixture`` arguments; precisions, not covariances).
-        reg_covar: added to the diagonal of each weighted covariance (as scikit-learn).
-        tol: stop when the ELBO changes by less than this; max_iter: most VB rounds.
-        kmeans_rounds: most federated Lloyd rounds of the ``kmeans`` init.
-        subset_size: rows pooled by the ``subset`` init.
-        score: ``"predictive"`` (Student-t mixture; default) or ``"plugin"`` (Gaussian
-            mixture of ``weights_``, ``means_``, ``covariances_``).
-        weight_threshold: expected weight above which a component is counted as effective.
-        aggregation: ``"exact"`` (federated VB on summed statistics; default), or one
-            shot: ``"natural"`` (natural-parameter averaging of the clients' local
-            posteriors) or ``"moment"`` (moment matching); one-shot fits initialise locally
-            with k-means (``init_params="kmeans"``, no ``*_init``) and take
-            ``covariance_type`` ``full``, ``diag`` or ``spherical``.
-        robust_aggregation: the robust combination of the clients' replies (``aggregation``
-            names the exact or one-shot rule here; ``docs/robust.md``): ``"sum"`` (default)
-            or ``"trimmed"``: for the exact fit the trimmed statistics
-            (:func:`~fednovelty.federated.robust.robust_stats`) and a robust k-means first
-            round; for one-shot fits the most outlying client posteriors left out before
-            matching, every client counted as the typical client's rows
-            (:func:`~fednovelty.federated.robust.outlying_models`). ``"median"``: one-shot
-            fits only, the posteriors with a robust z-score above 3.5 left out.
-        trim: share of clients ``robust_aggregation="trimmed"`` leaves out (at each end
-            for the exact fit).
-        client_weight_cap: no client counts for more than this many times the median
-            client's row count (``None``: no cap); both fits.
-        match_threshold: one-shot matching: a client component opens a new slot when its
-            divergence to the closest slot exceeds this share of its divergence to the
-            pooled data (> 0; ignored by ``"exact"``).
-        privacy_min_rows: each client's privacy floor (``docs/privacy.md``); a client with
-            fewer rows skips the rounds.
-        contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
-        random_state: seed (int, RandomState or None).
-        device: ``"cpu"`` (default) or ``"cuda"``; dtype: ``"float64"`` (default) or
-            ``"float32"``.
-        progress: show a progress bar over rounds.
 
     Attributes:
         posterior_: the :class:`~fednovelty.mixture.variational.VBPosterior`.
@@ -180,94 +162,48 @@ class FedVBDetector(MixtureDetector):
         True
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **COMMON_CONSTRAINTS,
-        "n_components": [Interval(Integral, 1, None, closed="left")],
-        "weight_concentration_prior_type": [StrOptions(set(WEIGHT_PRIOR_TYPES))],
-        # Values are checked in fit (InvalidPriorError naming the argument).
-        "weight_concentration_prior": [Real, None],
-        "mean_prior": ["array-like", None],
-        "mean_precision_prior": [Real, None],
-        "degrees_of_freedom_prior": [Real, None],
-        "covariance_prior": ["array-like", Real, None],
-        "init_params": [StrOptions(set(INIT_PARAMS))],
-        "weights_init": ["array-like", None],
-        "means_init": ["array-like", None],
-        "precisions_init": ["array-like", None],
-        "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
-        "subset_size": [Interval(Integral, 1, None, closed="left")],
-        "score": [StrOptions({"predictive", "plugin"})],
-        "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
-        "aggregation": [StrOptions({"exact", "natural", "moment"})],
-        "match_threshold": [Interval(Real, 0.0, None, closed="neither")],
-        "robust_aggregation": [StrOptions({"sum", "trimmed", "median"})],
-        **AGGREGATION_CONSTRAINTS,
+    #: files saved when ``aggregation`` named the posterior rule and the robust option was
+    #: ``robust_aggregation``.
+    _renamed_params: ClassVar[dict] = {
+        "aggregation": "posterior_merge",
+        "robust_aggregation": "aggregation",
     }
-
-    def __init__(
-        self,
-        n_components=10,
-        *,
-        weight_concentration_prior_type="dirichlet_process",
-        weight_concentration_prior=None,
-        mean_prior=None,
-        mean_precision_prior=None,
-        degrees_of_freedom_prior=None,
-        covariance_prior=None,
-        covariance_type="full",
-        init_params="kmeans",
-        weights_init=None,
-        means_init=None,
-        precisions_init=None,
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        kmeans_rounds=10,
-        subset_size=100,
-        score="predictive",
-        weight_threshold=1e-2,
-        aggregation="exact",
-        match_threshold=0.5,
-        robust_aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_components = n_components
-        self.weight_concentration_prior_type = weight_concentration_prior_type
-        self.weight_concentration_prior = weight_concentration_prior
-        self.mean_prior = mean_prior
-        self.mean_precision_prior = mean_precision_prior
-        self.degrees_of_freedom_prior = degrees_of_freedom_prior
-        self.covariance_prior = covariance_prior
-        self.covariance_type = covariance_type
-        self.init_params = init_params
-        self.weights_init = weights_init
-        self.means_init = means_init
-        self.precisions_init = precisions_init
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.score = score
-        self.weight_threshold = weight_threshold
-        self.aggregation = aggregation
-        self.match_threshold = match_threshold
-        self.robust_aggregation = robust_aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _params = declare(
+        N_COMPONENTS,
+        VB_PRIORS,
+        MEAN_PRIOR,
+        COVARIANCE_PRIOR,
+        EM,
+        INIT,
+        START,
+        Param(
+            "score",
+            "predictive",
+            [StrOptions({"predictive", "plugin"})],
+            '``"predictive"`` (the posterior predictive, a Student-t mixture) or ``"plugin"`` '
+            "(the Gaussian mixture of ``weights_``, ``means_``, ``covariances_``).",
+            "estimator",
+        ),
+        WEIGHT_THRESHOLD,
+        POSTERIOR_MERGE,
+        MATCH_THRESHOLD,
+        ROBUST,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 10},
+        docs={
+            "n_components": "An upper bound: the prior prunes the components the data do not "
+            "need (``effective_n_components_``).",
+            "init_params": "The initial mixture's responsibilities give the first posterior "
+            "(scikit-learn's ``_initialize``).",
+            "aggregation": 'Exact fit: ``"sum"`` or ``"trimmed"`` (trimmed statistics and a '
+            'robust k-means round); one-shot fits: also ``"median"``; ``"trimmed"`` and '
+            '``"median"`` leave the most outlying client posteriors out and count every '
+            "client as the typical client's rows.",
+        },
+        positional=1,
+    )
 
     # -------------------------------------------------------------- priors
     def _check_priors(self, n_features: int) -> None:
@@ -329,36 +265,27 @@ class FedVBDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
-        if self.aggregation != "exact":
-            self._fit_one_shot(clients, seed)
-            return
-        if self.robust_aggregation == "median":
-            raise ValueError(
-                "robust_aggregation='median' is a one-shot option (aggregation 'natural' or "
-                "'moment'); the exact fit (aggregation='exact') has 'sum' and 'trimmed'."
+        settings = self._settings(n_features)
+        one_shot = {name: settings.pop(name) for name in _ONE_SHOT_ONLY}
+        exact = {name: settings.pop(name) for name in _EXACT_ONLY}
+        common = {**settings, "random_state": seed, **self._torch_options()}
+        if self.posterior_merge != "exact":
+            self._check_one_shot()
+            algorithm = FederatedVBOneShot(**common, **one_shot)
+            privacy = self._privacy_policy()
+            not_converged = "A client's local variational fit did not converge in {} iterations"
+        else:
+            if self.aggregation == "median":
+                raise ValueError(
+                    "aggregation='median' is a one-shot option (posterior_merge 'natural' or "
+                    "'moment'); the exact fit (posterior_merge='exact') has 'sum' and 'trimmed'."
+                )
+            algorithm = FederatedVB(**common, **exact)
+            privacy = self._privacy_policy(
+                allow_raw_rows=self.init_params == "subset",
+                max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
             )
-        algorithm = FederatedVB(
-            self.n_components,
-            **self._prior_settings(),
-            init_params=self.init_params,
-            weights_init=self.weights_init,
-            means_init=self.means_init,
-            precisions_init=self.precisions_init,
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            kmeans_rounds=self.kmeans_rounds,
-            subset_size=self.subset_size,
-            aggregation=self.robust_aggregation,
-            trim=self.trim,
-            client_weight_cap=self.client_weight_cap,
-            random_state=seed,
-            **self._torch_options(),
-        )
-        privacy = self._privacy_policy(
-            allow_raw_rows=self.init_params == "subset",
-            max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
-        )
+            not_converged = "Federated VB did not converge in {} rounds"
         state = self._simulate(algorithm, clients, seed, privacy=privacy)
         self._set_posterior(state.posterior)
         self.n_iter_ = state.n_iter
@@ -366,75 +293,34 @@ class FedVBDetector(MixtureDetector):
         self.lower_bounds_ = list(state.lower_bounds)
         if not self.converged_:
             warnings.warn(
-                f"Federated VB did not converge in max_iter={self.max_iter} rounds (last "
-                "change in the ELBO above tol). Increase max_iter or tol.",
+                not_converged.format(f"max_iter={self.max_iter}")
+                + " (last change in the ELBO above tol). Increase max_iter or tol.",
                 ConvergenceWarning,
                 stacklevel=4,  # the caller's fit(...)
             )
 
-    def _prior_settings(self) -> dict:
-        """The priors, effective-weight threshold and covariance type, as both algorithms
-        (exact and one-shot) take them."""
-        return {
-            "weight_concentration_prior_type": self.weight_concentration_prior_type,
-            "weight_concentration_prior": self.weight_concentration_prior,
-            "mean_prior": self.mean_prior,
-            "mean_precision_prior": self.mean_precision_prior,
-            "degrees_of_freedom_prior": self.degrees_of_freedom_prior,
-            "covariance_prior": self.covariance_prior,
-            "weight_threshold": self.weight_threshold,
-            "covariance_type": self.covariance_type,
-        }
-
-    def _fit_one_shot(self, clients, seed) -> None:
-        """The one-shot fit (``aggregation`` ``"natural"`` or ``"moment"``)."""
+    def _check_one_shot(self) -> None:
+        """ValueError naming the setting a one-shot fit cannot take."""
         given = ("weights_init", "means_init", "precisions_init")
         if self.init_params != "kmeans" or any(getattr(self, n) is not None for n in given):
             raise ValueError(
-                f"aggregation={self.aggregation!r} (one shot) initialises each client's fit "
-                "with local k-means: use init_params='kmeans' and leave weights_init, "
-                "means_init and precisions_init unset, or aggregation='exact'."
+                f"posterior_merge={self.posterior_merge!r} (one shot) initialises each client's "
+                "fit with local k-means: use init_params='kmeans' and leave weights_init, "
+                "means_init and precisions_init unset, or posterior_merge='exact'."
             )
         if self.covariance_type == "tied":
             raise ValueError(
-                f"aggregation={self.aggregation!r} (one shot) takes covariance_type 'full', "
-                "'diag' or 'spherical'; use aggregation='exact' for 'tied'."
-            )
-        algorithm = FederatedVBOneShot(
-            self.n_components,
-            posterior_aggregation=self.aggregation,
-            match_threshold=self.match_threshold,
-            aggregation=self.robust_aggregation,
-            trim=self.trim,
-            client_weight_cap=self.client_weight_cap,
-            **self._prior_settings(),
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            random_state=seed,
-            **self._torch_options(),
-        )
-        state = self._simulate(algorithm, clients, seed, privacy=self._privacy_policy())
-        self._set_posterior(state.posterior)
-        self.n_iter_ = state.n_iter
-        self.converged_ = state.converged
-        self.lower_bounds_ = list(state.lower_bounds)
-        if not self.converged_:
-            warnings.warn(
-                f"A client's local variational fit did not converge in max_iter={self.max_iter} "
-                "iterations (last change in its ELBO above tol). Increase max_iter or tol.",
-                ConvergenceWarning,
-                stacklevel=5,  # the caller's fit(...)
+                f"posterior_merge={self.posterior_merge!r} (one shot) takes covariance_type "
+                "'full', 'diag' or 'spherical'; use posterior_merge='exact' for 'tied'."
             )
 
     @classmethod
     def from_model(cls, result, X, **params):
         """:meth:`MixtureDetector.from_model` for a ``FederatedVB`` or ``FederatedVBOneShot``
-        run: ``aggregation`` is ``"exact"`` for the former and the run's
-        ``posterior_aggregation`` for the latter (the algorithms' own ``aggregation``
-        setting, ``"sum"``, is not the detector's)."""
+        run: ``posterior_merge`` is ``"exact"`` for the former and the run's
+        ``posterior_aggregation`` for the latter."""
         config = getattr(result, "config", None) or {}
-        params.setdefault("aggregation", config.get("posterior_aggregation", "exact"))
+        params.setdefault("posterior_merge", config.get("posterior_aggregation", "exact"))
         return super().from_model(result, X, **params)
 
     def _set_posterior(self, posterior: VBPosterior) -> None:

@@ -31,7 +31,7 @@ ROBUST = {
     ),
     "FedGenGMM": lambda: FedGenGMMDetector(aggregation="median", random_state=0),
     "FedVB": lambda: FedVBDetector(
-        n_components=4, robust_aggregation="trimmed", trim=0.2, random_state=0
+        n_components=4, aggregation="trimmed", trim=0.2, random_state=0
     ),
 }
 

@@ -409,7 +409,7 @@ MORE_KINDS = {
     ).fit(X, groups=GROUPS),
     "Streaming": lambda: StreamingFedGMMDetector(2, random_state=0).fit(X, groups=GROUPS),
     "pFedEM": lambda: PFedEMDetector(2, max_iter=3, random_state=0).fit(X, Y, GROUPS),
-    "VB-oneshot": lambda: FedVBDetector(4, aggregation="natural", random_state=0).fit(
+    "VB-oneshot": lambda: FedVBDetector(4, posterior_merge="natural", random_state=0).fit(
         X, groups=GROUPS
     ),
     "kNN": lambda: FedKNNMarkerDetector(personal_strength=10.0, random_state=0).fit(

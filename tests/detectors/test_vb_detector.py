@@ -326,12 +326,7 @@ def test_a_value_changed_within_range_is_caught_by_the_checksum(tmp_path, saved_
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"weight_concentration_prior": 0.0}, "weight_concentration_prior"),
-        ({"weight_concentration_prior": -1.0}, "weight_concentration_prior"),
-        ({"weight_concentration_prior": float("inf")}, "weight_concentration_prior"),
-        ({"mean_precision_prior": 0.0}, "mean_precision_prior"),
         ({"degrees_of_freedom_prior": 2.0}, "degrees_of_freedom_prior"),  # d - 1 = 2
-        ({"degrees_of_freedom_prior": -1.0}, "degrees_of_freedom_prior"),
         ({"mean_prior": [0.0, 1.0]}, "mean_prior"),
         ({"mean_prior": [0.0, np.nan, 1.0]}, "mean_prior"),
         ({"covariance_prior": np.eye(2)}, "covariance_prior"),
@@ -353,6 +348,11 @@ def test_invalid_priors_are_named_at_fit(kwargs, name):
         ({"weight_concentration_prior_type": "dirichlet"}, "weight_concentration_prior_type"),
         ({"score": "bayes"}, "score"),
         ({"weight_concentration_prior": "big"}, "weight_concentration_prior"),
+        ({"weight_concentration_prior": 0.0}, "weight_concentration_prior"),
+        ({"weight_concentration_prior": -1.0}, "weight_concentration_prior"),
+        ({"weight_concentration_prior": float("inf")}, "weight_concentration_prior"),
+        ({"mean_precision_prior": 0.0}, "mean_precision_prior"),
+        ({"degrees_of_freedom_prior": -1.0}, "degrees_of_freedom_prior"),
         ({"n_components": 0}, "n_components"),
     ],
 )

@@ -1,4 +1,4 @@
-"""``FedVBDetector(aggregation=...)``: the one-shot fits beside the exact one."""
+"""``FedVBDetector(posterior_merge=...)``: the one-shot fits beside the exact one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _saved_files import rewrite
 from _tolerance import assert_close_scaled
 from sklearn.base import clone
 from sklearn.metrics import roc_auc_score
@@ -36,7 +37,7 @@ def data():
 def fitted(data):
     X, groups = data
     return {
-        how: FedVBDetector(n_components=8, aggregation=how, random_state=0).fit(X, groups=groups)
+        how: FedVBDetector(n_components=8, posterior_merge=how, random_state=0).fit(X, groups=groups)
         for how in ("exact", "natural", "moment")
     }
 
@@ -44,7 +45,7 @@ def fitted(data):
 def test_exact_is_the_default_and_unchanged(data, fitted):
     X, groups = data
     default = FedVBDetector(n_components=8, random_state=0).fit(X, groups=groups)
-    assert default.aggregation == "exact"
+    assert default.posterior_merge == "exact"
     assert_close_scaled(default.decision_scores_, fitted["exact"].decision_scores_, rtol=1e-12)
     assert default.history_[-1]["kind"] == "vb" and len(default.lower_bounds_) > 0
 
@@ -81,21 +82,43 @@ def test_save_load_keeps_the_one_shot_posterior(tmp_path, data, fitted, how):
     path = tmp_path / f"{how}.safetensors"
     det.save(path)
     back = fednovelty.load(path)
-    assert back.aggregation == how
+    assert back.posterior_merge == how
     # scores are recomputed from the loaded (copied) posterior
     assert_close_scaled(back.score_samples(X), det.score_samples(X), rtol=1e-12)
     for name in ("weight_concentration", "means", "covariances"):
         assert torch.equal(getattr(back.posterior_, name), getattr(det.posterior_, name))
 
 
+def old_names(text: str) -> str:
+    """A saved document as files were written when ``aggregation`` named the posterior rule
+    and the robust option was ``robust_aggregation``."""
+    text = text.replace('"aggregation"', '"robust_aggregation"')
+    return text.replace('"posterior_merge"', '"aggregation"')
+
+
+def test_files_saved_under_the_old_names_load(tmp_path, data):
+    X, groups = data
+    det = FedVBDetector(
+        4, posterior_merge="natural", aggregation="trimmed", trim=0.2, random_state=0
+    ).fit(X, groups=groups)
+    new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
+    det.save(new)
+    det.save(old)
+    rewrite(old, old_names)
+    for path in (new, old):  # a file with the current names is not renamed
+        back = fednovelty.load(path)
+        assert (back.posterior_merge, back.aggregation, back.trim) == ("natural", "trimmed", 0.2)
+        assert_close_scaled(back.score_samples(X), det.score_samples(X), rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"aggregation": "mean"}, "aggregation"),
+        ({"posterior_merge": "mean"}, "posterior_merge"),
         ({"match_threshold": 0.0}, "match_threshold"),
-        ({"aggregation": "moment", "covariance_type": "tied"}, "tied"),
-        ({"aggregation": "natural", "init_params": "separated"}, "init_params='kmeans'"),
-        ({"aggregation": "natural", "means_init": [[0.0, 0.0], [8.0, 0.0]]}, "means_init"),
+        ({"posterior_merge": "moment", "covariance_type": "tied"}, "tied"),
+        ({"posterior_merge": "natural", "init_params": "separated"}, "init_params='kmeans'"),
+        ({"posterior_merge": "natural", "means_init": [[0.0, 0.0], [8.0, 0.0]]}, "means_init"),
     ],
 )
 def test_invalid_settings_are_named(data, kwargs, message):
@@ -104,10 +127,10 @@ def test_invalid_settings_are_named(data, kwargs, message):
         FedVBDetector(n_components=2, **kwargs).fit(X, groups=groups)
 
 
-def test_clone_keeps_the_aggregation():
-    det = FedVBDetector(aggregation="natural", match_threshold=0.2)
+def test_clone_keeps_the_posterior_merge():
+    det = FedVBDetector(posterior_merge="natural", match_threshold=0.2)
     copy = clone(det)
-    assert copy.aggregation == "natural" and copy.match_threshold == 0.2
+    assert copy.posterior_merge == "natural" and copy.match_threshold == 0.2
     assert not hasattr(copy, "posterior_")
 
 
@@ -115,7 +138,7 @@ def test_one_shot_diag_and_spherical(data):
     X, groups = data
     for covariance_type in ("diag", "spherical"):
         det = FedVBDetector(
-            n_components=6, covariance_type=covariance_type, aggregation="moment", random_state=0
+            n_components=6, covariance_type=covariance_type, posterior_merge="moment", random_state=0
         ).fit(X, groups=groups)
         assert det.effective_n_components_ == 3
         assert np.isfinite(det.decision_scores_).all()

@@ -501,22 +501,22 @@ def test_fedvb_detector_reaches_the_robust_options() -> None:
         detector = FedVBDetector(6, random_state=0, privacy_min_rows=1, **options)
         return detector_auroc(detector, module, FederatedVB)
 
-    assert auroc(robust_aggregation="trimmed") > 0.99
+    assert auroc(aggregation="trimmed") > 0.99
     assert auroc() < 0.7
     X, groups = torch.cat(clients(0)).numpy(), np.repeat(np.arange(N_CLIENTS), 200)
-    with pytest.raises(ValueError, match="robust_aggregation='median' is a one-shot option"):
-        FedVBDetector(3, robust_aggregation="median").fit(X, groups=groups)
+    with pytest.raises(ValueError, match="aggregation='median' is a one-shot option"):
+        FedVBDetector(3, aggregation="median").fit(X, groups=groups)
 
 
-@pytest.mark.parametrize(("aggregation", "robust"), [("moment", "trimmed"), ("natural", "median")])
-def test_one_shot_fedvb_detector_reaches_the_robust_options(aggregation, robust) -> None:
+@pytest.mark.parametrize(("merge", "robust"), [("moment", "trimmed"), ("natural", "median")])
+def test_one_shot_fedvb_detector_reaches_the_robust_options(merge, robust) -> None:
     def auroc(**options) -> float:
         detector = FedVBDetector(
-            6, aggregation=aggregation, random_state=0, privacy_min_rows=1, **options
+            6, posterior_merge=merge, random_state=0, privacy_min_rows=1, **options
         )
         return detector_auroc(detector, "fednovelty.detectors.variational", FederatedVBOneShot)
 
-    assert auroc(robust_aggregation=robust, trim=0.1) > 0.99
+    assert auroc(aggregation=robust, trim=0.1) > 0.99
     assert auroc() < 0.7
 
 

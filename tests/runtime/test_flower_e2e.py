@@ -283,8 +283,10 @@ def test_one_shot_vb_on_flower_equals_simulation(federation, partitions) -> None
 
     X = partitions[0]
     on_flower = FedVBDetector.from_model(result, X)
-    in_process = FedVBDetector.from_model(simulated, X, n_components=4, aggregation="natural")
-    assert on_flower.n_components == 4 and on_flower.aggregation == "natural"
+    in_process = FedVBDetector.from_model(
+        simulated, X, n_components=4, posterior_merge="natural"
+    )
+    assert on_flower.n_components == 4 and on_flower.posterior_merge == "natural"
     assert_close_scaled(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
 
 
