@@ -8,12 +8,12 @@ STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test docs lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,flower,app,vgm2]"
+	$(PY) -m pip install -q -e ".[dev,docs,flower,app,vgm2]"
 	touch $(STAMP)
 
 # The dashboard's real-browser test drives Debian's Chromium (never `playwright install`).
@@ -27,6 +27,10 @@ demo: $(STAMP)
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile -q
+
+# The documentation site at http://127.0.0.1:8000 (mkdocs.yml), rebuilt on every save.
+docs: $(STAMP)
+	$(PY) -m mkdocs serve
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

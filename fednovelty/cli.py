@@ -7,7 +7,11 @@
 ``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
 
 Methods (``fit --method``, ``bench --methods``) are names of the registry,
-:mod:`fednovelty.methods`; the subcommands' parts are in :mod:`fednovelty._cli`.
+:mod:`fednovelty.methods`, read when the parser is built; the subcommands' parts are in
+:mod:`fednovelty._cli`.
+
+Progress bars (``demo``, ``fit``, ``bench``) are drawn only when stderr is a terminal, never
+with ``--no-progress``.
 
 Files: ``fit`` and ``score`` never write over one of their inputs (the data, the model), refuse
 to replace an existing ``--out`` unless ``--overwrite`` is given, and need ``--out``'s folder to
@@ -46,6 +50,7 @@ from fednovelty._cli.files import (
     read_table,
     write_atomically,
 )
+from fednovelty._cli.progress import add_progress_option, progress_of
 from fednovelty.methods import ABLATIONS, get_method, method_names
 
 __all__ = [
@@ -87,6 +92,7 @@ def _demo(args: argparse.Namespace) -> int:
         n_components=components,
         random_state=args.seed,
         data_dir=args.data_dir,
+        progress=progress_of(args),
     )
     print(format_table(table))
     return 0
@@ -113,7 +119,8 @@ def _fit(args: argparse.Namespace) -> int:
     settings = {"random_state": args.seed}
     if args.components is not None:  # a method whose clients choose their own K ignores it
         settings["n_components"] = args.components
-    detector = method.build(**method.shared_params(**settings), progress=True)
+    shown = {"progress": progress_of(args)} if "progress" in method.parameters() else {}
+    detector = method.build(**method.shared_params(**settings), **shown)
     if method.fits_clients:
         detector.fit(frame, groups=groups)
     else:  # fitted on the pooled rows
@@ -167,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"
     )
+    add_progress_option(demo)
     demo.set_defaults(func=_demo)
     fit = sub.add_parser("fit", help="fit a detector on a table and save it")
     methods = fit_methods()
@@ -192,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="model file (.safetensors); its folder must exist"
     )
     fit.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    add_progress_option(fit)
     fit.set_defaults(func=_fit)
     score = sub.add_parser("score", help="score a table with a saved detector")
     score.add_argument("model")

@@ -19,12 +19,12 @@ from __future__ import annotations
 import time
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from fednovelty.datasets.loaders import data_dir as find_data_dir
 from fednovelty.datasets.protocols import BUNDLED_DIGITS, DIGITS_NOVEL, make_task
 from fednovelty.evaluation import aupr_out, auroc
 from fednovelty.methods import get_method
+from fednovelty.runtime.progress import progress_bar, show_progress
 
 #: The demo's methods (registry names) and their labels in the table.
 DEMO_METHODS: tuple[tuple[str, str], ...] = (
@@ -97,7 +97,7 @@ def run_demo(
     random_state: int = 0,
     data_dir=None,
     max_train: int | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Train every method of ``DEMO_METHODS`` on one novelty task and return the results table.
 
@@ -116,7 +116,8 @@ def run_demo(
         max_train=max_train,
     )
     rows = []
-    bar = tqdm(total=len(DEMO_METHODS), desc="demo", unit="method", disable=not progress)
+    bar = progress_bar(total=len(DEMO_METHODS), desc="demo", unit="method", enabled=progress)
+    progress = show_progress(progress)
     for name, label in DEMO_METHODS:
         bar.set_postfix_str(label)
         method = get_method(name)

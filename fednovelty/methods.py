@@ -11,10 +11,15 @@ PyOD), its ``kind``, the ``paper`` it comes from and one line of ``description``
   bytes), ``"local"`` (each client's own model, also fitted with ``groups``), ``"centralized"``
   (a mixture fitted on the pooled rows) or ``"pyod"`` (a PyOD baseline on the pooled rows).
 - ``task``: ``"novelty"`` (an x-only detector: ``fit(X)``, ``decision_function``, higher = more
-  anomalous) or ``"pfl"`` (classifiers of federated clients, ``fit(X, y, groups)`` and
+  anomalous), ``"stream"`` (a novelty detector that learns window by window: ``fit`` on the
+  first window, ``partial_fit`` on each later one; the stream runner
+  :mod:`fednovelty.evaluation.streams` runs these, the one-shot runners leave them out) or
+  ``"pfl"`` (classifiers of federated clients, ``fit(X, y, groups)`` and
   ``predict_y(X, client=...)``: the FedGMM paper's personalised ones, a
   ``JointFedGMMDetector`` or ``PFedEMDetector``, and the Fed-CAM paper's clustered ones, a
-  ``ClusteredFLClassifier``).
+  ``ClusteredFLClassifier``). Runners choose methods by ``kind`` and ``task``
+  (:func:`method_names`), never by a list of names, so a method added to :data:`METHODS`
+  reaches every runner that can run it.
 - ``shared``: which of the settings a runner sets alike for every method
   (:data:`SHARED_SETTINGS`: the mixture's ``n_components``, the clients' ``client_components``,
   ``covariance_type``, ``random_state``) this method takes. PyOD's ``PCA`` has an
@@ -56,13 +61,13 @@ __all__ = [
 ]
 
 KINDS = ("federated", "local", "centralized", "pyod")
-TASKS = ("novelty", "pfl")
+TASKS = ("novelty", "stream", "pfl")
 #: Settings a runner sets alike for every method that takes them (see ``Method.shared``).
 SHARED_SETTINGS = ("n_components", "client_components", "covariance_type", "random_state")
 #: Ablation suffix -> the detector settings it switches off (see the module doc).
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "-plain": {"standardize": False, "covariance_prior": None},
-    "-std": {"covariance_prior": None},
+    "-plain": {"standardize": False, "prior_strength": None},
+    "-std": {"prior_strength": None},
     "-prior": {"standardize": False},
 }
 
@@ -154,7 +159,7 @@ class Method:
         kind: ``"federated"``, ``"local"``, ``"centralized"`` or ``"pyod"``.
         paper: the paper or reference it comes from; ``""`` if none.
         description: one line.
-        task: ``"novelty"`` or ``"pfl"``.
+        task: ``"novelty"``, ``"stream"`` or ``"pfl"``.
         shared: the names of :data:`SHARED_SETTINGS` the method takes.
         variant_of: the base method of an ablation variant; ``""`` otherwise.
     """
@@ -254,6 +259,10 @@ VB_PAPER = (
 VGM2_PAPER = (
     "Puppala et al.: Variational Gaussian Mixture Manifold Models for Client-Specific "
     "Federated Personalization (VGM2)"
+)
+STREAMING_REFERENCE = (
+    "Cappe, Moulines: On-line expectation-maximization algorithm for latent data models, "
+    "JRSS-B 2009 (discounted sufficient statistics), federated as FedGMM's EM"
 )
 #: The upper bound on K that FedVB's prior prunes from (not the runner's shared K).
 FEDVB_MAX_COMPONENTS = 20
@@ -474,6 +483,17 @@ def _registry() -> dict[str, Method]:
                 ("moment", "moment matching (VGM2's Proposition 1)"),
             )
         ],
+        Method(
+            "streaming",
+            _detector("StreamingFedGMMDetector"),
+            "federated",
+            STREAMING_REFERENCE,
+            "federated EM with personal weights on the first window, then one partial_fit "
+            "per window (statistics discounted by rho, far rows re-bear components) with "
+            "per-client drift alarms",
+            task="stream",
+            shared=_MIXTURE,
+        ),
         Method(
             "KNN-markers",
             _detector("FedKNNMarkerDetector"),

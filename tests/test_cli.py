@@ -1,5 +1,7 @@
 """The ``fednovelty`` command: fit and score on files, and the demo on a small real dataset."""
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -162,3 +164,30 @@ def test_bench_metrics_are_the_benchmarks():
     from fednovelty.evaluation.benchmark import METRICS
 
     assert cli_bench.METRICS == METRICS
+
+
+def _fit_args(tmp_path, *extra: str) -> list[str]:
+    data = _table(tmp_path, np.random.default_rng(0))
+    model = tmp_path / "model.safetensors"
+    return ["fit", str(data), "--client-column", "site", "--components", "2",
+            "--out", str(model), "--overwrite", *extra]  # fmt: skip
+
+
+def test_progress_bars_only_on_a_terminal_and_never_with_no_progress(
+    tmp_path, capsys, monkeypatch
+):
+    assert main(_fit_args(tmp_path)) == 0
+    assert "round" not in capsys.readouterr().err  # stderr is captured: no terminal, no bar
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(_fit_args(tmp_path)) == 0
+    assert "round" in capsys.readouterr().err  # a terminal: the fit's bar over rounds
+    assert main(_fit_args(tmp_path, "--no-progress")) == 0
+    assert "round" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["demo"], ["fit", "x.csv", "--out", "m.safetensors"], ["bench", "--out", "b", "--quick"]],
+)
+def test_every_command_that_draws_bars_takes_no_progress(argv):
+    assert build_parser().parse_args([*argv, "--no-progress"]).no_progress is True

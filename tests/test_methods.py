@@ -100,12 +100,12 @@ def test_the_mixtures_are_the_detector_configurations_the_papers_name():
 def test_ablations_switch_what_they_name():
     for name in MIXTURES:
         default = get_method(name).build()
-        assert (default.standardize, default.covariance_prior) == (True, "auto")
+        assert (default.standardize, default.prior_strength) == (True, "auto")
         for suffix, expected in [("-plain", (False, None)), ("-std", (True, None)),
                                  ("-prior", (False, "auto"))]:  # fmt: skip
             variant = get_method(name + suffix)
             detector = variant.build()
-            assert (detector.standardize, detector.covariance_prior) == expected
+            assert (detector.standardize, detector.prior_strength) == expected
             assert variant.variant_of == name and variant.kind == get_method(name).kind
             assert variant.shared == get_method(name).shared
     assert get_method("CentralGMM-plain").build().privacy_min_rows == 1
@@ -193,3 +193,23 @@ def test_fedvb_takes_no_runner_k_and_its_variants_fix_the_aggregation():
         with pytest.raises(ValueError, match="fixes posterior_merge"):
             variant.build(posterior_merge="exact")
     assert get_method("FedVB").build().posterior_merge == "exact"
+
+
+def test_the_streaming_detector_is_a_stream_method():
+    streaming = get_method("streaming")
+    assert method_names(task="stream") == ["streaming"] and streaming.fits_clients
+    assert "streaming" not in method_names(variants=True)  # the one-shot runners' lists
+    detector = streaming.build(n_components=2, covariance_type="diag", random_state=4, rho=0.5)
+    assert isinstance(detector, fednovelty.detectors.StreamingFedGMMDetector)
+    assert (detector.n_components, detector.rho, detector.random_state) == (2, 0.5, 4)
+
+
+def test_pfedem_does_not_inherit_the_joint_baselines():
+    from sklearn.base import clone
+
+    pfedem, joint = fednovelty.detectors.PFedEMDetector, fednovelty.detectors.JointFedGMMDetector
+    assert not hasattr(pfedem, "pfl_baseline") and not hasattr(pfedem(), "pfl_baseline")
+    with pytest.raises(AttributeError, match="pfl_baseline"):
+        pfedem.pfl_baseline("FedAvg")
+    assert type(joint.pfl_baseline("FedAvg")) is joint
+    assert clone(pfedem(3)).n_components == 3  # the estimator contract is untouched

@@ -52,8 +52,10 @@ def is_joint(detector) -> bool:
 
 
 def has_personal_weights(detector) -> bool:
-    """Whether the detector holds one weight vector per client (FedGMM's ``client_weights_``)."""
-    return hasattr(detector, "client_weights_")
+    """Whether the detector holds one mixture weight vector per client (FedGMM's
+    ``client_weights_``, shape (n_clients, n_components)); the kNN markers' per-client
+    weights are one number per client."""
+    return np.ndim(getattr(detector, "client_weights_", None)) == 2
 
 
 def score_axis(detector) -> tuple[str, int]:

@@ -73,34 +73,11 @@ class Progress:
 
 
 def max_rounds(detector) -> int | None:
-    """Most rounds ``detector.fit`` can run (the progress bar's total); None if unknown.
-
-    FedGMM/DEM and the joint model: its EM algorithm's ``max_rounds`` (initialisation +
-    ``max_iter``), plus federated PCA's rounds with ``pca_components``; FedGenGMM and Local:
-    one round.
-    """
-    from fednovelty.detectors import (
-        FedGenGMMDetector,
-        FedGMMDetector,
-        JointFedGMMDetector,
-        LocalGMMDetector,
-    )
-
-    if isinstance(detector, FedGMMDetector | JointFedGMMDetector):
-        from fednovelty.federated import FederatedEM
-        from fednovelty.federated.pca import FederatedPCA
-
-        algorithm = FederatedEM(
-            1,
-            init_params=detector.init_params,
-            max_iter=detector.max_iter,
-            kmeans_rounds=detector.kmeans_rounds,
-        )
-        pca = FederatedPCA.max_rounds if detector.pca_components is not None else 0
-        return algorithm.max_rounds + pca
-    if isinstance(detector, FedGenGMMDetector | LocalGMMDetector):
-        return 1
-    return None
+    """Most rounds ``detector.fit`` can run (the progress bar's total): the detector's own
+    ``max_fit_rounds()``; None if unknown (a PyOD baseline, or a detector that learns it from
+    the data)."""
+    planned = getattr(detector, "max_fit_rounds", None)
+    return None if planned is None else planned()
 
 
 def fit_with_progress(

@@ -11,11 +11,14 @@
 
 Choices, and why:
 
-- Methods come from the registry (:mod:`fednovelty.methods`): the page offers its novelty
-  methods, with DEM's three initialisations as one choice (``DEM``, ``init_params`` a setting)
-  and FedGenGMM's copula as a setting of ``FedGenGMM`` (:func:`registry_name`). FedGMM on
+- Methods come from the registry (:mod:`fednovelty.methods`), read when the page runs (a
+  method added to ``METHODS`` appears at once): the page offers its novelty methods, with
+  DEM's three initialisations as one choice (``DEM``, ``init_params`` a setting) and
+  FedGenGMM's copula as a setting of ``FedGenGMM`` (:func:`registry_name`). FedGMM on
   labelled data with ``joint`` fits the registry's ``PFL-FedGMM``, the joint estimator
-  ``JointFedGMMDetector``, with ``fit(X, y, groups)``.
+  ``JointFedGMMDetector``, with ``fit(X, y, groups)``. What a choice's ``max_iter`` counts
+  comes from its detector (:func:`counts_rounds`, :func:`fits_locally`), the progress bar's
+  total from the detector's ``max_fit_rounds()``.
 - Default settings (the Train page's first run): the FedGMM paper's synthetic data, 10
   training clients + 2 unseen, d = 8, FedGMM's joint model with 3 Gaussians, 3 linear
   learners, 5 local epochs, 30 rounds: every page has something to show, quickly.
@@ -37,8 +40,6 @@ from fednovelty_app.progress import Progress, fit_with_progress, max_rounds
 from fednovelty.methods import Method, get_method, method_names
 
 __all__ = [
-    "CENTRALIZED",
-    "FEDERATED",
     "DataSettings",
     "MethodSettings",
     "ModelFileError",
@@ -46,8 +47,12 @@ __all__ = [
     "TrainedRun",
     "build_bundle",
     "build_detector",
+    "centralized_choices",
     "choice_method",
+    "counts_rounds",
+    "federated_choices",
     "fit_with_progress",
+    "fits_locally",
     "max_rounds",
     "method_description",
     "model_from_bytes",
@@ -88,18 +93,34 @@ def choice_method(choice: str) -> Method:
     return get_method(choice)
 
 
-#: Page choices fitted on clients (``groups=``) -> what they are (the registry's description).
-FEDERATED: dict[str, str] = {
-    choice: choice_method(choice).description
-    for choice in _choices()
-    if choice_method(choice).fits_clients
-}
-#: Page choices fitted on the pooled rows (the papers' "ideal" and PyOD with its defaults).
-CENTRALIZED: tuple[str, ...] = tuple(c for c in _choices() if c not in FEDERATED)
-#: Choices whose ``max_iter`` counts federated EM (or VB) rounds; choices that fit EM within each
-#: client (``max_iter`` at least 100 there).
-EM_CHOICES = ("FedGMM", "DEM", "CentralGMM", "FedVB")
-LOCAL_FIT_CHOICES = ("FedGenGMM", "Local")
+def federated_choices() -> dict[str, str]:
+    """Page choices fitted on clients (``groups=``) -> what they are (the registry's
+    description), read from the registry on every call."""
+    return {
+        choice: choice_method(choice).description
+        for choice in _choices()
+        if choice_method(choice).fits_clients
+    }
+
+
+def centralized_choices() -> tuple[str, ...]:
+    """Page choices fitted on the pooled rows (the papers' "ideal" and PyOD with its
+    defaults)."""
+    return tuple(c for c in _choices() if not choice_method(c).fits_clients)
+
+
+def fits_locally(choice: str) -> bool:
+    """Whether the choice's detector fits its mixtures within each client in one round
+    (``max_fit_rounds() == 1``): its ``max_iter`` counts a client's own EM iterations."""
+    return getattr(choice_method(choice).build(), "max_fit_rounds", lambda: None)() == 1
+
+
+def counts_rounds(choice: str) -> bool:
+    """Whether the choice's ``max_iter`` counts federated rounds (the page's "rounds at
+    most"): its detector takes ``max_iter`` and does not fit within each client."""
+    return "max_iter" in choice_method(choice).parameters() and not fits_locally(choice)
+
+
 PLAIN_TOL = 1e-3
 JOINT_TOL = 1e-6  # joint models run (nearly) every round: learners improve after the Gaussians
 
@@ -144,8 +165,9 @@ class MethodSettings:
     """Which detector and its main parameters.
 
     Attributes:
-        method: a key of ``FEDERATED`` or an entry of ``CENTRALIZED`` (see
-            :func:`registry_name` for the registry method it fits).
+        method: a key of :func:`federated_choices` or an entry of
+            :func:`centralized_choices` (see :func:`registry_name` for the registry method
+            it fits).
         n_components: K of the global mixture (FedGMM, DEM, FedGenGMM, CentralGMM).
         covariance_type: ``"full"``, ``"diag"``, ``"tied"`` or ``"spherical"``.
         max_iter: maximum EM rounds.
@@ -253,9 +275,10 @@ def _fit_settings(method: MethodSettings, joint: bool) -> dict:
             "n_learners": method.n_learners,
             "local_epochs": method.local_epochs,
         }
-    if method.method in EM_CHOICES:
-        return {"max_iter": method.max_iter, "tol": PLAIN_TOL}
-    if method.method in LOCAL_FIT_CHOICES:  # EM within each client: its own iterations
+    if counts_rounds(method.method):
+        takes_tol = "tol" in choice_method(method.method).parameters()
+        return {"max_iter": method.max_iter, **({"tol": PLAIN_TOL} if takes_tol else {})}
+    if fits_locally(method.method):  # EM within each client: its own iterations
         return {"max_iter": max(method.max_iter, 100)}
     return {}
 
@@ -328,8 +351,6 @@ def train(
     Raises:
         ValueError: from the detector (e.g. more components than rows), with its message.
     """
-    from fednovelty.detectors.base import MixtureDetector
-
     joint = is_joint(method, bundle)
     entry = get_method(registry_name(method, joint=joint))
     detector = build_detector(method, data.seed, joint=joint)
@@ -339,7 +360,7 @@ def train(
     def fit(hook):
         if joint:
             return detector.fit(X, bundle.y_train, groups, callbacks=[hook])
-        if not isinstance(detector, MixtureDetector):  # PyOD: no rounds, no callbacks=
+        if entry.kind == "pyod":  # no rounds, no callbacks=
             return detector.fit(X)
         return detector.fit(X, groups=groups, callbacks=[hook])
 

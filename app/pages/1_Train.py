@@ -17,14 +17,14 @@ from fednovelty_app.data import (  # noqa: E402  (after the page config, as Stre
     source_label,
 )
 from fednovelty_app.training import (  # noqa: E402
-    CENTRALIZED,
-    EM_CHOICES,
-    FEDERATED,
     DataSettings,
     MethodSettings,
     ModelFileError,
     build_bundle,
+    centralized_choices,
     choice_method,
+    counts_rounds,
+    federated_choices,
     method_description,
     model_from_bytes,
     model_to_bytes,
@@ -177,13 +177,14 @@ with data_col:
 
 with method_col:
     st.subheader("Method")
-    methods = [*FEDERATED, *CENTRALIZED]
+    federated = federated_choices()
+    methods = [*federated, *centralized_choices()]
     ui.default_choice(P + "method", methods, "FedGMM")
     method = st.selectbox(
         "Detector",
         methods,
         key=P + "method",
-        format_func=lambda m: m if m in FEDERATED else f"{m} (centralized baseline)",
+        format_func=lambda m: m if m in federated else f"{m} (centralized baseline)",
     )
     options: dict = {"method": method}
     takes = choice_method(method).shared  # the registry's shared settings this method takes
@@ -195,7 +196,7 @@ with method_col:
         options["covariance_type"] = st.selectbox(
             "Covariance type", ["full", "diag", "tied", "spherical"], key=P + "cov"
         )
-    if method in EM_CHOICES:
+    if counts_rounds(method):
         ui.default(P + "rounds", 30)
         options["max_iter"] = st.slider("EM rounds at most", 5, 200, key=P + "rounds")
     if method == "DEM":
@@ -232,7 +233,7 @@ with method_col:
             "Better on average over 25 ADBench sets (docs/robust.md); the components shown "
             "stay those of the plain global mixture.",
         )
-    pooled = "" if method in FEDERATED else "; fitted on the pooled rows: no federation, no rounds"
+    pooled = "" if method in federated else "; fitted on the pooled rows: no federation, no rounds"
     joint = "; with labels, the joint model p(x, y)" if options.get("joint") else ""
     st.caption(method_description(MethodSettings(**options)) + pooled + joint)
 

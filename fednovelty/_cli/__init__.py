@@ -2,6 +2,7 @@
 
 - :mod:`~fednovelty._cli.files`: checks of input and output paths, atomic writes, reading a
   table, argparse number types, and :class:`~fednovelty._cli.files.UsageError`;
+- :mod:`~fednovelty._cli.progress`: ``--no-progress`` of every command that draws a bar;
 - :mod:`~fednovelty._cli.bench`: ``fednovelty bench`` (the grid, its figures, its folder);
 - :mod:`~fednovelty._cli.dashboard`: ``fednovelty app`` (where the installed dashboard is,
   the ``streamlit run`` command line, a served dashboard for tests and benchmarks).

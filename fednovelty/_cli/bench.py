@@ -9,14 +9,15 @@ the figures, rewritten from the whole table.
 (:func:`~fednovelty.evaluation.streams.run_stream_benchmark`): each dataset is a two-domain
 stream (``cifar10-svhn``, ``femnist``, ``A+B`` of two ADBench names of one width) whose share
 of domain A follows the schedule over ``--windows`` windows (``--cycles``, ``--share`` for
-``constant``); the methods are ``streaming``, ``static``, ``refit`` and federated registry
-methods refitted every window (``--baseline`` is the registry method of ``static`` and
-``refit``); ``--clients`` (one value: clients, FEMNIST's writers), ``--rows`` per client and
-window, ``--components`` (one value, default 4), ``--rho`` and ``--rounds`` the streaming
-detector's. It writes ``results.csv`` (one row per method x window x seed), ``summary.md``
-and one figure per dataset (AUROC per window with the share), and does not resume: ``--out``
-must not hold a ``results.csv`` yet. Grid options (``--alphas``, ``--protocols``, ...) are
-refused with ``--stream`` and stream options without it.
+``constant``); the methods are the registry's stream methods (``streaming``), ``static``,
+``refit`` and federated registry methods refitted every window (``--baseline`` is the
+registry method of ``static`` and ``refit``); ``--clients`` (one value: clients, FEMNIST's
+writers), ``--rows`` per client and window, ``--components`` (one value, default 4),
+``--rho`` and ``--rounds`` the stream methods'. It writes ``results.csv`` (one row per
+method x window x seed), ``summary.md`` and one figure per dataset (AUROC per window with
+the share), and does not resume: ``--out`` must not hold a ``results.csv`` yet. Grid
+options (``--alphas``, ``--protocols``, ...) are refused with ``--stream`` and stream options
+without it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fednovelty._cli.files import (
     positive_float,
     positive_int,
 )
+from fednovelty._cli.progress import add_progress_option, progress_of
 from fednovelty.methods import ABLATIONS, method_names
 
 #: Grid options and the value a grid run takes when one is not given (argparse default None,
@@ -161,11 +163,11 @@ def stream_figures(df: pd.DataFrame, outputs: BenchOutputs) -> list[Path]:
 def run_stream(args: argparse.Namespace) -> int:
     """``bench --stream``: novelty under drift (module doc); print the summary. Exit 0."""
     from fednovelty.evaluation.streams import (
-        STREAM_METHODS,
         check_stream_datasets,
         check_stream_methods,
         format_stream_summary,
         run_stream_benchmark,
+        stream_methods,
     )
 
     given = [name for name in GRID_DEFAULTS if getattr(args, name) not in (None, False)]
@@ -196,7 +198,7 @@ def run_stream(args: argparse.Namespace) -> int:
         raise UsageError(f"--rho must be in [0, 1]; got {args.rho}.")
     clients = _single(args, "clients", 10)
     components = _single(args, "components", 4)
-    methods = args.methods or list(STREAM_METHODS)
+    methods = args.methods or stream_methods()
     outputs = check_bench_folder(args.out)
     out = outputs.folder
     if (out / "results.csv").exists():
@@ -227,7 +229,7 @@ def run_stream(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             baseline=args.baseline,
             data_dir=args.data_dir,
-            progress=not args.no_progress,
+            progress=progress_of(args),
             threads=args.threads or None,
         )
         for dataset in datasets
@@ -315,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         min_size=args.min_size,
         out_csv=out / "results.csv",
         retry_errors=args.retry_errors,
-        progress=not args.no_progress,
+        progress=progress_of(args),
         data_dir=args.data_dir,
         threads=args.threads or None,
     )
@@ -437,12 +439,16 @@ def add_parser(sub) -> None:
         default=1,
         help="torch threads (default 1; 0 = torch's default)",
     )
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_option(bench)
+    from fednovelty.evaluation.streams import STREAM_ROLES, stream_methods
+
+    online = method_names(task="stream", variants=True)
     streams = bench.add_argument_group(
         "streams",
         "novelty under drift (--stream): datasets cifar10-svhn, femnist[:ood] or A+B of two "
-        "ADBench names of one width; methods streaming, static, refit and federated registry "
-        "methods refitted every window (default: streaming static refit FedGenGMM-plain)",
+        f"ADBench names of one width; methods {', '.join([*online, *STREAM_ROLES])} and "
+        "federated registry methods refitted every window (default: "
+        f"{' '.join(stream_methods())})",
     )
     streams.add_argument(
         "--stream",

@@ -2,6 +2,7 @@
 clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``, and VGM2's
 ``VGM2Classifier``)."""
 
+from fednovelty._exports import public_names as _public_names
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.cam import ClusteredFLClassifier
 from fednovelty.detectors.clustered import ClusteredFedGMMDetector
@@ -16,18 +17,4 @@ from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.detectors.vgm2 import VGM2Classifier
 
-__all__ = [
-    "ClusteredFLClassifier",
-    "ClusteredFedGMMDetector",
-    "FedGMMDetector",
-    "FedGenGMMDetector",
-    "FedKNNMarkerDetector",
-    "FedVBDetector",
-    "JointFedGMMDetector",
-    "LocalGMMDetector",
-    "MixtureDetector",
-    "PFedEMDetector",
-    "StreamingFedGMMDetector",
-    "VGM2Classifier",
-    "load",
-]
+__all__ = _public_names(globals())

@@ -60,11 +60,14 @@ FORMAT_TAG = "fednovelty-detector"
 FORMAT_VERSION = 2
 _METADATA_KEY = "fednovelty"
 _CHECKSUM_KEY = "fednovelty.sha256"
+#: Every class ``load`` builds, by name: the one list of loadable classes. Every estimator
+#: class registers itself when it is defined (``SimulatedFitMixin.__init_subclass__`` calls
+#: :func:`register`), so a subclass defined anywhere is loadable without being listed.
 REGISTRY: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
-    """Class decorator: make a detector class loadable by name."""
+    """Make a detector class loadable by name (also usable as a class decorator)."""
     REGISTRY[cls.__name__] = cls
     return cls
 

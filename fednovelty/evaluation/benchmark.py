@@ -46,7 +46,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from fednovelty.evaluation.metrics import evaluate
 from fednovelty.evaluation.results import (
@@ -61,6 +60,7 @@ from fednovelty.evaluation.results import (
 )
 from fednovelty.evaluation.summary import summarize
 from fednovelty.methods import METHODS, Method, check_known, method_names
+from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import torch_threads
 
 __all__ = [
@@ -86,18 +86,24 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(method_names())
 def check_methods(methods: Iterable[str]) -> list[str]:
     """Method names as a list; unknown names raise ValueError with the closest names.
 
-    Known: the registry's novelty methods with their ablation variants; a personalised
-    classification method (``task="pfl"``) is refused with the reason.
+    Known: the registry's novelty methods with their ablation variants; a method of another
+    task (a personalised classifier, ``task="pfl"``; a detector that learns window by window,
+    ``task="stream"``) is refused with the reason.
     """
     methods = [methods] if isinstance(methods, str) else list(methods)
     known = method_names(variants=True)
     if not methods:
-        raise ValueError(f"methods is empty; choose from {', '.join(DEFAULT_METHODS)}.")
-    pfl = [m for m in methods if m in METHODS and METHODS[m].task != "novelty"]
-    if pfl:
+        raise ValueError(f"methods is empty; choose from {', '.join(method_names())}.")
+    other = [m for m in methods if m in METHODS and METHODS[m].task != "novelty"]
+    if other:
+        why = {
+            "pfl": "personalised classification (task='pfl') needs class labels",
+            "stream": "learns window by window (task='stream'): run it with bench --stream",
+        }
+        reasons = "; ".join(f"{m}: {why[METHODS[m].task]}" for m in other)
         raise ValueError(
-            f"{', '.join(pfl)}: personalised classification (task='pfl') needs class labels; "
-            f"bench runs novelty detectors: {', '.join(DEFAULT_METHODS)} (and their ablations)."
+            f"{reasons}. bench runs novelty detectors: {', '.join(method_names())} (and "
+            "their ablations)."
         )
     check_known("method", methods, known)
     return methods
@@ -255,7 +261,7 @@ def run_benchmark(
     min_size: int | None = None,
     out_csv: str | os.PathLike[str] | None = None,
     retry_errors: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     threads: int | None = 1,
 ) -> pd.DataFrame:
@@ -284,7 +290,8 @@ def run_benchmark(
         out_csv: results file. Existing cells in it are skipped and returned; new rows are
             appended as each cell finishes.
         retry_errors: run again the cells whose stored row has an error.
-        progress: show a progress bar over the cells.
+        progress: show a progress bar over the cells (None: only when stderr is a
+            terminal).
         data_dir: data folder; see :func:`~fednovelty.datasets.data_dir`.
         threads: torch intra-op threads while the grid runs (restored afterwards); None keeps
             torch's setting. One is the default because the mixtures here are small (see the
@@ -364,7 +371,7 @@ def run_benchmark(
 
     n_cells = sum(len(cells) for _, cells in plan)
     results: list[dict] = []
-    bar = tqdm(total=n_cells, desc="bench", unit="cell", disable=not progress)
+    bar = progress_bar(total=n_cells, desc="bench", unit="cell", enabled=progress)
     with torch_threads(threads):
         for (dataset, protocol, alpha, clients, seed), cells in plan:
             todo = [c for c in cells if not is_done(cell_key(c))]

@@ -1,16 +1,20 @@
-"""Novelty under drift: detectors scored window by window on a two-domain stream (issue 21).
+"""Novelty under drift: detectors scored window by window on a two-domain stream.
 
 :func:`run_stream_benchmark` builds a :func:`~fednovelty.datasets.streams.domain_stream` per
 seed (domain A's share following a schedule, novel rows that belong to neither domain) and
 runs the compared detectors through it, window by window:
 
-- ``"streaming"``: :class:`~fednovelty.detectors.StreamingFedGMMDetector`, fitted on the
-  warm-up window (window 0), then one ``partial_fit`` per window (``rho``, ``rounds``).
+- the registry's stream methods (``task="stream"``, :mod:`fednovelty.methods`; ``"streaming"``,
+  a :class:`~fednovelty.detectors.StreamingFedGMMDetector`): fitted on the warm-up window
+  (window 0), then one ``partial_fit`` per window (``rho``, ``rounds``).
 - ``"static"``: the ``baseline`` method of the registry (:mod:`fednovelty.methods`;
   ``"FedGMM-plain"`` by default) fitted on the warm-up window and never again.
 - ``"refit"``: the ``baseline`` method fitted from scratch on every window.
-- any other novelty method of the registry by name (e.g. ``"FedGenGMM-plain"``, the
-  default fourth): fitted from scratch on every window.
+- any other federated novelty method of the registry by name (e.g. ``"FedGenGMM-plain"``,
+  the default last): fitted from scratch on every window.
+
+:func:`stream_methods` is the default list: every stream method of the registry, then
+``"static"``, ``"refit"`` and ``"FedGenGMM-plain"``.
 
 Every detector scores the window's test set (inliers in the window's mix plus novel rows;
 novel = the positive class) with ``decision_function`` (higher = more anomalous) without a
@@ -29,7 +33,7 @@ Choices, and why:
   window, a refit's whole fit; the static detector sends nothing after window 0.
 - ``moved``: windows whose share is at least ``moved_at`` (0.3) away from the warm-up
   window's, where a detector that stayed behind should show it.
-- ``tracking_error`` (streaming rows only): the mean over the window's clients of
+- ``tracking_error`` (stream methods' rows only): the mean over the window's clients of
   ``|weight on A's components - the client's share of A|``, where A's components are those
   whose responsibility on the warm-up rows is mostly A's.
 - A method that fails on a window records the error in ``error`` (metrics NaN) and the run
@@ -48,7 +52,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from fednovelty.datasets.streams import (
     FEMNIST_OODS,
@@ -63,22 +66,24 @@ from fednovelty.evaluation.metrics import evaluate
 from fednovelty.evaluation.results import METRICS, short_text
 from fednovelty.evaluation.summary import _markdown
 from fednovelty.methods import METHODS, check_known, method_names
+from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import torch_threads
 
 __all__ = [
     "STREAM_COLUMNS",
-    "STREAM_METHODS",
+    "STREAM_ROLES",
     "check_stream_datasets",
     "check_stream_methods",
     "format_stream_summary",
     "run_stream_benchmark",
+    "stream_methods",
     "stream_summary",
 ]
 
-#: The compared detectors by default (module docstring).
-STREAM_METHODS = ("streaming", "static", "refit", "FedGenGMM-plain")
-#: Names that are not registry methods: the streaming detector and the baseline's two uses.
-STREAM_ROLES = ("streaming", "static", "refit")
+#: Names that are not registry methods: the baseline's two uses.
+STREAM_ROLES = ("static", "refit")
+#: The refitted registry method compared by default.
+DEFAULT_REFITTED = "FedGenGMM-plain"
 #: Columns of :func:`run_stream_benchmark`'s table, in order.
 STREAM_COLUMNS = (
     "dataset",
@@ -114,9 +119,21 @@ STREAM_COLUMNS = (
 )
 
 
+def stream_methods() -> list[str]:
+    """The compared methods by default: every stream method of the registry
+    (``task="stream"``), ``"static"``, ``"refit"`` and ``"FedGenGMM-plain"``."""
+    return [*method_names(task="stream", variants=True), *STREAM_ROLES, DEFAULT_REFITTED]
+
+
+def _learns_online(name: str) -> bool:
+    """Whether ``name`` is a registry stream method (``fit`` once, then ``partial_fit``)."""
+    return name in METHODS and METHODS[name].task == "stream"
+
+
 def check_stream_methods(methods: Iterable[str], baseline: str = "FedGMM-plain") -> list[str]:
-    """Method names as a list: ``"streaming"``, ``"static"``, ``"refit"`` or a federated
-    novelty method of the registry (ablation variants included), and the ``baseline``.
+    """Method names as a list: a stream method of the registry (``"streaming"``), ``"static"``,
+    ``"refit"`` or a federated novelty method of the registry (ablation variants included),
+    and the ``baseline``.
 
     Raises:
         ValueError: empty, repeated or unknown names (with the closest names), a baseline or
@@ -124,17 +141,18 @@ def check_stream_methods(methods: Iterable[str], baseline: str = "FedGMM-plain")
     """
     methods = [methods] if isinstance(methods, str) else list(methods)
     if not methods:
-        raise ValueError(f"methods is empty; choose from {', '.join(STREAM_METHODS)}.")
+        raise ValueError(f"methods is empty; choose from {', '.join(stream_methods())}.")
     repeated = sorted({m for m in methods if methods.count(m) > 1})
     if repeated:
         raise ValueError(f"methods named twice: {repeated}.")
+    online = method_names(kind="federated", task="stream", variants=True)
     federated = method_names(kind="federated", variants=True)
     check_known(
         "stream method",
         methods,
-        [*STREAM_ROLES, *federated],
-        f" Stream methods: {', '.join(STREAM_ROLES)} or a federated method of the registry "
-        f"({', '.join(method_names(kind='federated'))}, their ablations such as "
+        [*online, *STREAM_ROLES, *federated],
+        f" Stream methods: {', '.join([*online, *STREAM_ROLES])} or a federated method of "
+        f"the registry ({', '.join(method_names(kind='federated'))}, their ablations such as "
         "FedGenGMM-plain).",
     )
     check_known("baseline", [baseline], federated, " The baseline is a federated method.")
@@ -224,23 +242,16 @@ class _Runner:
 
     def build(self, name: str):
         s = self.settings
-        if name == "streaming":
-            from fednovelty.detectors import StreamingFedGMMDetector
-
-            return StreamingFedGMMDetector(
-                s["n_components"],
-                rho=s["rho"],
-                rounds=s["rounds"],
-                covariance_type=s["covariance_type"],
-                random_state=self.seed,
-                **s["streaming_params"],
-            )
-        method = METHODS[s["baseline"] if name in ("static", "refit") else name]
+        method = METHODS[s["baseline"] if name in STREAM_ROLES else name]
         shared = method.shared_params(
             n_components=s["n_components"],
             covariance_type=s["covariance_type"],
             random_state=self.seed,
         )
+        if method.task == "stream":
+            return method.build(
+                **shared, rho=s["rho"], rounds=s["rounds"], **s["streaming_params"]
+            )
         return method.build(**shared)
 
     def step(self, name: str, window) -> dict:
@@ -250,7 +261,7 @@ class _Runner:
             warnings.simplefilter("always")
             started = time.perf_counter()
             fitted = True
-            if name == "streaming" and window.t > 0:
+            if _learns_online(name) and window.t > 0:
                 detector = self.detectors[name]
                 detector.partial_fit(window.X, groups=window.groups)
             elif name == "static" and window.t > 0:
@@ -271,7 +282,7 @@ class _Runner:
         out.update(evaluate(window.y_test, scores))
         out["bytes"] = out["bytes_up"] + out["bytes_down"]
         out["warning"] = _record_warnings(caught)
-        if name == "streaming":
+        if _learns_online(name):
             if window.t == 0:
                 self.a_components = _a_components(detector, window.X, window.from_a)
             out["tracking_error"] = _tracking_error(
@@ -286,7 +297,7 @@ class _Runner:
 
 def run_stream_benchmark(
     dataset: str | DomainPools,
-    methods: Iterable[str] = STREAM_METHODS,
+    methods: Iterable[str] | None = None,
     *,
     seeds: Iterable[int] = (0,),
     n_windows: int = 40,
@@ -309,7 +320,7 @@ def run_stream_benchmark(
     moved_at: float = 0.3,
     n_writers: int = 40,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     threads: int | None = 1,
 ) -> pd.DataFrame:
     """Run ``methods`` through a two-domain stream, window by window, for every seed.
@@ -318,8 +329,9 @@ def run_stream_benchmark(
         dataset: a stream name (``"cifar10-svhn"``, ``"femnist"``, ``"femnist:rotate"``,
             ``"A+B"`` of two ADBench names of one width; the pools are split per seed), or a
             :class:`~fednovelty.datasets.streams.DomainPools` (used for every seed).
-        methods: ``"streaming"``, ``"static"``, ``"refit"`` and/or federated novelty methods
-            of the registry (refitted every window); see the module doc.
+        methods: stream methods of the registry (``"streaming"``), ``"static"``,
+            ``"refit"`` and/or federated novelty methods of the registry (refitted every
+            window); see the module doc. None: :func:`stream_methods`.
         seeds: each seed draws its own stream and seeds the detectors.
         n_windows, schedule, cycles, constant: the stream's windows after the warm-up and
             A's share (:func:`~fednovelty.datasets.streams.schedule_share`).
@@ -330,12 +342,14 @@ def run_stream_benchmark(
         n_components, covariance_type: every mixture's.
         rho, rounds: the streaming detector's forgetting factor and rounds per window.
         baseline: the registry method of ``"static"`` and ``"refit"``.
-        streaming_params: more ``StreamingFedGMMDetector`` settings (e.g. ``far_quantile``).
+        streaming_params: more settings of the stream methods' detectors (e.g. the
+            ``StreamingFedGMMDetector``'s ``far_quantile``).
         moved_at: a window is ``moved`` when its share is this far from the warm-up's.
         n_writers: FEMNIST writers loaded (at least ``n_clients``; the clients are the first
             ``n_clients`` of them).
         data_dir: data folder; see :func:`~fednovelty.datasets.data_dir`.
-        progress: a progress bar over seeds x windows.
+        progress: a progress bar over seeds x windows (None: only when stderr is a
+            terminal).
         threads: torch threads while the run lasts (None: torch's setting).
 
     Returns:
@@ -344,7 +358,7 @@ def run_stream_benchmark(
         aupr_in, aupr_out, fpr_at_95_tpr, max_f1`` (novel = positive class); ``bytes_up,
         bytes_down, bytes`` and ``n_rounds`` of the window's fitting (0 for the static
         detector after window 0); ``fit_seconds, score_seconds``; ``tracking_error`` and
-        ``alarms`` (clients alarming in the window; streaming rows only, else NaN);
+        ``alarms`` (clients alarming in the window; stream methods' rows only, else NaN);
         ``n_train, n_test, n_features``; ``warning``, ``error``.
 
     Raises:
@@ -361,7 +375,7 @@ def run_stream_benchmark(
         >>> df.groupby("method", sort=False)["auroc"].size().to_dict()
         {'streaming': 5, 'static': 5, 'refit': 5, 'FedGenGMM-plain': 5}
     """
-    methods = check_stream_methods(methods, baseline)
+    methods = check_stream_methods(stream_methods() if methods is None else methods, baseline)
     if not isinstance(dataset, DomainPools):
         check_stream_datasets([dataset], data_dir)
     if schedule not in SCHEDULES:
@@ -407,8 +421,8 @@ def run_stream_benchmark(
         )
 
     rows: list[dict] = []
-    bar = tqdm(
-        total=len(seeds) * (n_windows + 1), desc="stream", unit="window", disable=not progress
+    bar = progress_bar(
+        total=len(seeds) * (n_windows + 1), desc="stream", unit="window", enabled=progress
     )
     with torch_threads(threads):
         for seed in seeds:
@@ -438,7 +452,7 @@ def run_stream_benchmark(
                         "n_features": int(window.X.shape[1]),
                     }
                     if (
-                        name in ("streaming", "static")
+                        (name == "static" or _learns_online(name))
                         and window.t > 0
                         and (name not in runner.detectors)
                     ):
@@ -471,7 +485,7 @@ def stream_summary(df: pd.DataFrame, reference: str = "refit") -> pd.DataFrame:
     sample std over seeds (NaN for one seed) of each seed's mean over windows, all windows
     and the ``moved`` ones; KB per window (up + down) and fit seconds per window; the AUROC
     difference (points) and bytes ratio against ``reference`` (NaN where it did not run);
-    the streaming detector's tracking error and alarms per client-window.
+    the stream methods' tracking error and alarms per client-window.
 
     Args:
         df: a :func:`run_stream_benchmark` table (failed rows are left out).
@@ -516,16 +530,15 @@ def stream_summary(df: pd.DataFrame, reference: str = "refit") -> pd.DataFrame:
         ).to_numpy()
         ratio = part["kb_per_window"] / ref["kb_per_window"] if ref["kb_per_window"] else np.nan
         out.loc[keys, "bytes_ratio"] = np.asarray(ratio, dtype=float)
-    streaming = ok[ok["method"] == "streaming"]
+    online = ok[ok["tracking_error"].notna()] if "tracking_error" in ok else ok.iloc[:0]
     out["tracking_error"] = np.nan
     out["alarm_rate"] = np.nan
-    if len(streaming):
-        grouped = streaming.groupby("dataset", sort=False)
+    if len(online):  # the stream methods' rows
+        grouped = online.groupby(["dataset", "method"], sort=False)
         tracking = grouped["tracking_error"].mean()
         alarms = grouped["alarms"].sum() / grouped["n_clients"].sum()
-        for dataset in tracking.index:
-            out.loc[(dataset, "streaming"), "tracking_error"] = tracking[dataset]
-            out.loc[(dataset, "streaming"), "alarm_rate"] = alarms[dataset]
+        out.loc[tracking.index, "tracking_error"] = tracking.to_numpy()
+        out.loc[tracking.index, "alarm_rate"] = alarms.to_numpy()
     return out
 
 
@@ -573,14 +586,11 @@ def format_stream_summary(df: pd.DataFrame, reference: str = "refit") -> str:
             index=pd.Index(part.index.get_level_values("method"), name="method"),
         )
         lines += [_markdown(table), ""]
-        if ("streaming" in part.index.get_level_values("method")) and np.isfinite(
-            part.loc[(dataset, "streaming"), "tracking_error"]
-        ):
-            row = part.loc[(dataset, "streaming")]
+        for (_, method), row in part[np.isfinite(part["tracking_error"])].iterrows():
             lines += [
-                f"Streaming: weight tracking error {row['tracking_error']:.3f} (mean |weight on "
-                f"A's components - share of A| over clients and windows); alarms in "
-                f"{100 * row['alarm_rate']:.2f} % of client-windows.",
+                f"{method.capitalize()}: weight tracking error {row['tracking_error']:.3f} "
+                f"(mean |weight on A's components - share of A| over clients and windows); "
+                f"alarms in {100 * row['alarm_rate']:.2f} % of client-windows.",
                 "",
             ]
     errors = df[df["error"].notna()] if "error" in df else df.iloc[:0]

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
 from fednovelty.federated.plausible import gross_screen
 from fednovelty.federated.validation import ReplyValidator, is_skipped
+from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import run_server_step
 
 #: a dropped reply: ``(client id, reason)``; the client id is ``None`` where the engine
@@ -201,7 +201,7 @@ def run_rounds(
     max_failed_rounds: int = 5,
     max_restarts: int = 5,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
-    progress: bool = False,
+    progress: bool | None = None,
     description: str | None = None,
 ) -> tuple[Any, list[RoundRecord]]:
     """Run ``algorithm`` to completion, its messages carried by ``transport``.
@@ -221,8 +221,9 @@ def run_rounds(
         max_restarts: most restarts of the run without clients caught lying after they
             contributed (module docstring).
         callbacks: called with each :class:`RoundRecord` as it completes, in order.
-        progress: show a tqdm bar over rounds; ``description`` labels it (default: the
-            algorithm's class name).
+        progress: show a tqdm bar over rounds (None: only when stderr is a terminal,
+            :func:`~fednovelty.runtime.progress.show_progress`); ``description`` labels it
+            (default: the algorithm's class name).
 
     Returns:
         ``(final server state, one RoundRecord per round)``.
@@ -243,11 +244,11 @@ def run_rounds(
     excluded: set[int] = set()
     contributed: set[int] = set()  # clients in a successful round of this attempt
     state = algorithm.start()
-    bar = tqdm(
+    bar = progress_bar(
         total=algorithm.max_rounds,
-        disable=not progress,
         desc=description or type(algorithm).__name__,
         unit="round",
+        enabled=progress,
         leave=False,
     )
     try:

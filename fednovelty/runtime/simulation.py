@@ -152,7 +152,7 @@ def run_simulation(
     min_clients: int = 1,
     max_failed_rounds: int | None = None,
     random_state: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     description: str | None = None,
     privacy: PrivacyPolicy | None = None,
@@ -173,7 +173,8 @@ def run_simulation(
             (5 without dropout), so that simulated dropout alone stops a run with
             probability below ``1e-6`` per round.
         random_state: seed of client sampling and dropout.
-        progress: show a tqdm bar over rounds (labelled ``description``).
+        progress: show a tqdm bar over rounds (labelled ``description``); None: only when
+            stderr is a terminal.
         callbacks: called with each ``RoundRecord`` as it completes.
         privacy: the privacy policy every client enforces (its ``ClientContext.policy``);
             default ``PrivacyPolicy()`` (at least 5 rows behind every released statistic,

@@ -7,14 +7,16 @@ import pytest
 from _tolerance import assert_close_scaled
 from fednovelty_app.data import synthetic_bundle
 from fednovelty_app.training import (
-    CENTRALIZED,
-    FEDERATED,
     DataSettings,
     MethodSettings,
     ModelFileError,
     Progress,
     build_detector,
+    centralized_choices,
+    counts_rounds,
+    federated_choices,
     fit_with_progress,
+    fits_locally,
     max_rounds,
     method_description,
     model_from_bytes,
@@ -29,6 +31,8 @@ from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 from fednovelty.detectors import JointFedGMMDetector
 from fednovelty.methods import get_method, method_names
 
+FEDERATED = federated_choices()
+CENTRALIZED = centralized_choices()
 
 def test_run_key_is_stable_and_tells_settings_apart():
     a = run_key(DataSettings(), MethodSettings())
@@ -85,6 +89,10 @@ def test_every_method_builds_a_detector(method):
         assert detector.privacy_min_rows == (1 if method == "CentralGMM" else 5)
     if method in ("FedGenGMM", "Local"):  # EM within each client: at least 100 iterations
         assert detector.max_iter == 100
+    assert fits_locally(method) == (method in ("FedGenGMM", "Local"))
+    # the page's "rounds at most" reaches every detector whose max_iter counts rounds
+    if counts_rounds(method):
+        assert detector.max_iter == 7
     if method in ("IForest", "PCA"):
         assert detector.random_state == 3
     with pytest.raises(ValueError, match="unknown method 'nope'"):
