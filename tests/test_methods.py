@@ -213,3 +213,24 @@ def test_pfedem_does_not_inherit_the_joint_baselines():
         pfedem.pfl_baseline("FedAvg")
     assert type(joint.pfl_baseline("FedAvg")) is joint
     assert clone(pfedem(3)).n_components == 3  # the estimator contract is untouched
+
+
+def test_the_registry_names_every_variant_the_algorithms_define():
+    # the registry keeps its import light (no torch), so it names the algorithms' variants
+    # with their papers and descriptions; each must be one the algorithm layer defines, and
+    # every one it defines must be registered
+    from fednovelty.federated.cam import CLUSTERED_METHODS
+    from fednovelty.federated.joint import PFL_METHODS
+    from fednovelty.federated.vgm2 import VGM2_METHODS
+
+    def fixed(class_name: str, setting: str) -> set:
+        return {
+            m.fixed[setting]
+            for m in METHODS.values()
+            if getattr(m.factory, "class_name", "") == class_name
+        }
+
+    pfl = {m.factory.paper_name for m in METHODS.values() if hasattr(m.factory, "paper_name")}
+    assert pfl == set(PFL_METHODS)
+    assert fixed("ClusteredFLClassifier", "method") == set(CLUSTERED_METHODS)
+    assert fixed("VGM2Classifier", "method") == set(VGM2_METHODS)
