@@ -262,7 +262,7 @@ class SimulatedFitMixin:
             self._fit_clients(parts, tensors, seed_from(self.random_state), labels)
         finally:
             del self._fit_callbacks
-        self._after_fit(array)
+        self._after_fit(array, group_codes)
         return self
 
     def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
@@ -276,8 +276,8 @@ class SimulatedFitMixin:
             return None
         if y is None:
             raise ValueError(
-                f"{type(self).__name__}.fit needs y, one label per row: fit(X, y, groups)."
-                + self._without_labels
+                f"{type(self).__name__}.fit requires y to be passed, but the target y is None: "
+                "fit(X, y, groups) with one label per row." + self._without_labels
             )
         self.classes_, codes = encode_labels(y, n_rows, getattr(self, "_fit_classes", None))
         return codes
@@ -294,8 +294,10 @@ class SimulatedFitMixin:
         set the fitted attributes."""
         raise NotImplementedError
 
-    def _after_fit(self, array: np.ndarray) -> None:
-        """What a fit sets last from the training rows ``array`` (nothing by default)."""
+    def _after_fit(self, array: np.ndarray, group_codes: np.ndarray) -> None:
+        """What a fit sets last from the training rows ``array`` (n_samples, n_features) and
+        each row's client, ``group_codes`` (n_samples,) indexes into ``client_ids_`` (nothing
+        by default)."""
 
     # -------------------------------------------------------------- checks
     def _check_fitted(self) -> None:
@@ -368,7 +370,7 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """
         return self._fit(X, None, groups, callbacks)
 
-    def _after_fit(self, array: np.ndarray) -> None:
+    def _after_fit(self, array: np.ndarray, group_codes: np.ndarray) -> None:
         """PyOD's ``decision_scores_``, ``threshold_`` and ``labels_`` on the training rows."""
         self._classes = 2  # PyOD's predict_proba reads it
         self.decision_scores_ = self.decision_function(array)
@@ -618,7 +620,8 @@ def check_labelled(estimator, X, y, groups):
     array = estimator._check_X(X)
     if y is None:
         raise ValueError(
-            f"{type(estimator).__name__}.fit needs y, one label per row: fit(X, y, groups)."
+            f"{type(estimator).__name__}.fit requires y to be passed, but the target y is None: "
+            "fit(X, y, groups) with one label per row."
         )
     classes, codes = encode_labels(y, array.shape[0])
     client_ids, group_codes = check_groups(groups, array.shape[0])

@@ -1,74 +1,24 @@
 """``FedKNNMarkerDetector``: calibrated federated novelty from kNN-distance markers.
 
-The VGM2 paper's Dir-NIG "mixture relation markers" used for novelty (issue 23, item 5): a
-row is novel when its distance to a client's rows is improbably large for that client. The
-model is a Dirichlet / Normal-Inverse-Gamma mixture of log kNN distances, trained by exact
-federated VB (:mod:`fednovelty.federated.knn_markers`, ``FederatedKNNMarkers``), so only
-one-dimensional distance statistics cross the wire; rows never do.
+The VGM2 paper's Dir-NIG "mixture relation markers" used for novelty: a row is novel when its
+distance to a client's rows is improbably large for that client. Each client takes, on its own
+rows, every row's leave-one-out distance ``d_k`` to its ``n_neighbors``-th nearest other row;
+exact federated VB (:class:`~fednovelty.federated.knn_markers.FederatedKNNMarkers`) fits a
+Dirichlet / Normal-Inverse-Gamma mixture of ``log(d_k + distance_floor)`` (``posterior_``),
+so only one-dimensional distance statistics cross the wire; each client then updates it with
+its own distances (``personal_strength`` pseudo-rows of prior: ``client_posteriors_``).
 
-How it works:
+Scores (PyOD's contract, ``y`` ignored): ``tail_probability(X)`` is the predictive upper-tail
+probability of a row's distance to each client's rows, combined over the clients
+(``combine="max"``: a conservative p-value; ``"mixture"``: the rows-weighted mean), small =
+novel; ``score_samples = log tail_probability`` (not a log-density) and ``decision_function``
+its negative. A training row's distance to its own client's rows is taken leave-one-out.
 
-1. Each client takes, on its own rows only, every row's leave-one-out distance ``d_k`` to its
-   ``n_neighbors``-th nearest other row and the feature ``log(d_k + distance_floor)``.
-2. Federated VB on that one column gives the shared posterior ``posterior_`` (``n_components``
-   an upper bound; the Dirichlet-process prior prunes).
-3. Each client updates it with its own distances (``personal_strength`` pseudo-rows of global
-   prior; the VGM2 paper's server prior): ``client_posteriors_``. A client's kNN distances
-   depend on its size and its region of the data, so each client needs its own distribution;
-   ``personal_strength=None`` uses the global posterior for every client.
-4. Scoring a row (the query goes to the clients; their rows stay): its distance to each
-   client's ``n_neighbors``-th nearest row and the predictive upper-tail probability
-   ``p_c(x) = P(D_c > log(d + floor))`` under that client's Student-t mixture, combined
-   over the clients (``combine``, below).
-
-Scores (PyOD's contract, ``y`` ignored):
-
-- ``tail_probability(X)``: the combined ``p(x)`` in [0, 1], shape (n_samples,); small =
-  novel. Each ``p_c`` is a predictive p-value (roughly uniform for rows drawn like client
-  ``c``'s rows). ``combine="max"`` (default): ``p(x) = max_c p_c(x)``, novel only if novel
-  for every client (the intersection-union combination): for rows drawn like one client's
-  rows it is at least that client's p-value, so the share of normal rows below a level ``a``
-  is at most about ``a``: valid, and conservative when clients overlap (exactly about ``a``
-  with one client). ``combine="mixture"``: ``p(x) = sum_c w_c p_c(x)`` with ``w_c`` the
-  clients' shares of the rows (``client_weights_``), the tail probability if the row came
-  from client ``c`` with probability ``w_c``. It is smaller than the maximum, and not a valid
-  p-value: for rows of a client that shares no region with the others it is about ``w_c``
-  times that client's p-value. On the bench's non-iid splits (25 ADBench sets, 10 clients)
-  the share of normal test rows below 0.1 averaged 0.094 (``max``: 0.024), below 0.5 0.69
-  (``max``: 0.24): about right in the lower tail, where thresholds are set, and piled up
-  towards small values above it.
-  ``tail_probability(X, per_client=True)`` gives every ``p_c``, shape (n_samples,
-  n_scoring_clients), columns in ``scoring_clients_`` order.
-- ``score_samples(X) = log tail_probability(X)`` (<= 0; higher = more normal); it is not a
-  log-density. ``decision_function(X) = -score_samples(X)`` (>= 0; higher = more anomalous).
-  Far in the tail the Student-t survival function is taken from its asymptote, so scores stay
-  finite and ordered instead of underflowing to ``inf``.
-- ``decision_scores_`` (training rows): a training row's distance to its own client's rows
-  is its leave-one-out distance (as the model was fitted), as PyOD's KNN does.
-
-Degenerate data:
-
-- A client with fewer than ``n_neighbors + 1`` rows, or below its privacy floor
-  (``privacy_min_rows``), has no leave-one-out distances: it takes no part in training or
-  scoring and is listed in ``skipped_clients_`` with the reason (its rows are still scored as
-  queries in ``decision_scores_``). No client left: ``ClientDataError`` naming
-  ``n_neighbors``.
-- Duplicate rows (``n_neighbors`` or more copies: distance 0) give ``log(distance_floor)``,
-  a narrow component of their own; scores stay finite.
-- NaN, inf, wrong width, non-numeric input: ``ValueError`` naming ``X`` (the package's input
-  checks).
-
-Persistence: ``save`` writes the global and personal posteriors and **every scoring client's
-reference rows** (``client.<i>.rows``): scoring needs the rows, which in a real federation
-stay on the clients. A saved file is therefore a copy of the training data (in the simulation
-the detector holds it anyway); do not ship it where the rows may not go. ``load`` validates
-everything (``ModelFormatError``) and rebuilds the neighbour indexes. ``from_model`` is not
-offered: a Flower run's clients keep their rows and personal posteriors.
-
-Choices, and why: log distances (scale-free, a long tail turned into a shift); one feature, so
-``covariance_type`` is ``"full"`` and not a setting; the k-th (not the mean of the k) nearest
-distance, as PyOD's ``KNN(method="largest")``; features are used as given (scale them first;
-the bench's tasks are min-max scaled with federated ranges).
+A client with fewer than ``n_neighbors + 1`` rows, or below its privacy floor, takes no part
+(``skipped_clients_``). ``save`` writes every scoring client's reference rows (scoring needs
+them): a saved file is a copy of the training data. Log distances, one feature (so no
+``covariance_type``), the k-th nearest distance as PyOD's ``KNN(method="largest")``; features
+are used as given (scale them first). ``docs/knn_markers.md`` has the details and measurements.
 """
 
 from __future__ import annotations
@@ -76,7 +26,6 @@ from __future__ import annotations
 import math
 import warnings
 from numbers import Integral, Real
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -86,16 +35,22 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._params import (
+    DETECTOR,
+    EM_ITERATION,
+    KMEANS,
+    N_COMPONENTS,
+    PRIVACY,
+    ROBUST,
+    RUNTIME,
+    VB_PRIORS,
+    Param,
+    declare,
+)
 from fednovelty.detectors._probability import outlier_probability
-from fednovelty.detectors._validation import check_groups, feature_names, split_by_client
 from fednovelty.detectors.base import (
-    AGGREGATION_CONSTRAINTS,
-    COMMON_CONSTRAINTS,
     MixtureDetector,
     SimulatedFitMixin,
-    atomic_fit,
-    check_callbacks,
-    seed_from,
 )
 from fednovelty.detectors.persistence import (
     check_in_box,
@@ -104,7 +59,7 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     register,
 )
-from fednovelty.detectors.variational import _posterior_from
+from fednovelty.detectors.variational import WEIGHT_THRESHOLD, _posterior_from
 from fednovelty.exceptions import ClientDataError, ModelFormatError
 from fednovelty.federated.knn_markers import (
     CACHE_KEY,
@@ -114,11 +69,7 @@ from fednovelty.federated.knn_markers import (
     predictive_log_tail,
 )
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import (
-    WEIGHT_PRIOR_TYPES,
-    VBPosterior,
-    active_components,
-)
+from fednovelty.mixture.variational import VBPosterior, active_components
 from fednovelty.runtime.threads import scoring_threads
 
 #: the posterior tensors ``save`` writes (as ``FedVBDetector``).
@@ -129,48 +80,12 @@ _POSTERIOR_TENSORS = (
     "degrees_of_freedom",
     "covariances",
 )
-_SHARED = {
-    k: COMMON_CONSTRAINTS[k]
-    for k in (
-        "contamination",
-        "random_state",
-        "device",
-        "dtype",
-        "progress",
-        "reg_covar",
-        "tol",
-        "max_iter",
-        "privacy_min_rows",
-    )
-}
 
 
 @register
 class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     """Federated kNN-distance novelty with a Dir-NIG mixture of log distances; scores a row
     by the predictive tail probability of its distances to the clients' rows (module doc).
-
-    Args:
-        n_neighbors: ``k``, the neighbour whose distance is modelled (>= 1).
-        n_components: upper bound K of the distance mixture (the prior prunes).
-        personal_strength: pseudo-rows the global posterior is worth as each client's prior
-            (> 0); ``None``: every client scores with the global posterior.
-        personal_iter: local variational iterations of the personal update (>= 1).
-        combine: ``"max"`` (default; a conservative p-value) or ``"mixture"`` (the
-            rows-weighted mean of the clients' tail probabilities); module docstring.
-        distance_floor: added to distances before the log (> 0; rows' units).
-        weight_concentration_prior_type, weight_concentration_prior, mean_precision_prior,
-            degrees_of_freedom_prior: the Dir-NIG prior, as ``FedVBDetector`` (``None``:
-            scikit-learn's defaults; the prior mean and variance are the pooled ones).
-        reg_covar, tol, max_iter, kmeans_rounds: federated VB's (as ``FedVBDetector``).
-        weight_threshold: expected weight above which a component counts as effective.
-        aggregation, trim, client_weight_cap: the robust options against a lying client
-            (``docs/trust.md``), as ``FedGMMDetector``'s: ``aggregation="trimmed"`` combines
-            the VB rounds' statistics by the trimmed rule (and screens the k-means round's
-            centroids); ``client_weight_cap`` caps a client's weight.
-        privacy_min_rows: each client's privacy floor; a client below it skips.
-        contamination: expected share of anomalies, sets ``threshold_`` (PyOD).
-        random_state, device, dtype, progress: as every fednovelty detector.
 
     Attributes:
         posterior_: global one-feature ``VBPosterior`` of ``log(d_k + distance_floor)``.
@@ -194,80 +109,60 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         True
     """
 
-    _fit_call: ClassVar[str] = "fit(X, groups=...)"
-    _parameter_constraints: ClassVar[dict] = {
-        **_SHARED,
-        "n_neighbors": [Interval(Integral, 1, None, closed="left")],
-        "n_components": [Interval(Integral, 1, None, closed="left")],
-        "personal_strength": [Interval(Real, 0.0, None, closed="neither"), None],
-        "personal_iter": [Interval(Integral, 1, None, closed="left")],
-        "combine": [StrOptions({"max", "mixture"})],
-        "distance_floor": [Interval(Real, 0.0, None, closed="neither")],
-        "weight_concentration_prior_type": [StrOptions(set(WEIGHT_PRIOR_TYPES))],
-        "weight_concentration_prior": [Interval(Real, 0.0, None, closed="neither"), None],
-        "mean_precision_prior": [Interval(Real, 0.0, None, closed="neither"), None],
-        "degrees_of_freedom_prior": [Interval(Real, 0.0, None, closed="neither"), None],
-        "kmeans_rounds": [Interval(Integral, 1, None, closed="left")],
-        "weight_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
-        **AGGREGATION_CONSTRAINTS,
-        "aggregation": [StrOptions({"sum", "trimmed"})],
-    }
-
-    def __init__(
-        self,
-        n_neighbors=5,
-        n_components=10,
-        *,
-        personal_strength=10.0,
-        personal_iter=10,
-        combine="max",
-        distance_floor=1e-6,
-        weight_concentration_prior_type="dirichlet_process",
-        weight_concentration_prior=None,
-        mean_precision_prior=None,
-        degrees_of_freedom_prior=None,
-        reg_covar=1e-6,
-        tol=1e-3,
-        max_iter=100,
-        kmeans_rounds=10,
-        weight_threshold=1e-2,
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        privacy_min_rows=5,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ):
-        self.n_neighbors = n_neighbors
-        self.n_components = n_components
-        self.personal_strength = personal_strength
-        self.personal_iter = personal_iter
-        self.combine = combine
-        self.distance_floor = distance_floor
-        self.weight_concentration_prior_type = weight_concentration_prior_type
-        self.weight_concentration_prior = weight_concentration_prior
-        self.mean_precision_prior = mean_precision_prior
-        self.degrees_of_freedom_prior = degrees_of_freedom_prior
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kmeans_rounds = kmeans_rounds
-        self.weight_threshold = weight_threshold
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.privacy_min_rows = privacy_min_rows
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _params = declare(
+        Param(
+            "n_neighbors",
+            5,
+            [Interval(Integral, 1, None, closed="left")],
+            "``k``, the neighbour whose distance is modelled.",
+        ),
+        N_COMPONENTS,
+        Param(
+            "personal_strength",
+            10.0,
+            [Interval(Real, 0.0, None, closed="neither"), None],
+            "pseudo-rows the global posterior is worth as each client's prior; ``None``: "
+            "every client scores with the global posterior.",
+            "estimator",
+        ),
+        Param(
+            "personal_iter",
+            10,
+            [Interval(Integral, 1, None, closed="left")],
+            "local variational iterations of the personal update.",
+            "estimator",
+        ),
+        Param(
+            "combine",
+            "max",
+            [StrOptions({"max", "mixture"})],
+            '``"max"`` (a conservative p-value) or ``"mixture"`` (the rows-weighted mean of '
+            "the clients' tail probabilities); ``docs/knn_markers.md``.",
+            "estimator",
+        ),
+        Param(
+            "distance_floor",
+            1e-6,
+            [Interval(Real, 0.0, None, closed="neither")],
+            "added to distances before the log (rows' units).",
+        ),
+        VB_PRIORS,
+        EM_ITERATION,
+        KMEANS,
+        WEIGHT_THRESHOLD,
+        ROBUST,
+        PRIVACY,
+        DETECTOR,
+        RUNTIME,
+        defaults={"n_components": 10},
+        docs={
+            "n_components": "An upper bound: the Dirichlet-process prior prunes.",
+            "aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.',
+        },
+        positional=2,
+    )
 
     # -------------------------------------------------------------- fitting
-    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Fit on rows ``X`` (n_samples, n_features) split into clients by ``groups``.
 
@@ -285,20 +180,12 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             ValueError: bad settings or ``X``/``groups`` (naming the argument).
             ClientDataError: no client has ``n_neighbors + 1`` rows (and its privacy floor).
         """
-        self._validate_params()
-        callbacks = check_callbacks(callbacks)
-        array = self._check_X(X)
-        client_ids, codes = check_groups(groups, array.shape[0])
-        self.n_features_in_ = array.shape[1]
-        names = feature_names(X)
-        if names is not None:
-            self.feature_names_in_ = names
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self.client_ids_ = client_ids
-        self.n_clients_ = len(client_ids)
-        parts = split_by_client(array, codes, self.n_clients_)
-        self.skipped_clients_ = self._skipped(parts, client_ids)
+        return self._fit(X, y, groups, callbacks)
+
+    def _fit_clients(self, parts, clients, seed, labels=None) -> None:
+        """Federated VB of the clients' log kNN distances, then the scoring clients' rows
+        and personal posteriors."""
+        self.skipped_clients_ = self._skipped(parts, self.client_ids_)
         if len(self.skipped_clients_) == self.n_clients_:
             raise ClientDataError(
                 f"no client has the n_neighbors + 1 = {self.n_neighbors + 1} rows (and at least "
@@ -306,15 +193,11 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 f"largest client: {max(p.shape[0] for p in parts)} rows. Lower n_neighbors or "
                 "merge clients."
             )
-        self._fit_callbacks = callbacks
-        try:
-            result = self._run(parts, seed_from(self.random_state))
-        finally:
-            del self._fit_callbacks
-        active = [i for i, cid in enumerate(client_ids) if cid not in self.skipped_clients_]
-        self.scoring_clients_ = client_ids[active]
+        result = self._run(parts, clients, seed)
+        active = [i for i, cid in enumerate(self.client_ids_) if cid not in self.skipped_clients_]
+        self.scoring_clients_ = self.client_ids_[active]
         self._set_references([np.array(parts[i], dtype=np.float64) for i in active])
-        own = []
+        self._own = []  # each scoring client's leave-one-out log distances (fit only)
         options = self._torch_options()
         for i in active:
             cached = result.client_states.get(i, {}).get(CACHE_KEY)
@@ -322,12 +205,18 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 cached = knn_log_distances(
                     torch.as_tensor(parts[i]), self.n_neighbors, self.distance_floor
                 )
-            own.append(cached.to(**options))
-        self.client_posteriors_ = [self._personal(d) for d in own]
+            self._own.append(cached.to(**options))
+        self.client_posteriors_ = [self._personal(d) for d in self._own]
+        self._active = active
+
+    def _after_fit(self, array: np.ndarray, group_codes: np.ndarray) -> None:
+        """PyOD's training-set outputs, each row's distance to its own client's rows taken
+        leave-one-out."""
         self._classes = 2
-        self.decision_scores_ = self._training_scores(array, codes, active, own)
+        scores = self._training_scores(array, group_codes, self._active, self._own)
+        del self._own, self._active
+        self.decision_scores_ = scores
         self._process_decision_scores()
-        return self
 
     def _skipped(self, parts: list[np.ndarray], client_ids: np.ndarray) -> dict:
         """Clients that cannot take part, with the reason (module docstring)."""
@@ -340,7 +229,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 out[cid] = f"{part.shape[0]} row(s), below privacy_min_rows={self.privacy_min_rows}"
         return out
 
-    def _run(self, parts: list[np.ndarray], seed: int):
+    def _run(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int):
         """Federated VB of the log kNN distances on the simulated clients."""
         n_total = sum(p.shape[0] for p in parts if p.shape[0] > self.n_neighbors)
         if self.n_components > n_total:
@@ -349,23 +238,8 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 "leave-one-out distances; lower n_components."
             )
         algorithm = FederatedKNNMarkers(
-            self.n_components,
-            n_neighbors=self.n_neighbors,
-            distance_floor=self.distance_floor,
-            weight_concentration_prior_type=self.weight_concentration_prior_type,
-            weight_concentration_prior=self.weight_concentration_prior,
-            mean_precision_prior=self.mean_precision_prior,
-            degrees_of_freedom_prior=self.degrees_of_freedom_prior,
-            weight_threshold=self.weight_threshold,
-            reg_covar=self.reg_covar,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            kmeans_rounds=self.kmeans_rounds,
-            random_state=seed,
-            **self._aggregation_options(),
-            **self._torch_options(),
+            **self._settings(1), random_state=seed, **self._torch_options()
         )
-        clients = [self._as_tensor(p) for p in parts]
         result = self._simulate(algorithm, clients, seed, full=True)
         state = result.state
         self._set_global(state.posterior)
@@ -377,7 +251,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 f"Federated VB of the kNN distances did not converge in max_iter={self.max_iter} "
                 "rounds (last change in the ELBO above tol). Increase max_iter or tol.",
                 ConvergenceWarning,
-                stacklevel=3,
+                stacklevel=6,  # the caller of fit(...)
             )
         return result
 

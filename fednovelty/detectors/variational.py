@@ -296,7 +296,7 @@ class FedVBDetector(MixtureDetector):
                 not_converged.format(f"max_iter={self.max_iter}")
                 + " (last change in the ELBO above tol). Increase max_iter or tol.",
                 ConvergenceWarning,
-                stacklevel=4,  # the caller's fit(...)
+                stacklevel=5,  # the caller of fit(...)
             )
 
     def _check_one_shot(self) -> None:
