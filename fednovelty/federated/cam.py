@@ -1,93 +1,57 @@
 """Clustered federated classification and Fed-CAM (Ma et al., "Structured federated learning
-through clustered additive modeling"; issue 22) (algorithm layer).
+through clustered additive modeling") (algorithm layer).
 
 Five methods of the paper's Table 1, one algorithm :class:`ClusteredFL` set by
 ``ClusteredConfig.method``, every model a learner of ``learner_factory`` trained by
-:func:`~fednovelty.federated.learners.local_sgd` (``local_steps`` mini-batch steps of SGD
-with momentum per round) and averaged by
+:func:`~fednovelty.federated.learners.local_sgd` and averaged by
 :func:`~fednovelty.federated.aggregate.average_params`:
 
-- **FedAvg+**: ``n_clusters`` FedAvg models from different random starts; every client trains
-  every member each round; prediction is their soft vote (mean class probabilities).
-- **IFCA** (Ghosh et al. 2020): each client evaluates the K cluster models' mean
-  cross-entropy on its rows, joins the argmin, trains that model and sends it back; the
-  server averages each cluster's copies.
+- **FedAvg+**: ``n_clusters`` FedAvg models from different random starts, every client
+  training every member; prediction is their soft vote.
+- **IFCA** (Ghosh et al. 2020): each client joins the cluster model of least loss on its
+  rows, trains it and sends it back; the server averages each cluster's copies.
 - **FeSEM** (Xie et al. 2021): the server clusters the clients' models by k-means on their
-  parameters (Eq. 10-11); each client trains from its cluster's model with the proximal pull
-  ``kmeans_reg`` towards it (Eq. 13).
-- **IFCA-CAM**, **FeSEM-CAM** (Alg. 1): a global model ``h`` is added to the cluster
-  models' logits, ``F_i(x) = h(x; Theta_g) + f(x; Theta_c(i))`` (Eq. 1). Each round a client
-  trains two copies in parallel (the paper's FedSim form): its cluster model on the residual of
-  the global one (logits ``h(x; Theta_g) + f(x; theta_i)``, ``Theta_g`` fixed: Eq. 5/13) and
-  the global model on the residual of its cluster's (``h(x; theta_i^0) + f(x; Theta_c(i))``,
-  ``Theta_c(i)`` fixed: Eq. 8/15); the server averages the global copies over every client
-  (Eq. 9) and the cluster copies as IFCA or FeSEM do. IFCA-CAM's assignment is the min-loss
-  of Eq. 2 on the additive model.
+  parameters; each client trains from its cluster's model, pulled towards it by
+  ``kmeans_reg``.
+- **IFCA-CAM**, **FeSEM-CAM** (Alg. 1): a global model is added to the cluster models'
+  logits, ``F_i(x) = h(x; Theta_g) + f(x; Theta_c(i))``; each round a client trains each
+  half on the residual of the other, after a warm-up.
 
-Warm-up (Alg. 1): IFCA-CAM first runs ``warmup_rounds`` rounds of FedAvg on the global model
-alone (logits ``h``), so that its residual is informative before the cluster models start;
-FeSEM-CAM (and FeSEM, with one round by default) first runs ``warmup_rounds`` rounds of
-*local training only*: each client continues its own model (logits ``f`` alone, from a common
-start) and sends it, and the server k-means-clusters those models every warm-up round
-(k-means++ seeds the first, later ones start from the previous centres); the last warm-up
-clustering gives the first cluster models and assignments.
-
-Choices where the paper is silent, each a setting or stated here:
-
-- **Who decides a client's cluster**: the client, in every method. IFCA: the min-loss
-  model. FeSEM: the centre nearest to the model it sent last (kept in its state,
-  ``cam.model.*``), which is the server's k-means assignment of that model to the current
-  centres (the same squared distances, up to round-off at exact ties); a client without such
-  a model (not asked during the warm-up) joins by min-loss. The reply carries the cluster id
-  (``scalars["cluster"]``), so the server learns what the client used without broadcasting
-  other clients' assignments. The server's record (``client_clusters``) is each client's
-  latest: IFCA's choice, FeSEM's k-means label.
-- **Ties**: the lowest cluster index wins (``argmin``'s first minimum), in the min-loss rule
-  and in nearest-centre assignment alike.
-- **FeSEM's distance**: squared Euclidean on the flattened parameters of the learner's
-  ``nn.Linear`` layers (the paper: "the flattened parameters of the fully-connected layers";
-  all parameters for ``linear`` and ``mlp``, the dense layers of ``cnn``), every client
-  weighted by its rows; the centres are the row-weighted means of the full models.
-- **Empty clusters** (``empty_clusters``): ``"keep"`` (default): a cluster no client joined
-  keeps its model unchanged (Eq. 6 with an empty ``C_k``; in k-means, an empty centre does not
-  move) and can win clients back; ``"reseed"``: after the round, each empty cluster's model is
-  replaced by a released client model, the one farthest (FeSEM's distance) from its own
-  cluster's model, each client model used once. Every round records the cluster sizes
-  (``cluster_sizes``: clients per cluster over every client the server has heard from, by
-  their latest assignment) and the number of clusters re-seeded (``reseeded``); a row of
-  zeros is a round without assignments (warm-up of IFCA-CAM, FedAvg+).
-- **More clusters than clients**: nothing special for IFCA (some clusters stay empty); the
-  server's k-means seeds at most one centre per released model and the remaining clusters
-  keep their models, empty.
-- **Eq. 13's gradient weight** ``n_i / n`` is left out: each client takes plain steps on
-  its own mean loss (as FedAvg's local training), the pull ``kmeans_reg`` added.
-- **The privacy floor**: a client with fewer rows than its ``min_rows`` trains nothing and
-  releases nothing (``skipped``), so the server never learns its cluster.
-
-Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
-Predictions are pure functions of the final :class:`ClusteredState`:
-:func:`cluster_log_proba`, :func:`ensemble_proba`.
+The warm-up and the choices where the paper is silent (who decides a client's cluster,
+ties, FeSEM's distance, empty clusters) are stated on :class:`ClusteredFL`. Client data is
+a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,). Predictions are pure
+functions of the final :class:`ClusteredState`: :func:`cluster_log_proba`,
+:func:`ensemble_proba`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.aggregate import average_params, learner_name
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import ClusteredConfig
+from fednovelty.federated.config import (
+    RobustSettings,
+    TorchSettings,
+    at_least,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.init import round_seed, server_generator
 from fednovelty.federated.learners import (
+    OPTIMIZERS,
+    LearnerFactory,
+    as_learner,
     initial_parameters,
     learner_template,
     local_sgd,
     logits,
+    mlp_learner,
 )
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.robust import (
@@ -107,6 +71,8 @@ from fednovelty.mixture.kmeans import kmeans_plusplus
 
 __all__ = [
     "CAM_KINDS",
+    "CLUSTERED_METHODS",
+    "ClusteredConfig",
     "ClusteredFL",
     "ClusteredState",
     "cluster_log_proba",
@@ -125,6 +91,155 @@ WARMUP_LOCAL_KIND = "cam_warmup_local"
 CAM_KINDS: tuple[str, ...] = (ENSEMBLE_KIND, CLUSTER_KIND, WARMUP_GLOBAL_KIND, WARMUP_LOCAL_KIND)
 #: where a k-means client keeps the model it sent last (``ClientContext.state``).
 KEPT = "cam.model."
+
+
+#: The Fed-CAM paper's methods (``ClusteredConfig.method``): name -> (how clients are
+#: clustered, whether a global model is added to the cluster models).
+CLUSTERED_METHODS: dict[str, tuple[str, bool]] = {
+    "FedAvg+": ("ensemble", False),
+    "IFCA": ("min_loss", False),
+    "FeSEM": ("kmeans", False),
+    "IFCA-CAM": ("min_loss", True),
+    "FeSEM-CAM": ("kmeans", True),
+}
+#: How the server moves a cluster model towards its clients' copies (``cluster_average``).
+CLUSTER_AVERAGES: tuple[str, ...] = ("cluster", "global")
+#: What becomes of a cluster that no client joined (``empty_clusters``).
+EMPTY_CLUSTER_RULES: tuple[str, ...] = ("keep", "reseed")
+#: The share of ``rounds`` a CAM method warms up by default (the paper: 30 of 100).
+WARMUP_SHARE = 0.3
+
+
+@settings_dataclass
+class ClusteredConfig(RobustSettings, TorchSettings):
+    """Settings of the Fed-CAM paper's classification methods (``ClusteredFL``,
+    :mod:`fednovelty.federated.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
+    which 30 warm-up, 10 local steps of SGD with learning rate 0.001, momentum 0.9 and
+    batch 32).
+
+    Attributes:
+        method: ``"FedAvg+"`` (an ensemble of ``n_clusters`` FedAvg models), ``"IFCA"``
+            (min-loss clusters), ``"FeSEM"`` (k-means on client models), ``"IFCA-CAM"`` or
+            ``"FeSEM-CAM"`` (either, plus a global model added to the cluster models' logits,
+            Eq. 1).
+        n_features: width of the clients' rows (the models are built before any reply).
+        n_classes: number of label classes, labels 0..n_classes-1 (>= 2).
+        n_clusters: K cluster models (FedAvg+: ensemble members), >= 1.
+        rounds: communication rounds in all, warm-up included (>= 1).
+        warmup_rounds: the CAM warm-up (Alg. 1): IFCA-CAM runs this many rounds of FedAvg
+            on the global model alone; FeSEM and FeSEM-CAM this many rounds of local
+            training only before their first k-means (at least 1: k-means needs trained
+            client models). ``None``: ``round(0.3 * rounds)`` for the CAM methods (30 of
+            100), 1 for FeSEM, 0 for IFCA and FedAvg+ (which have no warm-up).
+        learner_factory: ``(n_features, n_classes) -> nn.Module`` (JSON: ``"learner"``,
+            ``"linear"``, ``"mlp"`` or ``"cnn"``); every model (global, cluster, member) is
+            one.
+        local_steps: mini-batch steps of each local training per round (>= 1).
+        learning_rate, momentum, batch_size, optimizer: the local training (``"sgd"`` with
+            heavy-ball ``momentum``, or ``"adam"``).
+        kmeans_reg: FeSEM's lambda (Eq. 12-13): proximal pull of a client's model towards
+            its cluster's model in local training (>= 0; the paper picks it from 0.001, 0.01,
+            0.1).
+        kmeans_iter: most Lloyd iterations of the server's k-means each round (>= 1).
+        cluster_average: ``"cluster"``: a cluster model becomes the row-weighted mean of its
+            clients' copies (IFCA's and FeSEM's rule, Eq. 11); ``"global"``: Eq. 6, each
+            copy weighted by its rows over all the round's rows and the rest kept from the
+            current model.
+        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`):
+            every model the server averages (global, cluster, ensemble member, FeSEM's
+            k-means centres) becomes the coordinate-wise trimmed mean (``"trimmed"``) or
+            median (``"median"``) of its clients' copies instead of their row-weighted mean.
+        empty_clusters: ``"keep"``: a cluster no client joined keeps its model and may win
+            clients back (the paper's methods as written; collapse stays visible);
+            ``"reseed"``: its model is replaced by the released client model farthest from
+            its own cluster's model.
+        random_state: integer seed (initial models, batches, k-means++).
+        dtype, device: of the models, on the server and the clients.
+    """
+
+    JSON_NAMES: ClassVar[dict[str, str]] = {"learner_factory": "learner"}
+
+    method: str
+    n_features: int
+    n_classes: int
+    n_clusters: int = 5
+    rounds: int = 100
+    warmup_rounds: int | None = None
+    learner_factory: LearnerFactory = mlp_learner
+    local_steps: int = 10
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    kmeans_reg: float = 0.01
+    kmeans_iter: int = 10
+    cluster_average: str = "cluster"
+    empty_clusters: str = "keep"
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("method", tuple(CLUSTERED_METHODS))
+        for name, low in (
+            ("n_features", 1),
+            ("n_classes", 2),
+            ("n_clusters", 1),
+            ("rounds", 1),
+            ("local_steps", 1),
+            ("batch_size", 1),
+            ("kmeans_iter", 1),
+        ):
+            value = at_least(name, getattr(self, name), low)
+            if int(value) != float(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            self._set(name, int(value))
+        for name in ("learning_rate", "momentum", "kmeans_reg"):
+            self._set(name, float(at_least(name, getattr(self, name), 0)))
+        if self.momentum >= 1:
+            raise ValueError(f"momentum must be in [0, 1); got {self.momentum!r}.")
+        for name, choices in (
+            ("optimizer", tuple(OPTIMIZERS)),
+            ("cluster_average", CLUSTER_AVERAGES),
+            ("empty_clusters", EMPTY_CLUSTER_RULES),
+        ):
+            self._check_choice(name, choices)
+        self._set("learner_factory", as_learner(self.learner_factory))
+        self._set("warmup_rounds", self._checked_warmup())
+
+    @property
+    def clustering(self) -> str:
+        """``"ensemble"`` (FedAvg+), ``"min_loss"`` (IFCA) or ``"kmeans"`` (FeSEM)."""
+        return CLUSTERED_METHODS[self.method][0]
+
+    @property
+    def additive(self) -> bool:
+        """Whether a global model is added to the cluster models (CAM, Eq. 1)."""
+        return CLUSTERED_METHODS[self.method][1]
+
+    def _checked_warmup(self) -> int:
+        clustering, additive = CLUSTERED_METHODS[self.method]
+        value = self.warmup_rounds
+        if value is None:
+            value = round(WARMUP_SHARE * self.rounds) if additive else 0
+            value = max(value, 1) if clustering == "kmeans" else value
+            return min(int(value), self.rounds)
+        value = int(at_least("warmup_rounds", value, 0))
+        if value > self.rounds:
+            raise ValueError(
+                f"warmup_rounds={value} exceeds rounds={self.rounds} (rounds counts the "
+                "warm-up); raise rounds or lower warmup_rounds."
+            )
+        if clustering == "kmeans" and value < 1:
+            raise ValueError(
+                f"{self.method} clusters client models by k-means, which needs models trained "
+                "first: warmup_rounds must be >= 1 (rounds of local training only)."
+            )
+        if not additive and clustering != "kmeans" and value:
+            raise ValueError(
+                f"{self.method} has no warm-up (Alg. 1 warms up the CAM methods); use "
+                "warmup_rounds=0 or None."
+            )
+        return value
 
 
 @dataclass
@@ -654,9 +769,9 @@ class ClusterStep(_ModelStep):
 
 # ----------------------------------------------------------------------------- the algorithm
 class ClusteredFL(ChainedAlgorithm):
-    """The Fed-CAM paper's classification methods (module docstring):
+    """The Fed-CAM paper's classification methods (see the module docstring):
     ``ClusteredFL(method, n_features, n_classes, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.ClusteredConfig`, or
+    :class:`ClusteredConfig`, or
     ``ClusteredFL.from_config(ClusteredConfig(...))``.
 
     The chain is the method's warm-up step (IFCA-CAM: :class:`GlobalWarmupStep`; FeSEM,
@@ -664,6 +779,54 @@ class ClusteredFL(ChainedAlgorithm):
     :class:`EnsembleStep` alone. Initial models: ``n_clusters + 1`` draws of
     ``learner_factory`` under ``random_state``, the cluster models (members) first and the
     global model last; k-means methods start every client's warm-up from the first.
+
+    The CAM methods train in the paper's FedSim form: each round a client trains two copies
+    in parallel, its cluster model on the residual of the global one (logits
+    ``h(x; Theta_g) + f(x; theta_i)``, ``Theta_g`` fixed: Eq. 5/13) and the global model on
+    the residual of its cluster's (``h(x; theta_i^0) + f(x; Theta_c(i))``, ``Theta_c(i)``
+    fixed: Eq. 8/15); the server averages the global copies over every client (Eq. 9) and
+    the cluster copies as IFCA or FeSEM do. IFCA-CAM's assignment is the min-loss of Eq. 2
+    on the additive model.
+
+    Warm-up (Alg. 1): IFCA-CAM first runs ``warmup_rounds`` rounds of FedAvg on the global model
+    alone (logits ``h``), so that its residual is informative before the cluster models start;
+    FeSEM-CAM (and FeSEM, with one round by default) first runs ``warmup_rounds`` rounds of
+    *local training only*: each client continues its own model (logits ``f`` alone, from a common
+    start) and sends it, and the server k-means-clusters those models every warm-up round
+    (k-means++ seeds the first, later ones start from the previous centres); the last warm-up
+    clustering gives the first cluster models and assignments.
+
+    Choices where the paper is silent, each a setting or stated here:
+
+    - **Who decides a client's cluster**: the client, in every method. IFCA: the min-loss
+      model. FeSEM: the centre nearest to the model it sent last (kept in its state,
+      ``cam.model.*``), which is the server's k-means assignment of that model to the current
+      centres (the same squared distances, up to round-off at exact ties); a client without such
+      a model (not asked during the warm-up) joins by min-loss. The reply carries the cluster id
+      (``scalars["cluster"]``), so the server learns what the client used without broadcasting
+      other clients' assignments. The server's record (``client_clusters``) is each client's
+      latest: IFCA's choice, FeSEM's k-means label.
+    - **Ties**: the lowest cluster index wins (``argmin``'s first minimum), in the min-loss rule
+      and in nearest-centre assignment alike.
+    - **FeSEM's distance**: squared Euclidean on the flattened parameters of the learner's
+      ``nn.Linear`` layers (the paper: "the flattened parameters of the fully-connected layers";
+      all parameters for ``linear`` and ``mlp``, the dense layers of ``cnn``), every client
+      weighted by its rows; the centres are the row-weighted means of the full models.
+    - **Empty clusters** (``empty_clusters``): ``"keep"`` (default): a cluster no client joined
+      keeps its model unchanged (Eq. 6 with an empty ``C_k``; in k-means, an empty centre does not
+      move) and can win clients back; ``"reseed"``: after the round, each empty cluster's model is
+      replaced by a released client model, the one farthest (FeSEM's distance) from its own
+      cluster's model, each client model used once. Every round records the cluster sizes
+      (``cluster_sizes``: clients per cluster over every client the server has heard from, by
+      their latest assignment) and the number of clusters re-seeded (``reseeded``); a row of
+      zeros is a round without assignments (warm-up of IFCA-CAM, FedAvg+).
+    - **More clusters than clients**: nothing special for IFCA (some clusters stay empty); the
+      server's k-means seeds at most one centre per released model and the remaining clusters
+      keep their models, empty.
+    - **Eq. 13's gradient weight** ``n_i / n`` is left out: each client takes plain steps on
+      its own mean loss (as FedAvg's local training), the pull ``kmeans_reg`` added.
+    - **The privacy floor**: a client with fewer rows than its ``min_rows`` trains nothing and
+      releases nothing (``skipped``), so the server never learns its cluster.
     """
 
     labelled = True

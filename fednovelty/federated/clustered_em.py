@@ -1,5 +1,5 @@
 """Clustered additive mixtures: global components shared by every client plus the components
-of the client's cluster (issue 22; the Fed-CAM paper's idea carried to Gaussian mixtures).
+of the client's cluster (the Fed-CAM paper's idea carried to Gaussian mixtures).
 
 Client ``c`` in cluster ``j`` has the density
 
@@ -11,38 +11,14 @@ weights ``pi_c`` are its own (zero outside ``G`` and ``C_j``). The model is one 
 client touches only its allowed components, so every component's summed statistics are
 exact sums over the rows that use it, and the server's M-step is federated EM's.
 
-Rounds (``ClusteredEM`` chains them; :mod:`fednovelty.federated.steps`):
-
-1. **Warm-up** (``warmup`` rounds): ``[PCA?] + [moments] + init + EM`` on all ``M``
-   components with personal weights (FedGMM), every client using every component: the
-   Fed-CAM paper's warm-up, which trains before any clustering.
-2. **Clusters form** (server only, no round): k-means (``cluster_kmeans_restarts``
-   restarts, k-means++) on every client's summary, the square roots of its warm-up weights
-   (their Euclidean distance is the Hellinger distance of the weight vectors). Each
-   cluster then takes the ``K_c`` components its members use most relative to the other
-   clusters (:func:`partition_components`); the remaining ``K_g`` components are global.
-   The clustering reads the weights of the whole codebook, so clusters that differ in any
-   component are told apart.
-3. **Clustered EM** (kind ``"cluster_em"``, at most ``max_iter`` rounds): the broadcast
-   holds the mixture, each component's cluster (-1: global), each cluster's weights (its
-   members' rows pooled) and, with ``assignment="summary"``, the server's choice of
-   cluster per client id. A client scores its rows under every cluster's mixture (mean
-   log-likelihood per row, ``(C,)``, sent: the client-level anomaly score reads it), joins
-   the best cluster (``"likelihood"``, IFCA's rule; ties go to the lowest index) or the
-   server's choice (``"summary"``), runs the E-step under its personal weights (its
-   warm-up weights on the allowed components in the first round; the cluster's weights
-   when it changed cluster) and sends the statistics of all ``M``
-   components (zero outside its allowed ones), its cluster and its row count. The server
-   sums the statistics and runs the M-step; a component nobody used in the round keeps its
-   parameters. With ``"summary"`` the next round's assignment is k-means on the clients'
-   summaries (square roots of their new weights), warm-started from the clusters' centres.
-
-Degenerate cases: ``n_clusters`` above the clients that replied in the warm-up raises by
-name; a cluster no client joined keeps its components (IFCA lets it win clients back;
-FeSEM's k-means re-seeds an empty centre at the summary farthest from its centre) and the
-round's record says so (``ClusteredEMState.events``); a client below its privacy floor
-skips every round (``skipped_reply``) and has no cluster; a component backed by fewer than
-``min_rows`` effective rows of a client is sent as zeros (federated EM's floor).
+``ClusteredEM`` chains a warm-up of federated EM on all ``M`` components (personal weights),
+a server-side clustering of the clients' weight summaries that hands each cluster its
+``K_c`` components (:func:`partition_components`), and clustered EM rounds (kind
+``"cluster_em"``) in which each client joins a cluster, by the likelihood of its rows
+(IFCA's rule) or by the server's k-means of the summaries (FeSEM's), and sends the
+statistics of its allowed components. The rounds and the degenerate cases (too many
+clusters, empty clusters, clients below their privacy floor) are stated on
+:class:`ClusteredEM`.
 """
 
 from __future__ import annotations
@@ -50,16 +26,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message, derived_seed, skipped_reply
-from fednovelty.federated.config import ClusteredEMConfig, EMConfig
+from fednovelty.federated.config import at_least, settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
-from fednovelty.federated.em import EMState, EMStep, em_steps
-from fednovelty.federated.init import combine_stats
+from fednovelty.federated.em import EMConfig, EMSettings, EMState, EMStep, em_steps
+from fednovelty.federated.init import MomentsSettings, combine_stats
 from fednovelty.federated.privacy import backed, contrast_backed
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
@@ -74,7 +50,9 @@ from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.kmeans import assign, kmeans_plusplus
 
 __all__ = [
+    "CLUSTER_ASSIGNMENTS",
     "ClusteredEM",
+    "ClusteredEMConfig",
     "ClusteredEMState",
     "allowed_components",
     "cluster_log_likelihoods",
@@ -85,6 +63,56 @@ __all__ = [
 
 #: a client's cluster in a broadcast assignment when it chooses for itself.
 CHOOSE = -1
+
+
+#: how a clustered mixture's clients join clusters: IFCA's rule or FeSEM's.
+CLUSTER_ASSIGNMENTS = ("likelihood", "summary")
+
+
+@settings_dataclass
+class ClusteredEMConfig(EMSettings, MomentsSettings):
+    """Settings of the clustered additive mixture (``ClusteredEM``,
+    :mod:`fednovelty.federated.clustered_em`): federated EM's chain
+    (:class:`~fednovelty.federated.em.EMSettings`) and moments round
+    (:class:`~fednovelty.federated.init.MomentsSettings`) for the ``n_components`` global
+    components (every client keeps its own weights: ``mixture_weights`` is ``"personal"``;
+    the global components are initialised by the rounds, never given), and
+
+    Attributes:
+        n_clusters: C client clusters (>= 1), each with its own components.
+        cluster_components: K_c components per cluster (>= 1).
+        assignment: ``"likelihood"`` (IFCA: every client joins the cluster whose mixture
+            gives its rows the highest mean log-likelihood) or ``"summary"`` (FeSEM: the
+            server runs k-means on the clients' summaries, the square roots of their
+            weights).
+        warmup: rounds of federated EM on all ``K_g + C K_c`` components (FedGMM with
+            personal weights) before the clusters form and take their components (>= 1;
+            the Fed-CAM warm-up).
+        cluster_kmeans_restarts: k-means restarts of the server's clustering of summaries.
+
+    ``max_iter`` counts the clustered rounds (after the warm-up); they stop when the mean
+    log-likelihood changes by less than ``tol`` and no client changed cluster.
+    """
+
+    MIXTURE_WEIGHT_CHOICES: ClassVar[tuple[str, ...]] = ("personal",)
+
+    n_clusters: int = 2
+    cluster_components: int = 2
+    assignment: str = "likelihood"
+    warmup: int = 10
+    cluster_kmeans_restarts: int = 5
+    mixture_weights: str = "personal"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("assignment", CLUSTER_ASSIGNMENTS)
+        for name in ("n_clusters", "cluster_components", "warmup", "cluster_kmeans_restarts"):
+            self._set(name, int(at_least(name, getattr(self, name), 1)))
+
+    @property
+    def total_components(self) -> int:
+        """K_g + C K_c: every component of the model."""
+        return self.n_components + self.n_clusters * self.cluster_components
 
 
 @dataclass
@@ -533,7 +561,10 @@ def _keep_unused(fitted: MixtureParams, previous: MixtureParams, used: Tensor) -
 def warmup_config(config: ClusteredEMConfig) -> EMConfig:
     """The warm-up's federated EM settings: ``config``'s with every component (K_g + C K_c),
     ``warmup`` rounds and personal weights."""
-    base = {f.name: getattr(config, f.name) for f in dataclasses.fields(EMConfig)}
+    names = {f.name for f in dataclasses.fields(config)}
+    base = {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(EMConfig) if f.name in names
+    }
     return EMConfig(
         **{
             **base,
@@ -545,12 +576,45 @@ def warmup_config(config: ClusteredEMConfig) -> EMConfig:
 
 
 class ClusteredEM(ChainedAlgorithm):
-    """The clustered additive mixture (module docstring).
+    """The clustered additive mixture (see the module docstring).
 
     ``ClusteredEM(n_components, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.ClusteredEMConfig` (``n_clusters``,
+    :class:`ClusteredEMConfig` (``n_clusters``,
     ``cluster_components``, ``assignment``, ``warmup`` and federated EM's), or
     ``ClusteredEM.from_config(ClusteredEMConfig(...))``.
+
+    Rounds (``ClusteredEM`` chains them; :mod:`fednovelty.federated.steps`):
+
+    1. **Warm-up** (``warmup`` rounds): ``[PCA?] + [moments] + init + EM`` on all ``M``
+    components with personal weights (FedGMM), every client using every component: the Fed-CAM
+    paper's warm-up, which trains before any clustering.
+    2. **Clusters form** (server only, no round): k-means (``cluster_kmeans_restarts`` restarts,
+    k-means++) on every client's summary, the square roots of its warm-up weights (their
+    Euclidean distance is the Hellinger distance of the weight vectors). Each cluster then takes
+    the ``K_c`` components its members use most relative to the other clusters
+    (:func:`partition_components`); the remaining ``K_g`` components are global. The clustering
+    reads the weights of the whole codebook, so clusters that differ in any component are told
+    apart.
+    3. **Clustered EM** (kind ``"cluster_em"``, at most ``max_iter`` rounds): the broadcast
+    holds the mixture, each component's cluster (-1: global), each cluster's weights (its
+    members' rows pooled) and, with ``assignment="summary"``, the server's choice of cluster per
+    client id. A client scores its rows under every cluster's mixture (mean log-likelihood per
+    row, ``(C,)``, sent: the client-level anomaly score reads it), joins the best cluster
+    (``"likelihood"``, IFCA's rule; ties go to the lowest index) or the server's choice
+    (``"summary"``), runs the E-step under its personal weights (its warm-up weights on the
+    allowed components in the first round; the cluster's weights when it changed cluster) and
+    sends the statistics of all ``M`` components (zero outside its allowed ones), its cluster
+    and its row count. The server sums the statistics and runs the M-step; a component nobody
+    used in the round keeps its parameters. With ``"summary"`` the next round's assignment is
+    k-means on the clients' summaries (square roots of their new weights), warm-started from the
+    clusters' centres.
+
+    Degenerate cases: ``n_clusters`` above the clients that replied in the warm-up raises by
+    name; a cluster no client joined keeps its components (IFCA lets it win clients back;
+    FeSEM's k-means re-seeds an empty centre at the summary farthest from its centre) and the
+    round's record says so (``ClusteredEMState.events``); a client below its privacy floor skips
+    every round (``skipped_reply``) and has no cluster; a component backed by fewer than
+    ``min_rows`` effective rows of a client is sent as zeros (federated EM's floor).
     """
 
     config_class = ClusteredEMConfig

@@ -8,36 +8,7 @@ each reply against the schema the step declared (shapes from the broadcast, valu
 the client's declared box) and drops what does not fit. Neither gate knows an algorithm;
 each reads the :class:`ReplySpec` the step declares for the reply's kind, so a family never
 applies trust by hand, and a step without declarations cannot be chained or registered.
-
-The vocabulary:
-
-- ``shapes(broadcast, d)``: the tensors a reply must carry and their shapes (a string
-  dimension is free but equal wherever it appears in one reply); ``d`` is the width of the
-  rows the round works on.
-- ``checks``: value checks beyond shape, finiteness and non-negativity, each
-  ``check(reply, broadcast)`` raising
-  :class:`~fednovelty.federated.validation.InvalidReplyError` with a reason.
-- ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`; a name
-  ending in ``"."`` (``"learner."``) covers every tensor whose name starts with it
-  (:meth:`ReplySpec.backing_of`). The client half states the effective rows behind each
-  entry in the reply's ``backing`` (never sent); the gate releases an entry only when they
-  reach the client's floor, and releases no tensor the declaration does not classify.
-- ``limit(config, broadcast)``: the most entries along the leading dimension of the
-  component-, cluster-, class- or bin-backed tensors that the client's *own* configuration
-  allows (``None``: no bound beyond the broadcast's shapes).
-- ``box``: how the client's declared moments bound the reply (``"none"``; ``"means"``:
-  every row of the ``points`` tensors (centroids, ranges) in the box; ``"stats"``: summed
-  statistics about the broadcast's ``shift``, where the reply carries them, whose means
-  and spread lie in it; ``"moments"``: the moments the reply itself declares, the same
-  way).
-- ``moments(reply)``: for a reply that declares the client's moments (a ``moments`` or
-  prior-moments round), its row count, per-feature mean and sum of squared deviations;
-  the server keeps the first such declaration as the client's box for its later replies.
-- ``serial``: the client half runs on one torch thread at any size (learner SGD on small
-  batches); ``components(setting)`` and ``covariance`` estimate the client half's work
-  where the broadcast does not carry it: the K it works with from the algorithm's settings
-  (``setting(name)``), and whether the algorithm's ``covariance_type`` (full or tied makes
-  the work grow with the square of the width) applies.
+The vocabulary is stated on :class:`ReplySpec`.
 """
 
 from __future__ import annotations
@@ -75,7 +46,34 @@ Components = Callable[[Callable[[str], Any]], int]
 
 @dataclass(frozen=True)
 class ReplySpec:
-    """One reply kind's declaration (module docstring).
+    """One reply kind's declaration, read by both gates (module docstring):
+
+    - ``shapes(broadcast, d)``: the tensors a reply must carry and their shapes (a string
+      dimension is free but equal wherever it appears in one reply); ``d`` is the width of the
+      rows the round works on.
+    - ``checks``: value checks beyond shape, finiteness and non-negativity, each ``check(reply,
+      broadcast)`` raising :class:`~fednovelty.federated.validation.InvalidReplyError` with a
+      reason.
+    - ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`; a name ending
+      in ``"."`` (``"learner."``) covers every tensor whose name starts with it
+      (:meth:`ReplySpec.backing_of`). The client half states the effective rows behind each
+      entry in the reply's ``backing`` (never sent); the gate releases an entry only when they
+      reach the client's floor, and releases no tensor the declaration does not classify.
+    - ``limit(config, broadcast)``: the most entries along the leading dimension of the
+      component-, cluster-, class- or bin-backed tensors that the client's *own* configuration
+      allows (``None``: no bound beyond the broadcast's shapes).
+    - ``box``: how the client's declared moments bound the reply (``"none"``; ``"means"``: every
+      row of the ``points`` tensors (centroids, ranges) in the box; ``"stats"``: summed
+      statistics about the broadcast's ``shift``, where the reply carries them, whose means and
+      spread lie in it; ``"moments"``: the moments the reply itself declares, the same way).
+    - ``moments(reply)``: for a reply that declares the client's moments (a ``moments`` or
+      prior-moments round), its row count, per-feature mean and sum of squared deviations; the
+      server keeps the first such declaration as the client's box for its later replies.
+    - ``serial``: the client half runs on one torch thread at any size (learner SGD on small
+      batches); ``components(setting)`` and ``covariance`` estimate the client half's work where
+      the broadcast does not carry it: the K it works with from the algorithm's settings
+      (``setting(name)``), and whether the algorithm's ``covariance_type`` (full or tied makes
+      the work grow with the square of the width) applies.
 
     Attributes:
         kind: the message kind it answers.
@@ -188,8 +186,7 @@ def declared_spec(kind: str) -> ReplySpec:
     table = _package_declarations()
     if kind not in table:
         raise UndeclaredReplyError(
-            f"no fednovelty step declares replies of kind {kind!r}; known kinds: "
-            f"{sorted(table)}."
+            f"no fednovelty step declares replies of kind {kind!r}; known kinds: {sorted(table)}."
         )
     return table[kind]
 

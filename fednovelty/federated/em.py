@@ -1,70 +1,64 @@
 """Iterative federated EM for Gaussian mixtures (FedGMM Algorithm 2; DEM of the FedGenGMM paper).
 
-Each EM round, the server broadcasts the current parameters and a moment shift; every
-client runs the E-step on its rows and replies with summed statistics (counts, first and
-second moments about the shift, log-likelihood); the server adds them and runs the M-step.
-With ``mixture_weights="global"`` (DEM) the summed statistics are exactly those of the
-pooled rows, so any split of the rows into clients follows centralized EM (and
-scikit-learn's ``GaussianMixture``) to round-off. With ``"personal"`` (FedGMM) every client
-keeps its own weights ``pi_c`` (the counts of its last E-step over its row count) and uses
-them in its E-step; means and covariances stay shared. The counts it sends every round are
-``n_c * pi_c`` (with ``n_c``), so the server knows ``pi_c`` (``EMState.client_weights``).
+Each EM round the server broadcasts the current parameters and a moment shift; every client
+runs the E-step on its rows and replies with summed statistics (counts, first and second
+moments about the shift, log-likelihood); the server adds them and runs the M-step. With
+``mixture_weights="global"`` (DEM) the sums are those of the pooled rows, so any split into
+clients follows scikit-learn's ``GaussianMixture`` to round-off. With ``"personal"``
+(FedGMM) each client keeps its own weights ``pi_c`` and uses them in its E-step; the counts
+it sends (``n_c * pi_c``) tell the server ``pi_c`` (``EMState.client_weights``). Summing
+second moments about a common shift, rather than averaging covariances taken about client
+means as the paper's Algorithm 2 does, is exact for covariances too, at the same bytes.
 
-``FederatedEM`` is a chain of steps (:mod:`fednovelty.federated.steps`)::
+``FederatedEM`` chains steps (:func:`em_steps`)::
 
     [PCA (pca_components)] + [moments (standardize, prior)] + initialisation + EM
 
-- PCA (:class:`~fednovelty.federated.pca.PCAStep`, two rounds): the Gaussians are fitted on
-  a federated PCA of the rows; the projection goes to the clients once (with the first
-  round after it), each keeps it and projects its rows; ``EMState.projection`` holds it.
-- moments (:class:`~fednovelty.federated.init.MomentsStep`): pooled feature moments for
-  the standardisation ``z = (x - offset) / scale`` and the covariance prior (the remedies of
-  a plain mixture's failures on real tabular data, ``docs/robust.md``). The final mixture
-  is in the units of the rows the Gaussians see (the projection's, with ``pca_components``),
-  and the recorded log-likelihoods include the Jacobian of the standardisation.
-- initialisation (:func:`~fednovelty.federated.init.init_steps`; the FedGenGMM paper's DEM
-  inits): ``init_params="kmeans"`` (k-FED centroids, then federated Lloyd rounds),
-  ``"separated"`` (centres far apart in the merged feature box, one Lloyd round) or
-  ``"subset"`` (raw rows to the server; warns). Given ``weights_init``, ``means_init`` and
-  ``precisions_init`` there are no init rounds (scikit-learn's rule).
-- EM (:class:`EMStep`): the rounds above, until the mean log-likelihood changes by less
-  than ``tol`` or ``max_iter`` rounds ran.
-
-Every client step enforces the client's own privacy policy (``ClientContext.policy``,
-:mod:`fednovelty.federated.privacy`, ``docs/privacy.md``) whatever the message asks: a
-client with fewer than ``min_rows`` rows skips every round (``skipped_reply``) and an EM
-component backed by fewer than ``min_rows`` effective rows is sent as zeros (the init
-steps' rules are in :mod:`fednovelty.federated.init`). The server treats skipped replies
-as absent.
-
-The paper's Algorithm 2 sends client means and covariances *about client means* and
-averages them; averaging covariances taken about different means drops the between-client
-spread of each component, so it is exact only for the means (its Lemma 2). Summing second
-moments about a common shift is exact for covariances too, and costs the same bytes.
-
-Round seeds are drawn from ``random_state`` and the number of rounds of the moments, init
-and EM steps (``EMState.rounds``); the PCA rounds do not move them.
+The PCA step (:class:`~fednovelty.federated.pca.PCAStep`), the moments round
+(:class:`~fednovelty.federated.init.MomentsStep`) and the initialisation
+(:func:`~fednovelty.federated.init.init_steps`) are shared with the joint and clustered
+mixtures; :class:`EMStep` runs until the mean log-likelihood changes by less than ``tol`` or
+``max_iter`` rounds ran. A client below its privacy floor skips every round and the client
+gate zeroes a component backed by fewer than ``min_rows`` effective rows
+(``docs/privacy.md``). Round seeds come from ``random_state`` and ``EMState.rounds`` (the
+PCA rounds do not move them).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import INIT_PARAMS, MIXTURE_WEIGHTS, EMConfig
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    TorchSettings,
+    optional_count,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import (
     STATS_BACKING,
     ReplySpec,
     components_limit,
     declare,
 )
-from fednovelty.federated.init import MomentsStep, combine_stats, init_steps
+from fednovelty.federated.init import (
+    INIT_PARAMS,
+    GivenMixture,
+    InitSettings,
+    MomentsSettings,
+    MomentsStep,
+    combine_stats,
+    init_steps,
+)
 from fednovelty.federated.pca import PCAProjection, PCAState, PCAStep
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
@@ -87,7 +81,61 @@ from fednovelty.mixture.density import Workspace
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
 
-__all__ = ["INIT_PARAMS", "MIXTURE_WEIGHTS", "EMState", "EMStep", "FederatedEM", "em_steps"]
+__all__ = [
+    "INIT_PARAMS",
+    "MIXTURE_WEIGHTS",
+    "EMConfig",
+    "EMSettings",
+    "EMState",
+    "EMStep",
+    "FederatedEM",
+    "em_steps",
+]
+
+MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
+
+
+@settings_dataclass
+class EMSettings(
+    RobustSettings,
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    InitSettings,
+    TorchSettings,
+):
+    """What the chain of a federated EM algorithm (:func:`em_steps`) reads, short of a
+    moments round and given initial parameters: the robust options (``aggregation``
+    ``"sum"`` or ``"trimmed"``), ``n_components`` and ``chunk_size``, the covariance,
+    iteration (``max_iter`` counts EM rounds) and initialisation settings, seed and
+    placement, and
+
+    Attributes:
+        mixture_weights: ``"global"`` (one pi for all clients; DEM) or ``"personal"`` (one
+            pi_c per client; FedGMM), as far as ``MIXTURE_WEIGHT_CHOICES`` has them.
+        pca_components: fit the Gaussians on a federated PCA of the rows with this many
+            axes (two extra rounds first; ``None``: on the rows themselves).
+    """
+
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
+    MIXTURE_WEIGHT_CHOICES: ClassVar[tuple[str, ...]] = MIXTURE_WEIGHTS
+
+    mixture_weights: str = "global"
+    pca_components: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("mixture_weights", self.MIXTURE_WEIGHT_CHOICES)
+        self._set("pca_components", optional_count("pca_components", self.pca_components))
+
+
+@settings_dataclass
+class EMConfig(EMSettings, MomentsSettings, GivenMixture):
+    """Settings of federated EM (``FederatedEM``; FedGMM Algorithm 2 and DEM):
+    :class:`EMSettings`, the moments round's standardisation and covariance prior
+    (:class:`~fednovelty.federated.init.MomentsSettings`; ``standardize`` or
+    ``prior_strength`` adds one round) and given initial parameters
+    (:class:`~fednovelty.federated.init.GivenMixture`)."""
 
 
 @dataclass
@@ -308,20 +356,22 @@ def kept_tied_second(
     return replace(stats, second=second), effective_rows(weight.sum(0), weight.square().sum(0))
 
 
-def em_steps(config: EMConfig, final: Step) -> list[Step]:
+def em_steps(config: EMSettings, final: Step) -> list[Step]:
     """The chain of a federated EM algorithm ending in ``final`` (its EM step):
     ``[PCA?] + [moments] + init steps + [final]``."""
     steps: list[Step] = []
     if config.pca_components is not None:
         steps.append(PCAStep(config.pca_components, dtype=config.dtype, device=config.device))
-    return [*steps, MomentsStep(config), *init_steps(config), final]
+    if isinstance(config, MomentsSettings):
+        steps.append(MomentsStep(config))
+    return [*steps, *init_steps(config), final]
 
 
 class FederatedEM(ChainedAlgorithm):
     """Federated EM for a Gaussian mixture over clients (see module docstring).
 
     ``FederatedEM(n_components, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.EMConfig` (``covariance_type``,
+    :class:`EMConfig` (``covariance_type``,
     ``mixture_weights``, ``init_params``, ``reg_covar``, ``tol``, ``max_iter``,
     ``kmeans_rounds``, ``kmeans_tol``, ``subset_size``, ``weights_init``, ``means_init``,
     ``precisions_init``, ``standardize``, ``prior_strength``, ``prior_scale``,

@@ -9,24 +9,16 @@ global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
 With ``standardize`` and ``prior_strength`` (the remedies of ``docs/robust.md``) every fit,
 on a client and on the server, runs on z-scores of its own rows with MAP covariances
 (:func:`fednovelty.mixture.fit_gmm_scaled`) and is mapped back to the original units before
-it is sent or kept: a client's scale is a local statistic and the server's comes from the
-synthetic rows, so the protocol stays one round and the messages are unchanged.
-
-Settings travel once: the client reads its candidate K, fit settings and remedies from the
-algorithm's :class:`~fednovelty.federated.config.FedGenConfig`; the round's message carries
-only its seed.
-
+it is sent or kept, so the protocol stays one round. The client reads its candidate K, fit
+settings and remedies from :class:`FedGenConfig`; the round's message carries only its seed.
 With ``copula`` the server also fits, on the same synthetic rows, a Gaussian copula
-(:mod:`fednovelty.mixture.copula`): a 1-D mixture of ``MARGINAL_COMPONENTS`` components per
-feature, and a joint mixture of the features' normal scores. It costs no communication; the
-detector scores with it (``docs/robust.md`` measures it).
+(:mod:`fednovelty.mixture.copula`) at no cost in communication.
 
-A client enforces its privacy policy (``ClientContext.policy``, ``docs/privacy.md``): with
-fewer than ``min_rows`` rows it skips the round (sending nothing, not even its row count), it
-fits at most ``n_rows // min_rows`` components, and its reply states each component's share
-of its rows (``weight_k * n_rows``, :func:`local_fit_backing`), by which the client gate
-(``FederatedAlgorithm.answer``) drops the components below ``min_rows`` and renormalises the
-rest before the mixture is sent.
+A client enforces its privacy policy (``docs/privacy.md``): with fewer than ``min_rows`` rows
+it skips the round (sending nothing, not even its row count), it fits at most
+``n_rows // min_rows`` components, and its reply states each component's share of its rows
+(:func:`local_fit_backing`), by which the client gate drops the components below
+``min_rows`` and renormalises the rest before the mixture is sent.
 
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
@@ -50,8 +42,16 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.config import FedGenConfig
+from fednovelty.federated.config import (
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    TorchSettings,
+    optional_count,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.init import MomentsSettings
 from fednovelty.federated.privacy import client_backing, unfloored
 from fednovelty.federated.robust import outlying_models, weight_factors
 from fednovelty.federated.validation import (
@@ -63,6 +63,91 @@ from fednovelty.federated.validation import (
 )
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 from fednovelty.mixture.copula import fit_marginals, normal_scores
+
+
+@settings_dataclass
+class FedGenConfig(
+    RobustSettings, CovarianceSettings, IterationSettings, MomentsSettings, TorchSettings
+):
+    """Settings of one-shot FedGenGMM and its local-only baseline ``LocalGMMs``: the robust
+    options (``aggregation`` ``"sum"``, the union of every client model, or ``"trimmed"`` /
+    ``"median"``, leaving out the most outlying client models), the covariance and iteration
+    settings, standardisation and the covariance prior
+    (:class:`~fednovelty.federated.init.MomentsSettings`; every local and global fit uses
+    them), seed and placement, and
+
+    Attributes:
+        n_components: global K; ``None`` picks it by BIC in ``k_range``.
+        client_components: every client's K; ``None`` lets each pick by BIC in ``k_range``.
+        k_range: inclusive ``(k_min, k_max)`` for BIC searches, ``1 <= k_min <= k_max``.
+        samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
+        min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
+            are skipped (at least 1).
+        copula: the server also fits a Gaussian copula with mixture marginals on its
+            synthetic rows; no extra communication.
+    """
+
+    n_components: int | None = None
+    client_components: int | None = None
+    k_range: tuple[int, int] = (1, 10)
+    samples_per_component: int = 100
+    min_client_samples: int = 2
+    copula: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        k_min, k_max = (int(k) for k in self.k_range)
+        if not 1 <= k_min <= k_max:
+            raise ValueError(
+                f"k_range must satisfy 1 <= k_min <= k_max, got {tuple(self.k_range)}."
+            )
+        self._set("k_range", (k_min, k_max))
+        for name in ("n_components", "client_components"):
+            self._set(name, optional_count(name, getattr(self, name)))
+        self._set("samples_per_component", int(self.samples_per_component))
+        self._set("min_client_samples", max(1, int(self.min_client_samples)))
+        self._set("copula", bool(self.copula))
+
+    def candidates(self) -> list[int]:
+        """Numbers of components a client may fit."""
+        if self.client_components is not None:
+            return [self.client_components]
+        return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def global_candidates(self) -> list[int]:
+        """Numbers of components the server's global fit may have."""
+        if self.n_components is not None:
+            return [self.n_components]
+        return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def rows_needed(self) -> int:
+        """Fewest rows a client needs to take part (else it is skipped)."""
+        return max(self.min_client_samples, min(self.candidates()))
+
+    def client_candidates(self, n_samples: int, min_rows: int = 1) -> list[int]:
+        """The K a client of ``n_samples`` rows fits among; empty when it must be skipped.
+
+        ``min_rows`` is the client's privacy floor: the client needs ``max(rows_needed(),
+        min_rows)`` rows and fits at most ``n_samples // min_rows`` components.
+        """
+        if n_samples < max(self.rows_needed(), int(min_rows), 1):
+            return []
+        most = n_samples // max(1, int(min_rows))
+        return [k for k in self.candidates() if k <= most]
+
+    def fit_settings(self, generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments of :func:`~fednovelty.mixture.fit_gmm_scaled` for one fit (all
+        but the rows and the candidate K)."""
+        return {
+            "covariance_type": self.covariance_type,
+            "reg_covar": self.reg_covar,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "generator": generator,
+            "standardize": self.standardize,
+            "prior_strength": self.prior_strength,
+            "prior_scale": self.prior_scale,
+        }
 
 
 @dataclass
@@ -174,10 +259,10 @@ def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[s
 
 
 class FedGenGMM(FederatedAlgorithm):
-    """One-shot FedGenGMM (see module docstring).
+    """One-shot FedGenGMM (see the module docstring).
 
     ``FedGenGMM(**settings)`` with the settings of
-    :class:`~fednovelty.federated.config.FedGenConfig` (``n_components``,
+    :class:`FedGenConfig` (``n_components``,
     ``client_components``, ``k_range``, ``covariance_type``, ``samples_per_component``,
     ``min_client_samples``, ``reg_covar``, ``tol``, ``max_iter``, ``standardize``,
     ``prior_strength``, ``prior_scale``, ``copula``, ``aggregation``, ``trim``,

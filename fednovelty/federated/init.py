@@ -1,45 +1,34 @@
-"""The steps that prepare federated EM: feature moments and the initial mixture.
+"""The steps that prepare federated EM: feature moments and the initial mixture, and the
+field groups of their settings (:class:`MomentsSettings`, :class:`InitSettings`,
+:class:`GivenMixture`).
 
-Each class is a :class:`~fednovelty.federated.steps.Step` (server half and client half of one
-protocol) that ``FederatedEM`` and ``JointFedGMM`` chain before their EM step. They read
-their settings from an :class:`~fednovelty.federated.config.EMConfig` and keep their
-progress in the algorithm's state (``EMState``: ``offset``, ``scale``, ``prior``,
-``centers``, ``lloyd_rounds``, ``subset_fraction``, ``params``).
+Each class is a :class:`~fednovelty.federated.steps.Step` that federated EM and its
+relatives (joint, clustered, variational) chain before their own step; progress is kept in
+the algorithm's state (``offset``, ``scale``, ``prior``, ``centers``, ``lloyd_rounds``,
+``subset_fraction``, ``params``).
 
-- :class:`MomentsStep` (``moments``): every client sends its row count, feature means and
-  sums of squared deviations (``2 d + 1`` numbers), which merge exactly into the pooled
-  mean and variance. They set the standardisation ``z = (x - offset) / scale``
-  (``standardize``: every later round broadcasts ``offset`` and ``scale`` and clients work
-  on ``z``; the final mixture is mapped back to ``x``) and the covariance prior
-  (``prior_strength``). With a robust option on (``aggregation`` ``"trimmed"`` /
-  ``"median"`` or a ``client_weight_cap``) the clients' moments are combined robustly
-  (:func:`pooled_moments`), so one client cannot move the standardisation far.
-- Initial centres: :class:`CentroidsStep` (``centroids``; DEM init 3, k-FED: local k-means
-  centroids, weighted k-means++ and Lloyd on the server), :class:`RangeStep` (``range``;
-  DEM init 1: centres far apart in the merged feature box) or :class:`GivenMeans`
-  (``means_init``, no round).
-- :class:`AssignStep` (``assign``): federated Lloyd rounds from those centres; the last one
-  sends second moments too, so the initial mixture is the M-step from hard k-means
-  responsibilities (scikit-learn's ``init_params="kmeans"``). User-given initial weights,
-  means or precisions then replace the computed ones.
-- :class:`SubsetStep` (``count``, ``subset``; DEM init 2): clients send their row counts,
-  then a random ``subset_size`` rows in all; the server fits a mixture on them. **This
-  sends raw rows to the server**; it warns when it begins.
-- :class:`GivenParams`: weights, means and precisions all given; no round.
+- :class:`MomentsStep` (``moments``): row counts, feature means and sums of squared
+  deviations, merged exactly (or robustly: :func:`pooled_moments`) into the pooled moments
+  that set the standardisation ``z = (x - offset) / scale`` and the covariance prior.
+- Initial centres: :class:`CentroidsStep` (``centroids``; DEM init 3, k-FED),
+  :class:`RangeStep` (``range``; DEM init 1) or :class:`GivenMeans` (``means_init``), then
+  :class:`AssignStep` (``assign``): federated Lloyd rounds, the last one giving the initial
+  mixture from hard k-means responsibilities (scikit-learn's ``init_params="kmeans"``).
+- :class:`SubsetStep` (``count``, ``subset``; DEM init 2): **raw rows to the server**; it
+  warns when it begins. :class:`GivenParams`: every parameter given, no round.
 
 Every client half enforces the client's privacy policy (``docs/privacy.md``): it skips
 below ``min_rows`` rows, forms at most ``min(n_components, max_clusters, n_rows //
-min_rows)`` local clusters and merges smaller ones into the nearest larger one, sends
-ranges as the mean of the ``min_rows`` extreme values, suppresses assignment statistics of
-centres backed by fewer than ``min_rows`` rows, and refuses the ``subset`` round unless the
-policy allows raw rows.
+min_rows)`` local clusters, sends ranges as the mean of the ``min_rows`` extreme values,
+suppresses assignment statistics of centres backed by fewer than ``min_rows`` rows, and
+refuses the ``subset`` round unless the policy allows raw rows.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -60,7 +49,13 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.config import EMConfig
+from fednovelty.federated.config import (
+    Settings,
+    TorchSettings,
+    as_tensor,
+    at_least,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import (
     STATS_BACKING,
     ReplySpec,
@@ -102,6 +97,87 @@ from fednovelty.mixture import (
 )
 from fednovelty.mixture.kmeans import assign, one_hot
 from fednovelty.mixture.stats import SufficientStats
+
+if TYPE_CHECKING:
+    from fednovelty.federated.em import EMConfig
+
+INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
+
+
+@settings_dataclass
+class MomentsSettings(Settings):
+    """What a ``moments`` round of pooled feature moments sets
+    (:class:`~fednovelty.federated.init.MomentsStep`): ``standardize`` (fit on z-scores; the
+    result is in the original units), ``prior_strength`` (pseudo-rows of the covariance
+    prior, > 0; ``None``: plain ML M-steps) and ``prior_scale`` (> 0: the prior's target
+    variance as a multiple of each feature's variance)."""
+
+    standardize: bool = False
+    prior_strength: float | None = None
+    prior_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prior_strength is not None and not float(self.prior_strength) > 0:
+            raise ValueError(f"prior_strength must be > 0 or None, got {self.prior_strength}.")
+        if not float(self.prior_scale) > 0:
+            raise ValueError(f"prior_scale must be > 0, got {self.prior_scale}.")
+        strength = self.prior_strength
+        self._set("prior_strength", None if strength is None else float(strength))
+        self._set("prior_scale", float(self.prior_scale))
+        self._set("standardize", bool(self.standardize))
+
+    @property
+    def needs_moments(self) -> bool:
+        """Whether a ``moments`` round runs first (standardisation or the prior)."""
+        return self.standardize or self.prior_strength is not None
+
+
+@settings_dataclass
+class InitSettings(Settings):
+    """How federated rounds find the initial mixture (:func:`init_steps`):
+    ``init_params`` (``"kmeans"``, ``"separated"`` or ``"subset"``), ``kmeans_rounds`` (most
+    federated Lloyd rounds, >= 1), ``kmeans_tol`` (Lloyd stops when the largest squared
+    centre move is below it times the mean feature variance) and ``subset_size`` (rows sent
+    in total for ``"subset"``, >= 1)."""
+
+    #: whether the k-means initialisation may seed fewer than ``n_components`` centres (an
+    #: upper bound on K, as variational Bayes has); EM needs all of them.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = False
+
+    init_params: str = "kmeans"
+    kmeans_rounds: int = 10
+    kmeans_tol: float = 1e-4
+    subset_size: int = 100
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("init_params", INIT_PARAMS)
+        for name in ("kmeans_rounds", "subset_size"):
+            self._set(name, int(at_least(name, getattr(self, name), 1)))
+        self._set("kmeans_tol", float(at_least("kmeans_tol", self.kmeans_tol, 0)))
+
+
+@settings_dataclass
+class GivenMixture(TorchSettings):
+    """A mixture given as settings: ``weights_init``, ``means_init``, ``precisions_init``
+    (scikit-learn's initial parameters: numpy, lists or torch; precision factors, not
+    covariances), kept as tensors in ``dtype`` on ``device``."""
+
+    weights_init: Tensor | None = None
+    means_init: Tensor | None = None
+    precisions_init: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("weights_init", "means_init", "precisions_init"):
+            self._set(name, as_tensor(getattr(self, name), self.dtype, self.device))
+
+    @property
+    def given_params(self) -> bool:
+        """Whether the weights, means and precisions are all given (no init rounds)."""
+        given = (self.weights_init, self.means_init, self.precisions_init)
+        return all(value is not None for value in given)
 
 
 def round_seed(config: EMConfig, state: Any) -> int:

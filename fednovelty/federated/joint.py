@@ -3,72 +3,46 @@
 Each client models ``p_c(x, y) = sum_{m1, m2} pi_c(m1, m2) N(x; mu_m1, Sigma_m1) P_theta_m2(y | x)``
 with ``M1`` shared Gaussians, ``M2`` shared conditional models (*learners*, torch modules) and
 personal weights ``pi_c`` of shape (M1, M2), estimated and used by the client. They are not
-private: every round the client sends its joint counts ``sum_i q_i = n_c * pi_c`` (with its
-row count ``n_c``), from which the server computes ``pi_c`` (``JointState.client_joint_weights``).
-
-The client enforces its privacy policy (``ClientContext.policy``, ``docs/privacy.md``): with
-fewer than ``min_rows`` rows it skips the round; a Gaussian, a cell ``(m1, m2)`` of the joint
-counts or a learner backed by fewer than ``min_rows`` effective rows (Kish's
-``(sum q)^2 / sum q^2``) is not released: its statistics and counts go out as zeros, and the
-learner's weights go back as broadcast (so the server gives them no weight).
+private: every round the client sends its joint counts ``n_c * pi_c`` (with its row count),
+from which the server computes ``pi_c`` (``JointState.client_joint_weights``).
 
 ``JointFedGMM`` is federated EM's chain (:func:`~fednovelty.federated.em.em_steps`: PCA,
-moments, initialisation) ending in :class:`JointEMStep` instead of the EM step. One joint EM
-round = one communication round:
+moments, initialisation) ending in :class:`JointEMStep`: each round the clients run the
+joint E-step, send the Gaussians' statistics (combined by federated EM's exact M-step) and
+their learners trained on the responsibility-weighted cross-entropy (averaged by those
+weights, or trimmed); the round is stated on :class:`JointFedGMM`. A Gaussian, a cell of
+the joint counts or a learner backed by fewer than ``min_rows`` effective rows of a client
+is not released (``docs/privacy.md``).
 
-- E-step on the client: ``q_i(m1, m2) ∝ pi_c(m1, m2) N(x_i; m1) P_m2(y_i | x_i)`` in log space;
-  ``pi_c <- mean_i q_i``. Learner training needs ``q`` of every row, so the client holds it
-  (n_c, M1, M2).
-- Gaussian M-step: the client sends the sufficient statistics of ``x`` under
-  ``r_i(m1) = sum_m2 q_i(m1, m2)`` about the broadcast shift (``stats_from_resp``, as the
-  Lloyd rounds); the server combines them and runs the M-step with federated EM's own
-  server half (:meth:`~fednovelty.federated.em.EMStep.m_step`; exact, and with
-  ``standardize``, ``prior_strength`` and ``aggregation`` as there; the paper's reference
-  code averages covariances taken about client means instead).
-- Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast
-  weights on the cross-entropy weighted by ``w_i(m2) = sum_m1 q_i(m1, m2)`` and sends the new
-  weights with ``gamma_c(m2) = sum_i w_i(m2)``; the server averages them weighted by gamma
-  (:func:`~fednovelty.federated.aggregate.average_learners`), or under
-  ``aggregation="trimmed"`` takes the coordinate-wise trimmed mean of the copies of the
-  clients that used the learner
-  (:func:`~fednovelty.federated.robust.robust_average_learners`; the Gaussians' statistics
-  are then trimmed as federated EM's).
-
-The Gaussians are initialised by federated EM's init steps (``init_params``: federated
-k-means by default); the learners start from ``learner_factory`` under ``random_state``.
-With ``standardize`` or ``pca_components`` the Gaussians see z-scores or projected rows; the
-learners keep seeing the raw rows (or ``Z``).
-
-Special cases: ``M1 = 1`` is FedEM (Marfoq et al. 2021); ``M1 = M2 = 1`` is FedAvg.
-
-Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,), or a
-triple ``(X, y, Z)`` when the learners see other features ``Z`` (n_c, n_learner_features)
-of the same rows than the Gaussians (the MNIST experiment: Gaussians on PCA features,
-learners on pixels).
-
-Named baselines (the FedGMM paper's Table 2) are configurations of this one algorithm, see
-``PFL_METHODS`` and :func:`pfl_algorithm`: FedGMM, FedEM (``M1 = 1``), FedAvg
-(``M1 = M2 = 1``), FedProx (FedAvg plus a proximal term) and Local (``M1 = M2 = 1``, learners
-never aggregated).
-
-Scoring and adaptation are pure functions of a trained ``JointState``
-(:mod:`fednovelty.federated.joint_scores`, re-exported here).
+Special cases: ``M1 = 1`` is FedEM (Marfoq et al. 2021); ``M1 = M2 = 1`` is FedAvg. The
+FedGMM paper's Table 2 baselines are configurations of this one algorithm
+(``PFL_METHODS``, :func:`pfl_algorithm`). Client data is a pair ``(X, y)``, or a triple
+``(X, y, Z)`` when the learners see other features ``Z`` (n_c, n_learner_features) of the
+same rows than the Gaussians. Scoring and adaptation are pure functions of a trained
+``JointState`` (:mod:`fednovelty.federated.joint_scores`, re-exported here).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import JointConfig, linear_learner, mlp_learner
+from fednovelty.federated.config import (
+    TorchSettings,
+    as_tensor,
+    at_least,
+    optional_count,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import EMState, EMStep, em_steps
+from fednovelty.federated.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.joint_scores import (
     adapt_joint_weights,
@@ -79,9 +53,14 @@ from fednovelty.federated.joint_scores import (
     log_likelihoods_of_labels,
 )
 from fednovelty.federated.learners import (
+    OPTIMIZERS,
+    LearnerFactory,
+    as_learner,
     initial_parameters,
     learner_template,
+    linear_learner,
     local_sgd,
+    mlp_learner,
 )
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners
@@ -89,6 +68,88 @@ from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import Shape, check_stats, learner_count, stats_shapes
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
+
+
+@settings_dataclass
+class JointLearners(TorchSettings):
+    """The conditional models ``p(y | x, m2)`` of a joint model and their local training.
+
+    Attributes:
+        n_learners: M2 conditional models (>= 1).
+        n_classes: number of label classes, labels 0..n_classes-1 (>= 2).
+        learner_factory: ``(n_features, n_classes) -> nn.Module`` (JSON: ``"learner"``,
+            ``"linear"``, ``"mlp"`` or ``"cnn"``); default multinomial logistic regression.
+        local_epochs, learning_rate, batch_size: the learners' local training.
+        optimizer: ``"sgd"`` (plain mini-batch SGD) or ``"adam"`` (a fresh Adam state every
+            round: optimiser state never crosses the wire).
+        mu_prox: FedProx proximal coefficient (0 = none).
+        aggregate_learners: ``False`` keeps every learner on its client (the Local baseline).
+        n_learner_features: width of the learners' input ``Z`` when clients hold
+            ``(X, y, Z)`` triples; default the width of the raw rows ``X``.
+        learners_init: the learners' starting weights (one dict of parameter tensors per
+            learner, e.g. an earlier run's ``state.learners``); default ``learner_factory``'s
+            initialisation under ``random_state``.
+    """
+
+    JSON_NAMES: ClassVar[dict[str, str]] = {"learner_factory": "learner"}
+
+    n_learners: int
+    n_classes: int
+    learner_factory: LearnerFactory = linear_learner
+    local_epochs: int = 1
+    learning_rate: float = 0.1
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    mu_prox: float = 0.0
+    aggregate_learners: bool = True
+    n_learner_features: int | None = None
+    learners_init: tuple[dict[str, Tensor], ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if int(self.n_learners) < 1 or int(self.n_classes) < 2:
+            raise ValueError(
+                f"need n_learners >= 1 and n_classes >= 2; got n_learners={self.n_learners}, "
+                f"n_classes={self.n_classes}."
+            )
+        self._set("n_learners", int(self.n_learners))
+        self._set("n_classes", int(self.n_classes))
+        if self.learners_init is not None:
+            learners = list(self.learners_init)
+            if len(learners) != self.n_learners or not all(
+                isinstance(p, Mapping) for p in learners
+            ):
+                raise ValueError(
+                    f"learners_init must hold one dict of parameter tensors per learner "
+                    f"({self.n_learners}); got {type(self.learners_init).__name__} of "
+                    f"{len(learners)}."
+                )
+            self._set(
+                "learners_init",
+                tuple(
+                    {k: as_tensor(v, self.dtype, self.device) for k, v in p.items()}
+                    for p in learners
+                ),
+            )
+        self._check_choice("optimizer", tuple(OPTIMIZERS))
+        self._set("learner_factory", as_learner(self.learner_factory))
+        self._set("local_epochs", int(at_least("local_epochs", self.local_epochs, 0)))
+        self._set("learning_rate", float(at_least("learning_rate", self.learning_rate, 0)))
+        self._set("batch_size", int(at_least("batch_size", self.batch_size, 1)))
+        self._set("mu_prox", float(at_least("mu_prox", self.mu_prox, 0)))
+        self._set("aggregate_learners", bool(self.aggregate_learners))
+        self._set(
+            "n_learner_features", optional_count("n_learner_features", self.n_learner_features)
+        )
+
+
+@settings_dataclass
+class JointConfig(EMConfig, JointLearners):
+    """Settings of FedGMM's joint model (``JointFedGMM``): federated EM's
+    (:class:`~fednovelty.federated.em.EMConfig`; ``mixture_weights`` defaults to
+    ``"personal"``) and the learners' (:class:`JointLearners`)."""
+
+    mixture_weights: str = "personal"
 
 
 @dataclass
@@ -266,10 +327,10 @@ class JointEMStep(Step):
 
 
 class JointFedGMM(ChainedAlgorithm):
-    """Federated EM for FedGMM's joint model (see module docstring).
+    """Federated EM for FedGMM's joint model (see the module docstring).
 
     ``JointFedGMM(n_components, n_learners, n_classes, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.JointConfig`: federated EM's (``covariance_type``,
+    :class:`JointConfig`: federated EM's (``covariance_type``,
     ``init_params``, ``standardize``, ``prior_strength``, ``pca_components``, ...; mixture
     weights are personal) plus ``learner_factory``, ``local_epochs``, ``learning_rate``,
     ``batch_size``, ``optimizer``, ``mu_prox``, ``aggregate_learners`` and
@@ -277,10 +338,37 @@ class JointFedGMM(ChainedAlgorithm):
     ``aggregate_learners=False`` (the Local baseline) each client trains from its own
     previous weights and sends no learner weights; the trained learners stay in the client's
     state as ``learner.{m2}.{name}``.
+
+    One joint EM round is one communication round:
+
+    - E-step on the client: ``q_i(m1, m2) ∝ pi_c(m1, m2) N(x_i; m1) P_m2(y_i | x_i)`` in log
+      space; ``pi_c <- mean_i q_i``. Learner training needs ``q`` of every row, so the client
+      holds it (n_c, M1, M2).
+    - Gaussian M-step: the client sends the sufficient statistics of ``x`` under ``r_i(m1) =
+      sum_m2 q_i(m1, m2)`` about the broadcast shift (``stats_from_resp``, as the Lloyd rounds);
+      the server combines them and runs the M-step with federated EM's own server half
+      (:meth:`~fednovelty.federated.em.EMStep.m_step`; exact, and with ``standardize``,
+      ``prior_strength`` and ``aggregation`` as there; the paper's reference code averages
+      covariances taken about client means instead).
+    - Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast
+      weights on the cross-entropy weighted by ``w_i(m2) = sum_m1 q_i(m1, m2)`` and sends the
+      new weights with ``gamma_c(m2) = sum_i w_i(m2)``; the server averages them weighted by
+      gamma (:func:`~fednovelty.federated.aggregate.average_learners`), or under
+      ``aggregation="trimmed"`` takes the coordinate-wise trimmed mean of the copies of the
+      clients that used the learner
+      (:func:`~fednovelty.federated.robust.robust_average_learners`; the Gaussians' statistics
+      are then trimmed as federated EM's).
+
+    The Gaussians are initialised by federated EM's init steps (``init_params``: federated
+    k-means by default); the learners start from ``learner_factory`` under ``random_state``.
+    With ``standardize`` or ``pca_components`` the Gaussians see z-scores or projected rows; the
+    learners keep seeing the raw rows (or ``Z``).
     """
 
     labelled = True
     config_class = JointConfig
+    #: the step that ends the chain (after federated EM's preparation steps).
+    em_step: ClassVar[type[JointEMStep]] = JointEMStep
 
     def __init__(self, n_components: int, n_learners: int, n_classes: int, **settings: Any):
         config = JointConfig(
@@ -290,7 +378,7 @@ class JointFedGMM(ChainedAlgorithm):
 
     def _setup(self, config: JointConfig) -> None:
         super()._setup(config)
-        self._chain(em_steps(config, JointEMStep(self)))
+        self._chain(em_steps(config, self.em_step(self)))
 
     def new_state(self) -> JointState:
         return JointState(phase="")
@@ -366,7 +454,9 @@ def pfl_algorithm(
 
 __all__ = [
     "PFL_METHODS",
+    "JointConfig",
     "JointFedGMM",
+    "JointLearners",
     "JointState",
     "adapt_joint_weights",
     "global_log_joint_weights",

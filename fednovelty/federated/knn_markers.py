@@ -10,49 +10,26 @@ predictive.
 
 The feature (:func:`knn_log_distances`): every client, on its own rows only, takes each row's
 leave-one-out Euclidean distance ``d_k`` to its ``n_neighbors``-th nearest other row of the
-same client, and works with ``log(d_k + distance_floor)``. The log turns the distances' long
-right tail (and the scale of the rows) into a shift; the floor keeps duplicate rows (distance
-0) finite: they form a narrow component of their own at ``log(distance_floor)``.
+same client (scikit-learn's ``NearestNeighbors``), and works with
+``log(d_k + distance_floor)``: the log turns the distances' long right tail into a shift, the
+floor keeps duplicate rows finite.
 
 ``FederatedKNNMarkers`` is federated VB on that feature::
 
     kNN view (no round) + FederatedVB's chain (prior moments, k-means init, VB)
 
-:class:`KNNDistanceStep` runs no round: its ``view`` replaces a client's rows by the
-``(n_c, 1)`` column of log distances (computed once and kept in the client's state, so the
-~100 VB rounds do not recompute the neighbours) and its ``broadcast`` tells the server that
-the rounds after it work on one column. Only one-dimensional statistics cross the wire
-(counts, sums and second moments of log distances per component); rows never do. A client
-with fewer than ``n_neighbors + 1`` rows has no leave-one-out distance: it replies skipped
-(a ``ClientSkip``, recorded with its reason) and takes no part. Under one shared prior the
-server's posterior is that of the pooled log distances (``FederatedVB`` is exact).
-
-Personalisation (:func:`personal_posterior`, client-side, no round): a kNN distance shrinks
-with the size of the set it is taken in (roughly as ``n_c ** (-1 / intrinsic dimension)``)
-and with the client's own region of the data, so one pooled distribution does not describe
-any one client's distances. Each client therefore updates the global posterior with its own
-distances, the VGM2 paper's "server prior": the prior of component ``k`` is the global
-posterior's component tempered to ``prior_strength * E[pi_k]`` pseudo-rows (weight
-concentration, mean precision and degrees of freedom above 1 alike, the expected precision
-kept), and a few local variational iterations (E-step under the current personal posterior,
-the conjugate M-step of :func:`~fednovelty.mixture.variational.vb_m_step` run per component
-with that component's prior) give the client's personal Dir-NIG posterior. It stays on the
-client; nothing is sent.
-
-Scoring (:func:`predictive_log_tail`): the predictive upper-tail probability
-``P(D > log(d + floor))`` of a query's log distance ``d`` to the client's ``n_neighbors``-th
-nearest row, under the client's Student-t mixture: ``sum_k E[pi_k] sf_t((v - m_k) / s_k;
-nu_k)``, in log space. For a query drawn like the client's rows this is roughly uniform on
-[0, 1] (a calibrated p-value); far rows get tiny values. ``scipy``'s log survival function of
-the t distribution underflows to ``-inf`` far in the tail for many degrees of freedom; there
-the tail is replaced by its Mills-ratio asymptote ``log pdf(z) + log((nu + z^2) / ((nu + 1)
-z))``, exact to leading order for large ``z``, so scores stay finite and ordered.
+:class:`KNNDistanceStep` replaces a client's rows by its column of log distances (computed
+once, kept in the client's state); only one-dimensional statistics cross the wire. A client
+with fewer than ``n_neighbors + 1`` rows skips. Each client then personalises the global
+posterior with its own distances (:func:`personal_posterior`, no round) and scores a query
+by its predictive upper-tail probability (:func:`predictive_log_tail`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -62,9 +39,9 @@ from sklearn.neighbors import NearestNeighbors
 from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.config import KNNMarkerConfig
+from fednovelty.federated.config import at_least, settings_dataclass
 from fednovelty.federated.steps import ChainedAlgorithm, ClientSkip, Step
-from fednovelty.federated.variational import VBState, vb_steps
+from fednovelty.federated.variational import VBConfig, VBState, vb_steps
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
     VBPosterior,
@@ -86,6 +63,35 @@ __all__ = [
 
 #: key of a client's cached log distances in its ``ClientContext.state``.
 CACHE_KEY = "knn_markers.log_distance"
+
+
+@settings_dataclass
+class KNNMarkerConfig(VBConfig):
+    """Settings of federated kNN-distance markers (``FederatedKNNMarkers``): federated
+    variational Bayes' (:class:`~fednovelty.federated.variational.VBConfig`), applied to
+    the one-column feature ``log(d_k + distance_floor)`` (``d_k`` a row's leave-one-out
+    distance to its ``n_neighbors``-th nearest row of its own client), and:
+
+    Attributes:
+        n_neighbors: ``k`` (>= 1); a client needs ``k + 1`` rows to take part.
+        distance_floor: added to every distance before the log (> 0), so duplicate rows
+            (distance 0) give a finite feature; in the rows' units.
+
+    ``covariance_type`` is ``"full"``: for one column every type is the same model.
+    """
+
+    COVARIANCE_CHOICES: ClassVar[tuple[str, ...]] = ("full",)
+
+    n_neighbors: int = 5
+    distance_floor: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("n_neighbors", int(at_least("n_neighbors", self.n_neighbors, 1)))
+        floor = self.distance_floor
+        if isinstance(floor, bool) or not (float(floor) > 0 and math.isfinite(float(floor))):
+            raise ValueError(f"distance_floor must be a finite number > 0, got {floor!r}.")
+        self._set("distance_floor", float(floor))
 
 
 # --------------------------------------------------------------------------- distances
@@ -170,10 +176,10 @@ class KNNDistanceStep(Step):
 
 
 class FederatedKNNMarkers(ChainedAlgorithm):
-    """Federated VB of the clients' log kNN distances (module docstring).
+    """Federated VB of the clients' log kNN distances (see the module docstring).
 
     ``FederatedKNNMarkers(n_components, n_neighbors=5, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.KNNMarkerConfig`, or ``from_config``. The result is
+    :class:`KNNMarkerConfig`, or ``from_config``. The result is
     ``state.posterior``, a one-feature
     :class:`~fednovelty.mixture.variational.VBPosterior` of ``log(d_k + distance_floor)``.
     """
@@ -239,7 +245,19 @@ def personal_posterior(
     reg_covar: float = 1e-6,
 ) -> VBPosterior:
     """A client's personal posterior: its own log distances under the global posterior as a
-    tempered prior (the VGM2 paper's server prior; module docstring).
+    tempered prior (the VGM2 paper's server prior).
+
+    It runs on the client, in no round. A kNN distance shrinks
+    with the size of the set it is taken in (roughly as ``n_c ** (-1 / intrinsic dimension)``)
+    and with the client's own region of the data, so one pooled distribution does not describe
+    any one client's distances. Each client therefore updates the global posterior with its own
+    distances, the VGM2 paper's "server prior": the prior of component ``k`` is the global
+    posterior's component tempered to ``prior_strength * E[pi_k]`` pseudo-rows (weight
+    concentration, mean precision and degrees of freedom above 1 alike, the expected precision
+    kept), and a few local variational iterations (E-step under the current personal posterior,
+    the conjugate M-step of :func:`~fednovelty.mixture.variational.vb_m_step` run per component
+    with that component's prior) give the client's personal Dir-NIG posterior. It stays on the
+    client; nothing is sent.
 
     Args:
         log_distances: the client's feature, shape (n_c, 1).
@@ -301,6 +319,15 @@ def _t_log_sf(z: np.ndarray, dof: np.ndarray) -> np.ndarray:
 def predictive_log_tail(values: np.ndarray, posterior: VBPosterior) -> np.ndarray:
     """``log P(V > v)`` of each value under the posterior predictive of a one-feature
     posterior (a Student-t mixture, Bishop PRML 10.81), shape (n_values,).
+
+    For the kNN markers this is the upper-tail probability ``P(D > log(d + floor))`` of a
+    query's log distance ``d`` to the client's ``n_neighbors``-th nearest row, under the
+    client's Student-t mixture: ``sum_k E[pi_k] sf_t((v - m_k) / s_k; nu_k)``, in log
+    space. For a query drawn like the client's rows this is roughly uniform on [0, 1] (a
+    calibrated p-value); far rows get tiny values. ``scipy``'s log survival function of the t
+    distribution underflows to ``-inf`` far in the tail for many degrees of freedom; there the
+    tail is replaced by its Mills-ratio asymptote ``log pdf(z) + log((nu + z^2) / ((nu + 1)
+    z))``, exact to leading order for large ``z``, so scores stay finite and ordered.
 
     Args:
         values: (n_values,) values of the modelled feature (log distances).

@@ -1,17 +1,20 @@
 """The learners' machinery shared by the classification algorithms (algorithm layer).
 
 A *learner* is a torch module from a factory ``(n_features, n_classes) -> nn.Module``
-(``fednovelty.federated.config.LEARNERS``); what crosses the wire and what the server keeps
-is a dict of its parameter tensors, and the module itself is only a *template* evaluated with
-``torch.func.functional_call``. FedGMM's joint model (:mod:`fednovelty.federated.joint`),
-pFedEM and the clustered algorithms (:mod:`fednovelty.federated.cam`) all train their
-learners with :func:`local_sgd` and start them with :func:`initial_parameters`.
+(:data:`LEARNERS` by their JSON names ``linear``, ``mlp`` and ``cnn``, or a custom one);
+what crosses the wire and what the server keeps is a dict of its parameter tensors, and the
+module itself is only a *template* evaluated with ``torch.func.functional_call``. FedGMM's
+joint model (:mod:`fednovelty.federated.joint`), pFedEM and the clustered algorithms
+(:mod:`fednovelty.federated.cam`) all train their learners with :func:`local_sgd` and start
+them with :func:`initial_parameters`.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +23,75 @@ from torch.func import functional_call
 #: the local optimisers by their settings name (a fresh state every round: optimiser state
 #: never crosses the wire).
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+
+LearnerFactory = Callable[[int, int], nn.Module]
+
+
+def linear_learner(n_features: int, n_classes: int) -> nn.Module:
+    """Multinomial logistic regression (the default learner)."""
+    return nn.Linear(n_features, n_classes)
+
+
+def mlp_learner(n_features: int, n_classes: int, hidden: int = 64) -> nn.Module:
+    """A small two-layer perceptron."""
+    return nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+
+def cnn_learner(n_features: int, n_classes: int) -> nn.Module:
+    """The FedGMM paper's FEMNIST encoder for square one-channel images flattened to
+    ``n_features = side * side`` (side >= 6): two 3x3 convolutions (32 and 64 channels,
+    ReLU), 2x2 max pooling, a 128-unit dense layer (ReLU) and the class layer. The paper's
+    dropout is left out: the learners' local training draws no randomness but its batches'.
+
+    Raises:
+        ValueError: ``n_features`` is not the square of a side of at least 6.
+    """
+    side = math.isqrt(max(int(n_features), 0))
+    if side * side != n_features or side < 6:
+        raise ValueError(
+            f"learner='cnn' needs square images flattened to side * side features with side "
+            f">= 6 (784 for 28 x 28); got n_features={n_features}. Use 'linear' or 'mlp' for "
+            "other rows."
+        )
+    pooled = (side - 4) // 2
+    return nn.Sequential(
+        nn.Unflatten(1, (1, side, side)),
+        nn.Conv2d(1, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * pooled * pooled, 128),
+        nn.ReLU(),
+        nn.Linear(128, n_classes),
+    )
+
+
+#: learner factories by their JSON name.
+LEARNERS: dict[str, LearnerFactory] = {
+    "linear": linear_learner,
+    "mlp": mlp_learner,
+    "cnn": cnn_learner,
+}
+
+
+def as_learner(value: Any) -> LearnerFactory:
+    """A learner factory from a callable or its JSON name, or a ``ValueError`` naming
+    ``'learner'``."""
+    if isinstance(value, str):
+        if value not in LEARNERS:
+            raise ValueError(
+                f"'learner' must be one of {sorted(LEARNERS)} (a custom factory is code, which "
+                f"a JSON setting cannot carry); got {value!r}."
+            )
+        return LEARNERS[value]
+    if not callable(value):
+        raise ValueError(
+            f"'learner' must be a factory (n_features, n_classes) -> nn.Module or one of "
+            f"{sorted(LEARNERS)}; got {value!r}."
+        )
+    return value
 
 
 def learner_template(

@@ -1,48 +1,27 @@
 """Federated PCA: exact principal components of the pooled rows of all clients.
 
-Two rounds, statistics only:
+Two rounds, statistics only (:class:`PCAStep`):
 
-1. ``moments_mean`` (empty broadcast). Each client replies its row count ``n`` (scalar) and
-   the sum of its rows ``sum`` (n_features,): ``n_features + 1`` floats per client. The
-   server forms the pooled mean ``sum_c sum_c / N``.
-2. ``moments_scatter`` (broadcast: the pooled mean, ``n_features`` floats). Each client
-   replies its scatter about that mean, ``sum_i (x_i - mean)(x_i - mean)^T``
-   (n_features, n_features), and ``n`` again: ``n_features^2 + 1`` floats per client. The
-   server sums the scatters, divides by ``N - 1`` (the unbiased covariance, as
+1. ``moments_mean`` (empty broadcast): each client replies its row count and the sum of its
+   rows; the server forms the pooled mean.
+2. ``moments_scatter`` (broadcast: the pooled mean): each client replies its scatter about
+   that mean (n_features, n_features) and its row count again. The server sums the
+   scatters, divides by ``N - 1`` (the unbiased covariance, as
    ``sklearn.decomposition.PCA``), takes ``torch.linalg.eigh`` and keeps the top
-   ``n_components`` eigenpairs.
+   ``n_components`` eigenpairs, each signed as scikit-learn >= 1.5 does.
 
-Why two rounds rather than one round of raw moments (``n``, ``sum x``, ``sum x x^T``)? The
-covariance from raw moments, ``(S - N m m^T) / (N - 1)``, subtracts two large, nearly equal
-matrices whenever the mean is large against the spread (pixels in [0, 255], sensor offsets):
-it loses about ``log10(|m|^2 / var)`` digits and can even turn small eigenvalues negative.
-Centring each client's rows about the *pooled* mean before forming outer products is the
-two-pass algorithm of a centralized PCA, so the federated result equals scikit-learn's up to
-round-off, for any partition of the rows into clients. The price is one extra round.
+Centring about the *pooled* mean is the two-pass algorithm of a centralized PCA, so the
+result equals scikit-learn's up to round-off for any partition of the rows into clients
+(why, and the sign convention: :class:`PCAStep`). The same clients must answer both rounds:
+run with ``fraction=1`` and no dropout; the server raises otherwise. A client below its
+privacy floor skips both rounds. Clients compute in the dtype and on the device of their
+rows; the server aggregates in ``dtype`` on ``device``.
 
-The same clients must answer both rounds (a scatter about the mean of other rows is not
-that of these rows): run with ``fraction=1`` and no dropout; the server raises otherwise.
-A client with fewer rows than its privacy floor (``PrivacyPolicy.min_rows``; an empty
-client too) replies ``skipped`` in both rounds and is left out of the pooled rows. Clients
-compute in the dtype and on the device of their own rows ``X`` (``n`` is sent in that dtype
-too: exact below 2^24 rows per client in float32); the server aggregates in ``dtype`` on
-``device``.
-
-Sign convention: an eigenvector is defined up to sign, so each component is flipped to make
-its entry of largest absolute value positive (the first such entry on ties). This is the
-convention of scikit-learn >= 1.5 (``svd_flip(..., u_based_decision=False)``), and it makes
-the result independent of the partition and of the eigen-solver's arbitrary choice.
-
-Used for FedGMM's MNIST experiment: the clients first agree on a federated PCA of the
-pixels, then the Gaussian mixtures are fitted on the projected features
-(``PCAProjection.transform``), which every client computes locally. The two rounds are
-:class:`PCAStep`, which ``FederatedPCA`` runs alone and federated EM chains before its own
-steps (``pca_components``): there the server sends the projection's mean and axes once,
-with the first round after the PCA rounds (``projection.mean``, ``projection.components``:
-``n_features * (n_components + 1)`` floats per client); each client keeps them in its
-``ClientContext.state`` and projects its rows for every later round. A client that missed
-that round has no projection and skips the rest of the run, which the PCA rounds'
-full participation (``fraction=1``, no dropout) already rules out.
+``FederatedPCA`` runs :class:`PCAStep` alone; federated EM chains it before its own steps
+(``pca_components``, FedGMM's MNIST experiment): the server then sends the projection's mean
+and axes once, with the first round after the PCA rounds, and each client keeps them in its
+``ClientContext.state`` and projects its rows (``PCAProjection.transform``) for every later
+round.
 """
 
 from __future__ import annotations
@@ -60,11 +39,36 @@ from fednovelty.federated.base import (
     Scalar,
     skipped_reply,
 )
-from fednovelty.federated.config import PCAConfig
+from fednovelty.federated.config import Settings, as_dtype, settings_dataclass
 from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ClientSkip, Step
 from fednovelty.federated.validation import check_scatter
+
+
+@settings_dataclass
+class PCAConfig(Settings):
+    """Settings of federated PCA (``FederatedPCA``, and the PCA step of the mixtures).
+
+    Attributes:
+        n_components: number of principal axes to keep (>= 1; at most n_features, checked
+            when the rows' width is known).
+        device: where the server aggregates; ``None`` uses the device of the first reply.
+        dtype: the server's floating dtype (float64 by default, for parity with scikit-learn).
+    """
+
+    n_components: int
+    device: torch.device | None = None
+    dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_components, bool) or int(self.n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {self.n_components}.")
+        if isinstance(self.dtype, torch.dtype) and not self.dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating dtype, got {self.dtype}.")
+        self._set("n_components", int(self.n_components))
+        self._set("dtype", as_dtype(self.dtype))
+        self._set("device", None if self.device is None else torch.device(self.device))
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,10 +205,31 @@ PROJECTION_MEAN, PROJECTION_COMPONENTS = "projection.mean", "projection.componen
 
 
 class PCAStep(Step):
-    """The two rounds of federated PCA as a chainable step (module docstring).
+    """The two rounds of federated PCA as a chainable step (see the module docstring).
 
     Its own progress is a :class:`PCAState`: ``FederatedPCA`` passes its state, a chain
     keeps one in ``state.pca`` and gets the result in ``state.projection``.
+
+    Why two rounds rather than one round of raw moments (``n``, ``sum x``, ``sum x x^T``)? The
+    covariance from raw moments, ``(S - N m m^T) / (N - 1)``, subtracts two large, nearly equal
+    matrices whenever the mean is large against the spread (pixels in [0, 255], sensor offsets):
+    it loses about ``log10(|m|^2 / var)`` digits and can even turn small eigenvalues negative.
+    Centring each client's rows about the *pooled* mean before forming outer products is the
+    two-pass algorithm of a centralized PCA, so the federated result equals scikit-learn's up to
+    round-off, for any partition of the rows into clients. The price is one extra round.
+
+    The same clients must answer both rounds (a scatter about the mean of other rows is not that
+    of these rows): run with ``fraction=1`` and no dropout; the server raises otherwise. A
+    client with fewer rows than its privacy floor (``PrivacyPolicy.min_rows``; an empty client
+    too) replies ``skipped`` in both rounds and is left out of the pooled rows. Clients compute
+    in the dtype and on the device of their own rows ``X`` (``n`` is sent in that dtype too:
+    exact below 2^24 rows per client in float32); the server aggregates in ``dtype`` on
+    ``device``.
+
+    Sign convention: an eigenvector is defined up to sign, so each component is flipped to make
+    its entry of largest absolute value positive (the first such entry on ties). This is the
+    convention of scikit-learn >= 1.5 (``svd_flip(..., u_based_decision=False)``), and it makes
+    the result independent of the partition and of the eigen-solver's arbitrary choice.
 
     Args:
         n_components: number of principal axes to keep.

@@ -1,27 +1,16 @@
-"""pFedEM (the pFedEM paper, Algorithm 1; issue 21): K Gaussians and K sub-models, one EM
-step per round, a hard partition of each client's rows.
+"""pFedEM (the pFedEM paper, Algorithm 1): K Gaussians and K sub-models, one EM step per
+round, a hard partition of each client's rows.
 
-Each round, on client ``i`` (its personal weights ``pi_i`` kept in its state, the global
-weights when it has none):
-
-- Eq. 8: posteriors ``gamma_ik(z) ∝ pi_ik N(z; mu_k, sigma_k)`` of its rows under the broadcast
-  Gaussians; Eq. 9-11: its own means, variances (per feature) and weights from them;
-- the rows are partitioned by their most likely Gaussian, ``D_ik``, and sub-model ``k`` is
-  trained from the broadcast weights on ``D_ik`` alone (``local_epochs`` of SGD or Adam);
-- it sends the sub-models, the hard counts ``|D_ik|`` and, by ``gaussian_aggregation``:
-  ``"paper"``: its means and variances (Eq. 9-10); ``"exact"``: the summed statistics of
-  its rows under ``gamma`` about the broadcast shift.
-
-The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5; under
-``aggregation="trimmed"``, the coordinate-wise trimmed mean of the copies of the clients
-whose partition held the component, and the Gaussians by
-:func:`~fednovelty.federated.robust.robust_stats`, the paper's replies read as statistics:
-:func:`paper_stats`) and sets
-the Gaussians: ``"paper"``: Eq. 12-14, means and variances averaged with the hard counts (the
-between-client spread of each component is dropped, as written); ``"exact"``: federated EM's
-M-step on the summed statistics (the pooled rows' M-step). The first round starts from
-federated EM's initialisation (``init_params``, k-means by default) and sub-models from
-``learner_factory`` under ``random_state``.
+Each round a client computes its rows' posteriors under the broadcast Gaussians and its
+personal weights (Eq. 8-11), partitions its rows by their most likely Gaussian, trains
+sub-model ``k`` on partition ``k`` alone from the broadcast weights, and sends the
+sub-models, the hard counts and, by ``gaussian_aggregation``, its own means and variances
+(``"paper"``, Eq. 9-10) or the summed statistics of its rows (``"exact"``). The server
+averages each sub-model weighted by the hard counts (Eq. 5; trimmed under
+``aggregation="trimmed"``) and sets the Gaussians by Eq. 12-14 (``"paper"``) or federated
+EM's exact M-step (``"exact"``). The round is stated on :class:`PFedEM`; the first starts
+from federated EM's initialisation and sub-models from ``learner_factory`` under
+``random_state``.
 
 Inference (Eq. 15): ``P(y | x) = sum_k pi_k P_k(y | x)`` with the client's weights (or the
 global ones): :func:`pfedem_predict_proba`.
@@ -37,18 +26,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import PFedEMConfig
+from fednovelty.federated.config import settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import em_steps
-from fednovelty.federated.init import round_seed
-from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointState
+from fednovelty.federated.em import EMSettings
+from fednovelty.federated.init import GivenMixture, round_seed
+from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointLearners, JointState
 from fednovelty.federated.joint_scores import learner_log_probs
 from fednovelty.federated.privacy import backed, effective_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners, robust_stats
@@ -68,9 +57,56 @@ from fednovelty.mixture import (
 )
 from fednovelty.mixture.em import moment_shift
 
-__all__ = ["PFEDEM_KIND", "PFedEM", "PFedEMStep", "paper_gaussians", "pfedem_predict_proba"]
+__all__ = [
+    "GAUSSIAN_AGGREGATIONS",
+    "PFEDEM_KIND",
+    "PFedEM",
+    "PFedEMConfig",
+    "PFedEMStep",
+    "paper_gaussians",
+    "pfedem_predict_proba",
+]
 
 PFEDEM_KIND = "pfedem"
+#: How pFedEM's server combines the clients' Gaussians (``PFedEMConfig``).
+GAUSSIAN_AGGREGATIONS: tuple[str, ...] = ("paper", "exact")
+
+
+@settings_dataclass
+class PFedEMConfig(EMSettings, GivenMixture, JointLearners):
+    """Settings of pFedEM (``PFedEM``; the pFedEM paper's Algorithm 1): federated EM's chain
+    (:class:`~fednovelty.federated.em.EMSettings`, plain M-steps: no moments round) with
+    given initial parameters, the learners (:class:`~fednovelty.federated.joint.JointLearners`,
+    one sub-model per Gaussian: ``n_learners`` is ``n_components``), and
+
+    Attributes:
+        gaussian_aggregation: ``"paper"`` (Eq. 12-14: each client's means and variances
+            from its own E-step, averaged with its hard counts; ``covariance_type="diag"``)
+            or ``"exact"`` (summed soft statistics, federated EM's exact M-step).
+        covariance_type: ``"diag"`` by default (the paper's per-feature variances).
+        mixture_weights: ``"personal"`` by default.
+    """
+
+    n_learners: int = 0
+    covariance_type: str = "diag"
+    mixture_weights: str = "personal"
+    gaussian_aggregation: str = "paper"
+
+    def __post_init__(self) -> None:
+        if int(self.n_learners) == 0:
+            self._set("n_learners", int(self.n_components))
+        super().__post_init__()
+        if self.n_learners != self.n_components:
+            raise ValueError(
+                f"pFedEM trains one sub-model per Gaussian: n_learners must equal n_components "
+                f"({self.n_components}); got {self.n_learners}."
+            )
+        self._check_choice("gaussian_aggregation", GAUSSIAN_AGGREGATIONS)
+        if self.gaussian_aggregation == "paper" and self.covariance_type != "diag":
+            raise ValueError(
+                "gaussian_aggregation='paper' averages the clients' per-feature variances "
+                "(Eq. 13): use covariance_type='diag', or gaussian_aggregation='exact'."
+            )
 
 
 def paper_gaussians(
@@ -305,14 +341,35 @@ def _totals(log_likelihood: Tensor, n_samples: Tensor, params: MixtureParams) ->
 
 
 class PFedEM(JointFedGMM):
-    """pFedEM (see module docstring): ``PFedEM(n_components, n_classes, **settings)`` with
-    the settings of :class:`~fednovelty.federated.config.PFedEMConfig`."""
+    """pFedEM (see the module docstring): ``PFedEM(n_components, n_classes, **settings)``
+    with the settings of :class:`PFedEMConfig`; the joint model's chain ending in
+    :class:`PFedEMStep`.
+
+    Each round, on client ``i`` (its personal weights ``pi_i`` kept in its state, the global
+    weights when it has none):
+
+    - Eq. 8: posteriors ``gamma_ik(z) ∝ pi_ik N(z; mu_k, sigma_k)`` of its rows under the
+      broadcast Gaussians; Eq. 9-11: its own means, variances (per feature) and weights from
+      them;
+    - the rows are partitioned by their most likely Gaussian, ``D_ik``, and sub-model ``k`` is
+      trained from the broadcast weights on ``D_ik`` alone (``local_epochs`` of SGD or Adam);
+    - it sends the sub-models, the hard counts ``|D_ik|`` and, by ``gaussian_aggregation``:
+      ``"paper"``: its means and variances (Eq. 9-10); ``"exact"``: the summed statistics of its
+      rows under ``gamma`` about the broadcast shift.
+
+    The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5; under
+    ``aggregation="trimmed"``, the coordinate-wise trimmed mean of the copies of the clients
+    whose partition held the component, and the Gaussians by
+    :func:`~fednovelty.federated.robust.robust_stats`, the paper's replies read as statistics:
+    :func:`paper_stats`) and sets the Gaussians: ``"paper"``: Eq. 12-14, means and variances
+    averaged with the hard counts (the between-client spread of each component is dropped, as
+    written); ``"exact"``: federated EM's M-step on the summed statistics (the pooled rows'
+    M-step). The first round starts from federated EM's initialisation (``init_params``, k-means
+    by default) and sub-models from ``learner_factory`` under ``random_state``.
+    """
 
     config_class = PFedEMConfig
+    em_step: ClassVar[type[JointEMStep]] = PFedEMStep
 
     def __init__(self, n_components: int, n_classes: int, **settings: Any):
         self._setup(PFedEMConfig(n_components=n_components, n_classes=n_classes, **settings))
-
-    def _setup(self, config: PFedEMConfig) -> None:
-        super(JointFedGMM, self)._setup(config)
-        self._chain(em_steps(config, PFedEMStep(self)))

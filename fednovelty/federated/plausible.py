@@ -1,29 +1,25 @@
 """The first round's defences: replies no honest federation produces, and robust moments.
 
 The first round of most algorithms asks every client where its rows lie: feature moments
-(``moments``: the standardisation of federated EM and its relatives), the default prior's
-mean and scatter (``vb_prior``), a whole local mixture (FedGenGMM's ``local_fit``), or, where
-no moments round comes first, k-means centroids (``centroids``: their count-weighted mean is
-the mean of the client's rows).
-Nothing earlier bounds these replies, and everything later is measured in their units: one
-client declaring a mean of 1e133 makes the pooled scale 1e132 and every score a constant.
-Two defences, both pure functions:
+(``moments``), the default prior's mean and scatter (``vb_prior``), a whole local mixture
+(FedGenGMM's ``local_fit``), or, where no moments round comes first, k-means centroids
+(``centroids``: their count-weighted mean is the mean of the client's rows). Nothing earlier
+bounds these replies, and everything later is in their units: one client declaring a mean
+of 1e133 makes the pooled scale 1e132 and every score a constant. Two defences, both pure
+functions:
 
 - :func:`gross_screen`, applied by the round loop to **every** run
   (:mod:`fednovelty.runtime.loop`), whatever the algorithm's robust options: each
   client's declared per-feature mean and standard deviation is compared with the other
   clients' (:func:`gross_outliers`); a client ``GROSS_Z`` (1e3) reference spreads away, or
   with a spread ``GROSS_SCALE`` (1e3) times the reference, is dropped from the round by name
-  and, as every client the server gate drops, from the rest of the run. On the 25 ADBench
-  sets (10 clients, Dirichlet(0.5) over k-means groups, novelty and outlier protocols,
-  seeds 0-2) the largest honest values are 6.8 reference spreads for a mean and 146 for a
-  standard deviation (``24_mnist``): the rule leaves honest federations alone.
+  and, as every client the server gate drops, from the rest of the run. The thresholds sit
+  far above what honest federations reach (``docs/robust.md``).
 - :func:`robust_moments`, the ``moments`` round's combination when the algorithm's robust
   option is on (``aggregation`` ``"trimmed"`` / ``"median"`` or a ``client_weight_cap``):
   per feature, the coordinate-wise median or trimmed mean of the clients' means is the
   centre, and the same combination of their variances plus that of their squared distances
-  to the centre is the variance, each client one vote whatever the rows it claims. One
-  client among ten, lying below the gross threshold, moves the standardisation little.
+  to the centre is the variance, each client one vote whatever the rows it claims.
 """
 
 from __future__ import annotations

@@ -1,45 +1,27 @@
 """The client's privacy policy and the client gate that applies it to every reply.
 
 The server is not trusted: whatever a message asks, a client releases only values its own
-:class:`PrivacyPolicy` allows. The policy is the client's configuration (the simulation's
-``run_simulation(..., privacy=...)``, a Flower node's ``node_config``), never a field of a
-message.
+:class:`PrivacyPolicy` allows (the simulation's ``run_simulation(..., privacy=...)``, a
+Flower node's ``node_config``; never a field of a message). The rule is a **floor**: every
+value a client releases (a component's statistics, a centroid, a row count, feature moments,
+a local mixture's component, a range, a prototype, a cluster row's log-likelihood) is backed
+by at least ``min_rows`` of its rows; a client with fewer rows releases nothing.
 
-The rule is a **floor**: every value a client releases (a component's count, sums and second
-moments, a k-means centroid, a client's row count and feature moments, a local mixture's
-component, a feature range, a class prototype, a cluster row's mean log-likelihood) is backed
-by at least ``min_rows`` of its rows.
-
-**The gate** (:func:`release`, run by ``FederatedAlgorithm.answer``, which every engine calls):
-a client step states, beside each tensor of its reply, the effective rows behind it
-(``Message.backing``: a () tensor for the whole tensor, or one per entry of its leading
-dimensions); the step's ``ReplySpec.backing`` says what kind of value it is. The gate refuses
-a reply with a whole value below the floor, with more grouped entries than the client's own
-configuration allows, or with a tensor nobody classified or backed; it zeros (components,
-classes, bins, cells) or removes (a local mixture's components, weights renormalised) the
-entries below the floor; it strips the backing. Steps keep the transformations that make
-values backed (merging small k-means clusters, a tied second moment of the kept components'
-rows, leaving an outlying row out of cluster scores: :func:`contrast_backed`); the gate
-applies the floor.
-
-What backs what (the helpers client steps use):
-
-- Hard statistics (k-means labels, class counts): the row count of the cluster or class.
-- Soft statistics (EM responsibilities ``r_ik``): Kish's effective rows
-  ``(sum_i r_ik)^2 / sum_i r_ik^2`` (:func:`effective_rows`, :func:`resp_rows`); with
-  ``n_eff >= m`` no row carries more than ``1 / sqrt(m)`` of the component's weight.
-- Sums of per-row values (log-likelihoods): the effective rows of their deviations from the
-  median, under every contrast of the released sums (:func:`deviation_rows`,
-  :func:`contrast_rows`: an exact search over the directions that contain a minimiser where
-  affordable, else a proven lower bound from the values' leverages).
-- Client totals and models trained on all rows: the row count (:func:`client_backing`).
-- A client with fewer than ``min_rows`` rows releases nothing, not even its row count.
+**The gate** (:func:`release`, run by ``FederatedAlgorithm.answer``, which every engine
+calls): a client step states the effective rows behind each tensor of its reply
+(``Message.backing``, never sent) and its ``ReplySpec.backing`` says what kind of value it
+is. The gate refuses a reply with a whole value below the floor, with more grouped entries
+than the client's own configuration allows, or with a tensor nobody classified or backed;
+it zeros or removes the entries below the floor. What backs what: hard statistics, their
+row counts; soft statistics, Kish's effective rows (:func:`effective_rows`,
+:func:`resp_rows`); sums of per-row values, the effective rows of their deviations from the
+median under every contrast (:func:`deviation_rows`, :func:`contrast_rows`); client totals
+and models trained on all rows, the row count (:func:`client_backing`).
 
 What the floor does not do (``docs/privacy.md``): it is k-anonymity-style disclosure control
 of each released value, not differential privacy. ``min_rows`` identical rows give away their
-common value; a server can combine different tensors of one reply (an ``em`` reply's component
-sums beside its log-likelihood under a crafted probe) or replies of different rounds (the sums
-with and without a suppressed row), which only differential privacy bounds.
+common value; a server can combine different tensors of one reply or replies of different
+rounds, which only differential privacy bounds.
 """
 
 from __future__ import annotations

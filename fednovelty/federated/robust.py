@@ -5,27 +5,22 @@ produce or that contradict what their client declared. A client that lies consis
 from its first reply on (a made-up data set, or a claimed row count far above its real one)
 passes it; these pure functions bound its influence instead. Each costs something on honest
 federations (rows of a rare cluster held by one client look like an attack), so all are
-options, off by default; ``benchmarks/poisoning.py`` measures both sides.
+options, off by default; ``benchmarks/poisoning.py`` compares both sides.
 
 - :func:`weight_factors`: **a cap on one client's weight**. No client counts for more than
   ``cap`` times the median client's row count; a larger client's statistics (or local
-  mixture) are scaled down to that weight. Means and covariances a client sends are
-  unchanged; only how much they count.
+  mixture) are scaled down to that weight, its means and covariances unchanged.
 - :func:`robust_stats`: **a trimmed combination of per-client estimates** for federated EM
-  (``aggregation="trimmed"``). Per component ``k``, every client's share of its rows
-  ``counts_ck / n_c`` is combined by a trimmed mean over clients (the ``floor(trim * C)``
-  highest and lowest values dropped), so a component that one client fills on its own gets
-  almost no weight. The component's mean and covariance come from the summed statistics of
-  the clients that hold at least one row's worth of it, less the ``floor(trim * C_k)`` whose
-  own component mean lies farthest from the coordinate-wise median of theirs, scaled to the
-  combined weight. ``trim`` must exceed the share of hostile clients to stop them all.
-- :func:`outlying_models`: the same idea for FedGenGMM's local mixtures: each client's
-  mixture is summarised by the per-feature mean and log-variance of its distribution;
-  ``"trimmed"`` leaves out the ``ceil(trim * C)`` clients farthest from the median summary,
-  ``"median"`` every client whose robust z-score (median and MAD) exceeds 3.5.
-  One-shot federated VB leaves out client posteriors the same way (their plug-in
-  mixtures), after :func:`typical_row_factors` has counted every client as the typical
-  client's rows.
+  (``aggregation="trimmed"``): per component, the clients' shares of their rows are
+  combined by a trimmed mean, so a component that one client fills on its own gets almost
+  no weight, and its mean and covariance come from the clients whose own component mean
+  lies nearest the coordinate-wise median of theirs. ``trim`` must exceed the share of
+  hostile clients to stop them all.
+- :func:`outlying_models`: the same idea for local mixtures (FedGenGMM) and client
+  posteriors (one-shot federated VB, after :func:`typical_row_factors` has counted every
+  client as the typical client's rows): ``"trimmed"`` leaves out the ``ceil(trim * C)``
+  clients farthest from the median summary, ``"median"`` every client whose robust z-score
+  exceeds 3.5.
 """
 
 from __future__ import annotations
@@ -170,7 +165,14 @@ def _keep_nearest(means: Tensor, present: Tensor, trim: float) -> Tensor:
 
 
 def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> SufficientStats:
-    """The statistics the M-step sees under the trimmed combination (module docstring).
+    """The statistics the M-step sees under the trimmed combination.
+
+    Per component ``k``, every client's share of its rows ``counts_ck / n_c`` is combined by
+    a trimmed mean over clients (the ``floor(trim * C)`` highest and lowest values dropped).
+    The component's mean and covariance come from the summed statistics of the clients that
+    hold at least one row's worth of it, less the ``floor(trim * C_k)`` whose own component
+    mean lies farthest from the coordinate-wise median of theirs, scaled to the combined
+    weight.
 
     Args:
         per_client: client id -> its (possibly weight-capped) statistics about one shift.

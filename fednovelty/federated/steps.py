@@ -11,28 +11,18 @@ How steps cooperate, without knowing each other:
 
 - ``state.phase`` is the kind of the next round's message; each kind belongs to exactly one
   step, which configures that round, answers it on the clients and folds its replies.
-- When a step's server half reports it is done, the chain calls ``begin`` on the following
-  steps until one names its first round (a step with nothing to do, e.g. an initialisation
-  whose result the user gave, returns ``None``); after the last step the phase is
+- When a step's server half is done, the chain calls ``begin`` on the following steps until
+  one names its first round (``None``: nothing to do); after the last step the phase is
   ``"done"`` and every step's ``finish`` runs, last step first.
-- A finished step may change how later rounds look: ``broadcast`` adds tensors to their
-  messages (e.g. the standardisation's offset and scale) and ``view`` transforms the
-  client's rows before a later step's client half sees them (z-scores, a PCA projection).
-  A ``view`` that cannot work (a client without the projection) raises :class:`ClientSkip`
-  and the client replies skipped.
-- ``state.rounds`` counts the rounds of the steps whose ``counted`` is true; the round seeds
-  are drawn from it.
+- A finished step may change later rounds: ``broadcast`` adds tensors to their messages and
+  ``view`` transforms the client's rows (z-scores, a PCA projection); a ``view`` that cannot
+  work raises :class:`ClientSkip` and the client replies skipped.
+- ``state.rounds`` counts the rounds of the steps whose ``counted`` is true (round seeds).
 
-A step declares the replies of its rounds: ``replies`` maps each of its ``kinds`` to a
-:class:`~fednovelty.federated.declarations.ReplySpec` (the tensors and shapes a reply holds
-given the broadcast, its value checks, what backs each released value, the client's own
-limit, how the client's declared box bounds it, whether its client half runs on one thread).
-Both gates and the thread choice read these declarations through
-:meth:`ChainedAlgorithm.reply_spec`, never a table keyed by kind: the client gate
-(``FederatedAlgorithm.answer``) floors what a client releases by the declared backing, the
-server gate (:class:`~fednovelty.federated.validation.ReplyValidator`) checks every reply
-against the declared schema. A step that answers a kind without declaring it cannot be
-chained (:class:`~fednovelty.federated.declarations.UndeclaredReplyError`).
+A step declares the replies of its rounds (``replies``: kind ->
+:class:`~fednovelty.federated.declarations.ReplySpec`); both gates and the thread choice
+read them through :meth:`ChainedAlgorithm.reply_spec`, and a step that answers a kind
+without declaring it cannot be chained.
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
-"""Streaming federated EM: one window of a stream of client data (issue 21).
+"""Streaming federated EM: one window of a stream of client data.
 
 A stream is a sequence of windows; in each, every client holds new rows. One run of
 :class:`StreamingEM` is one window and starts from the mixture the previous window left
 (``weights_init``, ``means_init``, ``precisions_init``) and the summed statistics it carries
-(``carry_*``, ``S_{t-1}``). Its rounds, all of kind ``"stream"``:
-
-- **the window's first round**: each client first scores its new rows under the mixture it
-  had (its own weights ``pi_c``, or the global weights if it is new) and keeps their mean
-  and variance of ``log p(x)`` (the window's *surprise*); then re-estimates ``pi_c`` by EM
-  over the weights with every component frozen (:func:`~fednovelty.mixture.em.fit_weights`,
-  nothing sent), and the total variation between its old and new weights. It replies with
-  the E-step statistics under its new weights, the drift values
-  ``[mean log p, variance of log p, total variation, new]`` and the statistics of its *far*
-  rows: those whose squared Mahalanobis distance to every component exceeds the
-  chi-square quantile ``far_quantile`` (mass where no component sits).
-- the server adds the statistics, forgets: ``S_t = rho S_{t-1} + S_window``
-  (:func:`~fednovelty.mixture.streaming.forget_and_add`), and when the far rows are at least
-  ``birth_share`` of the window's rows it re-bears the component with the least carried mass
-  on the far rows' statistics (a population that moved to where no component sits gets a
-  component there at once, instead of dragging the nearest one over several windows). The
-  M-step on ``S_t`` gives the new mixture.
-- ``rounds > 1``: further rounds are personal EM rounds (the clients' weights take one EM step
-  each, as :class:`~fednovelty.federated.em.EMStep`'s) on the window's rows, each M-step
-  again on ``rho S_{t-1} + S_window``.
-- ``rounds = 0``: one round in which clients only track their weights and reply with their
-  weighted row counts and drift values; the mixture and the carried statistics stay.
+(``carry_*``, ``S_{t-1}``). In the window's first round each client scores its new rows under
+the mixture it had (the window's *surprise*: mean and variance of ``log p(x)``),
+re-estimates its own weights with the components frozen, and replies with the E-step
+statistics, its drift values ``[mean log p, variance of log p, total variation, new]`` and
+the statistics of its *far* rows (beyond the chi-square quantile ``far_quantile`` from every
+component). The server forgets and adds, ``S_t = rho S_{t-1} + S_window``
+(:func:`~fednovelty.mixture.streaming.forget_and_add`), re-bears the component with the
+least carried mass on the far rows when they are at least ``birth_share`` of the window, and
+runs the M-step on ``S_t``. ``rounds > 1`` adds personal EM rounds on the window's rows;
+``rounds = 0`` only tracks the clients' weights. The rounds are stated on
+:class:`StreamStep`.
 
 Only statistics cross the wire. Each client keeps its weights in its own state
 (``log_weights``) from window to window; an engine that starts a window passes each
@@ -38,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from scipy.stats import chi2
@@ -46,10 +35,17 @@ from torch import Tensor
 
 from fednovelty.federated.aggregate import stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import StreamConfig
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    RobustSettings,
+    as_tensor,
+    at_least,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.em import kept_tied_second
-from fednovelty.federated.init import combine_stats
+from fednovelty.federated.init import GivenMixture, combine_stats
 from fednovelty.federated.privacy import (
     backed,
     effective_rows,
@@ -79,12 +75,93 @@ from fednovelty.mixture.density import Workspace, log_gaussian_prob
 from fednovelty.mixture.em import fit_weights, moment_shift
 from fednovelty.mixture.streaming import forget_and_add
 
-__all__ = ["DRIFT_FIELDS", "STREAM_KIND", "StreamState", "StreamStep", "StreamingEM"]
+__all__ = [
+    "DRIFT_FIELDS",
+    "STREAM_KIND",
+    "StreamConfig",
+    "StreamState",
+    "StreamStep",
+    "StreamingEM",
+]
 
 STREAM_KIND = "stream"
 #: the values of a client's ``drift`` tensor, in order.
 DRIFT_FIELDS = ("mean_log_likelihood", "var_log_likelihood", "total_variation", "new")
 FAR_FIELDS = ("far_counts", "far_sums", "far_second")
+#: the carried statistics' tensors (``StreamConfig.carry_*``).
+CARRIED = ("carry_counts", "carry_sums", "carry_second", "carry_shift")
+
+
+@settings_dataclass
+class StreamConfig(RobustSettings, ComponentSettings, CovarianceSettings, GivenMixture):
+    """Settings of one window of streaming federated EM (``StreamingEM``): the robust options
+    (the window's and the far rows' statistics summed, or ``"trimmed"`` as federated EM's),
+    ``n_components`` and ``chunk_size``, the covariance settings, seed and placement, the
+    mixture going into the window (``weights_init``, ``means_init``, ``precisions_init``:
+    the previous window's result, required), and
+
+    Attributes:
+        carry_counts, carry_sums, carry_second, carry_shift, carry_n_samples: the carried
+            summed statistics ``S_{t-1}`` (``None``: the first window carries nothing).
+        rho: forgetting factor in [0, 1]: ``S_t = rho S_{t-1} + S_window``.
+        rounds: M-steps in the window (>= 0); 0 only tracks the clients' weights.
+        far_quantile: a row is *far* when its squared Mahalanobis distance to every
+            component exceeds this quantile of the chi-square law with d degrees of freedom
+            (``None``: no births).
+        birth_share: when the far rows are at least this share of the window's rows, the
+            component with the least carried mass is re-born on their statistics.
+        adapt_iter, adapt_tol: each client's EM over its weights at the window's start.
+
+    The M-steps are plain: no standardisation and no covariance prior, whose scales would
+    change from window to window.
+    """
+
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
+
+    carry_counts: Tensor | None = None
+    carry_sums: Tensor | None = None
+    carry_second: Tensor | None = None
+    carry_shift: Tensor | None = None
+    carry_n_samples: float = 0.0
+    rho: float = 0.9
+    rounds: int = 1
+    far_quantile: float | None = 0.999
+    birth_share: float = 0.05
+    adapt_iter: int = 100
+    adapt_tol: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("rounds", int(at_least("rounds", self.rounds, 0)))
+        self._set("adapt_iter", int(at_least("adapt_iter", self.adapt_iter, 1)))
+        self._set("adapt_tol", float(at_least("adapt_tol", self.adapt_tol, 0)))
+        for name in ("rho", "birth_share"):
+            value = float(at_least(name, getattr(self, name), 0))
+            if value > 1:
+                raise ValueError(f"{name} must be in [0, 1]; got {getattr(self, name)!r}.")
+            self._set(name, value)
+        if self.far_quantile is not None and not 0.0 < float(self.far_quantile) < 1.0:
+            raise ValueError(f"far_quantile must be in (0, 1) or None; got {self.far_quantile!r}.")
+        if self.covariance_type == "tied" and self.far_quantile is not None:
+            raise ValueError(
+                "births re-bear one component's covariance, which covariance_type='tied' "
+                "shares among all: use far_quantile=None with 'tied'."
+            )
+        self._set("carry_n_samples", float(at_least("carry_n_samples", self.carry_n_samples, 0)))
+        for name in CARRIED:
+            self._set(name, as_tensor(getattr(self, name), self.dtype, self.device))
+        if not self.given_params:
+            raise ValueError(
+                "a streaming window starts from a mixture: give weights_init, means_init and "
+                "precisions_init (the previous window's result)."
+            )
+        carried = [getattr(self, n) is None for n in CARRIED[:3]]
+        if any(carried) and not all(carried):
+            raise ValueError("give all of carry_counts, carry_sums, carry_second or none.")
+        if not all(carried) and self.carry_shift is None:
+            raise ValueError(
+                "carried statistics need the shift they were taken about (carry_shift)."
+            )
 
 
 @dataclass
@@ -220,7 +297,29 @@ STREAM_REPLY = ReplySpec(
 
 
 class StreamStep(Step):
-    """The rounds of one streaming window (module docstring)."""
+    """The rounds of one streaming window, all of kind ``"stream"``:
+
+    - **the window's first round**: each client first scores its new rows under the mixture it
+      had (its own weights ``pi_c``, or the global weights if it is new) and keeps their mean
+      and variance of ``log p(x)`` (the window's *surprise*); then re-estimates ``pi_c`` by EM
+      over the weights with every component frozen (:func:`~fednovelty.mixture.em.fit_weights`,
+      nothing sent), and the total variation between its old and new weights. It replies with
+      the E-step statistics under its new weights, the drift values ``[mean log p, variance of
+      log p, total variation, new]`` and the statistics of its *far* rows: those whose squared
+      Mahalanobis distance to every component exceeds the chi-square quantile ``far_quantile``
+      (mass where no component sits).
+    - the server adds the statistics, forgets: ``S_t = rho S_{t-1} + S_window``
+      (:func:`~fednovelty.mixture.streaming.forget_and_add`), and when the far rows are at least
+      ``birth_share`` of the window's rows it re-bears the component with the least carried mass
+      on the far rows' statistics (a population that moved to where no component sits gets a
+      component there at once, instead of dragging the nearest one over several windows). The
+      M-step on ``S_t`` gives the new mixture.
+    - ``rounds > 1``: further rounds are personal EM rounds (the clients' weights take one EM
+      step each, as :class:`~fednovelty.federated.em.EMStep`'s) on the window's rows, each
+      M-step again on ``rho S_{t-1} + S_window``.
+    - ``rounds = 0``: one round in which clients only track their weights and reply with their
+      weighted row counts and drift values; the mixture and the carried statistics stay.
+    """
 
     kinds = (STREAM_KIND,)
     replies = declare(STREAM_REPLY)
@@ -450,10 +549,10 @@ class StreamStep(Step):
 
 
 class StreamingEM(ChainedAlgorithm):
-    """One window of streaming federated EM (see module docstring).
+    """One window of streaming federated EM (see the module docstring).
 
     ``StreamingEM(n_components, weights_init=..., means_init=..., precisions_init=...,
-    **settings)`` with the settings of :class:`~fednovelty.federated.config.StreamConfig`,
+    **settings)`` with the settings of :class:`StreamConfig`,
     or ``StreamingEM.from_config(StreamConfig(...))``.
     """
 

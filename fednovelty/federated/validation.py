@@ -5,48 +5,23 @@ a bug) or hostile (a client that claims more rows than it has, sends a second mo
 could produce, or a local mixture with more components than the broadcast allowed). One NaN
 or one impossible statistic in a sum would poison the whole model, so every engine passes
 each round's replies through one :class:`ReplyValidator` and hands the server step only the
-replies that pass. A reply that fails is dropped with a reason; the round goes on with the
-others.
+replies that pass. A reply that fails is dropped with a reason; the round goes on.
 
 This module is the engine; it knows no message kind. What a reply of a kind must look like
 is declared by the step that defines the message, as a
-:class:`~fednovelty.federated.declarations.ReplySpec` (``Step.replies``, read through
-``FederatedAlgorithm.reply_spec``), and the engine applies it:
+:class:`~fednovelty.federated.declarations.ReplySpec`, and the validator applies it: shapes,
+values (finite, non-negative where declared, the declared checks such as
+:func:`check_stats`) and what the client declared before (its row count, and the box its
+declared moments fix); the checks are stated on :class:`ReplyValidator`. A reply of a kind
+its algorithm declares nothing for is refused; :func:`check_reply` without a spec reads the
+package's own declaration of the kind.
 
-- **shapes** (``spec.shapes(broadcast, d)``): every declared tensor present, with its
-  shape (a string dimension is free but equal wherever it appears in one reply); a reply
-  tensor named as a broadcast tensor has the broadcast's shape (learners, models); any
-  other tensor is refused.
-- **values**: floating tensors finite; counts, row counts, weights and variances
-  (:data:`NON_NEGATIVE`) non-negative; then the declared ``spec.checks`` (e.g. the shared
-  :func:`check_stats`: counts add up to at most the row count and ``n_k S_k - s_k s_k^T``
-  is positive semi-definite, the Cauchy-Schwarz inequality any weighted set of rows
-  satisfies).
-- **what the client declared before** (:class:`ReplyValidator`): the row count is fixed
-  by a client's first reply that carries one and may not change later; the row width is
-  the federation's. A reply that declares the client's moments (``spec.moments``: a
-  ``moments`` round's mean ``m`` and sum of squared deviations ``M2``, or the prior
-  moments of variational Bayes) fixes a box: every row the client holds lies within
-  ``|x_j - m_j| <= sqrt(M2_j)``, so every mean it sends later (``box="means"``: centroids,
-  ranges) lies in that box, and the squared deviations about ``m`` that its statistics
-  imply (``box="stats"``, ``box="moments"``) may not add up to more than ``M2``.
-
-A reply of a kind its algorithm declares nothing for is refused. :func:`check_reply`
-without a spec reads the package's own declaration of the kind
-(:func:`~fednovelty.federated.declarations.declared_spec`).
-
-A client that lies consistently from its first reply on (a made-up data set) passes these
-checks: that is what the robust aggregation options of the algorithms bound (a cap on one
-client's weight, trimmed and median combinations; ``docs/robust.md``).
-
-What the server expects of a reply beyond the broadcast's tensors (the covariance type of
-statistics and mixtures, the most centroids or local components, the width of the rows the
-round works on after a PCA projection) is the server's own setting, not something a client
-is told in every message: the algorithm writes it into the broadcast's ``expect``
-(:class:`~fednovelty.federated.base.Message`), which stays on the server.
-
-A skipped reply (``scalars["skipped"]``: the client is below its privacy floor or refused
-the round) carries no statistics and is passed on as it is.
+A client that lies consistently from its first reply on passes these checks: the robust
+aggregation options bound it (``docs/robust.md``). What the server expects beyond the
+broadcast's tensors (a covariance type, the most centroids, the rows' width after a
+projection) is written into the broadcast's ``expect``
+(:class:`~fednovelty.federated.base.Message`), which stays on the server. A skipped reply
+(``scalars["skipped"]``) carries no statistics and is passed on as it is.
 """
 
 from __future__ import annotations
@@ -397,7 +372,24 @@ class ReplyValidator:
 
     Holds the federation's row width (given, or the most common width of the first round's
     replies), how to find the declaration of a kind, and what each client declared
-    (:class:`Declared`).
+    (:class:`Declared`). It checks:
+
+    - **shapes** (``spec.shapes(broadcast, d)``): every declared tensor present, with its shape
+      (a string dimension is free but equal wherever it appears in one reply); a reply tensor
+      named as a broadcast tensor has the broadcast's shape (learners, models); any other tensor
+      is refused.
+    - **values**: floating tensors finite; counts, row counts, weights and variances
+      (:data:`NON_NEGATIVE`) non-negative; then the declared ``spec.checks`` (e.g. the shared
+      :func:`check_stats`: counts add up to at most the row count and ``n_k S_k - s_k s_k^T`` is
+      positive semi-definite, the Cauchy-Schwarz inequality any weighted set of rows satisfies).
+    - **what the client declared before** (:class:`ReplyValidator`): the row count is fixed by a
+      client's first reply that carries one and may not change later; the row width is the
+      federation's. A reply that declares the client's moments (``spec.moments``: a ``moments``
+      round's mean ``m`` and sum of squared deviations ``M2``, or the prior moments of
+      variational Bayes) fixes a box: every row the client holds lies within ``|x_j - m_j| <=
+      sqrt(M2_j)``, so every mean it sends later (``box="means"``: centroids, ranges) lies in
+      that box, and the squared deviations about ``m`` that its statistics imply
+      (``box="stats"``, ``box="moments"``) may not add up to more than ``M2``.
 
     Attributes:
         n_features: the federation's ``d`` (``None`` until known).

@@ -7,55 +7,46 @@ responsibilities' entropy from them, runs the conjugate M-step and records the E
 one shared prior the summed statistics are those of the pooled rows, so any split of the
 rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-off.
 
-``FederatedVB`` is a chain of steps::
+``FederatedVB`` is a chain of steps (each stated on :class:`FederatedVB`)::
 
     [prior moments] + initialisation (federated EM's init steps) + VB
 
-- prior moments (:class:`VBPriorStep`, one round, skipped when ``mean_prior`` and
-  ``covariance_prior`` are both given): each client sends its row count, mean and scatter
-  about its own mean (full matrix); the server merges them exactly (Chan's parallel
-  formula, no cancellation) into scikit-learn's default ``mean_prior`` (the data mean) and
-  ``covariance_prior`` (the data covariance, ``ddof=1``).
-- initialisation: :func:`~fednovelty.federated.init.init_steps` as in federated EM
-  (k-means, separated, subset, or given ``weights_init``/``means_init``/
-  ``precisions_init``); it leaves a Gaussian mixture in ``state.params``. K is an upper
-  bound: when the clients' privacy floors let them send fewer k-means centroids than K,
-  the k-means init seeds half as many components as centroids arrived and the rest start
-  empty (:func:`pad_components`), at the prior.
-- VB (:class:`VBStep`): one ``vb_init`` round (clients' Gaussian E-step responsibilities
-  under ``state.params``, summed; the server's VB M-step gives the first posterior:
-  scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
-  the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran.
+The prior moments round (:class:`VBPriorStep`) merges the clients' means and scatters
+exactly into scikit-learn's default priors; the initialisation is federated EM's
+(:func:`~fednovelty.federated.init.init_steps`, with K an upper bound); :class:`VBStep`
+runs until the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran. Robust options
+as federated EM's (``aggregation="trimmed"``, ``client_weight_cap``): the posterior is then
+no longer the pooled rows' exactly.
 
-Robust options (:mod:`fednovelty.federated.robust`, as federated EM's): ``client_weight_cap``
-scales down the sums of a client claiming more than that many median clients' rows, and
-``aggregation="trimmed"`` combines the ``vb_init``/``vb`` statistics by
-:func:`~fednovelty.federated.robust.robust_stats` (through the shared
-:func:`~fednovelty.federated.init.combine_stats`) and leaves the most outlying client's
-k-means centroids out of the initialisation; the posterior is then no longer the pooled
-rows' exactly, and the ELBO is computed from the combined statistics.
-
-Not supported yet (rejected by :class:`VBConfig`): standardisation, the EM covariance
-prior, PCA and personal weights. A client below its privacy floor
-skips; as in federated EM, a component backed by fewer than ``min_rows`` of a client's
-effective rows is sent as zeros (then the sums are not the pooled rows' exactly; with
-``min_rows=1`` they are), and a component no client backs stays at its prior.
+:class:`VBConfig` has no standardisation, EM covariance prior, PCA or personal weights: the
+Normal-Wishart prior takes their place. A client below its privacy floor skips; a component
+backed by fewer than ``min_rows`` of a client's effective rows is sent as zeros (with
+``min_rows=1`` the sums are the pooled rows' exactly), and a component no client backs
+stays at its prior.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import VBConfig
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    TorchSettings,
+    as_tensor,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.em import floored_stats_message
-from fednovelty.federated.init import combine_stats, init_steps
+from fednovelty.federated.init import GivenMixture, InitSettings, combine_stats, init_steps
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
@@ -63,6 +54,8 @@ from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
+    WEIGHT_PRIOR_TYPES,
+    InvalidPriorError,
     VBPosterior,
     VBPrior,
     effective_n_components,
@@ -73,7 +66,89 @@ from fednovelty.mixture.variational import (
     vb_m_step,
 )
 
-__all__ = ["FederatedVB", "VBConfig", "VBPriorStep", "VBState", "VBStep"]
+__all__ = [
+    "FederatedVB",
+    "VBConfig",
+    "VBPriorSettings",
+    "VBPriorStep",
+    "VBState",
+    "VBStep",
+]
+
+
+@settings_dataclass
+class VBPriorSettings(TorchSettings):
+    """scikit-learn's ``BayesianGaussianMixture`` priors (``None``: its defaults) and the
+    effective-weight threshold, the arrays kept as tensors in ``dtype`` on ``device``.
+
+    Attributes:
+        weight_concentration_prior_type: ``dirichlet_process`` or ``dirichlet_distribution``.
+        weight_concentration_prior: > 0 (default ``1 / n_components``).
+        mean_precision_prior: > 0 (default 1).
+        mean_prior: (n_features,) (default: the pooled mean).
+        degrees_of_freedom_prior: > n_features - 1 (default n_features; checked once the
+            width is known).
+        covariance_prior: (n_features, n_features), (n_features,) or a float by
+            covariance type (default: from the pooled covariance).
+        weight_threshold: expected weight above which a component counts as effective.
+    """
+
+    weight_concentration_prior_type: str = "dirichlet_process"
+    weight_concentration_prior: float | None = None
+    mean_precision_prior: float | None = None
+    mean_prior: Tensor | None = None
+    degrees_of_freedom_prior: float | None = None
+    covariance_prior: Tensor | float | None = None
+    weight_threshold: float = 1e-2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weight_concentration_prior_type not in WEIGHT_PRIOR_TYPES:
+            raise InvalidPriorError(
+                f"weight_concentration_prior_type must be one of {WEIGHT_PRIOR_TYPES}, "
+                f"got {self.weight_concentration_prior_type!r}."
+            )
+        for name in ("weight_concentration_prior", "mean_precision_prior"):
+            value = getattr(self, name)
+            if value is not None and not (float(value) > 0 and math.isfinite(float(value))):
+                raise InvalidPriorError(f"{name} must be a finite number > 0, got {value}.")
+        dof = self.degrees_of_freedom_prior
+        if dof is not None and not float(dof) > 0:
+            raise InvalidPriorError(
+                f"degrees_of_freedom_prior must be > n_features - 1, got {dof}."
+            )
+        for name in ("mean_prior", "covariance_prior"):
+            self._set(name, as_tensor(getattr(self, name), self.dtype, self.device))
+
+    @property
+    def needs_prior_moments(self) -> bool:
+        """Whether a ``vb_prior`` round runs (a default mean or covariance prior)."""
+        return self.mean_prior is None or self.covariance_prior is None
+
+
+@settings_dataclass
+class VBConfig(
+    RobustSettings,
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    InitSettings,
+    GivenMixture,
+    VBPriorSettings,
+):
+    """Settings of federated variational Bayes (``FederatedVB``): the robust options
+    (``aggregation`` ``"sum"`` or ``"trimmed"``), ``n_components`` (the upper bound K) and
+    ``chunk_size``, the covariance and iteration settings (``tol`` applies to the ELBO, as
+    scikit-learn's), federated EM's initialisation (:func:`~fednovelty.federated.init.init_steps`,
+    given parameters included), the priors (:class:`VBPriorSettings`), seed and placement.
+    One posterior of the weights is shared by all clients; the Normal-Wishart prior takes
+    the place of standardisation and of EM's covariance prior.
+    """
+
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
+    #: K is an upper bound: the k-means initialisation may seed fewer components than K when
+    #: the clients' privacy floors allow fewer centroids; the rest start empty, at the prior.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = True
 
 
 @dataclass
@@ -333,12 +408,36 @@ def vb_steps(config: VBConfig) -> list[Step]:
 
 
 class FederatedVB(ChainedAlgorithm):
-    """Federated variational Bayes Gaussian mixture (module docstring).
+    """Federated variational Bayes Gaussian mixture (see the module docstring).
 
     ``FederatedVB(n_components, **settings)`` with the settings of :class:`VBConfig`, or
     ``FederatedVB.from_config(VBConfig(...))``. The result is ``state.posterior``
     (:class:`~fednovelty.mixture.variational.VBPosterior`), ``state.lower_bounds`` (ELBO per
     round) and ``state.effective_n_components``.
+
+    - prior moments (:class:`VBPriorStep`, one round, skipped when ``mean_prior`` and
+      ``covariance_prior`` are both given): each client sends its row count, mean and scatter
+      about its own mean (full matrix); the server merges them exactly (Chan's parallel formula,
+      no cancellation) into scikit-learn's default ``mean_prior`` (the data mean) and
+      ``covariance_prior`` (the data covariance, ``ddof=1``).
+    - initialisation: :func:`~fednovelty.federated.init.init_steps` as in federated EM (k-means,
+      separated, subset, or given ``weights_init``/``means_init``/ ``precisions_init``); it
+      leaves a Gaussian mixture in ``state.params``. K is an upper bound: when the clients'
+      privacy floors let them send fewer k-means centroids than K, the k-means init seeds half
+      as many components as centroids arrived and the rest start empty (:func:`pad_components`),
+      at the prior.
+    - VB (:class:`VBStep`): one ``vb_init`` round (clients' Gaussian E-step responsibilities
+      under ``state.params``, summed; the server's VB M-step gives the first posterior:
+      scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
+      the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran.
+
+    Robust options (:mod:`fednovelty.federated.robust`, as federated EM's):
+    ``client_weight_cap`` scales down the sums of a client claiming more than that many median
+    clients' rows, and ``aggregation="trimmed"`` combines the ``vb_init``/``vb`` statistics by
+    :func:`~fednovelty.federated.robust.robust_stats` (through the shared
+    :func:`~fednovelty.federated.init.combine_stats`) and leaves the most outlying client's
+    k-means centroids out of the initialisation; the posterior is then no longer the pooled
+    rows' exactly, and the ELBO is computed from the combined statistics.
     """
 
     config_class = VBConfig

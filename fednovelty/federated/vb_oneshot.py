@@ -6,71 +6,30 @@ Two rounds, whatever the number of components:
    ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
    for scikit-learn's default Normal-Wishart prior, so every client fits under one shared
    prior. The server also records each client's declared row count.
-2. ``vb_local``: the server broadcasts the prior (and its mean as the statistics' shift);
-   each client runs variational EM on its own rows
-   (:func:`~fednovelty.mixture.variational.fit_vb` from local k-means labels,
-   ``K = n_components`` as the upper bound, at most ``n_rows // min_rows`` k-means
-   clusters, and for full covariances at most one per ``n_features + 1`` rows:
-   :func:`local_clusters`) and replies with the statistics of its converged
-   responsibilities (counts, sums, second moments: the same message as a federated EM
-   round). Under the shared prior these statistics *are* the client's posterior
-   (:func:`~fednovelty.mixture.variational.vb_m_step` maps one to the other), so the server
-   rebuilds it exactly and never has to trust a posterior it cannot check: every reply is
-   validated like a statistics reply (shapes, finite, counts >= 0 adding up to at most the
-   row count the client declared in round 1, second moments some rows could have) and a bad
-   one is dropped with its reason (``state.dropped``), never the run.
+2. ``vb_local``: each client runs variational EM on its own rows under the broadcast prior
+   (:func:`~fednovelty.mixture.variational.fit_vb` from local k-means labels, at most
+   :func:`local_clusters` of them) and replies with the statistics of its converged
+   responsibilities. Under the shared prior these statistics *are* the client's posterior
+   (:func:`~fednovelty.mixture.variational.vb_m_step`), so the server rebuilds it exactly
+   and validates every reply like a statistics reply; a bad one is dropped with its reason
+   (``state.dropped``), never the run.
 
-Matching (:func:`match_components`). The clients' components are pooled (each weighted by
-its expected count ``n_ic``), largest first; each joins the open *slot* whose
-count-weighted Gaussian is closest in symmetric KL divergence (a slot holding another
-component of the same client is used only when no other is left), unless that divergence
-exceeds ``match_threshold`` times the component's divergence to the pooled data's Gaussian
-(the prior's mean and covariance): then it opens a new slot, while fewer than
-``n_components`` are open. The threshold is relative, so it needs no units: a component
-joins a slot that explains it much better than the whole data does.
-
-Combining. Each slot's components are combined with
-:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors` (``posterior_aggregation``:
-``"moment"``, moment matching, the minimiser of ``sum w KL(q_i || p)``, or ``"natural"``,
-natural-parameter averaging, the minimiser of ``sum w KL(p || q_i)``), the weights being the
-clients' expected counts. The weight distribution comes from the slots' summed counts and
-the prior, as the exact M-step would make it (Dirichlet ``alpha_0 + N_s``; sticks ``(1 +
-N_s, gamma_0 + sum_{t > s} N_t)``), slots ordered by decreasing count; unused slots keep the
-prior (an empty component).
-
-Evidence (``total_evidence``, default on). Either rule gives an *average* of the clients'
-posteriors: the prior counted once per client's worth of rows, the mean precision and
-degrees of freedom of one typical client. Measured, that costs the predictive density:
-every client's covariance carries ``W_0^-1 / (nu_0 + n_ic)`` of prior, which the exact
-posterior dilutes over all rows. So the server then raises the combined likelihood factor
-``p / p_0`` to the power ``S = N_s^2 / sum_i n_is^2`` (the slot's total count over the
-count-weighted average contribution; 1 for one client, the number of clients for equal
-shares): :func:`~fednovelty.mixture.vb_aggregate.scale_evidence`. For natural averaging
-with equal shares this is exactly the product of the clients' likelihood factors, the
-posterior of the matched statistics summed. ``total_evidence=False`` keeps the average
-(what VGM2 uses as the next round's prior).
-
-Robust options (``aggregation`` ``"trimmed"`` or ``"median"``, :mod:`fednovelty.federated.
-robust`). Before the matching, every client's statistics are rescaled to the typical
-client's row count (:func:`~fednovelty.federated.robust.typical_row_factors`: the trimmed
-mean or median of the declared counts), so a claimed row count sets no weight, and the
-clients whose posteriors' plug-in mixtures are outlying
-(:func:`~fednovelty.federated.robust.outlying_models`: the ``ceil(trim * C)`` most outlying,
-or every one with a robust z-score above 3.5) are left out (``state.left_out``). The
-``vb_prior`` round is still the plain sum. ``client_weight_cap`` scales down a client's
-statistics before either.
-
-Components with an expected count below ``MIN_COMPONENT_COUNT`` (one row) are left out of
-the matching. Privacy: a client below its floor skips both rounds; a client suppresses
-every component backed by fewer than ``min_rows`` effective rows (Kish) by sending it as
-zeros.
+The server then matches the clients' components into at most ``n_components`` slots
+(:func:`match_components`: symmetric KL divergence relative to the pooled data's
+Gaussian), combines each slot (:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors`,
+``posterior_aggregation`` ``"moment"`` or ``"natural"``) and, with ``total_evidence``, scales
+each slot's evidence from the average client's to the slot's total. Robust options
+(``"trimmed"``, ``"median"``) weigh every client as the typical client's rows and leave out
+outlying client posteriors. The details are stated on :class:`FederatedVBOneShot`. A client
+below its privacy floor skips both rounds; one suppresses every component backed by fewer
+than ``min_rows`` effective rows by sending it as zeros.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -83,10 +42,21 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.config import VBOneShotConfig
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    settings_dataclass,
+)
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
 from fednovelty.federated.privacy import backed, resp_rows, stats_backing, unfloored
-from fednovelty.federated.robust import outlying_models, scale_stats, typical_row_factors
+from fednovelty.federated.robust import (
+    AGGREGATIONS,
+    outlying_models,
+    scale_stats,
+    typical_row_factors,
+)
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -96,7 +66,7 @@ from fednovelty.federated.validation import (
     covariance_shape,
     expectation,
 )
-from fednovelty.federated.variational import VBPriorStep
+from fednovelty.federated.variational import VBPriorSettings, VBPriorStep
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import SufficientStats, stats_from_resp
@@ -121,6 +91,63 @@ __all__ = [
     "gaussian_jeffreys",
     "match_components",
 ]
+
+
+@settings_dataclass
+class VBOneShotConfig(
+    RobustSettings, ComponentSettings, CovarianceSettings, IterationSettings, VBPriorSettings
+):
+    """Settings of one-shot federated variational Bayes (``FederatedVBOneShot``,
+    :mod:`fednovelty.federated.vb_oneshot`): ``n_components`` and ``chunk_size``, the
+    covariance settings (``full``, ``diag`` or ``spherical``: the clients' fits do not
+    align one shared Wishart), the iteration settings (of each client's local variational
+    EM, which local k-means initialises), the priors
+    (:class:`~fednovelty.federated.variational.VBPriorSettings`), seed and placement, and:
+
+    Attributes:
+        posterior_aggregation: how the server combines matched components
+            (:func:`fednovelty.mixture.vb_aggregate.aggregate_posteriors`): ``"moment"``
+            (moment matching, minimises the forward KL) or ``"natural"`` (natural-parameter
+            averaging, minimises the reverse KL).
+        match_threshold: a client component joins the closest slot when its symmetric KL
+            divergence to the slot is at most ``match_threshold`` times its divergence to
+            the pooled data's Gaussian; otherwise it opens a new slot while fewer than
+            ``n_components`` are open (> 0).
+        total_evidence: after combining a slot, scale its evidence from the average
+            client's to the slot's total, the prior counted once
+            (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
+            rule's average (VGM2's use: the average as the next prior).
+        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`):
+            ``"trimmed"`` leaves out the ``ceil(trim * C)`` most outlying client posteriors,
+            ``"median"`` those whose robust z-score exceeds 3.5, and both count every
+            client as the typical client's rows (trimmed mean or median of the row counts).
+    """
+
+    #: ``"trimmed"`` / ``"median"``: every client counts as the typical client's rows, and
+    #: outlying client posteriors are left out before the matching
+    #: (:func:`fednovelty.federated.robust.outlying_models`); ``client_weight_cap`` applies.
+    AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
+    COVARIANCE_CHOICES: ClassVar[tuple[str, ...]] = ("full", "diag", "spherical")
+
+    posterior_aggregation: str = "moment"
+    match_threshold: float = 0.5
+    total_evidence: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.posterior_aggregation not in ("natural", "moment"):
+            raise ValueError(
+                "posterior_aggregation must be 'natural' or 'moment', got "
+                f"{self.posterior_aggregation!r}."
+            )
+        threshold = self.match_threshold
+        if isinstance(threshold, bool) or not (
+            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0
+        ):
+            raise ValueError(f"match_threshold must be a finite number > 0, got {threshold!r}.")
+        self._set("match_threshold", float(threshold))
+        if not isinstance(self.total_evidence, bool):
+            raise ValueError(f"total_evidence must be True or False, got {self.total_evidence!r}.")
 
 
 #: expected count (rows) below which a client's component takes no part in the matching.
@@ -598,13 +625,57 @@ class VBLocalStep(Step):
 
 
 class FederatedVBOneShot(ChainedAlgorithm):
-    """One-shot federated variational Bayes Gaussian mixture (module docstring).
+    """One-shot federated variational Bayes Gaussian mixture (see the module docstring).
 
     ``FederatedVBOneShot(n_components, **settings)`` with the settings of
-    :class:`~fednovelty.federated.config.VBOneShotConfig`, or
+    :class:`VBOneShotConfig`, or
     ``FederatedVBOneShot.from_config(VBOneShotConfig(...))``. The result is
     ``state.posterior``; ``state.assignments`` records the matching and ``state.dropped``
     the refused replies.
+
+    Matching (:func:`match_components`). The clients' components are pooled (each weighted by
+    its expected count ``n_ic``), largest first; each joins the open *slot* whose count-weighted
+    Gaussian is closest in symmetric KL divergence (a slot holding another component of the same
+    client is used only when no other is left), unless that divergence exceeds
+    ``match_threshold`` times the component's divergence to the pooled data's Gaussian (the
+    prior's mean and covariance): then it opens a new slot, while fewer than ``n_components``
+    are open. The threshold is relative, so it needs no units: a component joins a slot that
+    explains it much better than the whole data does.
+
+    Combining. Each slot's components are combined with
+    :func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors` (``posterior_aggregation``:
+    ``"moment"``, moment matching, the minimiser of ``sum w KL(q_i || p)``, or ``"natural"``,
+    natural-parameter averaging, the minimiser of ``sum w KL(p || q_i)``), the weights being the
+    clients' expected counts. The weight distribution comes from the slots' summed counts and
+    the prior, as the exact M-step would make it (Dirichlet ``alpha_0 + N_s``; sticks ``(1 +
+    N_s, gamma_0 + sum_{t > s} N_t)``), slots ordered by decreasing count; unused slots keep the
+    prior (an empty component).
+
+    Evidence (``total_evidence``, default on). Either rule gives an *average* of the clients'
+    posteriors: the prior counted once per client's worth of rows, the mean precision and
+    degrees of freedom of one typical client. That costs the predictive density: every client's
+    covariance carries ``W_0^-1 / (nu_0 + n_ic)`` of prior, which the exact posterior dilutes
+    over all rows. So the server then raises the combined likelihood factor ``p / p_0`` to the
+    power ``S = N_s^2 / sum_i n_is^2`` (the slot's total count over the count-weighted average
+    contribution; 1 for one client, the number of clients for equal shares):
+    :func:`~fednovelty.mixture.vb_aggregate.scale_evidence`. For natural averaging with equal
+    shares this is exactly the product of the clients' likelihood factors, the posterior of the
+    matched statistics summed. ``total_evidence=False`` keeps the average (what VGM2 uses as the
+    next round's prior).
+
+    Robust options (``aggregation`` ``"trimmed"`` or ``"median"``, :mod:`fednovelty.federated.
+    robust`). Before the matching, every client's statistics are rescaled to the typical
+    client's row count (:func:`~fednovelty.federated.robust.typical_row_factors`: the trimmed
+    mean or median of the declared counts), so a claimed row count sets no weight, and the
+    clients whose posteriors' plug-in mixtures are outlying
+    (:func:`~fednovelty.federated.robust.outlying_models`: the ``ceil(trim * C)`` most outlying,
+    or every one with a robust z-score above 3.5) are left out (``state.left_out``). The
+    ``vb_prior`` round is still the plain sum. ``client_weight_cap`` scales down a client's
+    statistics before either.
+
+    Components with an expected count below ``MIN_COMPONENT_COUNT`` (one row) are left out of
+    the matching. Privacy: a client below its floor skips both rounds; a client suppresses every
+    component backed by fewer than ``min_rows`` effective rows (Kish) by sending it as zeros.
     """
 
     config_class = VBOneShotConfig

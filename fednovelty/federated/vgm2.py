@@ -1,51 +1,27 @@
 """VGM2 (Puppala et al., "Variational Gaussian Mixture Manifold Models for Client-Specific
-Federated Personalization"; issue 23) and its baselines on the same encoder (algorithm layer).
+Federated Personalization") and its baselines on the same encoder (algorithm layer).
 
 One algorithm :class:`VGM2`, one kind of round (``"vgm2"``), the method set by
 ``VGM2Config.method``; every client trains a personal MLP encoder ``f: R^m -> R^d`` (and,
 for the baselines, a linear class head ``R^d -> C``) with Adam for ``local_epochs`` passes
 over its rows each time it is sampled:
 
-- ``"vgm2"`` (Alg. 1): the loss of Eq. 7, ``L_umap + gamma L_sim + eta L_cal + lambda KL``:
-  parametric UMAP's cross-entropy (Eq. 1) on edges of the client's fuzzy kNN graph
-  (``umap-learn``'s ``fuzzy_simplicial_set`` on scikit-learn's exact neighbours, built once
-  per client and kept in its state), the pairs' log-loss of ``pi_1(s_ij)`` (Eq. 3-4) over
-  every pair of the batch, the soft-binned calibration error (Eq. 5) of the same pairs and
-  ``KL(q || p_t)`` to the broadcast prior (Eq. 6). The client's markers ``q`` start from the
-  prior (Alg. 1 line 4) and are trained by Adam on their unconstrained parameters (log of
-  the positive ones). Only the markers (2, 5, K) and the row count cross the wire; the
-  server aggregates them (``aggregation="moment"``: Prop. 1's moment matching, the default;
-  ``"natural"``: Sec. 3.5's natural-parameter average), clients weighted by rows.
-- ``"local"``: cross-entropy of the head on the encoder; nothing but the row count and
-  loss is sent and the server keeps nothing.
-- ``"fedavg"``: the same network trained from the global one; the server averages encoder
-  and head by rows (McMahan et al.); prediction uses the global network.
-- ``"prototype"`` (FedProto, the paper's App. B): personal networks trained on
-  cross-entropy plus ``prototype_weight`` times FedProto's ``MSELoss`` between each row's
-  embedding and its class's global prototype (the mean over rows and coordinates); clients
-  send their class means in the embedding and class counts; the server's prototype of a
-  class is the count-weighted mean of the round's client prototypes (a class absent from the
-  round keeps its last one).
+- ``"vgm2"`` (Alg. 1): parametric UMAP on the client's fuzzy kNN graph, the pairs'
+  similarity loss and calibration error, and a KL term to the broadcast prior, with the
+  client's mixture relation markers trained alongside; only the markers and the row count
+  cross the wire, and the server combines them (moment matching or natural parameters).
+- ``"local"``: cross-entropy of the head on the encoder; nothing but the row count and the
+  loss is sent.
+- ``"fedavg"``: the same network trained from the global one, averaged by rows.
+- ``"prototype"`` (FedProto): personal networks pulled towards global class prototypes in
+  the embedding, which the server averages.
 
-Ablations are settings: ``n_markers=1``, ``calibration_weight=0``, ``train_encoder=False``
-(the encoder stays at its initial weights; the markers are still trained).
-
-Choices where the paper is silent (``docs/vgm2.md``): the encoder (MLP ``m -> 128 -> 16``,
-the same initial weights on every client), ``pi_hat_1 = pi_hat_0 = 1/2`` (Eq. 3), per-batch
-mean losses with ``gamma = eta = 1``, ``lambda = 0.01``, Adam at ``1e-3`` (networks) and
-``1e-2`` (markers), UMAP's ``n_neighbors = 15``, ``min_dist = 0.1``, 5 negatives per edge
-(shuffled tails of the batch, as parametric UMAP), the prior ``p_0`` of
-:func:`~fednovelty.mixture.dirnig.default_markers`. Prediction (:func:`marker_scores`,
-``prediction="nearest"``): among the ``top_m = 5`` training rows of client ``k`` nearest to
-``f_k(x)``, class ``c`` scores the sum of ``pi_1(||f_k(x) - f_k(x_j)||)`` (``q_k``'s markers)
-of its rows, normalised; classes the client never saw score 0. The first rule tried,
-``prediction="top_pi"`` (the mean of a class's ``top_m`` largest ``pi_1``), fails because the
-learned ``pi_1(s)`` is not monotone in ``s`` (``docs/vgm2.md``); it stays as a setting.
-
-Client data is a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,).
-What a client keeps (``ClientContext.state``): ``vgm2.encoder.*``, ``vgm2.head.*``,
-``vgm2.markers`` and its graph ``vgm2.graph.*``; the server validates every reply against
-the broadcast (:func:`reply_problem`) and drops a bad one (``n_invalid`` in the metrics).
+The losses, prediction rule and the choices where the paper is silent are stated on
+:class:`VGM2` (and ``docs/vgm2.md``). Client data is a pair ``(X, y)``: rows (n_c,
+n_features) and integer labels (n_c,). A client keeps ``vgm2.encoder.*``, ``vgm2.head.*``,
+``vgm2.markers`` and its graph ``vgm2.graph.*`` in ``ClientContext.state``; the server
+validates every reply against the broadcast (:func:`reply_problem`) and drops a bad one
+(``n_invalid`` in the metrics).
 """
 
 from __future__ import annotations
@@ -58,12 +34,12 @@ import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import VGM2Config
+from fednovelty.federated.config import TorchSettings, at_least, settings_dataclass
 from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.init import round_seed
 from fednovelty.federated.learners import initial_parameters, logits
 from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.robust import robust_average_params
+from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments, robust_average_params
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -85,7 +61,11 @@ from fednovelty.mixture.vb_aggregate import aggregate_posteriors
 
 __all__ = [
     "VGM2",
+    "VGM2_AGGREGATIONS",
     "VGM2_KIND",
+    "VGM2_METHODS",
+    "VGM2_PREDICTIONS",
+    "VGM2Config",
     "VGM2State",
     "aggregate_priors",
     "class_prototypes",
@@ -101,6 +81,140 @@ __all__ = [
 ]
 
 VGM2_KIND = "vgm2"
+#: VGM2's methods: the paper's and its baselines on the same encoder.
+VGM2_METHODS: tuple[str, ...] = ("vgm2", "local", "fedavg", "prototype")
+#: how VGM2's server combines the client markers (Prop. 1 or Sec. 3.5).
+VGM2_AGGREGATIONS: tuple[str, ...] = ("moment", "natural")
+#: how VGM2 turns pair similarities into class predictions (``docs/vgm2.md``).
+VGM2_PREDICTIONS: tuple[str, ...] = ("nearest", "top_pi")
+
+
+@settings_dataclass
+class VGM2Config(TorchSettings):
+    """Settings of VGM2 and its baselines (``VGM2``, :mod:`fednovelty.federated.vgm2`).
+
+    The paper (Puppala et al., Sec. 5) fixes rounds (100), local epochs (8), Adam and
+    B = 15 calibration bins; it gives no gamma, eta, lambda or d: the defaults here are this
+    package's choice, fixed across datasets (``docs/vgm2.md``).
+
+    Attributes:
+        method: ``"vgm2"`` (markers only cross the wire), ``"local"`` (nothing does),
+            ``"fedavg"`` (encoder and head averaged) or ``"prototype"`` (FedProto: class
+            prototypes in the embedding averaged).
+        n_features: width of the rows; n_classes: labels 0..n_classes-1 (>= 2).
+        embedding_dim: d, the encoder's output width (>= 1).
+        hidden: the encoder's hidden width (an MLP ``n_features -> hidden -> d``).
+        n_markers: K components per relation marker (>= 1).
+        rounds: communication rounds (>= 1); local_epochs: E passes over the rows per round.
+        batch_size: rows per step (pairs: every pair of the batch; UMAP: as many edges).
+        learning_rate: Adam's for the networks; marker_learning_rate: Adam's for the
+            markers' unconstrained parameters.
+        umap_weight, similarity_weight (gamma), calibration_weight (eta), kl_weight
+            (lambda): the weights of Eq. 7's terms (calibration 0 switches Eq. 5 off).
+        prototype_weight: FedProto's pull towards the global prototypes.
+        train_encoder: False freezes the encoder at its initial weights (ablation).
+        n_neighbors, min_dist, negative_sample_rate: parametric UMAP's graph and loss.
+        n_bins: calibration bins (B).
+        aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
+        robust_aggregation, trim, client_weight_cap: the robust options of
+            :class:`RobustSettings` (``robust_aggregation`` there ``aggregation``, a name
+            this config gives the markers' rule): ``method="fedavg"`` averages the encoder
+            and head as the coordinate-wise trimmed mean (``"trimmed"``) or median
+            (``"median"``) of the clients' copies; the other methods have ``"sum"`` only
+            (markers and prototypes are not model updates); the cap applies to every
+            method.
+        prediction, top_m: how VGM2 classifies a row from ``pi_1`` (Eq. 3) of its distances
+            to the client's training rows: ``"nearest"`` (default): among its ``top_m``
+            nearest training rows, a class scores the sum of its rows' ``pi_1``;
+            ``"top_pi"``: a class scores the mean of its ``top_m`` largest ``pi_1``.
+        random_state: integer seed; dtype, device: of the models.
+    """
+
+    method: str = "vgm2"
+    n_features: int
+    n_classes: int
+    embedding_dim: int = 16
+    hidden: int = 128
+    n_markers: int = 3
+    rounds: int = 100
+    local_epochs: int = 8
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    marker_learning_rate: float = 1e-2
+    umap_weight: float = 1.0
+    similarity_weight: float = 1.0
+    calibration_weight: float = 1.0
+    kl_weight: float = 0.01
+    prototype_weight: float = 1.0
+    train_encoder: bool = True
+    n_neighbors: int = 15
+    min_dist: float = 0.1
+    negative_sample_rate: int = 5
+    n_bins: int = 15
+    aggregation: str = "moment"
+    robust_aggregation: str = "sum"
+    trim: float = 0.1
+    client_weight_cap: float | None = None
+    prediction: str = "nearest"
+    top_m: int = 5
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, choices in (
+            ("method", VGM2_METHODS),
+            ("aggregation", VGM2_AGGREGATIONS),
+            ("prediction", VGM2_PREDICTIONS),
+        ):
+            self._check_choice(name, choices)
+        for name, low in (
+            ("n_features", 1),
+            ("n_classes", 2),
+            ("embedding_dim", 1),
+            ("hidden", 1),
+            ("n_markers", 1),
+            ("rounds", 1),
+            ("local_epochs", 1),
+            ("batch_size", 2),
+            ("n_neighbors", 2),
+            ("negative_sample_rate", 1),
+            ("n_bins", 1),
+            ("top_m", 1),
+        ):
+            value = at_least(name, getattr(self, name), low)
+            if int(value) != float(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            self._set(name, int(value))
+        for name in (
+            "umap_weight",
+            "similarity_weight",
+            "calibration_weight",
+            "kl_weight",
+            "prototype_weight",
+        ):
+            self._set(name, float(at_least(name, getattr(self, name), 0)))
+        for name in ("learning_rate", "marker_learning_rate", "min_dist"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not float(value) > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}.")
+            self._set(name, float(value))
+        if not isinstance(self.train_encoder, bool):
+            raise ValueError(f"train_encoder must be True or False, got {self.train_encoder!r}.")
+        allowed = AGGREGATIONS if self.method == "fedavg" else ("sum",)
+        robust = check_robust_arguments(
+            self.robust_aggregation,
+            self.trim,
+            self.client_weight_cap,
+            allowed,
+            owner=f"VGM2 with method={self.method!r}",
+            name="robust_aggregation",
+        )
+        for name, value in zip(
+            ("robust_aggregation", "trim", "client_weight_cap"), robust, strict=True
+        ):
+            self._set(name, value)
+
+
 #: where a client keeps its personal models, markers and graph (``ClientContext.state``).
 ENCODER, HEAD, MARKERS, GRAPH = "vgm2.encoder.", "vgm2.head.", "vgm2.markers", "vgm2.graph."
 
@@ -521,9 +635,47 @@ class VGM2Step(Step):
 
 # ----------------------------------------------------------------------------- the algorithm
 class VGM2(ChainedAlgorithm):
-    """VGM2 and its baselines (module docstring): ``VGM2(n_features, n_classes,
-    **settings)`` with the settings of :class:`~fednovelty.federated.config.VGM2Config`, or
-    ``VGM2.from_config(VGM2Config(...))``."""
+    """VGM2 and its baselines (see the module docstring): ``VGM2(n_features, n_classes,
+    **settings)`` with the settings of :class:`VGM2Config`, or
+    ``VGM2.from_config(VGM2Config(...))``. The methods:
+
+    - ``"vgm2"`` (Alg. 1): the loss of Eq. 7, ``L_umap + gamma L_sim + eta L_cal + lambda KL``:
+      parametric UMAP's cross-entropy (Eq. 1) on edges of the client's fuzzy kNN graph
+      (``umap-learn``'s ``fuzzy_simplicial_set`` on scikit-learn's exact neighbours, built once per
+      client and kept in its state), the pairs' log-loss of ``pi_1(s_ij)`` (Eq. 3-4) over every
+      pair of the batch, the soft-binned calibration error (Eq. 5) of the same pairs and ``KL(q
+      || p_t)`` to the broadcast prior (Eq. 6). The client's markers ``q`` start from the prior
+      (Alg. 1 line 4) and are trained by Adam on their unconstrained parameters (log of the
+      positive ones). Only the markers (2, 5, K) and the row count cross the wire; the server
+      aggregates them (``aggregation="moment"``: Prop. 1's moment matching, the default;
+      ``"natural"``: Sec. 3.5's natural-parameter average), clients weighted by rows.
+    - ``"local"``: cross-entropy of the head on the encoder; nothing but the row count and loss
+      is sent and the server keeps nothing.
+    - ``"fedavg"``: the same network trained from the global one; the server averages encoder
+      and head by rows (McMahan et al.); prediction uses the global network.
+    - ``"prototype"`` (FedProto, the paper's App. B): personal networks trained on cross-entropy
+      plus ``prototype_weight`` times FedProto's ``MSELoss`` between each row's embedding and
+      its class's global prototype (the mean over rows and coordinates); clients send their
+      class means in the embedding and class counts; the server's prototype of a class is the
+      count-weighted mean of the round's client prototypes (a class absent from the round keeps
+      its last one).
+
+    Ablations are settings: ``n_markers=1``, ``calibration_weight=0``, ``train_encoder=False``
+    (the encoder stays at its initial weights; the markers are still trained).
+
+    Choices where the paper is silent (``docs/vgm2.md``): the encoder (MLP ``m -> 128 -> 16``,
+    the same initial weights on every client), ``pi_hat_1 = pi_hat_0 = 1/2`` (Eq. 3), per-batch
+    mean losses with ``gamma = eta = 1``, ``lambda = 0.01``, Adam at ``1e-3`` (networks) and
+    ``1e-2`` (markers), UMAP's ``n_neighbors = 15``, ``min_dist = 0.1``, 5 negatives per edge
+    (shuffled tails of the batch, as parametric UMAP), the prior ``p_0`` of
+    :func:`~fednovelty.mixture.dirnig.default_markers`. Prediction (:func:`marker_scores`,
+    ``prediction="nearest"``): among the ``top_m = 5`` training rows of client ``k`` nearest to
+    ``f_k(x)``, class ``c`` scores the sum of ``pi_1(||f_k(x) - f_k(x_j)||)`` (``q_k``'s
+    markers) of its rows, normalised; classes the client never saw score 0. The first rule
+    tried, ``prediction="top_pi"`` (the mean of a class's ``top_m`` largest ``pi_1``), fails
+    because the learned ``pi_1(s)`` is not monotone in ``s`` (``docs/vgm2.md``); it stays as a
+    setting.
+    """
 
     labelled = True
     config_class = VGM2Config

@@ -15,8 +15,13 @@ from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
 from fednovelty.federated import ClientContext, PrivacyPolicy, build_algorithm
-from fednovelty.federated.cam import ClusteredFL, ClusteredState, nearest_cluster
-from fednovelty.federated.config import CLUSTERED_METHODS, ClusteredConfig
+from fednovelty.federated.cam import (
+    CLUSTERED_METHODS,
+    ClusteredConfig,
+    ClusteredFL,
+    ClusteredState,
+    nearest_cluster,
+)
 from fednovelty.federated.registry import algorithm_name, algorithm_settings
 from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime import run_simulation

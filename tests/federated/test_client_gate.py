@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fednovelty.federated import ClusteredEMConfig, StreamConfig
 from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.clustered_em import ClusteredEMStep, row_log_likelihoods, warmup_config
-from fednovelty.federated.config import ClusteredEMConfig, StreamConfig
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec
 from fednovelty.federated.em import EMStep, FederatedEM
 from fednovelty.federated.privacy import (
@@ -252,7 +252,7 @@ def test_em_reply_never_releases_a_component_below_the_floor(n, k, log_scale, at
     """Federated EM's client half under any well-formed em broadcast: every released
     component's responsibilities, recomputed with numpy from the broadcast, have Kish
     effective rows >= min_rows."""
-    from fednovelty.federated.config import EMConfig
+    from fednovelty.federated import EMConfig
 
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 2)) * rng.uniform(0.1, 10)
@@ -302,7 +302,7 @@ def _pfedem_probe():
     weights = torch.tensor([w0_over_w * w] + [w] * (k - 1), dtype=F64)
     means = torch.tensor([[1000.0]] + [[0.0]] * (k - 1), dtype=F64)
     prec = torch.tensor([[1 / wide]] + [[1.0]] * (k - 1), dtype=F64)
-    algorithm = PFedEM(k, 2, covariance_type="diag", standardize=False, random_state=0)
+    algorithm = PFedEM(k, 2, covariance_type="diag", random_state=0)
     tensors = {
         "weights": weights,
         "means": means,

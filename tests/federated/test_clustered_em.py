@@ -182,7 +182,7 @@ def test_settings_round_trip_and_named_errors() -> None:
     assert rebuilt.config == algorithm.config
     with pytest.raises(ValueError, match="assignment must be one of"):
         ClusteredEM(2, assignment="nearest")
-    with pytest.raises(ValueError, match="mixture_weights must be 'personal'"):
+    with pytest.raises(ValueError, match=r"mixture_weights must be one of \['personal'\]"):
         ClusteredEM(2, mixture_weights="global")
     clients, _ = clustered_clients(per_cluster=1, n=60)
     with pytest.raises(ValueError, match="n_clusters=4 exceeds the 3 client"):

@@ -14,6 +14,7 @@ import torch
 from fednovelty.federated import (
     ALGORITHMS,
     ClientContext,
+    ClusteredEMConfig,
     EMConfig,
     FederatedEM,
     FederatedPCA,
@@ -23,14 +24,35 @@ from fednovelty.federated import (
     JointFedGMM,
     LocalGMMs,
     PCAConfig,
+    PFedEMConfig,
     PrivacyPolicy,
+    StreamConfig,
+    VBConfig,
+    VBOneShotConfig,
     algorithm_name,
     algorithm_settings,
     build_algorithm,
 )
 from fednovelty.federated.cam import ClusteredFL
-from fednovelty.federated.config import mlp_learner
+from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    TorchSettings,
+)
+from fednovelty.federated.init import GivenMixture, InitSettings, MomentsSettings
+from fednovelty.federated.knn_markers import FederatedKNNMarkers, KNNMarkerConfig
+from fednovelty.federated.learners import mlp_learner
+from fednovelty.federated.pfedem import PFedEM
+from fednovelty.federated.streaming import StreamingEM
+from fednovelty.federated.variational import FederatedVB, VBPriorSettings
 from fednovelty.federated.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.vgm2 import VGM2
+
+#: a one-component mixture in one feature, as a streaming window's start.
+START = {"weights_init": [1.0], "means_init": [[0.0]], "precisions_init": [[[1.0]]]}
 
 #: one algorithm of each registered name, with settings away from their defaults.
 EXAMPLES = {
@@ -57,6 +79,12 @@ EXAMPLES = {
     "ClusteredFL": lambda: ClusteredFL(
         "FeSEM-CAM", 4, 3, n_clusters=2, rounds=9, warmup_rounds=2, learner_factory="linear"
     ),
+    "StreamingEM": lambda: StreamingEM(1, rho=0.5, aggregation="trimmed", **START),
+    "PFedEM": lambda: PFedEM(3, 4, gaussian_aggregation="exact", covariance_type="full"),
+    "ClusteredEM": lambda: ClusteredEM(2, n_clusters=3, standardize=True, warmup=4),
+    "FederatedVB": lambda: FederatedVB(4, mean_prior=[0.0, 1.0], init_params="separated"),
+    "FederatedKNNMarkers": lambda: FederatedKNNMarkers(3, n_neighbors=7, kmeans_rounds=3),
+    "VGM2": lambda: VGM2(method="fedavg", n_features=5, n_classes=3, robust_aggregation="median"),
 }
 
 
@@ -224,7 +252,7 @@ def test_messages_carry_only_what_changes_per_round(make) -> None:
 
 
 def test_the_cnn_learner_reads_square_images_and_travels_by_name() -> None:
-    from fednovelty.federated.config import LEARNERS, cnn_learner
+    from fednovelty.federated.learners import LEARNERS, cnn_learner
 
     module = cnn_learner(28 * 28, 62)
     assert module(torch.zeros(5, 784)).shape == (5, 62)
@@ -235,3 +263,110 @@ def test_the_cnn_learner_reads_square_images_and_travels_by_name() -> None:
     algorithm = JointFedGMM(2, 1, 3, learner_factory="cnn")
     assert algorithm.config.learner_factory is LEARNERS["cnn"]
     assert algorithm.config.to_json()["learner"] == "cnn"
+
+
+#: (config, settings it needs, a setting its algorithm does not read): the config does not
+#: have the setting, so its JSON is refused by name rather than accepted and ignored.
+SETTINGS_A_FAMILY_LACKS = [
+    (VBConfig, {"n_components": 2}, "standardize", False),
+    (VBConfig, {"n_components": 2}, "prior_strength", None),
+    (VBConfig, {"n_components": 2}, "prior_scale", 1.0),
+    (VBConfig, {"n_components": 2}, "pca_components", None),
+    (VBConfig, {"n_components": 2}, "mixture_weights", "global"),
+    (KNNMarkerConfig, {"n_components": 2}, "standardize", False),
+    (VBOneShotConfig, {"n_components": 2}, "init_params", "kmeans"),
+    (VBOneShotConfig, {"n_components": 2}, "means_init", None),
+    (StreamConfig, {"n_components": 1, **START}, "tol", 1e-3),
+    (StreamConfig, {"n_components": 1, **START}, "max_iter", 100),
+    (StreamConfig, {"n_components": 1, **START}, "standardize", False),
+    (PFedEMConfig, {"n_components": 2, "n_classes": 2}, "prior_strength", None),
+    (ClusteredEMConfig, {"n_components": 2}, "means_init", None),
+]
+
+
+@pytest.mark.parametrize(("config", "needs", "name", "value"), SETTINGS_A_FAMILY_LACKS)
+def test_a_config_has_only_the_settings_its_algorithm_reads(config, needs, name, value) -> None:
+    assert name not in {f.name for f in dataclasses.fields(config)}
+    with pytest.raises(ValueError, match=rf"unknown setting\(s\) \['{name}'\]"):
+        config.from_json({**config(**needs).to_json(), name: value})
+
+
+@pytest.mark.parametrize(
+    ("build", "declared", "match"),
+    [
+        (
+            lambda: KNNMarkerConfig(n_components=2, covariance_type="diag"),
+            lambda: KNNMarkerConfig.COVARIANCE_CHOICES == ("full",),
+            r"covariance_type must be one of \['full'\] for KNNMarkerConfig",
+        ),
+        (
+            lambda: VBOneShotConfig(n_components=2, covariance_type="tied"),
+            lambda: "tied" not in VBOneShotConfig.COVARIANCE_CHOICES,
+            r"covariance_type must be one of \['full', 'diag', 'spherical'\]",
+        ),
+        (
+            lambda: ClusteredEMConfig(n_components=2, mixture_weights="global"),
+            lambda: ClusteredEMConfig.MIXTURE_WEIGHT_CHOICES == ("personal",),
+            r"mixture_weights must be one of \['personal'\] for ClusteredEMConfig",
+        ),
+        (
+            lambda: StreamConfig(n_components=1, aggregation="median", **START),
+            lambda: StreamConfig.AGGREGATION_CHOICES == ("sum", "trimmed"),
+            "aggregation must be one of",
+        ),
+    ],
+)
+def test_a_config_narrows_a_groups_choices_by_declaration(build, declared, match) -> None:
+    assert declared()
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("group", "settings", "match"),
+    [
+        (RobustSettings, {"trim": 0.6}, "trim"),
+        (TorchSettings, {"dtype": "int8"}, "'dtype'"),
+        (ComponentSettings, {"n_components": 0}, "n_components must be >= 1"),
+        (CovarianceSettings, {"covariance_type": "round"}, "covariance_type"),
+        (IterationSettings, {"max_iter": 0}, "max_iter must be >= 1"),
+        (MomentsSettings, {"prior_scale": 0.0}, "prior_scale"),
+        (InitSettings, {"init_params": "random"}, "init_params"),
+        (GivenMixture, {"means_init": [[0.0]], "dtype": "float16"}, None),
+        (VBPriorSettings, {"mean_precision_prior": -1.0}, "mean_precision_prior"),
+    ],
+)
+def test_each_field_group_validates_its_own_fields(group, settings, match) -> None:
+    """A group stands alone: it checks and normalises its fields, whatever config holds it."""
+    if match is None:
+        assert group(**settings).means_init.dtype == torch.float16  # placed by TorchSettings
+        return
+    with pytest.raises(ValueError, match=match):
+        group(**({"n_components": 2} if group is ComponentSettings else {}) | settings)
+
+
+def test_configs_compose_groups_and_live_beside_their_algorithms() -> None:
+    for name, cls in ALGORITHMS.items():
+        config = cls.config_class
+        assert config.__module__ == cls.__module__, name
+        if config is not PCAConfig:
+            assert issubclass(config, TorchSettings), name  # seed and placement, one group
+    assert issubclass(VBConfig, InitSettings) and not issubclass(VBConfig, MomentsSettings)
+    assert not issubclass(VBOneShotConfig, InitSettings | GivenMixture)
+    assert not issubclass(StreamConfig, IterationSettings | MomentsSettings)
+    assert issubclass(JointConfig, EMConfig) and not issubclass(PFedEMConfig, MomentsSettings)
+
+
+def test_pfedem_ends_federated_ems_chain_with_its_own_step() -> None:
+    """pFedEM reuses the joint model's setup: the chain's preparation steps, then its step
+    (no moments round: its M-steps are plain)."""
+    from fednovelty.federated.init import MomentsStep
+    from fednovelty.federated.joint import JointEMStep
+    from fednovelty.federated.pfedem import PFedEM, PFedEMStep
+
+    pfedem = PFedEM(2, 3)
+    assert type(pfedem.steps[-1]) is PFedEMStep
+    assert not any(isinstance(step, MomentsStep) for step in pfedem.steps)
+    joint = JointFedGMM(2, 2, 3, standardize=True)
+    assert type(joint.steps[-1]) is JointEMStep
+    assert any(isinstance(step, MomentsStep) for step in joint.steps)

@@ -149,7 +149,7 @@ def test_config_rejects_invalid_priors():
         VBConfig(n_components=2, weight_concentration_prior=0.0)
     with pytest.raises(InvalidPriorError, match="mean_precision_prior"):
         VBConfig(n_components=2, mean_precision_prior=-1.0)
-    with pytest.raises(ValueError, match="standardize"):
+    with pytest.raises(TypeError, match="standardize"):  # the prior replaces it
         VBConfig(n_components=2, standardize=True)
 
 

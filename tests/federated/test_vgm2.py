@@ -10,11 +10,11 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.config import VGM2Config
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
 from fednovelty.federated.vgm2 import (
     VGM2,
+    VGM2Config,
     aggregate_priors,
     class_prototypes,
     fuzzy_graph,
