@@ -605,49 +605,16 @@ def _client_ids(ids: list) -> np.ndarray:
     return np.asarray(ids)
 
 
-def check_labelled(estimator, X, y, groups):
-    """A federated classifier's ``fit`` inputs checked: ``X`` (n_samples, n_features), one
-    label per row ``y`` and the client of each row ``groups`` (``None``: one client).
-
-    Returns:
-        ``(array, classes, codes, client_ids, group_codes)``: the rows as an array, the
-        sorted labels and each row's code into them, the client ids and each row's code.
-
-    Raises:
-        ValueError: ``y`` missing or not one label per row, a single class, bad ``X`` or
-            ``groups`` (named).
-    """
-    array = estimator._check_X(X)
-    if y is None:
-        raise ValueError(
-            f"{type(estimator).__name__}.fit requires y to be passed, but the target y is None: "
-            "fit(X, y, groups) with one label per row."
-        )
-    classes, codes = encode_labels(y, array.shape[0])
-    client_ids, group_codes = check_groups(groups, array.shape[0])
-    return array, classes, codes, client_ids, group_codes
-
-
-def labelled_client_data(estimator, X, array, classes, codes, client_ids, group_codes) -> list:
-    """Set a federated classifier's ``classes_``, ``n_features_in_``, ``feature_names_in_``
-    (from ``X``, or removed), ``client_ids_`` and ``n_clients_`` from :func:`check_labelled`'s
-    output, and return each client's ``(rows, label codes)`` as tensors (the estimator's
-    ``_as_tensor`` device and dtype), in ``client_ids_`` order."""
-    estimator.classes_ = classes
-    estimator.n_features_in_ = array.shape[1]
-    names = feature_names(X)
-    if names is not None:
-        estimator.feature_names_in_ = names
-    elif hasattr(estimator, "feature_names_in_"):
-        del estimator.feature_names_in_
-    estimator.client_ids_, estimator.n_clients_ = client_ids, len(client_ids)
-    parts = split_by_client(array, group_codes, estimator.n_clients_)
-    labels = split_by_client(codes, group_codes, estimator.n_clients_)
-    data = []
-    for rows, lab in zip(parts, labels, strict=True):
-        Xt = estimator._as_tensor(rows)
-        data.append((Xt, torch.as_tensor(lab, device=Xt.device)))
-    return data
+def labelled_tensors(
+    clients: list[torch.Tensor], labels: list[np.ndarray]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each client's ``(rows, label codes)`` as tensors on the rows' device: what a labelled
+    algorithm's clients hold (``clients``: (n_c, n_features) tensors; ``labels``: (n_c,)
+    codes, in the same order)."""
+    return [
+        (rows, torch.as_tensor(codes, device=rows.device))
+        for rows, codes in zip(clients, labels, strict=True)
+    ]
 
 
 def restore_classifier_attrs(estimator, attrs: dict) -> None:

@@ -157,6 +157,7 @@ class JointModelDetector(EMDetector):
             NotFittedError: before ``fit``. ValueError: another width, NaN, unknown labels or
                 client ids, ``rounds < 1``. On any error the model is unchanged.
         """
+        self._validate_params()
         self._check_fitted()
         if not isinstance(rounds, Integral) or rounds < 1:
             raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")

@@ -232,6 +232,7 @@ class StreamingFedGMMDetector(EMDetector):
             NotFittedError: before ``fit``. ValueError: another width, NaN or inf, empty
                 ``X`` or bad ``groups``. On any error the model is unchanged.
         """
+        self._validate_params()
         self._check_fitted()
         array = self._check_X(X, fitted=True)
         if groups is None:

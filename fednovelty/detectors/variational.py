@@ -13,7 +13,7 @@ Choices, and why:
 - ``n_components`` is an upper bound: the Dirichlet (process) prior empties the components the
   data do not need (``effective_n_components_``, ``active_components_``); a pruned component
   keeps its prior's finite posterior, so nothing reported is NaN.
-- ``score="predictive"`` scores with the posterior predictive (a Student-t mixture, Bishop PRML
+- ``density="predictive"`` scores with the posterior predictive (a Student-t mixture, Bishop PRML
   10.81), ``"plugin"`` with the plug-in Gaussian mixture; both are normalised densities.
 - Invalid priors raise :class:`~fednovelty.mixture.variational.InvalidPriorError` naming the
   argument before any round runs (the width-dependent checks once ``X`` is known).
@@ -162,11 +162,12 @@ class FedVBDetector(MixtureDetector):
         True
     """
 
-    #: files saved when ``aggregation`` named the posterior rule and the robust option was
-    #: ``robust_aggregation``.
+    #: files saved when ``aggregation`` named the posterior rule, the robust option was
+    #: ``robust_aggregation`` and the scored density ``score``.
     _renamed_params: ClassVar[dict] = {
         "aggregation": "posterior_merge",
         "robust_aggregation": "aggregation",
+        "score": "density",
     }
     _params = declare(
         N_COMPONENTS,
@@ -177,7 +178,7 @@ class FedVBDetector(MixtureDetector):
         INIT,
         START,
         Param(
-            "score",
+            "density",
             "predictive",
             [StrOptions({"predictive", "plugin"})],
             '``"predictive"`` (the posterior predictive, a Student-t mixture) or ``"plugin"`` '
@@ -358,7 +359,7 @@ class FedVBDetector(MixtureDetector):
 
     # -------------------------------------------------------------- scoring
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
-        if self.score == "plugin":
+        if self.density == "plugin":
             return score_samples(self.model_, X)
         return vb_predictive_log_prob(X, self.posterior_)
 

@@ -145,7 +145,7 @@ def test_a_client_below_its_privacy_floor_gets_no_cluster(data) -> None:
 def test_bad_input_is_named(data, fitted) -> None:
     (X, y, groups, _), _ = data
     small = groups.astype(object) < "c2"  # clients c0 and c1
-    with pytest.raises(ValueError, match="needs y, one label per row"):
+    with pytest.raises(ValueError, match="requires y to be passed"):
         ClusteredFLClassifier(**SETTINGS).fit(X, None, groups)
     with pytest.raises(ValueError, match="single class"):
         ClusteredFLClassifier(**SETTINGS).fit(X, np.zeros(len(X)), groups)

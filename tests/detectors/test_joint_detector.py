@@ -79,7 +79,7 @@ def test_y_is_required(split):
         lambda det: det.fit(split.X_train, None, split.groups_train),
     ):
         detector = JointFedGMMDetector(2)
-        with pytest.raises(ValueError, match=r"needs y.*FedGMMDetector"):
+        with pytest.raises(ValueError, match=r"requires y to be passed.*FedGMMDetector"):
             call(detector)
         assert not hasattr(detector, "history_")
 

@@ -170,7 +170,7 @@ def test_sklearn_agrees_on_the_effective_number_of_components():
 
 
 def test_predictive_and_plugin_scores_are_finite_and_close(pruned):
-    plugin = FedVBDetector(10, score="plugin", random_state=0).fit(X, groups=GROUPS)
+    plugin = FedVBDetector(10, density="plugin", random_state=0).fit(X, groups=GROUPS)
     assert_close_scaled(plugin.weights_, pruned.weights_, 0)  # same fit, another score
     rows = blobs(n_per=50, seed=9)
     predictive, plug = pruned.score_samples(rows), plugin.score_samples(rows)
@@ -184,7 +184,7 @@ def test_predictive_and_plugin_scores_are_finite_and_close(pruned):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         fits = [
-            FedVBDetector(10, score=s, random_state=0).fit(many, groups=groups) for s in CHOICES
+            FedVBDetector(10, density=s, random_state=0).fit(many, groups=groups) for s in CHOICES
         ]
     assert np.median(np.abs(fits[0].score_samples(rows) - fits[1].score_samples(rows))) < gap / 5
     # Far out the Student-t tails are heavier than the Gaussian ones.
@@ -220,13 +220,13 @@ def test_not_converging_warns():
 
 
 @pytest.mark.parametrize(("covariance_type", "weight_type"), CASES)
-@pytest.mark.parametrize("score", ["predictive", "plugin"])
-def test_save_load_keeps_the_posterior_and_scores(tmp_path, covariance_type, weight_type, score):
-    det = exact_detector(covariance_type, weight_type, score=score).fit(X, groups=GROUPS)
+@pytest.mark.parametrize("density", ["predictive", "plugin"])
+def test_save_load_keeps_the_posterior_and_scores(tmp_path, covariance_type, weight_type, density):
+    det = exact_detector(covariance_type, weight_type, density=density).fit(X, groups=GROUPS)
     path = tmp_path / "vb.safetensors"
     det.save(path)
     back = fednovelty.load(path)
-    assert type(back) is FedVBDetector and back.score == score
+    assert type(back) is FedVBDetector and back.density == density
     for name, value in det.posterior_.tensors().items():
         assert torch.equal(getattr(back.posterior_, name), value), name
     assert np.array_equal(back.active_components_, det.active_components_)
@@ -346,7 +346,7 @@ def test_invalid_priors_are_named_at_fit(kwargs, name):
     ("kwargs", "name"),
     [
         ({"weight_concentration_prior_type": "dirichlet"}, "weight_concentration_prior_type"),
-        ({"score": "bayes"}, "score"),
+        ({"density": "bayes"}, "density"),
         ({"weight_concentration_prior": "big"}, "weight_concentration_prior"),
         ({"weight_concentration_prior": 0.0}, "weight_concentration_prior"),
         ({"weight_concentration_prior": -1.0}, "weight_concentration_prior"),
@@ -391,9 +391,9 @@ def test_init_stores_arguments_and_clone_keeps_them():
     from sklearn.base import clone
 
     det = FedVBDetector(
-        7, mean_prior=[1.0, 2.0, 3.0], score="plugin", weight_concentration_prior=-1
+        7, mean_prior=[1.0, 2.0, 3.0], density="plugin", weight_concentration_prior=-1
     )
     params = clone(det).get_params()
-    assert params["n_components"] == 7 and params["score"] == "plugin"
+    assert params["n_components"] == 7 and params["density"] == "plugin"
     assert params["weight_concentration_prior"] == -1  # checked in fit, not here
     assert np.array_equal(params["mean_prior"], [1.0, 2.0, 3.0])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _saved_files import rewrite
+from _saved_files import rewrite, with_keys_renamed
 from _tolerance import assert_close_scaled
 from sklearn.base import clone
 from sklearn.metrics import roc_auc_score
@@ -18,6 +18,13 @@ from fednovelty import FedVBDetector
 
 torch.set_num_threads(1)
 
+#: the current names -> the names files were saved under before (aggregation was the
+#: posterior rule, robust_aggregation the robust option)
+OLD_NAMES = {
+    "posterior_merge": "aggregation",
+    "aggregation": "robust_aggregation",
+    "density": "score",
+}
 CENTERS = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
 
 
@@ -37,7 +44,9 @@ def data():
 def fitted(data):
     X, groups = data
     return {
-        how: FedVBDetector(n_components=8, posterior_merge=how, random_state=0).fit(X, groups=groups)
+        how: FedVBDetector(n_components=8, posterior_merge=how, random_state=0).fit(
+            X, groups=groups
+        )
         for how in ("exact", "natural", "moment")
     }
 
@@ -89,13 +98,6 @@ def test_save_load_keeps_the_one_shot_posterior(tmp_path, data, fitted, how):
         assert torch.equal(getattr(back.posterior_, name), getattr(det.posterior_, name))
 
 
-def old_names(text: str) -> str:
-    """A saved document as files were written when ``aggregation`` named the posterior rule
-    and the robust option was ``robust_aggregation``."""
-    text = text.replace('"aggregation"', '"robust_aggregation"')
-    return text.replace('"posterior_merge"', '"aggregation"')
-
-
 def test_files_saved_under_the_old_names_load(tmp_path, data):
     X, groups = data
     det = FedVBDetector(
@@ -104,7 +106,8 @@ def test_files_saved_under_the_old_names_load(tmp_path, data):
     new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
     det.save(new)
     det.save(old)
-    rewrite(old, old_names)
+    # as files were written when aggregation named the posterior rule
+    rewrite(old, lambda text: with_keys_renamed(text, OLD_NAMES))
     for path in (new, old):  # a file with the current names is not renamed
         back = fednovelty.load(path)
         assert (back.posterior_merge, back.aggregation, back.trim) == ("natural", "trimmed", 0.2)
@@ -138,7 +141,10 @@ def test_one_shot_diag_and_spherical(data):
     X, groups = data
     for covariance_type in ("diag", "spherical"):
         det = FedVBDetector(
-            n_components=6, covariance_type=covariance_type, posterior_merge="moment", random_state=0
+            n_components=6,
+            covariance_type=covariance_type,
+            posterior_merge="moment",
+            random_state=0,
         ).fit(X, groups=groups)
         assert det.effective_n_components_ == 3
         assert np.isfinite(det.decision_scores_).all()

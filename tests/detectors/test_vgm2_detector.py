@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _saved_files import rewrite, with_keys_renamed
 from _tolerance import assert_close_scaled
 
 from fednovelty.detectors.vgm2 import VGM2Classifier
@@ -74,7 +75,7 @@ def test_two_clients_per_round_and_determinism(data) -> None:
 
 def test_errors_name_the_argument(fitted, data) -> None:
     X, y, groups = data
-    with pytest.raises(ValueError, match="needs y"):
+    with pytest.raises(ValueError, match="requires y to be passed"):
         VGM2Classifier(**FAST).fit(X, None, groups)
     with pytest.raises(ValueError, match="client="):
         fitted.predict_y(X[:3])
@@ -117,6 +118,25 @@ def test_save_and_load_give_the_same_predictions(fitted, data, tmp_path) -> None
         from fednovelty.detectors.cam import ClusteredFLClassifier
 
         ClusteredFLClassifier.load(path)
+
+
+def test_files_saved_under_the_old_names_load(data, tmp_path) -> None:
+    X, y, groups = data
+    clf = VGM2Classifier(
+        "fedavg", **FAST, posterior_merge="natural", aggregation="trimmed", random_state=0
+    ).fit(X, y, groups)
+    new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
+    clf.save(new)
+    clf.save(old)
+    # as files were written when aggregation named the markers' rule
+    old_names = {"posterior_merge": "aggregation", "aggregation": "robust_aggregation"}
+    rewrite(old, lambda text: with_keys_renamed(text, old_names))
+    for path in (new, old):  # a file with the current names is not renamed
+        loaded = VGM2Classifier.load(path)
+        assert (loaded.posterior_merge, loaded.aggregation) == ("natural", "trimmed")
+        assert_close_scaled(
+            loaded.predict_proba_y(X[:10]), clf.predict_proba_y(X[:10]), rtol=1e-12
+        )
 
 
 def test_save_and_load_fedavg(data, tmp_path) -> None:
