@@ -3,6 +3,7 @@ document and tensors changed, the checksum recomputed so that only the content i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,3 +23,10 @@ def rewrite(path: Path, edit_text: Callable[[str], str] = lambda text: text, edi
     if edit_tensors is not None:
         tensors = edit_tensors(tensors)
     save_file(tensors, str(path), {_METADATA_KEY: text, _CHECKSUM_KEY: checksum(text, tensors)})
+
+
+def with_keys_renamed(text: str, renamed: dict[str, str]) -> str:
+    """JSON ``text`` with every key ``"old"`` of ``renamed`` written ``"new"``, all at once
+    (``renamed`` may swap names)."""
+    pattern = "|".join(re.escape(f'"{old}"') for old in renamed)
+    return re.sub(pattern, lambda match: f'"{renamed[match.group(0)[1:-1]]}"', text)

@@ -1,5 +1,5 @@
 """``ClusteredFLClassifier``: the Fed-CAM paper's classification methods (FedAvg+, IFCA,
-FeSEM, IFCA-CAM, FeSEM-CAM; Ma et al., issue 22) as one estimator.
+FeSEM, IFCA-CAM, FeSEM-CAM; Ma et al.) as one estimator.
 
 A classifier, not a novelty detector: it models ``p(y | x)`` with cluster models (and, for
 the CAM methods, a global model added to them, ``F_i(x) = h(x; Theta_g) + f(x;
@@ -13,7 +13,6 @@ alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.c
 from __future__ import annotations
 
 from numbers import Integral, Real
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,15 +20,22 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._labels import label_codes
+from fednovelty.detectors._params import (
+    BATCH_SIZE,
+    LEARNING_RATE,
+    OPTIMIZER,
+    PRIVACY,
+    ROBUST,
+    ROUNDS,
+    RUNTIME,
+    SAMPLING,
+    Param,
+    declare,
+)
 from fednovelty.detectors.base import (
-    AGGREGATION_CONSTRAINTS,
     SimulatedFitMixin,
-    atomic_fit,
-    check_callbacks,
-    check_labelled,
-    labelled_client_data,
+    labelled_tensors,
     restore_classifier_attrs,
-    seed_from,
 )
 from fednovelty.detectors.persistence import (
     check_items,
@@ -41,6 +47,10 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.cam import (
+    CLUSTER_AVERAGES,
+    CLUSTERED_METHODS,
+    EMPTY_CLUSTER_RULES,
+    ClusteredConfig,
     ClusteredFL,
     ClusteredState,
     cluster_log_proba,
@@ -48,9 +58,7 @@ from fednovelty.federated.cam import (
     mean_losses,
     model_template,
 )
-from fednovelty.federated.config import CLUSTERED_METHODS, LEARNERS, ClusteredConfig
-from fednovelty.federated.learners import logits
-from fednovelty.federated.robust import AGGREGATIONS
+from fednovelty.federated.learners import LEARNERS, logits
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 
@@ -58,36 +66,6 @@ _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 @register
 class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     """Clustered federated classification (the Fed-CAM paper's Table 1 methods).
-
-    Args:
-        method: ``"IFCA-CAM"`` (default), ``"FeSEM-CAM"``, ``"IFCA"``, ``"FeSEM"`` or
-            ``"FedAvg+"`` (an ensemble of ``n_clusters`` FedAvg models, soft vote).
-        n_clusters: K cluster models (FedAvg+: ensemble members); the paper uses 5 and 10.
-        learner: ``"mlp"`` (one hidden layer of 64), ``"linear"``, ``"cnn"`` (square images
-            flattened to rows) or a factory ``(n_features, n_classes) -> nn.Module`` (a model
-            with a factory cannot be saved).
-        rounds: communication rounds in all, warm-up included (the paper: 100).
-        warmup_rounds: the CAM warm-up (IFCA-CAM: FedAvg of the global model; FeSEM,
-            FeSEM-CAM: local training only before the first k-means); ``None``: 30 % of
-            ``rounds`` for the CAM methods, 1 for FeSEM, 0 for IFCA and FedAvg+.
-        local_steps, learning_rate, momentum, batch_size, optimizer: each model's local
-            training per round (the paper: 10 steps of SGD, lr 0.001, momentum 0.9,
-            batch 32).
-        kmeans_reg: FeSEM's lambda (pull of a client's model towards its centre).
-        kmeans_iter: most Lloyd iterations of the server's k-means per round.
-        cluster_average: ``"cluster"`` (a cluster model is its clients' row-weighted mean)
-            or ``"global"`` (the paper's Eq. 6).
-        empty_clusters: ``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.
-        aggregation, trim, client_weight_cap: the robust options (``docs/robust.md``):
-            ``"sum"`` (every model the server averages is its clients' row-weighted mean),
-            ``"trimmed"`` or ``"median"`` (their coordinate-wise trimmed mean, ``trim`` of
-            the copies left out at each end, or median); ``client_weight_cap`` caps a
-            client's row weight at this many times the median client's.
-        fraction: share of clients asked each round; dropout: chance one fails to reply.
-        privacy_min_rows: each client's privacy floor: a client with fewer rows releases
-            nothing (and gets no cluster).
-        random_state, device, progress: as the other estimators'.
-        dtype: ``"float32"`` (default: the models are neural networks) or ``"float64"``.
 
     Attributes:
         classes_: the label values, sorted; columns of ``predict_proba_y``.
@@ -119,87 +97,83 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     """
 
     _fit_call = "fit(X, y, groups=...)"
-    _parameter_constraints: ClassVar[dict] = {
-        "method": [StrOptions(set(CLUSTERED_METHODS))],
-        "n_clusters": _POSITIVE_INT,
-        "learner": [StrOptions(set(LEARNERS)), callable],
-        "rounds": _POSITIVE_INT,
-        "warmup_rounds": [Interval(Integral, 0, None, closed="left"), None],
-        "local_steps": _POSITIVE_INT,
-        "learning_rate": [Interval(Real, 0.0, None, closed="neither")],
-        "momentum": [Interval(Real, 0.0, 1.0, closed="left")],
-        "batch_size": _POSITIVE_INT,
-        "optimizer": [StrOptions({"sgd", "adam"})],
-        "kmeans_reg": [Interval(Real, 0.0, None, closed="left")],
-        "kmeans_iter": _POSITIVE_INT,
-        "cluster_average": [StrOptions({"cluster", "global"})],
-        "empty_clusters": [StrOptions({"keep", "reseed"})],
-        "aggregation": [StrOptions(set(AGGREGATIONS))],
-        **AGGREGATION_CONSTRAINTS,
-        "fraction": [Interval(Real, 0.0, 1.0, closed="right")],
-        "dropout": [Interval(Real, 0.0, 1.0, closed="left")],
-        "privacy_min_rows": _POSITIVE_INT,
-        "random_state": ["random_state"],
-        "device": [None, str, torch.device],
-        "dtype": [StrOptions({"float64", "float32"})],
-        "progress": ["boolean"],
-    }
-
-    def __init__(
-        self,
-        method="IFCA-CAM",
-        n_clusters=5,
-        *,
-        learner="mlp",
-        rounds=100,
-        warmup_rounds=None,
-        local_steps=10,
-        learning_rate=0.001,
-        momentum=0.9,
-        batch_size=32,
-        optimizer="sgd",
-        kmeans_reg=0.01,
-        kmeans_iter=10,
-        cluster_average="cluster",
-        empty_clusters="keep",
-        aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        fraction=1.0,
-        dropout=0.0,
-        privacy_min_rows=5,
-        random_state=None,
-        device=None,
-        dtype="float32",
-        progress=False,
-    ):
-        self.method = method
-        self.n_clusters = n_clusters
-        self.learner = learner
-        self.rounds = rounds
-        self.warmup_rounds = warmup_rounds
-        self.local_steps = local_steps
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.kmeans_reg = kmeans_reg
-        self.kmeans_iter = kmeans_iter
-        self.cluster_average = cluster_average
-        self.empty_clusters = empty_clusters
-        self.aggregation = aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.fraction = fraction
-        self.dropout = dropout
-        self.privacy_min_rows = privacy_min_rows
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _labelled = True
+    _params = declare(
+        Param(
+            "method",
+            "IFCA-CAM",
+            [StrOptions(set(CLUSTERED_METHODS))],
+            '``"IFCA-CAM"``, ``"FeSEM-CAM"``, ``"IFCA"``, ``"FeSEM"`` or ``"FedAvg+"`` (an '
+            "ensemble of ``n_clusters`` FedAvg models, soft vote).",
+        ),
+        Param(
+            "n_clusters",
+            5,
+            _POSITIVE_INT,
+            "K cluster models (FedAvg+: ensemble members); the paper uses 5 and 10.",
+        ),
+        Param(
+            "learner",
+            "mlp",
+            [StrOptions(set(LEARNERS)), callable],
+            '``"mlp"`` (one hidden layer of 64), ``"linear"``, ``"cnn"`` (square images '
+            "flattened to rows) or a factory ``(n_features, n_classes) -> nn.Module`` (a model "
+            "with a factory cannot be saved).",
+            setting="learner_factory",
+        ),
+        ROUNDS,
+        Param(
+            "warmup_rounds",
+            None,
+            [Interval(Integral, 0, None, closed="left"), None],
+            "the CAM warm-up (IFCA-CAM: FedAvg of the global model; FeSEM, FeSEM-CAM: local "
+            "training only before the first k-means); ``None``: 30 % of ``rounds`` for the CAM "
+            "methods, 1 for FeSEM, 0 for IFCA and FedAvg+.",
+        ),
+        Param("local_steps", 10, _POSITIVE_INT, "mini-batch steps of each local training."),
+        LEARNING_RATE,
+        Param(
+            "momentum",
+            0.9,
+            [Interval(Real, 0.0, 1.0, closed="left")],
+            'heavy-ball momentum of ``optimizer="sgd"``.',
+        ),
+        BATCH_SIZE,
+        OPTIMIZER,
+        Param(
+            "kmeans_reg",
+            0.01,
+            [Interval(Real, 0.0, None, closed="left")],
+            "FeSEM's lambda (pull of a client's model towards its centre).",
+        ),
+        Param("kmeans_iter", 10, _POSITIVE_INT, "most Lloyd iterations of the server's k-means."),
+        Param(
+            "cluster_average",
+            "cluster",
+            [StrOptions(set(CLUSTER_AVERAGES))],
+            '``"cluster"`` (a cluster model is its clients\' row-weighted mean) or '
+            '``"global"`` (the paper\'s Eq. 6).',
+        ),
+        Param(
+            "empty_clusters",
+            "keep",
+            [StrOptions(set(EMPTY_CLUSTER_RULES))],
+            '``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.',
+        ),
+        ROBUST,
+        SAMPLING,
+        PRIVACY,
+        RUNTIME,
+        defaults={"dtype": "float32"},
+        docs={
+            "rounds": "Warm-up included (the paper: 100).",
+            "aggregation": "Applies to every model the server averages.",
+            "dtype": "Default ``float32``: the models are neural networks.",
+        },
+        positional=2,
+    )
 
     # -------------------------------------------------------------- fitting
-    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
 
@@ -217,57 +191,29 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
                 of range, or more clusters than clients (a clustered method).
             TypeError: ``callbacks`` is not a sequence of callables.
         """
-        self._validate_params()
-        callbacks = check_callbacks(callbacks)
-        array, classes, codes, client_ids, group_codes = check_labelled(self, X, y, groups)
-        if self.method != "FedAvg+" and self.n_clusters > len(client_ids):
+        return self._fit(X, y, groups, callbacks)
+
+    def _fit_clients(self, parts, clients, seed, labels=None) -> None:
+        if self.method != "FedAvg+" and self.n_clusters > self.n_clients_:
             raise ValueError(
-                f"n_clusters={self.n_clusters} exceeds the {len(client_ids)} client(s): a "
+                f"n_clusters={self.n_clusters} exceeds the {self.n_clients_} client(s): a "
                 "cluster needs at least one client. Lower n_clusters."
             )
-        config = self._config(array.shape[1], len(classes), seed_from(self.random_state))
+        config = self._config(self.n_features_in_, len(self.classes_), seed)
         algorithm = ClusteredFL.from_config(config)
-        data = labelled_client_data(self, X, array, classes, codes, client_ids, group_codes)
-        self._fit_callbacks = callbacks
-        try:
-            result = self._simulate(
-                algorithm,
-                data,
-                config.random_state,
-                full=True,
-                fraction=self.fraction,
-                dropout=self.dropout,
-            )
-        finally:
-            del self._fit_callbacks
+        data = labelled_tensors(clients, labels)
+        result = self._simulate(algorithm, data, seed, full=True, **self._engine_settings())
         self.warmup_rounds_ = config.warmup_rounds
         self.learner_template_ = algorithm.template
         self._set_fitted_state(result.state)
-        return self
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> ClusteredConfig:
-        options = self._torch_options()
         return ClusteredConfig(
-            method=self.method,
+            **self._settings(n_features),
             n_features=n_features,
             n_classes=n_classes,
-            n_clusters=self.n_clusters,
-            rounds=self.rounds,
-            warmup_rounds=self.warmup_rounds,
-            learner_factory=self.learner,
-            local_steps=self.local_steps,
-            learning_rate=self.learning_rate,
-            momentum=self.momentum,
-            batch_size=self.batch_size,
-            optimizer=self.optimizer,
-            kmeans_reg=self.kmeans_reg,
-            kmeans_iter=self.kmeans_iter,
-            cluster_average=self.cluster_average,
-            empty_clusters=self.empty_clusters,
-            **self._aggregation_options(),
             random_state=seed,
-            dtype=options["dtype"],
-            device=options["device"],
+            **self._torch_options(),
         )
 
     def _set_fitted_state(self, state: ClusteredState) -> None:

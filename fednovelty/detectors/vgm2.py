@@ -1,4 +1,4 @@
-"""``VGM2Classifier``: VGM2 (Puppala et al., issue 23) and its baselines (Local, FedAvg,
+"""``VGM2Classifier``: VGM2 (Puppala et al.) and its baselines (Local, FedAvg,
 Prototype sharing) as one personalised classifier.
 
 A classifier, not a novelty detector: ``fit(X, y, groups)`` runs the simulated federation of
@@ -26,15 +26,21 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._params import (
+    BATCH_SIZE,
+    LEARNING_RATE,
+    LOCAL_EPOCHS,
+    PRIVACY,
+    ROBUST,
+    ROUNDS,
+    RUNTIME,
+    Param,
+    declare,
+)
 from fednovelty.detectors.base import (
-    AGGREGATION_CONSTRAINTS,
     SimulatedFitMixin,
-    atomic_fit,
-    check_callbacks,
-    check_labelled,
-    labelled_client_data,
+    labelled_tensors,
     restore_classifier_attrs,
-    seed_from,
 )
 from fednovelty.detectors.persistence import (
     check_items,
@@ -46,14 +52,17 @@ from fednovelty.detectors.persistence import (
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.config import (
+from fednovelty.federated.vgm2 import (
+    ENCODER,
+    HEAD,
+    MARKERS,
+    VGM2,
     VGM2_AGGREGATIONS,
     VGM2_METHODS,
     VGM2_PREDICTIONS,
     VGM2Config,
+    VGM2State,
 )
-from fednovelty.federated.robust import AGGREGATIONS
-from fednovelty.federated.vgm2 import ENCODER, HEAD, MARKERS, VGM2, VGM2State
 from fednovelty.mixture.dirnig import check_markers
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
@@ -66,35 +75,6 @@ _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
 @register
 class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     """VGM2 and its baselines on one encoder (the VGM2 paper's Table 1).
-
-    Args:
-        method: ``"vgm2"`` (default), ``"local"``, ``"fedavg"`` or ``"prototype"``.
-        n_markers: K components per relation marker (the paper: 3; ablation 1).
-        embedding_dim, hidden: the MLP encoder ``n_features -> hidden -> embedding_dim``.
-        rounds: communication rounds (the paper: 100); clients_per_round: clients sampled
-            each round (the paper: 2; capped at the number of clients).
-        local_epochs: passes over a client's rows each time it is sampled (the paper: 8);
-            batch_size: rows per step.
-        learning_rate, marker_learning_rate: Adam's, for the networks and the markers.
-        umap_weight, similarity_weight, calibration_weight, kl_weight: the weights of
-            Eq. 7 (``L_umap``, gamma ``L_sim``, eta ``L_cal``, lambda ``KL``).
-        prototype_weight: FedProto's pull towards the global prototypes.
-        train_encoder: False freezes the encoder (ablation).
-        n_neighbors, min_dist: parametric UMAP's graph and curve.
-        aggregation: ``"moment"`` (Prop. 1) or ``"natural"`` (Sec. 3.5).
-        robust_aggregation, trim, client_weight_cap: the robust options of the FedAvg
-            baseline (``docs/robust.md``; ``aggregation`` already names the markers' rule):
-            ``"sum"`` (the row-weighted mean of the clients' encoders and heads),
-            ``"trimmed"`` or ``"median"`` (coordinate-wise, ``trim`` of the copies left out
-            at each end); ``client_weight_cap`` caps a client's row weight at this many
-            times the median client's. Other methods have ``"sum"`` only (others are
-            refused by name).
-        prediction, top_m: VGM2's rule: ``"nearest"`` (among the ``top_m`` nearest training
-            rows, a class scores the sum of its rows' ``pi_1``) or ``"top_pi"`` (the mean of
-            a class's ``top_m`` largest ``pi_1``). Read at prediction time too.
-        privacy_min_rows: each client's privacy floor (fewer rows: it releases nothing).
-        random_state, device, progress: as the other estimators'.
-        dtype: ``"float32"`` (default) or ``"float64"``.
 
     Attributes:
         classes_: the label values, sorted; columns of ``predict_proba_y``.
@@ -126,102 +106,81 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     """
 
     _fit_call = "fit(X, y, groups=...)"
-    _parameter_constraints: ClassVar[dict] = {
-        "method": [StrOptions(set(VGM2_METHODS))],
-        "n_markers": _POSITIVE_INT,
-        "embedding_dim": _POSITIVE_INT,
-        "hidden": _POSITIVE_INT,
-        "rounds": _POSITIVE_INT,
-        "clients_per_round": _POSITIVE_INT,
-        "local_epochs": _POSITIVE_INT,
-        "batch_size": [Interval(Integral, 2, None, closed="left")],
-        "learning_rate": _POSITIVE,
-        "marker_learning_rate": _POSITIVE,
-        "umap_weight": _NON_NEGATIVE,
-        "similarity_weight": _NON_NEGATIVE,
-        "calibration_weight": _NON_NEGATIVE,
-        "kl_weight": _NON_NEGATIVE,
-        "prototype_weight": _NON_NEGATIVE,
-        "train_encoder": ["boolean"],
-        "n_neighbors": [Interval(Integral, 2, None, closed="left")],
-        "min_dist": _POSITIVE,
-        "aggregation": [StrOptions(set(VGM2_AGGREGATIONS))],
-        "robust_aggregation": [StrOptions(set(AGGREGATIONS))],
-        **AGGREGATION_CONSTRAINTS,
-        "prediction": [StrOptions(set(VGM2_PREDICTIONS))],
-        "top_m": _POSITIVE_INT,
-        "privacy_min_rows": _POSITIVE_INT,
-        "random_state": ["random_state"],
-        "device": [None, str, torch.device],
-        "dtype": [StrOptions({"float64", "float32"})],
-        "progress": ["boolean"],
+    _labelled = True
+    #: files saved when ``aggregation`` named the markers' rule and the robust option was
+    #: ``robust_aggregation``.
+    _renamed_params: ClassVar[dict] = {
+        "aggregation": "posterior_merge",
+        "robust_aggregation": "aggregation",
     }
-
-    def __init__(
-        self,
-        method="vgm2",
-        n_markers=3,
-        *,
-        embedding_dim=16,
-        hidden=128,
-        rounds=100,
-        clients_per_round=2,
-        local_epochs=8,
-        batch_size=64,
-        learning_rate=1e-3,
-        marker_learning_rate=1e-2,
-        umap_weight=1.0,
-        similarity_weight=1.0,
-        calibration_weight=1.0,
-        kl_weight=0.01,
-        prototype_weight=1.0,
-        train_encoder=True,
-        n_neighbors=15,
-        min_dist=0.1,
-        aggregation="moment",
-        robust_aggregation="sum",
-        trim=0.1,
-        client_weight_cap=None,
-        prediction="nearest",
-        top_m=5,
-        privacy_min_rows=5,
-        random_state=None,
-        device=None,
-        dtype="float32",
-        progress=False,
-    ):
-        self.method = method
-        self.n_markers = n_markers
-        self.embedding_dim = embedding_dim
-        self.hidden = hidden
-        self.rounds = rounds
-        self.clients_per_round = clients_per_round
-        self.local_epochs = local_epochs
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.marker_learning_rate = marker_learning_rate
-        self.umap_weight = umap_weight
-        self.similarity_weight = similarity_weight
-        self.calibration_weight = calibration_weight
-        self.kl_weight = kl_weight
-        self.prototype_weight = prototype_weight
-        self.train_encoder = train_encoder
-        self.n_neighbors = n_neighbors
-        self.min_dist = min_dist
-        self.aggregation = aggregation
-        self.robust_aggregation = robust_aggregation
-        self.trim = trim
-        self.client_weight_cap = client_weight_cap
-        self.prediction = prediction
-        self.top_m = top_m
-        self.privacy_min_rows = privacy_min_rows
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+    _params = declare(
+        Param(
+            "method",
+            "vgm2",
+            [StrOptions(set(VGM2_METHODS))],
+            '``"vgm2"``, ``"local"``, ``"fedavg"`` or ``"prototype"``.',
+        ),
+        Param("n_markers", 3, _POSITIVE_INT, "K components per relation marker (the paper: 3)."),
+        Param("embedding_dim", 16, _POSITIVE_INT, "the encoder's output width."),
+        Param("hidden", 128, _POSITIVE_INT, "the encoder's hidden width."),
+        ROUNDS,
+        Param(
+            "clients_per_round",
+            2,
+            _POSITIVE_INT,
+            "clients sampled each round (the paper: 2; capped at the number of clients).",
+            "estimator",
+        ),
+        LOCAL_EPOCHS,
+        BATCH_SIZE,
+        LEARNING_RATE,
+        Param("marker_learning_rate", 1e-2, _POSITIVE, "Adam's step size for the markers."),
+        Param("umap_weight", 1.0, _NON_NEGATIVE, "weight of ``L_umap`` (Eq. 7)."),
+        Param("similarity_weight", 1.0, _NON_NEGATIVE, "gamma, weight of ``L_sim`` (Eq. 7)."),
+        Param("calibration_weight", 1.0, _NON_NEGATIVE, "eta, weight of ``L_cal`` (Eq. 7)."),
+        Param("kl_weight", 0.01, _NON_NEGATIVE, "lambda, weight of the KL term (Eq. 7)."),
+        Param("prototype_weight", 1.0, _NON_NEGATIVE, "FedProto's pull towards the prototypes."),
+        Param("train_encoder", True, ["boolean"], "False freezes the encoder (ablation)."),
+        Param(
+            "n_neighbors",
+            15,
+            [Interval(Integral, 2, None, closed="left")],
+            "neighbours of parametric UMAP's graph.",
+        ),
+        Param("min_dist", 0.1, _POSITIVE, "parametric UMAP's curve."),
+        Param(
+            "posterior_merge",
+            "moment",
+            [StrOptions(set(VGM2_AGGREGATIONS))],
+            'how the server combines the clients\' markers: ``"moment"`` (moment matching, '
+            'Prop. 1) or ``"natural"`` (natural-parameter averaging, Sec. 3.5).',
+        ),
+        ROBUST,
+        Param(
+            "prediction",
+            "nearest",
+            [StrOptions(set(VGM2_PREDICTIONS))],
+            'VGM2\'s rule: ``"nearest"`` (among the ``top_m`` nearest training rows, a class '
+            "scores the sum of its rows' ``pi_1``) or ``\"top_pi\"`` (the mean of a class's "
+            "``top_m`` largest ``pi_1``); read at prediction time too.",
+        ),
+        Param("top_m", 5, _POSITIVE_INT, "rows (or ``pi_1`` values) ``prediction`` reads."),
+        PRIVACY,
+        RUNTIME,
+        defaults={"local_epochs": 8, "batch_size": 64, "dtype": "float32"},
+        docs={
+            "rounds": "The paper: 100.",
+            "local_epochs": "Each time the client is sampled (the paper: 8).",
+            "batch_size": "At least 2.",
+            "learning_rate": "Adam's, for the networks.",
+            "aggregation": "The FedAvg baseline's encoders and heads; the other methods take "
+            '``"sum"`` only.',
+        },
+        settings={"posterior_merge": "aggregation", "aggregation": "robust_aggregation"},
+        positional=2,
+    )
 
     # -------------------------------------------------------------- fitting
-    @atomic_fit
     def fit(self, X, y=None, groups=None, *, callbacks=()):
         """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
 
@@ -238,21 +197,15 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             ValueError: ``y`` missing or not one label per row, a single class, or settings
                 out of range.
         """
-        self._validate_params()
-        callbacks = check_callbacks(callbacks)
-        array, classes, codes, client_ids, group_codes = check_labelled(self, X, y, groups)
-        config = self._config(array.shape[1], len(classes), seed_from(self.random_state))
+        return self._fit(X, y, groups, callbacks)
+
+    def _fit_clients(self, parts, clients, seed, labels=None) -> None:
+        config = self._config(self.n_features_in_, len(self.classes_), seed)
         algorithm = VGM2.from_config(config)
-        data = labelled_client_data(self, X, array, classes, codes, client_ids, group_codes)
+        data = labelled_tensors(clients, labels)
         asked = min(self.clients_per_round, self.n_clients_)
         fraction = 1.0 if asked >= self.n_clients_ else (asked - 0.5) / self.n_clients_
-        self._fit_callbacks = callbacks
-        try:
-            result = self._simulate(
-                algorithm, data, config.random_state, full=True, fraction=fraction
-            )
-        finally:
-            del self._fit_callbacks
+        result = self._simulate(algorithm, data, seed, full=True, fraction=fraction)
         states = []
         for c, (Xc, yc) in enumerate(data):
             kept = {
@@ -266,37 +219,14 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.state_ = result.state
         self.client_states_ = states
         self._set_derived()
-        return self
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> VGM2Config:
-        options = self._torch_options()
         return VGM2Config(
-            method=self.method,
+            **self._settings(n_features),
             n_features=n_features,
             n_classes=n_classes,
-            embedding_dim=self.embedding_dim,
-            hidden=self.hidden,
-            n_markers=self.n_markers,
-            rounds=self.rounds,
-            local_epochs=self.local_epochs,
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-            marker_learning_rate=self.marker_learning_rate,
-            umap_weight=self.umap_weight,
-            similarity_weight=self.similarity_weight,
-            calibration_weight=self.calibration_weight,
-            kl_weight=self.kl_weight,
-            prototype_weight=self.prototype_weight,
-            train_encoder=self.train_encoder,
-            n_neighbors=self.n_neighbors,
-            min_dist=self.min_dist,
-            aggregation=self.aggregation,
-            **self._aggregation_options("robust_aggregation"),
-            prediction=self.prediction,
-            top_m=self.top_m,
             random_state=seed,
-            dtype=options["dtype"],
-            device=options["device"],
+            **self._torch_options(),
         )
 
     def _set_derived(self) -> None:

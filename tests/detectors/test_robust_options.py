@@ -105,10 +105,10 @@ ROBUST_DETECTORS = {
     "VGM2Classifier": (
         lambda: VGM2Classifier(
             "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2,
-            robust_aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
+            aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
         ),
         VGM2,
-        "robust_aggregation",
+        "robust_aggregation",  # VGM2Config's name: its aggregation is the markers' rule
     ),
     "FedKNNMarkerDetector": (
         lambda: FedKNNMarkerDetector(
@@ -128,16 +128,17 @@ UNSUPERVISED = (ClusteredEM, FederatedKNNMarkers)
 def test_robust_options_reach_the_algorithm_and_survive_save_load(
     name, monkeypatch, tmp_path
 ) -> None:
-    make, algorithm, option = ROBUST_DETECTORS[name]
+    make, algorithm, setting = ROBUST_DETECTORS[name]
     X, groups, far = lone_far_client()
     y = (X[:, 1] > 0).astype(int)
     configs = configs_of(monkeypatch, algorithm)
     det = make()
     det.fit(X, groups=groups) if algorithm in UNSUPERVISED else det.fit(X, y, groups)
-    wanted = {option: getattr(det, option), "trim": 0.2, "client_weight_cap": 2.0}
-    assert wanted[option] != "sum" and configs
+    wanted = {"aggregation": det.aggregation, "trim": 0.2, "client_weight_cap": 2.0}
+    assert wanted["aggregation"] != "sum" and configs
+    names = {"aggregation": setting, "trim": "trim", "client_weight_cap": "client_weight_cap"}
     for config in configs:  # the fit's algorithm (and any rebuilt for prediction)
-        assert {k: getattr(config, k) for k in wanted} == wanted
+        assert {k: getattr(config, names[k]) for k in wanted} == wanted
     det.save(tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")
     assert {k: getattr(again, k) for k in wanted} == wanted

@@ -134,9 +134,7 @@ def test_files_saved_under_the_old_names_load(data, tmp_path) -> None:
     for path in (new, old):  # a file with the current names is not renamed
         loaded = VGM2Classifier.load(path)
         assert (loaded.posterior_merge, loaded.aggregation) == ("natural", "trimmed")
-        assert_close_scaled(
-            loaded.predict_proba_y(X[:10]), clf.predict_proba_y(X[:10]), rtol=1e-12
-        )
+        assert_close_scaled(loaded.predict_proba_y(X[:10]), clf.predict_proba_y(X[:10]), rtol=1e-12)
 
 
 def test_save_and_load_fedavg(data, tmp_path) -> None:
