@@ -94,8 +94,9 @@ class ClusteredFedGMMDetector(EMDetector):
             cluster; robust z-score against the fitted clients).
         cluster_sizes_history_: clients per cluster, one list per clustered round.
         cluster_events_: empty clusters and what was done, one dict per event.
-        n_iter_, converged_, lower_bounds_, history_, n_rounds_, bytes_up_, bytes_down_,
-            decision_scores_, threshold_, labels_: as ``FedGMMDetector``'s.
+        n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods.
+        history_, n_rounds_, bytes_up_, bytes_down_: the rounds and their bytes.
+        decision_scores_, threshold_, labels_: PyOD's training-set outputs.
 
     Example:
         >>> import numpy as np

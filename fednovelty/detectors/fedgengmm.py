@@ -166,7 +166,8 @@ class FedGenGMMDetector(_LocalFitDetector):
             (``MixtureParams``) and the joint mixture of the normal scores; else ``None``.
         client_n_components_: K chosen by each client; skipped_clients_: clients left out.
         n_synthetic_: rows drawn on the server; bic_: BIC per K of the global fit (BIC mode).
-        history_, n_rounds_ (1), bytes_up_, bytes_down_; decision_scores_, threshold_, labels_.
+        history_, n_rounds_, bytes_up_, bytes_down_: the one round and its bytes.
+        decision_scores_, threshold_, labels_: PyOD's training-set outputs.
 
     ``fit(X, groups=g, callbacks=[hook])`` calls ``hook`` with the one round's
     ``RoundRecord`` when it completes (see ``MixtureDetector.fit``).

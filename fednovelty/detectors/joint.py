@@ -479,8 +479,9 @@ class JointFedGMMDetector(JointModelDetector):
         joint_state_: the algorithm's final ``JointState`` (learners' weights, joint counts).
         client_learners_: each client's own learners (``aggregate_learners=False``).
         pca_: the federated PCA projection (``pca_components`` set).
-        n_iter_, converged_, lower_bounds_, history_, n_rounds_, bytes_up_, bytes_down_,
-        decision_scores_, threshold_, labels_: as ``FedGMMDetector``'s.
+        n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods.
+        history_, n_rounds_, bytes_up_, bytes_down_: the rounds and their bytes.
+        decision_scores_, threshold_, labels_: PyOD's training-set outputs.
 
     Examples:
         >>> import numpy as np

@@ -71,7 +71,8 @@ class LocalGMMDetector(_LocalFitDetector):
         client_models_: list of client ``MixtureParams`` (clients with enough rows).
         client_shares_: (n_models,) each fitted client's share of the fitted rows, in
             ``client_models_`` order.
-        client_n_components_, skipped_clients_, history_, decision_scores_, threshold_, labels_.
+        client_n_components_, skipped_clients_: K chosen by each client; clients left out.
+        history_: the one round; decision_scores_, threshold_, labels_: PyOD's outputs.
 
     ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
     client id given in ``groups``, a number or a name).

@@ -155,10 +155,12 @@ class VBConfig(
 class VBState:
     """Server state of federated VB.
 
+    It has the fields of :class:`~fednovelty.federated.em.EMState` that the shared init steps
+    read and write (``phase``, ``rounds``, ``params``, ``centers``, ``lloyd_rounds``,
+    ``subset_fraction``, ``offset``, ``scale``, ``prior``, ``pca``, ``projection``;
+    ``params`` is the initial mixture), and:
+
     Attributes:
-        phase, rounds, params, centers, lloyd_rounds, subset_fraction, offset, scale,
-        prior, pca, projection: as :class:`~fednovelty.federated.em.EMState` (what the
-            shared init steps read and write); ``params`` is the initial mixture.
         vb_prior: the Normal-Wishart prior once known.
         posterior: current variational posterior.
         lower_bounds: the ELBO after each VB M-step (scikit-learn's ``lower_bounds_``).

@@ -26,7 +26,7 @@ def iid_partition(
         ``n_clients`` sorted int64 index arrays into ``range(n_samples)``; every row appears
         exactly once.
 
-    Example:
+    Examples:
         >>> [p.shape[0] for p in iid_partition(10, 3, random_state=0)]
         [4, 3, 3]
     """

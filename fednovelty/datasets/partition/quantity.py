@@ -97,7 +97,7 @@ def quantity_partition(
     Raises:
         ValueError: a bad argument, named in the message.
 
-    Example:
+    Examples:
         >>> labels = np.repeat([0, 1, 2, 3], 5)  # 4 groups of 5 rows
         >>> parts = quantity_partition(labels, n_clients=4, groups_per_client=2,
         ...                            random_state=0)
