@@ -16,9 +16,9 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     BATCH_SIZE,
@@ -32,18 +32,12 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
-from fednovelty.detectors.base import (
-    SimulatedFitMixin,
-    labelled_tensors,
-    restore_classifier_attrs,
-)
+from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
     get_tensor,
-    load,
     register,
-    save_detector,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.cam import (
@@ -64,7 +58,7 @@ _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 
 
 @register
-class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
+class ClusteredFLClassifier(FederatedClassifier):
     """Clustered federated classification (the Fed-CAM paper's Table 1 methods).
 
     Attributes:
@@ -96,8 +90,6 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         True
     """
 
-    _fit_call = "fit(X, y, groups=...)"
-    _labelled = True
     _params = declare(
         Param(
             "method",
@@ -174,25 +166,6 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     )
 
     # -------------------------------------------------------------- fitting
-    def fit(self, X, y=None, groups=None, *, callbacks=()):
-        """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
-
-        Args:
-            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
-            y: one label per row (n_samples,), any sortable values (``classes_``).
-            groups: client id of each row; ``None`` means one client.
-            callbacks: callables, each called with every ``RoundRecord`` as it completes.
-
-        Returns:
-            self
-
-        Raises:
-            ValueError: ``y`` missing or not one label per row, a single class, settings out
-                of range, or more clusters than clients (a clustered method).
-            TypeError: ``callbacks`` is not a sequence of callables.
-        """
-        return self._fit(X, y, groups, callbacks)
-
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         if self.method != "FedAvg+" and self.n_clusters > self.n_clients_:
             raise ValueError(
@@ -330,23 +303,15 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
 
     # -------------------------------------------------------------- persistence
     def save(self, path) -> None:
-        """Save the fitted classifier (safetensors + JSON metadata; no pickle)."""
+        """Save the fitted classifier (safetensors + JSON metadata; no pickle); a model with
+        a learner factory cannot be saved (a ValueError says so)."""
         self._check_fitted()
         if callable(self.learner):
             raise ValueError(
                 "a model with a custom learner factory cannot be saved safely (the factory is "
                 f"code, and loading runs no code); use a named learner {sorted(LEARNERS)}."
             )
-        save_detector(self, path, *self._saved_state())
-
-    @classmethod
-    def load(cls, path):
-        """Load a classifier saved with ``save``; the file runs no code.
-
-        Raises:
-            ModelFormatError: not a model of this class, or damaged.
-        """
-        return load(path, expected=cls)
+        super().save(path)
 
     def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         state = self.state_
@@ -356,26 +321,17 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         if self._additive:
             tensors.update({f"global.{name}": v for name, v in state.global_model.items()})
         attrs = {
-            "n_features_in_": self.n_features_in_,
-            "feature_names_in_": (
-                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
-            ),
-            "client_ids_": self.client_ids_.tolist(),
-            "classes_": self.classes_.tolist(),
+            **self._common_attrs(),
             "client_clusters_": self.client_clusters_.tolist(),
             "cluster_sizes_history_": self.cluster_sizes_history_.tolist(),
             "warmup_rounds_": int(self.warmup_rounds_),
-            "history_": self.history_,
-            "n_rounds_": self.n_rounds_,
-            "bytes_up_": self.bytes_up_,
-            "bytes_down_": self.bytes_down_,
         }
         return tensors, attrs
 
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore the fitted attributes from ``save``'s output, validated."""
         options = self._torch_options()
-        restore_classifier_attrs(self, attrs)
+        self._restore_common(attrs)
         classes = self.classes_.tolist()
         clusters = check_items(get_attr(attrs, "client_clusters_", list), "client_clusters_", int)
         if len(clusters) != self.n_clients_ or any(not -1 <= c < self.n_clusters for c in clusters):
@@ -398,14 +354,10 @@ class ClusteredFLClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
                     f"{self.n_clients_} (client_ids_)."
                 )
         self.warmup_rounds_ = get_attr(attrs, "warmup_rounds_", int, minimum=0)
-        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
-        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         if self.warmup_rounds_ > self.n_rounds_:
             raise ModelFormatError(
                 f"warmup_rounds_={self.warmup_rounds_} exceeds n_rounds_={self.n_rounds_}."
             )
-        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
-        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
         self.learner_template_ = model_template(self._config(self.n_features_in_, len(classes), 0))
         shapes = {n: tuple(p.shape) for n, p in self.learner_template_.named_parameters()}
 

@@ -59,7 +59,11 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     register,
 )
-from fednovelty.detectors.variational import WEIGHT_THRESHOLD, _posterior_from
+from fednovelty.detectors.variational import (
+    POSTERIOR_TENSORS,
+    WEIGHT_THRESHOLD,
+    _posterior_from,
+)
 from fednovelty.exceptions import ClientDataError, ModelFormatError
 from fednovelty.federated.knn_markers import (
     CACHE_KEY,
@@ -71,15 +75,6 @@ from fednovelty.federated.knn_markers import (
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import VBPosterior, active_components
 from fednovelty.runtime.threads import scoring_threads
-
-#: the posterior tensors ``save`` writes (as ``FedVBDetector``).
-_POSTERIOR_TENSORS = (
-    "weight_concentration",
-    "mean_precision",
-    "means",
-    "degrees_of_freedom",
-    "covariances",
-)
 
 
 @register
@@ -371,13 +366,13 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         return 0.0
 
     def _get_state(self):
-        tensors = {f"posterior.{k}": getattr(self.posterior_, k) for k in _POSTERIOR_TENSORS}
+        tensors = {f"posterior.{k}": getattr(self.posterior_, k) for k in POSTERIOR_TENSORS}
         for i, (rows, posterior) in enumerate(
             zip(self._references, self.client_posteriors_, strict=True)
         ):
             tensors[f"client.{i}.rows"] = torch.as_tensor(rows)
             if self.personal_strength is not None:
-                for k in _POSTERIOR_TENSORS:
+                for k in POSTERIOR_TENSORS:
                     tensors[f"client.{i}.posterior.{k}"] = getattr(posterior, k)
         attrs = {
             "scoring_clients_": self.scoring_clients_.tolist(),
@@ -449,7 +444,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         """A saved one-feature posterior under ``prefix``, validated (``ModelFormatError``)."""
         shown = {
             f"posterior.{k}": tensors.get(f"{prefix}.{k}")
-            for k in _POSTERIOR_TENSORS
+            for k in POSTERIOR_TENSORS
             if f"{prefix}.{k}" in tensors
         }
         try:

@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._params import (
     BATCH_SIZE,
     LEARNING_RATE,
@@ -37,19 +37,13 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
-from fednovelty.detectors.base import (
-    SimulatedFitMixin,
-    labelled_tensors,
-    restore_classifier_attrs,
-)
+from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
     get_attr,
     get_tensor,
-    load,
     register,
-    save_detector,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.vgm2 import (
@@ -73,7 +67,7 @@ _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
 
 
 @register
-class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
+class VGM2Classifier(FederatedClassifier):
     """VGM2 and its baselines on one encoder (the VGM2 paper's Table 1).
 
     Attributes:
@@ -105,8 +99,6 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         True
     """
 
-    _fit_call = "fit(X, y, groups=...)"
-    _labelled = True
     #: files saved when ``aggregation`` named the markers' rule and the robust option was
     #: ``robust_aggregation``.
     _renamed_params: ClassVar[dict] = {
@@ -181,24 +173,6 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
     )
 
     # -------------------------------------------------------------- fitting
-    def fit(self, X, y=None, groups=None, *, callbacks=()):
-        """Train on rows ``X`` with labels ``y``, split into clients by ``groups``.
-
-        Args:
-            X: rows (n_samples, n_features), numpy array or pandas DataFrame.
-            y: one label per row (n_samples,), any sortable values (``classes_``).
-            groups: client id of each row; ``None`` means one client.
-            callbacks: callables, each called with every ``RoundRecord`` as it completes.
-
-        Returns:
-            self
-
-        Raises:
-            ValueError: ``y`` missing or not one label per row, a single class, or settings
-                out of range.
-        """
-        return self._fit(X, y, groups, callbacks)
-
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         config = self._config(self.n_features_in_, len(self.classes_), seed)
         algorithm = VGM2.from_config(config)
@@ -304,20 +278,6 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         return self.predict_y(X, client)
 
     # -------------------------------------------------------------- persistence
-    def save(self, path) -> None:
-        """Save the fitted classifier (safetensors + JSON metadata; no pickle)."""
-        self._check_fitted()
-        save_detector(self, path, *self._saved_state())
-
-    @classmethod
-    def load(cls, path):
-        """Load a classifier saved with ``save``; the file runs no code.
-
-        Raises:
-            ModelFormatError: not a model of this class, or damaged.
-        """
-        return load(path, expected=cls)
-
     def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         state = self.state_
         tensors: dict[str, torch.Tensor] = {}
@@ -332,27 +292,18 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             for k, v in kept.items():
                 tensors[f"client.{c}.{k}"] = v
         attrs = {
-            "n_features_in_": self.n_features_in_,
-            "feature_names_in_": (
-                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
-            ),
-            "client_ids_": self.client_ids_.tolist(),
-            "classes_": self.classes_.tolist(),
+            **self._common_attrs(),
             "client_keys_": [sorted(kept) for kept in self.client_states_],
             "replied_": list(self._replied),
             "losses_": list(state.losses),
             "invalid_": list(state.invalid),
-            "history_": self.history_,
-            "n_rounds_": self.n_rounds_,
-            "bytes_up_": self.bytes_up_,
-            "bytes_down_": self.bytes_down_,
         }
         return tensors, attrs
 
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore the fitted attributes from ``save``'s output, validated."""
         options = self._torch_options()
-        restore_classifier_attrs(self, attrs)
+        self._restore_common(attrs)
         classes = self.classes_.tolist()
         keys = check_items(get_attr(attrs, "client_keys_", list), "client_keys_", list)
         if len(keys) != self.n_clients_:
@@ -361,10 +312,6 @@ class VGM2Classifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         if any(not 0 <= c < self.n_clients_ for c in replied):
             raise ModelFormatError("replied_ names a client that does not exist.")
         self._replied = replied
-        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
-        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
-        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
-        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
         config = self._config(self.n_features_in_, len(classes), 0)
         algorithm = VGM2.from_config(config)
 
