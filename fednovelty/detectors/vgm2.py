@@ -230,7 +230,16 @@ class VGM2Classifier(FederatedClassifier):
 
     # -------------------------------------------------------------- predicting
     def _client_index(self, client) -> int | None:
+        """The index of ``client`` in ``client_ids_``; ``None`` for the global model
+        (FedAvg), or the only client of a one-client fit.
+
+        Raises:
+            ValueError: an unknown client, or no client named for a personalised method
+                fitted on several clients.
+        """
         if client is None:
+            if self.method != "fedavg" and self.n_clients_ == 1:
+                return 0
             if self.method != "fedavg":
                 raise ValueError(
                     f"method={self.method!r} is personalised: pass client=, one of the "
@@ -253,7 +262,8 @@ class VGM2Classifier(FederatedClassifier):
         ``client``'s model (FedAvg: the global one; ``client`` may be omitted).
 
         VGM2's "probabilities" are its class scores normalised to sum to 1 (module
-        docstring); classes the client never saw get 0.
+        docstring); classes the client never saw get 0. They come in the estimator's
+        ``dtype`` (a float32 model's are float32).
         """
         self._check_fitted()
         index = self._client_index(client)
@@ -263,11 +273,12 @@ class VGM2Classifier(FederatedClassifier):
         if self.method == "vgm2":
             reference = (kept["reference.X"], kept["reference.y"])
         proba = self.algorithm_.client_proba(kept, self.state_, Xt, reference, self.prediction)
-        return proba.cpu().numpy().astype(np.float64)
+        return proba.cpu().numpy()  # in the estimator's dtype: float32 rounds at 1e-7
 
     def predict_y(self, X, client=None) -> np.ndarray:
         """The most probable label of each row (original label values)."""
-        return self.classes_[self.predict_proba_y(X, client).argmax(1)]
+        proba = self.predict_proba_y(X, client)
+        return self.classes_[proba.argmax(1)]
 
     def predict_proba(self, X, client=None) -> np.ndarray:
         """scikit-learn's name for :meth:`predict_proba_y`."""
