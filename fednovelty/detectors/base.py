@@ -546,25 +546,12 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore fitted attributes from ``save``'s output, validated (``ModelFormatError``
         naming what is wrong); subclasses restore and validate their own after this."""
-        self.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
+        restore_inputs(self, attrs)
         self.threshold_ = float(get_attr(attrs, "threshold_", float))
         self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
-        names = get_attr(attrs, "feature_names_in_", (list, type(None)))
-        if names is not None:
-            check_items(names, "feature_names_in_", str)
-            if len(names) != self.n_features_in_:
-                raise ModelFormatError(
-                    f"feature_names_in_ has {len(names)} names for n_features_in_="
-                    f"{self.n_features_in_} features."
-                )
-            self.feature_names_in_ = np.asarray(names, dtype=object)
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
-        self.n_clients_ = len(self.client_ids_)
         scores = get_tensor(tensors, "decision_scores", allow_inf=True)
         if scores.ndim != 1 or scores.shape[0] == 0:
             raise ModelFormatError(
@@ -617,9 +604,9 @@ def labelled_tensors(
     ]
 
 
-def restore_classifier_attrs(estimator, attrs: dict) -> None:
-    """Set a saved federated classifier's ``n_features_in_``, ``feature_names_in_``,
-    ``client_ids_``, ``n_clients_`` and ``classes_`` from its JSON ``attrs``, validated.
+def restore_inputs(estimator, attrs: dict) -> None:
+    """Set a saved estimator's ``n_features_in_``, ``feature_names_in_`` (or remove it),
+    ``client_ids_`` and ``n_clients_`` from its JSON ``attrs``, validated.
 
     Raises:
         ModelFormatError: a missing, mistyped or inconsistent attribute, named.
@@ -630,11 +617,24 @@ def restore_classifier_attrs(estimator, attrs: dict) -> None:
         check_items(names, "feature_names_in_", str)
         if len(names) != estimator.n_features_in_:
             raise ModelFormatError(
-                f"feature_names_in_ has {len(names)} names for {estimator.n_features_in_} features."
+                f"feature_names_in_ has {len(names)} names for n_features_in_="
+                f"{estimator.n_features_in_} features."
             )
         estimator.feature_names_in_ = np.asarray(names, dtype=object)
+    elif hasattr(estimator, "feature_names_in_"):
+        del estimator.feature_names_in_
     estimator.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
     estimator.n_clients_ = len(estimator.client_ids_)
+
+
+def restore_classifier_attrs(estimator, attrs: dict) -> None:
+    """Set a saved federated classifier's inputs (:func:`restore_inputs`) and ``classes_``
+    from its JSON ``attrs``, validated.
+
+    Raises:
+        ModelFormatError: a missing, mistyped or inconsistent attribute, named.
+    """
+    restore_inputs(estimator, attrs)
     classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
     if len(classes) < 2 or len(set(classes)) != len(classes):
         raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
