@@ -1,6 +1,6 @@
 """Fits beside busy processes: the library's thread choice against torch's default threads.
 
-Issue 18 ("Under load"): small torch kernels run over several OpenMP threads stall when other
+Small torch kernels run over several OpenMP threads stall when other
 work shares the cores. ``fednovelty.runtime.threads`` runs every client step, server step and
 scoring call with a thread count chosen from the size of its work; this script measures what
 that choice buys, in two sections.
@@ -342,7 +342,7 @@ def main(argv=None) -> str:
         sys.argv[1:] if argv is None else argv
     )
     sections = [
-        "# Threads under load (issue 18)",
+        "# Threads under load",
         f"command: {command.strip()}",
         f"machine: {machine_facts()}",
         f"torch default threads: {args.default_threads}; busy processes: {args.busy} x 2 "

@@ -1,4 +1,4 @@
-"""Clustered additive mixtures for novelty (issue 22, item 4) against FedGMM's personal
+"""Clustered additive mixtures for novelty against FedGMM's personal
 weights and FedGenGMM, on cluster-structured federations.
 
 Run ``python benchmarks/clustered_mixtures.py`` (seeds 0 1 2) or ``--quick`` (a smoke run);
@@ -28,7 +28,7 @@ Methods (K = total components alike): ``ClusteredGMM-IFCA`` and ``ClusteredGMM-F
 components), ``FedGenGMM`` (K_g + C K_c global components; no personal weights: the global
 model scores every client).
 
-Targets (issue 22): per-client AUROC >= FedGMM personal weights and >= FedGenGMM (mean over
+Targets: per-client AUROC >= FedGMM personal weights and >= FedGenGMM (mean over
 datasets), ARI >= 0.9 on MVTec categories, client-level anomaly AUROC >= 0.95.
 """
 

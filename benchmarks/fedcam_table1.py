@@ -1,4 +1,4 @@
-"""The Fed-CAM paper's Table 1 (and Table 2) claims on MNIST and pooled FEMNIST (issue 22).
+"""The Fed-CAM paper's Table 1 (and Table 2) claims on MNIST and pooled FEMNIST.
 
 Run ``python benchmarks/fedcam_table1.py`` (the default grid below, seeds 0 1 2) or ``--quick``
 (a smoke run: 20 clients, K = 4, 3 rounds, one seed, MNIST's two cluster-wise partitions;

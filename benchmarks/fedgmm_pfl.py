@@ -25,7 +25,7 @@ and Local 1 Gaussian and 1 learner (Local never aggregates its learner).
    (including the federated k-means initialisation), megabytes sent up and down, fit seconds.
    Reference: Table 2's synthetic row (300 clients, ~3000 rows each in the text, 200 rounds,
    learning rate grid-searched), and FedGMM 77.0% from the paper's reference code at 30 clients
-   and 50 rounds, as quoted in the issue (not re-run here). Targets: FedGMM > FedEM > FedAvg
+   and 50 rounds, as reported for that code (not re-run here). Targets: FedGMM > FedEM > FedAvg
    (mean accuracy over seeds), FedGMM >= 77%, every FedGMM fit under 2 minutes.
 2. Unseen clients (the paper's Table 5 protocol, Sec. 4.6). A seeded random 80% of the
    clients train (their training rows only). Each held-out client's training and test rows are
@@ -72,7 +72,7 @@ PAPER_TABLE2 = {
     "FedEM": 65.61,
     "FedGMM": 72.02,
 }
-#: FedGMM in the paper's reference code at 30 clients and 50 rounds (quoted in the issue).
+#: FedGMM in the paper's reference code at 30 clients and 50 rounds (reported, not re-run here).
 REFERENCE_CODE_FEDGMM = 77.0
 TARGET_FEDGMM_ACCURACY = 77.0
 TARGET_FIT_SECONDS = 120.0
@@ -217,7 +217,7 @@ def pfl_report(per_seed: list[dict[str, dict]], settings: Settings) -> str:
             "Paper Table 2 (synthetic row): 300 clients, 200 rounds, learning rate "
             "grid-searched; its other baselines: FedAvg+ 53.41, ClusteredFL 53.12, pFedMe 53.91. "
             f"Paper's reference code, 30 clients / 50 rounds: FedGMM {REFERENCE_CODE_FEDGMM:.1f}% "
-            "(quoted in the issue, not re-run here).",
+            "(reported for that code, not re-run here).",
             "",
             *checks,
         ]

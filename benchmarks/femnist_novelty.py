@@ -1,4 +1,4 @@
-"""Novelty detection on real federated clients: FEMNIST writers (issue 20).
+"""Novelty detection on real federated clients: FEMNIST writers.
 
 Run ``python benchmarks/femnist_novelty.py`` (100 writers, seeds 0 1 2, about 15 minutes on
 2 cores) or ``--quick`` (a smoke run: 8 writers, one seed, a few methods). ``--writers N``,
@@ -34,7 +34,7 @@ of its L2 norm), the same for every method; ``--pixels`` adds rows on the MNIST 
    what it has); its test rows (inliers and ``transforms`` novel images) are scored with the
    global weights and after ``adapt`` on those rows. Mean per-writer AUROC.
 
-Targets (issue 20): FedGMM ``log p(x)`` AUROC >= 99 % on transformed FEMNIST and within
+Targets: FedGMM ``log p(x)`` AUROC >= 99 % on transformed FEMNIST and within
 0.5 points of the centralized mixture on the same features.
 """
 

@@ -1,4 +1,4 @@
-"""Poisoning benchmark (issue 18): one or two malicious clients among ten, defences off and on.
+"""Poisoning benchmark: one or two malicious clients among ten, defences off and on.
 
 Every task is the novelty protocol of an ADBench set (:func:`make_task`, 10 clients,
 Dirichlet(``ALPHA``) over k-means groups). The malicious clients replace clients 9 (and 8):
@@ -8,7 +8,7 @@ of ``SPREAD`` ranges (:func:`far_rows`), and forges its replies in the client st
 honest algorithm code runs unchanged on every other client and on the server
 (:class:`WithAttackers`).
 
-Attacks (:data:`ATTACKS`), each named in the issue:
+Attacks (:data:`ATTACKS`):
 
 ``claim-rows``
     A consistent liar: ``CLAIMED_ROWS`` (10,000) made-up rows, answered about honestly from
@@ -38,9 +38,9 @@ inliers) and ``planted_auroc``, the planted rows against the same held-out inlie
 successful ``claim-rows`` or ``claim-1e12`` attack shows in ``planted_auroc`` (the planted
 rows score as normal: AUROC near 0); one that wrecks the model shows in ``auroc``.
 
-Defences (:func:`defences`): ``off`` (no reply validation, ``aggregation="sum"``, no cap: the
-behaviour before issue 18; validation is always on in the library and is switched off here
-by replacing the engine's ``ReplyValidator`` with one that accepts everything),
+Defences (:func:`defences`): ``off`` (no reply validation, ``aggregation="sum"``, no cap: a
+server that trusts every reply; validation is always on in the library and is switched off
+here by replacing the engine's ``ReplyValidator`` with one that accepts everything),
 ``validation`` (the library's default), ``cap`` (``client_weight_cap=CAP``), ``trimmed T``
 (``aggregation="trimmed"``, ``trim=T``: 0.1 against one attacker; 0.2, and 0.1 which is too
 little, against two), ``both T`` (``trimmed T`` and the cap, at 0.1 per attacker) and, for

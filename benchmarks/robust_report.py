@@ -1,4 +1,4 @@
-"""Issue 7's report: the robust mixture defaults against IForest, ECOD and the plain mixtures.
+"""A report on the robust mixture defaults against IForest, ECOD and the plain mixtures.
 
 Run after the scoreboard (``fednovelty bench ... --seeds 0 1 2 --out benchmarks/results/adbench``
 with the methods listed in ``docs/robust.md``)::
@@ -8,11 +8,10 @@ with the methods listed in ``docs/robust.md``)::
 It reads the tidy results and prints, and writes next to them as ``robust.md``:
 
 1. the targets: mean AUROC over the 25 ADBench datasets of each federated mixture detector
-   (defaults, FedGenGMM's ``copula`` option, and issue 23's federated VB, its one-shot
+   (defaults, FedGenGMM's ``copula`` option, and the federated VB, its one-shot
    variants and the kNN-distance markers where the results hold them) per seed and over
    seeds with its standard error over seeds, beside IForest's, with the difference and its
-   paired standard error (the target in both protocols: above IForest; issue 7's 0.80 in the
-   outlier protocol is retired, ``docs/robust.md``);
+   paired standard error (the target in both protocols: above IForest, ``docs/robust.md``);
 2. the ablation: plain (``-plain``), standardisation only (``-std``), prior only (``-prior``)
    and both (the defaults), mean AUROC per protocol;
 3. per-dataset AUROC (mean over seeds): before (``-plain``) and after for FedGenGMM and
@@ -31,7 +30,8 @@ import pandas as pd
 
 DEFAULT = Path(__file__).resolve().parent / "results" / "adbench" / "results.csv"
 FEDERATED = ("FedGenGMM", "DEM-kmeans")
-#: Federated detectors with a non-default option, and issue 23's, reported beside the defaults.
+#: Federated detectors with a non-default option, the Bayesian ones and the kNN-distance
+#: markers, reported beside the defaults.
 OPTIONS = (
     "FedGenGMM-copula",
     "FedVB",
@@ -159,7 +159,7 @@ def report(df: pd.DataFrame) -> str:
         "",
         f"{df['dataset'].nunique()} datasets, seeds {seeds}; 10 clients, Dirichlet(0.5), K = 10, "
         "at most 10,000 training and 10,000 test rows. `-plain`: no standardisation and no "
-        "covariance prior (the behaviour before issue 7).",
+        "covariance prior (the mixtures without the robust defaults).",
         "",
     ]
     return "\n".join(head) + "\n".join([targets(df), ablation(df), per_dataset(df)])

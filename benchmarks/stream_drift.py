@@ -1,4 +1,4 @@
-"""Streams (issue 21): novelty under drift, weight tracking and false alarms.
+"""Streams: novelty under drift, weight tracking and false alarms.
 
 Run ``python benchmarks/stream_drift.py`` (both datasets, seeds 0 1 2) or ``--quick`` (a
 smoke run of cifar10-svhn unless ``--dataset`` names more). ``--dataset cifar10-svhn
@@ -10,7 +10,7 @@ per-dataset settings below), ``--rho``, ``--rounds``, ``--seeds``, ``--threads``
 The streams, the detectors and the table are the library's
 (:func:`fednovelty.datasets.streams.domain_stream`,
 :func:`fednovelty.evaluation.run_stream_benchmark`; ``docs/streaming.md``); this script
-chooses the settings, checks the issue's targets and adds the stationary stream.
+chooses the settings, checks the targets below and adds the stationary stream.
 
 Datasets (domain A's share follows the pFedEM paper's linear cycle 0 -> 1 -> 0 over the
 windows, after a warm-up window with share 1/2 that every detector is first fitted on and
@@ -38,7 +38,7 @@ Each window's test set: 300 test inliers in the window's mix + 30 novel rows.
 3. **False alarms** on a stationary stream (share 1/2 throughout, ``rho=0.7``): alarms per
    client and window against the documented ``false_alarm_rate`` (0.01).
 
-Targets (issue 21): streaming AUROC within 0.01 of refitting at <= 1/5 of its bytes and well
+Targets: streaming AUROC within 0.01 of refitting at <= 1/5 of its bytes and well
 above the static detector once the mix has moved; tracking error <= 0.05; false alarms <= the
 documented rate.
 """

@@ -1,4 +1,4 @@
-"""VGM2's Table 1 where data exists (issue 23): MNIST label shards and FEMNIST writers.
+"""VGM2's Table 1 where data exists: MNIST label shards and FEMNIST writers.
 
 Methods, all one code path and one encoder (:class:`fednovelty.detectors.vgm2.VGM2Classifier`,
 an MLP ``784 -> 128 -> 16``): Local, FedAvg, Prototype sharing (FedProto), VGM2 with moment
@@ -177,7 +177,7 @@ def _mean_std(values: list[float]) -> str:
 def render(records: list[dict], args) -> str:
     """The markdown report of the records so far."""
     lines = [
-        "# VGM2 Table 1 (issue 23)",
+        "# VGM2 Table 1",
         "",
         f"N = {args.clients} clients, T = {args.rounds} rounds, {args.per_round} clients per "
         f"round, E = {args.epochs} local epochs, at most {args.max_rows} training rows per "

@@ -8,7 +8,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: history wording that belongs in commit messages, not in product text.
-HISTORY = re.compile(r"(?<!upstream )(?<!its )\bissue\s*#?\d+|\bthis session\b|\(issue\b", re.I)
+HISTORY = re.compile(r"(?<!upstream )(?<!its )\bissue[\s-]*#?\d+|\bthis session\b|\(issue\b", re.I)
+#: product text: the pages, every module's docstrings, comments and printed text, and the
+#: reports the benchmarks wrote.
+PRODUCT_TEXT = [
+    README,
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted(
+        path
+        for folder in ("fednovelty", "app", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+    ),
+    *sorted(path for ext in ("md", "txt") for path in (ROOT / "benchmarks").rglob(f"*.{ext}")),
+]
 
 
 def test_quickstart_runs(tmp_path, monkeypatch, capsys):
@@ -41,11 +53,7 @@ def test_the_two_setup_commands_are_the_makefile_targets():
     assert re.search(r"^demo:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
 
 
-@pytest.mark.parametrize(
-    "page",
-    [README, *sorted((ROOT / "docs").rglob("*.md"))],
-    ids=lambda p: str(p.relative_to(ROOT)),
-)
+@pytest.mark.parametrize("page", PRODUCT_TEXT, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_issue_numbers_or_history_in_product_text(page):
     if "figures" in page.relative_to(ROOT).parts:
         pytest.skip("benchmark output, linked into the site")
@@ -74,3 +82,15 @@ def test_the_readme_links_point_at_files():
     assert local, "the README links no page"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing
+
+
+def test_the_benchmarks_readme_links_every_script_to_a_page():
+    """One line per script under benchmarks/, each with links that point at files."""
+    folder = ROOT / "benchmarks"
+    text = (folder / "README.md").read_text()
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^- `(\w+\.py)`.*$", text, flags=re.M)}
+    listed = {name for line in lines.values() for name in re.findall(r"`(\w+\.py)`", line)}
+    assert listed == {p.name for p in folder.glob("*.py")}
+    for line in lines.values():
+        targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", line)
+        assert all((folder / target).exists() for target in targets), line

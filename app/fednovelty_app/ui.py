@@ -59,7 +59,7 @@ def remember(key: str, run) -> None:
 
 
 def current_run():
-    """The run the pages show (the last trained or uploaded in this session), or None."""
+    """The run the pages show (the last trained or uploaded in the user's session), or None."""
     return st.session_state.get(RUN_KEY)
 
 

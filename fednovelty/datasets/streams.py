@@ -1,18 +1,18 @@
 """Streams of client data whose mix of two populations moves over time (the pFedEM paper's
-shift settings, issue 21).
+shift settings).
 
 :func:`schedule_share` is the share of population A in window ``t``: the paper's *linear*
 cycle (0 -> 1 -> 0, a triangle), its *cosine* cycle (``(1 - cos 2 pi f) / 2``, same ends) or
 a *constant* share (a stationary stream), over ``cycles`` cycles in ``n_windows`` windows.
 
 :func:`writer_stream` makes such a stream from FEMNIST writers: population A is each writer's
-digits (classes 0-9), B its letters, as the issue pairs EMNIST digits with letters. In window
+digits (classes 0-9), B its letters, as the paper pairs EMNIST digits with letters. In window
 ``t`` every writer contributes ``rows_per_window`` of its own images, each drawn from its A
 images with probability ``share(t)`` (so the count is binomial) and else from its B images,
 with replacement from one split of the writer's images. A writer with no images of one
 population draws all its rows from the other.
 
-**Novelty streams** (issue 21, "novelty under drift"): :func:`domain_stream` makes a stream
+**Novelty streams** ("novelty under drift"): :func:`domain_stream` makes a stream
 of two domains, A and B, *plus novel rows that belong to neither*, for scoring a detector
 window by window. Its input is a :class:`DomainPools`: each domain's training and test
 inliers and a pool of novel rows, raw (before features). Three sources make one:

@@ -1,6 +1,6 @@
 """Dirichlet-Normal-Inverse-Gamma (Dir-NIG) relation markers: the mixture math of VGM2
 (Puppala et al., "Variational Gaussian Mixture Manifold Models for Client-Specific Federated
-Personalization", Sec. 3.3-3.4; issue 23). Torch, differentiable, no federated notions.
+Personalization", Sec. 3.3-3.4). Torch, differentiable, no federated notions.
 
 A *relation marker* is a K-component mixture over a scalar (a latent distance ``s``) with a
 mean-field posterior ``Dir(w | a) prod_c NIG(mu_c, sigma2_c | m_c, kappa_c, alpha_c, beta_c)``

@@ -17,7 +17,7 @@ def test_report_prints_median_max_and_ratio_to_budget(bench):
     assert server.split()[-2:] == ["-", "-"]
 
 
-def test_budgets_are_issue_6s(bench):
+def test_budgets_are_5s_first_page_and_30s_default_training(bench):
     assert bench.BUDGETS == {"first page": 5.0, "default training shown": 30.0}
 
 

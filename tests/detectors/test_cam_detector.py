@@ -1,4 +1,4 @@
-"""ClusteredFLClassifier (fednovelty/detectors/cam.py, issue 22): the Fed-CAM paper's methods
+"""ClusteredFLClassifier (fednovelty/detectors/cam.py): the Fed-CAM paper's methods
 as an estimator. CAM classifies clients with opposite labelling rules far better than FedAvg,
 finds their clusters, records the cluster sizes, saves and loads to the same predictions,
 and names every bad input."""

@@ -1,4 +1,4 @@
-"""ClusteredFedGMMDetector (issue 22): clusters of clients, per-client and per-cluster
+"""ClusteredFedGMMDetector: clusters of clients, per-client and per-cluster
 scores, the client-level anomaly score, adapt, persistence and named errors."""
 
 from __future__ import annotations

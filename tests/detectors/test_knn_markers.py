@@ -1,4 +1,4 @@
-"""FedKNNMarkerDetector and FederatedKNNMarkers (issue 23, item 5): the Dir-NIG markers of
+"""FedKNNMarkerDetector and FederatedKNNMarkers: the Dir-NIG markers of
 kNN distances as a calibrated federated novelty score.
 
 Reference tests: the feature is the leave-one-out k-th neighbour distance (brute force);

@@ -1,4 +1,4 @@
-"""The robust defaults on shared ADBench data where a plain mixture fails (issue 7).
+"""The robust defaults on shared ADBench data where a plain mixture fails.
 
 Setting: ``fednovelty bench``'s outlier protocol, 10 clients, Dirichlet(0.5), seed 0, K = 10.
 ``BEFORE`` is the AUROC of the committed scoreboard from before the remedies (commit e322c08,
@@ -15,8 +15,9 @@ from sklearn.metrics import roc_auc_score
 from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 
-#: the behaviour before the remedies, and before the clients' privacy floor (min_rows=1: no
-#: floor; the plain DEM fits hold components of a few rows, which the floor suppresses).
+#: a plain mixture: no standardisation, no covariance prior and no clients' privacy floor
+#: (min_rows=1: no floor; the plain DEM fits hold components of a few rows, which the floor
+#: suppresses).
 PLAIN = {"standardize": False, "prior_strength": None, "privacy_min_rows": 1}
 
 CASES = {

@@ -1,4 +1,4 @@
-"""Clustered classification and Fed-CAM (fednovelty/federated/cam.py, issue 22): clusters
+"""Clustered classification and Fed-CAM (fednovelty/federated/cam.py): clusters
 recovered on clients with opposite labelling rules, one round of each method against a hand
 computation (numpy softmax-regression gradients), degenerate cases by name, reply checks,
 settings through JSON, and the Flower engine giving the simulation's numbers."""

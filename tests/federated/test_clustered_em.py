@@ -1,4 +1,4 @@
-"""ClusteredEM (issue 22): global components plus each cluster's own, exact summed
+"""ClusteredEM: global components plus each cluster's own, exact summed
 statistics, IFCA- and FeSEM-style assignment, degenerate cases."""
 
 from __future__ import annotations

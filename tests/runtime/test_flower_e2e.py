@@ -165,7 +165,7 @@ def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> Non
 
 
 def test_a_streaming_window_on_flower_equals_simulation(federation, partitions) -> None:
-    """One window of StreamingEM (issue 21) after a fitted first window: the nodes are new
+    """One window of StreamingEM after a fitted first window: the nodes are new
     to the stream, so both engines start every client from the global weights."""
     federation, app = federation
     first = simulate(FederatedEM(3, mixture_weights="personal", random_state=0), partitions[1])
@@ -197,7 +197,7 @@ def test_a_streaming_window_on_flower_equals_simulation(federation, partitions) 
 
 
 def test_clustered_mixture_on_flower_equals_simulation(federation, partitions) -> None:
-    """ClusteredEM (issue 22): warm-up, the server's clustering and two clustered rounds;
+    """ClusteredEM: warm-up, the server's clustering and two clustered rounds;
     each node keeps its cluster and masked weights between rounds, as in the simulation."""
     federation, app = federation
     params = {
@@ -226,7 +226,7 @@ def test_clustered_mixture_on_flower_equals_simulation(federation, partitions) -
 
 
 def test_federated_vb_on_flower_equals_simulation(federation, partitions) -> None:
-    """FederatedVB (issue 23): the prior's moments round, the initial posterior and two VB
+    """FederatedVB: the prior's moments round, the initial posterior and two VB
     rounds give the simulation's posterior and ELBOs."""
     federation, app = federation
     X = partitions[0]

@@ -1,4 +1,4 @@
-"""VGM2 on a real Flower deployment equals the in-process simulation (issue 23).
+"""VGM2 on a real Flower deployment equals the in-process simulation.
 
 As ``test_flower_e2e.py``: a SuperLink and three SuperNodes on 127.0.0.1, ``examples/flower``
 started with ``flwr run``, each node holding one labelled partition (``.npz`` with ``X`` and
