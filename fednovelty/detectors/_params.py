@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.federated.learners import LEARNERS
+
 #: where a parameter's value goes: the algorithm's settings, the engine (client sampling,
 #: dropout), or the estimator itself (scores, torch placement, progress, seeds).
 ROLES = ("algorithm", "engine", "estimator")
@@ -342,6 +344,18 @@ OPTIMIZER = Param(
     "optimizer", "sgd", [StrOptions({"sgd", "adam"})], 'the local optimiser: "sgd" or "adam".'
 )
 LEARNER: Group = (LOCAL_EPOCHS, LEARNING_RATE, BATCH_SIZE, OPTIMIZER)
+
+#: The learners' architecture (the joint models, the clustered classifiers).
+LEARNER_CHOICE = Param(
+    "learner",
+    "linear",
+    [StrOptions(set(LEARNERS)), callable],
+    '``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer of 64), '
+    '``"cnn"`` (the FedGMM paper\'s FEMNIST encoder, for square images flattened to rows) '
+    "or a factory ``(n_features, n_classes) -> torch.nn.Module`` (a model with a factory "
+    "cannot be saved).",
+    setting="learner_factory",
+)
 
 #: The variational mixtures' weight and Gaussian-Wishart priors (scikit-learn's names).
 VB_PRIORS: Group = (

@@ -22,6 +22,7 @@ from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     BATCH_SIZE,
+    LEARNER_CHOICE,
     LEARNING_RATE,
     OPTIMIZER,
     PRIVACY,
@@ -104,15 +105,7 @@ class ClusteredFLClassifier(FederatedClassifier):
             _POSITIVE_INT,
             "K cluster models (FedAvg+: ensemble members); the paper uses 5 and 10.",
         ),
-        Param(
-            "learner",
-            "mlp",
-            [StrOptions(set(LEARNERS)), callable],
-            '``"mlp"`` (one hidden layer of 64), ``"linear"``, ``"cnn"`` (square images '
-            "flattened to rows) or a factory ``(n_features, n_classes) -> nn.Module`` (a model "
-            "with a factory cannot be saved).",
-            setting="learner_factory",
-        ),
+        LEARNER_CHOICE,
         ROUNDS,
         Param(
             "warmup_rounds",
@@ -156,7 +149,7 @@ class ClusteredFLClassifier(FederatedClassifier):
         SAMPLING,
         PRIVACY,
         RUNTIME,
-        defaults={"dtype": "float32"},
+        defaults={"dtype": "float32", "learner": "mlp"},
         docs={
             "rounds": "Warm-up included (the paper: 100).",
             "aggregation": "Applies to every model the server averages.",

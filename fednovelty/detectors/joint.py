@@ -14,7 +14,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._labels import label_codes
@@ -23,6 +23,7 @@ from fednovelty.detectors._params import (
     EM,
     INIT,
     LEARNER,
+    LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
     PRIVACY,
@@ -57,17 +58,6 @@ from fednovelty.mixture import score_samples
 
 SCORES = ("px", "py|x", "pxy", "msp")
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
-#: The learners' architecture (the joint models').
-LEARNER_CHOICE = Param(
-    "learner",
-    "linear",
-    [StrOptions(set(LEARNERS)), callable],
-    '``"linear"`` (multinomial logistic regression), ``"mlp"`` (one hidden layer of 64), '
-    '``"cnn"`` (the FedGMM paper\'s FEMNIST encoder, for square images flattened to rows) '
-    "or a factory ``(n_features, n_classes) -> torch.nn.Module`` (a model with a factory "
-    "cannot be saved).",
-    "estimator",
-)
 
 
 class JointModelDetector(EMDetector):
@@ -105,7 +95,6 @@ class JointModelDetector(EMDetector):
         return {
             **self._em_options(seed, pca_components, learner_width),
             "n_classes": len(self.classes_),
-            "learner_factory": self._learner_factory(),
             "n_learner_features": learner_width,
             **overrides,
         }

@@ -19,6 +19,7 @@ from fednovelty.detectors._params import (
     EM,
     INIT,
     LEARNER,
+    LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
     PRIVACY,
@@ -28,7 +29,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
-from fednovelty.detectors.joint import LEARNER_CHOICE, JointModelDetector
+from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated.pfedem import GAUSSIAN_AGGREGATIONS, PFedEM, pfedem_predict_proba
 
