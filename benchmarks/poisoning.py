@@ -126,18 +126,18 @@ from fednovelty.detectors._params import PRIOR_SCALE
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.base import ClientContext
-from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
-from fednovelty.federated.clustered_em import ClusteredEM
-from fednovelty.federated.fedgengmm import LocalGMMs
-from fednovelty.federated.joint import JointFedGMM
-from fednovelty.federated.joint_scores import learner_log_probs
-from fednovelty.federated.knn_markers import FederatedKNNMarkers, predictive_log_tail
-from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers, predictive_log_tail
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.joint_models.joint_scores import learner_log_probs
+from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_proba
+from fednovelty.federated.mixtures.fedgengmm import LocalGMMs
 from fednovelty.federated.robust import EXTENSIVE
-from fednovelty.federated.streaming import StreamingEM
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import loop, simulation

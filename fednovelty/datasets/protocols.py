@@ -25,8 +25,8 @@ Out-of-distribution sets (``ood``; also written as a suffix of the name, ``"10_c
   ``T`` (invert, flip, rotate: :func:`~fednovelty.datasets.femnist.transform_writer_images`).
   Pixels are divided by 255 and projected on ``pca_components`` (24) principal axes found
   by federated PCA over the training clients (the two-pass algorithm of
-  :class:`~fednovelty.federated.pca.FederatedPCA`: summed rows, then summed scatter about the
-  pooled mean), so every method sees the same 24 features. Novelty protocol only.
+  :class:`~fednovelty.federated.mixtures.pca.FederatedPCA`: summed rows, then summed scatter
+  about the pooled mean), so every method sees the same 24 features. Novelty protocol only.
 
 - FEMNIST (``"femnist"``): the clients are the first ``n_clients`` writers of
   :func:`~fednovelty.datasets.make_femnist_federated` (seeded; ``partition`` and ``alpha``

@@ -34,7 +34,7 @@ from fednovelty.detectors.persistence import (
     mixture_log_density_bound,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.pca import FederatedPCA, PCAProjection
+from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import WeightsFit, score_samples
 

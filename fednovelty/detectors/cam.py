@@ -4,9 +4,9 @@ FeSEM, IFCA-CAM, FeSEM-CAM; Ma et al.) as one estimator.
 A classifier, not a novelty detector: it models ``p(y | x)`` with cluster models (and, for
 the CAM methods, a global model added to them, ``F_i(x) = h(x; Theta_g) + f(x;
 Theta_c(i))``), and has no density of ``x``. ``fit(X, y, groups)`` runs the simulated
-federation of :class:`~fednovelty.federated.cam.ClusteredFL`; ``predict_y(X, client=c)``
+federation of :class:`~fednovelty.federated.clustered.cam.ClusteredFL`; ``predict_y(X, client=c)``
 classifies with client ``c``'s cluster. The algorithm and its choices (warm-up, the residual
-alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.cam` and
+alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.clustered.cam` and
 ``docs/clustered.md``.
 """
 
@@ -41,7 +41,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.cam import (
+from fednovelty.federated.clustered.cam import (
     CLUSTER_AVERAGES,
     CLUSTERED_METHODS,
     EMPTY_CLUSTER_RULES,
@@ -72,7 +72,7 @@ class ClusteredFLClassifier(FederatedClassifier):
             round (a row of zeros: a round without assignments, e.g. IFCA-CAM's warm-up).
         cluster_sizes_: (n_clusters,) clients per cluster at the end.
         warmup_rounds_: the warm-up rounds run.
-        state_: the final :class:`~fednovelty.federated.cam.ClusteredState` (models).
+        state_: the final :class:`~fednovelty.federated.clustered.cam.ClusteredState` (models).
         learner_template_: the learners' module (evaluated with each model's parameters).
         history_, n_rounds_, bytes_up_, bytes_down_, n_features_in_, feature_names_in_:
             as the detectors'; ``history_`` rounds carry ``loss``, ``n_empty`` and

@@ -1,6 +1,6 @@
 """``ClusteredFedGMMDetector``: a federated mixture of global components shared by every
 client plus the components of each client's cluster (the algorithm is
-:class:`~fednovelty.federated.clustered_em.ClusteredEM`).
+:class:`~fednovelty.federated.clustered.clustered_em.ClusteredEM`).
 
 Clients often come in near-homogeneous groups (hospital types, vehicle models). A single
 federated mixture with personal weights (FedGMM) must spread its components over every
@@ -49,7 +49,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.clustered_em import (
+from fednovelty.federated.clustered.clustered_em import (
     CLUSTER_ASSIGNMENTS,
     ClusteredEM,
     allowed_components,

@@ -3,7 +3,8 @@ Algorithm 1) as its own estimator.
 
 Each client models ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with
 ``n_components`` shared Gaussians, ``n_learners`` shared conditional models (learners) and
-personal weights ``pi_c`` (M1, M2); the algorithm is ``fednovelty.federated.joint.JointFedGMM``.
+personal weights ``pi_c`` (M1, M2); the algorithm is
+``fednovelty.federated.joint_models.joint.JointFedGMM``.
 ``fit(X, y, groups)`` needs the labels; ``FedGMMDetector`` is the model of ``x`` alone and
 ignores ``y`` (``docs/joint.md``).
 """
@@ -44,7 +45,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.joint import (
+from fednovelty.federated.joint_models.joint import (
     PFL_METHODS,
     JointFedGMM,
     JointState,

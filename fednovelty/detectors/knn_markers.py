@@ -3,7 +3,7 @@
 The VGM2 paper's Dir-NIG "mixture relation markers" used for novelty: a row is novel when its
 distance to a client's rows is improbably large for that client. Each client takes, on its own
 rows, every row's leave-one-out distance ``d_k`` to its ``n_neighbors``-th nearest other row;
-exact federated VB (:class:`~fednovelty.federated.knn_markers.FederatedKNNMarkers`) fits a
+exact federated VB (:class:`~fednovelty.federated.bayesian.knn_markers.FederatedKNNMarkers`) fits a
 Dirichlet / Normal-Inverse-Gamma mixture of ``log(d_k + distance_floor)`` (``posterior_``),
 so only one-dimensional distance statistics cross the wire; each client then updates it with
 its own distances (``personal_strength`` pseudo-rows of prior: ``client_posteriors_``).
@@ -65,7 +65,7 @@ from fednovelty.detectors.variational import (
     _posterior_from,
 )
 from fednovelty.exceptions import ClientDataError, ModelFormatError
-from fednovelty.federated.knn_markers import (
+from fednovelty.federated.bayesian.knn_markers import (
     CACHE_KEY,
     FederatedKNNMarkers,
     knn_log_distances,

@@ -1,4 +1,4 @@
-"""``PFedEMDetector``: the pFedEM paper's method (``fednovelty.federated.pfedem``) as a
+"""``PFedEMDetector``: the pFedEM paper's method (``fednovelty.federated.joint_models.pfedem``) as a
 scikit-learn style classifier and novelty scorer, beside FedGMM's joint model.
 
 It shares the joint models' fitting, saving and Gaussian scores (``log_px``,
@@ -31,7 +31,11 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.persistence import register
-from fednovelty.federated.pfedem import GAUSSIAN_AGGREGATIONS, PFedEM, pfedem_predict_proba
+from fednovelty.federated.joint_models.pfedem import (
+    GAUSSIAN_AGGREGATIONS,
+    PFedEM,
+    pfedem_predict_proba,
+)
 
 __all__ = ["PFedEMDetector"]
 

@@ -4,7 +4,7 @@ and says when a client's data has drifted.
 ``fit(X, groups=...)`` is the stream's first window: federated EM with personal weights
 (as ``FedGMMDetector``'s, plain M-steps), closed by one streaming round that sets the carried
 statistics and each client's reference. Each ``partial_fit(X, groups=...)`` is one more
-window, one run of :class:`~fednovelty.federated.streaming.StreamingEM`: clients re-estimate
+window, one run of :class:`~fednovelty.federated.streams.streaming.StreamingEM`: clients re-estimate
 their weights with the components frozen (nothing sent), ``rounds`` federated rounds refresh
 the components from ``S_t = rho S_{t-1} + S_window``, and rows far from every component
 re-bear a component where they are.
@@ -69,7 +69,7 @@ from fednovelty.detectors.persistence import (
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import EMConfig, FederatedEM, StreamConfig
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
-from fednovelty.federated.streaming import DRIFT_FIELDS, StreamingEM
+from fednovelty.federated.streams.streaming import DRIFT_FIELDS, StreamingEM
 from fednovelty.mixture import MixtureParams, SufficientStats, score_samples
 from fednovelty.mixture.drift import cusum_step, cusum_threshold
 

@@ -1,11 +1,11 @@
 """``FedVBDetector``: federated variational Bayes Gaussian mixture as a PyOD detector.
 
-``fit(X, y=None, groups)`` runs :class:`~fednovelty.federated.variational.FederatedVB` on the
-simulated clients (``y`` is ignored, as PyOD's detectors do). Every round the clients send the
-summed statistics federated EM sends; under one shared prior the server's posterior is the
+``fit(X, y=None, groups)`` runs :class:`~fednovelty.federated.bayesian.variational.FederatedVB`
+on the simulated clients (``y`` is ignored, as PyOD's detectors do). Every round the clients send
+the summed statistics federated EM sends; under one shared prior the server's posterior is the
 posterior of the pooled rows (scikit-learn's ``BayesianGaussianMixture``), whatever the split.
 ``posterior_merge="natural"`` or ``"moment"`` runs the one-shot
-:class:`~fednovelty.federated.vb_oneshot.FederatedVBOneShot` instead (every client fits its
+:class:`~fednovelty.federated.bayesian.vb_oneshot.FederatedVBOneShot` instead (every client fits its
 own posterior; the server matches and combines them); the fitted attributes are the same.
 
 Choices, and why:
@@ -57,9 +57,9 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.covariance import covariance_shape, precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import (

@@ -2,14 +2,14 @@
 Prototype sharing) as one personalised classifier.
 
 A classifier, not a novelty detector: ``fit(X, y, groups)`` runs the simulated federation of
-:class:`~fednovelty.federated.vgm2.VGM2` (``clients_per_round`` clients sampled each round,
+:class:`~fednovelty.federated.bayesian.vgm2.VGM2` (``clients_per_round`` clients sampled each round,
 the paper's 2), and ``predict_y(X, client=c)`` classifies with client ``c``'s personal
 model: VGM2 by its markers' same-class probabilities ``pi_1`` between the row and ``c``'s
 training rows in ``c``'s embedding (summed per class over the ``top_m`` nearest), Local and
 Prototype sharing by ``c``'s own network, FedAvg by the global network (``client`` may be
 left out). A client never sampled predicts with the initial encoder (VGM2: and the final
 prior as its markers). The algorithm, its choices and the measured results are in
-:mod:`fednovelty.federated.vgm2` and ``docs/vgm2.md``.
+:mod:`fednovelty.federated.bayesian.vgm2` and ``docs/vgm2.md``.
 
 Each VGM2 client keeps its training rows as the reference of its predictions (they stay
 with the client: only markers cross the wire); the fitted estimator, which simulates every
@@ -46,7 +46,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.vgm2 import (
+from fednovelty.federated.bayesian.vgm2 import (
     ENCODER,
     HEAD,
     MARKERS,
@@ -73,7 +73,7 @@ class VGM2Classifier(FederatedClassifier):
     Attributes:
         classes_: the label values, sorted; columns of ``predict_proba_y``.
         client_ids_, n_clients_: the clients of ``fit``, in ``groups``' sorted order.
-        state_: the final :class:`~fednovelty.federated.vgm2.VGM2State` (prior, global
+        state_: the final :class:`~fednovelty.federated.bayesian.vgm2.VGM2State` (prior, global
             network, prototypes).
         client_states_: per client (``client_ids_`` order) what it keeps: ``vgm2.encoder.*``,
             ``vgm2.head.*``, ``vgm2.markers`` and (VGM2) its reference rows

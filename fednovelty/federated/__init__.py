@@ -4,14 +4,29 @@ composable steps. Nothing here knows which engine runs it."""
 
 from fednovelty._exports import public_names as _public_names
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
-from fednovelty.federated.cam import ClusteredConfig, ClusteredFL, ClusteredState
-from fednovelty.federated.clustered_em import ClusteredEM, ClusteredEMConfig, ClusteredEMState
-from fednovelty.federated.em import MIXTURE_WEIGHTS, EMConfig, EMState, FederatedEM
-from fednovelty.federated.fedgengmm import FedGenConfig, FedGenGMM, FedGenState, LocalGMMs
+from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig, VBState
+from fednovelty.federated.bayesian.vb_oneshot import (
+    FederatedVBOneShot,
+    VBOneShotConfig,
+    VBOneShotState,
+)
+from fednovelty.federated.clustered.cam import ClusteredConfig, ClusteredFL, ClusteredState
+from fednovelty.federated.clustered.clustered_em import (
+    ClusteredEM,
+    ClusteredEMConfig,
+    ClusteredEMState,
+)
 from fednovelty.federated.init import INIT_PARAMS
-from fednovelty.federated.joint import JointConfig, JointFedGMM, JointState, pfl_algorithm
-from fednovelty.federated.pca import FederatedPCA, PCAConfig, PCAProjection, PCAState
-from fednovelty.federated.pfedem import PFedEM, PFedEMConfig
+from fednovelty.federated.joint_models.joint import (
+    JointConfig,
+    JointFedGMM,
+    JointState,
+    pfl_algorithm,
+)
+from fednovelty.federated.joint_models.pfedem import PFedEM, PFedEMConfig
+from fednovelty.federated.mixtures.em import MIXTURE_WEIGHTS, EMConfig, EMState, FederatedEM
+from fednovelty.federated.mixtures.fedgengmm import FedGenConfig, FedGenGMM, FedGenState, LocalGMMs
+from fednovelty.federated.mixtures.pca import FederatedPCA, PCAConfig, PCAProjection, PCAState
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.registry import (
     ALGORITHMS,
@@ -20,8 +35,6 @@ from fednovelty.federated.registry import (
     build_algorithm,
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.streaming import StreamConfig, StreamingEM, StreamState
-from fednovelty.federated.variational import FederatedVB, VBConfig, VBState
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot, VBOneShotConfig, VBOneShotState
+from fednovelty.federated.streams.streaming import StreamConfig, StreamingEM, StreamState
 
 __all__ = _public_names(globals())

@@ -99,7 +99,7 @@ from fednovelty.mixture.kmeans import assign, one_hot
 from fednovelty.mixture.stats import SufficientStats
 
 if TYPE_CHECKING:
-    from fednovelty.federated.em import EMConfig
+    from fednovelty.federated.mixtures.em import EMConfig
 
 INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
 

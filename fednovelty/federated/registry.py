@@ -13,18 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.cam import ClusteredFL, ClusteredState
-from fednovelty.federated.clustered_em import ClusteredEM, ClusteredEMState
-from fednovelty.federated.em import EMState, FederatedEM
-from fednovelty.federated.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
-from fednovelty.federated.joint import JointFedGMM, JointState
-from fednovelty.federated.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.pca import FederatedPCA, PCAState
-from fednovelty.federated.pfedem import PFedEM
-from fednovelty.federated.streaming import StreamingEM, StreamState
-from fednovelty.federated.variational import FederatedVB, VBState
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot, VBOneShotState
-from fednovelty.federated.vgm2 import VGM2, VGM2State
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
+from fednovelty.federated.bayesian.variational import FederatedVB, VBState
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot, VBOneShotState
+from fednovelty.federated.bayesian.vgm2 import VGM2, VGM2State
+from fednovelty.federated.clustered.cam import ClusteredFL, ClusteredState
+from fednovelty.federated.clustered.clustered_em import ClusteredEM, ClusteredEMState
+from fednovelty.federated.joint_models.joint import JointFedGMM, JointState
+from fednovelty.federated.joint_models.pfedem import PFedEM
+from fednovelty.federated.mixtures.em import EMState, FederatedEM
+from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
+from fednovelty.federated.mixtures.pca import FederatedPCA, PCAState
+from fednovelty.federated.streams.streaming import StreamingEM, StreamState
 
 #: algorithm name -> class (its ``config_class`` reads the JSON settings).
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {

@@ -14,7 +14,7 @@ from _tolerance import assert_close_scaled
 
 import fednovelty.detectors.base as detector_base
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector, load
-from fednovelty.federated.joint import JointState
+from fednovelty.federated.joint_models.joint import JointState
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config
 

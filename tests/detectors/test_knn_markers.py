@@ -24,15 +24,15 @@ from sklearn.utils._param_validation import InvalidParameterError
 from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.persistence import load
 from fednovelty.exceptions import ClientDataError, ModelFormatError, NotFittedError
-from fednovelty.federated.knn_markers import (
+from fednovelty.federated.bayesian.knn_markers import (
     FederatedKNNMarkers,
     knn_log_distances,
     kth_neighbor_distances,
     personal_posterior,
     predictive_log_tail,
 )
+from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
-from fednovelty.federated.variational import FederatedVB
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation
 

@@ -14,10 +14,10 @@ from fednovelty import (
     load,
 )
 from fednovelty.detectors.vgm2 import VGM2Classifier
-from fednovelty.federated.cam import ClusteredFL
-from fednovelty.federated.clustered_em import ClusteredEM
-from fednovelty.federated.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.vgm2 import VGM2
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
+from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
 
 
 def lone_far_client() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from fednovelty import FedVBDetector
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.variational import FederatedVB
+from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import InvalidPriorError

@@ -1,4 +1,4 @@
-"""Clustered classification and Fed-CAM (fednovelty/federated/cam.py): clusters
+"""Clustered classification and Fed-CAM (fednovelty/federated/clustered/cam.py): clusters
 recovered on clients with opposite labelling rules, one round of each method against a hand
 computation (numpy softmax-regression gradients), degenerate cases by name, reply checks,
 settings through JSON, and the Flower engine giving the simulation's numbers."""
@@ -15,7 +15,7 @@ from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
 from fednovelty.federated import ClientContext, PrivacyPolicy, build_algorithm
-from fednovelty.federated.cam import (
+from fednovelty.federated.clustered.cam import (
     CLUSTERED_METHODS,
     ClusteredConfig,
     ClusteredFL,

@@ -14,16 +14,20 @@ from hypothesis import strategies as st
 
 from fednovelty.federated import ClusteredEMConfig, StreamConfig
 from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.clustered_em import ClusteredEMStep, row_log_likelihoods, warmup_config
+from fednovelty.federated.clustered.clustered_em import (
+    ClusteredEMStep,
+    row_log_likelihoods,
+    warmup_config,
+)
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec
-from fednovelty.federated.em import EMStep, FederatedEM
+from fednovelty.federated.mixtures.em import EMStep, FederatedEM
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
     contrast_rows,
     deviation_rows,
     release,
 )
-from fednovelty.federated.streaming import StreamStep
+from fednovelty.federated.streams.streaming import StreamStep
 from fednovelty.mixture import log_gaussian_prob
 
 F64 = torch.float64
@@ -339,7 +343,7 @@ def test_pfedem_wide_component_with_seven_hard_rows_is_floored_by_effective_rows
 def test_vgm2_prototype_of_a_one_row_class_is_not_released():
     """The prototype baseline's class mean of a one-row class is that row's embedding:
     the client step computes it, the gate zeros the class (prototype and count)."""
-    from fednovelty.federated.vgm2 import ENCODER, VGM2, embed
+    from fednovelty.federated.bayesian.vgm2 import ENCODER, VGM2, embed
 
     rng = np.random.default_rng(4)
     X = torch.as_tensor(rng.normal(size=(12, 6)))

@@ -12,7 +12,7 @@ from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
 from fednovelty.federated import ClientContext, Message
-from fednovelty.federated.clustered_em import (
+from fednovelty.federated.clustered.clustered_em import (
     ClusteredEM,
     allowed_components,
     cluster_log_likelihoods,

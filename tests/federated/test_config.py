@@ -33,8 +33,12 @@ from fednovelty.federated import (
     algorithm_settings,
     build_algorithm,
 )
-from fednovelty.federated.cam import ClusteredFL
-from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers, KNNMarkerConfig
+from fednovelty.federated.bayesian.variational import FederatedVB, VBPriorSettings
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.config import (
     ComponentSettings,
     CovarianceSettings,
@@ -43,13 +47,9 @@ from fednovelty.federated.config import (
     TorchSettings,
 )
 from fednovelty.federated.init import GivenMixture, InitSettings, MomentsSettings
-from fednovelty.federated.knn_markers import FederatedKNNMarkers, KNNMarkerConfig
+from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.learners import mlp_learner
-from fednovelty.federated.pfedem import PFedEM
-from fednovelty.federated.streaming import StreamingEM
-from fednovelty.federated.variational import FederatedVB, VBPriorSettings
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.vgm2 import VGM2
+from fednovelty.federated.streams.streaming import StreamingEM
 
 #: a one-component mixture in one feature, as a streaming window's start.
 START = {"weights_init": [1.0], "means_init": [[0.0]], "precisions_init": [[[1.0]]]}
@@ -361,8 +361,8 @@ def test_pfedem_ends_federated_ems_chain_with_its_own_step() -> None:
     """pFedEM reuses the joint model's setup: the chain's preparation steps, then its step
     (no moments round: its M-steps are plain)."""
     from fednovelty.federated.init import MomentsStep
-    from fednovelty.federated.joint import JointEMStep
-    from fednovelty.federated.pfedem import PFedEM, PFedEMStep
+    from fednovelty.federated.joint_models.joint import JointEMStep
+    from fednovelty.federated.joint_models.pfedem import PFedEM, PFedEMStep
 
     pfedem = PFedEM(2, 3)
     assert type(pfedem.steps[-1]) is PFedEMStep

@@ -19,7 +19,8 @@ from _liars import shifted_component
 
 from fednovelty.federated import ClientContext, Message
 from fednovelty.federated.base import skipped_reply
-from fednovelty.federated.clustered_em import ClusteredEM
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.declarations import (
     ReplySpec,
     UndeclaredReplyError,
@@ -28,7 +29,6 @@ from fednovelty.federated.declarations import (
 )
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import InvalidReplyError, ReplyValidator, check_reply
-from fednovelty.federated.variational import FederatedVB
 from fednovelty.runtime import run_simulation
 from tests.federated.test_liar_property import CASES
 from tests.federated.test_validation import WithForger, make_clients, with_tensors

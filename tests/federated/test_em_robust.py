@@ -7,7 +7,7 @@ import torch
 
 from fednovelty.federated import FederatedEM, FedGenGMM, PrivacyPolicy
 from fednovelty.federated.base import Message
-from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.mixture import score_samples
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.validation import check_reply

@@ -1,4 +1,4 @@
-"""Federated EM (``fednovelty.federated.em.FederatedEM``) against scikit-learn and itself.
+"""Federated EM (``fednovelty.federated.mixtures.em.FederatedEM``) against scikit-learn and itself.
 
 Reference: with ``mixture_weights="global"`` and user-given initial parameters, summing the
 clients' sufficient statistics is exactly centralized EM, so any split of the rows into

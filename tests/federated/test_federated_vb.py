@@ -13,7 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.variational import FederatedVB, VBConfig
+from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import InvalidPriorError
@@ -122,7 +122,7 @@ def test_an_upper_bound_above_what_small_clients_can_seed_starts_the_rest_at_the
     """Ten clients of 8 rows (each from one or two of the three clusters) under a floor of 5
     send one k-means centroid each: federated EM with K = 20 is refused by name; VB seeds
     half as many centres and leaves the other components empty, at the prior."""
-    from fednovelty.federated.em import FederatedEM
+    from fednovelty.federated.mixtures.em import FederatedEM
 
     X = make_data()[::3]  # 80 rows, ordered by cluster
     clients = [torch.as_tensor(X[8 * i : 8 * i + 8]) for i in range(10)]

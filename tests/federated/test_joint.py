@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fednovelty.federated import FederatedEM
-from fednovelty.federated.joint import (
+from fednovelty.federated.joint_models.joint import (
     PFL_METHODS,
     JointFedGMM,
     adapt_joint_weights,

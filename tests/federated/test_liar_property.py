@@ -21,18 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import registry
 from fednovelty.federated.base import Message
-from fednovelty.federated.cam import ClusteredFL
-from fednovelty.federated.clustered_em import ClusteredEM
-from fednovelty.federated.em import FederatedEM
-from fednovelty.federated.fedgengmm import FedGenGMM, LocalGMMs
-from fednovelty.federated.joint import JointFedGMM
-from fednovelty.federated.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.pca import FederatedPCA
-from fednovelty.federated.pfedem import PFedEM
-from fednovelty.federated.streaming import StreamingEM
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.vgm2 import VGM2
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.joint_models.pfedem import PFedEM
+from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, LocalGMMs
+from fednovelty.federated.mixtures.pca import FederatedPCA
+from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.runtime import run_simulation
 
 N_CLIENTS, LIAR, D = 10, 9, 3

@@ -11,7 +11,7 @@ from sklearn.decomposition import PCA
 
 from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.pca import FederatedPCA, PCAProjection, PCAState
+from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection, PCAState
 from fednovelty.runtime import run_simulation
 
 N_FEATURES = 6

@@ -10,8 +10,8 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated import ClientContext, FederatedEM, FederatedPCA, Message
-from fednovelty.federated.joint import JointFedGMM
-from fednovelty.federated.pca import PROJECTION_COMPONENTS, PROJECTION_MEAN
+from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.mixtures.pca import PROJECTION_COMPONENTS, PROJECTION_MEAN
 from fednovelty.runtime import run_simulation
 
 N_FEATURES, N_AXES = 6, 3

@@ -1,5 +1,6 @@
-"""pFedEM (``fednovelty.federated.pfedem``): one round against Eq. 8-14 by hand, sub-models
-trained on their partitions only, Eq. 15, the exact variant, a run that beats FedAvg."""
+"""pFedEM (``fednovelty.federated.joint_models.pfedem``): one round against Eq. 8-14 by hand,
+sub-models trained on their partitions only, Eq. 15, the exact variant, a run that beats
+FedAvg."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from _tolerance import assert_close_scaled
 
 from fednovelty.federated import PFedEM, PrivacyPolicy, pfl_algorithm
 from fednovelty.federated.base import ClientContext
-from fednovelty.federated.pfedem import paper_gaussians, pfedem_predict_proba
+from fednovelty.federated.joint_models.pfedem import paper_gaussians, pfedem_predict_proba
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
 from fednovelty.mixture import log_gaussian_prob
 from fednovelty.runtime import run_simulation

@@ -34,8 +34,8 @@ from torch.func import functional_call
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message, PrivacyPolicy
-from fednovelty.federated.joint import JointFedGMM
-from fednovelty.federated.pca import FederatedPCA
+from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.privacy import (
     backed_mixture,
     effective_rows,
@@ -484,7 +484,7 @@ def test_a_component_on_a_far_out_row_is_suppressed(covariance_type):
 def test_a_vb_component_on_a_far_out_row_is_suppressed(covariance_type):
     """Federated VB's rounds keep the floor as EM's do: a component the broadcast centres
     sharply on the far-out row goes out as zeros, the other carries the rest's statistics."""
-    from fednovelty.federated.variational import FederatedVB
+    from fednovelty.federated.bayesian.variational import FederatedVB
 
     X, ct = far_out_client(60), covariance_type
     sharp = {

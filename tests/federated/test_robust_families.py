@@ -25,11 +25,14 @@ from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.federated import FederatedEM, Message
-from fednovelty.federated.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.init import robust_centroid_replies
-from fednovelty.federated.joint import JointFedGMM
-from fednovelty.federated.joint_scores import learner_log_probs
-from fednovelty.federated.pfedem import PFedEM, pfedem_predict_proba
+from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.joint_models.joint_scores import learner_log_probs
+from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_proba
 from fednovelty.federated.robust import (
     EXTENSIVE,
     coordinate_median,
@@ -38,10 +41,7 @@ from fednovelty.federated.robust import (
     robust_average_learners,
     robust_average_params,
 )
-from fednovelty.federated.streaming import StreamingEM
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation

@@ -1,4 +1,4 @@
-"""Streaming federated EM (``fednovelty.federated.streaming``): one window against the same
+"""Streaming federated EM (``fednovelty.federated.streams.streaming``): one window against the same
 computation done by hand, forgetting, births, weight tracking, the privacy floor."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from _tolerance import assert_close_scaled
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
-from fednovelty.federated.streaming import StreamingEM
+from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.federated.validation import InvalidReplyError, check_reply
 from fednovelty.mixture import e_step_stats, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob

@@ -9,9 +9,13 @@ from _tolerance import assert_close_scaled
 
 from fednovelty.federated import PrivacyPolicy, build_algorithm
 from fednovelty.federated.base import ClientContext, client_generator, derived_seed
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import (
+    FederatedVBOneShot,
+    VBOneShotConfig,
+    match_components,
+)
 from fednovelty.federated.registry import algorithm_settings
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot, VBOneShotConfig, match_components
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import stats_from_resp
 from fednovelty.mixture.variational import (

@@ -1,4 +1,4 @@
-"""VGM2 and its baselines (fednovelty.federated.vgm2): settings, what crosses the wire, the
+"""VGM2 and its baselines (fednovelty.federated.bayesian.vgm2): settings, what crosses the wire, the
 server's validation and aggregation, determinism, ablations and the prediction rule."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
-from fednovelty.federated.vgm2 import (
+from fednovelty.federated.bayesian.vgm2 import (
     VGM2,
     VGM2Config,
     aggregate_priors,
@@ -23,6 +21,8 @@ from fednovelty.federated.vgm2 import (
     reply_problem,
     umap_loss,
 )
+from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
 from fednovelty.mixture.dirnig import default_markers, same_class_logit
 from fednovelty.runtime import run_simulation
 

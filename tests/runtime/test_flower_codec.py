@@ -21,7 +21,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
-from fednovelty.federated.joint import JointFedGMM, mlp_learner
+from fednovelty.federated.joint_models.joint import JointFedGMM, mlp_learner
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower import codec
 from fednovelty.runtime.flower.config import (

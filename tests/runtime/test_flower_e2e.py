@@ -29,10 +29,10 @@ pytest.importorskip("flwr")
 from fednovelty import FedGenGMMDetector, FedGMMDetector, FedVBDetector
 from fednovelty.datasets.protocols import make_task
 from fednovelty.federated import FederatedEM, FedGenGMM, StreamingEM
-from fednovelty.federated.clustered_em import ClusteredEM
-from fednovelty.federated.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.variational import FederatedVB
-from fednovelty.federated.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 

@@ -22,7 +22,7 @@ from flwr.app import Message as FlowerMessage
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
-from fednovelty.federated.joint import JointFedGMM
+from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime.flower.codec import encode_message
 from fednovelty.runtime.flower.validation import InvalidReplyError, accept_replies, check_reply

@@ -22,7 +22,7 @@ from _tolerance import assert_close_scaled
 
 pytest.importorskip("flwr")
 
-from fednovelty.federated.vgm2 import VGM2
+from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.deploy import LocalFederation
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.pca import PCAProjection, PCAState
+from fednovelty.federated.mixtures.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
 from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
 from fednovelty.mixture.variational import VBPosterior, VBPrior

@@ -113,7 +113,7 @@ WARMUP_SHARE = 0.3
 @settings_dataclass
 class ClusteredConfig(RobustSettings, TorchSettings):
     """Settings of the Fed-CAM paper's classification methods (``ClusteredFL``,
-    :mod:`fednovelty.federated.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
+    :mod:`fednovelty.federated.clustered.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
     which 30 warm-up, 10 local steps of SGD with learning rate 0.001, momentum 0.9 and
     batch 32).
 

@@ -44,8 +44,8 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import kept_tied_second
 from fednovelty.federated.init import GivenMixture, combine_stats
+from fednovelty.federated.mixtures.em import kept_tied_second
 from fednovelty.federated.privacy import (
     backed,
     effective_rows,
@@ -315,7 +315,7 @@ class StreamStep(Step):
       component there at once, instead of dragging the nearest one over several windows). The
       M-step on ``S_t`` gives the new mixture.
     - ``rounds > 1``: further rounds are personal EM rounds (the clients' weights take one EM
-      step each, as :class:`~fednovelty.federated.em.EMStep`'s) on the window's rows, each
+      step each, as :class:`~fednovelty.federated.mixtures.em.EMStep`'s) on the window's rows, each
       M-step again on ``rho S_{t-1} + S_window``.
     - ``rounds = 0``: one round in which clients only track their weights and reply with their
       weighted row counts and drift values; the mixture and the carried statistics stay.

@@ -34,8 +34,8 @@ from torch import Tensor
 from fednovelty.federated.base import ClientContext, Message, derived_seed, skipped_reply
 from fednovelty.federated.config import at_least, settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
-from fednovelty.federated.em import EMConfig, EMSettings, EMState, EMStep, em_steps
 from fednovelty.federated.init import MomentsSettings, combine_stats
+from fednovelty.federated.mixtures.em import EMConfig, EMSettings, EMState, EMStep, em_steps
 from fednovelty.federated.privacy import backed, contrast_backed
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
@@ -72,8 +72,8 @@ CLUSTER_ASSIGNMENTS = ("likelihood", "summary")
 @settings_dataclass
 class ClusteredEMConfig(EMSettings, MomentsSettings):
     """Settings of the clustered additive mixture (``ClusteredEM``,
-    :mod:`fednovelty.federated.clustered_em`): federated EM's chain
-    (:class:`~fednovelty.federated.em.EMSettings`) and moments round
+    :mod:`fednovelty.federated.clustered.clustered_em`): federated EM's chain
+    (:class:`~fednovelty.federated.mixtures.em.EMSettings`) and moments round
     (:class:`~fednovelty.federated.init.MomentsSettings`) for the ``n_components`` global
     components (every client keeps its own weights: ``mixture_weights`` is ``"personal"``;
     the global components are initialised by the rounds, never given), and

@@ -91,7 +91,7 @@ VGM2_PREDICTIONS: tuple[str, ...] = ("nearest", "top_pi")
 
 @settings_dataclass
 class VGM2Config(TorchSettings):
-    """Settings of VGM2 and its baselines (``VGM2``, :mod:`fednovelty.federated.vgm2`).
+    """Settings of VGM2 and its baselines (``VGM2``, :mod:`fednovelty.federated.bayesian.vgm2`).
 
     The paper (Puppala et al., Sec. 5) fixes rounds (100), local epochs (8), Adam and
     B = 15 calibration bins; it gives no gamma, eta, lambda or d: the defaults here are this

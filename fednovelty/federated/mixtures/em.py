@@ -14,7 +14,7 @@ means as the paper's Algorithm 2 does, is exact for covariances too, at the same
 
     [PCA (pca_components)] + [moments (standardize, prior)] + initialisation + EM
 
-The PCA step (:class:`~fednovelty.federated.pca.PCAStep`), the moments round
+The PCA step (:class:`~fednovelty.federated.mixtures.pca.PCAStep`), the moments round
 (:class:`~fednovelty.federated.init.MomentsStep`) and the initialisation
 (:func:`~fednovelty.federated.init.init_steps`) are shared with the joint and clustered
 mixtures; :class:`EMStep` runs until the mean log-likelihood changes by less than ``tol`` or
@@ -59,7 +59,7 @@ from fednovelty.federated.init import (
     combine_stats,
     init_steps,
 )
-from fednovelty.federated.pca import PCAProjection, PCAState, PCAStep
+from fednovelty.federated.mixtures.pca import PCAProjection, PCAState, PCAStep
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
     backed,

@@ -17,7 +17,7 @@ from torch.func import functional_call
 from fednovelty.mixture import WeightsFit, fit_weights, log_gaussian_prob
 
 if TYPE_CHECKING:
-    from fednovelty.federated.joint import JointState
+    from fednovelty.federated.joint_models.joint import JointState
 
 
 def log_likelihoods_of_labels(

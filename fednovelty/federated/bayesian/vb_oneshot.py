@@ -2,7 +2,7 @@
 
 Two rounds, whatever the number of components:
 
-1. ``vb_prior`` (:class:`~fednovelty.federated.variational.VBPriorStep`, skipped when
+1. ``vb_prior`` (:class:`~fednovelty.federated.bayesian.variational.VBPriorStep`, skipped when
    ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
    for scikit-learn's default Normal-Wishart prior, so every client fits under one shared
    prior. The server also records each client's declared row count.
@@ -42,6 +42,7 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
+from fednovelty.federated.bayesian.variational import VBPriorSettings, VBPriorStep
 from fednovelty.federated.config import (
     ComponentSettings,
     CovarianceSettings,
@@ -66,7 +67,6 @@ from fednovelty.federated.validation import (
     covariance_shape,
     expectation,
 )
-from fednovelty.federated.variational import VBPriorSettings, VBPriorStep
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import SufficientStats, stats_from_resp
@@ -98,11 +98,11 @@ class VBOneShotConfig(
     RobustSettings, ComponentSettings, CovarianceSettings, IterationSettings, VBPriorSettings
 ):
     """Settings of one-shot federated variational Bayes (``FederatedVBOneShot``,
-    :mod:`fednovelty.federated.vb_oneshot`): ``n_components`` and ``chunk_size``, the
+    :mod:`fednovelty.federated.bayesian.vb_oneshot`): ``n_components`` and ``chunk_size``, the
     covariance settings (``full``, ``diag`` or ``spherical``: the clients' fits do not
     align one shared Wishart), the iteration settings (of each client's local variational
     EM, which local k-means initialises), the priors
-    (:class:`~fednovelty.federated.variational.VBPriorSettings`), seed and placement, and:
+    (:class:`~fednovelty.federated.bayesian.variational.VBPriorSettings`), seed and placement, and:
 
     Attributes:
         posterior_aggregation: how the server combines matched components

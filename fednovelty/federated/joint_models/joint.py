@@ -6,7 +6,7 @@ personal weights ``pi_c`` of shape (M1, M2), estimated and used by the client. T
 private: every round the client sends its joint counts ``n_c * pi_c`` (with its row count),
 from which the server computes ``pi_c`` (``JointState.client_joint_weights``).
 
-``JointFedGMM`` is federated EM's chain (:func:`~fednovelty.federated.em.em_steps`: PCA,
+``JointFedGMM`` is federated EM's chain (:func:`~fednovelty.federated.mixtures.em.em_steps`: PCA,
 moments, initialisation) ending in :class:`JointEMStep`: each round the clients run the
 joint E-step, send the Gaussians' statistics (combined by federated EM's exact M-step) and
 their learners trained on the responsibility-weighted cross-entropy (averaged by those
@@ -19,7 +19,7 @@ FedGMM paper's Table 2 baselines are configurations of this one algorithm
 (``PFL_METHODS``, :func:`pfl_algorithm`). Client data is a pair ``(X, y)``, or a triple
 ``(X, y, Z)`` when the learners see other features ``Z`` (n_c, n_learner_features) of the
 same rows than the Gaussians. Scoring and adaptation are pure functions of a trained
-``JointState`` (:mod:`fednovelty.federated.joint_scores`, re-exported here).
+``JointState`` (:mod:`fednovelty.federated.joint_models.joint_scores`, re-exported here).
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.init import round_seed
-from fednovelty.federated.joint_scores import (
+from fednovelty.federated.joint_models.joint_scores import (
     adapt_joint_weights,
     global_log_joint_weights,
     joint_log_components,
@@ -62,6 +61,7 @@ from fednovelty.federated.learners import (
     local_sgd,
     mlp_learner,
 )
+from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners
 from fednovelty.federated.steps import ChainedAlgorithm, Step
@@ -146,7 +146,7 @@ class JointLearners(TorchSettings):
 @settings_dataclass
 class JointConfig(EMConfig, JointLearners):
     """Settings of FedGMM's joint model (``JointFedGMM``): federated EM's
-    (:class:`~fednovelty.federated.em.EMConfig`; ``mixture_weights`` defaults to
+    (:class:`~fednovelty.federated.mixtures.em.EMConfig`; ``mixture_weights`` defaults to
     ``"personal"``) and the learners' (:class:`JointLearners`)."""
 
     mixture_weights: str = "personal"
@@ -347,7 +347,7 @@ class JointFedGMM(ChainedAlgorithm):
     - Gaussian M-step: the client sends the sufficient statistics of ``x`` under ``r_i(m1) =
       sum_m2 q_i(m1, m2)`` about the broadcast shift (``stats_from_resp``, as the Lloyd rounds);
       the server combines them and runs the M-step with federated EM's own server half
-      (:meth:`~fednovelty.federated.em.EMStep.m_step`; exact, and with ``standardize``,
+      (:meth:`~fednovelty.federated.mixtures.em.EMStep.m_step`; exact, and with ``standardize``,
       ``prior_strength`` and ``aggregation`` as there; the paper's reference code averages
       covariances taken about client means instead).
     - Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast

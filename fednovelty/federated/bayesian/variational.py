@@ -45,8 +45,8 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import floored_stats_message
 from fednovelty.federated.init import GivenMixture, InitSettings, combine_stats, init_steps
+from fednovelty.federated.mixtures.em import floored_stats_message
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
@@ -155,8 +155,8 @@ class VBConfig(
 class VBState:
     """Server state of federated VB.
 
-    It has the fields of :class:`~fednovelty.federated.em.EMState` that the shared init steps
-    read and write (``phase``, ``rounds``, ``params``, ``centers``, ``lloyd_rounds``,
+    It has the fields of :class:`~fednovelty.federated.mixtures.em.EMState` that the shared
+    init steps read and write (``phase``, ``rounds``, ``params``, ``centers``, ``lloyd_rounds``,
     ``subset_fraction``, ``offset``, ``scale``, ``prior``, ``pca``, ``projection``;
     ``params`` is the initial mixture), and:
 

@@ -39,9 +39,9 @@ from sklearn.neighbors import NearestNeighbors
 from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, Message
+from fednovelty.federated.bayesian.variational import VBConfig, VBState, vb_steps
 from fednovelty.federated.config import at_least, settings_dataclass
 from fednovelty.federated.steps import ChainedAlgorithm, ClientSkip, Step
-from fednovelty.federated.variational import VBConfig, VBState, vb_steps
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
     VBPosterior,
@@ -68,7 +68,7 @@ CACHE_KEY = "knn_markers.log_distance"
 @settings_dataclass
 class KNNMarkerConfig(VBConfig):
     """Settings of federated kNN-distance markers (``FederatedKNNMarkers``): federated
-    variational Bayes' (:class:`~fednovelty.federated.variational.VBConfig`), applied to
+    variational Bayes' (:class:`~fednovelty.federated.bayesian.variational.VBConfig`), applied to
     the one-column feature ``log(d_k + distance_floor)`` (``d_k`` a row's leave-one-out
     distance to its ``n_neighbors``-th nearest row of its own client), and:
 

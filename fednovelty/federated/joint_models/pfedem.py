@@ -35,10 +35,15 @@ from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.em import EMSettings
 from fednovelty.federated.init import GivenMixture, round_seed
-from fednovelty.federated.joint import JointEMStep, JointFedGMM, JointLearners, JointState
-from fednovelty.federated.joint_scores import learner_log_probs
+from fednovelty.federated.joint_models.joint import (
+    JointEMStep,
+    JointFedGMM,
+    JointLearners,
+    JointState,
+)
+from fednovelty.federated.joint_models.joint_scores import learner_log_probs
+from fednovelty.federated.mixtures.em import EMSettings
 from fednovelty.federated.privacy import backed, effective_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners, robust_stats
 from fednovelty.federated.validation import (
@@ -75,9 +80,10 @@ GAUSSIAN_AGGREGATIONS: tuple[str, ...] = ("paper", "exact")
 @settings_dataclass
 class PFedEMConfig(EMSettings, GivenMixture, JointLearners):
     """Settings of pFedEM (``PFedEM``; the pFedEM paper's Algorithm 1): federated EM's chain
-    (:class:`~fednovelty.federated.em.EMSettings`, plain M-steps: no moments round) with
-    given initial parameters, the learners (:class:`~fednovelty.federated.joint.JointLearners`,
-    one sub-model per Gaussian: ``n_learners`` is ``n_components``), and
+    (:class:`~fednovelty.federated.mixtures.em.EMSettings`, plain M-steps: no moments round) with
+    given initial parameters, the learners
+    (:class:`~fednovelty.federated.joint_models.joint.JointLearners`, one sub-model per
+    Gaussian: ``n_learners`` is ``n_components``), and
 
     Attributes:
         gaussian_aggregation: ``"paper"`` (Eq. 12-14: each client's means and variances

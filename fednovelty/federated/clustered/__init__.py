@@ -1,0 +1,2 @@
+"""Clustered federations: clustered additive Gaussian mixtures and the Fed-CAM paper's
+classification methods."""

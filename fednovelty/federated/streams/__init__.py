@@ -1,0 +1,1 @@
+"""Streams: streaming federated EM, one window of client data at a time."""
