@@ -105,6 +105,14 @@ def client_generator(seed: int, client_id: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(entropy))
 
 
+#: every algorithm class with settings, by class name (see ``FederatedAlgorithm``).
+REGISTERED: dict[str, type] = {}
+
+
+def _builtin(cls: type) -> bool:
+    return cls.__module__.startswith("fednovelty.federated.")
+
+
 class FederatedAlgorithm(ABC):
     """Base class: an algorithm is its settings (``config``) plus two pure halves.
 
@@ -133,6 +141,17 @@ class FederatedAlgorithm(ABC):
     #: ReplySpec`), one per kind the client half answers; a chained algorithm reads its
     #: steps' instead.
     replies: ClassVar[Mapping[str, ReplySpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register every algorithm with settings (``config_class``) by its class name, where
+        engines find it (:mod:`fednovelty.federated.registry`); a class outside the package
+        does not replace one of the package's."""
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "config_class", None) is None:
+            return
+        known = REGISTERED.get(cls.__name__)
+        if known is None or not _builtin(known) or _builtin(cls):
+            REGISTERED[cls.__name__] = cls
 
     def reply_spec(self, kind: str) -> ReplySpec:
         """The declaration of replies of ``kind``, read by the client gate and the server

@@ -3,61 +3,49 @@
 An engine never imports an algorithm class: Flower's ServerApp and ClientApp build the
 algorithm a run config names with :func:`build_algorithm` (the same settings dataclass on
 both sides, from the JSON of :func:`algorithm_settings`), and a result file records
-:func:`algorithm_name` and :func:`algorithm_settings`. A new algorithm is one entry in
-``ALGORITHMS`` (its class has a ``config_class`` with ``to_json`` / ``from_json``).
+:func:`algorithm_name` and :func:`algorithm_settings`. The table is read from the package:
+an algorithm registers itself when its class is defined with a ``config_class``
+(``to_json`` / ``from_json``): nothing else names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
-from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.bayesian.variational import FederatedVB, VBState
-from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot, VBOneShotState
-from fednovelty.federated.bayesian.vgm2 import VGM2, VGM2State
-from fednovelty.federated.clustered.cam import ClusteredFL, ClusteredState
-from fednovelty.federated.clustered.clustered_em import ClusteredEM, ClusteredEMState
-from fednovelty.federated.joint_models.joint import JointFedGMM, JointState
-from fednovelty.federated.joint_models.pfedem import PFedEM
-from fednovelty.federated.mixtures.em import EMState, FederatedEM
-from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, FedGenState, LocalGMMs
-from fednovelty.federated.mixtures.pca import FederatedPCA, PCAState
-from fednovelty.federated.streams.streaming import StreamingEM, StreamState
+import fednovelty.federated as _package
+from fednovelty.federated.base import REGISTERED, FederatedAlgorithm
 
-#: algorithm name -> class (its ``config_class`` reads the JSON settings).
-ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
-    "FederatedEM": FederatedEM,
-    "JointFedGMM": JointFedGMM,
-    "FedGenGMM": FedGenGMM,
-    "LocalGMMs": LocalGMMs,
-    "FederatedPCA": FederatedPCA,
-    "StreamingEM": StreamingEM,
-    "PFedEM": PFedEM,
-    "ClusteredFL": ClusteredFL,
-    "ClusteredEM": ClusteredEM,
-    "FederatedVB": FederatedVB,
-    "VGM2": VGM2,
-    "FederatedVBOneShot": FederatedVBOneShot,
-    "FederatedKNNMarkers": FederatedKNNMarkers,
-}
 
-#: the server-state classes of the algorithms in ``ALGORITHMS``, by class name.
+def _package_classes() -> list[type]:
+    """Every class defined in a module of :mod:`fednovelty.federated` (each imported once, so
+    that every algorithm of the package has registered itself)."""
+    found = []
+    for info in pkgutil.walk_packages(_package.__path__, f"{_package.__name__}."):
+        module = importlib.import_module(info.name)
+        found += [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value) and value.__module__ == module.__name__
+        ]
+    return found
+
+
+_CLASSES = _package_classes()
+#: algorithm name (its class name) -> class: every ``FederatedAlgorithm`` with a
+#: ``config_class``, registered when its class is defined (the package's, and any defined
+#: later, e.g. an extension's); the same dict as ``fednovelty.federated.base.REGISTERED``.
+ALGORITHMS: dict[str, type[FederatedAlgorithm]] = REGISTERED
+#: the server-state dataclasses a result file may hold, by class name: the dataclasses of the
+#: package named ``...State`` (what the algorithms' ``start`` returns).
 STATES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (
-        EMState,
-        JointState,
-        FedGenState,
-        PCAState,
-        StreamState,
-        ClusteredState,
-        ClusteredEMState,
-        VBState,
-        VGM2State,
-        VBOneShotState,
-    )
+    for cls in _CLASSES
+    if dataclasses.is_dataclass(cls) and cls.__name__.endswith("State")
 }
 
 

@@ -1,0 +1,57 @@
+"""The algorithm registry is read from the classes: an algorithm with settings registers
+itself when it is defined, engines build it by name, and no class outside the package
+replaces one of the package's."""
+
+import numpy as np
+import torch
+
+from fednovelty.federated import registry
+from fednovelty.federated.init import MomentsStep
+from fednovelty.federated.mixtures.em import EMConfig, EMState
+from fednovelty.federated.steps import ChainedAlgorithm
+from fednovelty.runtime import run_simulation
+
+
+def test_every_algorithm_of_the_package_is_registered_under_its_class_name():
+    assert {"FederatedEM", "FedGenGMM", "FederatedVB", "VGM2", "StreamingEM"} <= set(
+        registry.ALGORITHMS
+    )
+    for name, cls in registry.ALGORITHMS.items():
+        assert cls.__name__ == name and cls.config_class is not None
+    assert {"EMState", "VBState", "FedGenState"} <= set(registry.STATES)
+
+
+def test_an_algorithm_defined_elsewhere_is_built_by_name_and_cannot_shadow_the_packages():
+    class OneRoundMoments(ChainedAlgorithm):
+        """A new algorithm: one round of pooled moments (defined here, named nowhere)."""
+
+        config_class = EMConfig
+
+        def __init__(self, **settings):
+            self._setup(EMConfig(n_components=1, standardize=True, **settings))
+
+        def _setup(self, config):
+            super()._setup(config)
+            self._chain([MomentsStep(config)])
+
+        def new_state(self):
+            return EMState(phase="")
+
+    class FederatedEM(OneRoundMoments):
+        """A class outside the package with a package algorithm's name."""
+
+    try:
+        assert registry.ALGORITHMS["OneRoundMoments"] is OneRoundMoments
+        algorithm = registry.build_algorithm(
+            "OneRoundMoments", registry.algorithm_settings(OneRoundMoments())
+        )
+        rng = np.random.default_rng(0)
+        clients = [torch.as_tensor(rng.normal(3.0, 2.0, (50, 2))) for _ in range(3)]
+        state = run_simulation(algorithm, clients, random_state=0).state
+        pooled = torch.cat(clients)
+        torch.testing.assert_close(state.offset, pooled.mean(0))
+        assert registry.algorithm_name(algorithm) == "OneRoundMoments"
+        assert registry.ALGORITHMS["FederatedEM"] is not FederatedEM
+        assert registry.ALGORITHMS["FederatedEM"].__module__ == "fednovelty.federated.mixtures.em"
+    finally:
+        registry.ALGORITHMS.pop("OneRoundMoments", None)
