@@ -1,6 +1,16 @@
 """Algorithm layer: each federated algorithm as a client step and a server step over
 plain ``Message`` objects, its settings as one frozen dataclass, its protocols as
-composable steps. Nothing here knows which engine runs it."""
+composable steps. Nothing here knows which engine runs it.
+
+The shared machinery sits at the top: the algorithm and step bases (``base``, ``steps``),
+what steps declare and the two gates that read it (``declarations``, ``privacy``,
+``validation``), the first round's screen and the robust combinations (``plausible``,
+``robust``, ``aggregate``), federated EM's preparation steps (``init``), the settings base
+and field groups (``config``), the learners (``learners``) and the registry. The families
+are subpackages: ``mixtures`` (federated EM, FedGenGMM, PCA), ``joint_models`` (FedGMM's
+joint model, pFedEM), ``bayesian`` (variational Bayes, kNN markers, VGM2), ``clustered``
+(clustered mixtures, Fed-CAM) and ``streams`` (streaming EM).
+"""
 
 from fednovelty._exports import public_names as _public_names
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message

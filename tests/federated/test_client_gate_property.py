@@ -45,9 +45,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from fednovelty.federated import registry, vb_oneshot
+from fednovelty.federated import registry
 from fednovelty.federated.aggregate import learner_name
 from fednovelty.federated.base import ClientContext, Message
+from fednovelty.federated.bayesian import vb_oneshot
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
