@@ -65,12 +65,34 @@ def _flower_result(cwd: Path) -> dict[str, str]:
 PREPARE = {"flower.md": _flower_result}
 
 
+def _registries() -> list[dict]:
+    """The tables a page's example may extend (methods, saved classes, algorithms)."""
+    from fednovelty.detectors.persistence import REGISTRY
+    from fednovelty.federated.base import REGISTERED
+    from fednovelty.methods import METHODS
+
+    return [METHODS, REGISTRY, REGISTERED]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_python_block_runs(page, tmp_path, monkeypatch, capsys):
     blocks = python_blocks(page.read_text())
     monkeypatch.chdir(tmp_path)
+    tables = _registries()
+    kept = [dict(table) for table in tables]
+    try:
+        _run_blocks(page, blocks, tmp_path)
+    finally:  # what a page registers (e.g. the add-an-algorithm walk) is gone after it
+        for table, before in zip(tables, kept, strict=True):
+            table.clear()
+            table.update(before)
+    capsys.readouterr()
+
+
+def _run_blocks(page: Path, blocks: list[str], tmp_path: Path) -> None:
+    """Run ``blocks`` of ``page`` in order in one namespace; fail naming the block."""
     replace = PREPARE.get(page.name, lambda cwd: {})(tmp_path)
-    namespace: dict = {}
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
     for number, block in enumerate(blocks, 1):
         for documented, made in replace.items():
             block = block.replace(documented, made)
@@ -81,7 +103,6 @@ def test_every_python_block_runs(page, tmp_path, monkeypatch, capsys):
                 exec(compile(block, where, "exec"), namespace)
         except Exception as error:
             pytest.fail(f"{where} raised {type(error).__name__}: {error}")
-    capsys.readouterr()
 
 
 def test_the_block_finder_reads_indented_blocks_and_skips_the_others():
@@ -209,3 +230,16 @@ def test_trust_page_example_runs(capsys):
     (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     exec(compile(block, "docs/trust.md", "exec"), {})
     assert capsys.readouterr().out.split() == ["True", "0", "False"]
+
+
+def test_the_add_an_algorithm_walk_names_real_files():
+    """Every file the walk names exists (a ``<name>`` placeholder stands for the new one),
+    and the walk touches four places."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    paths = set(re.findall(r"`((?:fednovelty|tests|docs)/[\w/<>.]+\.(?:py|md))`", text))
+    named = {p for p in paths if "<" not in p}
+    assert named and all((ROOT / p).is_file() for p in named), sorted(
+        p for p in named if not (ROOT / p).is_file()
+    )
+    places = re.findall(r"^## \d+\. ", text, flags=re.MULTILINE)
+    assert len(places) == 4
