@@ -94,7 +94,7 @@ def run_stream(spec: StreamSpec, progress=None) -> StreamRun:
     det = StreamingFedGMMDetector(
         2,
         rho=spec.rho,
-        rounds=spec.rounds,
+        window_rounds=spec.rounds,
         false_alarm_rate=spec.false_alarm_rate,
         random_state=spec.seed,
     )

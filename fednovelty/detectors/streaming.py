@@ -37,6 +37,7 @@ the last window's rows.
 from __future__ import annotations
 
 from numbers import Integral, Real
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -115,6 +116,8 @@ class StreamingFedGMMDetector(EMDetector):
         [[1.0, 0.0], [1.0, 0.0]]
     """
 
+    #: files saved when the rounds per window were ``rounds`` (total rounds elsewhere).
+    _renamed_params: ClassVar[dict] = {"rounds": "window_rounds"}
     _params = declare(
         N_COMPONENTS,
         Param(
@@ -125,11 +128,12 @@ class StreamingFedGMMDetector(EMDetector):
             "``window rows / (1 - rho)`` rows of a stationary stream).",
         ),
         Param(
-            "rounds",
+            "window_rounds",
             1,
             [Interval(Integral, 0, None, closed="left")],
             "federated rounds per window that refresh the components (0: the clients' "
             "weights are tracked, the components stay).",
+            setting="rounds",
         ),
         Param(
             "far_quantile",
@@ -253,7 +257,7 @@ class StreamingFedGMMDetector(EMDetector):
         self.client_ids_ = np.asarray(all_ids)
         self.n_clients_ = len(all_ids)
         kept = {i: self._client_state[i] for i in clients if i in self._client_state}
-        self._window(clients, kept, rho=self.rho, rounds=self.rounds, record=True)
+        self._window(clients, kept, rho=self.rho, rounds=self.window_rounds, record=True)
         self.total_bytes_up_ += self.bytes_up_
         self.total_bytes_down_ += self.bytes_down_
         self.decision_scores_ = self.decision_function(array)

@@ -250,7 +250,7 @@ class _Runner:
         )
         if method.task == "stream":
             return method.build(
-                **shared, rho=s["rho"], rounds=s["rounds"], **s["streaming_params"]
+                **shared, rho=s["rho"], window_rounds=s["rounds"], **s["streaming_params"]
             )
         return method.build(**shared)
 

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _saved_files import rewrite, with_keys_renamed
 
 from fednovelty import FedGMMDetector, StreamingFedGMMDetector, load
 from fednovelty.exceptions import NotFittedError
@@ -179,3 +180,15 @@ def test_a_client_outside_the_stream_adapts_its_weights():
     assert handle.weights[component_of(det, CENTERS[2])] > 0.9
     own = det.decision_function(X, client=handle)
     assert np.mean(own) < np.mean(det.decision_function(X))  # its own weights fit it better
+
+
+def test_a_file_saved_when_the_rounds_per_window_were_rounds_loads(tmp_path):
+    rng = np.random.default_rng(6)
+    det = fitted(rng, [[0.5, 0.25, 0.25], [0.2, 0.6, 0.2]]).set_params(window_rounds=2)
+    det.save(tmp_path / "old.safetensors")
+    rewrite(
+        tmp_path / "old.safetensors",
+        lambda text: with_keys_renamed(text, {"window_rounds": "rounds"}),
+    )
+    again = load(tmp_path / "old.safetensors")
+    assert again.window_rounds == 2 and "rounds" not in again.get_params()
