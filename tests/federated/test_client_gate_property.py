@@ -303,9 +303,10 @@ def lower_median(values: np.ndarray) -> np.ndarray:
 def deviation_kish(values: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
     """Effective rows of the deviations from the (lower) median, per column (n, C): (C,);
     the row count where every value is the median. Deviations within round-off of
-    ``scale`` (the magnitude the values were computed at) count as none."""
+    ``scale`` (the magnitude the values were computed at, float64: 1e-9 of it is far above
+    the sums' round-off and far below a deviation an observer can read) count as none."""
     dev = np.abs(values - lower_median(values))
-    dev = np.where(dev <= 1e-6 * np.asarray(scale), 0.0, dev)
+    dev = np.where(dev <= 1e-9 * np.asarray(scale), 0.0, dev)
     rows = kish(dev)
     return np.where(dev.max(0) == 0, float(values.shape[0]), rows)
 
