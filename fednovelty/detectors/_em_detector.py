@@ -24,8 +24,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from fednovelty.detectors import _params
-from fednovelty.detectors.base import COMMON_CONSTRAINTS, MixtureDetector
+from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
     check_probabilities,
@@ -37,13 +36,6 @@ from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import WeightsFit, score_samples
-
-# Transitional: the EM estimators not yet declared with ``_params``.
-EM_CONSTRAINTS: dict = {
-    **COMMON_CONSTRAINTS,
-    **{p.name: list(p.constraints) for p in (*_params.INIT, *_params.PCA, *_params.SAMPLING)},
-    "n_components": list(_params.N_COMPONENTS.constraints),
-}
 
 
 @dataclass(frozen=True)
@@ -316,4 +308,4 @@ def _pca_from(tensors: dict[str, torch.Tensor], n_features: int, options: dict) 
         raise ModelFormatError(f"the PCA projection: {error}") from None
 
 
-__all__ = ["EM_CONSTRAINTS", "AdaptedClient", "EMDetector"]
+__all__ = ["AdaptedClient", "EMDetector"]

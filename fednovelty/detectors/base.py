@@ -171,9 +171,6 @@ class SimulatedFitMixin:
         ``n_features``); with ``config``, only those that settings class has."""
         return self._params.settings(self, n_features, config=config)
 
-    def _aggregation_options(self, name: str = "aggregation") -> dict:  # transitional
-        return {n: getattr(self, n) for n in (name, "trim", "client_weight_cap")}
-
     def _engine_settings(self) -> dict:
         """The engine's options from the declared parameters (``fraction``, ``dropout``)."""
         return self._params.settings(self, 0, role="engine")
@@ -648,19 +645,3 @@ def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:
         callback(dataclasses.replace(record, round=record.round + offset))
 
     return call
-
-
-# Transitional: constraint tables of the estimators not yet declared with ``_params``.
-def _constraints(*groups) -> dict:
-    return {p.name: list(p.constraints) for group in groups for p in group}
-
-
-COMMON_CONSTRAINTS: dict = {
-    **_constraints(_params.RUNTIME, _params.DETECTOR, _params.PRIVACY, _params.EM),
-}
-ROBUST_CONSTRAINTS: dict = _constraints(_params.PRIOR)
-ROBUST_CONSTRAINTS["covariance_prior"] = ROBUST_CONSTRAINTS.pop("prior_strength")
-AGGREGATION_CONSTRAINTS: dict = {
-    k: v for k, v in _constraints(_params.ROBUST).items() if k != "aggregation"
-}
-PRIOR_SCALE = _params.PRIOR_SCALE
