@@ -1,0 +1,539 @@
+"""Secure sums of clients' named float tensors: the SecAgg protocol (Bonawitz et al., CCS 2017,
+as in Flower's SecAgg+ with every client a neighbour of every other), run in-process on
+Flower's primitives (``fednovelty[flower]``): key pairs and Diffie-Hellman shared keys, Fernet
+encryption of shares, Shamir shares, the quantisation mapping and the ring arithmetic.
+
+Steps (:func:`secure_sum` runs them in order): :func:`setup_keys` (two key pairs a client),
+:func:`share_secrets` (Shamir shares, ``threshold`` of ``m``, of a fresh self-mask seed and of
+the masking secret key, each encrypted for its holder), :func:`mask_input` (quantise, add the
+self-mask and the pairwise masks, mod ``2**bits``), :func:`reveal_shares` and
+:func:`unmask_sum` (the server removes the masks and dequantises).
+
+What the server learns: the sum of the inputs of the clients whose masked vectors it received,
+to within the quantisation error (:func:`error_bound`), and who dropped. Assumptions: an
+honest-but-curious server that follows the protocol, colluding with fewer than ``threshold``
+clients; authenticated channels between clients and server; every input inside the public
+clipping range (checked: a value outside it raises). Up to ``m - threshold`` clients may drop,
+before sending their masked vector (left out of the sum) or after it (kept in).
+
+Not done: no network (messages are counted, not sent); no signatures or consistency checks
+against a server that lies about who dropped (the active-adversary version); no sparse
+neighbour graph (SecAgg+'s ``num_shares < m``). Masks come from AES-256 in counter mode
+(``prg="aes-ctr"``) or Flower's ``pseudo_rand_gen`` (``prg="flower"``), which folds its seed
+to 32 bits before seeding numpy. Protocol, bound and costs: ``docs/secure_sums.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: the mask generators :func:`mask_stream` knows (module docstring).
+PRGS = ("aes-ctr", "flower")
+#: the ring widths accepted: masks live in Z mod 2**bits, held in 64-bit integers.
+MIN_BITS, MAX_BITS = 16, 62
+#: the most quantisation levels: float64 holds integers exactly up to 2**53.
+MAX_LEVELS = 2**53
+#: the protocol's steps, in order, as named in a report's timings and byte counts.
+STEPS = ("setup", "share_keys", "mask", "unmask")
+
+
+def _flower():
+    """Flower's secure-aggregation primitives (the optional extra ``fednovelty[flower]``)."""
+    try:
+        from flwr.common.secure_aggregation import ndarrays_arithmetic, secaggplus_utils
+        from flwr.common.secure_aggregation.crypto import shamir, symmetric_encryption
+        from flwr.supercore.primitives import asymmetric
+    except ImportError:  # pragma: no cover - the extra is installed in the test environment
+        raise ImportError(
+            "secure sums use Flower's secure-aggregation primitives: "
+            "pip install 'fednovelty[flower]'."
+        ) from None
+    return asymmetric, symmetric_encryption, shamir, secaggplus_utils, ndarrays_arithmetic
+
+
+# --------------------------------------------------------------------------- quantisation
+def quantization_levels(bits: int, n_clients: int) -> int:
+    """The largest quantised value ``T``: each input maps to an integer in [0, T], and the sum
+    of ``n_clients`` of them stays below the ring's size ``2**bits`` (no wrap-around), capped
+    at ``2**53`` (float64's exact integers)."""
+    return min((2**bits - 1) // n_clients, MAX_LEVELS)
+
+
+def quantize(values: np.ndarray, clip: float, levels: int, rng: np.random.Generator) -> np.ndarray:
+    """Flower's quantisation of ``values`` (n,) in [-clip, clip] to integers (n,) uint64 in
+    [0, levels]: ``(x + clip) * levels / (2 clip)``, rounded stochastically (up with
+    probability equal to the fractional part, so the rounding is unbiased). Flower's own
+    ``quantize`` draws from numpy's global generator and casts to int32; this draws from
+    ``rng`` and keeps 64 bits."""
+    scaled = (values + clip) * (levels / (2 * clip))
+    low = np.floor(scaled)
+    up = rng.random(values.shape) < scaled - low
+    return np.minimum(low + up, levels).astype(np.uint64)
+
+
+def dequantize_sum(total: np.ndarray, clip: float, levels: int, n_inputs: int) -> np.ndarray:
+    """The float sum (n,) float64 of ``n_inputs`` inputs from the sum ``total`` (n,) uint64 of
+    their quantised values: ``(2 total - n_inputs levels) * clip / levels``, the integer part
+    exact (Flower's ``dequantize`` plus its workflow's offset ``-(n - 1) clip``)."""
+    centred = 2 * total.astype(np.int64) - np.int64(n_inputs * levels)
+    return centred.astype(np.float64) * (clip / levels)
+
+
+def error_bound(clip: float, levels: int, n_inputs: int) -> float:
+    """The most the secure sum of ``n_inputs`` inputs can differ from their float64 sum, per
+    value: each stochastic rounding moves a value by less than one step ``2 clip / levels``;
+    float64 round-off adds at most ``6 eps clip`` an input when scaling it and ``2 eps clip``
+    an input when dequantising (``eps`` = 2**-52)."""
+    return n_inputs * clip * (2 / levels + 8 * float(np.finfo(np.float64).eps))
+
+
+def check_range(client: int, name: str, values: np.ndarray, clip: float) -> None:
+    """Refuse a value outside [-clip, clip] (or not finite): the secure sum cannot clip
+    silently, the server would get a wrong sum.
+
+    Raises:
+        ValueError: naming the client, the tensor and the clip range it needs.
+    """
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"client {client}: tensor {name!r} has non-finite values.")
+    largest = float(np.max(np.abs(values))) if values.size else 0.0
+    if largest > clip:
+        raise ValueError(
+            f"client {client}: tensor {name!r} has a value of magnitude {largest:.6g} outside "
+            f"the clipping range [-{clip:.6g}, {clip:.6g}]; widen clip_range for {name!r} to "
+            f"at least {largest:.6g} (it is public: set it from bounds known before the round)."
+        )
+
+
+# --------------------------------------------------------------------------- masks
+def mask_stream(seed: bytes, length: int, bits: int, prg: str = "aes-ctr") -> np.ndarray:
+    """``length`` pseudo-random integers (length,) uint64 in [0, 2**bits) from ``seed``.
+
+    ``"aes-ctr"``: the AES-256 key stream (counter mode, zero nonce) of the 32-byte ``seed``,
+    8 bytes a value, masked to ``bits`` bits, uniform on the ring; a seed keys one stream
+    only. ``"flower"``: Flower's ``pseudo_rand_gen`` (numpy's ``RandomState`` seeded with the
+    seed's 4-byte words XORed together; values in [0, 2**bits - 2])."""
+    if prg == "aes-ctr":
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+        words = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")
+        return words & np.uint64(2**bits - 1)
+    if prg == "flower":
+        (stream,) = _flower()[3].pseudo_rand_gen(seed, 2**bits, [(length,)])
+        return stream.astype(np.uint64)
+    raise ValueError(f"prg must be one of {PRGS}; got {prg!r}.")
+
+
+def pairwise_seed(private_key, public_key_pem: bytes) -> bytes:
+    """The 32-byte seed two clients share: Flower's ``generate_shared_key`` (ECDH on
+    SECP384R1, then HKDF-SHA256) of one's private key and the other's public key, decoded
+    from Flower's url-safe base64."""
+    asymmetric, symmetric, *_ = _flower()
+    shared = symmetric.generate_shared_key(
+        private_key, asymmetric.bytes_to_public_key(public_key_pem)
+    )
+    return base64.urlsafe_b64decode(shared)
+
+
+# --------------------------------------------------------------------------- the parties
+@dataclass
+class ClientState:
+    """What one client keeps through a round: its masking key pair (``mask_key``, its
+    public PEM ``mask_public``), its encryption key pair (for the shares it sends), its
+    self-mask seed and the shares other clients gave it (owner -> (seed share, key share))."""
+
+    client: int
+    mask_key: object
+    mask_public: bytes
+    encryption_key: object
+    encryption_public: bytes
+    self_seed: bytes = b""
+    held_shares: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+
+
+def setup_keys(clients: list[int]) -> dict[int, ClientState]:
+    """Step 1: each client makes two fresh key pairs (Flower's ``generate_key_pairs``) and
+    advertises both public keys (PEM); the server relays all of them to everyone."""
+    asymmetric = _flower()[0]
+    states = {}
+    for client in clients:
+        mask_key, mask_public = asymmetric.generate_key_pairs()
+        encryption_key, encryption_public = asymmetric.generate_key_pairs()
+        states[client] = ClientState(
+            client,
+            mask_key,
+            asymmetric.public_key_to_bytes(mask_public),
+            encryption_key,
+            asymmetric.public_key_to_bytes(encryption_public),
+        )
+    return states
+
+
+def _private_scalar(private_key) -> bytes:
+    """The 48-byte secret scalar of a SECP384R1 key (what is shared; Flower shares the PEM)."""
+    return private_key.private_numbers().private_value.to_bytes(48, "big")
+
+
+def _key_from_scalar(scalar: bytes):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.derive_private_key(int.from_bytes(scalar, "big"), ec.SECP384R1())
+
+
+def share_secrets(
+    state: ClientState, public_keys: Mapping[int, tuple[bytes, bytes]], threshold: int
+) -> dict[int, bytes]:
+    """Step 2, one client: draw a fresh 32-byte self-mask seed, split it and the masking
+    key's secret scalar into ``threshold``-of-``m`` Shamir shares (Flower's
+    ``create_shares``), keep its own and encrypt the others, each for its holder (Flower's
+    ``encrypt`` under the shared key of the encryption key pairs). ``public_keys``: client ->
+    (mask public PEM, encryption public PEM), every client. Returns holder -> ciphertext."""
+    _, symmetric, shamir, utils, _ = _flower()
+    holders = sorted(public_keys)
+    state.self_seed = os.urandom(32)
+    seed_shares = shamir.create_shares(state.self_seed, threshold, len(holders))
+    key_shares = shamir.create_shares(_private_scalar(state.mask_key), threshold, len(holders))
+    ciphertexts = {}
+    for holder, seed_share, key_share in zip(holders, seed_shares, key_shares, strict=True):
+        if holder == state.client:
+            state.held_shares[holder] = (seed_share, key_share)
+            continue
+        key = base64.urlsafe_b64encode(pairwise_seed(state.encryption_key, public_keys[holder][1]))
+        plain = utils.share_keys_plaintext_concat(state.client, holder, seed_share, key_share)
+        ciphertexts[holder] = symmetric.encrypt(key, plain)
+    return ciphertexts
+
+
+def receive_shares(
+    state: ClientState, ciphertexts: Mapping[int, bytes], public_keys: Mapping[int, tuple]
+) -> None:
+    """A client decrypts the shares other clients sent it (source -> ciphertext) and keeps
+    them, refusing one addressed to someone else or claiming another source.
+
+    Raises:
+        ValueError: a share whose plaintext names another source or destination.
+    """
+    _, symmetric, _, utils, _ = _flower()
+    for source, ciphertext in ciphertexts.items():
+        key = base64.urlsafe_b64encode(pairwise_seed(state.encryption_key, public_keys[source][1]))
+        src, dst, seed_share, key_share = utils.share_keys_plaintext_separate(
+            symmetric.decrypt(key, ciphertext)
+        )
+        if (src, dst) != (source, state.client):
+            raise ValueError(
+                f"client {state.client}: a share relayed as {source} -> {state.client} says "
+                f"{src} -> {dst}; the relay is not trustworthy, abort the round."
+            )
+        state.held_shares[source] = (seed_share, key_share)
+
+
+def mask_input(
+    state: ClientState,
+    quantized: np.ndarray,
+    public_keys: Mapping[int, tuple[bytes, bytes]],
+    bits: int,
+    prg: str = "aes-ctr",
+) -> np.ndarray:
+    """Step 3, one client: its quantised input (n,) uint64 plus its self-mask plus, for each
+    other client ``j``, the mask of their shared seed (added when this client's id is the
+    larger, subtracted otherwise, so each pair cancels in the sum), mod ``2**bits``, with
+    Flower's ndarray arithmetic. Returns the masked vector (n,) uint64, uniform on the ring."""
+    arithmetic = _flower()[4]
+    n = quantized.shape[0]
+    masked = arithmetic.parameters_addition(
+        [quantized], [mask_stream(state.self_seed, n, bits, prg)]
+    )
+    for other in sorted(public_keys):
+        if other == state.client:
+            continue
+        pair = [mask_stream(pairwise_seed(state.mask_key, public_keys[other][0]), n, bits, prg)]
+        combine = (
+            arithmetic.parameters_addition
+            if state.client > other
+            else arithmetic.parameters_subtraction
+        )
+        masked = combine(masked, pair)
+    return arithmetic.parameters_mod(masked, 2**bits)[0]
+
+
+def reveal_shares(state: ClientState, senders: set[int], dropped: set[int]) -> dict[int, bytes]:
+    """Step 4, one client: the share of each sender's self-mask seed and of each dropped
+    client's masking key (owner -> share). Never both for one owner: that would unmask it.
+
+    Raises:
+        ValueError: a client listed both as a sender and as dropped.
+    """
+    both = senders & dropped
+    if both:
+        raise ValueError(
+            f"client {state.client}: the server lists {sorted(both)} both as senders and as "
+            "dropped; revealing both shares would unmask them, abort the round."
+        )
+    revealed = {owner: state.held_shares[owner][0] for owner in sorted(senders)}
+    revealed |= {owner: state.held_shares[owner][1] for owner in sorted(dropped)}
+    return revealed
+
+
+def unmask_sum(
+    masked: Mapping[int, np.ndarray],
+    revealed: Mapping[int, Mapping[int, bytes]],
+    dropped: set[int],
+    public_keys: Mapping[int, tuple[bytes, bytes]],
+    threshold: int,
+    bits: int,
+    prg: str = "aes-ctr",
+) -> np.ndarray:
+    """Step 4, the server: add the masked vectors (sender -> (n,) uint64) mod ``2**bits``,
+    rebuild each sender's self-mask seed and each dropped client's masking key from the
+    revealed shares (responder -> owner -> share; Flower's ``combine_shares``), subtract the
+    self-masks and the pairwise masks the senders shared with dropped clients. Returns the
+    sum (n,) uint64 of the senders' quantised inputs.
+
+    Raises:
+        ValueError: fewer than ``threshold`` clients revealed their shares.
+    """
+    _, _, shamir, _, arithmetic = _flower()
+    if len(revealed) < threshold:
+        raise ValueError(
+            f"unmasking needs the shares of at least threshold={threshold} clients; only "
+            f"{len(revealed)} answered ({len(masked)} sent masked vectors, {len(dropped)} "
+            "dropped before). The round's sum cannot be recovered: run it again, or choose a "
+            "lower threshold (it tolerates m - threshold drops)."
+        )
+    n = next(iter(masked.values())).shape[0]
+    total = [np.zeros(n, dtype=np.uint64)]
+    for vector in masked.values():
+        total = arithmetic.parameters_addition(total, [vector])
+    holders = sorted(revealed)[:threshold]
+    for sender in sorted(masked):
+        seed = shamir.combine_shares([revealed[h][sender] for h in holders])
+        total = arithmetic.parameters_subtraction(total, [mask_stream(seed, n, bits, prg)])
+    for gone in sorted(dropped):
+        key = _key_from_scalar(shamir.combine_shares([revealed[h][gone] for h in holders]))
+        for sender in sorted(masked):
+            pair = [mask_stream(pairwise_seed(key, public_keys[sender][0]), n, bits, prg)]
+            # the sender added the pair's mask when its id was the larger: take it back.
+            undo = (
+                arithmetic.parameters_subtraction
+                if sender > gone
+                else arithmetic.parameters_addition
+            )
+            total = undo(total, pair)
+    return arithmetic.parameters_mod(total, 2**bits)[0]
+
+
+# --------------------------------------------------------------------------- the round
+@dataclass
+class SecureSumReport:
+    """What a secure sum cost and what the server saw.
+
+    ``bytes_up`` / ``bytes_down``: client -> step (:data:`STEPS`) -> bytes it sent / got
+    (public keys as PEM, encrypted shares, the masked vector at ``ceil(bits / 8)`` bytes a
+    value, revealed shares, 8 bytes a client id). ``seconds``: step -> wall time of all
+    parties in turn (client work summed over clients; ``"unmask"`` includes the server's).
+    ``error_bound``: tensor -> the most any summed value can be off (:func:`error_bound`).
+    ``server_view``: client -> the masked vector (n,) uint64 the server got from it.
+    """
+
+    n_clients: int
+    threshold: int
+    bits: int
+    levels: int
+    n_values: int
+    senders: tuple[int, ...]
+    dropped: tuple[int, ...]
+    unresponsive: tuple[int, ...]
+    clip_range: dict[str, float]
+    error_bound: dict[str, float]
+    bytes_up: dict[int, dict[str, int]]
+    bytes_down: dict[int, dict[str, int]]
+    seconds: dict[str, float]
+    server_view: dict[int, np.ndarray]
+
+    def mean_bytes(self, direction: str = "up") -> float:
+        """A client's total bytes sent (``"up"``) or received (``"down"``), averaged over
+        the clients."""
+        table = self.bytes_up if direction == "up" else self.bytes_down
+        return sum(sum(steps.values()) for steps in table.values()) / len(table)
+
+
+def _layout(client_tensors: Mapping[int, Mapping[str, Tensor]]) -> dict[str, torch.Size]:
+    """The names and shapes every client must send (the first client's), checked."""
+    if len(client_tensors) < 2:
+        raise ValueError(f"client_tensors must hold at least 2 clients; got {len(client_tensors)}.")
+    first, *rest = client_tensors
+    layout = {name: tensor.shape for name, tensor in client_tensors[first].items()}
+    for client in rest:
+        theirs = {name: tensor.shape for name, tensor in client_tensors[client].items()}
+        if theirs != layout:
+            raise ValueError(
+                f"client {client} sends tensors {theirs}, client {first} sends {layout}; every "
+                "client must send the same names and shapes."
+            )
+    return layout
+
+
+def _clip_ranges(clip_range: float | Mapping[str, float], names: list[str]) -> dict[str, float]:
+    clips = (
+        dict(clip_range) if isinstance(clip_range, Mapping) else dict.fromkeys(names, clip_range)
+    )
+    missing = [name for name in names if name not in clips]
+    if missing:
+        raise ValueError(f"clip_range has no range for tensors {missing}; give one per tensor.")
+    for name in names:
+        if not (
+            isinstance(clips[name], int | float) and math.isfinite(clips[name]) and clips[name] > 0
+        ):
+            raise ValueError(
+                f"clip_range for {name!r} must be a positive finite number; got {clips[name]!r}."
+            )
+    return {name: float(clips[name]) for name in names}
+
+
+def _check_settings(
+    clients: list[int], threshold: int, bits: int, dropped: set, unresponsive: set
+) -> None:
+    if not (isinstance(bits, int) and MIN_BITS <= bits <= MAX_BITS):
+        raise ValueError(f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}]; got {bits!r}.")
+    if not (isinstance(threshold, int) and 2 <= threshold <= len(clients)):
+        raise ValueError(
+            f"threshold must be an integer in [2, {len(clients)}] (the number of clients); "
+            f"got {threshold!r}. Above m/2 is the usual choice."
+        )
+    for name, group in (("dropped", dropped), ("unresponsive", unresponsive)):
+        unknown = set(group) - set(clients)
+        if unknown:
+            raise ValueError(
+                f"{name} names clients {sorted(unknown)} that are not in client_tensors."
+            )
+    if set(dropped) & set(unresponsive):
+        raise ValueError(
+            "a client cannot be both dropped (before masking) and unresponsive (after)."
+        )
+    for client in clients:
+        if not (isinstance(client, int) and 0 <= client < 2**63):
+            raise ValueError(f"client ids must be integers in [0, 2**63); got {client!r}.")
+
+
+def secure_sum(
+    client_tensors: Mapping[int, Mapping[str, Tensor]],
+    *,
+    clip_range: float | Mapping[str, float],
+    threshold: int,
+    bits: int = 32,
+    dropped: set[int] = frozenset(),
+    unresponsive: set[int] = frozenset(),
+    seed: int | None = None,
+    prg: str = "aes-ctr",
+    device: torch.device | str | None = None,
+) -> tuple[dict[str, Tensor], SecureSumReport]:
+    """The sum over clients of each named tensor, as the server gets it from SecAgg: each
+    client's tensors (client -> name -> tensor, the same names and shapes for all) quantised
+    in the public ``clip_range`` (one float, or one per name) on a ring of ``2**bits``.
+
+    ``dropped`` clients go away after sharing their secrets, before sending a masked vector:
+    the sum leaves them out. ``unresponsive`` ones send it but not their shares afterwards:
+    the sum keeps them. ``seed`` seeds the stochastic rounding only (keys and masks always
+    come from the operating system's randomness). Returns name -> sum (in the first client's
+    dtype, on ``device`` or its device) and the :class:`SecureSumReport`.
+
+    Raises:
+        ValueError: mismatched tensors, a bad setting, a value outside the clipping range,
+            or fewer than ``threshold`` clients left to reveal shares.
+    """
+    layout = _layout(client_tensors)
+    names, clients = list(layout), sorted(client_tensors)
+    clips = _clip_ranges(clip_range, names)
+    _check_settings(clients, threshold, bits, set(dropped), set(unresponsive))
+    if prg not in PRGS:
+        raise ValueError(f"prg must be one of {PRGS}; got {prg!r}.")
+    levels = quantization_levels(bits, len(clients))
+    sizes = [math.prod(layout[name]) for name in names]
+    width = math.ceil(bits / 8)
+    up = {c: dict.fromkeys(STEPS, 0) for c in clients}
+    down = {c: dict.fromkeys(STEPS, 0) for c in clients}
+    seconds = dict.fromkeys(STEPS, 0.0)
+
+    start = time.perf_counter()
+    states = setup_keys(clients)
+    public_keys = {c: (s.mask_public, s.encryption_public) for c, s in states.items()}
+    advertised = sum(len(a) + len(b) for a, b in public_keys.values())
+    for c in clients:
+        up[c]["setup"], down[c]["setup"] = (
+            len(public_keys[c][0]) + len(public_keys[c][1]),
+            advertised,
+        )
+    seconds["setup"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    relayed: dict[int, dict[int, bytes]] = {c: {} for c in clients}
+    for c in clients:
+        for holder, ciphertext in share_secrets(states[c], public_keys, threshold).items():
+            relayed[holder][c] = ciphertext
+            up[c]["share_keys"] += len(ciphertext) + 8
+            down[holder]["share_keys"] += len(ciphertext) + 8
+    seconds["share_keys"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    senders = [c for c in clients if c not in dropped]
+    rounding = dict(zip(clients, np.random.SeedSequence(seed).spawn(len(clients)), strict=True))
+    masked = {}
+    for c in senders:
+        receive_shares(states[c], relayed[c], public_keys)
+        rng = np.random.default_rng(rounding[c])
+        pieces = []
+        for name in names:
+            values = client_tensors[c][name].detach().to("cpu", torch.float64).numpy().reshape(-1)
+            check_range(c, name, values, clips[name])
+            pieces.append(quantize(values, clips[name], levels, rng))
+        masked[c] = mask_input(states[c], np.concatenate(pieces), public_keys, bits, prg)
+        up[c]["mask"] = width * masked[c].shape[0]
+    seconds["mask"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    gone = set(dropped)
+    revealed = {}
+    for c in senders:
+        down[c]["unmask"] = 8 * len(clients)
+        if c in unresponsive:
+            continue
+        revealed[c] = reveal_shares(states[c], set(senders), gone)
+        up[c]["unmask"] = sum(len(share) + 8 for share in revealed[c].values())
+    total = unmask_sum(masked, revealed, gone, public_keys, threshold, bits, prg)
+    sums, offset = {}, 0
+    for name, size in zip(names, sizes, strict=True):
+        values = dequantize_sum(total[offset : offset + size], clips[name], levels, len(senders))
+        like = client_tensors[clients[0]][name]
+        sums[name] = torch.as_tensor(
+            values, dtype=like.dtype, device=device or like.device
+        ).reshape(layout[name])
+        offset += size
+    seconds["unmask"] = time.perf_counter() - start
+
+    report = SecureSumReport(
+        n_clients=len(clients),
+        threshold=threshold,
+        bits=bits,
+        levels=levels,
+        n_values=sum(sizes),
+        senders=tuple(senders),
+        dropped=tuple(sorted(dropped)),
+        unresponsive=tuple(sorted(unresponsive)),
+        clip_range=clips,
+        error_bound={name: error_bound(clips[name], levels, len(senders)) for name in names},
+        bytes_up=up,
+        bytes_down=down,
+        seconds=seconds,
+        server_view=masked,
+    )
+    return sums, report
