@@ -1,0 +1,469 @@
+"""Membership inference against released mixture statistics and trained detectors, with the
+bounds differential privacy puts on any such attack.
+
+Two attacks:
+
+- :func:`stats_attack`: the likelihood-ratio attack on ONE client's released summed statistics
+  (counts ``n_k = sum_i r_ik``, first moments ``s_k = sum_i r_ik (x_i - c)``, the upper
+  triangle of second moments ``S_k = sum_i r_ik (x_i - c)(x_i - c)^T``; rows clipped to the
+  L2 ball of radius ``B`` around the public centre ``c``; responsibilities ``r`` from a public
+  mixture, or one component). The adversary is the strongest natural one: it knows every row
+  of the client but the target (``D_minus``), the target ``x*``, the clip bound, the
+  responsibilities and the noise's spread, sees the release ``y = f(D) + noise`` of ``rounds``
+  rounds, and scores ``log N(y; f(D_minus + {x*}), sigma^2) - log N(y; f(D_minus),
+  sigma^2)`` (Neyman-Pearson: no test of "x* is in D" against "D = D_minus" does better at
+  any false-positive rate). Members are trials where ``D = D_minus + {x*}``, non-members
+  trials where ``D = D_minus``: the add/remove-one-row neighbours the sensitivities of
+  :func:`fednovelty.federated.dp.stats_sensitivities` are taken over.
+- :func:`score_attack`: the loss attack on a trained detector's log-densities
+  (``score_samples``; higher = more typical = guessed member), and its calibrated form (the
+  offline LiRA of Carlini et al. 2022 in its simplest global-threshold form: each row's score
+  minus the mean score reference models trained without it give it, over their spread).
+
+The bounds: a mechanism that is ``mu``-GDP (Dong, Roth and Su 2022) lets no attack's ROC
+rise above ``TPR = Phi(mu - Phi^-1(1 - FPR))``, whose area is ``Phi(mu / sqrt 2)``
+(:func:`gdp_auc_bound`); ``rounds`` releases of ``blocks`` Gaussian mechanisms of multiplier
+``z`` are ``sqrt(rounds * blocks) / z``-GDP (:func:`gdp_mu`), and an ``(epsilon, delta)``
+budget of a Gaussian mechanism fixes ``mu`` (:func:`gdp_mu_for_epsilon`). Any
+``(epsilon, delta)``-DP mechanism keeps
+``TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))`` (Kairouz, Oh and
+Viswanath 2015), whose area is :func:`dp_auc_bound`: looser than the GDP bound of the same
+budget, since it holds for every mechanism. AUCs are scikit-learn's ``roc_auc_score``;
+:func:`auc_interval` gives a bootstrap interval and :func:`auc_standard_error` the
+Hanley-McNeil standard error of an AUC from its trial counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import brentq
+from scipy.stats import norm
+from sklearn.metrics import roc_auc_score
+
+from fednovelty.federated.dp import (
+    STAT_BLOCKS,
+    clip_rows,
+    gaussian_noise,
+    noise_std,
+    stats_sensitivities,
+)
+from fednovelty.mixture import MixtureParams, predict_proba, stats_from_resp
+
+
+# --------------------------------------------------------------------------- bounds
+def gdp_mu(noise_multiplier: float, rounds: int = 1, blocks: int = len(STAT_BLOCKS)) -> float:
+    """The ``mu`` of ``rounds`` releases of ``blocks`` Gaussian mechanisms, each of noise
+    ``noise_multiplier`` times its sensitivity: ``sqrt(rounds * blocks) / noise_multiplier``
+    (``inf`` without noise).
+
+    Raises:
+        ValueError: a negative multiplier, ``rounds`` < 1 or ``blocks`` < 1.
+    """
+    if noise_multiplier < 0 or rounds < 1 or blocks < 1:
+        raise ValueError(
+            "noise_multiplier must be >= 0 and rounds, blocks >= 1; got "
+            f"{noise_multiplier!r}, {rounds!r}, {blocks!r}."
+        )
+    return math.inf if noise_multiplier == 0 else math.sqrt(rounds * blocks) / noise_multiplier
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """The ``delta`` a ``mu``-GDP mechanism spends at ``epsilon`` (Dong, Roth and Su,
+    Corollary 2.13): ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``."""
+    return float(
+        norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+    )
+
+
+def gdp_mu_for_epsilon(epsilon: float, delta: float) -> float:
+    """The ``mu`` of the Gaussian mechanism that spends exactly ``(epsilon, delta)``
+    (:func:`gdp_delta` solved for ``mu``; ``inf`` for ``epsilon = inf``).
+
+    Raises:
+        ValueError: ``epsilon`` not positive or ``delta`` outside (0, 1).
+    """
+    if not epsilon > 0 or not 0 < delta < 1:
+        raise ValueError(f"epsilon must be > 0 and delta in (0, 1); got {epsilon!r}, {delta!r}.")
+    if math.isinf(epsilon):
+        return math.inf
+    high = 1.0
+    while gdp_delta(high, epsilon) < delta:
+        high *= 2
+    return float(brentq(lambda mu: gdp_delta(mu, epsilon) - delta, 1e-9, high, xtol=1e-12))
+
+
+def gdp_roc(mu: float, fpr: np.ndarray) -> np.ndarray:
+    """The best ROC against a ``mu``-GDP mechanism: ``TPR = Phi(mu - Phi^-1(1 - FPR))``,
+    same shape as ``fpr``."""
+    return norm.cdf(mu - norm.ppf(1 - np.asarray(fpr, dtype=float)))
+
+
+def gdp_auc_bound(mu: float) -> float:
+    """The area under :func:`gdp_roc`: ``Phi(mu / sqrt 2)`` (1 for ``mu = inf``), the largest
+    AUC any membership attack reaches against a ``mu``-GDP mechanism.
+
+    Raises:
+        ValueError: ``mu`` negative.
+    """
+    if not mu >= 0:
+        raise ValueError(f"mu must be >= 0; got {mu!r}.")
+    return 1.0 if math.isinf(mu) else float(norm.cdf(mu / math.sqrt(2)))
+
+
+def dp_roc_bound(epsilon: float, delta: float, fpr: np.ndarray) -> np.ndarray:
+    """The largest TPR at each ``fpr`` against any ``(epsilon, delta)``-DP mechanism:
+    ``min(1, e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))``, same shape as ``fpr``."""
+    fpr = np.asarray(fpr, dtype=float)
+    if math.isinf(epsilon):
+        return np.ones_like(fpr)
+    grow = math.exp(epsilon) * fpr + delta
+    tail = 1 - math.exp(-epsilon) * (1 - delta - fpr)
+    return np.minimum(1.0, np.minimum(grow, tail))
+
+
+def dp_auc_bound(epsilon: float, delta: float) -> float:
+    """The area under :func:`dp_roc_bound` (exact: the curve is linear between its knots at
+    FPR = 0, ``(1 - delta) / (1 + e^eps)``, ``1 - delta`` and 1).
+
+    Raises:
+        ValueError: ``epsilon`` negative or ``delta`` outside [0, 1).
+    """
+    if not epsilon >= 0 or not 0 <= delta < 1:
+        raise ValueError(f"epsilon must be >= 0 and delta in [0, 1); got {epsilon!r}, {delta!r}.")
+    if math.isinf(epsilon):
+        return 1.0
+    knots = np.array([0.0, (1 - delta) / (1 + math.exp(epsilon)), 1 - delta, 1.0])
+    values = dp_roc_bound(epsilon, delta, knots)
+    return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(knots)))
+
+
+# --------------------------------------------------------------------------- AUC and its error
+def membership_auc(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> float:
+    """scikit-learn's ROC AUC of membership (members the positive class; higher score =
+    guessed member) from scores of shapes (n_members,) and (n_nonmembers,)."""
+    member_scores, nonmember_scores = np.ravel(member_scores), np.ravel(nonmember_scores)
+    labels = np.r_[np.ones(member_scores.size), np.zeros(nonmember_scores.size)]
+    return float(roc_auc_score(labels, np.r_[member_scores, nonmember_scores]))
+
+
+def auc_standard_error(auc: float, n_members: int, n_nonmembers: int) -> float:
+    """The standard error of an AUC estimated from ``n_members`` and ``n_nonmembers``
+    independent scores (Hanley and McNeil 1982)."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    variance = (
+        auc * (1 - auc) + (n_members - 1) * (q1 - auc**2) + (n_nonmembers - 1) * (q2 - auc**2)
+    ) / (n_members * n_nonmembers)
+    return math.sqrt(max(variance, 0.0))
+
+
+def auc_interval(
+    member_scores: np.ndarray,
+    nonmember_scores: np.ndarray,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(auc, low, high)``: :func:`membership_auc` and its percentile bootstrap interval at
+    ``level``, members and non-members resampled separately ``n_boot`` times."""
+    member_scores, nonmember_scores = np.ravel(member_scores), np.ravel(nonmember_scores)
+    rng = np.random.default_rng(seed)
+    labels = np.r_[np.ones(member_scores.size), np.zeros(nonmember_scores.size)]
+    draws = np.empty(n_boot)
+    for b in range(n_boot):
+        pos = rng.choice(member_scores, member_scores.size)
+        neg = rng.choice(nonmember_scores, nonmember_scores.size)
+        draws[b] = roc_auc_score(labels, np.r_[pos, neg])
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return membership_auc(member_scores, nonmember_scores), float(low), float(high)
+
+
+# --------------------------------------------------------------------------- the stats attack
+@dataclass(frozen=True)
+class StatsAttack:
+    """Per-trial results of :func:`stats_attack`.
+
+    Attributes:
+        scores: the log-likelihood ratio of each trial, shape (n_trials,) (higher = member).
+        members: whether the target was in the released rows, shape (n_trials,), bool.
+        signal: each trial's ``||f(D_minus + {x*}) - f(D_minus)|| / sigma`` over all blocks
+            and rounds, shape (n_trials,): the ``mu`` of that trial's pair of hypotheses,
+            at most :func:`gdp_mu` of the mechanism.
+        noise_multiplier: ``z``; 0 means no noise (the scores are then the squared-distance
+            difference ``||y - f0||^2 - ||y - f1||^2``, the noise-free limit of ``sigma^2``
+            times the ratio).
+        mu: :func:`gdp_mu` of the mechanism (``rounds``, the released blocks).
+    """
+
+    scores: np.ndarray
+    members: np.ndarray
+    signal: np.ndarray
+    noise_multiplier: float
+    mu: float
+
+    @property
+    def auc(self) -> float:
+        """:func:`membership_auc` over the trials."""
+        return membership_auc(self.scores[self.members], self.scores[~self.members])
+
+    @property
+    def bound(self) -> float:
+        """:func:`gdp_auc_bound` of :attr:`mu`."""
+        return gdp_auc_bound(self.mu)
+
+    def interval(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+        """:func:`auc_interval` over the trials: ``(auc, low, high)``."""
+        return auc_interval(
+            self.scores[self.members], self.scores[~self.members], n_boot, level, seed
+        )
+
+
+def _flat_stats(
+    X: torch.Tensor, mixture: MixtureParams | None, centre: torch.Tensor, blocks: Sequence[str]
+) -> list[torch.Tensor]:
+    """The released blocks of rows ``X`` (n, d) (already clipped), each flattened: counts
+    (K,), first moments (K*d,), second moments' upper triangles (K*d(d+1)/2,), summed by
+    :func:`fednovelty.mixture.stats_from_resp` about ``centre``."""
+    if mixture is None:
+        resp = X.new_ones(X.shape[0], 1)
+    else:
+        resp = predict_proba(mixture, X)
+    stats = stats_from_resp(X, resp, "full", centre)
+    d = X.shape[1]
+    rows, cols = torch.triu_indices(d, d)
+    flat = {
+        "counts": stats.counts,
+        "sums": stats.sums.reshape(-1),
+        "second": stats.second[:, rows, cols].reshape(-1),
+    }
+    return [flat[name] for name in blocks]
+
+
+def _check_attack_args(population, n_rows, clip_bound, noise_multiplier, rounds, blocks):
+    if population.ndim != 2 or population.shape[0] < n_rows + 1:
+        raise ValueError(
+            f"population must be (N, d) with N > n_rows = {n_rows} rows to draw clients and "
+            f"targets from; got shape {tuple(population.shape)}."
+        )
+    if n_rows < 1:
+        raise ValueError(
+            f"n_rows must be >= 1 (the target plus the rows the adversary knows); got {n_rows!r}."
+        )
+    if not (math.isfinite(clip_bound) and clip_bound > 0):
+        raise ValueError(f"clip_bound must be a positive finite L2 radius; got {clip_bound!r}.")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(
+            f"noise_multiplier must be a finite number >= 0 (0 = no noise); got "
+            f"{noise_multiplier!r}."
+        )
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1; got {rounds!r}.")
+    unknown = [name for name in blocks if name not in STAT_BLOCKS]
+    if unknown or not blocks:
+        raise ValueError(
+            f"blocks must be a non-empty subset of {STAT_BLOCKS}; got {tuple(blocks)!r}."
+        )
+
+
+def stats_attack(
+    population: np.ndarray,
+    n_rows: int,
+    clip_bound: float,
+    noise_multiplier: float,
+    *,
+    n_trials: int = 2000,
+    rounds: int = 1,
+    blocks: Sequence[str] = STAT_BLOCKS,
+    centre: np.ndarray | None = None,
+    mixture: MixtureParams | None = None,
+    target: np.ndarray | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> StatsAttack:
+    """The likelihood-ratio membership attack on one client's released statistics (module
+    docstring), repeated over ``n_trials`` trials, half of them members.
+
+    Each trial draws the client's other ``n_rows - 1`` rows (``D_minus``, known to the
+    adversary) and the target from ``population`` without replacement (or uses ``target``,
+    e.g. a worst-case row at distance >= ``clip_bound`` from the centre along a feature axis,
+    which moves every block by its full sensitivity), clips the rows
+    (:func:`fednovelty.federated.dp.clip_rows`), releases ``blocks`` of ``f(D)`` plus
+    independent Gaussian noise of standard deviation ``noise_multiplier`` times the block's
+    sensitivity (:func:`~fednovelty.federated.dp.stats_sensitivities`, on the second
+    moments' upper triangle as :func:`~fednovelty.federated.dp.symmetric_noise` does) in
+    each of ``rounds`` rounds, and scores the summed Gaussian log-likelihood ratio of "target
+    in D" against "D = D_minus".
+
+    Args:
+        population: rows (N, d), N > ``n_rows``, the clients' rows and targets are drawn from.
+        n_rows: rows of the client when the target is a member.
+        clip_bound: the L2 clip radius ``B`` around ``centre``.
+        noise_multiplier: ``z`` (0: no noise); :func:`fednovelty.federated.dp.calibrate_noise`
+            gives the one that spends a budget.
+        n_trials: trials in all; the first half (after a shuffle) are members.
+        rounds: releases of the same statistics with fresh noise (a fixed public mixture).
+        blocks: the released blocks, a subset of ``("counts", "sums", "second")``.
+        centre: the public centre (d,); default the origin.
+        mixture: the public mixture whose responsibilities weight the rows; default one
+            component (every responsibility 1).
+        target: a fixed target row (d,) for every trial; default a fresh row per trial.
+        seed: seeds the draws and the noise.
+        device: where the tensors are made (default CPU).
+
+    Returns:
+        :class:`StatsAttack` with the per-trial scores, membership and signal.
+
+    Raises:
+        ValueError: an argument outside the ranges above (the message names it).
+    """
+    population = np.asarray(population, dtype=float)
+    blocks = tuple(blocks)
+    _check_attack_args(population, n_rows, clip_bound, noise_multiplier, rounds, blocks)
+    d = population.shape[1]
+    device = torch.device(device or "cpu")
+    as_tensor = lambda a: torch.as_tensor(np.asarray(a, dtype=float), device=device)  # noqa: E731
+    centre_t = as_tensor(np.zeros(d) if centre is None else centre)
+    if centre_t.shape != (d,):
+        raise ValueError(f"centre must have shape ({d},); got {tuple(centre_t.shape)}.")
+    target_t = None if target is None else as_tensor(target).reshape(1, -1)
+    if target_t is not None and target_t.shape[1] != d:
+        raise ValueError(f"target must have shape ({d},); got {tuple(np.shape(target))}.")
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    sens = stats_sensitivities(clip_bound)
+    sigma = [noise_std(noise_multiplier, sens[name], "central") for name in blocks]
+    members = rng.permutation(np.arange(n_trials) < n_trials // 2)
+    scores, signal = np.empty(n_trials), np.empty(n_trials)
+    for t in range(n_trials):
+        picked = rng.choice(population.shape[0], n_rows, replace=False)
+        rows = as_tensor(population[picked])
+        x_star = rows[:1] if target_t is None else target_t
+        others = clip_rows(rows[1:], centre_t, clip_bound)
+        with_target = torch.cat([others, clip_rows(x_star, centre_t, clip_bound)])
+        f0 = _flat_stats(others, mixture, centre_t, blocks)
+        f1 = _flat_stats(with_target, mixture, centre_t, blocks)
+        score, power = 0.0, 0.0
+        for a, b, s in zip(f0, f1, sigma, strict=True):
+            scale = s * s if s > 0 else 1.0
+            power += float(((b - a) ** 2).sum()) / scale
+            released = b if members[t] else a
+            for _ in range(rounds):
+                y = released + gaussian_noise(tuple(a.shape), s, a, generator)
+                score += float(((y - a) ** 2).sum() - ((y - b) ** 2).sum()) / (2 * scale)
+        scores[t], signal[t] = (
+            score,
+            math.sqrt(power * rounds) if noise_multiplier > 0 else math.inf,
+        )
+    return StatsAttack(
+        scores=scores,
+        members=members,
+        signal=signal,
+        noise_multiplier=float(noise_multiplier),
+        mu=gdp_mu(noise_multiplier, rounds, len(blocks)),
+    )
+
+
+# --------------------------------------------------------------------------- the score attack
+@dataclass(frozen=True)
+class ScoreAttack:
+    """Results of :func:`score_attack`.
+
+    Attributes:
+        member_scores, nonmember_scores: ``score_samples`` of the target model (log-density;
+            higher = guessed member), shapes (n_members,) and (n_nonmembers,).
+        member_calibrated, nonmember_calibrated: the scores minus the mean score of the
+            reference models (none of which saw the row) over their standard deviation, or
+            ``None`` without reference models.
+    """
+
+    member_scores: np.ndarray
+    nonmember_scores: np.ndarray
+    member_calibrated: np.ndarray | None = None
+    nonmember_calibrated: np.ndarray | None = None
+
+    @property
+    def auc(self) -> float:
+        """The loss attack's :func:`membership_auc`."""
+        return membership_auc(self.member_scores, self.nonmember_scores)
+
+    @property
+    def calibrated_auc(self) -> float | None:
+        """The calibrated (offline LiRA) attack's :func:`membership_auc`, or ``None``."""
+        if self.member_calibrated is None:
+            return None
+        return membership_auc(self.member_calibrated, self.nonmember_calibrated)
+
+
+def _scores(detector, X: np.ndarray) -> np.ndarray:
+    return np.asarray(detector.score_samples(X), dtype=float).ravel()
+
+
+def score_attack(
+    detector_factory: Callable[[], object],
+    X_members: np.ndarray,
+    X_nonmembers: np.ndarray,
+    X_reference: np.ndarray | None = None,
+    n_reference: int = 4,
+    fit_kwargs: dict | None = None,
+    seed: int = 0,
+) -> ScoreAttack:
+    """The loss attack (and its calibrated form) on a detector fitted to ``X_members``.
+
+    ``detector_factory()`` makes an unfitted detector (scikit-learn's ``GaussianMixture``, a
+    :mod:`fednovelty.detectors` detector, ...); it is fitted with
+    ``fit(X_members, **fit_kwargs)``, and its ``score_samples`` (log-density) of members and
+    non-members are the attack's scores. With ``X_reference`` (rows of the same
+    distribution, disjoint from both sets), ``n_reference`` reference detectors are each
+    fitted to ``len(X_members)`` rows drawn from it; each row's calibrated score is its score
+    minus the reference models' mean score of it, over their standard deviation (offline
+    LiRA with a global threshold).
+
+    Args:
+        detector_factory: returns a fresh unfitted detector.
+        X_members: (n_members, d) the training rows.
+        X_nonmembers: (n_nonmembers, d) held-out rows of the same distribution.
+        X_reference: (n_reference_rows, d) rows for the reference models, at least
+            ``len(X_members)``; ``None`` skips the calibrated attack.
+        n_reference: reference models (>= 2, for a standard deviation).
+        fit_kwargs: extra keyword arguments of ``fit`` (e.g. ``groups``: then the reference
+            models get the same group labels).
+        seed: seeds the reference models' row draws.
+
+    Raises:
+        ValueError: sets with different feature counts, too few reference rows or models.
+    """
+    X_members, X_nonmembers = np.asarray(X_members, float), np.asarray(X_nonmembers, float)
+    if X_members.ndim != 2 or X_nonmembers.ndim != 2 or X_members.shape[1] != X_nonmembers.shape[1]:
+        raise ValueError(
+            "X_members and X_nonmembers must be 2-D with the same feature count; got shapes "
+            f"{X_members.shape} and {X_nonmembers.shape}."
+        )
+    fit_kwargs = dict(fit_kwargs or {})
+    target = detector_factory().fit(X_members, **fit_kwargs)
+    members, nonmembers = _scores(target, X_members), _scores(target, X_nonmembers)
+    if X_reference is None:
+        return ScoreAttack(members, nonmembers)
+    X_reference = np.asarray(X_reference, float)
+    if X_reference.ndim != 2 or X_reference.shape[0] < X_members.shape[0]:
+        raise ValueError(
+            f"X_reference must be (m, {X_members.shape[1]}) with m >= {X_members.shape[0]} "
+            f"rows (one reference training set); got shape {X_reference.shape}."
+        )
+    if n_reference < 2:
+        raise ValueError(f"n_reference must be >= 2 (a spread is taken); got {n_reference!r}.")
+    rng = np.random.default_rng(seed)
+    both = np.vstack([X_members, X_nonmembers])
+    reference = np.empty((n_reference, both.shape[0]))
+    for j in range(n_reference):
+        rows = rng.choice(X_reference.shape[0], X_members.shape[0], replace=False)
+        reference[j] = _scores(detector_factory().fit(X_reference[rows], **fit_kwargs), both)
+    spread = reference.std(axis=0, ddof=1)
+    spread = np.maximum(spread, 1e-12 * (1 + np.abs(reference).mean(axis=0)))
+    calibrated = (np.r_[members, nonmembers] - reference.mean(axis=0)) / spread
+    n = X_members.shape[0]
+    return ScoreAttack(members, nonmembers, calibrated[:n], calibrated[n:])
