@@ -29,8 +29,11 @@ def stats_message(stats: SufficientStats, kind: str) -> Message:
     return Message(kind, {name: stats.tensors()[name] for name in STATS_FIELDS})
 
 
-def _check_stats_tensors(t: dict[str, Tensor], n_features: int, where: str) -> None:
-    """Shape and value checks of statistics tensors (single reply or stacked replies)."""
+def _check_stats_tensors(
+    t: dict[str, Tensor], n_features: int, where: str, noisy: bool = False
+) -> None:
+    """Shape and value checks of statistics tensors (single reply or stacked replies);
+    ``noisy`` statistics (differential privacy) may have negative counts."""
     sums = t["sums"]
     if sums.shape[-1] != n_features or sums.ndim < 2:
         raise ValueError(
@@ -39,6 +42,8 @@ def _check_stats_tensors(t: dict[str, Tensor], n_features: int, where: str) -> N
     for name, value in t.items():
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{where} has non-finite values in {name!r}.")
+    if noisy:
+        return
     if bool((t["counts"] < 0).any()) or bool((t["n_samples"] < 0).any()):
         raise ValueError(f"{where} has negative counts.")
 
@@ -57,8 +62,11 @@ def stats_from_message(message: Message, shift: Tensor, covariance_type: str) ->
     return SufficientStats(shift=shift, covariance_type=covariance_type, **t)
 
 
-def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -> SufficientStats:
-    """Sum of the statistics in ``replies`` (the whole federated M-step input).
+def sum_stats(
+    replies: Iterable[Message], shift: Tensor, covariance_type: str, noisy: bool = False
+) -> SufficientStats:
+    """Sum of the statistics in ``replies`` (the whole federated M-step input); ``noisy``:
+    the replies carry differential-privacy noise (negative counts allowed).
 
     The replies are stacked field by field and checked and summed in one pass each (one
     kernel per field instead of one per reply and field). Replies whose shapes disagree fall
@@ -77,7 +85,7 @@ def sum_stats(replies: Iterable[Message], shift: Tensor, covariance_type: str) -
         }
     except (KeyError, RuntimeError):
         return merge_stats(stats_from_message(m, shift, covariance_type) for m in replies)
-    _check_stats_tensors(stacked, shift.shape[0], "a statistics reply")
+    _check_stats_tensors(stacked, shift.shape[0], "a statistics reply", noisy)
     return SufficientStats(
         shift=shift,
         covariance_type=covariance_type,

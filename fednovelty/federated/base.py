@@ -225,12 +225,14 @@ class FederatedAlgorithm(ABC):
         ``min_rows`` effective rows, no more grouped entries than the client's own
         configuration allows, nothing the declaration does not classify, and the
         client-side ``backing`` removed. Every engine answers through this method
-        (``fednovelty.runtime.threads.run_client_step``); it is the one place the
-        differential-privacy work will add noise.
+        (``fednovelty.runtime.threads.run_client_step``); under a differential-privacy
+        policy it is the one place the client's noise is added.
         """
         reply = self.client_step(data, message, context)
         spec = self.reply_spec(message.kind)
-        return release(reply, spec, context.policy, self.config, message)
+        return release(
+            reply, spec, context.policy, self.config, message, context.state, context.client_id
+        )
 
     @abstractmethod
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:

@@ -33,6 +33,9 @@ from typing import Any
 #:   ``"client"`` for learners.
 BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bins", "model")
 
+#: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.dp`).
+PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments")
+
 #: the ways a reply can be bounded by the box of its client's declared moments.
 BOXES: tuple[str, ...] = ("none", "means", "stats", "moments")
 
@@ -74,6 +77,11 @@ class ReplySpec:
       the broadcast does not carry it: the K it works with from the algorithm's settings
       (``setting(name)``), and whether the algorithm's ``covariance_type`` (full or tied makes
       the work grow with the square of the width) applies.
+    - ``private``: how the reply is released under differential privacy
+      (:data:`PRIVATE_RELEASES`: ``"stats"``, summed mixture statistics about the broadcast's
+      ``shift``; ``"moments"``, feature moments), read by the client gate, which adds the
+      noise (:mod:`fednovelty.federated.dp`); ``None``: the kind has no private form and a
+      client under a differential-privacy policy refuses it.
 
     Attributes:
         kind: the message kind it answers.
@@ -90,9 +98,10 @@ class ReplySpec:
         components: ``setting -> K`` of the client half's work when the broadcast does
             not say, else ``None``.
         covariance: the algorithm's ``covariance_type`` sets the client half's work.
+        private: one of :data:`PRIVATE_RELEASES`, or ``None``.
 
     Raises:
-        ValueError: an unknown backing or box, naming it.
+        ValueError: an unknown backing, box or private release, naming it.
     """
 
     kind: str
@@ -106,6 +115,7 @@ class ReplySpec:
     moments: Moments | None = None
     components: Components | None = None
     covariance: bool = False
+    private: str | None = None
 
     def backing_of(self, name: str) -> str | None:
         """What backs tensor ``name``: its own entry, else the entry of the longest prefix
@@ -124,6 +134,10 @@ class ReplySpec:
             )
         if self.box not in BOXES:
             raise ValueError(f"ReplySpec({self.kind!r}): box must be one of {BOXES}.")
+        if self.private is not None and self.private not in PRIVATE_RELEASES:
+            raise ValueError(
+                f"ReplySpec({self.kind!r}): private must be one of {PRIVATE_RELEASES} or None."
+            )
 
 
 #: the backing of a summed-statistics reply: counts, sums and second moments per component,

@@ -23,14 +23,22 @@ the central noise: meant for secure sums, where the server sees only the sum).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from fednovelty.federated.declarations import PRIVATE_RELEASES
 
 #: where the noise is added (module docstring).
 MODES = ("central", "local", "distributed")
 #: the blocks of summed mixture statistics, each one Gaussian mechanism per round.
 STAT_BLOCKS = ("counts", "sums", "second")
+#: the key of a client's count of noisy releases in its state (never sent).
+LEDGER_KEY = "dp_releases"
 
 
 def clip_rows(X: Tensor, centre: Tensor, bound: float) -> Tensor:
@@ -51,6 +59,23 @@ def clip_rows(X: Tensor, centre: Tensor, bound: float) -> Tensor:
     norms = torch.linalg.vector_norm(offset, dim=1, keepdim=True)
     scale = bound / norms.clamp_min(torch.finfo(X.dtype).tiny)
     return torch.where(norms > bound, centre + offset * scale, X)
+
+
+#: how one release's budget is split over its blocks: block ``b`` gets noise of multiplier
+#: ``z * BLOCK_SPLIT[b]``, and ``sum_b 1 / BLOCK_SPLIT[b]^2 = 3``, so a release spends what
+#: three blocks of multiplier ``z`` do (:func:`epsilon_spent` with ``blocks=3``). Counts and
+#: first moments of many rows need little precision beside second moments, whose
+#: sensitivity ``B**2`` dominates a covariance's error, so they give most of their share.
+BLOCK_SPLIT: dict[str, float] = {
+    "counts": 8.0,
+    "sums": 2.5,
+    "second": 1 / math.sqrt(3 - 1 / 64 - 1 / 6.25),
+}
+
+
+def block_multipliers(noise_multiplier: float) -> dict[str, float]:
+    """The noise multiplier of each block of one release (:data:`BLOCK_SPLIT`)."""
+    return {block: noise_multiplier * share for block, share in BLOCK_SPLIT.items()}
 
 
 def stats_sensitivities(bound: float) -> dict[str, float]:
@@ -109,6 +134,312 @@ def nearest_psd(matrices: Tensor, min_eigenvalue: float) -> Tensor:
     symmetric = (matrices + matrices.transpose(-1, -2)) / 2
     values, vectors = torch.linalg.eigh(symmetric)
     values = values.clamp_min(min_eigenvalue)
+    return (vectors * values.unsqueeze(-2)) @ vectors.transpose(-1, -2)
+
+
+# --------------------------------------------------------------------------- the policy
+@dataclass(frozen=True)
+class DPPolicy:
+    """A client's differential-privacy settings: its own, never read from a message.
+
+    Every row a private round works on is clipped to the L2 ball of radius ``clip_norm``
+    around the origin of the units the round works in (z-scores after a standardisation,
+    the public box's units with ``bounds``); every released block of summed statistics gets
+    Gaussian noise of ``noise_multiplier`` times its sensitivity (:func:`noise_std`), added
+    by the client (``"local"``, ``"distributed"``) or by a trusted server (``"central"``).
+    The client makes at most ``max_releases`` noisy releases (its budget; ``None``: no
+    bound) and refuses the rest.
+
+    Attributes:
+        noise_multiplier: ``z`` >= 0 (0: clipping without noise, no guarantee).
+        clip_norm: ``B`` > 0, the L2 radius rows are clipped to.
+        mode: one of :data:`MODES`.
+        n_clients: ``m`` >= 1, the clients that share the noise in ``"distributed"`` mode.
+        max_releases: the most noisy releases this client makes (>= 1 or ``None``).
+        seed: seeds the client's noise (``None``: fresh entropy every run).
+
+    Raises:
+        ValueError: a field out of range, naming it.
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    mode: str = "central"
+    n_clients: int = 1
+    max_releases: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        z, bound = self.noise_multiplier, self.clip_norm
+        if isinstance(z, bool) or not (isinstance(z, int | float) and math.isfinite(z) and z >= 0):
+            raise ValueError(f"DPPolicy.noise_multiplier must be a finite number >= 0; got {z!r}.")
+        if isinstance(bound, bool) or not (
+            isinstance(bound, int | float) and math.isfinite(bound) and bound > 0
+        ):
+            raise ValueError(f"DPPolicy.clip_norm must be a positive finite number; got {bound!r}.")
+        if self.mode not in MODES:
+            raise ValueError(f"DPPolicy.mode must be one of {MODES}; got {self.mode!r}.")
+        if (
+            isinstance(self.n_clients, bool)
+            or not isinstance(self.n_clients, int)
+            or (self.n_clients < 1)
+        ):
+            raise ValueError(f"DPPolicy.n_clients must be an int >= 1; got {self.n_clients!r}.")
+        releases = self.max_releases
+        if releases is not None and (
+            isinstance(releases, bool) or not isinstance(releases, int) or releases < 1
+        ):
+            raise ValueError(
+                f"DPPolicy.max_releases must be an int >= 1 or None; got {releases!r}."
+            )
+
+    @property
+    def client_noise(self) -> float:
+        """The multiplier of the noise the client itself adds: ``z`` (local), ``z /
+        sqrt(m)`` (distributed), 0 (central: the server adds it to the sum)."""
+        if self.mode == "central":
+            return 0.0
+        return noise_std(self.noise_multiplier, 1.0, self.mode, self.n_clients)
+
+    @property
+    def sum_noise(self) -> float:
+        """The multiplier of the noise on the sum of all clients' releases: ``z`` (central,
+        distributed), ``z * sqrt(m)`` (local, each of ``m`` clients adds ``z``)."""
+        if self.mode == "local":
+            return self.noise_multiplier * math.sqrt(self.n_clients)
+        return self.noise_multiplier
+
+
+def release_generator(policy: DPPolicy, client_id: int, release: int) -> torch.Generator:
+    """The generator of one client's noise in its ``release``-th noisy release: from the
+    policy's ``seed`` (reproducible runs) or fresh entropy (``seed=None``)."""
+    if policy.seed is None:
+        entropy = np.random.SeedSequence().generate_state(1)[0]
+    else:
+        entropy = np.random.SeedSequence(
+            [int(policy.seed), int(client_id), int(release)]
+        ).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(entropy))
+
+
+def charge(ledger: MutableMapping[str, Any], policy: DPPolicy) -> int | None:
+    """Count one noisy release in the client's ``ledger`` (its state); returns the release's
+    index, or ``None`` when the client's budget (``max_releases``) is spent."""
+    done = int(ledger.get(LEDGER_KEY, 0))
+    if policy.max_releases is not None and done >= policy.max_releases:
+        return None
+    ledger[LEDGER_KEY] = done + 1
+    return done
+
+
+# --------------------------------------------------------------------------- statistics
+def recentre_stats(
+    counts: Tensor, sums: Tensor, second: Tensor, delta: Tensor, covariance_type: str
+) -> tuple[Tensor, Tensor]:
+    """Statistics about a shift ``s`` re-expressed about ``t = s - delta``: rows ``v = x -
+    s`` become ``v + delta``. Exact algebra on the sums, no rows needed.
+
+    Args:
+        counts: (K,); sums: (K, d) about ``s``; second: about ``s``, by ``covariance_type``
+            (full (K, d, d), tied (d, d), diag (K, d), spherical (K,)).
+        delta: ``s - t``, (d,).
+
+    Returns:
+        ``(sums, second)`` about ``t``, of the same shapes.
+    """
+    moved = sums + counts.unsqueeze(1) * delta
+    if covariance_type == "full":
+        cross = sums.unsqueeze(2) * delta + delta.unsqueeze(1) * sums.unsqueeze(1)
+        return moved, second + cross + counts[:, None, None] * torch.outer(delta, delta)
+    if covariance_type == "tied":
+        total = sums.sum(0)
+        cross = torch.outer(total, delta) + torch.outer(delta, total)
+        return moved, second + cross + counts.sum() * torch.outer(delta, delta)
+    if covariance_type == "diag":
+        return moved, second + 2 * sums * delta + counts.unsqueeze(1) * delta.square()
+    return moved, second + 2 * sums @ delta + counts * delta.square().sum()
+
+
+def noisy_stats(
+    tensors: Mapping[str, Tensor],
+    shift: Tensor,
+    covariance_type: str,
+    multiplier: float,
+    bound: float,
+    generator: torch.Generator | None,
+) -> dict[str, Tensor]:
+    """A stats reply's tensors with the Gaussian mechanism applied: the statistics are moved
+    about the clipping centre (the origin), each block gets noise of ``multiplier`` times its
+    sensitivity (:func:`stats_sensitivities`) and share (:data:`BLOCK_SPLIT`; symmetric on
+    full and tied second moments),
+    and they are moved back about ``shift``. The row count becomes the noisy counts' sum and
+    the log-likelihood is withheld (0): a per-row log-likelihood has no bound.
+
+    Args:
+        tensors: ``counts`` (K,), ``sums`` (K, d), ``second``, ``n_samples`` (),
+            ``log_likelihood`` () about ``shift`` (d,).
+        multiplier: the client's noise multiplier (:attr:`DPPolicy.client_noise`).
+        bound: the clipping radius ``B`` of the rows behind them.
+
+    Returns:
+        The same names and shapes.
+    """
+    counts, sums, second = tensors["counts"], tensors["sums"], tensors["second"]
+    zero = torch.zeros_like(shift)
+    sums, second = recentre_stats(counts, sums, second, shift - zero, covariance_type)
+    sens, z = stats_sensitivities(bound), block_multipliers(multiplier)
+    if multiplier > 0:
+        counts = counts + gaussian_noise(
+            counts.shape, z["counts"] * sens["counts"], counts, generator
+        )
+        sums = sums + gaussian_noise(sums.shape, z["sums"] * sens["sums"], sums, generator)
+        spread = z["second"] * sens["second"]
+        if covariance_type in ("full", "tied"):
+            second = second + symmetric_noise(second.shape, spread, second, generator)
+        else:
+            second = second + gaussian_noise(second.shape, spread, second, generator)
+    sums, second = recentre_stats(counts, sums, second, zero - shift, covariance_type)
+    out = dict(tensors)
+    out.update(counts=counts, sums=sums, second=second)
+    out["n_samples"] = counts.sum().clamp_min(0).reshape(tensors["n_samples"].shape)
+    out["log_likelihood"] = torch.zeros_like(tensors["log_likelihood"])
+    return out
+
+
+def noisy_moments(
+    tensors: Mapping[str, Tensor],
+    multiplier: float,
+    bound: float,
+    generator: torch.Generator | None,
+) -> dict[str, Tensor]:
+    """A moments reply (``n_samples`` (), ``mean`` (d,), ``m2`` (d,): the row count, mean and
+    sum of squared deviations) with the Gaussian mechanism applied to its sums about the
+    origin: the count (sensitivity 1), the sum of rows (``B``) and the sum of squared
+    values (``B**2``: a row's squares have L2 norm at most ``||x||^2``). The noisy count is
+    kept at least 1 (post-processing) and the mean and ``m2`` rebuilt from the noisy sums,
+    so that merging replies adds the noisy sums exactly."""
+    n, mean, m2 = tensors["n_samples"], tensors["mean"], tensors["m2"]
+    total, squares = n * mean, m2 + n * mean.square()
+    z = block_multipliers(multiplier)
+    if multiplier > 0:
+        n = n + gaussian_noise(n.shape, z["counts"], n, generator)
+        total = total + gaussian_noise(total.shape, z["sums"] * bound, total, generator)
+        squares = squares + gaussian_noise(
+            squares.shape, z["second"] * bound**2, squares, generator
+        )
+    n = n.clamp_min(1.0)
+    mean = total / n
+    return {**tensors, "n_samples": n, "mean": mean, "m2": squares - n * mean.square()}
+
+
+def private_reply(
+    release: str,
+    tensors: Mapping[str, Tensor],
+    broadcast: Any,
+    covariance_type: str | None,
+    multiplier: float,
+    bound: float,
+    generator: torch.Generator | None,
+) -> dict[str, Tensor]:
+    """The tensors of a reply of release kind ``release`` (:data:`PRIVATE_RELEASES`) with
+    the client's noise added (``multiplier`` 0: only the log-likelihood withheld and the row
+    count derived from the counts, for a server that adds the noise)."""
+    if release == "stats":
+        shift = broadcast.tensors["shift"].to(tensors["sums"].device, tensors["sums"].dtype)
+        return noisy_stats(tensors, shift, covariance_type, multiplier, bound, generator)
+    if release == "moments":
+        return noisy_moments(tensors, multiplier, bound, generator)
+    raise ValueError(f"unknown private release {release!r}; one of {PRIVATE_RELEASES}.")
+
+
+def private_sum(
+    stats: Any,
+    multiplier: float,
+    bound: float,
+    generator: torch.Generator | None,
+) -> Any:
+    """``SufficientStats`` (the sum over clients, about ``stats.shift``) with the trusted
+    server's noise of ``multiplier`` times each block's sensitivity (``"central"`` mode)."""
+    from dataclasses import replace
+
+    tensors = {
+        "counts": stats.counts,
+        "sums": stats.sums,
+        "second": stats.second,
+        "n_samples": stats.n_samples,
+        "log_likelihood": stats.log_likelihood,
+    }
+    out = noisy_stats(tensors, stats.shift, stats.covariance_type, multiplier, bound, generator)
+    return replace(stats, **out)
+
+
+def plausible_stats(
+    stats: Any, bound: float, min_count: float, min_variance: float, second_noise: float = 0.0
+) -> Any:
+    """Noisy summed statistics post-processed (no privacy cost) into statistics some rows in
+    the clipping ball could have produced: counts at least ``min_count``; each component's
+    mean inside the ball of radius ``bound`` around the origin; its covariance's
+    eigenvalues (variances for ``diag``, the mean variance for ``spherical``) between
+    ``min_variance`` and ``bound**2``. The row count is the counts' sum.
+
+    ``second_noise`` (the standard deviation of the noise on each entry of the summed second
+    moments) raises each component's floor to the noise's typical spectral norm on its
+    covariance, ``2 * second_noise * sqrt(d) / n_k``: a direction whose variance is below the
+    noise is not trusted, so a noisy M-step cannot make a thin component that captures a
+    slab of rows and starves the others.
+
+    Args:
+        stats: ``SufficientStats`` about ``stats.shift`` (d,).
+        bound: the clipping radius ``B``; min_count > 0; min_variance > 0;
+            second_noise >= 0.
+    """
+    from dataclasses import replace
+
+    ct = stats.covariance_type
+    counts = positive_counts(stats.counts, min_count)
+    shift = stats.shift
+    means = shift + stats.sums / counts.unsqueeze(1)
+    norms = torch.linalg.vector_norm(means, dim=1, keepdim=True)
+    means = torch.where(norms > bound, means * (bound / norms.clamp_min(1e-300)), means)
+    offsets = means - shift  # the kept means about the shift
+    top = float(bound) ** 2
+    d = shift.shape[0]
+    floors = (2 * second_noise * math.sqrt(d) / counts).clamp(min_variance, top)
+    if ct == "full":
+        cov = stats.second / counts[:, None, None] - (stats.sums / counts.unsqueeze(1)).unsqueeze(
+            2
+        ) * (stats.sums / counts.unsqueeze(1)).unsqueeze(1)
+        cov = _bounded_eigen(cov, floors, top)
+        second = counts[:, None, None] * (cov + offsets.unsqueeze(2) * offsets.unsqueeze(1))
+    elif ct == "tied":
+        n = counts.sum()
+        scatter = stats.second - (stats.sums.T / counts) @ stats.sums
+        low = (2 * second_noise * math.sqrt(d) / n).clamp(min_variance, top)
+        cov = _bounded_eigen((scatter / n).unsqueeze(0), low.reshape(1), top)[0]
+        second = n * cov + (offsets.T * counts) @ offsets
+    elif ct == "diag":
+        var = stats.second / counts.unsqueeze(1) - (stats.sums / counts.unsqueeze(1)).square()
+        var = torch.minimum(torch.maximum(var, floors.unsqueeze(1)), var.new_tensor(top))
+        second = counts.unsqueeze(1) * (var + offsets.square())
+    else:
+        var = stats.second / counts - (stats.sums / counts.unsqueeze(1)).square().sum(1)
+        var = torch.minimum(torch.maximum(var, floors * d), var.new_tensor(top))
+        second = counts * (var + offsets.square().sum(1))
+    return replace(
+        stats,
+        counts=counts,
+        sums=counts.unsqueeze(1) * offsets,
+        second=second,
+        n_samples=counts.sum().reshape(stats.n_samples.shape),
+    )
+
+
+def _bounded_eigen(matrices: Tensor, low: Tensor, high: float) -> Tensor:
+    """Symmetric matrices (k, d, d) with eigenvalues clamped into ``[low_k, high]`` (``low``
+    (k,))."""
+    symmetric = (matrices + matrices.transpose(-1, -2)) / 2
+    values, vectors = torch.linalg.eigh(symmetric)
+    values = torch.minimum(torch.maximum(values, low.unsqueeze(-1)), values.new_tensor(high))
     return (vectors * values.unsqueeze(-2)) @ vectors.transpose(-1, -2)
 
 

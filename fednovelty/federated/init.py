@@ -63,6 +63,7 @@ from fednovelty.federated.declarations import (
     components_setting,
     declare,
 )
+from fednovelty.federated.dp import block_multipliers, plausible_stats, private_sum
 from fednovelty.federated.plausible import robust_moments
 from fednovelty.federated.privacy import (
     backed,
@@ -104,20 +105,57 @@ if TYPE_CHECKING:
 INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
 
 
+def check_bounds(bounds: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Public feature bounds as ``(low, high)`` tuples of floats (``None`` stays).
+
+    Raises:
+        ValueError: not two rows of one finite value per feature with ``low < high``.
+    """
+    if bounds is None:
+        return None
+    try:
+        low, high = (tuple(float(v) for v in torch.as_tensor(row).reshape(-1)) for row in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"bounds must be (low, high), each one finite value per feature; got {bounds!r}."
+        ) from None
+    if len(low) != len(high) or not low:
+        raise ValueError(
+            f"bounds must give low and high for every feature; got {len(low)} and {len(high)}."
+        )
+    if not all(
+        math.isfinite(a) and math.isfinite(b) and a < b for a, b in zip(low, high, strict=True)
+    ):
+        raise ValueError("bounds must be finite with low < high for every feature.")
+    return low, high
+
+
+def box_units(bounds: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
+    """``(offset, scale)`` (each (n_features,)) of the map ``u = (x - offset) / scale`` that
+    takes the box ``bounds`` to ``[-1, 1]`` per feature, in ``like``'s dtype and device."""
+    low, high = (torch.tensor(row, dtype=like.dtype, device=like.device) for row in bounds)
+    return (low + high) / 2, (high - low) / 2
+
+
 @settings_dataclass
 class MomentsSettings(Settings):
     """What a ``moments`` round of pooled feature moments sets
     (:class:`~fednovelty.federated.init.MomentsStep`): ``standardize`` (fit on z-scores; the
     result is in the original units), ``prior_strength`` (pseudo-rows of the covariance
-    prior, > 0; ``None``: plain ML M-steps) and ``prior_scale`` (> 0: the prior's target
-    variance as a multiple of each feature's variance)."""
+    prior, > 0; ``None``: plain ML M-steps), ``prior_scale`` (> 0: the prior's target
+    variance as a multiple of each feature's variance) and ``bounds`` (``(low, high)``,
+    each one value per feature: a public box the rows are first mapped to, ``[-1, 1]`` per
+    feature, before any moment is taken; what a differentially private fit needs, since its
+    rows are clipped around the origin of the units it works in)."""
 
     standardize: bool = False
     prior_strength: float | None = None
     prior_scale: float = 1.0
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._set("bounds", check_bounds(self.bounds))
         if self.prior_strength is not None and not float(self.prior_strength) > 0:
             raise ValueError(f"prior_strength must be > 0 or None, got {self.prior_strength}.")
         if not float(self.prior_scale) > 0:
@@ -195,15 +233,51 @@ def row_count(X: Tensor) -> Tensor:
     return torch.tensor(float(X.shape[0]), dtype=X.dtype)
 
 
-def combine_stats(replies: dict[int, Message], shift: Tensor, config: EMConfig) -> SufficientStats:
+def combine_stats(
+    replies: dict[int, Message], shift: Tensor, config: EMConfig, state: Any = None
+) -> SufficientStats:
     """The M-step's statistics from the clients' replies about ``shift`` (n_features,): the
     plain sum, or the robust combination ``aggregation="trimmed"``
-    (:func:`~fednovelty.federated.robust.robust_stats`)."""
+    (:func:`~fednovelty.federated.robust.robust_stats`). With the clients' noisy statistics
+    (``config.dp_mode``) the sum, the trusted server's noise in ``"central"`` mode (drawn
+    from the round's seed after ``state.rounds``) and :func:`private_stats`."""
+    if getattr(config, "dp_mode", None) is not None:
+        stats = sum_stats(replies.values(), shift, config.covariance_type, noisy=True)
+        return private_stats(stats, config, len(replies), state)
     if config.aggregation == "sum":
         return sum_stats(replies.values(), shift, config.covariance_type)
     ct = config.covariance_type
     per_client = {c: stats_from_message(m, shift, ct) for c, m in replies.items()}
     return robust_stats(per_client, config.trim)
+
+
+def private_stats(
+    stats: SufficientStats, config: Any, n_replies: int, state: Any = None
+) -> SufficientStats:
+    """Summed noisy statistics made usable (post-processing, no privacy cost): in
+    ``"central"`` mode first the server's noise (``dp_noise_multiplier`` times each block's
+    sensitivity); then :func:`~fednovelty.federated.dp.plausible_stats` with counts at
+    least twice the noise the summed counts carry (a component no row backs keeps a small
+    weight instead of a negative one) and variances at least ``1e-4 * dp_clip**2`` and the
+    noise's spectral norm on each covariance."""
+    z, bound = config.dp_noise_multiplier, config.dp_clip
+    if config.dp_mode == "central":
+        seed = derived_seed(config.random_state, 0 if state is None else state.rounds) ^ 0xD1FF
+        stats = private_sum(stats, z, bound, torch.Generator().manual_seed(seed))
+    spread = z * (math.sqrt(n_replies) if config.dp_mode == "local" else 1.0)
+    share = block_multipliers(spread)
+    return plausible_stats(
+        stats,
+        bound,
+        max(1.0, 2 * share["counts"]),
+        1e-4 * bound**2,
+        share["second"] * bound**2,
+    )
+
+
+def _server_like(config: Any) -> Tensor:
+    """An empty tensor in the server's dtype and device (``config``'s)."""
+    return torch.empty(0, dtype=config.dtype, device=config.device)
 
 
 def robust_centroid_replies(replies: dict[int, Message], aggregation: str) -> dict[int, Message]:
@@ -272,6 +346,7 @@ MOMENTS_REPLY = ReplySpec(
     shapes=lambda b, d: {"n_samples": (), "mean": (d,), "m2": (d,)},
     backing={"n_samples": "client", "mean": "client", "m2": "client"},
     moments=declared_moments,
+    private="moments",
 )
 CENTROIDS_REPLY = ReplySpec(
     "centroids",
@@ -298,6 +373,7 @@ ASSIGN_REPLY = ReplySpec(
     limit=components_limit,
     box="stats",
     covariance=True,
+    private="stats",
 )
 COUNT_REPLY = ReplySpec(
     "count", shapes=lambda b, d: {"n_samples": ()}, backing={"n_samples": "client"}
@@ -341,10 +417,21 @@ class MomentsStep(Step):
         self.max_rounds = int(config.needs_moments)
 
     def begin(self, state: Any) -> str | None:
-        return "moments" if self.config.needs_moments else None
+        config = self.config
+        if config.bounds is not None:  # the public box is the working units until moments
+            state.offset, state.scale = box_units(config.bounds, _server_like(config))
+        return "moments" if config.needs_moments else None
 
     def configure(self, state: Any) -> Message:
-        return Message("moments")
+        if self.config.bounds is None:
+            return Message("moments")
+        return Message("moments", {"box_offset": state.offset, "box_scale": state.scale})
+
+    def rows(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        if "box_offset" not in message.tensors:
+            return X
+        offset = message.tensors["box_offset"].to(X.device, X.dtype)
+        return (X - offset) / message.tensors["box_scale"].to(X.device, X.dtype)
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         if not context.policy.releases(X.shape[0]):
@@ -359,8 +446,12 @@ class MomentsStep(Step):
             raise ValueError("no client with data replied in the moments round.")
         scale = torch.ones_like(moments.mean)
         if config.standardize:
-            state.offset, scale = standardization(moments, config.covariance_type)
-            state.scale = scale
+            offset, scale = standardization(moments, config.covariance_type)
+            if config.bounds is None:
+                state.offset, state.scale = offset, scale
+            else:  # z = (u - offset) / scale with u = (x - box offset) / box scale
+                state.offset = state.offset + state.scale * offset
+                state.scale = state.scale * scale
         if config.prior_strength is not None:
             target = prior_target(moments.variance, scale, config.prior_scale)
             state.prior = CovariancePrior(config.prior_strength, target)
@@ -512,6 +603,30 @@ def separated_centers(low: Tensor, high: Tensor, n_centers: int, seed: int) -> T
     return candidates[chosen]
 
 
+class PublicCentres(GivenParams):
+    """Initial centres from public knowledge only, no round: ``n_components`` points far
+    apart in ``[-1, 1]`` per feature of the working units (z-scores, or the public box's
+    units), as :func:`separated_centers` spreads them; what a differentially private fit
+    starts from instead of the clients' centroids or ranges, which have no private form.
+    Private Lloyd rounds (:class:`AssignStep`) follow."""
+
+    def begin(self, state: Any) -> None:
+        config = self.config
+        width = self._width(state)
+        low = -torch.ones(width, dtype=config.dtype, device=config.device)
+        state.centers = separated_centers(low, -low, config.n_components, config.random_state)
+        return None
+
+    @staticmethod
+    def _width(state: Any) -> int:
+        if state.offset is None:
+            raise ValueError(
+                "a differentially private start needs the working units' width: give the "
+                "public feature bounds (bounds / dp_bounds) or standardize."
+            )
+        return int(state.offset.shape[0])
+
+
 class RangeStep(Step):
     """Feature ranges merged on the server; ``n_components`` centres far apart in the box."""
 
@@ -590,7 +705,7 @@ class AssignStep(Step):
         labels, _ = assign(X, centers)
         resp = one_hot(labels, centers.shape[0], X)
         rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
-        keep = backed(rows, policy.min_rows)
+        keep = backed(rows, policy.min_rows if policy.has_floor else 1)
         # a tied second moment is one for all centres: of the kept centres' rows only
         ct = self.config.covariance_type
         stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)
@@ -600,7 +715,7 @@ class AssignStep(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
-        stats = combine_stats(replies, state.centers.mean(0), config)
+        stats = combine_stats(replies, state.centers.mean(0), config, state)
         _check_enough(float(stats.n_samples), state.centers.shape[0])
         occupied = stats.counts > 0
         moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
@@ -697,6 +812,13 @@ def init_steps(config: EMConfig) -> list[Step]:
         return [GivenParams(config)]
     if config.means_init is not None:
         return [GivenMeans(config), AssignStep(config, budget=1)]
+    if getattr(config, "dp_mode", None) is not None:
+        if config.init_params == "subset":
+            raise ValueError(
+                'init_params="subset" sends raw rows and has no private form; use "kmeans" '
+                'or "separated" with differential privacy.'
+            )
+        return [PublicCentres(config), AssignStep(config, budget=config.kmeans_rounds)]
     if config.init_params == "kmeans":
         return [CentroidsStep(config), AssignStep(config, budget=config.kmeans_rounds)]
     if config.init_params == "separated":

@@ -21,13 +21,15 @@ and models trained on all rows, the row count (:func:`client_backing`).
 What the floor does not do (``docs/privacy.md``): it is k-anonymity-style disclosure control
 of each released value, not differential privacy. ``min_rows`` identical rows give away their
 common value; a server can combine different tensors of one reply or replies of different
-rounds, which only differential privacy bounds.
+rounds, which only differential privacy bounds: a policy with ``dp``
+(:class:`~fednovelty.federated.dp.DPPolicy`) releases each reply in its declared private
+form, with noise (``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +37,7 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.declarations import ReplySpec
+from fednovelty.federated.dp import DPPolicy, charge, private_reply, release_generator
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -64,6 +67,13 @@ class PrivacyPolicy:
             the server, ``init_params="subset"``); refused by default.
         max_clusters: the most local k-means clusters a ``centroids`` message may ask for;
             the client also never forms more than ``n_rows // min_rows``.
+        dp: the client's differential-privacy policy
+            (:class:`~fednovelty.federated.dp.DPPolicy`), or ``None``. With one, every row a
+            round works on is clipped, every reply is released only in its declared private
+            form with the client's noise (``ReplySpec.private``; a kind without one is
+            refused), and the floor gives way to the noise: the client releases from its
+            first row and zeroes no component (which components it zeroed would depend on
+            its rows).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or below 1, naming it.
@@ -72,6 +82,7 @@ class PrivacyPolicy:
     min_rows: int = DEFAULT_MIN_ROWS
     allow_raw_rows: bool = False
     max_clusters: int = DEFAULT_MAX_CLUSTERS
+    dp: DPPolicy | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_rows", "max_clusters"):
@@ -87,16 +98,23 @@ class PrivacyPolicy:
                 "PrivacyPolicy.allow_raw_rows must be True or False, got "
                 f"{type(self.allow_raw_rows).__name__} {self.allow_raw_rows!r}."
             )
+        if self.dp is not None and not isinstance(self.dp, DPPolicy):
+            raise TypeError(
+                f"PrivacyPolicy.dp must be a DPPolicy or None, got {type(self.dp).__name__}."
+            )
 
     @property
     def has_floor(self) -> bool:
-        """Whether the policy protects anything (``min_rows > 1``); with ``min_rows=1`` the
-        client steps release what the unprotected protocol does."""
-        return self.min_rows > 1
+        """Whether the floor applies (``min_rows > 1`` and no differential-privacy policy);
+        without it the client steps release what the unprotected protocol does (and the
+        noise of ``dp``, where set)."""
+        return self.min_rows > 1 and self.dp is None
 
     def releases(self, n_rows: int) -> bool:
-        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= min_rows``)."""
-        return n_rows >= self.min_rows and n_rows > 0
+        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= min_rows``;
+        under ``dp``, any row)."""
+        floor = 1 if self.dp is not None else self.min_rows
+        return n_rows >= floor and n_rows > 0
 
     @property
     def below_floor(self) -> str:
@@ -566,12 +584,20 @@ def _refused(reply: Any, reason: str) -> Any:
     return type(reply)(reply.kind, scalars={"skipped": True, "reason": reason})
 
 
-def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, broadcast: Any) -> Any:
+def release(
+    reply: Any,
+    spec: ReplySpec,
+    policy: PrivacyPolicy,
+    config: Any,
+    broadcast: Any,
+    ledger: MutableMapping[str, Any] | None = None,
+    client_id: int = 0,
+) -> Any:
     """The client gate: what of a client step's ``reply`` leaves the client.
 
     The one place every engine passes a reply through (``FederatedAlgorithm.answer``), and
-    the one place the differential-privacy work will add noise. Pure: ``reply`` is not
-    changed.
+    the one place a client adds differential-privacy noise. Pure: ``reply`` is not changed
+    (``ledger`` counts the noisy releases).
 
     ``reply.backing`` states, for every tensor of ``reply.tensors``, the effective rows
     behind it, and ``spec.backing`` what kind of value it is (:data:`BACKINGS`):
@@ -592,6 +618,10 @@ def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, bro
       reply is not released.
     - a tensor the declaration does not classify, or one without a stated backing, refuses
       the reply: what the gate cannot classify is not released.
+    - under a differential-privacy policy (``policy.dp``) the floor gives way to the noise:
+      the reply is released only in its declared private form (``spec.private``, else
+      refused), within the client's budget of noisy releases (counted in ``ledger``, else
+      refused), with the client's noise (:func:`~fednovelty.federated.dp.private_reply`).
 
     Args:
         reply: the client step's ``Message`` (``tensors`` with shapes per its kind,
@@ -601,6 +631,8 @@ def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, bro
         config: the client's own configuration (the algorithm's settings) for
             ``spec.limit``.
         broadcast: the message the reply answers.
+        ledger: the client's state, where its noisy releases are counted (``policy.dp``).
+        client_id: seeds the client's noise (with the policy's seed).
 
     Returns:
         The released ``Message`` (same kind and scalars, tensors floored, no ``backing``),
@@ -619,8 +651,10 @@ def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, bro
     unbacked = sorted(set(reply.tensors) - set(reply.backing))
     if unbacked:
         return _refused(reply, f"{where} states no backing for {unbacked}; not released")
-    floor = policy.min_rows
     limits = None if spec.limit is None else spec.limit(config, broadcast)
+    if policy.dp is not None:
+        return _private(reply, spec, policy.dp, config, broadcast, limits, ledger, client_id)
+    floor = policy.min_rows
     tensors: dict[str, Tensor] = {}
     grouped_kept: list[bool] = []
     removed: dict[str, Tensor] = {}
@@ -671,6 +705,54 @@ def release(reply: Any, spec: ReplySpec, policy: PrivacyPolicy, config: Any, bro
         )
     if "weights" in removed and tensors["weights"].numel():
         tensors["weights"] = tensors["weights"] / tensors["weights"].sum()
+    return type(reply)(reply.kind, tensors, dict(reply.scalars))
+
+
+def _private(
+    reply: Any,
+    spec: ReplySpec,
+    dp: DPPolicy,
+    config: Any,
+    broadcast: Any,
+    limits: Any,
+    ledger: MutableMapping[str, Any] | None,
+    client_id: int,
+) -> Any:
+    """:func:`release` under a differential-privacy policy (its docstring)."""
+    where = f"the client's {reply.kind!r} reply"
+    if spec.private is None:
+        return _refused(
+            reply,
+            f"{where} has no private form (its declaration states none); not released "
+            "under the client's differential-privacy policy",
+        )
+    for name, value in reply.tensors.items():
+        rows = reply.backing[name]
+        kind = spec.backing_of(name)
+        limit = limits.get(kind) if isinstance(limits, Mapping) else limits
+        if torch.as_tensor(rows).ndim and limit is not None and value.shape[0] > limit:
+            return _refused(
+                reply,
+                f"{where}: {name!r} has {value.shape[0]} {kind} entries, more "
+                f"than the client's own configuration allows ({limit})",
+            )
+    index = charge({} if ledger is None else ledger, dp)
+    if index is None:
+        return _refused(
+            reply,
+            f"{where}: the client's privacy budget is spent ({dp.max_releases} noisy "
+            "releases); not released",
+        )
+    generator = release_generator(dp, client_id, index)
+    tensors = private_reply(
+        spec.private,
+        reply.tensors,
+        broadcast,
+        getattr(config, "covariance_type", None),
+        dp.client_noise,
+        dp.clip_norm,
+        generator,
+    )
     return type(reply)(reply.kind, tensors, dict(reply.scalars))
 
 

@@ -18,6 +18,10 @@ How steps cooperate, without knowing each other:
   ``view`` transforms the client's rows (z-scores, a PCA projection); a ``view`` that cannot
   work raises :class:`ClientSkip` and the client replies skipped.
 - ``state.rounds`` counts the rounds of the steps whose ``counted`` is true (round seeds).
+- Under a client's differential-privacy policy (``context.policy.dp``) the chain clips the
+  rows each round works on (after every earlier ``view`` and the step's own ``rows``) to the
+  policy's L2 ball around the origin, before the step's client half sees them: the one
+  place rows are clipped, so the noise the gate adds is calibrated to what the step sums.
 
 A step declares the replies of its rounds (``replies``: kind ->
 :class:`~fednovelty.federated.declarations.ReplySpec`); both gates and the thread choice
@@ -41,6 +45,7 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, check_declared
+from fednovelty.federated.dp import clip_rows
 from fednovelty.federated.robust import cap_replies
 
 
@@ -95,6 +100,12 @@ class Step(ABC):
 
     def view(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
         """The rows a later step's client half sees (this step finished)."""
+        return X
+
+    def rows(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        """The rows this step's own rounds work on, from those the earlier steps' views
+        give (e.g. in the units of a public box); the rows are clipped after it under a
+        differential-privacy policy."""
         return X
 
     def finish(self, state: Any) -> None:  # noqa: B027 (optional hook; most steps need none)
@@ -214,4 +225,8 @@ class ChainedAlgorithm(FederatedAlgorithm):
         except ClientSkip as skip:
             return skipped_reply(message.kind, str(skip))
         step = self.steps[index]
+        X = step.rows(X, message, context)
+        dp = context.policy.dp
+        if dp is not None:  # the private rounds' sensitivity holds for the rows summed
+            X = clip_rows(X, X.new_zeros(X.shape[1]), dp.clip_norm)
         return step.client_step((X, *extra) if step.labelled else X, message, context)

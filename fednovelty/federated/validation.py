@@ -289,7 +289,11 @@ def _match_shape(name: str, actual: tuple[int, ...], shape: Shape, bound: dict[s
 
 
 def check_reply(
-    reply: Message, broadcast: Message, n_features: int, spec: ReplySpec | None = None
+    reply: Message,
+    broadcast: Message,
+    n_features: int,
+    spec: ReplySpec | None = None,
+    noisy: bool = False,
 ) -> None:
     """Raise if ``reply`` is not a well-formed answer to ``broadcast`` by the declaration
     ``spec`` of its kind (form and values; :class:`ReplyValidator` adds what the client
@@ -301,6 +305,10 @@ def check_reply(
         n_features: ``d`` of the federation's rows.
         spec: the declaration of the broadcast's kind; default the package's own
             (:func:`~fednovelty.federated.declarations.declared_spec`).
+        noisy: the reply carries differential-privacy noise (a private kind under a
+            ``dp_mode``): its form and finiteness are checked, not its values (noise makes
+            counts negative and second moments indefinite; the server post-processes the
+            sum instead).
 
     Raises:
         InvalidReplyError: wrong kind, a kind nothing declares, missing or unexpected
@@ -331,9 +339,19 @@ def check_reply(
             _match_shape(name, tuple(tensor.shape), tuple(broadcast.tensors[name].shape), bound)
         else:
             raise InvalidReplyError(f"reply has unexpected tensor {name!r}.")
+    if noisy:
+        _check_finite(reply)
+        return
     _check_values(reply)
     for check in spec.checks:
         check(reply, broadcast)
+
+
+def _check_finite(reply: Message) -> None:
+    """Floating tensors finite."""
+    for name, tensor in reply.tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InvalidReplyError(f"tensor {name!r} has NaN or inf values.")
 
 
 def _check_values(reply: Message) -> None:
@@ -397,11 +415,15 @@ class ReplyValidator:
         specs: kind -> :class:`~fednovelty.federated.declarations.ReplySpec` (the run's
             ``algorithm.reply_spec``, set by the round loop); ``None``: the package's own
             declarations.
+        private: the clients release noisy statistics (the algorithm's ``dp_mode``, set by
+            the round loop): a reply of a kind with a private form is checked for form and
+            finiteness only, and neither its row count nor the box binds it.
     """
 
     n_features: int | None = None
     declared: dict[int, Declared] = field(default_factory=dict)
     specs: SpecLookup | None = None
+    private: bool = False
 
     def accept(
         self,
@@ -440,7 +462,7 @@ class ReplyValidator:
             except InvalidReplyError as error:
                 dropped[cid] = str(error)
                 continue
-            self._record(cid, reply)
+            self._record(cid, reply, broadcast)
             valid[cid] = reply
         return valid, dropped
 
@@ -462,8 +484,9 @@ class ReplyValidator:
         """Raise :class:`InvalidReplyError` if the reply is malformed, undeclared, or
         contradicts what ``client_id`` declared before."""
         spec = self.spec(broadcast.kind)
-        check_reply(reply, broadcast, self.n_features, spec)
-        if is_skipped(reply):
+        noisy = self.private and spec.private is not None
+        check_reply(reply, broadcast, self.n_features, spec, noisy=noisy)
+        if is_skipped(reply) or noisy:
             return
         before = self.declared.get(client_id, Declared())
         n = reply.tensors.get("n_samples", reply.tensors.get("n"))
@@ -475,7 +498,7 @@ class ReplyValidator:
         if before.mean is not None and spec.box != "none":
             check_box(reply, broadcast, spec, before)
 
-    def _record(self, client_id: int, reply: Message) -> None:
+    def _record(self, client_id: int, reply: Message, broadcast: Message | None = None) -> None:
         if is_skipped(reply):
             return
         declared = self.declared.setdefault(client_id, Declared())
@@ -484,8 +507,12 @@ class ReplyValidator:
             declared.n_samples = float(n)
         moments = self.spec(reply.kind).moments
         if moments is not None and declared.mean is None:
-            _, mean, m2 = moments(reply)
-            declared.mean, declared.m2 = mean.double().cpu(), m2.double().cpu()
+            _, mean, m2 = (v.double().cpu() for v in moments(reply))
+            if broadcast is not None and "box_scale" in broadcast.tensors:  # box units -> x
+                offset = broadcast.tensors["box_offset"].double().cpu()
+                scale = broadcast.tensors["box_scale"].double().cpu()
+                mean, m2 = offset + scale * mean, m2 * scale.square()
+            declared.mean, declared.m2 = mean, m2
 
 
 # ----------------------------------------------------------------------------- the box

@@ -239,6 +239,8 @@ def run_rounds(
     validator = ReplyValidator() if validator is None else validator
     if validator.specs is None:  # the server gate reads the algorithm's declarations
         validator.specs = algorithm.reply_spec
+    if getattr(getattr(algorithm, "config", None), "dp_mode", None) is not None:
+        validator.private = True  # noisy replies: form and finiteness, then the noisy sum
     history: list[RoundRecord] = []
     failed_in_a_row = restarts = first = 0  # first: index of the attempt's first record
     excluded: set[int] = set()

@@ -39,6 +39,7 @@ from fednovelty.federated.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
+    PrivateSettings,
     RobustSettings,
     TorchSettings,
     optional_count,
@@ -97,6 +98,7 @@ MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
 
 @settings_dataclass
 class EMSettings(
+    PrivateSettings,
     RobustSettings,
     ComponentSettings,
     CovarianceSettings,
@@ -127,6 +129,16 @@ class EMSettings(
         super().__post_init__()
         self._check_choice("mixture_weights", self.MIXTURE_WEIGHT_CHOICES)
         self._set("pca_components", optional_count("pca_components", self.pca_components))
+        if self.private and (self.aggregation != "sum" or self.client_weight_cap is not None):
+            raise ValueError(
+                "differential privacy adds noise to the plain sum of the clients' statistics; "
+                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
+            )
+        if self.private and self.pca_components is not None:
+            raise ValueError(
+                "the federated PCA rounds have no private form; use pca_components=None "
+                "with dp_mode set."
+            )
 
 
 @settings_dataclass
@@ -188,6 +200,7 @@ EM_REPLY = ReplySpec(
     limit=components_limit,
     box="stats",
     covariance=True,
+    private="stats",
 )
 
 
@@ -217,7 +230,7 @@ class EMStep(Step):
         """Combine the replies' statistics about the broadcast shift and set
         ``state.params`` to the M-step's mixture; returns the combined statistics."""
         config = self.config
-        stats = combine_stats(replies, moment_shift(state.params), config)
+        stats = combine_stats(replies, moment_shift(state.params), config, state)
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this EM round.")
         state.params = params_from_stats(stats, config.reg_covar, state.prior)
@@ -225,7 +238,12 @@ class EMStep(Step):
 
     def advance(self, state: Any, stats: SufficientStats) -> tuple[bool, float]:
         """Record an EM round's mean log-likelihood and apply the stopping rule (|change| <
-        tol, or max_iter rounds); returns ``(whether EM is done, mean log-likelihood)``."""
+        tol, or max_iter rounds); returns ``(whether EM is done, mean log-likelihood)``.
+        Under differential privacy the clients withhold the log-likelihood: EM runs
+        ``max_iter`` rounds and the mean log-likelihood is NaN (not recorded)."""
+        if getattr(self.config, "dp_mode", None) is not None:
+            state.n_iter += 1
+            return state.n_iter >= self.config.max_iter, math.nan
         lower_bound = float(stats.log_likelihood / stats.n_samples)
         if state.scale is not None:  # log p(x) = log p(z) - sum log scale
             lower_bound -= float(state.scale.log().sum())
@@ -244,9 +262,13 @@ class EMStep(Step):
                 n = float(reply.tensors["n_samples"])
                 if n > 0:
                     counts = reply.tensors["counts"].to(config.device, config.dtype)
+                    counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
                     state.client_weights[cid] = counts / counts.sum()
         done, lower_bound = self.advance(state, stats)
-        return (None if done else "em"), {"phase": "em", "mean_log_likelihood": lower_bound}
+        metrics = {"phase": "em"}
+        if not math.isnan(lower_bound):
+            metrics["mean_log_likelihood"] = lower_bound
+        return (None if done else "em"), metrics
 
     # ------------------------------------------------------------------ client half
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
