@@ -1,0 +1,493 @@
+"""A differentially private local Gaussian-mixture fit: DP-EM (Park, Foulds, Chaudhuri and
+Welling, AISTATS 2017) for the one-shot methods, whose clients fit a mixture on their own rows
+and upload it once (FedGenGMM, the local baseline).
+
+Every EM iteration releases the E-step's summed statistics (counts (K,), first moments (K, d),
+second moments, all about a public ``centre``; :class:`~fednovelty.mixture.SufficientStats`)
+through the Gaussian mechanism of :mod:`fednovelty.federated.dp`:
+
+1. the rows are clipped once to the L2 ball of radius ``clip_norm`` around ``centre``
+   (:func:`~fednovelty.federated.dp.clip_rows`), so one row moves the counts by at most 1, the
+   first moments by at most ``clip_norm`` and the second moments by at most ``clip_norm**2``
+   (:func:`~fednovelty.federated.dp.stats_sensitivities`; the same bound for every covariance
+   type: a row's diagonal, trace or tied outer product is no larger in L2 than its outer
+   product);
+2. each block gets Gaussian noise of standard deviation ``noise_multiplier * sensitivity``
+   (symmetric noise on full and tied second moments) - :func:`noisy_stats`;
+3. the M-step runs on the noisy sums (:func:`~fednovelty.mixture.stats.m_step`, MAP with a
+   :class:`~fednovelty.mixture.CovariancePrior`), and the result is post-processed, which costs
+   no privacy (:func:`post_process`): counts kept at least ``min_count`` (weights positive,
+   renormalised), means projected into the clip ball (clipped rows' weighted means lie in it),
+   covariance eigenvalues kept within ``[min_variance, clip_norm**2 + reg_covar]`` (rows in a
+   ball of radius B have no direction of variance above B**2; with a prior, up to its largest
+   target variance).
+
+``n_iter`` iterations are ``n_iter`` compositions of three Gaussian mechanisms of multiplier
+``noise_multiplier``: :attr:`PrivateFitInfo.accounting` is ``(noise_multiplier, n_iter, 3)``
+for :func:`~fednovelty.federated.dp.epsilon_spent`. The stopping rule is the fixed ``n_iter``
+(a rule on the log-likelihood would read the rows again and cost budget), and the starting point
+is public: ``init="public"`` spreads the means over the clip ball by farthest-point selection
+among random points in it (:func:`public_init`), data-independent, unlike k-means. Uploading the
+final mixture is post-processing. The client's row count, if it is sent beside the mixture, is
+not covered by this budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.dp import (
+    STAT_BLOCKS,
+    calibrate_noise,
+    clip_rows,
+    epsilon_spent,
+    gaussian_noise,
+    positive_counts,
+    stats_sensitivities,
+    symmetric_noise,
+)
+from fednovelty.mixture import CovariancePrior, MixtureParams
+from fednovelty.mixture.covariance import check_covariance_type
+from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
+
+#: the initialisations :func:`private_em` accepts by name.
+INITS = ("public", "random")
+#: random candidate points per component among which ``"public"`` picks spread means.
+CANDIDATES_PER_COMPONENT = 64
+
+
+@dataclass(frozen=True)
+class PrivateFitInfo:
+    """What a DP-EM fit spent and how.
+
+    Attributes:
+        n_iter: EM iterations run (noisy releases of the statistics).
+        noise_multiplier: the noise std over each block's sensitivity.
+        blocks: Gaussian mechanisms per iteration (counts, first and second moments: 3).
+        clip_norm: the L2 radius the rows were clipped to.
+        n_clipped: rows that lay outside the ball (known to the client only; not released).
+        delta: the delta the budget is stated at (``None`` unless a budget was asked for).
+        epsilon: :func:`~fednovelty.federated.dp.epsilon_spent` at ``delta`` (``None`` without
+            ``delta``; ``inf`` without noise).
+    """
+
+    n_iter: int
+    noise_multiplier: float
+    blocks: int
+    clip_norm: float
+    n_clipped: int
+    delta: float | None = None
+    epsilon: float | None = None
+
+    @property
+    def accounting(self) -> tuple[float, int, int]:
+        """``(noise_multiplier, rounds, blocks)`` for ``epsilon_spent``."""
+        return self.noise_multiplier, self.n_iter, self.blocks
+
+    def epsilon_at(self, delta: float) -> float:
+        """The epsilon this fit spent at ``delta``."""
+        return epsilon_spent(self.noise_multiplier, self.n_iter, delta, self.blocks)
+
+
+# --------------------------------------------------------------------------- checks
+def _positive_number(value, name: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a positive finite number ({what}); got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive finite number ({what}); got {value!r}.")
+    return float(value)
+
+
+def _check_arguments(X, n_components, noise_multiplier, n_iter, reg_covar, prior) -> None:
+    if not isinstance(X, Tensor) or X.ndim != 2 or not X.is_floating_point():
+        shape = tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__
+        raise ValueError(
+            f"X must be a floating-point tensor of shape (n_samples, n_features); got {shape}."
+        )
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError("X has NaN or infinite values; impute or drop those rows first.")
+    if isinstance(n_components, bool) or not isinstance(n_components, int) or n_components < 1:
+        raise ValueError(f"n_components must be a positive int; got {n_components!r}.")
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(
+            f"n_iter must be a positive int (the fixed number of noisy EM iterations); "
+            f"got {n_iter!r}."
+        )
+    if (
+        isinstance(noise_multiplier, bool)
+        or not isinstance(noise_multiplier, int | float)
+        or not math.isfinite(noise_multiplier)
+        or noise_multiplier < 0
+    ):
+        raise ValueError(
+            "noise_multiplier must be a finite number >= 0 (noise std over sensitivity; "
+            f"0 for no privacy); got {noise_multiplier!r}."
+        )
+    if not (isinstance(reg_covar, int | float) and math.isfinite(reg_covar) and reg_covar >= 0):
+        raise ValueError(f"reg_covar must be a finite number >= 0; got {reg_covar!r}.")
+    if prior is not None and not isinstance(prior, CovariancePrior):
+        raise ValueError(f"prior must be a CovariancePrior or None; got {type(prior).__name__}.")
+    if prior is not None and prior.scale.shape != (X.shape[1],):
+        raise ValueError(
+            f"prior.scale must have shape ({X.shape[1]},), one variance per feature; got "
+            f"{tuple(prior.scale.shape)}."
+        )
+
+
+def _public_centre(centre, X: Tensor) -> Tensor:
+    d = X.shape[1]
+    if centre is None:
+        return X.new_zeros(d)
+    centre = torch.as_tensor(centre, dtype=X.dtype, device=X.device)
+    if centre.shape != (d,):
+        raise ValueError(
+            f"centre must have shape ({d},), one value per feature (a public point, not "
+            f"computed from the rows); got {tuple(centre.shape)}."
+        )
+    if not bool(torch.isfinite(centre).all()):
+        raise ValueError("centre has NaN or infinite values.")
+    return centre
+
+
+# --------------------------------------------------------------------------- initialisation
+def _uniform_in_ball(
+    n: int, d: int, radius: float, generator: torch.Generator | None, like: Tensor
+) -> Tensor:
+    """``n`` points uniform in the L2 ball of ``radius`` around 0, shape (n, d)."""
+    direction = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    direction = direction / torch.linalg.vector_norm(direction, dim=1, keepdim=True)
+    radii = radius * torch.rand(n, 1, generator=generator, dtype=torch.float64) ** (1.0 / d)
+    return (direction * radii).to(dtype=like.dtype, device=like.device)
+
+
+def _farthest_points(candidates: Tensor, k: int) -> Tensor:
+    """``k`` rows of ``candidates`` (m, d) chosen greedily, each the farthest from those chosen
+    (the first is the candidate farthest from the candidates' centre, 0)."""
+    chosen = [int(torch.linalg.vector_norm(candidates, dim=1).argmax())]
+    distance = torch.linalg.vector_norm(candidates - candidates[chosen[0]], dim=1)
+    for _ in range(1, k):
+        chosen.append(int(distance.argmax()))
+        distance = torch.minimum(
+            distance, torch.linalg.vector_norm(candidates - candidates[chosen[-1]], dim=1)
+        )
+    return candidates[chosen]
+
+
+def _init_covariances(variance: float, k: int, d: int, covariance_type: str, like: Tensor):
+    eye = torch.eye(d, dtype=like.dtype, device=like.device)
+    if covariance_type == "full":
+        return variance * eye.expand(k, d, d).clone()
+    if covariance_type == "tied":
+        return variance * eye
+    if covariance_type == "diag":
+        return like.new_full((k, d), variance)
+    return like.new_full((k,), variance)
+
+
+def public_init(
+    n_components: int,
+    n_features: int,
+    *,
+    clip_norm: float,
+    centre: Tensor,
+    covariance_type: str = "full",
+    how: str = "public",
+    generator: torch.Generator | None = None,
+) -> MixtureParams:
+    """Starting parameters that depend only on public values (the clip ball), never on rows.
+
+    Means (n_components, n_features): ``"public"`` picks them by farthest-point selection
+    among ``CANDIDATES_PER_COMPONENT * n_components`` points uniform in the ball of radius
+    ``clip_norm / 2`` around ``centre`` (spread apart, inside where clipped rows lie);
+    ``"random"`` draws them uniform in that ball. Weights are equal; every covariance is
+    ``(clip_norm / 2)**2 / n_features`` times the identity (per-feature spread of the half ball),
+    so the first E-step splits the rows softly by nearness. dtype and device of ``centre``.
+
+    Raises:
+        ValueError: an unknown ``how`` or ``covariance_type``.
+    """
+    check_covariance_type(covariance_type)
+    if how not in INITS:
+        raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {how!r}.")
+    k, d, radius = n_components, n_features, clip_norm / 2
+    if how == "public":
+        candidates = _uniform_in_ball(CANDIDATES_PER_COMPONENT * k, d, radius, generator, centre)
+        offsets = _farthest_points(candidates, k)
+    else:
+        offsets = _uniform_in_ball(k, d, radius, generator, centre)
+    weights = centre.new_full((k,), 1.0 / k)
+    covariances = _init_covariances(radius**2 / d, k, d, covariance_type, centre)
+    return MixtureParams.from_covariances(weights, centre + offsets, covariances, covariance_type)
+
+
+# --------------------------------------------------------------------------- one iteration
+def noisy_stats(
+    stats: SufficientStats,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    generator: torch.Generator | None = None,
+) -> SufficientStats:
+    """``stats`` of rows clipped to radius ``clip_norm`` around ``stats.shift``, released by
+    the Gaussian mechanism: N(0, (noise_multiplier * sensitivity)^2) added to every entry of
+    counts (K,), sums (K, d) and second moments (symmetric noise on (K, d, d) and tied (d, d);
+    independent on diag (K, d) and spherical (K,)), sensitivities 1, ``clip_norm`` and
+    ``clip_norm**2``. The data's log-likelihood is dropped (0) and ``n_samples`` becomes the sum
+    of the noisy counts, so nothing un-noised leaves."""
+    sens = stats_sensitivities(clip_norm)
+    z = float(noise_multiplier)
+    like = stats.sums
+    counts = stats.counts + gaussian_noise(
+        tuple(stats.counts.shape), z * sens["counts"], like, generator
+    )
+    sums = stats.sums + gaussian_noise(tuple(stats.sums.shape), z * sens["sums"], like, generator)
+    second_std = z * sens["second"]
+    if stats.covariance_type in ("full", "tied"):
+        noise = symmetric_noise(tuple(stats.second.shape), second_std, like, generator)
+    else:
+        noise = gaussian_noise(tuple(stats.second.shape), second_std, like, generator)
+    return replace(
+        stats,
+        counts=counts,
+        sums=sums,
+        second=stats.second + noise,
+        log_likelihood=torch.zeros_like(stats.log_likelihood),
+        n_samples=counts.sum(),
+    )
+
+
+def _clamp_spectrum(cov: Tensor, low: Tensor, high: float, covariance_type: str) -> Tensor:
+    """Eigenvalues (variances) of ``cov`` kept in ``[low, high]``; ``low`` (K,) or ()."""
+    if covariance_type in ("full", "tied"):
+        values, vectors = torch.linalg.eigh((cov + cov.transpose(-1, -2)) / 2)
+        values = torch.minimum(torch.maximum(values, low.unsqueeze(-1)), low.new_tensor(high))
+        return (vectors * values.unsqueeze(-2)) @ vectors.transpose(-1, -2)
+    if covariance_type == "diag":
+        low = low.unsqueeze(-1)
+    return torch.minimum(torch.maximum(cov, low), low.new_tensor(high))
+
+
+def variance_floor(
+    counts: Tensor,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    covariance_type: str,
+    n_features: int,
+    noise_floor: float,
+    min_variance: float,
+) -> Tensor:
+    """The least eigenvalue each covariance may keep: ``noise_floor`` times the std of the
+    noise on one of its entries, ``noise_multiplier * clip_norm**2 / n_k`` (over ``n_features``
+    for spherical, whose second moment is a trace; ``n_k`` the noisy count, summed for tied),
+    and at least ``min_variance``. Shape (K,), or () for tied; from released values only.
+
+    A noisy second moment of a component backed by few rows has eigenvalues near or below 0;
+    kept at ``min_variance`` alone they make needle-thin components that take a line of rows
+    and starve the others within a few iterations."""
+    n_k = counts.sum() if covariance_type == "tied" else counts
+    spread = noise_multiplier * clip_norm**2 / n_k
+    if covariance_type == "spherical":
+        spread = spread / n_features
+    return (noise_floor * spread).clamp_min(min_variance)
+
+
+def post_process(
+    stats: SufficientStats,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    reg_covar: float,
+    prior: CovariancePrior | None,
+    min_count: float,
+    min_variance: float,
+    noise_floor: float,
+) -> MixtureParams:
+    """The M-step on noisy ``stats`` kept valid, at no privacy cost: counts at least
+    ``min_count``, means (K, d) projected into the ball of radius ``clip_norm`` around
+    ``stats.shift``, covariance eigenvalues (variances for diag/spherical) within
+    ``[variance_floor(...), max(clip_norm**2, prior's largest target) + reg_covar]``."""
+    stats = replace(stats, counts=positive_counts(stats.counts, min_count))
+    weights, means, cov = m_step(stats, reg_covar, prior)
+    means = clip_rows(means, stats.shift, float(clip_norm))
+    top = float(clip_norm) ** 2
+    if prior is not None:
+        top = max(top, float(prior.scale.max()))
+    floor = variance_floor(
+        stats.counts,
+        noise_multiplier=noise_multiplier,
+        clip_norm=clip_norm,
+        covariance_type=stats.covariance_type,
+        n_features=stats.n_features,
+        noise_floor=noise_floor,
+        min_variance=min_variance,
+    ).clamp_max(top)
+    cov = _clamp_spectrum(cov, floor, top + reg_covar, stats.covariance_type)
+    return MixtureParams.from_covariances(
+        weights / weights.sum(), means, cov, stats.covariance_type
+    )
+
+
+# --------------------------------------------------------------------------- the fit
+def private_em(
+    X: Tensor,
+    n_components: int,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    centre: Tensor | None = None,
+    n_iter: int = 10,
+    covariance_type: str = "full",
+    reg_covar: float = 1e-6,
+    prior: CovariancePrior | None = None,
+    init: str | MixtureParams = "public",
+    min_count: float = 1.0,
+    min_variance: float | None = None,
+    noise_floor: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[MixtureParams, PrivateFitInfo]:
+    """DP-EM: ``n_iter`` EM iterations on rows ``X`` whose summed statistics are released with
+    Gaussian noise each iteration (module docstring), from a public start.
+
+    Args:
+        X: rows in the working units, shape (n_samples, n_features); its dtype and device are
+            the fit's.
+        n_components: K.
+        noise_multiplier: noise std over each block's sensitivity (0: plain EM on clipped rows).
+        clip_norm: the public L2 radius B rows are clipped to around ``centre``.
+        centre: public centre of the clip ball and of the moments, shape (n_features,);
+            zeros by default.
+        n_iter: the fixed number of iterations (each one release of three blocks).
+        covariance_type: ``full``, ``tied``, ``diag`` or ``spherical``.
+        reg_covar: added to every covariance's diagonal (as scikit-learn).
+        prior: optional :class:`~fednovelty.mixture.CovariancePrior` (MAP M-steps), which
+            keeps a component backed by few noisy rows near its target shape.
+        init: ``"public"`` / ``"random"`` (:func:`public_init`) or given starting parameters
+            (which must not have been computed from the rows without being accounted for).
+        min_count: floor of every noisy count (> 0), in rows.
+        min_variance: floor of every covariance eigenvalue (> 0); ``reg_covar`` by default
+            (``1e-12 * clip_norm**2`` if that is 0).
+        noise_floor: each component's eigenvalues are also kept at least this many times the
+            std of the noise on its covariance entries (:func:`variance_floor`); 0 turns
+            that off.
+        generator: CPU generator for the noise and the public init.
+
+    Returns:
+        ``(params, info)``: the final :class:`~fednovelty.mixture.MixtureParams` (dtype and
+        device of ``X``) and :class:`PrivateFitInfo` (``accounting`` for ``epsilon_spent``).
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or range (the message names it).
+    """
+    _check_arguments(X, n_components, noise_multiplier, n_iter, reg_covar, prior)
+    clip_norm = _positive_number(clip_norm, "clip_norm", "the public L2 radius of the rows")
+    min_count = _positive_number(min_count, "min_count", "the floor of a noisy count, in rows")
+    if min_variance is None:
+        min_variance = float(reg_covar) if reg_covar > 0 else 1e-12 * clip_norm**2
+    min_variance = _positive_number(min_variance, "min_variance", "an eigenvalue floor")
+    if not (
+        isinstance(noise_floor, int | float) and math.isfinite(noise_floor) and noise_floor >= 0
+    ):
+        raise ValueError(
+            f"noise_floor must be a finite number >= 0 (eigenvalue floor in units of the "
+            f"noise's std on a covariance entry); got {noise_floor!r}."
+        )
+    check_covariance_type(covariance_type)
+    centre = _public_centre(centre, X)
+    d = X.shape[1]
+    if isinstance(init, MixtureParams):
+        if init.means.shape != (n_components, d) or init.covariance_type != covariance_type:
+            raise ValueError(
+                f"init must have {n_components} components of {d} features and covariance "
+                f"type {covariance_type!r}; got means {tuple(init.means.shape)}, "
+                f"{init.covariance_type!r}."
+            )
+        params = init.to(device=X.device, dtype=X.dtype)
+    elif isinstance(init, str):
+        params = public_init(
+            n_components,
+            d,
+            clip_norm=clip_norm,
+            centre=centre,
+            covariance_type=covariance_type,
+            how=init,
+            generator=generator,
+        )
+    else:
+        raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {init!r}.")
+    outside = torch.linalg.vector_norm(X - centre, dim=1) > clip_norm
+    rows = clip_rows(X, centre, clip_norm)
+    for _ in range(n_iter):
+        stats = e_step_stats(
+            rows,
+            params.weights.log(),
+            params.means,
+            params.precisions_cholesky,
+            covariance_type,
+            centre,
+        )
+        released = noisy_stats(
+            stats, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator
+        )
+        params = post_process(
+            released,
+            noise_multiplier=float(noise_multiplier),
+            clip_norm=clip_norm,
+            reg_covar=float(reg_covar),
+            prior=prior,
+            min_count=min_count,
+            min_variance=min_variance,
+            noise_floor=noise_floor,
+        )
+    info = PrivateFitInfo(
+        n_iter=n_iter,
+        noise_multiplier=float(noise_multiplier),
+        blocks=len(STAT_BLOCKS),
+        clip_norm=clip_norm,
+        n_clipped=int(outside.sum()),
+    )
+    return params, info
+
+
+def private_em_for_budget(
+    X: Tensor,
+    n_components: int,
+    *,
+    epsilon: float,
+    delta: float,
+    n_iter: int = 10,
+    clip_norm: float,
+    **kwargs,
+) -> tuple[MixtureParams, PrivateFitInfo]:
+    """:func:`private_em` with the noise multiplier that spends ``(epsilon, delta)`` over
+    ``n_iter`` iterations of three blocks (:func:`~fednovelty.federated.dp.calibrate_noise`);
+    ``epsilon=inf`` fits without noise. Other keyword arguments go to :func:`private_em`.
+
+    Returns:
+        ``(params, info)``; ``info.epsilon`` is the budget actually spent at ``info.delta``
+        (at most ``epsilon``).
+
+    Raises:
+        ValueError: ``epsilon`` not positive, ``delta`` outside (0, 1), or what
+            :func:`private_em` refuses.
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon > 0:
+        raise ValueError(
+            f"epsilon must be a positive number (math.inf: no noise); got {epsilon!r}."
+        )
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), e.g. 1e-5; got {delta!r}.")
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"n_iter must be a positive int; got {n_iter!r}.")
+    if math.isinf(epsilon):
+        z = 0.0
+    else:
+        z = calibrate_noise(float(epsilon), float(delta), rounds=n_iter, blocks=len(STAT_BLOCKS))
+    params, info = private_em(
+        X, n_components, noise_multiplier=z, clip_norm=clip_norm, n_iter=n_iter, **kwargs
+    )
+    return params, replace(info, delta=float(delta), epsilon=info.epsilon_at(float(delta)))
