@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
+from fednovelty.detectors._dp import DPPlan, privacy_record
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -164,16 +165,26 @@ class EMDetector(MixtureDetector):
             **self._torch_options(),
         }
 
-    def _em_engine(self) -> dict:
+    def _em_engine(self, plan: DPPlan | None = None) -> dict:
         """The EM simulation's engine options: client sampling, dropout and the simulated
         clients' privacy policy (the user owns them, so they answer the ``subset`` round when
         ``init_params="subset"`` asks for it, and form as many local clusters as
-        ``n_components``)."""
+        ``n_components``; with a differential-privacy ``plan``, its clients' policy)."""
         privacy = self._privacy_policy(
             allow_raw_rows=self.init_params == "subset",
             max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
+            dp=None if plan is None else plan.policy,
         )
         return {**self._engine_settings(), "privacy": privacy}
+
+    def _set_privacy_spent(self, plan: DPPlan | None, algorithm) -> None:
+        """``privacy_spent_`` of a fit under ``plan`` (removed for a fit without one)."""
+        if plan is None:
+            if hasattr(self, "privacy_spent_"):
+                del self.privacy_spent_
+            return
+        kinds = [k for step in algorithm.steps for k, spec in step.replies.items() if spec.private]
+        self.privacy_spent_ = privacy_record(plan, self.history_, kinds)
 
     def _set_em_state(self, state) -> None:
         """The mixture and EM record of a finished ``EMState``."""
@@ -183,7 +194,7 @@ class EMDetector(MixtureDetector):
         self.lower_bounds_ = list(state.lower_bounds)
 
     def _warn_if_not_converged(self) -> None:
-        if not self.converged_:
+        if not self.converged_ and getattr(self, "dp_epsilon", None) is None:
             warnings.warn(
                 f"Federated EM did not converge in max_iter={self.max_iter} rounds (last change "
                 "in mean log-likelihood above tol). Increase max_iter or tol.",

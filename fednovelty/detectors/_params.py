@@ -157,6 +157,55 @@ PRIVACY: Group = (
     ),
 )
 
+#: Differential privacy of the clients' releases (``docs/differential_privacy.md``).
+DIFFERENTIAL_PRIVACY: Group = (
+    Param(
+        "dp_epsilon",
+        None,
+        [Interval(Real, 0.0, None, closed="neither"), None],
+        "the fit's differential-privacy budget epsilon per client row (``None``: off). The "
+        "noise is calibrated so that every round the fit can run together spends at most "
+        "this at ``dp_delta`` (Google's dp-accounting, ``pip install 'fednovelty[dp]'``); "
+        "each round spends budget, so fewer rounds (``max_iter``, ``kmeans_rounds``) mean "
+        "less noise. ``privacy_spent_`` reports what the fit spent.",
+        "estimator",
+    ),
+    Param(
+        "dp_delta",
+        1e-5,
+        [Interval(Real, 0.0, 1.0, closed="neither")],
+        "the differential-privacy delta (below one over the rows of a client).",
+        "estimator",
+    ),
+    Param(
+        "dp_bounds",
+        None,
+        ["array-like", None],
+        "public per-feature bounds ``(low, high)`` (two rows of ``n_features`` values, from "
+        "domain knowledge, not from the rows), required with ``dp_epsilon``: the rows are "
+        "mapped to ``[-1, 1]`` per feature before anything is taken from them.",
+        "estimator",
+    ),
+    Param(
+        "dp_clip",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
+        "the L2 radius every row is clipped to, in the units the rounds work in (z-scores "
+        'with ``standardize``, else the bounds\' ``[-1, 1]``); ``"auto"`` is '
+        "``1.5 * sqrt(n_features)``.",
+        "estimator",
+    ),
+    Param(
+        "dp_mode",
+        "central",
+        [StrOptions({"central", "local", "distributed"})],
+        'who adds the noise: ``"central"`` (a trusted server, to the sum), ``"local"`` '
+        '(each client, all of it: the server may be curious) or ``"distributed"`` (each '
+        "client 1/m of the variance, for secure sums).",
+        "estimator",
+    ),
+)
+
 #: Robust aggregation against hostile clients (``docs/robust.md``).
 ROBUST: Group = (
     Param(

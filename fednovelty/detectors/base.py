@@ -523,6 +523,8 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
             "bytes_up_": getattr(self, "bytes_up_", 0),
             "bytes_down_": getattr(self, "bytes_down_", 0),
         }
+        if hasattr(self, "privacy_spent_"):
+            attrs["privacy_spent_"] = self.privacy_spent_
         extra_tensors, extra_attrs = self._get_state()
         return {**tensors, **extra_tensors}, {**attrs, **extra_attrs}
 
@@ -549,6 +551,10 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
+        if attrs.get("privacy_spent_") is not None:
+            self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
+        elif hasattr(self, "privacy_spent_"):
+            del self.privacy_spent_
         scores = get_tensor(tensors, "decision_scores", allow_inf=True)
         if scores.ndim != 1 or scores.shape[0] == 0:
             raise ModelFormatError(

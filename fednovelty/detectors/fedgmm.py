@@ -13,9 +13,11 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
+from fednovelty.detectors._dp import dp_plan
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
     EM,
     INIT,
     N_COMPONENTS,
@@ -66,7 +68,11 @@ class FedGMMDetector(EMDetector):
         client_weights_: (n_clients, n_components) personal weights, rows in ``client_ids_``
             order (``"personal"`` only).
         pca_: the federated PCA projection (``pca_components`` set).
-        n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods.
+        n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods
+            (under ``dp_epsilon`` the clients withhold log-likelihoods: ``max_iter`` rounds
+            run and ``lower_bounds_`` is empty).
+        privacy_spent_: with ``dp_epsilon``, what the fit spent: ``epsilon`` (at
+            ``delta``), the noisy ``releases``, ``noise_multiplier``, ``clip``, ``mode``.
         history_: one dict per communication round (kind, clients, bytes, metrics).
         n_rounds_, bytes_up_, bytes_down_: communication totals.
         decision_scores_, threshold_, labels_: PyOD's training-set outputs.
@@ -100,6 +106,7 @@ class FedGMMDetector(EMDetector):
         SAMPLING,
         ROBUST,
         PRIVACY,
+        DIFFERENTIAL_PRIVACY,
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 8},
@@ -108,10 +115,19 @@ class FedGMMDetector(EMDetector):
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         width = pca_components or data[0].shape[1]  # of the rows the Gaussians see
-        algorithm = FederatedEM(**self._em_options(seed, pca_components, width))
-        result = self._simulate(
-            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
+        options = self._em_options(seed, pca_components, width)
+        plan = dp_plan(
+            self,
+            width,
+            len(data),
+            seed,
+            lambda private: FederatedEM(**options, **private).max_rounds,
         )
+        algorithm = FederatedEM(**options, **(plan.settings if plan else {}))
+        result = self._simulate(
+            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine(plan)
+        )
+        self._set_privacy_spent(plan, algorithm)
         state = result.state
         self._set_em_state(state)
         if self.mixture_weights == "personal":

@@ -63,7 +63,7 @@ from fednovelty.federated.declarations import (
     components_setting,
     declare,
 )
-from fednovelty.federated.dp import block_multipliers, plausible_stats, private_sum
+from fednovelty.federated.dp import MODES, block_multipliers, plausible_stats, private_sum
 from fednovelty.federated.plausible import robust_moments
 from fednovelty.federated.privacy import (
     backed,
@@ -169,6 +169,43 @@ class MomentsSettings(Settings):
     def needs_moments(self) -> bool:
         """Whether a ``moments`` round runs first (standardisation or the prior)."""
         return self.standardize or self.prior_strength is not None
+
+
+#: where differential-privacy noise is added (``fednovelty.federated.dp.MODES``).
+DP_MODES: tuple[str, ...] = MODES
+
+
+@settings_dataclass
+class PrivateSettings(Settings):
+    """What the server knows of its clients' differential-privacy policy
+    (:class:`~fednovelty.federated.dp.DPPolicy`; each client holds its own): ``dp_mode``
+    (``None``: off, else one of :data:`DP_MODES`), ``dp_noise_multiplier`` (``z``: the
+    trusted server's noise in ``"central"`` mode, and the noise the sum carries), and
+    ``dp_clip`` (``B``, the rows' clipping radius). With ``dp_mode`` set the server reads
+    noisy sums: it post-processes them into statistics rows in the clipping ball could
+    produce, runs a fixed number of rounds (no stopping rule on a withheld log-likelihood)
+    and its gate checks private replies for form and finiteness only."""
+
+    dp_mode: str | None = None
+    dp_noise_multiplier: float = 0.0
+    dp_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dp_mode is not None:
+            self._check_choice("dp_mode", DP_MODES)
+        self._set(
+            "dp_noise_multiplier",
+            float(at_least("dp_noise_multiplier", self.dp_noise_multiplier, 0)),
+        )
+        if not float(self.dp_clip) > 0:
+            raise ValueError(f"dp_clip must be > 0, got {self.dp_clip!r}.")
+        self._set("dp_clip", float(self.dp_clip))
+
+    @property
+    def private(self) -> bool:
+        """Whether the clients release noisy statistics (``dp_mode`` set)."""
+        return self.dp_mode is not None
 
 
 @settings_dataclass

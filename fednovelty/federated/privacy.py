@@ -18,10 +18,8 @@ row counts; soft statistics, Kish's effective rows (:func:`effective_rows`,
 median under every contrast (:func:`deviation_rows`, :func:`contrast_rows`); client totals
 and models trained on all rows, the row count (:func:`client_backing`).
 
-What the floor does not do (``docs/privacy.md``): it is k-anonymity-style disclosure control
-of each released value, not differential privacy. ``min_rows`` identical rows give away their
-common value; a server can combine different tensors of one reply or replies of different
-rounds, which only differential privacy bounds: a policy with ``dp``
+The floor is k-anonymity-style disclosure control of each released value, not differential
+privacy (``docs/privacy.md``): a server can combine tensors and rounds. A policy with ``dp``
 (:class:`~fednovelty.federated.dp.DPPolicy`) releases each reply in its declared private
 form, with noise (``docs/differential_privacy.md``).
 """

@@ -18,15 +18,11 @@ How steps cooperate, without knowing each other:
   ``view`` transforms the client's rows (z-scores, a PCA projection); a ``view`` that cannot
   work raises :class:`ClientSkip` and the client replies skipped.
 - ``state.rounds`` counts the rounds of the steps whose ``counted`` is true (round seeds).
-- Under a client's differential-privacy policy (``context.policy.dp``) the chain clips the
-  rows each round works on (after every earlier ``view`` and the step's own ``rows``) to the
-  policy's L2 ball around the origin, before the step's client half sees them: the one
-  place rows are clipped, so the noise the gate adds is calibrated to what the step sums.
+- Under a differential-privacy policy (``context.policy.dp``) the chain clips the rows of
+  each round (after the views and the step's own ``rows``) to the policy's ball: one place.
 
-A step declares the replies of its rounds (``replies``: kind ->
-:class:`~fednovelty.federated.declarations.ReplySpec`); both gates and the thread choice
-read them through :meth:`ChainedAlgorithm.reply_spec`, and a step that answers a kind
-without declaring it cannot be chained.
+A step declares the replies of its rounds (``replies``: kind -> ``ReplySpec``), which both
+gates read through :meth:`ChainedAlgorithm.reply_spec`; an undeclared kind cannot be chained.
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ from fednovelty.federated.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
-    PrivateSettings,
     RobustSettings,
     TorchSettings,
     optional_count,
@@ -57,6 +56,7 @@ from fednovelty.federated.init import (
     InitSettings,
     MomentsSettings,
     MomentsStep,
+    PrivateSettings,
     combine_stats,
     init_steps,
 )

@@ -2,38 +2,19 @@
 Welling, AISTATS 2017) for the one-shot methods, whose clients fit a mixture on their own rows
 and upload it once (FedGenGMM, the local baseline).
 
-Every EM iteration releases the E-step's summed statistics (counts (K,), first moments (K, d),
-second moments, all about a public ``centre``; :class:`~fednovelty.mixture.SufficientStats`)
-through the Gaussian mechanism of :mod:`fednovelty.federated.dp`:
+Every EM iteration releases the E-step's summed statistics about a public ``centre`` through
+the Gaussian mechanism of :mod:`fednovelty.federated.dp`: the rows are clipped once to the L2
+ball of radius ``clip_norm`` around ``centre`` (sensitivities 1, ``B`` and ``B**2``), each
+block gets Gaussian noise (:func:`noisy_stats`), and the M-step's result is post-processed at
+no privacy cost (:func:`post_process`: counts floored, means in the ball, covariance
+eigenvalues between the noise's level on a covariance entry and ``B**2``).
 
-1. the rows are clipped once to the L2 ball of radius ``clip_norm`` around ``centre``
-   (:func:`~fednovelty.federated.dp.clip_rows`), so one row moves the counts by at most 1, the
-   first moments by at most ``clip_norm`` and the second moments by at most ``clip_norm**2``
-   (:func:`~fednovelty.federated.dp.stats_sensitivities`; the same bound for every covariance
-   type: a row's diagonal, trace or tied outer product is no larger in L2 than its outer
-   product);
-2. each block gets Gaussian noise of standard deviation ``noise_multiplier * sensitivity``
-   (symmetric noise on full and tied second moments) - :func:`noisy_stats`;
-3. the M-step runs on the noisy sums (:func:`~fednovelty.mixture.stats.m_step`, MAP with a
-   :class:`~fednovelty.mixture.CovariancePrior`), and the result is post-processed, which costs
-   no privacy (:func:`post_process`): counts kept at least ``min_count`` (weights positive,
-   renormalised), means projected into the clip ball (clipped rows' weighted means lie in it),
-   covariance eigenvalues kept at least the noise's std on a covariance entry,
-   ``noise_multiplier * clip_norm**2 / n_k`` (:func:`variance_floor`; below it a noisy
-   component turns needle-thin and starves the others) and at most ``clip_norm**2 + reg_covar``
-   (rows in a ball of radius B have no direction of variance above B**2; with a prior, up to
-   its largest target variance).
-
-``n_iter`` iterations are ``n_iter`` compositions of three Gaussian mechanisms of multiplier
-``noise_multiplier``: :attr:`PrivateFitInfo.accounting` is ``(noise_multiplier, n_iter, 3)``
-for :func:`~fednovelty.federated.dp.epsilon_spent`. The stopping rule is the fixed ``n_iter``
-(a rule on the log-likelihood would read the rows again and cost budget), and the starting point
-is public: ``init="public"`` spreads the means over the clip ball by farthest-point selection
-among random points in it (:func:`public_init`), data-independent, unlike k-means. From such a
-start 10 iterations leave EM short of the clusters in some runs even without noise (3
-well-separated Gaussians in 2-d, 20,000 rows: 2 of 10 starts). Uploading the final mixture is
-post-processing. The client's row count, if it is sent beside the mixture, is not covered by
-this budget.
+``n_iter`` iterations are ``n_iter`` releases of three Gaussian mechanisms
+(:attr:`PrivateFitInfo.accounting` for :func:`~fednovelty.federated.dp.epsilon_spent`). The
+stopping rule is the fixed ``n_iter`` (a rule on the log-likelihood would cost budget) and the
+start is public (:func:`public_init`: farthest points among random points in the ball, no
+row read). Uploading the final mixture is post-processing; a row count sent beside it is not
+covered by this budget. What it costs is in ``docs/differential_privacy.md``.
 """
 
 from __future__ import annotations
