@@ -34,7 +34,7 @@ from typing import Any
 BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bins", "model")
 
 #: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.dp`).
-PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments")
+PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments", "scatter", "fit")
 
 #: the ways a reply can be bounded by the box of its client's declared moments.
 BOXES: tuple[str, ...] = ("none", "means", "stats", "moments")
@@ -79,9 +79,11 @@ class ReplySpec:
       the work grow with the square of the width) applies.
     - ``private``: how the reply is released under differential privacy
       (:data:`PRIVATE_RELEASES`: ``"stats"``, summed mixture statistics about the broadcast's
-      ``shift``; ``"moments"``, feature moments), read by the client gate, which adds the
-      noise (:mod:`fednovelty.federated.dp`); ``None``: the kind has no private form and a
-      client under a differential-privacy policy refuses it.
+      ``shift``; ``"moments"``, feature moments; ``"scatter"``, a row count, mean and scatter
+      matrix; the gate adds the noise (:mod:`fednovelty.federated.dp`). ``"fit"``: a model
+      the client half fitted under the policy's own mechanism, e.g. DP-EM, stating its noisy
+      releases in ``scalars["dp_releases"]``, which the gate charges); ``None``: the kind has
+      no private form and a client under a differential-privacy policy refuses it.
 
     Attributes:
         kind: the message kind it answers.

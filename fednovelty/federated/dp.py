@@ -222,13 +222,14 @@ def release_generator(policy: DPPolicy, client_id: int, release: int) -> torch.G
     return torch.Generator().manual_seed(int(entropy))
 
 
-def charge(ledger: MutableMapping[str, Any], policy: DPPolicy) -> int | None:
-    """Count one noisy release in the client's ``ledger`` (its state); returns the release's
-    index, or ``None`` when the client's budget (``max_releases``) is spent."""
+def charge(ledger: MutableMapping[str, Any], policy: DPPolicy, count: int = 1) -> int | None:
+    """Count ``count`` noisy releases in the client's ``ledger`` (its state); returns the
+    index of the first, or ``None`` (nothing counted) when they would exceed the client's
+    budget (``max_releases``)."""
     done = int(ledger.get(LEDGER_KEY, 0))
-    if policy.max_releases is not None and done >= policy.max_releases:
+    if policy.max_releases is not None and done + count > policy.max_releases:
         return None
-    ledger[LEDGER_KEY] = done + 1
+    ledger[LEDGER_KEY] = done + count
     return done
 
 
@@ -332,6 +333,29 @@ def noisy_moments(
     return {**tensors, "n_samples": n, "mean": mean, "m2": squares - n * mean.square()}
 
 
+def noisy_scatter(
+    tensors: Mapping[str, Tensor],
+    multiplier: float,
+    bound: float,
+    generator: torch.Generator | None,
+) -> dict[str, Tensor]:
+    """A scatter reply (``n_samples`` (), ``mean`` (d,), ``scatter`` (d, d): the row count,
+    mean and sum of outer products of deviations from the mean) with the Gaussian mechanism
+    applied to its sums about the origin, as :func:`noisy_moments` does: the count (1), the
+    sum of rows (``B``) and the sum of outer products (``B**2``, symmetric noise); the count
+    is kept at least 1 and the mean and scatter rebuilt from the noisy sums."""
+    n, mean, scatter = tensors["n_samples"], tensors["mean"], tensors["scatter"]
+    total, outer = n * mean, scatter + n * torch.outer(mean, mean)
+    z = block_multipliers(multiplier)
+    if multiplier > 0:
+        n = n + gaussian_noise(n.shape, z["counts"], n, generator)
+        total = total + gaussian_noise(total.shape, z["sums"] * bound, total, generator)
+        outer = outer + symmetric_noise(outer.shape, z["second"] * bound**2, outer, generator)
+    n = n.clamp_min(1.0)
+    mean = total / n
+    return {**tensors, "n_samples": n, "mean": mean, "scatter": outer - n * torch.outer(mean, mean)}
+
+
 def private_reply(
     release: str,
     tensors: Mapping[str, Tensor],
@@ -349,6 +373,10 @@ def private_reply(
         return noisy_stats(tensors, shift, covariance_type, multiplier, bound, generator)
     if release == "moments":
         return noisy_moments(tensors, multiplier, bound, generator)
+    if release == "scatter":
+        return noisy_scatter(tensors, multiplier, bound, generator)
+    if release == "fit":  # the client half fitted under the policy's mechanism
+        return dict(tensors)
     raise ValueError(f"unknown private release {release!r}; one of {PRIVATE_RELEASES}.")
 
 

@@ -734,7 +734,12 @@ def _private(
                 f"{where}: {name!r} has {value.shape[0]} {kind} entries, more "
                 f"than the client's own configuration allows ({limit})",
             )
-    index = charge({} if ledger is None else ledger, dp)
+    count = 1
+    if spec.private == "fit":  # the fit's own noisy releases, stated by the client half
+        count = reply.scalars.get("dp_releases")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            return _refused(reply, f"{where} states no noisy releases (dp_releases); not released")
+    index = charge({} if ledger is None else ledger, dp, count)
     if index is None:
         return _refused(
             reply,
