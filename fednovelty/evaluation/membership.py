@@ -74,10 +74,10 @@ def gdp_mu(noise_multiplier: float, rounds: int = 1, blocks: int = len(STAT_BLOC
 
 def gdp_delta(mu: float, epsilon: float) -> float:
     """The ``delta`` a ``mu``-GDP mechanism spends at ``epsilon`` (Dong, Roth and Su,
-    Corollary 2.13): ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``."""
-    return float(
-        norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
-    )
+    Corollary 2.13): ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (the second term
+    taken in log space, so a large ``epsilon`` does not overflow)."""
+    tail = math.exp(epsilon + float(norm.logcdf(-epsilon / mu - mu / 2)))
+    return float(norm.cdf(-epsilon / mu + mu / 2) - tail)
 
 
 def gdp_mu_for_epsilon(epsilon: float, delta: float) -> float:
