@@ -104,6 +104,11 @@ class EMDetector(MixtureDetector):
                 "n_components or provide more rows."
             )
         n_features = clients[0].shape[1]
+        if self.pca_components is not None and getattr(self, "dp_epsilon", None) is not None:
+            raise ValueError(
+                "the federated PCA rounds have no private form; use pca_components=None "
+                "with dp_epsilon (or a public projection of the rows before fit)."
+            )
         if self.pca_components is not None and self.pca_components > n_features:
             raise ValueError(
                 f"pca_components={self.pca_components} must be <= n_features={n_features}."

@@ -98,6 +98,8 @@ def _restore(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         if not isinstance(key, str) or key not in tensors:
             raise ModelFormatError(f"{where} refers to a tensor {key!r} that the file lacks.")
         return tensors[key].numpy()
+    if isinstance(value, list):  # e.g. dp_bounds: (low, high) arrays
+        return [_restore(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
 
 

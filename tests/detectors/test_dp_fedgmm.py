@@ -1,0 +1,107 @@
+"""FedGMMDetector under differential privacy: the budget it spends (read from dp-accounting,
+checked here against the closed form of composed Gaussian mechanisms), what it refuses, what
+it saves, and what the noise costs on a task where the non-private detector is near perfect."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+from sklearn.metrics import roc_auc_score
+
+from fednovelty import FedGMMDetector, load
+from fednovelty.federated.dp import BLOCK_SPLIT
+
+D = 4
+BOUNDS = (np.full(D, -8.0), np.full(D, 10.0))
+
+
+@pytest.fixture(scope="module")
+def task():
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(0, 1, (6000, D)), rng.normal(4, 1, (6000, D))])
+    groups = rng.integers(0, 6, len(X))
+    inliers = np.vstack([rng.normal(0, 1, (300, D)), rng.normal(4, 1, (300, D))])
+    novel = rng.uniform(-5, 9, (300, D))
+    return X, groups, np.vstack([inliers, novel]), np.r_[np.zeros(600), np.ones(300)]
+
+
+def _fit(task, **settings):
+    X, groups, _, _ = task
+    options = {"max_iter": 8, "kmeans_rounds": 2, "mixture_weights": "global", "random_state": 0}
+    return FedGMMDetector(2, **{**options, **settings}).fit(X, groups=groups)
+
+
+def _gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(epsilon) of a mu-GDP mechanism (Dong, Roth and Su, Corollary 2.13)."""
+    return norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+
+
+def test_the_fit_spends_its_budget_and_no_more(task):
+    det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+    spent = det.privacy_spent_
+    assert spent["releases"] == spent["planned_releases"] == 1 + 2 + 8  # moments, Lloyd, EM
+    assert spent["epsilon"] <= 1.0 and spent["epsilon"] > 0.99
+    # independently: the fit is a composition of 3 * releases Gaussian mechanisms of
+    # multiplier z (the block split keeps that), i.e. mu-GDP with mu = sqrt(3 r) / z
+    mu = math.sqrt(3 * spent["releases"]) / spent["noise_multiplier"]
+    assert _gdp_delta(spent["epsilon"], mu) == pytest.approx(1e-5, rel=0.05)
+    assert sum(1 / share**2 for share in BLOCK_SPLIT.values()) == pytest.approx(3, rel=1e-12)
+    assert spent["mode"] == "central" and spent["clip"] == pytest.approx(1.5 * math.sqrt(D))
+    assert det.lower_bounds_ == []  # the clients withhold their log-likelihoods
+    assert det.n_iter_ == 8
+
+
+@pytest.mark.filterwarnings("ignore:Federated EM did not converge")
+def test_the_noise_costs_little_on_a_large_federation(task):
+    _, _, X_test, y_test = task
+    plain = _fit(task, tol=0.0)
+    private = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+    local = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="local")
+    reference = roc_auc_score(y_test, plain.decision_function(X_test))
+    for det in (private, local):
+        assert roc_auc_score(y_test, det.decision_function(X_test)) > reference - 0.01
+    assert not np.allclose(private.means_, plain.means_, rtol=1e-6)  # the noise is there
+
+
+def test_the_noise_follows_the_seed(task):
+    a = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
+    b = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
+    c = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=4)
+    np.testing.assert_array_equal(a.means_, b.means_)
+    assert not np.array_equal(a.means_, c.means_)
+
+
+def test_more_rounds_buy_more_noise_per_round(task):
+    few = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, max_iter=4)
+    many = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, max_iter=16)
+    ratio = many.privacy_spent_["noise_multiplier"] / few.privacy_spent_["noise_multiplier"]
+    assert ratio == pytest.approx(math.sqrt((1 + 2 + 16) / (1 + 2 + 4)), rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({}, "dp_bounds=\\(low, high\\)"),
+        ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 4\\)"),
+        ({"dp_bounds": (np.ones(D), np.zeros(D))}, "low < high"),
+        ({"dp_bounds": BOUNDS, "aggregation": "trimmed"}, 'aggregation="sum"'),
+        ({"dp_bounds": BOUNDS, "pca_components": 2}, "no private form"),
+        ({"dp_bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
+    ],
+)
+def test_settings_without_a_private_form_are_refused_before_any_round(task, settings, match):
+    det = FedGMMDetector(2, dp_epsilon=1.0, **settings)
+    with pytest.raises(ValueError, match=match):
+        det.fit(task[0], groups=task[1])
+    assert not hasattr(det, "history_")
+
+
+def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
+    det = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS)
+    det.save(tmp_path / "m")
+    assert load(tmp_path / "m").privacy_spent_ == det.privacy_spent_
+    det.set_params(dp_epsilon=None).fit(task[0], groups=task[1])
+    assert not hasattr(det, "privacy_spent_")
