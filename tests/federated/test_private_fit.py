@@ -15,9 +15,9 @@ from scipy.stats import chi2
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from fednovelty.federated.dp import calibrate_noise, epsilon_spent
+from fednovelty.federated.dp import BLOCK_SPLIT, calibrate_noise, epsilon_spent
 from fednovelty.federated.mixtures.private_fit import (
-    noisy_stats,
+    noisy_release,
     private_em,
     private_em_for_budget,
     public_init,
@@ -82,9 +82,11 @@ def test_without_noise_and_clipping_it_is_sklearns_em_from_the_same_start():
 # --------------------------------------------------------------------------- (b) the noise
 @pytest.mark.parametrize("covariance_type", ["full", "diag"])
 def test_each_block_gets_noise_of_the_calibrated_spread(covariance_type):
-    """Fixed statistics (numpy, by hand, of clipped rows and fixed responsibilities) released
-    many times: per block the noise is N(0, (z * sensitivity)^2) per entry - counts z, sums
-    z * B, second moments z * B^2 (symmetric for full)."""
+    """Fixed statistics (numpy, by hand, of clipped rows about the clip centre and fixed
+    responsibilities) released many times: per block the noise is N(0, (z * share *
+    sensitivity)^2) per entry - counts 8 z, sums 2.5 z B, second moments 0.595 z B^2
+    (symmetric for full), the shares a budget of three blocks of multiplier z allows:
+    1/8^2 + 1/2.5^2 + 1/0.595^2 = 3."""
     z, bound, k, d = 1.7, 2.5, 3, 2
     centre = np.array([0.5, -1.0])
     X = centre + RNG.normal(0, 1.0, (40, d))
@@ -100,20 +102,24 @@ def test_each_block_gets_noise_of_the_calibrated_spread(covariance_type):
         counts=torch.as_tensor(resp.sum(0)),
         sums=torch.as_tensor(resp.T @ Z),
         second=torch.as_tensor(second),
-        shift=torch.as_tensor(centre),
+        shift=torch.zeros(d, dtype=torch.float64),
         log_likelihood=torch.tensor(-123.0, dtype=torch.float64),
         n_samples=torch.tensor(40.0, dtype=torch.float64),
         covariance_type=covariance_type,
     )
     generator = torch.Generator().manual_seed(3)
     draws = [
-        noisy_stats(exact, noise_multiplier=z, clip_norm=bound, generator=generator)
+        noisy_release(exact, noise_multiplier=z, clip_norm=bound, generator=generator)
         for _ in range(3000)
     ]
     counts = np.stack([s.counts.numpy() for s in draws]) - resp.sum(0)
     sums = np.stack([s.sums.numpy() for s in draws]) - resp.T @ Z
     seconds = np.stack([s.second.numpy() for s in draws]) - second
-    for noise, expected in ((counts, z), (sums, z * bound), (seconds, z * bound**2)):
+    shares = (8.0, 2.5, 1 / math.sqrt(3 - 1 / 64 - 1 / 6.25))
+    assert shares == (BLOCK_SPLIT["counts"], BLOCK_SPLIT["sums"], BLOCK_SPLIT["second"])
+    assert sum(1 / s**2 for s in shares) == pytest.approx(3.0, rel=1e-12)
+    spreads = (z * shares[0], z * shares[1] * bound, z * shares[2] * bound**2)
+    for noise, expected in zip((counts, sums, seconds), spreads, strict=True):
         if noise is seconds and covariance_type == "full":
             assert np.array_equal(noise, noise.transpose(0, 1, 3, 2))
             noise = noise[:, :, *np.triu_indices(d)]  # the released (independent) entries
@@ -123,7 +129,12 @@ def test_each_block_gets_noise_of_the_calibrated_spread(covariance_type):
             low, high = _std_interval(column)
             assert low <= expected <= high
     assert all(float(s.log_likelihood) == 0.0 for s in draws[:5])  # nothing un-noised leaves
-    assert float(draws[0].n_samples) == pytest.approx(float(draws[0].counts.sum()), rel=1e-12)
+    assert float(draws[0].n_samples) == pytest.approx(
+        max(0.0, float(draws[0].counts.sum())), rel=1e-12
+    )
+    moved = SufficientStats(**{**exact.__dict__, "shift": torch.as_tensor(centre)})
+    with pytest.raises(ValueError, match="about the clip centre"):
+        noisy_release(moved, noise_multiplier=z, clip_norm=bound)
 
 
 def test_the_budget_is_calibrated_and_reported():
@@ -154,10 +165,12 @@ def _mean_error(params: MixtureParams) -> float:
 
 def test_utility_with_many_rows_and_its_cost_with_few():
     """Three Gaussians (std 0.5, means 3 apart from the centre), B = 5, epsilon = 1,
-    delta = 1e-5, 10 iterations (z = 20.4). With 20,000 rows the means are within 0.1 of the
-    truth and the held-out log-likelihood within 0.5 nats per row of scikit-learn's in at least
-    4 of 5 noise seeds (a public start leaves EM in a local optimum now and then: 2 of 10
-    seeds in a wider run, as without noise); with 200 rows every seed is worse by over 1 nat."""
+    delta = 1e-5, 10 iterations (z = 20.4, split over the blocks as ``BLOCK_SPLIT``). With
+    20,000 rows the means are within 0.25 of the truth and the held-out log-likelihood within
+    0.3 nats per row of scikit-learn's in at least 4 of 5 noise seeds (measured over 20 seeds:
+    17 within 0.21 nats and 0.18 of the means; the other 3 end in a local optimum from the
+    public start, 0.87-0.94 nats worse); with 200 rows every seed is worse by over 1 nat
+    (1.8-2.7 over 20 seeds)."""
     rng = np.random.default_rng(11)
     held_out = _draw(20000, rng)
     z = calibrate_noise(1.0, 1e-5, rounds=10, blocks=3)
@@ -177,7 +190,7 @@ def test_utility_with_many_rows_and_its_cost_with_few():
             assert info.epsilon_at(1e-5) <= 1.0
             gap = reference - float(score_samples(params, held_out).mean())
             gaps.append(gap)
-            good += _mean_error(params) < 0.1 and gap < 0.5
+            good += _mean_error(params) < 0.25 and gap < 0.3
         if n == 20000:
             assert good >= good_needed, gaps
         else:

@@ -2,19 +2,24 @@
 Welling, AISTATS 2017) for the one-shot methods, whose clients fit a mixture on their own rows
 and upload it once (FedGenGMM, the local baseline).
 
-Every EM iteration releases the E-step's summed statistics about a public ``centre`` through
-the Gaussian mechanism of :mod:`fednovelty.federated.dp`: the rows are clipped once to the L2
-ball of radius ``clip_norm`` around ``centre`` (sensitivities 1, ``B`` and ``B**2``), each
-block gets Gaussian noise (:func:`noisy_stats`), and the M-step's result is post-processed at
-no privacy cost (:func:`post_process`: counts floored, means in the ball, covariance
-eigenvalues between the noise's level on a covariance entry and ``B**2``).
+The fit works on the rows minus a public ``centre``, clipped once to the L2 ball of radius
+``clip_norm`` around it (sensitivities 1, ``B`` and ``B**2``). Every EM iteration releases
+the E-step's summed statistics through the Gaussian mechanism of
+:mod:`fednovelty.federated.dp` (:func:`noisy_release`, a thin wrapper of
+:func:`~fednovelty.federated.dp.noisy_stats`: the budget of one release is split over the
+blocks by :data:`~fednovelty.federated.dp.BLOCK_SPLIT`), and the noisy sums are
+post-processed at no privacy cost by :func:`~fednovelty.federated.dp.plausible_stats`
+(counts floored, means in the ball, covariance eigenvalues between the noise's typical
+spectral norm on a covariance and ``B**2``) before the M-step.
 
-``n_iter`` iterations are ``n_iter`` releases of three Gaussian mechanisms
-(:attr:`PrivateFitInfo.accounting` for :func:`~fednovelty.federated.dp.epsilon_spent`). The
-stopping rule is the fixed ``n_iter`` (a rule on the log-likelihood would cost budget) and the
-start is public (:func:`public_init`: farthest points among random points in the ball, no
-row read). Uploading the final mixture is post-processing; a row count sent beside it is not
-covered by this budget. What it costs is in ``docs/differential_privacy.md``.
+``n_iter`` iterations are ``n_iter`` releases, each spending what three Gaussian mechanisms
+of multiplier ``z`` do (:attr:`PrivateFitInfo.accounting` for
+:func:`~fednovelty.federated.dp.epsilon_spent`). The stopping rule is the fixed ``n_iter`` (a
+rule on the log-likelihood would cost budget) and the start is public (:func:`public_init`:
+farthest points among random points in the ball, no row read). Uploading the final mixture
+is post-processing, and so is :attr:`PrivateFitInfo.noisy_rows` (the sum of the last
+release's noisy counts), the row count to send beside it. What it costs is in
+``docs/differential_privacy.md``.
 """
 
 from __future__ import annotations
@@ -26,15 +31,14 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.dp import (
+    BLOCK_SPLIT,
     STAT_BLOCKS,
     calibrate_noise,
     clip_rows,
     epsilon_spent,
-    gaussian_noise,
-    positive_counts,
-    stats_sensitivities,
-    symmetric_noise,
+    plausible_stats,
 )
+from fednovelty.federated.dp import noisy_stats as dp_noisy_stats
 from fednovelty.mixture import CovariancePrior, MixtureParams
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
@@ -55,6 +59,8 @@ class PrivateFitInfo:
         blocks: Gaussian mechanisms per iteration (counts, first and second moments: 3).
         clip_norm: the L2 radius the rows were clipped to.
         n_clipped: rows that lay outside the ball (known to the client only; not released).
+        noisy_rows: the sum of the last release's noisy counts (at least 0): a row count
+            that is post-processing of the releases (the true count is not).
         delta: the delta the budget is stated at (``None`` unless a budget was asked for).
         epsilon: :func:`~fednovelty.federated.dp.epsilon_spent` at ``delta`` (``None`` without
             ``delta``; ``inf`` without noise).
@@ -65,6 +71,7 @@ class PrivateFitInfo:
     blocks: int
     clip_norm: float
     n_clipped: int
+    noisy_rows: float = 0.0
     delta: float | None = None
     epsilon: float | None = None
 
@@ -210,111 +217,51 @@ def public_init(
 
 
 # --------------------------------------------------------------------------- one iteration
-def noisy_stats(
+def noisy_release(
     stats: SufficientStats,
     *,
     noise_multiplier: float,
     clip_norm: float,
     generator: torch.Generator | None = None,
 ) -> SufficientStats:
-    """``stats`` of rows clipped to radius ``clip_norm`` around ``stats.shift``, released by
-    the Gaussian mechanism: N(0, (noise_multiplier * sensitivity)^2) added to every entry of
-    counts (K,), sums (K, d) and second moments (symmetric noise on (K, d, d) and tied (d, d);
-    independent on diag (K, d) and spherical (K,)), sensitivities 1, ``clip_norm`` and
-    ``clip_norm**2``. The data's log-likelihood is dropped (0) and ``n_samples`` becomes the sum
-    of the noisy counts, so nothing un-noised leaves."""
-    sens = stats_sensitivities(clip_norm)
-    z = float(noise_multiplier)
-    like = stats.sums
-    counts = stats.counts + gaussian_noise(
-        tuple(stats.counts.shape), z * sens["counts"], like, generator
+    """One noisy release: ``stats`` of rows clipped to radius ``clip_norm`` around the origin,
+    taken about the origin (``stats.shift`` must be zeros: :func:`private_em` works on rows
+    minus the public centre), through :func:`fednovelty.federated.dp.noisy_stats`. Block
+    ``b`` (counts (K,), sums (K, d), second moments) gets N(0, (z * BLOCK_SPLIT[b] *
+    sensitivity_b)^2) per entry (sensitivities 1, ``clip_norm``, ``clip_norm**2``; symmetric
+    on full and tied second moments); the log-likelihood is withheld (0) and ``n_samples`` is
+    the sum of the noisy counts (at least 0), so nothing un-noised leaves.
+
+    Raises:
+        ValueError: ``stats.shift`` not zero (the sensitivities hold about the clip centre).
+    """
+    if bool(stats.shift.ne(0).any()):
+        raise ValueError(
+            "noisy_release needs statistics about the clip centre (shift zero); take them "
+            "on rows minus the public centre."
+        )
+    tensors = {
+        "counts": stats.counts,
+        "sums": stats.sums,
+        "second": stats.second,
+        "n_samples": stats.n_samples,
+        "log_likelihood": stats.log_likelihood,
+    }
+    out = dp_noisy_stats(
+        tensors,
+        stats.shift,
+        stats.covariance_type,
+        float(noise_multiplier),
+        float(clip_norm),
+        generator,
     )
-    sums = stats.sums + gaussian_noise(tuple(stats.sums.shape), z * sens["sums"], like, generator)
-    second_std = z * sens["second"]
-    if stats.covariance_type in ("full", "tied"):
-        noise = symmetric_noise(tuple(stats.second.shape), second_std, like, generator)
-    else:
-        noise = gaussian_noise(tuple(stats.second.shape), second_std, like, generator)
-    return replace(
-        stats,
-        counts=counts,
-        sums=sums,
-        second=stats.second + noise,
-        log_likelihood=torch.zeros_like(stats.log_likelihood),
-        n_samples=counts.sum(),
-    )
+    return replace(stats, **out)
 
 
-def _clamp_spectrum(cov: Tensor, low: Tensor, high: float, covariance_type: str) -> Tensor:
-    """Eigenvalues (variances) of ``cov`` kept in ``[low, high]``; ``low`` (K,) or ()."""
-    if covariance_type in ("full", "tied"):
-        values, vectors = torch.linalg.eigh((cov + cov.transpose(-1, -2)) / 2)
-        values = torch.minimum(torch.maximum(values, low.unsqueeze(-1)), low.new_tensor(high))
-        return (vectors * values.unsqueeze(-2)) @ vectors.transpose(-1, -2)
-    if covariance_type == "diag":
-        low = low.unsqueeze(-1)
-    return torch.minimum(torch.maximum(cov, low), low.new_tensor(high))
-
-
-def variance_floor(
-    counts: Tensor,
-    *,
-    noise_multiplier: float,
-    clip_norm: float,
-    covariance_type: str,
-    n_features: int,
-    noise_floor: float,
-    min_variance: float,
-) -> Tensor:
-    """The least eigenvalue each covariance may keep: ``noise_floor`` times the std of the
-    noise on one of its entries, ``noise_multiplier * clip_norm**2 / n_k`` (over ``n_features``
-    for spherical, whose second moment is a trace; ``n_k`` the noisy count, summed for tied),
-    and at least ``min_variance``. Shape (K,), or () for tied; from released values only.
-
-    A noisy second moment of a component backed by few rows has eigenvalues near or below 0;
-    kept at ``min_variance`` alone they make needle-thin components that take a line of rows
-    and starve the others within a few iterations."""
-    n_k = counts.sum() if covariance_type == "tied" else counts
-    spread = noise_multiplier * clip_norm**2 / n_k
-    if covariance_type == "spherical":
-        spread = spread / n_features
-    return (noise_floor * spread).clamp_min(min_variance)
-
-
-def post_process(
-    stats: SufficientStats,
-    *,
-    noise_multiplier: float,
-    clip_norm: float,
-    reg_covar: float,
-    prior: CovariancePrior | None,
-    min_count: float,
-    min_variance: float,
-    noise_floor: float,
-) -> MixtureParams:
-    """The M-step on noisy ``stats`` kept valid, at no privacy cost: counts at least
-    ``min_count``, means (K, d) projected into the ball of radius ``clip_norm`` around
-    ``stats.shift``, covariance eigenvalues (variances for diag/spherical) within
-    ``[variance_floor(...), max(clip_norm**2, prior's largest target) + reg_covar]``."""
-    stats = replace(stats, counts=positive_counts(stats.counts, min_count))
-    weights, means, cov = m_step(stats, reg_covar, prior)
-    means = clip_rows(means, stats.shift, float(clip_norm))
-    top = float(clip_norm) ** 2
-    if prior is not None:
-        top = max(top, float(prior.scale.max()))
-    floor = variance_floor(
-        stats.counts,
-        noise_multiplier=noise_multiplier,
-        clip_norm=clip_norm,
-        covariance_type=stats.covariance_type,
-        n_features=stats.n_features,
-        noise_floor=noise_floor,
-        min_variance=min_variance,
-    ).clamp_max(top)
-    cov = _clamp_spectrum(cov, floor, top + reg_covar, stats.covariance_type)
-    return MixtureParams.from_covariances(
-        weights / weights.sum(), means, cov, stats.covariance_type
-    )
+def second_moment_noise(noise_multiplier: float, clip_norm: float) -> float:
+    """The standard deviation of the noise on one entry of a released second moment:
+    ``z * BLOCK_SPLIT["second"] * clip_norm**2``."""
+    return float(noise_multiplier) * BLOCK_SPLIT["second"] * float(clip_norm) ** 2
 
 
 # --------------------------------------------------------------------------- the fit
@@ -354,11 +301,12 @@ def private_em(
         init: ``"public"`` / ``"random"`` (:func:`public_init`) or given starting parameters
             (which must not have been computed from the rows without being accounted for).
         min_count: floor of every noisy count (> 0), in rows.
-        min_variance: floor of every covariance eigenvalue (> 0); ``reg_covar`` by default
-            (``1e-12 * clip_norm**2`` if that is 0).
-        noise_floor: each component's eigenvalues are also kept at least this many times the
-            std of the noise on its covariance entries (:func:`variance_floor`); 0 turns
-            that off.
+        min_variance: floor of every covariance eigenvalue before ``reg_covar`` is added
+            (> 0); ``reg_covar`` by default (``1e-12 * clip_norm**2`` if that is 0).
+        noise_floor: scales the noise-aware eigenvalue floor of
+            :func:`~fednovelty.federated.dp.plausible_stats` (``2 * sigma * sqrt(d) / n_k``,
+            ``sigma`` the noise's std on a second-moment entry, :func:`second_moment_noise`);
+            1 is that floor, 0 turns it off.
         generator: CPU generator for the noise and the public init.
 
     Returns:
@@ -404,8 +352,12 @@ def private_em(
         )
     else:
         raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {init!r}.")
-    outside = torch.linalg.vector_norm(X - centre, dim=1) > clip_norm
-    rows = clip_rows(X, centre, clip_norm)
+    origin = torch.zeros_like(centre)
+    rows = clip_rows(X - centre, origin, clip_norm)  # the fit's frame: the centre is 0
+    n_clipped = int((torch.linalg.vector_norm(X - centre, dim=1) > clip_norm).sum())
+    params = _moved(params, -centre)
+    second_noise = float(noise_floor) * second_moment_noise(noise_multiplier, clip_norm)
+    noisy_rows = 0.0
     for _ in range(n_iter):
         stats = e_step_stats(
             rows,
@@ -413,29 +365,33 @@ def private_em(
             params.means,
             params.precisions_cholesky,
             covariance_type,
-            centre,
+            origin,
         )
-        released = noisy_stats(
+        released = noisy_release(
             stats, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator
         )
-        params = post_process(
-            released,
-            noise_multiplier=float(noise_multiplier),
-            clip_norm=clip_norm,
-            reg_covar=float(reg_covar),
-            prior=prior,
-            min_count=min_count,
-            min_variance=min_variance,
-            noise_floor=noise_floor,
+        noisy_rows = float(released.n_samples)
+        kept = plausible_stats(released, clip_norm, min_count, min_variance, second_noise)
+        weights, means, cov = m_step(kept, float(reg_covar), prior)
+        params = MixtureParams.from_covariances(
+            weights / weights.sum(), means, cov, covariance_type
         )
     info = PrivateFitInfo(
         n_iter=n_iter,
         noise_multiplier=float(noise_multiplier),
         blocks=len(STAT_BLOCKS),
         clip_norm=clip_norm,
-        n_clipped=int(outside.sum()),
+        n_clipped=n_clipped,
+        noisy_rows=noisy_rows,
     )
-    return params, info
+    return _moved(params, centre), info
+
+
+def _moved(params: MixtureParams, offset: Tensor) -> MixtureParams:
+    """``params`` with every mean moved by ``offset`` (n_features,)."""
+    return MixtureParams(
+        params.weights, params.means + offset, params.precisions_cholesky, params.covariance_type
+    )
 
 
 def private_em_for_budget(
