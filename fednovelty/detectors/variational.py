@@ -19,6 +19,13 @@ Choices, and why:
   argument before any round runs (the width-dependent checks once ``X`` is known).
 - ``save`` keeps the posterior itself; ``load`` validates it and rebuilds the plug-in mixture
   with the functions fit used, so a loaded detector scores bit for bit as the saved one.
+- ``dp_epsilon`` (exact fit only): differential privacy as federated EM's
+  (``fednovelty.detectors._dp``): the rows are mapped to the public box ``dp_bounds`` and
+  clipped, the prior moments are released as a noisy scatter and every initialisation and VB
+  round's statistics as noisy sums; the initial centres are public (spread over the box),
+  ``max_iter`` VB rounds run (no ELBO: the clients withhold the log-likelihood) and the
+  server post-processes the noisy sums (counts floored, covariances bounded) before the
+  conjugate update. The one-shot fits send local posteriors, which have no private form.
 - Not here: client sampling and dropout (the exact posterior needs every client each round),
   standardisation and PCA, personal weights. ``docs/variational.md`` has the details.
 """
@@ -35,8 +42,10 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._dp import dp_plan, privacy_record
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
     EM,
     INIT,
     N_COMPONENTS,
@@ -144,7 +153,11 @@ class FedVBDetector(MixtureDetector):
             active_components_: their boolean mask, shape (n_components,).
         lower_bounds_: the ELBO after each VB round (scikit-learn's ``lower_bounds_``).
         n_iter_, converged_: VB rounds run (the initial-posterior round not counted) and
-            whether the ELBO settled.
+            whether the ELBO settled (under ``dp_epsilon`` the clients withhold the
+            log-likelihood the ELBO needs: ``max_iter`` rounds run, ``lower_bounds_`` is
+            empty and ``converged_`` false).
+        privacy_spent_: with ``dp_epsilon``, what the fit spent: ``epsilon`` (at
+            ``delta``), the noisy ``releases``, ``noise_multiplier``, ``clip``, ``mode``.
         history_: one dict per communication round (kind, clients, bytes, metrics).
         n_rounds_, bytes_up_, bytes_down_: communication totals.
         decision_scores_, threshold_, labels_: PyOD's training-set outputs.
@@ -190,6 +203,7 @@ class FedVBDetector(MixtureDetector):
         MATCH_THRESHOLD,
         ROBUST,
         PRIVACY,
+        DIFFERENTIAL_PRIVACY,
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 10},
@@ -270,6 +284,7 @@ class FedVBDetector(MixtureDetector):
         one_shot = {name: settings.pop(name) for name in _ONE_SHOT_ONLY}
         exact = {name: settings.pop(name) for name in _EXACT_ONLY}
         common = {**settings, "random_state": seed, **self._torch_options()}
+        plan = None
         if self.posterior_merge != "exact":
             self._check_one_shot()
             algorithm = FederatedVBOneShot(**common, **one_shot)
@@ -281,18 +296,31 @@ class FedVBDetector(MixtureDetector):
                     "aggregation='median' is a one-shot option (posterior_merge 'natural' or "
                     "'moment'); the exact fit (posterior_merge='exact') has 'sum' and 'trimmed'."
                 )
-            algorithm = FederatedVB(**common, **exact)
+            plan = dp_plan(
+                self,
+                n_features,
+                len(clients),
+                seed,
+                lambda private: FederatedVB(**common, **exact, **private).max_rounds,
+            )
+            algorithm = FederatedVB(**common, **exact, **(plan.settings if plan else {}))
             privacy = self._privacy_policy(
                 allow_raw_rows=self.init_params == "subset",
                 max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
+                dp=None if plan is None else plan.policy,
             )
             not_converged = "Federated VB did not converge in {} rounds"
         state = self._simulate(algorithm, clients, seed, privacy=privacy)
+        if plan is not None:  # what the rounds of a kind with a private form spent
+            kinds = [k for s in algorithm.steps for k, spec in s.replies.items() if spec.private]
+            self.privacy_spent_ = privacy_record(plan, self.history_, kinds)
+        elif hasattr(self, "privacy_spent_"):
+            del self.privacy_spent_
         self._set_posterior(state.posterior)
         self.n_iter_ = state.n_iter
         self.converged_ = state.converged
         self.lower_bounds_ = list(state.lower_bounds)
-        if not self.converged_:
+        if not self.converged_ and plan is None:  # a private fit runs max_iter rounds
             warnings.warn(
                 not_converged.format(f"max_iter={self.max_iter}")
                 + " (last change in the ELBO above tol). Increase max_iter or tol.",
@@ -302,6 +330,12 @@ class FedVBDetector(MixtureDetector):
 
     def _check_one_shot(self) -> None:
         """ValueError naming the setting a one-shot fit cannot take."""
+        if getattr(self, "dp_epsilon", None) is not None:
+            raise ValueError(
+                f"posterior_merge={self.posterior_merge!r} (one shot) sends each client's "
+                "local posterior, which has no private form; use posterior_merge='exact' "
+                "with dp_epsilon."
+            )
         given = ("weights_init", "means_init", "precisions_init")
         if self.init_params != "kmeans" or any(getattr(self, n) is not None for n in given):
             raise ValueError(

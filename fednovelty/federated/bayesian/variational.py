@@ -28,7 +28,7 @@ stays at its prior.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -40,17 +40,27 @@ from fednovelty.federated.config import (
     CovarianceSettings,
     IterationSettings,
     RobustSettings,
+    Settings,
     TorchSettings,
     as_tensor,
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.init import GivenMixture, InitSettings, combine_stats, init_steps
+from fednovelty.federated.init import (
+    GivenMixture,
+    InitSettings,
+    MomentsStep,
+    PrivateSettings,
+    check_bounds,
+    combine_stats,
+    init_steps,
+    private_stats,
+)
 from fednovelty.federated.mixtures.em import floored_stats_message
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
-from fednovelty.mixture import MixtureParams, e_step_stats
+from fednovelty.mixture import MixtureParams, affine_params, e_step_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
@@ -127,12 +137,35 @@ class VBPriorSettings(TorchSettings):
 
 
 @settings_dataclass
+class BoxSettings(Settings):
+    """``bounds``: a public box ``(low, high)`` (each one value per feature, or ``None``)
+    the rows are mapped to (``[-1, 1]`` per feature) before anything is taken from them,
+    as :class:`~fednovelty.federated.init.MomentsSettings` states it; what the
+    :class:`~fednovelty.federated.init.MomentsStep` of a VB chain reads. VB has no
+    ``moments`` round (the prior-moments round takes its place): ``needs_moments`` is
+    false."""
+
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("bounds", check_bounds(self.bounds))
+
+    @property
+    def needs_moments(self) -> bool:
+        """Never: the ``vb_prior`` round takes the ``moments`` round's place."""
+        return False
+
+
+@settings_dataclass
 class VBConfig(
+    PrivateSettings,
     RobustSettings,
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
     InitSettings,
+    BoxSettings,
     GivenMixture,
     VBPriorSettings,
 ):
@@ -143,12 +176,48 @@ class VBConfig(
     given parameters included), the priors (:class:`VBPriorSettings`), seed and placement.
     One posterior of the weights is shared by all clients; the Normal-Wishart prior takes
     the place of standardisation and of EM's covariance prior.
+
+    ``bounds`` (:class:`BoxSettings`): a public box every round's rows are mapped to
+    (``[-1, 1]`` per feature) before anything is taken from them; the posterior is mapped
+    back to the user's units at the end. Differential
+    privacy (:class:`~fednovelty.federated.init.PrivateSettings`, ``dp_mode`` set) needs the
+    box (the rows are clipped around its centre), the plain sum (``aggregation="sum"``, no
+    ``client_weight_cap``) and runs ``max_iter`` VB rounds: the ELBO needs the
+    log-likelihood, which the clients withhold.
+
+    Raises:
+        ValueError: ``dp_mode`` without
+            ``bounds`` or with a robust option; ``covariance_type="spherical"`` with a box
+            whose features have different widths (one variance cannot be rescaled per
+            feature).
     """
 
     AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
     #: K is an upper bound: the k-means initialisation may seed fewer components than K when
     #: the clients' privacy floors allow fewer centroids; the rest start empty, at the prior.
     FEWER_CENTROIDS_OK: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.private and self.bounds is None:
+            raise ValueError(
+                "differential privacy clips rows around the centre of a public box: give "
+                "bounds=(low, high) (one value per feature each) with dp_mode set."
+            )
+        if self.private and (self.aggregation != "sum" or self.client_weight_cap is not None):
+            raise ValueError(
+                "differential privacy adds noise to the plain sum of the clients' statistics; "
+                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
+            )
+        if self.bounds is not None and self.covariance_type == "spherical":
+            low, high = self.bounds
+            widths = {round(b - a, 12) for a, b in zip(low, high, strict=True)}
+            if len(widths) > 1:
+                raise ValueError(
+                    'covariance_type="spherical" needs bounds of one width for every feature '
+                    "(a spherical covariance cannot be rescaled per feature); widen the "
+                    'narrower features\' bounds or use "diag".'
+                )
 
 
 @dataclass
@@ -196,7 +265,8 @@ def prior_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
 
 #: a ``vb_prior`` reply: the client's row count, mean (d,) and scatter about it (d, d),
 #: symmetric positive semi-definite; it declares the client's moments (the box of its
-#: later replies) and lies in the box of moments declared before it.
+#: later replies) and lies in the box of moments declared before it. Under differential
+#: privacy it is released as a noisy scatter (count, sum of rows, sum of outer products).
 VB_PRIOR_REPLY = ReplySpec(
     "vb_prior",
     shapes=lambda b, d: {"n_samples": (), "mean": (d,), "scatter": (d, d)},
@@ -204,9 +274,10 @@ VB_PRIOR_REPLY = ReplySpec(
     backing={"n_samples": "client", "mean": "client", "scatter": "client"},
     box="moments",
     moments=prior_moments,
+    private="scatter",
 )
 #: ``vb_init`` and ``vb`` replies: summed statistics under the broadcast mixture or
-#: posterior, in the client's box.
+#: posterior, in the client's box; under differential privacy, noisy statistics.
 VB_REPLIES = declare(
     *(
         ReplySpec(
@@ -216,6 +287,8 @@ VB_REPLIES = declare(
             backing=STATS_BACKING,
             limit=components_limit,
             box="stats",
+            covariance=True,
+            private="stats",
         )
         for kind in ("vb_init", "vb")
     )
@@ -223,7 +296,9 @@ VB_REPLIES = declare(
 
 
 class VBPriorStep(Step):
-    """Pooled mean and covariance for scikit-learn's default prior (module docstring)."""
+    """Pooled mean and covariance for scikit-learn's default prior (module docstring), in
+    the units the rounds work in (the public box's with ``bounds``); under differential
+    privacy from the noisy sums, post-processed (:func:`private_prior_moments`)."""
 
     kinds = ("vb_prior",)
     replies = declare(VB_PRIOR_REPLY)
@@ -234,11 +309,14 @@ class VBPriorStep(Step):
     def begin(self, state: Any) -> str | None:
         if self.config.needs_prior_moments:
             return "vb_prior"
-        state.vb_prior = self._prior(None, None, None)
+        state.vb_prior = self._prior(state, None, None, None)
         return None
 
     def configure(self, state: Any) -> Message:
-        return Message("vb_prior")
+        if state.scale is None:
+            return Message("vb_prior")
+        # the units of the moments the reply declares (the server gate's box is in x units)
+        return Message("vb_prior", {"box_offset": state.offset, "box_scale": state.scale})
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         if not context.policy.releases(X.shape[0]):
@@ -267,13 +345,18 @@ class VBPriorStep(Step):
             p["scatter"] + p["n_samples"] * torch.outer(p["mean"] - mean, p["mean"] - mean)
             for p in parts
         )
-        state.vb_prior = self._prior(n, mean, scatter)
+        if config.private:
+            n, mean, scatter = private_prior_moments(n, mean, scatter, config, len(parts), state)
+        state.vb_prior = self._prior(state, n, mean, scatter)
         return None, {"phase": "vb_prior", "n_samples": float(n)}
 
-    def _prior(self, n: Tensor | None, mean: Tensor | None, scatter: Tensor | None) -> VBPrior:
+    def _prior(
+        self, state: Any, n: Tensor | None, mean: Tensor | None, scatter: Tensor | None
+    ) -> VBPrior:
         config = self.config
+        mean_prior, covariance_prior = working_priors(config, state.offset, state.scale)
         if n is None:  # every prior given: only the width is needed
-            mean = config.mean_prior
+            mean = mean_prior
             n, scatter = mean.new_tensor(2.0), torch.eye(mean.shape[0]).to(mean)
         moments = SufficientStats(
             counts=n.reshape(1),
@@ -291,10 +374,84 @@ class VBPriorStep(Step):
             weight_concentration_prior_type=config.weight_concentration_prior_type,
             weight_concentration_prior=config.weight_concentration_prior,
             mean_precision_prior=config.mean_precision_prior,
-            mean_prior=config.mean_prior,
+            mean_prior=mean_prior,
             degrees_of_freedom_prior=config.degrees_of_freedom_prior,
-            covariance_prior=config.covariance_prior,
+            covariance_prior=covariance_prior,
         )
+
+
+def private_prior_moments(
+    n: Tensor, mean: Tensor, scatter: Tensor, config: VBConfig, n_replies: int, state: Any
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The pooled noisy prior moments (row count (), mean (d,), scatter about the mean
+    (d, d)) made usable, as federated EM's noisy statistics are
+    (:func:`~fednovelty.federated.init.private_stats`): they are one component's ``full``
+    statistics about the clipping centre (the origin), so the trusted server's noise in
+    ``"central"`` mode is the ``"scatter"`` release's (count 1, sum of rows ``B``, sum of
+    outer products ``B**2``, same shares), and the post-processing keeps the count at least
+    twice its noise, the mean in the clipping ball and the covariance's eigenvalues between
+    the noise's floor and ``B**2``. Post-processing: no privacy cost."""
+    stats = SufficientStats(
+        counts=n.reshape(1),
+        sums=(n * mean).unsqueeze(0),
+        second=(scatter + n * torch.outer(mean, mean)).unsqueeze(0),
+        shift=torch.zeros_like(mean),
+        log_likelihood=mean.new_zeros(()),
+        n_samples=n.reshape(()),
+        covariance_type="full",
+    )
+    stats = private_stats(stats, config, n_replies, state)
+    n = stats.counts[0]
+    mean = stats.sums[0] / n
+    return n, mean, stats.second[0] - n * torch.outer(mean, mean)
+
+
+def working_priors(
+    config: VBConfig, offset: Tensor | None, scale: Tensor | None
+) -> tuple[Tensor | None, Tensor | float | None]:
+    """The given ``mean_prior`` and ``covariance_prior`` (user units) in the units the
+    rounds work in, ``z = (x - offset) / scale`` (each (n_features,); ``None``: the user's
+    units): the mean shifted and scaled, the covariance ``D^-1 C D^-1`` (full, tied), divided
+    by ``scale**2`` (diag) or by the one common ``scale**2`` (spherical)."""
+    mean, cov = config.mean_prior, config.covariance_prior
+    if scale is None:
+        return mean, cov
+    if mean is not None:
+        mean = (mean - offset) / scale
+    if cov is not None:
+        if config.covariance_type in ("full", "tied"):
+            cov = cov / torch.outer(scale, scale)
+        elif config.covariance_type == "diag":
+            cov = cov / scale.square()
+        else:
+            cov = cov / float(scale[0]) ** 2
+    return mean, cov
+
+
+def affine_posterior(posterior: VBPosterior, offset: Tensor, scale: Tensor) -> VBPosterior:
+    """The posterior of the mixture of ``x = offset + scale * z`` when ``posterior`` is that
+    of ``z`` (``offset``, ``scale`` (n_features,), ``scale`` > 0 and one common value for
+    ``spherical``): means ``offset + scale * m``, covariances ``D C D`` (full, tied;
+    ``D = diag(scale)``), ``scale**2 * c`` (diag, spherical), precision factors as
+    :func:`~fednovelty.mixture.affine_params` rescales them; the weights' concentrations,
+    mean precisions and degrees of freedom do not change (a Wishart on ``Lambda_z`` is one
+    on ``D^-1 Lambda_z D^-1`` with the same degrees of freedom)."""
+    ct = posterior.covariance_type
+    cov = posterior.covariances
+    if ct in ("full", "tied"):
+        cov = cov * torch.outer(scale, scale)
+    elif ct == "diag":
+        cov = cov * scale.square()
+    else:
+        cov = cov * scale[0].square()
+    plugin = MixtureParams(posterior.weights, posterior.means, posterior.precisions_cholesky, ct)
+    moved = affine_params(plugin, offset, scale)
+    return replace(
+        posterior,
+        means=moved.means,
+        covariances=cov,
+        precisions_cholesky=moved.precisions_cholesky,
+    )
 
 
 def pad_components(params: MixtureParams, n_components: int) -> MixtureParams:
@@ -376,7 +533,7 @@ class VBStep(Step):
             shift = moment_shift(state.params)
         else:
             shift = state.posterior.weights @ state.posterior.means
-        stats = combine_stats(replies, shift, config)
+        stats = combine_stats(replies, shift, config, state)
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this VB round.")
         if state.phase == "vb_init":
@@ -385,28 +542,37 @@ class VBStep(Step):
                 state.posterior, config.weight_threshold
             )
             return "vb", {"phase": "vb_init"}
-        entropy = resp_entropy_from_stats(stats, state.posterior)
+        # the entropy needs the log-likelihood, which private clients withhold
+        entropy = None if config.private else resp_entropy_from_stats(stats, state.posterior)
         state.posterior = vb_m_step(stats, state.vb_prior, config.reg_covar)
-        elbo = float(vb_lower_bound(state.posterior, entropy))
-        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
-        state.lower_bounds.append(elbo)
         state.n_iter += 1
-        state.converged = abs(elbo - previous) < config.tol
         state.effective_n_components = effective_n_components(
             state.posterior, config.weight_threshold
         )
-        done = state.converged or state.n_iter >= config.max_iter
-        metrics = {
+        metrics: dict[str, Any] = {
             "phase": "vb",
-            "elbo": elbo,
             "effective_n_components": state.effective_n_components,
         }
+        if entropy is not None:
+            elbo = float(vb_lower_bound(state.posterior, entropy))
+            previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+            state.lower_bounds.append(elbo)
+            state.converged = abs(elbo - previous) < config.tol
+            metrics["elbo"] = elbo
+        done = state.converged or state.n_iter >= config.max_iter
         return (None if done else "vb"), metrics
+
+    def finish(self, state: Any) -> None:
+        if state.scale is not None and state.posterior is not None:  # to the user's units
+            state.posterior = affine_posterior(state.posterior, state.offset, state.scale)
 
 
 def vb_steps(config: VBConfig) -> list[Step]:
-    """The chain of federated VB: ``[prior moments] + init steps + [VB]``."""
-    return [VBPriorStep(config), *init_steps(config), VBStep(config)]
+    """The chain of federated VB: ``[public box] + [prior moments] + init steps + [VB]``
+    (the box is :class:`~fednovelty.federated.init.MomentsStep` without a round: with
+    ``bounds`` it sets the working units, maps every later round's rows to them and the
+    initial mixture back at the end)."""
+    return [MomentsStep(config), VBPriorStep(config), *init_steps(config), VBStep(config)]
 
 
 class FederatedVB(ChainedAlgorithm):
