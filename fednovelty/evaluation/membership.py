@@ -15,6 +15,12 @@ Two attacks:
   any false-positive rate). Members are trials where ``D = D_minus + {x*}``, non-members
   trials where ``D = D_minus``: the add/remove-one-row neighbours the sensitivities of
   :func:`fednovelty.federated.dp.stats_sensitivities` are taken over.
+- :func:`gate_attack`: the same likelihood-ratio attack on what actually leaves a client
+  through the real client gate (``algorithm.answer`` under the client's
+  :class:`~fednovelty.federated.dp.DPPolicy`), for one fixed pair of neighbours, over one
+  or more releases; it also returns the released noise (each block's values minus the
+  noiseless release of the same rows, about the origin) to check against the calibration
+  ``z * BLOCK_SPLIT[block] * sensitivity``.
 - :func:`score_attack`: the loss attack on a trained detector's log-densities
   (``score_samples``; higher = more typical = guessed member), and its calibrated form (the
   offline LiRA of Carlini et al. 2022 in its simplest global-threshold form: each row's score
@@ -28,16 +34,22 @@ budget of a Gaussian mechanism fixes ``mu`` (:func:`gdp_mu_for_epsilon`). Any
 ``(epsilon, delta)``-DP mechanism keeps
 ``TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))`` (Kairouz, Oh and
 Viswanath 2015), whose area is :func:`dp_auc_bound`: looser than the GDP bound of the same
-budget, since it holds for every mechanism. AUCs are scikit-learn's ``roc_auc_score``;
+budget, since it holds for every mechanism. Both bound the test of one fixed row added or
+removed; the usual members-vs-held-out AUC of one model compares a member with a
+non-member, a replacement (two add/remove steps) apart, and is bounded by ``Phi(mu)``
+(:func:`gdp_heldout_auc_bound`) or its ``(epsilon, delta)`` form
+(:func:`dp_heldout_auc_bound`). AUCs are scikit-learn's ``roc_auc_score``;
 :func:`auc_interval` gives a bootstrap interval and :func:`auc_standard_error` the
 Hanley-McNeil standard error of an AUC from its trial counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,13 +57,17 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
+from fednovelty.federated.base import ClientContext
 from fednovelty.federated.dp import (
+    BLOCK_SPLIT,
     STAT_BLOCKS,
     clip_rows,
     gaussian_noise,
     noise_std,
+    recentre_stats,
     stats_sensitivities,
 )
+from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams, predict_proba, stats_from_resp
 
 
@@ -140,6 +156,45 @@ def dp_auc_bound(epsilon: float, delta: float) -> float:
     knots = np.array([0.0, (1 - delta) / (1 + math.exp(epsilon)), 1 - delta, 1.0])
     values = dp_roc_bound(epsilon, delta, knots)
     return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(knots)))
+
+
+def gdp_heldout_auc_bound(mu: float) -> float:
+    """``Phi(mu)`` (1 for ``mu = inf``): the largest expected AUC of an attack that scores
+    one model's training rows against held-out rows of the same distribution (the usual
+    loss-attack evaluation, :func:`score_attack`), when the model is ``mu``-GDP under adding
+    or removing a row.
+
+    Why: for a member ``x`` and a non-member ``x'`` the comparison ``T = s(x) - s(x')`` of
+    their scores tests ``D' + {x}`` against ``D' + {x'}``, datasets one replacement (two
+    add/remove steps) apart, hence ``2 mu``-GDP apart; by exchangeability ``T > 0`` has
+    true-positive rate ``A`` (the AUC) and false-positive rate ``1 - A``, and the point
+    ``(1 - A, A)`` under the concave curve ``Phi(2 mu - Phi^-1(1 - FPR))`` gives
+    ``Phi^-1(A) <= mu``. Looser than :func:`gdp_auc_bound` (``Phi(mu / sqrt 2)``), which
+    bounds the add/remove test of one fixed row.
+
+    Raises:
+        ValueError: ``mu`` negative.
+    """
+    if not mu >= 0:
+        raise ValueError(f"mu must be >= 0; got {mu!r}.")
+    return 1.0 if math.isinf(mu) else float(norm.cdf(mu))
+
+
+def dp_heldout_auc_bound(epsilon: float, delta: float) -> float:
+    """The bound of :func:`gdp_heldout_auc_bound` for any ``(epsilon, delta)``-DP model:
+    replacing a row is ``(2 eps, (1 + e^eps) delta)``-DP (group privacy), and the point
+    ``(1 - A, A)`` inside that region gives ``A <= (e^(2 eps) + delta') / (1 + e^(2 eps))``
+    with ``delta' = (1 + e^eps) delta`` (1 for ``epsilon = inf``).
+
+    Raises:
+        ValueError: ``epsilon`` negative or ``delta`` outside [0, 1).
+    """
+    if not epsilon >= 0 or not 0 <= delta < 1:
+        raise ValueError(f"epsilon must be >= 0 and delta in [0, 1); got {epsilon!r}, {delta!r}.")
+    if math.isinf(epsilon) or epsilon > 300:
+        return 1.0
+    grown, spread = math.exp(2 * epsilon), (1 + math.exp(epsilon)) * delta
+    return float(min(1.0, (grown + spread) / (1 + grown)))
 
 
 # --------------------------------------------------------------------------- AUC and its error
@@ -365,6 +420,189 @@ def stats_attack(
         signal=signal,
         noise_multiplier=float(noise_multiplier),
         mu=gdp_mu(noise_multiplier, rounds, len(blocks)),
+    )
+
+
+# --------------------------------------------------------------------------- through the gate
+@dataclass(frozen=True)
+class GateAttack:
+    """Per-trial results of :func:`gate_attack`.
+
+    Attributes:
+        scores: each trial's log-likelihood ratio summed over its releases, shape
+            (n_trials,) (higher = member).
+        members: whether the target was among the client's rows, shape (n_trials,), bool.
+        noise: each block's released values minus the noiseless release of the same rows,
+            about the origin, by block name: shape (n_trials, releases, entries) (counts
+            (K,), first moments (K*d,), second moments' upper triangles).
+        sigma: each block's calibrated noise standard deviation, ``z * BLOCK_SPLIT[block]
+            * sensitivity`` with ``z`` the client's own multiplier.
+        signal: ``||f(D_minus + {x*}) - f(D_minus)|| / sigma`` over the blocks and
+            releases: the ``mu`` of this pair of neighbours (``inf`` without noise).
+        mu: :func:`gdp_mu` of the releases (three blocks, ``z`` split by
+            :data:`~fednovelty.federated.dp.BLOCK_SPLIT`, spends what three blocks of
+            ``z`` do).
+        releases: releases per trial.
+    """
+
+    scores: np.ndarray
+    members: np.ndarray
+    noise: dict[str, np.ndarray]
+    sigma: dict[str, float]
+    signal: float
+    mu: float
+    releases: int
+
+    @property
+    def auc(self) -> float:
+        """:func:`membership_auc` over the trials."""
+        return membership_auc(self.scores[self.members], self.scores[~self.members])
+
+    @property
+    def bound(self) -> float:
+        """:func:`gdp_auc_bound` of :attr:`mu`."""
+        return gdp_auc_bound(self.mu)
+
+    def interval(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+        """:func:`auc_interval` over the trials: ``(auc, low, high)``."""
+        return auc_interval(
+            self.scores[self.members], self.scores[~self.members], n_boot, level, seed
+        )
+
+
+def _released_blocks(
+    reply: Any, shift: torch.Tensor, covariance_type: str
+) -> dict[str, np.ndarray]:
+    """A released stats reply's blocks about the origin (where the gate adds the noise),
+    flattened: counts (K,), first moments (K*d,), second moments (the upper triangle of
+    full and tied ones; diag and spherical as they are)."""
+    t = reply.tensors
+    counts = t["counts"].to(torch.float64)
+    sums, second = recentre_stats(
+        counts,
+        t["sums"].to(torch.float64),
+        t["second"].to(torch.float64),
+        shift.to(torch.float64),
+        covariance_type,
+    )
+    if covariance_type in ("full", "tied"):
+        d = second.shape[-1]
+        rows, cols = torch.triu_indices(d, d)
+        second = second[..., rows, cols]
+    return {
+        "counts": counts.reshape(-1).cpu().numpy(),
+        "sums": sums.reshape(-1).cpu().numpy(),
+        "second": second.reshape(-1).cpu().numpy(),
+    }
+
+
+def gate_attack(
+    algorithm: Any,
+    message: Any,
+    policy: PrivacyPolicy,
+    others: np.ndarray,
+    target: np.ndarray,
+    *,
+    n_trials: int = 2000,
+    releases: int = 1,
+    client_id: int = 0,
+    seed: int = 0,
+) -> GateAttack:
+    """The likelihood-ratio membership attack on what leaves a client through the real
+    client gate (``algorithm.answer``), for one fixed pair of add/remove neighbours.
+
+    Each trial the client holds ``others`` (``D_minus``, known to the adversary) or
+    ``others`` plus ``target`` (half the trials, shuffled) and answers ``message`` (a
+    broadcast whose reply has the ``"stats"`` private form, e.g. an ``"em"`` round)
+    ``releases`` times through ``algorithm.answer`` under ``policy`` (its
+    :class:`~fednovelty.federated.dp.DPPolicy` reseeded per trial, the releases of a trial
+    counted in one client state as an engine does). The adversary knows everything but the
+    noise: the noiseless releases ``f0 = f(D_minus)`` and ``f1 = f(D_minus + {x*})`` (the
+    same gate with the policy's multiplier set to 0: the same views, clipping and
+    statistics) and each block's noise spread ``sigma_b = z_client * BLOCK_SPLIT[b] *
+    sensitivity_b``; it scores ``sum over releases and blocks of (||y - f0||^2 -
+    ||y - f1||^2) / (2 sigma_b^2)`` on the blocks taken about the origin.
+
+    Args:
+        algorithm: a federated algorithm (e.g. ``FederatedEM(..., dp_mode="local",
+            dp_noise_multiplier=z, dp_clip=B, bounds=...)``).
+        message: the broadcast the client answers (``algorithm.configure(state)``).
+        policy: the client's :class:`~fednovelty.federated.privacy.PrivacyPolicy`, with
+            ``dp`` set; its budget (``max_releases``) must allow ``releases``.
+        others: the client's rows without the target, (n - 1, d).
+        target: the target row, (d,).
+        n_trials: trials in all (>= 2); ``releases``: releases per trial (>= 1).
+        client_id: the client's id (the gate seeds the noise with it and the policy's seed).
+        seed: seeds the membership draws and the policies' seeds.
+
+    Returns:
+        :class:`GateAttack` with the per-trial scores and the released noise.
+
+    Raises:
+        ValueError: no ``policy.dp``, a reply without the ``"stats"`` private form, a
+            refused release (the reason is quoted), or arguments out of range.
+    """
+    if policy.dp is None:
+        raise ValueError("policy.dp must be a DPPolicy: the gate adds noise only under one.")
+    if n_trials < 2 or releases < 1:
+        raise ValueError(f"n_trials must be >= 2 and releases >= 1; got {n_trials}, {releases}.")
+    spec = algorithm.reply_spec(message.kind)
+    if spec.private != "stats":
+        raise ValueError(
+            f"message kind {message.kind!r} has private form {spec.private!r}; the attack "
+            "reads summed statistics (private form 'stats', e.g. an 'em' round)."
+        )
+    config = algorithm.config
+    ct = getattr(config, "covariance_type", "full")
+    dtype = getattr(config, "dtype", torch.float64)
+    shift = message.tensors["shift"]
+    without = torch.as_tensor(np.asarray(others, dtype=float), dtype=dtype)
+    x_star = torch.as_tensor(np.asarray(target, dtype=float), dtype=dtype).reshape(1, -1)
+    if without.ndim != 2 or x_star.shape[1] != without.shape[1]:
+        raise ValueError(
+            f"others must be (n - 1, d) and target (d,); got {tuple(without.shape)} and "
+            f"{tuple(np.shape(target))}."
+        )
+    datasets = (without, torch.cat([without, x_star]))
+
+    def answer(rows: torch.Tensor, trial_policy: PrivacyPolicy, state: dict) -> dict:
+        reply = algorithm.answer(rows, message, ClientContext(client_id, state, trial_policy))
+        if reply.scalars.get("skipped"):
+            raise ValueError(f"the client refused the release: {reply.scalars.get('reason')}")
+        return _released_blocks(reply, shift, ct)
+
+    quiet = dataclasses.replace(policy, dp=dataclasses.replace(policy.dp, noise_multiplier=0.0))
+    f0, f1 = (answer(rows, quiet, {}) for rows in datasets)
+    z = policy.dp.client_noise
+    sens = stats_sensitivities(policy.dp.clip_norm)
+    sigma = {b: z * BLOCK_SPLIT[b] * sens[b] for b in STAT_BLOCKS}
+    power = sum(float(((f1[b] - f0[b]) ** 2).sum()) / sigma[b] ** 2 for b in STAT_BLOCKS if z > 0)
+    rng = np.random.default_rng(seed)
+    members = rng.permutation(np.arange(n_trials) < n_trials // 2)
+    seeds = rng.integers(2**31, size=n_trials)
+    scores = np.zeros(n_trials)
+    noise = {b: np.empty((n_trials, releases, f0[b].size)) for b in STAT_BLOCKS}
+    for t in range(n_trials):
+        trial_policy = dataclasses.replace(
+            policy, dp=dataclasses.replace(policy.dp, seed=int(seeds[t]))
+        )
+        state: dict = {}
+        truth = f1 if members[t] else f0
+        for r in range(releases):
+            y = answer(datasets[int(members[t])], trial_policy, state)
+            for b in STAT_BLOCKS:
+                noise[b][t, r] = y[b] - truth[b]
+                scale = sigma[b] ** 2 if z > 0 else 1.0
+                diff = ((y[b] - f0[b]) ** 2).sum() - ((y[b] - f1[b]) ** 2).sum()
+                scores[t] += float(diff) / (2 * scale)
+    return GateAttack(
+        scores=scores,
+        members=members,
+        noise=noise,
+        sigma=sigma,
+        signal=math.sqrt(power * releases) if z > 0 else math.inf,
+        mu=gdp_mu(z, releases, len(STAT_BLOCKS)),
+        releases=releases,
     )
 
 

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.optimize import brentq
 from scipy.stats import multivariate_normal, norm
 from sklearn.mixture import GaussianMixture
 
@@ -21,7 +22,9 @@ from fednovelty.evaluation.membership import (
     auc_interval,
     auc_standard_error,
     dp_auc_bound,
+    dp_heldout_auc_bound,
     gdp_auc_bound,
+    gdp_heldout_auc_bound,
     gdp_mu,
     gdp_mu_for_epsilon,
     membership_auc,
@@ -75,6 +78,25 @@ def test_bounds_match_numerical_integration():
         assert gdp_mu(z, 1, 3) == pytest.approx(math.sqrt(3) / z)
         assert gdp_mu_for_epsilon(eps, 1e-5) == pytest.approx(math.sqrt(3) / z, rel=3e-3)
     assert auc_standard_error(0.7, 300, 500) == pytest.approx(_standard_error(0.7, 300, 500))
+
+
+def test_heldout_bounds_are_the_symmetric_points_of_the_replacement_curves():
+    # the members-vs-held-out AUC A puts (1 - A, A) on the replace-one curve: solve for A
+    for mu in (0.1, 0.27, 1.0, 2.5):
+        a = brentq(lambda a, mu=mu: norm.cdf(2 * mu - norm.ppf(a)) - a, 0.5, 1 - 1e-12)
+        assert gdp_heldout_auc_bound(mu) == pytest.approx(a, abs=1e-9)
+        assert gdp_heldout_auc_bound(mu) > gdp_auc_bound(mu)
+    for eps, delta in ((0.5, 1e-5), (1.0, 1e-5), (3.0, 1e-3)):
+        e2, d2 = 2 * eps, (1 + math.exp(eps)) * delta
+
+        def gap(a, e2=e2, d2=d2):
+            fpr = 1 - a
+            tpr = min(1.0, math.exp(e2) * fpr + d2, 1 - math.exp(-e2) * (1 - d2 - fpr))
+            return tpr - a
+
+        a = brentq(gap, 0.5, 1 - 1e-12)
+        assert dp_heldout_auc_bound(eps, delta) == pytest.approx(a, abs=1e-9)
+    assert gdp_heldout_auc_bound(math.inf) == 1.0 and dp_heldout_auc_bound(math.inf, 1e-5) == 1.0
 
 
 def test_noiseless_release_gives_membership_away():
