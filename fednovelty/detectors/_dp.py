@@ -118,12 +118,20 @@ def dp_plan(
 def privacy_record(plan: DPPlan, rounds: Iterable[dict], private_kinds: Iterable[str]) -> dict:
     """``privacy_spent_``: what a fit under ``plan`` spent, from its ``history_`` records
     (``rounds``): the rounds of a kind with a private form (``private_kinds``) that ran
-    bound every client's releases; epsilon is read from the accountant for them."""
+    bound every client's releases; epsilon is read from the accountant for them.
+
+    ``epsilon`` holds against whoever sees the model or the sum of the clients' releases;
+    ``epsilon_against_server`` against a server that sees each client's reply: the same in
+    ``"local"`` mode, ``inf`` in ``"central"`` (the server sees clipped, un-noised sums) and
+    that of ``z / sqrt(m)`` in ``"distributed"`` mode unless a secure sum hides the replies
+    (``docs/secure_sums.md``; the in-process engine does not)."""
     kinds = set(private_kinds)
     made = sum(1 for r in rounds if r.get("kind") in kinds and not r.get("failed"))
-    z = plan.policy.noise_multiplier
+    policy = plan.policy
+    z = policy.noise_multiplier
     return {
         "epsilon": epsilon_spent(z, made, plan.delta),
+        "epsilon_against_server": epsilon_spent(policy.client_noise, made, plan.delta),
         "delta": plan.delta,
         "epsilon_budget": plan.epsilon,
         "releases": made,

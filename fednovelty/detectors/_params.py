@@ -162,7 +162,7 @@ DIFFERENTIAL_PRIVACY: Group = (
     Param(
         "dp_epsilon",
         None,
-        [Interval(Real, 0.0, None, closed="neither"), None],
+        [Interval(Real, 0.0, 100.0, closed="right"), None],
         "the fit's differential-privacy budget epsilon per client row (``None``: off). The "
         "noise is calibrated so that every round the fit can run together spends at most "
         "this at ``dp_delta`` (Google's dp-accounting, ``pip install 'fednovelty[dp]'``); "

@@ -35,6 +35,9 @@ from fednovelty.federated.declarations import PRIVATE_RELEASES
 
 #: where the noise is added (module docstring).
 MODES = ("central", "local", "distributed")
+#: the largest budget :func:`calibrate_noise` calibrates for (beyond it the guarantee is void
+#: and the accountant's privacy-loss distribution grows without bound).
+MAX_EPSILON = 100.0
 #: the blocks of summed mixture statistics, each one Gaussian mechanism per round.
 STAT_BLOCKS = ("counts", "sums", "second")
 #: the key of a client's count of noisy releases in its state (never sent).
@@ -528,11 +531,11 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
     bisection on ``delta(mu) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``: the
     starting bracket of :func:`calibrate_noise`."""
 
-    def phi(x: float) -> float:
-        return 0.5 * math.erfc(-x / math.sqrt(2))
+    from scipy.special import log_ndtr, ndtr
 
-    def delta_of(mu: float) -> float:
-        return phi(-epsilon / mu + mu / 2) - math.exp(epsilon) * phi(-epsilon / mu - mu / 2)
+    def delta_of(mu: float) -> float:  # e^eps Phi(x) as exp(eps + log Phi(x)): no overflow
+        first = float(ndtr(-epsilon / mu + mu / 2))
+        return first - math.exp(min(epsilon + float(log_ndtr(-epsilon / mu - mu / 2)), 700.0))
 
     low, high = 1e-6, 1.0
     while delta_of(high) < delta:
@@ -555,11 +558,14 @@ def calibrate_noise(
     (:func:`epsilon_spent`), by bisection.
 
     Raises:
-        ValueError: ``epsilon`` not positive and finite, or the arguments
+        ValueError: ``epsilon`` not in ``(0, MAX_EPSILON]``, or the arguments
             :func:`epsilon_spent` refuses.
     """
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a positive finite number; got {epsilon!r}.")
+    if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
+        raise ValueError(
+            f"epsilon must be in (0, {MAX_EPSILON:g}]; got {epsilon!r} (a larger epsilon "
+            "promises nothing; fit without differential privacy instead)."
+        )
 
     def spent(z: float) -> float:  # the search reads a coarser (pessimistic) accountant
         return epsilon_spent(z, rounds, delta, blocks, resolution=1e-3)

@@ -346,12 +346,15 @@ def _validate(
     other (a client whose declared moments or local model no honest federation produces is
     dropped with the invalid replies); ``({}, {})`` when none arrived (the validator may not
     know the federation's width yet, and there is nothing to check). Replies of
-    ``excluded`` clients are dropped unread."""
+    ``excluded`` clients are dropped unread. Noisy replies (``validator.private``, a kind with
+    a private form) skip the screen: the noise of a small client is no lie."""
     shut_out = {c: EXCLUDED for c in delivery.replies if c in excluded}
     replies = {c: r for c, r in delivery.replies.items() if c not in excluded}
     if not replies:
         return {}, shut_out
     valid, invalid = validator.accept(message, replies, delivery.widths)
+    if validator.private and validator.spec(message.kind).private is not None:
+        return valid, {**shut_out, **invalid}  # noisy replies: no cross-client screen
     implausible = gross_screen(message, valid)
     valid = {c: reply for c, reply in valid.items() if c not in implausible}
     return valid, {**shut_out, **invalid, **implausible}

@@ -257,3 +257,24 @@ def test_noisy_scatter_without_noise_keeps_the_reply_and_with_noise_stays_symmet
     noisy = noisy_scatter(tensors, 2.0, 3.0, torch.Generator().manual_seed(0))
     assert torch.equal(noisy["scatter"], noisy["scatter"].T)
     assert not torch.equal(noisy["mean"], tensors["mean"])
+
+
+def test_small_clients_noisy_replies_are_not_dropped_as_implausible():
+    """Local noise on 30-row clients makes their moments wild against each other; the
+    server's cross-client screen would drop them all (it judges lies, and noise is none)."""
+    bound, z = 3.0, 40.0
+    clients = [torch.as_tensor(_rows(30, seed)) for seed in range(12)]
+    algorithm = FederatedEM(
+        2,
+        standardize=True,
+        bounds=([-8.0] * 3, [8.0] * 3),
+        max_iter=2,
+        kmeans_rounds=1,
+        dp_mode="local",
+        dp_noise_multiplier=z,
+        dp_clip=bound,
+    )
+    policy = PrivacyPolicy(dp=DPPolicy(z, bound, "local", n_clients=12, seed=0))
+    result = run_simulation(algorithm, clients, privacy=policy)
+    assert [r.kind for r in result.history] == ["moments", "assign", "em", "em"]
+    assert all(len(r.replied) == 12 and not r.dropped for r in result.history)
