@@ -60,7 +60,8 @@ from fednovelty.federated.mixtures.em import floored_stats_message
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
-from fednovelty.mixture import MixtureParams, affine_params, e_step_stats
+from fednovelty.mixture import MixtureParams, e_step_stats
+from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
@@ -432,8 +433,9 @@ def affine_posterior(posterior: VBPosterior, offset: Tensor, scale: Tensor) -> V
     """The posterior of the mixture of ``x = offset + scale * z`` when ``posterior`` is that
     of ``z`` (``offset``, ``scale`` (n_features,), ``scale`` > 0 and one common value for
     ``spherical``): means ``offset + scale * m``, covariances ``D C D`` (full, tied;
-    ``D = diag(scale)``), ``scale**2 * c`` (diag, spherical), precision factors as
-    :func:`~fednovelty.mixture.affine_params` rescales them; the weights' concentrations,
+    ``D = diag(scale)``), ``scale**2 * c`` (diag, spherical), precision factors from those
+    covariances (as a loaded posterior rebuilds them, so it scores bit for bit as the
+    fitted one); the weights' concentrations,
     mean precisions and degrees of freedom do not change (a Wishart on ``Lambda_z`` is one
     on ``D^-1 Lambda_z D^-1`` with the same degrees of freedom)."""
     ct = posterior.covariance_type
@@ -444,13 +446,11 @@ def affine_posterior(posterior: VBPosterior, offset: Tensor, scale: Tensor) -> V
         cov = cov * scale.square()
     else:
         cov = cov * scale[0].square()
-    plugin = MixtureParams(posterior.weights, posterior.means, posterior.precisions_cholesky, ct)
-    moved = affine_params(plugin, offset, scale)
     return replace(
         posterior,
-        means=moved.means,
+        means=offset + posterior.means * scale,
         covariances=cov,
-        precisions_cholesky=moved.precisions_cholesky,
+        precisions_cholesky=precisions_cholesky_from_covariances(cov, ct),
     )
 
 
