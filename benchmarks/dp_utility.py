@@ -7,13 +7,13 @@ personal weights; 15 components) fitted with ``dp_epsilon`` in {0.5, 1, 2, 4, 8}
 ``dp_delta=1e-5`` and without differential privacy (``inf``). The public bounds are the
 scaled features' range ``[0, 1]`` (the task scales them; a deployment takes them from domain
 knowledge). Private fits run ``max_iter`` EM rounds after ``kmeans_rounds`` Lloyd rounds
-(every round spends budget); the non-private fit keeps the method's defaults (up to 100
-rounds, stopping on ``tol``), and a non-private fit with the private fit's rounds is shown too
-(``inf*``) to separate the noise's cost from the rounds'.
+(every round spends budget; 40 and 3 by default); the non-private fit keeps the method's
+defaults (up to 100 rounds, stopping on ``tol``), and a non-private fit with the private
+fit's rounds is shown too (``inf*``) to separate the noise's cost from the rounds'.
 
-Run: ``python benchmarks/dp_utility.py [--seeds 0 1 2] [--modes central local]``; prints one
-row per (method, mode, epsilon): AUROC and AUC-PR (mean and spread over seeds) and their
-differences from the non-private fit.
+Run: ``python benchmarks/dp_utility.py [--seeds 0 1 2] [--modes central local] [--quick]``;
+prints one row per (method, mode, epsilon): AUROC and AUC-PR (mean and spread over seeds)
+and their differences from the non-private fit.
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ def run(args) -> pd.DataFrame:
     rows = []
     for seed in args.seeds:
         task = make_task(
-            args.dataset, "novelty", n_clients=args.clients, alpha=0.5, seed=seed,
+            args.dataset,
+            "novelty",
+            n_clients=args.clients,
+            alpha=0.5,
+            seed=seed,
             max_train=args.max_train,
         )
         d = task.X_train.shape[1]
@@ -45,14 +49,25 @@ def run(args) -> pd.DataFrame:
         for name in args.methods:
             method = get_method(name)
             base = method.shared_params(n_components=args.components, random_state=seed)
-            settings = [("inf", None, {}), ("inf*", None, {"max_iter": args.max_iter,
-                                                           "kmeans_rounds": args.kmeans_rounds})]
+            settings = [
+                ("inf", None, {}),
+                ("inf*", None, {"max_iter": args.max_iter, "kmeans_rounds": args.kmeans_rounds}),
+            ]
             for mode in args.modes:
-                for eps in EPSILONS:
-                    settings.append((eps, mode, {
-                        "dp_epsilon": eps, "dp_bounds": bounds, "dp_mode": mode,
-                        "max_iter": args.max_iter, "kmeans_rounds": args.kmeans_rounds,
-                    }))
+                for eps in args.epsilons:
+                    settings.append(
+                        (
+                            eps,
+                            mode,
+                            {
+                                "dp_epsilon": eps,
+                                "dp_bounds": bounds,
+                                "dp_mode": mode,
+                                "max_iter": args.max_iter,
+                                "kmeans_rounds": args.kmeans_rounds,
+                            },
+                        )
+                    )
             for eps, mode, extra in settings:
                 detector = method.build(**base, **extra, progress=False)
                 started = time.perf_counter()
@@ -60,46 +75,65 @@ def run(args) -> pd.DataFrame:
                 seconds = time.perf_counter() - started
                 scores = detector.decision_function(task.X_test)
                 spent = getattr(detector, "privacy_spent_", None)
-                rows.append({
-                    "method": name, "mode": mode or "-", "epsilon": eps, "seed": seed,
-                    "auroc": auroc(task.y_test, scores), "aucpr": aupr_out(task.y_test, scores),
-                    "spent": spent["epsilon"] if spent else math.inf,
-                    "releases": spent["releases"] if spent else detector.n_rounds_,
-                    "z": spent["noise_multiplier"] if spent else 0.0,
-                    "seconds": seconds,
-                })
+                rows.append(
+                    {
+                        "method": name,
+                        "mode": mode or "-",
+                        "epsilon": eps,
+                        "seed": seed,
+                        "auroc": auroc(task.y_test, scores),
+                        "aucpr": aupr_out(task.y_test, scores),
+                        "spent": spent["epsilon"] if spent else math.inf,
+                        "releases": spent["releases"] if spent else detector.n_rounds_,
+                        "z": spent["noise_multiplier"] if spent else 0.0,
+                        "seconds": seconds,
+                    }
+                )
                 print(rows[-1], flush=True)
     return pd.DataFrame(rows)
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
     reference = frame[frame.epsilon == "inf"].set_index(["method", "seed"])[["auroc", "aucpr"]]
-    frame = frame.join(reference, on=["method", "seed"], rsuffix="_ref")
+    reference.columns = [f"{name}_ref" for name in reference.columns]
+    frame = frame.join(reference, on=["method", "seed"])
     frame["d_auroc"] = frame.auroc - frame.auroc_ref
     frame["d_aucpr"] = frame.aucpr - frame.aucpr_ref
     frame["epsilon"] = frame.epsilon.astype(str)
     table = frame.groupby(["method", "mode", "epsilon"], sort=False).agg(
-        auroc=("auroc", "mean"), auroc_sd=("auroc", "std"), aucpr=("aucpr", "mean"),
-        d_auroc=("d_auroc", "mean"), d_auroc_worst=("d_auroc", "min"),
-        d_aucpr=("d_aucpr", "mean"), z=("z", "mean"), releases=("releases", "mean"),
+        auroc=("auroc", "mean"),
+        auroc_sd=("auroc", "std"),
+        aucpr=("aucpr", "mean"),
+        d_auroc=("d_auroc", "mean"),
+        d_auroc_worst=("d_auroc", "min"),
+        d_aucpr=("d_aucpr", "mean"),
+        z=("z", "mean"),
+        releases=("releases", "mean"),
         seconds=("seconds", "mean"),
     )
     return table.round(4)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="10_cover")
     parser.add_argument("--methods", nargs="+", default=["DEM-kmeans", "FedGMM"])
     parser.add_argument("--modes", nargs="+", default=["central", "local"])
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--components", type=int, default=15)
-    parser.add_argument("--max-iter", type=int, default=10)
+    parser.add_argument("--max-iter", type=int, default=40)
     parser.add_argument("--kmeans-rounds", type=int, default=3)
     parser.add_argument("--max-train", type=int, default=None)
     parser.add_argument("--out", default=None, help="also write the per-run rows as CSV")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: one seed, DEM-kmeans, 20,000 rows"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.methods, args.modes = [0], ["DEM-kmeans"], ["central"]
+        args.max_train, args.max_iter, args.epsilons = 20_000, 5, [1.0]
     torch.set_num_threads(1)
     frame = run(args)
     if args.out:

@@ -1,0 +1,21 @@
+"""Smoke tests of the privacy benchmarks (``dp_utility.py``, ``membership.py``,
+``secure_sums.py``): each quick run completes and prints its table."""
+
+
+def test_dp_utility_quick_run_prints_private_and_reference_rows(benchmark_script, capsys):
+    benchmark_script("dp_utility").main(["--quick"])
+    out = capsys.readouterr().out
+    table = out[out.index("auroc_sd") :]
+    for label in ("inf ", "inf*", "central", "1.0"):
+        assert label in table
+    assert "'spent': 0.99" in out  # the private fit spent (almost exactly) its budget
+
+
+def test_membership_quick_run_prints_attacks_beside_bounds(benchmark_script, capsys):
+    report = benchmark_script("membership").main(["--quick"])
+    assert "GDP AUC bound" in report and "loss attack AUC" in report
+
+
+def test_secure_sums_quick_run_prints_errors_within_their_bound(benchmark_script, capsys):
+    report = benchmark_script("secure_sums").main(["--quick"])
+    assert "bound" in report
