@@ -18,6 +18,19 @@ against the Gaussian mechanism); ``(eps, delta)`` = the area of the region
 ``TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))`` (any (eps, delta)-DP
 mechanism). The epsilon at which the GDP bound equals the product target 0.55 is printed.
 
+**Through the real client gate** (:func:`fednovelty.evaluation.membership.gate_attack`): a
+one-component ``FederatedEM(dp_mode="local", dp_noise_multiplier=z, dp_clip=B, bounds=(-BOX,
+BOX))`` and its ``em`` broadcast after ``start()``; one client of ``N_ROWS`` rows answers it
+through ``algorithm.answer`` under ``PrivacyPolicy(dp=DPPolicy(z, B, "local"))`` (a fresh
+noise seed per trial), with and without the target; the adversary knows the noiseless
+releases of both neighbours and the calibrated spreads. ``B = 1.5 sqrt(d)`` box units (the
+detectors' ``dp_clip="auto"``). One release at ``z`` calibrated to (epsilon, 1e-5) for one
+release: the canary (16, 0) (4 box units out along an axis: full sensitivity in every block)
+and typical targets (``GATE_PAIRS`` (20) pairs of rows drawn from the population, their trials
+pooled); then the whole-fit budget: ``releases`` (the DP detector's planned releases)
+releases of the canary's statistics at the ``z`` that spends epsilon over all of them. The
+measured noise spread of each block over its calibrated value is printed (1 = as calibrated).
+
 **Score attack** (:func:`fednovelty.evaluation.membership.score_attack`): detectors fitted to
 a 30-row client (two federated clients of 15 rows for the federated detector), the loss
 attack (log-density of members vs 30 held-out rows) and its calibrated form (offline LiRA,
@@ -25,14 +38,21 @@ attack (log-density of members vs 30 held-out rows) and its calibrated form (off
 seed-repeated 95 % interval (mean +- 1.96 sd / sqrt(seeds)). Detectors: scikit-learn's
 ``GaussianMixture`` (10 components, overfits), ``FedGMMDetector`` (8 components, no prior,
 no privacy floor: overfits) and ``FedGMMDetector`` with its defaults but the privacy floor
-(prior, standardisation). With DP: ``FedGMMDetector`` (:data:`DP_DETECTOR`: 8 components, no
-prior, 10 EM rounds, 3 k-means rounds) with ``dp_epsilon`` at each epsilon, public box
-``dp_bounds = (-BOX, BOX)``, ``dp_clip="auto"``, central noise; the loss attack only (when the
-detector has no ``dp_epsilon`` parameter the table says it was not run).
+(prior, standardisation).
+
+**DP-trained detector** (``DP_SEEDS`` (30) seeds): ``FedGMMDetector`` (:data:`DP_DETECTOR`:
+8 components, no prior, no floor, 10 EM rounds, 3 k-means rounds) on ``DP_CLIENTS`` (4)
+clients of ``DP_ROWS`` (10) rows of N(0, I_2) with ``dp_epsilon`` at each epsilon,
+``dp_bounds = (-BOX, BOX)``, ``dp_clip="auto"``, central noise; the loss attack against 40
+held-out rows; epsilon = inf is the same detector without DP. Bounds are those of the fit's
+whole budget (its ``noise_multiplier`` and ``releases`` from ``privacy_spent_``): the
+add/remove test of one row, ``Phi(mu / sqrt 2)``, and the members-vs-held-out AUC,
+``Phi(mu)`` (a replacement; :func:`~fednovelty.evaluation.membership.gdp_heldout_auc_bound`)
+and its (epsilon, delta) form.
 
 Usage::
 
-    .venv/bin/python benchmarks/membership.py               # full run, ~1-2 min on 1 core
+    .venv/bin/python benchmarks/membership.py               # full run, ~6-10 min on 1 core
     .venv/bin/python benchmarks/membership.py --quick       # smoke run (fewer trials, seeds)
     .venv/bin/python benchmarks/membership.py --out benchmarks/membership.txt
 """
@@ -55,14 +75,20 @@ from _machine import emit_report, report_header
 
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.evaluation.membership import (
+    GateAttack,
+    auc_interval,
     dp_auc_bound,
+    dp_heldout_auc_bound,
+    gate_attack,
     gdp_auc_bound,
+    gdp_heldout_auc_bound,
     gdp_mu,
     gdp_mu_for_epsilon,
     score_attack,
     stats_attack,
 )
-from fednovelty.federated.dp import calibrate_noise
+from fednovelty.federated import FederatedEM, PrivacyPolicy
+from fednovelty.federated.dp import DPPolicy, calibrate_noise
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1e-5
@@ -86,6 +112,15 @@ DP_DETECTOR = {
 }
 #: the public box of every feature (dp_bounds = (-BOX, BOX)).
 BOX = 4.0
+#: the DP detector's clients and rows per client, and the seeds of its table.
+DP_CLIENTS, DP_ROWS, DP_SEEDS = 4, 10, 30
+#: the gate attack's clip radius in box units (dp_clip="auto") and its canary (user units).
+GATE_CLIP = 1.5 * math.sqrt(D)
+GATE_CANARY = np.array([4 * BOX, 0.0])
+#: typical targets of the gate attack: pairs of (client rows, target) drawn from the population.
+GATE_PAIRS = 20
+#: trials per epsilon of the whole-fit (many releases) gate attack.
+FIT_TRIALS = 400
 
 
 def _population(seed: int = 0, n: int = 20_000) -> np.ndarray:
@@ -137,22 +172,11 @@ def stats_table(trials: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def _detectors(dp_epsilon: float | None):
-    """(name, factory, fit kwargs) of the score attack's detectors."""
-    groups = {"groups": np.repeat([0, 1], N_ROWS // 2)}
-    if dp_epsilon is not None:
-        params = dict(DP_DETECTOR)
-        if not math.isinf(dp_epsilon):
-            params.update(
-                dp_epsilon=dp_epsilon,
-                dp_delta=DELTA,
-                dp_bounds=([-BOX] * D, [BOX] * D),
-                dp_clip="auto",
-                dp_mode="central",
-            )
-        return [("FedGMM 8, DP", lambda: FedGMMDetector(**params), groups)]
+def _detectors():
+    """(name, factory, fit kwargs) of the score attack's non-private detectors."""
     from sklearn.mixture import GaussianMixture
 
+    groups = {"groups": np.repeat([0, 1], N_ROWS // 2)}
     return [
         (
             "GaussianMixture 10",
@@ -203,48 +227,190 @@ def _score_rows(name, factory, fit_kwargs, seeds, calibrate=True) -> tuple[str, 
 
 
 def score_table(seeds: int) -> str:
-    """The score attack's tables: without DP, and with it where the detector has it."""
+    """The score attack's table on non-private detectors."""
     lines = [
         f"## Score attack (clients of {N_ROWS} rows, {seeds} seeds; mean AUC [95% CI over seeds])",
         "",
         "| detector | loss attack AUC | calibrated (offline LiRA) AUC |",
         "|---|---|---|",
     ]
-    for name, factory, fit_kwargs in _detectors(None):
+    for name, factory, fit_kwargs in _detectors():
         plain, calibrated = _score_rows(name, factory, fit_kwargs, seeds)
         lines.append(f"| {name} | {plain} | {calibrated} |")
-    lines += ["", "### With DP-trained detectors", ""]
-    if "dp_epsilon" not in FedGMMDetector().get_params():
-        lines.append(
-            "Not run: FedGMMDetector has no dp_epsilon parameter in this tree (the detectors' "
-            "differential-privacy parameters have not landed)."
-        )
-        return "\n".join(lines)
-    lines += [
-        f"FedGMMDetector({', '.join(f'{k}={v}' for k, v in DP_DETECTOR.items())}), "
-        f"dp_bounds = (-{BOX:g}, {BOX:g}) per feature, dp_clip auto (1.5 sqrt(d) in z-score "
-        "units), central noise; two clients of 15 rows; the loss attack only (no reference "
-        "models: a DP fit takes ~1 s). The bounds are those of the fit's whole budget.",
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- through the gate
+def _gate(z: float) -> tuple[FederatedEM, object, PrivacyPolicy]:
+    """A one-component private federated EM, its ``em`` broadcast and the client's policy."""
+    algorithm = FederatedEM(
+        1,
+        dp_mode="local",
+        dp_noise_multiplier=z,
+        dp_clip=GATE_CLIP,
+        bounds=([-BOX] * D, [BOX] * D),
+        weights_init=np.array([1.0]),
+        means_init=np.zeros((1, D)),
+        precisions_init=np.eye(D)[None],
+        max_iter=1,
+    )
+    message = algorithm.configure(algorithm.start())
+    return algorithm, message, PrivacyPolicy(min_rows=1, dp=DPPolicy(z, GATE_CLIP, "local"))
+
+
+def _spread(result: GateAttack) -> str:
+    """Each block's measured noise spread over its calibrated one."""
+    if not all(s > 0 for s in result.sigma.values()):
+        return "no noise"
+    return " / ".join(f"{result.noise[b].std() / result.sigma[b]:.3f}" for b in result.sigma)
+
+
+def gate_table(trials: int, fit_trials: int, fit_releases: int) -> str:
+    """The gate attack's tables: one release, then the whole fit's releases."""
+    rng = np.random.default_rng(0)
+    population = _population(seed=1)
+    lines = [
+        f"## Through the real client gate (one client of {N_ROWS} rows, local noise, "
+        f"clip {GATE_CLIP:.3f} box units)",
         "",
-        "| epsilon | GDP AUC bound | (eps,delta) AUC bound | loss attack AUC | calibrated AUC |",
-        "|---|---|---|---|---|",
+        f"One release, {trials} trials per target kind (typical: {GATE_PAIRS} pairs pooled).",
+        "",
+        "| epsilon | z | mu | GDP AUC bound | canary AUC [95% CI] | typical AUC [95% CI] "
+        "| noise sd / calibrated (counts / sums / second) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for eps in EPSILONS:
-        bound = gdp_auc_bound(gdp_mu_for_epsilon(eps, DELTA))
-        try:
-            ((name, factory, fit_kwargs),) = _detectors(eps)
-            plain, calibrated = _score_rows(name, factory, fit_kwargs, seeds, calibrate=False)
-        except (TypeError, ValueError) as error:  # a parameter spelled otherwise than assumed
-            plain, calibrated = f"failed: {error}", ""
+        z = _noise(eps, 1)
+        algorithm, message, policy = _gate(z)
+        canary = gate_attack(
+            algorithm, message, policy, population[: N_ROWS - 1], GATE_CANARY, n_trials=trials
+        )
+        members, nonmembers = [], []
+        for pair in range(GATE_PAIRS):
+            picked = rng.choice(population.shape[0], N_ROWS, replace=False)
+            rows = population[picked]
+            result = gate_attack(
+                algorithm,
+                message,
+                policy,
+                rows[1:],
+                rows[0],
+                n_trials=max(2, trials // GATE_PAIRS),
+                seed=pair,
+            )
+            members.append(result.scores[result.members])
+            nonmembers.append(result.scores[~result.members])
+        typical = auc_interval(np.concatenate(members), np.concatenate(nonmembers), n_boot=300)
         lines.append(
-            f"| {eps:g} | {bound:.3f} | {dp_auc_bound(eps, DELTA):.3f} | {plain} | {calibrated} |"
+            f"| {eps:g} | {z:.3f} | {canary.mu:.3f} | {canary.bound:.3f} | "
+            f"{_fmt(*canary.interval(n_boot=300))} | {_fmt(*typical)} | {_spread(canary)} |"
+        )
+    lines += [
+        "",
+        f"The whole fit's budget: {fit_releases} releases (the DP detector's plan) of the "
+        f"canary's statistics, z spending epsilon over all of them, {fit_trials} trials.",
+        "",
+        "| epsilon | z | mu | GDP AUC bound | canary AUC [95% CI] | noise sd / calibrated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for eps in EPSILONS[:-1]:
+        z = _noise(eps, fit_releases)
+        algorithm, message, policy = _gate(z)
+        result = gate_attack(
+            algorithm,
+            message,
+            policy,
+            population[: N_ROWS - 1],
+            GATE_CANARY,
+            n_trials=fit_trials,
+            releases=fit_releases,
+            seed=3,
+        )
+        lines.append(
+            f"| {eps:g} | {z:.3f} | {result.mu:.3f} | {result.bound:.3f} | "
+            f"{_fmt(*result.interval(n_boot=300))} | {_spread(result)} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- DP detector
+def _dp_params(eps: float) -> dict:
+    params = dict(DP_DETECTOR)
+    if not math.isinf(eps):
+        params.update(
+            dp_epsilon=eps,
+            dp_delta=DELTA,
+            dp_bounds=([-BOX] * D, [BOX] * D),
+            dp_clip="auto",
+            dp_mode="central",
+        )
+    return params
+
+
+def _dp_fit_aucs(eps: float, seeds: int) -> tuple[np.ndarray, dict]:
+    """Loss-attack AUCs over ``seeds`` datasets and the first fit's ``privacy_spent_``."""
+    n = DP_CLIENTS * DP_ROWS
+    groups = {"groups": np.repeat(np.arange(DP_CLIENTS), DP_ROWS)}
+    aucs, record = [], {}
+    for seed in range(seeds):
+        rng = np.random.default_rng(2000 + seed)
+        members, held_out = rng.normal(size=(n, D)), rng.normal(size=(n, D))
+        fitted = []
+
+        def factory(seed=seed, fitted=fitted):
+            fitted.append(FedGMMDetector(**{**_dp_params(eps), "random_state": seed}))
+            return fitted[-1]
+
+        aucs.append(score_attack(factory, members, held_out, fit_kwargs=groups).auc)
+        record = record or dict(getattr(fitted[0], "privacy_spent_", {}))
+    return np.array(aucs), record
+
+
+def dp_releases() -> int:
+    """The DP detector's planned noisy releases (one fit at epsilon 1)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(DP_CLIENTS * DP_ROWS, D))
+    detector = FedGMMDetector(**_dp_params(1.0)).fit(
+        X, groups=np.repeat(np.arange(DP_CLIENTS), DP_ROWS)
+    )
+    return int(detector.privacy_spent_["planned_releases"])
+
+
+def dp_score_table(seeds: int) -> str:
+    """The loss attack against the DP-trained detector, one row per epsilon."""
+    n = DP_CLIENTS * DP_ROWS
+    lines = [
+        f"## Score attack on the DP-trained detector ({DP_CLIENTS} clients of {DP_ROWS} rows, "
+        f"d = {D}, {seeds} seeds; mean AUC [95% CI over seeds])",
+        "",
+        f"FedGMMDetector({', '.join(f'{k}={v}' for k, v in DP_DETECTOR.items())}), "
+        f"dp_bounds = (-{BOX:g}, {BOX:g}) per feature, dp_clip auto, central noise; "
+        f"{n} members against {n} held-out rows. epsilon = inf: the same detector without DP.",
+        "",
+        "| epsilon | z | releases | eps spent | mu | add/remove bound Phi(mu/sqrt2) "
+        "| held-out bound Phi(mu) | (eps,delta) held-out bound | loss attack AUC "
+        "| share of seeds > 0.55 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for eps in EPSILONS:
+        aucs, record = _dp_fit_aucs(eps, seeds)
+        if record:
+            z, releases = record["noise_multiplier"], record["releases"]
+            mu = gdp_mu(z, releases, 3)
+            spent = f"{record['epsilon']:.3f}"
+        else:
+            z, releases, mu, spent = 0.0, 0, math.inf, "inf"
+        lines.append(
+            f"| {eps:g} | {z:.3f} | {releases} | {spent} | {mu:.3f} | {gdp_auc_bound(mu):.3f} | "
+            f"{gdp_heldout_auc_bound(mu):.3f} | {dp_heldout_auc_bound(eps, DELTA):.3f} | "
+            f"{_seed_interval(aucs)} | {np.mean(aucs > TARGET_AUC):.2f} |"
         )
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 trials, 3 seeds")
+    parser.add_argument("--quick", action="store_true", help="200 trials, 3 seeds (4 DP seeds)")
     parser.add_argument("--rounds", type=int, default=1, help="releases of the statistics")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
     return parser.parse_args(argv)
@@ -256,8 +422,18 @@ def main(argv=None) -> str:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
-    trials, seeds = (200, 3) if args.quick else (TRIALS, SEEDS)
-    body = "\n\n".join([stats_table(trials, args.rounds), score_table(seeds)])
+    trials, seeds, dp_seeds, fit_trials = (
+        (200, 3, 4, 40) if args.quick else (TRIALS, SEEDS, DP_SEEDS, FIT_TRIALS)
+    )
+    releases = dp_releases()
+    body = "\n\n".join(
+        [
+            stats_table(trials, args.rounds),
+            gate_table(trials, fit_trials, releases),
+            score_table(seeds),
+            dp_score_table(dp_seeds),
+        ]
+    )
     command = "benchmarks/membership.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = report_header("Membership inference", command, args.quick, time.perf_counter() - start)
     return emit_report(header + "\n\n" + body + "\n", args.out)
