@@ -71,16 +71,30 @@ def _sklearn_from(X: np.ndarray, params: MixtureParams, **kwargs) -> BayesianGau
         return bgm.fit(X)
 
 
+@pytest.mark.parametrize("given_priors", [False, True])
 @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
-def test_a_public_box_maps_the_posterior_back_to_the_users_units(covariance_type):
+def test_a_public_box_maps_the_posterior_back_to_the_users_units(covariance_type, given_priors):
     """Rows fitted in the box's units ``[-1, 1]`` (default priors from the box-unit
-    moments) and mapped back give scikit-learn's posterior of the raw rows: VB with its
-    default priors is affine-equivariant (``reg_covar=0``; one width for spherical)."""
+    moments, or the user's priors mapped to them) and mapped back give scikit-learn's
+    posterior of the raw rows: VB is affine-equivariant (``reg_covar=0``; one width for
+    spherical)."""
     rng = np.random.default_rng(0)
     centers = np.array([[0.0, 0.0, 0.0], [4.0, 1.0, 0.0], [-2.0, 4.0, 1.0]])
     X = np.concatenate([c + rng.normal(size=(80, D)) * [1.0, 0.6, 0.8] for c in centers])
     params = _rough_start(X, covariance_type)
-    reference = _sklearn_from(X, params, tol=0.0, max_iter=25, reg_covar=0.0)
+    priors = {}
+    if given_priors:
+        wishart = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.2], [0.0, 0.2, 1.5]])
+        priors = {
+            "mean_prior": np.array([1.0, 2.0, -1.0]),
+            "covariance_prior": {
+                "full": wishart,
+                "tied": wishart,
+                "diag": np.diag(wishart).copy(),
+                "spherical": 1.3,
+            }[covariance_type],
+        }
+    reference = _sklearn_from(X, params, tol=0.0, max_iter=25, reg_covar=0.0, **priors)
     low, high = (-8.0, -7.0, -9.0), (10.0, 9.0, 6.0)
     if covariance_type == "spherical":
         low, high = (-8.0,) * D, (10.0,) * D
@@ -96,6 +110,7 @@ def test_a_public_box_maps_the_posterior_back_to_the_users_units(covariance_type
         weights_init=params.weights,
         means_init=params.means,
         precisions_init=precisions,
+        **priors,
     )
     clients = [torch.as_tensor(X[i::4]) for i in range(4)]
     posterior = run_simulation(algorithm, clients, privacy=NO_FLOOR).state.posterior

@@ -9,7 +9,7 @@ rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-of
 
 ``FederatedVB`` is a chain of steps (each stated on :class:`FederatedVB`)::
 
-    [prior moments] + initialisation (federated EM's init steps) + VB
+    [public box] + [prior moments] + initialisation (federated EM's init steps) + VB
 
 The prior moments round (:class:`VBPriorStep`) merges the clients' means and scatters
 exactly into scikit-learn's default priors; the initialisation is federated EM's
@@ -23,6 +23,18 @@ Normal-Wishart prior takes their place. A client below its privacy floor skips; 
 backed by fewer than ``min_rows`` of a client's effective rows is sent as zeros (with
 ``min_rows=1`` the sums are the pooled rows' exactly), and a component no client backs
 stays at its prior.
+
+With ``bounds`` (a public box) the rounds work in the box's units, ``[-1, 1]`` per feature
+(federated EM's :class:`~fednovelty.federated.init.MomentsStep`, without a round), and the
+posterior is mapped back exactly at the end (:func:`affine_posterior`; VB with priors
+mapped the same way is affine-equivariant). Differential privacy (``dp_mode``; the clients'
+``DPPolicy`` clips every row to ``dp_clip`` around the box's centre) releases the prior
+moments as a noisy scatter and the statistics of every Lloyd, ``vb_init`` and ``vb`` round
+as noisy sums; the k-means start is public (:class:`~fednovelty.federated.init.PublicCentres`),
+the server post-processes the noisy sums (:func:`~fednovelty.federated.init.private_stats`:
+counts at least twice their noise, so the Dirichlet and Normal-Wishart updates see positive
+counts and bounded covariances) and runs ``max_iter`` VB rounds without the ELBO, whose
+entropy needs the log-likelihood that the clients withhold.
 """
 
 from __future__ import annotations
@@ -233,7 +245,11 @@ class VBState:
     Attributes:
         vb_prior: the Normal-Wishart prior once known.
         posterior: current variational posterior.
-        lower_bounds: the ELBO after each VB M-step (scikit-learn's ``lower_bounds_``).
+        lower_bounds: the ELBO after each VB M-step (scikit-learn's ``lower_bounds_``;
+            with ``bounds`` in the box's units; empty under differential privacy).
+        offset, scale: the public box's map ``u = (x - offset) / scale`` (``bounds``),
+            each (n_features,); ``vb_prior`` stays in those units, ``posterior`` is mapped
+            back to the user's when the chain finishes.
         n_iter: VB rounds run (the ``vb_init`` round is not one); ``converged``.
         effective_n_components: components whose expected weight exceeds the threshold.
     """
