@@ -141,3 +141,15 @@ def privacy_record(plan: DPPlan, rounds: Iterable[dict], private_kinds: Iterable
         "mode": plan.policy.mode,
         "accountant": "dp-accounting PLD, add/remove one row",
     }
+
+
+def set_privacy_spent(estimator: Any, plan: DPPlan | None, algorithm: Any) -> None:
+    """``estimator.privacy_spent_`` after a fit of the chained ``algorithm`` under ``plan``
+    (:func:`privacy_record` of its ``history_`` over the kinds its steps release privately);
+    removed after a fit without one."""
+    if plan is None:
+        if hasattr(estimator, "privacy_spent_"):
+            del estimator.privacy_spent_
+        return
+    kinds = [k for step in algorithm.steps for k, spec in step.replies.items() if spec.private]
+    estimator.privacy_spent_ = privacy_record(plan, estimator.history_, kinds)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from fednovelty.detectors._dp import DPPlan, privacy_record
+from fednovelty.detectors._dp import DPPlan
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -181,15 +181,6 @@ class EMDetector(MixtureDetector):
             dp=None if plan is None else plan.policy,
         )
         return {**self._engine_settings(), "privacy": privacy}
-
-    def _set_privacy_spent(self, plan: DPPlan | None, algorithm) -> None:
-        """``privacy_spent_`` of a fit under ``plan`` (removed for a fit without one)."""
-        if plan is None:
-            if hasattr(self, "privacy_spent_"):
-                del self.privacy_spent_
-            return
-        kinds = [k for step in algorithm.steps for k, spec in step.replies.items() if spec.private]
-        self.privacy_spent_ = privacy_record(plan, self.history_, kinds)
 
     def _set_em_state(self, state) -> None:
         """The mixture and EM record of a finished ``EMState``."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
-from fednovelty.detectors._dp import dp_plan
+from fednovelty.detectors._dp import dp_plan, set_privacy_spent
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
@@ -127,7 +127,7 @@ class FedGMMDetector(EMDetector):
         result = self._simulate(
             algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine(plan)
         )
-        self._set_privacy_spent(plan, algorithm)
+        set_privacy_spent(self, plan, algorithm)
         state = result.state
         self._set_em_state(state)
         if self.mixture_weights == "personal":

@@ -42,7 +42,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._dp import dp_plan, privacy_record
+from fednovelty.detectors._dp import dp_plan, set_privacy_spent
 from fednovelty.detectors._params import (
     DETECTOR,
     DIFFERENTIAL_PRIVACY,
@@ -311,11 +311,7 @@ class FedVBDetector(MixtureDetector):
             )
             not_converged = "Federated VB did not converge in {} rounds"
         state = self._simulate(algorithm, clients, seed, privacy=privacy)
-        if plan is not None:  # what the rounds of a kind with a private form spent
-            kinds = [k for s in algorithm.steps for k, spec in s.replies.items() if spec.private]
-            self.privacy_spent_ = privacy_record(plan, self.history_, kinds)
-        elif hasattr(self, "privacy_spent_"):
-            del self.privacy_spent_
+        set_privacy_spent(self, plan, algorithm)
         self._set_posterior(state.posterior)
         self.n_iter_ = state.n_iter
         self.converged_ = state.converged

@@ -232,7 +232,7 @@ def charge(ledger: MutableMapping[str, Any], policy: DPPolicy, count: int = 1) -
     done = int(ledger.get(LEDGER_KEY, 0))
     if policy.max_releases is not None and done + count > policy.max_releases:
         return None
-    ledger[LEDGER_KEY] = done + count
+    ledger[LEDGER_KEY] = torch.tensor(done + count)  # client state is tensors (Flower keeps it)
     return done
 
 

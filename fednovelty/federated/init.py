@@ -184,7 +184,9 @@ class PrivateSettings(Settings):
     ``dp_clip`` (``B``, the rows' clipping radius). With ``dp_mode`` set the server reads
     noisy sums: it post-processes them into statistics rows in the clipping ball could
     produce, runs a fixed number of rounds (no stopping rule on a withheld log-likelihood)
-    and its gate checks private replies for form and finiteness only."""
+    and its gate checks private replies for form and finiteness only. The plain sum is what
+    the noise is calibrated for: a robust ``aggregation`` or a ``client_weight_cap`` is
+    refused with ``dp_mode``."""
 
     dp_mode: str | None = None
     dp_noise_multiplier: float = 0.0
@@ -201,6 +203,12 @@ class PrivateSettings(Settings):
         if not float(self.dp_clip) > 0:
             raise ValueError(f"dp_clip must be > 0, got {self.dp_clip!r}.")
         self._set("dp_clip", float(self.dp_clip))
+        robust = getattr(self, "aggregation", "sum") != "sum"
+        if self.private and (robust or getattr(self, "client_weight_cap", None) is not None):
+            raise ValueError(
+                "differential privacy adds noise to the plain sum of the clients' statistics; "
+                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
+            )
 
     @property
     def private(self) -> bool:
@@ -310,6 +318,30 @@ def private_stats(
         1e-4 * bound**2,
         share["second"] * bound**2,
     )
+
+
+def private_moments(
+    moments: FeatureMoments, config: Any, n_replies: int, state: Any = None
+) -> FeatureMoments:
+    """Pooled noisy feature moments made usable as :func:`private_stats` makes summed
+    statistics (they are one component's ``diag`` statistics about the clipping centre): in
+    ``"central"`` mode first the trusted server's noise (the ``"moments"`` release's: count
+    1, sum ``B``, sum of squares ``B**2``), then the count floored, the mean kept in the
+    clipping ball and each variance between the noise's floor and ``B**2``."""
+    n = moments.n_samples.reshape(())
+    stats = SufficientStats(
+        counts=n.reshape(1),
+        sums=(n * moments.mean).unsqueeze(0),
+        second=(moments.m2 + n * moments.mean.square()).unsqueeze(0),
+        shift=torch.zeros_like(moments.mean),
+        log_likelihood=n.new_zeros(()),
+        n_samples=n,
+        covariance_type="diag",
+    )
+    stats = private_stats(stats, config, n_replies, state)
+    n = stats.counts[0]
+    mean = stats.sums[0] / n
+    return FeatureMoments(n, mean, stats.second[0] - n * mean.square())
 
 
 def _server_like(config: Any) -> Tensor:
@@ -479,6 +511,8 @@ class MomentsStep(Step):
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
         moments = pooled_moments(replies, config)
+        if getattr(config, "dp_mode", None) is not None:
+            moments = private_moments(moments, config, len(replies), state)
         if float(moments.n_samples) == 0:
             raise ValueError("no client with data replied in the moments round.")
         scale = torch.ones_like(moments.mean)

@@ -119,7 +119,7 @@ def test_the_client_refuses_releases_beyond_its_budget():
     first, second, third = (algorithm.answer(X, message, context) for _ in range(3))
     assert not first.scalars.get("skipped") and not second.scalars.get("skipped")
     assert third.scalars["skipped"] and "budget is spent" in third.scalars["reason"]
-    assert context.state["dp_releases"] == 2
+    assert int(context.state["dp_releases"]) == 2
 
 
 def test_each_release_draws_fresh_noise_reproducibly_from_the_policy_seed():
@@ -278,3 +278,34 @@ def test_small_clients_noisy_replies_are_not_dropped_as_implausible():
     result = run_simulation(algorithm, clients, privacy=policy)
     assert [r.kind for r in result.history] == ["moments", "assign", "em", "em"]
     assert all(len(r.replied) == 12 and not r.dropped for r in result.history)
+
+
+def test_central_mode_noises_the_pooled_moments_too():
+    """The moments round counts as a release: in central mode the server must add the noise
+    to the pooled moments, so the standardisation follows the round's seed."""
+    clients = [torch.as_tensor(_rows(200, seed)) for seed in range(3)]
+    policy = PrivacyPolicy(dp=DPPolicy(50.0, 3.0, "central", n_clients=3))
+
+    def offset(seed):
+        algorithm = FederatedEM(
+            2,
+            standardize=True,
+            bounds=([-8.0] * 3, [8.0] * 3),
+            max_iter=1,
+            kmeans_rounds=1,
+            dp_mode="central",
+            dp_noise_multiplier=50.0,
+            dp_clip=3.0,
+            random_state=seed,
+        )
+        state = algorithm.start()
+        message = algorithm.configure(state)
+        replies = {
+            c: algorithm.answer(X, message, ClientContext(c, policy=policy))
+            for c, X in enumerate(clients)
+        }
+        algorithm.server_step(state, replies)
+        return state.offset
+
+    assert torch.equal(offset(0), offset(0))
+    assert not torch.allclose(offset(0), offset(1))

@@ -428,9 +428,7 @@ def test_a_three_row_client_releases_nothing():
     replies.append(fedgen.answer(X, fedgen.configure(fedgen.start()), ClientContext(0)))
     replies += [
         FederatedPCA(1).answer(X, Message("moments_mean"), ClientContext(0)),
-        FederatedPCA(1).answer(
-            X, Message("moments_scatter", {"mean": X[0]}), ClientContext(0)
-        ),
+        FederatedPCA(1).answer(X, Message("moments_scatter", {"mean": X[0]}), ClientContext(0)),
     ]
     joint = JointFedGMM(2, 1, 2)
     learner = {
@@ -444,9 +442,7 @@ def test_a_three_row_client_releases_nothing():
         assert reply.tensors == {}, reply.kind  # not even the row count
     # min_rows=1 is the unprotected protocol: the same client answers every round
     bare = ClientContext(0, policy=PrivacyPolicy(min_rows=1))
-    assert all(
-        not em_answering(m.kind).answer(X, m, bare).scalars.get("skipped") for m in messages
-    )
+    assert all(not em_answering(m.kind).answer(X, m, bare).scalars.get("skipped") for m in messages)
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -655,3 +651,35 @@ def test_privacy_page_example_runs(capsys):
     with pytest.warns(UserWarning, match="skipped"):
         exec(compile(block, "docs/privacy.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "[2]"
+
+
+def test_flower_nodes_calibrate_their_own_differential_privacy():
+    pytest.importorskip("flwr")
+    from fednovelty.exceptions import ClientDataError
+    from fednovelty.federated.dp import calibrate_noise
+    from fednovelty.runtime.flower.client import policy_from_node_config
+
+    policy = policy_from_node_config(
+        {
+            "dp-epsilon": "1.0",
+            "dp-releases": 12,
+            "dp-clip": 3,
+            "dp-mode": "distributed",
+            "dp-clients": "4",
+            "dp-seed": 7,
+        }
+    )
+    dp = policy.dp
+    assert dp.noise_multiplier == calibrate_noise(1.0, 1e-5, 12)
+    assert (dp.clip_norm, dp.mode, dp.n_clients, dp.max_releases, dp.seed) == (
+        3.0,
+        "distributed",
+        4,
+        12,
+        7,
+    )
+    assert policy_from_node_config({"privacy-min-rows": 3}).dp is None
+    with pytest.raises(ClientDataError, match=r"needs \['dp-releases'\]"):
+        policy_from_node_config({"dp-epsilon": 1.0, "dp-clip": 3.0})
+    with pytest.raises(ClientDataError, match="mode must be one of"):
+        policy_from_node_config({"dp-epsilon": 1, "dp-releases": 2, "dp-clip": 1, "dp-mode": "x"})

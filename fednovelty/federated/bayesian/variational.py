@@ -217,11 +217,6 @@ class VBConfig(
                 "differential privacy clips rows around the centre of a public box: give "
                 "bounds=(low, high) (one value per feature each) with dp_mode set."
             )
-        if self.private and (self.aggregation != "sum" or self.client_weight_cap is not None):
-            raise ValueError(
-                "differential privacy adds noise to the plain sum of the clients' statistics; "
-                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
-            )
         if self.bounds is not None and self.covariance_type == "spherical":
             low, high = self.bounds
             widths = {round(b - a, 12) for a, b in zip(low, high, strict=True)}

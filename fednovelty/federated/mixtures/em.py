@@ -129,11 +129,6 @@ class EMSettings(
         super().__post_init__()
         self._check_choice("mixture_weights", self.MIXTURE_WEIGHT_CHOICES)
         self._set("pca_components", optional_count("pca_components", self.pca_components))
-        if self.private and (self.aggregation != "sum" or self.client_weight_cap is not None):
-            raise ValueError(
-                "differential privacy adds noise to the plain sum of the clients' statistics; "
-                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
-            )
         if self.private and self.pca_components is not None:
             raise ValueError(
                 "the federated PCA rounds have no private form; use pca_components=None "

@@ -37,6 +37,7 @@ import torch
 from fednovelty.exceptions import ClientDataError
 from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
+from fednovelty.federated.dp import DPPolicy, calibrate_noise
 from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
@@ -215,9 +216,49 @@ def policy_from_node_config(node_config: Mapping[str, Any]) -> PrivacyPolicy:
             parse = _config_bool if name == "allow_raw_rows" else _config_int
             fields[name] = parse(key, value)
     try:
-        return PrivacyPolicy(**fields)
+        return PrivacyPolicy(**fields, dp=dp_from_node_config(node_config))
     except (TypeError, ValueError) as error:
         raise ClientDataError(f"this node's privacy settings are invalid: {error}") from None
+
+
+#: node_config keys of the node's differential-privacy policy (``DP_KEYS`` required together).
+DP_KEYS = ("dp-epsilon", "dp-releases", "dp-clip")
+
+
+def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
+    """This node's differential-privacy policy (``None`` without ``dp-epsilon``): the node
+    calibrates its own noise from its budget (``dp-epsilon``, ``dp-delta`` default 1e-5) over
+    the most rounds it will answer (``dp-releases``), clips rows to ``dp-clip`` and adds the
+    noise of ``dp-mode`` (``"local"`` default; ``"distributed"`` with ``dp-clients``), e.g.
+    ``--node-config "... dp-epsilon=1.0 dp-releases=44 dp-clip=4.7"``. The server's run
+    config must carry the same ``dp_mode`` and clipping (its settings); a server that asks
+    for more rounds than ``dp-releases`` is refused by the node.
+
+    Raises:
+        ClientDataError: a key missing beside the others or a value out of range.
+    """
+    if not any(key.startswith("dp-") for key in node_config):
+        return None
+    missing = [key for key in DP_KEYS if key not in node_config]
+    if missing:
+        raise ClientDataError(f"this node's differential privacy needs {missing} too.")
+    try:
+        epsilon = float(node_config["dp-epsilon"])
+        delta = float(node_config.get("dp-delta", 1e-5))
+        clip = float(node_config["dp-clip"])
+    except (TypeError, ValueError):
+        raise ClientDataError("dp-epsilon, dp-delta and dp-clip must be numbers.") from None
+    releases = _config_int("dp-releases", node_config["dp-releases"])
+    clients = _config_int("dp-clients", node_config.get("dp-clients", 1))
+    seed = node_config.get("dp-seed")
+    return DPPolicy(
+        calibrate_noise(epsilon, delta, releases),
+        clip,
+        str(node_config.get("dp-mode", "local")),
+        clients,
+        releases,
+        None if seed is None else _config_int("dp-seed", seed),
+    )
 
 
 def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
