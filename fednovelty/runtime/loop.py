@@ -48,6 +48,11 @@ from fednovelty.federated.validation import ReplyValidator, is_skipped
 from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import run_server_step
 
+#: a round's valid replies -> the replies the server step gets and metrics of the round
+#: (``run_rounds``' ``combine``).
+Combine = Callable[
+    [Message, Mapping[int, Message]], tuple[Mapping[int, Message], dict[str, Scalar]]
+]
 #: a dropped reply: ``(client id, reason)``; the client id is ``None`` where the engine
 #: could not tell which client sent it (a Flower node that never named one).
 Drop = tuple[int | None, str]
@@ -203,6 +208,7 @@ def run_rounds(
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     progress: bool | None = None,
     description: str | None = None,
+    combine: Combine | None = None,
 ) -> tuple[Any, list[RoundRecord]]:
     """Run ``algorithm`` to completion, its messages carried by ``transport``.
 
@@ -224,6 +230,10 @@ def run_rounds(
         progress: show a tqdm bar over rounds (None: only when stderr is a terminal,
             :func:`~fednovelty.runtime.progress.show_progress`); ``description`` labels it
             (default: the algorithm's class name).
+        combine: where given, a round's valid replies pass through it before the server
+            step, which runs on the replies it returns (e.g. one secure sum of them,
+            :mod:`fednovelty.runtime.secure_rounds`); the metrics it returns join the
+            round's. ``None``: the server step runs on the valid replies.
 
     Returns:
         ``(final server state, one RoundRecord per round)``.
@@ -272,7 +282,12 @@ def run_rounds(
             failed = not restart and n_contributing(valid) < min_clients
             metrics: dict[str, Scalar] = {}
             if not failed and not restart:
-                state, metrics = run_server_step(algorithm, state, valid)
+                if combine is None:
+                    state, metrics = run_server_step(algorithm, state, valid)
+                else:
+                    combined, combine_metrics = combine(message, valid)
+                    state, metrics = run_server_step(algorithm, state, combined)
+                    metrics = {**metrics, **combine_metrics}
                 contributed.update(c for c, r in valid.items() if not is_skipped(r))
             record = RoundRecord(
                 round=number,

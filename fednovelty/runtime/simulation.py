@@ -40,6 +40,7 @@ from fednovelty.runtime.loop import (
     failed_rounds_message,
     sample_clients,
 )
+from fednovelty.runtime.secure_rounds import SecureRounds, SecureSum, as_settings
 from fednovelty.runtime.threads import run_client_step
 
 __all__ = [
@@ -157,6 +158,7 @@ def run_simulation(
     description: str | None = None,
     privacy: PrivacyPolicy | None = None,
     client_states: Mapping[int, Mapping[str, Tensor]] | None = None,
+    secure_sum: SecureSum | bool | None = None,
 ) -> SimulationResult:
     """Run ``algorithm`` to completion over in-process clients.
 
@@ -182,6 +184,16 @@ def run_simulation(
         client_states: what each client kept from an earlier run (``SimulationResult.
             client_states``; e.g. a stream's personal weights from window to window), by
             client id; copied, never modified. Clients not in it start empty.
+        secure_sum: run every round through a secure sum
+            (:mod:`fednovelty.runtime.secure_rounds`): the server step gets one combined
+            reply, the SecAgg sum of the clients' replies, never one client's. A
+            :class:`~fednovelty.runtime.secure_rounds.SecureSum`, or ``True`` for its
+            defaults (the public bound on a client's rows is then the largest client's row
+            count). Needs the algorithm's ``dp_mode`` (``"distributed"``: only the sum
+            carries the calibrated noise) and at least 2 contributing replies a round
+            (``min_clients`` is raised to 2); a round of a kind without an additive private
+            form raises. The round records' metrics carry the protocol's time, bytes and
+            error bounds (``secure_*``).
 
     Returns:
         ``SimulationResult``.
@@ -218,6 +230,13 @@ def run_simulation(
         )
         for cid in data
     }
+    secure = as_settings(secure_sum)
+    combine = None
+    if secure is not None:
+        if len(data) < 2:
+            raise ValueError("secure_sum needs at least 2 clients; the sum of one is its reply.")
+        rows = max(int(client_rows(part).shape[0]) for part in data.values())
+        combine = SecureRounds(algorithm, secure, rows)
     rng = np.random.default_rng(random_state)
     transport = InProcessTransport(algorithm, data, contexts, fraction, dropout, rng)
     width = int(client_rows(next(iter(data.values()))).shape[1])
@@ -225,10 +244,11 @@ def run_simulation(
         algorithm,
         transport,
         validator=ReplyValidator(n_features=width),
-        min_clients=min_clients,
+        min_clients=min_clients if combine is None else max(min_clients, 2),
         max_failed_rounds=max_failed_rounds,
         callbacks=callbacks,
         progress=progress,
         description=description,
+        combine=combine,
     )
     return SimulationResult(state, history, {cid: ctx.state for cid, ctx in contexts.items()})
