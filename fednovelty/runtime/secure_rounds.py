@@ -33,8 +33,9 @@ round of a kind without an additive private form (``None``, ``"fit"``).
 
 What the engine simulates of the protocol's dropouts (:class:`SecureSum`): a share
 ``dropped`` of each round's senders goes away after sharing keys (left out of the sum) and a
-share ``unresponsive`` after sending its masked vector (kept in the sum); at most ``m - t``
-may go before the round cannot be unmasked (``secure_sum`` raises). Skipped replies take no
+share ``unresponsive`` after sending its masked vector (kept in the sum), at most ``m - t`` of
+them, the most the protocol survives (:func:`secure_round` with more raises: the round's
+sum cannot be unmasked). Skipped replies take no
 part. A round needs at least two contributing replies (the secure sum of one reply is the
 reply): the in-process engine raises ``min_clients`` to 2.
 """
@@ -436,18 +437,20 @@ class SecureRounds:
 
     def _drops(self, senders: list[int]) -> tuple[set[int], set[int]]:
         """This round's simulated drops: each sender independently drops (before masking)
-        with probability ``dropped`` or goes silent (after masking) with ``unresponsive``."""
+        with probability ``dropped`` or goes silent (after masking) with ``unresponsive``;
+        at most ``m - t`` go (those of the smallest draws), the most the protocol survives."""
         settings = self.settings
         if settings.dropped == 0 and settings.unresponsive == 0:
             return set(), set()
         draws = np.random.default_rng(self._seed(2)).random(len(senders))
-        dropped = {c for c, u in zip(senders, draws, strict=True) if u < settings.dropped}
-        silent = {
-            c
+        room = len(senders) - senders_threshold(settings.threshold, len(senders))
+        going = sorted(
+            (u, c)
             for c, u in zip(senders, draws, strict=True)
-            if settings.dropped <= u < settings.dropped + settings.unresponsive
-        }
-        return dropped, silent
+            if u < settings.dropped + settings.unresponsive
+        )[:room]
+        dropped = {c for u, c in going if u < settings.dropped}
+        return dropped, {c for _, c in going} - dropped
 
 
 def as_settings(secure_sum: SecureSum | bool | None) -> SecureSum | None:
