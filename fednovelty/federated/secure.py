@@ -20,7 +20,8 @@ Not done: no network (messages are counted, not sent); no signatures or consiste
 against a server that lies about who dropped (the active-adversary version); no sparse
 neighbour graph (SecAgg+'s ``num_shares < m``). Masks come from AES-256 in counter mode
 (``prg="aes-ctr"``) or Flower's ``pseudo_rand_gen`` (``prg="flower"``), which folds its seed
-to 32 bits before seeding numpy. Protocol, bound and costs: ``docs/secure_sums.md``.
+to 32 bits before seeding numpy. Protocol, bound and costs: ``docs/secure_sums.md``; the
+rounds of a federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
 """
 
 from __future__ import annotations
