@@ -1,5 +1,14 @@
 """``FedGenGMMDetector`` (one-shot FedGenGMM) and the base it shares with ``LocalGMMDetector``:
-every client fits its own mixture in one round (``_LocalFitDetector``)."""
+every client fits its own mixture in one round (``_LocalFitDetector``).
+
+With ``dp_epsilon`` each client fits its mixture by DP-EM in the public box of ``dp_bounds``
+(``docs/differential_privacy.md``; :mod:`fednovelty.federated.mixtures.fedgengmm`): K is fixed
+(``client_components``, else the largest of ``k_range``), the fit makes ``dp_iterations``
+noisy releases whose noise multiplier spends at most ``dp_epsilon`` at ``dp_delta``
+(:func:`~fednovelty.detectors._dp.dp_plan`), and ``privacy_spent_`` reports the releases
+the one round made (:func:`local_fit_privacy`). The local fit carries all of its noise
+whatever ``dp_mode`` says (there is no sum to share it over), so ``dp_mode`` changes nothing
+here."""
 
 from __future__ import annotations
 
@@ -10,8 +19,10 @@ from typing import ClassVar
 import torch
 from sklearn.utils._param_validation import Interval
 
+from fednovelty.detectors._dp import DPPlan, dp_plan, privacy_record
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
     EM,
     LOCAL_FIT,
     PRIOR,
@@ -30,19 +41,51 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM
+from fednovelty.federated.dp import epsilon_spent
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 #: What the shared settings mean where every client fits its own mixture.
 LOCAL_FIT_DOCS = {
-    "standardize": "Every fit (each client's, the server's) is on z-scores of its own rows.",
     "prior_strength": "The prior makes the BIC choices favour fewer components; for cluster "
     "structure pass ``prior_strength=None`` (``docs/robust.md``, Limits).",
     "privacy_min_rows": "A client with fewer rows is skipped, fits at most "
     "``n_rows // privacy_min_rows`` components and drops those backed by fewer rows.",
-    "max_iter": "Of each local EM fit.",
+    "max_iter": "Of each local EM fit (without ``dp_epsilon``; with it, ``dp_iterations``).",
+    "client_components": "Under ``dp_epsilon`` K is fixed (BIC reads the rows and has no "
+    "private form): ``client_components``, else the largest of ``k_range``.",
+    "standardize": "Every fit (each client's, the server's) is on z-scores of its own rows; "
+    "under ``dp_epsilon`` a client fits in the public box of ``dp_bounds`` instead (z-scores "
+    "of its rows would depend on them) and its fit has no covariance prior.",
 }
+
+#: The fixed DP-EM iterations of a private local fit (``dp_epsilon``).
+DP_ITERATIONS = Param(
+    "dp_iterations",
+    20,
+    _POSITIVE_INT,
+    "with ``dp_epsilon``, the fixed number of DP-EM iterations of each client's local fit: "
+    "each is one noisy release of its summed statistics, so the budget is split over them.",
+)
+
+
+def local_fit_privacy(plan: DPPlan, history: list[dict], n_iter: int) -> dict:
+    """``privacy_spent_`` of a one-shot fit under ``plan``: each ``local_fit`` round that ran
+    made ``n_iter`` noisy releases per client (its DP-EM iterations), read from the
+    accountant as ``epsilon_spent(z, releases, delta)``. The client adds all of the noise
+    itself, so the epsilon holds against the server that sees its reply too, and the
+    ``mode`` is ``"local"`` whatever ``dp_mode`` was."""
+    record = privacy_record(plan, history, ["local_fit"])
+    releases = record["releases"] * int(n_iter)
+    epsilon = epsilon_spent(plan.policy.noise_multiplier, releases, plan.delta)
+    return {
+        **record,
+        "releases": releases,
+        "epsilon": epsilon,
+        "epsilon_against_server": epsilon,
+        "mode": "local",
+    }
 
 
 class _LocalFitDetector(MixtureDetector):
@@ -57,13 +100,22 @@ class _LocalFitDetector(MixtureDetector):
     def _run(self, clients, seed):
         if len(self.k_range) != 2:
             raise ValueError(f"k_range must be (k_min, k_max), got {self.k_range!r}.")
+        plan = dp_plan(self, clients[0].shape[1], len(clients), seed, self._dp_releases)
         algorithm = self._algorithm(
             **self._settings(clients[0].shape[1]),
             random_state=seed,
+            **({} if plan is None else {"bounds": plan.settings["bounds"]}),
             **self._torch_options(),
         )
-        self._check_some_client_fits(algorithm, clients)
-        state = self._simulate(algorithm, clients, seed)
+        if plan is None:
+            self._check_some_client_fits(algorithm, clients)
+        privacy = self._privacy_policy(dp=None if plan is None else plan.policy)
+        state = self._simulate(algorithm, clients, seed, privacy=privacy)
+        if plan is None:
+            if hasattr(self, "privacy_spent_"):
+                del self.privacy_spent_
+        else:
+            self.privacy_spent_ = local_fit_privacy(plan, self.history_, self.dp_iterations)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
             min_rows = self._privacy_policy().min_rows
@@ -79,6 +131,10 @@ class _LocalFitDetector(MixtureDetector):
         ids = self.client_ids_.tolist()  # plain Python ids, whatever the array's dtype
         self.client_n_components_ = {ids[c]: m.n_components for c, m in state.client_models.items()}
         return state
+
+    def _dp_releases(self, settings: dict) -> int:
+        """The noisy releases of a private fit: each client's ``dp_iterations`` (one round)."""
+        return int(self.dp_iterations)
 
     def _check_some_client_fits(self, algorithm, clients) -> None:
         """Raise ``ValueError`` (naming the setting to lower) when no client has the rows a
@@ -166,6 +222,9 @@ class FedGenGMMDetector(_LocalFitDetector):
             (``MixtureParams``) and the joint mixture of the normal scores; else ``None``.
         client_n_components_: K chosen by each client; skipped_clients_: clients left out.
         n_synthetic_: rows drawn on the server; bic_: BIC per K of the global fit (BIC mode).
+        privacy_spent_: with ``dp_epsilon``, what the fit spent: ``epsilon`` (at ``delta``),
+            the noisy ``releases`` (each client's ``dp_iterations``), ``noise_multiplier``,
+            ``clip``.
         history_, n_rounds_, bytes_up_, bytes_down_: the one round and its bytes.
         decision_scores_, threshold_, labels_: PyOD's training-set outputs.
 
@@ -201,6 +260,8 @@ class FedGenGMMDetector(_LocalFitDetector):
         ),
         ROBUST,
         PRIVACY,
+        DIFFERENTIAL_PRIVACY,
+        DP_ITERATIONS,
         DETECTOR,
         RUNTIME,
         docs=LOCAL_FIT_DOCS,

@@ -11,6 +11,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
     EM,
     LOCAL_FIT,
     PRIOR,
@@ -19,7 +20,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
-from fednovelty.detectors.fedgengmm import LOCAL_FIT_DOCS, _LocalFitDetector
+from fednovelty.detectors.fedgengmm import DP_ITERATIONS, LOCAL_FIT_DOCS, _LocalFitDetector
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -72,6 +73,9 @@ class LocalGMMDetector(_LocalFitDetector):
         client_shares_: (n_models,) each fitted client's share of the fitted rows, in
             ``client_models_`` order.
         client_n_components_, skipped_clients_: K chosen by each client; clients left out.
+        privacy_spent_: with ``dp_epsilon`` (each client's DP-EM fit in the public box of
+            ``dp_bounds``, as ``FedGenGMMDetector``'s), what the fit spent: ``epsilon``,
+            ``delta``, the noisy ``releases`` (``dp_iterations``), ``noise_multiplier``.
         history_: the one round; decision_scores_, threshold_, labels_: PyOD's outputs.
 
     ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
@@ -99,6 +103,8 @@ class LocalGMMDetector(_LocalFitDetector):
             "(above).",
             "estimator",
         ),
+        DIFFERENTIAL_PRIVACY,
+        DP_ITERATIONS,
         DETECTOR,
         RUNTIME,
         docs=LOCAL_FIT_DOCS,

@@ -20,6 +20,22 @@ it skips the round (sending nothing, not even its row count), it fits at most
 (:func:`local_fit_backing`), by which the client gate drops the components below
 ``min_rows`` and renormalises the rest before the mixture is sent.
 
+Under a differential-privacy policy (``context.policy.dp``,
+:class:`~fednovelty.federated.dp.DPPolicy`) a client fits its mixture by DP-EM
+(:func:`~fednovelty.federated.mixtures.private_fit.private_em`) in the public box's units:
+its rows are mapped by the public ``bounds`` to ``[-1, 1]`` per feature (never by z-scores of
+its own rows, so ``standardize`` and the covariance prior, both taken from the rows, do not
+apply to the client's fit), clipped to the policy's ``clip_norm`` around the origin, and
+fitted with a fixed K (:meth:`FedGenConfig.private_components`: BIC selection reads the rows
+and has no private form) over ``dp_iterations`` noisy releases of the policy's
+``noise_multiplier``. The local fit carries all of the noise whatever the policy's ``mode``:
+there is no sum for a server or a secure aggregation to share it over. The mixture is mapped
+back to the original units and sent as a ``local_fit`` reply of private form ``"fit"``,
+stating ``dp_releases`` (the gate charges them against the client's budget and refuses a fit
+that would exceed it); the row count it carries is the sum of the last release's noisy
+counts (post-processing, at least 1), not the client's true count. The server's step (union,
+synthetic rows, global fit) is post-processing of the released mixtures and does not change.
+
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
 """
@@ -51,7 +67,9 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.init import MomentsSettings
+from fednovelty.federated.dp import LEDGER_KEY, DPPolicy, clip_rows, release_generator
+from fednovelty.federated.init import MomentsSettings, box_units
+from fednovelty.federated.mixtures.private_fit import private_em
 from fednovelty.federated.privacy import client_backing, unfloored
 from fednovelty.federated.robust import outlying_models, weight_factors
 from fednovelty.federated.validation import (
@@ -61,7 +79,7 @@ from fednovelty.federated.validation import (
     expectation,
     relative_tolerance,
 )
-from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
+from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled, sample
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 
 
@@ -85,6 +103,8 @@ class FedGenConfig(
             are skipped (at least 1).
         copula: the server also fits a Gaussian copula with mixture marginals on its
             synthetic rows; no extra communication.
+        dp_iterations: under a client's differential-privacy policy, the fixed number of
+            DP-EM iterations (noisy releases) of its local fit (>= 1).
     """
 
     n_components: int | None = None
@@ -93,6 +113,7 @@ class FedGenConfig(
     samples_per_component: int = 100
     min_client_samples: int = 2
     copula: bool = False
+    dp_iterations: int = 20
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,12 +128,24 @@ class FedGenConfig(
         self._set("samples_per_component", int(self.samples_per_component))
         self._set("min_client_samples", max(1, int(self.min_client_samples)))
         self._set("copula", bool(self.copula))
+        iterations = self.dp_iterations
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(
+                f"dp_iterations must be an int >= 1 (noisy EM iterations of a private local "
+                f"fit); got {iterations!r}."
+            )
 
     def candidates(self) -> list[int]:
         """Numbers of components a client may fit."""
         if self.client_components is not None:
             return [self.client_components]
         return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def private_components(self) -> int:
+        """K of a client's differentially private fit: ``client_components``, else the
+        largest K of ``k_range`` (the most the client's configuration allows). Fixed: BIC
+        selection reads the rows and has no private form."""
+        return int(self.client_components or self.k_range[1])
 
     def global_candidates(self) -> list[int]:
         """Numbers of components the server's global fit may have."""
@@ -241,6 +274,7 @@ LOCAL_FIT_REPLY = ReplySpec(
     limit=local_fit_limit,
     components=local_fit_components,
     covariance=True,
+    private="fit",
 )
 
 
@@ -310,6 +344,8 @@ class FedGenGMM(FederatedAlgorithm):
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         if message.kind != "local_fit":
             raise ValueError(f"FedGenGMM clients do not answer messages of kind {message.kind!r}.")
+        if context.policy.dp is not None:
+            return self._private_client_step(X, context, context.policy.dp)
         config = self.config
         n = X.shape[0]
         min_rows = context.policy.min_rows
@@ -330,6 +366,52 @@ class FedGenGMM(FederatedAlgorithm):
             tensors,
             {"skipped": False, "converged": result.converged, "n_iter": result.n_iter},
             backing=local_fit_backing(result.params, n, context.policy),
+        )
+
+    def _private_client_step(self, X: Tensor, context: ClientContext, dp: DPPolicy) -> Message:
+        """The client step under ``dp`` (module docstring): DP-EM in the public box's units,
+        the mixture mapped back, the noisy row count, ``dp_releases`` stated."""
+        config = self.config
+        n = X.shape[0]
+        if not context.policy.releases(n):
+            return skipped_reply("local_fit", "no rows")
+        if config.bounds is None:
+            return skipped_reply(
+                "local_fit",
+                "a differentially private local fit needs public feature bounds (bounds= / "
+                "dp_bounds=): its rows are clipped in the box's units; not released",
+            )
+        offset, scale = box_units(config.bounds, X)
+        if config.covariance_type == "spherical" and not bool((scale == scale[0]).all()):
+            return skipped_reply(
+                "local_fit",
+                "a private spherical fit needs bounds of one common width (a spherical "
+                "mixture cannot be mapped back by per-feature scales); not released",
+            )
+        rows = clip_rows((X - offset) / scale, torch.zeros_like(offset), dp.clip_norm)
+        first = int(context.state.get(LEDGER_KEY, 0))
+        params, info = private_em(
+            rows,
+            config.private_components(),
+            noise_multiplier=dp.noise_multiplier,
+            clip_norm=dp.clip_norm,
+            n_iter=config.dp_iterations,
+            covariance_type=config.covariance_type,
+            reg_covar=config.reg_covar,
+            generator=release_generator(dp, context.client_id, first),
+        )
+        params = affine_params(params, offset, scale)
+        count = torch.tensor(max(info.noisy_rows, 1.0), dtype=X.dtype, device=X.device)
+        return Message(
+            "local_fit",
+            {**params.tensors(), "n_samples": count},
+            {
+                "skipped": False,
+                "converged": False,
+                "n_iter": info.n_iter,
+                "dp_releases": info.n_iter,
+            },
+            backing=local_fit_backing(params, n, context.policy),
         )
 
     # ------------------------------------------------------------------ server half
