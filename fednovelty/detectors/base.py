@@ -59,6 +59,7 @@ from fednovelty.detectors.persistence import (
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError, NotFittedError
+from fednovelty.federated.init import PrivateSettings
 from fednovelty.federated.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 from fednovelty.mixture import MixtureParams
 from fednovelty.runtime import RoundRecord, run_simulation
@@ -404,7 +405,14 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
             det = FedGenGMMDetector.from_model(load_result("result.safetensors"), X_normal)
         """
         names = cls().get_params(deep=False)  # __init__ only stores arguments: cheap
-        config = {k: v for k, v in getattr(result, "config", {}).items() if k in names}
+        # the run's differential-privacy settings are the server's view (the noise it
+        # knew); the detector's dp_* parameters plan a fit from a budget instead
+        server_only = {f.name for f in dataclasses.fields(PrivateSettings)}
+        config = {
+            k: v
+            for k, v in getattr(result, "config", {}).items()
+            if k in names and k not in server_only
+        }
         detector = cls(**{**config, **params})
         detector._validate_params()
         array = detector._check_X(X)

@@ -34,23 +34,25 @@ M, Z, CLIP, SEED = 4, 3.0, 3.0, 3
 BOUNDS = [[-6.0] * 3, [8.0] * 3]
 
 
-class Recording(FederatedEM):
-    """Federated EM that keeps a copy of the replies each server step got."""
+def recording_em(n_components: int, **settings) -> FederatedEM:
+    """Federated EM that keeps a copy of the replies each server step got (its instance's
+    ``server_step`` wrapped: a subclass would join the package's algorithm registry)."""
+    algorithm = FederatedEM(n_components, **settings)
+    algorithm.seen, algorithm.shifts = [], []
+    step = algorithm.server_step
 
-    def __init__(self, n_components: int, **settings) -> None:
-        super().__init__(n_components, **settings)
-        self.seen: list[dict[int, Message]] = []
-        self.shifts: list[torch.Tensor | None] = []
-
-    def server_step(self, state, replies):
-        self.shifts.append(self.configure(state).tensors.get("shift"))
-        self.seen.append(
+    def server_step(state, replies):
+        algorithm.shifts.append(algorithm.configure(state).tensors.get("shift"))
+        algorithm.seen.append(
             {
                 c: Message(r.kind, {k: v.clone() for k, v in r.tensors.items()})
                 for c, r in replies.items()
             }
         )
-        return super().server_step(state, replies)
+        return step(state, replies)
+
+    algorithm.server_step = server_step
+    return algorithm
 
 
 def _clients(m: int = M) -> list[torch.Tensor]:
@@ -78,7 +80,7 @@ def _policy(m: int = M) -> PrivacyPolicy:
 
 
 def _run(secure, m: int = M, **changes):
-    algorithm = Recording(**_params(**changes))
+    algorithm = recording_em(**_params(**changes))
     records = []
     result = run_simulation(
         algorithm, _clients(m), privacy=_policy(m), secure_sum=secure, callbacks=[records.append]
@@ -270,7 +272,7 @@ def test_clip_ranges_follow_the_rows_bound_and_the_noise_margin():
 def test_a_value_outside_the_public_range_is_refused_naming_the_client():
     with pytest.raises(ValueError, match=r"client 0: tensor 'counts' .* widen clip_range"):
         run_simulation(
-            Recording(**_params(max_iter=1, kmeans_rounds=1, standardize=False)),
+            recording_em(**_params(max_iter=1, kmeans_rounds=1, standardize=False)),
             _clients(),
             privacy=_policy(),
             secure_sum=SecureSum(max_rows=10, noise_margin=0.0),

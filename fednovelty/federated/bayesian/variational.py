@@ -1,40 +1,25 @@
 """Federated variational Bayes for Gaussian mixtures (exact: summed statistics, one prior).
 
 Every round the server broadcasts the variational posterior (:mod:`fednovelty.mixture.variational`)
-and a moment shift; each client runs the variational E-step on its rows and replies with
-summed statistics (the same message as federated EM); the server adds them, recovers the
-responsibilities' entropy from them, runs the conjugate M-step and records the ELBO. Under
-one shared prior the summed statistics are those of the pooled rows, so any split of the
-rows into clients follows scikit-learn's ``BayesianGaussianMixture`` to round-off.
-
-``FederatedVB`` is a chain of steps (each stated on :class:`FederatedVB`)::
+and a moment shift; each client replies with the variational E-step's summed statistics (the
+message of federated EM); the server adds them, recovers the responsibilities' entropy, runs
+the conjugate M-step and records the ELBO. Under one shared prior any split of the rows
+follows scikit-learn's ``BayesianGaussianMixture`` to round-off. ``FederatedVB`` chains::
 
     [public box] + [prior moments] + initialisation (federated EM's init steps) + VB
 
-The prior moments round (:class:`VBPriorStep`) merges the clients' means and scatters
-exactly into scikit-learn's default priors; the initialisation is federated EM's
-(:func:`~fednovelty.federated.init.init_steps`, with K an upper bound); :class:`VBStep`
-runs until the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran. Robust options
-as federated EM's (``aggregation="trimmed"``, ``client_weight_cap``): the posterior is then
-no longer the pooled rows' exactly.
+:class:`VBPriorStep` merges the clients' means and scatters into scikit-learn's default
+priors; the initialisation is federated EM's (:func:`~fednovelty.federated.init.init_steps`,
+K an upper bound); :class:`VBStep` runs until the ELBO changes by less than ``tol``. Robust
+options as federated EM's. A client below its privacy floor skips; a component backed by
+fewer than ``min_rows`` effective rows is sent as zeros and stays at its prior.
 
-:class:`VBConfig` has no standardisation, EM covariance prior, PCA or personal weights: the
-Normal-Wishart prior takes their place. A client below its privacy floor skips; a component
-backed by fewer than ``min_rows`` of a client's effective rows is sent as zeros (with
-``min_rows=1`` the sums are the pooled rows' exactly), and a component no client backs
-stays at its prior.
-
-With ``bounds`` (a public box) the rounds work in the box's units, ``[-1, 1]`` per feature
-(federated EM's :class:`~fednovelty.federated.init.MomentsStep`, without a round), and the
-posterior is mapped back exactly at the end (:func:`affine_posterior`; VB with priors
-mapped the same way is affine-equivariant). Differential privacy (``dp_mode``; the clients'
-``DPPolicy`` clips every row to ``dp_clip`` around the box's centre) releases the prior
-moments as a noisy scatter and the statistics of every Lloyd, ``vb_init`` and ``vb`` round
-as noisy sums; the k-means start is public (:class:`~fednovelty.federated.init.PublicCentres`),
-the server post-processes the noisy sums (:func:`~fednovelty.federated.init.private_stats`:
-counts at least twice their noise, so the Dirichlet and Normal-Wishart updates see positive
-counts and bounded covariances) and runs ``max_iter`` VB rounds without the ELBO, whose
-entropy needs the log-likelihood that the clients withhold.
+With ``bounds`` (a public box) the rounds work in ``[-1, 1]`` per feature and the posterior
+is mapped back exactly (:func:`affine_posterior`). Under differential privacy (``dp_mode``)
+the prior moments are a noisy scatter and every Lloyd, ``vb_init`` and ``vb`` round noisy
+sums, the start is public, the server post-processes the noisy sums
+(:func:`~fednovelty.federated.init.private_stats`) and runs ``max_iter`` rounds without the
+ELBO (``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations
@@ -325,7 +310,7 @@ class VBPriorStep(Step):
         return None
 
     def configure(self, state: Any) -> Message:
-        if state.scale is None:
+        if getattr(state, "scale", None) is None:  # the one-shot chain has no public box
             return Message("vb_prior")
         # the units of the moments the reply declares (the server gate's box is in x units)
         return Message("vb_prior", {"box_offset": state.offset, "box_scale": state.scale})
@@ -357,7 +342,7 @@ class VBPriorStep(Step):
             p["scatter"] + p["n_samples"] * torch.outer(p["mean"] - mean, p["mean"] - mean)
             for p in parts
         )
-        if config.private:
+        if getattr(config, "dp_mode", None) is not None:
             n, mean, scatter = private_prior_moments(n, mean, scatter, config, len(parts), state)
         state.vb_prior = self._prior(state, n, mean, scatter)
         return None, {"phase": "vb_prior", "n_samples": float(n)}
@@ -366,7 +351,8 @@ class VBPriorStep(Step):
         self, state: Any, n: Tensor | None, mean: Tensor | None, scatter: Tensor | None
     ) -> VBPrior:
         config = self.config
-        mean_prior, covariance_prior = working_priors(config, state.offset, state.scale)
+        offset, scale = getattr(state, "offset", None), getattr(state, "scale", None)
+        mean_prior, covariance_prior = working_priors(config, offset, scale)
         if n is None:  # every prior given: only the width is needed
             mean = mean_prior
             n, scatter = mean.new_tensor(2.0), torch.eye(mean.shape[0]).to(mean)

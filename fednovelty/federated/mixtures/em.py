@@ -252,12 +252,15 @@ class EMStep(Step):
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
         stats = self.m_step(state, replies)
-        if config.mixture_weights == "personal":
+        # a trusted server's clients send exact counts ("central"): their weights would
+        # leave the fit outside its guarantee, so only noisy ones are kept
+        if config.mixture_weights == "personal" and config.dp_mode != "central":
             for cid, reply in replies.items():
                 n = float(reply.tensors["n_samples"])
                 if n > 0:
                     counts = reply.tensors["counts"].to(config.device, config.dtype)
-                    counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
+                    if config.private:  # noisy counts: positive by post-processing
+                        counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
                     state.client_weights[cid] = counts / counts.sum()
         done, lower_bound = self.advance(state, stats)
         metrics = {"phase": "em"}

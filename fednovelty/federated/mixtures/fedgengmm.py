@@ -1,40 +1,23 @@
 """FedGenGMM: one-shot federated Gaussian mixtures (Algorithm 4.1 of the FedGenGMM paper).
 
-One round. Each client fits a local mixture, choosing its number of components ``K_c`` by
-BIC in ``k_range`` (or a fixed ``client_components``), and sends the parameters with its row
-count ``|D_c|``. The server re-weights client component weights by ``|D_c| / |D|``, forms
-the union of all components, draws ``H * sum_c K_c`` synthetic rows from it and fits one
-global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
+One round. Each client fits a local mixture (``K_c`` by BIC in ``k_range``, or a fixed
+``client_components``) and sends it with its row count ``|D_c|``. The server re-weights the
+client components by ``|D_c| / |D|``, draws ``H * sum_c K_c`` synthetic rows from their
+union and fits one global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
+With ``standardize`` and ``prior_strength`` (``docs/robust.md``) every fit runs on z-scores
+of its own rows with MAP covariances (:func:`fednovelty.mixture.fit_gmm_scaled`), mapped back
+before it is sent or kept. With ``copula`` the server also fits a Gaussian copula
+(:mod:`fednovelty.mixture.copula`) on the same synthetic rows.
 
-With ``standardize`` and ``prior_strength`` (the remedies of ``docs/robust.md``) every fit,
-on a client and on the server, runs on z-scores of its own rows with MAP covariances
-(:func:`fednovelty.mixture.fit_gmm_scaled`) and is mapped back to the original units before
-it is sent or kept, so the protocol stays one round. The client reads its candidate K, fit
-settings and remedies from :class:`FedGenConfig`; the round's message carries only its seed.
-With ``copula`` the server also fits, on the same synthetic rows, a Gaussian copula
-(:mod:`fednovelty.mixture.copula`) at no cost in communication.
-
-A client enforces its privacy policy (``docs/privacy.md``): with fewer than ``min_rows`` rows
-it skips the round (sending nothing, not even its row count), it fits at most
-``n_rows // min_rows`` components, and its reply states each component's share of its rows
-(:func:`local_fit_backing`), by which the client gate drops the components below
-``min_rows`` and renormalises the rest before the mixture is sent.
-
-Under a differential-privacy policy (``context.policy.dp``,
-:class:`~fednovelty.federated.dp.DPPolicy`) a client fits its mixture by DP-EM
-(:func:`~fednovelty.federated.mixtures.private_fit.private_em`) in the public box's units:
-its rows are mapped by the public ``bounds`` to ``[-1, 1]`` per feature (never by z-scores of
-its own rows, so ``standardize`` and the covariance prior, both taken from the rows, do not
-apply to the client's fit), clipped to the policy's ``clip_norm`` around the origin, and
-fitted with a fixed K (:meth:`FedGenConfig.private_components`: BIC selection reads the rows
-and has no private form) over ``dp_iterations`` noisy releases of the policy's
-``noise_multiplier``. The local fit carries all of the noise whatever the policy's ``mode``:
-there is no sum for a server or a secure aggregation to share it over. The mixture is mapped
-back to the original units and sent as a ``local_fit`` reply of private form ``"fit"``,
-stating ``dp_releases`` (the gate charges them against the client's budget and refuses a fit
-that would exceed it); the row count it carries is the sum of the last release's noisy
-counts (post-processing, at least 1), not the client's true count. The server's step (union,
-synthetic rows, global fit) is post-processing of the released mixtures and does not change.
+Privacy (``docs/privacy.md``): below ``min_rows`` rows a client skips the round, it fits at
+most ``n_rows // min_rows`` components, and the gate drops components backed by fewer rows
+(:func:`local_fit_backing`). Under a differential-privacy policy (``context.policy.dp``) the
+client fits by DP-EM (:func:`~fednovelty.federated.mixtures.private_fit.private_em`) on its
+rows mapped to ``[-1, 1]`` by the public ``bounds`` and clipped, with a fixed K
+(:meth:`FedGenConfig.private_components`) over ``dp_iterations`` noisy releases of the
+policy's full noise (a local fit has no sum to share it over); the reply, of private form
+``"fit"``, states them in ``dp_releases`` and carries a noisy row count. The server's step
+is post-processing (``docs/differential_privacy.md``).
 
 ``LocalGMMs`` is the paper's "local" baseline: the same client step, no aggregation; the
 server only keeps every client's model.
