@@ -239,8 +239,28 @@ def auc_interval(
 
 
 # --------------------------------------------------------------------------- the stats attack
+class _Trials:
+    """What an attack's trials give (``scores``, ``members``, ``mu`` of its subclass)."""
+
+    @property
+    def auc(self) -> float:
+        """:func:`membership_auc` over the trials."""
+        return membership_auc(self.scores[self.members], self.scores[~self.members])
+
+    @property
+    def bound(self) -> float:
+        """:func:`gdp_auc_bound` of :attr:`mu`."""
+        return gdp_auc_bound(self.mu)
+
+    def interval(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+        """:func:`auc_interval` over the trials: ``(auc, low, high)``."""
+        return auc_interval(
+            self.scores[self.members], self.scores[~self.members], n_boot, level, seed
+        )
+
+
 @dataclass(frozen=True)
-class StatsAttack:
+class StatsAttack(_Trials):
     """Per-trial results of :func:`stats_attack`.
 
     Attributes:
@@ -260,22 +280,6 @@ class StatsAttack:
     signal: np.ndarray
     noise_multiplier: float
     mu: float
-
-    @property
-    def auc(self) -> float:
-        """:func:`membership_auc` over the trials."""
-        return membership_auc(self.scores[self.members], self.scores[~self.members])
-
-    @property
-    def bound(self) -> float:
-        """:func:`gdp_auc_bound` of :attr:`mu`."""
-        return gdp_auc_bound(self.mu)
-
-    def interval(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
-        """:func:`auc_interval` over the trials: ``(auc, low, high)``."""
-        return auc_interval(
-            self.scores[self.members], self.scores[~self.members], n_boot, level, seed
-        )
 
 
 def _flat_stats(
@@ -425,7 +429,7 @@ def stats_attack(
 
 # --------------------------------------------------------------------------- through the gate
 @dataclass(frozen=True)
-class GateAttack:
+class GateAttack(_Trials):
     """Per-trial results of :func:`gate_attack`.
 
     Attributes:
@@ -452,22 +456,6 @@ class GateAttack:
     signal: float
     mu: float
     releases: int
-
-    @property
-    def auc(self) -> float:
-        """:func:`membership_auc` over the trials."""
-        return membership_auc(self.scores[self.members], self.scores[~self.members])
-
-    @property
-    def bound(self) -> float:
-        """:func:`gdp_auc_bound` of :attr:`mu`."""
-        return gdp_auc_bound(self.mu)
-
-    def interval(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
-        """:func:`auc_interval` over the trials: ``(auc, low, high)``."""
-        return auc_interval(
-            self.scores[self.members], self.scores[~self.members], n_boot, level, seed
-        )
 
 
 def _released_blocks(

@@ -8,12 +8,11 @@ count each node persisted in its state). Marked slow (a deployment per module)."
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _flower_deployment import deployment
 from _tolerance import assert_close_scaled
 
 pytest.importorskip("flwr")
@@ -21,10 +20,8 @@ pytest.importorskip("flwr")
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.dp import DPPolicy, calibrate_noise
 from fednovelty.runtime import run_simulation
-from fednovelty.runtime.flower.deploy import LocalFederation
 
 pytestmark = pytest.mark.slow
-APP = Path(__file__).resolve().parents[2] / "examples" / "flower"
 EPSILON, RELEASES, CLIP, SEED = 2.0, 2, 3.0, 5
 
 
@@ -51,14 +48,7 @@ def federation(partitions, tmp_path_factory):
                 "dp-seed": SEED,
             }
         )
-    app = work / "app"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    federation = LocalFederation(configs, workdir=work / "deployment")
-    try:
-        federation.start()
-        yield federation, app
-    finally:
-        federation.stop()
+    yield from deployment(configs, work)
 
 
 def _params(max_iter: int) -> dict:
@@ -102,4 +92,3 @@ def test_private_em_on_flower_equals_simulation(federation, partitions):
         privacy=PrivacyPolicy(dp=DPPolicy(0.0, CLIP, "local")),
     )
     assert not torch.allclose(plain.state.params.means, simulated.state.params.means)
-

@@ -16,12 +16,11 @@ marked slow.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _flower_deployment import deployment
 from _tolerance import assert_close_scaled
 
 pytest.importorskip("flwr")
@@ -34,11 +33,9 @@ from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.runtime import run_simulation
-from fednovelty.runtime.flower.deploy import LocalFederation
 
 pytestmark = pytest.mark.slow
 
-APP = Path(__file__).resolve().parents[2] / "examples" / "flower"
 N_PARTS = 3
 
 
@@ -63,14 +60,7 @@ def federation(partitions, tmp_path_factory):
         paths.append(work / f"part{i}.npy")
         np.save(paths[-1], part)
     configs = [{"partition-id": i, "data-path": str(p)} for i, p in enumerate(paths)]
-    app = work / "app"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    federation = LocalFederation(configs, workdir=work / "deployment")
-    try:
-        federation.start()
-        yield federation, app
-    finally:
-        federation.stop()
+    yield from deployment(configs, work)
 
 
 def simulate(algorithm, parts):
@@ -283,9 +273,7 @@ def test_one_shot_vb_on_flower_equals_simulation(federation, partitions) -> None
 
     X = partitions[0]
     on_flower = FedVBDetector.from_model(result, X)
-    in_process = FedVBDetector.from_model(
-        simulated, X, n_components=4, posterior_merge="natural"
-    )
+    in_process = FedVBDetector.from_model(simulated, X, n_components=4, posterior_merge="natural")
     assert on_flower.n_components == 4 and on_flower.posterior_merge == "natural"
     assert_close_scaled(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
 

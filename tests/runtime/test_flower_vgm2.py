@@ -12,23 +12,20 @@ module is marked slow.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _flower_deployment import deployment
 from _tolerance import assert_close_scaled
 
 pytest.importorskip("flwr")
 
 from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.runtime import run_simulation
-from fednovelty.runtime.flower.deploy import LocalFederation
 
 pytestmark = pytest.mark.slow
 
-APP = Path(__file__).resolve().parents[2] / "examples" / "flower"
 N_PARTS = 3
 PARAMS = {
     "method": "vgm2",
@@ -63,14 +60,7 @@ def federation(partitions, tmp_path_factory):
         paths.append(work / f"part{i}.npz")
         np.savez(paths[-1], X=X, y=y)
     configs = [{"partition-id": i, "data-path": str(p)} for i, p in enumerate(paths)]
-    app = work / "app"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    federation = LocalFederation(configs, workdir=work / "deployment")
-    try:
-        federation.start()
-        yield federation, app
-    finally:
-        federation.stop()
+    yield from deployment(configs, work)
 
 
 def test_vgm2_on_flower_equals_simulation(federation, partitions) -> None:
