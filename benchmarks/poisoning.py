@@ -230,6 +230,7 @@ class _AcceptAll:
     def __init__(self, n_features: int | None = None) -> None:
         self.n_features = n_features
         self.specs = None  # the loop hands it the algorithm's declarations; unread
+        self.private = False  # the loop marks runs whose clients release noisy statistics
 
     def accept(self, broadcast, replies, widths=None):
         return {c: replies[c] for c in sorted(replies)}, {}
