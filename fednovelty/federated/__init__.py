@@ -26,6 +26,7 @@ from fednovelty.federated.clustered.clustered_em import (
     ClusteredEMConfig,
     ClusteredEMState,
 )
+from fednovelty.federated.dp import DPPolicy
 from fednovelty.federated.init import INIT_PARAMS
 from fednovelty.federated.joint_models.joint import (
     JointConfig,
