@@ -76,6 +76,7 @@ def dp_plan(
     n_clients: int,
     seed: int,
     releases_for: Callable[[dict[str, Any]], int],
+    standardized: bool = False,
 ) -> DPPlan | None:
     """The fit's differential privacy, or ``None`` when ``dp_epsilon`` is ``None``.
 
@@ -86,6 +87,11 @@ def dp_plan(
         n_clients: the clients that share the noise in ``"distributed"`` mode.
         seed: seeds the clients' noise.
         releases_for: settings -> the most noisy releases of the algorithm they build.
+        standardized: the rounds work in z-scores (a private standardisation after the
+            box), where ``dp_clip="auto"`` is ``1.5 * sqrt(n_features)``; else in the box's
+            units, ``[-1, 1]`` per feature, where every row inside the bounds has norm at most
+            ``sqrt(n_features)`` and ``"auto"`` is that (a larger radius would clip nothing
+            more and only add noise).
 
     Raises:
         ValueError: bad ``dp_bounds``; a plan that would spend more than ``dp_epsilon``.
@@ -95,7 +101,10 @@ def dp_plan(
         return None
     delta = float(estimator.dp_delta)
     bounds = public_bounds(estimator.dp_bounds, n_features)
-    clip = 1.5 * math.sqrt(n_features) if estimator.dp_clip == "auto" else float(estimator.dp_clip)
+    if estimator.dp_clip == "auto":
+        clip = (1.5 if standardized else 1.0) * math.sqrt(n_features)
+    else:
+        clip = float(estimator.dp_clip)
     settings = {
         "dp_mode": estimator.dp_mode,
         "dp_noise_multiplier": 0.0,

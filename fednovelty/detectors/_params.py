@@ -191,8 +191,9 @@ DIFFERENTIAL_PRIVACY: Group = (
         "auto",
         [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
         "the L2 radius every row is clipped to, in the units the rounds work in (z-scores "
-        'with ``standardize``, else the bounds\' ``[-1, 1]``); ``"auto"`` is '
-        "``1.5 * sqrt(n_features)``.",
+        'with federated EM\'s ``standardize``, else the bounds\' ``[-1, 1]``); ``"auto"`` is '
+        "``1.5 * sqrt(n_features)`` in z-scores and ``sqrt(n_features)`` in the box (no row "
+        "inside the bounds is clipped).",
         "estimator",
     ),
     Param(

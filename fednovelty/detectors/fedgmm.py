@@ -122,6 +122,7 @@ class FedGMMDetector(EMDetector):
             len(data),
             seed,
             lambda private: FederatedEM(**options, **private).max_rounds,
+            standardized=self.standardize,
         )
         algorithm = FederatedEM(**options, **(plan.settings if plan else {}))
         result = self._simulate(

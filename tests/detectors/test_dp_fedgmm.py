@@ -105,3 +105,11 @@ def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
     assert load(tmp_path / "m").privacy_spent_ == det.privacy_spent_
     det.set_params(dp_epsilon=None).fit(task[0], groups=task[1])
     assert not hasattr(det, "privacy_spent_")
+
+
+def test_auto_clipping_is_the_box_radius_without_standardisation(task):
+    """In the bounds' units every row inside the box has norm at most sqrt(d): "auto" clips
+    nothing of it there; in z-scores it is 1.5 sqrt(d)."""
+    boxed = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS, standardize=False, max_iter=2)
+    assert boxed.privacy_spent_["clip"] == pytest.approx(math.sqrt(D))
+    assert boxed.privacy_spent_["releases"] == 1 + 2 + 2  # the prior's moments round stays
