@@ -389,8 +389,9 @@ def private_sum(
     bound: float,
     generator: torch.Generator | None,
 ) -> Any:
-    """``SufficientStats`` (the sum over clients, about ``stats.shift``) with the trusted
-    server's noise of ``multiplier`` times each block's sensitivity (``"central"`` mode)."""
+    """``SufficientStats`` (about ``stats.shift``) through the Gaussian mechanism of
+    :func:`noisy_stats`: the trusted server's noise on the sum over clients (``"central"``
+    mode), or a client's on its own statistics (a private local fit)."""
     from dataclasses import replace
 
     tensors = {

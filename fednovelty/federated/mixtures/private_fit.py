@@ -37,8 +37,8 @@ from fednovelty.federated.dp import (
     clip_rows,
     epsilon_spent,
     plausible_stats,
+    private_sum,
 )
-from fednovelty.federated.dp import noisy_stats as dp_noisy_stats
 from fednovelty.mixture import CovariancePrior, MixtureParams
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
@@ -226,7 +226,7 @@ def noisy_release(
 ) -> SufficientStats:
     """One noisy release: ``stats`` of rows clipped to radius ``clip_norm`` around the origin,
     taken about the origin (``stats.shift`` must be zeros: :func:`private_em` works on rows
-    minus the public centre), through :func:`fednovelty.federated.dp.noisy_stats`. Block
+    minus the public centre), through :func:`fednovelty.federated.dp.private_sum`. Block
     ``b`` (counts (K,), sums (K, d), second moments) gets N(0, (z * BLOCK_SPLIT[b] *
     sensitivity_b)^2) per entry (sensitivities 1, ``clip_norm``, ``clip_norm**2``; symmetric
     on full and tied second moments); the log-likelihood is withheld (0) and ``n_samples`` is
@@ -240,22 +240,7 @@ def noisy_release(
             "noisy_release needs statistics about the clip centre (shift zero); take them "
             "on rows minus the public centre."
         )
-    tensors = {
-        "counts": stats.counts,
-        "sums": stats.sums,
-        "second": stats.second,
-        "n_samples": stats.n_samples,
-        "log_likelihood": stats.log_likelihood,
-    }
-    out = dp_noisy_stats(
-        tensors,
-        stats.shift,
-        stats.covariance_type,
-        float(noise_multiplier),
-        float(clip_norm),
-        generator,
-    )
-    return replace(stats, **out)
+    return private_sum(stats, float(noise_multiplier), float(clip_norm), generator)
 
 
 def second_moment_noise(noise_multiplier: float, clip_norm: float) -> float:
