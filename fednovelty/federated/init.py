@@ -776,7 +776,7 @@ class AssignStep(Step):
         labels, _ = assign(X, centers)
         resp = one_hot(labels, centers.shape[0], X)
         rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
-        keep = backed(rows, policy.min_rows if policy.has_floor else 1)
+        keep = backed(rows, policy.floor)
         # a tied second moment is one for all centres: of the kept centres' rows only
         ct = self.config.covariance_type
         stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)

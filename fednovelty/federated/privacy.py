@@ -102,17 +102,20 @@ class PrivacyPolicy:
             )
 
     @property
+    def floor(self) -> int:
+        """The rows that must back a released value: ``min_rows``, or 1 under ``dp`` (the
+        noise protects the rows; which values a floor suppressed would depend on them)."""
+        return 1 if self.dp is not None else self.min_rows
+
+    @property
     def has_floor(self) -> bool:
-        """Whether the floor applies (``min_rows > 1`` and no differential-privacy policy);
-        without it the client steps release what the unprotected protocol does (and the
-        noise of ``dp``, where set)."""
-        return self.min_rows > 1 and self.dp is None
+        """Whether the floor applies (:attr:`floor` > 1); without it the client steps release
+        what the unprotected protocol does (and the noise of ``dp``, where set)."""
+        return self.floor > 1
 
     def releases(self, n_rows: int) -> bool:
-        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= min_rows``;
-        under ``dp``, any row)."""
-        floor = 1 if self.dp is not None else self.min_rows
-        return n_rows >= floor and n_rows > 0
+        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= floor``)."""
+        return n_rows >= self.floor and n_rows > 0
 
     @property
     def below_floor(self) -> str:

@@ -259,21 +259,26 @@ def test_noisy_scatter_without_noise_keeps_the_reply_and_with_noise_stays_symmet
     assert not torch.equal(noisy["mean"], tensors["mean"])
 
 
+def _standardised_em(mode: str, z: float, bound: float, **settings) -> FederatedEM:
+    """Private federated EM with the moments round (standardisation in the box (-8, 8))."""
+    return FederatedEM(
+        2,
+        standardize=True,
+        bounds=([-8.0] * 3, [8.0] * 3),
+        kmeans_rounds=1,
+        dp_mode=mode,
+        dp_noise_multiplier=z,
+        dp_clip=bound,
+        **settings,
+    )
+
+
 def test_small_clients_noisy_replies_are_not_dropped_as_implausible():
     """Local noise on 30-row clients makes their moments wild against each other; the
     server's cross-client screen would drop them all (it judges lies, and noise is none)."""
     bound, z = 3.0, 40.0
     clients = [torch.as_tensor(_rows(30, seed)) for seed in range(12)]
-    algorithm = FederatedEM(
-        2,
-        standardize=True,
-        bounds=([-8.0] * 3, [8.0] * 3),
-        max_iter=2,
-        kmeans_rounds=1,
-        dp_mode="local",
-        dp_noise_multiplier=z,
-        dp_clip=bound,
-    )
+    algorithm = _standardised_em("local", z, bound, max_iter=2)
     policy = PrivacyPolicy(dp=DPPolicy(z, bound, "local", n_clients=12, seed=0))
     result = run_simulation(algorithm, clients, privacy=policy)
     assert [r.kind for r in result.history] == ["moments", "assign", "em", "em"]
@@ -287,17 +292,7 @@ def test_central_mode_noises_the_pooled_moments_too():
     policy = PrivacyPolicy(dp=DPPolicy(50.0, 3.0, "central", n_clients=3))
 
     def offset(seed):
-        algorithm = FederatedEM(
-            2,
-            standardize=True,
-            bounds=([-8.0] * 3, [8.0] * 3),
-            max_iter=1,
-            kmeans_rounds=1,
-            dp_mode="central",
-            dp_noise_multiplier=50.0,
-            dp_clip=3.0,
-            random_state=seed,
-        )
+        algorithm = _standardised_em("central", 50.0, 3.0, max_iter=1, random_state=seed)
         state = algorithm.start()
         message = algorithm.configure(state)
         replies = {
