@@ -52,7 +52,14 @@ from torch import Tensor
 
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
 from fednovelty.federated.dp import block_multipliers, recentre_stats
-from fednovelty.federated.secure import PRGS, SecureSumReport, secure_sum
+from fednovelty.federated.secure import (
+    PRGS,
+    SecureSumReport,
+    check_range,
+    dequantize_sum,
+    quantize,
+    secure_sum,
+)
 from fednovelty.federated.validation import is_skipped
 
 __all__ = [
@@ -65,7 +72,11 @@ __all__ = [
     "check_secure_algorithm",
     "clip_ranges",
     "decode",
+    "dequantize_encoded",
     "encode",
+    "n_components_of",
+    "quantize_encoded",
+    "round_clips",
     "round_metrics",
     "secure_round",
     "senders_threshold",
@@ -298,6 +309,97 @@ def clip_ranges(
     raise ValueError(f"release must be one of {ADDITIVE}; got {release!r}.")
 
 
+def n_components_of(release: str, tensors: Mapping[str, Tensor]) -> int:
+    """``K`` of a ``"stats"`` reply (the length of its ``counts``, encoded or not); 1 for
+    the other forms and for no tensors (where :func:`clip_ranges` does not read it)."""
+    if release == "stats" and "counts" in tensors:
+        return int(tensors["counts"].shape[0])
+    return 1
+
+
+def round_clips(
+    algorithm: FederatedAlgorithm,
+    release: str,
+    n_components: int,
+    *,
+    max_rows: int,
+    noise_margin: float,
+) -> dict[str, float]:
+    """The public clipping ranges of a round's encoded tensors for ``algorithm``'s DP
+    settings (:func:`clip_ranges` with ``dp_clip`` as the bound and ``dp_noise_multiplier``
+    as a client's noise, none in ``"central"`` mode): what the clients and the server of
+    every engine compute alike, each from the same settings."""
+    config = algorithm.config
+    return clip_ranges(
+        release,
+        n_components,
+        max_rows=max_rows,
+        bound=config.dp_clip,
+        noise_multiplier=0.0 if config.dp_mode == "central" else config.dp_noise_multiplier,
+        margin=noise_margin,
+    )
+
+
+def quantize_encoded(
+    client: int,
+    encoded: Mapping[str, Tensor],
+    clips: Mapping[str, float],
+    levels: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """One client's encoded tensors as the integer vector it masks: each tensor, in the
+    mapping's order, flattened, checked against its range and quantised
+    (:func:`~fednovelty.federated.secure.check_range`,
+    :func:`~fednovelty.federated.secure.quantize`), then concatenated: (n_values,) uint64.
+
+    Raises:
+        ValueError: a value outside its range (naming ``client`` and the tensor), or a
+            tensor without a range.
+    """
+    missing = [name for name in encoded if name not in clips]
+    if missing:
+        raise ValueError(f"clips has no range for tensors {missing}; give one per tensor.")
+    pieces = []
+    for name, tensor in encoded.items():
+        values = tensor.detach().to("cpu", torch.float64).numpy().reshape(-1)
+        check_range(client, name, values, clips[name])
+        pieces.append(quantize(values, clips[name], levels, rng))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint64)
+
+
+def dequantize_encoded(
+    total: np.ndarray,
+    layout: Mapping[str, tuple[int, ...]],
+    clips: Mapping[str, float],
+    levels: int,
+    n_inputs: int,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> dict[str, Tensor]:
+    """The float sums of ``n_inputs`` clients' encoded tensors from the sum ``total``
+    (n_values,) uint64 of their :func:`quantize_encoded` vectors: cut by ``layout`` (name
+    -> shape, the vectors' order) and dequantised in each tensor's range
+    (:func:`~fednovelty.federated.secure.dequantize_sum`).
+
+    Raises:
+        ValueError: ``total``'s length is not the layout's.
+    """
+    sizes = {name: math.prod(shape) for name, shape in layout.items()}
+    if total.shape != (sum(sizes.values()),):
+        raise ValueError(
+            f"total has shape {total.shape}; the layout {dict(layout)} holds "
+            f"{sum(sizes.values())} values."
+        )
+    sums, offset = {}, 0
+    for name, shape in layout.items():
+        piece = total[offset : offset + sizes[name]]
+        values = dequantize_sum(piece, clips[name], levels, n_inputs)
+        sums[name] = torch.as_tensor(values, dtype=dtype, device=device).reshape(shape)
+        offset += sizes[name]
+    return sums
+
+
 # --------------------------------------------------------------------------- one round
 def secure_round(
     release: str,
@@ -400,18 +502,13 @@ class SecureRounds:
         config, settings = self.algorithm.config, self.settings
         replies = {c: r for c, r in sorted(valid.items()) if not is_skipped(r)}
         self.rounds += 1
-        n_components = (
-            int(next(iter(replies.values())).tensors["counts"].shape[0])
-            if (release == "stats" and replies)
-            else 1
-        )
-        clips = clip_ranges(
+        first = next(iter(replies.values())).tensors if replies else {}
+        clips = round_clips(
+            self.algorithm,
             release,
-            n_components,
+            n_components_of(release, first),
             max_rows=self.max_rows,
-            bound=config.dp_clip,
-            noise_multiplier=0.0 if config.dp_mode == "central" else config.dp_noise_multiplier,
-            margin=settings.noise_margin,
+            noise_margin=settings.noise_margin,
         )
         dropped, unresponsive = self._drops(list(replies))
         combined, report = secure_round(

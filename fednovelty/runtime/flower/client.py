@@ -10,9 +10,16 @@ Two message types are answered:
 
 ``train`` (one round)
     the decoded fednovelty message goes through ``algorithm.client_step``; the reply goes
-    back encoded, tagged with the client id (``partition-id``) and the row width.
+    back encoded, tagged with the client id (``partition-id``) and the row width. In a
+    secure-sum run (run config ``secure-sum``) the message also carries the protocol's
+    relayed shares, and the released reply goes back masked
+    (:func:`~fednovelty.runtime.flower.secure.mask_reply`).
 ``query`` (registration, only when the server samples clients)
     the client id, row count and row width of the node's data.
+
+and, in a secure-sum run, the protocol's other steps (``query.secagg_keys``,
+``query.secagg_shares``, ``query.secagg_reveal``: :mod:`fednovelty.runtime.flower.secure`),
+whose secrets the node keeps in its ``context.state`` between messages.
 
 The node enforces its own privacy policy in every client step, whatever the server asks:
 :func:`policy_from_node_config` reads it from the node's ``node_config`` (``privacy-min-rows``,
@@ -41,12 +48,22 @@ from fednovelty.federated.dp import DPPolicy, calibrate_noise
 from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
+    SECAGG,
     decode_message,
     encode_message,
     load_client_state,
     store_client_state,
 )
 from fednovelty.runtime.flower.config import algorithm_from_run_config
+from fednovelty.runtime.flower.secure import (
+    KEYS_ACTION,
+    REVEAL_ACTION,
+    SHARES_ACTION,
+    handle_keys,
+    handle_reveal,
+    handle_shares,
+    mask_reply,
+)
 from fednovelty.runtime.threads import run_client_step
 
 try:
@@ -270,6 +287,8 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
     client = ClientContext(client_id, load_client_state(context.state, attempt), policy=policy)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state, attempt)
+    if SECAGG in message.content.config_records:  # a secure-sum round: reply masked
+        reply = mask_reply(algorithm, request, reply, message.content, context)
     header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
     return Message(encode_message(reply, **header), reply_to=message)
 
@@ -286,7 +305,8 @@ def handle_query(message: Message, context: Context, load_data: DataLoader = loa
 
 
 def make_client_app(load_data: DataLoader = load_node_data) -> ClientApp:
-    """A ClientApp answering fednovelty's ``train`` and ``query`` messages.
+    """A ClientApp answering fednovelty's ``train`` and ``query`` messages and the
+    secure-sum protocol's queries (:data:`~fednovelty.runtime.flower.secure.ACTIONS`).
 
     Args:
         load_data: ``Context -> (client_id, rows)`` (rows: numpy (n_samples, n_features), or
@@ -302,5 +322,17 @@ def make_client_app(load_data: DataLoader = load_node_data) -> ClientApp:
     @app.query()
     def query(message: Message, context: Context) -> Message:
         return handle_query(message, context, load_data)
+
+    @app.query(KEYS_ACTION)
+    def secure_keys(message: Message, context: Context) -> Message:
+        return handle_keys(message, context, load_data(context)[0])
+
+    @app.query(SHARES_ACTION)
+    def secure_shares(message: Message, context: Context) -> Message:
+        return handle_shares(message, context)
+
+    @app.query(REVEAL_ACTION)
+    def secure_reveal(message: Message, context: Context) -> Message:
+        return handle_reveal(message, context)
 
     return app

@@ -13,6 +13,12 @@ A fednovelty message becomes three records of one ``RecordDict``:
 
 A client's persistent state (``ClientContext.state``, tensors by name) is stored in the
 node's ``context.state`` as one ``ArrayRecord`` the same way.
+
+The secure-sum protocol's messages (:mod:`fednovelty.runtime.flower.secure`) carry bytes
+(public keys, encrypted and revealed shares) and client-id lists: one ``ConfigRecord``
+``fednovelty.secagg`` of ``int``/``bytes`` values and lists (:func:`encode_fields`,
+:func:`decode_fields`), beside the header; a masked vector travels as ``uint8`` arrays of
+``ceil(bits / 8)`` little-endian bytes a value (:func:`pack_ring`, :func:`unpack_ring`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ HEADER = "fednovelty.header"
 #: the node's ``context.state`` record of the run attempt its client state belongs to.
 CLIENT_ATTEMPT = "fednovelty.client_attempt"
 CLIENT_STATE = "fednovelty.client_state"
+#: the secure-sum protocol's fields in a message, and a node's protocol state.
+SECAGG = "fednovelty.secagg"
+SECAGG_STATE = "fednovelty.secagg_state"
 CODEC_VERSION = 1
+
+#: what a protocol field holds.
+Field = int | bytes | list[int] | list[bytes]
 
 
 class CodecError(ValueError):
@@ -150,3 +162,83 @@ def store_client_state(state: RecordDict, tensors: Mapping[str, Tensor], attempt
     the ``attempt`` of the run they belong to."""
     state[CLIENT_STATE] = tensors_to_record(tensors)
     state[CLIENT_ATTEMPT] = ConfigRecord({"attempt": int(attempt)})
+
+
+def encode_fields(fields: Mapping[str, Field], **header: Scalar) -> RecordDict:
+    """A secure-sum protocol message: ``fields`` (ints, bytes and lists of them) in the
+    ``fednovelty.secagg`` record and ``header`` (engine fields, e.g. ``client_id``). Empty
+    lists are left out (Flower cannot count their bytes): a reader takes a missing list
+    field as empty."""
+    _check_scalars(header)
+    return RecordDict(
+        {
+            SECAGG: fields_record(fields),
+            HEADER: ConfigRecord({**header, "version": CODEC_VERSION}),
+        }
+    )
+
+
+def fields_record(fields: Mapping[str, Field]) -> ConfigRecord:
+    """``fields`` as a ``ConfigRecord``, empty lists left out (:func:`encode_fields`)."""
+    return ConfigRecord({k: v for k, v in fields.items() if not (isinstance(v, list) and not v)})
+
+
+def decode_fields(content: RecordDict) -> tuple[dict[str, Field], dict[str, Scalar]]:
+    """``(fields, header)`` of a protocol message (:func:`encode_fields`), or of a round's
+    message that carries protocol fields beside its fednovelty message.
+
+    Raises:
+        CodecError: no ``fednovelty.secagg`` or header record, or a newer codec version.
+    """
+    records = content.config_records
+    missing = [name for name in (SECAGG, HEADER) if name not in records]
+    if missing:
+        raise CodecError(f"not a fednovelty secure-sum message: records {missing} are missing.")
+    header = dict(records[HEADER])
+    version = int(header.pop("version", 0))
+    if version > CODEC_VERSION:
+        raise CodecError(
+            f"fednovelty message codec version {version} is not readable by version "
+            f"{CODEC_VERSION}; use the same fednovelty on the server and the nodes."
+        )
+    return dict(records[SECAGG]), header
+
+
+def ring_width(bits: int) -> int:
+    """Bytes a value of the ring ``Z mod 2**bits`` takes on the wire: ``ceil(bits / 8)``."""
+    return -(-int(bits) // 8)
+
+
+def pack_ring(values: np.ndarray, bits: int) -> np.ndarray:
+    """Ring values (n,) uint64 below ``2**bits`` as their low ``ceil(bits / 8)`` bytes,
+    little-endian: (n, width) uint8.
+
+    Raises:
+        ValueError: a value at or above ``2**bits``.
+    """
+    values = np.asarray(values, dtype=np.uint64).reshape(-1)
+    if values.size and int(values.max()) >= 2**bits:
+        raise ValueError(f"ring values must be below 2**{bits}; got {int(values.max())}.")
+    raw = values.astype("<u8").view(np.uint8).reshape(-1, 8)
+    return np.ascontiguousarray(raw[:, : ring_width(bits)])
+
+
+def unpack_ring(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack_ring`: (n, width) uint8 -> (n,) uint64.
+
+    Raises:
+        ValueError: not (n, ceil(bits / 8)) uint8, or a value at or above ``2**bits``.
+    """
+    width = ring_width(bits)
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim != 2 or packed.shape[1] != width:
+        raise ValueError(
+            f"packed ring values must be (n, {width}) uint8 for {bits} bits; got "
+            f"{packed.shape} {packed.dtype}."
+        )
+    raw = np.zeros((packed.shape[0], 8), dtype=np.uint8)
+    raw[:, :width] = packed
+    values = raw.view("<u8").reshape(-1).astype(np.uint64)
+    if values.size and int(values.max()) >= 2**bits:
+        raise ValueError(f"ring values must be below 2**{bits}; got {int(values.max())}.")
+    return values

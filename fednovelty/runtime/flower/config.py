@@ -12,8 +12,12 @@ run-config values are scalars only, and one JSON string carries lists (``k_range
 ``--run-config`` overrides of keys the app's ``pyproject.toml`` does not declare).
 
 Engine settings (``min-clients``, ``fraction``, timeouts, where to write the result) are
-separate keys, read into :class:`EngineConfig`. Nothing here imports Flower or names an
-algorithm.
+separate keys, read into :class:`EngineConfig`. Secure-sum rounds
+(:mod:`fednovelty.runtime.flower.secure`) are switched on by ``secure-sum = true`` and set by
+the ``secure-*`` keys of :data:`SECURE_KEYS`, read into a
+:class:`~fednovelty.runtime.secure_rounds.SecureSum` by :func:`secure_from_run_config`: the
+server and every node read the same keys, so both sides compute the same threshold, ring
+and public clipping ranges. Nothing here imports Flower or names an algorithm.
 """
 
 from __future__ import annotations
@@ -26,21 +30,36 @@ from typing import Any
 from fednovelty.federated import registry
 from fednovelty.federated.base import FederatedAlgorithm
 from fednovelty.federated.registry import ALGORITHMS
+from fednovelty.runtime.secure_rounds import SecureSum
 
 #: run-config keys read by the ServerApp and the ClientApp.
 ALGORITHM_KEY = "algorithm"
 PARAMS_KEY = "algorithm-params"
 SEED_KEY = "seed"
+#: run-config key that switches secure-sum rounds on (``true``/``false``).
+SECURE_KEY = "secure-sum"
+#: run-config keys of the secure sum -> the ``SecureSum`` field each sets (module docstring).
+SECURE_KEYS: dict[str, str] = {
+    "secure-threshold": "threshold",
+    "secure-bits": "bits",
+    "secure-max-rows": "max_rows",
+    "secure-noise-margin": "noise_margin",
+    "secure-prg": "prg",
+    "secure-seed": "seed",
+}
 
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_KEY",
     "PARAMS_KEY",
+    "SECURE_KEY",
+    "SECURE_KEYS",
     "SEED_KEY",
     "EngineConfig",
     "algorithm_from_run_config",
     "build_algorithm",
     "parse_params",
+    "secure_from_run_config",
 ]
 
 
@@ -155,3 +174,57 @@ class EngineConfig:
             "result_path": ("result-path", str),
         }
         return cls(**{f: kind(run_config[k]) for f, (k, kind) in keys.items() if k in run_config})
+
+
+def _secure_on(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"run_config '{SECURE_KEY}' must be true or false; got {value!r}.")
+
+
+def secure_from_run_config(run_config: Mapping[str, Any]) -> SecureSum | None:
+    """The secure-sum settings of a run, ``None`` unless ``secure-sum`` is true.
+
+    Keys (:data:`SECURE_KEYS`): ``secure-max-rows`` (required: the public bound on a node's
+    rows, agreed before the first round; it scales the clipping ranges), ``secure-threshold``
+    (default 0.5: a majority of a round's senders unmask), ``secure-bits`` (48),
+    ``secure-noise-margin`` (10), ``secure-prg`` (``"aes-ctr"``), ``secure-seed`` (seeds the
+    nodes' stochastic rounding; default the run's ``seed``).
+
+    Raises:
+        ValueError: ``secure-sum`` not a boolean, ``secure-max-rows`` missing, or a value
+            out of range, naming the key.
+    """
+    if not _secure_on(run_config.get(SECURE_KEY, False)):
+        return None
+    if "secure-max-rows" not in run_config:
+        raise ValueError(
+            "run_config 'secure-max-rows' is required with 'secure-sum': the public bound on "
+            "any node's row count, agreed before the first round (it scales the public "
+            "clipping ranges of the secure sums); set it to at least the largest node's rows."
+        )
+    kinds = {"threshold": float, "bits": int, "max_rows": int, "noise_margin": float,
+             "prg": str, "seed": int}  # fmt: skip
+    fields: dict[str, Any] = {"seed": int(run_config.get(SEED_KEY, 0))}
+    for key, name in SECURE_KEYS.items():
+        if key not in run_config:
+            continue
+        value = run_config[key]
+        if kinds[name] is str:
+            fields[name] = str(value)
+        elif isinstance(value, bool | str) or (
+            kinds[name] is int and not float(value).is_integer()
+        ):
+            what = "an integer" if kinds[name] is int else "a number"
+            raise ValueError(f"run_config '{key}' must be {what}; got {value!r}.")
+        else:
+            fields[name] = kinds[name](value)
+    try:
+        return SecureSum(**fields)
+    except ValueError as error:
+        message = str(error)
+        for key, name in SECURE_KEYS.items():
+            message = message.replace(f"SecureSum.{name}", f"run_config '{key}'")
+        raise ValueError(message) from None

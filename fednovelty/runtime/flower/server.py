@@ -28,6 +28,10 @@ What the engine adds for real nodes:
 - **Bytes.** ``RoundRecord.bytes_down`` / ``bytes_up`` count fednovelty payload bytes as the
   simulation does; the metrics add ``wire_bytes_down`` / ``wire_bytes_up``, the bytes of the
   Flower records (``.npy`` headers and names included).
+- **Secure sums.** With ``secure=`` (run config ``secure-sum``) every round runs SecAgg's
+  four steps as Flower exchanges and the server step gets one combined reply
+  (:mod:`fednovelty.runtime.flower.secure`; a round of a kind without an additive private
+  form is refused, as in the simulation).
 
 :func:`make_server_app` wraps it in a ``ServerApp`` configured by the run config (see
 :mod:`.config`) that writes the result to ``result-path``.
@@ -54,6 +58,7 @@ from fednovelty.runtime.flower.config import (
     ALGORITHM_KEY,
     EngineConfig,
     algorithm_from_run_config,
+    secure_from_run_config,
 )
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
 from fednovelty.runtime.flower.validation import (
@@ -63,6 +68,7 @@ from fednovelty.runtime.flower.validation import (
     settle_replies,
 )
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, sample_clients
+from fednovelty.runtime.secure_rounds import SecureSum
 
 try:
     from flwr.app import Context, Message, MessageType, RecordDict
@@ -326,6 +332,7 @@ def run_rounds(
     engine: EngineConfig | None = None,
     *,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
+    secure: SecureSum | None = None,
 ) -> FlowerResult:
     """Run ``algorithm`` to completion on the nodes of ``grid``.
 
@@ -336,6 +343,9 @@ def run_rounds(
         engine: ``min_clients``, ``fraction``, ``seed`` (client sampling, as
             ``run_simulation``'s ``random_state``), timeouts; default ``EngineConfig()``.
         callbacks: called with each ``RoundRecord`` as it completes.
+        secure: run every round through a secure sum with these settings
+            (:mod:`fednovelty.runtime.flower.secure`; ``max_rows`` required); ``min_clients``
+            is then at least 2. The nodes read the same settings from the run config.
 
     Returns:
         :class:`FlowerResult` (``client_states`` empty: they stay on the nodes). Each
@@ -345,24 +355,43 @@ def run_rounds(
     Raises:
         FederationError: too few nodes, or ``max_failed_rounds`` rounds in a row with
             fewer than ``min_clients`` valid replies.
+        ValueError: ``secure`` with an algorithm or a round a secure sum cannot carry.
     """
     engine = engine or EngineConfig()
     nodes = wait_for_nodes(grid, max(engine.num_nodes, engine.min_clients), engine.nodes_timeout)
     client_of: dict[int, int | None] = dict.fromkeys(nodes)  # node id -> client id
-    validator = ReplyValidator()
+    validator, combine, min_clients = ReplyValidator(), None, engine.min_clients
+    if secure is not None:  # imported here: the secure transport extends GridTransport
+        from fednovelty.runtime.flower.secure import SecureValidator, check_secure_run
+
+        check_secure_run(algorithm, secure)
+        validator, min_clients = (
+            SecureValidator(algorithm=algorithm, bits=secure.bits),
+            max(2, engine.min_clients),
+        )
     if engine.fraction < 1.0:  # sampling needs the client ids before the first round
         infos = register_nodes(grid, nodes, engine.round_timeout)
         client_of = {i.node_id: i.client_id for i in infos}
         validator.n_features = infos[0].n_features if infos else None
         logger.info("registered clients %s", sorted(i.client_id for i in infos))
-    transport = GridTransport(grid, client_of, engine, np.random.default_rng(engine.seed))
+    rng = np.random.default_rng(engine.seed)
+    if secure is None:
+        transport = GridTransport(grid, client_of, engine, rng)
+    else:
+        from fednovelty.runtime.flower.secure import SecureGridTransport
+
+        transport = SecureGridTransport(
+            grid, client_of, engine, rng, algorithm=algorithm, settings=secure, validator=validator
+        )
+        combine = transport.combine
     state, history = loop.run_rounds(
         algorithm,
         transport,
         validator=validator,
-        min_clients=engine.min_clients,
+        min_clients=min_clients,
         max_failed_rounds=engine.max_failed_rounds,
         callbacks=(transport.log_round, *callbacks),
+        combine=combine,
     )
     return FlowerResult(
         state=state,
@@ -383,14 +412,21 @@ def _as_dict(dropped: Dropped) -> dict:
 
 
 def serve(grid: Grid, context: Context) -> FlowerResult:
-    """The body of fednovelty's ``ServerApp.main``: build the algorithm and the engine from
-    ``context.run_config``, run the rounds, write the result to ``result-path``."""
+    """The body of fednovelty's ``ServerApp.main``: build the algorithm, the engine and the
+    secure-sum settings (``secure-sum``) from ``context.run_config``, run the rounds, write
+    the result to ``result-path``."""
     run_config = context.run_config
     algorithm = algorithm_from_run_config(run_config)
     engine = EngineConfig.from_run_config(run_config)
+    secure = secure_from_run_config(run_config)
     name = run_config[ALGORITHM_KEY]
-    logger.info("fednovelty: %s on Flower, result -> %s", name, engine.result_path)
-    result = run_rounds(grid, algorithm, engine)
+    logger.info(
+        "fednovelty: %s on Flower%s, result -> %s",
+        name,
+        " with secure sums" if secure is not None else "",
+        engine.result_path,
+    )
+    result = run_rounds(grid, algorithm, engine, secure=secure)
     save_result(result, engine.result_path)
     logger.info(
         "fednovelty: %d round(s), %d B up, %d B down; result written to %s",
