@@ -8,19 +8,54 @@ the rows), the noise multiplier that spends at most ``dp_epsilon`` over them
 (:func:`~fednovelty.federated.dp.calibrate_noise`), the algorithm's settings (what the
 server knows) and each client's own :class:`~fednovelty.federated.dp.DPPolicy` (what the
 client enforces: its noise, its clipping and a budget of exactly the planned releases,
-after which it refuses). After the fit, :func:`privacy_record` is ``privacy_spent_``.
+after which it refuses). With learners that leave the clients (FedGMM's joint model) the
+plan also buys their DP-SGD (:mod:`fednovelty.federated.dp_sgd`): the statistics' ``z`` and
+the steps' ``sigma`` spend the budget together, split by ``dp_learner_share``. After the
+fit, :func:`privacy_record` is ``privacy_spent_``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.dp_sgd import (
+    DPSGDSettings,
+    calibrate_learning,
+    learning_epsilon,
+    release_blocks,
+)
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """What one round of a private kind spends of every client's budget.
+
+    Attributes:
+        releases: releases of summed statistics (3 Gaussian blocks each).
+        histograms: released histograms of responsibilities (e.g. joint counts).
+        sgd_steps: DP-SGD steps of the learners.
+    """
+
+    releases: int = 1
+    histograms: int = 0
+    sgd_steps: int = 0
+
+
+@dataclass(frozen=True)
+class LearningPlan:
+    """The learners' part of a plan: ``rounds`` rounds of ``steps`` DP-SGD steps each
+    (sample rate ``sample_rate``, clip ``clip``) and one histogram each."""
+
+    rounds: int
+    steps: int
+    sample_rate: float
+    clip: float
 
 
 @dataclass(frozen=True)
@@ -33,6 +68,7 @@ class DPPlan:
         policy: every client's :class:`~fednovelty.federated.dp.DPPolicy`.
         releases: the most noisy releases the fit can make (the clients' budget).
         epsilon, delta: the budget.
+        sgd: every client's DP-SGD for its learners (``None``: none leave the clients).
     """
 
     settings: dict[str, Any]
@@ -40,6 +76,7 @@ class DPPlan:
     releases: int
     epsilon: float
     delta: float
+    sgd: DPSGDSettings | None = None
 
 
 def public_bounds(bounds: Any, n_features: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -77,6 +114,7 @@ def dp_plan(
     seed: int,
     releases_for: Callable[[dict[str, Any]], int],
     standardized: bool = False,
+    learning: LearningPlan | None = None,
 ) -> DPPlan | None:
     """The fit's differential privacy, or ``None`` when ``dp_epsilon`` is ``None``.
 
@@ -92,6 +130,10 @@ def dp_plan(
             units, ``[-1, 1]`` per feature, where every row inside the bounds has norm at most
             ``sqrt(n_features)`` and ``"auto"`` is that (a larger radius would clip nothing
             more and only add noise).
+        learning: the learners' DP-SGD, when they leave the clients: their rounds (among
+            the releases, each with one histogram) and steps; ``z`` and ``sigma`` are then
+            calibrated together (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`,
+            ``dp_learner_share`` of the budget to the learners).
 
     Raises:
         ValueError: bad ``dp_bounds``; a plan that would spend more than ``dp_epsilon``.
@@ -112,8 +154,17 @@ def dp_plan(
         "bounds": bounds,
     }
     releases = int(releases_for(settings))
-    z = calibrate_noise(float(epsilon), delta, releases)
-    spent = epsilon_spent(z, releases, delta)
+    sgd = None
+    if learning is None or learning.rounds * learning.steps == 0:
+        z = calibrate_noise(float(epsilon), delta, releases)
+        spent = epsilon_spent(z, releases, delta)
+    else:
+        blocks = release_blocks(releases, learning.rounds)
+        steps, rate = learning.rounds * learning.steps, learning.sample_rate
+        share = 1.0 - float(estimator.dp_learner_share)
+        z, sigma = calibrate_learning(float(epsilon), delta, blocks, steps, rate, share)
+        spent = learning_epsilon(z, blocks, sigma, rate, steps, delta)
+        sgd = DPSGDSettings(sigma, learning.clip, rate, learning.steps)
     if spent > float(epsilon) * (1 + 1e-9):
         raise ValueError(
             f"the fit's {releases} noisy releases would spend epsilon={spent:.4g} at "
@@ -121,35 +172,67 @@ def dp_plan(
             "(max_iter, kmeans_rounds) or a larger budget."
         )
     policy = DPPolicy(z, clip, estimator.dp_mode, max(1, int(n_clients)), releases, seed)
-    return DPPlan({**settings, "dp_noise_multiplier": z}, policy, releases, float(epsilon), delta)
+    settings["dp_noise_multiplier"] = z
+    return DPPlan(settings, policy, releases, float(epsilon), delta, sgd)
 
 
-def privacy_record(plan: DPPlan, rounds: Iterable[dict], private_kinds: Iterable[str]) -> dict:
+def privacy_record(plan: DPPlan, rounds: Iterable[dict], costs: Mapping[str, RoundCost]) -> dict:
     """``privacy_spent_``: what a fit under ``plan`` spent, from its ``history_`` records
-    (``rounds``): the rounds of a kind with a private form (``private_kinds``) that ran
-    bound every client's releases; epsilon is read from the accountant for them.
+    (``rounds``): every round of a private kind that ran spent its ``costs[kind]`` of every
+    client's budget; epsilon is read from the accountant for the total.
 
     ``epsilon`` holds against whoever sees the model or the sum of the clients' releases;
     ``epsilon_against_server`` against a server that sees each client's reply: the same in
     ``"local"`` mode, ``inf`` in ``"central"`` (the server sees clipped, un-noised sums) and
     that of ``z / sqrt(m)`` in ``"distributed"`` mode unless a secure sum hides the replies
-    (``docs/secure_sums.md``; the in-process engine does not)."""
-    kinds = set(private_kinds)
-    made = sum(1 for r in rounds if r.get("kind") in kinds and not r.get("failed"))
-    policy = plan.policy
-    z = policy.noise_multiplier
-    return {
-        "epsilon": epsilon_spent(z, made, plan.delta),
-        "epsilon_against_server": epsilon_spent(policy.client_noise, made, plan.delta),
-        "delta": plan.delta,
+    (``docs/secure_sums.md``; the in-process engine does not). DP-SGD's noise is the
+    client's own in every mode."""
+    total = {"releases": 0, "histograms": 0, "sgd_steps": 0}
+    for record in rounds:
+        cost = costs.get(record.get("kind"))
+        if cost is not None and not record.get("failed"):
+            for name in total:
+                total[name] += getattr(cost, name)
+    policy, delta = plan.policy, plan.delta
+    blocks = release_blocks(total["releases"], total["histograms"])
+    steps = total["sgd_steps"]
+    sigma, rate = (
+        (0.0, 1.0) if plan.sgd is None else (plan.sgd.noise_multiplier, plan.sgd.sample_rate)
+    )
+
+    def epsilon(z: float) -> float:
+        return learning_epsilon(z, blocks, sigma, rate, steps, delta)
+
+    record = {
+        "epsilon": epsilon(policy.noise_multiplier),
+        "epsilon_against_server": epsilon(policy.client_noise),
+        "delta": delta,
         "epsilon_budget": plan.epsilon,
-        "releases": made,
+        "releases": total["releases"],
         "planned_releases": plan.releases,
-        "noise_multiplier": z,
-        "clip": plan.policy.clip_norm,
-        "mode": plan.policy.mode,
+        "noise_multiplier": policy.noise_multiplier,
+        "clip": policy.clip_norm,
+        "mode": policy.mode,
         "accountant": "dp-accounting PLD, add/remove one row",
     }
+    if steps:
+        record.update(sgd_steps=steps, sgd_noise_multiplier=sigma, sample_rate=rate)
+    return record
+
+
+def round_costs(algorithm: Any, plan: DPPlan) -> dict[str, RoundCost]:
+    """Each private kind of the chained ``algorithm`` and what one of its rounds spends
+    under ``plan``: one release, one histogram per declared ``"histogram"`` part, and the
+    plan's DP-SGD steps where learners are declared ``"dp_sgd"``."""
+    costs = {}
+    steps = 0 if plan.sgd is None else plan.sgd.steps
+    for step in algorithm.steps:
+        for kind, spec in step.replies.items():
+            if not spec.private:
+                continue
+            parts = list(spec.private_parts.values())
+            costs[kind] = RoundCost(1, parts.count("histogram"), steps if "dp_sgd" in parts else 0)
+    return costs
 
 
 def set_privacy_spent(estimator: Any, plan: DPPlan | None, algorithm: Any) -> None:
@@ -160,5 +243,5 @@ def set_privacy_spent(estimator: Any, plan: DPPlan | None, algorithm: Any) -> No
         if hasattr(estimator, "privacy_spent_"):
             del estimator.privacy_spent_
         return
-    kinds = [k for step in algorithm.steps for k, spec in step.replies.items() if spec.private]
-    estimator.privacy_spent_ = privacy_record(plan, estimator.history_, kinds)
+    costs = round_costs(algorithm, plan)
+    estimator.privacy_spent_ = privacy_record(plan, estimator.history_, costs)

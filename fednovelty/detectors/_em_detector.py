@@ -179,6 +179,7 @@ class EMDetector(MixtureDetector):
             allow_raw_rows=self.init_params == "subset",
             max_clusters=max(DEFAULT_MAX_CLUSTERS, int(self.n_components)),
             dp=None if plan is None else plan.policy,
+            dp_sgd=None if plan is None else plan.sgd,
         )
         return {**self._engine_settings(), "privacy": privacy}
 

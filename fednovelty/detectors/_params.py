@@ -191,7 +191,7 @@ DIFFERENTIAL_PRIVACY: Group = (
         "auto",
         [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
         "the L2 radius every row is clipped to, in the units the rounds work in (z-scores "
-        'with federated EM\'s ``standardize``, else the bounds\' ``[-1, 1]``); ``"auto"`` is '
+        "with federated EM's ``standardize``, else the bounds' ``[-1, 1]``); ``\"auto\"`` is "
         "``1.5 * sqrt(n_features)`` in z-scores and ``sqrt(n_features)`` in the box (no row "
         "inside the bounds is clipped).",
         "estimator",
@@ -203,6 +203,34 @@ DIFFERENTIAL_PRIVACY: Group = (
         'who adds the noise: ``"central"`` (a trusted server, to the sum), ``"local"`` '
         '(each client, all of it: the server may be curious) or ``"distributed"`` (each '
         "client 1/m of the variance, for secure sums).",
+        "estimator",
+    ),
+)
+
+#: The learners' DP-SGD under ``dp_epsilon`` (models whose learners leave the clients).
+DP_LEARNERS: Group = (
+    Param(
+        "dp_sample_rate",
+        0.05,
+        [Interval(Real, 0.0, 1.0, closed="right")],
+        "with ``dp_epsilon``, each row's chance to be in one DP-SGD step's Poisson sample "
+        "(a round runs ``ceil(local_epochs / dp_sample_rate)`` steps); smaller rates "
+        "amplify privacy more and take more steps.",
+        "estimator",
+    ),
+    Param(
+        "dp_sgd_clip",
+        1.0,
+        [Interval(Real, 0.0, None, closed="neither")],
+        "with ``dp_epsilon``, the L2 bound of one row's gradient over all the learners.",
+        "estimator",
+    ),
+    Param(
+        "dp_learner_share",
+        0.5,
+        [Interval(Real, 0.0, 1.0, closed="neither")],
+        "with ``dp_epsilon``, the learners' share of the budget (of ``mu**2`` in Gaussian "
+        "differential privacy); the statistics get the rest.",
         "estimator",
     ),
 )

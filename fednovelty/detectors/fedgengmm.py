@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._dp import DPPlan, dp_plan, privacy_record
+from fednovelty.detectors._dp import DPPlan, RoundCost, dp_plan, privacy_record
 from fednovelty.detectors._params import (
     DETECTOR,
     DIFFERENTIAL_PRIVACY,
@@ -41,7 +41,6 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM
-from fednovelty.federated.dp import epsilon_spent
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
 
@@ -76,16 +75,8 @@ def local_fit_privacy(plan: DPPlan, history: list[dict], n_iter: int) -> dict:
     accountant as ``epsilon_spent(z, releases, delta)``. The client adds all of the noise
     itself, so the epsilon holds against the server that sees its reply too, and the
     ``mode`` is ``"local"`` whatever ``dp_mode`` was."""
-    record = privacy_record(plan, history, ["local_fit"])
-    releases = record["releases"] * int(n_iter)
-    epsilon = epsilon_spent(plan.policy.noise_multiplier, releases, plan.delta)
-    return {
-        **record,
-        "releases": releases,
-        "epsilon": epsilon,
-        "epsilon_against_server": epsilon,
-        "mode": "local",
-    }
+    record = privacy_record(plan, history, {"local_fit": RoundCost(releases=int(n_iter))})
+    return {**record, "epsilon_against_server": record["epsilon"], "mode": "local"}
 
 
 class _LocalFitDetector(MixtureDetector):

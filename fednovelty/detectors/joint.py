@@ -17,10 +17,13 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval
 
+from fednovelty.detectors._dp import LearningPlan, dp_plan, set_privacy_spent
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
+    DP_LEARNERS,
     EM,
     INIT,
     LEARNER,
@@ -45,6 +48,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
+from fednovelty.federated.dp_sgd import steps_for_epochs
 from fednovelty.federated.joint_models.joint import (
     PFL_METHODS,
     JointFedGMM,
@@ -153,6 +157,11 @@ class JointModelDetector(EMDetector):
             raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")
         if not self._shared_learners:
             raise ValueError("a Local model (aggregate_learners=False) has no partial_fit.")
+        if getattr(self, "dp_epsilon", None) is not None:
+            raise ValueError(
+                "partial_fit under dp_epsilon would spend budget beyond what fit planned and "
+                "reported; fit again on the new rows with a budget of its own."
+            )
         array = self._check_X(X, fitted=True)
         if y is None:
             raise ValueError("partial_fit needs the window's labels y.")
@@ -214,12 +223,32 @@ class JointModelDetector(EMDetector):
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         learner_width = unpack_client_data(data[0])[2].shape[1]  # the learners see all rows
-        algorithm = self._algorithm(learner_width, seed, pca_components)
-        result = self._simulate(
-            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine()
+        plan = dp_plan(
+            self,
+            unpack_client_data(data[0])[0].shape[1],
+            len(data),
+            seed,
+            lambda private: self._algorithm(learner_width, seed, None, **private).max_rounds,
+            standardized=bool(getattr(self, "standardize", False)),
+            learning=self._dp_learning(),
         )
+        overrides = plan.settings if plan else {}
+        algorithm = self._algorithm(learner_width, seed, pca_components, **overrides)
+        result = self._simulate(
+            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine(plan)
+        )
+        set_privacy_spent(self, plan, algorithm)
         self._seed = seed
         return self._set_joint_result(result, learner_width)
+
+    def _dp_learning(self) -> LearningPlan | None:
+        """The learners' DP-SGD under ``dp_epsilon`` when they leave the clients: every EM
+        round trains them for ``ceil(local_epochs / dp_sample_rate)`` steps."""
+        if getattr(self, "dp_epsilon", None) is None or not self._shared_learners:
+            return None
+        rate = float(self.dp_sample_rate)
+        steps = steps_for_epochs(int(self.local_epochs), rate)
+        return LearningPlan(int(self.max_iter), steps, rate, float(self.dp_sgd_clip))
 
     def _set_joint_result(self, result, learner_width: int):
         """The fitted attributes from a finished run of the joint algorithm; returns it."""
@@ -508,6 +537,8 @@ class JointFedGMMDetector(JointModelDetector):
         PCA,
         SAMPLING,
         PRIVACY,
+        DIFFERENTIAL_PRIVACY,
+        DP_LEARNERS,
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 8, "learning_rate": 0.5},

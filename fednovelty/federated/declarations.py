@@ -36,6 +36,23 @@ BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bin
 #: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.dp`).
 PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments", "scatter", "fit")
 
+#: the private forms of a reply's tensors beside its release (``ReplySpec.private_parts``):
+#: ``"histogram"``, responsibilities summed over rows (each row's sum to at most 1, so one
+#: row moves the tensor by at most 1 in L2; the gate adds the counts' noise), and
+#: ``"dp_sgd"``, learner weights the client half trained by DP-SGD under its own settings
+#: (:mod:`fednovelty.federated.dp_sgd`; the reply states ``scalars["dp_sgd_steps"]``).
+PRIVATE_PARTS: tuple[str, ...] = ("histogram", "dp_sgd")
+
+#: the tensors each private release covers; any other tensor of a private reply needs a
+#: declared private part, or the gate refuses the reply.
+RELEASE_TENSORS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "stats": frozenset({"counts", "sums", "second", "n_samples", "log_likelihood"}),
+        "moments": frozenset({"n_samples", "mean", "m2"}),
+        "scatter": frozenset({"n_samples", "mean", "scatter"}),
+    }
+)
+
 #: the ways a reply can be bounded by the box of its client's declared moments.
 BOXES: tuple[str, ...] = ("none", "means", "stats", "moments")
 
@@ -84,6 +101,9 @@ class ReplySpec:
       the client half fitted under the policy's own mechanism, e.g. DP-EM, stating its noisy
       releases in ``scalars["dp_releases"]``, which the gate charges); ``None``: the kind has
       no private form and a client under a differential-privacy policy refuses it.
+    - ``private_parts``: tensor name (or prefix ending in ``"."``) -> one of
+      :data:`PRIVATE_PARTS`, the private form of a tensor the release does not cover
+      (:data:`RELEASE_TENSORS`), e.g. a joint model's joint counts and learners.
 
     Attributes:
         kind: the message kind it answers.
@@ -101,6 +121,7 @@ class ReplySpec:
             not say, else ``None``.
         covariance: the algorithm's ``covariance_type`` sets the client half's work.
         private: one of :data:`PRIVATE_RELEASES`, or ``None``.
+        private_parts: tensor name or prefix -> one of :data:`PRIVATE_PARTS`.
 
     Raises:
         ValueError: an unknown backing, box or private release, naming it.
@@ -118,15 +139,18 @@ class ReplySpec:
     components: Components | None = None
     covariance: bool = False
     private: str | None = None
+    private_parts: Mapping[str, str] = field(default_factory=dict)
 
     def backing_of(self, name: str) -> str | None:
         """What backs tensor ``name``: its own entry, else the entry of the longest prefix
         ending in ``"."`` that it starts with; ``None`` when the declaration does not
         classify it."""
-        if name in self.backing:
-            return self.backing[name]
-        prefixes = [p for p in self.backing if p.endswith(".") and name.startswith(p)]
-        return self.backing[max(prefixes, key=len)] if prefixes else None
+        return _by_name(self.backing, name)
+
+    def private_part(self, name: str) -> str | None:
+        """The private form of tensor ``name`` beside the release (``private_parts``, by
+        name or longest prefix), ``None`` when none is declared."""
+        return _by_name(self.private_parts, name)
 
     def __post_init__(self) -> None:
         unknown = {name: b for name, b in self.backing.items() if b not in BACKINGS}
@@ -140,6 +164,22 @@ class ReplySpec:
             raise ValueError(
                 f"ReplySpec({self.kind!r}): private must be one of {PRIVATE_RELEASES} or None."
             )
+        parts = {name: p for name, p in self.private_parts.items() if p not in PRIVATE_PARTS}
+        if parts or (self.private_parts and self.private not in RELEASE_TENSORS):
+            raise ValueError(
+                f"ReplySpec({self.kind!r}): private_parts must map tensors to one of "
+                f"{PRIVATE_PARTS} beside a private release of {sorted(RELEASE_TENSORS)}; "
+                f"got {dict(self.private_parts)} with private={self.private!r}."
+            )
+
+
+def _by_name(table: Mapping[str, str], name: str) -> str | None:
+    """``table``'s entry for ``name``, else that of the longest prefix ending in ``"."``
+    that ``name`` starts with, else ``None``."""
+    if name in table:
+        return table[name]
+    prefixes = [p for p in table if p.endswith(".") and name.startswith(p)]
+    return table[max(prefixes, key=len)] if prefixes else None
 
 
 #: the backing of a summed-statistics reply: counts, sums and second moments per component,
@@ -233,6 +273,9 @@ def _subclasses(cls: type) -> Iterator[type]:
 __all__ = [
     "BACKINGS",
     "BOXES",
+    "PRIVATE_PARTS",
+    "PRIVATE_RELEASES",
+    "RELEASE_TENSORS",
     "STATS_BACKING",
     "ReplySpec",
     "UndeclaredReplyError",

@@ -34,8 +34,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.declarations import ReplySpec
-from fednovelty.federated.dp import DPPolicy, charge, private_reply, release_generator
+from fednovelty.federated.declarations import RELEASE_TENSORS, ReplySpec
+from fednovelty.federated.dp import (
+    DPPolicy,
+    charge,
+    gaussian_noise,
+    private_reply,
+    release_generator,
+)
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -72,6 +79,9 @@ class PrivacyPolicy:
             refused), and the floor gives way to the noise: the client releases from its
             first row and zeroes no component (which components it zeroed would depend on
             its rows).
+        dp_sgd: the client's DP-SGD (:class:`~fednovelty.federated.dp_sgd.DPSGDSettings`)
+            for learners that leave it under ``dp``; ``None``: a private round releases no
+            learner weights.
 
     Raises:
         TypeError / ValueError: a field of the wrong type or below 1, naming it.
@@ -81,6 +91,7 @@ class PrivacyPolicy:
     allow_raw_rows: bool = False
     max_clusters: int = DEFAULT_MAX_CLUSTERS
     dp: DPPolicy | None = None
+    dp_sgd: DPSGDSettings | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_rows", "max_clusters"):
@@ -99,6 +110,11 @@ class PrivacyPolicy:
         if self.dp is not None and not isinstance(self.dp, DPPolicy):
             raise TypeError(
                 f"PrivacyPolicy.dp must be a DPPolicy or None, got {type(self.dp).__name__}."
+            )
+        if self.dp_sgd is not None and not isinstance(self.dp_sgd, DPSGDSettings):
+            raise TypeError(
+                "PrivacyPolicy.dp_sgd must be a DPSGDSettings or None, got "
+                f"{type(self.dp_sgd).__name__}."
             )
 
     @property
@@ -622,7 +638,10 @@ def release(
     - under a differential-privacy policy (``policy.dp``) the floor gives way to the noise:
       the reply is released only in its declared private form (``spec.private``, else
       refused), within the client's budget of noisy releases (counted in ``ledger``, else
-      refused), with the client's noise (:func:`~fednovelty.federated.dp.private_reply`).
+      refused), with the client's noise (:func:`~fednovelty.federated.dp.private_reply`);
+      a tensor the release does not cover needs a declared private part
+      (``spec.private_parts``): a histogram gets the counts' noise, learner weights leave
+      only when the client's own ``dp_sgd`` trained them, for no more steps than it allows.
 
     Args:
         reply: the client step's ``Message`` (``tensors`` with shapes per its kind,
@@ -654,7 +673,7 @@ def release(
         return _refused(reply, f"{where} states no backing for {unbacked}; not released")
     limits = None if spec.limit is None else spec.limit(config, broadcast)
     if policy.dp is not None:
-        return _private(reply, spec, policy.dp, config, broadcast, limits, ledger, client_id)
+        return _private(reply, spec, policy, config, broadcast, limits, ledger, client_id)
     floor = policy.min_rows
     tensors: dict[str, Tensor] = {}
     grouped_kept: list[bool] = []
@@ -712,7 +731,7 @@ def release(
 def _private(
     reply: Any,
     spec: ReplySpec,
-    dp: DPPolicy,
+    policy: PrivacyPolicy,
     config: Any,
     broadcast: Any,
     limits: Any,
@@ -720,6 +739,7 @@ def _private(
     client_id: int,
 ) -> Any:
     """:func:`release` under a differential-privacy policy (its docstring)."""
+    dp = policy.dp
     where = f"the client's {reply.kind!r} reply"
     if spec.private is None:
         return _refused(
@@ -737,6 +757,19 @@ def _private(
                 f"{where}: {name!r} has {value.shape[0]} {kind} entries, more "
                 f"than the client's own configuration allows ({limit})",
             )
+    covered = RELEASE_TENSORS.get(spec.private)
+    if covered is not None:
+        loose = sorted(n for n in reply.tensors if n not in covered and not spec.private_part(n))
+        if loose:
+            return _refused(
+                reply,
+                f"{where} holds {loose}, which its {spec.private!r} release does not cover "
+                "and no private part declares; not released",
+            )
+    if any(spec.private_part(n) == "dp_sgd" for n in reply.tensors):
+        refusal = _dp_sgd_refusal(reply, policy.dp_sgd)
+        if refusal is not None:
+            return _refused(reply, f"{where}: {refusal}; not released")
     count = 1
     if spec.private == "fit":  # the fit's own noisy releases, stated by the client half
         count = reply.scalars.get("dp_releases")
@@ -759,7 +792,26 @@ def _private(
         dp.clip_norm,
         generator,
     )
+    for name in tensors:
+        if spec.private_part(name) == "histogram" and dp.client_noise > 0:
+            spread = HISTOGRAM_SHARE * dp.client_noise
+            tensors[name] = tensors[name] + gaussian_noise(
+                tensors[name].shape, spread, tensors[name], generator
+            )
     return type(reply)(reply.kind, tensors, dict(reply.scalars))
+
+
+def _dp_sgd_refusal(reply: Any, sgd: DPSGDSettings | None) -> str | None:
+    """Why learner weights may not leave under DP, or ``None``: the client's own policy
+    must have DP-SGD (``PrivacyPolicy.dp_sgd``) and the reply must state the steps it ran,
+    no more than that policy's round allows."""
+    steps = reply.scalars.get("dp_sgd_steps")
+    if sgd is None:
+        return "its learners were not trained by DP-SGD (the client's policy has no dp_sgd)"
+    allowed = sgd.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= allowed:
+        return f"it states {steps!r} DP-SGD steps; the client's settings allow 0..{allowed}"
+    return None
 
 
 __all__ = [

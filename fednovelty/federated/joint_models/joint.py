@@ -42,7 +42,9 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.init import round_seed
+from fednovelty.federated.dp import LEDGER_KEY, gaussian_noise
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, private_sgd, sgd_generator
+from fednovelty.federated.init import derived_seed, round_seed
 from fednovelty.federated.joint_models.joint_scores import (
     adapt_joint_weights,
     global_log_joint_weights,
@@ -200,6 +202,8 @@ JOINT_EM_REPLY = ReplySpec(
     box="stats",
     serial=True,
     covariance=True,
+    private="stats",
+    private_parts={"joint_counts": "histogram", "learner.": "dp_sgd"},
 )
 
 
@@ -249,21 +253,45 @@ class JointEMStep(Step):
         config = self.config
         stats = self.gaussian.m_step(state, replies)
         joint = torch.stack([r.tensors["joint_counts"] for r in replies.values()])
-        state.joint_counts = joint.sum(0).to(config.device, config.dtype)
-        for cid, reply in replies.items():
+        state.joint_counts = self._joint_sum(state, joint)
+        # a trusted server's clients send exact counts ("central"): their weights would
+        # leave the fit outside its guarantee, so only noisy ones are kept
+        for cid, reply in replies.items() if config.dp_mode != "central" else ():
             counts = reply.tensors["joint_counts"]
+            if config.private:  # noisy counts: positive by post-processing
+                counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
             if float(counts.sum()) > 0:
                 weights = (counts / counts.sum()).to(config.device, config.dtype)
                 state.client_joint_weights[cid] = weights
                 state.client_weights[cid] = weights.sum(1)
         if config.aggregate_learners:
             robust = (config.aggregation, config.trim)
+            # under DP every copy is DP-SGD's output: weights from exact counts would not be
+            gammas = torch.ones_like(joint.sum(1)) if config.private else joint.sum(1)
             state.learners = robust_average_learners(
-                state.learners, list(replies.values()), joint.sum(1), *robust
+                state.learners, list(replies.values()), gammas, *robust
             )
         done, lower_bound = self.gaussian.advance(state, stats)
-        metrics = {"phase": "joint_em", "mean_log_likelihood": lower_bound}
+        metrics = {"phase": "joint_em"}
+        if not math.isnan(lower_bound):
+            metrics["mean_log_likelihood"] = lower_bound
         return (None if done else "joint_em"), metrics
+
+    def _joint_sum(self, state: JointState, joint: Tensor) -> Tensor:
+        """The summed joint counts (M1, M2) of the replies ``joint`` (n_replies, M1, M2):
+        under ``"central"`` DP with the trusted server's histogram noise (drawn from the
+        round's seed), and under any DP kept positive (post-processing)."""
+        config = self.config
+        total = joint.sum(0).to(config.device, config.dtype)
+        if not config.private:
+            return total
+        if config.dp_mode == "central":
+            seed = derived_seed(config.random_state, state.rounds) ^ 0x1015
+            spread = HISTOGRAM_SHARE * config.dp_noise_multiplier
+            total = total + gaussian_noise(
+                total.shape, spread, total, torch.Generator().manual_seed(seed)
+            )
+        return total.clamp_min(1e-6 * float(total.abs().sum()) + 1e-300)
 
     # ------------------------------------------------------------------ client half
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
@@ -295,21 +323,43 @@ class JointEMStep(Step):
         if n > 0:
             eps = 10 * torch.finfo(X.dtype).eps
             context.state["log_joint_weights"] = ((joint_counts + eps) / (n + eps * k1 * k2)).log()
-        generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        trained = [
-            algorithm._local_sgd(template, params, Z, y, q[:, :, m2].sum(1), generator)
-            for m2, params in enumerate(learners)
-        ]
+        policy = context.policy
+        scalars = {}
+        if policy.dp is not None and config.aggregate_learners:
+            if policy.dp_sgd is None:
+                return skipped_reply("joint_em", "learners leave under DP only by DP-SGD")
+            # the learners leave the client: its own DP-SGD, from its own generator
+            release = int(context.state.get(LEDGER_KEY, 0))
+            generator = sgd_generator(policy.dp.seed, context.client_id, release)
+            trained = private_sgd(
+                template,
+                learners,
+                Z,
+                y,
+                q.sum(1),
+                policy.dp_sgd,
+                generator,
+                learning_rate=config.learning_rate,
+                optimizer=config.optimizer,
+                mu_prox=config.mu_prox,
+            )
+            scalars["dp_sgd_steps"] = policy.dp_sgd.steps
+        else:
+            generator = client_generator(int(message.scalars["seed"]), context.client_id)
+            trained = [
+                algorithm._local_sgd(template, params, Z, y, q[:, :, m2].sum(1), generator)
+                for m2, params in enumerate(learners)
+            ]
         if not config.aggregate_learners:
             for m2, params in enumerate(trained):
                 context.state.update({learner_name(m2, k): v for k, v in params.items()})
-        policy = context.policy
         if not policy.releases(n):
             return skipped_reply("joint_em", policy.below_floor)
-        gaussian_rows, cell_rows, learner_rows = joint_rows(q, policy.min_rows)
+        floor = policy.floor
+        gaussian_rows, cell_rows, learner_rows = joint_rows(q, floor)
         # a Gaussian's statistics are of its backed cells' responsibilities (the gate
-        # zeros the cells and Gaussians below the floor)
-        weight = (q * backed(cell_rows, policy.min_rows).to(X.dtype)).sum(2)  # (n, M1)
+        # zeros the cells and Gaussians below the floor, which is 1 under DP)
+        weight = (q * backed(cell_rows, floor).to(X.dtype)).sum(2)  # (n, M1)
         stats = stats_from_resp(X, weight, ct, t["shift"])
         stats = replace(stats, log_likelihood=log_norm.sum())
         tensors = dict(stats_message(stats, "joint_em").tensors)
@@ -317,13 +367,13 @@ class JointEMStep(Step):
         backing = stats_backing(stats, gaussian_rows, resp_rows(weight.sum(1, keepdim=True))[0])
         backing["joint_counts"] = cell_rows
         for m2, params in enumerate(trained if config.aggregate_learners else []):
-            used = bool(backed(learner_rows[m2], policy.min_rows))
+            used = bool(backed(learner_rows[m2], floor))
             released = params if used else learners[m2]
             tensors.update({learner_name(m2, k): v.clone() for k, v in released.items()})
             # a learner not trained on enough rows goes back as broadcast: none of the rows
             behind = learner_rows[m2] if used else learner_rows.new_tensor(math.inf)
             backing.update(dict.fromkeys((learner_name(m2, k) for k in released), behind))
-        return Message("joint_em", tensors, backing=backing)
+        return Message("joint_em", tensors, scalars, backing=backing)
 
 
 class JointFedGMM(ChainedAlgorithm):

@@ -1,0 +1,415 @@
+"""Differentially private SGD for the learners, and its accounting beside the statistics'.
+
+A learner (:mod:`fednovelty.federated.learners`) trained on a client's rows and sent to the
+server reveals those rows as much as its gradients do. DP-SGD (Abadi et al., *Deep Learning
+with Differential Privacy*, CCS 2016) bounds that per row: each step draws a Poisson sample
+of the rows (every row independently with probability ``q``, from the client's own
+generator), computes each sampled row's gradient (``torch.func``: ``vmap`` of ``grad``),
+clips it to L2 norm ``C`` over all the learners' parameters together, adds Gaussian noise
+of standard deviation ``sigma * C`` to the sum and divides by the expected sample size
+``q * n`` (:func:`private_sgd`). One step is a Poisson-subsampled Gaussian mechanism; the
+trained weights are post-processing of the noisy steps, whoever sees them.
+
+A row's loss is ``sum_m w(m) CE(y, f_m(x))`` over the ``M`` learners with responsibilities
+``w(m) >= 0`` summing to at most 1 (FedGMM's joint E-step), so one clipped gradient of all
+the learners' parameters bounds what a row changes in all of them at once: the ``M``
+learners cost one mechanism a step, not ``M``.
+
+Accounting (:func:`learning_epsilon`): the statistics' releases compose into one Gaussian
+mechanism (:func:`~fednovelty.federated.dp.epsilon_spent`), the steps into a self-composed
+Poisson-subsampled Gaussian, and dp-accounting's privacy-loss-distribution accountant
+composes the two. :func:`calibrate_learning` finds the statistics' multiplier ``z`` and the
+steps' ``sigma`` that spend a budget together, splitting it by ``share`` (the statistics'
+part of ``mu**2`` in Gaussian differential privacy, with the steps' ``mu`` from Bu et al.'s
+central-limit approximation, used only to pick the split: the accountant of record decides).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _accounting, _gdp_mu
+
+#: the noise on a released histogram of responsibilities (e.g. joint counts), as a multiple
+#: of the release's multiplier ``z``: the counts' share of a release (one row moves a
+#: histogram by at most 1 in L2); the block costs ``1 / 8**2`` of a Gaussian mechanism of
+#: multiplier ``z`` (:func:`histogram_blocks`).
+HISTOGRAM_SHARE = 8.0
+#: the most rows whose gradients are held at once (memory: rows x parameters).
+GRADIENT_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class DPSGDSettings:
+    """One client's DP-SGD: its own settings (``PrivacyPolicy.dp_sgd``), never read from a
+    message or from the run's settings.
+
+    Attributes:
+        noise_multiplier: ``sigma`` >= 0, the noise on a step's summed clipped gradients in
+            units of ``clip_norm`` (0: clipping without noise, no guarantee).
+        clip_norm: ``C`` > 0, the L2 bound of one row's gradient (all learners together).
+        sample_rate: ``q`` in (0, 1], each row's chance to be in a step's sample.
+        steps: the most steps of one round (>= 0); a round runs exactly these.
+
+    Raises:
+        ValueError: a field out of range, naming it.
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    sample_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        for name, low in (("noise_multiplier", 0.0), ("clip_norm", None)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float)
+                and math.isfinite(value)
+                and (value >= low if low is not None else value > 0)
+            ):
+                raise ValueError(
+                    f"DPSGDSettings.{name} must be a finite number "
+                    f"{'>= 0' if low is not None else '> 0'}; got {value!r}."
+                )
+        q = self.sample_rate
+        if isinstance(q, bool) or not (isinstance(q, int | float) and 0 < q <= 1):
+            raise ValueError(f"DPSGDSettings.sample_rate must be in (0, 1]; got {q!r}.")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"DPSGDSettings.steps must be an int >= 0; got {self.steps!r}.")
+
+
+def steps_for_epochs(epochs: int, sample_rate: float) -> int:
+    """The Poisson-sampled steps that visit each row ``epochs`` times in expectation:
+    ``ceil(epochs / q)``."""
+    return math.ceil(int(epochs) / float(sample_rate) - 1e-9) if epochs > 0 else 0
+
+
+def sgd_generator(seed: int | None, client_id: int, release: int) -> torch.Generator:
+    """The generator of one client's samples and gradient noise in its ``release``-th
+    private round: from the client's DP seed, or fresh entropy (``seed=None``). Never from
+    a broadcast seed: a server that knew the sample would undo its amplification."""
+    if seed is None:
+        entropy = np.random.SeedSequence().generate_state(1)[0]
+    else:
+        entropy = np.random.SeedSequence(
+            [int(seed), int(client_id), int(release), 0x5D6]
+        ).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(entropy))
+
+
+# --------------------------------------------------------------------------- gradients
+def per_row_gradients(
+    template: nn.Module,
+    params: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    weight: Tensor,
+    offset: Tensor | None = None,
+) -> list[dict[str, Tensor]]:
+    """Each row's gradient of ``sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)``.
+
+    Args:
+        template: the learners' module (evaluated with each of ``params``).
+        params: ``M`` dicts of parameter tensors.
+        X: rows (n, n_features); y: labels (n,); weight: (n, M).
+        offset: logits added to every learner's, (n, n_classes), or ``None``.
+
+    Returns:
+        ``M`` dicts of per-row gradients, each tensor (n, *parameter shape).
+    """
+
+    def row_loss(ps, x, label, w, off):
+        total = x.new_zeros(())
+        for m, p in enumerate(ps):
+            out = functional_call(template, p, (x.unsqueeze(0),))
+            if off is not None:
+                out = out + off.unsqueeze(0)
+            total = total + w[m] * nn.functional.cross_entropy(out, label.unsqueeze(0))
+        return total
+
+    dims = (None, 0, 0, 0, None if offset is None else 0)
+    return vmap(grad(row_loss), in_dims=dims)(list(params), X, y, weight, offset)
+
+
+def clipped_gradient_sum(
+    grads: Sequence[dict[str, Tensor]], clip_norm: float
+) -> tuple[list[dict[str, Tensor]], Tensor]:
+    """The sum over rows of per-row gradients each scaled to L2 norm at most ``clip_norm``
+    over all the learners' parameters together.
+
+    Args:
+        grads: ``M`` dicts of per-row gradients, each (n, *shape).
+
+    Returns:
+        ``(sums, norms)``: ``M`` dicts of (*shape) sums, and the rows' norms before
+        clipping (n,).
+    """
+    flat = [g.flatten(1) for d in grads for g in d.values()]
+    norms = torch.cat(flat, dim=1).norm(dim=1)
+    scale = (clip_norm / norms.clamp_min(1e-300)).clamp(max=1.0)
+    sums = [
+        {k: torch.einsum("n,n...->...", scale.to(g.dtype), g) for k, g in d.items()} for d in grads
+    ]
+    return sums, norms
+
+
+def private_gradient(
+    template: nn.Module,
+    params: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    weight: Tensor,
+    rows: Tensor,
+    settings: DPSGDSettings,
+    generator: torch.Generator,
+    offset: Tensor | None = None,
+) -> list[dict[str, Tensor]]:
+    """One DP-SGD step's gradient: the clipped per-row gradients of the sampled ``rows``
+    summed, Gaussian noise of ``sigma * C`` added to every coordinate, divided by the
+    expected sample size ``q * n`` (a public function of the client's row count, so that
+    the sample's size is never read).
+
+    Args:
+        rows: the indices of the step's Poisson sample, (b,).
+
+    Returns:
+        ``M`` dicts of (*shape) noisy mean gradients.
+    """
+    n = X.shape[0]
+    total: list[dict[str, Tensor]] = [
+        {k: torch.zeros_like(v) for k, v in p.items()} for p in params
+    ]
+    detached = [{k: v.detach() for k, v in p.items()} for p in params]
+    for begin in range(0, int(rows.numel()), GRADIENT_CHUNK):
+        chunk = rows[begin : begin + GRADIENT_CHUNK]
+        part = None if offset is None else offset[chunk]
+        grads = per_row_gradients(template, detached, X[chunk], y[chunk], weight[chunk], part)
+        sums, _ = clipped_gradient_sum(grads, settings.clip_norm)
+        for acc, piece in zip(total, sums, strict=True):
+            for k in acc:
+                acc[k] += piece[k]
+    spread = settings.noise_multiplier * settings.clip_norm
+    expected = max(settings.sample_rate * n, 1.0)
+    out = []
+    for acc in total:
+        noisy = {}
+        for k, v in acc.items():
+            noise = torch.randn(v.shape, generator=generator, dtype=v.dtype).to(v.device)
+            noisy[k] = (v + spread * noise) / expected
+        out.append(noisy)
+    return out
+
+
+def private_sgd(
+    template: nn.Module,
+    starts: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    weight: Tensor,
+    settings: DPSGDSettings,
+    generator: torch.Generator,
+    *,
+    learning_rate: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    mu_prox: float = 0.0,
+    offset: Tensor | None = None,
+) -> list[dict[str, Tensor]]:
+    """``settings.steps`` DP-SGD steps of the ``M`` learners ``starts`` together on
+    ``mean_i sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)`` (module docstring).
+
+    Each step samples every row with probability ``q`` from ``generator`` (the client's
+    own), takes :func:`private_gradient` and hands it to the optimiser (``"sgd"`` with
+    ``momentum``, or ``"adam"``: both post-process the noisy gradient). The proximal term
+    ``mu_prox / 2 ||theta - start||^2`` reads no row, so its gradient is added without
+    noise.
+
+    Args:
+        template: the learners' module; starts: ``M`` parameter dicts, not modified.
+        X: rows (n, n_features); y: labels (n,); weight: (n, M), rows summing to <= 1.
+        settings: the client's :class:`DPSGDSettings`.
+        generator: the client's private generator (:func:`sgd_generator`).
+        offset: fixed logits added to every learner's, (n, n_classes), or ``None``.
+
+    Returns:
+        ``M`` dicts of trained (detached) parameters.
+
+    Raises:
+        ValueError: ``weight`` not (n, M) with values in [0, 1] and rows summing to <= 1.
+    """
+    from fednovelty.federated.learners import OPTIMIZERS
+
+    n, m = X.shape[0], len(starts)
+    if tuple(weight.shape) != (n, m):
+        raise ValueError(f"weight must have shape ({n}, {m}); got {tuple(weight.shape)}.")
+    if bool((weight < 0).any()) or bool((weight.sum(1) > 1 + 1e-6).any()):
+        raise ValueError(
+            "DP-SGD's per-row bound needs responsibilities in [0, 1] summing to at most 1 "
+            "over the learners; normalise the weights."
+        )
+    params = [{k: v.detach().clone().requires_grad_(True) for k, v in p.items()} for p in starts]
+    options = {"lr": learning_rate}
+    if optimizer == "sgd" and momentum > 0:
+        options["momentum"] = momentum
+    flat = [v for p in params for v in p.values()]
+    step = OPTIMIZERS[optimizer](flat, **options)
+    if n == 0:
+        return [{k: v.detach() for k, v in p.items()} for p in params]
+    for _ in range(settings.steps):
+        keep = torch.rand(n, generator=generator, dtype=torch.float64) < settings.sample_rate
+        rows = keep.nonzero().flatten().to(X.device)
+        noisy = private_gradient(template, params, X, y, weight, rows, settings, generator, offset)
+        step.zero_grad()
+        for p, g, start in zip(params, noisy, starts, strict=True):
+            for k, v in p.items():
+                prox = mu_prox * (v.detach() - start[k]) if mu_prox > 0 else 0.0
+                v.grad = g[k] + prox
+        step.step()
+    return [{k: v.detach() for k, v in p.items()} for p in params]
+
+
+# --------------------------------------------------------------------------- accounting
+def histogram_blocks(count: int = 1) -> float:
+    """What ``count`` released histograms (noise ``HISTOGRAM_SHARE * z``, sensitivity 1)
+    add to a release's blocks: ``count / HISTOGRAM_SHARE**2`` Gaussian mechanisms of
+    multiplier ``z``."""
+    return count / HISTOGRAM_SHARE**2
+
+
+def learning_epsilon(
+    noise_multiplier: float,
+    stat_blocks: float,
+    sgd_noise: float,
+    sample_rate: float,
+    sgd_steps: int,
+    delta: float,
+    resolution: float = 1e-4,
+) -> float:
+    """The epsilon at ``delta`` of ``stat_blocks`` Gaussian mechanisms of multiplier
+    ``noise_multiplier`` (the statistics' releases: 3 per release, plus
+    :func:`histogram_blocks`) composed with ``sgd_steps`` Poisson-subsampled Gaussian
+    mechanisms (rate ``sample_rate``, multiplier ``sgd_noise``), read from dp-accounting's
+    privacy-loss-distribution accountant. ``inf`` when a part has no noise.
+
+    Raises:
+        ValueError: negative counts, ``sample_rate`` outside (0, 1] or ``delta`` outside
+            (0, 1).
+    """
+    if stat_blocks < 0 or sgd_steps < 0:
+        raise ValueError(f"stat_blocks and sgd_steps must be >= 0; got {stat_blocks}, {sgd_steps}.")
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate must be in (0, 1]; got {sample_rate!r}.")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}.")
+    if (stat_blocks > 0 and noise_multiplier <= 0) or (sgd_steps > 0 and sgd_noise <= 0):
+        return math.inf
+    dp_accounting, pld = _accounting()
+    events = []
+    if stat_blocks > 0:
+        events.append(dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(stat_blocks)))
+    if sgd_steps > 0:
+        step = dp_accounting.GaussianDpEvent(sgd_noise)
+        if sample_rate < 1:
+            step = dp_accounting.PoissonSampledDpEvent(sample_rate, step)
+        events.append(dp_accounting.SelfComposedDpEvent(step, int(sgd_steps)))
+    if not events:
+        return 0.0
+    accountant = pld.PLDAccountant(value_discretization_interval=resolution)
+    accountant.compose(dp_accounting.ComposedDpEvent(events))
+    return float(accountant.get_epsilon(delta))
+
+
+def sgd_mu(sgd_noise: float, sample_rate: float, sgd_steps: int) -> float:
+    """Bu et al.'s central-limit ``mu`` of ``sgd_steps`` Poisson-subsampled Gaussian
+    mechanisms: ``q sqrt(T (exp(1 / sigma**2) - 1))`` (an approximation, used to split a
+    budget, never to account for it)."""
+    return sample_rate * math.sqrt(sgd_steps * math.expm1(1.0 / sgd_noise**2))
+
+
+def calibrate_learning(
+    epsilon: float,
+    delta: float,
+    stat_blocks: float,
+    sgd_steps: int,
+    sample_rate: float,
+    share: float = 0.5,
+    tolerance: float = 2e-3,
+) -> tuple[float, float]:
+    """The statistics' multiplier ``z`` and the steps' ``sigma`` that together spend at
+    most ``epsilon`` at ``delta`` (:func:`learning_epsilon`).
+
+    The split: in Gaussian differential privacy the budget is one ``mu`` (Balle and Wang's
+    analytic calibration); the statistics get ``share * mu**2`` and the steps the rest, the
+    steps' ``sigma`` solving :func:`sgd_mu`. Both are then scaled by one factor, found by
+    bisection on the accountant of record.
+
+    Returns:
+        ``(z, sigma)``.
+
+    Raises:
+        ValueError: ``epsilon`` outside ``(0, MAX_EPSILON]``, ``share`` outside (0, 1), or
+            nothing to calibrate.
+    """
+    if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
+        raise ValueError(f"epsilon must be in (0, {MAX_EPSILON:g}]; got {epsilon!r}.")
+    if not 0 < share < 1:
+        raise ValueError(f"share must be in (0, 1); got {share!r}.")
+    if stat_blocks <= 0 or sgd_steps <= 0:
+        raise ValueError(
+            f"calibrate_learning needs statistics and steps (stat_blocks={stat_blocks}, "
+            f"sgd_steps={sgd_steps}); use dp.calibrate_noise for statistics alone."
+        )
+    mu = _gdp_mu(epsilon, delta)
+    z0 = math.sqrt(stat_blocks) / (mu * math.sqrt(share))
+    target = mu * math.sqrt(1 - share) / sample_rate
+    sigma0 = 1.0 / math.sqrt(math.log1p(target**2 / sgd_steps))
+
+    def spent(t: float, resolution: float = 1e-3) -> float:
+        return learning_epsilon(
+            z0 * t, stat_blocks, sigma0 * t, sample_rate, sgd_steps, delta, resolution
+        )
+
+    low, high = 0.9, 1.1
+    while spent(high) > epsilon:
+        low, high = high, high * 1.5
+    while spent(low) <= epsilon and low > 1e-3:
+        high, low = low, low / 1.5
+    while high - low > tolerance * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > epsilon else (low, middle)
+    while spent(high, 1e-4) > epsilon:  # the accountant of record
+        high *= 1 + tolerance
+    return z0 * high, sigma0 * high
+
+
+def release_blocks(releases: int, histograms: int = 0) -> float:
+    """The Gaussian mechanisms of multiplier ``z`` that ``releases`` releases of summed
+    statistics (:data:`~fednovelty.federated.dp.STAT_BLOCKS`) and ``histograms`` released
+    histograms amount to."""
+    return len(STAT_BLOCKS) * releases + histogram_blocks(histograms)
+
+
+__all__ = [
+    "GRADIENT_CHUNK",
+    "HISTOGRAM_SHARE",
+    "DPSGDSettings",
+    "calibrate_learning",
+    "clipped_gradient_sum",
+    "histogram_blocks",
+    "learning_epsilon",
+    "per_row_gradients",
+    "private_gradient",
+    "private_sgd",
+    "release_blocks",
+    "sgd_generator",
+    "sgd_mu",
+    "steps_for_epochs",
+]

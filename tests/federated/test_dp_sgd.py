@@ -1,0 +1,206 @@
+"""DP-SGD for the learners: per-row gradients against autograd row by row, clipping against
+numpy, the noise against its calibration, one noise-free step against plain full-batch SGD,
+and the accounting against closed forms (Gaussian differential privacy) and dp-accounting's
+Renyi accountant (an independent method)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import ndtr
+from torch import nn
+from torch.func import functional_call
+
+from fednovelty.federated.dp_sgd import (
+    DPSGDSettings,
+    calibrate_learning,
+    clipped_gradient_sum,
+    learning_epsilon,
+    per_row_gradients,
+    private_gradient,
+    private_sgd,
+    release_blocks,
+    sgd_generator,
+    steps_for_epochs,
+)
+from fednovelty.federated.learners import mlp_learner
+
+F64 = torch.float64
+
+
+def _learners(m: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    template = mlp_learner(4, 3, hidden=5).to(F64)
+    params = [
+        {k: v.detach().clone() for k, v in mlp_learner(4, 3, hidden=5).to(F64).named_parameters()}
+        for _ in range(m)
+    ]
+    return template, params
+
+
+def _rows(n: int = 9, m: int = 2, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 4, generator=g, dtype=F64)
+    y = torch.randint(0, 3, (n,), generator=g)
+    w = torch.rand(n, m, generator=g, dtype=F64)
+    return X, y, 0.9 * w / w.sum(1, keepdim=True)
+
+
+def _row_loss(template, params, x, label, w, offset=None):
+    total = 0.0
+    for m, p in enumerate(params):
+        out = functional_call(template, p, (x,))
+        if offset is not None:
+            out = out + offset
+        total = total + w[m] * nn.functional.cross_entropy(out, label)
+    return total
+
+
+def test_per_row_gradients_are_each_rows_own_autograd_gradient():
+    template, params = _learners()
+    X, y, w = _rows()
+    offset = torch.randn(X.shape[0], 3, dtype=F64)
+    grads = per_row_gradients(template, params, X, y, w, offset)
+    for i in (0, 4, 8):
+        leaves = [{k: v.clone().requires_grad_(True) for k, v in p.items()} for p in params]
+        _row_loss(template, leaves, X[i : i + 1], y[i : i + 1], w[i], offset[i : i + 1]).backward()
+        for m, p in enumerate(leaves):
+            for k, v in p.items():
+                assert torch.allclose(grads[m][k][i], v.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_clipping_scales_each_row_over_all_learners_to_the_bound():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(6, 2, 3)), rng.normal(size=(6, 4))
+    a[:3] *= 5  # the first rows are clipped, the last ones not
+    a[3:], b[3:] = a[3:] / 4, b[3:] / 4
+    grads = [{"a": torch.as_tensor(a)}, {"b": torch.as_tensor(b)}]
+    sums, norms = clipped_gradient_sum(grads, 2.0)
+    flat = np.concatenate([a.reshape(6, -1), b], axis=1)
+    by_hand = np.linalg.norm(flat, axis=1)
+    scale = np.minimum(1.0, 2.0 / by_hand)
+    assert np.allclose(norms.numpy(), by_hand)
+    assert np.allclose(sums[0]["a"].numpy(), (scale[:, None, None] * a).sum(0))
+    assert np.allclose(sums[1]["b"].numpy(), (scale[:, None] * b).sum(0))
+    assert (scale < 1).any() and (scale == 1).any()  # both cases are exercised
+
+
+def test_the_noise_on_a_step_has_sigma_times_clip_over_the_expected_sample():
+    template, params = _learners(m=1)
+    X, y, w = _rows(n=50, m=1)
+    settings = DPSGDSettings(noise_multiplier=2.0, clip_norm=0.5, sample_rate=0.2, steps=1)
+    empty = torch.zeros(0, dtype=torch.long)  # no row sampled: the step is the noise alone
+    draws = torch.cat(
+        [
+            torch.cat(
+                [
+                    g.flatten()
+                    for g in private_gradient(
+                        template, params, X, y, w, empty, settings, torch.Generator().manual_seed(s)
+                    )[0].values()
+                ]
+            )
+            for s in range(40)
+        ]
+    )
+    expected = 2.0 * 0.5 / (0.2 * 50)
+    assert abs(float(draws.std()) / expected - 1) < 0.03  # ~4,000 draws: 1 % standard error
+    assert abs(float(draws.mean())) < 4 * expected / math.sqrt(draws.numel())
+
+
+def test_without_noise_and_clipping_one_full_step_is_plain_gradient_descent():
+    template, params = _learners()
+    X, y, w = _rows()
+    settings = DPSGDSettings(noise_multiplier=0.0, clip_norm=1e9, sample_rate=1.0, steps=1)
+    trained = private_sgd(
+        template, params, X, y, w, settings, torch.Generator().manual_seed(0), learning_rate=0.3
+    )
+    leaves = [{k: v.clone().requires_grad_(True) for k, v in p.items()} for p in params]
+    loss = sum(_row_loss(template, leaves, X[i : i + 1], y[i : i + 1], w[i]) for i in range(9))
+    (loss / 9).backward()
+    for m, p in enumerate(leaves):
+        for k, v in p.items():
+            assert torch.allclose(trained[m][k], params[m][k] - 0.3 * v.grad, rtol=1e-9, atol=1e-12)
+            assert not torch.equal(trained[m][k], params[m][k])
+
+
+def test_dp_sgd_refuses_weights_a_row_could_use_to_exceed_the_bound():
+    template, params = _learners()
+    X, y, w = _rows()
+    settings = DPSGDSettings(1.0, 1.0, 0.5, 1)
+    with pytest.raises(ValueError, match="summing to at most 1"):
+        private_sgd(template, params, X, y, 2 * w, settings, torch.Generator(), learning_rate=0.1)
+    with pytest.raises(ValueError, match="shape"):
+        private_sgd(template, params, X, y, w[:, :1], settings, torch.Generator(), learning_rate=1)
+
+
+def test_the_sample_and_noise_come_from_the_clients_own_seed():
+    one, two = sgd_generator(3, 1, 0), sgd_generator(3, 1, 0)
+    assert torch.equal(torch.rand(5, generator=one), torch.rand(5, generator=two))
+    other = sgd_generator(3, 2, 0)
+    assert not torch.equal(
+        torch.rand(5, generator=sgd_generator(3, 1, 0)), torch.rand(5, generator=other)
+    )
+
+
+def test_settings_name_what_is_wrong():
+    with pytest.raises(ValueError, match="sample_rate"):
+        DPSGDSettings(1.0, 1.0, 0.0, 1)
+    with pytest.raises(ValueError, match="clip_norm"):
+        DPSGDSettings(1.0, -1.0, 0.5, 1)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        DPSGDSettings(-1.0, 1.0, 0.5, 1)
+    assert steps_for_epochs(2, 0.05) == 40 and steps_for_epochs(1, 0.3) == 4
+    assert steps_for_epochs(0, 0.1) == 0
+
+
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    """The epsilon of mu-GDP at delta, by bisection on Dong, Roth and Su's Corollary 2.13."""
+
+    def delta_of(eps):
+        return ndtr(-eps / mu + mu / 2) - math.exp(eps) * ndtr(-eps / mu - mu / 2)
+
+    low, high = 0.0, 100.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if delta_of(middle) > delta else (low, middle)
+    return high
+
+
+def test_full_batch_steps_compose_with_the_statistics_as_one_gaussian_mechanism():
+    z, sigma, steps, blocks = 20.0, 3.0, 30, release_blocks(10, 10)
+    mu = math.sqrt(blocks / z**2 + steps / sigma**2)
+    expected = _gdp_epsilon(mu, 1e-5)
+    got = learning_epsilon(z, blocks, sigma, 1.0, steps, 1e-5)
+    assert got >= expected * (1 - 1e-3) and got < expected * 1.01  # PLD is pessimistic
+    assert release_blocks(10, 10) == 30 + 10 / 64
+
+
+def test_subsampled_steps_are_read_within_the_renyi_accountants_bound():
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    q, sigma, steps = 0.05, 1.2, 400
+    pld = learning_epsilon(30.0, 0, sigma, q, steps, 1e-5)
+    rdp = rdp_privacy_accountant.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    rdp.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    loose = rdp.get_epsilon(1e-5)
+    assert 0.6 * loose < pld <= loose * 1.001  # RDP is an upper bound, PLD tighter
+    assert learning_epsilon(30.0, 3, 0.0, q, 10, 1e-5) == math.inf
+
+
+def test_calibration_spends_the_budget_and_the_share_moves_the_noise():
+    blocks, steps, q = release_blocks(12, 10), 200, 0.05
+    z, sigma = calibrate_learning(1.0, 1e-5, blocks, steps, q, share=0.5)
+    spent = learning_epsilon(z, blocks, sigma, q, steps, 1e-5)
+    assert 0.99 < spent <= 1.0
+    z_more, sigma_less = calibrate_learning(1.0, 1e-5, blocks, steps, q, share=0.8)
+    assert z_more < z and sigma_less > sigma
+    with pytest.raises(ValueError, match="epsilon"):
+        calibrate_learning(0.0, 1e-5, blocks, steps, q)
+    with pytest.raises(ValueError, match="calibrate_noise"):
+        calibrate_learning(1.0, 1e-5, blocks, 0, q)
