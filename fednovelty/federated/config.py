@@ -261,4 +261,3 @@ class IterationSettings(Settings):
         super().__post_init__()
         self._set("tol", float(at_least("tol", self.tol, 0)))
         self._set("max_iter", int(at_least("max_iter", self.max_iter, 1)))
-
