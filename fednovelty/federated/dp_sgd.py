@@ -13,7 +13,19 @@ trained weights are post-processing of the noisy steps, whoever sees them.
 A row's loss is ``sum_m w(m) CE(y, f_m(x))`` over the ``M`` learners with responsibilities
 ``w(m) >= 0`` summing to at most 1 (FedGMM's joint E-step), so one clipped gradient of all
 the learners' parameters bounds what a row changes in all of them at once: the ``M``
-learners cost one mechanism a step, not ``M``.
+learners cost one mechanism a step, not ``M``. Another per-row loss (``row_loss``) keeps the
+bound: clipping, not the loss, sets it.
+
+A loss of pairs of rows (a metric learner's same-class probability of two rows) is not a
+sum over rows. :func:`private_sgd` with ``pairs=True`` puts each step's sampled rows in a
+uniformly random cyclic order and makes every sampled row one unit with its successor
+(:func:`pair_units`); each unit's gradient is clipped to ``C / 3`` (:func:`pair_settings`).
+Adding a row ``x`` to the sample (the coupling deletes ``x`` from the cycle, which leaves a
+uniform cycle of the rest) adds its own unit and turns its predecessor's unit ``(p, s)``
+into ``(p, x)``: at most ``C / 3 + 2 C / 3 = C`` in L2, and nothing when ``x`` is not
+sampled. Each step is therefore the Poisson-subsampled Gaussian mechanism of sensitivity
+``C`` (a mixture over the cycle's randomness of such mechanisms), with noise ``sigma * C``
+and the same accounting.
 
 Accounting (:func:`learning_epsilon`): the statistics' releases compose into one Gaussian
 mechanism (:func:`~fednovelty.federated.dp.epsilon_spent`), the steps into a self-composed
@@ -27,8 +39,8 @@ central-limit approximation, used only to pick the split: the accountant of reco
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -44,6 +56,12 @@ from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _accounting, _gdp_
 HISTOGRAM_SHARE = 8.0
 #: the most rows whose gradients are held at once (memory: rows x parameters).
 GRADIENT_CHUNK = 256
+#: how many times a pair unit's clip one row can move a step's sum (:func:`pair_settings`).
+PAIR_SENSITIVITY = 3.0
+
+#: a row's loss ``row_loss(params, x, label, w) -> 0-d``: the ``M`` parameter dicts, one
+#: row of ``X`` and of ``y`` and the row's weights (M,).
+RowLoss = Callable[[Sequence[dict[str, Tensor]], Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -113,20 +131,30 @@ def per_row_gradients(
     y: Tensor,
     weight: Tensor,
     offset: Tensor | None = None,
+    row_loss: RowLoss | None = None,
 ) -> list[dict[str, Tensor]]:
-    """Each row's gradient of ``sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)``.
+    """Each row's gradient of its loss: by default ``sum_m weight[i, m] CE(y_i, f_m(x_i) +
+    offset_i)``, else ``row_loss(params, X[i], y[i], weight[i])``.
 
     Args:
         template: the learners' module (evaluated with each of ``params``).
         params: ``M`` dicts of parameter tensors.
-        X: rows (n, n_features); y: labels (n,); weight: (n, M).
-        offset: logits added to every learner's, (n, n_classes), or ``None``.
+        X: rows (n, ...); y: labels (n, ...); weight: (n, M).
+        offset: logits added to every learner's, (n, n_classes), or ``None`` (the default
+            loss only).
+        row_loss: a row's loss (:data:`RowLoss`, traced by ``torch.func``: no
+            data-dependent Python branches), or ``None`` for the cross-entropy.
 
     Returns:
         ``M`` dicts of per-row gradients, each tensor (n, *parameter shape).
-    """
 
-    def row_loss(ps, x, label, w, off):
+    Raises:
+        ValueError: both ``offset`` and ``row_loss``.
+    """
+    if row_loss is not None and offset is not None:
+        raise ValueError("offset belongs to the default cross-entropy; fold it into row_loss.")
+
+    def cross_entropy(ps, x, label, w, off):
         total = x.new_zeros(())
         for m, p in enumerate(ps):
             out = functional_call(template, p, (x.unsqueeze(0),))
@@ -135,8 +163,12 @@ def per_row_gradients(
             total = total + w[m] * nn.functional.cross_entropy(out, label.unsqueeze(0))
         return total
 
+    def custom(ps, x, label, w, off):
+        return row_loss(ps, x, label, w)
+
+    loss = cross_entropy if row_loss is None else custom
     dims = (None, 0, 0, 0, None if offset is None else 0)
-    return vmap(grad(row_loss), in_dims=dims)(list(params), X, y, weight, offset)
+    return vmap(grad(loss), in_dims=dims)(list(params), X, y, weight, offset)
 
 
 def clipped_gradient_sum(
@@ -171,6 +203,8 @@ def private_gradient(
     settings: DPSGDSettings,
     generator: torch.Generator,
     offset: Tensor | None = None,
+    row_loss: RowLoss | None = None,
+    n_rows: int | None = None,
 ) -> list[dict[str, Tensor]]:
     """One DP-SGD step's gradient: the clipped per-row gradients of the sampled ``rows``
     summed, Gaussian noise of ``sigma * C`` added to every coordinate, divided by the
@@ -179,11 +213,14 @@ def private_gradient(
 
     Args:
         rows: the indices of the step's Poisson sample, (b,).
+        row_loss: a row's loss (:func:`per_row_gradients`), ``None``: the cross-entropy.
+        n_rows: the client's row count ``n`` when ``X`` holds units built from the sample
+            (:func:`pair_units`), not the rows; default ``X.shape[0]``.
 
     Returns:
         ``M`` dicts of (*shape) noisy mean gradients.
     """
-    n = X.shape[0]
+    n = X.shape[0] if n_rows is None else int(n_rows)
     total: list[dict[str, Tensor]] = [
         {k: torch.zeros_like(v) for k, v in p.items()} for p in params
     ]
@@ -191,7 +228,9 @@ def private_gradient(
     for begin in range(0, int(rows.numel()), GRADIENT_CHUNK):
         chunk = rows[begin : begin + GRADIENT_CHUNK]
         part = None if offset is None else offset[chunk]
-        grads = per_row_gradients(template, detached, X[chunk], y[chunk], weight[chunk], part)
+        grads = per_row_gradients(
+            template, detached, X[chunk], y[chunk], weight[chunk], part, row_loss
+        )
         sums, _ = clipped_gradient_sum(grads, settings.clip_norm)
         for acc, piece in zip(total, sums, strict=True):
             for k in acc:
@@ -222,9 +261,12 @@ def private_sgd(
     momentum: float = 0.0,
     mu_prox: float = 0.0,
     offset: Tensor | None = None,
+    row_loss: RowLoss | None = None,
+    pairs: bool = False,
 ) -> list[dict[str, Tensor]]:
     """``settings.steps`` DP-SGD steps of the ``M`` learners ``starts`` together on
-    ``mean_i sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)`` (module docstring).
+    ``mean_i sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)`` (module docstring), or on
+    the mean of ``row_loss``.
 
     Each step samples every row with probability ``q`` from ``generator`` (the client's
     own), takes :func:`private_gradient` and hands it to the optimiser (``"sgd"`` with
@@ -238,12 +280,19 @@ def private_sgd(
         settings: the client's :class:`DPSGDSettings`.
         generator: the client's private generator (:func:`sgd_generator`).
         offset: fixed logits added to every learner's, (n, n_classes), or ``None``.
+        row_loss: a row's loss (:func:`per_row_gradients`); with ``pairs`` a unit's, whose
+            ``x`` (2, ...) and ``label`` (2, ...) stack the row and its partner.
+        pairs: the loss is one of pairs of rows: each step's units are
+            :func:`pair_units` of its sample, clipped and noised by :func:`pair_settings`
+            (module docstring); a unit's weights are its first row's (0 for a row alone in
+            its sample).
 
     Returns:
         ``M`` dicts of trained (detached) parameters.
 
     Raises:
-        ValueError: ``weight`` not (n, M) with values in [0, 1] and rows summing to <= 1.
+        ValueError: ``weight`` not (n, M) with values in [0, 1] and rows summing to <= 1;
+            ``pairs`` without ``row_loss`` or with ``offset``.
     """
     from fednovelty.federated.learners import OPTIMIZERS
 
@@ -255,6 +304,8 @@ def private_sgd(
             "DP-SGD's per-row bound needs responsibilities in [0, 1] summing to at most 1 "
             "over the learners; normalise the weights."
         )
+    if pairs and (row_loss is None or offset is not None):
+        raise ValueError("pairs=True needs a row_loss of a pair of rows and no offset.")
     params = [{k: v.detach().clone().requires_grad_(True) for k, v in p.items()} for p in starts]
     options = {"lr": learning_rate}
     if optimizer == "sgd" and momentum > 0:
@@ -266,7 +317,25 @@ def private_sgd(
     for _ in range(settings.steps):
         keep = torch.rand(n, generator=generator, dtype=torch.float64) < settings.sample_rate
         rows = keep.nonzero().flatten().to(X.device)
-        noisy = private_gradient(template, params, X, y, weight, rows, settings, generator, offset)
+        if pairs:
+            first, second = pair_units(rows, generator)
+            alone = (first == second).to(weight.dtype).unsqueeze(1)
+            noisy = private_gradient(
+                template,
+                params,
+                torch.stack([X[first], X[second]], dim=1),
+                torch.stack([y[first], y[second]], dim=1),
+                weight[first] * (1 - alone),
+                torch.arange(first.numel(), device=X.device),
+                pair_settings(settings),
+                generator,
+                row_loss=row_loss,
+                n_rows=n,
+            )
+        else:
+            noisy = private_gradient(
+                template, params, X, y, weight, rows, settings, generator, offset, row_loss
+            )
         step.zero_grad()
         for p, g, start in zip(params, noisy, starts, strict=True):
             for k, v in p.items():
@@ -274,6 +343,25 @@ def private_sgd(
                 v.grad = g[k] + prox
         step.step()
     return [{k: v.detach() for k, v in p.items()} for p in params]
+
+
+def pair_units(rows: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A step's pair units: the sampled ``rows`` (b,) in a uniformly random cyclic order
+    drawn from ``generator``, each with its successor. Returns ``(first, second)``, both
+    (b,); a single row is its own successor (a unit of weight 0 in :func:`private_sgd`)."""
+    order = rows[torch.randperm(rows.numel(), generator=generator).to(rows.device)]
+    return order, order.roll(-1)
+
+
+def pair_settings(settings: DPSGDSettings) -> DPSGDSettings:
+    """The clip and multiplier of pair units that spend what ``settings`` spends on rows:
+    units clipped to ``C / 3`` (one row moves a step's sum by at most ``C``: module
+    docstring), noise ``3 sigma`` times that clip, i.e. ``sigma * C``."""
+    return replace(
+        settings,
+        clip_norm=settings.clip_norm / PAIR_SENSITIVITY,
+        noise_multiplier=settings.noise_multiplier * PAIR_SENSITIVITY,
+    )
 
 
 # --------------------------------------------------------------------------- accounting
@@ -400,11 +488,15 @@ def release_blocks(releases: int, histograms: int = 0) -> float:
 __all__ = [
     "GRADIENT_CHUNK",
     "HISTOGRAM_SHARE",
+    "PAIR_SENSITIVITY",
     "DPSGDSettings",
+    "RowLoss",
     "calibrate_learning",
     "clipped_gradient_sum",
     "histogram_blocks",
     "learning_epsilon",
+    "pair_settings",
+    "pair_units",
     "per_row_gradients",
     "private_gradient",
     "private_sgd",

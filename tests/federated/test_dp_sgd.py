@@ -19,6 +19,8 @@ from fednovelty.federated.dp_sgd import (
     calibrate_learning,
     clipped_gradient_sum,
     learning_epsilon,
+    pair_settings,
+    pair_units,
     per_row_gradients,
     private_gradient,
     private_sgd,
@@ -204,3 +206,107 @@ def test_calibration_spends_the_budget_and_the_share_moves_the_noise():
         calibrate_learning(0.0, 1e-5, blocks, steps, q)
     with pytest.raises(ValueError, match="calibrate_noise"):
         calibrate_learning(1.0, 1e-5, blocks, 0, q)
+
+
+# ----------------------------------------------------------------- other losses, pairs
+class _Linear(nn.Module):
+    """``x @ w`` with one parameter ``w`` (f,): the losses below have gradients by hand."""
+
+    def __init__(self, f: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(f, dtype=F64))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def test_a_row_loss_replaces_the_cross_entropy_row_by_row():
+    """Squared error ``w_i (x_i.w - y_i)^2 / 2``: the gradient ``w_i (x_i.w - y_i) x_i``."""
+    g = torch.Generator().manual_seed(3)
+    X, target = torch.randn(7, 3, generator=g, dtype=F64), torch.randn(7, generator=g, dtype=F64)
+    weight = torch.rand(7, 1, generator=g, dtype=F64)
+    w = torch.randn(3, generator=g, dtype=F64)
+
+    def squared(ps, x, label, wt):
+        return wt[0] * (functional_call(_Linear(3), ps[0], (x,)) - label).square() / 2
+
+    grads = per_row_gradients(_Linear(3), [{"w": w}], X, target, weight, row_loss=squared)
+    Xn, tn, wn = X.numpy(), target.numpy(), weight.numpy()[:, 0]
+    expected = (wn * (Xn @ w.numpy() - tn))[:, None] * Xn
+    np.testing.assert_allclose(grads[0]["w"].numpy(), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="offset"):
+        per_row_gradients(_Linear(3), [{"w": w}], X, target, weight, torch.zeros(7, 1), squared)
+
+
+def test_pair_units_are_a_cycle_of_the_sample():
+    rows = torch.tensor([2, 5, 7, 11, 13])
+    first, second = pair_units(rows, torch.Generator().manual_seed(0))
+    assert sorted(first.tolist()) == sorted(second.tolist()) == rows.tolist()
+    successor = dict(zip(first.tolist(), second.tolist(), strict=True))
+    seen, row = [], first[0].item()
+    for _ in range(5):  # one cycle through every sampled row
+        seen.append(row)
+        row = successor[row]
+    assert row == first[0].item() and sorted(seen) == rows.tolist()
+    alone_first, alone_second = pair_units(torch.tensor([4]), torch.Generator().manual_seed(0))
+    assert alone_first.tolist() == alone_second.tolist() == [4]
+
+
+def test_pair_settings_keep_the_noise_per_unit_of_sensitivity():
+    base = DPSGDSettings(1.3, 0.9, 0.2, 5)
+    pair = pair_settings(base)
+    assert pair.clip_norm == pytest.approx(0.3, rel=1e-12)
+    assert pair.noise_multiplier * pair.clip_norm == pytest.approx(1.3 * 0.9, rel=1e-12)
+    assert (pair.sample_rate, pair.steps) == (0.2, 5)
+
+
+def test_one_noise_free_pair_step_is_the_clipped_units_by_hand():
+    """q = 1, sigma = 0, plain SGD at rate 1: the step is minus the sum over the cycle's
+    units of ``grad (x_i.w - x_j.w - t)^2 / 2`` clipped to C / 3, over n."""
+    g = torch.Generator().manual_seed(5)
+    n, f, clip = 4, 3, 0.6
+    X = torch.randn(n, f, generator=g, dtype=F64) * 3
+    y = torch.arange(n)
+    w0 = torch.randn(f, generator=g, dtype=F64)
+
+    def pair_loss(ps, x, label, wt):
+        out = functional_call(_Linear(f), ps[0], (x,))
+        return wt[0] * (out[0] - out[1] - 0.5 * (label[0] - label[1])).square() / 2
+
+    settings = DPSGDSettings(0.0, clip, 1.0, 1)
+    seed = 11
+    trained = private_sgd(
+        _Linear(f),
+        [{"w": w0}],
+        X,
+        y,
+        torch.ones(n, 1, dtype=F64),
+        settings,
+        torch.Generator().manual_seed(seed),
+        learning_rate=1.0,
+        row_loss=pair_loss,
+        pairs=True,
+    )
+    # the same draws by hand: the Poisson sample (all rows at q = 1), then the cycle
+    replay = torch.Generator().manual_seed(seed)
+    torch.rand(n, generator=replay, dtype=torch.float64)
+    order = torch.randperm(n, generator=replay).numpy()
+    Xn, wn, total = X.numpy(), w0.numpy(), np.zeros(f)
+    for a, b in zip(order, np.roll(order, -1), strict=True):
+        residual = Xn[a] @ wn - Xn[b] @ wn - 0.5 * (a - b)
+        unit = residual * (Xn[a] - Xn[b])
+        total += unit * min(1.0, clip / 3 / np.linalg.norm(unit))
+    np.testing.assert_allclose(trained[0]["w"].numpy(), wn - total / n, rtol=1e-10)
+    assert np.linalg.norm(total) <= n * clip / 3 * (1 + 1e-12)
+    with pytest.raises(ValueError, match="pairs=True"):
+        private_sgd(
+            _Linear(f),
+            [{"w": w0}],
+            X,
+            y,
+            torch.ones(n, 1, dtype=F64),
+            settings,
+            torch.Generator(),
+            learning_rate=1.0,
+            pairs=True,
+        )
