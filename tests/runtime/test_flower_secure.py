@@ -560,10 +560,12 @@ def test_the_server_gate_checks_the_masked_form():
 
 
 # ----------------------------------------------------------------- a real deployment
+#: one EM round: on a deployment each message starts a ClientApp process, four a node a
+#: secure round (about a minute on two shared cores; benchmarks/secure_sums.py --flower).
 EM_PARAMS = {
     "n_components": 2,
     "mixture_weights": "global",
-    "max_iter": 2,
+    "max_iter": 1,
     "weights_init": [0.5, 0.5],
     "means_init": [[0.0, 0.0, 0.0], [2.0, 2.0, 2.0]],
     "precisions_init": np.tile(np.eye(3), (2, 1, 1)).tolist(),

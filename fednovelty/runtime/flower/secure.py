@@ -581,8 +581,11 @@ class SecureGridTransport(GridTransport):
     protocol (module docstring): :meth:`exchange` runs steps 1 to 3 and returns the masked
     replies, :meth:`combine` (the round loop's ``combine``) runs step 4 and returns the one
     combined reply with the round's secure-sum metrics
-    (:func:`~fednovelty.runtime.secure_rounds.round_metrics` plus ``secure_wire_bytes_up``
-    / ``secure_wire_bytes_down``, every Flower message of the round).
+    (:func:`~fednovelty.runtime.secure_rounds.round_metrics`, where ``secure_seconds`` is
+    the server's wall time of the four exchanges, the nodes' work and Flower's delivery
+    included; ``secure_seconds_<step>`` for each of
+    :data:`~fednovelty.federated.secure.STEPS`; ``secure_wire_bytes_up`` /
+    ``secure_wire_bytes_down``: every Flower message of the round, the broadcast included).
 
     Args:
         grid, client_of, engine, rng: as :class:`GridTransport`.
@@ -904,6 +907,7 @@ class SecureGridTransport(GridTransport):
         )
         metrics = {
             **round_metrics(report),
+            **{f"secure_seconds_{step}": current.seconds[step] for step in STEPS},
             "secure_wire_bytes_up": current.wire_up,
             "secure_wire_bytes_down": current.wire_down,
         }
