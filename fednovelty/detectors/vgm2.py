@@ -14,20 +14,31 @@ prior as its markers). The algorithm, its choices and the measured results are i
 Each VGM2 client keeps its training rows as the reference of its predictions (they stay
 with the client: only markers cross the wire); the fitted estimator, which simulates every
 client, holds them in ``client_states_`` and in its saved file.
+
+With ``dp_epsilon`` (VGM2, FedAvg, Local) what leaves the clients is differentially private
+per client row: the markers or network by DP-SGD (pairs of rows for VGM2), the row count by
+the gate's histogram noise; :func:`vgm2_dp_plan` calibrates both for ``rounds`` replies of
+every client and ``privacy_spent_`` reports what the fit spent. The guarantee covers the
+server's prior or global network and every reply; a client's own predictions read its
+training rows (VGM2's reference) or its network, trained on them, and are not covered.
 """
 
 from __future__ import annotations
 
+import sys
 from numbers import Integral, Real
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._classifier import FederatedClassifier
+from fednovelty.detectors._dp import DPPlan, RoundCost, privacy_record
 from fednovelty.detectors._params import (
     BATCH_SIZE,
+    DIFFERENTIAL_PRIVACY,
+    DP_LEARNERS,
     LEARNING_RATE,
     LOCAL_EPOCHS,
     PRIVACY,
@@ -52,10 +63,19 @@ from fednovelty.federated.bayesian.vgm2 import (
     MARKERS,
     VGM2,
     VGM2_AGGREGATIONS,
+    VGM2_KIND,
     VGM2_METHODS,
     VGM2_PREDICTIONS,
     VGM2Config,
     VGM2State,
+)
+from fednovelty.federated.dp import DPPolicy
+from fednovelty.federated.dp_sgd import (
+    DPSGDSettings,
+    calibrate_learning,
+    histogram_blocks,
+    learning_epsilon,
+    steps_for_epochs,
 )
 from fednovelty.mixture.dirnig import check_markers
 
@@ -64,6 +84,56 @@ _NON_NEGATIVE = [Interval(Real, 0.0, None, closed="left")]
 _POSITIVE = [Interval(Real, 0.0, None, closed="neither")]
 #: what a client keeps that the estimator keeps too (the graph is training-only).
 _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
+#: the differential-privacy parameters VGM2 reads (it releases no row statistics: no
+#: public bounds, no row clipping).
+_DP_PARAMS = tuple(
+    p for p in DIFFERENTIAL_PRIVACY if p.name in ("dp_epsilon", "dp_delta", "dp_mode")
+)
+#: what one round of a private fit spends of a client's budget: the row count's histogram
+#: and ``steps`` DP-SGD steps (no summed statistics).
+_PRIVATE_HISTOGRAMS = 1
+
+
+def vgm2_dp_plan(
+    epsilon: float,
+    delta: float,
+    mode: str,
+    rounds: int,
+    steps: int,
+    sample_rate: float,
+    clip: float,
+    learner_share: float,
+    n_clients: int,
+    seed: int,
+) -> DPPlan:
+    """The differential privacy of a VGM2 fit of ``rounds`` rounds, each client answering
+    every one (no amplification by the server's client sampling is claimed): per round one
+    noisy row count (a one-bin histogram, noise ``HISTOGRAM_SHARE * z``) and ``steps``
+    DP-SGD steps (rate ``sample_rate``, clip ``clip``). ``z`` and the steps' ``sigma``
+    spend ``epsilon`` at ``delta`` together
+    (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`, ``learner_share`` of the
+    budget to the steps). The clients' policy has a budget of ``rounds`` releases and no
+    row clipping (VGM2 sums no rows; DP-SGD clips the gradients).
+
+    Raises:
+        ValueError: ``rounds`` or ``steps`` below 1, or the budget out of range.
+    """
+    if rounds < 1 or steps < 1:
+        raise ValueError(
+            f"a private VGM2 fit needs rounds >= 1 and DP-SGD steps >= 1; got {rounds}, "
+            f"{steps} (local_epochs >= 1)."
+        )
+    blocks = histogram_blocks(_PRIVATE_HISTOGRAMS * rounds)
+    total_steps = rounds * steps
+    z, sigma = calibrate_learning(
+        epsilon, delta, blocks, total_steps, sample_rate, 1.0 - learner_share
+    )
+    spent = learning_epsilon(z, blocks, sigma, sample_rate, total_steps, delta)
+    if spent > epsilon * (1 + 1e-9):  # the accountant of record decides
+        raise ValueError(f"the plan would spend epsilon={spent:.4g} > dp_epsilon={epsilon:g}.")
+    policy = DPPolicy(z, sys.float_info.max, mode, max(1, int(n_clients)), int(rounds), seed)
+    sgd = DPSGDSettings(sigma, float(clip), float(sample_rate), int(steps))
+    return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)
 
 
 @register
@@ -158,8 +228,15 @@ class VGM2Classifier(FederatedClassifier):
         ),
         Param("top_m", 5, _POSITIVE_INT, "rows (or ``pi_1`` values) ``prediction`` reads."),
         PRIVACY,
+        _DP_PARAMS,
+        DP_LEARNERS,
         RUNTIME,
-        defaults={"local_epochs": 8, "batch_size": 64, "dtype": "float32"},
+        defaults={
+            "local_epochs": 8,
+            "batch_size": 64,
+            "dtype": "float32",
+            "dp_learner_share": 0.9,
+        },
         docs={
             "rounds": "The paper: 100.",
             "local_epochs": "Each time the client is sampled (the paper: 8).",
@@ -167,6 +244,10 @@ class VGM2Classifier(FederatedClassifier):
             "learning_rate": "Adam's, for the networks.",
             "aggregation": "The FedAvg baseline's encoders and heads; the other methods take "
             '``"sum"`` only.',
+            "dp_epsilon": "VGM2, FedAvg and Local (the prototype baseline has no private "
+            "form); every client's budget covers all ``rounds``. VGM2 trains without its "
+            "calibration and UMAP terms under DP.",
+            "dp_learner_share": "The rest goes to the noisy row count of every reply.",
         },
         settings={"posterior_merge": "aggregation", "aggregation": "robust_aggregation"},
         positional=2,
@@ -179,7 +260,11 @@ class VGM2Classifier(FederatedClassifier):
         data = labelled_tensors(clients, labels)
         asked = min(self.clients_per_round, self.n_clients_)
         fraction = 1.0 if asked >= self.n_clients_ else (asked - 0.5) / self.n_clients_
-        result = self._simulate(algorithm, data, seed, full=True, fraction=fraction)
+        plan = self._dp_plan(seed)
+        engine: dict[str, Any] = {"fraction": fraction}
+        if plan is not None:
+            engine["privacy"] = self._privacy_policy(dp=plan.policy, dp_sgd=plan.sgd)
+        result = self._simulate(algorithm, data, seed, full=True, **engine)
         states = []
         for c, (Xc, yc) in enumerate(data):
             kept = {
@@ -193,13 +278,45 @@ class VGM2Classifier(FederatedClassifier):
         self.state_ = result.state
         self.client_states_ = states
         self._set_derived()
+        self._set_privacy_spent(plan)
+
+    def _dp_plan(self, seed: int) -> DPPlan | None:
+        """The fit's :func:`vgm2_dp_plan`, or ``None`` without ``dp_epsilon``: every round
+        runs ``ceil(local_epochs / dp_sample_rate)`` DP-SGD steps."""
+        if self.dp_epsilon is None:
+            return None
+        rate = float(self.dp_sample_rate)
+        return vgm2_dp_plan(
+            float(self.dp_epsilon),
+            float(self.dp_delta),
+            self.dp_mode,
+            int(self.rounds),
+            steps_for_epochs(int(self.local_epochs), rate),
+            rate,
+            float(self.dp_sgd_clip),
+            float(self.dp_learner_share),
+            self.n_clients_,
+            seed,
+        )
+
+    def _set_privacy_spent(self, plan: DPPlan | None) -> None:
+        """``privacy_spent_`` from ``history_``: every round that ran spent one histogram
+        and the plan's DP-SGD steps (removed after a fit without ``dp_epsilon``)."""
+        if plan is None:
+            if hasattr(self, "privacy_spent_"):
+                del self.privacy_spent_
+            return
+        cost = RoundCost(releases=0, histograms=_PRIVATE_HISTOGRAMS, sgd_steps=plan.sgd.steps)
+        self.privacy_spent_ = privacy_record(plan, self.history_, {VGM2_KIND: cost})
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> VGM2Config:
+        dp_mode = None if self.dp_epsilon is None else self.dp_mode
         return VGM2Config(
             **self._settings(n_features),
             n_features=n_features,
             n_classes=n_classes,
             random_state=seed,
+            dp_mode=dp_mode,
             **self._torch_options(),
         )
 

@@ -17,7 +17,11 @@ over its rows each time it is sampled:
   the embedding, which the server averages.
 
 The losses, prediction rule and the choices where the paper is silent are stated on
-:class:`VGM2` (and ``docs/vgm2.md``). Client data is a pair ``(X, y)``: rows (n_c,
+:class:`VGM2` (and ``docs/vgm2.md``). Under a client's differential-privacy policy what
+leaves it is trained by DP-SGD (:mod:`fednovelty.federated.dp_sgd`): VGM2's encoder and
+markers on pairs of rows, FedAvg's network on the cross-entropy; the row count is a noisy
+histogram, the loss is withheld, and the prototype baseline has no private form
+(:class:`VGM2`, "Differential privacy"). Client data is a pair ``(X, y)``: rows (n_c,
 n_features) and integer labels (n_c,). A client keeps ``vgm2.encoder.*``, ``vgm2.head.*``,
 ``vgm2.markers`` and its graph ``vgm2.graph.*`` in ``ClientContext.state``; the server
 validates every reply against the broadcast (:func:`reply_problem`) and drops a bad one
@@ -32,11 +36,19 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import TorchSettings, at_least, settings_dataclass
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.init import round_seed
+from fednovelty.federated.declarations import (
+    PRIVATE_RELEASES,
+    RELEASE_TENSORS,
+    ReplySpec,
+    declare,
+)
+from fednovelty.federated.dp import LEDGER_KEY
+from fednovelty.federated.dp_sgd import DPSGDSettings, private_sgd, sgd_generator
+from fednovelty.federated.init import DP_MODES, round_seed
 from fednovelty.federated.learners import initial_parameters, logits
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments, robust_average_params
@@ -65,6 +77,7 @@ __all__ = [
     "VGM2_KIND",
     "VGM2_METHODS",
     "VGM2_PREDICTIONS",
+    "VGM2_PRIVATE_PARTS",
     "VGM2Config",
     "VGM2State",
     "aggregate_priors",
@@ -127,6 +140,11 @@ class VGM2Config(TorchSettings):
             to the client's training rows: ``"nearest"`` (default): among its ``top_m``
             nearest training rows, a class scores the sum of its rows' ``pi_1``;
             ``"top_pi"``: a class scores the mean of its ``top_m`` largest ``pi_1``.
+        dp_mode: ``None`` (off) or the clients' differential-privacy mode (one of
+            :data:`~fednovelty.federated.init.DP_MODES`): what the server knows of their
+            policies. With it set the server expects no loss, averages the clients'
+            markers or networks with equal weights (a row count, noisy or exact, is not
+            read) and takes the plain sum only; the prototype baseline is refused.
         random_state: integer seed; dtype, device: of the models.
     """
 
@@ -157,6 +175,7 @@ class VGM2Config(TorchSettings):
     client_weight_cap: float | None = None
     prediction: str = "nearest"
     top_m: int = 5
+    dp_mode: str | None = None
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
@@ -213,6 +232,24 @@ class VGM2Config(TorchSettings):
             ("robust_aggregation", "trim", "client_weight_cap"), robust, strict=True
         ):
             self._set(name, value)
+        if self.dp_mode is not None:
+            self._check_choice("dp_mode", DP_MODES)
+            if self.method == "prototype":
+                raise ValueError(
+                    "VGM2's prototype baseline has no private form (its class means of an "
+                    "embedding trained on all the rows have no bound); use method='vgm2', "
+                    "'fedavg' or 'local' with dp_mode, or dp_mode=None."
+                )
+            if self.robust_aggregation != "sum" or self.client_weight_cap is not None:
+                raise ValueError(
+                    "with dp_mode the server takes the plain average of DP-SGD models; use "
+                    "robust_aggregation='sum' and client_weight_cap=None."
+                )
+
+    @property
+    def private(self) -> bool:
+        """Whether the clients release under differential privacy (``dp_mode`` set)."""
+        return self.dp_mode is not None
 
 
 #: where a client keeps its personal models, markers and graph (``ClientContext.state``).
@@ -393,10 +430,13 @@ def class_prototypes(Z: Tensor, y: Tensor, n_classes: int) -> tuple[Tensor, Tens
 def reply_problem(reply: Message, broadcast: Message, config: VGM2Config, d: int) -> str | None:
     """Why ``reply`` is not a valid answer to ``broadcast`` (``None``: it is): kind, the
     tensors of the method, shapes, finite values, a positive row count, positive marker
-    parameters, class counts that add up to at most the rows."""
+    parameters, class counts that add up to at most the rows. A private round's reply
+    (``config.dp_mode``) has no loss and a noisy row count, which is not checked."""
     if reply.kind != broadcast.kind:
         return f"reply of kind {reply.kind!r} to a {broadcast.kind!r} round"
-    expected: dict[str, tuple[int, ...]] = {"n_samples": (), "loss": ()}
+    expected: dict[str, tuple[int, ...]] = {"n_samples": ()}
+    if not config.private:
+        expected["loss"] = ()
     if config.method == "vgm2":
         expected["markers"] = tuple(broadcast.tensors["prior"].shape)
     elif config.method == "fedavg":
@@ -412,7 +452,7 @@ def reply_problem(reply: Message, broadcast: Message, config: VGM2Config, d: int
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return f"tensor {name!r} has NaN or inf values"
     n = float(reply.tensors["n_samples"])
-    if not n > 0:
+    if not (n > 0 or config.private):
         return "a reply must come from at least one row"
     if "markers" in reply.tensors and not bool(
         (reply.tensors["markers"][:, [0, 2, 3, 4]] > 0).all()
@@ -448,13 +488,51 @@ def _unnamed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
+class PairModel(nn.Module):
+    """DP-SGD's template of VGM2's private training: the encoder and the markers'
+    unconstrained parameters ``free`` (2, 5, K) in units of ``scale`` (markers
+    ``markers_from_free(scale * free)``: one optimiser's step size moves them ``scale``
+    times as far as the encoder's). ``forward(pair)``: a pair of rows (2, n_features) -> its
+    same-class logit ``logit pi_1(||f(x_1) - f(x_2)||)`` (1,)."""
+
+    def __init__(self, encoder: nn.Module, n_markers: int, scale: float):
+        super().__init__()
+        self.encoder = encoder
+        self.free = nn.Parameter(torch.zeros(2, 5, n_markers))
+        self.scale = float(scale)
+
+    def markers(self, free: Tensor) -> Tensor:
+        """The markers (2, 5, K) of parameters ``free``."""
+        return markers_from_free(self.scale * free)
+
+    def forward(self, pair: Tensor) -> Tensor:
+        z = self.encoder(pair)
+        s = ((z[0] - z[1]).square().sum() + 1e-12).sqrt()
+        return same_class_logit(s.reshape(1), self.markers(self.free))
+
+
+class Classifier(nn.Module):
+    """DP-SGD's template of FedAvg's network: ``head(encoder(x))``; its parameters are
+    named ``encoder.*`` and ``head.*`` as the reply's tensors."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module):
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x))
+
+
 # ----------------------------------------------------------------------------- the step
 def vgm2_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
     """A ``vgm2`` reply by what the round broadcast: the client's markers shaped as the
     ``prior`` (VGM2), or its class prototypes and counts shaped as the broadcast's
     (prototype baseline), or its encoder and head under the broadcast's names (FedAvg);
-    always the row count and the loss."""
-    shapes: dict[str, Shape] = {"n_samples": (), "loss": ()}
+    always the row count, and the loss unless the round is private (``scalars["private"]``:
+    the loss is withheld)."""
+    shapes: dict[str, Shape] = {"n_samples": ()}
+    if not broadcast.scalars.get("private"):
+        shapes["loss"] = ()
     t = broadcast.tensors
     if "prior" in t:
         shapes["markers"] = tuple(t["prior"].shape)
@@ -481,6 +559,28 @@ def classes_limit(config: VGM2Config, broadcast: Message) -> int:
     return int(config.n_classes)
 
 
+def _parts_release() -> str | None:
+    """The declarations' release form for a reply made only of private parts (one that
+    covers at most the row count), or ``None`` where the declarations have none: then a
+    ``vgm2`` reply has no private form and a client under differential privacy refuses it."""
+    for form in PRIVATE_RELEASES:
+        if form in RELEASE_TENSORS and RELEASE_TENSORS[form] <= {"n_samples"}:
+            return form
+    return None
+
+
+#: the private form of a ``vgm2`` reply's tensors: what trains on the rows leaves only by
+#: DP-SGD (the markers, FedAvg's encoder and head), the row count as a one-bin histogram
+#: (each row adds 1). The loss has none (withheld under DP); nor have the prototype
+#: baseline's prototypes and class counts (refused).
+VGM2_PRIVATE_PARTS: dict[str, str] = {
+    "n_samples": "histogram",
+    "markers": "dp_sgd",
+    "encoder.": "dp_sgd",
+    "head.": "dp_sgd",
+}
+_VGM2_RELEASE = _parts_release()
+
 #: a ``vgm2`` reply (:func:`vgm2_shapes`).
 VGM2_REPLY = ReplySpec(
     VGM2_KIND,
@@ -496,6 +596,12 @@ VGM2_REPLY = ReplySpec(
         "head.": "model",
     },
     limit=classes_limit,
+    private=_VGM2_RELEASE,
+    private_parts={
+        name: part
+        for name, part in VGM2_PRIVATE_PARTS.items()
+        if _VGM2_RELEASE is not None and name not in RELEASE_TENSORS[_VGM2_RELEASE]
+    },
 )
 
 
@@ -523,7 +629,10 @@ class VGM2Step(Step):
         elif method == "prototype":
             tensors["prototypes"] = state.prototypes
             tensors["prototype_counts"] = state.prototype_counts
-        return Message(VGM2_KIND, tensors, {"seed": round_seed(self.config, state)})
+        scalars: dict[str, Any] = {"seed": round_seed(self.config, state)}
+        if self.config.private:
+            scalars["private"] = True
+        return Message(VGM2_KIND, tensors, scalars)
 
     def server_step(self, state: VGM2State, replies: dict[int, Message]):
         config = self.config
@@ -534,7 +643,10 @@ class VGM2Step(Step):
             if reply_problem(r, broadcast, config, config.embedding_dim) is None
         }
         state.invalid.append(len(replies) - len(valid))
-        if valid:
+        if valid and config.private:  # equal weights: no row count is read
+            state.losses.append(float("nan"))
+            self.fold(state, valid, torch.ones(len(valid), dtype=torch.float64))
+        elif valid:
             n = torch.stack([r.tensors["n_samples"].double() for r in valid.values()])
             loss = torch.stack([r.tensors["loss"].double() for r in valid.values()])
             state.losses.append(float((n * loss).sum() / n.sum()))
@@ -574,8 +686,21 @@ class VGM2Step(Step):
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
         config = self.config
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(VGM2_KIND, context.policy.below_floor)
+        policy = context.policy
+        if not policy.releases(X.shape[0]):
+            return skipped_reply(VGM2_KIND, policy.below_floor)
+        private = policy.dp is not None
+        if private and config.method == "prototype":
+            return skipped_reply(
+                VGM2_KIND,
+                "VGM2's prototype baseline has no private form; not released under the "
+                "client's differential-privacy policy",
+            )
+        sgd = None
+        if private and policy.dp_sgd is not None and config.method in ("vgm2", "fedavg"):
+            # what leaves the client trains by its own DP-SGD, from its own generator
+            release = int(context.state.get(LEDGER_KEY, 0))
+            sgd = (policy.dp_sgd, sgd_generator(policy.dp.seed, context.client_id, release))
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         algo = self.algorithm
         state = context.state
@@ -588,7 +713,13 @@ class VGM2Step(Step):
             encoder = {k: v.to(X) for k, v in encoder.items()}
             head = {k: v.to(X) for k, v in head.items()}
         tensors: dict[str, Tensor] = {}
-        if config.method == "vgm2":
+        loss = float("nan")
+        if config.method == "vgm2" and sgd is not None:
+            prior = message.tensors["prior"].to(X)
+            encoder, markers = algo.private_vgm2(encoder, prior, X, y, *sgd)
+            state[MARKERS] = markers.clone()
+            tensors["markers"] = markers.clone()
+        elif config.method == "vgm2":
             prior = message.tensors["prior"].to(X)
             if config.train_encoder and config.umap_weight > 0 and f"{GRAPH}heads" not in state:
                 heads, tails, weights = fuzzy_graph(X, config.n_neighbors, config.random_state)
@@ -603,6 +734,10 @@ class VGM2Step(Step):
             encoder, markers, loss = algo.train_vgm2(encoder, prior, X, y, graph, generator)
             state[MARKERS] = markers.clone()
             tensors["markers"] = markers.clone()
+        elif sgd is not None:  # FedAvg under DP-SGD
+            encoder, head = algo.private_classifier(encoder, head, X, y, *sgd)
+            tensors.update(_named("encoder.", encoder))
+            tensors.update(_named("head.", head))
         else:
             protos = counts = None
             if config.method == "prototype":
@@ -624,13 +759,17 @@ class VGM2Step(Step):
             state.update({f"{ENCODER}{k}": v.clone() for k, v in encoder.items()})
             state.update({f"{HEAD}{k}": v.clone() for k, v in head.items()})
         tensors["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype)
-        tensors["loss"] = torch.as_tensor(loss, dtype=X.dtype).reshape(())
+        scalars: dict[str, Any] = {}
+        if not private:  # under DP the loss is withheld
+            tensors["loss"] = torch.as_tensor(loss, dtype=X.dtype).reshape(())
+        if sgd is not None:
+            scalars["dp_sgd_steps"] = sgd[0].steps
         # markers, encoder and head: models trained on all the rows; a class's prototype
         # and count: that class's rows (the gate zeros the classes below the floor)
         backing = client_backing(tensors, X.shape[0])
         if "class_counts" in tensors:
             backing["prototypes"] = backing["class_counts"] = tensors["class_counts"]
-        return Message(VGM2_KIND, tensors, backing=backing)
+        return Message(VGM2_KIND, tensors, scalars, backing=backing)
 
 
 # ----------------------------------------------------------------------------- the algorithm
@@ -659,6 +798,18 @@ class VGM2(ChainedAlgorithm):
       class means in the embedding and class counts; the server's prototype of a class is the
       count-weighted mean of the round's client prototypes (a class absent from the round keeps
       its last one).
+
+    Differential privacy (a client's ``PrivacyPolicy.dp`` with its ``dp_sgd``; the server's
+    ``dp_mode``): VGM2's encoder and markers train together by DP-SGD on pairs of rows
+    (:meth:`private_vgm2`: a row and its successor in a random cycle of each Poisson
+    sample, units clipped to ``C / 3`` so that one row moves a step by at most ``C``; the
+    calibration and UMAP terms, which are not sums over such pairs, left out), FedAvg's
+    network by DP-SGD on the cross-entropy (:meth:`private_classifier`); the row count is
+    released as a one-bin histogram (the gate's noise), the loss is withheld, the server
+    averages with equal weights. Local's network never leaves its client and trains as
+    usual. The prototype baseline is refused (its prototypes are class means of an
+    embedding trained on all the rows). The markers and networks that leave are covered;
+    a client's own predictions read its training rows and are not.
 
     Ablations are settings: ``n_markers=1``, ``calibration_weight=0``, ``train_encoder=False``
     (the encoder stays at its initial weights; the markers are still trained).
@@ -843,6 +994,104 @@ class VGM2(ChainedAlgorithm):
             {k: v.detach() for k, v in hd.items()},
             total / max(steps, 1),
         )
+
+    def private_vgm2(
+        self,
+        encoder: dict[str, Tensor],
+        prior: Tensor,
+        X: Tensor,
+        y: Tensor,
+        settings: DPSGDSettings,
+        generator: torch.Generator,
+    ) -> tuple[dict[str, Tensor], Tensor]:
+        """VGM2's local training under DP-SGD (``settings``, the client's own): the
+        encoder and markers together by :func:`~fednovelty.federated.dp_sgd.private_sgd`
+        on pairs of rows (``pairs=True``: a row and its successor in a random cycle of the
+        step's sample), a pair's loss ``gamma BCE(same, logit pi_1(s)) + lambda KL(q ||
+        p_t)``, Adam at ``learning_rate`` (the markers at ``marker_learning_rate`` through
+        :class:`PairModel`'s scale). Eq. 7's calibration error (of a batch's pairs) and
+        parametric UMAP's loss (on the kNN graph of all the rows) are not sums over pairs
+        of one row and are left out. ``train_encoder=False``: the markers alone, on the
+        frozen encoder's embeddings. Returns the encoder and the markers (2, 5, K)."""
+        config = self.config
+        scale = config.marker_learning_rate / config.learning_rate
+        inputs = X
+        encoder_module: nn.Module = self.encoder
+        if not config.train_encoder:
+            with torch.no_grad():
+                inputs = embed(self.encoder, encoder, X)
+            encoder_module = nn.Identity()
+        model = PairModel(encoder_module, config.n_markers, scale).to(X)
+        start = {"free": free_from_markers(prior.clone()) / scale}
+        if config.train_encoder:
+            start.update(_named("encoder.", encoder))
+        gamma, lam = config.similarity_weight, config.kl_weight
+
+        def pair_loss(ps, pair, labels, w):
+            p = ps[0]
+            logit = functional_call(model, p, (pair,))
+            same = (labels[0] == labels[1]).to(logit.dtype).reshape(1)
+            bce = nn.functional.binary_cross_entropy_with_logits(logit, same)
+            return w[0] * (gamma * bce + lam * kl_markers(model.markers(p["free"]), prior))
+
+        (trained,) = private_sgd(
+            model,
+            [start],
+            inputs,
+            y,
+            X.new_ones(X.shape[0], 1),
+            settings,
+            generator,
+            learning_rate=config.learning_rate,
+            optimizer="adam",
+            row_loss=pair_loss,
+            pairs=True,
+        )
+        markers = model.markers(trained["free"]).detach()
+        return (_unnamed("encoder.", trained) if config.train_encoder else encoder), markers
+
+    def private_classifier(
+        self,
+        encoder: dict[str, Tensor],
+        head: dict[str, Tensor],
+        X: Tensor,
+        y: Tensor,
+        settings: DPSGDSettings,
+        generator: torch.Generator,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """FedAvg's local training under DP-SGD (``settings``): the cross-entropy of
+        :class:`Classifier` by :func:`~fednovelty.federated.dp_sgd.private_sgd` with Adam
+        at ``learning_rate`` (``train_encoder=False``: the head alone on the frozen
+        encoder's embeddings). Returns the encoder and the head."""
+        config = self.config
+        if not config.train_encoder:
+            with torch.no_grad():
+                Z = embed(self.encoder, encoder, X)
+            (trained,) = private_sgd(
+                self.head,
+                [head],
+                Z,
+                y,
+                X.new_ones(X.shape[0], 1),
+                settings,
+                generator,
+                learning_rate=config.learning_rate,
+                optimizer="adam",
+            )
+            return encoder, trained
+        start = {**_named("encoder.", encoder), **_named("head.", head)}
+        (trained,) = private_sgd(
+            Classifier(self.encoder, self.head),
+            [start],
+            X,
+            y,
+            X.new_ones(X.shape[0], 1),
+            settings,
+            generator,
+            learning_rate=config.learning_rate,
+            optimizer="adam",
+        )
+        return _unnamed("encoder.", trained), _unnamed("head.", trained)
 
     # ------------------------------------------------------------------ prediction
     def client_proba(
