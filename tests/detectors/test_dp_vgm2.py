@@ -1,0 +1,81 @@
+"""VGM2Classifier's differential privacy: the plan's noise against dp-accounting's own
+composition of the round's events (the noisy row count's Gaussian and the Poisson-sampled
+DP-SGD steps), ``privacy_spent_`` from the rounds that ran, and the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+
+from fednovelty.detectors.vgm2 import VGM2Classifier, vgm2_dp_plan
+
+
+def _epsilon_by_hand(z: float, sigma: float, rate: float, rounds: int, steps: int) -> float:
+    """Each round: the row count with noise 8 z (sensitivity 1) and ``steps``
+    Poisson-sampled Gaussian steps; composed in dp-accounting's PLD accountant."""
+    count = dp_accounting.GaussianDpEvent(8 * z)
+    step = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
+    events = [dp_accounting.SelfComposedDpEvent(count, rounds)]
+    events.append(dp_accounting.SelfComposedDpEvent(step, rounds * steps))
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_accounting.ComposedDpEvent(events))
+    return accountant.get_epsilon(1e-5)
+
+
+def test_the_plan_spends_its_budget_by_dp_accounting() -> None:
+    plan = vgm2_dp_plan(1.0, 1e-5, "local", 4, 20, 0.1, 1.0, 0.9, 3, 0)
+    z, sigma = plan.policy.noise_multiplier, plan.sgd.noise_multiplier
+    spent = _epsilon_by_hand(z, sigma, 0.1, 4, 20)
+    assert 0.97 <= spent <= 1.0 + 1e-6
+    assert (plan.sgd.steps, plan.sgd.sample_rate, plan.sgd.clip_norm) == (20, 0.1, 1.0)
+    assert plan.policy.max_releases == 4 and plan.policy.mode == "local"
+    # the learners' share of mu^2 (Gaussian DP) is 0.9: the count's noise is the larger
+    assert (8 * z) ** -2 * 4 < 0.2 * _gdp_mu(1.0) ** 2
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        vgm2_dp_plan(1.0, 1e-5, "local", 4, 0, 0.1, 1.0, 0.9, 3, 0)
+
+
+def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:
+    """The mu of Gaussian DP whose (epsilon, delta) curve passes through the budget."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gap(mu):
+        return (
+            norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+        ) - delta
+
+    return brentq(gap, 1e-3, 20)
+
+
+def test_privacy_spent_counts_the_rounds_that_ran() -> None:
+    clf = VGM2Classifier(dp_epsilon=2.0, rounds=5, local_epochs=1, dp_sample_rate=0.2)
+    clf.n_clients_ = 3
+    plan = clf._dp_plan(0)
+    clf.history_ = [{"kind": "vgm2"}] * 3 + [{"kind": "vgm2", "failed": True}]
+    clf._set_privacy_spent(plan)
+    record = clf.privacy_spent_
+    expected = _epsilon_by_hand(
+        plan.policy.noise_multiplier, plan.sgd.noise_multiplier, 0.2, 3, plan.sgd.steps
+    )
+    assert record["epsilon"] == pytest.approx(expected, rel=2e-3)
+    assert record["epsilon"] < record["epsilon_budget"] == 2.0
+    assert record["sgd_steps"] == 3 * plan.sgd.steps == 3 * 5  # ceil(1 / 0.2) per round
+    assert record["planned_releases"] == 5 and record["mode"] == "central"
+    clf.set_params(dp_epsilon=None)
+    clf._set_privacy_spent(clf._dp_plan(0))
+    assert not hasattr(clf, "privacy_spent_")
+
+
+def test_the_prototype_baseline_is_refused_under_dp() -> None:
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], 20)
+    X = rng.normal(size=(40, 3)) + y[:, None]
+    with pytest.raises(ValueError, match="prototype baseline has no private form"):
+        VGM2Classifier(method="prototype", dp_epsilon=1.0, rounds=1, hidden=4).fit(
+            X, y, np.repeat([0, 1], 20)
+        )
