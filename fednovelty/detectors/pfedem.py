@@ -5,6 +5,14 @@ It shares the joint models' fitting, saving and Gaussian scores (``log_px``,
 ``decision_function(score="px")``, ``adapt``); its class probabilities follow the paper's
 Eq. 15, ``P(y | x) = sum_k pi_k P_k(y | x)``, with a client's weights (the shares of its rows
 in each Gaussian's partition in the last round) or the global ones.
+
+Under ``dp_epsilon`` (with ``gaussian_aggregation="exact"`` and ``dp_bounds``) the fit is
+differentially private per client row as the joint model's: the budget buys the
+statistics' noise and the sub-models' DP-SGD together (``dp_learner_share``), each round
+also releases the noisy hard counts, and ``privacy_spent_`` reports what the fit spent.
+In ``"central"`` mode the server keeps no per-client weights (they would come from exact
+counts): ``client=`` then scores with the global weights (``adapt`` gives a client's own);
+in ``"local"`` mode each client's weights come from its noisy hard counts.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from sklearn.utils._param_validation import StrOptions
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     DETECTOR,
+    DIFFERENTIAL_PRIVACY,
+    DP_LEARNERS,
     EM,
     INIT,
     LEARNER,
@@ -62,7 +72,7 @@ class PFedEMDetector(JointModelDetector):
             "paper",
             [StrOptions(set(GAUSSIAN_AGGREGATIONS))],
             '``"paper"`` (Eq. 12-14, per-feature variances) or ``"exact"`` (summed soft '
-            "statistics).",
+            "statistics; the only one with a private form: ``dp_epsilon`` needs it).",
         ),
         LEARNER_CHOICE,
         *LEARNER,
@@ -72,6 +82,8 @@ class PFedEMDetector(JointModelDetector):
         PCA,
         SAMPLING,
         PRIVACY,
+        DIFFERENTIAL_PRIVACY,
+        DP_LEARNERS,
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 2, "learning_rate": 0.5, "covariance_type": "diag"},

@@ -207,6 +207,24 @@ JOINT_EM_REPLY = ReplySpec(
 )
 
 
+def histogram_sum(histograms: Tensor, config: Any, rounds: int) -> Tensor:
+    """The summed histograms of responsibilities (e.g. joint counts) of the replies
+    ``histograms`` (n_replies, ...) -> (...), in ``config``'s dtype and device: under
+    ``"central"`` DP (``config.dp_mode``) with the trusted server's histogram noise
+    (``HISTOGRAM_SHARE * dp_noise_multiplier``, drawn from the seed of round ``rounds``),
+    and under any DP kept positive (post-processing)."""
+    total = histograms.sum(0).to(config.device, config.dtype)
+    if not config.private:
+        return total
+    if config.dp_mode == "central":
+        seed = derived_seed(config.random_state, rounds) ^ 0x1015
+        spread = HISTOGRAM_SHARE * config.dp_noise_multiplier
+        total = total + gaussian_noise(
+            total.shape, spread, total, torch.Generator().manual_seed(seed)
+        )
+    return total.clamp_min(1e-6 * float(total.abs().sum()) + 1e-300)
+
+
 class JointEMStep(Step):
     """The joint EM rounds (module docstring): the joint E-step and learner training on the
     client; federated EM's Gaussian M-step plus learner averaging on the server.
@@ -253,7 +271,7 @@ class JointEMStep(Step):
         config = self.config
         stats = self.gaussian.m_step(state, replies)
         joint = torch.stack([r.tensors["joint_counts"] for r in replies.values()])
-        state.joint_counts = self._joint_sum(state, joint)
+        state.joint_counts = histogram_sum(joint, config, state.rounds)
         # a trusted server's clients send exact counts ("central"): their weights would
         # leave the fit outside its guarantee, so only noisy ones are kept
         for cid, reply in replies.items() if config.dp_mode != "central" else ():
@@ -276,22 +294,6 @@ class JointEMStep(Step):
         if not math.isnan(lower_bound):
             metrics["mean_log_likelihood"] = lower_bound
         return (None if done else "joint_em"), metrics
-
-    def _joint_sum(self, state: JointState, joint: Tensor) -> Tensor:
-        """The summed joint counts (M1, M2) of the replies ``joint`` (n_replies, M1, M2):
-        under ``"central"`` DP with the trusted server's histogram noise (drawn from the
-        round's seed), and under any DP kept positive (post-processing)."""
-        config = self.config
-        total = joint.sum(0).to(config.device, config.dtype)
-        if not config.private:
-            return total
-        if config.dp_mode == "central":
-            seed = derived_seed(config.random_state, state.rounds) ^ 0x1015
-            spread = HISTOGRAM_SHARE * config.dp_noise_multiplier
-            total = total + gaussian_noise(
-                total.shape, spread, total, torch.Generator().manual_seed(seed)
-            )
-        return total.clamp_min(1e-6 * float(total.abs().sum()) + 1e-300)
 
     # ------------------------------------------------------------------ client half
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
@@ -510,6 +512,7 @@ __all__ = [
     "JointState",
     "adapt_joint_weights",
     "global_log_joint_weights",
+    "histogram_sum",
     "joint_log_components",
     "joint_log_scores",
     "learner_log_probs",

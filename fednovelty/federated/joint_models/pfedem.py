@@ -20,6 +20,19 @@ partition holds fewer than ``min_rows`` rows, or whose responsibilities have few
 ``min_rows`` effective rows (Kish's ``(sum r)^2 / sum r^2``: a wide component whose few far
 rows carry most of its weight), is sent as zeros and its sub-model as broadcast (no weight in
 the average).
+
+Under differential privacy (``dp_mode`` with ``bounds``, and the client's own
+``PrivacyPolicy.dp``) a client's reply leaves only in declared private forms: the summed
+statistics of the exact aggregation (``"stats"``; the paper's per-client means and
+variances have no sensitivity bound, so ``gaussian_aggregation="paper"`` is refused with
+``dp_mode`` and the client gate refuses them anyway), the hard counts as a histogram (one
+row is one one-hot count: sensitivity 1) and the sub-models trained by the client's DP-SGD
+(:func:`~fednovelty.federated.dp_sgd.private_sgd` with the one-hot partition as the (n, K)
+weight, so one clipped gradient per row covers every sub-model). The server then averages
+the sub-models without exact per-client weights (uniformly in ``"central"`` mode, by the
+noisy hard counts otherwise), sums the hard counts with its own noise in ``"central"``
+mode (:func:`~fednovelty.federated.joint_models.joint.histogram_sum`) and keeps per-client
+weights only from noisy counts.
 """
 
 from __future__ import annotations
@@ -33,14 +46,18 @@ from torch import Tensor, nn
 
 from fednovelty.federated.aggregate import learner_name, stats_message
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.bayesian.variational import BoxSettings
 from fednovelty.federated.config import settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.init import GivenMixture, round_seed
+from fednovelty.federated.dp import LEDGER_KEY
+from fednovelty.federated.dp_sgd import private_sgd, sgd_generator
+from fednovelty.federated.init import GivenMixture, MomentsStep, round_seed
 from fednovelty.federated.joint_models.joint import (
     JointEMStep,
     JointFedGMM,
     JointLearners,
     JointState,
+    histogram_sum,
 )
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.mixtures.em import EMSettings
@@ -78,10 +95,12 @@ GAUSSIAN_AGGREGATIONS: tuple[str, ...] = ("paper", "exact")
 
 
 @settings_dataclass
-class PFedEMConfig(EMSettings, GivenMixture, JointLearners):
+class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
     """Settings of pFedEM (``PFedEM``; the pFedEM paper's Algorithm 1): federated EM's chain
     (:class:`~fednovelty.federated.mixtures.em.EMSettings`, plain M-steps: no moments round) with
-    given initial parameters, the learners
+    given initial parameters, a public box ``bounds``
+    (:class:`~fednovelty.federated.bayesian.variational.BoxSettings`: the rounds work in
+    ``[-1, 1]`` per feature, what differential privacy clips around), the learners
     (:class:`~fednovelty.federated.joint_models.joint.JointLearners`, one sub-model per
     Gaussian: ``n_learners`` is ``n_components``), and
 
@@ -91,6 +110,12 @@ class PFedEMConfig(EMSettings, GivenMixture, JointLearners):
             or ``"exact"`` (summed soft statistics, federated EM's exact M-step).
         covariance_type: ``"diag"`` by default (the paper's per-feature variances).
         mixture_weights: ``"personal"`` by default.
+
+    Raises:
+        ValueError: ``n_learners`` other than ``n_components``; ``"paper"`` aggregation with
+            another covariance type, or with ``dp_mode`` (the clients' own means and
+            variances have no sensitivity bound); ``dp_mode`` without ``bounds``;
+            ``bounds`` with ``pca_components``.
     """
 
     n_learners: int = 0
@@ -112,6 +137,23 @@ class PFedEMConfig(EMSettings, GivenMixture, JointLearners):
             raise ValueError(
                 "gaussian_aggregation='paper' averages the clients' per-feature variances "
                 "(Eq. 13): use covariance_type='diag', or gaussian_aggregation='exact'."
+            )
+        if self.private and self.gaussian_aggregation == "paper":
+            raise ValueError(
+                "gaussian_aggregation='paper' sends each client's own means and variances "
+                "(Eq. 9-10), which have no sensitivity bound and no private form: use "
+                "gaussian_aggregation='exact' (summed statistics) with dp_mode set "
+                "(dp_epsilon on the detector)."
+            )
+        if self.private and self.bounds is None:
+            raise ValueError(
+                "differential privacy clips rows around the centre of a public box: give "
+                "bounds=(low, high) (one value per feature each) with dp_mode set."
+            )
+        if self.bounds is not None and self.pca_components is not None:
+            raise ValueError(
+                "pFedEM maps the raw rows to the public box bounds; use bounds with "
+                "pca_components=None."
             )
 
 
@@ -183,6 +225,9 @@ def check_pfedem(reply: Message, broadcast: Message) -> None:
 
 
 #: a ``pfedem`` reply (:func:`pfedem_shapes`); exact statistics lie in the client's box.
+#: Under differential privacy: the exact statistics (``"stats"``), the hard counts as a
+#: histogram and the sub-models by DP-SGD; the paper's means and variances have no private
+#: form, so the client gate refuses a reply that holds them.
 PFEDEM_REPLY = ReplySpec(
     PFEDEM_KIND,
     shapes=pfedem_shapes,
@@ -196,6 +241,8 @@ PFEDEM_REPLY = ReplySpec(
     },
     limit=components_limit,
     box="stats",
+    private="stats",
+    private_parts={"hard_counts": "histogram", "learner.": "dp_sgd"},
 )
 
 
@@ -228,9 +275,17 @@ class PFedEMStep(JointEMStep):
             config.device, config.dtype
         )
         state.learners = robust_average_learners(
-            state.learners, list(replies.values()), hard, config.aggregation, config.trim
+            state.learners,
+            list(replies.values()),
+            learner_weights(hard, config.dp_mode),
+            config.aggregation,
+            config.trim,
         )
-        for cid, counts in zip(replies, hard, strict=True):
+        # a trusted server's clients send exact counts ("central"): their weights would
+        # leave the fit outside its guarantee, so only noisy ones are kept
+        for cid, counts in zip(replies, hard, strict=True) if config.dp_mode != "central" else ():
+            if config.private:  # noisy counts: positive by post-processing
+                counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
             if float(counts.sum()) > 0:
                 state.client_weights[cid] = counts / counts.sum()
                 state.client_joint_weights[cid] = torch.diag(state.client_weights[cid])
@@ -252,12 +307,12 @@ class PFedEMStep(JointEMStep):
                 combined = robust_stats(per_client, config.trim)
                 state.params = params_from_stats(combined, config.reg_covar)
             stats = _totals(t["log_likelihood"].sum(), t["n_samples"].sum(), state.params)
-        state.joint_counts = torch.diag(hard.sum(0))
+        state.joint_counts = torch.diag(histogram_sum(hard, config, state.rounds))
         done, lower_bound = self.gaussian.advance(state, stats)
-        return (None if done else PFEDEM_KIND), {
-            "phase": PFEDEM_KIND,
-            "mean_log_likelihood": lower_bound,
-        }
+        metrics = {"phase": PFEDEM_KIND}
+        if not math.isnan(lower_bound):  # under DP the log-likelihood is withheld
+            metrics["mean_log_likelihood"] = lower_bound
+        return (None if done else PFEDEM_KIND), metrics
 
     # ------------------------------------------------------------------ client half
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
@@ -285,22 +340,50 @@ class PFedEMStep(JointEMStep):
         policy = context.policy
         if not policy.releases(n):
             return skipped_reply(PFEDEM_KIND, policy.below_floor)
+        private = policy.dp is not None
+        if private and config.gaussian_aggregation == "paper":
+            return skipped_reply(
+                PFEDEM_KIND,
+                "the paper's per-client means and variances have no private form; under "
+                "differential privacy only gaussian_aggregation='exact' is released",
+            )
+        if private and policy.dp_sgd is None:
+            return skipped_reply(PFEDEM_KIND, "sub-models leave under DP only by DP-SGD")
         # a component is backed by its partition's rows and by its responsibilities'
-        # effective rows (a wide component's few far rows can carry most of its sums)
+        # effective rows (a wide component's few far rows can carry most of its sums);
+        # under DP the noise protects the rows and no component is zeroed (which ones
+        # would be depends on them)
         rows = torch.minimum(hard, effective_rows(soft, gamma.square().sum(0)))
-        keep = backed(rows, max(policy.min_rows, 1))
+        keep = torch.ones_like(hard, dtype=torch.bool) if private else backed(rows, policy.floor)
         behind = dict.fromkeys(("hard_counts", "counts", "sums", "client_means"), rows)
         behind.update(client_vars=rows, log_likelihood=rows.new_tensor(float(n)))
-        generator = client_generator(int(message.scalars["seed"]), context.client_id)
         tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
-        for j, params in enumerate(learners):
-            members = part == j
-            trained = params
-            if bool(keep[j]):
-                ones = torch.ones(int(members.sum()), dtype=X.dtype, device=X.device)
-                trained = algorithm._local_sgd(
-                    template, params, Z[members], y[members], ones, generator
-                )
+        scalars = {}
+        if private:  # every sub-model by the client's own DP-SGD, on its partition alone
+            release = int(context.state.get(LEDGER_KEY, 0))
+            generator = sgd_generator(policy.dp.seed, context.client_id, release)
+            models = private_sgd(
+                template,
+                learners,
+                Z,
+                y,
+                nn.functional.one_hot(part, k).to(X.dtype),  # (n, K): one row, one model
+                policy.dp_sgd,
+                generator,
+                learning_rate=config.learning_rate,
+                optimizer=config.optimizer,
+                mu_prox=config.mu_prox,
+            )
+            scalars["dp_sgd_steps"] = policy.dp_sgd.steps
+        else:
+            generator = client_generator(int(message.scalars["seed"]), context.client_id)
+            models = [
+                self._partition_sgd(template, params, Z, y, part == j, generator)
+                if bool(keep[j])
+                else params
+                for j, params in enumerate(learners)
+            ]
+        for j, trained in enumerate(models):
             tensors.update({learner_name(j, name): v.clone() for name, v in trained.items()})
             # an unbacked component's learner goes back as broadcast: none of the rows
             behind.update(
@@ -327,7 +410,34 @@ class PFedEMStep(JointEMStep):
             tensors["client_means"] = means * mask
             tensors["client_vars"] = variances.clamp_min(0) * mask
         behind["n_samples"] = rows.new_tensor(float(n))
-        return Message(PFEDEM_KIND, tensors, backing={k: behind[k] for k in tensors})
+        return Message(PFEDEM_KIND, tensors, scalars, backing={k: behind[k] for k in tensors})
+
+    def _partition_sgd(
+        self,
+        template: nn.Module,
+        params: dict[str, Tensor],
+        Z: Tensor,
+        y: Tensor,
+        members: Tensor,
+        generator: torch.Generator,
+    ) -> dict[str, Tensor]:
+        """A sub-model's ``local_epochs`` of SGD from ``params`` on the rows ``members``
+        (n,) bool of ``Z`` (n, n_learner_features) and ``y`` (n,), each of weight 1."""
+        ones = torch.ones(int(members.sum()), dtype=Z.dtype, device=Z.device)
+        return self.algorithm._local_sgd(template, params, Z[members], y[members], ones, generator)
+
+
+def learner_weights(hard_counts: Tensor, dp_mode: str | None) -> Tensor:
+    """The weights (n_replies, K) the server averages the sub-models with (Eq. 5): the hard
+    counts (n_replies, K); under ``"central"`` DP, where the clients send exact counts,
+    uniform (weights from them would leave the fit outside its guarantee); under
+    ``"local"`` or ``"distributed"`` DP the noisy counts floored at 0 (post-processing: a
+    copy whose count the noise made negative gets no weight)."""
+    if dp_mode is None:
+        return hard_counts
+    if dp_mode == "central":
+        return torch.ones_like(hard_counts)
+    return hard_counts.clamp_min(0)
 
 
 def _totals(log_likelihood: Tensor, n_samples: Tensor, params: MixtureParams) -> SufficientStats:
@@ -372,6 +482,11 @@ class PFedEM(JointFedGMM):
     written); ``"exact"``: federated EM's M-step on the summed statistics (the pooled rows'
     M-step). The first round starts from federated EM's initialisation (``init_params``, k-means
     by default) and sub-models from ``learner_factory`` under ``random_state``.
+
+    With ``bounds`` the Gaussians' rounds work in the public box's units (``[-1, 1]`` per
+    feature; the sub-models keep seeing the raw rows) and the mixture is mapped back at the
+    end; differential privacy (``dp_mode``) needs it and ``gaussian_aggregation="exact"``
+    (module docstring).
     """
 
     config_class = PFedEMConfig
@@ -379,3 +494,8 @@ class PFedEM(JointFedGMM):
 
     def __init__(self, n_components: int, n_classes: int, **settings: Any):
         self._setup(PFedEMConfig(n_components=n_components, n_classes=n_classes, **settings))
+
+    def _setup(self, config: PFedEMConfig) -> None:
+        super()._setup(config)
+        if config.bounds is not None:  # the public box first: a moments step without a round
+            self._chain([MomentsStep(config), *self.steps])
