@@ -1,5 +1,5 @@
 """Smoke tests of the privacy benchmarks (``dp_utility.py``, ``membership.py``,
-``secure_sums.py``): each quick run completes and prints its table."""
+``secure_sums.py``, ``dp_learners.py``): each quick run completes and prints its table."""
 
 
 def test_dp_utility_quick_run_prints_private_and_reference_rows(benchmark_script, capsys):
@@ -19,3 +19,12 @@ def test_membership_quick_run_prints_attacks_beside_bounds(benchmark_script, cap
 def test_secure_sums_quick_run_prints_errors_within_their_bound(benchmark_script, tmp_path):
     report = benchmark_script("secure_sums").main(["--quick", "--out", str(tmp_path / "r.txt")])
     assert "bound" in report
+
+
+def test_dp_learners_quick_run_prints_the_private_and_plain_joint_model(benchmark_script, tmp_path):
+    benchmark_script("dp_learners").main(["--quick", "--out", str(tmp_path / "r.txt")])
+    report = (tmp_path / "r.txt").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| 4.0 |")]
+    assert len(rows) == 1 and "| inf |" in report
+    spent = float(rows[0].split("|")[6])
+    assert 3.9 < spent <= 4.0  # the private fit spent (almost exactly) its budget

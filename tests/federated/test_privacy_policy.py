@@ -683,3 +683,20 @@ def test_flower_nodes_calibrate_their_own_differential_privacy():
         policy_from_node_config({"dp-epsilon": 1.0, "dp-clip": 3.0})
     with pytest.raises(ClientDataError, match="mode must be one of"):
         policy_from_node_config({"dp-epsilon": 1, "dp-releases": 2, "dp-clip": 1, "dp-mode": "x"})
+
+
+def test_flower_nodes_calibrate_their_own_dp_sgd_beside_the_statistics():
+    pytest.importorskip("flwr")
+    from fednovelty.federated.dp_sgd import learning_epsilon, release_blocks
+    from fednovelty.runtime.flower.client import policy_from_node_config
+
+    node = {"dp-epsilon": 2.0, "dp-releases": 8, "dp-clip": 1.0, "dp-sgd-steps": 10}
+    policy = policy_from_node_config({**node, "dp-learner-rounds": 6, "dp-sample-rate": 0.1})
+    sgd, z = policy.dp_sgd, policy.dp.noise_multiplier
+    assert (sgd.steps, sgd.sample_rate, sgd.clip_norm) == (10, 0.1, 1.0)
+    spent = learning_epsilon(z, release_blocks(8, 6), sgd.noise_multiplier, 0.1, 60, 1e-5)
+    assert 1.98 < spent <= 2.0  # the node's own calibration spends its budget
+    assert (
+        policy_from_node_config({k: v for k, v in node.items() if k != "dp-sgd-steps"}).dp_sgd
+        is None
+    )

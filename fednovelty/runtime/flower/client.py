@@ -45,6 +45,7 @@ from fednovelty.exceptions import ClientDataError
 from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
 from fednovelty.federated.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.dp_sgd import DPSGDSettings, calibrate_learning, release_blocks
 from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
@@ -233,13 +234,17 @@ def policy_from_node_config(node_config: Mapping[str, Any]) -> PrivacyPolicy:
             parse = _config_bool if name == "allow_raw_rows" else _config_int
             fields[name] = parse(key, value)
     try:
-        return PrivacyPolicy(**fields, dp=dp_from_node_config(node_config))
+        dp, sgd = _node_dp(node_config)
+        return PrivacyPolicy(**fields, dp=dp, dp_sgd=sgd)
     except (TypeError, ValueError) as error:
         raise ClientDataError(f"this node's privacy settings are invalid: {error}") from None
 
 
 #: node_config keys of the node's differential-privacy policy (``DP_KEYS`` required together).
 DP_KEYS = ("dp-epsilon", "dp-releases", "dp-clip")
+#: node_config keys of the node's DP-SGD for learners it sends (``dp-sgd-steps`` switches it
+#: on; the others have defaults).
+DP_SGD_KEYS = ("dp-sgd-steps", "dp-sample-rate", "dp-sgd-clip", "dp-learner-rounds")
 
 
 def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
@@ -254,8 +259,17 @@ def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
     Raises:
         ClientDataError: a key missing beside the others or a value out of range.
     """
+    return _node_dp(node_config)[0]
+
+
+def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSettings | None]:
+    """:func:`dp_from_node_config` and, with ``dp-sgd-steps`` (the steps of one round), the
+    node's DP-SGD for the learners it sends: Poisson rate ``dp-sample-rate`` (default 0.05),
+    gradient clip ``dp-sgd-clip`` (1.0), over ``dp-learner-rounds`` of its releases (default
+    all), ``dp-learner-share`` of the budget (0.5); ``z`` and ``sigma`` are then calibrated
+    together (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`)."""
     if not any(key.startswith("dp-") for key in node_config):
-        return None
+        return None, None
     missing = [key for key in DP_KEYS if key not in node_config]
     if missing:
         raise ClientDataError(f"this node's differential privacy needs {missing} too.")
@@ -268,14 +282,32 @@ def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
     releases = _config_int("dp-releases", node_config["dp-releases"])
     clients = _config_int("dp-clients", node_config.get("dp-clients", 1))
     seed = node_config.get("dp-seed")
-    return DPPolicy(
-        calibrate_noise(epsilon, delta, releases),
+    sgd = None
+    if "dp-sgd-steps" in node_config:
+        steps = _config_int("dp-sgd-steps", node_config["dp-sgd-steps"])
+        rounds = _config_int("dp-learner-rounds", node_config.get("dp-learner-rounds", releases))
+        try:
+            rate = float(node_config.get("dp-sample-rate", 0.05))
+            sgd_clip = float(node_config.get("dp-sgd-clip", 1.0))
+            share = 1.0 - float(node_config.get("dp-learner-share", 0.5))
+        except (TypeError, ValueError):
+            raise ClientDataError(
+                "dp-sample-rate, dp-sgd-clip and dp-learner-share must be numbers."
+            ) from None
+        blocks = release_blocks(releases, rounds)
+        z, sigma = calibrate_learning(epsilon, delta, blocks, rounds * steps, rate, share)
+        sgd = DPSGDSettings(sigma, sgd_clip, rate, steps)
+    else:
+        z = calibrate_noise(epsilon, delta, releases)
+    dp = DPPolicy(
+        z,
         clip,
         str(node_config.get("dp-mode", "local")),
         clients,
         releases,
         None if seed is None else _config_int("dp-seed", seed),
     )
+    return dp, sgd
 
 
 def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
