@@ -222,8 +222,9 @@ def privacy_record(plan: DPPlan, rounds: Iterable[dict], costs: Mapping[str, Rou
 
 def round_costs(algorithm: Any, plan: DPPlan) -> dict[str, RoundCost]:
     """Each private kind of the chained ``algorithm`` and what one of its rounds spends
-    under ``plan``: one release, one histogram per declared ``"histogram"`` part, and the
-    plan's DP-SGD steps where learners are declared ``"dp_sgd"``."""
+    under ``plan``: one release (none for a ``"parts"`` reply, which releases no
+    statistics), one histogram per declared ``"histogram"`` part, and the plan's DP-SGD
+    steps where learners are declared ``"dp_sgd"``."""
     costs = {}
     steps = 0 if plan.sgd is None else plan.sgd.steps
     for step in algorithm.steps:
@@ -231,7 +232,10 @@ def round_costs(algorithm: Any, plan: DPPlan) -> dict[str, RoundCost]:
             if not spec.private:
                 continue
             parts = list(spec.private_parts.values())
-            costs[kind] = RoundCost(1, parts.count("histogram"), steps if "dp_sgd" in parts else 0)
+            releases = 0 if spec.private == "parts" else 1
+            costs[kind] = RoundCost(
+                releases, parts.count("histogram"), steps if "dp_sgd" in parts else 0
+            )
     return costs
 
 

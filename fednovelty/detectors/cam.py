@@ -8,20 +8,36 @@ federation of :class:`~fednovelty.federated.clustered.cam.ClusteredFL`; ``predic
 classifies with client ``c``'s cluster. The algorithm and its choices (warm-up, the residual
 alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.clustered.cam` and
 ``docs/clustered.md``.
+
+With ``dp_epsilon`` every client trains the models it sends by DP-SGD and picks its cluster
+privately (IFCA, IFCA-CAM: a report-noisy-min over clipped losses; FeSEM: from the model it
+released); the budget buys both (:func:`private_plan`), and ``privacy_spent_`` reports what
+the fit spent.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from numbers import Integral, Real
+from typing import Any
 
 import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._classifier import FederatedClassifier
+from fednovelty.detectors._dp import (
+    DPPlan,
+    privacy_record,
+    public_bounds,
+    round_costs,
+)
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     BATCH_SIZE,
+    DIFFERENTIAL_PRIVACY,
+    DP_LEARNERS,
     LEARNER_CHOICE,
     LEARNING_RATE,
     OPTIMIZER,
@@ -43,6 +59,7 @@ from fednovelty.detectors.persistence import (
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered.cam import (
     CLUSTER_AVERAGES,
+    CLUSTER_KIND,
     CLUSTERED_METHODS,
     EMPTY_CLUSTER_RULES,
     ClusteredConfig,
@@ -51,11 +68,87 @@ from fednovelty.federated.clustered.cam import (
     cluster_log_proba,
     ensemble_proba,
     mean_losses,
+    model_rows,
     model_template,
+)
+from fednovelty.federated.dp import DPPolicy
+from fednovelty.federated.dp_sgd import (
+    HISTOGRAM_SHARE,
+    DPSGDSettings,
+    calibrate_learning,
+    histogram_blocks,
+    learning_epsilon,
 )
 from fednovelty.federated.learners import LEARNERS, logits
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
+#: ``dp_epsilon``'s parameters but ``dp_mode``: every mechanism of a private Fed-CAM round
+#: runs on the client (its DP-SGD, its noisy cluster choice), so the plan is ``"local"``.
+_DIFFERENTIAL_PRIVACY = tuple(p for p in DIFFERENTIAL_PRIVACY if p.name != "dp_mode")
+
+
+def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> float:
+    """The smallest DP-SGD multiplier ``sigma`` (within 0.2 %) whose ``steps``
+    Poisson-subsampled Gaussian steps spend at most ``epsilon`` at ``delta``
+    (:func:`~fednovelty.federated.dp_sgd.learning_epsilon` with no statistics), by
+    bisection; the accountant of record checks the result."""
+
+    def spent(sigma: float, resolution: float = 1e-3) -> float:
+        return learning_epsilon(0.0, 0, sigma, sample_rate, steps, delta, resolution)
+
+    low, high = 0.5, 1.0
+    while spent(high) > epsilon:
+        low, high = high, high * 2
+    while spent(low) <= epsilon and low > 0.05:
+        high, low = low, low / 2
+    while high - low > 2e-3 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > epsilon else (low, middle)
+    while spent(high, 1e-4) > epsilon:
+        high *= 1.002
+    return high
+
+
+def private_plan(
+    estimator: Any, algorithm: ClusteredFL, n_clients: int, seed: int
+) -> DPPlan | None:
+    """A Fed-CAM fit's differential privacy under the estimator's ``dp_epsilon``, or
+    ``None`` without it.
+
+    Every round trains the models it sends by ``local_steps`` DP-SGD steps (rate
+    ``dp_sample_rate``, clip ``dp_sgd_clip``); IFCA's and IFCA-CAM's clustered rounds also
+    make one noisy cluster choice each (:meth:`ClusteredFL.private_choices`, the cost of a
+    released histogram of multiplier ``z``). With choices, ``z`` and the steps' ``sigma``
+    spend the budget together (``dp_learner_share`` of ``mu**2`` to the steps:
+    :func:`~fednovelty.federated.dp_sgd.calibrate_learning`); without, the steps spend it
+    all (:func:`sgd_noise`, ``z = 0``). Each client's budget is one noisy release a round;
+    no statistics are released. The rows are mapped to the public box ``dp_bounds`` and
+    clipped to ``dp_clip`` (``"auto"``: ``sqrt(n_features)``, which clips no row inside the
+    bounds); the models' guarantee does not rest on that clipping.
+
+    Raises:
+        ValueError: bad ``dp_bounds``.
+    """
+    epsilon = getattr(estimator, "dp_epsilon", None)
+    if epsilon is None:
+        return None
+    config = algorithm.config
+    d, epsilon, delta = config.n_features, float(epsilon), float(estimator.dp_delta)
+    bounds = public_bounds(estimator.dp_bounds, d)
+    clip = math.sqrt(d) if estimator.dp_clip == "auto" else float(estimator.dp_clip)
+    rate, steps = float(estimator.dp_sample_rate), int(config.local_steps)
+    rounds = config.rounds
+    choices = algorithm.private_choices(CLUSTER_KIND) * (rounds - config.warmup_rounds)
+    blocks, total = histogram_blocks(choices), rounds * steps
+    if choices:
+        share = 1.0 - float(estimator.dp_learner_share)
+        z, sigma = calibrate_learning(epsilon, delta, blocks, total, rate, share)
+    else:
+        z, sigma = 0.0, sgd_noise(epsilon, delta, total, rate)
+    policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), rounds, seed)
+    settings = {"dp_mode": "local", "dp_noise_multiplier": z, "dp_clip": clip, "bounds": bounds}
+    sgd = DPSGDSettings(sigma, float(estimator.dp_sgd_clip), rate, steps)
+    return DPPlan(settings, policy, 0, epsilon, delta, sgd)
 
 
 @register
@@ -75,8 +168,15 @@ class ClusteredFLClassifier(FederatedClassifier):
         state_: the final :class:`~fednovelty.federated.clustered.cam.ClusteredState` (models).
         learner_template_: the learners' module (evaluated with each model's parameters).
         history_, n_rounds_, bytes_up_, bytes_down_, n_features_in_, feature_names_in_:
-            as the detectors'; ``history_`` rounds carry ``loss``, ``n_empty`` and
-            ``reseeded``.
+            as the detectors'; ``history_`` rounds carry ``loss`` (not under
+            ``dp_epsilon``: withheld), ``n_empty`` and ``reseeded``.
+        input_bounds_, input_clip_: the public box the models' rows were mapped to and the
+            radius they were clipped to (``dp_epsilon``; ``None`` without), applied to every
+            row predicted.
+        privacy_spent_: with ``dp_epsilon``, what the fit spent: ``epsilon`` (at ``delta``;
+            ``epsilon_against_server`` is the same, every noise being the client's),
+            ``sgd_steps``, ``sgd_noise_multiplier``, ``sample_rate``, ``cluster_choices``
+            (noisy choices made) with ``choice_noise_multiplier``, and the accountant.
 
     Examples:
         >>> import numpy as np
@@ -148,12 +248,24 @@ class ClusteredFLClassifier(FederatedClassifier):
         ROBUST,
         SAMPLING,
         PRIVACY,
+        _DIFFERENTIAL_PRIVACY,
+        DP_LEARNERS,
+        Param(
+            "dp_loss_clip",
+            None,
+            [Interval(Real, 0.0, None, closed="neither"), None],
+            "with ``dp_epsilon``, the public bound each row's cross-entropy is clipped to in "
+            "IFCA's and IFCA-CAM's noisy min-loss choice (the noise scales with it: it sets "
+            "the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``.",
+        ),
         RUNTIME,
-        defaults={"dtype": "float32", "learner": "mlp"},
+        defaults={"dtype": "float32", "learner": "mlp", "dp_learner_share": 0.8},
         docs={
             "rounds": "Warm-up included (the paper: 100).",
             "aggregation": "Applies to every model the server averages.",
             "dtype": "Default ``float32``: the models are neural networks.",
+            "dp_sample_rate": "Fed-CAM: a round runs ``local_steps`` DP-SGD steps.",
+            "dp_learner_share": "Fed-CAM: the rest buys IFCA's noisy cluster choices.",
         },
         positional=2,
     )
@@ -166,11 +278,22 @@ class ClusteredFLClassifier(FederatedClassifier):
                 "cluster needs at least one client. Lower n_clusters."
             )
         config = self._config(self.n_features_in_, len(self.classes_), seed)
+        plan = private_plan(self, ClusteredFL.from_config(config), len(clients), seed)
+        if plan is not None:
+            config = replace(config, **plan.settings)
         algorithm = ClusteredFL.from_config(config)
         data = labelled_tensors(clients, labels)
-        result = self._simulate(algorithm, data, seed, full=True, **self._engine_settings())
+        privacy = self._privacy_policy(
+            dp=None if plan is None else plan.policy, dp_sgd=None if plan is None else plan.sgd
+        )
+        result = self._simulate(
+            algorithm, data, seed, full=True, privacy=privacy, **self._engine_settings()
+        )
         self.warmup_rounds_ = config.warmup_rounds
         self.learner_template_ = algorithm.template
+        self.input_bounds_ = config.bounds
+        self.input_clip_ = config.dp_clip if config.private else None
+        self._set_privacy_spent(plan, algorithm)
         self._set_fitted_state(result.state)
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> ClusteredConfig:
@@ -180,6 +303,36 @@ class ClusteredFLClassifier(FederatedClassifier):
             n_classes=n_classes,
             random_state=seed,
             **self._torch_options(),
+        )
+
+    def _set_privacy_spent(self, plan: DPPlan | None, algorithm: ClusteredFL) -> None:
+        """``privacy_spent_`` of the fit under ``plan`` (removed without one): the
+        declared parts' costs of every round that ran (:func:`round_costs`: DP-SGD steps)
+        plus the client-side noisy choices of IFCA's clustered rounds, each one released
+        histogram's."""
+        if plan is None:
+            if hasattr(self, "privacy_spent_"):
+                del self.privacy_spent_
+            return
+        costs = {
+            kind: replace(cost, histograms=cost.histograms + algorithm.private_choices(kind))
+            for kind, cost in round_costs(algorithm, plan).items()
+        }
+        record = privacy_record(plan, self.history_, costs)
+        ran = [r.get("kind") for r in self.history_ if not r.get("failed")]
+        choices = sum(algorithm.private_choices(kind) for kind in ran)
+        record.update(
+            cluster_choices=choices,
+            choice_noise_multiplier=HISTOGRAM_SHARE * plan.policy.noise_multiplier,
+            loss_clip=algorithm.config.dp_loss_clip,
+        )
+        self.privacy_spent_ = record
+
+    def _model_input(self, X: torch.Tensor) -> torch.Tensor:
+        """Rows as the fitted models saw them (:func:`model_rows`: the public box and the
+        clip of a private fit)."""
+        return model_rows(
+            X, getattr(self, "input_bounds_", None), getattr(self, "input_clip_", None)
         )
 
     def _set_fitted_state(self, state: ClusteredState) -> None:
@@ -242,7 +395,7 @@ class ClusteredFLClassifier(FederatedClassifier):
         """
         self._check_fitted()
         k = self._cluster_of(client, cluster)
-        Xt = self._check_score_input(X)
+        Xt = self._model_input(self._check_score_input(X))
         template, state = self.learner_template_, self.state_
         if self.method == "FedAvg+":
             return ensemble_proba(template, state, Xt).cpu().numpy().astype(np.float64)
@@ -286,6 +439,7 @@ class ClusteredFLClassifier(FederatedClassifier):
             raise ValueError("FedAvg+ has no clusters to assign; predict without client=.")
         Xt = self._check_score_input(X)
         codes = label_codes(y, self.classes_, Xt.shape[0], Xt.device)
+        Xt = self._model_input(Xt)
         template, state = self.learner_template_, self.state_
         offset = None
         if self._additive:
@@ -313,13 +467,37 @@ class ClusteredFLClassifier(FederatedClassifier):
             tensors.update({f"cluster.{k}.{name}": v for name, v in params.items()})
         if self._additive:
             tensors.update({f"global.{name}": v for name, v in state.global_model.items()})
+        bounds = getattr(self, "input_bounds_", None)
         attrs = {
             **self._common_attrs(),
             "client_clusters_": self.client_clusters_.tolist(),
             "cluster_sizes_history_": self.cluster_sizes_history_.tolist(),
             "warmup_rounds_": int(self.warmup_rounds_),
+            "input_bounds_": None if bounds is None else [list(row) for row in bounds],
+            "input_clip_": getattr(self, "input_clip_", None),
         }
+        if hasattr(self, "privacy_spent_"):
+            attrs["privacy_spent_"] = self.privacy_spent_
         return tensors, attrs
+
+    def _restore_private(self, attrs: dict) -> None:
+        """``input_bounds_``, ``input_clip_`` and ``privacy_spent_`` from saved ``attrs``
+        (absent: a fit without ``dp_epsilon``), validated."""
+        bounds, clip = attrs.get("input_bounds_"), attrs.get("input_clip_")
+        try:
+            self.input_bounds_ = (
+                None if bounds is None else public_bounds(bounds, self.n_features_in_)
+            )
+        except ValueError as error:
+            raise ModelFormatError(f"input_bounds_: {error}") from None
+        number = isinstance(clip, int | float) and not isinstance(clip, bool)
+        if clip is not None and not (number and math.isfinite(clip) and clip > 0):
+            raise ModelFormatError(f"input_clip_ must be a positive number or null; got {clip!r}.")
+        self.input_clip_ = None if clip is None else float(clip)
+        if attrs.get("privacy_spent_") is not None:
+            self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
+        elif hasattr(self, "privacy_spent_"):
+            del self.privacy_spent_
 
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore the fitted attributes from ``save``'s output, validated."""
@@ -347,6 +525,7 @@ class ClusteredFLClassifier(FederatedClassifier):
                     f"{self.n_clients_} (client_ids_)."
                 )
         self.warmup_rounds_ = get_attr(attrs, "warmup_rounds_", int, minimum=0)
+        self._restore_private(attrs)
         if self.warmup_rounds_ > self.n_rounds_:
             raise ModelFormatError(
                 f"warmup_rounds_={self.warmup_rounds_} exceeds n_rounds_={self.n_rounds_}."

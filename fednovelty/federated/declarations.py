@@ -34,22 +34,25 @@ from typing import Any
 BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bins", "model")
 
 #: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.dp`).
-PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments", "scatter", "fit")
+PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments", "scatter", "fit", "parts")
 
 #: the private forms of a reply's tensors beside its release (``ReplySpec.private_parts``):
 #: ``"histogram"``, responsibilities summed over rows (each row's sum to at most 1, so one
 #: row moves the tensor by at most 1 in L2; the gate adds the counts' noise), and
 #: ``"dp_sgd"``, learner weights the client half trained by DP-SGD under its own settings
-#: (:mod:`fednovelty.federated.dp_sgd`; the reply states ``scalars["dp_sgd_steps"]``).
-PRIVATE_PARTS: tuple[str, ...] = ("histogram", "dp_sgd")
+#: (:mod:`fednovelty.federated.dp_sgd`; the reply states ``scalars["dp_sgd_steps"]``), and
+#: ``"withheld"``, a value with no bounded sensitivity (a mean loss) that a private release
+#: sends as zeros.
+PRIVATE_PARTS: tuple[str, ...] = ("histogram", "dp_sgd", "withheld")
 
-#: the tensors each private release covers; any other tensor of a private reply needs a
-#: declared private part, or the gate refuses the reply.
+#: the tensors each private release covers (``"parts"``: none); any other tensor of a
+#: private reply needs a declared private part, or the gate refuses the reply.
 RELEASE_TENSORS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "stats": frozenset({"counts", "sums", "second", "n_samples", "log_likelihood"}),
         "moments": frozenset({"n_samples", "mean", "m2"}),
         "scatter": frozenset({"n_samples", "mean", "scatter"}),
+        "parts": frozenset(),
     }
 )
 
@@ -99,8 +102,11 @@ class ReplySpec:
       ``shift``; ``"moments"``, feature moments; ``"scatter"``, a row count, mean and scatter
       matrix; the gate adds the noise (:mod:`fednovelty.federated.dp`). ``"fit"``: a model
       the client half fitted under the policy's own mechanism, e.g. DP-EM, stating its noisy
-      releases in ``scalars["dp_releases"]``, which the gate charges); ``None``: the kind has
-      no private form and a client under a differential-privacy policy refuses it.
+      releases in ``scalars["dp_releases"]``, which the gate charges. ``"parts"``: no
+      statistics; every tensor is a declared private part (models trained by DP-SGD, withheld
+      values), the reply is one noisy release of the client's budget and no statistics
+      release in the accounting); ``None``: the kind has no private form and a client under
+      a differential-privacy policy refuses it.
     - ``private_parts``: tensor name (or prefix ending in ``"."``) -> one of
       :data:`PRIVATE_PARTS`, the private form of a tensor the release does not cover
       (:data:`RELEASE_TENSORS`), e.g. a joint model's joint counts and learners.
@@ -170,6 +176,11 @@ class ReplySpec:
                 f"ReplySpec({self.kind!r}): private_parts must map tensors to one of "
                 f"{PRIVATE_PARTS} beside a private release of {sorted(RELEASE_TENSORS)}; "
                 f"got {dict(self.private_parts)} with private={self.private!r}."
+            )
+        if self.private == "parts" and not self.private_parts:
+            raise ValueError(
+                f"ReplySpec({self.kind!r}): private='parts' releases only declared parts; "
+                "declare each tensor's private form in private_parts."
             )
 
 

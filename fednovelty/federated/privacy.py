@@ -641,7 +641,9 @@ def release(
       refused), with the client's noise (:func:`~fednovelty.federated.dp.private_reply`);
       a tensor the release does not cover needs a declared private part
       (``spec.private_parts``): a histogram gets the counts' noise, learner weights leave
-      only when the client's own ``dp_sgd`` trained them, for no more steps than it allows.
+      only when the client's own ``dp_sgd`` trained them, for no more steps than it allows,
+      and a withheld value leaves as zeros. A ``"parts"`` release covers no tensor itself:
+      it is its parts, one noisy release of the client's budget.
 
     Args:
         reply: the client step's ``Message`` (``tensors`` with shapes per its kind,
@@ -783,21 +785,27 @@ def _private(
             "releases); not released",
         )
     generator = release_generator(dp, client_id, index)
-    tensors = private_reply(
-        spec.private,
-        reply.tensors,
-        broadcast,
-        getattr(config, "covariance_type", None),
-        dp.client_noise,
-        dp.clip_norm,
-        generator,
-    )
+    if spec.private == "parts":  # no statistics: every tensor is a declared part
+        tensors = dict(reply.tensors)
+    else:
+        tensors = private_reply(
+            spec.private,
+            reply.tensors,
+            broadcast,
+            getattr(config, "covariance_type", None),
+            dp.client_noise,
+            dp.clip_norm,
+            generator,
+        )
     for name in tensors:
-        if spec.private_part(name) == "histogram" and dp.client_noise > 0:
+        part = spec.private_part(name)
+        if part == "histogram" and dp.client_noise > 0:
             spread = HISTOGRAM_SHARE * dp.client_noise
             tensors[name] = tensors[name] + gaussian_noise(
                 tensors[name].shape, spread, tensors[name], generator
             )
+        elif part == "withheld":
+            tensors[name] = torch.zeros_like(tensors[name])
     return type(reply)(reply.kind, tensors, dict(reply.scalars))
 
 

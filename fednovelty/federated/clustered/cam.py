@@ -22,10 +22,17 @@ ties, FeSEM's distance, empty clusters) are stated on :class:`ClusteredFL`. Clie
 a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,). Predictions are pure
 functions of the final :class:`ClusteredState`: :func:`cluster_log_proba`,
 :func:`ensemble_proba`.
+
+Under differential privacy (the client's ``PrivacyPolicy.dp`` and ``dp_sgd``) every model
+a client sends is trained by DP-SGD and a cluster it picks by its rows is picked by a
+report-noisy-min; the row count and the loss are withheld (``"parts"`` replies; stated on
+:class:`ClusteredFL`).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -42,7 +49,15 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.init import round_seed, server_generator
+from fednovelty.federated.dp import LEDGER_KEY, clip_rows
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, private_sgd, sgd_generator
+from fednovelty.federated.init import (
+    PrivateSettings,
+    box_units,
+    check_bounds,
+    round_seed,
+    server_generator,
+)
 from fednovelty.federated.learners import (
     OPTIMIZERS,
     LearnerFactory,
@@ -72,15 +87,21 @@ from fednovelty.mixture.kmeans import kmeans_plusplus
 __all__ = [
     "CAM_KINDS",
     "CLUSTERED_METHODS",
+    "AdditivePair",
     "ClusteredConfig",
     "ClusteredFL",
     "ClusteredState",
+    "box_rows",
+    "clipped_loss_sums",
     "cluster_log_proba",
     "ensemble_proba",
     "linear_vector",
     "mean_losses",
+    "model_rows",
     "model_template",
     "nearest_cluster",
+    "noisy_cluster_losses",
+    "private_models",
 ]
 
 #: the message kinds of the clustered algorithms' rounds.
@@ -111,7 +132,7 @@ WARMUP_SHARE = 0.3
 
 
 @settings_dataclass
-class ClusteredConfig(RobustSettings, TorchSettings):
+class ClusteredConfig(PrivateSettings, RobustSettings, TorchSettings):
     """Settings of the Fed-CAM paper's classification methods (``ClusteredFL``,
     :mod:`fednovelty.federated.clustered.cam`); the defaults are the paper's (Sec. 5: 100 rounds of
     which 30 warm-up, 10 local steps of SGD with learning rate 0.001, momentum 0.9 and
@@ -153,6 +174,19 @@ class ClusteredConfig(RobustSettings, TorchSettings):
             clients back (the paper's methods as written; collapse stays visible);
             ``"reseed"``: its model is replaced by the released client model farthest from
             its own cluster's model.
+        bounds: public per-feature bounds ``(low, high)`` (``None``: none): every client
+            maps its rows to ``[-1, 1]`` per feature before its models see them, and so must
+            predictions (:func:`model_rows`); what a private run needs, since its rows are
+            clipped to ``dp_clip`` around the origin.
+        dp_mode, dp_noise_multiplier, dp_clip: what the server knows of its clients'
+            differential-privacy policy (:class:`~fednovelty.federated.init.PrivateSettings`;
+            ``dp_mode`` set: the clients send ``"parts"`` replies, averaged with equal
+            weights, and no loss is recorded). Every mechanism of a private round runs on
+            the client (:class:`ClusteredFL`), so the mode changes nothing else.
+        dp_loss_clip: the public bound ``L`` each row's cross-entropy is clipped to in a
+            private min-loss choice (IFCA, IFCA-CAM; the noise scales with it, so it sets
+            the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``, twice
+            the loss of a uniform prediction.
         random_state: integer seed (initial models, batches, k-means++).
         dtype, device: of the models, on the server and the clients.
     """
@@ -175,6 +209,8 @@ class ClusteredConfig(RobustSettings, TorchSettings):
     kmeans_iter: int = 10
     cluster_average: str = "cluster"
     empty_clusters: str = "keep"
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    dp_loss_clip: float | None = None
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
@@ -205,6 +241,19 @@ class ClusteredConfig(RobustSettings, TorchSettings):
             self._check_choice(name, choices)
         self._set("learner_factory", as_learner(self.learner_factory))
         self._set("warmup_rounds", self._checked_warmup())
+        self._set("bounds", check_bounds(self.bounds))
+        if self.bounds is not None and len(self.bounds[0]) != self.n_features:
+            raise ValueError(
+                f"bounds give {len(self.bounds[0])} features; the rows have "
+                f"n_features={self.n_features}."
+            )
+        clip = self.dp_loss_clip
+        clip = 2 * math.log(self.n_classes) if clip is None else float(clip)
+        if not (math.isfinite(clip) and clip > 0):
+            raise ValueError(
+                f"dp_loss_clip must be a finite number > 0 or None; got {self.dp_loss_clip!r}."
+            )
+        self._set("dp_loss_clip", clip)
 
     @property
     def clustering(self) -> str:
@@ -345,6 +394,132 @@ def _unnamed(prefix: str, tensors: dict[str, Tensor], names: Sequence[str]) -> d
     return {name: tensors[f"{prefix}{name}"] for name in names}
 
 
+# ----------------------------------------------------------------------------- private rounds
+def box_rows(X: Tensor, bounds: tuple) -> Tensor:
+    """Rows (n, d) in the units of the public box ``bounds``: ``[-1, 1]`` per feature."""
+    offset, scale = box_units(bounds, X)
+    return (X - offset) / scale
+
+
+def model_rows(X: Tensor, bounds: tuple | None = None, clip: float | None = None) -> Tensor:
+    """Rows (n, d) as the models of a run see them: in the units of its public box
+    ``bounds`` (``[-1, 1]`` per feature) and clipped to the L2 radius ``clip`` around the
+    origin (a private run's ``dp_clip``), as its client halves saw theirs (``X`` itself
+    with neither)."""
+    if bounds is not None:
+        X = box_rows(X, bounds)
+    if clip is not None:
+        X = clip_rows(X, X.new_zeros(X.shape[1]), float(clip))
+    return X
+
+
+class AdditivePair(nn.Module):
+    """One client's additive model (Eq. 1): ``forward(x) = cluster(x) + global(x)``, two
+    copies of ``template`` named ``cluster`` and ``global`` (parameters ``cluster.*`` and
+    ``global.*``, as a reply names them) holding ``cluster`` and ``glob`` (frozen).
+
+    DP-SGD evaluates it with the parameters of one half given (``functional_call`` with
+    ``cluster.*`` alone, or ``global.*`` alone): that half is trained and the other is its
+    frozen copy, so one loop trains each half on the residual of the other's broadcast
+    model, the paper's parallel (FedSim) update (Eq. 5 and 8).
+    """
+
+    def __init__(
+        self, template: nn.Module, cluster: dict[str, Tensor], glob: dict[str, Tensor]
+    ) -> None:
+        super().__init__()
+        for prefix, params in (("cluster", cluster), ("global", glob)):
+            half = copy.deepcopy(template)
+            with torch.no_grad():
+                for name, value in half.named_parameters():
+                    value.copy_(params[name]).requires_grad_(False)
+            self.add_module(prefix, half)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._modules["cluster"](x) + self._modules["global"](x)
+
+
+def private_models(
+    template: nn.Module,
+    starts: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    settings: DPSGDSettings,
+    generator: torch.Generator,
+    *,
+    learning_rate: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    mu_prox: float = 0.0,
+) -> list[dict[str, Tensor]]:
+    """The ``M`` models ``starts`` trained on the same rows in one DP-SGD loop
+    (:func:`~fednovelty.federated.dp_sgd.private_sgd`: each step's per-row gradients of all
+    of them clipped together to ``settings.clip_norm``, one Gaussian mechanism a step) on the
+    mean of their cross-entropies, each row weighted ``1 / M`` per model (DP-SGD's weights
+    sum to at most 1). With ``"sgd"`` the learning rate is multiplied by ``M``, so that each
+    model takes the step of its own loss (the clip then bounds a row's gradients of the
+    ``M`` losses together at ``M * clip_norm``); Adam does not see the loss's scale.
+
+    Args:
+        template: the module the models are evaluated with (an :class:`AdditivePair` for
+            CAM's two halves).
+        starts: ``M`` parameter dicts (not modified); X: rows (n, d); y: labels (n,).
+        settings, generator: the client's own DP-SGD and private generator.
+
+    Returns:
+        ``M`` dicts of trained parameters, named as ``starts``.
+    """
+    m = len(starts)
+    weight = X.new_full((X.shape[0], m), 1.0 / m)
+    rate = learning_rate * m if optimizer == "sgd" else learning_rate
+    return private_sgd(
+        template,
+        starts,
+        X,
+        y,
+        weight,
+        settings,
+        generator,
+        learning_rate=rate,
+        optimizer=optimizer,
+        momentum=momentum,
+        mu_prox=mu_prox,
+    )
+
+
+def clipped_loss_sums(
+    template: nn.Module,
+    models: Sequence[dict[str, Tensor]],
+    X: Tensor,
+    y: Tensor,
+    offset: Tensor | None,
+    bound: float,
+) -> Tensor:
+    """Each model's sum over the rows of ``min(CE_i, bound)`` (logits plus ``offset``),
+    (len(models),) float64. One row added or removed moves each sum by at most ``bound``,
+    so the vector by at most ``sqrt(len(models)) * bound`` in L2."""
+    with torch.no_grad():
+        sums = []
+        for params in models:
+            z = logits(template, params, X)
+            z = z if offset is None else z + offset
+            per_row = nn.functional.cross_entropy(z, y, reduction="none")
+            sums.append(per_row.clamp(max=bound).sum().double().cpu())
+        return torch.stack(sums)
+
+
+def noisy_cluster_losses(
+    sums: Tensor, bound: float, multiplier: float, generator: torch.Generator
+) -> Tensor:
+    """The Gaussian mechanism on :func:`clipped_loss_sums` ``sums`` (K,): each entry plus
+    noise of standard deviation ``multiplier * sqrt(K) * bound`` (``multiplier`` times the
+    vector's L2 sensitivity) from the client's ``generator``; its argmin is the private
+    min-loss cluster (report-noisy-min, post-processing of the noisy vector)."""
+    k = sums.shape[0]
+    spread = float(multiplier) * math.sqrt(k) * float(bound)
+    return sums + spread * torch.randn(k, generator=generator, dtype=torch.float64)
+
+
 # ----------------------------------------------------------------------------- replies
 def model_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
     """A clustered round's reply: the models it trained, each of the broadcast's shapes
@@ -371,8 +546,20 @@ def check_cluster_index(reply: Message, broadcast: Message) -> None:
         )
 
 
+#: the private form of a model reply: the models trained by the client's DP-SGD; the row
+#: count (the server averages with equal weights) and the mean loss (unbounded) withheld.
+MODEL_PARTS: dict[str, str] = {
+    "n_samples": "withheld",
+    "loss": "withheld",
+    "learner.": "dp_sgd",
+    "cluster.": "dp_sgd",
+    "global.": "dp_sgd",
+}
+
+
 def _model_reply(kind: str, *checks) -> ReplySpec:
-    """A model reply of ``kind``: trained models (backed as models), row count and loss."""
+    """A model reply of ``kind``: trained models (backed as models), row count and loss;
+    under differential privacy its parts (:data:`MODEL_PARTS`)."""
     return ReplySpec(
         kind,
         shapes=model_shapes,
@@ -384,6 +571,8 @@ def _model_reply(kind: str, *checks) -> ReplySpec:
             "cluster.": "model",
             "global.": "model",
         },
+        private="parts",
+        private_parts=MODEL_PARTS,
     )
 
 
@@ -440,6 +629,62 @@ class _ModelStep(Step):
             offset=offset,
         )
 
+    def rows(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
+        """The client's rows in the public box's units when the run has ``bounds`` (the
+        chain then clips them under a differential-privacy policy)."""
+        bounds = self.config.bounds
+        return X if bounds is None else box_rows(X, bounds)
+
+    def refusal(self, kind: str, X: Tensor, context: ClientContext) -> Message | None:
+        """A skipped reply when the client releases nothing this round: fewer rows than its
+        floor, or a differential-privacy policy without DP-SGD (its models leave only
+        trained by it); else ``None``."""
+        policy = context.policy
+        if not policy.releases(X.shape[0]):
+            return skipped_reply(kind, policy.below_floor)
+        if policy.dp is not None and policy.dp_sgd is None:
+            return skipped_reply(kind, "models leave a client under DP only trained by DP-SGD")
+        return None
+
+    def private_generator(self, context: ClientContext) -> torch.Generator:
+        """The generator of a private round's mechanisms (noisy choice, DP-SGD): from the
+        client's own DP seed and its count of releases, never from the broadcast."""
+        release = int(context.state.get(LEDGER_KEY, 0))
+        return sgd_generator(context.policy.dp.seed, context.client_id, release)
+
+    def private_train(
+        self,
+        template: nn.Module,
+        starts: Sequence[dict[str, Tensor]],
+        X: Tensor,
+        y: Tensor,
+        context: ClientContext,
+        generator: torch.Generator,
+        mu_prox: float = 0.0,
+    ) -> list[dict[str, Tensor]]:
+        """The models ``starts`` trained together by the client's own DP-SGD
+        (:func:`private_models`, with the run's optimiser settings)."""
+        config = self.config
+        return private_models(
+            template,
+            starts,
+            X,
+            y,
+            context.policy.dp_sgd,
+            generator,
+            learning_rate=config.learning_rate,
+            optimizer=config.optimizer,
+            momentum=config.momentum,
+            mu_prox=mu_prox,
+        )
+
+    def weights(self, replies: dict[int, Message], like: Tensor) -> Tensor:
+        """Each reply's weight in the server's averages, (n_replies,): its row count, or 1
+        under ``dp_mode`` (the row count is withheld; the models are DP-SGD's)."""
+        if self.config.private:
+            return torch.ones(len(replies), dtype=like.dtype, device=like.device)
+        return torch.stack([r.tensors["n_samples"] for r in replies.values()]).to(like)
+
     @property
     def robust(self) -> tuple[str, float]:
         """``(aggregation, trim)`` of the config (:mod:`fednovelty.federated.robust`)."""
@@ -462,21 +707,25 @@ class _ModelStep(Step):
     def record(
         self, state: ClusteredState, replies: dict[int, Message], reseeded: int = 0
     ) -> dict[str, Any]:
-        """Append the round's cluster sizes, re-seeds and loss; the round's metrics."""
+        """Append the round's cluster sizes, re-seeds and loss (NaN under ``dp_mode``:
+        withheld); the round's metrics."""
         sizes = [0] * self.config.n_clusters
         for cluster in state.client_clusters.values():
             sizes[cluster] += 1
         state.cluster_sizes.append(sizes)
         state.reseeded.append(reseeded)
-        n = torch.stack([r.tensors["n_samples"].double().cpu() for r in replies.values()])
-        loss = torch.stack([r.tensors["loss"].double().cpu() for r in replies.values()])
-        state.losses.append(float((n * loss).sum() / n.sum()))
-        return {
+        metrics = {
             "phase": self.kinds[0],
-            "loss": state.losses[-1],
             "n_empty": sum(size == 0 for size in sizes) if state.client_clusters else 0,
             "reseeded": reseeded,
         }
+        if self.config.private:
+            state.losses.append(math.nan)
+            return metrics
+        n = torch.stack([r.tensors["n_samples"].double().cpu() for r in replies.values()])
+        loss = torch.stack([r.tensors["loss"].double().cpu() for r in replies.values()])
+        state.losses.append(float((n * loss).sum() / n.sum()))
+        return {**metrics, "loss": state.losses[-1]}
 
 
 def _reply(kind: str, X: Tensor, loss: Tensor, tensors: dict[str, Tensor], **scalars) -> Message:
@@ -487,8 +736,13 @@ def _reply(kind: str, X: Tensor, loss: Tensor, tensors: dict[str, Tensor], **sca
     return Message(kind, tensors, scalars, backing=client_backing(tensors, X.shape[0]))
 
 
-def _weights(replies: dict[int, Message], like: Tensor) -> Tensor:
-    return torch.stack([r.tensors["n_samples"] for r in replies.values()]).to(like)
+def _private_reply(
+    kind: str, X: Tensor, tensors: dict[str, Tensor], context: ClientContext, **scalars
+) -> Message:
+    """A reply of models trained by the client's DP-SGD, stating its steps; the loss is
+    not computed (the gate withholds it, and the row count)."""
+    steps = context.policy.dp_sgd.steps
+    return _reply(kind, X, X.new_zeros(()), tensors, dp_sgd_steps=steps, **scalars)
 
 
 class EnsembleStep(_ModelStep):
@@ -509,10 +763,20 @@ class EnsembleStep(_ModelStep):
 
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(ENSEMBLE_KIND, context.policy.below_floor)
+        refused = self.refusal(ENSEMBLE_KIND, X, context)
+        if refused is not None:
+            return refused
         t = self.received(message, X)
         members = [_unnamed(f"learner.{m}.", t, self.names) for m in range(self.config.n_clusters)]
+        if context.policy.dp is not None:  # every member in one DP-SGD loop, jointly clipped
+            generator = self.private_generator(context)
+            trained = self.private_train(self.template, members, X, y, context, generator)
+            tensors = {
+                learner_name(m, name): value
+                for m, params in enumerate(trained)
+                for name, value in params.items()
+            }
+            return _private_reply(ENSEMBLE_KIND, X, tensors, context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, members, X, y).mean()
         tensors = {}
@@ -523,7 +787,7 @@ class EnsembleStep(_ModelStep):
 
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         first = state.cluster_models[0][self.names[0]]
-        n = _weights(replies, first)
+        n = self.weights(replies, first)
         gammas = n.unsqueeze(1).expand(-1, self.config.n_clusters)
         state.cluster_models = robust_average_learners(
             state.cluster_models, list(replies.values()), gammas, *self.robust
@@ -551,9 +815,14 @@ class GlobalWarmupStep(_ModelStep):
 
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(WARMUP_GLOBAL_KIND, context.policy.below_floor)
+        refused = self.refusal(WARMUP_GLOBAL_KIND, X, context)
+        if refused is not None:
+            return refused
         start = _unnamed("global.", self.received(message, X), self.names)
+        if context.policy.dp is not None:
+            generator = self.private_generator(context)
+            trained = self.private_train(self.template, [start], X, y, context, generator)[0]
+            return _private_reply(WARMUP_GLOBAL_KIND, X, _named("global.", trained), context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, [start], X, y)[0]
         trained = self.train(start, X, y, generator)
@@ -562,7 +831,7 @@ class GlobalWarmupStep(_ModelStep):
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
         first = state.global_model[self.names[0]]
-        state.global_model = self.average(state.global_model, copies, _weights(replies, first))
+        state.global_model = self.average(state.global_model, copies, self.weights(replies, first))
         metrics = self.record(state, replies)
         done = self.finished_after(state, self.config.warmup_rounds)
         return (None if done else WARMUP_GLOBAL_KIND), metrics
@@ -607,7 +876,7 @@ class _KMeansServer:
         models = [_unnamed("cluster.", r.tensors, names) for r in replies.values()]
         flat = torch.stack([linear_vector(p, names) for p in models]).to(like)  # (m, P)
         columns = step.algorithm.linear_columns.to(like.device)
-        n = _weights(replies, like)
+        n = step.weights(replies, like)
         centres = torch.stack([linear_vector(p, names) for p in state.cluster_models])
         if seeded:
             k = min(config.n_clusters, len(models))
@@ -650,11 +919,17 @@ class LocalWarmupStep(_ModelStep):
 
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(WARMUP_LOCAL_KIND, context.policy.below_floor)
+        refused = self.refusal(WARMUP_LOCAL_KIND, X, context)
+        if refused is not None:
+            return refused
         start = _unnamed("learner.0.", self.received(message, X), self.names)
         if f"{KEPT}{self.names[0]}" in context.state:
             start = _unnamed(KEPT, context.state, self.names)
+        if context.policy.dp is not None:
+            generator = self.private_generator(context)
+            trained = self.private_train(self.template, [start], X, y, context, generator)[0]
+            context.state.update({f"{KEPT}{k}": v.clone() for k, v in trained.items()})
+            return _private_reply(WARMUP_LOCAL_KIND, X, _named("cluster.", trained), context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, [start], X, y)[0]
         trained = self.train(start, X, y, generator)
@@ -693,23 +968,88 @@ class ClusterStep(_ModelStep):
 
     # ------------------------------------------------------------------ client half
     def choose(
-        self, models: list[dict[str, Tensor]], X: Tensor, y: Tensor, h: Tensor | None, kept
-    ) -> tuple[int, Tensor]:
-        """The client's cluster (module docstring) and its model's loss on the rows."""
+        self,
+        models: list[dict[str, Tensor]],
+        X: Tensor,
+        y: Tensor,
+        h: Tensor | None,
+        kept,
+        with_loss: bool = True,
+    ) -> tuple[int, Tensor | None]:
+        """The client's cluster (module docstring) and its model's loss on the rows (``None``
+        for a k-means client's nearest centre ``with_loss=False``)."""
         if self.config.clustering == "kmeans" and kept is not None:
             fc = self.algorithm.linear_names
             centres = torch.stack([linear_vector(p, fc) for p in models])
             mine = linear_vector(kept, fc).to(centres).unsqueeze(0)
             cluster = int(nearest_cluster(mine, centres)[0])
+            if not with_loss:
+                return cluster, None
             return cluster, mean_losses(self.template, [models[cluster]], X, y, h)[0]
         losses = mean_losses(self.template, models, X, y, h)
         return int(losses.argmin()), losses[int(losses.argmin())]
 
+    def private_choice(
+        self,
+        models: list[dict[str, Tensor]],
+        X: Tensor,
+        y: Tensor,
+        h: Tensor | None,
+        kept,
+        context: ClientContext,
+        generator: torch.Generator,
+    ) -> int:
+        """The client's cluster under its differential-privacy policy (:class:`ClusteredFL`):
+        FeSEM's nearest centre to the model it released last (post-processing), or a
+        uniformly random cluster without one (its rows unread); IFCA's min-loss by
+        report-noisy-min (:func:`noisy_cluster_losses` of the clipped loss sums, multiplier
+        ``HISTOGRAM_SHARE * z`` of the client's own ``z``)."""
+        if self.config.clustering == "kmeans":
+            if kept is not None:
+                return self.choose(models, X, y, h, kept, with_loss=False)[0]
+            return int(torch.randint(len(models), (1,), generator=generator))
+        bound = self.config.dp_loss_clip
+        sums = clipped_loss_sums(self.template, models, X, y, h, bound)
+        multiplier = HISTOGRAM_SHARE * context.policy.dp.noise_multiplier
+        return int(noisy_cluster_losses(sums, bound, multiplier, generator).argmin())
+
+    def private_step(
+        self,
+        models: list[dict[str, Tensor]],
+        glob: dict[str, Tensor] | None,
+        X: Tensor,
+        y: Tensor,
+        h: Tensor | None,
+        kept,
+        context: ClientContext,
+    ) -> Message:
+        """The client half under its differential-privacy policy: the private choice, then
+        its cluster's model (CAM: and the global model, each on the residual of the
+        other's broadcast model, in one loop: :class:`AdditivePair`) by DP-SGD."""
+        config = self.config
+        generator = self.private_generator(context)
+        cluster = self.private_choice(models, X, y, h, kept, context, generator)
+        pull = config.kmeans_reg if config.clustering == "kmeans" else 0.0
+        if glob is None:
+            start = [models[cluster]]
+            theta = self.private_train(self.template, start, X, y, context, generator, pull)[0]
+            tensors = _named("cluster.", theta)
+        else:
+            pair = AdditivePair(self.template, models[cluster], glob)
+            start = [_named("cluster.", models[cluster]), _named("global.", glob)]
+            halves = self.private_train(pair, start, X, y, context, generator, pull)
+            tensors = {**halves[0], **halves[1]}
+            theta = _unnamed("cluster.", tensors, self.names)
+        if config.clustering == "kmeans":
+            context.state.update({f"{KEPT}{k}": v.clone() for k, v in theta.items()})
+        return _private_reply(CLUSTER_KIND, X, tensors, context, cluster=cluster)
+
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
         config = self.config
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(CLUSTER_KIND, context.policy.below_floor)
+        refused = self.refusal(CLUSTER_KIND, X, context)
+        if refused is not None:
+            return refused
         t = self.received(message, X)
         models = [_unnamed(f"learner.{k}.", t, self.names) for k in range(config.n_clusters)]
         glob = _unnamed("global.", t, self.names) if config.additive else None
@@ -718,6 +1058,8 @@ class ClusterStep(_ModelStep):
         kept = None
         if f"{KEPT}{self.names[0]}" in context.state:
             kept = _unnamed(KEPT, context.state, self.names)
+        if context.policy.dp is not None:
+            return self.private_step(models, glob, X, y, h, kept, context)
         cluster, loss = self.choose(models, X, y, h, kept)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         pull = config.kmeans_reg if config.clustering == "kmeans" else 0.0
@@ -734,8 +1076,10 @@ class ClusterStep(_ModelStep):
     # ------------------------------------------------------------------ server half
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         config = self.config
+        if config.private and config.clustering == "min_loss":
+            replies = self.naming_clusters(replies)
         like = state.cluster_models[0][self.names[0]]
-        n = _weights(replies, like)
+        n = self.weights(replies, like)
         if config.additive:
             copies = [_unnamed("global.", r.tensors, self.names) for r in replies.values()]
             state.global_model = self.average(state.global_model, copies, n)
@@ -746,6 +1090,24 @@ class ClusterStep(_ModelStep):
         reseeded = self.algorithm.reseed(state, replies)
         metrics = self.record(state, replies, reseeded)
         return (None if self.finished_after(state, config.rounds) else CLUSTER_KIND), metrics
+
+    def naming_clusters(self, replies: dict[int, Message]) -> dict[int, Message]:
+        """The replies whose ``cluster`` is a cluster index: the server gate checks a noisy
+        (``dp_mode``) reply for form and finiteness only, so a private min-loss round drops
+        the others here.
+
+        Raises:
+            ValueError: no reply names a cluster.
+        """
+        k = self.config.n_clusters
+        kept = {}
+        for cid, reply in replies.items():
+            cluster = reply.scalars.get("cluster")
+            if not isinstance(cluster, bool) and isinstance(cluster, int) and 0 <= cluster < k:
+                kept[cid] = reply
+        if not kept:
+            raise ValueError(f"no reply of the round names a cluster in [0, {k}).")
+        return kept
 
     def average_clusters(self, state: ClusteredState, replies: dict[int, Message], n: Tensor):
         """IFCA: each cluster model from its clients' copies (``cluster_average``)."""
@@ -827,6 +1189,31 @@ class ClusteredFL(ChainedAlgorithm):
       its own mean loss (as FedAvg's local training), the pull ``kmeans_reg`` added.
     - **The privacy floor**: a client with fewer rows than its ``min_rows`` trains nothing and
       releases nothing (``skipped``), so the server never learns its cluster.
+
+    Under differential privacy (the client's own ``PrivacyPolicy.dp`` and ``dp_sgd``; the
+    server's ``dp_mode`` set) every reply is a ``"parts"`` release (:data:`MODEL_PARTS`),
+    every mechanism runs on the client, from its own generator, in every ``dp_mode``:
+
+    - **Models**: every model a client sends is trained by its own DP-SGD
+      (:func:`private_models`: ``dp_sgd.steps`` Poisson-sampled steps, not ``local_steps``
+      mini-batches); the models one round trains on the same rows share one loop and one
+      joint clip, one Gaussian mechanism a step: FedAvg+'s ``K`` members, and CAM's cluster
+      and global halves (:class:`AdditivePair`, each on the residual of the other's
+      broadcast model as in the FedSim update). The proximal pull ``kmeans_reg`` of
+      FeSEM-CAM then applies to both halves.
+    - **The cluster choice**: IFCA's and IFCA-CAM's min-loss is a report-noisy-min: each
+      row's cross-entropy under each cluster model is clipped to ``dp_loss_clip`` (``L``),
+      summed per cluster, and the vector (L2 sensitivity ``sqrt(K) L``) gets Gaussian noise
+      of multiplier ``HISTOGRAM_SHARE * z`` (the client's ``z``) before its argmin: one
+      mechanism a clustered round, which costs what a released histogram does
+      (:meth:`private_choices`). FeSEM's nearest centre to the model the client released
+      last is post-processing of that release; a client without one (not asked during the
+      warm-up) joins a uniformly random cluster.
+    - **Withheld**: the row count (the server averages the clients' models, FeSEM's
+      k-means centres included, with equal weights, and ``cluster_average="global"`` counts
+      clients) and the mean loss (no bound; the rounds record NaN).
+    - **Not covered**: which clients take part in a round (a client with at least one row
+      replies) and, as for every private reply, the reply's timing and size.
     """
 
     labelled = True
@@ -860,6 +1247,13 @@ class ClusteredFL(ChainedAlgorithm):
         else:
             steps = [GlobalWarmupStep(self), ClusterStep(self)]
         self._chain(steps)
+
+    def private_choices(self, kind: str) -> int:
+        """The noisy cluster choices a client makes in one round of ``kind`` under
+        differential privacy (each one Gaussian mechanism of multiplier ``HISTOGRAM_SHARE *
+        z``, the cost of one released histogram): 1 in IFCA's and IFCA-CAM's clustered
+        rounds, else 0."""
+        return int(kind == CLUSTER_KIND and self.config.clustering == "min_loss")
 
     def new_state(self) -> ClusteredState:
         config = self.config
