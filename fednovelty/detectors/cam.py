@@ -127,7 +127,8 @@ def private_plan(
     bounds); the models' guarantee does not rest on that clipping.
 
     Raises:
-        ValueError: bad ``dp_bounds``.
+        ValueError: bad ``dp_bounds``; settings without a private form (a robust
+            ``aggregation``, a ``client_weight_cap``), before any calibration.
     """
     epsilon = getattr(estimator, "dp_epsilon", None)
     if epsilon is None:
@@ -136,6 +137,7 @@ def private_plan(
     d, epsilon, delta = config.n_features, float(epsilon), float(estimator.dp_delta)
     bounds = public_bounds(estimator.dp_bounds, d)
     clip = math.sqrt(d) if estimator.dp_clip == "auto" else float(estimator.dp_clip)
+    replace(config, dp_mode="local", dp_clip=clip, bounds=bounds)  # refused before calibrating
     rate, steps = float(estimator.dp_sample_rate), int(config.local_steps)
     rounds = config.rounds
     choices = algorithm.private_choices(CLUSTER_KIND) * (rounds - config.warmup_rounds)
