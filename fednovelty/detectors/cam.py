@@ -261,7 +261,7 @@ class ClusteredFLClassifier(FederatedClassifier):
             "the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``.",
         ),
         RUNTIME,
-        defaults={"dtype": "float32", "learner": "mlp", "dp_learner_share": 0.8},
+        defaults={"dtype": "float32", "learner": "mlp"},
         docs={
             "rounds": "Warm-up included (the paper: 100).",
             "aggregation": "Applies to every model the server averages.",

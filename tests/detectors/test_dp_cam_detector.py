@@ -26,7 +26,7 @@ OPTIONS = dict(
     dtype="float64",
     random_state=0,
 )
-PRIVATE = dict(dp_epsilon=4.0, dp_bounds=BOUNDS, dp_sample_rate=0.2)
+PRIVATE = dict(dp_epsilon=4.0, dp_bounds=BOUNDS, dp_sample_rate=0.2, dp_learner_share=0.8)
 
 
 @pytest.fixture(scope="module")

@@ -186,7 +186,8 @@ class ClusteredConfig(PrivateSettings, RobustSettings, TorchSettings):
         dp_loss_clip: the public bound ``L`` each row's cross-entropy is clipped to in a
             private min-loss choice (IFCA, IFCA-CAM; the noise scales with it, so it sets
             the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``, twice
-            the loss of a uniform prediction.
+            the loss of a uniform prediction (clipping at the uniform loss itself hid the
+            gap between two clusters' models on a two-class task).
         random_state: integer seed (initial models, batches, k-means++).
         dtype, device: of the models, on the server and the clients.
     """
@@ -1213,7 +1214,9 @@ class ClusteredFL(ChainedAlgorithm):
       k-means centres included, with equal weights, and ``cluster_average="global"`` counts
       clients) and the mean loss (no bound; the rounds record NaN).
     - **Not covered**: which clients take part in a round (a client with at least one row
-      replies) and, as for every private reply, the reply's timing and size.
+      replies), the reply's timing and size, and the row count: DP-SGD divides each step by
+      the expected sample ``q n`` (:mod:`~fednovelty.federated.dp_sgd` treats ``n`` as
+      public), so withholding ``n_samples`` does not hide it from the models' scale.
     """
 
     labelled = True
