@@ -18,7 +18,7 @@ from fednovelty.federated.bayesian.vgm2 import (
     embed,
     reply_problem,
 )
-from fednovelty.federated.dp import DPPolicy
+from fednovelty.federated.dp import DPPolicy, release_generator
 from fednovelty.federated.dp_sgd import DPSGDSettings, sgd_generator
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.mixture.dirnig import (
@@ -158,6 +158,33 @@ def test_one_noise_free_fedavg_step_is_the_clipped_rows_by_hand() -> None:
     for name, start, total in zip(names, starts, totals, strict=True):
         expected = _adam_first_step(start, total / 6, algorithm.config.learning_rate)
         np.testing.assert_allclose(reply.tensors[name].numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- the gate
+def test_gate_releases_dp_sgd_markers_and_noises_the_count() -> None:
+    """The reply's private form is its parts: the markers leave as trained, the row count
+    with the histogram's noise ``8 z`` drawn from the client's first release generator."""
+    algorithm = VGM2(6, 2, **SMALL)
+    data, policy = make_client(), private_policy()
+    assert algorithm.reply_spec("vgm2").private == "parts"
+    trained, _ = answer(algorithm, data, policy)
+    message = algorithm.steps[0].configure(algorithm.new_state())
+    message.scalars["seed"] = 0
+    released = algorithm.answer(data, message, ClientContext(3, {}, policy))
+    assert torch.equal(released.tensors["markers"], trained.tensors["markers"])
+    noise = torch.randn((), generator=release_generator(policy.dp, 3, 0), dtype=F64)
+    torch.testing.assert_close(
+        released.tensors["n_samples"], 12 + 8 * 2.0 * noise, rtol=1e-12, atol=1e-12
+    )
+
+
+def test_gate_refuses_markers_not_trained_by_dp_sgd() -> None:
+    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, 10, 7))
+    algorithm = VGM2(6, 2, **SMALL)
+    message = algorithm.steps[0].configure(algorithm.new_state())
+    released = algorithm.answer(make_client(), message, ClientContext(3, {}, policy))
+    assert released.scalars["skipped"] and not released.tensors
+    assert "not trained by DP-SGD" in released.scalars["reason"]
 
 
 # ----------------------------------------------------------------------------- server half

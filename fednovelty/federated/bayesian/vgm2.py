@@ -40,12 +40,7 @@ from torch.func import functional_call
 
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import TorchSettings, at_least, settings_dataclass
-from fednovelty.federated.declarations import (
-    PRIVATE_RELEASES,
-    RELEASE_TENSORS,
-    ReplySpec,
-    declare,
-)
+from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.dp import LEDGER_KEY
 from fednovelty.federated.dp_sgd import DPSGDSettings, private_sgd, sgd_generator
 from fednovelty.federated.init import DP_MODES, round_seed
@@ -559,17 +554,8 @@ def classes_limit(config: VGM2Config, broadcast: Message) -> int:
     return int(config.n_classes)
 
 
-def _parts_release() -> str | None:
-    """The declarations' release form for a reply made only of private parts (one that
-    covers at most the row count), or ``None`` where the declarations have none: then a
-    ``vgm2`` reply has no private form and a client under differential privacy refuses it."""
-    for form in PRIVATE_RELEASES:
-        if form in RELEASE_TENSORS and RELEASE_TENSORS[form] <= {"n_samples"}:
-            return form
-    return None
-
-
-#: the private form of a ``vgm2`` reply's tensors: what trains on the rows leaves only by
+#: the private form of a ``vgm2`` reply's tensors (its release is ``"parts"``: no summed
+#: statistics, one noisy release of the client's budget): what trains on the rows leaves only by
 #: DP-SGD (the markers, FedAvg's encoder and head), the row count as a one-bin histogram
 #: (each row adds 1). The loss has none (withheld under DP); nor have the prototype
 #: baseline's prototypes and class counts (refused).
@@ -579,7 +565,6 @@ VGM2_PRIVATE_PARTS: dict[str, str] = {
     "encoder.": "dp_sgd",
     "head.": "dp_sgd",
 }
-_VGM2_RELEASE = _parts_release()
 
 #: a ``vgm2`` reply (:func:`vgm2_shapes`).
 VGM2_REPLY = ReplySpec(
@@ -596,12 +581,8 @@ VGM2_REPLY = ReplySpec(
         "head.": "model",
     },
     limit=classes_limit,
-    private=_VGM2_RELEASE,
-    private_parts={
-        name: part
-        for name, part in VGM2_PRIVATE_PARTS.items()
-        if _VGM2_RELEASE is not None and name not in RELEASE_TENSORS[_VGM2_RELEASE]
-    },
+    private="parts",
+    private_parts=VGM2_PRIVATE_PARTS,
 )
 
 

@@ -79,3 +79,31 @@ def test_the_prototype_baseline_is_refused_under_dp() -> None:
         VGM2Classifier(method="prototype", dp_epsilon=1.0, rounds=1, hidden=4).fit(
             X, y, np.repeat([0, 1], 20)
         )
+
+
+def test_a_private_fit_runs_through_the_gate_and_reports_what_it_spent() -> None:
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2, 3], 15)
+    X = rng.normal(0, 0.3, (60, 5)) + np.eye(5)[y] * 3
+    groups = np.repeat([0, 1], 30)
+    clf = VGM2Classifier(
+        dp_epsilon=1.0,
+        dp_mode="local",
+        dp_sample_rate=0.5,
+        rounds=2,
+        local_epochs=1,
+        hidden=8,
+        embedding_dim=3,
+        clients_per_round=2,
+        random_state=0,
+    ).fit(X, y, groups)
+    assert [r["n_invalid"] for r in clf.history_] == [0, 0]
+    assert all(r["n_replied"] == 2 for r in clf.history_)
+    record = clf.privacy_spent_
+    expected = _epsilon_by_hand(  # 2 rounds of ceil(1 / 0.5) = 2 steps
+        record["noise_multiplier"], record["sgd_noise_multiplier"], 0.5, 2, 2
+    )
+    assert record["epsilon"] == pytest.approx(expected, rel=2e-3)
+    assert 0.9 < record["epsilon"] <= 1.0 + 1e-6 and record["sgd_steps"] == 2 * 2
+    assert np.isfinite(clf.markers_).all()
+    assert clf.predict_y(X[:30], client=0).shape == (30,)
