@@ -10,10 +10,14 @@ second moments); block ``b`` gets noise of multiplier ``z * s_b`` with ``sum_b 1
 - ``derived``: :func:`~fednovelty.federated.dp.stats_split` of the task's ``d`` and ``K``
   (the first-order expected KL of a noisy M-step, minimised in closed form; the row count
   cancels at first order, so it needs no size);
+- ``size-aware``: from a public size hint (here the task's training rows over ``K``), the
+  derived split where the covariances are resolved (:func:`noise_ratio` <= 1), else the
+  fixed split with a count floor that shrinks noisy means (:func:`size_aware_split`);
 - ``counts``: a third of the budget on the counts (``s_counts = 1``), the rest split between
   first and second moments as ``derived`` does: what "spend more on the counts" means.
 
-Three sections:
+The ``mean without 10_cover`` rows of the AUROC table average the small sets (their ``rows``
+and ``d`` read 0). Three sections:
 
 1. ``split``: each task's derived split and the first-order error of the fixed split over
    the derived one's (:func:`~fednovelty.federated.dp.split_error`).
