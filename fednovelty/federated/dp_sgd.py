@@ -1,39 +1,27 @@
 """Differentially private SGD for the learners, and its accounting beside the statistics'.
 
-A learner (:mod:`fednovelty.federated.learners`) trained on a client's rows and sent to the
-server reveals those rows as much as its gradients do. DP-SGD (Abadi et al., *Deep Learning
-with Differential Privacy*, CCS 2016) bounds that per row: each step draws a Poisson sample
-of the rows (every row independently with probability ``q``, from the client's own
-generator), computes each sampled row's gradient (``torch.func``: ``vmap`` of ``grad``),
-clips it to L2 norm ``C`` over all the learners' parameters together, adds Gaussian noise
-of standard deviation ``sigma * C`` to the sum and divides by the expected sample size
-``q * n`` (:func:`private_sgd`). One step is a Poisson-subsampled Gaussian mechanism; the
-trained weights are post-processing of the noisy steps, whoever sees them.
+A learner trained on a client's rows and sent to the server reveals them as much as its
+gradients do. DP-SGD (Abadi et al., CCS 2016) bounds that per row (:func:`private_sgd`):
+each step draws a Poisson sample of the rows (rate ``q``, from the client's own generator),
+takes each sampled row's gradient (``torch.func``: ``vmap`` of ``grad``), clips it to L2 norm
+``C`` over all the learners' parameters together, adds Gaussian noise ``sigma * C`` to the
+sum and divides by the expected sample ``q * n``. A step is a Poisson-subsampled Gaussian
+mechanism; the trained weights are post-processing.
 
-A row's loss is ``sum_m w(m) CE(y, f_m(x))`` over the ``M`` learners with responsibilities
-``w(m) >= 0`` summing to at most 1 (FedGMM's joint E-step), so one clipped gradient of all
-the learners' parameters bounds what a row changes in all of them at once: the ``M``
-learners cost one mechanism a step, not ``M``. Another per-row loss (``row_loss``) keeps the
-bound: clipping, not the loss, sets it.
-
-A loss of pairs of rows (a metric learner's same-class probability of two rows) is not a
-sum over rows. :func:`private_sgd` with ``pairs=True`` puts each step's sampled rows in a
-uniformly random cyclic order and makes every sampled row one unit with its successor
-(:func:`pair_units`); each unit's gradient is clipped to ``C / 3`` (:func:`pair_settings`).
-Adding a row ``x`` to the sample (the coupling deletes ``x`` from the cycle, which leaves a
-uniform cycle of the rest) adds its own unit and turns its predecessor's unit ``(p, s)``
-into ``(p, x)``: at most ``C / 3 + 2 C / 3 = C`` in L2, and nothing when ``x`` is not
-sampled. Each step is therefore the Poisson-subsampled Gaussian mechanism of sensitivity
-``C`` (a mixture over the cycle's randomness of such mechanisms), with noise ``sigma * C``
-and the same accounting.
+A row's loss is ``sum_m w(m) CE(y, f_m(x))`` with responsibilities summing to at most 1
+(``row_loss`` replaces the cross-entropy), so one clipped gradient bounds what a row changes
+in all ``M`` learners: one mechanism a step, not ``M``. A loss of pairs of rows
+(``pairs=True``) puts each step's sample in a random cycle, each row one unit with its
+successor (:func:`pair_units`), each unit clipped to ``C / 3`` (:func:`pair_settings`):
+adding a row adds its unit and changes its predecessor's, at most ``C`` in all, so the
+accounting is the same (the argument in ``docs/differential_privacy.md``).
 
 Accounting (:func:`learning_epsilon`): the statistics' releases compose into one Gaussian
-mechanism (:func:`~fednovelty.federated.dp.epsilon_spent`), the steps into a self-composed
-Poisson-subsampled Gaussian, and dp-accounting's privacy-loss-distribution accountant
-composes the two. :func:`calibrate_learning` finds the statistics' multiplier ``z`` and the
-steps' ``sigma`` that spend a budget together, splitting it by ``share`` (the statistics'
-part of ``mu**2`` in Gaussian differential privacy, with the steps' ``mu`` from Bu et al.'s
-central-limit approximation, used only to pick the split: the accountant of record decides).
+mechanism, the steps into a self-composed Poisson-subsampled Gaussian, and dp-accounting's
+PLD accountant composes the two. :func:`calibrate_learning` finds the statistics' ``z`` and
+the steps' ``sigma`` that spend a budget together, splitting it by ``share`` of ``mu**2`` in
+Gaussian differential privacy (the steps' ``mu`` from Bu et al.'s central-limit
+approximation, used only to pick the split: the accountant of record decides).
 """
 
 from __future__ import annotations

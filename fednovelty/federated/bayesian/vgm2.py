@@ -21,11 +21,8 @@ The losses, prediction rule and the choices where the paper is silent are stated
 leaves it is trained by DP-SGD (:mod:`fednovelty.federated.dp_sgd`): VGM2's encoder and
 markers on pairs of rows, FedAvg's network on the cross-entropy; the row count is a noisy
 histogram, the loss is withheld, and the prototype baseline has no private form
-(:class:`VGM2`, "Differential privacy"). Client data is a pair ``(X, y)``: rows (n_c,
-n_features) and integer labels (n_c,). A client keeps ``vgm2.encoder.*``, ``vgm2.head.*``,
-``vgm2.markers`` and its graph ``vgm2.graph.*`` in ``ClientContext.state``; the server
-validates every reply against the broadcast (:func:`reply_problem`) and drops a bad one
-(``n_invalid`` in the metrics).
+(:class:`VGM2`, "Differential privacy"). Client data is a pair ``(X, y)``; the server
+drops a reply that :func:`reply_problem` finds bad (``n_invalid`` in the metrics).
 """
 
 from __future__ import annotations

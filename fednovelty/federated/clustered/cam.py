@@ -17,16 +17,11 @@ Five methods of the paper's Table 1, one algorithm :class:`ClusteredFL` set by
   logits, ``F_i(x) = h(x; Theta_g) + f(x; Theta_c(i))``; each round a client trains each
   half on the residual of the other, after a warm-up.
 
-The warm-up and the choices where the paper is silent (who decides a client's cluster,
-ties, FeSEM's distance, empty clusters) are stated on :class:`ClusteredFL`. Client data is
-a pair ``(X, y)``: rows (n_c, n_features) and integer labels (n_c,). Predictions are pure
-functions of the final :class:`ClusteredState`: :func:`cluster_log_proba`,
-:func:`ensemble_proba`.
-
-Under differential privacy (the client's ``PrivacyPolicy.dp`` and ``dp_sgd``) every model
-a client sends is trained by DP-SGD and a cluster it picks by its rows is picked by a
-report-noisy-min; the row count and the loss are withheld (``"parts"`` replies; stated on
-:class:`ClusteredFL`).
+The warm-up, the choices where the paper is silent and the private rounds (under the
+client's ``PrivacyPolicy.dp`` and ``dp_sgd``: models by DP-SGD, a cluster picked by
+report-noisy-min, row count and loss withheld) are stated on :class:`ClusteredFL`. Client
+data is a pair ``(X, y)``; predictions are pure functions of the final
+:class:`ClusteredState`: :func:`cluster_log_proba`, :func:`ensemble_proba`.
 """
 
 from __future__ import annotations

@@ -309,7 +309,9 @@ class JointEMStep(Step):
             source = context.state  # Local: continue from this client's own learners
         learners = [{name: source[learner_name(m2, name)] for name in names} for m2 in range(k2)]
         n = X.shape[0]
-        log_pi = context.state.get("log_joint_weights")
+        # under DP weights kept from exact counts would carry a row into later rounds
+        own = context.policy.dp is None
+        log_pi = context.state.get("log_joint_weights") if own else None
         if log_pi is None:
             log_pi = (t["weights"].unsqueeze(1) / k2).log().expand(k1, k2)
         log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], ct)  # (n, M1)

@@ -12,27 +12,16 @@ EM's exact M-step (``"exact"``). The round is stated on :class:`PFedEM`; the fir
 from federated EM's initialisation and sub-models from ``learner_factory`` under
 ``random_state``.
 
-Inference (Eq. 15): ``P(y | x) = sum_k pi_k P_k(y | x)`` with the client's weights (or the
-global ones): :func:`pfedem_predict_proba`.
-
+Inference (Eq. 15, :func:`pfedem_predict_proba`): ``P(y | x) = sum_k pi_k P_k(y | x)``.
 Clients enforce their privacy floor: below ``min_rows`` rows they skip; a component whose
-partition holds fewer than ``min_rows`` rows, or whose responsibilities have fewer than
-``min_rows`` effective rows (Kish's ``(sum r)^2 / sum r^2``: a wide component whose few far
-rows carry most of its weight), is sent as zeros and its sub-model as broadcast (no weight in
-the average).
-
-Under differential privacy (``dp_mode`` with ``bounds``, and the client's own
-``PrivacyPolicy.dp``) a client's reply leaves only in declared private forms: the summed
-statistics of the exact aggregation (``"stats"``; the paper's per-client means and
-variances have no sensitivity bound, so ``gaussian_aggregation="paper"`` is refused with
-``dp_mode`` and the client gate refuses them anyway), the hard counts as a histogram (one
-row is one one-hot count: sensitivity 1) and the sub-models trained by the client's DP-SGD
-(:func:`~fednovelty.federated.dp_sgd.private_sgd` with the one-hot partition as the (n, K)
-weight, so one clipped gradient per row covers every sub-model). The server then averages
-the sub-models without exact per-client weights (uniformly in ``"central"`` mode, by the
-noisy hard counts otherwise), sums the hard counts with its own noise in ``"central"``
-mode (:func:`~fednovelty.federated.joint_models.joint.histogram_sum`) and keeps per-client
-weights only from noisy counts.
+partition or whose responsibilities (Kish's effective rows) hold fewer than ``min_rows`` rows
+is sent as zeros and its sub-model as broadcast. Under differential privacy (``dp_mode`` with
+``bounds``, and the client's own ``PrivacyPolicy.dp``) the reply leaves as the exact
+aggregation's summed statistics, the hard counts as a histogram and the sub-models trained
+by the client's DP-SGD with the one-hot partition as weight (``"paper"`` aggregation has no
+sensitivity bound and is refused); the server averages sub-models without exact per-client
+weights and sums the hard counts with its own noise in ``"central"`` mode
+(``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations
@@ -323,7 +312,8 @@ class PFedEMStep(JointEMStep):
         template = algorithm._template(Z.shape[1])
         names = [name for name, _ in template.named_parameters()]
         learners = [{name: t[learner_name(j, name)] for name in names} for j in range(k)]
-        log_pi = context.state.get("log_weights")
+        # under DP weights kept from exact counts would carry a row into later rounds
+        log_pi = context.state.get("log_weights") if context.policy.dp is None else None
         if log_pi is None:
             log_pi = t["weights"].log()
         n = X.shape[0]

@@ -6,7 +6,8 @@ moments about the shift, log-likelihood); the server adds them and runs the M-st
 ``mixture_weights="global"`` (DEM) the sums are those of the pooled rows, so any split into
 clients follows scikit-learn's ``GaussianMixture`` to round-off. With ``"personal"``
 (FedGMM) each client keeps its own weights ``pi_c`` and uses them in its E-step; the counts
-it sends (``n_c * pi_c``) tell the server ``pi_c`` (``EMState.client_weights``). Summing
+it sends (``n_c * pi_c``) tell the server ``pi_c`` (under DP the E-step reads the
+broadcast weights: kept exact counts would carry a row into later rounds). Summing
 second moments about a common shift, rather than averaging covariances taken about client
 means as the paper's Algorithm 2 does, is exact for covariances too, at the same bytes.
 
@@ -273,7 +274,10 @@ class EMStep(Step):
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         ct = self.config.covariance_type
         personal = self.config.mixture_weights == "personal"
-        log_weights = context.state.get("log_weights") if personal else None
+        # under DP a row may move only its own round's statistics: weights kept from exact
+        # counts of earlier rounds would carry it into every later round (module docstring)
+        kept = personal and context.policy.dp is None
+        log_weights = context.state.get("log_weights") if kept else None
         if log_weights is None:
             log_weights = t["weights"].log()
         policy = context.policy
