@@ -284,19 +284,13 @@ def em_notes(r: dict[str, float]) -> str:
 
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower"
-#: run-config keys of a secure run, declared in the copied app's ``pyproject.toml`` (Flower
-#: refuses overrides of undeclared keys).
-SECURE_DECLARED = {"secure-sum": "false", "secure-max-rows": "1", "secure-bits": "48"}
 FLOWER_NODES, FLOWER_ROUNDS = 3, 5
 
 
 def flower_app(work: Path) -> Path:
-    """A copy of ``examples/flower`` whose run config declares the ``secure-*`` keys."""
+    """A copy of ``examples/flower`` (its run config declares the ``secure-*`` keys)."""
     app = work / "app"
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    project = app / "pyproject.toml"
-    extra = "".join(f"{key} = {value}\n" for key, value in SECURE_DECLARED.items())
-    project.write_text(project.read_text() + extra)
     return app
 
 

@@ -574,25 +574,16 @@ EM_PARAMS = {
     "dp_noise_multiplier": Z,
     "dp_clip": CLIP,
 }
-#: the run-config keys a secure run sets, declared in the copied app's pyproject.toml.
-SECURE_DEFAULTS = {"secure-sum": False, "secure-max-rows": 1, "secure-threshold": 0.5,
-                   "secure-bits": 48}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
-    from fednovelty.runtime.flower.deploy import toml_value
-
     work = tmp_path_factory.mktemp("flower_secure")
     configs = []
     for i, part in enumerate(_parts()):
         np.save(work / f"part{i}.npy", part)
         configs.append({**_node_config(i), "data-path": str(work / f"part{i}.npy")})
-    for federation, app in deployment(configs, work):
-        project = app / "pyproject.toml"  # declare the keys a run may override
-        lines = "".join(f"{k} = {toml_value(v)}\n" for k, v in SECURE_DEFAULTS.items())
-        project.write_text(project.read_text() + lines)
-        yield federation, app
+    yield from deployment(configs, work)
 
 
 @pytest.mark.slow
