@@ -394,6 +394,10 @@ class LocalFederation:
                 ``result-path`` defaults to a fresh file in the workdir.
             timeout: seconds before ``flwr run`` is stopped.
 
+        The output of ``flwr run --stream`` (the ServerApp's log: one line per round,
+        every dropped reply) is written to ``workdir/run<k>.log`` as it arrives, ``k``
+        counting this federation's runs (:meth:`run_log`): tail it to follow a run.
+
         Raises:
             RuntimeError: ``flwr run`` failed or wrote no result (the message holds its
                 output and the SuperLink log's end).
@@ -416,24 +420,25 @@ class LocalFederation:
             "--run-config",
             str(overrides),
         ]
-        process = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env(),
-            cwd=self.path,
-            start_new_session=True,
-        )
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _terminate_group(process, self.grace)
-            output, _ = process.communicate()
-            raise RuntimeError(
-                f"flwr run did not finish within {timeout:.0f} s:\n{_text(output)[-3000:]}"
-            ) from None
-        (self.path / f"run{self._runs}.log").write_bytes(output)
+        log = self.run_log()
+        with open(log, "wb") as stream:
+            process = subprocess.Popen(
+                args,
+                stdout=stream,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(),
+                cwd=self.path,
+                start_new_session=True,
+            )
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _terminate_group(process, self.grace)
+                raise RuntimeError(
+                    f"flwr run did not finish within {timeout:.0f} s:\n{tail(log)}"
+                ) from None
+        output = log.read_bytes()
         if process.returncode != 0 or not result_path.exists():
             raise RuntimeError(
                 f"flwr run exited with {process.returncode} and "
@@ -442,6 +447,11 @@ class LocalFederation:
                 f"{tail(self.path / 'superlink.log')}"
             )
         return load_result(result_path)
+
+    def run_log(self, run: int | None = None) -> Path:
+        """Where the output of run ``run`` (1-based; default the latest :meth:`run_app`)
+        is written, as it arrives."""
+        return self.path / f"run{self._runs if run is None else run}.log"
 
     def stop(self) -> None:
         """SIGTERM the SuperNodes' then the SuperLink's process groups; SIGKILL after

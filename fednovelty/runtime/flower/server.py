@@ -24,7 +24,9 @@ What the engine adds for real nodes:
   others. A round with fewer than ``min_clients`` valid replies is recorded as failed and
   asked again; ``max_failed_rounds`` failed rounds in a row stop the run with a
   :class:`~fednovelty.exceptions.FederationError`. Each round waits at most
-  ``round_timeout`` seconds.
+  ``round_timeout`` seconds for a node; a node the SuperLink already counts as gone
+  (it missed its heartbeats) is dropped at once with Flower's ``NODE_UNAVAILABLE`` reason
+  (:func:`attribute_reply`).
 - **Bytes.** ``RoundRecord.bytes_down`` / ``bytes_up`` count fednovelty payload bytes as the
   simulation does; the metrics add ``wire_bytes_down`` / ``wire_bytes_up``, the bytes of the
   Flower records (``.npy`` headers and names included).
@@ -44,6 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -115,17 +118,56 @@ def exchange(
         Message(content, dst_node_id=node, message_type=message_type, group_id=group_id)
         for node, content in contents.items()
     ]
-    pending = {i for i in grid.push_messages(messages) if i}
+    ids = list(grid.push_messages(messages))
+    sent = {i: int(m.metadata.dst_node_id) for i, m in zip(ids, messages, strict=False) if i}
+    pending = set(sent)
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
     while pending:
         got = list(grid.pull_messages(pending))
-        replies.extend(got)
+        replies.extend(attribute_reply(m, sent) for m in got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll)
     return replies
+
+
+@dataclass(frozen=True)
+class ReplyOrigin:
+    """The metadata :func:`receive_replies` reads: who a reply is from, what it answers."""
+
+    src_node_id: int
+    reply_to_message_id: str
+
+
+@dataclass(frozen=True)
+class LinkErrorReply:
+    """An error reply the SuperLink wrote in a node's place (Flower sends it from the
+    SuperLink's own node id: e.g. ``NODE_UNAVAILABLE`` once the node has missed its
+    heartbeats), attributed to the node the message went to. Reads like an error
+    ``Message``: ``metadata``, ``error``, ``has_error()``, ``has_content()``."""
+
+    metadata: ReplyOrigin
+    error: Any
+
+    def has_error(self) -> bool:
+        return True
+
+    def has_content(self) -> bool:
+        return False
+
+
+def attribute_reply(reply: Message, sent: Mapping[str, int]) -> Message | LinkErrorReply:
+    """``reply`` as sent, or, for an error reply from another node than the one its
+    message went to (``sent``: message id -> node id), a :class:`LinkErrorReply` from
+    that node: so a node the SuperLink counts as gone is dropped with Flower's reason,
+    not as a reply from a node that was not asked."""
+    to = reply.metadata.reply_to_message_id
+    node = sent.get(to)
+    if node is None or int(reply.metadata.src_node_id) == node or not reply.has_error():
+        return reply
+    return LinkErrorReply(ReplyOrigin(node, to), reply.error)
 
 
 def wait_for_nodes(grid: Grid, n_nodes: int, timeout: float, poll: float = 0.5) -> list[int]:
