@@ -320,9 +320,10 @@ INIT: Group = (
     Param(
         "init_params",
         "kmeans",
-        [StrOptions({"kmeans", "separated", "subset"})],
+        [StrOptions({"kmeans", "separated", "subset", "oneshot"})],
         '``"kmeans"`` (federated k-means), ``"separated"`` (centres spread over the merged '
-        'feature range) or ``"subset"`` (pools a few raw rows on the server: not private).',
+        'feature range), ``"subset"`` (pools a few raw rows on the server: not private) or '
+        '``"oneshot"`` (one round of local fits reduced on the server, FedGenGMM\'s round).',
     ),
     *KMEANS,
     Param("subset_size", 100, _positive_int(), 'rows pooled by ``init_params="subset"``.'),

@@ -33,6 +33,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import FederatedEM
+from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
 from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
 
 #: the joint model's settings, found in files saved before it had its own class.
@@ -98,6 +99,14 @@ class FedGMMDetector(EMDetector):
             [StrOptions({"global", "personal"})],
             '``"personal"`` (FedGMM: one weight vector per client, shared Gaussians) or '
             '``"global"`` (DEM: one weight vector).',
+        ),
+        Param(
+            "acceleration",
+            "none",
+            [StrOptions(set(ACCELERATIONS))],
+            '``"none"`` (plain EM rounds) or ``"squarem"`` (the server extrapolates between '
+            "EM maps; the next round's summed log-likelihood accepts or refuses each point; "
+            '``mixture_weights="global"`` only).',
         ),
         INIT,
         PRIOR,

@@ -1,11 +1,7 @@
-"""The steps that prepare federated EM: feature moments and the initial mixture, and the
-field groups of their settings (:class:`MomentsSettings`, :class:`InitSettings`,
-:class:`GivenMixture`).
-
-Each class is a :class:`~fednovelty.federated.steps.Step` that federated EM and its
-relatives (joint, clustered, variational) chain before their own step; progress is kept in
-the algorithm's state (``offset``, ``scale``, ``prior``, ``centers``, ``lloyd_rounds``,
-``subset_fraction``, ``params``).
+"""The steps that prepare federated EM (feature moments, the initial mixture) and the field
+groups of their settings (:class:`MomentsSettings`, :class:`InitSettings`,
+:class:`GivenMixture`); each a :class:`~fednovelty.federated.steps.Step` that federated EM
+and its relatives chain before their own step, its progress kept in the algorithm's state.
 
 - :class:`MomentsStep` (``moments``): row counts, feature means and sums of squared
   deviations, merged exactly (or robustly: :func:`pooled_moments`) into the pooled moments
@@ -16,6 +12,8 @@ the algorithm's state (``offset``, ``scale``, ``prior``, ``centers``, ``lloyd_ro
   mixture from hard k-means responsibilities (scikit-learn's ``init_params="kmeans"``).
 - :class:`SubsetStep` (``count``, ``subset``; DEM init 2): **raw rows to the server**; it
   warns when it begins. :class:`GivenParams`: every parameter given, no round.
+- :class:`~fednovelty.federated.local_fit.OneShotStart` (``oneshot``): one round of local
+  fits reduced on the server (FedGenGMM's round).
 
 Every client half enforces the client's privacy policy (``docs/privacy.md``): it skips
 below ``min_rows`` rows, forms at most ``min(n_components, max_clusters, n_rows //
@@ -64,6 +62,7 @@ from fednovelty.federated.declarations import (
     declare,
 )
 from fednovelty.federated.dp import MODES, block_multipliers, plausible_stats, private_sum
+from fednovelty.federated.local_fit import OneShotStart
 from fednovelty.federated.plausible import robust_moments
 from fednovelty.federated.privacy import (
     backed,
@@ -102,7 +101,7 @@ from fednovelty.mixture.stats import SufficientStats
 if TYPE_CHECKING:
     from fednovelty.federated.mixtures.em import EMConfig
 
-INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset")
+INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset", "oneshot")
 
 
 def check_bounds(bounds: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -218,8 +217,8 @@ class PrivateSettings(Settings):
 
 @settings_dataclass
 class InitSettings(Settings):
-    """How federated rounds find the initial mixture (:func:`init_steps`):
-    ``init_params`` (``"kmeans"``, ``"separated"`` or ``"subset"``), ``kmeans_rounds`` (most
+    """How federated rounds find the initial mixture (:func:`init_steps`): ``init_params``
+    (``"kmeans"``, ``"separated"``, ``"subset"`` or ``"oneshot"``), ``kmeans_rounds`` (most
     federated Lloyd rounds, >= 1), ``kmeans_tol`` (Lloyd stops when the largest squared
     centre move is below it times the mean feature variance) and ``subset_size`` (rows sent
     in total for ``"subset"``, >= 1)."""
@@ -884,14 +883,16 @@ def init_steps(config: EMConfig) -> list[Step]:
     if config.means_init is not None:
         return [GivenMeans(config), AssignStep(config, budget=1)]
     if getattr(config, "dp_mode", None) is not None:
-        if config.init_params == "subset":
+        if config.init_params in ("subset", "oneshot"):
             raise ValueError(
-                'init_params="subset" sends raw rows and has no private form; use "kmeans" '
-                'or "separated" with differential privacy.'
+                f"init_params={config.init_params!r} has no private form here (raw rows, or "
+                'local fits); use "kmeans" or "separated" with differential privacy.'
             )
         return [PublicCentres(config), AssignStep(config, budget=config.kmeans_rounds)]
     if config.init_params == "kmeans":
         return [CentroidsStep(config), AssignStep(config, budget=config.kmeans_rounds)]
     if config.init_params == "separated":
         return [RangeStep(config), AssignStep(config, budget=1)]
+    if config.init_params == "oneshot":
+        return [OneShotStart(config)]
     return [SubsetStep(config)]

@@ -61,6 +61,7 @@ from fednovelty.federated.init import (
     combine_stats,
     init_steps,
 )
+from fednovelty.federated.mixtures.accelerate import ACCELERATIONS, Squarem
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState, PCAStep
 from fednovelty.federated.privacy import (
     PrivacyPolicy,
@@ -142,8 +143,25 @@ class EMConfig(EMSettings, MomentsSettings, GivenMixture):
     """Settings of federated EM (``FederatedEM``; FedGMM Algorithm 2 and DEM):
     :class:`EMSettings`, the moments round's standardisation and covariance prior
     (:class:`~fednovelty.federated.init.MomentsSettings`; ``standardize`` or
-    ``prior_strength`` adds one round) and given initial parameters
-    (:class:`~fednovelty.federated.init.GivenMixture`)."""
+    ``prior_strength`` adds one round), given initial parameters
+    (:class:`~fednovelty.federated.init.GivenMixture`) and ``acceleration``: ``"none"``
+    (plain EM, scikit-learn's path) or ``"squarem"`` (the server extrapolates between EM
+    maps under a likelihood safeguard, :mod:`~fednovelty.federated.mixtures.accelerate`;
+    global weights and exact statistics only)."""
+
+    ACCELERATION_CHOICES: ClassVar[tuple[str, ...]] = ACCELERATIONS
+
+    acceleration: str = "none"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("acceleration", self.ACCELERATION_CHOICES)
+        if self.acceleration != "none" and (self.private or self.mixture_weights != "global"):
+            raise ValueError(
+                f"acceleration={self.acceleration!r} extrapolates the global mixture under the "
+                "clients' summed log-likelihood: it needs mixture_weights='global' and no "
+                "dp_mode (noisy rounds withhold the log-likelihood); use acceleration='none'."
+            )
 
 
 @dataclass
@@ -168,6 +186,8 @@ class EMState:
         pca: the PCA step's progress (``pca_components``), else ``None``.
         projection: the federated PCA the Gaussians are fitted on (``pca_components``),
             else ``None``; ``params`` are in its units.
+        squarem: the SQUAREM cycle (``acceleration="squarem"``), else ``None``; during
+            the EM rounds ``params`` is the next broadcast.
     """
 
     phase: str
@@ -185,6 +205,7 @@ class EMState:
     prior: CovariancePrior | None = None
     pca: PCAState | None = None
     projection: PCAProjection | None = None
+    squarem: Squarem | None = None
 
 
 #: an ``em`` reply: the E-step's summed statistics under the broadcast mixture.
@@ -233,8 +254,10 @@ class EMStep(Step):
         return stats
 
     def advance(self, state: Any, stats: SufficientStats) -> tuple[bool, float]:
-        """Record an EM round's mean log-likelihood and apply the stopping rule (|change| <
-        tol, or max_iter rounds); returns ``(whether EM is done, mean log-likelihood)``.
+        """Record an EM round's mean log-likelihood (the clients' summed log-likelihood over
+        their summed rows) and apply the stopping rule (|change| < tol from the round before,
+        or max_iter rounds; under SQUAREM only rounds that answered the EM map of the round
+        before are compared); returns ``(whether EM is done, mean log-likelihood)``.
         Under differential privacy the clients withhold the log-likelihood: EM runs
         ``max_iter`` rounds and the mean log-likelihood is NaN (not recorded)."""
         if getattr(self.config, "dp_mode", None) is not None:
@@ -243,15 +266,19 @@ class EMStep(Step):
         lower_bound = float(stats.log_likelihood / stats.n_samples)
         if state.scale is not None:  # log p(x) = log p(z) - sum log scale
             lower_bound -= float(state.scale.log().sum())
-        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
-        state.lower_bounds.append(lower_bound)
         state.n_iter += 1
-        if abs(lower_bound - previous) < self.config.tol:
-            state.converged = True
+        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+        # under SQUAREM only a round that answered the EM map of the round before compares
+        # with it (an extrapolated point moves the log-likelihood both ways)
+        squarem = getattr(state, "squarem", None)
+        if squarem is None or squarem.stage == "second":
+            state.converged = abs(lower_bound - previous) < self.config.tol
+        state.lower_bounds.append(lower_bound)
         return state.converged or state.n_iter >= self.config.max_iter, lower_bound
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
+        broadcast = state.params
         stats = self.m_step(state, replies)
         # a trusted server's clients send exact counts ("central"): their weights would
         # leave the fit outside its guarantee, so only noisy ones are kept
@@ -267,6 +294,11 @@ class EMStep(Step):
         metrics = {"phase": "em"}
         if not math.isnan(lower_bound):
             metrics["mean_log_likelihood"] = lower_bound
+        if getattr(config, "acceleration", "none") == "squarem":
+            squarem = state.squarem = state.squarem or Squarem()
+            following, best = squarem.step(broadcast, state.params, lower_bound)
+            state.params = best if done else following
+            metrics["squarem_alpha"] = squarem.alpha if squarem.stage == "check" else -1.0
         return (None if done else "em"), metrics
 
     # ------------------------------------------------------------------ client half

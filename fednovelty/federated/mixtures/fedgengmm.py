@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import union_mixture
 from fednovelty.federated.base import (
     ClientContext,
     FederatedAlgorithm,
@@ -52,17 +51,15 @@ from fednovelty.federated.config import (
 from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.dp import LEDGER_KEY, DPPolicy, clip_rows, release_generator
 from fednovelty.federated.init import MomentsSettings, box_units
-from fednovelty.federated.mixtures.private_fit import private_em
-from fednovelty.federated.privacy import client_backing, unfloored
-from fednovelty.federated.robust import outlying_models, weight_factors
-from fednovelty.federated.validation import (
-    InvalidReplyError,
-    Shape,
-    covariance_shape,
-    expectation,
-    relative_tolerance,
+from fednovelty.federated.local_fit import (
+    check_local_fit,
+    local_fit_backing,
+    local_fit_shapes,
+    reduce_union,
 )
-from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled, sample
+from fednovelty.federated.mixtures.private_fit import private_em
+from fednovelty.federated.robust import outlying_models, weight_factors
+from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 
 
@@ -201,37 +198,6 @@ class FedGenState:
 MARGINAL_COMPONENTS = 5
 
 
-def local_fit_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
-    """A local fit's reply: a mixture of some K components and the client's row count."""
-    ct = str(expectation(broadcast, "covariance_type"))
-    return {
-        "weights": ("k",),
-        "means": ("k", d),
-        "precisions_cholesky": covariance_shape(ct, "k", d),
-        "n_samples": (),
-    }
-
-
-def check_local_fit(reply: Message, broadcast: Message) -> None:
-    """At most the round's ``max_components`` components (when stated), weights adding up
-    to one, precision factors upper triangular with a positive diagonal."""
-    weights = reply.tensors["weights"]
-    k, most = int(weights.shape[0]), broadcast.expect.get("max_components")
-    if most is not None and k > int(most):
-        raise InvalidReplyError(f"local mixture has {k} components; the round allows {most}.")
-    if k == 0 or abs(float(weights.sum()) - 1.0) > relative_tolerance(weights.dtype):
-        raise InvalidReplyError(f"local mixture weights add up to {float(weights.sum()):g}, not 1.")
-    prec = reply.tensors["precisions_cholesky"]
-    tied = expectation(broadcast, "covariance_type") == "tied"
-    diagonal = prec if prec.ndim <= 2 and not tied else None
-    if diagonal is None:
-        diagonal = torch.diagonal(prec, dim1=-2, dim2=-1)
-        if not bool(torch.equal(prec, prec.triu())):
-            raise InvalidReplyError("precision factors are not upper triangular.")
-    if not bool((diagonal > 0).all()):
-        raise InvalidReplyError("precision factors have a non-positive diagonal.")
-
-
 def local_fit_limit(config: FedGenConfig, broadcast: Message) -> int:
     """The most components the client's own configuration lets it fit."""
     return int(config.client_components or max(config.k_range))
@@ -259,20 +225,6 @@ LOCAL_FIT_REPLY = ReplySpec(
     covariance=True,
     private="fit",
 )
-
-
-def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[str, Tensor]:
-    """What backs a local mixture fitted on ``n_rows`` rows: each component by
-    ``weight_k * n_rows`` rows, its share of the responsibilities that gave its mean and
-    covariance (at most its effective rows, so the stricter rule); the client gate removes
-    the components below the floor and renormalises the kept weights. A tied covariance,
-    one for all components, and the row count are backed by all the rows."""
-    rows = unfloored(params.weights * n_rows, n_rows, policy)
-    backing = {"weights": rows, "means": rows, "precisions_cholesky": rows}
-    if params.covariance_type == "tied":
-        backing.update(client_backing(["precisions_cholesky"], n_rows))
-    backing.update(client_backing(["n_samples"], n_rows))
-    return backing
 
 
 class FedGenGMM(FederatedAlgorithm):
@@ -430,16 +382,17 @@ class FedGenGMM(FederatedAlgorithm):
         state.left_out = outlying_models(state.client_models, config.aggregation, config.trim)
         ids = [c for c in sorted(state.client_models) if c not in state.left_out]
         factors = weight_factors({c: state.client_sizes[c] for c in ids}, config.client_weight_cap)
-        union = union_mixture(
-            [state.client_models[c] for c in ids], [state.client_sizes[c] * factors[c] for c in ids]
-        )
         generator = torch.Generator().manual_seed(self._seed(1))
-        state.n_synthetic = config.samples_per_component * union.n_components
-        synthetic, _ = sample(union, state.n_synthetic, generator=generator)
         settings = config.fit_settings(generator)
         candidates = config.global_candidates()
-        result, state.bics = fit_gmm_scaled(synthetic, candidates, **settings)
-        state.params = result.params
+        result, state.bics, synthetic = reduce_union(
+            [state.client_models[c] for c in ids],
+            [state.client_sizes[c] * factors[c] for c in ids],
+            candidates,
+            config.samples_per_component,
+            settings,
+        )
+        state.params, state.n_synthetic = result.params, int(synthetic.shape[0])
         if config.copula:
             state.marginals, state.copula = self._fit_copula(synthetic, candidates, settings)
         state.phase, state.rounds = "done", 1

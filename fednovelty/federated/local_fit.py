@@ -1,0 +1,242 @@
+"""Local fits: a round in which every client fits its own mixture and sends its parameters.
+
+FedGenGMM's one round (:mod:`fednovelty.federated.mixtures.fedgengmm`) and the one-shot start
+of federated EM (:class:`OneShotStart`, ``init_params="oneshot"``) share it: each client fits
+a mixture to its rows and replies with its weights, means, precision factors and row count;
+the server takes the union of the client mixtures, weighting client ``c``'s components by
+``|D_c| / |D|``, draws ``samples_per_component`` synthetic rows per union component and fits
+one mixture of the wanted K on them (:func:`reduce_union`). Nothing but parameters and row
+counts crosses the wire. A component is backed by its share of the client's rows
+(:func:`local_fit_backing`); the client gate drops the ones under the privacy floor.
+
+As a start for federated EM, the reduced union lands near a maximum of the pooled likelihood
+in one round, where federated k-means needs up to ``kmeans_rounds`` + 1 rounds and EM then
+tens of rounds (``docs/speed.md``, few rounds); the exact EM rounds that follow are those of
+federated EM, so the end point is a fixed point of the pooled data's EM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import union_mixture
+from fednovelty.federated.base import (
+    ClientContext,
+    Message,
+    client_generator,
+    derived_seed,
+    skipped_reply,
+)
+from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.privacy import client_backing, unfloored
+from fednovelty.federated.steps import Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    Shape,
+    covariance_shape,
+    expectation,
+    relative_tolerance,
+)
+from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
+
+__all__ = [
+    "ONE_SHOT_REPLY",
+    "ONE_SHOT_SAMPLES",
+    "OneShotStart",
+    "check_local_fit",
+    "local_fit_backing",
+    "local_fit_shapes",
+    "reduce_union",
+]
+
+#: synthetic rows the server draws per union component (FedGenGMM's ``H``) for the start.
+ONE_SHOT_SAMPLES = 100
+
+
+def local_fit_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
+    """A local fit's reply: a mixture of some K components and the client's row count."""
+    ct = str(expectation(broadcast, "covariance_type"))
+    return {
+        "weights": ("k",),
+        "means": ("k", d),
+        "precisions_cholesky": covariance_shape(ct, "k", d),
+        "n_samples": (),
+    }
+
+
+def check_local_fit(reply: Message, broadcast: Message) -> None:
+    """At most the round's ``max_components`` components (when stated), weights adding up
+    to one, precision factors upper triangular with a positive diagonal."""
+    weights = reply.tensors["weights"]
+    k, most = int(weights.shape[0]), broadcast.expect.get("max_components")
+    if most is not None and k > int(most):
+        raise InvalidReplyError(f"local mixture has {k} components; the round allows {most}.")
+    if k == 0 or abs(float(weights.sum()) - 1.0) > relative_tolerance(weights.dtype):
+        raise InvalidReplyError(f"local mixture weights add up to {float(weights.sum()):g}, not 1.")
+    prec = reply.tensors["precisions_cholesky"]
+    tied = expectation(broadcast, "covariance_type") == "tied"
+    diagonal = prec if prec.ndim <= 2 and not tied else None
+    if diagonal is None:
+        diagonal = torch.diagonal(prec, dim1=-2, dim2=-1)
+        if not bool(torch.equal(prec, prec.triu())):
+            raise InvalidReplyError("precision factors are not upper triangular.")
+    if not bool((diagonal > 0).all()):
+        raise InvalidReplyError("precision factors have a non-positive diagonal.")
+
+
+def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[str, Tensor]:
+    """What backs a local mixture fitted on ``n_rows`` rows: each component by
+    ``weight_k * n_rows`` rows, its share of the responsibilities that gave its mean and
+    covariance (at most its effective rows, so the stricter rule); the client gate removes
+    the components below the floor and renormalises the kept weights. A tied covariance,
+    one for all components, and the row count are backed by all the rows."""
+    rows = unfloored(params.weights * n_rows, n_rows, policy)
+    backing = {"weights": rows, "means": rows, "precisions_cholesky": rows}
+    if params.covariance_type == "tied":
+        backing.update(client_backing(["precisions_cholesky"], n_rows))
+    backing.update(client_backing(["n_samples"], n_rows))
+    return backing
+
+
+def reduce_union(
+    models: list[MixtureParams],
+    sizes: list[float],
+    candidates: list[int],
+    samples_per_component: int,
+    settings: dict[str, Any],
+) -> tuple[Any, dict[int, float], Tensor]:
+    """The server's half of a local-fit round: one mixture fitted on rows drawn from the
+    union of the client mixtures.
+
+    Args:
+        models: the client mixtures (same covariance type and n_features).
+        sizes: rows behind each model (the union weighs client ``c`` by ``sizes[c] / sum``).
+        candidates: the K of the fit (several: BIC picks one).
+        samples_per_component: rows drawn per union component.
+        settings: keyword arguments of :func:`~fednovelty.mixture.fit_gmm_scaled` (its
+            ``generator`` draws the rows first, then initialises the fit).
+
+    Returns:
+        ``(EMResult of the fit, BIC per candidate, the rows drawn)``, the rows
+        (samples_per_component * union components, n_features).
+    """
+    union = union_mixture(models, sizes)
+    n_synthetic = samples_per_component * union.n_components
+    synthetic, _ = sample(union, n_synthetic, generator=settings["generator"])
+    result, bics = fit_gmm_scaled(synthetic, candidates, **settings)
+    return result, bics, synthetic
+
+
+def one_shot_limit(config: Any, broadcast: Message) -> int:
+    """A client fits at most the algorithm's ``n_components`` components."""
+    return int(config.n_components)
+
+
+#: a ``oneshot`` reply: a client's local mixture as the start of federated EM.
+ONE_SHOT_REPLY = ReplySpec(
+    "oneshot",
+    shapes=local_fit_shapes,
+    checks=(check_local_fit,),
+    backing={
+        "weights": "model",
+        "means": "model",
+        "precisions_cholesky": "model",
+        "n_samples": "client",
+    },
+    limit=one_shot_limit,
+    components=lambda setting: max(1, int(setting("n_components") or 1)),
+    covariance=True,
+)
+
+
+class OneShotStart(Step):
+    """The initial mixture of federated EM from one local-fit round (``init_params=
+    "oneshot"``; module docstring).
+
+    Every client fits ``min(n_components, n_rows // min_rows)`` components to its rows in the
+    rounds' units (z-scores after a standardising moments round), with the config's
+    standardisation and covariance prior applied to its own rows; the server reduces the
+    union of the replies to ``n_components`` components (:func:`reduce_union`) and sets
+    ``state.params``.
+    """
+
+    kinds = ("oneshot",)
+    replies = declare(ONE_SHOT_REPLY)
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def _settings(self, generator: torch.Generator) -> dict[str, Any]:
+        config = self.config
+        return {
+            "covariance_type": config.covariance_type,
+            "reg_covar": config.reg_covar,
+            "tol": config.tol,
+            "max_iter": config.max_iter,
+            "generator": generator,
+            "standardize": config.standardize,
+            "prior_strength": config.prior_strength,
+            "prior_scale": config.prior_scale,
+        }
+
+    def _seed(self, state: Any) -> int:
+        return derived_seed(self.config.random_state, state.rounds)
+
+    def configure(self, state: Any) -> Message:
+        config = self.config
+        return Message(
+            "oneshot",
+            scalars={"seed": self._seed(state)},
+            expect={
+                "covariance_type": config.covariance_type,
+                "max_components": config.n_components,
+            },
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        n = X.shape[0]
+        k = policy.cluster_bound(self.config.n_components, n)
+        if k == 0 or not policy.releases(n):
+            return skipped_reply("oneshot", policy.below_floor)
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        result, _ = fit_gmm_scaled(X, [k], **self._settings(generator))
+        tensors = {**result.params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)}
+        return Message(
+            "oneshot",
+            tensors,
+            {"skipped": False, "n_iter": result.n_iter},
+            backing=local_fit_backing(result.params, n, policy),
+        )
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        models, sizes = [], []
+        for reply in replies.values():
+            t = {k: v.to(config.device, config.dtype) for k, v in reply.tensors.items()}
+            models.append(
+                MixtureParams(
+                    t["weights"], t["means"], t["precisions_cholesky"], config.covariance_type
+                )
+            )
+            sizes.append(float(t["n_samples"]))
+        n_union = sum(m.n_components for m in models)
+        if n_union < config.n_components:
+            raise ValueError(
+                f"the clients sent {n_union} local component(s) in all but n_components="
+                f"{config.n_components}; lower n_components, or start from "
+                'init_params="kmeans".'
+            )
+        generator = torch.Generator().manual_seed(self._seed(state) ^ 0x5EED)
+        result, _, synthetic = reduce_union(
+            models, sizes, [config.n_components], ONE_SHOT_SAMPLES, self._settings(generator)
+        )
+        state.params = result.params
+        return None, {
+            "phase": "oneshot",
+            "n_synthetic": int(synthetic.shape[0]),
+            "n_union": n_union,
+        }
