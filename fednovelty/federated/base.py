@@ -80,11 +80,15 @@ class ClientContext:
         state: tensors the client keeps between rounds (e.g. personal mixture weights).
         policy: the client's own privacy policy (set by the engine from the client's
             configuration, never from a message); every client step enforces it.
+        wire: the client's replies cross a wire (set by the engines): ``answer`` packs
+            them (:mod:`fednovelty.federated.wire`); ``False``: plain replies, for a client
+            step called in process.
     """
 
     client_id: int
     state: dict[str, Tensor] = field(default_factory=dict)
     policy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
+    wire: bool = False
 
 
 def skipped_reply(kind: str, reason: str) -> Message:
@@ -227,12 +231,24 @@ class FederatedAlgorithm(ABC):
         client-side ``backing`` removed. Every engine answers through this method
         (``fednovelty.runtime.threads.run_client_step``); under a differential-privacy
         policy it is the one place the client's noise is added.
+
+        It is also the client's side of the wire (:mod:`fednovelty.federated.wire`): a
+        packed broadcast is unpacked before the step (tensors sent narrower cast to the
+        config's ``dtype``) and, where ``context.wire`` (the engines set it), the released
+        reply is packed: symmetric and triangular matrices as their triangle, float64 as the
+        config's ``wire_dtype``; ``wire.unpack`` gives the step's tensors back.
         """
+        from fednovelty.federated.wire import pack, unpack  # wire imports this module
+
+        message = unpack(message, getattr(self.config, "dtype", None))
         reply = self.client_step(data, message, context)
         spec = self.reply_spec(message.kind)
-        return release(
+        released = release(
             reply, spec, context.policy, self.config, message, context.state, context.client_id
         )
+        if not context.wire:
+            return released
+        return pack(released, getattr(self.config, "wire_dtype", None))
 
     @abstractmethod
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:

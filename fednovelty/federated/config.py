@@ -30,6 +30,7 @@ from torch import Tensor
 
 from fednovelty.federated.learners import LEARNERS, as_learner
 from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments
+from fednovelty.federated.wire import wire_dtype_of
 from fednovelty.mixture.covariance import COVARIANCE_TYPES
 
 #: JSON names of the floating dtypes the settings accept.
@@ -205,17 +206,22 @@ class RobustSettings(Settings):
 @settings_dataclass
 class TorchSettings(Settings):
     """Seed and placement: ``random_state`` (integer seed), ``dtype`` (floating; client rows
-    arrive in it) and ``device`` (where the server computes)."""
+    arrive in it), ``device`` (where the server computes) and ``wire_dtype``: ``None``
+    (tensors travel in ``dtype``) or ``"float32"`` (float64 tensors travel as float32, half
+    the bytes, rounded; :mod:`~fednovelty.federated.wire`)."""
 
     random_state: int = 0
     dtype: torch.dtype = torch.float64
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    wire_dtype: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._set("random_state", int(self.random_state))
         self._set("dtype", as_dtype(self.dtype))
         self._set("device", torch.device(self.device))
+        wire = wire_dtype_of(self.wire_dtype)
+        self._set("wire_dtype", None if wire is None else str(wire).removeprefix("torch."))
 
 
 @settings_dataclass

@@ -1,8 +1,10 @@
 """The round loop every engine runs: an engine differs only in its :class:`Transport`.
 
 :func:`run_rounds` owns what every engine shares: ``algorithm.start``, then per round
-``configure`` -> the transport carries the message to the clients it asks and brings back
-their replies -> every reply goes through the run's
+``configure`` -> the message packed (:func:`~fednovelty.federated.wire.pack`: symmetric and
+triangular matrices as their triangle, float64 as the config's ``wire_dtype``) -> the
+transport carries it to the clients it asks and brings back their (packed) replies -> every
+reply is unpacked and goes through the run's
 :class:`~fednovelty.federated.validation.ReplyValidator` -> ``server_step`` over the valid
 replies (in increasing client id, under :func:`~fednovelty.runtime.threads.run_server_step`)
 -> a :class:`RoundRecord` -> callbacks -> ``finished``. A round with fewer than
@@ -44,7 +46,8 @@ import numpy as np
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
 from fednovelty.federated.plausible import gross_screen
-from fednovelty.federated.validation import ReplyValidator, is_skipped
+from fednovelty.federated.validation import InvalidReplyError, ReplyValidator, is_skipped
+from fednovelty.federated.wire import pack, unpack
 from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import run_server_step
 
@@ -66,8 +69,8 @@ class RoundRecord:
         round: 1-based round number.
         kind: the broadcast message's kind (e.g. ``"em"``).
         sampled: client ids asked; ``replied``: client ids that answered.
-        bytes_down: bytes broadcast (message size x clients asked).
-        bytes_up: bytes of all replies.
+        bytes_down: bytes broadcast (packed message size x clients asked).
+        bytes_up: bytes of all replies as they crossed the wire (packed).
         seconds: wall time of the round.
         metrics: the algorithm's metrics for the round.
         dropped: ``(client id, reason)`` of every reply the validation dropped.
@@ -117,7 +120,8 @@ class Delivery:
         asked: client ids asked this round, increasing.
         n_asked: recipients of the broadcast (``bytes_down`` is the message's size times
             this); more than ``len(asked)`` where a recipient has no client id yet.
-        bytes_up: payload bytes (``Message.nbytes``) of every reply received.
+        bytes_up: payload bytes (``Message.nbytes``) of every reply received, as it
+            crossed the wire (packed, :mod:`fednovelty.federated.wire`).
         widths: client id -> row width its reply declares; ``None``: every client has the
             federation's width.
         metrics: the engine's own figures for the round, added to the record's metrics.
@@ -249,8 +253,10 @@ def run_rounds(
     validator = ReplyValidator() if validator is None else validator
     if validator.specs is None:  # the server gate reads the algorithm's declarations
         validator.specs = algorithm.reply_spec
-    if getattr(getattr(algorithm, "config", None), "dp_mode", None) is not None:
+    config = getattr(algorithm, "config", None)
+    if getattr(config, "dp_mode", None) is not None:
         validator.private = True  # noisy replies: form and finiteness, then the noisy sum
+    wire_dtype, dtype = getattr(config, "wire_dtype", None), getattr(config, "dtype", None)
     history: list[RoundRecord] = []
     failed_in_a_row = restarts = first = 0  # first: index of the attempt's first record
     excluded: set[int] = set()
@@ -271,8 +277,9 @@ def run_rounds(
             started = time.perf_counter()
             number = len(history) + 1
             message = algorithm.configure(state)
-            delivery = transport.exchange(number, message)
-            valid, invalid = _validate(validator, message, delivery, excluded)
+            sent = pack(message, wire_dtype)
+            delivery = transport.exchange(number, sent)
+            valid, invalid = _validate(validator, message, delivery, excluded, dtype)
             settled = transport.settle(number, delivery, valid, invalid)
             caught = sorted(set(invalid) - excluded)
             restart = restart_reason(caught, contributed, invalid)
@@ -294,7 +301,7 @@ def run_rounds(
                 kind=message.kind,
                 sampled=tuple(settled.sampled),
                 replied=tuple(valid),
-                bytes_down=message.nbytes() * delivery.n_asked,
+                bytes_down=sent.nbytes() * delivery.n_asked,
                 bytes_up=delivery.bytes_up,
                 seconds=time.perf_counter() - started,
                 metrics={**metrics, **delivery.metrics},
@@ -355,24 +362,47 @@ def _validate(
     message: Message,
     delivery: Delivery,
     excluded: set[int] | frozenset[int] = frozenset(),
+    dtype: Any = None,
 ) -> tuple[dict[int, Message], dict[int, str]]:
-    """``validator.accept`` of the delivered replies, then
-    :func:`~fednovelty.federated.plausible.gross_screen` of the valid ones against each
+    """Unpack the delivered replies (:func:`~fednovelty.federated.wire.unpack`), then
+    ``validator.accept`` them against the round's own ``message`` (not its packed form),
+    then :func:`~fednovelty.federated.plausible.gross_screen` of the valid ones against each
     other (a client whose declared moments or local model no honest federation produces is
     dropped with the invalid replies); ``({}, {})`` when none arrived (the validator may not
     know the federation's width yet, and there is nothing to check). Replies of
-    ``excluded`` clients are dropped unread. Noisy replies (``validator.private``, a kind with
-    a private form) skip the screen: the noise of a small client is no lie."""
+    ``excluded`` clients are dropped unread; one whose wire description is malformed is
+    dropped with the reason. Noisy replies (``validator.private``, a kind with a private
+    form) skip the screen: the noise of a small client is no lie.
+
+    The checks read the replies' tensors in the dtype they travelled in (float32 under
+    ``wire_dtype="float32"``: the checks' round-off slack is float32's); the valid replies
+    are returned with those tensors cast to ``dtype``, the server's working dtype.
+    """
     shut_out = {c: EXCLUDED for c in delivery.replies if c in excluded}
-    replies = {c: r for c, r in delivery.replies.items() if c not in excluded}
-    if not replies:
+    received = {c: r for c, r in delivery.replies.items() if c not in excluded}
+    if not received:
         return {}, shut_out
-    valid, invalid = validator.accept(message, replies, delivery.widths)
-    if validator.private and validator.spec(message.kind).private is not None:
-        return valid, {**shut_out, **invalid}  # noisy replies: no cross-client screen
-    implausible = gross_screen(message, valid)
-    valid = {c: reply for c, reply in valid.items() if c not in implausible}
-    return valid, {**shut_out, **invalid, **implausible}
+    replies, malformed = unpack_replies(received)
+    valid, invalid = validator.accept(message, replies, delivery.widths) if replies else ({}, {})
+    invalid = {**shut_out, **malformed, **invalid}
+    if not (validator.private and validator.spec(message.kind).private is not None):
+        implausible = gross_screen(message, valid)  # noisy replies: no cross-client screen
+        valid = {c: reply for c, reply in valid.items() if c not in implausible}
+        invalid = {**invalid, **implausible}
+    return {c: unpack(received[c], dtype) for c in valid}, invalid
+
+
+def unpack_replies(replies: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, str]]:
+    """``(unpacked replies, client id -> reason)``: each reply unpacked with its tensors in
+    the dtype they travelled in; one whose wire description is malformed is dropped with the
+    reason (:class:`~fednovelty.federated.wire.WireFormatError`)."""
+    unpacked, malformed = {}, {}
+    for c, reply in replies.items():
+        try:
+            unpacked[c] = unpack(reply)
+        except InvalidReplyError as error:
+            malformed[c] = f"malformed wire format: {error}"
+    return unpacked, malformed
 
 
 #: why a reply of a client excluded earlier in the run is dropped.

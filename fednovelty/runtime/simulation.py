@@ -5,8 +5,9 @@ with an in-process transport: each round asks a sample of the clients it holds
 (``fraction`` sampled without replacement, each then dropping out with probability
 ``dropout``, both drawn from ``np.random.default_rng(random_state)``) and runs their client
 steps here, each on its own rows and its own persistent :class:`ClientContext`. Client rows
-never leave their tensor; only ``Message`` objects pass between the halves, exactly as they
-would between Flower nodes.
+never leave their tensor; only ``Message`` objects pass between the halves, packed exactly as
+they would be between Flower nodes (:mod:`fednovelty.federated.wire`; ``ClientContext.wire``),
+so ``RoundRecord.bytes_up`` and ``bytes_down`` are the bytes that would cross.
 
 The loop does the rest, as on Flower: every reply goes through a
 :class:`~fednovelty.federated.validation.ReplyValidator` (a reply that is malformed or
@@ -110,7 +111,7 @@ class InProcessTransport(Transport):
             cid: run_client_step(self.algorithm, self.data[cid], message, self.contexts[cid])
             for cid in replying
         }
-        bytes_up = sum(r.nbytes() for r in replies.values())
+        bytes_up = sum(r.nbytes() for r in replies.values())  # packed: as they cross the wire
         return Delivery(replies, asked=tuple(asked), n_asked=len(asked), bytes_up=bytes_up)
 
     def exclude(self, client_ids: Iterable[int]) -> None:
@@ -226,7 +227,7 @@ def run_simulation(
     kept = client_states or {}
     contexts = {
         cid: ClientContext(
-            cid, state={k: v.clone() for k, v in kept.get(cid, {}).items()}, policy=policy
+            cid, {k: v.clone() for k, v in kept.get(cid, {}).items()}, policy, wire=True
         )
         for cid in data
     }

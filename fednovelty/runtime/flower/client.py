@@ -316,7 +316,7 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
     request, header = decode_message(message.content)
     attempt = int(header.get("attempt", 0))  # a restarted run starts from empty states
     policy = policy_from_node_config(context.node_config)
-    client = ClientContext(client_id, load_client_state(context.state, attempt), policy=policy)
+    client = ClientContext(client_id, load_client_state(context.state, attempt), policy, wire=True)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state, attempt)
     if SECAGG in message.content.config_records:  # a secure-sum round: reply masked

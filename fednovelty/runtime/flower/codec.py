@@ -11,6 +11,10 @@ A fednovelty message becomes three records of one ``RecordDict``:
 - ``fednovelty.header``: a ``ConfigRecord`` with the message ``kind``, the codec version and
   engine fields (the replying client's id, the round).
 
+Round messages arrive here packed (:mod:`fednovelty.federated.wire`: the loop packs each
+broadcast, the client's ``answer`` its reply; the wire description is one more string
+scalar) and are encoded as they are.
+
 A client's persistent state (``ClientContext.state``, tensors by name) is stored in the
 node's ``context.state`` as one ``ArrayRecord`` the same way.
 

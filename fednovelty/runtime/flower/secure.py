@@ -105,6 +105,7 @@ from fednovelty.federated.validation import (
     check_reply,
     is_skipped,
 )
+from fednovelty.federated.wire import unpack
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     SECAGG,
@@ -359,7 +360,9 @@ def mask_reply(
     Reads the round's sharers and the ciphertexts relayed to this node (``content``'s
     ``fednovelty.secagg`` record), keeps the decrypted shares, then encodes, quantises and
     masks the reply. A ``skipped`` reply goes back as it is (the node is then dropped from
-    the sum, like a node that failed).
+    the sum, like a node that failed). ``request`` and ``reply`` may be packed
+    (:mod:`fednovelty.federated.wire`): they are unpacked first, and the masked tensors go
+    back as they are.
 
     Returns:
         a message of ``request.kind`` with one ``uint8`` tensor (encoded shape + (width,))
@@ -389,6 +392,8 @@ def mask_reply(
     _save(context.state, node, {**kept, "sharers": sharers})
     if is_skipped(reply):
         return reply
+    dtype = getattr(algorithm.config, "dtype", None)  # the masked form is its own wire form
+    request, reply = unpack(request, dtype), unpack(reply, dtype)
     release = additive_release(algorithm, request.kind)
     covariance_type = getattr(algorithm.config, "covariance_type", None)
     encoded = encode(release, reply.tensors, request, covariance_type)
@@ -822,7 +827,8 @@ class SecureGridTransport(GridTransport):
                 reply of the wrong form.
         """
         current, settings = self.round, self.settings
-        if current is None or current.message is not message:
+        # the exchange carried the broadcast packed; the loop hands over the round's own
+        if current is None or current.message.kind != message.kind:
             raise RuntimeError("combine() must follow this round's exchange().")
         self.round = None
         senders = sorted(c for c, r in valid.items() if c in current.sharers and not is_skipped(r))

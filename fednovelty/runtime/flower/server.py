@@ -27,9 +27,11 @@ What the engine adds for real nodes:
   ``round_timeout`` seconds for a node; a node the SuperLink already counts as gone
   (it missed its heartbeats) is dropped at once with Flower's ``NODE_UNAVAILABLE`` reason
   (:func:`attribute_reply`).
-- **Bytes.** ``RoundRecord.bytes_down`` / ``bytes_up`` count fednovelty payload bytes as the
-  simulation does; the metrics add ``wire_bytes_down`` / ``wire_bytes_up``, the bytes of the
-  Flower records (``.npy`` headers and names included).
+- **Bytes.** The loop hands the transport each broadcast packed and unpacks the replies
+  (:mod:`fednovelty.federated.wire`: triangles of symmetric and triangular matrices, the
+  ``wire_dtype`` setting); ``RoundRecord.bytes_down`` / ``bytes_up`` count the packed
+  fednovelty payload bytes as the simulation does; the metrics add ``wire_bytes_down`` /
+  ``wire_bytes_up``, the bytes of the Flower records (``.npy`` headers and names included).
 - **Secure sums.** With ``secure=`` (run config ``secure-sum``) every round runs SecAgg's
   four steps as Flower exchanges and the server step gets one combined reply
   (:mod:`fednovelty.runtime.flower.secure`; a round of a kind without an additive private
