@@ -1,0 +1,247 @@
+"""Time per round and per run of every algorithm of the Flower app, at 3 and 10 nodes.
+
+A SuperLink and ``n`` SuperNodes run on 127.0.0.1 (``fednovelty.runtime.flower.deploy.
+LocalFederation``, insecure loopback; one federation per node count, reused by every
+algorithm), and ``examples/flower`` (copied) is started with ``flwr run`` once per
+algorithm. Data: ADBench Forest Covertype (``10_cover``, 10 features), its rows shuffled
+(seed 0), the first ``n x ROWS`` min-max scaled over those rows and split into ``n``
+contiguous blocks of ``ROWS`` rows (run config ``data-path``, node config ``partition-id``
+and ``num-partitions``); ADBench's label (1 = anomaly, about 1 % of the rows) is the joint
+model's class.
+
+Algorithms (``K = 5`` full-covariance components; every iterative one from k-means with one
+Lloyd round, ``kmeans_rounds = 1``, then ``MAX_ITER`` rounds of its own with ``tol = 0``):
+``FederatedEM`` (k-means: a centroids round and an assign round, then EM), ``FedGenGMM``
+(one round: local fits over ``k_range = [1, 5]``), ``FederatedVB`` (a prior-moments round,
+k-means, the posterior's first round, then VB), ``FederatedVBOneShot`` (prior moments, then
+one round of local VB fits), ``JointFedGMM`` (k-means, then joint EM rounds with linear
+learners, 2 classes) and ``LocalGMMs`` (one round of local fits).
+
+Columns: rounds run; seconds per round (the ServerApp's wall time of a round,
+``RoundRecord.seconds``: the push, every node's ClientApp start and client step, the pull
+and the server step; mean, min and max over the run's rounds); the run's total (``flwr run``
+start to result, ``LocalFederation.run_app``) and its fixed part (total minus the rounds:
+building and installing the app, starting the ServerApp, waiting for the nodes, writing the
+result). Each node count's federation start (SuperLink ``/health`` and the SuperNodes
+launched) and stop are timed apart. A run with other settings costs about fixed part +
+rounds x seconds per round; Flower starts a ClientApp process for every message, so the
+rounds, not the arithmetic, set the time.
+
+Options: ``--quick`` (3 nodes of 500 rows, ``FederatedEM`` with ``max_iter = 1`` and
+``FedGenGMM``; a smoke run of about 2 minutes), ``--nodes`` (node counts, default 3 10),
+``--rows`` (rows per node, default 3,000), ``--max-iter`` (default 1), ``--out`` (default
+``benchmarks/flower_rounds.txt``; a quick run writes no file unless given one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import emit_report, report_header
+
+from fednovelty.runtime.flower.deploy import LocalFederation
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "examples" / "flower"
+DATA = ROOT.parent / "shared" / "data" / "adbench" / "10_cover.npz"
+OUT = Path(__file__).resolve().parent / "flower_rounds.txt"
+K = 5
+ROWS = 3_000
+MAX_ITER = 1
+QUICK_ALGORITHMS = ("FederatedEM", "FedGenGMM")
+
+
+def algorithm_params(max_iter: int) -> dict[str, dict]:
+    """Registry name -> ``algorithm-params`` of every algorithm benchmarked."""
+    kmeans = {"init_params": "kmeans", "kmeans_rounds": 1, "max_iter": max_iter, "tol": 0.0}
+    return {
+        "FederatedEM": {"n_components": K, **kmeans},
+        "FedGenGMM": {"n_components": K, "k_range": [1, K]},
+        "FederatedVB": {"n_components": K, **kmeans},
+        "FederatedVBOneShot": {"n_components": K},
+        "JointFedGMM": {"n_components": K, "n_learners": K, "n_classes": 2, **kmeans},
+        "LocalGMMs": {"n_components": K, "k_range": [1, K]},
+    }
+
+
+#: algorithms whose nodes read labelled rows (``.npz`` with ``X`` and ``y``).
+LABELLED = {"JointFedGMM"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``flwr run``: algorithm, nodes, the rounds' kinds and seconds, the total."""
+
+    algorithm: str
+    nodes: int
+    kinds: tuple[str, ...]
+    round_seconds: tuple[float, ...]
+    total: float
+
+    @property
+    def fixed(self) -> float:
+        return self.total - sum(self.round_seconds)
+
+
+def covertype(n_rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n_rows`` shuffled Covertype rows, min-max scaled over themselves, (n_rows, 10), and
+    their ADBench labels (n_rows,) int64."""
+    with np.load(DATA) as archive:
+        X, y = archive["X"].astype(np.float64), archive["y"].astype(np.int64)
+    if n_rows > len(X):
+        raise ValueError(f"rows: {n_rows} asked, Covertype has {len(X)}; lower --rows.")
+    pick = np.random.default_rng(seed).permutation(len(X))[:n_rows]
+    X, y = X[pick], y[pick]
+    low, span = X.min(axis=0), np.ptp(X, axis=0)
+    return (X - low) / np.where(span > 0, span, 1.0), y
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages over 1, 5 and 15 minutes)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "(uptime not available)"
+
+
+def run_nodes(
+    n_nodes: int, rows: int, params: dict[str, dict], work: Path, log: list[str]
+) -> list[Run]:
+    """Start ``n_nodes`` nodes, run every algorithm of ``params`` once, stop them; the runs.
+    Start, stop and the load are appended to ``log``."""
+    X, y = covertype(n_nodes * rows)
+    unlabelled, labelled = work / "rows.npy", work / "rows.npz"
+    np.save(unlabelled, X)
+    np.savez(labelled, X=X, y=y)
+    app = work / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    configs = [{"partition-id": i, "num-partitions": n_nodes} for i in range(n_nodes)]
+    federation = LocalFederation(configs, workdir=work / "deployment")
+    log.append(f"- {n_nodes} nodes, before: `{uptime()}`")
+    runs: list[Run] = []
+    started = time.perf_counter()
+    try:
+        federation.start()
+        log.append(f"- {n_nodes} nodes: federation start {time.perf_counter() - started:.1f} s")
+        for name, settings in params.items():
+            data = labelled if name in LABELLED else unlabelled
+            run_config = {
+                "algorithm": name,
+                "algorithm-params": json.dumps(settings),
+                "num-nodes": n_nodes,
+                "min-clients": n_nodes,
+                "data-path": str(data),
+            }
+            began = time.perf_counter()
+            result = federation.run_app(app, run_config, timeout=1800)
+            total = time.perf_counter() - began
+            history = [r for r in result.history if not r.failed]
+            runs.append(
+                Run(
+                    name,
+                    n_nodes,
+                    tuple(r.kind for r in history),
+                    tuple(r.seconds for r in result.history),
+                    total,
+                )
+            )
+            print(row(runs[-1]), flush=True)
+    finally:
+        stopping = time.perf_counter()
+        federation.stop()
+        log.append(f"- {n_nodes} nodes: stop {time.perf_counter() - stopping:.1f} s")
+        log.append(f"- {n_nodes} nodes, after: `{uptime()}`")
+    return runs
+
+
+HEADER = (
+    "| algorithm | nodes | rounds | s per round (mean) | min-max | fixed s | total s | "
+    "rounds' kinds |\n|---|---|---|---|---|---|---|---|"
+)
+
+
+def row(run: Run) -> str:
+    """One markdown table row of ``run``."""
+    seconds = np.asarray(run.round_seconds)
+    kinds = ", ".join(f"{k} x{run.kinds.count(k)}" for k in dict.fromkeys(run.kinds))
+    return (
+        f"| {run.algorithm} | {run.nodes} | {len(seconds)} | {seconds.mean():.1f} | "
+        f"{seconds.min():.1f}-{seconds.max():.1f} | {run.fixed:.1f} | {run.total:.1f} | "
+        f"{kinds} |"
+    )
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 nodes, 500 rows, 2 algorithms")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[3, 10])
+    parser.add_argument("--rows", type=int, default=ROWS, help="rows per node")
+    parser.add_argument("--max-iter", type=int, default=MAX_ITER)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"report file (default {OUT.name}; none with --quick)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> str:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    nodes, rows, max_iter = args.nodes, args.rows, args.max_iter
+    params = algorithm_params(max_iter)
+    if args.quick:
+        nodes, rows, max_iter = [3], 500, 1
+        params = {n: p for n, p in algorithm_params(max_iter).items() if n in QUICK_ALGORITHMS}
+    start = time.perf_counter()
+    log: list[str] = [f"- start: `{uptime()}`"]
+    print(HEADER, flush=True)
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="flower_rounds_") as folder:
+        for n in nodes:
+            work = Path(folder) / f"nodes{n}"
+            work.mkdir()
+            runs += run_nodes(n, rows, params, work, log)
+    command = "python benchmarks/flower_rounds.py" + (" --quick" if args.quick else "")
+    notes = (
+        f"flwr 1.41 on 127.0.0.1 (insecure loopback), ADBench Covertype, {rows} rows of 10 "
+        f"features per node, K = {K} full-covariance components; iterative algorithms: "
+        f"k-means init with 1 Lloyd round, then max_iter = {max_iter} rounds (tol = 0). "
+        "'s per round': the ServerApp's wall time per round (RoundRecord.seconds); "
+        "'fixed s': the run's total minus its rounds (app build and install, ServerApp "
+        "start, waiting for the nodes, writing the result); 'total s': flwr run start to "
+        "the result file. Every message starts a ClientApp process on its node, so the "
+        "time per round grows with the nodes sharing the machine's cores."
+    )
+    report = "\n\n".join(
+        [
+            report_header(
+                "Flower: time per round and per run",
+                command,
+                args.quick,
+                time.perf_counter() - start,
+            ),
+            "\n".join(log),
+            notes,
+            "\n".join([HEADER, *(row(r) for r in runs)]),
+        ]
+    )
+    out = args.out if args.out is not None or args.quick else OUT
+    return emit_report(report + "\n", out)
+
+
+if __name__ == "__main__":
+    main()
