@@ -182,6 +182,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scoreboard", action="store_true", help="also the 25 ADBench sets")
     parser.add_argument("--datasets", nargs="+", default=None, help="scoreboard subset")
+    parser.add_argument(
+        "--variants", nargs="+", default=None, help="labels of VARIANTS to run (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="smoke run: small, one seed")
     args = parser.parse_args(argv)
@@ -189,6 +192,8 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     seeds = args.seeds[:1] if args.quick else args.seeds
     variants = VARIANTS[:3] if args.quick else VARIANTS
+    if args.variants:
+        variants = tuple(v for v in VARIANTS if v[0] in args.variants or v[0] == "DEM-kmeans")
     order = [label for label, _ in variants] + ["FedGenGMM"]
     max_train = 3000 if args.quick else None
     cover = with_differences(

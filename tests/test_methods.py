@@ -16,7 +16,8 @@ from fednovelty.methods import (
 )
 
 MIXTURES = ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset",
-            "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM", "Local", "CentralGMM"]  # fmt: skip
+            "DEM-oneshot", "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM", "Local",
+            "CentralGMM"]  # fmt: skip
 PYOD = ["IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA"]
 
 

@@ -13,7 +13,7 @@ Choices, and why:
 
 - Methods come from the registry (:mod:`fednovelty.methods`), read when the page runs (a
   method added to ``METHODS`` appears at once): the page offers its novelty methods, with
-  DEM's three initialisations as one choice (``DEM``, ``init_params`` a setting) and
+  DEM's four initialisations as one choice (``DEM``, ``init_params`` a setting) and
   FedGenGMM's copula as a setting of ``FedGenGMM`` (:func:`registry_name`). FedGMM on
   labelled data with ``joint`` fits the registry's ``PFL-FedGMM``, the joint estimator
   ``JointFedGMMDetector``, with ``fit(X, y, groups)``. What a choice's ``max_iter`` counts
@@ -68,7 +68,7 @@ __all__ = [
 GROUPED: dict[str, tuple[str, dict]] = {
     "DEM": (
         "init_params",
-        {init: f"DEM-{init}" for init in ("kmeans", "separated", "subset")},
+        {init: f"DEM-{init}" for init in ("kmeans", "separated", "subset", "oneshot")},
     ),
     "FedGenGMM": ("copula", {False: "FedGenGMM", True: "FedGenGMM-copula"}),
 }
@@ -171,7 +171,8 @@ class MethodSettings:
         n_components: K of the global mixture (FedGMM, DEM, FedGenGMM, CentralGMM).
         covariance_type: ``"full"``, ``"diag"``, ``"tied"`` or ``"spherical"``.
         max_iter: maximum EM rounds.
-        init_params: DEM's initialisation (``"kmeans"``, ``"separated"``, ``"subset"``).
+        init_params: DEM's initialisation (``"kmeans"``, ``"separated"``, ``"subset"``,
+            ``"oneshot"``: one round of local fits, then EM rounds with SQUAREM).
         joint: FedGMM fits the joint model p(x, y) when the data are labelled.
         n_learners, local_epochs: the joint model's learners.
         client_components: K_c of FedGenGMM / Local clients; None = BIC over 1..10.

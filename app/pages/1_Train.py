@@ -200,12 +200,14 @@ with method_col:
         ui.default(P + "rounds", 30)
         options["max_iter"] = st.slider("EM rounds at most", 5, 200, key=P + "rounds")
     if method == "DEM":
-        ui.default_choice(P + "init", ["kmeans", "separated", "subset"], "kmeans")
+        inits = ["kmeans", "separated", "subset", "oneshot"]
+        ui.default_choice(P + "init", inits, "kmeans")
         options["init_params"] = st.selectbox(
             "Initialisation",
-            ["kmeans", "separated", "subset"],
+            inits,
             key=P + "init",
-            help="subset pools 100 raw rows on the server (not private).",
+            help="subset pools 100 raw rows on the server (not private); oneshot starts "
+            "from one round of local fits and accelerates the EM rounds (fewer rounds).",
         )
     if method == "FedGMM":
         ui.default(P + "joint", True)

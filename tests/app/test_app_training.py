@@ -57,7 +57,7 @@ def test_the_page_choices_are_the_registry_methods():
     # every novelty method of the registry is one page choice with its settings away
     reached = {registry_name(MethodSettings(method=m)) for m in [*FEDERATED, *CENTRALIZED]}
     reached |= {registry_name(MethodSettings(method="DEM", init_params=i))
-                for i in ("separated", "subset")}  # fmt: skip
+                for i in ("separated", "subset", "oneshot")}  # fmt: skip
     reached.add(registry_name(MethodSettings(method="FedGenGMM", copula=True)))
     assert reached == set(method_names())
     assert registry_name(MethodSettings(), joint=True) == "PFL-FedGMM"

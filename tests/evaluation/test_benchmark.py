@@ -160,7 +160,8 @@ def test_unknown_names_suggest_the_closest():
 
 def test_methods_come_from_the_registry():
     assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
-                                     "DEM-subset", "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM",
+                                     "DEM-subset", "DEM-oneshot", "ClusteredGMM-IFCA",
+                                     "ClusteredGMM-FeSEM",
                                      "Local", "CentralGMM", "FedGenGMM-copula", "FedVB",
                                      "KNN-markers",
                                      "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS",

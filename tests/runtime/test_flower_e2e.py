@@ -3,11 +3,11 @@
 A SuperLink and three SuperNodes run on 127.0.0.1 (free ports) as separate processes, and
 ``examples/flower`` (copied) is started with ``flwr run``; each node holds one partition of
 one dataset. FedGenGMM (one round), two rounds of iterative EM with personal weights (the
-second round reads each node's persisted state), a streaming window, clustered EM, federated
-VB, one-shot VB and the kNN-distance markers (each node keeps its rows' distances in its
-state) must equal ``run_simulation`` on the same partitions to float64 round-off, and load
-into the detectors. The federation is stopped in
-a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
+second round reads each node's persisted state), the one-shot start with SQUAREM rounds, a
+streaming window, clustered EM, federated VB, one-shot VB and the kNN-distance markers
+(each node keeps its rows' distances in its state) must equal ``run_simulation`` on the
+same partitions to float64 round-off, and load into the detectors. The federation is
+stopped in a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
 malformed replies is tested without a deployment in ``test_flower_validation.py``.)
 Every message starts a ClientApp process, so each round takes seconds: the module is
 marked slow.
@@ -152,6 +152,33 @@ def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> Non
     assert on_flower.mixture_weights == "personal"
     assert_close_scaled(on_flower.client_weights_, in_process.client_weights_, rtol=1e-12)
     assert_close_scaled(on_flower.decision_scores_, in_process.decision_scores_, rtol=1e-12)
+
+
+def test_one_shot_start_and_squarem_on_flower_equal_simulation(federation, partitions) -> None:
+    """The few-round fit: one round of local fits reduced on the server, then EM rounds
+    with SQUAREM on the server (an extrapolated point checked by the next round)."""
+    federation, app = federation
+    params = {
+        "n_components": 3,
+        "mixture_weights": "global",
+        "init_params": "oneshot",
+        "acceleration": "squarem",
+        "max_iter": 4,
+        "tol": 0.0,
+    }
+    result = federation.run_app(
+        app,
+        {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(FederatedEM(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert [r.kind for r in result.history] == ["oneshot"] + ["em"] * 4
+    assert state.n_iter == 4
+    assert_same_mixture(state.params, expected.params)
+    assert_close_scaled(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
+    assert_same_history(result.history, simulated.history)
+    assert result.dropped == []
 
 
 def test_a_streaming_window_on_flower_equals_simulation(federation, partitions) -> None:
