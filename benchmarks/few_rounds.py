@@ -177,7 +177,7 @@ def seed_spread(table: pd.DataFrame) -> str:
     )
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scoreboard", action="store_true", help="also the 25 ADBench sets")
@@ -245,7 +245,7 @@ def main(argv=None) -> None:
         args.quick,
         time.perf_counter() - started,
     )
-    emit_report(report + "\n\n" + "\n".join(sections) + "\n", args.out)
+    return emit_report(report + "\n\n" + "\n".join(sections) + "\n", args.out)
 
 
 if __name__ == "__main__":
