@@ -112,23 +112,15 @@ def run_task(dataset: str, seeds, *, n_clients, k, max_train, max_test, variants
     rows = []
     for seed in seeds:
         base = {"n_components": k, "random_state": seed, "progress": False}
-        for label, settings in variants:
-            rows.append(
-                {
-                    "dataset": dataset,
-                    "seed": seed,
-                    "variant": label,
-                    **fit_variant(task, base, settings),
-                }
-            )
-        rows.append(
-            {
-                "dataset": dataset,
-                "seed": seed,
-                "variant": "FedGenGMM",
-                **fit_fedgengmm(task, k, seed),
-            }
-        )
+        fits = [(label, lambda s=s, b=base: fit_variant(task, b, s)) for label, s in variants]
+        fits.append(("FedGenGMM", lambda seed=seed: fit_fedgengmm(task, k, seed)))
+        for label, fit in fits:
+            try:
+                figures = fit()
+            except ValueError as error:  # e.g. clients too small for K local components
+                print(f"{dataset} seed {seed} {label}: {error}", flush=True)
+                figures = {"auroc": np.nan, "aupr": np.nan, "error": str(error)[:80]}
+            rows.append({"dataset": dataset, "seed": seed, "variant": label, **figures})
         print(f"{dataset} seed {seed} done", flush=True)
     return pd.DataFrame(rows)
 
