@@ -154,11 +154,12 @@ def _assert_same(a, b, where: str = "state") -> None:
     "algorithm",
     [
         FederatedEM(2, mixture_weights="personal", max_iter=3, tol=0.0),
+        FederatedEM(2, init_params="oneshot", acceleration="squarem", max_iter=4, tol=0.0),
         FedGenGMM(n_components=2, k_range=(1, 3)),
         FedGenGMM(n_components=2, k_range=(1, 3), copula=True),
         JointFedGMM(2, 2, 2, learner_factory=mlp_learner, max_iter=2, kmeans_rounds=2),
     ],
-    ids=["FederatedEM", "FedGenGMM", "FedGenGMM-copula", "JointFedGMM"],
+    ids=["FederatedEM", "FederatedEM-squarem", "FedGenGMM", "FedGenGMM-copula", "JointFedGMM"],
 )
 def test_result_file_round_trip(algorithm, tmp_path) -> None:
     if isinstance(algorithm, JointFedGMM):

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.mixtures.accelerate import Squarem
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
 from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
@@ -40,7 +41,15 @@ _METADATA_KEY = "fednovelty"
 #: dataclasses a state field may hold, stored field by field (``{"__dataclass__": name}``).
 VALUES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (CovariancePrior, PCAProjection, PCAState, SufficientStats, VBPrior, VBPosterior)
+    for cls in (
+        CovariancePrior,
+        PCAProjection,
+        PCAState,
+        Squarem,
+        SufficientStats,
+        VBPrior,
+        VBPosterior,
+    )
 }
 
 
