@@ -6,7 +6,10 @@ the summed statistics federated EM sends; under one shared prior the server's po
 posterior of the pooled rows (scikit-learn's ``BayesianGaussianMixture``), whatever the split.
 ``posterior_merge="natural"`` or ``"moment"`` runs the one-shot
 :class:`~fednovelty.federated.bayesian.vb_oneshot.FederatedVBOneShot` instead (every client fits its
-own posterior; the server matches and combines them); the fitted attributes are the same.
+own posterior; the server matches and combines them); the fitted attributes are the same. The
+exact fit with ``init_params="oneshot"`` starts from such a posterior (matched with
+``match_threshold``, combined by natural-parameter averaging, refined on the server) and goes
+on with exact rounds.
 
 Choices, and why:
 
@@ -112,7 +115,8 @@ POSTERIOR_MERGE = Param(
     'shot: ``"natural"`` (natural-parameter averaging of the clients\' local posteriors) or '
     '``"moment"`` (moment matching); one-shot fits initialise locally with k-means '
     '(``init_params="kmeans"``, no ``*_init``) and take ``covariance_type`` ``"full"``, '
-    '``"diag"`` or ``"spherical"``.',
+    '``"diag"`` or ``"spherical"``. (The exact fit\'s ``init_params="oneshot"`` start combines '
+    "by natural-parameter averaging.)",
     setting="posterior_aggregation",
 )
 #: The one-shot fits' matching of client components.
@@ -121,11 +125,12 @@ MATCH_THRESHOLD = Param(
     0.5,
     [Interval(Real, 0.0, None, closed="neither")],
     "one-shot matching: a client component opens a new slot when its divergence to the "
-    "closest slot exceeds this share of its divergence to the pooled data (ignored by "
-    '``"exact"``).',
+    'closest slot exceeds this share of its divergence to the pooled data (``"exact"`` '
+    'reads it only with ``init_params="oneshot"``).',
 )
-#: The settings only the one-shot algorithm takes, and those only the exact one takes (its
-#: initialisation: one-shot clients start from local k-means).
+#: The settings only the one-shot algorithm takes (the exact fit's one-shot start reads
+#: ``match_threshold`` too), and those only the exact one takes (its initialisation:
+#: one-shot clients start from local k-means).
 _ONE_SHOT_ONLY = ("posterior_aggregation", "match_threshold")
 _EXACT_ONLY = tuple(p.name for p in (*INIT, *START))
 
@@ -211,7 +216,12 @@ class FedVBDetector(MixtureDetector):
             "n_components": "An upper bound: the prior prunes the components the data do not "
             "need (``effective_n_components_``).",
             "init_params": "The initial mixture's responsibilities give the first posterior "
-            "(scikit-learn's ``_initialize``).",
+            "(scikit-learn's ``_initialize``); ``\"oneshot\"`` is variational Bayes' own: one "
+            "round in which every client fits its posterior under the shared prior, matched "
+            "(``match_threshold``), combined by natural-parameter averaging and refined on "
+            "the server (100 iterations at most on the clients' component statistics), the exact "
+            'rounds continuing from it (``covariance_type`` not ``"tied"``, no '
+            "``dp_epsilon``, no ``*_init``).",
             "aggregation": 'Exact fit: ``"sum"`` or ``"trimmed"`` (trimmed statistics and a '
             'robust k-means round); one-shot fits: also ``"median"``; ``"trimmed"`` and '
             '``"median"`` leave the most outlying client posteriors out and count every '
@@ -283,6 +293,8 @@ class FedVBDetector(MixtureDetector):
         settings = self._settings(n_features)
         one_shot = {name: settings.pop(name) for name in _ONE_SHOT_ONLY}
         exact = {name: settings.pop(name) for name in _EXACT_ONLY}
+        if exact["init_params"] == "oneshot":  # the exact fit's one-shot start
+            exact["match_threshold"] = one_shot["match_threshold"]
         common = {**settings, "random_state": seed, **self._torch_options()}
         plan = None
         if self.posterior_merge != "exact":

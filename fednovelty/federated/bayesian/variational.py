@@ -6,20 +6,21 @@ message of federated EM); the server adds them, recovers the responsibilities' e
 the conjugate M-step and records the ELBO. Under one shared prior any split of the rows
 follows scikit-learn's ``BayesianGaussianMixture`` to round-off. ``FederatedVB`` chains::
 
-    [public box] + [prior moments] + initialisation (federated EM's init steps) + VB
+    [public box] + [prior moments] + start + VB
 
 :class:`VBPriorStep` merges the clients' means and scatters into scikit-learn's default
-priors; the initialisation is federated EM's (:func:`~fednovelty.federated.init.init_steps`,
-K an upper bound); :class:`VBStep` runs until the ELBO changes by less than ``tol``. Robust
-options as federated EM's. A client below its privacy floor skips; a component backed by
-fewer than ``min_rows`` effective rows is sent as zeros and stays at its prior.
+priors. The start (:func:`vb_steps`): federated EM's initialisation (K an upper bound) and one
+``vb_init`` round; or, with ``init_params="oneshot"``, one round of local posteriors under the
+same prior, matched, combined and refined on the server
+(:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`).
+:class:`VBStep` runs until the ELBO changes by less than ``tol``. Robust options as federated
+EM's; a client below its privacy floor skips; a component backed by fewer than ``min_rows``
+effective rows is sent as zeros and stays at its prior.
 
 With ``bounds`` (a public box) the rounds work in ``[-1, 1]`` per feature and the posterior
 is mapped back exactly (:func:`affine_posterior`). Under differential privacy (``dp_mode``)
-the prior moments are a noisy scatter and every Lloyd, ``vb_init`` and ``vb`` round noisy
-sums, the start is public, the server post-processes the noisy sums
-(:func:`~fednovelty.federated.init.private_stats`) and runs ``max_iter`` rounds without the
-ELBO (``docs/differential_privacy.md``).
+the prior moments and every Lloyd, ``vb_init`` and ``vb`` round release noisy sums, the start
+is public, and ``max_iter`` rounds run without the ELBO (``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from fednovelty.federated.config import (
     Settings,
     TorchSettings,
     as_tensor,
+    optional_count,
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
@@ -76,6 +78,7 @@ from fednovelty.mixture.variational import (
 
 __all__ = [
     "FederatedVB",
+    "OneShotSettings",
     "VBConfig",
     "VBPriorSettings",
     "VBPriorStep",
@@ -134,6 +137,69 @@ class VBPriorSettings(TorchSettings):
         return self.mean_prior is None or self.covariance_prior is None
 
 
+#: How the server combines matched client posteriors.
+POSTERIOR_AGGREGATIONS: tuple[str, ...] = ("natural", "moment")
+
+
+@settings_dataclass
+class OneShotSettings(Settings):
+    """How the clients fit their local posteriors and the server turns them into one
+    (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`: one-shot VB, and the
+    ``init_params="oneshot"`` start of federated VB).
+
+    Attributes:
+        posterior_aggregation: how matched components combine
+            (:func:`fednovelty.mixture.vb_aggregate.aggregate_posteriors`): ``"moment"``
+            (moment matching, minimises the forward KL) or ``"natural"`` (natural-parameter
+            averaging, minimises the reverse KL).
+        match_threshold: a client component joins the closest slot when its symmetric KL
+            divergence to the slot is at most ``match_threshold`` times its divergence to
+            the pooled data's Gaussian; otherwise it opens a new slot while fewer than
+            ``n_components`` are open (> 0).
+        total_evidence: after combining a slot, scale its evidence from the average
+            client's to the slot's total, the prior counted once
+            (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
+            rule's average (VGM2's use: the average as the next prior).
+        refine_iter: most variational iterations the server then runs on the clients'
+            component statistics, every row of a client's component sharing one set of
+            responsibilities (:func:`fednovelty.mixture.variational.fit_vb_groups`, stopped
+            by ``tol``; no communication); 0: none.
+        local_max_iter: most iterations of each client's local variational EM (stopped
+            by ``tol``); ``None``: ``max_iter``.
+    """
+
+    posterior_aggregation: str = "moment"
+    match_threshold: float = 0.5
+    total_evidence: bool = True
+    refine_iter: int = 0
+    local_max_iter: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.posterior_aggregation not in POSTERIOR_AGGREGATIONS:
+            raise ValueError(
+                f"posterior_aggregation must be one of {list(POSTERIOR_AGGREGATIONS)}, got "
+                f"{self.posterior_aggregation!r}."
+            )
+        threshold = self.match_threshold
+        if isinstance(threshold, bool) or not (
+            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0
+        ):
+            raise ValueError(f"match_threshold must be a finite number > 0, got {threshold!r}.")
+        self._set("match_threshold", float(threshold))
+        if not isinstance(self.total_evidence, bool):
+            raise ValueError(f"total_evidence must be True or False, got {self.total_evidence!r}.")
+        refine = self.refine_iter
+        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
+            raise ValueError(f"refine_iter must be an integer >= 0, got {refine!r}.")
+        self._set("local_max_iter", optional_count("local_max_iter", self.local_max_iter))
+
+    @property
+    def local_iterations(self) -> int:
+        """Most iterations of a client's local fit (``local_max_iter``, else ``max_iter``)."""
+        return self.local_max_iter or self.max_iter
+
+
 @settings_dataclass
 class BoxSettings(Settings):
     """``bounds``: a public box ``(low, high)`` (each one value per feature, or ``None``)
@@ -166,6 +232,7 @@ class VBConfig(
     BoxSettings,
     GivenMixture,
     VBPriorSettings,
+    OneShotSettings,
 ):
     """Settings of federated variational Bayes (``FederatedVB``): the robust options
     (``aggregation`` ``"sum"`` or ``"trimmed"``), ``n_components`` (the upper bound K) and
@@ -183,11 +250,21 @@ class VBConfig(
     ``client_weight_cap``) and runs ``max_iter`` VB rounds: the ELBO needs the
     log-likelihood, which the clients withhold.
 
+    The start: the initial mixture of the initialisation settings, its responsibilities
+    giving the first posterior (scikit-learn's ``_initialize``); with
+    ``init_params="oneshot"`` instead one round in which every client fits its own
+    posterior under the shared prior (local k-means start, ``tol``, ``local_max_iter`` or
+    else ``max_iter`` iterations) and the server matches, combines and refines them
+    (:class:`OneShotSettings`; here ``posterior_aggregation`` defaults to ``"natural"`` and
+    ``refine_iter`` to 100), the VB rounds continuing from that posterior.
+
     Raises:
         ValueError: ``dp_mode`` without
             ``bounds`` or with a robust option; ``covariance_type="spherical"`` with a box
             whose features have different widths (one variance cannot be rescaled per
-            feature).
+            feature); ``init_params="oneshot"`` with ``dp_mode`` (local posteriors have
+            no private form), with ``covariance_type="tied"`` or with a given
+            ``means_init`` / ``weights_init`` / ``precisions_init``.
     """
 
     AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = ("sum", "trimmed")
@@ -195,8 +272,13 @@ class VBConfig(
     #: the clients' privacy floors allow fewer centroids; the rest start empty, at the prior.
     FEWER_CENTROIDS_OK: ClassVar[bool] = True
 
+    posterior_aggregation: str = "natural"
+    refine_iter: int = 100
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.init_params == "oneshot":
+            self._check_oneshot_start()
         if self.private and self.bounds is None:
             raise ValueError(
                 "differential privacy clips rows around the centre of a public box: give "
@@ -211,6 +293,30 @@ class VBConfig(
                     "(a spherical covariance cannot be rescaled per feature); widen the "
                     'narrower features\' bounds or use "diag".'
                 )
+
+    def _check_oneshot_start(self) -> None:
+        """A ``ValueError`` naming the setting the one-shot start cannot take."""
+        if self.private:
+            raise ValueError(
+                'init_params="oneshot" sends every client\'s local posterior, which has no '
+                'private form; use init_params="kmeans" or "separated" with dp_mode set.'
+            )
+        if self.covariance_type == "tied":
+            raise ValueError(
+                'init_params="oneshot" takes covariance_type "full", "diag" or "spherical" '
+                "(the clients' tied fits do not align one shared Wishart); use "
+                'init_params="kmeans" for "tied".'
+            )
+        given = [
+            n
+            for n in ("weights_init", "means_init", "precisions_init")
+            if getattr(self, n) is not None
+        ]
+        if given:
+            raise ValueError(
+                f'init_params="oneshot" starts from the clients\' local fits, not from a given '
+                f'mixture: leave {", ".join(given)} unset, or use init_params="kmeans" with them.'
+            )
 
 
 @dataclass
@@ -230,8 +336,12 @@ class VBState:
         offset, scale: the public box's map ``u = (x - offset) / scale`` (``bounds``),
             each (n_features,); ``vb_prior`` stays in those units, ``posterior`` is mapped
             back to the user's when the chain finishes.
-        n_iter: VB rounds run (the ``vb_init`` round is not one); ``converged``.
+        n_iter: VB rounds run (the ``vb_init`` or ``vb_local`` round is not one);
+            ``converged``.
         effective_n_components: components whose expected weight exceeds the threshold.
+        client_rows, client_posteriors, assignments, dropped, left_out: the one-shot
+            start's record (``init_params="oneshot"``; as
+            :class:`~fednovelty.federated.bayesian.vb_oneshot.VBOneShotState`'s).
     """
 
     phase: str
@@ -251,6 +361,11 @@ class VBState:
     n_iter: int = 0
     converged: bool = False
     effective_n_components: int = 0
+    client_rows: dict[int, float] = field(default_factory=dict)
+    client_posteriors: dict[int, VBPosterior] = field(default_factory=dict)
+    assignments: dict[int, Tensor] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    left_out: list[int] = field(default_factory=list)
 
 
 def prior_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
@@ -295,7 +410,9 @@ VB_REPLIES = declare(
 class VBPriorStep(Step):
     """Pooled mean and covariance for scikit-learn's default prior (module docstring), in
     the units the rounds work in (the public box's with ``bounds``); under differential
-    privacy from the noisy sums, post-processed (:func:`private_prior_moments`)."""
+    privacy from the noisy sums, post-processed (:func:`private_prior_moments`). Each
+    client's declared row count is kept in ``state.client_rows`` (what a later ``vb_local``
+    reply is checked against)."""
 
     kinds = ("vb_prior",)
     replies = declare(VB_PRIOR_REPLY)
@@ -330,6 +447,9 @@ class VBPriorStep(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
+        if not getattr(config, "private", False):
+            for cid, reply in replies.items():
+                state.client_rows[cid] = float(reply.tensors["n_samples"])
         parts = [
             {k: v.to(config.device, config.dtype) for k, v in reply.tensors.items()}
             for reply in replies.values()
@@ -470,7 +590,8 @@ def pad_components(params: MixtureParams, n_components: int) -> MixtureParams:
 
 
 class VBStep(Step):
-    """The ``vb_init`` round and the VB rounds (module docstring)."""
+    """The ``vb_init`` round and the VB rounds (module docstring); after a one-shot start
+    (a posterior already in ``state.posterior``) the VB rounds alone, counted from 0."""
 
     kinds = ("vb_init", "vb")
     replies = VB_REPLIES
@@ -480,6 +601,9 @@ class VBStep(Step):
         self.max_rounds = config.max_iter + 1
 
     def begin(self, state: Any) -> str | None:
+        if state.posterior is not None:  # the one-shot start's posterior
+            state.n_iter, state.converged = 0, False
+            return "vb"
         state.params = pad_components(state.params, self.config.n_components)
         return "vb_init"
 
@@ -565,11 +689,21 @@ class VBStep(Step):
 
 
 def vb_steps(config: VBConfig) -> list[Step]:
-    """The chain of federated VB: ``[public box] + [prior moments] + init steps + [VB]``
-    (the box is :class:`~fednovelty.federated.init.MomentsStep` without a round: with
-    ``bounds`` it sets the working units, maps every later round's rows to them and the
-    initial mixture back at the end)."""
-    return [MomentsStep(config), VBPriorStep(config), *init_steps(config), VBStep(config)]
+    """The chain of federated VB: ``[public box] + [prior moments] + start + [VB]`` (the
+    box is :class:`~fednovelty.federated.init.MomentsStep` without a round: with ``bounds``
+    it sets the working units, maps every later round's rows to them and the initial
+    mixture back at the end). The start is federated EM's init steps or, with
+    ``init_params="oneshot"``, VB's own one-shot round of local posteriors
+    (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`, in place of federated
+    EM's one-shot mixture)."""
+    if config.init_params == "oneshot":
+        # vb_oneshot imports this module (its prior settings and step)
+        from fednovelty.federated.bayesian.vb_oneshot import VBLocalStep
+
+        start: list[Step] = [VBLocalStep(config)]
+    else:
+        start = init_steps(config)
+    return [MomentsStep(config), VBPriorStep(config), *start, VBStep(config)]
 
 
 class FederatedVB(ChainedAlgorithm):
@@ -591,10 +725,18 @@ class FederatedVB(ChainedAlgorithm):
       privacy floors let them send fewer k-means centroids than K, the k-means init seeds half
       as many components as centroids arrived and the rest start empty (:func:`pad_components`),
       at the prior.
+    - or, with ``init_params="oneshot"``, the one-shot start
+      (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`, one ``vb_local``
+      round): every client fits its own posterior under the shared prior and sends its
+      statistics; the server matches and combines the local posteriors
+      (``posterior_aggregation``, ``match_threshold``, ``total_evidence``) and runs up to
+      ``refine_iter`` variational iterations on the clients' component statistics; the
+      ``vb`` rounds start from that posterior (no ``vb_init`` round).
     - VB (:class:`VBStep`): one ``vb_init`` round (clients' Gaussian E-step responsibilities
       under ``state.params``, summed; the server's VB M-step gives the first posterior:
       scikit-learn's ``_initialize`` from those responsibilities) and then ``vb`` rounds until
-      the ELBO changes by less than ``tol`` or ``max_iter`` rounds ran.
+      the ELBO changes by less than ``tol`` (in nats, summed over all rows:
+      scikit-learn's rule) or ``max_iter`` rounds ran.
 
     Robust options (:mod:`fednovelty.federated.robust`, as federated EM's):
     ``client_weight_cap`` scales down the sums of a client claiming more than that many median

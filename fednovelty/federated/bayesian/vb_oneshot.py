@@ -5,24 +5,23 @@ Two rounds, whatever the number of components:
 1. ``vb_prior`` (:class:`~fednovelty.federated.bayesian.variational.VBPriorStep`, skipped when
    ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
    for scikit-learn's default Normal-Wishart prior, so every client fits under one shared
-   prior. The server also records each client's declared row count.
-2. ``vb_local``: each client runs variational EM on its own rows under the broadcast prior
-   (:func:`~fednovelty.mixture.variational.fit_vb` from local k-means labels, at most
-   :func:`local_clusters` of them) and replies with the statistics of its converged
-   responsibilities. Under the shared prior these statistics *are* the client's posterior
-   (:func:`~fednovelty.mixture.variational.vb_m_step`), so the server rebuilds it exactly
-   and validates every reply like a statistics reply; a bad one is dropped with its reason
-   (``state.dropped``), never the run.
+   prior; each client's declared row count is recorded.
+2. ``vb_local`` (:class:`VBLocalStep`): each client runs variational EM on its own rows under
+   the broadcast prior (from local k-means labels, at most :func:`local_clusters`) and replies
+   with the statistics of its converged responsibilities, which under the shared prior *are*
+   its posterior: the server rebuilds it exactly and validates every reply like a statistics
+   reply; a bad one is dropped with its reason (``state.dropped``), never the run.
 
 The server then matches the clients' components into at most ``n_components`` slots
-(:func:`match_components`: symmetric KL divergence relative to the pooled data's
-Gaussian), combines each slot (:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors`,
-``posterior_aggregation`` ``"moment"`` or ``"natural"``) and, with ``total_evidence``, scales
-each slot's evidence from the average client's to the slot's total. Robust options
+(:func:`match_components`: symmetric KL relative to the pooled data's Gaussian), combines each
+slot (:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors`, ``"moment"`` or
+``"natural"``), with ``total_evidence`` scales each slot's evidence to its total, and with
+``refine_iter`` runs variational iterations on the clients' component statistics
+(:func:`~fednovelty.mixture.variational.fit_vb_groups`). The same step is the one-shot start
+of :class:`~fednovelty.federated.bayesian.variational.FederatedVB`. Robust options
 (``"trimmed"``, ``"median"``) weigh every client as the typical client's rows and leave out
-outlying client posteriors. The details are stated on :class:`FederatedVBOneShot`. A client
-below its privacy floor skips both rounds; one suppresses every component backed by fewer
-than ``min_rows`` effective rows by sending it as zeros.
+outlying client posteriors. A client below its privacy floor skips both rounds and suppresses
+every component backed by fewer than ``min_rows`` effective rows (sent as zeros).
 """
 
 from __future__ import annotations
@@ -42,7 +41,12 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.bayesian.variational import VBPriorSettings, VBPriorStep
+from fednovelty.federated.bayesian.variational import (
+    OneShotSettings,
+    VBConfig,
+    VBPriorSettings,
+    VBPriorStep,
+)
 from fednovelty.federated.config import (
     ComponentSettings,
     CovarianceSettings,
@@ -76,6 +80,7 @@ from fednovelty.mixture.variational import (
     VBPrior,
     effective_n_components,
     fit_vb,
+    fit_vb_groups,
     vb_log_resp,
     vb_m_step,
     vb_plugin_params,
@@ -90,37 +95,33 @@ __all__ = [
     "combine_slots",
     "gaussian_jeffreys",
     "match_components",
+    "stack_groups",
 ]
 
 
 @settings_dataclass
 class VBOneShotConfig(
-    RobustSettings, ComponentSettings, CovarianceSettings, IterationSettings, VBPriorSettings
+    RobustSettings,
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    VBPriorSettings,
+    OneShotSettings,
 ):
     """Settings of one-shot federated variational Bayes (``FederatedVBOneShot``,
     :mod:`fednovelty.federated.bayesian.vb_oneshot`): ``n_components`` and ``chunk_size``, the
     covariance settings (``full``, ``diag`` or ``spherical``: the clients' fits do not
     align one shared Wishart), the iteration settings (of each client's local variational
     EM, which local k-means initialises), the priors
-    (:class:`~fednovelty.federated.bayesian.variational.VBPriorSettings`), seed and placement, and:
-
-    Attributes:
-        posterior_aggregation: how the server combines matched components
-            (:func:`fednovelty.mixture.vb_aggregate.aggregate_posteriors`): ``"moment"``
-            (moment matching, minimises the forward KL) or ``"natural"`` (natural-parameter
-            averaging, minimises the reverse KL).
-        match_threshold: a client component joins the closest slot when its symmetric KL
-            divergence to the slot is at most ``match_threshold`` times its divergence to
-            the pooled data's Gaussian; otherwise it opens a new slot while fewer than
-            ``n_components`` are open (> 0).
-        total_evidence: after combining a slot, scale its evidence from the average
-            client's to the slot's total, the prior counted once
-            (:func:`fednovelty.mixture.vb_aggregate.scale_evidence`); ``False`` keeps the
-            rule's average (VGM2's use: the average as the next prior).
-        aggregation, trim, client_weight_cap: the robust options (:class:`RobustSettings`):
-            ``"trimmed"`` leaves out the ``ceil(trim * C)`` most outlying client posteriors,
-            ``"median"`` those whose robust z-score exceeds 3.5, and both count every
-            client as the typical client's rows (trimmed mean or median of the row counts).
+    (:class:`~fednovelty.federated.bayesian.variational.VBPriorSettings`), how the server
+    combines the local posteriors
+    (:class:`~fednovelty.federated.bayesian.variational.OneShotSettings`:
+    ``posterior_aggregation``, ``match_threshold``, ``total_evidence``, ``refine_iter``
+    (default 0 here), ``local_max_iter``), seed and placement, and the robust options
+    (:class:`RobustSettings`): ``aggregation`` ``"trimmed"`` leaves out the
+    ``ceil(trim * C)`` most outlying client posteriors, ``"median"`` those whose robust
+    z-score exceeds 3.5, and both count every client as the typical client's rows (trimmed
+    mean or median of the row counts); ``client_weight_cap`` applies.
     """
 
     #: ``"trimmed"`` / ``"median"``: every client counts as the typical client's rows, and
@@ -128,26 +129,6 @@ class VBOneShotConfig(
     #: (:func:`fednovelty.federated.robust.outlying_models`); ``client_weight_cap`` applies.
     AGGREGATION_CHOICES: ClassVar[tuple[str, ...]] = AGGREGATIONS
     COVARIANCE_CHOICES: ClassVar[tuple[str, ...]] = ("full", "diag", "spherical")
-
-    posterior_aggregation: str = "moment"
-    match_threshold: float = 0.5
-    total_evidence: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.posterior_aggregation not in ("natural", "moment"):
-            raise ValueError(
-                "posterior_aggregation must be 'natural' or 'moment', got "
-                f"{self.posterior_aggregation!r}."
-            )
-        threshold = self.match_threshold
-        if isinstance(threshold, bool) or not (
-            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0
-        ):
-            raise ValueError(f"match_threshold must be a finite number > 0, got {threshold!r}.")
-        self._set("match_threshold", float(threshold))
-        if not isinstance(self.total_evidence, bool):
-            raise ValueError(f"total_evidence must be True or False, got {self.total_evidence!r}.")
 
 
 #: expected count (rows) below which a client's component takes no part in the matching.
@@ -408,15 +389,6 @@ def _zero_stats(k: int, d: int, covariance_type: str, shift: Tensor) -> Sufficie
 # --------------------------------------------------------------------------- steps
 
 
-class _PriorStep(VBPriorStep):
-    """:class:`VBPriorStep` that also records each client's declared row count."""
-
-    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
-        for cid, reply in replies.items():
-            state.client_rows[cid] = float(reply.tensors["n_samples"])
-        return super().server_step(state, replies)
-
-
 def _prior_message(prior: VBPrior) -> dict[str, Tensor]:
     return {**prior.tensors(), "shift": prior.mean}
 
@@ -458,12 +430,17 @@ VB_LOCAL_REPLY = ReplySpec(
 
 
 class VBLocalStep(Step):
-    """The ``vb_local`` round: local VB fits, matched and combined (module docstring)."""
+    """The ``vb_local`` round: local VB fits, matched, combined and refined (module
+    docstring). Used by ``FederatedVBOneShot`` and as the ``init_params="oneshot"`` start
+    of ``FederatedVB``: either config carries the settings it reads (the prior,
+    :class:`~fednovelty.federated.bayesian.variational.OneShotSettings`, the
+    iteration and robust settings); the state needs ``vb_prior``, ``client_rows`` and the
+    record fields of :class:`VBOneShotState`."""
 
     kinds = ("vb_local",)
     replies = declare(VB_LOCAL_REPLY)
 
-    def __init__(self, config: VBOneShotConfig) -> None:
+    def __init__(self, config: VBOneShotConfig | VBConfig) -> None:
         self.config = config
 
     def configure(self, state: Any) -> Message:
@@ -509,7 +486,7 @@ class VBLocalStep(Step):
             prior,
             reg_covar=config.reg_covar,
             tol=config.tol,
-            max_iter=config.max_iter,
+            max_iter=config.local_iterations,
             chunk_size=config.chunk_size,
         )
         resp = vb_log_resp(X, result.posterior)[1].exp()
@@ -559,7 +536,8 @@ class VBLocalStep(Step):
         # under a robust option every client counts as the typical client's rows
         sizes = {cid: float(stats.n_samples) for cid, stats in valid.items()}
         factors = typical_row_factors(sizes, config.aggregation, config.trim)
-        posteriors, counts = {}, {}
+        posteriors, client_stats = {}, {}
+        local_iter, local_converged = 0, True
         for cid, stats in valid.items():
             stats = scale_stats(stats, factors[cid])
             try:
@@ -567,40 +545,19 @@ class VBLocalStep(Step):
             except ValueError as error:
                 state.dropped[cid] = str(error)
                 continue
-            counts[cid] = stats.counts
-            state.n_iter = max(state.n_iter, int(replies[cid].scalars.get("n_iter", 0)))
-            state.converged = state.converged and bool(replies[cid].scalars.get("converged", True))
+            client_stats[cid] = stats
+            local_iter = max(local_iter, int(replies[cid].scalars.get("n_iter", 0)))
+            local_converged = local_converged and bool(replies[cid].scalars.get("converged", True))
         if not posteriors:
             raise ValueError(
                 f"no client sent a valid local posterior in the vb_local round: {state.dropped}."
             )
+        state.n_iter, state.converged = local_iter, local_converged
         plugins = {cid: vb_plugin_params(post) for cid, post in posteriors.items()}
         state.left_out = outlying_models(plugins, config.aggregation, config.trim)
         ids = [cid for cid in sorted(posteriors) if cid not in state.left_out]
-        ct = config.covariance_type
-        pooled = [
-            (cid, c)
-            for cid in ids
-            for c in range(config.n_components)
-            if counts[cid][c] >= MIN_COMPONENT_COUNT
-        ]
-        means = torch.stack([posteriors[cid].means[c] for cid, c in pooled]) if pooled else None
-        slots = {cid: torch.full((config.n_components,), -1, dtype=torch.long) for cid in ids}
-        if pooled:
-            covs = torch.stack(
-                [
-                    _full_covariances(posteriors[cid].covariances[c : c + 1], ct, d)[0]
-                    for cid, c in pooled
-                ]
-            )
-            weights = torch.stack([counts[cid][c] for cid, c in pooled])
-            owner = torch.tensor([cid for cid, _ in pooled])
-            reference = (prior.mean, _full_covariances(prior.covariance.unsqueeze(0), ct, d)[0])
-            found = match_components(
-                means, covs, weights, owner, reference, config.n_components, config.match_threshold
-            )
-            for (cid, c), s in zip(pooled, found.tolist(), strict=True):
-                slots[cid][c] = s
+        counts = {cid: client_stats[cid].counts for cid in ids}
+        slots = self._match(posteriors, counts, ids, prior)
         state.client_posteriors = posteriors
         state.assignments = slots
         state.posterior = combine_slots(
@@ -612,16 +569,76 @@ class VBLocalStep(Step):
             config.reg_covar,
             config.total_evidence,
         )
+        metrics: dict[str, Any] = {"phase": "vb_local"}
+        if config.refine_iter > 0:
+            refined = fit_vb_groups(
+                stack_groups([client_stats[cid] for cid in ids]),
+                state.posterior,
+                prior,
+                reg_covar=config.reg_covar,
+                tol=config.tol,
+                max_iter=config.refine_iter,
+            )
+            state.posterior = refined.posterior
+            metrics.update(refine_iter=refined.n_iter, refine_bound=refined.lower_bounds[-1])
         state.effective_n_components = effective_n_components(
             state.posterior, config.weight_threshold
         )
         return None, {
-            "phase": "vb_local",
+            **metrics,
             "n_clients": len(posteriors),
             "n_dropped": len(state.dropped),
             "n_left_out": len(state.left_out),
+            "local_n_iter": local_iter,
             "effective_n_components": state.effective_n_components,
         }
+
+    def _match(
+        self,
+        posteriors: dict[int, VBPosterior],
+        counts: dict[int, Tensor],
+        ids: list[int],
+        prior: VBPrior,
+    ) -> dict[int, Tensor]:
+        """The slot of every component of the clients ``ids``, (n_components,) long each
+        (-1: left out, its expected count below ``MIN_COMPONENT_COUNT``)."""
+        config = self.config
+        k, d, ct = config.n_components, prior.n_features, config.covariance_type
+        pooled = [
+            (cid, c) for cid in ids for c in range(k) if counts[cid][c] >= MIN_COMPONENT_COUNT
+        ]
+        slots = {cid: torch.full((k,), -1, dtype=torch.long) for cid in ids}
+        if not pooled:
+            return slots
+        means = torch.stack([posteriors[cid].means[c] for cid, c in pooled])
+        covs = torch.stack(
+            [
+                _full_covariances(posteriors[cid].covariances[c : c + 1], ct, d)[0]
+                for cid, c in pooled
+            ]
+        )
+        weights = torch.stack([counts[cid][c] for cid, c in pooled])
+        owner = torch.tensor([cid for cid, _ in pooled])
+        reference = (prior.mean, _full_covariances(prior.covariance.unsqueeze(0), ct, d)[0])
+        found = match_components(means, covs, weights, owner, reference, k, config.match_threshold)
+        for (cid, c), s in zip(pooled, found.tolist(), strict=True):
+            slots[cid][c] = s
+        return slots
+
+
+def stack_groups(parts: list[SufficientStats]) -> SufficientStats:
+    """The clients' per-component statistics (about one shift) as one set of groups: the
+    components of every part in turn, (sum of the parts' components,) counts."""
+    first = parts[0]
+    return SufficientStats(
+        counts=torch.cat([p.counts for p in parts]),
+        sums=torch.cat([p.sums for p in parts]),
+        second=torch.cat([p.second for p in parts]),
+        shift=first.shift,
+        log_likelihood=sum(p.log_likelihood for p in parts),
+        n_samples=sum(p.n_samples for p in parts),
+        covariance_type=first.covariance_type,
+    )
 
 
 class FederatedVBOneShot(ChainedAlgorithm):
@@ -685,7 +702,7 @@ class FederatedVBOneShot(ChainedAlgorithm):
 
     def _setup(self, config: VBOneShotConfig) -> None:
         super()._setup(config)
-        self._chain([_PriorStep(config), VBLocalStep(config)])
+        self._chain([VBPriorStep(config), VBLocalStep(config)])
 
     def new_state(self) -> VBOneShotState:
         return VBOneShotState(phase="")
