@@ -62,6 +62,7 @@ from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, LocalGMMs
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.streams.streaming import StreamingEM
+from fednovelty.federated.wire import unpack
 from fednovelty.runtime import run_simulation, simulation
 
 F64 = torch.float64
@@ -127,6 +128,10 @@ VARIANTS: dict[str, Variant] = {
         "FederatedEM",
         lambda: FederatedEM(2, max_iter=2, init_params="subset", random_state=0),
         allow_raw_rows=True,
+    ),
+    "em_oneshot": Variant(
+        "FederatedEM",
+        lambda: FederatedEM(2, init_params="oneshot", max_iter=2, random_state=0),
     ),
     "joint": Variant(
         "JointFedGMM", lambda: JointFedGMM(3, 2, 2, max_iter=2, random_state=0), labelled=True
@@ -198,6 +203,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("em_separated_tied", "em"),
     ("em_subset", "count"),
     ("em_subset", "subset"),
+    ("em_oneshot", "oneshot"),
     ("joint", "joint_em"),
     ("fedgengmm", "local_fit"),
     ("local_gmms", "local_fit"),
@@ -234,13 +240,14 @@ def _answered_kinds(algorithm) -> set[str]:
 @functools.cache
 def templates(variant: str) -> tuple:
     """The algorithm of ``variant`` and the first broadcast of each kind an honest in-process
-    federation of 4 clients of 40 rows sent it: ``(algorithm, {kind: message})``."""
+    federation of 4 clients of 40 rows sent it, unpacked from its wire form:
+    ``(algorithm, {kind: message})``."""
     spec = VARIANTS[variant]
     seen: dict[str, Message] = {}
     honest = simulation.run_client_step
 
     def spy(algorithm, data, message, context, *args, **kwargs):
-        seen.setdefault(message.kind, message)
+        seen.setdefault(message.kind, unpack(message))  # as the client step sees it
         return honest(algorithm, data, message, context, *args, **kwargs)
 
     data = _labelled() if spec.labelled else _unlabelled()
@@ -655,7 +662,7 @@ def check(algorithm, kind: str, message: Message, data, reply: Message, before: 
         check_joint(algorithm, r, X, data, t, what)
     elif kind == "pfedem":
         check_pfedem(algorithm, r, X, data, t, what)
-    elif kind == "local_fit":
+    elif kind in ("local_fit", "oneshot"):
         check_local_fit(algorithm, r, X, before, what)
     elif kind == "vb_local":
         resp = before["vb_resp"]
@@ -812,7 +819,9 @@ def check_local_fit(algorithm, r, X, before, what):
     raw = before["local_fit"]  # the fitted mixture before the gate, all components
     n = X.shape[0]
     config = algorithm.config
-    assert r["weights"].shape[0] <= int(config.client_components or max(config.k_range))
+    k_range = getattr(config, "k_range", None)  # FedGenGMM's; the one-shot start: K
+    most = getattr(config, "client_components", None) or (max(k_range) if k_range else 0)
+    assert r["weights"].shape[0] <= int(most or config.n_components)
     kept = [int(np.argmin(np.abs(raw["means"] - m).sum(1))) for m in r["means"]]
     assert np.allclose(raw["means"][kept], r["means"])
     assert_backed(raw["weights"][kept] * n, f"{what}: a local component (weight * n)")
@@ -829,7 +838,7 @@ def answer(algorithm, kind: str, message: Message, data, context: ClientContext)
     """``algorithm.answer`` and what the client held or fitted that the recomputation reads
     (its kept weights, a local fit's mixture, a local VB fit's responsibilities)."""
     before: dict = {}
-    if kind == "local_fit":
+    if kind in ("local_fit", "oneshot"):
         raw = algorithm.client_step(data, message, ClientContext(0, policy=context.policy))
         if not raw.scalars.get("skipped"):
             before["local_fit"] = np_tensors(raw)
