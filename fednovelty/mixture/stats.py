@@ -145,15 +145,23 @@ def _second_moments(centered: Tensor, resp: Tensor, covariance_type: str) -> Ten
         weighted = resp.unsqueeze(2) * centered.unsqueeze(1)  # (n, K, d)
         return _unfold_full(centered.T @ weighted.view(n, k * d), k, d)
     if covariance_type == "tied":
-        return centered.T @ (centered * resp.sum(1, keepdim=True))
+        return _symmetric(centered.T @ (centered * resp.sum(1, keepdim=True)))
     if covariance_type == "diag":
         return resp.T @ centered.square()
     return resp.T @ centered.square().sum(1)
 
 
 def _unfold_full(folded: Tensor, n_components: int, n_features: int) -> Tensor:
-    """(d, K * d) with ``[a, k * d + b] = sum_i x_ia r_ik x_ib`` -> (K, d, d) second moments."""
-    return folded.view(n_features, n_components, n_features).transpose(0, 1).contiguous()
+    """(d, K * d) with ``[a, k * d + b] = sum_i x_ia r_ik x_ib`` -> (K, d, d) second moments,
+    made exactly symmetric (the two triangles differ in their last bits; a symmetric matrix
+    travels as its upper triangle, :mod:`fednovelty.federated.wire`)."""
+    unfolded = folded.view(n_features, n_components, n_features).transpose(0, 1)
+    return _symmetric(unfolded)
+
+
+def _symmetric(matrices: Tensor) -> Tensor:
+    """``(M + M^T) / 2`` of (..., d, d) matrices: exactly symmetric, contiguous."""
+    return ((matrices + matrices.transpose(-1, -2)) * 0.5).contiguous()
 
 
 def stats_from_resp(
@@ -233,7 +241,9 @@ def e_step_stats(
         shift: reference point for the moments, shape (n_features,).
         chunk_size: rows per chunk; default from ``default_chunk_size`` (32 MiB of buffers).
         workspace: scratch buffers to reuse across calls (e.g. one per client process, or one
-            for all clients of a simulation); a fresh one by default.
+            for all clients of a simulation), and the density's factors while the
+            parameters stay the same (:meth:`~fednovelty.mixture.density.Workspace.density`);
+            a fresh one by default.
         squared_counts: if given, a (n_components,) tensor to which ``sum_i r_ik^2`` is
             added (with ``counts``, a component's effective number of rows, which a client's
             privacy floor needs); one extra (chunk, n_components) product per chunk.
@@ -250,9 +260,10 @@ def e_step_stats(
     k, d = means.shape
     ct = covariance_type
     like = {"dtype": X.dtype, "device": X.device}
-    density = ComponentDensity(
-        means - shift, precisions_cholesky, ct, offset=log_weights, workspace=workspace
-    )
+    if workspace is None:
+        density = ComponentDensity(means - shift, precisions_cholesky, ct, offset=log_weights)
+    else:  # built once for the calls that share these parameters (``Workspace.density``)
+        density = workspace.density(means, shift, precisions_cholesky, ct, log_weights)
     if not chunk_size:
         # full/tied: the usual (rows, K, d) budget. diag/spherical have no such buffer; their
         # widest per-row buffers are the augmented rows and a few (rows, K): fill the same
@@ -296,6 +307,8 @@ def e_step_stats(
     sums, counts = moments[:, :d].contiguous(), moments[:, -1].contiguous()
     if ct == "full":
         second = _unfold_full(second, k, d)
+    elif ct == "tied":
+        second = _symmetric(second)
     elif ct == "diag":
         second = moments[:, d : 2 * d].contiguous()
     elif ct == "spherical":
