@@ -24,6 +24,7 @@ its reason. The format, the bytes per round and the float32 cost: ``docs/wire.md
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -92,17 +93,34 @@ def matrix_form(tensor: Tensor) -> str | None:
     return None
 
 
-def _indices(d: int, form: str, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Row and column indices of the triangle a form keeps, row by row: (d(d+1)/2,) each."""
+@functools.lru_cache(maxsize=64)
+def _kept(d: int, form: str, device: torch.device) -> Tensor:
+    """Flat positions ``i * d + j`` of the triangle a form keeps, row by row: (d(d+1)/2,)."""
     make = torch.tril_indices if form == "lower" else torch.triu_indices
     rows, cols = make(d, d, device=device)
-    return rows, cols
+    return rows * d + cols
+
+
+@functools.lru_cache(maxsize=64)
+def _spread(d: int, form: str, device: torch.device) -> Tensor:
+    """For each flat position of a (d, d) matrix, the entry of its packed triangle that fills
+    it: (d * d,) int64; the other half of a triangular form points one past the triangle (a
+    zero appended before the gather)."""
+    kept = _kept(d, form, torch.device("cpu"))
+    length = kept.numel()
+    spread = torch.full((d * d,), length, dtype=torch.int64)
+    spread[kept] = torch.arange(length)
+    if form == "symmetric":
+        mirrored = (kept % d) * d + kept // d
+        spread[mirrored] = torch.arange(length)
+    return spread.to(device)
 
 
 def to_triangle(tensor: Tensor, form: str) -> Tensor:
     """The triangle ``form`` keeps of ``tensor`` (..., d, d): (..., d(d+1)/2), contiguous."""
-    rows, cols = _indices(tensor.shape[-1], form, tensor.device)
-    return tensor[..., rows, cols].contiguous()
+    d = tensor.shape[-1]
+    flat = tensor.reshape(*tensor.shape[:-2], d * d)
+    return flat.index_select(-1, _kept(d, form, tensor.device)).contiguous()
 
 
 def from_triangle(packed: Tensor, form: str) -> Tensor:
@@ -119,12 +137,10 @@ def from_triangle(packed: Tensor, form: str) -> Tensor:
             f"a packed {form} triangle has {length} entries in its last dimension; a triangle "
             "of a (d, d) matrix has d(d+1)/2 entries, d >= 2."
         )
-    out = packed.new_zeros((*packed.shape[:-1], d, d))
-    rows, cols = _indices(d, form, packed.device)
-    out[..., rows, cols] = packed
-    if form == "symmetric":
-        out[..., cols, rows] = packed
-    return out
+    if form != "symmetric":  # the zero the other half points to
+        packed = torch.cat([packed, packed.new_zeros((*packed.shape[:-1], 1))], dim=-1)
+    full = packed.index_select(-1, _spread(d, form, packed.device))
+    return full.view(*packed.shape[:-1], d, d)
 
 
 def wire_dtype_of(setting: Any) -> torch.dtype | None:
@@ -226,6 +242,20 @@ def unpack(message: Message, dtype: torch.dtype | None = None) -> Message:
     """
     if WIRE not in message.scalars:
         return message
+    if _LAST_UNPACKED[0] is message and _LAST_UNPACKED[1] == dtype:
+        return _LAST_UNPACKED[2]  # one broadcast reaching every in-process client
+    unpacked = _unpack(message, dtype)
+    _LAST_UNPACKED[:] = [message, dtype, unpacked]
+    return unpacked
+
+
+#: the last message :func:`unpack` unpacked, the dtype asked and the result: the in-process
+#: engine hands one broadcast object to every client, which need it unpacked once.
+_LAST_UNPACKED: list = [None, None, None]
+
+
+def _unpack(message: Message, dtype: torch.dtype | None) -> Message:
+    """:func:`unpack` of a message that carries :data:`WIRE`."""
     description = _description(message)
     tensors = dict(message.tensors)
     for form in FORMS:
