@@ -3,9 +3,10 @@
 A SuperLink and three SuperNodes run on 127.0.0.1 (node config ``privacy-min-rows = 1``:
 no component is zeroed by a privacy floor, so EM is scikit-learn's); ``examples/flower``
 (copied) runs five rounds of iterative EM (global weights, a fixed start, so every round is
-an EM round) with ``min-clients = 2`` and ``round-timeout = 60``. When the ServerApp's log (``flwr run
---stream``, written to the run log as it arrives) shows round 1 done, the process group of
-client 2's SuperNode (the node and its ClientApp) is killed with SIGKILL. Expected:
+an EM round) with ``min-clients = 2`` and ``round-timeout = 60``. When the ServerApp's log
+(``flwr run --stream``, written to the run log as it arrives) shows round 1 done, the
+process group of client 2's SuperNode (the node and its ClientApp) is killed with SIGKILL.
+Expected:
 
 - the run finishes; round 1 has replies from clients 0, 1 and 2, every later round from 0
   and 1 only, with client 2 recorded as dropped (first "no reply within the round timeout";

@@ -15,8 +15,8 @@ covariances are not positive definite is pulled back towards ``theta_2`` (``alph
 the next round; a point below ``log L(theta_1)`` is rejected, the run goes on from
 ``theta_2`` (whose likelihood EM guarantees) and ``alpha_max`` shrinks fourfold, while an
 accepted point at ``alpha_max`` lets it grow fourfold. ``alpha_max`` starts at 4 (Varadhan
-and Roland's first bound of 1 would leave a fit of three rounds without a step). One cycle costs two rounds: the EM map
-at the accepted point is the next cycle's ``theta_1``.
+and Roland's first bound of 1 would leave a fit of three rounds without a step). One cycle
+costs two rounds: the EM map at the accepted point is the next cycle's ``theta_1``.
 
 :class:`Squarem` is the server's state of it; :func:`extrapolate` the pure step.
 """
