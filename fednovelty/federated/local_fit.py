@@ -43,6 +43,7 @@ from fednovelty.federated.validation import (
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 
 __all__ = [
+    "LOCAL_FIT_BACKING",
     "ONE_SHOT_REPLY",
     "ONE_SHOT_SAMPLES",
     "OneShotStart",
@@ -138,17 +139,20 @@ def one_shot_limit(config: Any, broadcast: Message) -> int:
     return int(config.n_components)
 
 
+#: what backs a local fit's reply: its components as a model's, its row count the client's.
+LOCAL_FIT_BACKING = {
+    "weights": "model",
+    "means": "model",
+    "precisions_cholesky": "model",
+    "n_samples": "client",
+}
+
 #: a ``oneshot`` reply: a client's local mixture as the start of federated EM.
 ONE_SHOT_REPLY = ReplySpec(
     "oneshot",
     shapes=local_fit_shapes,
     checks=(check_local_fit,),
-    backing={
-        "weights": "model",
-        "means": "model",
-        "precisions_cholesky": "model",
-        "n_samples": "client",
-    },
+    backing=LOCAL_FIT_BACKING,
     limit=one_shot_limit,
     components=lambda setting: max(1, int(setting("n_components") or 1)),
     covariance=True,

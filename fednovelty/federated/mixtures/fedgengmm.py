@@ -52,6 +52,7 @@ from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.dp import LEDGER_KEY, DPPolicy, clip_rows, release_generator
 from fednovelty.federated.init import MomentsSettings, box_units
 from fednovelty.federated.local_fit import (
+    LOCAL_FIT_BACKING,
     check_local_fit,
     local_fit_backing,
     local_fit_shapes,
@@ -214,12 +215,7 @@ LOCAL_FIT_REPLY = ReplySpec(
     "local_fit",
     shapes=local_fit_shapes,
     checks=(check_local_fit,),
-    backing={
-        "weights": "model",
-        "means": "model",
-        "precisions_cholesky": "model",
-        "n_samples": "client",
-    },
+    backing=LOCAL_FIT_BACKING,
     limit=local_fit_limit,
     components=local_fit_components,
     covariance=True,
