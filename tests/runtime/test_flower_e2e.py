@@ -68,6 +68,16 @@ def simulate(algorithm, parts):
     return run_simulation(algorithm, clients, random_state=0)
 
 
+def em_on_both(federation, app, partitions, params: dict):
+    """``FederatedEM(**params)`` on the Flower federation and in process: both results."""
+    result = federation.run_app(
+        app,
+        {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
+        timeout=600,  # a wait, not a budget
+    )
+    return result, simulate(FederatedEM(**params, random_state=0), partitions[1])
+
+
 def assert_same_mixture(actual, expected) -> None:
     """Same parameters up to float64 round-off relative to each tensor's scale (replies may
     be summed in another order; entries near zero get the scale's tolerance)."""
@@ -131,12 +141,7 @@ def test_iterative_em_on_flower_equals_simulation(federation, partitions) -> Non
         "tol": 0.0,
         **init,
     }
-    result = federation.run_app(
-        app,
-        {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
-        timeout=600,  # a wait, not a budget
-    )
-    simulated = simulate(FederatedEM(**params, random_state=0), partitions[1])
+    result, simulated = em_on_both(federation, app, partitions, params)
     state, expected = result.state, simulated.state
     assert (state.n_iter, len(result.history)) == (2, 2)
     assert_same_mixture(state.params, expected.params)
@@ -166,12 +171,7 @@ def test_one_shot_start_and_squarem_on_flower_equal_simulation(federation, parti
         "max_iter": 4,
         "tol": 0.0,
     }
-    result = federation.run_app(
-        app,
-        {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "num-nodes": N_PARTS},
-        timeout=600,  # a wait, not a budget
-    )
-    simulated = simulate(FederatedEM(**params, random_state=0), partitions[1])
+    result, simulated = em_on_both(federation, app, partitions, params)
     state, expected = result.state, simulated.state
     assert [r.kind for r in result.history] == ["oneshot"] + ["em"] * 4
     assert state.n_iter == 4
