@@ -26,20 +26,29 @@ def released(replies: Iterable[Message]) -> list[Message]:
 
 def stats_message(stats: SufficientStats, kind: str) -> Message:
     """A reply carrying statistics; the shift is not sent back (the server chose it)."""
-    return Message(kind, {name: stats.tensors()[name] for name in STATS_FIELDS})
+    tensors = stats.tensors()
+    return Message(kind, {name: tensors[name] for name in STATS_FIELDS})
 
 
 def _check_stats_tensors(
-    t: dict[str, Tensor], n_features: int, where: str, noisy: bool = False
+    t: dict[str, Tensor],
+    n_features: int,
+    where: str,
+    noisy: bool = False,
+    totals: dict[str, Tensor] | None = None,
 ) -> None:
     """Shape and value checks of statistics tensors (single reply or stacked replies);
-    ``noisy`` statistics (differential privacy) may have negative counts."""
+    ``noisy`` statistics (differential privacy) may have negative counts. ``totals``: the
+    stacked tensors' sums over dim 0, where known: a total is finite only where every term
+    is (inf and NaN propagate), so only the terms of a non-finite total are read."""
     sums = t["sums"]
     if sums.shape[-1] != n_features or sums.ndim < 2:
         raise ValueError(
             f"{where} has sums of shape {tuple(sums.shape)}; expected (n_components, {n_features})."
         )
     for name, value in t.items():
+        if totals is not None and bool(torch.isfinite(totals[name]).all()):
+            continue
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{where} has non-finite values in {name!r}.")
     if noisy:
@@ -85,12 +94,9 @@ def sum_stats(
         }
     except (KeyError, RuntimeError):
         return merge_stats(stats_from_message(m, shift, covariance_type) for m in replies)
-    _check_stats_tensors(stacked, shift.shape[0], "a statistics reply", noisy)
-    return SufficientStats(
-        shift=shift,
-        covariance_type=covariance_type,
-        **{name: value.sum(0) for name, value in stacked.items()},
-    )
+    sums = {name: value.sum(0) for name, value in stacked.items()}
+    _check_stats_tensors(stacked, shift.shape[0], "a statistics reply", noisy, totals=sums)
+    return SufficientStats(shift=shift, covariance_type=covariance_type, **sums)
 
 
 def pool_centroids(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:

@@ -155,8 +155,7 @@ def effective_rows(counts: Tensor, squared_counts: Tensor) -> Tensor:
         ``counts^2 / squared_counts``, shape (n_components,); 0 where no row has weight.
     """
     positive = squared_counts > 0
-    ratio = counts.square() / torch.where(positive, squared_counts, torch.ones_like(counts))
-    return torch.where(positive, ratio, torch.zeros_like(counts))
+    return torch.where(positive, counts.square() / squared_counts, 0.0)
 
 
 def backed(rows: Tensor, min_rows: int) -> Tensor:
@@ -341,10 +340,10 @@ def deviation_rows(values: Tensor) -> Tensor:
     n = values.shape[0]
     if n == 0:
         return values.new_zeros(values.shape[1:])
-    deviation = (values - values.median(0).values).abs()
+    median = values.median() if values.ndim == 1 else values.median(0).values
+    deviation = (values - median).abs()
     rows = effective_rows(deviation.sum(0), deviation.square().sum(0))
-    flat = deviation.amax(0) == 0
-    return torch.where(flat, torch.full_like(rows, float(n)), rows)
+    return torch.where(deviation.amax(0) == 0, float(n), rows)
 
 
 def stats_backing(
@@ -363,7 +362,7 @@ def stats_backing(
         ``tied_rows`` (shape ()); ``log_likelihood`` and ``n_samples``: the row count.
     """
     like = stats.counts
-    n = torch.as_tensor(float(stats.n_samples), dtype=like.dtype, device=like.device)
+    n = stats.n_samples.to(device=like.device, dtype=like.dtype)
     second = rows
     if stats.covariance_type == "tied":
         second = n if tied_rows is None else torch.as_tensor(tied_rows).to(like)
@@ -680,6 +679,9 @@ def release(
     tensors: dict[str, Tensor] = {}
     grouped_kept: list[bool] = []
     removed: dict[str, Tensor] = {}
+    # (id of a backing, device) -> (kept entries, all kept, any kept): tensors that share a
+    # backing (a component's counts, sums and second moment) share its verdict
+    verdicts: dict[tuple[int, torch.device], tuple[Tensor, bool, bool]] = {}
     for name, value in reply.tensors.items():
         rows = torch.as_tensor(reply.backing[name], dtype=torch.float64)
         kind = spec.backing_of(name)
@@ -706,18 +708,24 @@ def release(
                 f"{where}: {name!r} has {rows.shape[0]} {kind} entries, more "
                 f"than the client's own configuration allows ({limit})",
             )
-        keep = backed(rows, floor).to(value.device)
-        if kind == "clusters" and not bool(keep.all()):
+        key = (id(reply.backing[name]), value.device)
+        if key not in verdicts:
+            keep = backed(rows, floor).to(value.device)
+            verdicts[key] = (keep, bool(keep.all()), bool(keep.any()))
+        keep, all_kept, any_kept = verdicts[key]
+        if kind == "clusters" and not all_kept:
             return _refused(
                 reply,
                 f"{where}: an entry of {name!r} is backed by "
                 f"{float(rows.min()):.3g} effective rows, below the client's floor "
                 f"min_rows={floor}",
             )
-        grouped_kept.append(bool(keep.any()))
+        grouped_kept.append(any_kept)
         if kind == "model" and rows.ndim == 1:
             removed[name] = keep
             tensors[name] = value[keep]
+        elif all_kept:  # every entry backed: the tensor as it is (value * 1)
+            tensors[name] = value
         else:
             mask = keep.to(value.dtype).reshape(*keep.shape, *[1] * (value.ndim - keep.ndim))
             tensors[name] = value * mask

@@ -49,11 +49,43 @@ class Workspace:
 
     ``get(name, shape, like)`` returns a view of at least ``prod(shape)`` elements with the dtype
     and device of ``like``; its contents are undefined. A view stays valid until the next
-    ``get`` of the same name.
+    ``get`` of the same name. ``density(...)`` keeps the last :class:`ComponentDensity` built
+    through it for calls with the same parameters.
     """
 
     def __init__(self) -> None:
         self._buffers: dict[str, Tensor] = {}
+        self._density: tuple | None = None
+
+    def density(
+        self,
+        means: Tensor,
+        shift: Tensor,
+        precisions_cholesky: Tensor,
+        covariance_type: str,
+        offset: Tensor | None = None,
+    ) -> ComponentDensity:
+        """``ComponentDensity(means - shift, precisions_cholesky, covariance_type, offset,
+        self)``: the one the last call built where that call's arguments hold the same
+        values (same dtype, device and shape, ``torch.equal``), else a new one. The clients
+        of a round that one process runs share the broadcast's parameters, so their
+        factors are built once a round.
+        """
+        given = (means, shift, precisions_cholesky, offset)
+        cached = self._density
+        if (
+            cached is not None
+            and cached[0] == covariance_type
+            and all(_same_values(a, b) for a, b in zip(cached[1], given, strict=True))
+        ):
+            return cached[2]
+        density = ComponentDensity(
+            means - shift, precisions_cholesky, covariance_type, offset, workspace=self
+        )
+        # copies: the values the density was built from, whatever becomes of the arguments
+        kept = tuple(None if t is None else t.clone() for t in given)
+        self._density = (covariance_type, kept, density)
+        return density
 
     def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
         numel = math.prod(shape)
@@ -67,6 +99,13 @@ class Workspace:
             buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
             self._buffers[name] = buffer
         return buffer[:numel].view(shape)
+
+
+def _same_values(a: Tensor | None, b: Tensor | None) -> bool:
+    """Both ``None``, or tensors of one dtype, device and shape with equal values."""
+    if a is None or b is None:
+        return a is b
+    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
 
 
 class ComponentDensity:
