@@ -138,6 +138,7 @@ from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_prob
 from fednovelty.federated.mixtures.fedgengmm import LocalGMMs
 from fednovelty.federated.robust import EXTENSIVE
 from fednovelty.federated.streams.streaming import StreamingEM
+from fednovelty.federated.wire import unpack
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import loop, simulation
@@ -398,8 +399,8 @@ class WithAttackers(FederatedAlgorithm):
     def answer(self, X, message, context) -> Message:
         """Honest clients answer through their client gate; an attacker sends its forgery
         past its own (a liar does not hold itself to its policy)."""
-        if context.client_id in self.attackers:
-            return self.client_step(X, message, context)
+        if context.client_id in self.attackers:  # forges the logical broadcast (unpacked)
+            return self.client_step(X, unpack(message), context)
         return super().answer(X, message, context)
 
     @property

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fednovelty.federated.base import FederatedAlgorithm, Message
 from fednovelty.federated.robust import EXTENSIVE
+from fednovelty.federated.wire import unpack
 from fednovelty.runtime import simulation
 
 LIES = (
@@ -136,7 +137,9 @@ class Forging(FederatedAlgorithm):
         if context.client_id != self.liar or (reply.scalars.get("skipped") and not self.skipped):
             return reply
         self.replies += 1
-        return self.forge(reply, message, self.replies)
+        # the liar forges the logical messages, not their wire form (a forged reply travels
+        # unpacked: the server reads a message without a wire description as it is)
+        return self.forge(unpack(reply), unpack(message), self.replies)
 
 
 @contextmanager

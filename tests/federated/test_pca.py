@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -70,14 +71,21 @@ def test_sign_convention_is_deterministic(fitted, pooled):
     )
 
 
+#: bytes of the wire description of a reply whose scatter travels as its upper triangle
+#: (the compact JSON ``fednovelty.federated.wire.pack`` writes).
+SYMMETRIC_SCATTER = len(json.dumps({"symmetric": ["scatter"]}, separators=(",", ":")))
+
+
 def test_bytes_on_the_wire(fitted):
     result = fitted[0]
     n_clients, d, itemsize = len(SIZES), N_FEATURES, 8
     n_data = n_clients - 1  # the empty client replies "skipped" (no statistics)
+    triangle = d * (d + 1) // 2  # the symmetric scatter travels as its upper triangle
+    scatter = (triangle + 1) * itemsize + SYMMETRIC_SCATTER
     assert [r.kind for r in result.history] == ["moments_mean", "moments_scatter"]
     assert result.history[0].bytes_up == n_data * (d + 1) * itemsize + SKIPPED_BYTES
-    assert result.history[1].bytes_up == n_data * (d * d + 1) * itemsize + SKIPPED_BYTES
-    assert result.bytes_up == n_data * (d + 1 + d * d + 1) * itemsize + 2 * SKIPPED_BYTES
+    assert result.history[1].bytes_up == n_data * scatter + SKIPPED_BYTES
+    assert result.bytes_up == n_data * ((d + 1) * itemsize + scatter) + 2 * SKIPPED_BYTES
     assert result.bytes_down == n_clients * d * itemsize  # round 1 broadcasts nothing
 
 
@@ -86,7 +94,8 @@ def test_float32(pooled):
     clients = split(pooled, dtype=torch.float32)
     result = run_simulation(FederatedPCA(3), clients, privacy=NO_FLOOR)
     n_data = len(SIZES) - 1  # the empty client replies "skipped"
-    statistics = n_data * (N_FEATURES + 1 + N_FEATURES**2 + 1) * 4
+    triangle = N_FEATURES * (N_FEATURES + 1) // 2  # the scatter's upper triangle
+    statistics = n_data * ((N_FEATURES + 1 + triangle + 1) * 4 + SYMMETRIC_SCATTER)
     assert result.bytes_up == statistics + 2 * SKIPPED_BYTES
     projection = result.state.projection
     assert projection.components.dtype == torch.float64  # the server aggregates in float64

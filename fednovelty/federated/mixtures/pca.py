@@ -328,7 +328,8 @@ class PCAStep(Step):
                     f"{tuple(mean.shape)} but the rows have {X.shape[1]} features."
                 )
             centred = X - mean.to(device=X.device, dtype=X.dtype)
-            tensors = {"n": n, "scatter": centred.T @ centred}
+            scatter = centred.T @ centred  # exactly symmetric: it travels as a triangle
+            tensors = {"n": n, "scatter": (scatter + scatter.T) * 0.5}
             backing = client_backing(tensors, X.shape[0])
             return Message("moments_scatter", tensors, backing=backing)
         raise ValueError(f"FederatedPCA clients do not answer messages of kind {message.kind!r}.")
