@@ -66,25 +66,30 @@ class Workspace:
         offset: Tensor | None = None,
     ) -> ComponentDensity:
         """``ComponentDensity(means - shift, precisions_cholesky, covariance_type, offset,
-        self)``: the one the last call built where that call's arguments hold the same
-        values (same dtype, device and shape, ``torch.equal``), else a new one. The clients
-        of a round that one process runs share the broadcast's parameters, so their
-        factors are built once a round.
+        self)``: the one the last call built where each of that call's arguments is the same
+        tensor, unchanged since (same ``_version``), or holds the same values (same dtype,
+        device and shape, ``torch.equal``), else a new one. The clients of a round that one
+        process runs share the broadcast's parameters, so their factors are built once a
+        round.
         """
         given = (means, shift, precisions_cholesky, offset)
         cached = self._density
         if (
             cached is not None
             and cached[0] == covariance_type
-            and all(_same_values(a, b) for a, b in zip(cached[1], given, strict=True))
+            and all(
+                _unchanged(seen, t) or _same_values(kept, t)
+                for seen, kept, t in zip(cached[1], cached[2], given, strict=True)
+            )
         ):
-            return cached[2]
+            return cached[3]
         density = ComponentDensity(
             means - shift, precisions_cholesky, covariance_type, offset, workspace=self
         )
+        seen = tuple(None if t is None else (t, t._version) for t in given)
         # copies: the values the density was built from, whatever becomes of the arguments
         kept = tuple(None if t is None else t.clone() for t in given)
-        self._density = (covariance_type, kept, density)
+        self._density = (covariance_type, seen, kept, density)
         return density
 
     def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -99,6 +104,12 @@ class Workspace:
             buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
             self._buffers[name] = buffer
         return buffer[:numel].view(shape)
+
+
+def _unchanged(seen: tuple[Tensor, int] | None, t: Tensor | None) -> bool:
+    """``t`` is the tensor of ``seen`` (``(tensor, its _version then)``), not modified since
+    (every in-place operation moves ``_version``)."""
+    return seen is not None and seen[0] is t and t._version == seen[1]
 
 
 def _same_values(a: Tensor | None, b: Tensor | None) -> bool:

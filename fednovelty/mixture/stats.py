@@ -160,8 +160,10 @@ def _unfold_full(folded: Tensor, n_components: int, n_features: int) -> Tensor:
 
 
 def _symmetric(matrices: Tensor) -> Tensor:
-    """``(M + M^T) / 2`` of (..., d, d) matrices: exactly symmetric, contiguous."""
-    return ((matrices + matrices.transpose(-1, -2)) * 0.5).contiguous()
+    """``(M + M^T) / 2`` of (..., d, d) matrices: exactly symmetric, contiguous (written once
+    into a new contiguous tensor)."""
+    out = torch.empty(matrices.shape, dtype=matrices.dtype, device=matrices.device)
+    return torch.add(matrices, matrices.transpose(-1, -2), out=out).mul_(0.5)
 
 
 def stats_from_resp(
