@@ -8,7 +8,10 @@ covariate shift in images or features, and concept shift in labels.
   :func:`transform_images`;
 - feature noise on (n_samples, n_features): :func:`add_gaussian_noise`;
 - concept shift on labels: :func:`permute_labels` (a derangement of the classes, so every label
-  changes while p(x) stays the same).
+  changes while p(x) stays the same);
+- both at once, as the FedGMM paper builds its MNIST training and in-domain test data
+  (Appendix C.3): :func:`joint_shift_quarters` (half the rows unchanged, a quarter's images
+  transformed, a quarter's labels permuted).
 
 Every function is pure numpy and returns new arrays; none modifies its input. Image functions
 keep the input's dtype: ``uint8`` in, ``uint8`` out (interpolated values rounded and clipped to
@@ -37,10 +40,13 @@ from numpy.typing import ArrayLike
 from fednovelty.datasets.partition import _check_int, _rng
 
 __all__ = [
+    "PAPER_TRANSFORM",
+    "SHIFT_KINDS",
     "TRANSFORMS",
     "add_gaussian_noise",
     "hflip",
     "invert",
+    "joint_shift_quarters",
     "permute_labels",
     "rotate90",
     "scale_images",
@@ -48,6 +54,11 @@ __all__ = [
 ]
 
 TRANSFORMS = ("scale", "rotate", "hflip", "invert")
+#: what :func:`joint_shift_quarters` did to each row: 0 nothing, 1 its image transformed,
+#: 2 its label permuted.
+SHIFT_KINDS = ("unchanged", "transformed", "permuted")
+#: the FedGMM paper's transform ``T`` of the shifted images (Sec. 4.1, Appendix C.3).
+PAPER_TRANSFORM = ("rotate", "hflip", "invert")
 _MAX_TRIES = 10_000  # derangement rejection sampling accepts with probability ~1/e per try
 
 
@@ -342,3 +353,92 @@ def permute_labels(
         raise RuntimeError("failed to draw a derangement; this should not happen.")
     perm = perm.astype(np.int64)
     return perm[labels.astype(np.int64)], perm
+
+
+def joint_shift_quarters(
+    images: ArrayLike,
+    y: ArrayLike,
+    *,
+    transforms: str | Sequence[str] = PAPER_TRANSFORM,
+    permutation: ArrayLike | None = None,
+    n_classes: int | None = None,
+    random_state: int | np.random.Generator | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The FedGMM paper's MNIST data (Appendix C.3): rows split at random into a half left
+    unchanged, a quarter whose images are transformed (``p(x)`` shifts, labels kept) and a
+    quarter whose labels are moved by one permutation ``P_A`` (``p(y | x)`` shifts, images
+    kept).
+
+    The split is exact: ``n // 2`` rows unchanged, ``(n - n // 2) // 2`` transformed, the
+    rest permuted, chosen by one random permutation of the rows. Apply it to the pooled rows
+    before they go to clients (the paper's order), and to a test set with the training
+    set's ``permutation`` to draw it from the same distribution.
+
+    Args:
+        images: shape (n_images, height, width), square images (``"rotate"`` keeps the
+            shape), a dtype :func:`transform_images` accepts.
+        y: shape (n_images,), integer labels in ``range(n_classes)``.
+        transforms: ``T``, names from ``TRANSFORMS`` applied in order; default the paper's
+            90-degree rotation, horizontal flip and inversion (:data:`PAPER_TRANSFORM`).
+        permutation: ``P_A`` as an int array of shape (n_classes,) (a permutation of
+            ``range(n_classes)``); default a random derangement (:func:`permute_labels`).
+        n_classes: number of classes, >= 2; default ``permutation``'s length, else
+            ``y.max() + 1``.
+        random_state: None, int or ``numpy.random.Generator``; draws the split, then
+            ``P_A`` when it is not given.
+
+    Returns:
+        ``(images, labels, kind, permutation)``: new images of the input's shape and dtype,
+        int64 labels (n_images,), int8 ``kind`` (n_images,) with 0, 1, 2 for
+        :data:`SHIFT_KINDS` ``"unchanged"``, ``"transformed"``, ``"permuted"``, and ``P_A``
+        int64 (n_classes,).
+
+    Example:
+        >>> imgs = np.zeros((8, 2, 2), dtype=np.uint8)
+        >>> out, labels, kind, perm = joint_shift_quarters(imgs, np.arange(8) % 2, random_state=0)
+        >>> np.bincount(kind).tolist(), int(out[kind == 1].min()), perm.tolist()
+        ([4, 2, 2], 255, [1, 0])
+    """
+    arr = _check_images(images)
+    labels = np.asarray(y)
+    if labels.shape != (arr.shape[0],):
+        raise ValueError(
+            f"y must hold one label per image, shape ({arr.shape[0]},); got {labels.shape}."
+        )
+    if arr.shape[1] != arr.shape[2]:
+        raise ValueError(
+            f"images must be square (a quarter turn keeps the shape); got {arr.shape[1:]}."
+        )
+    names = [transforms] if isinstance(transforms, str) else list(transforms)
+    unknown = [name for name in names if name not in TRANSFORMS]
+    if unknown:
+        raise ValueError(f"transforms must come from {TRANSFORMS}; unknown: {unknown!r}.")
+    rng = _rng(random_state)
+    if permutation is None:
+        _, perm = permute_labels(labels, n_classes=n_classes, random_state=rng)
+    else:
+        perm = np.asarray(permutation)
+        size = perm.shape[0] if perm.ndim == 1 else -1
+        if perm.ndim != 1 or not np.array_equal(np.sort(perm), np.arange(size)):
+            raise ValueError(
+                f"permutation must be a permutation of range(n_classes); got {perm.tolist()}."
+            )
+        if n_classes is not None and size != n_classes:
+            raise ValueError(f"permutation has {size} entries; n_classes is {n_classes}.")
+        perm = perm.astype(np.int64)
+        if labels.size and (labels.min() < 0 or labels.max() >= size):
+            raise ValueError(f"y must hold class ids in range({size}), the permutation's.")
+    n = arr.shape[0]
+    order = rng.permutation(n)
+    half = n // 2
+    quarter = (n - half) // 2
+    kind = np.zeros(n, dtype=np.int8)
+    kind[order[half : half + quarter]] = 1
+    kind[order[half + quarter :]] = 2
+    out = arr.copy()
+    moved = kind == 1
+    if moved.any():
+        out[moved] = transform_images(arr[moved], names)
+    new_labels = labels.astype(np.int64)
+    new_labels[kind == 2] = perm[new_labels[kind == 2]]
+    return out, new_labels, kind, perm

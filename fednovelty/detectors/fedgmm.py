@@ -34,7 +34,28 @@ from fednovelty.detectors._params import (
 from fednovelty.detectors.persistence import register
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
+from fednovelty.federated.mixtures.em import COVARIANCE_POOLINGS
+from fednovelty.federated.mixtures.em import GLOBAL_WEIGHTS as GLOBAL_WEIGHT_CHOICES
 from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
+
+#: FedGMM's covariance pooling (``EMConfig.covariance_pooling``): exact or the paper's.
+COVARIANCE_POOLING = Param(
+    "covariance_pooling",
+    "exact",
+    [StrOptions(set(COVARIANCE_POOLINGS))],
+    '``"exact"`` (covariances from the summed second moments: centralized EM\'s M-step) or '
+    "``\"paper\"`` (the FedGMM paper's: each client's covariance about its own mean, averaged "
+    "with the clients' responsibility counts; no ``dp_epsilon``, plain ``aggregation``).",
+)
+#: how the global weights are formed (``EMConfig.global_weights``).
+GLOBAL_WEIGHTS = Param(
+    "global_weights",
+    "pooled",
+    [StrOptions(set(GLOBAL_WEIGHT_CHOICES))],
+    '``"pooled"`` (the summed counts, normalised: each row counts once) or '
+    "``\"client_average\"`` (the FedGMM paper's footnote 3: the mean of the clients' "
+    'personal weights; ``mixture_weights="personal"`` only).',
+)
 
 #: the joint model's settings, found in files saved before it had its own class.
 _JOINT_MODEL_PARAMS = (
@@ -65,7 +86,8 @@ class FedGMMDetector(EMDetector):
 
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: global mixture (numpy, as
-            scikit-learn); with personal weights ``weights_`` is the sample-weighted average.
+            scikit-learn); with personal weights ``weights_`` is their sample-weighted
+            average (``global_weights="pooled"``) or their plain mean (``"client_average"``).
         client_weights_: (n_clients, n_components) personal weights, rows in ``client_ids_``
             order (``"personal"`` only).
         pca_: the federated PCA projection (``pca_components`` set).
@@ -108,6 +130,8 @@ class FedGMMDetector(EMDetector):
             "EM maps; the next round's summed log-likelihood accepts or refuses each point; "
             '``mixture_weights="global"`` only).',
         ),
+        COVARIANCE_POOLING,
+        GLOBAL_WEIGHTS,
         INIT,
         PRIOR,
         START,

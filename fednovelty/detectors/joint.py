@@ -39,6 +39,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import atomic_fit
+from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -323,8 +324,9 @@ class JointModelDetector(EMDetector):
 
         Args:
             X: rows (n_samples, n_features).
-            client: ``None`` for the sample-weighted global weights, a client id seen in fit
-                for its ``pi_c``, or a handle returned by :meth:`adapt`.
+            client: ``None`` for the global weights (``global_weights``: sample-weighted,
+                or the clients' mean), a client id seen in fit for its ``pi_c``, or a handle
+                returned by :meth:`adapt`.
         """
         Xt = self._check_score_input(X)
         log_pi = self._log_pi(client, Xt)
@@ -470,6 +472,7 @@ class JointModelDetector(EMDetector):
             learners=learners("learner."),
             joint_counts=counts.to(**options),
             client_joint_weights=dict(enumerate(joint_weights)),
+            global_weights=getattr(self, "global_weights", "pooled"),
         )
         if not self._shared_learners:
             self.client_learners_ = [
@@ -491,7 +494,8 @@ class JointFedGMMDetector(JointModelDetector):
     Attributes:
         classes_: the label values, sorted; columns of ``predict_proba_y``.
         weights_, means_, covariances_, precisions_cholesky_: the Gaussians and their
-            sample-weighted global weights (numpy, as scikit-learn).
+            global weights (numpy, as scikit-learn; sample-weighted, or the clients' mean
+            with ``global_weights="client_average"``).
         client_weights_: (n_clients, M1) each client's Gaussian weights ``sum_m2 pi_c``.
         client_joint_weights_: (n_clients, M1, M2) each client's ``pi_c``, rows in
             ``client_ids_`` order.
@@ -533,6 +537,8 @@ class JointFedGMMDetector(JointModelDetector):
         ),
         ROBUST,
         EM,
+        COVARIANCE_POOLING,
+        GLOBAL_WEIGHTS,
         INIT,
         PCA,
         SAMPLING,

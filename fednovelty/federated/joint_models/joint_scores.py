@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fednovelty.federated.mixtures.em import client_average_weights
 from fednovelty.mixture import WeightsFit, fit_weights, log_gaussian_prob
 
 if TYPE_CHECKING:
@@ -29,7 +30,19 @@ def log_likelihoods_of_labels(
 
 
 def global_log_joint_weights(state: JointState) -> Tensor:
-    """Sample-weighted global ``log pi`` (M1, M2): the summed joint counts, normalised."""
+    """Global ``log pi`` (M1, M2) as ``state.global_weights`` says (``EMConfig.global_weights``):
+    ``"pooled"``, the summed joint counts normalised (sample-weighted); ``"client_average"``,
+    the FedGMM paper's footnote 3, the unweighted mean of the clients' ``pi_c``
+    (``state.client_joint_weights``) with ``10 * eps`` added to every cell and renormalised
+    (:func:`~fednovelty.federated.mixtures.em.client_average_weights`). A state with no
+    client weights falls back to the pooled ones."""
+    if (
+        getattr(state, "global_weights", "pooled") == "client_average"
+        and state.client_joint_weights
+    ):
+        shape = state.joint_counts.shape
+        flat = [w.reshape(-1).to(state.joint_counts) for w in state.client_joint_weights.values()]
+        return client_average_weights(flat).reshape(shape).log()
     return (state.joint_counts / state.joint_counts.sum()).log()
 
 

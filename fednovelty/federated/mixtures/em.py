@@ -8,8 +8,8 @@ clients follows scikit-learn's ``GaussianMixture`` to round-off. With ``"persona
 (FedGMM) each client keeps its own weights ``pi_c`` and uses them in its E-step; the counts
 it sends (``n_c * pi_c``) tell the server ``pi_c`` (under DP the E-step reads the
 broadcast weights: kept exact counts would carry a row into later rounds). Summing
-second moments about a common shift, rather than averaging covariances taken about client
-means as the paper's Algorithm 2 does, is exact for covariances too, at the same bytes.
+second moments about a common shift is exact for covariances too; the paper's averages of
+client covariances and of client weights are settings (:class:`EMConfig`).
 
 ``FederatedEM`` chains steps (:func:`em_steps`)::
 
@@ -28,13 +28,14 @@ PCA rounds do not move them).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import stats_message
+from fednovelty.federated.aggregate import released, stats_message
 from fednovelty.federated.base import ClientContext, Message, skipped_reply
 from fednovelty.federated.config import (
     ComponentSettings,
@@ -85,6 +86,8 @@ from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import SufficientStats
 
 __all__ = [
+    "COVARIANCE_POOLINGS",
+    "GLOBAL_WEIGHTS",
     "INIT_PARAMS",
     "MIXTURE_WEIGHTS",
     "EMConfig",
@@ -92,10 +95,17 @@ __all__ = [
     "EMState",
     "EMStep",
     "FederatedEM",
+    "client_average_weights",
     "em_steps",
+    "paper_pooled_stats",
+    "within_scatter",
 ]
 
 MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
+#: how the M-step pools the clients' covariances (:class:`EMConfig`).
+COVARIANCE_POOLINGS: tuple[str, ...] = ("exact", "paper")
+#: how the global mixture weights are formed (:class:`EMConfig`).
+GLOBAL_WEIGHTS: tuple[str, ...] = ("pooled", "client_average")
 
 
 @settings_dataclass
@@ -144,23 +154,79 @@ class EMConfig(EMSettings, MomentsSettings, GivenMixture):
     :class:`EMSettings`, the moments round's standardisation and covariance prior
     (:class:`~fednovelty.federated.init.MomentsSettings`; ``standardize`` or
     ``prior_strength`` adds one round), given initial parameters
-    (:class:`~fednovelty.federated.init.GivenMixture`) and ``acceleration``: ``"none"``
-    (plain EM, scikit-learn's path) or ``"squarem"`` (the server extrapolates between EM
-    maps under a likelihood safeguard, :mod:`~fednovelty.federated.mixtures.accelerate`;
-    global weights and exact statistics only)."""
+    (:class:`~fednovelty.federated.init.GivenMixture`), and
+
+    Attributes:
+        acceleration: ``"none"`` (plain EM, scikit-learn's path) or ``"squarem"`` (the
+            server extrapolates between EM maps under a likelihood safeguard,
+            :mod:`~fednovelty.federated.mixtures.accelerate`; global weights and exact
+            statistics only).
+        covariance_pooling: ``"exact"``: the M-step's covariances from the summed second
+            moments about the broadcast shift (centralized EM's). ``"paper"``: the FedGMM
+            paper's Algorithm 1-2 (line 13) and reference code, each client's covariance
+            taken about its *own* component mean, averaged with the clients' responsibility
+            counts: ``Sigma_k = sum_c gamma_ck Sigma_ck / sum_c gamma_ck`` with
+            ``Sigma_ck = sum_i r_ik (x_i - mu_ck)(x_i - mu_ck)^T / gamma_ck``, ``mu_ck`` the
+            client's mean; it leaves out the spread of the client means about ``mu_k``
+            (:func:`paper_pooled_stats`). The means are the same either way (Lemma 2).
+        global_weights: ``"pooled"``: the global weights are the summed counts, normalised
+            (each row counts once). ``"client_average"``: footnote 3's ``pi = sum_c gamma_c
+            / N_c``, normalised: the unweighted mean of the clients' personal weights
+            (:func:`client_average_weights`; ``mixture_weights="personal"`` only). With
+            personal weights the global ones serve clients without weights of their own
+            (scoring with no client, a new client's start).
+
+    Raises:
+        ValueError: ``covariance_pooling="paper"`` with ``dp_mode`` (the server divides
+            each client's noisy statistics by its noisy count: no sensitivity bound; secure
+            sums need ``dp_mode`` and show the server only the total), a robust
+            ``aggregation`` or ``acceleration``; ``"client_average"`` without personal
+            weights or with ``dp_mode="central"`` (whose server keeps no client weights).
+    """
 
     ACCELERATION_CHOICES: ClassVar[tuple[str, ...]] = ACCELERATIONS
 
     acceleration: str = "none"
+    covariance_pooling: str = "exact"
+    global_weights: str = "pooled"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_choice("acceleration", self.ACCELERATION_CHOICES)
+        self._check_choice("covariance_pooling", COVARIANCE_POOLINGS)
+        self._check_choice("global_weights", GLOBAL_WEIGHTS)
         if self.acceleration != "none" and (self.private or self.mixture_weights != "global"):
             raise ValueError(
                 f"acceleration={self.acceleration!r} extrapolates the global mixture under the "
                 "clients' summed log-likelihood: it needs mixture_weights='global' and no "
                 "dp_mode (noisy rounds withhold the log-likelihood); use acceleration='none'."
+            )
+        if self.covariance_pooling == "paper":
+            self._check_paper_pooling()
+        if self.global_weights == "client_average" and (
+            self.mixture_weights != "personal" or self.dp_mode == "central"
+        ):
+            raise ValueError(
+                "global_weights='client_average' averages the clients' personal weights: it "
+                "needs mixture_weights='personal' and a server that keeps them (not "
+                "dp_mode='central'); use global_weights='pooled'."
+            )
+
+    def _check_paper_pooling(self) -> None:
+        """Refuse ``covariance_pooling="paper"`` where it has no sound form."""
+        if self.private:
+            raise ValueError(
+                "covariance_pooling='paper' takes each client's covariance about its own mean, "
+                "dividing its statistics by its own count: under dp_mode those are noisy and "
+                "the quotient has no sensitivity bound, and a secure sum (which needs dp_mode) "
+                "shows the server only the total. Use covariance_pooling='exact' with dp_mode."
+            )
+        if self.aggregation != "sum" or self.acceleration != "none":
+            raise ValueError(
+                "covariance_pooling='paper' is the paper's plain weighted average of client "
+                f"covariances; got aggregation={self.aggregation!r}, "
+                f"acceleration={self.acceleration!r}. Use aggregation='sum' and "
+                "acceleration='none', or covariance_pooling='exact'."
             )
 
 
@@ -188,6 +254,9 @@ class EMState:
             else ``None``; ``params`` are in its units.
         squarem: the SQUAREM cycle (``acceleration="squarem"``), else ``None``; during
             the EM rounds ``params`` is the next broadcast.
+        global_weights: how ``params.weights`` were formed (``EMConfig.global_weights``,
+            set by each M-step); scoring that forms other global weights from the state
+            (the joint model's) reads it.
     """
 
     phase: str
@@ -206,6 +275,7 @@ class EMState:
     pca: PCAState | None = None
     projection: PCAProjection | None = None
     squarem: Squarem | None = None
+    global_weights: str = "pooled"
 
 
 #: an ``em`` reply: the E-step's summed statistics under the broadcast mixture.
@@ -245,13 +315,30 @@ class EMStep(Step):
     # ------------------------------------------------------------------ server half
     def m_step(self, state: Any, replies: dict[int, Message]) -> SufficientStats:
         """Combine the replies' statistics about the broadcast shift and set
-        ``state.params`` to the M-step's mixture; returns the combined statistics."""
+        ``state.params`` to the M-step's mixture; returns the combined statistics.
+
+        The covariances pool as ``covariance_pooling`` says (:func:`paper_pooled_stats` for
+        ``"paper"``) and the weights as ``global_weights`` says
+        (:func:`client_average_weights` for ``"client_average"``, over ``state.client_weights``
+        with this round's replies' weights in place of their earlier ones); a config
+        without these settings (pFedEM's, the clustered mixtures') gets the defaults."""
         config = self.config
-        stats = combine_stats(replies, moment_shift(state.params), config, state)
+        shift = moment_shift(state.params)
+        stats = combine_stats(replies, shift, config, state)
         if float(stats.n_samples) <= 0:
             raise ValueError("no client with data replied in this EM round.")
-        state.params = params_from_stats(stats, config.reg_covar, state.prior)
-        return stats
+        summed = stats
+        if getattr(config, "covariance_pooling", "exact") == "paper":
+            stats = paper_pooled_stats(replies.values(), stats)
+        params = params_from_stats(stats, config.reg_covar, state.prior)
+        state.global_weights = getattr(config, "global_weights", "pooled")
+        if state.global_weights == "client_average":
+            known = {**state.client_weights, **reply_weights(replies, config)}
+            if known:
+                weights = client_average_weights(list(known.values()))
+                params = replace(params, weights=weights.to(params.weights))
+        state.params = params
+        return summed
 
     def advance(self, state: Any, stats: SufficientStats) -> tuple[bool, float]:
         """Record an EM round's mean log-likelihood (the clients' summed log-likelihood over
@@ -280,16 +367,8 @@ class EMStep(Step):
         config = self.config
         broadcast = state.params
         stats = self.m_step(state, replies)
-        # a trusted server's clients send exact counts ("central"): their weights would
-        # leave the fit outside its guarantee, so only noisy ones are kept
-        if config.mixture_weights == "personal" and config.dp_mode != "central":
-            for cid, reply in replies.items():
-                n = float(reply.tensors["n_samples"])
-                if n > 0:
-                    counts = reply.tensors["counts"].to(config.device, config.dtype)
-                    if config.private:  # noisy counts: positive by post-processing
-                        counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
-                    state.client_weights[cid] = counts / counts.sum()
+        if config.mixture_weights == "personal":
+            state.client_weights.update(reply_weights(replies, config))
         done, lower_bound = self.advance(state, stats)
         metrics = {"phase": "em"}
         if not math.isnan(lower_bound):
@@ -336,6 +415,93 @@ class EMStep(Step):
         return floored_stats_message(
             X, stats, squared, policy, log_weights, t, "em", row_log_likelihood
         )
+
+
+def reply_weights(replies: dict[int, Message], config: Any) -> dict[int, Tensor]:
+    """Each replying client's personal weights ``counts / counts.sum()`` (n_components,),
+    by client id, from the replies with rows; noisy counts (``config.dp_mode``) kept
+    positive first (post-processing). None under ``dp_mode="central"``: a trusted server's
+    clients send exact counts, and weights from them would leave the fit outside its
+    guarantee."""
+    if getattr(config, "dp_mode", None) == "central":
+        return {}
+    weights = {}
+    for cid, reply in replies.items():
+        if "n_samples" not in reply.tensors or not float(reply.tensors["n_samples"]) > 0:
+            continue
+        counts = reply.tensors["counts"].to(config.device, config.dtype)
+        if getattr(config, "private", False):  # noisy counts: positive by post-processing
+            counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
+        weights[cid] = counts / counts.sum()
+    return weights
+
+
+def client_average_weights(client_weights: list[Tensor]) -> Tensor:
+    """The FedGMM paper's footnote 3: ``pi = sum_c gamma_c / N_c`` normalised, i.e. the
+    unweighted mean of the clients' weights ``pi_c = gamma_c / N_c`` (each (n_components,),
+    summing to 1) -> (n_components,). Every entry is raised by ``10 * eps`` and the vector
+    renormalised, as the M-step adds ``10 * eps`` to every count, so no component gets
+    weight 0 (the E-step takes its log)."""
+    mean = torch.stack(client_weights).mean(0)
+    mean = mean + 10 * torch.finfo(mean.dtype).eps
+    return mean / mean.sum()
+
+
+def within_scatter(counts: Tensor, sums: Tensor, second: Tensor, covariance_type: str) -> Tensor:
+    """One client's scatter of each component's rows about the client's *own* component mean,
+    from its statistics about any shift: ``W_k = S_k - s_k s_k^T / n_k`` (``full``, (K, d, d)),
+    ``S_k - s_k^2 / n_k`` (``diag``, (K, d)), ``S_k - |s_k|^2 / n_k`` (``spherical``, traces,
+    (K,)), ``S - sum_k s_k s_k^T / n_k`` (``tied``, (d, d)); a component with ``n_k = 0``
+    adds nothing. ``W_k = gamma_k Sigma_k`` with the paper's client covariance ``Sigma_k``.
+
+    Args:
+        counts: (K,) ``n_k``; sums: (K, d) ``s_k``; second: per ``covariance_type``.
+    """
+    held = counts > 0
+    share = torch.where(held, 1.0 / counts.clamp_min(torch.finfo(counts.dtype).tiny), 0.0)
+    if covariance_type == "full":
+        return second - share.view(-1, 1, 1) * sums.unsqueeze(2) * sums.unsqueeze(1)
+    if covariance_type == "tied":
+        return second - (share.unsqueeze(1) * sums).T @ sums
+    if covariance_type == "diag":
+        return second - share.unsqueeze(1) * sums.square()
+    return second - share * sums.square().sum(1)
+
+
+def paper_pooled_stats(replies: Iterable[Message], summed: SufficientStats) -> SufficientStats:
+    """Statistics whose M-step gives ``covariance_pooling="paper"``'s covariances.
+
+    With ``W_ck`` each client's scatter about its own mean (:func:`within_scatter`) and
+    ``n_k`` the summed counts, the paper's ``Sigma_k = sum_c gamma_ck Sigma_ck / sum_c
+    gamma_ck = sum_c W_ck / n_k`` (``tied``: ``sum_c W_c / n``; ``spherical``: that trace
+    over ``n_k d``). ``summed``'s second moment is replaced by ``sum_c W_ck + s_k s_k^T / n_k``
+    (``n_k`` with the M-step's ``10 * eps``), so that the M-step, which subtracts the
+    pooled mean's outer product, leaves exactly ``sum_c W_ck / n_k``; its prior and
+    ``reg_covar`` apply as in the exact M-step. The counts and sums, and so the weights and
+    means, are ``summed``'s.
+
+    Args:
+        replies: the round's replies (skipped ones are left out), statistics about
+            ``summed.shift``; each client's (``counts``, ``sums``, ``second``) is
+            one-to-one with the paper's (``gamma_c``, ``mu_c``, ``Sigma_c``).
+        summed: their summed statistics.
+    """
+    ct, shift = summed.covariance_type, summed.shift
+    within = torch.zeros_like(summed.second)
+    for reply in released(replies):
+        t = {k: reply.tensors[k].to(shift) for k in ("counts", "sums", "second")}
+        within = within + within_scatter(t["counts"], t["sums"], t["second"], ct)
+    nk = summed.counts + 10 * torch.finfo(summed.counts.dtype).eps
+    sums = summed.sums
+    if ct == "full":
+        pooled = sums.unsqueeze(2) * sums.unsqueeze(1) / nk.view(-1, 1, 1)
+    elif ct == "tied":
+        pooled = (sums / nk.unsqueeze(1)).T @ sums
+    elif ct == "diag":
+        pooled = sums.square() / nk.unsqueeze(1)
+    else:
+        pooled = sums.square().sum(1) / nk
+    return replace(summed, second=within + pooled)
 
 
 def floored_stats_message(
@@ -431,8 +597,9 @@ class FederatedEM(ChainedAlgorithm):
     ``mixture_weights``, ``init_params``, ``reg_covar``, ``tol``, ``max_iter``,
     ``kmeans_rounds``, ``kmeans_tol``, ``subset_size``, ``weights_init``, ``means_init``,
     ``precisions_init``, ``standardize``, ``prior_strength``, ``prior_scale``,
-    ``pca_components``, ``aggregation``, ``trim``, ``client_weight_cap``,
-    ``random_state``, ``dtype``, ``device``, ``chunk_size``), or
+    ``pca_components``, ``aggregation``, ``trim``, ``client_weight_cap``, ``acceleration``,
+    ``covariance_pooling``, ``global_weights``, ``random_state``, ``dtype``, ``device``,
+    ``chunk_size``), or
     ``FederatedEM.from_config(EMConfig(...))``. Every setting reads as an attribute.
     """
 
