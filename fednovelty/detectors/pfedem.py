@@ -42,7 +42,9 @@ from fednovelty.detectors._params import (
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.persistence import register
 from fednovelty.federated.joint_models.pfedem import (
+    ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,
+    SUBMODEL_WEIGHTS,
     PFedEM,
     pfedem_predict_proba,
 )
@@ -53,7 +55,10 @@ __all__ = ["PFedEMDetector"]
 @register
 class PFedEMDetector(JointModelDetector):
     """pFedEM (the pFedEM paper, Algorithm 1): K Gaussians and K sub-models, each trained on
-    the rows its Gaussian claims; inference by Eq. 15.
+    the rows its Gaussian claims; inference by Eq. 15. The paper's algorithm as written:
+    ``PFedEMDetector(K, **PAPER_ALGORITHM)`` (``fednovelty.federated.joint_models.pfedem``:
+    ``estep_start="broadcast"``, ``submodel_weights="clients"``,
+    ``gaussian_aggregation="paper"``).
 
     Example:
         >>> import numpy as np
@@ -73,6 +78,22 @@ class PFedEMDetector(JointModelDetector):
             [StrOptions(set(GAUSSIAN_AGGREGATIONS))],
             '``"paper"`` (Eq. 12-14, per-feature variances) or ``"exact"`` (summed soft '
             "statistics; the only one with a private form: ``dp_epsilon`` needs it).",
+        ),
+        Param(
+            "estep_start",
+            "kept",
+            [StrOptions(set(ESTEP_STARTS))],
+            'The mixture weights of a client\'s E-step: ``"kept"`` (its own Eq. 11 weights '
+            'from the last round it took part in) or ``"broadcast"`` (Algorithm 1 line 5: '
+            "the global weights every round).",
+        ),
+        Param(
+            "submodel_weights",
+            "counts",
+            [StrOptions(set(SUBMODEL_WEIGHTS))],
+            "The weight of a client's sub-model copies in the server's average: "
+            '``"counts"`` (its hard count ``|D_ik|``) or ``"clients"`` (Eq. 5: '
+            "``p_i = |D_i| / sum_j |D_j|``).",
         ),
         LEARNER_CHOICE,
         *LEARNER,

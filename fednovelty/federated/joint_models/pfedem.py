@@ -2,15 +2,15 @@
 round, a hard partition of each client's rows.
 
 Each round a client computes its rows' posteriors under the broadcast Gaussians and its
-personal weights (Eq. 8-11), partitions its rows by their most likely Gaussian, trains
-sub-model ``k`` on partition ``k`` alone from the broadcast weights, and sends the
-sub-models, the hard counts and, by ``gaussian_aggregation``, its own means and variances
-(``"paper"``, Eq. 9-10) or the summed statistics of its rows (``"exact"``). The server
-averages each sub-model weighted by the hard counts (Eq. 5; trimmed under
+kept personal weights or the broadcast ones (Eq. 8-11, ``estep_start``), partitions its
+rows by their most likely Gaussian, trains sub-model ``k`` on partition ``k`` alone from
+the broadcast weights, and sends the sub-models, the hard counts and, by
+``gaussian_aggregation``, its own means and variances (``"paper"``, Eq. 9-10) or the summed
+statistics of its rows (``"exact"``). The server averages each sub-model weighted by the
+hard counts or the clients' row shares (Eq. 5, ``submodel_weights``; trimmed under
 ``aggregation="trimmed"``) and sets the Gaussians by Eq. 12-14 (``"paper"``) or federated
-EM's exact M-step (``"exact"``). The round is stated on :class:`PFedEM`; the first starts
-from federated EM's initialisation and sub-models from ``learner_factory`` under
-``random_state``.
+EM's exact M-step (``"exact"``). :class:`PFedEM` states the round and the paper's settings
+(``PAPER_ALGORITHM``); the first round starts from federated EM's initialisation.
 
 Inference (Eq. 15, :func:`pfedem_predict_proba`): ``P(y | x) = sum_k pi_k P_k(y | x)``.
 Clients enforce their privacy floor: below ``min_rows`` rows they skip; a component whose
@@ -69,11 +69,15 @@ from fednovelty.mixture import (
 from fednovelty.mixture.em import moment_shift
 
 __all__ = [
+    "ESTEP_STARTS",
     "GAUSSIAN_AGGREGATIONS",
+    "PAPER_ALGORITHM",
     "PFEDEM_KIND",
+    "SUBMODEL_WEIGHTS",
     "PFedEM",
     "PFedEMConfig",
     "PFedEMStep",
+    "learner_weights",
     "paper_gaussians",
     "pfedem_predict_proba",
 ]
@@ -81,6 +85,18 @@ __all__ = [
 PFEDEM_KIND = "pfedem"
 #: How pFedEM's server combines the clients' Gaussians (``PFedEMConfig``).
 GAUSSIAN_AGGREGATIONS: tuple[str, ...] = ("paper", "exact")
+#: Which mixture weights a client's E-step starts from (``PFedEMConfig.estep_start``).
+ESTEP_STARTS: tuple[str, ...] = ("kept", "broadcast")
+#: What the server weights each client's sub-models by (``PFedEMConfig.submodel_weights``).
+SUBMODEL_WEIGHTS: tuple[str, ...] = ("counts", "clients")
+#: The pFedEM paper's algorithm as written: Algorithm 1 line 5 (every round's E-step from
+#: the broadcast parameters), Eq. 5 with ``p_i = |D_i| / sum_j |D_j|`` and Eq. 12-14;
+#: ``PFedEM(K, n_classes, **PAPER_ALGORITHM)`` (JSON-able settings).
+PAPER_ALGORITHM: dict[str, str] = {
+    "estep_start": "broadcast",
+    "submodel_weights": "clients",
+    "gaussian_aggregation": "paper",
+}
 
 
 @settings_dataclass
@@ -97,6 +113,26 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
         gaussian_aggregation: ``"paper"`` (Eq. 12-14: each client's means and variances
             from its own E-step, averaged with its hard counts; ``covariance_type="diag"``)
             or ``"exact"`` (summed soft statistics, federated EM's exact M-step).
+        estep_start: the mixture weights of a client's E-step (Eq. 8); the Gaussians and
+            the sub-models always start from the broadcast. ``"kept"`` (default): its own
+            weights ``pi_i`` of Eq. 11 from the last round it took part in, kept in its
+            state (the broadcast weights in its first round, and under differential
+            privacy, where weights from exact counts would carry a row into later
+            releases); ``"broadcast"``: Algorithm 1 line 5, ``theta_ik <- theta_k``: the
+            broadcast global weights ``pi_k`` (Eq. 14) every round. Eq. 11's weights are
+            still computed and kept either way.
+        submodel_weights: the weight of client ``i``'s copy of sub-model ``k`` in the
+            server's average. ``"counts"`` (default): its hard count ``|D_ik|`` (Eq. 6's
+            weighting; a client whose partition ``k`` is empty has no say on sub-model
+            ``k``); ``"clients"``: Eq. 5's ``p_i = |D_i| / sum_j |D_j|``, its whole row count
+            (``n_samples``), the same for every ``k``: a client that did not train
+            sub-model ``k`` sends it as broadcast, a zero update with weight ``p_i``. The
+            sum runs over the clients that replied (Eq. 5's sum over all clients, as the
+            paper's experiments, with full participation). Both go through
+            :func:`~fednovelty.federated.robust.robust_average_learners` (under a robust
+            ``aggregation`` a positive weight only admits a copy); under ``"central"``
+            differential privacy both are uniform, under ``"local"``/``"distributed"`` the
+            noisy counts or noisy row counts (:func:`learner_weights`).
         covariance_type: ``"diag"`` by default (the paper's per-feature variances).
         mixture_weights: ``"personal"`` by default.
 
@@ -111,6 +147,8 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
     covariance_type: str = "diag"
     mixture_weights: str = "personal"
     gaussian_aggregation: str = "paper"
+    estep_start: str = "kept"
+    submodel_weights: str = "counts"
 
     def __post_init__(self) -> None:
         if int(self.n_learners) == 0:
@@ -122,6 +160,8 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
                 f"({self.n_components}); got {self.n_learners}."
             )
         self._check_choice("gaussian_aggregation", GAUSSIAN_AGGREGATIONS)
+        self._check_choice("estep_start", ESTEP_STARTS)
+        self._check_choice("submodel_weights", SUBMODEL_WEIGHTS)
         if self.gaussian_aggregation == "paper" and self.covariance_type != "diag":
             raise ValueError(
                 "gaussian_aggregation='paper' averages the clients' per-feature variances "
@@ -263,10 +303,14 @@ class PFedEMStep(JointEMStep):
         hard = torch.stack([r.tensors["hard_counts"] for r in replies.values()]).to(
             config.device, config.dtype
         )
+        rows = None
+        if config.submodel_weights == "clients":
+            rows = torch.stack([r.tensors["n_samples"] for r in replies.values()])
+            rows = rows.to(config.device, config.dtype)
         state.learners = robust_average_learners(
             state.learners,
             list(replies.values()),
-            learner_weights(hard, config.dp_mode),
+            learner_weights(hard, config.dp_mode, rows),
             config.aggregation,
             config.trim,
         )
@@ -313,8 +357,9 @@ class PFedEMStep(JointEMStep):
         names = [name for name, _ in template.named_parameters()]
         learners = [{name: t[learner_name(j, name)] for name in names} for j in range(k)]
         # under DP weights kept from exact counts would carry a row into later rounds
-        log_pi = context.state.get("log_weights") if context.policy.dp is None else None
-        if log_pi is None:
+        kept = config.estep_start == "kept" and context.policy.dp is None
+        log_pi = context.state.get("log_weights") if kept else None
+        if log_pi is None:  # Algorithm 1 line 5: the broadcast global weights
             log_pi = t["weights"].log()
         n = X.shape[0]
         log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], config.covariance_type)
@@ -417,17 +462,20 @@ class PFedEMStep(JointEMStep):
         return self.algorithm._local_sgd(template, params, Z[members], y[members], ones, generator)
 
 
-def learner_weights(hard_counts: Tensor, dp_mode: str | None) -> Tensor:
-    """The weights (n_replies, K) the server averages the sub-models with (Eq. 5): the hard
-    counts (n_replies, K); under ``"central"`` DP, where the clients send exact counts,
-    uniform (weights from them would leave the fit outside its guarantee); under
-    ``"local"`` or ``"distributed"`` DP the noisy counts floored at 0 (post-processing: a
-    copy whose count the noise made negative gets no weight)."""
+def learner_weights(hard_counts: Tensor, dp_mode: str | None, rows: Tensor | None = None) -> Tensor:
+    """The weights (n_replies, K) the server averages the sub-models with: the hard counts
+    (n_replies, K) ``|D_ik|`` (``submodel_weights="counts"``), or with ``rows``
+    (n_replies,), each client's row count ``|D_i|`` for every sub-model (``"clients"``:
+    Eq. 5's ``p_i`` once the average divides by their sum); under ``"central"`` DP, where
+    the clients send exact counts, uniform (weights from them would leave the fit outside
+    its guarantee); under ``"local"`` or ``"distributed"`` DP the noisy values floored at 0
+    (post-processing: a copy whose count the noise made negative gets no weight)."""
+    weights = hard_counts if rows is None else rows.unsqueeze(1).expand_as(hard_counts)
     if dp_mode is None:
-        return hard_counts
+        return weights
     if dp_mode == "central":
-        return torch.ones_like(hard_counts)
-    return hard_counts.clamp_min(0)
+        return torch.ones_like(weights)
+    return weights.clamp_min(0)
 
 
 def _totals(log_likelihood: Tensor, n_samples: Tensor, params: MixtureParams) -> SufficientStats:
@@ -451,8 +499,9 @@ class PFedEM(JointFedGMM):
     with the settings of :class:`PFedEMConfig`; the joint model's chain ending in
     :class:`PFedEMStep`.
 
-    Each round, on client ``i`` (its personal weights ``pi_i`` kept in its state, the global
-    weights when it has none):
+    Each round, on client ``i`` (with ``estep_start="kept"`` its personal weights ``pi_i``
+    kept in its state, the global weights when it has none; with ``"broadcast"``, Algorithm
+    1 line 5, the global weights every round):
 
     - Eq. 8: posteriors ``gamma_ik(z) ∝ pi_ik N(z; mu_k, sigma_k)`` of its rows under the
       broadcast Gaussians; Eq. 9-11: its own means, variances (per feature) and weights from
@@ -463,7 +512,9 @@ class PFedEM(JointFedGMM):
       ``"paper"``: its means and variances (Eq. 9-10); ``"exact"``: the summed statistics of its
       rows under ``gamma`` about the broadcast shift.
 
-    The server averages each sub-model over the clients weighted by ``|D_ik|`` (Eq. 5; under
+    The server averages each sub-model over the clients weighted by ``|D_ik|``
+    (``submodel_weights="counts"``) or by Eq. 5's ``p_i = |D_i| / sum_j |D_j|``
+    (``"clients"``; under
     ``aggregation="trimmed"``, the coordinate-wise trimmed mean of the copies of the clients
     whose partition held the component, and the Gaussians by
     :func:`~fednovelty.federated.robust.robust_stats`, the paper's replies read as statistics:
@@ -477,6 +528,12 @@ class PFedEM(JointFedGMM):
     feature; the sub-models keep seeing the raw rows) and the mixture is mapped back at the
     end; differential privacy (``dp_mode``) needs it and ``gaussian_aggregation="exact"``
     (module docstring).
+
+    The paper's algorithm as written is ``PFedEM(K, n_classes, **PAPER_ALGORITHM)``
+    (``estep_start="broadcast"``, ``submodel_weights="clients"``,
+    ``gaussian_aggregation="paper"``). The paper's Gaussians model backbone features ``z =
+    f(x)`` of the network being trained; here they model the client's rows ``X`` (after
+    ``pca_components`` or ``bounds``), the sub-models ``Z`` (``docs/papers/pfedem.md``).
     """
 
     config_class = PFedEMConfig
