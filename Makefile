@@ -28,6 +28,12 @@ test: $(STAMP) $(CHROMIUM)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile -q
 
+# The CUDA lane (tests/cuda): every registry method fitted on CUDA scores as on the CPU.
+# Needs a machine where torch sees a GPU; elsewhere its tests are skipped.
+.PHONY: test-cuda
+test-cuda: $(STAMP)
+	$(PY) -m pytest -m cuda -q tests/cuda
+
 # The documentation site at http://127.0.0.1:8000 (mkdocs.yml), rebuilt on every save.
 docs: $(STAMP)
 	$(PY) -m mkdocs serve

@@ -171,7 +171,8 @@ def suppress_components(
 
     Args:
         stats: one client's statistics (n_components components).
-        keep: bool (n_components,), the components backed by enough rows.
+        keep: bool (n_components,), the components backed by enough rows, on any device
+            (the mask is moved to the statistics' device).
         tied_second: for ``tied`` statistics (one second moment for all components), the
             second moment of the kept components' responsibilities, (n_features,
             n_features); required there, ignored otherwise.
@@ -180,7 +181,7 @@ def suppress_components(
         Statistics of the same shapes; counts, sums and per-component second moments of the
         suppressed components are 0. Row count and log-likelihood are unchanged.
     """
-    mask = keep.to(stats.counts.dtype)
+    mask = keep.to(device=stats.counts.device, dtype=stats.counts.dtype)
     if stats.covariance_type == "tied":
         if tied_second is None:
             raise ValueError("suppress_components needs tied_second for tied statistics.")

@@ -387,7 +387,7 @@ class StreamStep(Step):
                     "counts": r.tensors["far_counts"],
                     "sums": r.tensors["far_sums"],
                     "second": r.tensors["far_second"],
-                    "log_likelihood": torch.zeros((), dtype=shift.dtype),
+                    "log_likelihood": shift.new_zeros(()),
                     "n_samples": r.tensors["far_counts"].sum(),
                 },
             )
@@ -434,7 +434,7 @@ class StreamStep(Step):
         policy = context.policy
         if not policy.releases(n):
             return skipped_reply(STREAM_KIND, policy.below_floor)
-        rows_n = torch.tensor(float(n), dtype=X.dtype)
+        rows_n = X.new_tensor(float(n))
         if config.rounds == 0:
             # the weighted row counts n pi_c (EM over the weights: the responsibilities' sums),
             # each backed by its responsibilities' effective rows
@@ -533,7 +533,7 @@ class StreamStep(Step):
         )
         if min(n_far, n - n_far) < max(policy.min_rows, 1):
             rows = torch.zeros_like(rows)
-            far = suppress_components(far, torch.zeros(params.n_components, dtype=torch.bool))
+            far = suppress_components(far, X.new_zeros(params.n_components, dtype=torch.bool))
         elif squared is not None:
             far = suppress_components(far, backed(rows, policy.min_rows))
         second_rows = rows  # a tied second moment: one for all the far rows
