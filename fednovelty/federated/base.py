@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -220,6 +220,21 @@ class FederatedAlgorithm(ABC):
         """Run the client half on local rows ``X`` (n_samples, n_features); may update
         ``context.state``. Returns the reply."""
 
+    def batches(self, kind: str) -> bool:
+        """Whether :meth:`client_steps` runs several clients' rounds of ``kind`` as one
+        batched computation (an engine holding many clients then hands them over
+        together)."""
+        return False
+
+    def client_steps(
+        self, items: Sequence[tuple[Any, ClientContext]], message: Message
+    ) -> list[Message]:
+        """The client half of several clients answering the same ``message``: one
+        ``client_step`` each, in order. An algorithm whose clients run the same computation
+        (learner SGD, an E-step) may run them as one batched computation instead; each
+        client's reply depends only on its own rows and state, as one at a time."""
+        return [self.client_step(data, message, context) for data, context in items]
+
     def answer(self, data: Any, message: Message, context: ClientContext) -> Message:
         """What the client sends back: :meth:`client_step`, then the client gate.
 
@@ -228,8 +243,8 @@ class FederatedAlgorithm(ABC):
         (``self.reply_spec(message.kind)``): every released value backed by at least
         ``min_rows`` effective rows, no more grouped entries than the client's own
         configuration allows, nothing the declaration does not classify, and the
-        client-side ``backing`` removed. Every engine answers through this method
-        (``fednovelty.runtime.threads.run_client_step``); under a differential-privacy
+        client-side ``backing`` removed. Every engine answers through this method or
+        :meth:`answer_many` (``fednovelty.runtime.threads``); under a differential-privacy
         policy it is the one place the client's noise is added.
 
         It is also the client's side of the wire (:mod:`fednovelty.federated.wire`): a
@@ -238,17 +253,27 @@ class FederatedAlgorithm(ABC):
         reply is packed: symmetric and triangular matrices as their triangle, float64 as the
         config's ``wire_dtype``; ``wire.unpack`` gives the step's tensors back.
         """
+        return self.answer_many([(data, context)], message)[0]
+
+    def answer_many(
+        self, items: Sequence[tuple[Any, ClientContext]], message: Message
+    ) -> list[Message]:
+        """:meth:`answer` for several clients held in one process (the simulation):
+        :meth:`client_steps` over all of them, then each reply through its own client's
+        gate, by its own policy and state."""
         from fednovelty.federated.wire import pack, unpack  # wire imports this module
 
         message = unpack(message, getattr(self.config, "dtype", None))
-        reply = self.client_step(data, message, context)
+        replies = self.client_steps(items, message)
         spec = self.reply_spec(message.kind)
-        released = release(
-            reply, spec, context.policy, self.config, message, context.state, context.client_id
-        )
-        if not context.wire:
-            return released
-        return pack(released, getattr(self.config, "wire_dtype", None))
+        out = []
+        for reply, (_, context) in zip(replies, items, strict=True):
+            released = release(
+                reply, spec, context.policy, self.config, message, context.state, context.client_id
+            )
+            wire_dtype = getattr(self.config, "wire_dtype", None)
+            out.append(pack(released, wire_dtype) if context.wire else released)
+        return out
 
     @abstractmethod
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:

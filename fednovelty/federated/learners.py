@@ -11,17 +11,18 @@ algorithms (:mod:`fednovelty.federated.clustered.cam`) all train their learners 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
+from torch.func import functional_call, grad, vmap
 
 #: the local optimisers by their settings name (a fresh state every round: optimiser state
-#: never crosses the wire).
+#: never crosses the wire); :func:`local_sgd_many` writes their steps out as these classes
+#: define them.
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 LearnerFactory = Callable[[int, int], nn.Module]
@@ -126,6 +127,263 @@ def logits(module: nn.Module, params: dict[str, Tensor], X: Tensor) -> Tensor:
     return functional_call(module, params, (X,))
 
 
+@dataclass(frozen=True)
+class SGDTask:
+    """One learner's local training, as :func:`local_sgd_many` runs it.
+
+    Attributes:
+        start: the learner's starting parameters by name (not modified).
+        X: rows (n_samples, n_features); y: labels (n_samples,) int64.
+        weight: per-row weights (n_samples,); ``None``: every row 1.
+        generator: the batches' randomness (tasks may share one: they draw from it in
+            the order they are listed, as one-after-the-other training would).
+        offset: logits (n_samples, n_classes) added to the learner's, held fixed.
+    """
+
+    start: dict[str, Tensor]
+    X: Tensor
+    y: Tensor
+    weight: Tensor | None
+    generator: torch.Generator
+    offset: Tensor | None = None
+
+
+def batch_rows(
+    generator: torch.Generator, n: int, batch_size: int, epochs: int, steps: int | None
+) -> tuple[Tensor, Tensor]:
+    """The mini-batches of one learner's training, drawn as :func:`local_sgd` visits them.
+
+    Each pass over the rows is ``torch.randperm(n, generator)`` cut into batches of
+    ``batch_size`` (the last one shorter); ``epochs`` passes, or with ``steps`` exactly
+    that many batches, the rows reshuffled whenever a pass ends.
+
+    Returns:
+        ``(rows, mask)``: row indices (n_steps, batch_size) int64, padded with 0, and the
+        float mask (n_steps, batch_size) of real entries. No steps for ``n == 0`` or
+        ``steps <= 0``.
+    """
+    per_pass = -(-n // batch_size) if n > 0 else 0
+    total = 0 if per_pass == 0 else (epochs * per_pass if steps is None else max(steps, 0))
+    if total == 0:
+        return torch.zeros(0, batch_size, dtype=torch.long), torch.zeros(0, batch_size)
+    passes = -(-total // per_pass)
+    rows = torch.zeros(passes, per_pass * batch_size, dtype=torch.long)
+    mask = torch.zeros(passes, per_pass * batch_size)
+    for p in range(passes):
+        rows[p, :n] = torch.randperm(n, generator=generator)
+        mask[p, :n] = 1.0
+    return rows.view(-1, batch_size)[:total], mask.view(-1, batch_size)[:total]
+
+
+def _stacked(tensors: list[Tensor], width: int) -> Tensor:
+    """Tensors (n_i, ...) zero-padded along their first axis to ``width`` and stacked:
+    (len(tensors), width, ...)."""
+    out = tensors[0].new_zeros((len(tensors), width, *tensors[0].shape[1:]))
+    for i, t in enumerate(tensors):
+        out[i, : t.shape[0]] = t
+    return out
+
+
+def _distinct(tasks: list[SGDTask]) -> tuple[list[SGDTask], Tensor]:
+    """One task for each distinct ``(X, y)`` pair of ``tasks`` (by identity) and each
+    task's index among them."""
+    seen: dict[tuple[int, int], int] = {}
+    index = [seen.setdefault((id(t.X), id(t.y)), len(seen)) for t in tasks]
+    unique = list({(id(t.X), id(t.y)): t for t in tasks}.values())
+    return unique, torch.tensor(index, dtype=torch.long)
+
+
+def local_sgd_many(
+    template: nn.Module,
+    tasks: list[SGDTask],
+    *,
+    epochs: int = 1,
+    steps: int | None = None,
+    learning_rate: float,
+    batch_size: int,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    mu_prox: float = 0.0,
+) -> list[dict[str, Tensor]]:
+    """Several learners' :func:`local_sgd`, run as one batched computation.
+
+    Every task trains a copy of ``template`` from its own ``start`` on its own rows; the
+    copies are stacked and each step is one ``torch.func.vmap`` of the loss gradient over
+    them (``functional_call``), so many clients' small models cost a few large kernels
+    instead of many small ones. The tasks' batches are drawn first, from their generators
+    in task order (:func:`batch_rows`), so each task sees the batches it would alone. The
+    optimiser steps are written out (SGD with heavy-ball momentum and Adam as
+    ``torch.optim`` defines them, a fresh state per task); a task whose batches are done
+    stops moving. Rows of different tasks never mix: each copy's gradient is of its own
+    rows.
+
+    Args:
+        template: the learners' module (its own parameters are not used).
+        tasks: the trainings (:class:`SGDTask`); tasks may share ``X``, ``y`` tensors.
+        epochs, steps, learning_rate, batch_size, optimizer, momentum, mu_prox: as
+            :func:`local_sgd`'s, the same for every task.
+
+    Returns:
+        Each task's trained parameters (detached), in task order.
+    """
+    if not tasks:
+        return []
+    batches = [batch_rows(t.generator, t.X.shape[0], batch_size, epochs, steps) for t in tasks]
+    lengths = torch.tensor([rows.shape[0] for rows, _ in batches])
+    order = torch.argsort(lengths, descending=True, stable=True)
+    tasks = [tasks[i] for i in order.tolist()]
+    batches = [batches[i] for i in order.tolist()]
+    lengths = lengths[order]
+    names = list(tasks[0].start)
+    params = {k: torch.stack([t.start[k].detach() for t in tasks]) for k in names}
+    trained = _train_stacked(
+        template,
+        tasks,
+        batches,
+        lengths,
+        params,
+        learning_rate=learning_rate,
+        optimizer=optimizer,
+        momentum=momentum,
+        mu_prox=mu_prox,
+    )
+    results: list[dict[str, Tensor]] = [{}] * len(tasks)
+    for row, i in enumerate(order.tolist()):
+        results[i] = {k: trained[k][row].clone() for k in names}
+    return results
+
+
+def _train_stacked(
+    template: nn.Module,
+    tasks: list[SGDTask],
+    batches: list[tuple[Tensor, Tensor]],
+    lengths: Tensor,
+    params: dict[str, Tensor],
+    *,
+    learning_rate: float,
+    optimizer: str,
+    momentum: float,
+    mu_prox: float,
+) -> dict[str, Tensor]:
+    """The steps of :func:`local_sgd_many` on tasks sorted by decreasing step count
+    ``lengths`` (n_tasks,): step ``s`` moves the first ``sum(lengths > s)`` copies of the
+    stacked ``params`` (n_tasks, ...) in place; returns them."""
+    n_steps = int(lengths[0]) if len(lengths) else 0
+    if n_steps == 0:
+        return params
+    first = tasks[0].X
+    device, dtype = first.device, params[next(iter(params))].dtype
+    width = max(t.X.shape[0] for t in tasks)
+    sources, source = _distinct(tasks)
+    X = _stacked([t.X for t in sources], width)  # (n_sources, width, n_features)
+    Y = _stacked([t.y for t in sources], width)
+    source = source.to(device)
+    W = _stacked(
+        [t.weight if t.weight is not None else t.X.new_ones(t.X.shape[0]) for t in tasks], width
+    ).to(dtype)
+    offsets = None
+    if tasks[0].offset is not None:
+        offsets = _stacked([t.offset for t in tasks], width)
+    rows = torch.zeros(len(tasks), n_steps, batches[0][0].shape[1], dtype=torch.long)
+    mask = torch.zeros(rows.shape, dtype=dtype)
+    for i, (r, m) in enumerate(batches):
+        rows[i, : r.shape[0]], mask[i, : m.shape[0]] = r, m
+    rows, mask = rows.to(device), mask.to(device)
+    starts = {k: v.clone() for k, v in params.items()}
+
+    def loss(p, start, xb, yb, wb, mb, ob):
+        out = functional_call(template, p, (xb,))
+        if ob is not None:
+            out = out + ob
+        ce = nn.functional.cross_entropy(out, yb, reduction="none")
+        total = (wb * mb * ce).sum() / mb.sum().clamp_min(1.0)
+        if mu_prox > 0:
+            total = total + 0.5 * mu_prox * sum((p[k] - start[k]).square().sum() for k in p)
+        return total
+
+    batched = vmap(grad(loss), in_dims=(0, 0, 0, 0, 0, 0, None if offsets is None else 0))
+
+    def gradient(p, start, xb, yb, wb, mb, ob):
+        if xb.shape[0] > 1:
+            return batched(p, start, xb, yb, wb, mb, ob)
+        # one task: plain autograd, without vmap's per-call cost
+        leaves = {k: v[0].detach().requires_grad_(True) for k, v in p.items()}
+        with torch.enable_grad():
+            value = loss(
+                leaves,
+                {k: v[0] for k, v in start.items()},
+                xb[0],
+                yb[0],
+                wb[0],
+                mb[0],
+                None if ob is None else ob[0],
+            )
+            grads = torch.autograd.grad(value, list(leaves.values()))
+        return {k: g.unsqueeze(0) for k, g in zip(leaves, grads, strict=True)}
+
+    state = {k: torch.zeros_like(v) for k, v in params.items()}
+    second = {k: torch.zeros_like(v) for k, v in params.items()} if optimizer == "adam" else {}
+    for s in range(n_steps):
+        a = int((lengths > s).sum())
+        r, m = rows[:a, s], mask[:a, s]  # (a, batch)
+        pick = torch.arange(a, device=device).unsqueeze(1)
+        xb = X[source[:a].unsqueeze(1), r]
+        yb = Y[source[:a].unsqueeze(1), r]
+        ob = None if offsets is None else offsets[pick, r]
+        g = gradient(
+            {k: v[:a] for k, v in params.items()},
+            {k: v[:a] for k, v in starts.items()},
+            xb,
+            yb,
+            W[pick, r],
+            m,
+            ob,
+        )
+        with torch.no_grad():
+            for k in params:
+                _optimiser_step(
+                    params[k][:a],
+                    g[k],
+                    state[k][:a],
+                    second[k][:a] if second else None,
+                    s + 1,
+                    learning_rate=learning_rate,
+                    momentum=momentum,
+                )
+    return params
+
+
+#: Adam's coefficients (``torch.optim.Adam``'s defaults).
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+
+
+def _optimiser_step(
+    param: Tensor,
+    g: Tensor,
+    first: Tensor,
+    second: Tensor | None,
+    step: int,
+    *,
+    learning_rate: float,
+    momentum: float,
+) -> None:
+    """One optimiser step on stacked ``param`` in place: SGD (``second`` None; heavy-ball
+    ``momentum`` with its buffer in ``first``, set to the gradient on step 1 as
+    ``torch.optim.SGD`` does) or Adam (moments ``first``, ``second``; bias-corrected by
+    ``step``, 1-based)."""
+    if second is None:
+        if momentum > 0:
+            first.copy_(g if step == 1 else first * momentum + g)
+            g = first
+        param.sub_(learning_rate * g)
+        return
+    b1, b2 = ADAM_BETAS
+    first.mul_(b1).add_(g, alpha=1 - b1)
+    second.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = (second.sqrt() / math.sqrt(1 - b2**step)).add_(ADAM_EPS)
+    param.addcdiv_(first, denom, value=-learning_rate / (1 - b1**step))
+
+
 def local_sgd(
     template: nn.Module,
     start: dict[str, Tensor],
@@ -144,7 +402,8 @@ def local_sgd(
     offset: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Mini-batch training of the learner from ``start`` on ``mean_i w_i CE(y_i, z_i)``,
-    where ``z_i`` are the learner's logits plus ``offset_i``.
+    where ``z_i`` are the learner's logits plus ``offset_i``: one task of
+    :func:`local_sgd_many`.
 
     Each epoch visits the rows once in the order of ``torch.randperm(n, generator)``, in
     batches of ``batch_size``.
@@ -168,32 +427,15 @@ def local_sgd(
     Returns:
         The trained parameters (detached).
     """
-    params = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
-    options = {"lr": learning_rate}
-    if optimizer == "sgd" and momentum > 0:
-        options["momentum"] = momentum
-    step = OPTIMIZERS[optimizer](params.values(), **options)
-    n = X.shape[0]
-    if n == 0 or (steps is not None and steps <= 0):
-        return {k: v.detach() for k, v in params.items()}
-    done = 0
-    for _ in range(epochs) if steps is None else itertools.count():
-        order = torch.randperm(n, generator=generator).to(X.device)
-        for begin in range(0, n, batch_size):
-            batch = order[begin : begin + batch_size]
-            out = functional_call(template, params, (X[batch],))
-            if offset is not None:
-                out = out + offset[batch]
-            losses = nn.functional.cross_entropy(out, y[batch], reduction="none")
-            loss = (losses if weight is None else weight[batch] * losses).mean()
-            if mu_prox > 0:
-                loss = loss + 0.5 * mu_prox * sum(
-                    (params[k] - start[k]).square().sum() for k in params
-                )
-            step.zero_grad()
-            loss.backward()
-            step.step()
-            done += 1
-            if steps is not None and done >= steps:
-                return {k: v.detach() for k, v in params.items()}
-    return {k: v.detach() for k, v in params.items()}
+    task = SGDTask(start, X, y, weight, generator, offset)
+    return local_sgd_many(
+        template,
+        [task],
+        epochs=epochs,
+        steps=steps,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        momentum=momentum,
+        mu_prox=mu_prox,
+    )[0]

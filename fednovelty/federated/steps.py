@@ -28,7 +28,7 @@ gates read through :meth:`ChainedAlgorithm.reply_spec`; an undeclared kind canno
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor
@@ -60,6 +60,7 @@ class Step(ABC):
         counted: whether its rounds count in ``state.rounds`` (and move the round seeds).
         labelled: whether its client half takes ``(X, y, Z)`` instead of rows ``X``.
         max_rounds: most rounds it runs.
+        batched: its :meth:`client_steps` runs several clients as one computation.
     """
 
     kinds: tuple[str, ...] = ()
@@ -67,6 +68,7 @@ class Step(ABC):
     counted: bool = True
     labelled: bool = False
     max_rounds: int = 1
+    batched: bool = False
 
     def begin(self, state: Any) -> str | None:
         """Prepare ``state`` for this step; the kind of its first round, or ``None`` when it
@@ -81,6 +83,14 @@ class Step(ABC):
     def client_step(self, X: Any, message: Message, context: ClientContext) -> Message:
         """Answer a round of this step on rows ``X`` (n_samples, n_features), or on
         ``(X, y, Z)`` when ``labelled``."""
+
+    def client_steps(
+        self, items: Sequence[tuple[Any, ClientContext]], message: Message
+    ) -> list[Message]:
+        """Several clients' answers to one round (rows already through the earlier steps'
+        views): one ``client_step`` each; a step whose clients run the same computation may
+        batch it (:meth:`~fednovelty.federated.base.FederatedAlgorithm.client_steps`)."""
+        return [self.client_step(data, message, context) for data, context in items]
 
     @abstractmethod
     def server_step(
@@ -212,8 +222,33 @@ class ChainedAlgorithm(FederatedAlgorithm):
         for algorithms whose clients hold rows only)."""
         return data, None
 
+    def batches(self, kind: str) -> bool:
+        return self.steps[self._step_of(kind)].batched
+
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+        return self.client_steps([(data, context)], message)[0]
+
+    def client_steps(
+        self, items: Sequence[tuple[Any, ClientContext]], message: Message
+    ) -> list[Message]:
+        """Each client's rows through the earlier steps' views, the step's ``rows`` and
+        (under a DP policy) clipping, then the step's ``client_steps`` over the clients
+        that can answer (the others reply skipped), replies in the order of ``items``."""
         index = self._step_of(message.kind)
+        step = self.steps[index]
+        replies: list[Message | None] = []
+        ready: list[tuple[Any, ClientContext]] = []
+        for data, context in items:
+            prepared = self._step_rows(index, data, message, context)
+            replies.append(prepared if isinstance(prepared, Message) else None)
+            if not isinstance(prepared, Message):
+                ready.append((prepared, context))
+        answered = iter(step.client_steps(ready, message) if ready else [])
+        return [reply if reply is not None else next(answered) for reply in replies]
+
+    def _step_rows(self, index: int, data: Any, message: Message, context: ClientContext) -> Any:
+        """A client's data as step ``index``'s client half takes it, or a skipped reply
+        where a view cannot work."""
         X, extra = self.split_data(data)
         try:
             for earlier in self.steps[:index]:
@@ -225,4 +260,4 @@ class ChainedAlgorithm(FederatedAlgorithm):
         dp = context.policy.dp
         if dp is not None:  # the private rounds' sensitivity holds for the rows summed
             X = clip_rows(X, X.new_zeros(X.shape[1]), dp.clip_norm)
-        return step.client_step((X, *extra) if step.labelled else X, message, context)
+        return (X, *extra) if step.labelled else X

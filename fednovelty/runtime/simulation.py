@@ -42,7 +42,7 @@ from fednovelty.runtime.loop import (
     sample_clients,
 )
 from fednovelty.runtime.secure_rounds import SecureRounds, SecureSum, as_settings
-from fednovelty.runtime.threads import run_client_step
+from fednovelty.runtime.threads import run_client_step, run_client_steps
 
 __all__ = [
     "InProcessTransport",
@@ -81,6 +81,8 @@ class InProcessTransport(Transport):
         data: client id -> its rows (or labelled tuple).
         contexts: client id -> its :class:`ClientContext` (state kept across rounds).
         fraction, dropout: as :func:`run_simulation`'s; rng: the sampling stream.
+        batch: hand a round's clients to the algorithm together where its step batches
+            them (:meth:`~fednovelty.federated.base.FederatedAlgorithm.batches`).
     """
 
     def __init__(
@@ -91,8 +93,10 @@ class InProcessTransport(Transport):
         fraction: float,
         dropout: float,
         rng: np.random.Generator,
+        batch: bool = True,
     ) -> None:
         self.algorithm, self.data, self.contexts = algorithm, data, contexts
+        self.batch = batch
         self.fraction, self.dropout, self.rng = fraction, dropout, rng
         self.excluded: set[int] = set()
         self._start = (
@@ -107,10 +111,16 @@ class InProcessTransport(Transport):
         if not ids:
             return Delivery({}, asked=(), n_asked=0, bytes_up=0)
         asked, replying = sample_clients(ids, self.fraction, self.dropout, self.rng)
-        replies = {
-            cid: run_client_step(self.algorithm, self.data[cid], message, self.contexts[cid])
-            for cid in replying
-        }
+        batches = getattr(self.algorithm, "batches", None)
+        if self.batch and len(replying) > 1 and batches is not None and batches(message.kind):
+            items = [(self.data[cid], self.contexts[cid]) for cid in replying]
+            answers = run_client_steps(self.algorithm, items, message)
+            replies = dict(zip(replying, answers, strict=True))
+        else:
+            replies = {
+                cid: run_client_step(self.algorithm, self.data[cid], message, self.contexts[cid])
+                for cid in replying
+            }
         bytes_up = sum(r.nbytes() for r in replies.values())  # packed: as they cross the wire
         return Delivery(replies, asked=tuple(asked), n_asked=len(asked), bytes_up=bytes_up)
 
@@ -160,6 +170,7 @@ def run_simulation(
     privacy: PrivacyPolicy | None = None,
     client_states: Mapping[int, Mapping[str, Tensor]] | None = None,
     secure_sum: SecureSum | bool | None = None,
+    batch_clients: bool = True,
 ) -> SimulationResult:
     """Run ``algorithm`` to completion over in-process clients.
 
@@ -195,6 +206,11 @@ def run_simulation(
             (``min_clients`` is raised to 2); a round of a kind without an additive private
             form raises. The round records' metrics carry the protocol's time, bytes and
             error bounds (``secure_*``).
+        batch_clients: run a round's clients as one batched computation where the
+            algorithm's step batches them (learner SGD of the joint models: stacked copies
+            under ``torch.func.vmap``); each client's reply depends only on its own rows and
+            state, as one at a time (equal to rounding). ``False``: one client after
+            another, as a Flower node runs its own.
 
     Returns:
         ``SimulationResult``.
@@ -239,7 +255,7 @@ def run_simulation(
         rows = max(int(client_rows(part).shape[0]) for part in data.values())
         combine = SecureRounds(algorithm, secure, rows)
     rng = np.random.default_rng(random_state)
-    transport = InProcessTransport(algorithm, data, contexts, fraction, dropout, rng)
+    transport = InProcessTransport(algorithm, data, contexts, fraction, dropout, rng, batch_clients)
     width = int(client_rows(next(iter(data.values()))).shape[1])
     state, history = loop.run_rounds(
         algorithm,

@@ -243,6 +243,27 @@ def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
         return algorithm.answer(data, message, context)
 
 
+def batched_work(message, items, algorithm: Any = None) -> float:
+    """Work units of several clients' step run as one batched computation: each client's
+    :func:`client_work` plus, where the message carries learners (``learner.*`` tensors),
+    3 x rows x their parameter count (a forward and a backward pass over the rows)."""
+    learner = sum(t.numel() for k, t in message.tensors.items() if k.startswith("learner."))
+    rows = sum(int(client_rows(data).shape[0]) for data, _ in items)
+    mixture = sum(client_work(message, data, algorithm) for data, _ in items)
+    return mixture + 3.0 * rows * learner
+
+
+def run_client_steps(algorithm: Any, items, message, threads=None) -> list:
+    """``algorithm.answer_many(items, message)``: the client steps of several in-process
+    clients ``items`` (``(data, context)`` pairs) as one batched computation, each reply
+    through its own client's gate. The batch's kernels are large whatever one client's
+    batches are (a ``serial`` declaration is for one client's), so the threads follow the
+    batch's work (:func:`batched_work`)."""
+    work = batched_work(message, items, algorithm)
+    with torch_threads(threads_for_work(work, threads)):
+        return algorithm.answer_many(items, message)
+
+
 def run_server_step(algorithm: Any, state: Any, replies: Mapping[int, Any], threads=None):
     """``algorithm.server_step(state, replies)`` under :func:`server_threads`."""
     with server_threads(algorithm, replies, threads):

@@ -271,22 +271,23 @@ def test_the_callers_threads_survive_a_failing_step(caller_threads, no_override,
 def test_learner_sgd_runs_on_one_thread_at_any_size(
     caller_threads, no_override, idle_machine, monkeypatch
 ) -> None:
-    """Every client step would get the caller's threads (crossover at 0 work), except learner
-    SGD. (Server steps stay on one thread here: the test is about the clients.)"""
+    """Every client step would get the caller's threads (crossover at 0 work), except one
+    client's learner SGD; a batched round of several clients' learners follows the batch's
+    work. (Server steps stay on one thread here: the test is about the clients.)"""
     monkeypatch.setattr(threads_module, "PARALLEL_WORK", 0.0)
     monkeypatch.setattr(threads_module, "server_work", lambda *_: -1.0)
     with client_threads(Message("joint_em"), large_client(10)):
         assert torch.get_num_threads() == 1
     with client_threads(Message("em", {"means": torch.zeros(10, 10)}), large_client(10)):
         assert torch.get_num_threads() == caller_threads
-    seen: list[int] = []
-    original = JointFedGMM._local_sgd
+    seen: list[tuple[int, int]] = []
+    original = JointFedGMM._local_sgd_many
 
-    def recording(self, *args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return original(self, *args, **kwargs)
+    def recording(self, tasks):
+        seen.append((len(tasks), torch.get_num_threads()))
+        return original(self, tasks)
 
-    monkeypatch.setattr(JointFedGMM, "_local_sgd", recording)
+    monkeypatch.setattr(JointFedGMM, "_local_sgd_many", recording)
     clients = [(X, (X[:, 0] > 0).long()) for X in small_clients(2, rows=30, width=2)]
     algorithm = JointFedGMM(  # given initial parameters: joint rounds only
         2,
@@ -297,8 +298,11 @@ def test_learner_sgd_runs_on_one_thread_at_any_size(
         precisions_init=np.stack([np.eye(2)] * 2),
         max_iter=2,
     )
+    run_simulation(algorithm, clients, batch_clients=False)
+    assert seen == [(1, 1)] * 4  # 2 rounds x 2 clients x 1 learner, one at a time
+    seen.clear()
     run_simulation(algorithm, clients)
-    assert seen == [1] * 4  # 2 rounds x 2 clients x 1 learner
+    assert seen == [(2, caller_threads)] * 2  # 2 rounds, both clients' learners at once
     assert torch.get_num_threads() == caller_threads
 
 
@@ -339,13 +343,13 @@ def test_flower_client_step_runs_under_the_choice(caller_threads, monkeypatch) -
     for name, value in (("_run_id", 1), ("_node_id", 5), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)
     seen: list[int] = []
-    original = FederatedEM.client_step
+    original = FederatedEM.client_steps  # what answer runs, one client or several
 
     def recording(self, *args, **kwargs):
         seen.append(torch.get_num_threads())
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(FederatedEM, "client_step", recording)
+    monkeypatch.setattr(FederatedEM, "client_steps", recording)
     params = {"n_components": 2, "max_iter": 2}
     run_config = {"algorithm": "FederatedEM", "algorithm-params": json.dumps(params), "seed": 0}
     algorithm = algorithm_from_run_config(run_config)
