@@ -12,7 +12,7 @@ algorithms (:mod:`fednovelty.federated.clustered.cam`) all train their learners 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,46 @@ class SGDTask:
     weight: Tensor | None
     generator: torch.Generator
     offset: Tensor | None = None
+
+
+#: one client's round written as a generator: it yields its learners' trainings (a list of
+#: :class:`SGDTask`, at most once), receives their trained parameters in the same order and
+#: returns its reply (any object: the algorithm's message).
+ClientRound = Generator[list[SGDTask], list[dict[str, Tensor]], Any]
+
+
+def train_together(
+    rounds: Sequence[ClientRound],
+    train: Callable[[list[SGDTask]], list[dict[str, Tensor]]],
+) -> list[Any]:
+    """Run several clients' rounds, their learners trained in one call ``train`` (e.g.
+    :func:`local_sgd_many` under the algorithm's settings) between each round's first part
+    and its reply.
+
+    A round that returns without yielding (it skips, or trains by its own DP-SGD) keeps its
+    reply; the others get their own tasks' results, in their order. A client's round with
+    one client is the same code: this is how a step is written once for one client (a
+    Flower node) and for many (the simulation).
+
+    Returns:
+        Each round's reply, in the order of ``rounds``.
+    """
+    replies: list[Any] = [None] * len(rounds)
+    asked: list[tuple[int, list[SGDTask]]] = []
+    for i, client in enumerate(rounds):
+        try:
+            asked.append((i, list(next(client))))
+        except StopIteration as done:
+            replies[i] = done.value
+    trained = iter(train([task for _, tasks in asked for task in tasks]))
+    for i, tasks in asked:
+        try:
+            rounds[i].send([next(trained) for _ in tasks])
+        except StopIteration as done:
+            replies[i] = done.value
+        else:
+            raise RuntimeError("a client round yields its learners' tasks once, then replies")
+    return replies
 
 
 def batch_rows(

@@ -1,4 +1,5 @@
-"""A round's clients run as one batched computation give the fit of one client at a time."""
+"""A round's clients run as one batched computation give the fit of one client at a time
+(FedGMM's joint rounds, pFedEM's partitioned sub-models)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from fednovelty.federated.joint_models.joint import JointFedGMM
+from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.runtime.simulation import run_simulation
 
@@ -23,7 +25,11 @@ def labelled_clients(sizes, width=4, classes=3, seed=0):
 
 
 def fit(algorithm_options, clients, **run):
-    algorithm = JointFedGMM(2, 2, 3, max_iter=3, tol=0.0, random_state=1, **algorithm_options)
+    options = dict(algorithm_options)
+    if options.pop("pfedem", False):  # K Gaussians and K sub-models
+        algorithm = PFedEM(2, 3, max_iter=3, tol=0.0, random_state=1, **options)
+    else:
+        algorithm = JointFedGMM(2, 2, 3, max_iter=3, tol=0.0, random_state=1, **options)
     return run_simulation(algorithm, clients, **run)
 
 
@@ -37,6 +43,7 @@ def relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
         {"learner_factory": "mlp", "local_epochs": 2, "batch_size": 8, "learning_rate": 0.3},
         {"optimizer": "adam", "learning_rate": 0.05, "batch_size": 16, "mu_prox": 0.1},
         {"aggregate_learners": False, "local_epochs": 2, "batch_size": 8},
+        {"pfedem": True, "local_epochs": 2, "batch_size": 8, "learning_rate": 0.3},
     ],
 )
 def test_batched_fit_equals_one_client_at_a_time(options):
@@ -60,7 +67,8 @@ def test_batched_fit_equals_one_client_at_a_time(options):
     for cid, kept in one.client_states.items():  # Local keeps each client's own learners
         for k, v in kept.items():
             assert relative_gap(v, many.client_states[cid][k]) < 1e-9
-    start = JointFedGMM(2, 2, 3, random_state=1, **options)._initial_learners(4)[0]
+    plain = {k: v for k, v in options.items() if k != "pfedem"}
+    start = JointFedGMM(2, 2, 3, random_state=1, **plain)._initial_learners(4)[0]
     trained = b.learners[0] if options.get("aggregate_learners", True) else many.client_states[0]
     assert any(
         relative_gap(trained[f"learner.0.{k}" if k not in trained else k], v) > 1e-3

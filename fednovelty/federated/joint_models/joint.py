@@ -55,6 +55,7 @@ from fednovelty.federated.joint_models.joint_scores import (
 )
 from fednovelty.federated.learners import (
     OPTIMIZERS,
+    ClientRound,
     LearnerFactory,
     SGDTask,
     as_learner,
@@ -63,6 +64,7 @@ from fednovelty.federated.learners import (
     linear_learner,
     local_sgd_many,
     mlp_learner,
+    train_together,
 )
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
@@ -240,14 +242,6 @@ class JointEMStep(Step):
     labelled = True
     batched = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # a subclass with its own client half (pFedEM's) answers one client at a time
-        # unless it batches its clients itself
-        super().__init_subclass__(**kwargs)
-        if "client_step" in cls.__dict__ and "client_steps" not in cls.__dict__:
-            cls.batched = False
-            cls.client_steps = Step.client_steps
-
     def __init__(self, algorithm: JointFedGMM) -> None:
         self.algorithm = algorithm
         self.config: JointConfig = algorithm.config
@@ -312,32 +306,15 @@ class JointEMStep(Step):
     def client_steps(
         self, items: Sequence[tuple[Any, ClientContext]], message: Message
     ) -> list[Message]:
-        """Each client's joint E-step (:meth:`_posteriors`), then the learners of all the
-        clients that train without DP as one batched computation
-        (:func:`~fednovelty.federated.learners.local_sgd_many`; a DP client runs its own
-        DP-SGD), then each client's reply (:meth:`_reply`)."""
-        rounds = [self._posteriors(data, message, context) for data, context in items]
-        tasks = [
-            SGDTask(params, r.Z, r.y, r.q[:, :, m2].sum(1), r.generator)
-            for r in rounds
-            if isinstance(r, ClientRound) and r.trained is None
-            for m2, params in enumerate(r.learners)
-        ]
-        trained = iter(self.algorithm._local_sgd_many(tasks))
-        for r in rounds:
-            if isinstance(r, ClientRound) and r.trained is None:
-                r.trained = [next(trained) for _ in r.learners]
-        return [
-            r if isinstance(r, Message) else self._reply(r, context)
-            for r, (_, context) in zip(rounds, items, strict=True)
-        ]
+        """Each client's round (:meth:`client_round`), the learners of all of them trained
+        as one batched computation (:func:`~fednovelty.federated.learners.train_together`)."""
+        rounds = [self.client_round(data, message, context) for data, context in items]
+        return train_together(rounds, self.algorithm._local_sgd_many)
 
-    def _posteriors(
-        self, data: Any, message: Message, context: ClientContext
-    ) -> ClientRound | Message:
-        """The client's joint E-step on ``data = (X, y, Z)``: posteriors ``q`` (n, M1, M2)
-        and its personal weights kept; under DP its learners trained by its own DP-SGD, or
-        a skipped reply where they could not leave."""
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
+        """One client's joint round: the E-step, its learners' training (yielded as
+        :class:`~fednovelty.federated.learners.SGDTask` objects, or its own DP-SGD under
+        DP), then its reply."""
         X, y, Z = data
         config, algorithm = self.config, self.algorithm
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
@@ -364,19 +341,19 @@ class JointEMStep(Step):
         flat = weighted.reshape(n, -1)
         log_norm = torch.logsumexp(flat, dim=1)
         q = (flat - log_norm.unsqueeze(1)).exp().view(n, k1, k2)
+        joint_counts = q.sum(0)  # (M1, M2)
         if n > 0:
-            joint_counts = q.sum(0)
             eps = 10 * torch.finfo(X.dtype).eps
             context.state["log_joint_weights"] = ((joint_counts + eps) / (n + eps * k1 * k2)).log()
         policy = context.policy
-        found = ClientRound(X, y, Z, t, q, log_norm, learners, None, None)
+        scalars = {}
         if policy.dp is not None and config.aggregate_learners:
             if policy.dp_sgd is None:
                 return skipped_reply("joint_em", "learners leave under DP only by DP-SGD")
             # the learners leave the client: its own DP-SGD, from its own generator
             release = int(context.state.get(LEDGER_KEY, 0))
             generator = sgd_generator(policy.dp.seed, context.client_id, release)
-            found.trained = private_sgd(
+            trained = private_sgd(
                 template,
                 learners,
                 Z,
@@ -388,67 +365,37 @@ class JointEMStep(Step):
                 optimizer=config.optimizer,
                 mu_prox=config.mu_prox,
             )
-            found.scalars = {"dp_sgd_steps": policy.dp_sgd.steps}
+            scalars["dp_sgd_steps"] = policy.dp_sgd.steps
         else:
-            found.generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        return found
-
-    def _reply(self, found: ClientRound, context: ClientContext) -> Message:
-        """A client's ``joint_em`` reply from its E-step and trained learners ``found``:
-        the Gaussians' statistics of its backed cells, the joint counts and the learners
-        it trained on enough rows (the others as broadcast), with their backing."""
-        config, X, q, trained = self.config, found.X, found.q, found.trained
+            generator = client_generator(int(message.scalars["seed"]), context.client_id)
+            trained = yield [
+                SGDTask(params, Z, y, q[:, :, m2].sum(1), generator)
+                for m2, params in enumerate(learners)
+            ]
         if not config.aggregate_learners:
             for m2, params in enumerate(trained):
                 context.state.update({learner_name(m2, k): v for k, v in params.items()})
-        policy = context.policy
-        if not policy.releases(X.shape[0]):
+        if not policy.releases(n):
             return skipped_reply("joint_em", policy.below_floor)
         floor = policy.floor
         gaussian_rows, cell_rows, learner_rows = joint_rows(q, floor)
         # a Gaussian's statistics are of its backed cells' responsibilities (the gate
         # zeros the cells and Gaussians below the floor, which is 1 under DP)
         weight = (q * backed(cell_rows, floor).to(X.dtype)).sum(2)  # (n, M1)
-        stats = stats_from_resp(X, weight, config.covariance_type, found.broadcast["shift"])
-        stats = replace(stats, log_likelihood=found.log_norm.sum())
+        stats = stats_from_resp(X, weight, ct, t["shift"])
+        stats = replace(stats, log_likelihood=log_norm.sum())
         tensors = dict(stats_message(stats, "joint_em").tensors)
-        tensors["joint_counts"] = q.sum(0)
+        tensors["joint_counts"] = joint_counts
         backing = stats_backing(stats, gaussian_rows, resp_rows(weight.sum(1, keepdim=True))[0])
         backing["joint_counts"] = cell_rows
         for m2, params in enumerate(trained if config.aggregate_learners else []):
             used = bool(backed(learner_rows[m2], floor))
-            released = params if used else found.learners[m2]
+            released = params if used else learners[m2]
             tensors.update({learner_name(m2, k): v.clone() for k, v in released.items()})
             # a learner not trained on enough rows goes back as broadcast: none of the rows
             behind = learner_rows[m2] if used else learner_rows.new_tensor(math.inf)
             backing.update(dict.fromkeys((learner_name(m2, k) for k in released), behind))
-        return Message("joint_em", tensors, found.scalars or {}, backing=backing)
-
-
-@dataclass
-class ClientRound:
-    """One client's joint E-step between its posteriors and its reply.
-
-    Attributes:
-        X, y, Z: its rows (n, d), labels (n,) and the learners' rows (n, d_Z).
-        broadcast: the round's tensors on the rows' device and dtype.
-        q: joint posteriors (n, M1, M2); log_norm: each row's log-evidence (n,).
-        learners: the learners it starts from (M2 parameter dicts).
-        trained: the trained learners (``None`` until trained).
-        generator: the batches' randomness (``None`` under DP-SGD, which has its own).
-        scalars: the reply's scalars.
-    """
-
-    X: Tensor
-    y: Tensor
-    Z: Tensor
-    broadcast: dict[str, Tensor]
-    q: Tensor
-    log_norm: Tensor
-    learners: list[dict[str, Tensor]]
-    trained: list[dict[str, Tensor]] | None
-    generator: torch.Generator | None
-    scalars: dict[str, Any] | None = None
+        return Message("joint_em", tensors, scalars, backing=backing)
 
 
 class JointFedGMM(ChainedAlgorithm):

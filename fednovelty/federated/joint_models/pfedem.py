@@ -49,6 +49,7 @@ from fednovelty.federated.joint_models.joint import (
     histogram_sum,
 )
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
+from fednovelty.federated.learners import ClientRound, SGDTask
 from fednovelty.federated.mixtures.em import EMSettings
 from fednovelty.federated.privacy import backed, effective_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners, robust_stats
@@ -348,7 +349,11 @@ class PFedEMStep(JointEMStep):
         return (None if done else PFEDEM_KIND), metrics
 
     # ------------------------------------------------------------------ client half
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
+        """One client's pFedEM round: Eq. 8-11, the hard partition, each backed
+        sub-model's training on its partition (yielded as
+        :class:`~fednovelty.federated.learners.SGDTask` objects, batched with the other
+        clients' by :meth:`JointEMStep.client_steps`; its own DP-SGD under DP), its reply."""
         X, y, Z = data
         config, algorithm = self.config, self.algorithm
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
@@ -412,12 +417,16 @@ class PFedEMStep(JointEMStep):
             scalars["dp_sgd_steps"] = policy.dp_sgd.steps
         else:
             generator = client_generator(int(message.scalars["seed"]), context.client_id)
-            models = [
-                self._partition_sgd(template, params, Z, y, part == j, generator)
-                if bool(keep[j])
-                else params
-                for j, params in enumerate(learners)
-            ]
+            trained = iter(
+                (
+                    yield [
+                        partition_task(params, Z, y, part == j, generator)
+                        for j, params in enumerate(learners)
+                        if bool(keep[j])
+                    ]
+                )
+            )
+            models = [next(trained) if bool(keep[j]) else p for j, p in enumerate(learners)]
         for j, trained in enumerate(models):
             tensors.update({learner_name(j, name): v.clone() for name, v in trained.items()})
             # an unbacked component's learner goes back as broadcast: none of the rows
@@ -447,19 +456,14 @@ class PFedEMStep(JointEMStep):
         behind["n_samples"] = rows.new_tensor(float(n))
         return Message(PFEDEM_KIND, tensors, scalars, backing={k: behind[k] for k in tensors})
 
-    def _partition_sgd(
-        self,
-        template: nn.Module,
-        params: dict[str, Tensor],
-        Z: Tensor,
-        y: Tensor,
-        members: Tensor,
-        generator: torch.Generator,
-    ) -> dict[str, Tensor]:
-        """A sub-model's ``local_epochs`` of SGD from ``params`` on the rows ``members``
-        (n,) bool of ``Z`` (n, n_learner_features) and ``y`` (n,), each of weight 1."""
-        ones = torch.ones(int(members.sum()), dtype=Z.dtype, device=Z.device)
-        return self.algorithm._local_sgd(template, params, Z[members], y[members], ones, generator)
+
+def partition_task(
+    params: dict[str, Tensor], Z: Tensor, y: Tensor, members: Tensor, generator: torch.Generator
+) -> SGDTask:
+    """A sub-model's training from ``params`` on the rows ``members`` (n,) bool of ``Z``
+    (n, n_learner_features) and ``y`` (n,), each of weight 1."""
+    ones = torch.ones(int(members.sum()), dtype=Z.dtype, device=Z.device)
+    return SGDTask(params, Z[members], y[members], ones, generator)
 
 
 def learner_weights(hard_counts: Tensor, dp_mode: str | None, rows: Tensor | None = None) -> Tensor:
