@@ -32,6 +32,21 @@ def machine_facts() -> str:
     )
 
 
+def device_facts(device: str) -> str:
+    """The device a benchmark fitted on: ``"cpu"``, or ``"cuda (<the GPU's name>)"``.
+
+    Raises:
+        ValueError: ``device`` is ``"cuda"`` and no CUDA device is seen.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be 'cpu' or 'cuda'; got {device!r}.")
+    if device == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA device; use --device cpu.")
+    return f"cuda ({torch.cuda.get_device_name(0)})"
+
+
 def report_header(title: str, command: str, quick: bool, seconds: float) -> str:
     """A report's first lines: title, the command that ran, date, machine, runtime."""
     return "\n".join(

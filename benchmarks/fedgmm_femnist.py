@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import emit_report, report_header  # noqa: E402
+from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_pfl import (  # noqa: E402
     check,
     markdown_table,
@@ -83,28 +83,66 @@ UNSEEN_SHARE = 0.2
 
 @dataclass(frozen=True)
 class Settings:
+    """One run's scale and training; the defaults are the CPU scale (module docstring),
+    :data:`PAPER_SCALE` the paper's."""
+
     n_writers: int
     max_iter: int
     seeds: tuple[int, ...]
+    learner: str = "mlp"
+    n_components: int = 2
+    n_learners: int = 2
+    local_epochs: int = 3
+    learning_rate: float = 0.2
+    batch_size: int = 32
+    device: str = "cpu"
+    batch_clients: bool = True
 
     def model_params(self, seed: int) -> dict:
         return {
-            "n_components": 2,
-            "n_learners": 2,
+            "n_components": self.n_components,
+            "n_learners": self.n_learners,
             "pca_components": 24,
-            "learner": "mlp",
+            "learner": self.learner,
             "max_iter": self.max_iter,
             "tol": 0.0,
-            "local_epochs": 3,
-            "learning_rate": 0.2,
-            "batch_size": 32,
+            "local_epochs": self.local_epochs,
+            "learning_rate": self.learning_rate,
+            "batch_size": self.batch_size,
             "dtype": "float32",
+            "device": self.device,
             "random_state": seed,
         }
 
+    def describe(self) -> str:
+        clients = "batched" if self.batch_clients else "one at a time"
+        return (
+            f"{self.n_writers} writers, {self.max_iter} rounds, learner {self.learner!r}, "
+            f"M1 = {self.n_components}, M2 = {self.n_learners}, {self.local_epochs} local "
+            f"epoch(s) of SGD at {self.learning_rate} in batches of {self.batch_size}, "
+            f"device {self.device}, clients {clients}"
+        )
+
+
+#: The paper's scale (Sec. 4.1, App. C.1): all 539 writers, 200 rounds, its CNN, M1 = M2 = 3,
+#: SGD at FedGMM's FEMNIST learning rate 0.001 in batches of 128, one local epoch (FedEM's
+#: reference setting). A GPU's work: ``--paper-scale --device cuda``.
+PAPER_SCALE = {
+    "n_writers": 539,
+    "max_iter": 200,
+    "learner": "cnn",
+    "n_components": 3,
+    "n_learners": 3,
+    "local_epochs": 1,
+    "learning_rate": 0.001,
+    "batch_size": 128,
+}
+
 
 def make_model(name: str, settings: Settings, seed: int) -> JointFedGMMDetector:
-    return JointFedGMMDetector.pfl_baseline(name, **settings.model_params(seed))
+    return JointFedGMMDetector.pfl_baseline(
+        name, batch_clients=settings.batch_clients, **settings.model_params(seed)
+    )
 
 
 def standardise_images(X: np.ndarray) -> np.ndarray:
@@ -320,6 +358,15 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--paper-scale", action="store_true", help="the paper's writers, rounds, CNN (a GPU's)"
+    )
+    parser.add_argument(
+        "--one-by-one",
+        action="store_true",
+        help="run each round's clients one after another (as Flower nodes), not batched",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -327,10 +374,14 @@ def parse_args(argv):
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = device_facts(args.device)
+    run = {"device": args.device, "batch_clients": not args.one_by_one}
     if args.quick:
-        settings = Settings(8, 2, (args.seeds[0],))
+        settings = Settings(8, 2, (args.seeds[0],), **run)
+    elif args.paper_scale:
+        settings = Settings(seeds=tuple(args.seeds), **PAPER_SCALE, **run)
     else:
-        settings = Settings(args.writers, args.rounds, tuple(args.seeds))
+        settings = Settings(args.writers, args.rounds, tuple(args.seeds), **run)
     command = "python benchmarks/fedgmm_femnist.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -353,7 +404,8 @@ def main(argv=None) -> str:
     header = report_header(
         "FedGMM on FEMNIST writers (Tables 2 and 5)", command, args.quick, elapsed
     )
-    return emit_report("\n\n".join([header, *sections]) + "\n", args.out)
+    scale = f"- device: {device}; scale: {settings.describe()}"
+    return emit_report("\n\n".join([header + "\n" + scale, *sections]) + "\n", args.out)
 
 
 if __name__ == "__main__":

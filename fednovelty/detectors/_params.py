@@ -277,6 +277,15 @@ SAMPLING: Group = (
         "chance that an asked client fails to reply (simulated).",
         "engine",
     ),
+    Param(
+        "batch_clients",
+        True,
+        ["boolean"],
+        "run a round's clients as one batched computation where the algorithm batches "
+        "them (the joint models' learner SGD); ``False``: one after another, as Flower "
+        "nodes. Equal fits to rounding.",
+        "engine",
+    ),
 )
 
 #: A Gaussian mixture's covariance shape.
