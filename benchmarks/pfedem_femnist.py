@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import emit_report, report_header  # noqa: E402
+from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_femnist import standardise_images  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
 from fednovelty import JointFedGMMDetector, PFedEMDetector  # noqa: E402
@@ -280,11 +280,6 @@ def figure(results: dict[tuple[str, int], list[dict]], settings: Settings, path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def device_facts(device: str) -> str:
-    """``"cpu"``, or ``"cuda (<the GPU's name>)"``."""
-    return f"cuda ({torch.cuda.get_device_name(0)})" if device == "cuda" else device
 
 
 def parse_args(argv):
