@@ -3,12 +3,29 @@
 Run ``python benchmarks/fedcam_table1.py`` (the default grid below, seeds 0 1 2) or ``--quick``
 (a smoke run: 20 clients, K = 4, 3 rounds, one seed, MNIST's two cluster-wise partitions;
 written to a temporary folder unless ``--out-dir`` is given). The full run writes
-``fedcam_table1.md`` (tables and checks), ``fedcam_table1.csv`` (one row per dataset,
-partition, K, seed and method), ``fedcam_table1.json`` (the same with every run's cluster
-sizes per round) and ``fedcam_table1.png`` (cluster sizes per round, the paper's Fig. 1 /
-Fig. 3) to ``--out-dir`` (default ``benchmarks/results``). ``--probe-lr 0.001 0.01 0.05``
-instead runs the learning-rate choice described below and writes
-``fedcam_table1.lr_probe.md``.
+``fedcam_table1.md`` (tables and checks, under a header with the setting, scale, device, date
+and wall time), ``fedcam_table1.csv`` (one row per dataset, partition, K, seed and method),
+``fedcam_table1.json`` (the same with every run's cluster sizes per round) and
+``fedcam_table1.png`` (cluster sizes per round, the paper's Fig. 1 / Fig. 3) to ``--out-dir``
+(default: :func:`default_out_dir`). ``--probe-lr 0.001 0.01 0.05`` instead runs the
+learning-rate choice described below and writes ``fedcam_table1.lr_probe.md``.
+``--methods`` runs a subset of the methods (the checks that name a method left out are
+skipped); ``--device cpu|cuda`` is where every model trains and predicts.
+
+Settings (``--setting``, :data:`ALGORITHM_SETTINGS`): ``paper`` (the default: the table
+reproduces the paper's algorithms) updates IFCA-CAM's cluster models by the paper's Eq. 6,
+``Theta_k <- (1 - sum_{i in C_k} n_i / n) Theta_k + sum_{i in C_k} (n_i / n) theta_i`` with
+``n`` the rows of every client of the round (``cluster_average="global"``; Alg. 1 line 7);
+``ours`` replaces each cluster model by its clients' row-weighted mean
+(``cluster_average="cluster"``, the library's default: IFCA's rule and FeSEM's Eq. 11). IFCA
+keeps its own rule (the mean) and FeSEM, FeSEM-CAM their k-means centres (Eq. 11) in both
+settings; only IFCA-CAM differs.
+
+Scales (the report names the one it ran): ``--quick``; the default CPU scale below; and
+``--paper-scale``, the paper's Sec. 5 (200 clients, 100 rounds of which 30 warm-up, the CNN
+learner, learning rate 0.001, K = 5 and 10, MNIST's 70,000 images: 350 rows per client, and
+the four partitions), for a lent GPU (``--device cuda``). Explicit ``--clients``,
+``--rounds``, ``--rows``, ``--lr``, ``--ks``, ``--learner`` override the scale's values.
 
 Paper: Ma et al., "Structured federated learning through clustered additive modeling"
 (``../shared/papers/002_fc9e07a2c9865de9.txt``), Sec. 5, Tables 1-2, Fig. 1 and 3. Methods
@@ -127,6 +144,12 @@ from fednovelty.datasets.partition import (  # noqa: E402
 
 #: the learning rate of every method, chosen by ``--probe-lr`` (module docstring).
 LEARNING_RATE = 0.05
+#: The named settings (module docstring): name -> how IFCA-CAM updates its cluster models.
+ALGORITHM_SETTINGS = {
+    "paper": "IFCA-CAM's cluster models by the paper's Eq. 6 (cluster_average='global')",
+    "ours": "every cluster model its clients' row-weighted mean (cluster_average='cluster')",
+}
+DEVICES = ("cpu", "cuda")
 METHODS = ("FedAvg", "FedAvg+", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
 CLUSTERED = ("IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
 PROBE_METHODS = ("FedAvg", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
@@ -140,6 +163,21 @@ CLUSTER_WISE = ("cluster-dir", "cluster-nclass")
 DEFAULT_PARTITIONS = {
     "mnist": ("cluster-dir", "cluster-nclass", "client-dir"),
     "femnist": ("cluster-dir",),
+}
+#: The paper's Sec. 5 on our data: MNIST for Fashion-MNIST, every partition of Tables 1-2.
+PAPER_SCALE_PARTITIONS = {"mnist": tuple(PARTITIONS), "femnist": ("cluster-dir",)}
+#: Per scale: clients, rounds, rows per dataset, learner, learning rate, K values.
+SCALES = {
+    "quick": {"n_clients": 20, "rounds": 3, "rows": 2000, "learner": "mlp", "ks": (4,)},
+    "cpu": {"n_clients": 100, "rounds": 20, "rows": 20000, "learner": "mlp", "ks": (10,)},
+    "paper": {
+        "n_clients": 200,
+        "rounds": 100,
+        "rows": 70000,
+        "learner": "cnn",
+        "learning_rate": 0.001,
+        "ks": (5, 10),
+    },
 }
 DATASET_NAMES = {"mnist": "MNIST", "femnist": "FEMNIST (pooled writers, 62 classes)"}
 #: fewest rows per client (``min_size``); client-wise Dirichlet(0.1) over 100 clients cannot
@@ -220,6 +258,11 @@ NEAR_FACTOR = 2.0  # CAM near the truth: largest share <= 2x the true share ...
 NEAR_ARI = 0.8  # ... and ARI >= 0.8
 BEHIND_ACC, BEHIND_F1 = 5.0, 10.0  # FedAvg far behind: points below the best clustered method
 FIGURE_METHODS = ("IFCA", "IFCA-CAM", "FeSEM", "FeSEM-CAM")
+LEARNER_TEXT = {
+    "mlp": "MLP (one hidden layer of 64)",
+    "cnn": "CNN (two 3x3 convolutions of 32 and 64 channels, max pooling, 128 dense units)",
+    "linear": "linear softmax model",
+}
 
 
 @dataclass(frozen=True)
@@ -234,10 +277,21 @@ class Settings:
     plus_seeds: tuple[int, ...]
     ks: tuple[int, ...]
     partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    setting: str = "paper"
+    learner: str = "mlp"
+    device: str = "cpu"
+    scale: str = "cpu"
+    methods: tuple[str, ...] = METHODS
 
     @property
     def warmup(self) -> int:
         return round(WARMUP_SHARE * self.rounds)
+
+    def cluster_average(self, method: str) -> str:
+        """How ``method`` moves a cluster model to its clients' copies under the setting:
+        ``"global"`` (Eq. 6) for IFCA-CAM in ``paper``, else ``"cluster"`` (the mean; FeSEM's
+        k-means centres do not use it)."""
+        return "global" if self.setting == "paper" and method == "IFCA-CAM" else "cluster"
 
     def model_params(self, method: str, k: int, seed: int) -> dict:
         """The estimator's arguments for ``method`` (FedAvg: FedAvg+ with one member)."""
@@ -245,7 +299,7 @@ class Settings:
         return {
             "method": name,
             "n_clusters": n_clusters,
-            "learner": "mlp",
+            "learner": self.learner,
             "rounds": self.rounds,
             "warmup_rounds": self.warmup if name.endswith("CAM") else None,
             "local_steps": 10,
@@ -253,7 +307,9 @@ class Settings:
             "momentum": 0.9,
             "batch_size": 32,
             "kmeans_reg": 0.01,
+            "cluster_average": self.cluster_average(method),
             "dtype": "float32",
+            "device": self.device,
             "random_state": seed,
         }
 
@@ -390,7 +446,7 @@ def run_setting(dataset: str, name: str, k: int, settings: Settings, seed: int) 
     """Every method on one split; {method: result}."""
     split = make_split(dataset, name, settings, k, seed)
     results = {}
-    for method in METHODS:
+    for method in settings.methods:
         if method == "FedAvg+" and seed not in settings.plus_seeds:
             continue
         results[method] = fit_one(method, k, split, settings, seed)
@@ -453,14 +509,20 @@ def setting_table(per_seed: list[dict], name: str, k: int) -> str:
 
 
 def setting_checks(per_seed: list[dict], name: str, k: int) -> list[tuple[str, bool]]:
-    """The claims' checks for one dataset / partition / K (module docstring)."""
+    """The claims' checks for one dataset / partition / K (module docstring); a check that
+    names a method the run left out (``--methods``) is skipped."""
 
     def m(method: str, key: str) -> float:
         return mean_of(per_seed, method, key)
 
+    def ran(*methods: str) -> bool:
+        return all(column(per_seed, method, "accuracy") for method in methods)
+
     out = []
     for base in ("IFCA", "FeSEM"):
         cam = f"{base}-CAM"
+        if not ran(base, cam):
+            continue
         ok = m(cam, "accuracy") > m(base, "accuracy") and m(cam, "macro_f1") > m(base, "macro_f1")
         out.append(
             (
@@ -473,16 +535,19 @@ def setting_checks(per_seed: list[dict], name: str, k: int) -> list[tuple[str, b
     if name not in CLUSTER_WISE:
         return out
     true_share = 1.0 / k
-    share = m("IFCA", "largest_share")
-    out.append(
-        (
-            f"IFCA collapses: largest cluster {share:.2f} of the clients at the end >= "
-            f"{COLLAPSE_FACTOR:.0f}x the true share {true_share:.2f} (peak "
-            f"{m('IFCA', 'peak_share'):.2f}, ARI {m('IFCA', 'ari'):.2f})",
-            share >= COLLAPSE_FACTOR * true_share - 1e-9,
+    if ran("IFCA"):
+        share = m("IFCA", "largest_share")
+        out.append(
+            (
+                f"IFCA collapses: largest cluster {share:.2f} of the clients at the end >= "
+                f"{COLLAPSE_FACTOR:.0f}x the true share {true_share:.2f} (peak "
+                f"{m('IFCA', 'peak_share'):.2f}, ARI {m('IFCA', 'ari'):.2f})",
+                share >= COLLAPSE_FACTOR * true_share - 1e-9,
+            )
         )
-    )
     for cam in ("IFCA-CAM", "FeSEM-CAM"):
+        if not ran(cam):
+            continue
         share, ari = m(cam, "largest_share"), m(cam, "ari")
         out.append(
             (
@@ -491,26 +556,28 @@ def setting_checks(per_seed: list[dict], name: str, k: int) -> list[tuple[str, b
                 share <= NEAR_FACTOR * true_share + 1e-9 and ari >= NEAR_ARI,
             )
         )
-    best_acc = max(m(c, "accuracy") for c in CLUSTERED)
-    best_f1 = max(m(c, "macro_f1") for c in CLUSTERED)
-    acc, f1 = m("FedAvg", "accuracy"), m("FedAvg", "macro_f1")
-    out.append(
-        (
-            f"FedAvg far behind: accuracy {acc:.1f} vs best clustered {best_acc:.1f} "
-            f"(>= {BEHIND_ACC:.0f} points below), macro-F1 {f1:.1f} vs {best_f1:.1f} "
-            f"(>= {BEHIND_F1:.0f} below)",
-            best_acc - acc >= BEHIND_ACC and best_f1 - f1 >= BEHIND_F1,
+    if ran("FedAvg", *CLUSTERED):
+        best_acc = max(m(c, "accuracy") for c in CLUSTERED)
+        best_f1 = max(m(c, "macro_f1") for c in CLUSTERED)
+        acc, f1 = m("FedAvg", "accuracy"), m("FedAvg", "macro_f1")
+        out.append(
+            (
+                f"FedAvg far behind: accuracy {acc:.1f} vs best clustered {best_acc:.1f} "
+                f"(>= {BEHIND_ACC:.0f} points below), macro-F1 {f1:.1f} vs {best_f1:.1f} "
+                f"(>= {BEHIND_F1:.0f} below)",
+                best_acc - acc >= BEHIND_ACC and best_f1 - f1 >= BEHIND_F1,
+            )
         )
-    )
     return out
 
 
 def settings_text(settings: Settings) -> str:
     return (
-        f"Scale: {settings.n_clients} clients, {settings.rows} rows per dataset (60 / 20 / 20 "
+        f"Scale ({settings.scale}): {settings.n_clients} clients, {settings.rows} rows per "
+        "dataset (60 / 20 / 20 "
         f"train / validation / test per client), {settings.rounds} rounds ({settings.warmup} "
         "warm-up for the CAM methods), 10 local steps of SGD (learning rate "
-        f"{settings.learning_rate}, momentum 0.9, batch 32), MLP (one hidden layer of 64), "
+        f"{settings.learning_rate}, momentum 0.9, batch 32), {LEARNER_TEXT[settings.learner]}, "
         f"float32, seeds {list(settings.seeds)}, FedAvg+ on seeds {list(settings.plus_seeds)}. "
         "Accuracy: micro, over all clients' test rows; macro-F1: per client, averaged over "
         "clients; each client's rows predicted with its own cluster's model. Largest share: "
@@ -532,15 +599,18 @@ def plot_sizes(results: dict, settings: Settings, path: Path) -> None:
     Warm-up rounds are shaded (IFCA-CAM's assign no clusters)."""
     first = next(iter(results))[0]
     panels = [(key, per_seed[0]) for key, per_seed in results.items() if key[0] == first]
+    methods = [m for m in FIGURE_METHODS if m in panels[0][1]]
+    if not methods:  # --methods left every clustered method out: nothing to draw
+        return
     fig, axes = plt.subplots(
         len(panels),
-        len(FIGURE_METHODS),
-        figsize=(3.6 * len(FIGURE_METHODS), 2.9 * len(panels)),
+        len(methods),
+        figsize=(3.6 * len(methods), 2.9 * len(panels)),
         squeeze=False,
         sharey=True,
     )
     for row, ((_, name, _), seed_result) in enumerate(panels):
-        for col, method in enumerate(FIGURE_METHODS):
+        for col, method in enumerate(methods):
             ax = axes[row][col]
             r = seed_result[method]
             sizes = np.asarray(r["sizes"], dtype=float)
@@ -589,7 +659,7 @@ def write_tidy(results: dict, settings: Settings, out_dir: Path) -> None:
     """``fedcam_table1.csv`` (metrics) and ``fedcam_table1.json`` (with cluster sizes)."""
     lines = [
         "dataset,partition,k,seed,method,accuracy,macro_f1,val_accuracy,val_macro_f1,"
-        "largest_share,peak_share,ari,n_nonempty,seconds"
+        "largest_share,peak_share,ari,n_nonempty,seconds,setting"
     ]
     records = []
     for (dataset, name, k), per_seed in results.items():
@@ -611,10 +681,11 @@ def write_tidy(results: dict, settings: Settings, out_dir: Path) -> None:
                 ]
                 cells = [dataset, name, str(k), str(seed), method]
                 cells += [f"{v:.4f}" if isinstance(v, float) else str(v) for v in values]
-                lines.append(",".join(cells))
+                lines.append(",".join([*cells, settings.setting]))
                 records.append(
                     {"dataset": dataset, "partition": name, "k": k, "seed": seed, "method": method}
                     | r
+                    | {"setting": settings.setting}
                 )
     (out_dir / "fedcam_table1.csv").write_text("\n".join(lines) + "\n")
     (out_dir / "fedcam_table1.json").write_text(json.dumps(records) + "\n")
@@ -622,19 +693,24 @@ def write_tidy(results: dict, settings: Settings, out_dir: Path) -> None:
 
 def load_finished(out_dir: Path, settings: Settings) -> dict:
     """``--resume``: the settings whose every seed is in ``fedcam_table1.json`` (written after
-    each setting), as ``{(dataset, partition, k): [per seed {method: result}]}``."""
+    each setting) under the run's ``--setting`` (a record without one was run as ``ours``)
+    and with every method of the run, as ``{(dataset, partition, k): [per seed {method:
+    result}]}``."""
     path = out_dir / "fedcam_table1.json"
     if not path.is_file():
         return {}
     found: dict = {}
     for record in json.loads(path.read_text()):
+        if record.pop("setting", "ours") != settings.setting:
+            continue
         key = (record.pop("dataset"), record.pop("partition"), record.pop("k"))
         seed, method = record.pop("seed"), record.pop("method")
         found.setdefault(key, {}).setdefault(seed, {})[method] = record
+    wanted = [m for m in settings.methods if m != "FedAvg+"]
     return {
         key: [by_seed[s] for s in settings.seeds]
         for key, by_seed in found.items()
-        if all(s in by_seed for s in settings.seeds)
+        if all(s in by_seed and all(m in by_seed[s] for m in wanted) for s in settings.seeds)
     }
 
 
@@ -689,60 +765,125 @@ def probe_learning_rates(settings: Settings, rates: list[float], out_dir: Path, 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--quick", action="store_true")
+    scale.add_argument(
+        "--paper-scale",
+        action="store_true",
+        help="the paper's Sec. 5 (200 clients, 100 rounds, CNN, lr 0.001, K 5 and 10, every "
+        "partition): for a lent GPU with --device cuda",
+    )
+    parser.add_argument(
+        "--setting",
+        choices=tuple(ALGORITHM_SETTINGS),
+        default="paper",
+        help="paper: IFCA-CAM by Eq. 6; ours: every cluster model its clients' mean",
+    )
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--datasets", nargs="+", choices=("mnist", "femnist"), default=None)
     parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None)
-    parser.add_argument("--ks", type=int, nargs="+", default=[10])
+    parser.add_argument("--ks", type=int, nargs="+", default=None, help="default: the scale's")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--plus-seeds", type=int, nargs="*", default=None)
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--rows", type=int, default=20000)
-    parser.add_argument("--lr", type=float, default=LEARNING_RATE)
+    parser.add_argument("--clients", type=int, default=None, help="default: the scale's")
+    parser.add_argument("--rounds", type=int, default=None, help="default: the scale's")
+    parser.add_argument("--rows", type=int, default=None, help="default: the scale's")
+    parser.add_argument(
+        "--learner", choices=tuple(LEARNER_TEXT), default=None, help="default: the scale's"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help=f"default: the scale's ({LEARNING_RATE} on CPU)"
+    )
     parser.add_argument("--probe-lr", type=float, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="default: see default_out_dir (module doc)"
+    )
     parser.add_argument(
         "--resume", action="store_true", help="keep the finished settings of --out-dir's JSON"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu.")
+    args.scale = "quick" if args.quick else "paper" if args.paper_scale else "cpu"
+    return args
 
 
 def build_settings(args) -> Settings:
-    datasets = args.datasets or (["mnist"] if args.quick else ["mnist", "femnist"])
-    defaults = {d: CLUSTER_WISE for d in datasets} if args.quick else DEFAULT_PARTITIONS
+    """The run's :class:`Settings`: the scale's values (:data:`SCALES`), the explicit flags
+    over them (``--quick`` keeps its own but the learning rate)."""
+    scale = SCALES[args.scale]
+    default_datasets = {"quick": ["mnist"], "cpu": ["mnist", "femnist"], "paper": ["mnist"]}
+    datasets = args.datasets or default_datasets[args.scale]
+    defaults = {
+        "quick": {d: CLUSTER_WISE for d in datasets},
+        "cpu": DEFAULT_PARTITIONS,
+        "paper": PAPER_SCALE_PARTITIONS,
+    }[args.scale]
     partitions = {d: tuple(args.partitions) if args.partitions else defaults[d] for d in datasets}
+    common = {
+        "learning_rate": args.lr
+        if args.lr is not None
+        else scale.get("learning_rate", LEARNING_RATE),
+        "partitions": partitions,
+        "setting": args.setting,
+        "device": args.device,
+        "scale": args.scale,
+        "methods": tuple(m for m in METHODS if m in args.methods),
+    }
     if args.quick:
         return Settings(
-            n_clients=20,
-            rounds=3,
-            rows=2000,
-            learning_rate=args.lr,
+            n_clients=scale["n_clients"],
+            rounds=scale["rounds"],
+            rows=scale["rows"],
             seeds=(args.seeds[0],),
             plus_seeds=(args.seeds[0],),
-            ks=(4,),
-            partitions=partitions,
+            ks=scale["ks"],
+            learner=scale["learner"],
+            **common,
         )
     plus = tuple(args.plus_seeds) if args.plus_seeds is not None else (args.seeds[0],)
+
+    def given(value, key):
+        return scale[key] if value is None else value
+
     return Settings(
-        n_clients=args.clients,
-        rounds=args.rounds,
-        rows=args.rows,
-        learning_rate=args.lr,
+        n_clients=given(args.clients, "n_clients"),
+        rounds=given(args.rounds, "rounds"),
+        rows=given(args.rows, "rows"),
         seeds=tuple(args.seeds),
         plus_seeds=plus,
-        ks=tuple(args.ks),
-        partitions=partitions,
+        ks=tuple(given(args.ks, "ks")),
+        learner=given(args.learner, "learner"),
+        **common,
     )
+
+
+def default_out_dir(args) -> Path:
+    """``--quick``: a temporary folder; otherwise ``benchmarks/results`` for ``--setting
+    ours`` at the CPU scale (the committed tables), ``benchmarks/results/fedcam_<setting>`` for
+    another setting, ``..._paper_scale`` added at the paper's scale."""
+    if args.quick:
+        return Path(tempfile.mkdtemp())
+    results = REPO / "benchmarks" / "results"
+    if args.setting == "ours" and args.scale == "cpu":
+        return results
+    return results / (f"fedcam_{args.setting}" + ("_paper_scale" if args.paper_scale else ""))
+
+
+def device_facts(device: str) -> str:
+    """``"cpu"``, or ``"cuda (<the GPU's name>)"``."""
+    if device == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return device
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = build_settings(args)
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = Path(tempfile.mkdtemp()) if args.quick else REPO / "benchmarks" / "results"
+    out_dir = args.out_dir if args.out_dir is not None else default_out_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/fedcam_table1.py " + " ".join(
         sys.argv[1:] if argv is None else argv
@@ -789,11 +930,18 @@ def main(argv=None) -> str:
     fit_seconds = sum(
         r["seconds"] for per_seed in results.values() for x in per_seed for r in x.values()
     )
-    header = report_header(
-        "Fed-CAM Table 1 / 2 claims on MNIST and FEMNIST",
-        command,
-        args.quick,
-        time.perf_counter() - started,
+    header = "\n".join(
+        [
+            report_header(
+                "Fed-CAM Table 1 / 2 claims on MNIST and FEMNIST",
+                command,
+                args.quick,
+                time.perf_counter() - started,
+            ),
+            f"- setting: {settings.setting} ({ALGORITHM_SETTINGS[settings.setting]})",
+            f"- scale: {settings.scale}",
+            f"- device: {device_facts(settings.device)}",
+        ]
     )
     kept = [key for key in grid if key in done]
     intro = [
