@@ -125,6 +125,40 @@ def test_many_learners_of_unequal_clients_match_one_at_a_time(options):
     assert all(moved)  # the comparison is of trained weights, not of the starts
 
 
+def test_tasks_in_chunks_match(monkeypatch):
+    """More tasks than one stacked step holds are trained in chunks, with the same results."""
+    from fednovelty.federated import learners
+
+    template = mlp_learner(6, 3, hidden=5).double()
+    starts = initial_parameters(lambda: mlp_learner(6, 3, hidden=5).double(), 3, 3)
+    data = clients([12, 30, 5, 22, 17, 9, 26])
+
+    def run():
+        tasks = [
+            SGDTask(starts[c % 3], X, y, w, torch.Generator().manual_seed(c))
+            for c, (X, y, w) in enumerate(data)
+        ]
+        return local_sgd_many(template, tasks, learning_rate=0.1, batch_size=4, epochs=2)
+
+    whole = run()
+    monkeypatch.setattr(learners, "MAX_BATCH_ROWS", 9)  # 2 tasks a chunk
+    chunked = run()
+    for a, b, (X, y, w), c in zip(whole, chunked, data, range(7), strict=True):
+        assert close(a, b)
+        ref = reference_sgd(
+            template,
+            starts[c % 3],
+            X,
+            y,
+            w,
+            torch.Generator().manual_seed(c),
+            learning_rate=0.1,
+            batch_size=4,
+            epochs=2,
+        )
+        assert close(b, ref)
+
+
 def test_offsets_and_a_cnn_match():
     """Fixed logit offsets (an additive model's other half) and the paper's CNN."""
     template = cnn_learner(36, 4).double()
