@@ -28,11 +28,11 @@ test: $(STAMP) $(CHROMIUM)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile -q
 
-# The CUDA lane (tests/cuda): every registry method fitted on CUDA scores as on the CPU.
+# The CUDA lane (tests/detectors/test_cuda_lane.py): every registry method fitted on CUDA scores as on the CPU.
 # Needs a machine where torch sees a GPU; elsewhere its tests are skipped.
 .PHONY: test-cuda
 test-cuda: $(STAMP)
-	$(PY) -m pytest -m cuda -q tests/cuda
+	$(PY) -m pytest -m cuda -q tests/detectors/test_cuda_lane.py
 
 # The documentation site at http://127.0.0.1:8000 (mkdocs.yml), rebuilt on every save.
 docs: $(STAMP)

@@ -27,16 +27,17 @@ COLUMNS = ["a", "b", "c"]
 NAMES = [name for name, m in METHODS.items() if m.kind != "pyod"] + ["StreamingFedGMM"]
 
 
-def build(name: str):
-    """An unfitted estimator of ``name`` (a registry method or ``"StreamingFedGMM"``)."""
+def build(name: str, **params):
+    """An unfitted estimator of ``name`` (a registry method or ``"StreamingFedGMM"``) with
+    :data:`FAST` where it takes them and ``params`` (e.g. ``device=``, ``dtype=``)."""
     if name == "StreamingFedGMM":
         from fednovelty.detectors import StreamingFedGMMDetector
 
-        detector = StreamingFedGMMDetector(2, random_state=0)
+        detector = StreamingFedGMMDetector(2, random_state=0, **params)
     else:
         method = METHODS[name]
         shared = {"n_components": 2, "client_components": 2, "random_state": 0}
-        detector = method.build(**method.shared_params(**shared))
+        detector = method.build(**method.shared_params(**shared), **params)
     names = detector.get_params(deep=False)
     return detector.set_params(**{k: v for k, v in FAST.items() if k in names})
 

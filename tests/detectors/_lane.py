@@ -1,7 +1,7 @@
 """The CUDA lane's harness: fit one registry method on two devices and compare its scores.
 
 Every function takes the devices as arguments, so the same code runs as ``("cpu", "cuda")``
-in the lane (``tests/cuda/test_cuda_lane.py``, marked ``cuda``) and as ``("cpu", "cpu")`` in
+in the lane (``tests/detectors/test_cuda_lane.py``, marked ``cuda``) and as ``("cpu", "cpu")`` in
 the suite everywhere else. Both fits see the same rows, seed and float64; what they output on
 the same rows must agree within :data:`RTOL` of the values' scale (:func:`mismatches`).
 """
@@ -14,63 +14,38 @@ from typing import Any
 
 import numpy as np
 import torch
+from _every_estimator import NAMES, data
+from _every_estimator import build as build_estimator
+from _every_estimator import fit as fit_estimator
 from sklearn.exceptions import ConvergenceWarning
-
-from fednovelty.methods import METHODS
 
 #: the relative tolerance: ``|a - b| <= RTOL * max(1, max |a|)`` per output.
 RTOL = 1e-8
-#: settings that keep a fit short, applied where the estimator has them.
-FAST = {
-    "max_iter": 5,
-    "rounds": 3,
-    "local_epochs": 1,
-    "local_steps": 1,
-    "hidden": 8,
-    "embedding_dim": 2,
-    "n_clusters": 2,
-    "kmeans_rounds": 3,
-}
-#: the runner's shared settings (each method takes those it names in ``Method.shared``).
-SHARED = {"n_components": 2, "client_components": 2, "random_state": 0}
 
 
 def lane_names() -> list[str]:
     """Every registry method with a ``device`` (all but PyOD's baselines, which run in numpy),
     ablation variants and classifiers included, in registry order."""
-    return [name for name, method in METHODS.items() if method.kind != "pyod"]
-
-
-def labelled(name: str) -> bool:
-    """Whether method ``name`` is fitted with labels (``fit(X, y, groups)``)."""
-    return METHODS[name].task == "pfl"
+    return [name for name in NAMES if name != "StreamingFedGMM"]
 
 
 def federation(seed: int = 0, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Four clients of 40 rows and 3 features, two separated populations, labels that differ
-    within each client: ``(X (160, 3), y (160,), groups (160,))``; ``shift`` moves every row."""
-    rng = np.random.default_rng(seed)
-    groups = np.repeat(np.arange(4), 40)
-    X = rng.normal(0.0, 1.0, (160, 3)) + np.where(groups[:, None] % 2 == 0, 0.0, 3.0) + shift
-    y = np.where(np.arange(160) % 40 < 20, 0, 1)
-    return X, y, groups
+    """:func:`_every_estimator.data`'s four clients as arrays: ``(X (160, 3), y, groups)``."""
+    X, y, groups = data(seed, shift)
+    return X.to_numpy(copy=True), y, groups
 
 
 def build(name: str, device: str):
-    """An unfitted estimator of registry method ``name`` on ``device`` in float64, with the
-    shared settings and :data:`FAST` where it takes them."""
-    method = METHODS[name]
-    detector = method.build(**method.shared_params(**SHARED), device=device, dtype="float64")
-    names = detector.get_params(deep=False)
-    return detector.set_params(**{k: v for k, v in FAST.items() if k in names})
+    """An unfitted estimator of registry method ``name`` on ``device`` in float64."""
+    return build_estimator(name, device=device, dtype="float64")
 
 
 def fit(detector, name: str, X, y, groups):
-    """``detector.fit`` with labels where method ``name`` needs them (the few rounds of
-    :data:`FAST` end before convergence: its warning is silenced)."""
+    """``detector.fit`` (the few rounds of ``FAST`` end before convergence: its warning is
+    silenced)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return detector.fit(X, y, groups) if labelled(name) else detector.fit(X, groups=groups)
+        return fit_estimator(detector, name, X, y, groups)
 
 
 def outputs(detector, X) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """The CUDA lane: every registry method fitted on the CPU and on CUDA scores alike.
 
-The tests marked ``cuda`` (``make test-cuda``, ``pytest -m cuda tests/cuda``) fit each method of
+The tests marked ``cuda`` (``make test-cuda``) fit each method of
 ``fednovelty.methods.METHODS`` that has a ``device`` (all but PyOD's baselines) once on
 ``"cpu"`` and once on ``"cuda"``, float64, same rows and seed, and compare what both say about
 the same rows (``_lane.compare_method``); ``StreamingFedGMMDetector`` is compared window by
