@@ -341,7 +341,7 @@ def _train_stacked(
     for i, (r, m) in enumerate(batches):
         rows[i, : r.shape[0]], mask[i, : m.shape[0]] = r, m
     rows, mask = rows.to(device), mask.to(device)
-    starts = {k: v.clone() for k, v in params.items()}
+    starts = {k: v.clone() for k, v in params.items()} if mu_prox > 0 else params
 
     def loss(p, start, xb, yb, wb, mb, ob):
         out = functional_call(template, p, (xb,))
@@ -373,7 +373,8 @@ def _train_stacked(
             grads = torch.autograd.grad(value, list(leaves.values()))
         return {k: g.unsqueeze(0) for k, g in zip(leaves, grads, strict=True)}
 
-    state = {k: torch.zeros_like(v) for k, v in params.items()}
+    moving = optimizer == "adam" or momentum > 0  # optimiser state to keep
+    state = {k: torch.zeros_like(v) for k, v in params.items()} if moving else {}
     second = {k: torch.zeros_like(v) for k, v in params.items()} if optimizer == "adam" else {}
     for s in range(n_steps):
         a = int((lengths > s).sum())
@@ -396,7 +397,7 @@ def _train_stacked(
                 _optimiser_step(
                     params[k][:a],
                     g[k],
-                    state[k][:a],
+                    state[k][:a] if state else None,
                     second[k][:a] if second else None,
                     s + 1,
                     learning_rate=learning_rate,
@@ -412,7 +413,7 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 def _optimiser_step(
     param: Tensor,
     g: Tensor,
-    first: Tensor,
+    first: Tensor | None,
     second: Tensor | None,
     step: int,
     *,
@@ -424,10 +425,13 @@ def _optimiser_step(
     ``torch.optim.SGD`` does) or Adam (moments ``first``, ``second``; bias-corrected by
     ``step``, 1-based)."""
     if second is None:
-        if momentum > 0:
-            first.copy_(g if step == 1 else first * momentum + g)
+        if momentum > 0 and first is not None:
+            if step == 1:
+                first.copy_(g)
+            else:
+                first.mul_(momentum).add_(g)
             g = first
-        param.sub_(learning_rate * g)
+        param.add_(g, alpha=-learning_rate)
         return
     b1, b2 = ADAM_BETAS
     first.mul_(b1).add_(g, alpha=1 - b1)
