@@ -130,7 +130,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import emit_report, report_header  # noqa: E402
+from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_femnist import standardise_images  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
 from fednovelty import ClusteredFLClassifier  # noqa: E402
@@ -870,13 +870,6 @@ def default_out_dir(args) -> Path:
     if args.setting == "ours" and args.scale == "cpu":
         return results
     return results / (f"fedcam_{args.setting}" + ("_paper_scale" if args.paper_scale else ""))
-
-
-def device_facts(device: str) -> str:
-    """``"cpu"``, or ``"cuda (<the GPU's name>)"``."""
-    if device == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(0)})"
-    return device
 
 
 def main(argv=None) -> str:

@@ -103,7 +103,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import report_header  # noqa: E402
+from benchmarks._machine import device_facts, report_header  # noqa: E402
 from fednovelty.datasets import load_mnist, transform_images  # noqa: E402
 from fednovelty.datasets import protocols as _protocols  # noqa: E402
 from fednovelty.datasets.protocols import Task  # noqa: E402
@@ -350,13 +350,6 @@ def detectors_on(names, device: str, **params) -> Iterator[None]:
         yield
     finally:
         METHODS.update(saved)
-
-
-def device_facts(device: str) -> str:
-    """``"cpu"``, or ``"cuda (<the GPU's name>)"``."""
-    if device == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(0)})"
-    return device
 
 
 # ----------------------------------------------------------------------------- the grid

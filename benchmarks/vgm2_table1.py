@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import report_header  # noqa: E402
+from benchmarks._machine import device_facts, report_header  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "vgm2"
 OUT_PAPER_SCALE = Path(__file__).resolve().parent / "results" / "vgm2_paper_scale"
@@ -196,13 +196,6 @@ def _mean_std(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{np.mean(values):.3f} +- {np.std(values):.3f}"
-
-
-def device_facts(device: str) -> str:
-    """``"cpu"``, or ``"cuda (<the GPU's name>)"``."""
-    if device == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(0)})"
-    return device
 
 
 def render(records: list[dict], args, seconds: float) -> str:
