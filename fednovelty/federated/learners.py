@@ -138,6 +138,7 @@ class SGDTask:
         generator: the batches' randomness (tasks may share one: they draw from it in
             the order they are listed, as one-after-the-other training would).
         offset: logits (n_samples, n_classes) added to the learner's, held fixed.
+        mu_prox: this task's proximal coefficient (``None``: the call's ``mu_prox``).
     """
 
     start: dict[str, Tensor]
@@ -146,11 +147,12 @@ class SGDTask:
     weight: Tensor | None
     generator: torch.Generator
     offset: Tensor | None = None
+    mu_prox: float | None = None
 
 
-#: one client's round written as a generator: it yields its learners' trainings (a list of
-#: :class:`SGDTask`, at most once), receives their trained parameters in the same order and
-#: returns its reply (any object: the algorithm's message).
+#: one client's round written as a generator: it yields its learners' trainings (lists of
+#: :class:`SGDTask`), receives each list's trained parameters in the same order, and returns
+#: its reply (any object: the algorithm's message).
 ClientRound = Generator[list[SGDTask], list[dict[str, Tensor]], Any]
 
 
@@ -158,34 +160,56 @@ def train_together(
     rounds: Sequence[ClientRound],
     train: Callable[[list[SGDTask]], list[dict[str, Tensor]]],
 ) -> list[Any]:
-    """Run several clients' rounds, their learners trained in one call ``train`` (e.g.
-    :func:`local_sgd_many` under the algorithm's settings) between each round's first part
-    and its reply.
+    """Run several clients' rounds, the trainings they ask for at the same point trained in
+    one call ``train`` (e.g. :func:`local_sgd_many` under the algorithm's settings).
 
-    A round that returns without yielding (it skips, or trains by its own DP-SGD) keeps its
-    reply; the others get their own tasks' results, in their order. A client's round with
-    one client is the same code: this is how a step is written once for one client (a
-    Flower node) and for many (the simulation).
+    Each pass advances every round still running to its next ``yield``, trains all the
+    tasks asked for in one call and sends each round its own results; a round that returns
+    (it skips, has trained by its own DP-SGD, or is done) keeps its reply. A round with one
+    client is the same code: a step is written once for one client (a Flower node) and for
+    many (the simulation).
 
     Returns:
         Each round's reply, in the order of ``rounds``.
     """
     replies: list[Any] = [None] * len(rounds)
-    asked: list[tuple[int, list[SGDTask]]] = []
-    for i, client in enumerate(rounds):
-        try:
-            asked.append((i, list(next(client))))
-        except StopIteration as done:
-            replies[i] = done.value
-    trained = iter(train([task for _, tasks in asked for task in tasks]))
-    for i, tasks in asked:
-        try:
-            rounds[i].send([next(trained) for _ in tasks])
-        except StopIteration as done:
-            replies[i] = done.value
-        else:
-            raise RuntimeError("a client round yields its learners' tasks once, then replies")
+    results: dict[int, list[dict[str, Tensor]] | None] = dict.fromkeys(range(len(rounds)))
+    while results:
+        asked: list[tuple[int, list[SGDTask]]] = []
+        for i, sent in results.items():
+            try:
+                tasks = rounds[i].send(sent)
+            except StopIteration as done:
+                replies[i] = done.value
+            else:
+                asked.append((i, list(tasks)))
+        flat = [task for _, tasks in asked for task in tasks]
+        trained = iter(train(flat) if flat else [])
+        results = {i: [next(trained) for _ in tasks] for i, tasks in asked}
     return replies
+
+
+class LearnerRounds:
+    """A step's client half written as :data:`ClientRound` generators (mixed into a
+    :class:`~fednovelty.federated.steps.Step` before it): :meth:`client_round` for one
+    client, :meth:`train_many` for the tasks of any clients. ``client_steps`` runs several
+    clients' rounds with their trainings batched (:func:`train_together`) and
+    ``client_step`` is one client's, the same code."""
+
+    batched = True
+
+    def client_round(self, data: Any, message: Any, context: Any) -> ClientRound:
+        raise NotImplementedError
+
+    def train_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def client_step(self, data: Any, message: Any, context: Any) -> Any:
+        return self.client_steps([(data, context)], message)[0]
+
+    def client_steps(self, items: Sequence[tuple[Any, Any]], message: Any) -> list[Any]:
+        rounds = [self.client_round(data, message, context) for data, context in items]
+        return train_together(rounds, self.train_many)
 
 
 def batch_rows(
@@ -334,36 +358,46 @@ def _train_stacked(
         [t.weight if t.weight is not None else t.X.new_ones(t.X.shape[0]) for t in tasks], width
     ).to(dtype)
     offsets = None
-    if tasks[0].offset is not None:
-        offsets = _stacked([t.offset for t in tasks], width)
+    given = [t.offset for t in tasks if t.offset is not None]
+    if given:  # a task without an offset adds zeros
+        classes = given[0].shape[1]
+        offsets = _stacked(
+            [t.X.new_zeros(t.X.shape[0], classes) if t.offset is None else t.offset for t in tasks],
+            width,
+        )
+    mus = torch.tensor(
+        [mu_prox if t.mu_prox is None else float(t.mu_prox) for t in tasks], dtype=dtype
+    ).to(device)
+    prox = bool((mus > 0).any())
     rows = torch.zeros(len(tasks), n_steps, batches[0][0].shape[1], dtype=torch.long)
     mask = torch.zeros(rows.shape, dtype=dtype)
     for i, (r, m) in enumerate(batches):
         rows[i, : r.shape[0]], mask[i, : m.shape[0]] = r, m
     rows, mask = rows.to(device), mask.to(device)
-    starts = {k: v.clone() for k, v in params.items()} if mu_prox > 0 else params
+    starts = {k: v.clone() for k, v in params.items()} if prox else params
 
-    def loss(p, start, xb, yb, wb, mb, ob):
+    def loss(p, start, mu, xb, yb, wb, mb, ob):
         out = functional_call(template, p, (xb,))
         if ob is not None:
             out = out + ob
         ce = nn.functional.cross_entropy(out, yb, reduction="none")
         total = (wb * mb * ce).sum() / mb.sum().clamp_min(1.0)
-        if mu_prox > 0:
-            total = total + 0.5 * mu_prox * sum((p[k] - start[k]).square().sum() for k in p)
+        if prox:
+            total = total + 0.5 * mu * sum((p[k] - start[k]).square().sum() for k in p)
         return total
 
-    batched = vmap(grad(loss), in_dims=(0, 0, 0, 0, 0, 0, None if offsets is None else 0))
+    batched = vmap(grad(loss), in_dims=(0, 0, 0, 0, 0, 0, 0, None if offsets is None else 0))
 
-    def gradient(p, start, xb, yb, wb, mb, ob):
+    def gradient(p, start, mu, xb, yb, wb, mb, ob):
         if xb.shape[0] > 1:
-            return batched(p, start, xb, yb, wb, mb, ob)
+            return batched(p, start, mu, xb, yb, wb, mb, ob)
         # one task: plain autograd, without vmap's per-call cost
         leaves = {k: v[0].detach().requires_grad_(True) for k, v in p.items()}
         with torch.enable_grad():
             value = loss(
                 leaves,
                 {k: v[0] for k, v in start.items()},
+                mu[0],
                 xb[0],
                 yb[0],
                 wb[0],
@@ -386,6 +420,7 @@ def _train_stacked(
         g = gradient(
             {k: v[:a] for k, v in params.items()},
             {k: v[:a] for k, v in starts.items()},
+            mus[:a],
             xb,
             yb,
             W[pick, r],

@@ -25,7 +25,7 @@ same rows than the Gaussians. Scoring and adaptation are pure functions of a tra
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -57,6 +57,7 @@ from fednovelty.federated.learners import (
     OPTIMIZERS,
     ClientRound,
     LearnerFactory,
+    LearnerRounds,
     SGDTask,
     as_learner,
     initial_parameters,
@@ -64,7 +65,6 @@ from fednovelty.federated.learners import (
     linear_learner,
     local_sgd_many,
     mlp_learner,
-    train_together,
 )
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
@@ -228,7 +228,7 @@ def histogram_sum(histograms: Tensor, config: Any, rounds: int) -> Tensor:
     return total.clamp_min(1e-6 * float(total.abs().sum()) + 1e-300)
 
 
-class JointEMStep(Step):
+class JointEMStep(LearnerRounds, Step):
     """The joint EM rounds (module docstring): the joint E-step and learner training on the
     client; federated EM's Gaussian M-step plus learner averaging on the server.
 
@@ -240,7 +240,6 @@ class JointEMStep(Step):
     kinds = ("joint_em",)
     replies = declare(JOINT_EM_REPLY)
     labelled = True
-    batched = True
 
     def __init__(self, algorithm: JointFedGMM) -> None:
         self.algorithm = algorithm
@@ -300,16 +299,8 @@ class JointEMStep(Step):
         return (None if done else "joint_em"), metrics
 
     # ------------------------------------------------------------------ client half
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
-        return self.client_steps([(data, context)], message)[0]
-
-    def client_steps(
-        self, items: Sequence[tuple[Any, ClientContext]], message: Message
-    ) -> list[Message]:
-        """Each client's round (:meth:`client_round`), the learners of all of them trained
-        as one batched computation (:func:`~fednovelty.federated.learners.train_together`)."""
-        rounds = [self.client_round(data, message, context) for data, context in items]
-        return train_together(rounds, self.algorithm._local_sgd_many)
+    def train_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
+        return self.algorithm._local_sgd_many(tasks)
 
     def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         """One client's joint round: the E-step, its learners' training (yielded as
