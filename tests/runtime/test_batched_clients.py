@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.privacy import PrivacyPolicy
@@ -74,3 +75,31 @@ def test_batched_fit_equals_one_client_at_a_time(options):
         relative_gap(trained[f"learner.0.{k}" if k not in trained else k], v) > 1e-3
         for k, v in start.items()
     )
+
+
+@pytest.mark.parametrize("method", ["FedAvg+", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM"])
+def test_clustered_fits_batched_equal_one_client_at_a_time(method):
+    """Fed-CAM's family (warm-ups, the ensemble, cluster rounds with the global model's
+    offsets and FeSEM's pull): the batched fit's models equal the one-by-one fit's."""
+    rng = np.random.default_rng(3)
+    rules = np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    clients = []
+    for c in range(6):
+        X = rng.normal(size=(30 + 7 * c, 3))
+        clients.append(
+            (torch.as_tensor(X), torch.as_tensor((X @ rules[c % 3] > 0).astype(np.int64)))
+        )
+
+    def run(**engine):
+        algorithm = ClusteredFL(
+            method, 3, 2, n_clusters=3, learning_rate=0.2, dtype=torch.float64, random_state=0
+        )
+        return run_simulation(algorithm, clients, **engine).state
+
+    one, many = run(batch_clients=False), run()
+    models = [*one.cluster_models, *([one.global_model] if one.global_model else [])]
+    others = [*many.cluster_models, *([many.global_model] if many.global_model else [])]
+    assert len(models) == len(others) >= 3
+    for a, b in zip(models, others, strict=True):
+        for k in a:
+            assert relative_gap(a[k], b[k]) < 1e-9

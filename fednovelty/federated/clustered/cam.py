@@ -55,11 +55,14 @@ from fednovelty.federated.init import (
 )
 from fednovelty.federated.learners import (
     OPTIMIZERS,
+    ClientRound,
     LearnerFactory,
+    LearnerRounds,
+    SGDTask,
     as_learner,
     initial_parameters,
     learner_template,
-    local_sgd,
+    local_sgd_many,
     logits,
     mlp_learner,
 )
@@ -582,7 +585,7 @@ MODEL_REPLIES: dict[str, ReplySpec] = {
 
 
 # ----------------------------------------------------------------------------- the steps
-class _ModelStep(Step):
+class _ModelStep(LearnerRounds, Step):
     """What the clustered steps share: the settings, the template, the local training."""
 
     labelled = True
@@ -599,7 +602,7 @@ class _ModelStep(Step):
     def names(self) -> list[str]:
         return self.algorithm.parameter_names
 
-    def train(
+    def task(
         self,
         start: dict[str, Tensor],
         X: Tensor,
@@ -607,22 +610,22 @@ class _ModelStep(Step):
         generator: torch.Generator,
         offset: Tensor | None = None,
         mu_prox: float = 0.0,
-    ) -> dict[str, Tensor]:
+    ) -> SGDTask:
+        """One model's local training from ``start`` on ``(X, y)`` (every row weight 1),
+        ``offset`` logits added, ``mu_prox`` pulling it towards ``start``; yielded by a
+        client round and trained with the other clients' (:meth:`train_many`)."""
+        return SGDTask(start, X, y, None, generator, offset, mu_prox)
+
+    def train_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
         config = self.config
-        return local_sgd(
+        return local_sgd_many(
             self.template,
-            start,
-            X,
-            y,
-            None,
-            generator,
+            tasks,
             steps=config.local_steps,
             learning_rate=config.learning_rate,
             batch_size=config.batch_size,
             optimizer=config.optimizer,
             momentum=config.momentum,
-            mu_prox=mu_prox,
-            offset=offset,
         )
 
     def rows(self, X: Tensor, message: Message, context: ClientContext) -> Tensor:
@@ -757,7 +760,7 @@ class EnsembleStep(_ModelStep):
             tensors.update({learner_name(m, name): value for name, value in params.items()})
         return Message(ENSEMBLE_KIND, tensors, {"seed": round_seed(self.config, state)})
 
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         X, y = data
         refused = self.refusal(ENSEMBLE_KIND, X, context)
         if refused is not None:
@@ -775,9 +778,9 @@ class EnsembleStep(_ModelStep):
             return _private_reply(ENSEMBLE_KIND, X, tensors, context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, members, X, y).mean()
+        everyone = yield [self.task(params, X, y, generator) for params in members]
         tensors = {}
-        for m, params in enumerate(members):
-            trained = self.train(params, X, y, generator)
+        for m, trained in enumerate(everyone):
             tensors.update({learner_name(m, name): value for name, value in trained.items()})
         return _reply(ENSEMBLE_KIND, X, loss, tensors)
 
@@ -809,7 +812,7 @@ class GlobalWarmupStep(_ModelStep):
         tensors = _named("global.", state.global_model)
         return Message(WARMUP_GLOBAL_KIND, tensors, {"seed": round_seed(self.config, state)})
 
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         X, y = data
         refused = self.refusal(WARMUP_GLOBAL_KIND, X, context)
         if refused is not None:
@@ -821,7 +824,7 @@ class GlobalWarmupStep(_ModelStep):
             return _private_reply(WARMUP_GLOBAL_KIND, X, _named("global.", trained), context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, [start], X, y)[0]
-        trained = self.train(start, X, y, generator)
+        (trained,) = yield [self.task(start, X, y, generator)]
         return _reply(WARMUP_GLOBAL_KIND, X, loss, _named("global.", trained))
 
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
@@ -913,7 +916,7 @@ class LocalWarmupStep(_ModelStep):
         tensors = _named("learner.0.", state.cluster_models[0])  # the common start
         return Message(WARMUP_LOCAL_KIND, tensors, {"seed": round_seed(self.config, state)})
 
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         X, y = data
         refused = self.refusal(WARMUP_LOCAL_KIND, X, context)
         if refused is not None:
@@ -928,7 +931,7 @@ class LocalWarmupStep(_ModelStep):
             return _private_reply(WARMUP_LOCAL_KIND, X, _named("cluster.", trained), context)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         loss = mean_losses(self.template, [start], X, y)[0]
-        trained = self.train(start, X, y, generator)
+        (trained,) = yield [self.task(start, X, y, generator)]
         context.state.update({f"{KEPT}{k}": v.clone() for k, v in trained.items()})
         return _reply(WARMUP_LOCAL_KIND, X, loss, _named("cluster.", trained))
 
@@ -1040,7 +1043,7 @@ class ClusterStep(_ModelStep):
             context.state.update({f"{KEPT}{k}": v.clone() for k, v in theta.items()})
         return _private_reply(CLUSTER_KIND, X, tensors, context, cluster=cluster)
 
-    def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         X, y = data
         config = self.config
         refused = self.refusal(CLUSTER_KIND, X, context)
@@ -1059,12 +1062,13 @@ class ClusterStep(_ModelStep):
         cluster, loss = self.choose(models, X, y, h, kept)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         pull = config.kmeans_reg if config.clustering == "kmeans" else 0.0
-        theta = self.train(models[cluster], X, y, generator, offset=h, mu_prox=pull)
+        (theta,) = yield [self.task(models[cluster], X, y, generator, offset=h, mu_prox=pull)]
         tensors = _named("cluster.", theta)
         if glob is not None:  # the global copy fits the residual of the cluster's model
             with torch.no_grad():
                 f = logits(self.template, models[cluster], X)
-            tensors.update(_named("global.", self.train(glob, X, y, generator, offset=f)))
+            (residual,) = yield [self.task(glob, X, y, generator, offset=f)]
+            tensors.update(_named("global.", residual))
         if config.clustering == "kmeans":
             context.state.update({f"{KEPT}{k}": v.clone() for k, v in theta.items()})
         return _reply(CLUSTER_KIND, X, loss, tensors, cluster=cluster)
