@@ -376,28 +376,23 @@ def _train_stacked(
     rows, mask = rows.to(device), mask.to(device)
     starts = {k: v.clone() for k, v in params.items()} if prox else params
 
-    def loss(p, start, mu, xb, yb, wb, mb, ob):
+    def loss(p, xb, yb, wb, mb, ob):
         out = functional_call(template, p, (xb,))
         if ob is not None:
             out = out + ob
         ce = nn.functional.cross_entropy(out, yb, reduction="none")
-        total = (wb * mb * ce).sum() / mb.sum().clamp_min(1.0)
-        if prox:
-            total = total + 0.5 * mu * sum((p[k] - start[k]).square().sum() for k in p)
-        return total
+        return (wb * mb * ce).sum() / mb.sum().clamp_min(1.0)
 
-    batched = vmap(grad(loss), in_dims=(0, 0, 0, 0, 0, 0, 0, None if offsets is None else 0))
+    batched = vmap(grad(loss), in_dims=(0, 0, 0, 0, 0, None if offsets is None else 0))
 
-    def gradient(p, start, mu, xb, yb, wb, mb, ob):
+    def gradient(p, xb, yb, wb, mb, ob):
         if xb.shape[0] > 1:
-            return batched(p, start, mu, xb, yb, wb, mb, ob)
+            return batched(p, xb, yb, wb, mb, ob)
         # one task: plain autograd, without vmap's per-call cost
         leaves = {k: v[0].detach().requires_grad_(True) for k, v in p.items()}
         with torch.enable_grad():
             value = loss(
                 leaves,
-                {k: v[0] for k, v in start.items()},
-                mu[0],
                 xb[0],
                 yb[0],
                 wb[0],
@@ -419,8 +414,6 @@ def _train_stacked(
         ob = None if offsets is None else offsets[pick, r]
         g = gradient(
             {k: v[:a] for k, v in params.items()},
-            {k: v[:a] for k, v in starts.items()},
-            mus[:a],
             xb,
             yb,
             W[pick, r],
@@ -429,6 +422,9 @@ def _train_stacked(
         )
         with torch.no_grad():
             for k in params:
+                if prox:  # the gradient of mu / 2 ||theta - start||^2, added in closed form
+                    shape = (a, *[1] * (params[k].ndim - 1))
+                    g[k] = g[k] + mus[:a].view(shape) * (params[k][:a] - starts[k][:a])
                 _optimiser_step(
                     params[k][:a],
                     g[k],
