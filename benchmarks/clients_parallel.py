@@ -6,8 +6,9 @@ local epochs of SGD at 0.2 in batches of 32, float32): the same fit with
 ``batch_clients=False`` (each client's learners trained one after another, as Flower nodes
 run them) and ``batch_clients=True`` (every client's learners stacked and trained under one
 ``torch.func.vmap`` per step), timed back to back, alone and beside ``--busy`` busy torch
-processes (``bench_threads.py``'s load), at 1 thread and at 2 (the library's choice: a
-batched round's kernels are large, so it may use the free cores). Both fits give the same
+processes (``bench_threads.py``'s load), with the caller's torch threads at each of
+``--threads`` (default 1; learner SGD runs on one thread either way unless
+``FEDNOVELTY_NUM_THREADS`` says otherwise). Both fits give the same
 model: the script prints the largest relative difference of their learners and their test
 accuracy (each writer's own weights).
 
@@ -97,7 +98,7 @@ def parse_args(argv):
     parser.add_argument("--writers", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--learner", choices=("linear", "mlp", "cnn"), default="mlp")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--busy", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=None)

@@ -243,24 +243,14 @@ def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
         return algorithm.answer(data, message, context)
 
 
-def batched_work(message, items, algorithm: Any = None) -> float:
-    """Work units of several clients' step run as one batched computation: each client's
-    :func:`client_work` plus, where the message carries learners (``learner.*`` tensors),
-    3 x rows x their parameter count (a forward and a backward pass over the rows)."""
-    learner = sum(t.numel() for k, t in message.tensors.items() if k.startswith("learner."))
-    rows = sum(int(client_rows(data).shape[0]) for data, _ in items)
-    mixture = sum(client_work(message, data, algorithm) for data, _ in items)
-    return mixture + 3.0 * rows * learner
-
-
 def run_client_steps(algorithm: Any, items, message, threads=None) -> list:
     """``algorithm.answer_many(items, message)``: the client steps of several in-process
     clients ``items`` (``(data, context)`` pairs) as one batched computation, each reply
-    through its own client's gate. The batch's kernels are large whatever one client's
-    batches are (a ``serial`` declaration is for one client's), so the threads follow the
-    batch's work (:func:`batched_work`)."""
-    work = batched_work(message, items, algorithm)
-    with torch_threads(threads_for_work(work, threads)):
+    through its own client's gate; under :func:`client_threads` of the largest client (a
+    ``serial`` step stays on one thread batched too: 100 FEMNIST writers' stacked learners
+    trained 1.2x slower on two threads than on one, ``benchmarks/clients_parallel.py``)."""
+    largest = max((data for data, _ in items), key=lambda d: int(client_rows(d).shape[0]))
+    with client_threads(message, largest, threads, algorithm):
         return algorithm.answer_many(items, message)
 
 

@@ -271,9 +271,9 @@ def test_the_callers_threads_survive_a_failing_step(caller_threads, no_override,
 def test_learner_sgd_runs_on_one_thread_at_any_size(
     caller_threads, no_override, idle_machine, monkeypatch
 ) -> None:
-    """Every client step would get the caller's threads (crossover at 0 work), except one
-    client's learner SGD; a batched round of several clients' learners follows the batch's
-    work. (Server steps stay on one thread here: the test is about the clients.)"""
+    """Every client step would get the caller's threads (crossover at 0 work), except learner
+    SGD, one client's or a batched round's. (Server steps stay on one thread here: the test
+    is about the clients.)"""
     monkeypatch.setattr(threads_module, "PARALLEL_WORK", 0.0)
     monkeypatch.setattr(threads_module, "server_work", lambda *_: -1.0)
     with client_threads(Message("joint_em"), large_client(10)):
@@ -302,7 +302,7 @@ def test_learner_sgd_runs_on_one_thread_at_any_size(
     assert seen == [(1, 1)] * 4  # 2 rounds x 2 clients x 1 learner, one at a time
     seen.clear()
     run_simulation(algorithm, clients)
-    assert seen == [(2, caller_threads)] * 2  # 2 rounds, both clients' learners at once
+    assert seen == [(2, 1)] * 2  # 2 rounds, both clients' learners at once
     assert torch.get_num_threads() == caller_threads
 
 
