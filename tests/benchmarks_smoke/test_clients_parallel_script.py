@@ -24,3 +24,23 @@ def test_femnist_paper_scale_preset_is_the_papers(benchmark_script):
     assert params["learning_rate"] == 0.001
     model = script.make_model("FedGMM", script.Settings(8, 2, (0,), batch_clients=False), 0)
     assert model.get_params()["batch_clients"] is False
+
+
+def test_device_checks_quick_run_reports_rounds_and_projection(benchmark_script):
+    report = benchmark_script("device_checks").main(["--quick", "--device", "cpu"])
+    assert "- CUDA lane: skipped (--quick)" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| batched", "| one at"))]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        total, per_round, other = float(cells[2]), float(cells[3]), float(cells[4])
+        assert cells[1] == "1" and per_round > 0 and abs(total - per_round - other) < 0.15
+        minutes = float(cells[5].split()[0])
+        assert abs(minutes - (other + 200 * per_round) / 60) < 0.1
+    accuracies = {row.strip("|").split("|")[6].strip() for row in rows}
+    assert len(accuracies) == 1  # batched or not, the same model
+
+
+def test_device_checks_lane_line_counts_the_lane(benchmark_script):
+    line = benchmark_script("device_checks").cuda_lane(300)
+    assert "skipped" in line or "passed" in line
