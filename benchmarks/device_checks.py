@@ -1,4 +1,4 @@
-"""The checks to run when a GPU is lent, in one command that fits a short device lease.
+"""The checks to run on a GPU machine, in one command that fits a short session on it.
 
 1. The CUDA lane (``pytest -m cuda tests/detectors/test_cuda_lane.py``): every registry method
    fitted on CUDA scores as on the CPU. Its pass, fail and skip counts and time are recorded
@@ -13,7 +13,7 @@
 
 Run ``python benchmarks/device_checks.py --device cuda --out report.md`` on the GPU machine;
 ``--quick`` (8 writers, the MLP, 1 round; the lane skipped) checks the script on a CPU. On the
-lent machine torch is preinstalled: run it as ``PYTHONPATH=. python3 benchmarks/...``.
+GPU machine torch is preinstalled: run it as ``PYTHONPATH=. python3 benchmarks/...``.
 """
 
 from __future__ import annotations

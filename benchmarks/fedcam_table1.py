@@ -24,7 +24,7 @@ settings; only IFCA-CAM differs.
 Scales (the report names the one it ran): ``--quick``; the default CPU scale below; and
 ``--paper-scale``, the paper's Sec. 5 (200 clients, 100 rounds of which 30 warm-up, the CNN
 learner, learning rate 0.001, K = 5 and 10, MNIST's 70,000 images: 350 rows per client, and
-the four partitions), for a lent GPU (``--device cuda``). Explicit ``--clients``,
+the four partitions), for a GPU (``--device cuda``). Explicit ``--clients``,
 ``--rounds``, ``--rows``, ``--lr``, ``--ks``, ``--learner`` override the scale's values.
 
 Paper: Ma et al., "Structured federated learning through clustered additive modeling"
@@ -771,7 +771,7 @@ def parse_args(argv):
         "--paper-scale",
         action="store_true",
         help="the paper's Sec. 5 (200 clients, 100 rounds, CNN, lr 0.001, K 5 and 10, every "
-        "partition): for a lent GPU with --device cuda",
+        "partition): for a GPU with --device cuda",
     )
     parser.add_argument(
         "--setting",

@@ -28,7 +28,7 @@ Settings (``--setting``, :data:`SETTINGS`; the report names the one it ran):
 Scales (the report names the one it ran): ``--quick`` (one seed, two values per sweep, the CPU
 caps); the default CPU scale (at most 20,000 training and 10,000 test rows per task, every
 sweep value, 5 seeds); ``--paper-scale`` (no row caps: every training row of our copies of
-the data, the paper's sweeps and seeds; for a lent GPU with ``--device cuda``). Our data is
+the data, the paper's sweeps and seeds; for a GPU with ``--device cuda``). Our data is
 smaller than the paper's at any scale: ADBench's Covertype has 286,048 rows (the paper's
 580,000) and MNIST's test split 10,000 images (the paper's test set: 12,000).
 
@@ -621,7 +621,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     scale.add_argument(
         "--paper-scale",
         action="store_true",
-        help="no row caps, every sweep value (for a lent GPU: add --device cuda)",
+        help="no row caps, every sweep value (for a GPU: add --device cuda)",
     )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@ schedule that moves every round (Table I, Figs. 2-4), at a CPU scale or the pape
 
 Run ``python benchmarks/pfedem_femnist.py`` (the CPU scale: 80 writers, 60 windows, 1 and 3
 cycles, linear and cosine, seeds 0 1 2), ``--quick`` (a smoke run: 6 writers, 4 windows) or
-``--paper-scale`` (the paper's Sec. IV-A for a lent GPU with ``--device cuda``: 80 writers, 200
+``--paper-scale`` (the paper's Sec. IV-A for a GPU with ``--device cuda``: 80 writers, 200
 rounds, 1 and 3 cycles, every method on the two-layer convolutional learner ``learner="cnn"``
 at learning rate 0.01, J = 20 local iterations of batch 128: 20 local epochs of one batch of
 the window's 50 rows). ``--writers``, ``--windows``, ``--cycles``, ``--seeds`` override the
@@ -290,7 +290,7 @@ def parse_args(argv):
         "--paper-scale",
         action="store_true",
         help="the paper's Sec. IV-A (80 writers, 200 rounds, CNN, lr 0.01, J = 20 iterations "
-        "of batch 128): for a lent GPU with --device cuda",
+        "of batch 128): for a GPU with --device cuda",
     )
     parser.add_argument(
         "--paper-algorithm",

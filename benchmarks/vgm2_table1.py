@@ -24,7 +24,7 @@ Scales (the report names the one it ran): ``--quick`` (seconds); the default CPU
 200 training rows per client); ``--paper-scale``: at most 2,000 training rows per client, the
 size of the paper's MNIST shards (a client's 2 shards of our 60,000 training images hold 2,000
 rows, of which a fifth, 400, become its test rows and 1,600 train; FEMNIST writers hold fewer
-than 2,000 images, so all of a writer's training images), for a lent GPU with ``--device
+than 2,000 images, so all of a writer's training images), for a GPU with ``--device
 cuda``. ``--device cpu|cuda`` is where every model trains and predicts.
 
 Metric: per-client macro-F1 over the labels present in the client's test rows, averaged over
@@ -283,8 +283,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     scale.add_argument(
         "--paper-scale",
         action="store_true",
-        help="2,000 training rows per client (the paper's shards): for a lent GPU with "
-        "--device cuda",
+        help="2,000 training rows per client (the paper's shards): for a GPU with --device cuda",
     )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
