@@ -146,17 +146,26 @@ class Forging(FederatedAlgorithm):
 def lying_client(liar: int, how: dict) -> Iterator[None]:
     """Within the block, the simulation's client ``liar`` replies ``lie(reply, how)`` in the
     rounds ``how`` names (:func:`lies_now`), after its own client gate."""
-    honest = simulation.run_client_step
+    honest, honest_many = simulation.run_client_step, simulation.run_client_steps
     answered = {"n": 0}
 
-    def liar_step(algorithm, data, message, context, *args, **kwargs):
-        reply = honest(algorithm, data, message, context, *args, **kwargs)
+    def after_gate(reply, context):
         if context.client_id != liar or reply.scalars.get("skipped"):
             return reply
         answered["n"] += 1
         return lie(reply, how) if lies_now(how, answered["n"] - 1) else reply
 
-    with mock.patch.object(simulation, "run_client_step", liar_step):
+    def liar_step(algorithm, data, message, context, *args, **kwargs):
+        return after_gate(honest(algorithm, data, message, context, *args, **kwargs), context)
+
+    def liar_steps(algorithm, items, message, *args, **kwargs):  # a batched round
+        replies = honest_many(algorithm, items, message, *args, **kwargs)
+        return [after_gate(r, context) for r, (_, context) in zip(replies, items, strict=True)]
+
+    with (
+        mock.patch.object(simulation, "run_client_step", liar_step),
+        mock.patch.object(simulation, "run_client_steps", liar_steps),
+    ):
         yield
 
 

@@ -244,15 +244,23 @@ def templates(variant: str) -> tuple:
     ``(algorithm, {kind: message})``."""
     spec = VARIANTS[variant]
     seen: dict[str, Message] = {}
-    honest = simulation.run_client_step
+    honest, honest_many = simulation.run_client_step, simulation.run_client_steps
 
     def spy(algorithm, data, message, context, *args, **kwargs):
         seen.setdefault(message.kind, unpack(message))  # as the client step sees it
         return honest(algorithm, data, message, context, *args, **kwargs)
 
+    def spy_many(algorithm, items, message, *args, **kwargs):  # a batched round
+        seen.setdefault(message.kind, unpack(message))
+        return honest_many(algorithm, items, message, *args, **kwargs)
+
     data = _labelled() if spec.labelled else _unlabelled()
     policy = PrivacyPolicy(min_rows=MIN_ROWS, allow_raw_rows=spec.allow_raw_rows)
-    with mock.patch.object(simulation, "run_client_step", spy), warnings.catch_warnings():
+    with (
+        mock.patch.object(simulation, "run_client_step", spy),
+        mock.patch.object(simulation, "run_client_steps", spy_many),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")  # init_params="subset" warns that rows leave
         run_simulation(spec.build(), data, random_state=0, privacy=policy)
     return spec.build(), seen
