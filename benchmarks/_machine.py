@@ -47,6 +47,12 @@ def device_facts(device: str) -> str:
     return f"cuda ({torch.cuda.get_device_name(0)})"
 
 
+def check_device(parser, device: str) -> None:
+    """Stop ``parser`` with a usage error when ``--device cuda`` is asked and no GPU is seen."""
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu.")
+
+
 def report_header(title: str, command: str, quick: bool, seconds: float) -> str:
     """A report's first lines: title, the command that ran, date, machine, runtime."""
     return "\n".join(

@@ -103,7 +103,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import device_facts, report_header  # noqa: E402
+from benchmarks._machine import check_device, device_facts, report_header  # noqa: E402
 from fednovelty.datasets import load_mnist, transform_images  # noqa: E402
 from fednovelty.datasets import protocols as _protocols  # noqa: E402
 from fednovelty.datasets.protocols import Task  # noqa: E402
@@ -625,8 +625,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu.")
+    check_device(parser, args.device)
     args.scale = "quick" if args.quick else "paper" if args.paper_scale else "cpu"
     return args
 

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
+from benchmarks._machine import check_device, device_facts, emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_femnist import standardise_images  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
 from fednovelty import JointFedGMMDetector, PFedEMDetector  # noqa: E402
@@ -306,8 +306,7 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--figure", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu.")
+    check_device(parser, args.device)
     args.scale = "quick" if args.quick else "paper" if args.paper_scale else "cpu"
     return args
 

@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import device_facts, report_header  # noqa: E402
+from benchmarks._machine import check_device, device_facts, report_header  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "vgm2"
 OUT_PAPER_SCALE = Path(__file__).resolve().parent / "results" / "vgm2_paper_scale"
@@ -286,8 +286,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="2,000 training rows per client (the paper's shards): for a GPU with --device cuda",
     )
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu.")
+    check_device(parser, args.device)
     args.scale = "quick" if args.quick else "paper" if args.paper_scale else "cpu"
     if args.max_rows is None or args.quick:
         args.max_rows = MAX_ROWS[args.scale]
