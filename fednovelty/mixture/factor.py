@@ -1,0 +1,687 @@
+"""Mixtures of factor analysers: low-rank-plus-diagonal covariances with summable statistics.
+
+Component ``k`` has covariance ``Sigma_k = W_k W_k^T + diag(psi_k)`` with factor loadings
+``W_k`` (n_features, n_factors) and per-feature noise ``psi_k`` (n_features,); with
+``isotropic=True`` every ``psi_k`` is one value repeated (mixtures of probabilistic PCA).
+Nothing here forms a (n_features, n_features) matrix except :meth:`FactorParams.covariances`:
+
+- densities use Woodbury's identity and the matrix determinant lemma with the (q, q)
+  matrix ``M_k = I + W_k^T Psi_k^{-1} W_k = L_k L_k^T``:
+  ``e^T Sigma^{-1} e = e^T Psi^{-1} e - |L^{-1} W^T Psi^{-1} e|^2`` and
+  ``log det Sigma = 2 sum log diag L + sum log psi``, so one E-step costs O(N K d q);
+- EM is Ghahramani & Hinton's (1996) on the augmented model ``x = [W, mu] [z; 1] + noise``:
+  the E-step's statistics per component are ``n_k = sum r``, ``sum r x``, ``sum r x^2``
+  (diagonal), ``sum r x E[z|x]^T`` (d, q), ``sum r E[z|x]`` (q,) and ``sum r E[z z^T|x]``
+  (q, q), all about a shared ``shift`` (as :mod:`fednovelty.mixture.stats`), so statistics
+  of disjoint rows taken under the same parameters **add** and the M-step on their sum is
+  the M-step on the pooled rows (federated EM stays exact);
+- the M-step solves for ``[W_k, mu_k]`` jointly and then ``psi_k``: an exact EM step (the
+  log-likelihood never decreases), optionally MAP for ``psi`` under a
+  :class:`~fednovelty.mixture.stats.CovariancePrior` (pseudo-rows of variance ``scale``);
+- the start is one pass over a partition (k-means labels): per component the scatter's
+  top ``n_factors`` eigenpairs from a randomized one-pass Nystrom sketch
+  ``sum r (x - c)(x - c)^T Omega`` with a Gaussian ``Omega`` (n_features, n_factors +
+  oversample), then probabilistic PCA's closed form (Tipping & Bishop 1999). The sketch is
+  summable too, so a federation starts from the same point as one machine.
+
+All functions are pure and take dtype and device from their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+from fednovelty.mixture.kmeans import kmeans, one_hot
+from fednovelty.mixture.model import MixtureParams
+from fednovelty.mixture.stats import CovariancePrior
+
+#: rows' working memory per chunk of the E-step (bytes of the (rows, K, q) buffers).
+CHUNK_BYTES = 32 * 2**20
+
+
+# ----------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class FactorParams:
+    """A mixture of factor analysers.
+
+    Attributes:
+        weights: mixture weights, (n_components,), positive, summing to 1.
+        means: (n_components, n_features).
+        factors: loadings ``W``, (n_components, n_features, n_factors).
+        psi: noise variances, (n_components, n_features), positive.
+    """
+
+    weights: Tensor
+    means: Tensor
+    factors: Tensor
+    psi: Tensor
+
+    def __post_init__(self) -> None:
+        check_factor_params(self.weights, self.means, self.factors, self.psi)
+
+    @property
+    def n_components(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.means.shape[1]
+
+    @property
+    def n_factors(self) -> int:
+        return self.factors.shape[2]
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The parameters by field name (what a broadcast carries)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def covariances(self) -> Tensor:
+        """``W W^T + diag(psi)`` materialised, (n_components, n_features, n_features): for
+        small ``n_features`` only (O(K d^2) memory)."""
+        cov = self.factors @ self.factors.transpose(1, 2)
+        return cov + torch.diag_embed(self.psi)
+
+    def to_mixture_params(self) -> MixtureParams:
+        """The same mixture as a ``full`` :class:`~fednovelty.mixture.model.MixtureParams`
+        (materialises the covariances; small ``n_features`` only)."""
+        return MixtureParams.from_covariances(self.weights, self.means, self.covariances(), "full")
+
+
+def check_factor_params(weights: Tensor, means: Tensor, factors: Tensor, psi: Tensor) -> None:
+    """Raise a ``ValueError`` naming the tensor unless the shapes agree
+    (weights (K,), means (K, d), factors (K, d, q), psi (K, d)) with ``1 <= q < d``,
+    ``psi > 0`` and every value finite."""
+    if means.ndim != 2 or weights.shape != means.shape[:1]:
+        raise ValueError(
+            f"weights must be (n_components,) and means (n_components, n_features); got "
+            f"{tuple(weights.shape)} and {tuple(means.shape)}."
+        )
+    k, d = means.shape
+    if factors.ndim != 3 or factors.shape[:2] != (k, d):
+        raise ValueError(
+            f"factors must be (n_components, n_features, n_factors) = ({k}, {d}, q); got "
+            f"{tuple(factors.shape)}."
+        )
+    check_n_factors(factors.shape[2], d)
+    if psi.shape != (k, d):
+        raise ValueError(
+            f"psi must be (n_components, n_features) = ({k}, {d}); got {tuple(psi.shape)}."
+        )
+    for name, value in (("weights", weights), ("means", means), ("factors", factors), ("psi", psi)):
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} has non-finite values; check the input rows and reg_covar.")
+    if not bool((psi > 0).all()):
+        raise ValueError(
+            "psi (the noise variances) must be > 0; increase reg_covar or standardize the rows."
+        )
+
+
+def check_n_factors(n_factors: int, n_features: int) -> int:
+    """``n_factors`` if ``1 <= n_factors <= n_features - 1``, else a ``ValueError`` that says
+    what to use instead."""
+    if isinstance(n_factors, bool) or not isinstance(n_factors, int) or n_factors < 1:
+        raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}.")
+    if n_factors >= n_features:
+        raise ValueError(
+            f"n_factors={n_factors} needs n_factors <= n_features - 1 = {n_features - 1}; "
+            "lower n_factors, or use a full covariance for so few features."
+        )
+    return n_factors
+
+
+def check_rows(X: Tensor, n_features: int, what: str = "X") -> None:
+    """Raise a ``ValueError`` unless ``X`` is (n_samples, n_features) and finite."""
+    if X.ndim != 2 or X.shape[1] != n_features:
+        raise ValueError(
+            f"{what} must have shape (n_samples, {n_features}) to match the parameters; got "
+            f"{tuple(X.shape)}."
+        )
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError(f"{what} has NaN or infinite values; impute or drop them first.")
+
+
+def affine_factor_params(params: FactorParams, offset: Tensor, scale: Tensor) -> FactorParams:
+    """The mixture of ``x = offset + scale * z`` when ``params`` is that of ``z`` (offset,
+    scale: (n_features,)): means ``offset + scale mu``, loadings ``diag(scale) W``, noise
+    ``scale^2 psi``."""
+    return FactorParams(
+        params.weights,
+        offset + scale * params.means,
+        scale.view(1, -1, 1) * params.factors,
+        scale.square() * params.psi,
+    )
+
+
+def n_factor_parameters(n_components: int, n_features: int, n_factors: int, isotropic: bool) -> int:
+    """Free parameters: weights, means, loadings up to rotation (``d q - q (q - 1) / 2``)
+    and noise (``d`` or 1) per component."""
+    per = n_features + n_features * n_factors - n_factors * (n_factors - 1) // 2
+    per += 1 if isotropic else n_features
+    return n_components * per + n_components - 1
+
+
+# ----------------------------------------------------------------------------- densities
+@dataclass(frozen=True)
+class _Woodbury:
+    """Per-component factors of ``Sigma^{-1}`` and ``log det Sigma``.
+
+    ``inv_psi`` (K, d); ``proj`` = ``Psi^{-1} W L^{-T}`` (K, d, q); ``post_chol_inv_t`` =
+    ``L^{-T}`` (K, q, q); ``log_det`` (K,), with ``M = I + W^T Psi^{-1} W = L L^T``."""
+
+    inv_psi: Tensor
+    proj: Tensor
+    post_chol_inv_t: Tensor
+    log_det: Tensor
+
+
+def _woodbury(factors: Tensor, psi: Tensor) -> _Woodbury:
+    """O(K d q^2) precomputation of the Woodbury factors (see :class:`_Woodbury`)."""
+    q = factors.shape[2]
+    inv_psi = 1.0 / psi
+    scaled = inv_psi.unsqueeze(2) * factors  # Psi^{-1} W, (K, d, q)
+    eye = torch.eye(q, dtype=factors.dtype, device=factors.device)
+    M = eye + factors.transpose(1, 2) @ scaled
+    L, info = torch.linalg.cholesky_ex(0.5 * (M + M.transpose(1, 2)))
+    if bool((info > 0).any()):
+        raise ValueError(
+            "I + W^T Psi^{-1} W is not positive definite (loadings or noise out of range); "
+            "increase reg_covar or standardize the rows."
+        )
+    inv_t = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False).transpose(1, 2)
+    proj = scaled @ inv_t  # Psi^{-1} W L^{-T}
+    log_det = 2 * torch.diagonal(L, dim1=1, dim2=2).log().sum(1) + psi.log().sum(1)
+    return _Woodbury(inv_psi, proj, inv_t, log_det)
+
+
+def _chunk_rows(n_components: int, n_features: int, n_factors: int, itemsize: int) -> int:
+    """Rows per chunk so that the (rows, K, q) and (rows, d) buffers fit ``CHUNK_BYTES``."""
+    width = 3 * n_components * n_factors + 2 * n_features + 4 * n_components
+    return max(1, CHUNK_BYTES // (itemsize * width))
+
+
+def _chunk_terms(
+    centered: Tensor, centered_means: Tensor, wood: _Woodbury
+) -> tuple[Tensor, Tensor]:
+    """``log N(x_i; mu_k, Sigma_k)`` (n, K) and ``u_ik = L_k^{-1} W_k^T Psi_k^{-1} (x_i -
+    mu_k)`` (n, K, q) of rows ``centered`` (n, d) against means ``centered_means`` (K, d),
+    both about the same shift."""
+    n, d = centered.shape
+    k, _, q = wood.proj.shape
+    # e^T Psi^{-1} e = x^2 . (1/psi) - 2 x . (m/psi) + m^2 . (1/psi), one GEMM each
+    m_scaled = centered_means * wood.inv_psi
+    maha = centered.square() @ wood.inv_psi.T - 2 * centered @ m_scaled.T
+    maha = maha + (centered_means * m_scaled).sum(1)
+    flat = wood.proj.permute(1, 0, 2).reshape(d, k * q)
+    u = (centered @ flat).view(n, k, q) - torch.einsum("kd,kdq->kq", centered_means, wood.proj)
+    maha = maha - u.square().sum(2)
+    log_prob = -0.5 * (d * math.log(2 * math.pi) + wood.log_det + maha)
+    return log_prob, u
+
+
+def factor_log_prob(X: Tensor, params: FactorParams, chunk_size: int | None = None) -> Tensor:
+    """``log N(x_i; mu_k, W_k W_k^T + diag(psi_k))`` for every row and component,
+    (n_samples, n_components), in O(N K d q) time and without any (d, d) matrix.
+
+    Args:
+        X: rows, (n_samples, n_features).
+        params: the mixture (its weights are not used).
+        chunk_size: rows per chunk (default: buffers of ``CHUNK_BYTES``).
+    """
+    check_rows(X, params.n_features)
+    wood = _woodbury(params.factors, params.psi)
+    shift = params.weights @ params.means
+    means = params.means - shift
+    step = chunk_size or _chunk_rows(
+        params.n_components, params.n_features, params.n_factors, X.element_size()
+    )
+    parts = [
+        _chunk_terms(X[s : s + step] - shift, means, wood)[0] for s in range(0, X.shape[0], step)
+    ]
+    return torch.cat(parts) if parts else X.new_zeros(0, params.n_components)
+
+
+def factor_score_samples(X: Tensor, params: FactorParams, chunk_size: int | None = None) -> Tensor:
+    """``log p(x_i) = log sum_k pi_k N(x_i; mu_k, Sigma_k)``, (n_samples,)."""
+    return torch.logsumexp(factor_log_prob(X, params, chunk_size) + params.weights.log(), dim=1)
+
+
+# ----------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class FactorStats:
+    """Sums over rows that determine the MFA M-step; merge with ``+`` (same shift, and
+    taken under the same parameters).
+
+    Attributes:
+        counts: ``sum_i r_ik``, (n_components,).
+        sums: ``sum_i r_ik (x_i - shift)``, (n_components, n_features).
+        second: ``sum_i r_ik (x_i - shift)^2`` per feature, (n_components, n_features).
+        xz: ``sum_i r_ik (x_i - shift) E[z | x_i, k]^T``, (n_components, n_features, n_factors).
+        sum_z: ``sum_i r_ik E[z | x_i, k]``, (n_components, n_factors).
+        zz: ``sum_i r_ik E[z z^T | x_i, k]``, (n_components, n_factors, n_factors).
+        shift: the common reference point, (n_features,).
+        log_likelihood: ``sum_i log p(x_i)`` under the E-step's parameters, ().
+        n_samples: rows summed, ().
+    """
+
+    counts: Tensor
+    sums: Tensor
+    second: Tensor
+    xz: Tensor
+    sum_z: Tensor
+    zz: Tensor
+    shift: Tensor
+    log_likelihood: Tensor
+    n_samples: Tensor
+
+    SUMMED = ("counts", "sums", "second", "xz", "sum_z", "zz", "log_likelihood", "n_samples")
+
+    def __add__(self, other: FactorStats) -> FactorStats:
+        if not isinstance(other, FactorStats):
+            return NotImplemented
+        if other.xz.shape != self.xz.shape:
+            raise ValueError(
+                f"Cannot merge factor statistics of shapes {tuple(self.xz.shape)} and "
+                f"{tuple(other.xz.shape)} (n_components, n_features, n_factors)."
+            )
+        if not torch.equal(self.shift, other.shift):
+            raise ValueError(
+                "Cannot merge factor statistics taken about different shifts; compute them "
+                "about the same broadcast shift."
+            )
+        return replace(self, **{n: getattr(self, n) + getattr(other, n) for n in self.SUMMED})
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The summed tensors by name (what crosses the wire; the shift is the server's)."""
+        return {name: getattr(self, name) for name in self.SUMMED}
+
+
+def zero_factor_stats(n_components: int, n_factors: int, shift: Tensor) -> FactorStats:
+    """Statistics of zero rows (dtype and device of ``shift`` (n_features,))."""
+    k, d, q = n_components, shift.shape[0], n_factors
+    z = {"dtype": shift.dtype, "device": shift.device}
+    return FactorStats(
+        counts=torch.zeros(k, **z),
+        sums=torch.zeros(k, d, **z),
+        second=torch.zeros(k, d, **z),
+        xz=torch.zeros(k, d, q, **z),
+        sum_z=torch.zeros(k, q, **z),
+        zz=torch.zeros(k, q, q, **z),
+        shift=shift,
+        log_likelihood=torch.zeros((), **z),
+        n_samples=torch.zeros((), **z),
+    )
+
+
+def factor_e_step(
+    X: Tensor,
+    params: FactorParams,
+    shift: Tensor,
+    *,
+    log_weights: Tensor | None = None,
+    chunk_size: int | None = None,
+    squared_counts: Tensor | None = None,
+) -> FactorStats:
+    """The E-step of rows ``X`` (n_samples, n_features) under ``params`` folded into
+    :class:`FactorStats` about ``shift`` (n_features,), in O(N K d q) time, row chunks of
+    bounded memory.
+
+    With ``u_ik = L_k^{-1} W_k^T Psi_k^{-1} (x_i - mu_k)``: ``E[z | x_i, k] = L_k^{-T} u_ik``
+    and ``E[z z^T | x_i, k] = M_k^{-1} + E[z] E[z]^T``.
+
+    Args:
+        log_weights: (n_components,) log weights of the responsibilities; default
+            ``log params.weights``.
+        squared_counts: if given, a (n_components,) tensor to which ``sum_i r_ik^2`` is
+            added (with ``counts``: each component's effective rows, for a privacy floor).
+    """
+    check_rows(X, params.n_features)
+    k, d, q = params.n_components, params.n_features, params.n_factors
+    if X.shape[0] == 0:
+        return zero_factor_stats(k, q, shift)
+    wood = _woodbury(params.factors, params.psi)
+    log_w = params.weights.log() if log_weights is None else log_weights
+    means = params.means - shift
+    stats = zero_factor_stats(k, q, shift)
+    acc = {name: t.clone() for name, t in stats.tensors().items()}
+    step = chunk_size or _chunk_rows(k, d, q, X.element_size())
+    for start in range(0, X.shape[0], step):
+        centered = X[start : start + step] - shift
+        n = centered.shape[0]
+        log_prob, u = _chunk_terms(centered, means, wood)
+        weighted = log_prob + log_w
+        log_norm = torch.logsumexp(weighted, dim=1, keepdim=True)
+        resp = (weighted - log_norm).exp()
+        ez = torch.einsum("nkp,kqp->nkq", u, wood.post_chol_inv_t)  # L^{-T} u
+        rz = resp.unsqueeze(2) * ez
+        acc["log_likelihood"] += log_norm.sum()
+        acc["counts"] += resp.sum(0)
+        acc["sums"] += resp.T @ centered
+        acc["second"] += resp.T @ centered.square()
+        acc["sum_z"] += rz.sum(0)
+        acc["xz"] += (centered.T @ rz.reshape(n, k * q)).view(d, k, q).transpose(0, 1)
+        acc["zz"] += torch.einsum("nkp,nkq->kpq", rz, ez)
+        if squared_counts is not None:
+            squared_counts += resp.square().sum(0)
+    post_cov = wood.post_chol_inv_t @ wood.post_chol_inv_t.transpose(1, 2)  # M^{-1}
+    acc["zz"] = acc["zz"] + acc["counts"].view(-1, 1, 1) * post_cov
+    acc["zz"] = 0.5 * (acc["zz"] + acc["zz"].transpose(1, 2))
+    acc["n_samples"] = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
+    return replace(stats, **acc)
+
+
+def _shrink_psi(psi: Tensor, nk: Tensor, prior: CovariancePrior | None, isotropic: bool) -> Tensor:
+    """Noise variances (K, d) as the MAP of ``prior`` (its ``strength`` pseudo-rows of
+    variance ``scale``): ``(n_k psi + strength * scale) / (n_k + strength)``."""
+    if isotropic:
+        psi = psi.mean(1, keepdim=True).expand_as(psi)
+    if prior is None:
+        return psi
+    nu = float(prior.strength)
+    target = prior.scale.to(psi.device, psi.dtype)
+    if target.shape != psi.shape[1:]:
+        raise ValueError(
+            f"the prior's scale has shape {tuple(target.shape)}; expected ({psi.shape[1]},), "
+            "one variance per feature."
+        )
+    if isotropic:
+        target = target.mean().expand_as(target)
+    w = (nk / (nk + nu)).unsqueeze(1)
+    return w * psi + (1 - w) * target
+
+
+def factor_m_step(
+    stats: FactorStats,
+    reg_covar: float = 1e-6,
+    *,
+    prior: CovariancePrior | None = None,
+    isotropic: bool = False,
+) -> FactorParams:
+    """Parameters from (summed) statistics: ``[W_k, mu_k - shift] = B_k A_k^{-1}`` with
+    ``A_k = [[zz, sum_z], [sum_z^T, n_k]]`` ((q+1, q+1)) and ``B_k = [xz, sums]`` ((d, q+1)),
+    then ``psi_k = (second - rowsum([W_k, mu_k - shift] * B_k)) / n_k`` (its mean over
+    features with ``isotropic``), MAP towards ``prior.scale`` with ``prior``, plus
+    ``reg_covar``. Counts get ``10 * eps`` each, as the Gaussian M-step does.
+    """
+    eps = torch.finfo(stats.counts.dtype).eps
+    nk = stats.counts + 10 * eps
+    k, _, q = stats.xz.shape
+    A = stats.zz.new_empty(k, q + 1, q + 1)
+    A[:, :q, :q] = stats.zz
+    A[:, :q, q] = stats.sum_z
+    A[:, q, :q] = stats.sum_z
+    A[:, q, q] = nk
+    B = torch.cat([stats.xz, stats.sums.unsqueeze(2)], dim=2)  # (K, d, q+1)
+    augmented = torch.linalg.solve(A, B.transpose(1, 2)).transpose(1, 2)  # B A^{-1}
+    psi = (stats.second - (augmented * B).sum(2)) / nk.unsqueeze(1)
+    psi = _shrink_psi(psi.clamp_min(0), nk, prior, isotropic) + reg_covar
+    weights = nk / nk.sum()
+    means = stats.shift + augmented[:, :, q]
+    return FactorParams(weights, means, augmented[:, :, :q].contiguous(), psi.contiguous())
+
+
+# ----------------------------------------------------------------------------- start
+def sketch_matrix(n_features: int, width: int, generator: torch.Generator, like: Tensor) -> Tensor:
+    """A Gaussian test matrix ``Omega`` (n_features, width) drawn in float64 on the CPU from
+    ``generator`` (the same numbers on any device), then in ``like``'s dtype and device."""
+    omega = torch.randn(n_features, width, generator=generator, dtype=torch.float64)
+    return omega.to(like.device, like.dtype)
+
+
+@dataclass(frozen=True)
+class SketchStats:
+    """Summable statistics of a partition that start a mixture of factor analysers.
+
+    Attributes:
+        counts: ``sum_i r_ik``, (n_components,).
+        sums: ``sum_i r_ik (x_i - shift)``, (n_components, n_features).
+        second: ``sum_i r_ik (x_i - shift)^2``, (n_components, n_features).
+        sketch: ``sum_i r_ik (x_i - shift)(x_i - shift)^T Omega``,
+            (n_components, n_features, width).
+        shift: (n_features,).
+    """
+
+    counts: Tensor
+    sums: Tensor
+    second: Tensor
+    sketch: Tensor
+    shift: Tensor = field(repr=False)
+
+    def __add__(self, other: SketchStats) -> SketchStats:
+        if not isinstance(other, SketchStats):
+            return NotImplemented
+        if not torch.equal(self.shift, other.shift) or other.sketch.shape != self.sketch.shape:
+            raise ValueError("Cannot merge sketches of other shifts or shapes.")
+        return replace(
+            self,
+            counts=self.counts + other.counts,
+            sums=self.sums + other.sums,
+            second=self.second + other.second,
+            sketch=self.sketch + other.sketch,
+        )
+
+
+def sketch_stats(X: Tensor, resp: Tensor, omega: Tensor, shift: Tensor) -> SketchStats:
+    """:class:`SketchStats` of rows ``X`` (n, d) with responsibilities ``resp`` (n, K)
+    (one-hot labels of a partition) and test matrix ``omega`` (d, width): O(N K d width)."""
+    check_rows(X, omega.shape[0])
+    n, d = X.shape
+    k, p = resp.shape[1], omega.shape[1]
+    centered = X - shift
+    projected = centered @ omega  # (n, p)
+    weighted = (resp.unsqueeze(2) * projected.unsqueeze(1)).reshape(n, k * p)
+    sketch = (centered.T @ weighted).view(d, k, p).transpose(0, 1).contiguous()
+    return SketchStats(resp.sum(0), resp.T @ centered, resp.T @ centered.square(), sketch, shift)
+
+
+def _nystrom_eig(cov_sketch: Tensor, omega: Tensor, shift_value: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigenpairs of the one-pass Nystrom approximation ``Y (Omega^T Y)^{-1} Y^T`` of PSD
+    matrices ``C_k`` from ``Y_k = C_k Omega`` (K, d, p), stabilised by the shift
+    ``nu_k`` (K,) (Tropp, Yurtsever, Udell & Cevher 2017, Alg. 3): eigenvalues (K, p)
+    in decreasing order and eigenvectors (K, d, p)."""
+    Y = cov_sketch + shift_value.view(-1, 1, 1) * omega
+    core = omega.T @ Y  # (K, p, p)
+    core = 0.5 * (core + core.transpose(1, 2))
+    chol, info = torch.linalg.cholesky_ex(core)
+    if bool((info > 0).any()):  # round-off in float32: a larger shift
+        bump = core.diagonal(dim1=1, dim2=2).abs().amax(1).clamp_min(1e-30) * 1e-6
+        core = core + bump.view(-1, 1, 1) * torch.eye(
+            core.shape[1], dtype=core.dtype, device=core.device
+        )
+        chol = torch.linalg.cholesky(core)
+    E = torch.linalg.solve_triangular(chol, Y.transpose(1, 2), upper=False).transpose(1, 2)
+    U, S, _ = torch.linalg.svd(E, full_matrices=False)
+    return (S.square() - shift_value.unsqueeze(1)).clamp_min(0), U
+
+
+def factor_params_from_sketch(
+    stats: SketchStats,
+    omega: Tensor,
+    n_factors: int,
+    *,
+    reg_covar: float = 1e-6,
+    prior: CovariancePrior | None = None,
+    isotropic: bool = False,
+) -> FactorParams:
+    """Per-component probabilistic PCA from summed :class:`SketchStats`.
+
+    With ``C_k`` the component's covariance (``n_k`` weighted rows about their mean), its
+    top ``n_factors`` eigenpairs ``(lambda_j, u_j)`` come from the Nystrom approximation of
+    the centred sketch ``C_k Omega``; ``sigma_k^2 = (tr C_k - sum_j lambda_j) / (d - q)``
+    and ``W_k = U_q diag(sqrt(max(lambda_j - sigma_k^2, 0)))`` (Tipping & Bishop's
+    maximum-likelihood PPCA when the eigenpairs are exact); ``psi_k`` is ``sigma_k^2``
+    (``isotropic``) or ``max(diag C_k - rowsum W_k^2, sigma_k^2 / 10)``, then as in
+    :func:`factor_m_step` (prior, ``reg_covar``).
+
+    Args:
+        stats: summed statistics of the partition.
+        omega: the test matrix the sketch was taken with, (n_features, width), width >= q.
+    """
+    d, width = omega.shape
+    check_n_factors(n_factors, d)
+    if width < n_factors:
+        raise ValueError(
+            f"the sketch has {width} columns; it needs at least n_factors={n_factors} "
+            "(use n_factors + an oversampling of about 10)."
+        )
+    eps = torch.finfo(stats.counts.dtype).eps
+    nk = stats.counts + 10 * eps
+    mean_offset = stats.sums / nk.unsqueeze(1)
+    variances = (stats.second / nk.unsqueeze(1) - mean_offset.square()).clamp_min(0)
+    cov_sketch = stats.sketch / nk.view(-1, 1, 1)
+    cov_sketch = cov_sketch - mean_offset.unsqueeze(2) * (mean_offset @ omega).unsqueeze(1)
+    trace = variances.sum(1)
+    nu = 1e-6 * trace / d + torch.finfo(trace.dtype).tiny
+    values, vectors = _nystrom_eig(cov_sketch, omega, nu)
+    top = values[:, :n_factors]
+    sigma2 = ((trace - top.sum(1)) / (d - n_factors)).clamp_min(1e-6 * trace / d + eps)
+    factors = vectors[:, :, :n_factors] * (top - sigma2.unsqueeze(1)).clamp_min(0).sqrt().unsqueeze(
+        1
+    )
+    if isotropic:
+        psi = sigma2.unsqueeze(1).expand_as(variances)
+    else:
+        psi = torch.maximum(variances - factors.square().sum(2), 0.1 * sigma2.unsqueeze(1))
+    psi = _shrink_psi(psi, nk, prior, isotropic) + reg_covar
+    return FactorParams(
+        nk / nk.sum(), stats.shift + mean_offset, factors.contiguous(), psi.contiguous()
+    )
+
+
+def factor_init(
+    X: Tensor,
+    resp: Tensor,
+    n_factors: int,
+    omega: Tensor,
+    *,
+    reg_covar: float = 1e-6,
+    prior: CovariancePrior | None = None,
+    isotropic: bool = False,
+) -> FactorParams:
+    """The start from a partition: :func:`factor_params_from_sketch` of
+    :func:`sketch_stats` of ``X`` (n, d) with ``resp`` (n, K) about ``X``'s mean."""
+    stats = sketch_stats(X, resp, omega, X.mean(0))
+    return factor_params_from_sketch(
+        stats, omega, n_factors, reg_covar=reg_covar, prior=prior, isotropic=isotropic
+    )
+
+
+# ----------------------------------------------------------------------------- EM
+@dataclass(frozen=True)
+class FactorEMResult:
+    """Outcome of :func:`fit_factor_em` / :func:`fit_mfa`.
+
+    Attributes:
+        params: the parameters after the last M-step.
+        n_iter: EM iterations run.
+        converged: whether the mean log-likelihood changed by less than ``tol``.
+        lower_bounds: mean log-likelihood under the parameters before each M-step.
+    """
+
+    params: FactorParams
+    n_iter: int
+    converged: bool
+    lower_bounds: list[float] = field(default_factory=list)
+
+
+def factor_shift(params: FactorParams) -> Tensor:
+    """The point statistics are taken about: ``sum_k pi_k mu_k``, (n_features,)."""
+    return params.weights @ params.means
+
+
+def fit_factor_em(
+    X: Tensor,
+    init: FactorParams,
+    *,
+    reg_covar: float = 1e-6,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    prior: CovariancePrior | None = None,
+    isotropic: bool = False,
+    chunk_size: int | None = None,
+) -> FactorEMResult:
+    """EM from ``init`` with scikit-learn's stopping rule (``|lb_t - lb_{t-1}| < tol`` on
+    the mean log-likelihood before each M-step).
+
+    Args:
+        X: rows, (n_samples, n_features).
+        init: the starting mixture (``X``'s dtype and device).
+        reg_covar: added to every noise variance.
+        prior: optional :class:`~fednovelty.mixture.stats.CovariancePrior` on ``psi``.
+        isotropic: one noise variance per component (mixtures of PPCA).
+    """
+    check_rows(X, init.n_features)
+    if X.shape[0] < init.n_components:
+        raise ValueError(
+            f"X has {X.shape[0]} rows but n_components={init.n_components}; lower "
+            "n_components or provide more rows."
+        )
+    params, lower_bounds, previous, converged = init, [], -math.inf, False
+    for _ in range(max_iter):
+        stats = factor_e_step(X, params, factor_shift(params), chunk_size=chunk_size)
+        params = factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic)
+        lower_bound = float(stats.log_likelihood / stats.n_samples)
+        lower_bounds.append(lower_bound)
+        if abs(lower_bound - previous) < tol:
+            converged = True
+            break
+        previous = lower_bound
+    return FactorEMResult(params, len(lower_bounds), converged, lower_bounds)
+
+
+def fit_mfa(
+    X: Tensor,
+    n_components: int,
+    n_factors: int,
+    *,
+    generator: torch.Generator,
+    isotropic: bool = False,
+    reg_covar: float = 1e-6,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    prior: CovariancePrior | None = None,
+    oversample: int = 10,
+    chunk_size: int | None = None,
+) -> FactorEMResult:
+    """A mixture of factor analysers (``isotropic``: of probabilistic PCA) by EM from a
+    k-means partition (:func:`factor_init` with a sketch of ``n_factors + oversample``
+    columns, capped at ``n_features``).
+
+    Args:
+        X: rows, (n_samples, n_features), n_samples >= n_components.
+        n_components: K; n_factors: q, 1 <= q <= n_features - 1.
+        generator: seeds k-means++ and the sketch.
+    """
+    if X.ndim != 2:
+        raise ValueError(f"X must be (n_samples, n_features); got shape {tuple(X.shape)}.")
+    check_n_factors(n_factors, X.shape[1])
+    check_rows(X, X.shape[1])
+    if X.shape[0] < n_components:
+        raise ValueError(
+            f"X has {X.shape[0]} rows but n_components={n_components}; lower n_components "
+            "or provide more rows."
+        )
+    _, labels = kmeans(X, n_components, generator=generator)
+    omega = sketch_matrix(X.shape[1], min(X.shape[1], n_factors + oversample), generator, X)
+    init = factor_init(
+        X,
+        one_hot(labels, n_components, X),
+        n_factors,
+        omega,
+        reg_covar=reg_covar,
+        prior=prior,
+        isotropic=isotropic,
+    )
+    return fit_factor_em(
+        X,
+        init,
+        reg_covar=reg_covar,
+        tol=tol,
+        max_iter=max_iter,
+        prior=prior,
+        isotropic=isotropic,
+        chunk_size=chunk_size,
+    )
