@@ -404,13 +404,16 @@ def factor_m_step(
     ``A_k = [[zz, sum_z], [sum_z^T, n_k]]`` ((q+1, q+1)) and ``B_k = [xz, sums]`` ((d, q+1)),
     then ``psi_k = (second - rowsum([W_k, mu_k - shift] * B_k)) / n_k`` (its mean over
     features with ``isotropic``), MAP towards ``prior.scale`` with ``prior``, plus
-    ``reg_covar``. Counts get ``10 * eps`` each, as the Gaussian M-step does.
+    ``reg_covar``. Counts get ``10 * eps`` each, as the Gaussian M-step does (and ``zz``
+    ``10 * eps * I``).
     """
     eps = torch.finfo(stats.counts.dtype).eps
     nk = stats.counts + 10 * eps
     k, _, q = stats.xz.shape
     A = stats.zz.new_empty(k, q + 1, q + 1)
-    A[:, :q, :q] = stats.zz
+    # the 10 eps of every count also backs E[z z^T] = I, so an empty component solves to
+    # W = 0 and mu = shift instead of a singular system
+    A[:, :q, :q] = stats.zz + 10 * eps * torch.eye(q, dtype=A.dtype, device=A.device)
     A[:, :q, q] = stats.sum_z
     A[:, q, :q] = stats.sum_z
     A[:, q, q] = nk
@@ -478,21 +481,21 @@ def sketch_stats(X: Tensor, resp: Tensor, omega: Tensor, shift: Tensor) -> Sketc
 
 
 def _nystrom_eig(cov_sketch: Tensor, omega: Tensor, shift_value: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigenpairs of the one-pass Nystrom approximation ``Y (Omega^T Y)^{-1} Y^T`` of PSD
+    """Eigenpairs of the one-pass Nystrom approximation ``Y (Omega^T Y)^+ Y^T`` of PSD
     matrices ``C_k`` from ``Y_k = C_k Omega`` (K, d, p), stabilised by the shift
-    ``nu_k`` (K,) (Tropp, Yurtsever, Udell & Cevher 2017, Alg. 3): eigenvalues (K, p)
-    in decreasing order and eigenvectors (K, d, p)."""
+    ``nu_k`` (K,) (Tropp, Yurtsever, Udell & Cevher 2017, Alg. 3, with a pseudo-inverse
+    square root of the (p, p) core in place of its Cholesky factor): eigenvalues (K, p) in
+    decreasing order and eigenvectors (K, d, p)."""
     Y = cov_sketch + shift_value.view(-1, 1, 1) * omega
-    core = omega.T @ Y  # (K, p, p)
-    core = 0.5 * (core + core.transpose(1, 2))
-    chol, info = torch.linalg.cholesky_ex(core)
-    if bool((info > 0).any()):  # round-off in float32: a larger shift
-        bump = core.diagonal(dim1=1, dim2=2).abs().amax(1).clamp_min(1e-30) * 1e-6
-        core = core + bump.view(-1, 1, 1) * torch.eye(
-            core.shape[1], dtype=core.dtype, device=core.device
-        )
-        chol = torch.linalg.cholesky(core)
-    E = torch.linalg.solve_triangular(chol, Y.transpose(1, 2), upper=False).transpose(1, 2)
+    core = omega.T @ Y  # (K, p, p), Omega^T (C + nu I) Omega
+    values, vectors = torch.linalg.eigh(0.5 * (core + core.transpose(1, 2)))
+    # a pseudo-inverse square root: directions the sketch did not reach (a part with fewer
+    # rows than columns, an empty part, round-off) are dropped instead of failing
+    info = torch.finfo(values.dtype)
+    relative = max(1e-10, 100 * info.eps)
+    floor = relative * values.amax(1, keepdim=True).clamp_min(info.tiny)
+    inv_sqrt = torch.where(values > floor, values.clamp_min(floor).rsqrt(), 0.0)
+    E = Y @ (vectors * inv_sqrt.unsqueeze(1))
     U, S, _ = torch.linalg.svd(E, full_matrices=False)
     return (S.square() - shift_value.unsqueeze(1)).clamp_min(0), U
 

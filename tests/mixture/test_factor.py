@@ -355,3 +355,20 @@ def test_bad_input_is_named(call, match):
     X = torch.randn(20, 6, generator=torch.Generator().manual_seed(0), dtype=DT)
     with pytest.raises(ValueError, match=match):
         call(X)
+
+
+def test_a_start_with_an_empty_or_tiny_part_stays_finite():
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(40, 30, generator=gen, dtype=DT)
+    labels = torch.zeros(40, dtype=torch.long)
+    labels[:3] = 1  # three rows for a 15-column sketch; part 2 empty
+    omega = sketch_matrix(30, 15, gen, X)
+    for dtype in (DT, torch.float32):
+        start = factor_init(
+            X.to(dtype), one_hot(labels, 3, X.to(dtype)), 5, omega.to(dtype), reg_covar=1e-6
+        )
+        for value in start.tensors().values():
+            assert bool(torch.isfinite(value).all())
+        assert bool((start.psi > 0).all())
+        result = fit_factor_em(X.to(dtype), start, max_iter=3)
+        assert np.isfinite(result.lower_bounds).all()
