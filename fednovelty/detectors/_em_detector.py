@@ -7,11 +7,13 @@ weights per client, adapt the weights of a client unseen in fit (:class:`Adapted
 and save the same mixture state. A subclass builds its federated algorithm and reads its
 final state (``_fit_em``), and adds its own scores and saved tensors.
 
-One fit is one simulation of the algorithm, with federated PCA as its first step when
-``pca_components`` is set (``state.projection``); its rounds are numbered ``1..n_rounds_``.
-PCA's two rounds need the same clients, so when rounds sample clients (``fraction < 1`` or
-``dropout > 0``) PCA runs on every client in a simulation of its own first
-(:meth:`EMDetector._fit_after_pca`).
+An unlabelled fit (``FedGMMDetector``, ``ClusteredFedGMMDetector``) gets its projection
+from the PCA front end every mixture family shares (``fednovelty.detectors.base``: federated
+PCA, then EM on the projected rows, the residual term in ``log p(x)``). A joint model's
+fit, whose learners see the full rows, runs federated PCA as the first step of its own
+algorithm (``state.projection``), or, when rounds sample clients (``fraction < 1`` or
+``dropout > 0``) or the axes are chosen by the server (``"auto"``), in a simulation of its
+own first (:meth:`EMDetector._fit_after_pca`). Rounds are numbered ``1..n_rounds_``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 
 from fednovelty.detectors._dp import DPPlan
+from fednovelty.detectors._params import front_end_axes
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
     check_items,
@@ -33,7 +36,6 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     mixture_log_density_bound,
 )
-from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import WeightsFit, score_samples
@@ -70,6 +72,7 @@ class EMDetector(MixtureDetector):
     """
 
     _joint = False
+    _pca_front_end = True
 
     def max_fit_rounds(self) -> int:
         """Most rounds ``fit`` can run: federated PCA's with ``pca_components``, the
@@ -103,35 +106,30 @@ class EMDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
-        n_features = clients[0].shape[1]
-        if self.pca_components is not None and getattr(self, "dp_epsilon", None) is not None:
+        if labels is None:  # the PCA front end (base) has projected the rows where asked
+            self._fit_em(clients, seed, pca_components=None)
+            return
+        q = front_end_axes(self.pca_components, clients[0].shape[1])
+        if q is not None and getattr(self, "dp_epsilon", None) is not None:
             raise ValueError(
                 "the federated PCA rounds have no private form; use pca_components=None "
                 "with dp_epsilon (or a public projection of the rows before fit)."
             )
-        if self.pca_components is not None and self.pca_components > n_features:
-            raise ValueError(
-                f"pca_components={self.pca_components} must be <= n_features={n_features}."
-            )
-        codes = None
-        if labels is not None:
-            codes = [torch.as_tensor(p, device=clients[0].device) for p in labels]
-        if self.pca_components is not None and (self.fraction < 1 or self.dropout > 0):
-            self._fit_after_pca(clients, seed, codes)
+        codes = [torch.as_tensor(p, device=clients[0].device) for p in labels]
+        if q is not None and (q == "auto" or self.fraction < 1 or self.dropout > 0):
+            self._fit_after_pca(clients, seed, codes, q)
             return
-        data = clients if codes is None else list(zip(clients, codes, strict=True))
-        result = self._fit_em(data, seed, pca_components=self.pca_components)
+        data = list(zip(clients, codes, strict=True))
+        result = self._fit_em(data, seed, pca_components=q)
         self._set_projection(result.state.projection)
 
-    def _fit_after_pca(self, clients: list[torch.Tensor], seed: int, codes) -> None:
-        """The fit with ``pca_components`` when rounds sample clients (``fraction < 1`` or
-        ``dropout > 0``): federated PCA's two rounds need the same clients, so they run on
-        every client in a simulation of their own, then the EM algorithm runs on the
-        projected rows with the client sampling. ``history_`` and the byte totals are built
-        from both runs, rounds numbered on across them."""
-        pca = self._simulate(
-            FederatedPCA(self.pca_components, **self._torch_options()), clients, seed, full=True
-        )
+    def _fit_after_pca(self, clients: list[torch.Tensor], seed: int, codes, q) -> None:
+        """A joint model's fit with ``q`` principal axes (an int or ``"auto"``) when rounds
+        sample clients (``fraction < 1`` or ``dropout > 0``) or the server picks the axes:
+        federated PCA's two rounds run on every client in a simulation of their own, then
+        the EM algorithm runs on the projected rows with the client sampling. ``history_``
+        and the byte totals are built from both runs, rounds numbered on across them."""
+        pca = self._simulate(FederatedPCA(q, **self._torch_options()), clients, seed, full=True)
         self._set_projection(pca.state.projection)
         views = [self.pca_.transform(c) for c in clients]
         data = views if codes is None else list(zip(views, codes, clients, strict=True))
@@ -212,7 +210,9 @@ class EMDetector(MixtureDetector):
         return X if pca is None else pca.transform(X)
 
     def _log_density(self, X: torch.Tensor) -> torch.Tensor:
-        return score_samples(self.model_, self._gmm_input(X))
+        """log p of rows the Gaussians see (n, width): projected by the caller
+        (``_x_log_density``) under a PCA projection."""
+        return score_samples(self.model_, X)
 
     def _log_density_bound(self) -> float:
         """The highest ``log p(x)`` the mixture gives any row (``log_density_bound``; in the
@@ -271,16 +271,12 @@ class EMDetector(MixtureDetector):
             "converged_": self.converged_,
             "lower_bounds_": self.lower_bounds_,
         }
-        if hasattr(self, "pca_"):
-            tensors.update({f"pca.{k}": v for k, v in self.pca_.tensors().items()})
         return tensors, attrs
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
-        width = self.n_features_in_
-        if any(key.startswith("pca.") for key in tensors):
-            self.pca_ = _pca_from(tensors, width, self._torch_options())
-            width = self.pca_.components.shape[0]
+        pca = getattr(self, "pca_", None)  # a joint model's Gaussians see the projection
+        width = None if pca is None else pca.n_components
         self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type, width))
         self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
         self.converged_ = get_attr(attrs, "converged_", bool)
@@ -291,29 +287,6 @@ class EMDetector(MixtureDetector):
             weights = get_tensor(tensors, "client_weights", shape)
             check_probabilities(weights, "the rows of 'client_weights'")
             self.client_weights_ = weights.numpy()
-
-
-def _pca_from(tensors: dict[str, torch.Tensor], n_features: int, options: dict) -> PCAProjection:
-    """The saved federated-PCA projection (``pca.*`` tensors), checked (finite, fitted on
-    ``n_features`` features, a positive row count) and moved to ``options``' device and
-    dtype. Raises ``ModelFormatError``."""
-    parts = {
-        name: get_tensor(tensors, f"pca.{name}").to(**options)
-        for name in ("mean", "components", "explained_variance")
-    }
-    parts["noise_variance"] = get_tensor(tensors, "pca.noise_variance")
-    n_samples = tensors.get("pca.n_samples")
-    if n_samples is None or n_samples.dtype != torch.int64 or n_samples.numel() != 1:
-        raise ModelFormatError("the tensor 'pca.n_samples' must be one int64 row count.")
-    if int(n_samples) < 1 or tuple(parts["mean"].shape) != (n_features,):
-        raise ModelFormatError(
-            f"the PCA projection must be fitted on >= 1 row of {n_features} features; got "
-            f"n_samples={int(n_samples)}, 'pca.mean' of shape {tuple(parts['mean'].shape)}."
-        )
-    try:
-        return PCAProjection.from_tensors({**parts, "n_samples": n_samples})
-    except ValueError as error:
-        raise ModelFormatError(f"the PCA projection: {error}") from None
 
 
 __all__ = ["AdaptedClient", "EMDetector"]

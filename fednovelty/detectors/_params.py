@@ -377,18 +377,61 @@ PRIOR: Group = (
     ),
 )
 
-#: A federated PCA front end (the estimator runs it: before the algorithm, or as its step).
+#: Widest rows ``pca_components="auto"`` leaves alone: above it the front end engages. The
+#: widest of the 25 tabular benchmark sets has 166 features (their full-covariance fits
+#: finish there), so ``"auto"`` changes none of them; image and text embeddings (512, 1,555
+#: features) are projected.
+AUTO_PCA_FEATURES = 200
+
+
+def front_end_axes(value: Any, n_features: int) -> int | str | None:
+    """What ``pca_components`` asks of rows ``n_features`` wide: ``None`` (no front end),
+    an axis count, or ``"auto"`` (the server picks it after the PCA rounds).
+
+    Raises:
+        ValueError: an axis count above ``n_features``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"pca_components must be an integer >= 1, 'auto' or None, got {value!r}.")
+    if value == "auto":
+        return "auto" if n_features > AUTO_PCA_FEATURES else None
+    if int(value) > n_features:
+        raise ValueError(
+            f"pca_components={value} must be <= n_features={n_features}; lower it, or use "
+            "'auto' or None."
+        )
+    return int(value)
+
+
+#: A federated PCA front end (the estimator runs it before the algorithm; docs/high_dimension.md).
 PCA: Group = (
     Param(
         "pca_components",
-        None,
-        [Interval(Integral, 1, None, closed="left"), None],
-        "if set, the Gaussians model the rows' projection on this many principal "
-        "components, computed by federated PCA (two extra rounds of summed moments); "
-        "``log p(x)`` is then the density of that projection.",
+        "auto",
+        [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"}), None],
+        "federated PCA front end (two extra rounds of summed moments): the mixture models "
+        "the rows' projection on this many principal axes and ``log p(x)`` adds the "
+        "probabilistic-PCA residual term (an isotropic Gaussian on the discarded directions "
+        "whose variance is their mean eigenvalue), so it stays a density of ``x``. "
+        f'``"auto"``: only for rows of more than {AUTO_PCA_FEATURES} features, with the '
+        "number of axes chosen by the server (``fednovelty.mixture.ppca."
+        "choose_n_components``); ``None``: the full rows.",
         "estimator",
     ),
 )
+
+
+def with_pca(spec: ParamSet) -> ParamSet:
+    """``spec`` with the :data:`PCA` group added (before ``contamination`` where declared,
+    else at the end) unless it declares ``pca_components`` already."""
+    if "pca_components" in spec.names:
+        return spec
+    params = list(spec.params)
+    at = spec.names.index("contamination") if "contamination" in spec.names else len(params)
+    return ParamSet(tuple(params[:at]) + PCA + tuple(params[at:]), spec.positional)
+
 
 #: Each client's own mixture, its size chosen by BIC.
 LOCAL_FIT: Group = (

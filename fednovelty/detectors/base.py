@@ -20,6 +20,14 @@ while it runs (removed in a ``finally``), and ``_simulate`` hands them to the en
 round a fit runs is numbered in one sequence ``1..n_rounds_`` (e.g. federated PCA's rounds,
 then EM's), in ``history_`` and in the records the callbacks receive alike.
 
+A federated PCA front end (``pca_components``; ``docs/high_dimension.md``) is the same for
+every mixture family that has it (``_pca_front_end``): ``_fit`` runs federated PCA on the
+clients' rows first, then the family's own fit on the projected rows, its algorithm wrapped
+so that the server sends the projection and each client projects its own rows
+(``fednovelty.federated.mixtures.projected.Projected``); ``score_samples`` is the family's
+log-density of the projection plus the probabilistic-PCA residual term
+(``fednovelty.mixture.ppca.residual_log_density``), a log-density of ``x``.
+
 Fits are atomic: every method that sets fitted state (``fit``, ``partial_fit``) is wrapped by
 ``atomic_fit``, which deep-copies the estimator's state first and puts it back on any error,
 so a failed refit keeps the previous model exactly (its ``n_features_in_``,
@@ -55,15 +63,42 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     load,
+    pca_from,
+    pca_tensors,
     register,
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.federated.init import PrivateSettings
+from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
+from fednovelty.federated.mixtures.projected import Projected
 from fednovelty.federated.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 from fednovelty.mixture import MixtureParams
+from fednovelty.mixture.ppca import residual_log_density
 from fednovelty.runtime import RoundRecord, run_simulation
 from fednovelty.runtime.threads import scoring_threads
+
+#: mixture families that take the PCA front end's ``pca_components`` from this module (their
+#: own declarations do not list it); ``EMDetector`` and its subclasses declare it.
+FRONT_END_FAMILIES = ("FedGenGMMDetector", "LocalGMMDetector", "FedVBDetector")
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEndRun:
+    """The PCA front end of a running fit: what ``_simulate`` needs to wrap the family's
+    algorithm (:class:`~fednovelty.federated.mixtures.projected.Projected`).
+
+    Attributes:
+        projection: the fitted federated PCA.
+        rows: ``id`` of each projected client tensor (n_c, q) -> that client's rows (n_c, d).
+        resend: rounds sample clients (the projection goes with every broadcast).
+        pca: the PCA rounds' ``SimulationResult``.
+    """
+
+    projection: PCAProjection
+    rows: dict[int, torch.Tensor]
+    resend: bool
+    pca: object
 
 
 def seed_from(random_state) -> int:
@@ -145,10 +180,16 @@ class SimulatedFitMixin:
 
     #: settings saved under an older name in files this class loads: old name -> new name.
     _renamed_params: ClassVar[dict[str, str]] = {}
+    #: whether the estimator takes the federated PCA front end (``pca_components``).
+    _pca_front_end: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__name__ in FRONT_END_FAMILIES:
+            cls._pca_front_end = True
         if "_params" in cls.__dict__:
+            if cls._pca_front_end:
+                cls._params = _params.with_pca(cls.__dict__["_params"])
             _params.compose(cls)
         register(cls)  # every estimator class is loadable by name (persistence.REGISTRY)
 
@@ -206,6 +247,17 @@ class SimulatedFitMixin:
         ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
         ``privacy`` (default :meth:`_privacy_policy`)."""
         callbacks = getattr(self, "_fit_callbacks", ())
+        front = self.__dict__.get("_front_end_run")
+        wrapped = (
+            front is not None
+            and isinstance(clients, list | tuple)
+            and bool(clients)
+            and all(id(c) in front.rows for c in clients)
+        )
+        if wrapped:  # the family's algorithm on the projected rows: the clients project
+            algorithm = Projected(algorithm, front.projection, resend=front.resend)
+            clients = [front.rows[id(c)] for c in clients]
+            round_offset += len(front.pca.history)
         if round_offset:
             callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
         result = run_simulation(
@@ -224,6 +276,8 @@ class SimulatedFitMixin:
         self.n_rounds_ = len(result.history)
         self.bytes_up_ = result.bytes_up
         self.bytes_down_ = result.bytes_down
+        if wrapped:
+            result = dataclasses.replace(result, state=result.state.inner)
         return result if full else result.state
 
     # -------------------------------------------------------------- the fit template
@@ -257,11 +311,69 @@ class SimulatedFitMixin:
         self._fit_callbacks = callbacks
         try:
             tensors = [self._as_tensor(p) for p in parts]
-            self._fit_clients(parts, tensors, seed_from(self.random_state), labels)
+            seed = seed_from(self.random_state)
+            if self._pca_front_end and labels is None:
+                parts, tensors = self._front_end(parts, tensors, seed)
+            self._fit_clients(parts, tensors, seed, labels)
+            self._join_front_end_record()
         finally:
             del self._fit_callbacks
+            self.__dict__.pop("_front_end_run", None)
         self._after_fit(array, group_codes)
         return self
+
+    # -------------------------------------------------------------- the PCA front end
+    def _front_end(
+        self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int
+    ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+        """Run federated PCA when ``pca_components`` asks for it on these rows (sets
+        ``pca_``, else removes it) and return the clients' projected rows, as arrays and
+        tensors (n_c, q); the rows unchanged without a front end.
+
+        Raises:
+            ValueError: ``pca_components`` above the rows' width, or the front end with
+                ``dp_epsilon`` (the PCA rounds have no private form).
+        """
+        q = _params.front_end_axes(self.pca_components, clients[0].shape[1])
+        if q is None:
+            self.__dict__.pop("pca_", None)
+            return parts, clients
+        if getattr(self, "dp_epsilon", None) is not None:
+            raise ValueError(
+                f"pca_components={self.pca_components!r} projects these "
+                f"{clients[0].shape[1]}-feature rows with federated PCA, whose rounds have no "
+                "private form; use pca_components=None with dp_epsilon (or a public "
+                "projection of the rows before fit)."
+            )
+        pca = self._simulate(FederatedPCA(q, **self._torch_options()), clients, seed, full=True)
+        self.pca_ = pca.state.projection
+        views = [self.pca_.transform(c) for c in clients]
+        sampled = getattr(self, "fraction", 1.0) < 1 or getattr(self, "dropout", 0.0) > 0
+        rows = {id(v): c for v, c in zip(views, clients, strict=True)}
+        self._front_end_run = FrontEndRun(self.pca_, rows, sampled, pca)
+        return [v.cpu().numpy() for v in views], views
+
+    def _join_front_end_record(self) -> None:
+        """Put the PCA rounds first in ``history_`` and the byte totals (the family's rounds,
+        numbered after them, are already there)."""
+        front = self.__dict__.get("_front_end_run")
+        if front is None:
+            return
+        pca = front.pca
+        family = [r for r in getattr(self, "history_", []) if r["round"] > len(pca.history)]
+        self.history_ = [r.as_dict() for r in pca.history] + family
+        self.n_rounds_ = len(self.history_)
+        if family:  # the totals of the family's run are the last ones _simulate set
+            self.bytes_up_ += pca.bytes_up
+            self.bytes_down_ += pca.bytes_down
+
+    def _residual(self, X: torch.Tensor) -> torch.Tensor:
+        """The PCA front end's residual log-density of rows (n, n_features) -> (n,): zeros
+        without a projection (or one without a discarded direction's variance)."""
+        pca = getattr(self, "pca_", None)
+        if pca is None or pca.n_components == pca.n_features or not pca.noise_variance > 0:
+            return X.new_zeros(X.shape[0])
+        return residual_log_density(X, pca.mean, pca.components, pca.noise_variance)
 
     def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
         """Integer codes (n_rows,) of the labels a labelled fit models, ``classes_`` set; or
@@ -459,10 +571,22 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """log p(x) of torch rows (n_samples, n_features) -> (n_samples,)."""
 
     def score_samples(self, X) -> np.ndarray:
-        """Log-density ``log p(x)`` of each row, shape (n_samples,); higher = more normal."""
+        """Log-density ``log p(x)`` of each row, shape (n_samples,); higher = more normal.
+        With the PCA front end (``pca_``): the family's log-density of the projected rows
+        plus the residual term of the discarded directions."""
         Xt = self._check_score_input(X)
         with torch.no_grad(), scoring_threads(*Xt.shape, getattr(self, "n_components_", 1)):
-            return self._log_density(Xt).cpu().numpy().astype(np.float64)
+            return self._x_log_density(Xt).cpu().numpy().astype(np.float64)
+
+    def _x_log_density(self, X: torch.Tensor) -> torch.Tensor:
+        """``log p(x)`` of rows (n, n_features) -> (n,), through the PCA front end when the
+        detector has one."""
+        pca = getattr(self, "pca_", None)
+        if pca is None or not self._pca_front_end:
+            return self._log_density(X)
+        if self._labelled:  # a joint model scores the projection (as its log_px)
+            return self._log_density(pca.transform(X))
+        return self._log_density(pca.transform(X)) + self._residual(X)
 
     def decision_function(self, X) -> np.ndarray:
         """Anomaly score ``-log p(x)``, shape (n_samples,); higher = more anomalous."""
@@ -533,6 +657,8 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         }
         if hasattr(self, "privacy_spent_"):
             attrs["privacy_spent_"] = self.privacy_spent_
+        if self._pca_front_end and hasattr(self, "pca_"):
+            tensors.update(pca_tensors(self.pca_))
         extra_tensors, extra_attrs = self._get_state()
         return {**tensors, **extra_tensors}, {**attrs, **extra_attrs}
 
@@ -554,6 +680,13 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         """Restore fitted attributes from ``save``'s output, validated (``ModelFormatError``
         naming what is wrong); subclasses restore and validate their own after this."""
         restore_inputs(self, attrs)
+        if self._pca_front_end and any(key.startswith("pca.") for key in tensors):
+            self.pca_ = pca_from(tensors, self.n_features_in_, self._torch_options())
+            if not self._labelled:  # a family restores its model at the model's width
+                width = self.pca_.n_components  # (_restored puts the input width back)
+                self._input_width, self.n_features_in_ = self.n_features_in_, width
+        else:
+            self.__dict__.pop("pca_", None)
         self.threshold_ = float(get_attr(attrs, "threshold_", float))
         self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
@@ -574,6 +707,15 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         self._classes = 2
         self._mu, self._sigma = finite_moments(self.decision_scores_)
 
+    def _restored(self) -> None:
+        """What ``load`` runs after ``_set_state``: with the PCA front end the family's
+        state was restored at the projection's width (``n_features_in_`` was ``q``, so each
+        family checks its model against the width it was fitted on); the input width
+        comes back here."""
+        width = self.__dict__.pop("_input_width", None)
+        if width is not None:
+            self.n_features_in_ = width
+
     @staticmethod
     def _mixture_tensors(params: MixtureParams, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.{k}": v for k, v in params.tensors().items()}
@@ -587,7 +729,8 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
     ) -> MixtureParams:
         """The mixture saved under ``prefix``, validated (``check_mixture``: finite, PSD,
         weights a probability vector, ``n_features`` wide; default ``n_features_in_``) and
-        moved to the detector's device and dtype."""
+        moved to the detector's device and dtype (while ``load`` restores a PCA front end's
+        model, ``n_features_in_`` is the projection's width)."""
         width = self.n_features_in_ if n_features is None else n_features
         return check_mixture(tensors, prefix, covariance_type, width).to(**self._torch_options())
 

@@ -90,7 +90,8 @@ class FedGMMDetector(EMDetector):
             average (``global_weights="pooled"``) or their plain mean (``"client_average"``).
         client_weights_: (n_clients, n_components) personal weights, rows in ``client_ids_``
             order (``"personal"`` only).
-        pca_: the federated PCA projection (``pca_components`` set).
+        pca_: the federated PCA projection of the front end (``pca_components`` an int, or
+            ``"auto"`` on rows of more than 200 features; ``docs/high_dimension.md``).
         n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods
             (under ``dp_epsilon`` the clients withhold log-likelihoods: ``max_iter`` rounds
             run and ``lower_bounds_`` is empty).
@@ -206,7 +207,8 @@ class FedGMMDetector(EMDetector):
             raise ValueError("score_samples_client needs mixture_weights='personal'.")
         log_weights = self._log_pi(client, Xt)
         with torch.no_grad():
-            return score_samples(self.model_, self._gmm_input(Xt), log_weights).cpu().numpy()
+            log_px = score_samples(self.model_, self._gmm_input(Xt), log_weights)
+            return (log_px + self._residual(Xt)).cpu().numpy()
 
     def adapt(self, X, max_iter: int = 100, tol: float = 1e-6) -> AdaptedClient:
         """Mixture weights for a client unseen in training, every Gaussian frozen (FedGMM

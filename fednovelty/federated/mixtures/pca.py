@@ -8,7 +8,9 @@ Two rounds, statistics only (:class:`PCAStep`):
    that mean (n_features, n_features) and its row count again. The server sums the
    scatters, divides by ``N - 1`` (the unbiased covariance, as
    ``sklearn.decomposition.PCA``), takes ``torch.linalg.eigh`` and keeps the top
-   ``n_components`` eigenpairs, each signed as scikit-learn >= 1.5 does.
+   ``n_components`` eigenpairs (``"auto"``: as many as
+   ``fednovelty.mixture.ppca.choose_n_components`` picks from all eigenvalues and the
+   clients' row counts), each signed as scikit-learn >= 1.5 does.
 
 Centring about the *pooled* mean is the two-pass algorithm of a centralized PCA, so the
 result equals scikit-learn's up to round-off for any partition of the rows into clients
@@ -17,11 +19,10 @@ run with ``fraction=1`` and no dropout; the server raises otherwise. A client be
 privacy floor skips both rounds. Clients compute in the dtype and on the device of their
 rows; the server aggregates in ``dtype`` on ``device``.
 
-``FederatedPCA`` runs :class:`PCAStep` alone; federated EM chains it before its own steps
-(``pca_components``, FedGMM's MNIST experiment): the server then sends the projection's mean
-and axes once, with the first round after the PCA rounds, and each client keeps them in its
-``ClientContext.state`` and projects its rows (``PCAProjection.transform``) for every later
-round.
+``FederatedPCA`` runs :class:`PCAStep` alone; the detectors' PCA front end
+(``fednovelty.federated.mixtures.projected``) runs it, then any algorithm on the projected
+rows: the projection's mean and axes go out once, with the algorithm's first broadcast, and
+each client keeps them in its ``ClientContext.state`` and projects its rows for every round.
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ from fednovelty.federated.declarations import ReplySpec, declare
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.steps import ClientSkip, Step
 from fednovelty.federated.validation import check_scatter
+from fednovelty.mixture.ppca import choose_n_components
+
+#: ``n_components`` value that lets the server choose the axes (``choose_n_components``).
+AUTO = "auto"
+
+
+def check_n_components(value) -> int | str:
+    """``n_components`` as an int >= 1 or ``"auto"``; a ValueError naming it otherwise."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise ValueError(f"n_components must be an integer >= 1 or 'auto', got {value!r}.")
+    if int(value) < 1:
+        raise ValueError(f"n_components must be >= 1 or 'auto', got {value}.")
+    return int(value)
 
 
 @settings_dataclass
@@ -52,21 +68,20 @@ class PCAConfig(Settings):
 
     Attributes:
         n_components: number of principal axes to keep (>= 1; at most n_features, checked
-            when the rows' width is known).
+            when the rows' width is known), or ``"auto"``: the server picks it
+            (``fednovelty.mixture.ppca.choose_n_components``).
         device: where the server aggregates; ``None`` uses the device of the first reply.
         dtype: the server's floating dtype (float64 by default, for parity with scikit-learn).
     """
 
-    n_components: int
+    n_components: int | str
     device: torch.device | None = None
     dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_components, bool) or int(self.n_components) < 1:
-            raise ValueError(f"n_components must be >= 1, got {self.n_components}.")
         if isinstance(self.dtype, torch.dtype) and not self.dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating dtype, got {self.dtype}.")
-        self._set("n_components", int(self.n_components))
+        self._set("n_components", check_n_components(self.n_components))
         self._set("dtype", as_dtype(self.dtype))
         self._set("device", None if self.device is None else torch.device(self.device))
 
@@ -232,7 +247,9 @@ class PCAStep(Step):
     the result independent of the partition and of the eigen-solver's arbitrary choice.
 
     Args:
-        n_components: number of principal axes to keep.
+        n_components: number of principal axes to keep, or ``"auto"`` (the server picks it
+            from all eigenvalues and the replying clients' row counts:
+            ``fednovelty.mixture.ppca.choose_n_components``).
         dtype: the server's floating dtype.
         device: where the server aggregates; ``None`` uses the device of the first reply.
     """
@@ -244,12 +261,12 @@ class PCAStep(Step):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | str,
         *,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
     ) -> None:
-        self.n_components = int(n_components)
+        self.n_components = check_n_components(n_components)
         self.dtype = dtype
         self.device = None if device is None else torch.device(device)
 
@@ -286,7 +303,7 @@ class PCAStep(Step):
         return None, metrics
 
     def broadcast(self, state) -> tuple[dict[str, Tensor], dict[str, Scalar]]:
-        expect = {"n_features": self.n_components}
+        expect = {"n_features": state.projection.n_components}
         if state.rounds > 0:  # the clients hold the projection since the first later round
             return {}, expect
         projection = state.projection
@@ -381,7 +398,7 @@ class PCAStep(Step):
                 f"FederatedPCA needs at least 2 rows pooled over all clients, got {n_samples}; "
                 "add clients or rows."
             )
-        if self.n_components > min(n_samples, n_features):
+        if self.n_components != AUTO and self.n_components > min(n_samples, n_features):
             raise ValueError(
                 f"n_components={self.n_components} must be <= min(n_samples, n_features) = "
                 f"min({n_samples}, {n_features}); lower n_components."
@@ -402,15 +419,18 @@ class PCAStep(Step):
         scatter = torch.stack(list(scatters.values())).sum(dim=0)
         covariance = (scatter + scatter.T) / (2 * (state.n_samples - 1))
         eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
-        top = torch.arange(d - 1, d - 1 - self.n_components, -1, device=eigenvalues.device)
+        q = self.n_components
+        if q == AUTO:
+            q = choose_n_components(eigenvalues.flip(0), list(counts.values()))
+        top = torch.arange(d - 1, d - 1 - q, -1, device=eigenvalues.device)
         components = eigenvectors[:, top].T
         largest = components.abs().argmax(dim=1)
-        rows = torch.arange(self.n_components, device=components.device)
+        rows = torch.arange(q, device=components.device)
         signs = torch.sign(components[rows, largest])
         components = components * torch.where(signs == 0, 1.0, signs).to(components)[:, None]
         explained = eigenvalues[top].clamp_min(0.0)
         total = float(torch.diagonal(covariance).sum())
-        rest = d - self.n_components
+        rest = d - q
         noise = 0.0
         if rest > 0:
             noise = max((total - float(explained.sum())) / rest, 1e-6 * total / d)
@@ -431,7 +451,8 @@ class FederatedPCA(FederatedAlgorithm):
     (:class:`PCAStep` run alone).
 
     Args:
-        n_components: number of principal axes to keep (1 <= n_components <= n_features).
+        n_components: number of principal axes to keep (1 <= n_components <= n_features),
+            or ``"auto"`` (``fednovelty.mixture.ppca.choose_n_components``).
         device: where the server aggregates; ``None`` uses the device of the first reply
             (by client id).
         dtype: the server's floating dtype (float64 by default, for parity with
@@ -444,7 +465,7 @@ class FederatedPCA(FederatedAlgorithm):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | str,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
