@@ -324,6 +324,7 @@ def factor_e_step(
     log_weights: Tensor | None = None,
     chunk_size: int | None = None,
     squared_counts: Tensor | None = None,
+    row_log_likelihood: Tensor | None = None,
 ) -> FactorStats:
     """The E-step of rows ``X`` (n_samples, n_features) under ``params`` folded into
     :class:`FactorStats` about ``shift`` (n_features,), in O(N K d q) time, row chunks of
@@ -337,6 +338,8 @@ def factor_e_step(
             ``log params.weights``.
         squared_counts: if given, a (n_components,) tensor to which ``sum_i r_ik^2`` is
             added (with ``counts``: each component's effective rows, for a privacy floor).
+        row_log_likelihood: if given, a (n_samples,) tensor filled with each row's
+            ``log p(x_i)`` (the terms of the returned ``log_likelihood``).
     """
     check_rows(X, params.n_features)
     k, d, q = params.n_components, params.n_features, params.n_factors
@@ -358,6 +361,8 @@ def factor_e_step(
         ez = torch.einsum("nkp,kqp->nkq", u, wood.post_chol_inv_t)  # L^{-T} u
         rz = resp.unsqueeze(2) * ez
         acc["log_likelihood"] += log_norm.sum()
+        if row_log_likelihood is not None:
+            row_log_likelihood[start : start + n] = log_norm.squeeze(1)
         acc["counts"] += resp.sum(0)
         acc["sums"] += resp.T @ centered
         acc["second"] += resp.T @ centered.square()

@@ -1,0 +1,400 @@
+"""Federated EM for mixtures of factor analysers (low-rank-plus-diagonal covariances).
+
+``FederatedFactorEM`` chains ``[moments?] + k-means start + factor start + factor EM``: the
+moments round (:class:`~fednovelty.federated.init.MomentsStep`: standardisation, the noise
+prior) and the k-means rounds (:func:`~fednovelty.federated.init.init_steps` with ``diag``
+statistics) are federated EM's own steps. :class:`FactorStartStep` (``factor_start``): every
+client labels its rows by the k-means centres and sends, per part, counts, first and second
+moments and a sketch ``sum (x - c)(x - c)^T Omega`` for a broadcast Gaussian ``Omega``
+(n_features, n_factors + oversample); the server sums them and starts each component as
+probabilistic PCA (:func:`~fednovelty.mixture.factor.factor_params_from_sketch`).
+:class:`FactorEMStep` (``factor_em``): the clients reply with the E-step's summed
+statistics (:func:`~fednovelty.mixture.factor.factor_e_step`, O(n K d q) each); the server
+sums them and runs the M-step, so any split of the rows follows centralized EM
+(:func:`~fednovelty.mixture.factor.fit_factor_em`) from the same start.
+
+Both replies declare their tensors per component (the client gate zeroes a component
+backed by fewer than ``min_rows`` effective rows; a client below its floor skips) and have
+no private form (a client under differential privacy refuses them). The result,
+``state.factors``, is in the user's units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.aggregate import released
+from fednovelty.federated.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.config import (
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    RobustSettings,
+    TorchSettings,
+    at_least,
+    settings_dataclass,
+)
+from fednovelty.federated.declarations import ReplySpec, components_limit, declare
+from fednovelty.federated.init import (
+    GivenMixture,
+    InitSettings,
+    MomentsSettings,
+    MomentsStep,
+    init_steps,
+)
+from fednovelty.federated.mixtures.em import EMState
+from fednovelty.federated.privacy import effective_rows, winsorised_row_values
+from fednovelty.federated.steps import ChainedAlgorithm, Step
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    check_psd,
+    check_stats,
+    check_stats_tensors,
+    stats_shapes,
+)
+from fednovelty.mixture.em import moment_shift
+from fednovelty.mixture.factor import (
+    FactorParams,
+    FactorStats,
+    SketchStats,
+    affine_factor_params,
+    check_n_factors,
+    factor_e_step,
+    factor_m_step,
+    factor_params_from_sketch,
+    factor_shift,
+    sketch_matrix,
+    sketch_stats,
+)
+from fednovelty.mixture.kmeans import assign, one_hot
+
+__all__ = [
+    "FactorEMConfig",
+    "FactorEMState",
+    "FactorEMStep",
+    "FactorStartStep",
+    "FederatedFactorEM",
+    "sketch_for",
+]
+
+#: the start's partition comes from these ``init_params`` (centres, then Lloyd rounds).
+FACTOR_INITS: tuple[str, ...] = ("kmeans", "separated")
+
+
+@settings_dataclass
+class FactorEMConfig(
+    RobustSettings,
+    ComponentSettings,
+    CovarianceSettings,
+    IterationSettings,
+    InitSettings,
+    MomentsSettings,
+    GivenMixture,
+    TorchSettings,
+):
+    """Settings of :class:`FederatedFactorEM`: ``n_components``, ``chunk_size``,
+    ``reg_covar`` (added to every noise variance), ``tol``, ``max_iter`` (factor EM
+    rounds), the k-means start's ``init_params`` (``"kmeans"`` or ``"separated"``),
+    ``kmeans_rounds``, ``kmeans_tol``, ``means_init`` / ``weights_init`` (the start's
+    centres), the moments round's ``standardize``, ``prior_strength`` and ``prior_scale``
+    (a MAP prior on the noise variances, :class:`~fednovelty.mixture.stats.CovariancePrior`),
+    seed and placement, and
+
+    Attributes:
+        n_factors: q, the loadings' columns per component (1 <= q <= n_features - 1).
+        isotropic: one noise variance per component (mixtures of probabilistic PCA).
+        oversample: extra columns of the start's sketch (its width is q + oversample,
+            at most n_features).
+
+    ``covariance_type`` is ``"diag"``: the statistics of the k-means rounds (and the
+    form the server gate checks the first and second moments in). Sums only
+    (``aggregation="sum"``).
+    """
+
+    AGGREGATION_CHOICES = ("sum",)
+    COVARIANCE_CHOICES = ("diag",)
+
+    n_factors: int
+    isotropic: bool = False
+    oversample: int = 10
+    covariance_type: str = "diag"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("n_factors", int(at_least("n_factors", self.n_factors, 1)))
+        self._set("oversample", int(at_least("oversample", self.oversample, 0)))
+        self._set("isotropic", bool(self.isotropic))
+        self._check_choice("init_params", FACTOR_INITS)
+        if self.precisions_init is not None:
+            raise ValueError(
+                "FactorEMConfig starts from a k-means partition: give means_init (and "
+                "weights_init) for its centres, not precisions_init."
+            )
+
+
+@dataclass
+class FactorEMState(EMState):
+    """Federated EM's state (:class:`~fednovelty.federated.mixtures.em.EMState`: the
+    moments and k-means rounds fill ``offset``, ``scale``, ``prior``, ``centers`` and a
+    ``diag`` mixture in ``params``), and
+
+    Attributes:
+        omega: the start's sketch matrix, (n_features, width).
+        start: the mixture of factor analysers the EM rounds start from (working units).
+        factors: the current mixture of factor analysers (user units once done).
+    """
+
+    omega: Tensor | None = None
+    start: FactorParams | None = None
+    factors: FactorParams | None = None
+
+
+def sketch_for(config: FactorEMConfig, n_features: int, like: Tensor) -> Tensor:
+    """The start's Gaussian test matrix, (n_features, min(n_features, n_factors +
+    oversample)), drawn from ``config.random_state`` alone (in ``like``'s dtype/device)."""
+    width = min(n_features, config.n_factors + config.oversample)
+    generator = torch.Generator().manual_seed(config.random_state ^ 0x5CE7C4)
+    return sketch_matrix(n_features, width, generator, like)
+
+
+def _summed(replies: dict[int, Message], names: tuple[str, ...], like: Tensor) -> dict[str, Tensor]:
+    """Each named tensor summed over the replies with rows, in ``like``'s dtype/device."""
+    kept = [m for m in released(replies.values()) if float(m.tensors["n_samples"]) > 0]
+    if not kept:
+        raise ValueError("no client with rows replied in this round.")
+    return {name: torch.stack([m.tensors[name].to(like) for m in kept]).sum(0) for name in names}
+
+
+# ----------------------------------------------------------------------------- start
+def check_sketch(reply: Message, broadcast: Message) -> None:
+    """Counts, sums and per-feature second moments some rows could have produced
+    (:func:`~fednovelty.federated.validation.check_stats_tensors`, ``diag``)."""
+    t = reply.tensors
+    check_stats_tensors(t["counts"], t["sums"], t["second"], float(t["n_samples"]), "diag")
+
+
+def _start_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
+    k = int(broadcast.tensors["centers"].shape[0])
+    width = int(broadcast.tensors["omega"].shape[1])
+    return {
+        "counts": (k,),
+        "sums": (k, d),
+        "second": (k, d),
+        "sketch": (k, d, width),
+        "n_samples": (),
+    }
+
+
+START_REPLY = ReplySpec(
+    "factor_start",
+    shapes=_start_shapes,
+    checks=(check_sketch,),
+    backing={
+        "counts": "components",
+        "sums": "components",
+        "second": "components",
+        "sketch": "components",
+        "n_samples": "client",
+    },
+    limit=components_limit,
+    box="stats",
+)
+
+
+class FactorStartStep(Step):
+    """One round: the k-means partition's summed sketch, then probabilistic PCA per part
+    (module docstring)."""
+
+    kinds = ("factor_start",)
+    replies = declare(START_REPLY)
+
+    def __init__(self, config: FactorEMConfig) -> None:
+        self.config = config
+
+    def configure(self, state: Any) -> Message:
+        centers = state.centers
+        check_n_factors(self.config.n_factors, centers.shape[1])
+        state.omega = sketch_for(self.config, centers.shape[1], centers)
+        shift = moment_shift(state.params) if state.params is not None else centers.mean(0)
+        return Message(
+            "factor_start",
+            {"centers": centers, "omega": state.omega, "shift": shift},
+            expect={"covariance_type": "diag"},
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        if not context.policy.releases(X.shape[0]):
+            return skipped_reply("factor_start", context.policy.below_floor)
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        labels, _ = assign(X, t["centers"])
+        resp = one_hot(labels, t["centers"].shape[0], X)
+        stats = sketch_stats(X, resp, t["omega"], t["shift"])
+        n = torch.tensor(float(X.shape[0]), dtype=X.dtype)
+        rows = stats.counts  # hard labels: a part's rows are its effective rows
+        tensors = {
+            "counts": stats.counts,
+            "sums": stats.sums,
+            "second": stats.second,
+            "sketch": stats.sketch,
+            "n_samples": n,
+        }
+        backing = {name: rows for name in ("counts", "sums", "second", "sketch")}
+        backing["n_samples"] = n.double()
+        return Message("factor_start", tensors, backing=backing)
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        config = self.config
+        omega = state.omega.to(config.device, config.dtype)
+        shift = moment_shift(state.params) if state.params is not None else state.centers.mean(0)
+        names = ("counts", "sums", "second", "sketch", "n_samples")
+        t = _summed(replies, names, omega)
+        stats = SketchStats(t["counts"], t["sums"], t["second"], t["sketch"], shift.to(omega))
+        state.start = state.factors = factor_params_from_sketch(
+            stats,
+            omega,
+            config.n_factors,
+            reg_covar=config.reg_covar,
+            prior=state.prior,
+            isotropic=config.isotropic,
+        )
+        return None, {"phase": "factor_start", "n_samples": float(t["n_samples"])}
+
+
+# ----------------------------------------------------------------------------- EM
+def check_factor_stats(reply: Message, broadcast: Message) -> None:
+    """``sum r E[z z^T]`` is symmetric positive semi-definite per component."""
+    zz = reply.tensors["zz"].double()
+    scale = zz.abs().amax((1, 2)) if zz.numel() else zz.new_zeros(0)
+    check_psd(zz, scale, "zz", 1e-6)
+    if bool((zz.diagonal(dim1=1, dim2=2) < -1e-6 * scale.unsqueeze(1) - 1e-300).any()):
+        raise InvalidReplyError("tensor 'zz' has a negative diagonal: no rows have it.")
+
+
+def _em_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
+    k, _, q = broadcast.tensors["factors"].shape
+    return {
+        **stats_shapes(broadcast, d),
+        "xz": (int(k), d, int(q)),
+        "sum_z": (int(k), int(q)),
+        "zz": (int(k), int(q), int(q)),
+    }
+
+
+EM_FACTOR_REPLY = ReplySpec(
+    "factor_em",
+    shapes=_em_shapes,
+    checks=(check_stats, check_factor_stats),
+    backing={
+        "counts": "components",
+        "sums": "components",
+        "second": "components",
+        "xz": "components",
+        "sum_z": "components",
+        "zz": "components",
+        "log_likelihood": "client",
+        "n_samples": "client",
+    },
+    limit=components_limit,
+    box="stats",
+)
+
+
+class FactorEMStep(Step):
+    """The EM rounds of :class:`FederatedFactorEM` (module docstring)."""
+
+    kinds = ("factor_em",)
+    replies = declare(EM_FACTOR_REPLY)
+
+    def __init__(self, config: FactorEMConfig) -> None:
+        self.config = config
+        self.max_rounds = config.max_iter
+
+    def configure(self, state: Any) -> Message:
+        factors = state.factors
+        return Message(
+            "factor_em",
+            {**factors.tensors(), "shift": factor_shift(factors)},
+            expect={"covariance_type": "diag"},
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        policy = context.policy
+        if not policy.releases(X.shape[0]):
+            return skipped_reply("factor_em", policy.below_floor)
+        t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
+        params = FactorParams(t["weights"], t["means"], t["factors"], t["psi"])
+        squared = X.new_zeros(params.n_components) if policy.has_floor else None
+        per_row = X.new_empty(X.shape[0]) if policy.has_floor else None
+        stats = factor_e_step(
+            X,
+            params,
+            t["shift"],
+            chunk_size=self.config.chunk_size,
+            squared_counts=squared,
+            row_log_likelihood=per_row,
+        )
+        n = torch.tensor(float(X.shape[0]), dtype=torch.float64)
+        tensors = stats.tensors()
+        if squared is None:  # no floor: every component backed by the client's rows
+            rows, ll_rows = torch.full_like(stats.counts, float(X.shape[0])), n
+        else:
+            rows = effective_rows(stats.counts, squared)
+            values, ll_rows = winsorised_row_values(per_row, policy.min_rows)
+            tensors["log_likelihood"] = values.mean() * X.shape[0]
+        backing = {name: rows for name in ("counts", "sums", "second", "xz", "sum_z", "zz")}
+        backing.update(log_likelihood=ll_rows, n_samples=n)
+        return Message("factor_em", tensors, backing=backing)
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        shift = factor_shift(state.factors)
+        t = _summed(replies, FactorStats.SUMMED, shift)
+        stats = FactorStats(shift=shift, **t)
+        state.factors = factor_m_step(
+            stats, config.reg_covar, prior=state.prior, isotropic=config.isotropic
+        )
+        lower_bound = float(stats.log_likelihood / stats.n_samples)
+        if state.scale is not None:  # log p(x) = log p(z) - sum log scale
+            lower_bound -= float(state.scale.log().sum())
+        state.n_iter += 1
+        previous = state.lower_bounds[-1] if state.lower_bounds else -math.inf
+        state.converged = abs(lower_bound - previous) < config.tol
+        state.lower_bounds.append(lower_bound)
+        done = state.converged or state.n_iter >= config.max_iter
+        metrics = {"phase": "factor_em", "mean_log_likelihood": lower_bound}
+        return (None if done else "factor_em"), metrics
+
+    def finish(self, state: Any) -> None:
+        if state.scale is not None and state.factors is not None:  # back to the user's units
+            state.factors = affine_factor_params(state.factors, state.offset, state.scale)
+
+
+def factor_steps(config: FactorEMConfig) -> list[Step]:
+    """``[moments?] + init steps + [factor start, factor EM]``."""
+    steps: list[Step] = [MomentsStep(config)] if config.needs_moments else []
+    return [*steps, *init_steps(config), FactorStartStep(config), FactorEMStep(config)]
+
+
+class FederatedFactorEM(ChainedAlgorithm):
+    """Federated EM for a mixture of factor analysers (module docstring).
+
+    ``FederatedFactorEM(n_components, n_factors, **settings)`` with the settings of
+    :class:`FactorEMConfig`; the fitted mixture is ``state.factors``
+    (:class:`~fednovelty.mixture.factor.FactorParams`). It has no ``config_class`` yet,
+    so the registry (and the engines that build algorithms by name) do not list it.
+    """
+
+    def __init__(self, n_components: int, n_factors: int, **settings: Any) -> None:
+        self._setup(FactorEMConfig(n_components=n_components, n_factors=n_factors, **settings))
+
+    def _setup(self, config: FactorEMConfig) -> None:
+        super()._setup(config)
+        self._chain(factor_steps(config))
+
+    def new_state(self) -> FactorEMState:
+        return FactorEMState(phase="")
