@@ -11,21 +11,20 @@ density of ``x`` (the two parts live on orthogonal subspaces, the change of vari
 unit Jacobian), and with ``p_q`` the Gaussian ``N(0, diag(lambda_1..q))`` it is exactly the
 maximum-likelihood PPCA model (scikit-learn's ``PCA.score_samples``).
 
-:func:`choose_n_components` is the rule that picks ``q`` from the eigenvalues and the rows
-each client holds. Pure torch: dtype and device come from the inputs.
+:func:`choose_n_components` is the rule that picks ``q`` from the eigenvalues and the pooled
+row count. Pure torch: dtype and device come from the inputs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from torch import Tensor
 
 #: share of the total variance the automatic rule keeps at most.
 VARIANCE_SHARE = 0.9
-#: rows of the median client per kept axis the automatic rule asks for.
-ROWS_PER_AXIS = 5.0
+#: pooled rows per kept axis the automatic rule asks for.
+ROWS_PER_AXIS = 10.0
 #: the automatic rule's ceiling on the kept axes (a full covariance in ``q`` dimensions has
 #: ``q (q + 3) / 2`` parameters per component; 64 axes keep an EM round near ``N K q^2``).
 MAX_AXES = 64
@@ -104,7 +103,7 @@ def variance_axes(eigenvalues: Tensor, share: float = VARIANCE_SHARE) -> int:
 
 def choose_n_components(
     eigenvalues: Tensor,
-    client_counts: Sequence[int],
+    n_samples: int,
     *,
     share: float = VARIANCE_SHARE,
     rows_per_axis: float = ROWS_PER_AXIS,
@@ -112,38 +111,32 @@ def choose_n_components(
 ) -> int:
     """The automatic number of principal axes ``q``::
 
-        q = max(1, min(variance_axes(eigenvalues, share),
-                       floor(median client rows / rows_per_axis), max_axes, d - 1))
+        q = max(1, min(variance_axes(eigenvalues, share), floor(n_samples / rows_per_axis),
+                       max_axes, d - 1))
 
     The variance term keeps the axes that carry the rows' structure (the rest is modelled
-    by the isotropic residual). The rows term lets a client's local fit (FedGenGMM, the
-    local models) and a component backed by a typical client's rows estimate a full
-    covariance on the kept axes: ``rows_per_axis`` rows of the median client per axis. The
-    ceiling bounds the cost of a round, ``O(N K q^2)``. ``d - 1`` leaves one discarded
-    direction so the residual term exists.
+    by the isotropic residual). The rows term asks for ``rows_per_axis`` pooled rows per
+    kept axis, so the projected covariance and the components' covariances on it are
+    estimated from several rows per parameter direction (a local fit on a small client
+    leans on the covariance prior, as without the front end). The ceiling bounds the cost
+    of a round, ``O(N K q^2)``. ``d - 1`` leaves one discarded direction so the residual
+    term exists.
 
     Args:
         eigenvalues: (d,) covariance eigenvalues of the pooled rows, decreasing.
-        client_counts: rows of each client that took part in the PCA rounds.
+        n_samples: the pooled rows the eigenvalues come from.
         share: variance share, in (0, 1]; rows_per_axis: > 0; max_axes: >= 1.
 
     Returns:
         q in ``1..max(1, d - 1)``.
     """
-    if not client_counts:
-        raise ValueError("client_counts is empty; the rule needs the row count of a client.")
-    if rows_per_axis <= 0 or max_axes < 1:
+    if rows_per_axis <= 0 or max_axes < 1 or n_samples < 1:
         raise ValueError(
-            f"rows_per_axis must be > 0 and max_axes >= 1, got {rows_per_axis}, {max_axes}."
+            "rows_per_axis must be > 0, max_axes >= 1 and n_samples >= 1, got "
+            f"{rows_per_axis}, {max_axes} and {n_samples}."
         )
     d = int(eigenvalues.shape[0])
-    counts = sorted(int(c) for c in client_counts)
-    median = (
-        counts[(len(counts) - 1) // 2]
-        if len(counts) % 2
-        else 0.5 * sum(counts[len(counts) // 2 - 1 : len(counts) // 2 + 1])
-    )
-    by_rows = int(median // rows_per_axis)
+    by_rows = int(n_samples // rows_per_axis)
     q = min(variance_axes(eigenvalues, share), by_rows, int(max_axes), d - 1)
     return max(1, q)
 

@@ -109,7 +109,7 @@ def test_auto_engages_above_the_width_threshold_and_round_trips(make, tmp_path):
     eigenvalues = PCA().fit(X).explained_variance_
     import torch
 
-    expected_q = choose_n_components(torch.as_tensor(eigenvalues), [100] * 4)
+    expected_q = choose_n_components(torch.as_tensor(eigenvalues), 400)
     assert det.pca_.n_components == expected_q
     Y = X[:20] + rng.normal(size=(20, d))
     scores = det.score_samples(Y)

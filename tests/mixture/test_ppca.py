@@ -86,12 +86,13 @@ def test_variance_axes_counts_the_leading_share():
 
 def test_choose_n_components_takes_the_smallest_of_its_terms():
     flat = torch.ones(512)  # 90 % of the variance needs 461 axes
-    assert choose_n_components(flat, [400] * 10) == 64  # the ceiling
-    assert choose_n_components(flat, [100] * 10) == 20  # median 100 rows / 5 per axis
-    assert choose_n_components(flat, [10, 12, 30, 200]) == 4  # median 21 rows
+    assert choose_n_components(flat, 4000) == 64  # the ceiling
+    assert choose_n_components(flat, 200) == 20  # 10 pooled rows per axis
+    assert choose_n_components(flat, 219) == 21
     steep = torch.tensor([10.0, 0.5, 0.1, 0.1] + [0.01] * 100)  # sum 11.7; 10.6 / 11.7 > 0.9
-    assert choose_n_components(steep, [1000] * 3) == variance_axes(steep, 0.9) == 3
-    assert choose_n_components(flat, [3, 4]) == 1  # never below one axis
-    assert choose_n_components(torch.ones(3), [1000]) == 2  # one direction stays discarded
-    with pytest.raises(ValueError, match="client_counts"):
-        choose_n_components(flat, [])
+    assert choose_n_components(steep, 1000) == variance_axes(steep, 0.9) == 3
+    assert choose_n_components(flat, 7) == 1  # never below one axis
+    assert choose_n_components(torch.ones(3), 1000) == 2  # one direction stays discarded
+    assert choose_n_components(flat, 300, rows_per_axis=5, max_axes=100) == 60
+    with pytest.raises(ValueError, match="n_samples"):
+        choose_n_components(flat, 0)

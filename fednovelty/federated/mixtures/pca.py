@@ -10,7 +10,7 @@ Two rounds, statistics only (:class:`PCAStep`):
    ``sklearn.decomposition.PCA``), takes ``torch.linalg.eigh`` and keeps the top
    ``n_components`` eigenpairs (``"auto"``: as many as
    ``fednovelty.mixture.ppca.choose_n_components`` picks from all eigenvalues and the
-   clients' row counts), each signed as scikit-learn >= 1.5 does.
+   pooled row count), each signed as scikit-learn >= 1.5 does.
 
 Centring about the *pooled* mean is the two-pass algorithm of a centralized PCA, so the
 result equals scikit-learn's up to round-off for any partition of the rows into clients
@@ -248,7 +248,7 @@ class PCAStep(Step):
 
     Args:
         n_components: number of principal axes to keep, or ``"auto"`` (the server picks it
-            from all eigenvalues and the replying clients' row counts:
+            from all eigenvalues and the pooled row count:
             ``fednovelty.mixture.ppca.choose_n_components``).
         dtype: the server's floating dtype.
         device: where the server aggregates; ``None`` uses the device of the first reply.
@@ -421,7 +421,7 @@ class PCAStep(Step):
         eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
         q = self.n_components
         if q == AUTO:
-            q = choose_n_components(eigenvalues.flip(0), list(counts.values()))
+            q = choose_n_components(eigenvalues.flip(0), state.n_samples)
         top = torch.arange(d - 1, d - 1 - q, -1, device=eigenvalues.device)
         components = eigenvectors[:, top].T
         largest = components.abs().argmax(dim=1)
