@@ -26,6 +26,7 @@ from fednovelty.mixture.factor import (
     factor_score_samples,
     fit_factor_em,
     fit_mfa,
+    n_factor_parameters,
     sketch_matrix,
     sketch_stats,
 )
@@ -372,3 +373,11 @@ def test_a_start_with_an_empty_or_tiny_part_stays_finite():
         assert bool((start.psi > 0).all())
         result = fit_factor_em(X.to(dtype), start, max_iter=3)
         assert np.isfinite(result.lower_bounds).all()
+
+
+def test_free_parameters_counted_by_hand():
+    # K=2, d=4, q=1: means 4, loadings 4 (no rotation freedom), noise 4 (or 1); weights 1
+    assert n_factor_parameters(2, 4, 1, isotropic=False) == 2 * 12 + 1
+    assert n_factor_parameters(2, 4, 1, isotropic=True) == 2 * 9 + 1
+    # q=2: loadings 8 less one rotation angle
+    assert n_factor_parameters(1, 4, 2, isotropic=False) == 4 + 7 + 4
