@@ -29,8 +29,13 @@ Choices, and why:
   ``max_iter`` VB rounds run (no ELBO: the clients withhold the log-likelihood) and the
   server post-processes the noisy sums (counts floored, covariances bounded) before the
   conjugate update. The one-shot fits send local posteriors, which have no private form.
+- Robust defaults (``standardize``, ``prior_strength="auto"``, ``prior_scale``): a federated
+  ``moments`` round standardises the features (exact and one-shot fits) and the Wishart prior
+  is ``n_features + 2`` pseudo-rows at ``prior_scale`` x each feature's pooled variance;
+  ``standardize=False, prior_strength=None`` restores scikit-learn's priors on the raw
+  features exactly.
 - Not here: client sampling and dropout (the exact posterior needs every client each round),
-  standardisation and PCA, personal weights. ``docs/variational.md`` has the details.
+  personal weights. ``docs/variational.md`` has the details.
 """
 
 from __future__ import annotations
@@ -98,6 +103,48 @@ COVARIANCE_PRIOR = Param(
     "the Wishart's ``W_0^-1``: (n_features, n_features) for full/tied, (n_features,) for "
     "diag, a float for spherical (``None``: the pooled covariance, its diagonal, or the "
     "mean of its diagonal; one extra round).",
+)
+#: The Wishart prior's default target, as a multiple of each feature's pooled variance.
+VB_PRIOR_SCALE = 1.0
+
+
+def _auto_dof(value, n_features: int) -> float | None:
+    """``prior_strength="auto"`` -> ``n_features + 2`` pseudo-rows (the Wishart's degrees of
+    freedom); a number or None as is."""
+    return n_features + 2.0 if value == "auto" else value
+
+
+#: Robust defaults of the variational mixture (``docs/variational.md``): federated
+#: standardisation and a Wishart prior of pseudo-rows at ``prior_scale`` x the pooled
+#: variance of each feature (the covariance prior of federated EM on the Wishart's terms).
+VB_ROBUST = (
+    Param(
+        "standardize",
+        True,
+        ["boolean"],
+        "fit on federated z-scores of the features (one extra ``moments`` round; the "
+        "posterior and its scores stay in the original units); ``False`` fits the raw "
+        "features.",
+    ),
+    Param(
+        "prior_strength",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
+        "the Wishart's pseudo-rows: ``degrees_of_freedom_prior`` defaults to it and "
+        "``covariance_prior`` to it times ``prior_scale`` times each feature's pooled "
+        "variance (diagonal), so a component backed by few rows is pulled towards that "
+        'covariance; ``"auto"`` is ``n_features + 2``; ``None``: scikit-learn\'s defaults '
+        "(``n_features`` and the pooled covariance). A given ``degrees_of_freedom_prior`` or "
+        "``covariance_prior`` wins.",
+        convert=_auto_dof,
+    ),
+    Param(
+        "prior_scale",
+        VB_PRIOR_SCALE,
+        [Interval(Real, 0.0, None, closed="neither")],
+        "the Wishart prior's target covariance as a multiple of each feature's pooled "
+        "variance (with ``prior_strength``).",
+    ),
 )
 #: Which components count as effective (every variational mixture).
 WEIGHT_THRESHOLD = Param(
@@ -206,6 +253,7 @@ class FedVBDetector(MixtureDetector):
         WEIGHT_THRESHOLD,
         POSTERIOR_MERGE,
         MATCH_THRESHOLD,
+        VB_ROBUST,
         ROBUST,
         PRIVACY,
         DIFFERENTIAL_PRIVACY,
@@ -314,6 +362,7 @@ class FedVBDetector(MixtureDetector):
                 len(clients),
                 seed,
                 lambda private: FederatedVB(**common, **exact, **private).max_rounds,
+                standardized=self.standardize,
             )
             algorithm = FederatedVB(**common, **exact, **(plan.settings if plan else {}))
             privacy = self._privacy_policy(

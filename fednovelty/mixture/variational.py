@@ -70,6 +70,7 @@ from fednovelty.mixture.density import (
     log_responsibilities,
     logsumexp_rows,
 )
+from fednovelty.mixture.em import prior_target
 from fednovelty.mixture.model import MixtureParams
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step, stats_from_resp
 
@@ -194,6 +195,38 @@ def _positive_definite(cov: Tensor) -> Tensor:
     return cov + (floor - min(smallest, 0.0)) * eye
 
 
+def wishart_pseudo_rows(
+    variance: Tensor, strength: float, prior_scale: float, covariance_type: str
+) -> tuple[float, Tensor]:
+    """The Wishart prior of ``strength`` pseudo-rows whose covariance is ``prior_scale``
+    times each feature's variance: ``(nu_0, W_0^-1)`` with ``nu_0 = strength`` and
+    ``W_0^-1 = strength * prior_scale * diag(variance)``.
+
+    It is :class:`~fednovelty.mixture.stats.CovariancePrior` on the Wishart's own terms: a
+    component's posterior covariance ``W_k^-1 / nu_k`` is ``(n_k S_k + strength * psi +
+    mean term) / (n_k + strength)`` with ``psi = prior_scale * diag(variance)``, so a
+    component backed by few rows is pulled towards ``psi`` and one backed by thousands
+    keeps its own shape. A feature without spread (variance 0) gets the mean target of the
+    others (:func:`~fednovelty.mixture.em.prior_target`).
+
+    Args:
+        variance: (n_features,) each feature's pooled variance (>= 0).
+        strength: pseudo-rows, > n_features - 1 (the Wishart's degrees of freedom).
+        prior_scale: > 0.
+        covariance_type: the shape of ``W_0^-1``: (d, d) for full and tied, (d,) for diag,
+            () for spherical (the mean of the targets).
+    """
+    target = prior_target(variance, torch.ones_like(variance), prior_scale)
+    scaled = float(strength) * target
+    covariance = {
+        "full": lambda: torch.diag(scaled),
+        "tied": lambda: torch.diag(scaled),
+        "diag": lambda: scaled,
+        "spherical": lambda: scaled.mean(),
+    }[covariance_type]()
+    return float(strength), covariance
+
+
 def prior_from_moments(
     moments: SufficientStats,
     n_components: int,
@@ -205,6 +238,8 @@ def prior_from_moments(
     mean_prior: Tensor | None = None,
     degrees_of_freedom_prior: float | None = None,
     covariance_prior: Tensor | float | None = None,
+    prior_strength: float | None = None,
+    prior_scale: float = 1.0,
 ) -> VBPrior:
     """scikit-learn's defaults for every prior not given, from pooled moments.
 
@@ -219,6 +254,11 @@ def prior_from_moments(
             covariance with ``ddof=1``: its diagonal for diag, the mean of the diagonal
             for spherical; a singular one, e.g. with a constant feature, gets a small ridge:
             :func:`_positive_definite`).
+        prior_strength, prior_scale: with ``prior_strength`` set, the defaults of
+            ``degrees_of_freedom_prior`` and ``covariance_prior`` are
+            :func:`wishart_pseudo_rows` of the data variances (``ddof=1``) instead of
+            scikit-learn's; a given ``degrees_of_freedom_prior`` or ``covariance_prior``
+            still wins. ``None`` keeps scikit-learn's defaults.
 
     Raises:
         InvalidPriorError: a given prior is invalid.
@@ -236,6 +276,14 @@ def prior_from_moments(
     like = {"dtype": moments.sums.dtype, "device": moments.sums.device}
     offset = moments.sums[0] / n
     d = moments.n_features
+    if prior_strength is not None:
+        centered = moments.second[0] - n * torch.outer(offset, offset)
+        variance = (torch.diagonal(centered) / (n - 1)).clamp_min(0)
+        dof, pseudo = wishart_pseudo_rows(variance, prior_strength, prior_scale, covariance_type)
+        degrees_of_freedom_prior = (
+            dof if degrees_of_freedom_prior is None else degrees_of_freedom_prior
+        )
+        covariance_prior = pseudo if covariance_prior is None else covariance_prior
     if covariance_prior is None:
         cov = (moments.second[0] - n * torch.outer(offset, offset)) / (n - 1)
         cov = _positive_definite(0.5 * (cov + cov.T))

@@ -206,13 +206,15 @@ def test_the_fit_spends_its_budget_and_no_more(task):
         warnings.simplefilter("error", ConvergenceWarning)  # fixed rounds: no warning
         det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
     spent = det.privacy_spent_
-    # prior moments, Lloyd rounds, the initial posterior's round, VB rounds
-    assert spent["releases"] == spent["planned_releases"] == 1 + 2 + 1 + 8
+    # moments (standardisation), prior moments, Lloyd rounds, the initial posterior's
+    # round, VB rounds
+    assert spent["releases"] == spent["planned_releases"] == 1 + 1 + 2 + 1 + 8
     assert [r["kind"] for r in det.history_].count("vb") == 8
     assert 0.99 < spent["epsilon"] <= 1.0
     mu = math.sqrt(3 * spent["releases"]) / spent["noise_multiplier"]
     assert _gdp_delta(spent["epsilon"], mu) == pytest.approx(1e-5, rel=0.05)
-    assert spent["clip"] == pytest.approx(math.sqrt(D))  # the box: no row inside is clipped
+    # z-scores after the private standardisation: 1.5 sqrt(d) (a few rows are clipped)
+    assert spent["clip"] == pytest.approx(1.5 * math.sqrt(D))
     assert det.lower_bounds_ == [] and det.n_iter_ == 8 and not det.converged_
     assert np.isfinite(det.decision_function(task[2])).all()
 

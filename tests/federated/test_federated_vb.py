@@ -129,9 +129,7 @@ def test_an_upper_bound_above_what_small_clients_can_seed_starts_the_rest_at_the
     floor = PrivacyPolicy(min_rows=5)
     with pytest.raises(ValueError, match="need at least as many samples as components"):
         run_simulation(FederatedEM(20, random_state=0), clients, privacy=floor)
-    result = run_simulation(
-        FederatedVB(20, max_iter=300, random_state=0), clients, privacy=floor
-    )
+    result = run_simulation(FederatedVB(20, max_iter=300, random_state=0), clients, privacy=floor)
     state = result.state
     centroids = next(h for h in result.history if h.kind == "centroids")
     assert centroids.metrics["n_centroids"] == 10
@@ -149,8 +147,11 @@ def test_config_rejects_invalid_priors():
         VBConfig(n_components=2, weight_concentration_prior=0.0)
     with pytest.raises(InvalidPriorError, match="mean_precision_prior"):
         VBConfig(n_components=2, mean_precision_prior=-1.0)
-    with pytest.raises(TypeError, match="standardize"):  # the prior replaces it
-        VBConfig(n_components=2, standardize=True)
+    with pytest.raises(ValueError, match="prior_strength"):
+        VBConfig(n_components=2, prior_strength=0.0)
+    # the robust options are off in the config (scikit-learn's priors on the raw features)
+    config = VBConfig(n_components=2)
+    assert (config.standardize, config.prior_strength, config.needs_moments) == (False, None, False)
 
 
 def test_settings_travel_through_the_registry() -> None:

@@ -292,5 +292,5 @@ def test_the_detector_passes_the_start_and_its_matching_threshold(monkeypatch):
     ).fit(rows, groups=groups)
     config = built[-1]
     assert config.init_params == "oneshot" and config.match_threshold == 0.8
-    assert [h["kind"] for h in det.history_[:3]] == ["vb_prior", "vb_local", "vb"]
+    assert [h["kind"] for h in det.history_[:4]] == ["moments", "vb_prior", "vb_local", "vb"]
     assert det.n_iter_ == len(det.lower_bounds_) and det.converged_

@@ -6,21 +6,21 @@ message of federated EM); the server adds them, recovers the responsibilities' e
 the conjugate M-step and records the ELBO. Under one shared prior any split of the rows
 follows scikit-learn's ``BayesianGaussianMixture`` to round-off. ``FederatedVB`` chains::
 
-    [public box] + [prior moments] + start + VB
+    [public box / moments (standardize)] + [prior moments] + start + VB
 
 :class:`VBPriorStep` merges the clients' means and scatters into scikit-learn's default
-priors. The start (:func:`vb_steps`): federated EM's initialisation (K an upper bound) and one
-``vb_init`` round; or, with ``init_params="oneshot"``, one round of local posteriors under the
-same prior, matched, combined and refined on the server
-(:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`).
-:class:`VBStep` runs until the ELBO changes by less than ``tol``. Robust options as federated
-EM's; a client below its privacy floor skips; a component backed by fewer than ``min_rows``
-effective rows is sent as zeros and stays at its prior.
-
-With ``bounds`` (a public box) the rounds work in ``[-1, 1]`` per feature and the posterior
-is mapped back exactly (:func:`affine_posterior`). Under differential privacy (``dp_mode``)
-the prior moments and every Lloyd, ``vb_init`` and ``vb`` round release noisy sums, the start
-is public, and ``max_iter`` rounds run without the ELBO (``docs/differential_privacy.md``).
+priors, or with ``prior_strength`` a Wishart of that many pseudo-rows. The start
+(:func:`vb_steps`): federated EM's initialisation (K an upper bound) and one ``vb_init`` round;
+or, with ``init_params="oneshot"``, one round of local posteriors under the same prior,
+matched, combined and refined on the server (:class:`~fednovelty.federated.bayesian.vb_oneshot.
+VBLocalStep`). :class:`VBStep` runs until the ELBO changes by less than ``tol``. Robust options
+as federated EM's; a client below its privacy floor skips; a component backed by fewer than
+``min_rows`` effective rows is sent as zeros and stays at its prior. With ``bounds`` (a public
+box) or ``standardize`` the rounds work in ``[-1, 1]`` per feature or in z-scores and the
+posterior is mapped back exactly (:func:`affine_posterior`). Under differential privacy
+(``dp_mode``) the prior moments and every Lloyd, ``vb_init`` and ``vb`` round release noisy
+sums, the start is public, and ``max_iter`` rounds run without the ELBO
+(``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, componen
 from fednovelty.federated.init import (
     GivenMixture,
     InitSettings,
+    MomentsSettings,
     MomentsStep,
     PrivateSettings,
     check_bounds,
@@ -79,7 +80,9 @@ from fednovelty.mixture.variational import (
 __all__ = [
     "FederatedVB",
     "OneShotSettings",
+    "PosteriorUnitsStep",
     "VBConfig",
+    "VBMomentsSettings",
     "VBPriorSettings",
     "VBPriorStep",
     "VBState",
@@ -222,6 +225,23 @@ class BoxSettings(Settings):
 
 
 @settings_dataclass
+class VBMomentsSettings(MomentsSettings):
+    """:class:`~fednovelty.federated.init.MomentsSettings` read on the variational prior's
+    terms: ``standardize`` runs the ``moments`` round (every later round works in pooled
+    z-scores, the posterior is mapped back to the user's units at the end);
+    ``prior_strength`` (``nu_0`` pseudo-rows, > n_features - 1) and ``prior_scale`` set the
+    Wishart's defaults from the ``vb_prior`` round's pooled variances
+    (:func:`~fednovelty.mixture.variational.wishart_pseudo_rows`), so the prior alone needs
+    no ``moments`` round; ``bounds`` as there. All off by default: scikit-learn's prior on
+    the raw features."""
+
+    @property
+    def needs_moments(self) -> bool:
+        """Whether a ``moments`` round runs first (standardisation only)."""
+        return self.standardize
+
+
+@settings_dataclass
 class VBConfig(
     PrivateSettings,
     RobustSettings,
@@ -229,7 +249,7 @@ class VBConfig(
     CovarianceSettings,
     IterationSettings,
     InitSettings,
-    BoxSettings,
+    VBMomentsSettings,
     GivenMixture,
     VBPriorSettings,
     OneShotSettings,
@@ -239,8 +259,9 @@ class VBConfig(
     ``chunk_size``, the covariance and iteration settings (``tol`` applies to the ELBO, as
     scikit-learn's), federated EM's initialisation (:func:`~fednovelty.federated.init.init_steps`,
     given parameters included), the priors (:class:`VBPriorSettings`), seed and placement.
-    One posterior of the weights is shared by all clients; the Normal-Wishart prior takes
-    the place of standardisation and of EM's covariance prior.
+    One posterior of the weights is shared by all clients. ``standardize``,
+    ``prior_strength`` and ``prior_scale`` (:class:`VBMomentsSettings`, off by default):
+    a ``moments`` round of pooled z-scores and the Wishart's pseudo-rows.
 
     ``bounds`` (:class:`BoxSettings`): a public box every round's rows are mapped to
     (``[-1, 1]`` per feature) before anything is taken from them; the posterior is mapped
@@ -342,6 +363,8 @@ class VBState:
         client_rows, client_posteriors, assignments, dropped, left_out: the one-shot
             start's record (``init_params="oneshot"``; as
             :class:`~fednovelty.federated.bayesian.vb_oneshot.VBOneShotState`'s).
+        reference: scikit-learn's default prior from the ``vb_prior`` round (the pooled
+            data's mean and covariance; what the one-shot matching measures against).
     """
 
     phase: str
@@ -366,6 +389,7 @@ class VBState:
     assignments: dict[int, Tensor] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
     left_out: list[int] = field(default_factory=list)
+    reference: VBPrior | None = None
 
 
 def prior_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
@@ -421,6 +445,9 @@ class VBPriorStep(Step):
         self.config = config
 
     def begin(self, state: Any) -> str | None:
+        # The moments round sets federated EM's covariance prior from ``prior_strength``;
+        # VB's prior is the Wishart alone, and its start (the initial mixture) stays plain.
+        state.prior = None
         if self.config.needs_prior_moments:
             return "vb_prior"
         state.vb_prior = self._prior(state, None, None, None)
@@ -465,11 +492,23 @@ class VBPriorStep(Step):
         if getattr(config, "dp_mode", None) is not None:
             n, mean, scatter = private_prior_moments(n, mean, scatter, config, len(parts), state)
         state.vb_prior = self._prior(state, n, mean, scatter)
+        state.reference = state.vb_prior
+        if getattr(config, "prior_strength", None) is not None:
+            # the matching's reference: the data's own Gaussian, not the pseudo-rows' prior
+            state.reference = self._prior(state, n, mean, scatter, pseudo_rows=False)
         return None, {"phase": "vb_prior", "n_samples": float(n)}
 
     def _prior(
-        self, state: Any, n: Tensor | None, mean: Tensor | None, scatter: Tensor | None
+        self,
+        state: Any,
+        n: Tensor | None,
+        mean: Tensor | None,
+        scatter: Tensor | None,
+        pseudo_rows: bool = True,
     ) -> VBPrior:
+        """The shared prior from the pooled moments (``pseudo_rows=False``: scikit-learn's
+        defaults whatever ``prior_strength`` says, the pooled data's Gaussian that the
+        one-shot matching measures divergences against)."""
         config = self.config
         offset, scale = getattr(state, "offset", None), getattr(state, "scale", None)
         mean_prior, covariance_prior = working_priors(config, offset, scale)
@@ -495,6 +534,8 @@ class VBPriorStep(Step):
             mean_prior=mean_prior,
             degrees_of_freedom_prior=config.degrees_of_freedom_prior,
             covariance_prior=covariance_prior,
+            prior_strength=getattr(config, "prior_strength", None) if pseudo_rows else None,
+            prior_scale=getattr(config, "prior_scale", 1.0),
         )
 
 
@@ -683,8 +724,28 @@ class VBStep(Step):
         done = state.converged or state.n_iter >= config.max_iter
         return (None if done else "vb"), metrics
 
+
+class PosteriorUnitsStep(Step):
+    """No round: when the chain finishes, maps ``state.posterior`` from the units the rounds
+    worked in (a public box's, pooled z-scores) back to the user's
+    (:func:`affine_posterior`); the last step of the exact and the one-shot chains."""
+
+    max_rounds = 0
+
+    def begin(self, state: Any) -> None:
+        return None
+
+    def configure(self, state: Any) -> Message:
+        raise RuntimeError("PosteriorUnitsStep runs no round.")
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        raise RuntimeError("PosteriorUnitsStep runs no round.")
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        raise RuntimeError("PosteriorUnitsStep runs no round.")
+
     def finish(self, state: Any) -> None:
-        if state.scale is not None and state.posterior is not None:  # to the user's units
+        if getattr(state, "scale", None) is not None and state.posterior is not None:
             state.posterior = affine_posterior(state.posterior, state.offset, state.scale)
 
 
@@ -703,7 +764,7 @@ def vb_steps(config: VBConfig) -> list[Step]:
         start: list[Step] = [VBLocalStep(config)]
     else:
         start = init_steps(config)
-    return [MomentsStep(config), VBPriorStep(config), *start, VBStep(config)]
+    return [MomentsStep(config), VBPriorStep(config), *start, VBStep(config), PosteriorUnitsStep()]
 
 
 class FederatedVB(ChainedAlgorithm):

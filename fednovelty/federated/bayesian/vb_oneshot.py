@@ -1,6 +1,6 @@
 """One-shot federated variational Bayes: local posteriors, matched and combined once.
 
-Two rounds, whatever the number of components:
+Two rounds (after a standardising ``moments`` round with ``standardize``), whatever K:
 
 1. ``vb_prior`` (:class:`~fednovelty.federated.bayesian.variational.VBPriorStep`, skipped when
    ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
@@ -43,7 +43,9 @@ from fednovelty.federated.base import (
 )
 from fednovelty.federated.bayesian.variational import (
     OneShotSettings,
+    PosteriorUnitsStep,
     VBConfig,
+    VBMomentsSettings,
     VBPriorSettings,
     VBPriorStep,
 )
@@ -55,6 +57,7 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
+from fednovelty.federated.init import MomentsStep
 from fednovelty.federated.privacy import backed, resp_rows, stats_backing, unfloored
 from fednovelty.federated.robust import (
     AGGREGATIONS,
@@ -105,6 +108,7 @@ class VBOneShotConfig(
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
+    VBMomentsSettings,
     VBPriorSettings,
     OneShotSettings,
 ):
@@ -171,6 +175,11 @@ class VBOneShotState:
     converged: bool = True
     lower_bounds: list[float] = field(default_factory=list)
     effective_n_components: int = 0
+    offset: Tensor | None = None
+    scale: Tensor | None = None
+    prior: Any = None
+    params: Any = None
+    reference: VBPrior | None = None
 
 
 # --------------------------------------------------------------------------- matching
@@ -557,7 +566,7 @@ class VBLocalStep(Step):
         state.left_out = outlying_models(plugins, config.aggregation, config.trim)
         ids = [cid for cid in sorted(posteriors) if cid not in state.left_out]
         counts = {cid: client_stats[cid].counts for cid in ids}
-        slots = self._match(posteriors, counts, ids, prior)
+        slots = self._match(posteriors, counts, ids, prior, state.reference)
         state.client_posteriors = posteriors
         state.assignments = slots
         state.posterior = combine_slots(
@@ -599,9 +608,12 @@ class VBLocalStep(Step):
         counts: dict[int, Tensor],
         ids: list[int],
         prior: VBPrior,
+        reference: VBPrior | None,
     ) -> dict[int, Tensor]:
         """The slot of every component of the clients ``ids``, (n_components,) long each
-        (-1: left out, its expected count below ``MIN_COMPONENT_COUNT``)."""
+        (-1: left out, its expected count below ``MIN_COMPONENT_COUNT``); ``reference``:
+        scikit-learn's default prior from the ``vb_prior`` round, whose mean and covariance
+        are the pooled data's (``None`` when every prior was given: ``prior`` stands in)."""
         config = self.config
         k, d, ct = config.n_components, prior.n_features, config.covariance_type
         pooled = [
@@ -619,8 +631,11 @@ class VBLocalStep(Step):
         )
         weights = torch.stack([counts[cid][c] for cid, c in pooled])
         owner = torch.tensor([cid for cid, _ in pooled])
-        reference = (prior.mean, _full_covariances(prior.covariance.unsqueeze(0), ct, d)[0])
-        found = match_components(means, covs, weights, owner, reference, k, config.match_threshold)
+        ref = prior if reference is None else reference
+        pooled_gaussian = (ref.mean, _full_covariances(ref.covariance.unsqueeze(0), ct, d)[0])
+        found = match_components(
+            means, covs, weights, owner, pooled_gaussian, k, config.match_threshold
+        )
         for (cid, c), s in zip(pooled, found.tolist(), strict=True):
             slots[cid][c] = s
         return slots
@@ -702,7 +717,9 @@ class FederatedVBOneShot(ChainedAlgorithm):
 
     def _setup(self, config: VBOneShotConfig) -> None:
         super()._setup(config)
-        self._chain([VBPriorStep(config), VBLocalStep(config)])
+        self._chain(
+            [MomentsStep(config), VBPriorStep(config), VBLocalStep(config), PosteriorUnitsStep()]
+        )
 
     def new_state(self) -> VBOneShotState:
         return VBOneShotState(phase="")
