@@ -101,6 +101,16 @@ def test_few_rows_stay_near_the_global_weights_and_many_reach_their_own():
     assert np.abs(w_many - ml_many).sum() < 0.02 * np.abs(ml_many - G).sum()
 
 
+@pytest.mark.parametrize("tau", [0.5, 10.0, 1000.0])
+def test_the_rows_never_fit_the_map_weights_worse_than_the_global_ones(tau):
+    # MAP from g: LL(w) + tau g.log w >= LL(g) + tau g.log g, and g.log g >= g.log w (Gibbs)
+    for seed in range(5):
+        log_p = overlapping_log_densities(6, seed=10 + seed)
+        w = run_map(log_p, G, tau)
+        adapted = logsumexp(log_p + np.log(w), axis=1).sum()
+        assert adapted >= logsumexp(log_p + np.log(G), axis=1).sum() - 1e-9
+
+
 def test_zero_global_weights_stay_zero_and_broadcast_over_a_learner_axis():
     # joint (M1, M2) weights with an x-only E-step: (n, M1, 1) densities
     g = np.array([[0.3, 0.1], [0.0, 0.2], [0.25, 0.15]])
