@@ -48,6 +48,8 @@ __all__ = [
     "ONE_SHOT_SAMPLES",
     "OneShotStart",
     "check_local_fit",
+    "fit_local",
+    "fit_settings",
     "local_fit_backing",
     "local_fit_shapes",
     "reduce_union",
@@ -103,6 +105,51 @@ def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[s
         backing.update(client_backing(["precisions_cholesky"], n_rows))
     backing.update(client_backing(["n_samples"], n_rows))
     return backing
+
+
+def fit_settings(
+    config: Any,
+    generator: torch.Generator,
+    *,
+    prior_strength: float | None,
+    tol: float | None = None,
+    max_iter: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of :func:`~fednovelty.mixture.fit_gmm_scaled` for one fit (all but
+    the rows and the candidate K) under ``config`` (its ``covariance_type``, ``reg_covar``,
+    ``standardize`` and ``prior_scale``; its ``tol`` and ``max_iter`` unless given), with
+    ``prior_strength`` pseudo-rows of the covariance prior (``None``: maximum likelihood)."""
+    return {
+        "covariance_type": config.covariance_type,
+        "reg_covar": config.reg_covar,
+        "tol": config.tol if tol is None else tol,
+        "max_iter": config.max_iter if max_iter is None else max_iter,
+        "generator": generator,
+        "standardize": config.standardize,
+        "prior_strength": prior_strength,
+        "prior_scale": config.prior_scale,
+    }
+
+
+def fit_local(
+    X: Tensor,
+    candidates: list[int],
+    config: Any,
+    generator: torch.Generator,
+    *,
+    prior_strength: float | None,
+    tol: float | None = None,
+    max_iter: int | None = None,
+) -> Any:
+    """A client's local fit: one mixture on its rows ``X`` (n_rows, n_features) with K among
+    ``candidates`` (several: BIC picks one), under ``config`` and ``prior_strength`` as
+    :func:`fit_settings`. The caller has bounded the candidates by the client's policy (at
+    most ``n_rows // min_rows`` components). Returns the ``EMResult`` in ``X``'s units."""
+    settings = fit_settings(
+        config, generator, prior_strength=prior_strength, tol=tol, max_iter=max_iter
+    )
+    result, _ = fit_gmm_scaled(X, candidates, **settings)
+    return result
 
 
 def reduce_union(
@@ -178,20 +225,13 @@ class OneShotStart(Step):
         self.config = config
 
     def _settings(self, generator: torch.Generator) -> dict[str, Any]:
-        config = self.config
-        return {
-            "covariance_type": config.covariance_type,
-            "reg_covar": config.reg_covar,
-            "tol": LOCAL_TOL,
-            "max_iter": LOCAL_MAX_ITER,
-            "generator": generator,
-            "standardize": config.standardize,
-            # maximum likelihood: a prior of fixed pseudo-rows weighs far more on a client's
-            # rows, or the server's synthetic rows, than on the pooled rows the EM rounds
-            # sum (measured: a start 3 nats per row broader on Covertype); the EM rounds
-            # apply the configured prior
-            "prior_strength": None,
-        }
+        # maximum likelihood: a prior of fixed pseudo-rows weighs far more on a client's
+        # rows, or the server's synthetic rows, than on the pooled rows the EM rounds sum
+        # (measured: a start 3 nats per row broader on Covertype); the EM rounds apply the
+        # configured prior
+        return fit_settings(
+            self.config, generator, prior_strength=None, tol=LOCAL_TOL, max_iter=LOCAL_MAX_ITER
+        )
 
     def _seed(self, state: Any) -> int:
         return derived_seed(self.config.random_state, state.rounds)
@@ -214,7 +254,15 @@ class OneShotStart(Step):
         if k == 0 or not policy.releases(n):
             return skipped_reply("oneshot", policy.below_floor)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        result, _ = fit_gmm_scaled(X, [k], **self._settings(generator))
+        result = fit_local(
+            X,
+            [k],
+            self.config,
+            generator,
+            prior_strength=None,
+            tol=LOCAL_TOL,
+            max_iter=LOCAL_MAX_ITER,
+        )
         tensors = {**result.params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)}
         return Message(
             "oneshot",

@@ -51,8 +51,16 @@ def test_fedgengmm_is_one_round(fedgen_run):
     assert algorithm.max_rounds == 1
 
 
-def test_client_components_chosen_by_bic(fedgen_run):
-    _, result = fedgen_run
+@pytest.fixture(scope="module")
+def bic_run(nested_clients):
+    """No K given: every client and the server pick K by BIC in ``k_range``."""
+    algorithm = FedGenGMM(k_range=(1, 4), samples_per_component=60, random_state=0)
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    return algorithm, run_simulation(algorithm, clients)
+
+
+def test_client_components_chosen_by_bic(bic_run):
+    _, result = bic_run
     chosen = {cid: m.n_components for cid, m in result.state.client_models.items()}
     # Each client holds 1, 2 and 3 well separated blobs; BIC over k in 1..4 finds them.
     assert chosen == {0: 1, 1: 2, 2: 3}
@@ -60,11 +68,57 @@ def test_client_components_chosen_by_bic(fedgen_run):
     assert result.state.skipped == []
 
 
+def test_clients_fit_the_global_k_by_maximum_likelihood(nested_clients):
+    """With ``n_components`` every client fits that K, by maximum likelihood although a prior
+    is set (150 rows are more than its 4 pseudo-rows): its log-likelihood on its own rows is
+    that of scikit-learn's 3-component fit, above the one-blob client's single Gaussian."""
+    algorithm = FedGenGMM(
+        n_components=3, standardize=True, prior_strength=4.0, prior_scale=4.0, random_state=0
+    )
+    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
+    policy = PrivacyPolicy(min_rows=1)  # no floor: the gate drops no small component
+    models = run_simulation(algorithm, clients, privacy=policy).state.client_models
+    assert {cid: m.n_components for cid, m in models.items()} == {0: 3, 1: 3, 2: 3}
+    for cid, rows in nested_clients.items():
+        ours = float(score_samples(models[cid], torch.as_tensor(rows)).mean())
+        sklearn = GaussianMixture(3, n_init=5, random_state=0).fit(rows).score(rows)
+        assert abs(ours - sklearn) < 0.02 * abs(sklearn), (cid, ours, sklearn)
+    one = GaussianMixture(1).fit(nested_clients[0]).score(nested_clients[0])
+    assert float(score_samples(models[0], torch.as_tensor(nested_clients[0])).mean()) > one
+
+
+def test_client_prior_only_below_its_pseudo_rows():
+    """A client of a fixed K applies the prior only with fewer rows than its pseudo-rows; a
+    BIC search always applies it; no prior configured, none anywhere."""
+    fixed = FedGenGMM(n_components=3, prior_strength=10.0).config
+    assert [fixed.client_prior(n) for n in (5, 9, 10, 500)] == [10.0, 10.0, None, None]
+    by_bic = FedGenGMM(prior_strength=10.0).config
+    assert [by_bic.client_prior(n) for n in (5, 500)] == [10.0, 10.0]
+    assert FedGenGMM(n_components=3, prior_strength=None).config.client_prior(5) is None
+
+
+def test_global_k_is_bounded_by_the_privacy_floor():
+    """A client fits at most ``n_rows // min_rows`` of the global K; a fixed
+    ``client_components`` above that leaves the client out."""
+    config = FedGenGMM(n_components=10).config
+    assert config.rows_needed() == 2
+    assert [config.client_candidates(n, min_rows=5) for n in (4, 12, 49, 50, 400)] == [
+        [],
+        [2],
+        [9],
+        [10],
+        [10],
+    ]
+    fixed = FedGenGMM(n_components=10, client_components=4).config
+    assert fixed.client_candidates(12, min_rows=5) == []
+    assert fixed.client_candidates(20, min_rows=5) == [4]
+
+
 def test_synthetic_rows_are_h_times_sum_of_client_components(fedgen_run):
     algorithm, result = fedgen_run
     total_k = sum(m.n_components for m in result.state.client_models.values())
-    assert result.state.n_synthetic == algorithm.samples_per_component * total_k == 80 * 6
-    assert result.history[0].metrics["n_synthetic"] == 480
+    assert result.state.n_synthetic == algorithm.samples_per_component * total_k == 80 * 9
+    assert result.history[0].metrics["n_synthetic"] == 720
 
 
 def test_global_model_close_to_centralized_sklearn(fedgen_run, nested_clients):
@@ -76,10 +130,9 @@ def test_global_model_close_to_centralized_sklearn(fedgen_run, nested_clients):
     assert abs(federated - centralized) < 0.1, (federated, centralized)
 
 
-def test_global_k_by_bic(nested_clients):
-    clients = {cid: torch.as_tensor(rows) for cid, rows in nested_clients.items()}
-    algorithm = FedGenGMM(k_range=(1, 4), samples_per_component=60, random_state=0)
-    state = run_simulation(algorithm, clients).state
+def test_global_k_by_bic(bic_run):
+    _, result = bic_run
+    state = result.state
     assert sorted(state.bics) == [1, 2, 3, 4]
     assert state.params.n_components == min(state.bics, key=state.bics.get) == 3
 

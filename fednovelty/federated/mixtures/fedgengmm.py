@@ -1,13 +1,15 @@
 """FedGenGMM: one-shot federated Gaussian mixtures (Algorithm 4.1 of the FedGenGMM paper).
 
-One round. Each client fits a local mixture (``K_c`` by BIC in ``k_range``, or a fixed
-``client_components``) and sends it with its row count ``|D_c|``. The server re-weights the
-client components by ``|D_c| / |D|``, draws ``H * sum_c K_c`` synthetic rows from their
-union and fits one global mixture on them (fixed ``n_components``, or BIC in ``k_range``).
-With ``standardize`` and ``prior_strength`` (``docs/robust.md``) every fit runs on z-scores
-of its own rows with MAP covariances (:func:`fednovelty.mixture.fit_gmm_scaled`), mapped back
-before it is sent or kept. With ``copula`` the server also fits a Gaussian copula
-(:mod:`fednovelty.mixture.copula`) on the same synthetic rows.
+One round. Each client fits a local mixture of ``K_c`` components (``client_components``,
+else the global ``n_components``, else BIC in ``k_range``) and sends it with its row count
+``|D_c|``. The server re-weights the client components by ``|D_c| / |D|``, draws
+``H * sum_c K_c`` synthetic rows from their union and fits one global mixture on them (fixed
+``n_components``, or BIC in ``k_range``). With ``standardize`` every fit runs on z-scores of
+its own rows (:func:`fednovelty.mixture.fit_gmm_scaled`), mapped back before it is sent or
+kept. The covariance prior of ``prior_strength`` pseudo-rows (``docs/robust.md``) is counted
+once, in the server's fit; a client of a fixed ``K_c`` applies it only when it has fewer rows
+than the prior has pseudo-rows (:meth:`FedGenConfig.client_prior`). With ``copula`` the server
+also fits a Gaussian copula (:mod:`fednovelty.mixture.copula`) on the same synthetic rows.
 
 Privacy (``docs/privacy.md``): below ``min_rows`` rows a client skips the round, it fits at
 most ``n_rows // min_rows`` components, and the gate drops components backed by fewer rows
@@ -54,6 +56,8 @@ from fednovelty.federated.init import MomentsSettings, box_units
 from fednovelty.federated.local_fit import (
     LOCAL_FIT_BACKING,
     check_local_fit,
+    fit_local,
+    fit_settings,
     local_fit_backing,
     local_fit_shapes,
     reduce_union,
@@ -77,7 +81,9 @@ class FedGenConfig(
 
     Attributes:
         n_components: global K; ``None`` picks it by BIC in ``k_range``.
-        client_components: every client's K; ``None`` lets each pick by BIC in ``k_range``.
+        client_components: every client's K; ``None``: the global ``n_components``, or,
+            when that is ``None`` too, each client's pick by BIC in ``k_range``. A client
+            fits at most ``n_rows // min_rows`` components (its privacy floor).
         k_range: inclusive ``(k_min, k_max)`` for BIC searches, ``1 <= k_min <= k_max``.
         samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
         min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
@@ -116,11 +122,34 @@ class FedGenConfig(
                 f"fit); got {iterations!r}."
             )
 
+    def client_k(self) -> int | None:
+        """Every client's fixed K (``client_components``, else ``n_components``); ``None``:
+        each client picks K by BIC in ``k_range``."""
+        return self.client_components if self.client_components is not None else self.n_components
+
     def candidates(self) -> list[int]:
         """Numbers of components a client may fit."""
-        if self.client_components is not None:
-            return [self.client_components]
+        fixed = self.client_k()
+        if fixed is not None:
+            return [fixed]
         return list(range(self.k_range[0], self.k_range[1] + 1))
+
+    def client_prior(self, n_rows: int) -> float | None:
+        """Pseudo-rows of the covariance prior in the local fit of a client of ``n_rows`` rows.
+
+        A fit of a fixed K is by maximum likelihood unless the client has fewer rows than
+        ``prior_strength`` (then the prior, ``n_features + 2`` pseudo-rows by default, keeps
+        its covariances non-singular): the prior's pseudo-rows at ``prior_scale`` times the
+        client's variance outweigh a component backed by a client's few rows and starve it
+        (``docs/robust.md``, FedGenGMM's local fits). The server's fit applies the prior once.
+        A BIC search keeps the prior: maximum likelihood is unbounded on singular components
+        and would set K.
+        """
+        if self.prior_strength is None:
+            return None
+        if self.client_k() is not None and n_rows >= float(self.prior_strength):
+            return None
+        return float(self.prior_strength)
 
     def private_components(self) -> int:
         """K of a client's differentially private fit: ``client_components``, else the
@@ -135,33 +164,27 @@ class FedGenConfig(
         return list(range(self.k_range[0], self.k_range[1] + 1))
 
     def rows_needed(self) -> int:
-        """Fewest rows a client needs to take part (else it is skipped)."""
+        """Fewest rows a client needs to take part (else it is skipped): ``min_client_samples``
+        and, with ``client_components`` or a BIC search, the smallest candidate K (a global
+        ``n_components`` shrinks to the client's rows instead)."""
+        if self.client_components is None and self.n_components is not None:
+            return self.min_client_samples
         return max(self.min_client_samples, min(self.candidates()))
 
     def client_candidates(self, n_samples: int, min_rows: int = 1) -> list[int]:
         """The K a client of ``n_samples`` rows fits among; empty when it must be skipped.
 
         ``min_rows`` is the client's privacy floor: the client needs ``max(rows_needed(),
-        min_rows)`` rows and fits at most ``n_samples // min_rows`` components.
+        min_rows)`` rows and fits at most ``n_samples // min_rows`` components (the global
+        ``n_components`` is lowered to that; ``client_components`` or a BIC candidate above
+        it is left out).
         """
         if n_samples < max(self.rows_needed(), int(min_rows), 1):
             return []
         most = n_samples // max(1, int(min_rows))
+        if self.client_components is None and self.n_components is not None:
+            return [min(self.n_components, most)]
         return [k for k in self.candidates() if k <= most]
-
-    def fit_settings(self, generator: torch.Generator) -> dict[str, Any]:
-        """Keyword arguments of :func:`~fednovelty.mixture.fit_gmm_scaled` for one fit (all
-        but the rows and the candidate K)."""
-        return {
-            "covariance_type": self.covariance_type,
-            "reg_covar": self.reg_covar,
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "generator": generator,
-            "standardize": self.standardize,
-            "prior_strength": self.prior_strength,
-            "prior_scale": self.prior_scale,
-        }
 
 
 @dataclass
@@ -201,12 +224,13 @@ MARGINAL_COMPONENTS = 5
 
 def local_fit_limit(config: FedGenConfig, broadcast: Message) -> int:
     """The most components the client's own configuration lets it fit."""
-    return int(config.client_components or max(config.k_range))
+    return int(config.client_k() or max(config.k_range))
 
 
 def local_fit_components(setting: Any) -> int:
-    """K of a local fit's work: the fixed client K, else the largest of ``k_range``."""
-    fixed = setting("client_components")
+    """K of a local fit's work: the fixed client K (``client_components``, else
+    ``n_components``), else the largest of ``k_range``."""
+    fixed = setting("client_components") or setting("n_components")
     return max(1, int(fixed) if fixed else max(setting("k_range") or (1,)))
 
 
@@ -290,7 +314,7 @@ class FedGenGMM(FederatedAlgorithm):
             )
             return skipped_reply("local_fit", reason)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        result, _ = fit_gmm_scaled(X, candidates, **config.fit_settings(generator))
+        result = fit_local(X, candidates, config, generator, prior_strength=config.client_prior(n))
         tensors = {**result.params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)}
         return Message(
             "local_fit",
@@ -379,7 +403,7 @@ class FedGenGMM(FederatedAlgorithm):
         ids = [c for c in sorted(state.client_models) if c not in state.left_out]
         factors = weight_factors({c: state.client_sizes[c] for c in ids}, config.client_weight_cap)
         generator = torch.Generator().manual_seed(self._seed(1))
-        settings = config.fit_settings(generator)
+        settings = fit_settings(config, generator, prior_strength=config.prior_strength)
         candidates = config.global_candidates()
         result, state.bics, synthetic = reduce_union(
             [state.client_models[c] for c in ids],
