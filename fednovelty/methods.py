@@ -475,8 +475,9 @@ def _registry() -> dict[str, Method]:
             "federated",
             VB_PAPER,
             f"federated variational Bayes (Dirichlet-process weights, Normal-Wishart "
-            f"components), K chosen by the prior from at most {FEDVB_MAX_COMPONENTS}; "
-            f"scores with the Student-t posterior predictive",
+            f"components), K chosen by the prior from at most {FEDVB_MAX_COMPONENTS}, on "
+            f"federated z-scores with a Wishart prior of n_features + 2 pseudo-rows at the "
+            f"pooled variances; scores with the Student-t posterior predictive",
             shared=("covariance_type", "random_state"),
         ),
         *[

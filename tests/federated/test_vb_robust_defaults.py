@@ -18,6 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty import FedVBDetector
+from fednovelty.detectors.variational import VB_PRIOR_SCALE
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.stats import stats_from_resp
@@ -134,7 +135,7 @@ def test_defaults_equal_sklearn_on_standardised_rows_for_any_split():
         resp,
         mean_prior=Z.mean(0),
         degrees_of_freedom_prior=nu,
-        covariance_prior=np.diag(nu * 4.0 * Z.var(0, ddof=1)),
+        covariance_prior=np.diag(nu * VB_PRIOR_SCALE * Z.var(0, ddof=1)),
     )
     one = detector().fit(X)
     four = detector().fit(X, groups=GROUPS)
@@ -192,9 +193,22 @@ def test_rescaled_features_give_the_rescaled_model(merge):
 
 # ----------------------------------------------------------------------------- switches
 def test_switched_off_detector_is_sklearns_defaults_exactly():
-    resp = predict_proba(rough_start(), torch.as_tensor(X)).numpy()
-    reference = sklearn_on(X, resp)
-    plain = detector(standardize=False, prior_strength=None).fit(X, groups=GROUPS)
+    """On features of one scale (scikit-learn's default prior is lifted by a ridge where the
+    scales differ by 1e6), each switch against scikit-learn."""
+    rows = X / UNITS
+    start = rough_start()
+    start = MixtureParams(
+        start.weights,
+        start.means / torch.as_tensor(UNITS),
+        precisions_cholesky_from_covariances(
+            torch.as_tensor(np.cov(rows.T)).expand(5, 3, 3).clone(), "full"
+        ),
+        "full",
+    )
+    resp = predict_proba(start, torch.as_tensor(rows)).numpy()
+    reference = sklearn_on(rows, resp)
+    plain = detector(standardize=False, prior_strength=None, **given(start))
+    plain.fit(rows, groups=GROUPS)
     assert plain.history_[0]["kind"] == "vb_prior"
     assert plain.n_iter_ == reference.n_iter_
     for name in ("weights_", "means_", "covariances_"):
@@ -204,19 +218,21 @@ def test_switched_off_detector_is_sklearns_defaults_exactly():
     )
     # standardisation alone: scikit-learn's defaults on the z-scores (nu_0 = d, the
     # z-scores' covariance), mapped back
-    std_only = detector(prior_strength=None).fit(X, groups=GROUPS)
-    on_z = sklearn_on(Z, resp)
-    assert_close_scaled(std_only.means_, MEAN + on_z.means_ * SD, RTOL, "means_")
+    mean, sd = rows.mean(0), rows.std(0)
+    std_only = detector(prior_strength=None, **given(start)).fit(rows, groups=GROUPS)
+    on_z = sklearn_on((rows - mean) / sd, resp)
+    assert std_only.history_[0]["kind"] == "moments"
+    assert_close_scaled(std_only.means_, mean + on_z.means_ * sd, RTOL, "means_")
     # prior alone: the pseudo-rows on the raw features, no moments round
-    prior_only = detector(standardize=False).fit(X, groups=GROUPS)
+    prior_only = detector(standardize=False, **given(start)).fit(rows, groups=GROUPS)
     assert prior_only.history_[0]["kind"] == "vb_prior"
-    nu = X.shape[1] + 2.0
+    nu = rows.shape[1] + 2.0
     raw = sklearn_on(
-        X,
+        rows,
         resp,
-        mean_prior=X.mean(0),
+        mean_prior=mean,
         degrees_of_freedom_prior=nu,
-        covariance_prior=np.diag(nu * 4.0 * X.var(0, ddof=1)),
+        covariance_prior=np.diag(nu * VB_PRIOR_SCALE * rows.var(0, ddof=1)),
     )
     assert_close_scaled(prior_only.means_, raw.means_, RTOL, "means_")
     assert_close_scaled(prior_only.covariances_, raw.covariances_, RTOL, "covariances_")
