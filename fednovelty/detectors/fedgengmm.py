@@ -59,6 +59,20 @@ LOCAL_FIT_DOCS = {
     "of its rows would depend on them) and its fit has no covariance prior.",
 }
 
+#: What the shared settings mean in FedGenGMM, where the server refits the clients' union.
+FEDGEN_DOCS = {
+    **LOCAL_FIT_DOCS,
+    "prior_strength": "Counted once, in the server's fit on its synthetic rows. A client that "
+    "fits a fixed K (``client_components``, else ``n_components``) fits by maximum likelihood "
+    "unless it has fewer rows than the prior's pseudo-rows; a client's BIC search (both "
+    "``None``) keeps the prior, which makes it favour fewer components (``docs/robust.md``).",
+    "client_components": "``None``: with the covariance prior (the default) the global "
+    "``n_components`` (at most ``n_rows // privacy_min_rows``); without it, or when "
+    "``n_components`` is ``None`` too, BIC in ``k_range``. Under "
+    "``dp_epsilon`` K is fixed (BIC reads the rows and has no private form): "
+    "``client_components``, else the largest of ``k_range``.",
+}
+
 #: The fixed DP-EM iterations of a private local fit (``dp_epsilon``).
 DP_ITERATIONS = Param(
     "dp_iterations",
@@ -202,10 +216,11 @@ def _bic_record(saved: dict) -> dict[int, float]:
 class FedGenGMMDetector(_LocalFitDetector):
     """One-shot FedGenGMM: local mixtures -> synthetic data on the server -> one global mixture.
 
-    Each client fits a mixture with ``client_components`` components (``None``: chosen by
-    BIC in ``k_range``) and sends it with its row count; the server draws
-    ``samples_per_component * sum_c K_c`` rows from the size-weighted union and fits the
-    global mixture with ``n_components`` (``None``: BIC in ``k_range``). One round.
+    Each client fits a mixture with ``client_components`` components (``None``: the global
+    ``n_components`` under the covariance prior, else chosen by BIC in ``k_range``) and sends
+    it with its row count; the server draws ``samples_per_component * sum_c K_c`` rows from
+    the size-weighted union and fits the global mixture with ``n_components`` (``None``: BIC
+    in ``k_range``) and the covariance prior. One round.
 
     Attributes:
         weights_, means_, covariances_, precisions_cholesky_: the global mixture.
@@ -255,7 +270,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         DP_ITERATIONS,
         DETECTOR,
         RUNTIME,
-        docs=LOCAL_FIT_DOCS,
+        docs=FEDGEN_DOCS,
         positional=3,
     )
 

@@ -1,8 +1,8 @@
 """FedGenGMM: one-shot federated Gaussian mixtures (Algorithm 4.1 of the FedGenGMM paper).
 
-One round. Each client fits a local mixture of ``K_c`` components (``client_components``,
-else the global ``n_components``, else BIC in ``k_range``) and sends it with its row count
-``|D_c|``. The server re-weights the client components by ``|D_c| / |D|``, draws
+One round. Each client fits a local mixture of ``K_c`` components (``client_components``;
+with a covariance prior the global ``n_components``; else BIC in ``k_range``) and sends it
+with its row count ``|D_c|``. The server re-weights the client components by ``|D_c| / |D|``, draws
 ``H * sum_c K_c`` synthetic rows from their union and fits one global mixture on them (fixed
 ``n_components``, or BIC in ``k_range``). With ``standardize`` every fit runs on z-scores of
 its own rows (:func:`fednovelty.mixture.fit_gmm_scaled`), mapped back before it is sent or
@@ -81,9 +81,9 @@ class FedGenConfig(
 
     Attributes:
         n_components: global K; ``None`` picks it by BIC in ``k_range``.
-        client_components: every client's K; ``None``: the global ``n_components``, or,
-            when that is ``None`` too, each client's pick by BIC in ``k_range``. A client
-            fits at most ``n_rows // min_rows`` components (its privacy floor).
+        client_components: every client's K; ``None``: with a covariance prior the global
+            ``n_components``, else (or when that is ``None`` too) each client's pick by BIC
+            in ``k_range``. A client fits at most ``n_rows // min_rows`` components.
         k_range: inclusive ``(k_min, k_max)`` for BIC searches, ``1 <= k_min <= k_max``.
         samples_per_component: ``H``; the server draws ``H * sum_c K_c`` rows.
         min_client_samples: clients with fewer rows (or fewer than the smallest candidate K)
@@ -122,10 +122,23 @@ class FedGenConfig(
                 f"fit); got {iterations!r}."
             )
 
+    def shares_global_k(self) -> bool:
+        """Whether every client fits the global ``n_components`` (lowered to its rows): with
+        a covariance prior, no ``client_components`` and a fixed ``n_components``. A BIC
+        search under the prior picks too few components (``docs/robust.md``, FedGenGMM's
+        local fits); without the prior clients search K by BIC as the FedGenGMM paper does."""
+        return (
+            self.client_components is None
+            and self.n_components is not None
+            and self.prior_strength is not None
+        )
+
     def client_k(self) -> int | None:
-        """Every client's fixed K (``client_components``, else ``n_components``); ``None``:
-        each client picks K by BIC in ``k_range``."""
-        return self.client_components if self.client_components is not None else self.n_components
+        """Every client's fixed K (``client_components``, else the global ``n_components``
+        where :meth:`shares_global_k`); ``None``: each client picks K by BIC in ``k_range``."""
+        if self.client_components is not None:
+            return self.client_components
+        return self.n_components if self.shares_global_k() else None
 
     def candidates(self) -> list[int]:
         """Numbers of components a client may fit."""
@@ -167,7 +180,7 @@ class FedGenConfig(
         """Fewest rows a client needs to take part (else it is skipped): ``min_client_samples``
         and, with ``client_components`` or a BIC search, the smallest candidate K (a global
         ``n_components`` shrinks to the client's rows instead)."""
-        if self.client_components is None and self.n_components is not None:
+        if self.shares_global_k():
             return self.min_client_samples
         return max(self.min_client_samples, min(self.candidates()))
 
@@ -182,7 +195,7 @@ class FedGenConfig(
         if n_samples < max(self.rows_needed(), int(min_rows), 1):
             return []
         most = n_samples // max(1, int(min_rows))
-        if self.client_components is None and self.n_components is not None:
+        if self.shares_global_k():
             return [min(self.n_components, most)]
         return [k for k in self.candidates() if k <= most]
 
@@ -229,8 +242,9 @@ def local_fit_limit(config: FedGenConfig, broadcast: Message) -> int:
 
 def local_fit_components(setting: Any) -> int:
     """K of a local fit's work: the fixed client K (``client_components``, else
-    ``n_components``), else the largest of ``k_range``."""
-    fixed = setting("client_components") or setting("n_components")
+    ``n_components`` under a covariance prior), else the largest of ``k_range``."""
+    shared = setting("n_components") if setting("prior_strength") is not None else None
+    fixed = setting("client_components") or shared
     return max(1, int(fixed) if fixed else max(setting("k_range") or (1,)))
 
 
