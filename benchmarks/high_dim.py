@@ -40,6 +40,7 @@ from benchmarks._machine import emit_report, report_header  # noqa: E402
 from fednovelty.datasets import list_adbench  # noqa: E402
 from fednovelty.datasets.protocols import make_task  # noqa: E402
 from fednovelty.evaluation import auroc  # noqa: E402
+from fednovelty.exceptions import FederationError  # noqa: E402
 from fednovelty.methods import get_method  # noqa: E402
 
 #: the mixture families compared (scoreboard method names).
@@ -58,8 +59,9 @@ FULL_DEFAULT = (
 COLUMNS = ["dataset", "seed", "family", "variant", "n_train", "d", "q", "seconds", "auroc"]
 
 
-class Timeout(Exception):
-    """A fit ran past the cap."""
+class Timeout(BaseException):
+    """A fit ran past the cap (a ``BaseException``: the engine counts an ``Exception`` in a
+    client step as that client's failure and goes on)."""
 
 
 def _alarm(signum, frame):
@@ -102,7 +104,7 @@ def family_row(task, family: str, seed: int, pca_components, cap: float | None) 
             scores = detector.decision_function(task.X_test)
     except Timeout:
         return {"seconds": float("nan"), "auroc": float("nan"), "q": -1}
-    except ValueError as error:  # e.g. K = 10 above what a tiny set's clients can form
+    except (ValueError, FederationError) as error:  # e.g. K = 10 above a tiny set's rows
         print(f"  {family} on {task.name}: {error}", flush=True)
         return {"seconds": float("nan"), "auroc": float("nan"), "q": -2}
     finally:
@@ -168,7 +170,7 @@ def run(args) -> pd.DataFrame:
 
 def _cell(seconds: float, knn: float, cap: float, q: int = 0) -> str:
     if q == -2:
-        return "refused (K = 10 above the rows)"
+        return "error (see the run's log)"
     if not np.isfinite(seconds):
         return f"> {cap:.0f} s"
     return f"{seconds:.2f} s ({seconds / knn:.1f}x)"
