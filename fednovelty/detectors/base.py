@@ -334,13 +334,15 @@ class SimulatedFitMixin:
             ValueError: ``pca_components`` above the rows' width, or the front end with
                 ``dp_epsilon`` (the PCA rounds have no private form).
         """
-        q = _params.front_end_axes(self.pca_components, clients[0].shape[1])
+        # an estimator of a front-end family that does not declare the parameter has none
+        value = getattr(self, "pca_components", None)
+        q = _params.front_end_axes(value, clients[0].shape[1])
         if q is None:
             self.__dict__.pop("pca_", None)
             return parts, clients
         if getattr(self, "dp_epsilon", None) is not None:
             raise ValueError(
-                f"pca_components={self.pca_components!r} projects these "
+                f"pca_components={value!r} projects these "
                 f"{clients[0].shape[1]}-feature rows with federated PCA, whose rounds have no "
                 "private form; use pca_components=None with dp_epsilon (or a public "
                 "projection of the rows before fit)."
