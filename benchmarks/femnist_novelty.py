@@ -11,8 +11,9 @@ default ``"polar"`` map (each image's direction on 24 federated principal axes p
 of its L2 norm), the same for every method; ``--pixels`` adds rows on the MNIST features
 (pixels / 255 on 24 axes) for FedGMM and the centralized mixture.
 
-1. Covariate novelty, pooled: every mixture method of the registry (K = 10, each with its
-   defaults; ``-plain`` = maximum likelihood without standardisation or covariance prior)
+1. Covariate novelty, pooled: the mixture methods of the registry (K = 10, each with its
+   defaults; ``-plain`` = maximum likelihood without standardisation or covariance prior;
+   ``FedVB`` with its own defaults: at most 20 components, the prior choosing how many)
    and PyOD's detectors on the pooled rows (the centralized references), AUROC / AUPR-out
    over all test rows. Two novel sets: ``inv-flip-rot``, the FedGMM paper's transform ``T``
    (Appendix C.3's out-of-domain images: inversion, horizontal flip, 90-degree rotation)
@@ -84,6 +85,7 @@ MIXTURES = (
     "Local",
     "CentralGMM",
     "CentralGMM-plain",
+    "FedVB",
 )
 PYOD = ("IForest", "ECOD", "HBOS", "KNN", "LOF", "PCA")
 OOD_SETS = ("inv-flip-rot", "transforms")
