@@ -117,7 +117,9 @@ def test_detector_prior_is_d_plus_2_pseudo_rows_at_four_pooled_variances():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         det.fit(X, groups=GROUPS)
-    assert [r["kind"] for r in det.history_[:2]] == ["moments", "vb_prior"]
+    # the moments round gives the pooled variances: no separate prior round
+    kinds = [r["kind"] for r in det.history_]
+    assert kinds[0] == "moments" and "vb_prior" not in kinds
     # every component's degrees of freedom is nu_0 = d + 2 plus its expected count
     counts = det.posterior_.degrees_of_freedom.numpy() - (3 + 2.0)
     assert_close_scaled(counts.sum(), len(X), 1e-9, "counts")
@@ -133,9 +135,10 @@ def test_defaults_equal_sklearn_on_standardised_rows_for_any_split():
     reference = sklearn_on(
         Z,
         resp,
-        mean_prior=Z.mean(0),
+        mean_prior=np.zeros(d),  # the pooled mean of z-scores
         degrees_of_freedom_prior=nu,
-        covariance_prior=np.diag(nu * VB_PRIOR_SCALE * Z.var(0, ddof=1)),
+        # the moments round's pooled variances (population, ddof=0): 1 in z-scores
+        covariance_prior=np.diag(nu * VB_PRIOR_SCALE * Z.var(0)),
     )
     one = detector().fit(X)
     four = detector().fit(X, groups=GROUPS)
@@ -163,9 +166,16 @@ def test_standardised_scores_are_the_prestandardised_fit_plus_the_jacobian():
         "means_init": (start["means_init"] - MEAN) / SD,
         "precisions_init": D @ start["precisions_init"] @ D,
     }
-    outside = detector(standardize=False, **z_start).fit(Z, groups=GROUPS)
+    nu = X.shape[1] + 2.0
+    priors = {  # the same prior, given by hand in z-scores
+        "prior_strength": None,
+        "mean_prior": np.zeros(3),
+        "degrees_of_freedom_prior": nu,
+        "covariance_prior": np.diag(nu * VB_PRIOR_SCALE * Z.var(0)),
+    }
+    outside = detector(standardize=False, **z_start, **priors).fit(Z, groups=GROUPS)
     assert inside.history_[0]["kind"] == "moments"
-    assert outside.history_[0]["kind"] == "vb_prior"
+    assert "moments" not in [r["kind"] for r in outside.history_]
     assert inside.n_iter_ == outside.n_iter_
     expected = outside.score_samples(Z) - np.log(SD).sum()
     assert_close_scaled(inside.score_samples(X), expected, RTOL, "score_samples")
@@ -241,3 +251,17 @@ def test_switched_off_detector_is_sklearns_defaults_exactly():
 def test_invalid_prior_strength_names_the_argument():
     with pytest.raises(ValueError, match="degrees_of_freedom"):
         FedVBDetector(3, prior_strength=1.0).fit(X, groups=GROUPS)
+
+
+def test_a_feature_constant_on_each_client_keeps_every_client():
+    """A feature that is constant on every client (one value per client) standardised: the
+    prior comes from the moments round, so no prior round's moments are checked against
+    round-off of order 1e-32 and every client takes part in every round."""
+    rng = np.random.default_rng(2)
+    rows = rng.normal(size=(400, 3))
+    groups = np.repeat(np.arange(4), 100)
+    rows[:, 2] = 0.3 * groups - 0.457
+    det = FedVBDetector(4, privacy_min_rows=1, max_iter=300, random_state=0)
+    det.fit(rows, groups=groups)
+    assert all(r["n_replied"] == 4 and not r["restarted"] for r in det.history_)
+    assert np.isfinite(det.score_samples(rows)).all()

@@ -63,7 +63,7 @@ from fednovelty.federated.validation import check_scatter, check_stats, stats_sh
 from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.em import moment_shift
-from fednovelty.mixture.stats import SufficientStats
+from fednovelty.mixture.stats import CovariancePrior, SufficientStats
 from fednovelty.mixture.variational import (
     WEIGHT_PRIOR_TYPES,
     InvalidPriorError,
@@ -75,6 +75,7 @@ from fednovelty.mixture.variational import (
     vb_log_offset,
     vb_lower_bound,
     vb_m_step,
+    wishart_pseudo_rows,
 )
 
 __all__ = [
@@ -447,11 +448,54 @@ class VBPriorStep(Step):
     def begin(self, state: Any) -> str | None:
         # The moments round sets federated EM's covariance prior from ``prior_strength``;
         # VB's prior is the Wishart alone, and its start (the initial mixture) stays plain.
-        state.prior = None
+        pooled, state.prior = state.prior, None
+        if self._from_moments(pooled):
+            state.vb_prior = self._pseudo_row_prior(pooled)
+            return None
         if self.config.needs_prior_moments:
             return "vb_prior"
         state.vb_prior = self._prior(state, None, None, None)
         return None
+
+    def _from_moments(self, pooled: Any) -> bool:
+        """Whether the standardising ``moments`` round already gave everything the prior
+        needs (z-scores: the pooled mean is 0 and the pseudo-rows need only the pooled
+        variances), so no ``vb_prior`` round runs: the exact chain's k-means start, no given
+        mean or covariance prior, no differential privacy."""
+        config = self.config
+        return (
+            pooled is not None
+            and getattr(config, "standardize", False)
+            and getattr(config, "prior_strength", None) is not None
+            and config.mean_prior is None
+            and config.covariance_prior is None
+            and getattr(config, "init_params", None) not in (None, "oneshot")
+            and not getattr(config, "private", False)
+        )
+
+    def _pseudo_row_prior(self, pooled: CovariancePrior) -> VBPrior:
+        """The Wishart of ``prior_strength`` pseudo-rows from the moments round's target
+        (``prior_scale`` x the pooled variances in z-scores, population ``ddof=0``), the
+        mean prior at the pooled mean (0 in z-scores), the other priors as given or
+        scikit-learn's defaults."""
+        config = self.config
+        variance = pooled.scale / config.prior_scale
+        dof, covariance = wishart_pseudo_rows(
+            variance, config.prior_strength, config.prior_scale, config.covariance_type
+        )
+        k = config.n_components
+        weight = config.weight_concentration_prior
+        beta = config.mean_precision_prior
+        dof = dof if config.degrees_of_freedom_prior is None else config.degrees_of_freedom_prior
+        return VBPrior(
+            weight_concentration_prior_type=config.weight_concentration_prior_type,
+            weight_concentration=1.0 / k if weight is None else float(weight),
+            mean_precision=1.0 if beta is None else float(beta),
+            mean=torch.zeros_like(variance),
+            degrees_of_freedom=float(dof),
+            covariance=covariance,
+            covariance_type=config.covariance_type,
+        )
 
     def configure(self, state: Any) -> Message:
         if getattr(state, "scale", None) is None:  # the one-shot chain has no public box
