@@ -139,13 +139,19 @@ class _FedVB:
 
     @property
     def fixed(self) -> dict[str, Any]:
-        return {"posterior_merge": self.posterior_merge}
+        fixed: dict[str, Any] = {"posterior_merge": self.posterior_merge}
+        if self.posterior_merge != "exact":
+            # the one-shot fits' prior round is dropped by the server's gate after a
+            # standardising round where a feature is constant on a client
+            # (docs/variational.md); the benchmark's features are min-max scaled already
+            fixed["standardize"] = False
+        return fixed
 
     def __call__(self, **params):
         from fednovelty.detectors import FedVBDetector
 
-        settings = {"n_components": FEDVB_MAX_COMPONENTS, **params}
-        return FedVBDetector(posterior_merge=self.posterior_merge, **settings)
+        settings = {"n_components": FEDVB_MAX_COMPONENTS, **params, **self.fixed}
+        return FedVBDetector(**settings)
 
 
 # ----------------------------------------------------------------------------- the entry
