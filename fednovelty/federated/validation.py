@@ -790,8 +790,13 @@ class _Box:
             )
         total = deviations + cross + square
         # the terms cancel when the shift is far from the client's mean: compare with a
-        # slack relative to their size, not to the result's
-        slack = self.rtol * (deviations.abs() + cross.abs() + square + m2) + 1e-300
+        # slack relative to their size, not to the result's; a feature the client holds
+        # constant (m2 = 0) still shows round-off of order n (rtol * its magnitude)^2
+        scale = self.radius + self.center.abs()
+        if ct == "spherical":
+            scale = scale.square().sum().sqrt().reshape(1)
+        slack = self.rtol * (deviations.abs() + cross.abs() + square + m2)
+        slack = slack + max(n, 1.0) * (self.rtol * scale).square() + 1e-300
         if bool((total > m2 + slack).any()):
             raise InvalidReplyError(
                 "statistics spread further than the client's declared moments allow."

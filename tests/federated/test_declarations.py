@@ -204,3 +204,21 @@ def test_shifted_clustered_statistics_are_dropped_by_name() -> None:
         assert dropped == {}
         state, _ = algorithm.server_step(state, valid)
     assert seen and all("component means lie outside" in d[0] for d in seen)
+
+
+def test_a_feature_a_client_holds_constant_passes_the_box_despite_round_off() -> None:
+    """Standardised statistics of a feature constant on the client (declared M2 = 0) carry
+    round-off of order n (eps * |value|)^2 (26_optdigits: 1e-31 about a shift one ulp
+    from the declared mean): accepted; a real spread of 1e-10 per row is still refused."""
+    from fednovelty.federated.validation import _Box
+
+    center = torch.tensor([-0.045960223163125466], dtype=torch.float64)
+    shift = torch.nextafter(center, torch.zeros_like(center))
+    zero = torch.zeros(1, 1, dtype=torch.float64)
+    box = _Box(
+        center, torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64), 1e-6
+    )
+    counts = torch.tensor([283.0], dtype=torch.float64)
+    box.spread(counts, zero, zero, shift, 283.0, "diag")  # round-off only: accepted
+    with pytest.raises(InvalidReplyError, match="spread further"):
+        box.spread(counts, zero, zero + 283 * 1e-10, shift, 283.0, "diag")
