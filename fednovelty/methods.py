@@ -139,13 +139,7 @@ class _FedVB:
 
     @property
     def fixed(self) -> dict[str, Any]:
-        fixed: dict[str, Any] = {"posterior_merge": self.posterior_merge}
-        if self.posterior_merge != "exact":
-            # the one-shot fits' prior round is dropped by the server's gate after a
-            # standardising round where a feature is constant on a client
-            # (docs/variational.md); the benchmark's features are min-max scaled already
-            fixed["standardize"] = False
-        return fixed
+        return {"posterior_merge": self.posterior_merge}
 
     def __call__(self, **params):
         from fednovelty.detectors import FedVBDetector
