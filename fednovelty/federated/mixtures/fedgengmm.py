@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fednovelty.exceptions import SingularCovarianceError
 from fednovelty.federated.base import (
     ClientContext,
     FederatedAlgorithm,
@@ -156,7 +157,8 @@ class FedGenConfig(
         client's variance outweigh a component backed by a client's few rows and starve it
         (``docs/robust.md``, FedGenGMM's local fits). The server's fit applies the prior once.
         A BIC search keeps the prior: maximum likelihood is unbounded on singular components
-        and would set K.
+        and would set K. Where the maximum-likelihood fit is singular (a feature constant on
+        the client with ``reg_covar=0``) the client fits under the prior instead.
         """
         if self.prior_strength is None:
             return None
@@ -328,7 +330,14 @@ class FedGenGMM(FederatedAlgorithm):
             )
             return skipped_reply("local_fit", reason)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        result = fit_local(X, candidates, config, generator, prior_strength=config.client_prior(n))
+        prior = config.client_prior(n)
+        try:
+            result = fit_local(X, candidates, config, generator, prior_strength=prior)
+        except SingularCovarianceError:  # maximum likelihood singular (reg_covar=0): the prior
+            if prior is not None or config.prior_strength is None:
+                raise
+            prior = float(config.prior_strength)
+            result = fit_local(X, candidates, config, generator, prior_strength=prior)
         tensors = {**result.params.tensors(), "n_samples": torch.tensor(float(n), dtype=X.dtype)}
         return Message(
             "local_fit",
