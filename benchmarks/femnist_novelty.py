@@ -35,7 +35,7 @@ of its L2 norm), the same for every method; ``--pixels`` adds rows on the MNIST 
    what it has); its test rows (inliers and ``transforms`` novel images) are scored with the
    global weights and with adapted weights: ``FedGMMDetector.adapt``'s maximum-likelihood
    EM (the FedGMM paper's) and MAP EM under a Dirichlet prior of K pseudo-rows centred on
-   the global weights (``joint_scores.fit_weights_map``, ``JointFedGMMDetector.adapt``'s
+   the global weights (``mixture.em.fit_weights_map``, ``JointFedGMMDetector.adapt``'s
    default). Mean per-writer AUROC per seed; target: adapted never below global.
 5. What the robust defaults cost on the ``transforms`` set: the centralized mixture
    (``fit_gmm_scaled``: the model federated EM with global weights fits exactly) on the
@@ -73,9 +73,9 @@ from fednovelty.detectors._em_detector import AdaptedClient  # noqa: E402
 from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
 from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.metrics import evaluate  # noqa: E402
-from fednovelty.federated.joint_models.joint_scores import fit_weights_map  # noqa: E402
 from fednovelty.methods import METHODS  # noqa: E402
 from fednovelty.mixture import fit_gmm_scaled, score_samples  # noqa: E402
+from fednovelty.mixture.em import fit_weights_map  # noqa: E402
 
 MIXTURES = (
     "FedGMM",

@@ -36,7 +36,12 @@ from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
 from fednovelty.federated.mixtures.em import COVARIANCE_POOLINGS
 from fednovelty.federated.mixtures.em import GLOBAL_WEIGHTS as GLOBAL_WEIGHT_CHOICES
-from fednovelty.mixture import fit_weights, log_gaussian_prob, score_samples
+from fednovelty.mixture import (
+    check_prior_rows,
+    fit_weights_map,
+    log_gaussian_prob,
+    score_samples,
+)
 
 #: FedGMM's covariance pooling (``EMConfig.covariance_pooling``): exact or the paper's.
 COVARIANCE_POOLING = Param(
@@ -210,9 +215,13 @@ class FedGMMDetector(EMDetector):
             log_px = score_samples(self.model_, self._gmm_input(Xt), log_weights)
             return (log_px + self._residual(Xt)).cpu().numpy()
 
-    def adapt(self, X, max_iter: int = 100, tol: float = 1e-6) -> AdaptedClient:
+    def adapt(self, X, prior_rows="auto", max_iter: int = 100, tol: float = 1e-6) -> AdaptedClient:
         """Mixture weights for a client unseen in training, every Gaussian frozen (FedGMM
-        Sec. 3: only ``pi`` is re-estimated, by EM from the global weights).
+        Sec. 3: only ``pi`` is re-estimated, by EM from the global weights), MAP under a
+        Dirichlet prior centred on the global weights: the M-step is
+        ``pi = (counts + prior_rows * global) / (n + prior_rows)``
+        (:func:`~fednovelty.mixture.em.fit_weights_map`), so a few rows barely move the
+        global weights and many rows reach their own.
 
         The detector is not modified; the returned handle works as ``client=`` in
         :meth:`decision_function`, :meth:`score_samples_client` and the per-component
@@ -220,14 +229,19 @@ class FedGMMDetector(EMDetector):
 
         Args:
             X: the new client's rows (n_samples, n_features); at least 2.
-            max_iter: maximum EM iterations; tol: stop when the mean log-likelihood changes by
-                less than this.
+            prior_rows: the prior's strength in pseudo-rows (a number >= 0; ``0`` is the
+                paper's maximum-likelihood EM); ``"auto"`` is the number of components (on
+                FEMNIST writers never below the global weights at 5, 20 or 50 rows;
+                ``docs/joint.md``).
+            max_iter: maximum EM iterations; tol: stop when the penalised log-likelihood per
+                row changes by less than this.
 
         Returns:
             An :class:`AdaptedClient` (weights, their trace over iterations, log-likelihoods).
         """
         Xt = self._adapt_rows(X, max_iter)
         params = self.model_
+        strength = check_prior_rows(params.n_components if prior_rows == "auto" else prior_rows)
         with torch.no_grad():
             log_n = log_gaussian_prob(
                 self._gmm_input(Xt),
@@ -235,7 +249,9 @@ class FedGMMDetector(EMDetector):
                 params.precisions_cholesky,
                 params.covariance_type,
             )
-            result = fit_weights(log_n, params.weights.log(), max_iter=max_iter, tol=tol)
+            result = fit_weights_map(
+                log_n, params.weights.log(), strength, max_iter=max_iter, tol=tol
+            )
         return self._adapted(result, Xt.shape[0], labelled=False)
 
     # -------------------------------------------------------------- persistence

@@ -59,9 +59,9 @@ from fednovelty.federated.joint_models.joint import (
     joint_log_scores,
     unpack_client_data,
 )
-from fednovelty.federated.joint_models.joint_scores import check_prior_rows
 from fednovelty.federated.learners import LEARNERS
 from fednovelty.mixture import score_samples
+from fednovelty.mixture.em import check_prior_rows
 
 SCORES = ("px", "py|x", "pxy", "msp")
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
@@ -391,7 +391,7 @@ class JointModelDetector(EMDetector):
 
         With labels the E-step uses ``N(x; m1) P_m2(y | x)``; without, ``N(x; m1)`` alone.
         The M-step is ``pi = (counts + prior_rows * global) / (n + prior_rows)``
-        (:func:`~fednovelty.federated.joint_models.joint_scores.fit_weights_map`): a few rows
+        (:func:`~fednovelty.mixture.em.fit_weights_map`): a few rows
         barely move the global weights, many rows reach their own. The detector is not
         modified; the returned handle works as ``client=`` in every scoring method.
 

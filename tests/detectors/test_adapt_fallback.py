@@ -17,7 +17,7 @@ from scipy.special import logsumexp, softmax
 from scipy.stats import multivariate_normal
 
 from fednovelty.detectors import JointFedGMMDetector
-from fednovelty.federated.joint_models.joint_scores import fit_weights_map
+from fednovelty.mixture.em import fit_weights_map
 
 
 def map_weights_by_scipy(log_p: np.ndarray, g: np.ndarray, tau: float) -> np.ndarray:
@@ -181,3 +181,23 @@ def test_bad_weights_and_iterations_are_refused():
         fit_weights_map(log_p, torch.as_tensor(np.log(G)), 1.0, max_iter=0)
     with pytest.raises(ValueError, match="at least one row"):
         fit_weights_map(torch.zeros(0, 3), torch.as_tensor(np.log(G)), 1.0)
+
+
+def test_fedgmm_detector_adapts_by_the_same_formula():
+    """``FedGMMDetector.adapt`` (no labels): the same MAP weights, ``"auto"`` = K pseudo-rows;
+    ``prior_rows=0`` is the paper's maximum-likelihood EM."""
+    from fednovelty import FedGMMDetector
+
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.normal(0.0, 1.0, (150, 2)), rng.normal(5.0, 1.0, (150, 2))])
+    det = FedGMMDetector(2, mixture_weights="global", random_state=0).fit(
+        X, groups=np.repeat([0, 1, 2], 100)
+    )
+    g = det.weights_
+    rows = np.vstack([X[:2], X[150:153]])
+    reference = map_weights_by_scipy(frozen_log_densities(det, rows), g, 2.0)
+    assert_close_scaled(det.adapt(rows).weights, reference, 1e-4)
+    ml = map_weights_by_scipy(frozen_log_densities(det, X[150:]), g, 0.0)
+    assert_close_scaled(det.adapt(X[150:], prior_rows=0).weights, ml, 1e-4)
+    with pytest.raises(ValueError, match="prior_rows must be a finite number >= 0"):
+        det.adapt(rows, prior_rows=-1)
