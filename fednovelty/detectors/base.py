@@ -78,10 +78,6 @@ from fednovelty.mixture.ppca import residual_log_density
 from fednovelty.runtime import RoundRecord, run_simulation
 from fednovelty.runtime.threads import scoring_threads
 
-#: mixture families that take the PCA front end's ``pca_components`` from this module (their
-#: own declarations do not list it); ``EMDetector`` and its subclasses declare it.
-FRONT_END_FAMILIES = ("FedGenGMMDetector", "LocalGMMDetector", "FedVBDetector")
-
 
 @dataclasses.dataclass(frozen=True)
 class FrontEndRun:
@@ -99,6 +95,27 @@ class FrontEndRun:
     rows: dict[int, torch.Tensor]
     resend: bool
     pca: object
+
+
+def _check_front_end_params(cls: type) -> None:
+    """Whether ``cls``, which declares its own ``_params``, takes the PCA front end: only if
+    they declare ``pca_components`` (what the front end reads). A class that inherits
+    ``_pca_front_end = True`` but declares no ``pca_components`` (e.g. a streaming model whose
+    later windows would not be projected) does not; one that sets it itself must declare it.
+
+    Raises:
+        TypeError: ``_pca_front_end = True`` set on ``cls`` itself without ``pca_components``
+            in its ``_params``.
+    """
+    if "pca_components" in cls.__dict__["_params"].names:
+        return
+    if cls.__dict__.get("_pca_front_end", False):
+        raise TypeError(
+            f"{cls.__name__} sets _pca_front_end = True but its _params do not declare "
+            "pca_components; add the PCA group (fednovelty.detectors._params.PCA) to its "
+            "declare(...), or set _pca_front_end = False."
+        )
+    cls._pca_front_end = False
 
 
 def seed_from(random_state) -> int:
@@ -180,23 +197,37 @@ class SimulatedFitMixin:
 
     #: settings saved under an older name in files this class loads: old name -> new name.
     _renamed_params: ClassVar[dict[str, str]] = {}
-    #: whether the estimator takes the federated PCA front end (``pca_components``).
+    #: whether the estimator takes the federated PCA front end; a class that sets it declares
+    #: the ``_params.PCA`` group (``pca_components``) in its ``_params``
+    #: (:func:`_check_front_end_params`).
     _pca_front_end: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.__name__ in FRONT_END_FAMILIES:
-            cls._pca_front_end = True
         if "_params" in cls.__dict__:
-            if cls._pca_front_end:
-                cls._params = _params.with_pca(cls.__dict__["_params"])
+            _check_front_end_params(cls)
             _params.compose(cls)
         register(cls)  # every estimator class is loadable by name (persistence.REGISTRY)
 
-    def max_fit_rounds(self) -> int | None:
-        """Most communication rounds ``fit`` can run with these settings (a progress bar's
-        total); None if the estimator does not know it before it sees the data."""
+    def max_fit_rounds(self, n_features: int | None = None) -> int | None:
+        """Most communication rounds ``fit`` can run with these settings on rows
+        ``n_features`` wide (default: the fitted width, if any): a progress bar's total;
+        None if the estimator does not know it before it sees the data."""
         return None
+
+    def _front_end_rounds(self, n_features: int | None = None) -> int:
+        """Federated PCA's rounds that ``fit`` runs before the family's on rows ``n_features``
+        wide (default: the fitted ``n_features_in_``): ``FederatedPCA.max_rounds`` (2) when
+        ``pca_components`` engages the front end there, else 0. ``"auto"`` engages above
+        ``AUTO_PCA_FEATURES`` features, so on an unknown width (``n_features`` not given, the
+        estimator not fitted) its rounds are not counted: the total is then the family's."""
+        value = getattr(self, "pca_components", None)
+        if not self._pca_front_end or value is None:
+            return 0
+        if value == "auto":
+            width = n_features if n_features is not None else getattr(self, "n_features_in_", 0)
+            return FederatedPCA.max_rounds if width > _params.AUTO_PCA_FEATURES else 0
+        return FederatedPCA.max_rounds
 
     # -------------------------------------------------------------- configuration
     def _torch_options(self) -> dict:

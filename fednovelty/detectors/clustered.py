@@ -16,6 +16,10 @@ on top of ``n_components`` global ones, and scores
 
 ``adapt(X)`` places an unseen client in the cluster whose mixture fits its rows best and
 re-estimates its weights there with every component frozen.
+
+Every log-density these report is of ``x``: with the PCA front end (``pca_``) the mixture's
+log-density of the projection plus the probabilistic-PCA residual term, per row, or as its
+mean over a client's rows in the mean log-likelihoods.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ class ClusteredFedGMMDetector(EMDetector):
         client_weights_: (n_clients, M) personal weights (a client that never replied: its
             cluster's, or the pooled ones).
         client_log_likelihoods_: (n_clients, C) each client's rows' mean log-likelihood per
-            row under each cluster's mixture (last round; NaN: never replied).
+            row under each cluster's mixture (last round; NaN: never replied), with the PCA
+            front end plus the mean of the client's rows' residual term.
         client_scores_: (n_clients,) the client-level anomaly score (higher = fits no
             cluster; robust z-score against the fitted clients).
         cluster_sizes_history_: clients per cluster, one list per clustered round.
@@ -163,12 +168,29 @@ class ClusteredFedGMMDetector(EMDetector):
         )
         state = result.state
         self._set_em_state(state)
-        self._set_clusters(state)
+        self._set_clusters(state, self._client_residuals(data))
         self._warn_if_not_converged()
         return result
 
-    def _set_clusters(self, state) -> None:
-        """The fitted cluster attributes from a finished ``ClusteredEMState``."""
+    def _client_residuals(self, data: list) -> np.ndarray:
+        """(n_clients,) the mean PCA-front-end residual term of each client's rows (zeros
+        without the front end): the clients' rows behind the projected ``data`` the
+        algorithm saw (``_front_end_run``)."""
+        front = self.__dict__.get("_front_end_run")
+        if front is None:
+            return np.zeros(len(data))
+        with torch.no_grad():
+            return np.array(
+                [
+                    float(self._residual(front.rows[id(c)]).mean()) if id(c) in front.rows else 0.0
+                    for c in data
+                ]
+            )
+
+    def _set_clusters(self, state, residuals: np.ndarray) -> None:
+        """The fitted cluster attributes from a finished ``ClusteredEMState`` and each
+        client's mean residual term ``residuals`` (n_clients,), added to its mean
+        log-likelihoods."""
         n, c = self.n_clients_, self.n_clusters
         self.component_clusters_ = state.component_clusters.cpu().numpy().astype(np.int64)
         self.cluster_weights_ = state.cluster_log_weights.exp().cpu().numpy()
@@ -178,7 +200,7 @@ class ClusteredFedGMMDetector(EMDetector):
         for i in range(n):
             if i in state.client_clusters:
                 clusters[i] = state.client_clusters[i]
-                lls[i] = state.client_log_likelihoods[i].cpu().numpy()
+                lls[i] = state.client_log_likelihoods[i].cpu().numpy() + residuals[i]
             if i in state.client_weights:
                 weights[i] = state.client_weights[i].cpu().numpy()
             elif clusters[i] >= 0:
@@ -207,13 +229,14 @@ class ClusteredFedGMMDetector(EMDetector):
         return self.client_weights_
 
     def _cluster_scores(self, Xt: torch.Tensor) -> torch.Tensor:
-        """(C,) mean log-likelihood per row of ``Xt`` under each cluster's mixture."""
+        """(C,) mean log-likelihood per row of ``Xt`` (n, n_features) under each cluster's
+        mixture, a log-density of ``x`` (the PCA front end's residual term included)."""
         params = self.model_
         log_prob = log_gaussian_prob(
             self._gmm_input(Xt), params.means, params.precisions_cholesky, params.covariance_type
         )
         weights = torch.as_tensor(self.cluster_weights_).to(log_prob)
-        return cluster_log_likelihoods(log_prob, weights.log())
+        return cluster_log_likelihoods(log_prob, weights.log()) + self._residual(Xt).mean()
 
     def decision_function(self, X, *, client=None, cluster=None) -> np.ndarray:
         """Anomaly score ``-log p(x)`` of each row, shape (n_samples,); higher = more novel.
@@ -238,7 +261,8 @@ class ClusteredFedGMMDetector(EMDetector):
         else:
             log_weights = self._log_pi(client, Xt)
         with torch.no_grad():
-            return -score_samples(self.model_, self._gmm_input(Xt), log_weights).cpu().numpy()
+            log_px = score_samples(self.model_, self._gmm_input(Xt), log_weights)
+            return -(log_px + self._residual(Xt)).cpu().numpy()
 
     def client_score(self, X) -> float:
         """Client-level anomaly score of a client's rows (n_samples, n_features): minus the

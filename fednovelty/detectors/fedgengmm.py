@@ -25,6 +25,7 @@ from fednovelty.detectors._params import (
     DIFFERENTIAL_PRIVACY,
     EM,
     LOCAL_FIT,
+    PCA,
     PRIOR,
     PRIVACY,
     ROBUST,
@@ -98,9 +99,10 @@ class _LocalFitDetector(MixtureDetector):
 
     _algorithm: type = FedGenGMM
 
-    def max_fit_rounds(self) -> int:
-        """One round: each client fits its mixture and sends it once."""
-        return self._algorithm.max_rounds
+    def max_fit_rounds(self, n_features: int | None = None) -> int:
+        """One round (each client fits its mixture and sends it once), after federated PCA's
+        two when the front end engages on rows ``n_features`` wide (``_front_end_rounds``)."""
+        return self._algorithm.max_rounds + self._front_end_rounds(n_features)
 
     def _run(self, clients, seed):
         if len(self.k_range) != 2:
@@ -239,6 +241,7 @@ class FedGenGMMDetector(_LocalFitDetector):
     """
 
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _pca_front_end = True
     _params = declare(
         Param(
             "n_components",
@@ -268,6 +271,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         PRIVACY,
         DIFFERENTIAL_PRIVACY,
         DP_ITERATIONS,
+        PCA,
         DETECTOR,
         RUNTIME,
         docs=FEDGEN_DOCS,

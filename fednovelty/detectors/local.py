@@ -14,6 +14,7 @@ from fednovelty.detectors._params import (
     DIFFERENTIAL_PRIVACY,
     EM,
     LOCAL_FIT,
+    PCA,
     PRIOR,
     PRIVACY,
     RUNTIME,
@@ -90,6 +91,7 @@ class LocalGMMDetector(_LocalFitDetector):
     _legacy_params: ClassVar[dict] = {"combine": "mean"}
 
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _pca_front_end = True
     _params = declare(
         LOCAL_FIT,
         EM,
@@ -105,6 +107,7 @@ class LocalGMMDetector(_LocalFitDetector):
         ),
         DIFFERENTIAL_PRIVACY,
         DP_ITERATIONS,
+        PCA,
         DETECTOR,
         RUNTIME,
         docs=LOCAL_FIT_DOCS,
@@ -141,7 +144,8 @@ class LocalGMMDetector(_LocalFitDetector):
         return torch.logsumexp(scores + log_weights[:, None], dim=0)
 
     def score_samples_client(self, X, client) -> np.ndarray:
-        """``log p_c(x)`` under one client's own mixture, shape (n_samples,).
+        """``log p_c(x)`` under one client's own mixture, shape (n_samples,); with the PCA
+        front end (``pca_``) its log-density of the projection plus the residual term.
 
         Args:
             X: rows (n_samples, n_features).
@@ -167,8 +171,13 @@ class LocalGMMDetector(_LocalFitDetector):
                 "score with score_samples (every client's model)."
             )
         index = fitted.index(client)
+        pca = getattr(self, "pca_", None)
         with torch.no_grad():
-            scores = score_samples(self.client_models_[index], Xt)
+            if pca is None:
+                scores = score_samples(self.client_models_[index], Xt)
+            else:
+                model = self.client_models_[index]
+                scores = score_samples(model, pca.transform(Xt)) + self._residual(Xt)
         return scores.cpu().numpy().astype(np.float64)
 
     def _log_density_bound(self) -> float:

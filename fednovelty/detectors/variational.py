@@ -57,6 +57,7 @@ from fednovelty.detectors._params import (
     EM,
     INIT,
     N_COMPONENTS,
+    PCA,
     PRIVACY,
     ROBUST,
     RUNTIME,
@@ -234,6 +235,7 @@ class FedVBDetector(MixtureDetector):
         "robust_aggregation": "aggregation",
         "score": "density",
     }
+    _pca_front_end = True
     _params = declare(
         N_COMPONENTS,
         VB_PRIORS,
@@ -257,6 +259,7 @@ class FedVBDetector(MixtureDetector):
         ROBUST,
         PRIVACY,
         DIFFERENTIAL_PRIVACY,
+        PCA,
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 10},
@@ -329,6 +332,31 @@ class FedVBDetector(MixtureDetector):
             raise InvalidPriorError(f"covariance_prior: {error}") from None
 
     # -------------------------------------------------------------- fitting
+    def _vb_settings(self, n_features: int, seed: int) -> tuple[dict, dict, dict]:
+        """The algorithms' settings for rows ``n_features`` wide: those both take, those only
+        the one-shot merge takes, those only the exact fit takes."""
+        settings = self._settings(n_features)
+        one_shot = {name: settings.pop(name) for name in _ONE_SHOT_ONLY}
+        exact = {name: settings.pop(name) for name in _EXACT_ONLY}
+        if exact["init_params"] == "oneshot":  # the exact fit's one-shot start
+            exact["match_threshold"] = one_shot["match_threshold"]
+        common = {**settings, "random_state": seed, **self._torch_options()}
+        return common, one_shot, exact
+
+    def max_fit_rounds(self, n_features: int | None = None) -> int:
+        """Most rounds ``fit`` can run on rows ``n_features`` wide: the algorithm's (the
+        prior-moments round, the initialisation's, ``vb_init`` and ``max_iter`` VB rounds;
+        or a one-shot merge's), after federated PCA's two when the front end
+        engages there (``_front_end_rounds``). The width changes no round count but the
+        PCA front end's (``"auto"``), so an unknown one is taken as 1."""
+        width = n_features or getattr(self, "n_features_in_", None) or 1
+        common, one_shot, exact = self._vb_settings(width, 0)
+        if self.posterior_merge != "exact":
+            algorithm = FederatedVBOneShot(**common, **one_shot)
+        else:
+            algorithm = FederatedVB(**common, **exact)
+        return algorithm.max_rounds + self._front_end_rounds(n_features)
+
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         n_total = sum(c.shape[0] for c in clients)
         n_features = clients[0].shape[1]
@@ -338,12 +366,7 @@ class FedVBDetector(MixtureDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
-        settings = self._settings(n_features)
-        one_shot = {name: settings.pop(name) for name in _ONE_SHOT_ONLY}
-        exact = {name: settings.pop(name) for name in _EXACT_ONLY}
-        if exact["init_params"] == "oneshot":  # the exact fit's one-shot start
-            exact["match_threshold"] = one_shot["match_threshold"]
-        common = {**settings, "random_state": seed, **self._torch_options()}
+        common, one_shot, exact = self._vb_settings(n_features, seed)
         plan = None
         if self.posterior_merge != "exact":
             self._check_one_shot()
