@@ -74,9 +74,10 @@ class EMDetector(MixtureDetector):
     _joint = False
     _pca_front_end = True
 
-    def max_fit_rounds(self) -> int:
-        """Most rounds ``fit`` can run: federated PCA's with ``pca_components``, the
-        initialisation's (``init_params``, ``kmeans_rounds``) and ``max_iter`` EM rounds."""
+    def max_fit_rounds(self, n_features: int | None = None) -> int:
+        """Most rounds ``fit`` can run on rows ``n_features`` wide: federated PCA's where
+        ``pca_components`` engages it (``_front_end_rounds``), the initialisation's
+        (``init_params``, ``kmeans_rounds``) and ``max_iter`` EM rounds."""
         from fednovelty.federated import FederatedEM
 
         init = FederatedEM(
@@ -85,8 +86,7 @@ class EMDetector(MixtureDetector):
             max_iter=self.max_iter,
             kmeans_rounds=self.kmeans_rounds,
         )
-        pca = FederatedPCA.max_rounds if getattr(self, "pca_components", None) else 0
-        return init.max_rounds + pca
+        return init.max_rounds + self._front_end_rounds(n_features)
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

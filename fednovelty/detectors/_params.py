@@ -423,16 +423,6 @@ PCA: Group = (
 )
 
 
-def with_pca(spec: ParamSet) -> ParamSet:
-    """``spec`` with the :data:`PCA` group added (before ``contamination`` where declared,
-    else at the end) unless it declares ``pca_components`` already."""
-    if "pca_components" in spec.names:
-        return spec
-    params = list(spec.params)
-    at = spec.names.index("contamination") if "contamination" in spec.names else len(params)
-    return ParamSet(tuple(params[:at]) + PCA + tuple(params[at:]), spec.positional)
-
-
 #: Each client's own mixture, its size chosen by BIC.
 LOCAL_FIT: Group = (
     Param(
