@@ -229,6 +229,42 @@ class WeightsFit:
     converged: bool
 
 
+def _weights_em(
+    log_components: Tensor, log_g: Tensor, tau: float, max_iter: int, tol: float
+) -> WeightsFit:
+    """EM over the weights from ``log_g`` (shape K) under ``tau`` pseudo-rows spread as
+    ``g`` (0: maximum likelihood); the loop of :func:`fit_weights` and
+    :func:`fit_weights_map`, whose checks have run."""
+    shape, n = log_g.shape, log_components.shape[0]
+    log_prior_mass = log_g + math.log(tau) if tau > 0 else torch.full_like(log_g, -math.inf)
+    log_w = log_g
+    trace, lls = [log_w.exp()], []
+    previous, converged = None, False
+    for _ in range(max_iter):
+        joint = (log_components + log_w).reshape(n, -1)
+        log_norm = torch.logsumexp(joint, dim=1, keepdim=True)
+        ll = float(log_norm.mean())
+        lls.append(ll)
+        objective = ll
+        if tau > 0:  # every w_k with g_k > 0 is then > 0
+            kept = torch.where(log_g.isneginf(), 0.0, log_w)
+            objective += tau * float((log_g.exp() * kept).sum()) / n
+        log_counts = torch.logsumexp(joint - log_norm, dim=0).reshape(shape)
+        log_w = torch.logaddexp(log_counts, log_prior_mass) - math.log(n + tau)
+        trace.append(log_w.exp())
+        if previous is not None and abs(objective - previous) < tol:
+            converged = True
+            break
+        previous = objective
+    return WeightsFit(
+        log_weights=log_w,
+        trace=torch.stack(trace),
+        mean_log_likelihoods=torch.as_tensor(lls, dtype=log_w.dtype),
+        n_iter=len(lls),
+        converged=converged,
+    )
+
+
 def fit_weights(
     log_components: Tensor,
     log_weights_init: Tensor,
@@ -258,29 +294,7 @@ def fit_weights(
         raise ValueError("fit_weights needs at least one row in log_components.")
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}.")
-    shape = log_weights_init.shape
-    n = log_components.shape[0]
-    log_w = log_weights_init
-    trace, lls = [log_w.exp()], []
-    previous, converged = None, False
-    for _ in range(max_iter):
-        joint = (log_components + log_w).reshape(n, -1)
-        log_norm = torch.logsumexp(joint, dim=1, keepdim=True)
-        ll = float(log_norm.mean())
-        lls.append(ll)
-        log_w = (torch.logsumexp(joint - log_norm, dim=0) - math.log(n)).reshape(shape)
-        trace.append(log_w.exp())
-        if previous is not None and abs(ll - previous) < tol:
-            converged = True
-            break
-        previous = ll
-    return WeightsFit(
-        log_weights=log_w,
-        trace=torch.stack(trace),
-        mean_log_likelihoods=torch.as_tensor(lls, dtype=log_w.dtype),
-        n_iter=len(lls),
-        converged=converged,
-    )
+    return _weights_em(log_components, log_weights_init, 0.0, max_iter, tol)
 
 
 def check_prior_rows(prior_rows) -> float:
@@ -342,35 +356,7 @@ def fit_weights_map(
             f"log_prior_weights must be log-probabilities summing to 1; they sum to {total:.6g} "
             "in probability. Pass the global weights' logarithm."
         )
-    shape, n = log_prior_weights.shape, log_components.shape[0]
-    log_g = log_prior_weights
-    log_prior_mass = log_g + math.log(tau) if tau > 0 else torch.full_like(log_g, -math.inf)
-    log_w = log_g
-    trace, lls = [log_w.exp()], []
-    previous, converged = None, False
-    for _ in range(max_iter):
-        joint = (log_components + log_w).reshape(n, -1)
-        log_norm = torch.logsumexp(joint, dim=1, keepdim=True)
-        ll = float(log_norm.mean())
-        lls.append(ll)
-        objective = ll
-        if tau > 0:  # every w_k with g_k > 0 is then > 0
-            kept = torch.where(log_g.isneginf(), 0.0, log_w)
-            objective += tau * float((log_g.exp() * kept).sum()) / n
-        log_counts = torch.logsumexp(joint - log_norm, dim=0).reshape(shape)
-        log_w = torch.logaddexp(log_counts, log_prior_mass) - math.log(n + tau)
-        trace.append(log_w.exp())
-        if previous is not None and abs(objective - previous) < tol:
-            converged = True
-            break
-        previous = objective
-    return WeightsFit(
-        log_weights=log_w,
-        trace=torch.stack(trace),
-        mean_log_likelihoods=torch.as_tensor(lls, dtype=log_w.dtype),
-        n_iter=len(lls),
-        converged=converged,
-    )
+    return _weights_em(log_components, log_prior_weights, tau, max_iter, tol)
 
 
 def prior_target(variance: Tensor, scale: Tensor, prior_scale: float) -> Tensor:
