@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -90,6 +91,22 @@ def em_step(
     return params_from_stats(stats, reg_covar, prior), stats
 
 
+def iterate_em(step, params, max_iter: int, tol: float) -> tuple[Any, list[float], bool]:
+    """scikit-learn's EM loop: ``params, lower_bound = step(params)`` at most ``max_iter``
+    times, until ``|lb[t] - lb[t-1]| < tol``; ``lower_bound`` is the mean log-likelihood
+    under the parameters before the update. Returns ``(params, lower_bounds, converged)``."""
+    lower_bounds: list[float] = []
+    previous, converged = -math.inf, False
+    for _ in range(max_iter):
+        params, lower_bound = step(params)
+        lower_bounds.append(lower_bound)
+        if abs(lower_bound - previous) < tol:
+            converged = True
+            break
+        previous = lower_bound
+    return params, lower_bounds, converged
+
+
 def fit_em(
     X: Tensor,
     init: MixtureParams,
@@ -112,18 +129,12 @@ def fit_em(
         ``EMResult``; ``lower_bounds[t]`` is the mean log-likelihood under the parameters
         before M-step ``t``, and convergence is ``|lb[t] - lb[t-1]| < tol``.
     """
-    params = init
-    lower_bounds: list[float] = []
-    previous = -float("inf")
-    converged = False
-    for _ in range(max_iter):
+
+    def step(params: MixtureParams) -> tuple[MixtureParams, float]:
         params, stats = em_step(X, params, reg_covar, chunk_size, prior)
-        lower_bound = float(stats.log_likelihood / stats.n_samples)
-        lower_bounds.append(lower_bound)
-        if abs(lower_bound - previous) < tol:
-            converged = True
-            break
-        previous = lower_bound
+        return params, float(stats.log_likelihood / stats.n_samples)
+
+    params, lower_bounds, converged = iterate_em(step, init, max_iter, tol)
     return EMResult(params, len(lower_bounds), converged, lower_bounds)
 
 

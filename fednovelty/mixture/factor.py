@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.em import iterate_em
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.model import MixtureParams
 from fednovelty.mixture.stats import CovariancePrior
@@ -627,16 +628,13 @@ def fit_factor_em(
             f"X has {X.shape[0]} rows but n_components={init.n_components}; lower "
             "n_components or provide more rows."
         )
-    params, lower_bounds, previous, converged = init, [], -math.inf, False
-    for _ in range(max_iter):
+
+    def step(params: FactorParams) -> tuple[FactorParams, float]:
         stats = factor_e_step(X, params, factor_shift(params), chunk_size=chunk_size)
         params = factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic)
-        lower_bound = float(stats.log_likelihood / stats.n_samples)
-        lower_bounds.append(lower_bound)
-        if abs(lower_bound - previous) < tol:
-            converged = True
-            break
-        previous = lower_bound
+        return params, float(stats.log_likelihood / stats.n_samples)
+
+    params, lower_bounds, converged = iterate_em(step, init, max_iter, tol)
     return FactorEMResult(params, len(lower_bounds), converged, lower_bounds)
 
 
