@@ -45,7 +45,7 @@ from fednovelty.methods import get_method  # noqa: E402
 
 #: the mixture families compared (scoreboard method names).
 FAMILIES = ("FedGMM", "DEM-kmeans", "FedVB", "FedGenGMM", "Local", "ClusteredGMM-IFCA")
-#: the text set of 1,555 features the issue's timings came from (used when present).
+#: ADBench's 1,555-feature set (Internet ads), run when present in the data folder.
 TEXT_SET = "17_InternetAds"
 #: the sets the full-covariance fits are tried on by default (four small MVTec categories,
 #: where they finish within a minute or two, and CIFAR10_0, where they do not).
