@@ -385,9 +385,10 @@ class FederatedFactorEM(ChainedAlgorithm):
 
     ``FederatedFactorEM(n_components, n_factors, **settings)`` with the settings of
     :class:`FactorEMConfig`; the fitted mixture is ``state.factors``
-    (:class:`~fednovelty.mixture.factor.FactorParams`). It has no ``config_class`` yet,
-    so the registry (and the engines that build algorithms by name) do not list it.
+    (:class:`~fednovelty.mixture.factor.FactorParams`, in the user's units).
     """
+
+    config_class = FactorEMConfig
 
     def __init__(self, n_components: int, n_factors: int, **settings: Any) -> None:
         self._setup(FactorEMConfig(n_components=n_components, n_factors=n_factors, **settings))
