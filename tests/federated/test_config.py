@@ -53,6 +53,7 @@ from fednovelty.federated.config import (
 from fednovelty.federated.init import GivenMixture, InitSettings, MomentsSettings
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.learners import mlp_learner
+from fednovelty.federated.mixtures.factor_em import FactorEMConfig, FederatedFactorEM
 from fednovelty.federated.streams.streaming import StreamingEM
 
 #: a one-component mixture in one feature, as a streaming window's start.
@@ -89,6 +90,17 @@ EXAMPLES = {
     "FederatedVB": lambda: FederatedVB(4, mean_prior=[0.0, 1.0], init_params="separated"),
     "FederatedKNNMarkers": lambda: FederatedKNNMarkers(3, n_neighbors=7, kmeans_rounds=3),
     "VGM2": lambda: VGM2(method="fedavg", n_features=5, n_classes=3, robust_aggregation="median"),
+    "FederatedFactorEM": lambda: FederatedFactorEM(
+        3,
+        2,
+        isotropic=True,
+        oversample=4,
+        standardize=True,
+        prior_strength=5.0,
+        init_params="separated",
+        means_init=np.arange(12.0).reshape(3, 4),
+        max_iter=7,
+    ),
 }
 
 
@@ -178,6 +190,14 @@ def test_local_gmms_is_a_configuration_of_fedgengmm() -> None:
         (lambda: FedGenConfig(n_components=0), "n_components must be >= 1 or None"),
         (lambda: FedGenConfig(max_iter=0), "max_iter"),
         (lambda: PCAConfig(n_components=0), "n_components must be >= 1"),
+        (lambda: FactorEMConfig(n_components=2, n_factors=0), "n_factors must be >= 1"),
+        (lambda: FactorEMConfig(n_components=2, n_factors=1, oversample=-1), "oversample"),
+        (lambda: FactorEMConfig(n_components=2, n_factors=1, init_params="subset"), "init_params"),
+        (
+            lambda: FactorEMConfig(n_components=2, n_factors=1, precisions_init=[[[1.0]]] * 2),
+            "give means_init",
+        ),
+        (lambda: FactorEMConfig(n_components=2, n_factors=1, aggregation="trimmed"), "aggregation"),
         (
             lambda: EMConfig.from_json({"n_components": 2, "n_comps": 3}),
             r"unknown setting\(s\) \['n_comps'\]",
@@ -204,6 +224,7 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "FederatedVBOneShot",
         "FederatedKNNMarkers",
         "VGM2",
+        "FederatedFactorEM",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):
         build_algorithm("KMeans", {})
@@ -242,6 +263,7 @@ def broadcasts(algorithm, data) -> list:
         lambda: JointFedGMM(2, 2, 2, standardize=True, max_iter=3),
         lambda: FedGenGMM(k_range=(1, 3), standardize=True, prior_strength=2.0),
         lambda: ClusteredFL("IFCA-CAM", 4, 2, n_clusters=2, rounds=3, warmup_rounds=1),
+        lambda: FederatedFactorEM(2, 2, standardize=True, prior_strength=3.0, max_iter=3),
     ],
 )
 def test_messages_carry_only_what_changes_per_round(make) -> None:
@@ -281,6 +303,8 @@ SETTINGS_A_FAMILY_LACKS = [
     (StreamConfig, {"n_components": 1, **START}, "standardize", False),
     (PFedEMConfig, {"n_components": 2, "n_classes": 2}, "prior_strength", None),
     (ClusteredEMConfig, {"n_components": 2}, "means_init", None),
+    (FactorEMConfig, {"n_components": 2, "n_factors": 1}, "mixture_weights", "global"),
+    (FactorEMConfig, {"n_components": 2, "n_factors": 1}, "pca_components", None),
 ]
 
 
@@ -308,6 +332,11 @@ def test_a_config_has_only_the_settings_its_algorithm_reads(config, needs, name,
             lambda: ClusteredEMConfig(n_components=2, mixture_weights="global"),
             lambda: ClusteredEMConfig.MIXTURE_WEIGHT_CHOICES == ("personal",),
             r"mixture_weights must be one of \['personal'\] for ClusteredEMConfig",
+        ),
+        (
+            lambda: FactorEMConfig(n_components=2, n_factors=1, covariance_type="full"),
+            lambda: FactorEMConfig.COVARIANCE_CHOICES == ("diag",),
+            r"covariance_type must be one of \['diag'\] for FactorEMConfig",
         ),
         (
             lambda: StreamConfig(n_components=1, aggregation="median", **START),
