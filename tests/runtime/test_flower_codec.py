@@ -22,6 +22,7 @@ from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_conte
 
 from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
 from fednovelty.federated.joint_models.joint import JointFedGMM, mlp_learner
+from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower import codec
 from fednovelty.runtime.flower.config import (
@@ -158,8 +159,16 @@ def _assert_same(a, b, where: str = "state") -> None:
         FedGenGMM(n_components=2, k_range=(1, 3)),
         FedGenGMM(n_components=2, k_range=(1, 3), copula=True),
         JointFedGMM(2, 2, 2, learner_factory=mlp_learner, max_iter=2, kmeans_rounds=2),
+        FederatedFactorEM(2, 1, standardize=True, prior_strength=3.0, max_iter=3, tol=0.0),
     ],
-    ids=["FederatedEM", "FederatedEM-squarem", "FedGenGMM", "FedGenGMM-copula", "JointFedGMM"],
+    ids=[
+        "FederatedEM",
+        "FederatedEM-squarem",
+        "FedGenGMM",
+        "FedGenGMM-copula",
+        "JointFedGMM",
+        "FederatedFactorEM",
+    ],
 )
 def test_result_file_round_trip(algorithm, tmp_path) -> None:
     if isinstance(algorithm, JointFedGMM):

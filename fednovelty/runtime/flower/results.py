@@ -5,11 +5,12 @@ cannot be returned as a Python object: ``save_result`` writes it to one ``.safet
 file and ``load_result`` reads it back as a :class:`FlowerResult`, a ``SimulationResult``
 with the algorithm's registry name and settings (their JSON form,
 :func:`~fednovelty.federated.registry.algorithm_settings`). The final server state (a state
-class of the registry: ``EMState``, ``JointState``, ``FedGenState``, ``PCAState``) is stored
-field by field: tensors in safetensors, the rest (numbers, lists, dicts keyed by client id,
-mixtures, covariance priors, PCA projections) in a JSON document in the file's metadata.
-Loading parses JSON and reads raw tensors; it runs no code from the file. A field a later
-version dropped from a state class is ignored on loading.
+class of the registry: ``EMState``, ``JointState``, ``FedGenState``, ``PCAState``,
+``FactorEMState``) is stored field by field: tensors in safetensors, the rest (numbers,
+lists, dicts keyed by client id, mixtures, mixtures of factor analysers, covariance priors,
+PCA projections) in a JSON document in the file's metadata. Loading parses JSON and reads
+raw tensors; it runs no code from the file. A field a later version dropped from a state
+class is ignored on loading.
 
 Nothing here imports Flower: a result file can be loaded where Flower is not installed.
 """
@@ -32,6 +33,7 @@ from fednovelty.federated.mixtures.accelerate import Squarem
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
 from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
+from fednovelty.mixture.factor import FactorParams
 from fednovelty.mixture.variational import VBPosterior, VBPrior
 from fednovelty.runtime.simulation import RoundRecord, SimulationResult
 
@@ -43,6 +45,7 @@ VALUES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         CovariancePrior,
+        FactorParams,
         PCAProjection,
         PCAState,
         Squarem,
