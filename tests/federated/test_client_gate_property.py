@@ -11,9 +11,12 @@ numpy, from the client's rows and the broadcast alone, the effective rows behind
 released nonzero value:
 
 - a component's statistics: Kish's ``(sum_i r_ik)^2 / sum_i r_ik^2`` of its responsibilities
-  (hand-written Gaussian log-densities, sklearn's Cholesky-of-precision convention), after
-  checking that the released counts are those responsibilities' sums;
-- hard groups (Lloyd assignment, pFedEM's partition, classes): the rows counted;
+  (hand-written Gaussian log-densities, sklearn's Cholesky-of-precision convention; for a
+  mixture of factor analysers, ``W W^T + diag(psi)`` through Woodbury's identity by hand),
+  after checking that the released counts are those responsibilities' sums (and a factor
+  analyser's ``E[z]`` statistics, a factor start's sketch, those of the same rows);
+- hard groups (Lloyd assignment, the factor start's partition, pFedEM's partition,
+  classes): the rows counted;
 - a centroid: its count (the counts add up to the rows, the centres to the rows' sum);
 - a feature range: the mean of ``min_rows`` extreme values;
 - a local mixture's component: ``weight * n`` and its responsibilities' effective rows;
@@ -58,6 +61,7 @@ from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
 from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, LocalGMMs
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.privacy import PrivacyPolicy
@@ -182,6 +186,22 @@ VARIANTS: dict[str, Variant] = {
         "FederatedKNNMarkers",
         lambda: FederatedKNNMarkers(2, n_neighbors=3, max_iter=2, random_state=0),
     ),
+    "factor": Variant(
+        "FederatedFactorEM", lambda: FederatedFactorEM(2, 1, max_iter=2, random_state=0)
+    ),
+    "factor_standardized": Variant(
+        "FederatedFactorEM",
+        lambda: FederatedFactorEM(
+            2,
+            1,
+            max_iter=2,
+            standardize=True,
+            prior_strength=3.0,
+            init_params="separated",
+            isotropic=True,
+            random_state=0,
+        ),
+    ),
     "vgm2": Variant("VGM2", lambda: VGM2(D, 2, umap_weight=0.0, **SMALL_VGM2), labelled=True),
     "vgm2_fedavg": Variant(
         "VGM2", lambda: VGM2(D, 2, method="fedavg", **SMALL_VGM2), labelled=True
@@ -226,6 +246,15 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("vb_oneshot", "vb_local"),
     ("knn_markers", "vb_init"),
     ("knn_markers", "vb"),
+    ("factor", "centroids"),
+    ("factor", "assign"),
+    ("factor", "factor_start"),
+    ("factor", "factor_em"),
+    ("factor_standardized", "moments"),
+    ("factor_standardized", "range"),
+    ("factor_standardized", "assign"),
+    ("factor_standardized", "factor_start"),
+    ("factor_standardized", "factor_em"),
     ("vgm2", "vgm2"),
     ("vgm2_fedavg", "vgm2"),
     ("vgm2_prototype", "vgm2"),
@@ -299,6 +328,25 @@ def log_gauss(X: np.ndarray, means: np.ndarray, prec: np.ndarray, ct: str) -> np
         y = diff * prec[None, :, None]
     log_det = log_det_factor(prec, ct, means.shape[0], d)
     return -0.5 * (d * math.log(2 * math.pi) + np.square(y).sum(2)) + log_det
+
+
+def factor_terms(X: np.ndarray, t: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Under a mixture of factor analysers (``t``: means (K, d), factors ``W`` (K, d, q), psi
+    (K, d)): ``log N(x_i; mu_k, W_k W_k^T + diag(psi_k))`` (n, K), ``E[z | x_i, k]``
+    (n, K, q) and ``Cov[z | x_i, k] = M_k^{-1}`` (K, q, q), with ``M = I + W^T Psi^{-1} W``:
+    ``Sigma^{-1} = Psi^{-1} - Psi^{-1} W M^{-1} W^T Psi^{-1}`` (Woodbury),
+    ``det Sigma = det M prod psi``, ``E[z | x] = M^{-1} W^T Psi^{-1} (x - mu)``."""
+    W, psi, means = t["factors"], t["psi"], t["means"]
+    d, q = W.shape[1], W.shape[2]
+    diff = X[:, None, :] - means[None]  # (n, K, d)
+    whitened = diff / psi[None]  # Psi^{-1} (x - mu)
+    M = np.eye(q)[None] + np.einsum("kdp,kd,kdq->kpq", W, 1.0 / psi, W)
+    M_inv = np.linalg.inv(M)
+    projected = np.einsum("kdq,nkd->nkq", W, whitened)  # W^T Psi^{-1} (x - mu)
+    ez = np.einsum("kpq,nkq->nkp", M_inv, projected)
+    maha = (diff * whitened).sum(2) - (projected * ez).sum(2)
+    log_det = np.linalg.slogdet(M)[1] + np.log(psi).sum(1)
+    return -0.5 * (d * math.log(2 * math.pi) + log_det + maha), ez, M_inv
 
 
 def softmax_rows(log_p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -544,6 +592,20 @@ def craft(algorithm, kind: str, template: Message, X: np.ndarray, how: dict) -> 
     elif kind == "assign":
         out["centers"] = crafted_mixture(how, t, X, "spherical", max(1, 2 + how["extra"]))["means"]
         out["shift"] = crafted_shift(how, t, X)
+    elif kind == "factor_start":  # centres of any count, any test matrix, any shift
+        out["centers"] = crafted_mixture(how, t, X, "spherical", max(1, 2 + how["extra"]))["means"]
+        rng = np.random.default_rng(how["seed"] + 6)
+        width = t["omega"].shape[1] + int(rng.integers(0, 3))
+        out["omega"] = rng.normal(size=(X.shape[1], width)) * how["learner_scale"]
+        out["shift"] = crafted_shift(how, t, X)
+    elif kind == "factor_em":  # noise variances as the crafted diag mixture's; loadings
+        mixture = crafted_mixture(how, t, X, "diag", k)
+        psi = mixture.pop("precisions_cholesky") ** -2.0
+        rng = np.random.default_rng(how["seed"] + 7)
+        d, q = X.shape[1], t["factors"].shape[2]
+        loadings = rng.normal(size=(k, d, q)) * np.sqrt(psi)[:, :, None]
+        loadings *= 10.0 ** rng.uniform(-2.0, 2.0, (k, 1, 1))
+        out.update(mixture, psi=psi, factors=loadings, shift=crafted_shift(how, t, X))
     elif kind == "moments_scatter":
         out["mean"] = crafted_shift(how, {"shift": t["mean"]}, X)
     elif kind == "vb_local":
@@ -595,6 +657,9 @@ def check_components(released: dict, resp: np.ndarray, X: np.ndarray, shift, ct:
     tied = ct == "tied"
     if second is not None and not tied:
         sent = sent | nonzero_rows(second)
+    for name in ("xz", "sum_z", "zz", "sketch"):  # a factor analyser's further statistics
+        if name in released:
+            sent = sent | nonzero_rows(released[name])
     n = X.shape[0]
     assert np.allclose(counts[sent], resp[:, sent].sum(0), rtol=1e-6, atol=1e-9 * n), (
         f"{what}: released counts are not the recomputed responsibilities' sums"
@@ -656,6 +721,10 @@ def check(algorithm, kind: str, message: Message, data, reply: Message, before: 
         assert_backed(counts, f"{what}: a centroid")
         assert math.isclose(counts.sum(), n)
         assert np.allclose(counts @ centers, X.sum(0), rtol=1e-8, atol=1e-8 * np.abs(X).sum())
+    elif kind == "factor_start":
+        check_factor_start(algorithm, r, X, t, what)
+    elif kind == "factor_em":
+        check_factor_em(algorithm, r, X, t, what)
     elif kind == "range":
         ordered = np.sort(X, 0)
         assert np.allclose(r["min"], ordered[:MIN_ROWS].mean(0), rtol=1e-10, atol=1e-12)
@@ -685,6 +754,45 @@ def check(algorithm, kind: str, message: Message, data, reply: Message, before: 
         assert_backed(classes[sent], f"{what}: a class prototype")
     # moments, count, vb_prior, moments_mean, moments_scatter, cam_*, vgm2's models:
     # whole-client values, checked above
+
+
+def assert_recomputed(released: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """Released values equal the recomputation, relative to the values' scale."""
+    scale = float(np.abs(expected).max(initial=0.0))
+    assert np.allclose(released, expected, rtol=1e-6, atol=1e-8 * scale), what
+
+
+def check_factor_start(algorithm, r, X, t, what):
+    """The factor start's reply: counts, sums, second moments and sketch
+    ``sum (x - shift)(x - shift)^T Omega`` of the rows nearest each broadcast centre."""
+    assert r["counts"].shape[0] <= own_limit(algorithm)
+    centers = t["centers"]
+    labels = np.argmin(np.square(X[:, None] - centers[None]).sum(2), 1)
+    resp = np.eye(centers.shape[0])[labels]
+    sent = check_components(r, resp, X, t["shift"], "diag", what)
+    centred = X - t["shift"]
+    part = resp[:, sent]
+    assert_recomputed(r["second"][sent], part.T @ np.square(centred), f"{what}: second")
+    sketch = np.einsum("nk,nd,ne->kde", part, centred, centred @ t["omega"])
+    assert_recomputed(r["sketch"][sent], sketch, f"{what}: sketch")
+
+
+def check_factor_em(algorithm, r, X, t, what):
+    """A factor EM reply: the responsibilities' statistics (:func:`check_components`) and
+    ``sum r E[z]``, ``sum r (x - shift) E[z]^T``, ``sum r E[z z^T]`` of the same rows."""
+    assert r["counts"].shape[0] <= own_limit(algorithm)
+    log_n, ez, post_cov = factor_terms(X, t)
+    resp, _ = softmax_rows(log_n + np.log(t["weights"]))
+    sent = check_components(r, resp, X, t["shift"], "diag", what)
+    rz = resp[:, sent, None] * ez[:, sent]  # (n, S, q)
+    expected = {
+        "sum_z": rz.sum(0),
+        "xz": np.einsum("nd,nkq->kdq", X - t["shift"], rz),
+        "zz": np.einsum("nkp,nkq->kpq", rz, ez[:, sent])
+        + resp[:, sent].sum(0)[:, None, None] * post_cov[sent],
+    }
+    for name, value in expected.items():
+        assert_recomputed(r[name][sent], value, f"{what}: {name}")
 
 
 def check_stream(algorithm, r, X, t, before, what):

@@ -30,6 +30,7 @@ from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
 from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, LocalGMMs
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.streams.streaming import StreamingEM
@@ -91,6 +92,12 @@ CASES: dict[str, tuple[Callable, Callable]] = {
         lambda: VGM2(D, 2, hidden=8, embedding_dim=2, local_epochs=1, batch_size=16, rounds=2),
         _labelled,
     ),
+    # one Lloyd round: the liar's first lie (rounds 0-3) falls in each kind it answers
+    # (centroids, assign, factor_start, factor_em)
+    "FederatedFactorEM": (
+        lambda: FederatedFactorEM(2, 1, kmeans_rounds=1, max_iter=3, random_state=0),
+        _unlabelled,
+    ),
 }
 
 
@@ -121,10 +128,11 @@ def test_a_liar_never_crashes_a_fit_with_an_unnamed_error(name, how) -> None:
         for _, reason in record.dropped:
             assert reason  # every drop has a reason
     state = result.state
-    params = getattr(state, "params", None)
-    if params is not None:
-        for tensor in params.tensors().values():
-            assert bool(torch.isfinite(tensor).all()), f"{name}: non-finite fitted parameters"
+    for field in ("params", "factors"):  # a mixture; a mixture of factor analysers
+        fitted = getattr(state, field, None)
+        if fitted is not None:
+            for tensor in fitted.tensors().values():
+                assert bool(torch.isfinite(tensor).all()), f"{name}: non-finite {field}"
 
 
 def test_the_liar_is_dropped_by_name_in_the_round_it_lies() -> None:
