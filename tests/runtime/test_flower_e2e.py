@@ -4,11 +4,12 @@ A SuperLink and three SuperNodes run on 127.0.0.1 (free ports) as separate proce
 ``examples/flower`` (copied) is started with ``flwr run``; each node holds one partition of
 one dataset. FedGenGMM (one round), two rounds of iterative EM with personal weights (the
 second round reads each node's persisted state), the one-shot start with SQUAREM rounds, a
-streaming window, clustered EM, federated VB, one-shot VB and the kNN-distance markers
-(each node keeps its rows' distances in its state) must equal ``run_simulation`` on the
-same partitions to float64 round-off, and load into the detectors. The federation is
-stopped in a fixture finalizer, so its processes are cleaned up on failures too. (Dropping failed or
-malformed replies is tested without a deployment in ``test_flower_validation.py``.)
+streaming window, clustered EM, federated VB, one-shot VB, the kNN-distance markers
+(each node keeps its rows' distances in its state) and the mixture of factor analysers must
+equal ``run_simulation`` on the same partitions to float64 round-off, and load into the
+detectors (those that have one). The federation is stopped in a fixture finalizer, so its
+processes are cleaned up on failures too. (Dropping failed or malformed replies is tested
+without a deployment in ``test_flower_validation.py``.)
 Every message starts a ClientApp process, so each round takes seconds: the module is
 marked slow.
 """
@@ -32,6 +33,7 @@ from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
 from fednovelty.runtime import run_simulation
 
 pytestmark = pytest.mark.slow
@@ -324,3 +326,45 @@ def test_knn_markers_on_flower_equal_simulation(federation, partitions) -> None:
     assert_close_scaled(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
     assert_same_history(result.history, simulated.history)
     assert result.dropped == []
+
+
+def test_factor_em_on_flower_equals_simulation(federation, partitions) -> None:
+    """FederatedFactorEM: the moments round (standardisation, the noise prior), k-FED
+    centroids and Lloyd rounds, the sketch start and two factor EM rounds give the
+    simulation's mixture of factor analysers (the result file carries ``FactorParams``)."""
+    federation, app = federation
+    params = {
+        "n_components": 2,
+        "n_factors": 2,
+        "standardize": True,
+        "prior_strength": 11.0,
+        "kmeans_rounds": 2,
+        "max_iter": 2,
+        "tol": 0.0,
+    }
+    result = federation.run_app(
+        app,
+        {
+            "algorithm": "FederatedFactorEM",
+            "algorithm-params": json.dumps(params),
+            "num-nodes": N_PARTS,
+        },
+        timeout=600,  # a wait, not a budget
+    )
+    simulated = simulate(FederatedFactorEM(**params, random_state=0), partitions[1])
+    state, expected = result.state, simulated.state
+    assert result.algorithm == "FederatedFactorEM" and result.dropped == []
+    kinds = ["moments", "centroids", "assign", "assign", "factor_start", "factor_em", "factor_em"]
+    assert [r.kind for r in result.history] == kinds
+    assert state.n_iter == 2
+    for name, tensor in expected.factors.tensors().items():
+        scale = float(tensor.abs().max())
+        torch.testing.assert_close(
+            state.factors.tensors()[name],
+            tensor,
+            rtol=1e-9,
+            atol=1e-9 * scale,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
+    assert_close_scaled(state.lower_bounds, expected.lower_bounds, rtol=1e-12)
+    assert_same_history(result.history, simulated.history)
