@@ -181,11 +181,12 @@ def test_a_huge_prior_scatter_is_screened_and_the_fit_is_that_without_the_liar(n
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("name", ["FederatedEM", "ClusteredEM"])
+@pytest.mark.parametrize("name", ["FederatedEM", "ClusteredEM", "FederatedFactorEM"])
 def test_a_far_centroid_is_screened_where_no_moments_round_comes_first(name) -> None:
     """Without standardisation the k-means centroids are the first round: one client of ten
     sending a centroid at 1e133 used to end the fit with a singular covariance under the
-    plain sum; the screen drops it by name and the fit goes on."""
+    plain sum; the screen drops it by name and the fit goes on (for the mixture of factor
+    analysers too, whose start is the same k-means rounds)."""
     from _liars import Forging
 
     from fednovelty.federated import registry
@@ -194,6 +195,8 @@ def test_a_far_centroid_is_screened_where_no_moments_round_comes_first(name) -> 
     settings = {"n_components": 3, "random_state": 0, "max_iter": 5}
     if name == "ClusteredEM":
         settings.update(n_clusters=2, cluster_components=1)
+    if name == "FederatedFactorEM":
+        settings.update(n_factors=1)
     clients = dict(enumerate(_clients()))
 
     def far(reply, message, number):
@@ -209,3 +212,6 @@ def test_a_far_centroid_is_screened_where_no_moments_round_comes_first(name) -> 
     first = result.history[0]
     assert first.kind == "centroids" and [c for c, _ in first.dropped] == [4]
     assert bool(torch.isfinite(result.state.params.means).all())
+    factors = getattr(result.state, "factors", None)  # a mixture of factor analysers
+    if factors is not None:
+        assert all(bool(torch.isfinite(t).all()) for t in factors.tensors().values())
