@@ -241,6 +241,10 @@ class Method:
 
 # ----------------------------------------------------------------------------- the registry
 FEDGENGMM_PAPER = "Zhang Pettersson et al.: Federated Gaussian Mixture Models (FedGenGMM), 2025"
+MFA_PAPER = (
+    "Ghahramani & Hinton: The EM algorithm for mixtures of factor analyzers, 1996; "
+    "Tipping & Bishop: Mixtures of probabilistic principal component analysers, 1999"
+)
 FEDGMM_PAPER = (
     "Wu et al.: Personalized Federated Learning under Mixture of Distributions (FedGMM), ICML 2023"
 )
@@ -468,6 +472,16 @@ def _registry() -> dict[str, Method]:
             "FedGenGMM whose server also fits a Gaussian copula on its synthetic rows and "
             "scores with it (same round)",
             shared=("n_components", *_CLIENT_MIXTURE),
+        ),
+        Method(
+            "FedMFA",
+            _detector("FedMFADetector"),
+            "federated",
+            MFA_PAPER,
+            "federated EM for a mixture of factor analysers (low-rank-plus-diagonal "
+            "covariances, O(N K d q) per round) on federated z-scores: for wide rows "
+            "(embeddings)",
+            shared=("n_components", "random_state"),
         ),
         Method(
             "FedVB",

@@ -22,7 +22,14 @@ PYOD = ["IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS", "PCA"]
 
 
 def test_names_by_task_kind_and_variant():
-    assert method_names() == [*MIXTURES, "FedGenGMM-copula", "FedVB", "KNN-markers", *PYOD]
+    assert method_names() == [
+        *MIXTURES,
+        "FedGenGMM-copula",
+        "FedMFA",
+        "FedVB",
+        "KNN-markers",
+        *PYOD,
+    ]
     assert method_names(kind="pyod") == PYOD
     assert method_names(kind="centralized") == ["CentralGMM"]
     assert method_names(kind="local") == ["Local"]

@@ -11,6 +11,7 @@ from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.joint import JointFedGMMDetector
 from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.local import LocalGMMDetector
+from fednovelty.detectors.mfa import FedMFADetector
 from fednovelty.detectors.persistence import load
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector

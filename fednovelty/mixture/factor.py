@@ -240,9 +240,29 @@ def factor_log_prob(X: Tensor, params: FactorParams, chunk_size: int | None = No
         params.n_components, params.n_features, params.n_factors, X.element_size()
     )
     parts = [
-        _chunk_terms(X[s : s + step] - shift, means, wood)[0] for s in range(0, X.shape[0], step)
+        _far_rows_redone(X[s : s + step] - shift, means, wood) for s in range(0, X.shape[0], step)
     ]
     return torch.cat(parts) if parts else X.new_zeros(0, params.n_components)
+
+
+def _far_rows_redone(centered: Tensor, centered_means: Tensor, wood: _Woodbury) -> Tensor:
+    """``_chunk_terms``' log-densities (n, K), with the rows whose Woodbury difference
+    ``e^T Psi^{-1} e - |u|^2`` overflowed (inf - inf: rows near the dtype's limit) taken
+    again on ``e / s`` with ``s = max |e|``, then scaled by ``s^2``: a far row gets a very
+    low (or ``-inf``) log-density, never NaN."""
+    log_prob, _ = _chunk_terms(centered, centered_means, wood)
+    bad = torch.isnan(log_prob).any(1)
+    if not bool(bad.any()):
+        return log_prob
+    d = centered.shape[1]
+    constant = d * math.log(2 * math.pi) + wood.log_det
+    for i in torch.nonzero(bad).flatten().tolist():
+        row = centered[i : i + 1]
+        scale = torch.maximum(row.abs().amax(), centered_means.abs().amax()).clamp_min(1.0)
+        small, _ = _chunk_terms(row / scale, centered_means / scale, wood)
+        maha = (-2 * small[0] - constant).clamp_min(0.0) * scale.square()
+        log_prob[i] = -0.5 * (constant + maha)
+    return log_prob
 
 
 def factor_score_samples(X: Tensor, params: FactorParams, chunk_size: int | None = None) -> Tensor:

@@ -289,6 +289,7 @@ EXPECTED_CHARTS = {
     "ClusteredGMM-IFCA": (4, 0, 4, 1),
     "ClusteredGMM-FeSEM": (4, 0, 4, 1),
     "CentralGMM": (4, 0, 3, 1),
+    "FedMFA": (4, 0, 3, 0),
     "FedVB": (4, 0, 3, 0),
     "KNN-markers": (3, 0, 3, 0),
     **{name: (3, 0, 2, 0) for name in ("IForest", "ECOD", "COPOD", "HBOS", "KNN", "LOF", "PCA")},

@@ -49,6 +49,7 @@ def test_the_page_choices_are_the_registry_methods():
         "ClusteredGMM-IFCA",
         "ClusteredGMM-FeSEM",
         "Local",
+        "FedMFA",
         "FedVB",
         "KNN-markers",
     ]

@@ -162,7 +162,7 @@ def test_methods_come_from_the_registry():
     assert list(DEFAULT_METHODS) == ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated",
                                      "DEM-subset", "DEM-oneshot", "ClusteredGMM-IFCA",
                                      "ClusteredGMM-FeSEM",
-                                     "Local", "CentralGMM", "FedGenGMM-copula", "FedVB",
+                                     "Local", "CentralGMM", "FedGenGMM-copula", "FedMFA", "FedVB",
                                      "KNN-markers",
                                      "IForest", "ECOD", "COPOD", "KNN", "LOF", "HBOS",
                                      "PCA"]  # fmt: skip

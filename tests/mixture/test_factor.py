@@ -381,3 +381,18 @@ def test_free_parameters_counted_by_hand():
     assert n_factor_parameters(2, 4, 1, isotropic=True) == 2 * 9 + 1
     # q=2: loadings 8 less one rotation angle
     assert n_factor_parameters(1, 4, 2, isotropic=False) == 4 + 7 + 4
+
+
+def test_far_rows_get_the_dense_density_or_minus_inf_never_nan():
+    """Rows so far out that the Woodbury difference ``e^T Psi^-1 e - |u|^2`` overflows
+    (inf - inf) are taken again at a scale where it does not: the log-density matches the
+    dense covariance's where that is finite and is -inf beyond, never NaN."""
+    params = random_params(5, k=2, d=4, q=2)
+    far = torch.tensor([[1e150, -1e150, 1e150, 0.0], [1.3e154] * 4], dtype=DT)
+    out = factor_log_prob(far, params)
+    assert not torch.isnan(out).any()
+    reference = dense_log_prob(far[[0, 0]], params)[0]  # scipy squeezes a single row
+    assert np.isfinite(reference).all()
+    np.testing.assert_allclose(out[0].numpy(), reference, rtol=1e-9)
+    assert torch.isinf(out[1]).all() and bool((out[1] < 0).all())
+    assert not torch.isnan(factor_score_samples(far, params)).any()
