@@ -116,10 +116,10 @@ class FedMFADetector(MixtureDetector):
         ),
         Param(
             "isotropic",
-            False,
+            True,
             ["boolean"],
-            "one noise variance per component (mixtures of probabilistic PCA) instead of one "
-            "per feature.",
+            "one noise variance per component (mixtures of probabilistic PCA); ``False``: one "
+            "per feature (factor analysers).",
         ),
         *EM_ITERATION,
         Param(
@@ -136,8 +136,10 @@ class FedMFADetector(MixtureDetector):
         PRIVACY,
         DETECTOR,
         RUNTIME,
-        defaults={"n_components": 5, "prior_strength": None},
+        defaults={"n_components": 5, "prior_strength": None, "max_iter": 20},
         docs={
+            "max_iter": "The ranking of the rows settles in 10-20 rounds, long before the "
+            "log-likelihood (``docs/low_rank.md``); raise it to run EM to ``tol``.",
             "prior_strength": "Here the prior is on the noise variances ``psi`` only (the "
             "loadings are maximum likelihood).",
         },

@@ -32,7 +32,14 @@ def test_one_component_is_factor_analysis_at_its_maximum_likelihood():
     rotation, so the optimum's value is what both find)."""
     X = _subspace_rows(600, 8, 2, seed=0)
     det = FedMFADetector(
-        1, 2, standardize=False, tol=1e-9, max_iter=2000, privacy_min_rows=1, random_state=0
+        1,
+        2,
+        isotropic=False,
+        standardize=False,
+        tol=1e-9,
+        max_iter=2000,
+        privacy_min_rows=1,
+        random_state=0,
     ).fit(X, groups=np.arange(600) % 3)
     fa = FactorAnalysis(n_components=2, tol=1e-10, max_iter=5000).fit(X)
     ours, theirs = det.score_samples(X).mean(), fa.score(X)
