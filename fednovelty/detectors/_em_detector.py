@@ -30,11 +30,11 @@ from fednovelty.detectors._dp import DPPlan
 from fednovelty.detectors._params import front_end_axes
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
-    check_items,
     check_probabilities,
-    get_attr,
     get_tensor,
+    iteration_record,
     mixture_log_density_bound,
+    restore_iteration_record,
 )
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
@@ -266,22 +266,14 @@ class EMDetector(MixtureDetector):
         tensors = self._mixture_tensors(self.model_, "model")
         if hasattr(self, "client_weights_"):
             tensors["client_weights"] = torch.as_tensor(self.client_weights_)
-        attrs = {
-            "n_iter_": self.n_iter_,
-            "converged_": self.converged_,
-            "lower_bounds_": self.lower_bounds_,
-        }
-        return tensors, attrs
+        return tensors, iteration_record(self)
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
         pca = getattr(self, "pca_", None)  # a joint model's Gaussians see the projection
         width = None if pca is None else pca.n_components
         self._set_mixture(self._mixture_from(tensors, "model", self.covariance_type, width))
-        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
-        self.converged_ = get_attr(attrs, "converged_", bool)
-        bounds = get_attr(attrs, "lower_bounds_", list)
-        self.lower_bounds_ = check_items(bounds, "lower_bounds_", float, finite=False)
+        restore_iteration_record(self, attrs, finite=False)
         if "client_weights" in tensors:
             shape = (self.n_clients_, self.n_components_)
             weights = get_tensor(tensors, "client_weights", shape)

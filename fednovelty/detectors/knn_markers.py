@@ -57,7 +57,9 @@ from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
     get_tensor,
+    iteration_record,
     register,
+    restore_iteration_record,
 )
 from fednovelty.detectors.variational import (
     POSTERIOR_TENSORS,
@@ -377,9 +379,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         attrs = {
             "scoring_clients_": self.scoring_clients_.tolist(),
             "skipped_clients_": [[cid, why] for cid, why in self.skipped_clients_.items()],
-            "n_iter_": self.n_iter_,
-            "converged_": self.converged_,
-            "lower_bounds_": self.lower_bounds_,
+            **iteration_record(self),
         }
         return tensors, attrs
 
@@ -396,11 +396,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             raise ModelFormatError("skipped_clients_ must hold [client id, reason] pairs.")
         self.scoring_clients_ = np.asarray(scoring)
         self.skipped_clients_ = {cid: why for cid, why in skipped}
-        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
-        self.converged_ = get_attr(attrs, "converged_", bool)
-        self.lower_bounds_ = check_items(
-            get_attr(attrs, "lower_bounds_", list), "lower_bounds_", float
-        )
+        restore_iteration_record(self, attrs)
         self._set_global(
             self._posterior(tensors, "posterior", self.weight_concentration_prior_type)
         )

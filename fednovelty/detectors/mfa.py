@@ -31,12 +31,12 @@ from fednovelty.detectors._params import (
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
 from fednovelty.detectors.persistence import (
-    check_items,
     check_probabilities,
-    get_attr,
     get_tensor,
+    iteration_record,
     log_density_bound,
     register,
+    restore_iteration_record,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.factor_em import FactorEMConfig, FederatedFactorEM
@@ -225,12 +225,7 @@ class FedMFADetector(MixtureDetector):
     # -------------------------------------------------------------- persistence
     def _get_state(self):
         tensors = {f"model.{name}": getattr(self.model_, name) for name in _FIELDS}
-        attrs = {
-            "n_iter_": self.n_iter_,
-            "converged_": self.converged_,
-            "lower_bounds_": self.lower_bounds_,
-        }
-        return tensors, attrs
+        return tensors, iteration_record(self)
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
@@ -248,10 +243,7 @@ class FedMFADetector(MixtureDetector):
         check_probabilities(params.weights, "the weights 'model.weights'")
         options = self._torch_options()
         self._set_factors(FactorParams(*(v.to(**options) for v in values)))
-        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
-        self.converged_ = get_attr(attrs, "converged_", bool)
-        bounds = get_attr(attrs, "lower_bounds_", list)
-        self.lower_bounds_ = check_items(bounds, "lower_bounds_", float, finite=False)
+        restore_iteration_record(self, attrs, finite=False)
 
 
 #: the fields of :class:`~fednovelty.mixture.factor.FactorParams`, in constructor order.

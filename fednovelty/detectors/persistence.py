@@ -349,6 +349,29 @@ def check_items(values: Iterable, name: str, kind, *, finite: bool = True) -> li
     return values
 
 
+#: the attributes of an iterative fit's record, saved as JSON.
+ITERATION_RECORD = ("n_iter_", "converged_", "lower_bounds_")
+
+
+def iteration_record(estimator) -> dict:
+    """An iterative fit's record (``n_iter_``, ``converged_``, ``lower_bounds_``) as the JSON
+    attributes ``save`` writes."""
+    return {name: getattr(estimator, name) for name in ITERATION_RECORD}
+
+
+def restore_iteration_record(estimator, attrs: dict, *, finite: bool = True) -> None:
+    """Set ``n_iter_`` (an integer >= 0), ``converged_`` (a bool) and ``lower_bounds_`` (a
+    list of numbers; ``finite=False`` lets a bound be infinite) from saved ``attrs``.
+
+    Raises:
+        ModelFormatError: naming the attribute that is missing or of the wrong kind.
+    """
+    estimator.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
+    estimator.converged_ = get_attr(attrs, "converged_", bool)
+    bounds = get_attr(attrs, "lower_bounds_", list)
+    estimator.lower_bounds_ = check_items(bounds, "lower_bounds_", float, finite=finite)
+
+
 def get_tensor(
     tensors: dict[str, torch.Tensor],
     name: str,

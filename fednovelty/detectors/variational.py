@@ -68,11 +68,11 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.persistence import (
-    check_items,
-    get_attr,
     get_tensor,
+    iteration_record,
     log_density_bound,
     register,
+    restore_iteration_record,
 )
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
 from fednovelty.federated.bayesian.variational import FederatedVB
@@ -486,12 +486,7 @@ class FedVBDetector(MixtureDetector):
 
     def _get_state(self):
         tensors = {f"posterior.{k}": getattr(self.posterior_, k) for k in POSTERIOR_TENSORS}
-        attrs = {
-            "n_iter_": self.n_iter_,
-            "converged_": self.converged_,
-            "lower_bounds_": self.lower_bounds_,
-        }
-        return tensors, attrs
+        return tensors, iteration_record(self)
 
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
@@ -533,10 +528,7 @@ class FedVBDetector(MixtureDetector):
                 "the posterior's expected weights or its density at the means are NaN or "
                 "inf; 'posterior.weight_concentration' is damaged."
             )
-        self.n_iter_ = get_attr(attrs, "n_iter_", int, minimum=0)
-        self.converged_ = get_attr(attrs, "converged_", bool)
-        bounds = get_attr(attrs, "lower_bounds_", list)
-        self.lower_bounds_ = check_items(bounds, "lower_bounds_", float)
+        restore_iteration_record(self, attrs)
 
 
 def _posterior_from(
