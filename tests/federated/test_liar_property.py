@@ -157,3 +157,35 @@ def test_lie_changes_the_reply() -> None:
     assert float(lie(reply, {**how, "seed": 0}).tensors["counts"][0]) == 1e300
     assert lie(reply, {**how, "lie": "missing", "seed": 0}).tensors.keys() == {"sums"}
     assert torch.equal(reply.tensors["counts"], torch.ones(2, dtype=torch.float64))  # not mutated
+
+
+@pytest.mark.parametrize("factor", [1e10, 1e300])
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("factor_start", "sketch"), ("factor_em", "xz"), ("factor_em", "sum_z"), ("factor_em", "zz")],
+)
+def test_a_factor_analysers_scaled_statistic_is_dropped_by_name(kind, name, factor) -> None:
+    """One client of ten multiplies one statistic of its ``kind`` replies by ``factor`` (its
+    counts and moments honest): the server drops the first such reply naming the tensor,
+    the run restarts without that client, and the fit is the one without it. (A sketch,
+    ``E[z]`` statistics or ``E[z z^T]`` scaled by 1e300 used to be accepted: the start's
+    loadings reached 1e149, and an ``xz`` so scaled ended the fit with a ValueError from a
+    client's E-step.)"""
+    from _liars import Forging
+
+    def scaled(reply, message, number):
+        if reply.kind != kind:
+            return reply
+        return Message(reply.kind, {**reply.tensors, name: reply.tensors[name] * factor})
+
+    build, data = CASES["FederatedFactorEM"]
+    result = run_simulation(Forging(build(), LIAR, scaled), data(), random_state=0)
+    drops = [(r.kind, c, why) for r in result.history for c, why in r.dropped]
+    assert len(drops) == 1 and drops[0][:2] == (kind, LIAR)
+    assert f"'{name}'" in drops[0][2]
+    assert LIAR not in result.history[-1].replied
+    alone = run_simulation(build(), data()[:LIAR], random_state=0)
+    assert not any(r.dropped for r in alone.history)  # honest replies all pass
+    for part, want in alone.state.factors.tensors().items():
+        got = result.state.factors.tensors()[part]
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9 * float(want.abs().max()))

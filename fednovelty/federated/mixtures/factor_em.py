@@ -55,6 +55,7 @@ from fednovelty.federated.validation import (
     check_psd,
     check_stats,
     check_stats_tensors,
+    relative_tolerance,
     stats_shapes,
 )
 from fednovelty.mixture.em import moment_shift
@@ -170,12 +171,42 @@ def _summed(replies: dict[int, Message], names: tuple[str, ...], like: Tensor) -
     return {name: torch.stack([m.tensors[name].to(like) for m in kept]).sum(0) for name in names}
 
 
+def subnormal_spacing(dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s subnormal numbers (``tiny * eps``: 1.4e-45 in float32):
+    the absolute error of a value rounded to ``dtype`` near zero (float64 statistics sent
+    as float32 with ``wire_dtype="float32"``), which no relative tolerance covers."""
+    info = torch.finfo(dtype if dtype.is_floating_point else torch.float64)
+    return info.tiny * info.eps
+
+
 # ----------------------------------------------------------------------------- start
 def check_sketch(reply: Message, broadcast: Message) -> None:
     """Counts, sums and per-feature second moments some rows could have produced
-    (:func:`~fednovelty.federated.validation.check_stats_tensors`, ``diag``)."""
+    (:func:`~fednovelty.federated.validation.check_stats_tensors`, ``diag``), and a sketch
+    ``Y_k = C_k Omega`` of a PSD ``C_k`` (K, d, width) whose diagonal is ``second_k``:
+    ``|Y_kjp| <= sqrt(S_kj) sum_l |Omega_lp| sqrt(S_kl)`` (Cauchy-Schwarz on the rows and
+    on ``C_k``'s entries) and ``Omega^T Y_k`` symmetric positive semi-definite, up to the
+    relative tolerance of the reply's dtype and the rounding of values near zero
+    (:func:`subnormal_spacing`)."""
     t = reply.tensors
     check_stats_tensors(t["counts"], t["sums"], t["second"], float(t["n_samples"]), "diag")
+    rtol = relative_tolerance(t["sketch"].dtype)
+    ulp = max(subnormal_spacing(t["sketch"].dtype), subnormal_spacing(t["second"].dtype))
+    sketch = t["sketch"].double().cpu()
+    omega = broadcast.tensors["omega"].double().cpu()
+    root = (t["second"].double().cpu().clamp_min(0) + ulp).sqrt()  # (K, d)
+    reach = root @ omega.abs()  # (K, width): sum_l |Omega_lp| sqrt(S_kl)
+    bound = root.unsqueeze(2) * reach.unsqueeze(1)
+    if not bool(torch.isfinite(bound).all()) or bool(
+        (sketch.abs() > bound * (1 + rtol) + 2 * ulp + 1e-300).any()
+    ):
+        raise InvalidReplyError(
+            "tensor 'sketch' is larger than its second moments allow (Cauchy-Schwarz): no "
+            "rows have these statistics."
+        )
+    core = omega.T @ sketch  # (K, width, width): Omega^T C_k Omega
+    rounding = 2 * ulp * omega.abs().sum(0).amax() * omega.shape[1] / rtol
+    check_psd(core, reach.square().amax(1) + rounding, "sketch", rtol)
 
 
 def _start_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
@@ -267,12 +298,95 @@ class FactorStartStep(Step):
 
 # ----------------------------------------------------------------------------- EM
 def check_factor_stats(reply: Message, broadcast: Message) -> None:
-    """``sum r E[z z^T]`` is symmetric positive semi-definite per component."""
+    """``sum r E[z z^T]`` is symmetric positive semi-definite per component, and so is the
+    Gram matrix of ``v_i = (x_ij - shift_j, 1, E[z | x_i])`` per component ``k`` and feature
+    ``j`` (plus the posterior covariances in the ``zz`` block)
+    ``[[S_kj, s_kj, xz_kj^T], [s_kj, n_k, sum_z_k^T], [xz_kj, sum_z_k, zz_k]]``
+    ((q + 2, q + 2); :func:`factor_gram`), in correlation form (each entry over the square
+    roots of its two diagonal entries), so the bound holds at any scale: ``xz`` and
+    ``sum_z`` within what ``second``, ``counts`` and ``zz`` allow. The diagonals get
+    ``2 (q + 2)`` times the rounding of values near zero (:func:`subnormal_spacing`); one
+    component at a time (O(d q^2) memory)."""
+    rtol = relative_tolerance(reply.tensors["zz"].dtype)
     zz = reply.tensors["zz"].double()
-    scale = zz.abs().amax((1, 2)) if zz.numel() else zz.new_zeros(0)
-    check_psd(zz, scale, "zz", 1e-6)
-    if bool((zz.diagonal(dim1=1, dim2=2) < -1e-6 * scale.unsqueeze(1) - 1e-300).any()):
+    q = zz.shape[-1]
+    rounding = 2 * q * subnormal_spacing(reply.tensors["zz"].dtype) / rtol
+    scale = (zz.abs().amax((1, 2)) if zz.numel() else zz.new_zeros(0)) + rounding
+    check_psd(zz, scale, "zz", rtol)
+    if bool((zz.diagonal(dim1=1, dim2=2) < -rtol * scale.unsqueeze(1) - 1e-300).any()):
         raise InvalidReplyError("tensor 'zz' has a negative diagonal: no rows have it.")
+    t = {n: reply.tensors[n] for n in ("counts", "sums", "second", "xz", "sum_z", "zz")}
+    ulp = max(subnormal_spacing(value.dtype) for value in t.values())
+    for k in range(zz.shape[0]):
+        gram = factor_gram(*(value[k : k + 1] for value in t.values()))[0]  # (d, q+2, q+2)
+        gram.diagonal(dim1=-2, dim2=-1).add_(2 * (q + 2) * ulp)
+        root = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+        correlation = gram / (root.unsqueeze(-1) * root.unsqueeze(-2))
+        finite = bool(torch.isfinite(correlation).all())
+        if not finite or not _psd(correlation, rtol):
+            raise InvalidReplyError(
+                "tensors 'xz' and 'sum_z' are larger than 'second', 'counts' and 'zz' allow "
+                "(their Gram matrix per component and feature is not positive "
+                "semi-definite): no rows have these statistics."
+            )
+
+
+def _psd(matrices: Tensor, rtol: float) -> bool:
+    """Whether every symmetric matrix of ``matrices`` (m, p, p) with unit-scale entries has
+    its lowest eigenvalue at or above ``-rtol``
+    (:func:`~fednovelty.federated.validation.check_psd`)."""
+    try:
+        check_psd(matrices, matrices.new_ones(matrices.shape[0]), "gram", rtol)
+    except InvalidReplyError:
+        return False
+    return True
+
+
+def check_posterior_trace(reply: Message, broadcast: Message) -> None:
+    """``tr zz_k`` at most what rows with these counts, sums and second moments give under
+    the broadcast mixture: ``E[z | x] = M^{-1} W^T Psi^{-1} (x - mu)`` has gain at most
+    ``g = max sigma / (1 + sigma^2)`` over the singular values ``sigma`` of ``Psi^{-1/2} W``
+    (at most 1/2) in whitened units, so ``tr zz_k <= n_k tr M_k^{-1} + g_k^2 sum_j
+    sum_i r_ik (x_ij - mu_kj)^2 / psi_kj``, the last sums from ``second``, ``sums`` and
+    ``counts`` about the shift (up to the relative tolerance of the reply's dtype and the
+    rounding of values near zero, :func:`subnormal_spacing`)."""
+    b = {n: broadcast.tensors[n].double().cpu() for n in ("means", "factors", "psi", "shift")}
+    t = {n: reply.tensors[n].double().cpu() for n in ("counts", "sums", "second", "zz")}
+    rtol = relative_tolerance(reply.tensors["zz"].dtype)
+    ulp = max(subnormal_spacing(reply.tensors[n].dtype) for n in t)
+    sigma = torch.linalg.svdvals(b["factors"] / b["psi"].sqrt().unsqueeze(2))  # (K, q)
+    gain = (sigma / (1 + sigma.square())).amax(1).square()
+    posterior = (1 / (1 + sigma.square())).sum(1)  # tr M^{-1}
+    delta = b["means"] - b["shift"]  # sum r (x - mu)^2 = S - 2 delta s + n delta^2
+    cross, square = 2 * delta * t["sums"], t["counts"].unsqueeze(1) * delta.square()
+    spread = t["second"] - cross + square + rtol * (t["second"].abs() + cross.abs() + square)
+    spread = spread + 4 * ulp * (1 + delta.abs() + delta.square())
+    bound = (t["counts"] + ulp) * posterior + gain * (spread.clamp_min(0) / b["psi"]).sum(1)
+    trace = t["zz"].diagonal(dim1=1, dim2=2).sum(1)
+    slack = 2 * sigma.shape[1] * ulp + 1e-300
+    if not bool(torch.isfinite(bound).all()) or bool((trace > bound * (1 + rtol) + slack).any()):
+        raise InvalidReplyError(
+            "tensor 'zz' is larger than the broadcast mixture gives rows with these counts, "
+            "sums and second moments: no rows have these statistics."
+        )
+
+
+def factor_gram(
+    counts: Tensor, sums: Tensor, second: Tensor, xz: Tensor, sum_z: Tensor, zz: Tensor
+) -> Tensor:
+    """Per component and feature the Gram matrix of ``(x_j - shift_j, 1, E[z | x])`` (with
+    the posterior covariances in the ``zz`` block), (K, d, q + 2, q + 2), in float64:
+    ``[[S_kj, s_kj, xz_kj^T], [s_kj, n_k, sum_z_k^T], [xz_kj, sum_z_k, zz_k]]``, from
+    counts (K,), sums and second (K, d), xz (K, d, q), sum_z (K, q), zz (K, q, q)."""
+    k, d, q = xz.shape
+    gram = torch.empty(k, d, q + 2, q + 2, dtype=torch.float64, device=xz.device)
+    gram[:, :, 0, 0] = second.double()
+    gram[:, :, 0, 1] = gram[:, :, 1, 0] = sums.double()
+    gram[:, :, 1, 1] = counts.double().unsqueeze(1)
+    gram[:, :, 0, 2:] = gram[:, :, 2:, 0] = xz.double()
+    gram[:, :, 1, 2:] = gram[:, :, 2:, 1] = sum_z.double().unsqueeze(1)
+    gram[:, :, 2:, 2:] = zz.double().unsqueeze(1)
+    return gram
 
 
 def _em_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
@@ -288,7 +402,7 @@ def _em_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
 EM_FACTOR_REPLY = ReplySpec(
     "factor_em",
     shapes=_em_shapes,
-    checks=(check_stats, check_factor_stats),
+    checks=(check_stats, check_factor_stats, check_posterior_trace),
     backing={
         "counts": "components",
         "sums": "components",
