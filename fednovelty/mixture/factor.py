@@ -39,11 +39,6 @@ from fednovelty.mixture.em import iterate_em
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.model import MixtureParams
 from fednovelty.mixture.stats import CovariancePrior
-from fednovelty.mixture.variational import (
-    posterior_weights,
-    weight_log_expectations,
-    weight_posterior,
-)
 
 #: rows' working memory per chunk of the E-step (bytes of the (rows, K, q) buffers).
 CHUNK_BYTES = 32 * 2**20
@@ -457,95 +452,6 @@ def factor_m_step(
     return FactorParams(weights, means, augmented[:, :, :q].contiguous(), psi.contiguous())
 
 
-#: a component backed by less responsibility than this many rows keeps its previous
-#: means, loadings and noise (its maximum-likelihood update would be a spike at the shift).
-EMPTY_ROWS = 1.0
-#: the weight priors :class:`WeightPrior` takes (scikit-learn's names).
-WEIGHT_PRIOR_TYPES = ("dirichlet_process", "dirichlet_distribution")
-
-
-@dataclass(frozen=True)
-class WeightPrior:
-    """A variational prior on the mixture weights: a Dirichlet distribution or a truncated
-    Dirichlet process (stick-breaking) of ``concentration``, as scikit-learn's
-    ``BayesianGaussianMixture``. The weights get a posterior, ``q(pi)``; the means, loadings
-    and noise stay point estimates. A small concentration empties the components the rows
-    do not need, so ``n_components`` is an upper bound.
-
-    Attributes:
-        concentration: > 0 (scikit-learn's default is ``1 / n_components``).
-        prior_type: ``"dirichlet_process"`` or ``"dirichlet_distribution"``.
-    """
-
-    concentration: float
-    prior_type: str = "dirichlet_process"
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.concentration) and self.concentration > 0):
-            raise ValueError(
-                f"the weight prior's concentration must be a finite number > 0, got "
-                f"{self.concentration!r}; e.g. 1 / n_components."
-            )
-        if self.prior_type not in WEIGHT_PRIOR_TYPES:
-            raise ValueError(
-                f"the weight prior's type must be one of {WEIGHT_PRIOR_TYPES}, got "
-                f"{self.prior_type!r}."
-            )
-
-
-def factor_update(
-    stats: FactorStats,
-    previous: FactorParams,
-    reg_covar: float = 1e-6,
-    *,
-    prior: CovariancePrior | None = None,
-    isotropic: bool = False,
-    weight_prior: WeightPrior | None = None,
-) -> tuple[FactorParams, Tensor | None]:
-    """One EM (or variational-weights EM) update from (summed) statistics.
-
-    :func:`factor_m_step`, then every component backed by less than ``EMPTY_ROWS`` rows of
-    responsibility keeps ``previous``'s mean, loadings and noise. With ``weight_prior`` the
-    weights' posterior is :func:`~fednovelty.mixture.variational.weight_posterior` of the
-    counts, and the returned mixture's weights are ``exp(E[log pi_k])`` normalised: an
-    E-step under them gives the variational responsibilities (a common factor of the
-    weights cancels in them).
-
-    Returns:
-        The mixture for the next E-step, and the weights' posterior concentration ((K,) or
-        (2, K) for the Dirichlet process; None without ``weight_prior``): the mixture to
-        score with has :func:`~fednovelty.mixture.variational.posterior_weights` of it
-        (:func:`scored_factor_params`).
-    """
-    params = factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic)
-    empty = stats.counts < EMPTY_ROWS
-    if bool(empty.any()):
-        keep = empty.view(-1, 1)
-        params = replace(
-            params,
-            means=torch.where(keep, previous.means, params.means),
-            factors=torch.where(keep.unsqueeze(2), previous.factors, params.factors),
-            psi=torch.where(keep, previous.psi, params.psi),
-        )
-    if weight_prior is None:
-        return params, None
-    concentration = weight_posterior(
-        stats.counts, weight_prior.concentration, weight_prior.prior_type
-    )
-    log_weights = weight_log_expectations(concentration, weight_prior.prior_type)
-    return replace(params, weights=torch.softmax(log_weights, 0)), concentration
-
-
-def scored_factor_params(
-    params: FactorParams, concentration: Tensor | None, weight_prior: WeightPrior | None
-) -> FactorParams:
-    """The mixture to score with: ``params``, with the weights' posterior means under
-    ``weight_prior`` when it is given (``concentration`` from :func:`factor_update`)."""
-    if weight_prior is None or concentration is None:
-        return params
-    return replace(params, weights=posterior_weights(concentration, weight_prior.prior_type))
-
-
 # ----------------------------------------------------------------------------- start
 def sketch_matrix(n_features: int, width: int, generator: torch.Generator, like: Tensor) -> Tensor:
     """A Gaussian test matrix ``Omega`` (n_features, width) drawn in float64 on the CPU from
@@ -725,10 +631,9 @@ def fit_factor_em(
     prior: CovariancePrior | None = None,
     isotropic: bool = False,
     chunk_size: int | None = None,
-    weight_prior: WeightPrior | None = None,
 ) -> FactorEMResult:
     """EM from ``init`` with scikit-learn's stopping rule (``|lb_t - lb_{t-1}| < tol`` on
-    the mean log-likelihood before each M-step), each update :func:`factor_update`.
+    the mean log-likelihood before each M-step).
 
     Args:
         X: rows, (n_samples, n_features).
@@ -736,8 +641,6 @@ def fit_factor_em(
         reg_covar: added to every noise variance.
         prior: optional :class:`~fednovelty.mixture.stats.CovariancePrior` on ``psi``.
         isotropic: one noise variance per component (mixtures of PPCA).
-        weight_prior: optional :class:`WeightPrior` (variational weights); the result's
-            weights are then their posterior means.
     """
     check_rows(X, init.n_features)
     if X.shape[0] < init.n_components:
@@ -746,22 +649,12 @@ def fit_factor_em(
             "n_components or provide more rows."
         )
 
-    concentration: list[Tensor | None] = [None]
-
     def step(params: FactorParams) -> tuple[FactorParams, float]:
         stats = factor_e_step(X, params, factor_shift(params), chunk_size=chunk_size)
-        params, concentration[0] = factor_update(
-            stats,
-            params,
-            reg_covar,
-            prior=prior,
-            isotropic=isotropic,
-            weight_prior=weight_prior,
-        )
+        params = factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic)
         return params, float(stats.log_likelihood / stats.n_samples)
 
     params, lower_bounds, converged = iterate_em(step, init, max_iter, tol)
-    params = scored_factor_params(params, concentration[0], weight_prior)
     return FactorEMResult(params, len(lower_bounds), converged, lower_bounds)
 
 
@@ -778,7 +671,6 @@ def fit_mfa(
     prior: CovariancePrior | None = None,
     oversample: int = 10,
     chunk_size: int | None = None,
-    weight_prior: WeightPrior | None = None,
 ) -> FactorEMResult:
     """A mixture of factor analysers (``isotropic``: of probabilistic PCA) by EM from a
     k-means partition (:func:`factor_init` with a sketch of ``n_factors + oversample``
@@ -818,5 +710,4 @@ def fit_mfa(
         prior=prior,
         isotropic=isotropic,
         chunk_size=chunk_size,
-        weight_prior=weight_prior,
     )

@@ -362,7 +362,14 @@ class VBPosterior:
     def weights(self) -> Tensor:
         """Expected mixture weights, (n_components,) (scikit-learn's ``weights_``; for the
         truncated Dirichlet process the expected stick lengths, renormalised)."""
-        return posterior_weights(self.weight_concentration, self.weight_concentration_prior_type)
+        wc = self.weight_concentration
+        if self.weight_concentration_prior_type == "dirichlet_process":
+            a, b = wc[0], wc[1]
+            total = a + b
+            sticks = torch.cat([wc.new_ones(1), torch.cumprod(b / total, 0)[:-1]])
+            weights = a / total * sticks
+            return weights / weights.sum()
+        return wc / wc.sum()
 
     def tensors(self) -> dict[str, Tensor]:
         """The posterior's tensors by name (what a server broadcasts)."""
@@ -436,9 +443,12 @@ def vb_m_step(stats: SufficientStats, prior: VBPrior, reg_covar: float = 1e-6) -
     eps = torch.finfo(stats.counts.dtype).eps
     nk = stats.counts + 10 * eps
     _, xk, sk = m_step(stats, reg_covar)
-    weight_concentration = weight_posterior(
-        nk, float(prior.weight_concentration), prior.weight_concentration_prior_type
-    )
+    gamma0 = float(prior.weight_concentration)
+    if prior.weight_concentration_prior_type == "dirichlet_process":
+        tail = torch.cat([torch.flip(torch.cumsum(torch.flip(nk, [0]), 0), [0])[1:], nk[:1] * 0])
+        weight_concentration = torch.stack([1.0 + nk, gamma0 + tail])
+    else:
+        weight_concentration = gamma0 + nk
     beta0 = float(prior.mean_precision)
     mean_precision = beta0 + nk
     means = (beta0 * prior.mean.to(xk.dtype) + nk.unsqueeze(1) * xk) / mean_precision.unsqueeze(1)
@@ -461,46 +471,13 @@ def vb_m_step(stats: SufficientStats, prior: VBPrior, reg_covar: float = 1e-6) -
 def expected_log_weights(posterior: VBPosterior) -> Tensor:
     """``E[log pi_k]`` under the posterior, (n_components,) (scikit-learn's
     ``_estimate_log_weights``)."""
-    return weight_log_expectations(
-        posterior.weight_concentration, posterior.weight_concentration_prior_type
-    )
-
-
-def weight_posterior(counts: Tensor, concentration: float, prior_type: str) -> Tensor:
-    """The weights' variational posterior from (summed) responsibility ``counts``
-    (n_components,) under a weight prior of ``concentration``: ``concentration + counts``
-    (K,) for ``"dirichlet_distribution"``; for the truncated ``"dirichlet_process"`` the
-    stick-breaking Beta parameters ``(1 + n_k, concentration + sum_{j > k} n_j)`` (2, K)
-    (scikit-learn's ``_estimate_weights``)."""
-    if prior_type == "dirichlet_process":
-        tail = torch.flip(torch.cumsum(torch.flip(counts, [0]), 0), [0])[1:]
-        tail = torch.cat([tail, counts[:1] * 0])
-        return torch.stack([1.0 + counts, concentration + tail])
-    return concentration + counts
-
-
-def weight_log_expectations(concentration: Tensor, prior_type: str) -> Tensor:
-    """``E[log pi_k]`` (n_components,) under :func:`weight_posterior`'s ``concentration``."""
-    wc = concentration
-    if prior_type == "dirichlet_process":
+    wc = posterior.weight_concentration
+    if posterior.weight_concentration_prior_type == "dirichlet_process":
         digamma_sum = torch.digamma(wc[0] + wc[1])
         digamma_a, digamma_b = torch.digamma(wc[0]), torch.digamma(wc[1])
         before = torch.cat([wc.new_zeros(1), torch.cumsum(digamma_b - digamma_sum, 0)[:-1]])
         return digamma_a - digamma_sum + before
     return torch.digamma(wc) - torch.digamma(wc.sum())
-
-
-def posterior_weights(concentration: Tensor, prior_type: str) -> Tensor:
-    """Expected weights (n_components,) under :func:`weight_posterior`'s ``concentration``
-    (for the truncated Dirichlet process the expected stick lengths, renormalised)."""
-    wc = concentration
-    if prior_type == "dirichlet_process":
-        a, b = wc[0], wc[1]
-        total = a + b
-        sticks = torch.cat([wc.new_ones(1), torch.cumprod(b / total, 0)[:-1]])
-        weights = a / total * sticks
-        return weights / weights.sum()
-    return wc / wc.sum()
 
 
 def _log_prob_offset(posterior: VBPosterior) -> Tensor:
