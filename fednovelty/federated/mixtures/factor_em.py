@@ -15,8 +15,11 @@ sums them and runs the M-step, so any split of the rows follows centralized EM
 
 Both replies declare their tensors per component (the client gate zeroes a component
 backed by fewer than ``min_rows`` effective rows; a client below its floor skips) and have
-no private form (a client under differential privacy refuses them). The result,
-``state.factors``, is in the user's units.
+no private form (a client under differential privacy refuses them). The server refuses
+statistics no rows have, by name: a sketch beyond Cauchy-Schwarz on its second moments
+(:func:`check_sketch`), ``E[z]`` statistics beyond it on the counts and moments
+(:func:`check_factor_stats`), ``E[z z^T]`` larger than the broadcast mixture gives such
+rows (:func:`check_posterior_trace`). The result, ``state.factors``, is in the user's units.
 """
 
 from __future__ import annotations
@@ -301,12 +304,9 @@ def check_factor_stats(reply: Message, broadcast: Message) -> None:
     """``sum r E[z z^T]`` is symmetric positive semi-definite per component, and so is the
     Gram matrix of ``v_i = (x_ij - shift_j, 1, E[z | x_i])`` per component ``k`` and feature
     ``j`` (plus the posterior covariances in the ``zz`` block)
-    ``[[S_kj, s_kj, xz_kj^T], [s_kj, n_k, sum_z_k^T], [xz_kj, sum_z_k, zz_k]]``
-    ((q + 2, q + 2); :func:`factor_gram`), in correlation form (each entry over the square
-    roots of its two diagonal entries), so the bound holds at any scale: ``xz`` and
-    ``sum_z`` within what ``second``, ``counts`` and ``zz`` allow. The diagonals get
-    ``2 (q + 2)`` times the rounding of values near zero (:func:`subnormal_spacing`); one
-    component at a time (O(d q^2) memory)."""
+    ``G_kj = [[S_kj, b_kj^T], [b_kj, A_k]]`` with ``b_kj = (s_kj, xz_kj)`` and
+    ``A_k = [[n_k, sum_z_k^T], [sum_z_k, zz_k]]`` ((q + 1, q + 1)): ``xz`` and ``sum_z``
+    within what ``second``, ``counts`` and ``zz`` allow (:func:`gram_lowest_passes`)."""
     rtol = relative_tolerance(reply.tensors["zz"].dtype)
     zz = reply.tensors["zz"].double()
     q = zz.shape[-1]
@@ -317,29 +317,57 @@ def check_factor_stats(reply: Message, broadcast: Message) -> None:
         raise InvalidReplyError("tensor 'zz' has a negative diagonal: no rows have it.")
     t = {n: reply.tensors[n] for n in ("counts", "sums", "second", "xz", "sum_z", "zz")}
     ulp = max(subnormal_spacing(value.dtype) for value in t.values())
-    for k in range(zz.shape[0]):
-        gram = factor_gram(*(value[k : k + 1] for value in t.values()))[0]  # (d, q+2, q+2)
-        gram.diagonal(dim1=-2, dim2=-1).add_(2 * (q + 2) * ulp)
-        root = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
-        correlation = gram / (root.unsqueeze(-1) * root.unsqueeze(-2))
-        finite = bool(torch.isfinite(correlation).all())
-        if not finite or not _psd(correlation, rtol):
-            raise InvalidReplyError(
-                "tensors 'xz' and 'sum_z' are larger than 'second', 'counts' and 'zz' allow "
-                "(their Gram matrix per component and feature is not positive "
-                "semi-definite): no rows have these statistics."
-            )
+    if not gram_lowest_passes(**{n: v.double().cpu() for n, v in t.items()}, rtol=rtol, ulp=ulp):
+        raise InvalidReplyError(
+            "tensors 'xz' and 'sum_z' are larger than 'second', 'counts' and 'zz' allow "
+            "(their Gram matrix per component and feature is not positive semi-definite): "
+            "no rows have these statistics."
+        )
 
 
-def _psd(matrices: Tensor, rtol: float) -> bool:
-    """Whether every symmetric matrix of ``matrices`` (m, p, p) with unit-scale entries has
-    its lowest eigenvalue at or above ``-rtol``
-    (:func:`~fednovelty.federated.validation.check_psd`)."""
-    try:
-        check_psd(matrices, matrices.new_ones(matrices.shape[0]), "gram", rtol)
-    except InvalidReplyError:
+def gram_lowest_passes(
+    counts: Tensor,
+    sums: Tensor,
+    second: Tensor,
+    xz: Tensor,
+    sum_z: Tensor,
+    zz: Tensor,
+    rtol: float,
+    ulp: float = 0.0,
+) -> bool:
+    """Whether every ``G_kj`` of :func:`check_factor_stats` (counts (K,), sums and second
+    (K, d), xz (K, d, q), sum_z (K, q), zz (K, q, q), float64), in correlation form ``C``
+    (each entry over the square roots of its two diagonal entries, so the test holds at any
+    scale; each diagonal entry plus ``2 (q + 2) ulp`` for the rounding of values near zero),
+    has its lowest eigenvalue at or above ``-rtol``: ``C + rtol I`` is PSD exactly when
+    ``A' = C_A + rtol I`` is positive definite (its eigenvalues from one ``eigh`` per
+    component) and ``1 + rtol - c^T A'^{-1} c >= 0`` (the Schur complement, ``c`` the
+    correlation form of ``b_kj``): O(K q^3 + K d q^2), no (d, q, q) tensor."""
+    k, _, q = xz.shape
+    floor = 2 * (q + 2) * ulp
+    A = torch.empty(k, q + 1, q + 1, dtype=torch.float64)
+    A[:, 0, 0] = counts
+    A[:, 0, 1:] = sum_z
+    A[:, 1:, 0] = sum_z
+    A[:, 1:, 1:] = zz
+    A.diagonal(dim1=1, dim2=2).add_(floor)
+    a_root = _unit_where_zero(A.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt())  # (K, q + 1)
+    s_root = _unit_where_zero((second + floor).clamp_min(0).sqrt())  # (K, d)
+    A = A / (a_root.unsqueeze(2) * a_root.unsqueeze(1))
+    c = torch.cat([sums.unsqueeze(2), xz], 2) / (s_root.unsqueeze(2) * a_root.unsqueeze(1))
+    if not (bool(torch.isfinite(A).all()) and bool(torch.isfinite(c).all())):
         return False
-    return True
+    values, vectors = torch.linalg.eigh(0.5 * (A + A.transpose(1, 2)))
+    shifted = values + rtol  # (K, q + 1)
+    if not bool((shifted > 0).all()):
+        return False
+    quadratic = ((c @ vectors).square() / shifted.unsqueeze(1)).sum(2)  # (K, d)
+    return bool((quadratic <= 1 + rtol).all())
+
+
+def _unit_where_zero(roots: Tensor) -> Tensor:
+    """``roots`` with its zeros replaced by 1 (an all-zero row and column stays zero)."""
+    return torch.where(roots > 0, roots, torch.ones_like(roots))
 
 
 def check_posterior_trace(reply: Message, broadcast: Message) -> None:
@@ -369,24 +397,6 @@ def check_posterior_trace(reply: Message, broadcast: Message) -> None:
             "tensor 'zz' is larger than the broadcast mixture gives rows with these counts, "
             "sums and second moments: no rows have these statistics."
         )
-
-
-def factor_gram(
-    counts: Tensor, sums: Tensor, second: Tensor, xz: Tensor, sum_z: Tensor, zz: Tensor
-) -> Tensor:
-    """Per component and feature the Gram matrix of ``(x_j - shift_j, 1, E[z | x])`` (with
-    the posterior covariances in the ``zz`` block), (K, d, q + 2, q + 2), in float64:
-    ``[[S_kj, s_kj, xz_kj^T], [s_kj, n_k, sum_z_k^T], [xz_kj, sum_z_k, zz_k]]``, from
-    counts (K,), sums and second (K, d), xz (K, d, q), sum_z (K, q), zz (K, q, q)."""
-    k, d, q = xz.shape
-    gram = torch.empty(k, d, q + 2, q + 2, dtype=torch.float64, device=xz.device)
-    gram[:, :, 0, 0] = second.double()
-    gram[:, :, 0, 1] = gram[:, :, 1, 0] = sums.double()
-    gram[:, :, 1, 1] = counts.double().unsqueeze(1)
-    gram[:, :, 0, 2:] = gram[:, :, 2:, 0] = xz.double()
-    gram[:, :, 1, 2:] = gram[:, :, 2:, 1] = sum_z.double().unsqueeze(1)
-    gram[:, :, 2:, 2:] = zz.double().unsqueeze(1)
-    return gram
 
 
 def _em_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
