@@ -179,8 +179,12 @@ def check_stats_tensors(
     """Statistics that some weighted rows could have produced: ``counts`` (K,) add up to at
     most the row count ``n`` and ``n_k S_k - s_k s_k^T`` is positive semi-definite (per
     covariance type; ``sums`` (K, d), ``second`` by covariance type), with products that
-    stay finite (statistics too large to check are refused)."""
+    stay finite (statistics too large to check are refused). Besides the relative
+    tolerance of the reply's dtype, each entry may be off by the dtype's smallest step
+    near zero (``tiny * eps``: a float32 count of a nearly empty component rounds to 0
+    while its moments stay subnormal)."""
     rtol = relative_tolerance(sums.dtype)
+    step = _smallest_step(sums.dtype)
     if not close_or_below(float(counts.sum()), n, rtol):
         raise InvalidReplyError(
             f"component counts add up to {float(counts.sum()):g}, more than the {n:g} rows sent."
@@ -197,16 +201,27 @@ def check_stats_tensors(
     if covariance_type == "full":
         gram = counts[:, None, None] * second - sums.unsqueeze(2) * sums.unsqueeze(1)
         scale = (counts[:, None, None] * second).abs().amax((1, 2)) + sums.square().amax(1)
-        check_psd(gram, scale, "second", rtol)
+        rounding = step * (second.abs().amax((1, 2)) + 2 * sums.abs().amax(1))
+        check_psd(gram, scale + rounding / rtol, "second", rtol)
         return
     norms = sums.square() if covariance_type == "diag" else sums.square().sum(1)
     excess = counts.reshape(-1, *[1] * (second.ndim - 1)) * second - norms
     _require_finite(excess, "second")
     scale = (counts.reshape(excess.shape[0], *[1] * (excess.ndim - 1)) * second).abs() + norms
-    if bool((excess < -rtol * scale - 1e-300).any()):
+    root = sums.abs() if covariance_type == "diag" else sums.abs().sum(1)
+    shape = (excess.shape[0], *[1] * (excess.ndim - 1))
+    # (c + step)(S + step) - (|s| - step)^2: every entry up to one step from its true value
+    rounding = step * (second.abs() + counts.reshape(shape) + 2 * root + 2 * step)
+    if bool((excess < -rtol * scale - rounding - 1e-300).any()):
         raise InvalidReplyError(
             "tensor 'second' is smaller than its sums allow: no rows have these statistics."
         )
+
+
+def _smallest_step(dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s numbers near zero (``tiny * eps``; float32 1.4e-45)."""
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.finfo(torch.float64)
+    return info.tiny * info.eps
 
 
 def check_scatter(reply: Message, broadcast: Message) -> None:

@@ -19,7 +19,12 @@ from fednovelty.federated import (
     FedGenGMM,
     Message,
 )
-from fednovelty.federated.validation import InvalidReplyError, ReplyValidator, check_reply
+from fednovelty.federated.validation import (
+    InvalidReplyError,
+    ReplyValidator,
+    check_reply,
+    check_stats_tensors,
+)
 from fednovelty.runtime import run_simulation
 
 D = 3
@@ -231,3 +236,25 @@ def test_the_server_checks_replies_against_what_it_expects_not_what_it_sent() ->
     as_full = Message(broadcast.kind, broadcast.tensors, expect={"covariance_type": "full"})
     with pytest.raises(InvalidReplyError, match="'second' has shape"):
         check_reply(reply, as_full, D)
+
+
+def test_float32_statistics_of_a_nearly_empty_component_pass_and_lies_do_not():
+    """Honest statistics sent in float32 where a component's responsibilities are so small
+    that its count rounds to 0 while its moments stay subnormal pass the check (each entry
+    may be one float32 step from its true value); a non-zero sum with nothing behind it is
+    still refused."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        spread = 10 ** (5 * torch.rand(1, generator=gen).item() - 2)
+        X = torch.randn(5, 3, dtype=torch.float64, generator=gen) * spread
+        tiny = 10 ** (-47 + 9 * torch.rand(1, generator=gen).item())
+        r = torch.rand(5, dtype=torch.float64, generator=gen) * tiny
+        R = torch.stack([torch.ones(5, dtype=torch.float64), r], 1)  # (rows, K = 2)
+        counts, sums, second = R.sum(0), R.T @ X, R.T @ X.square()
+        check_stats_tensors(counts.float(), sums.float(), second.float(), 5.0, "diag")
+    lie = torch.tensor([[1.0, 2.0, 0.0], [1e-3, 0.0, 0.0]], dtype=torch.float32)
+    with pytest.raises(InvalidReplyError, match="smaller than its sums allow"):
+        check_stats_tensors(
+            torch.tensor([5.0, 0.0]), lie, torch.ones(2, 3).float() * torch.tensor([[1.0], [0.0]]),
+            5.0, "diag",
+        )  # fmt: skip
