@@ -16,20 +16,35 @@ clients; authenticated channels between clients and server; every input inside t
 clipping range (checked: a value outside it raises). Up to ``m - threshold`` clients may drop,
 before sending their masked vector (left out of the sum) or after it (kept in).
 
+Randomness: key pairs, self-mask seeds (32 bytes of ``os.urandom``) and the stochastic
+rounding (:mod:`fednovelty.federated.noise`) come from the operating system's CSPRNG; masks
+are AES-256 in counter mode keyed by those 256-bit seeds (``prg="aes-ctr"``, the only
+generator). Flower's ``pseudo_rand_gen`` is refused (:class:`InsecurePRGError`): it folds its
+seed to 32 bits before seeding numpy, few enough masks for a server to try them all.
+
+Refused by name (:class:`~fednovelty.federated.secure_ring.SecureSumError`): a client whose
+shares cannot be read is left out of the round before anyone masks (a
+:class:`MalformedShareWarning`; the round goes on if ``threshold`` senders remain), a
+responder whose revealed share is malformed is passed over (the same warning), and an
+unmasked sum outside what the public ranges allow raises
+:class:`~fednovelty.federated.secure_ring.ImplausibleSumError` (what that can and cannot
+catch: :mod:`fednovelty.federated.secure_ring`).
+
 Not done: no network (messages are counted, not sent); no signatures or consistency checks
-against a server that lies about who dropped (the active-adversary version); no sparse
-neighbour graph (SecAgg+'s ``num_shares < m``). Masks come from AES-256 in counter mode
-(``prg="aes-ctr"``) or Flower's ``pseudo_rand_gen`` (``prg="flower"``), which folds its seed
-to 32 bits before seeding numpy. Protocol, bound and costs: ``docs/secure_sums.md``; the
-rounds of a federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
+against a server that lies about who dropped (the active-adversary version); no verifiable
+shares (a well-formed but wrong share goes unnoticed); no sparse neighbour graph (SecAgg+'s
+``num_shares < m``). Protocol, bound and costs: ``docs/secure_sums.md``; the rounds of a
+federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,12 +52,32 @@ import numpy as np
 import torch
 from torch import Tensor
 
-#: the mask generators :func:`mask_stream` knows (module docstring).
-PRGS = ("aes-ctr", "flower")
+from fednovelty.federated.noise import noise_source
+from fednovelty.federated.secure_ring import (  # the ring's half of the protocol
+    KEY_SHARE_BYTES,
+    SEED_BYTES,
+    SEED_SHARE_BYTES,
+    MalformedShareError,
+    MalformedShareWarning,
+    SecureSumError,
+    check_prg,
+    check_range,
+    check_sum_range,
+    dequantize_sum,
+    error_bound,
+    quantization_levels,
+    quantize,
+    share_defect,
+    usable_responders,
+)
+from fednovelty.federated.secure_ring import MAX_LEVELS as MAX_LEVELS  # re-exported
+from fednovelty.federated.secure_ring import PRGS as PRGS
+from fednovelty.federated.secure_ring import REFUSED_PRGS as REFUSED_PRGS
+from fednovelty.federated.secure_ring import ImplausibleSumError as ImplausibleSumError
+from fednovelty.federated.secure_ring import InsecurePRGError as InsecurePRGError
+
 #: the ring widths accepted: masks live in Z mod 2**bits, held in 64-bit integers.
 MIN_BITS, MAX_BITS = 16, 62
-#: the most quantisation levels: float64 holds integers exactly up to 2**53.
-MAX_LEVELS = 2**53
 #: the protocol's steps, in order, as named in a report's timings and byte counts.
 STEPS = ("setup", "share_keys", "mask", "unmask")
 
@@ -61,78 +96,24 @@ def _flower():
     return asymmetric, symmetric_encryption, shamir, secaggplus_utils, ndarrays_arithmetic
 
 
-# --------------------------------------------------------------------------- quantisation
-def quantization_levels(bits: int, n_clients: int) -> int:
-    """The largest quantised value ``T``: each input maps to an integer in [0, T], and the sum
-    of ``n_clients`` of them stays below the ring's size ``2**bits`` (no wrap-around), capped
-    at ``2**53`` (float64's exact integers)."""
-    return min((2**bits - 1) // n_clients, MAX_LEVELS)
-
-
-def quantize(values: np.ndarray, clip: float, levels: int, rng: np.random.Generator) -> np.ndarray:
-    """Flower's quantisation of ``values`` (n,) in [-clip, clip] to integers (n,) uint64 in
-    [0, levels]: ``(x + clip) * levels / (2 clip)``, rounded stochastically (up with
-    probability equal to the fractional part, so the rounding is unbiased). Flower's own
-    ``quantize`` draws from numpy's global generator and casts to int32; this draws from
-    ``rng`` and keeps 64 bits."""
-    scaled = (values + clip) * (levels / (2 * clip))
-    low = np.floor(scaled)
-    up = rng.random(values.shape) < scaled - low
-    return np.minimum(low + up, levels).astype(np.uint64)
-
-
-def dequantize_sum(total: np.ndarray, clip: float, levels: int, n_inputs: int) -> np.ndarray:
-    """The float sum (n,) float64 of ``n_inputs`` inputs from the sum ``total`` (n,) uint64 of
-    their quantised values: ``(2 total - n_inputs levels) * clip / levels``, the integer part
-    exact (Flower's ``dequantize`` plus its workflow's offset ``-(n - 1) clip``)."""
-    centred = 2 * total.astype(np.int64) - np.int64(n_inputs * levels)
-    return centred.astype(np.float64) * (clip / levels)
-
-
-def error_bound(clip: float, levels: int, n_inputs: int) -> float:
-    """The most the secure sum of ``n_inputs`` inputs can differ from their float64 sum, per
-    value: each stochastic rounding moves a value by less than one step ``2 clip / levels``;
-    float64 round-off adds at most ``6 eps clip`` an input when scaling it and ``2 eps clip``
-    an input when dequantising (``eps`` = 2**-52)."""
-    return n_inputs * clip * (2 / levels + 8 * float(np.finfo(np.float64).eps))
-
-
-def check_range(client: int, name: str, values: np.ndarray, clip: float) -> None:
-    """Refuse a value outside [-clip, clip] (or not finite): the secure sum cannot clip
-    silently, the server would get a wrong sum.
-
-    Raises:
-        ValueError: naming the client, the tensor and the clip range it needs.
-    """
-    if not np.all(np.isfinite(values)):
-        raise ValueError(f"client {client}: tensor {name!r} has non-finite values.")
-    largest = float(np.max(np.abs(values))) if values.size else 0.0
-    if largest > clip:
-        raise ValueError(
-            f"client {client}: tensor {name!r} has a value of magnitude {largest:.6g} outside "
-            f"the clipping range [-{clip:.6g}, {clip:.6g}]; widen clip_range for {name!r} to "
-            f"at least {largest:.6g} (it is public: set it from bounds known before the round)."
-        )
-
-
 # --------------------------------------------------------------------------- masks
 def mask_stream(seed: bytes, length: int, bits: int, prg: str = "aes-ctr") -> np.ndarray:
-    """``length`` pseudo-random integers (length,) uint64 in [0, 2**bits) from ``seed``.
+    """``length`` pseudo-random integers (length,) uint64 in [0, 2**bits) from ``seed``: the
+    AES-256 key stream (counter mode, zero nonce) of the 32-byte ``seed``, 8 bytes a value,
+    masked to ``bits`` bits, uniform on the ring; a seed keys one stream only.
 
-    ``"aes-ctr"``: the AES-256 key stream (counter mode, zero nonce) of the 32-byte ``seed``,
-    8 bytes a value, masked to ``bits`` bits, uniform on the ring; a seed keys one stream
-    only. ``"flower"``: Flower's ``pseudo_rand_gen`` (numpy's ``RandomState`` seeded with the
-    seed's 4-byte words XORed together; values in [0, 2**bits - 2])."""
-    if prg == "aes-ctr":
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    Raises:
+        InsecurePRGError: ``prg`` of :data:`REFUSED_PRGS`. ValueError: another ``prg`` or a
+            seed that is not 32 bytes.
+    """
+    check_prg(prg)
+    if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
+        raise ValueError(f"a mask seed must be a {SEED_BYTES}-byte AES-256 key; got {seed!r:.40}.")
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-        encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
-        words = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")
-        return words & np.uint64(2**bits - 1)
-    if prg == "flower":
-        (stream,) = _flower()[3].pseudo_rand_gen(seed, 2**bits, [(length,)])
-        return stream.astype(np.uint64)
-    raise ValueError(f"prg must be one of {PRGS}; got {prg!r}.")
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    words = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")
+    return words & np.uint64(2**bits - 1)
 
 
 def pairwise_seed(private_key, public_key_pem: bytes) -> bytes:
@@ -219,21 +200,40 @@ def receive_shares(
     state: ClientState, ciphertexts: Mapping[int, bytes], public_keys: Mapping[int, tuple]
 ) -> None:
     """A client decrypts the shares other clients sent it (source -> ciphertext) and keeps
-    them, refusing one addressed to someone else or claiming another source.
+    them.
 
     Raises:
-        ValueError: a share whose plaintext names another source or destination.
+        MalformedShareError: naming the source (``error.client``) of a ciphertext that does
+            not decrypt under their shared key, of a plaintext that names another source or
+            destination, or of a share of the wrong form (:func:`share_defect`).
     """
     _, symmetric, _, utils, _ = _flower()
+    from cryptography.fernet import InvalidToken
+
+    n = len(public_keys)
     for source, ciphertext in ciphertexts.items():
         key = base64.urlsafe_b64encode(pairwise_seed(state.encryption_key, public_keys[source][1]))
-        src, dst, seed_share, key_share = utils.share_keys_plaintext_separate(
-            symmetric.decrypt(key, ciphertext)
+        try:
+            plain = symmetric.decrypt(key, ciphertext)
+        except (InvalidToken, TypeError, ValueError, binascii.Error) as error:
+            raise MalformedShareError(
+                f"client {state.client}: the shares client {source} sent it cannot be read "
+                f"({type(error).__name__}: not encrypted under their shared key); client "
+                f"{source} is left out of the round.",
+                client=source,
+            ) from None
+        src, dst, seed_share, key_share = utils.share_keys_plaintext_separate(plain)
+        defect = (
+            f"says {src} -> {dst}"
+            if (src, dst) != (source, state.client)
+            else share_defect(seed_share, SEED_SHARE_BYTES, n)
+            or share_defect(key_share, KEY_SHARE_BYTES, n)
         )
-        if (src, dst) != (source, state.client):
-            raise ValueError(
-                f"client {state.client}: a share relayed as {source} -> {state.client} says "
-                f"{src} -> {dst}; the relay is not trustworthy, abort the round."
+        if defect:
+            raise MalformedShareError(
+                f"client {state.client}: the shares client {source} sent it are malformed "
+                f"({defect}); client {source} is left out of the round.",
+                client=source,
             )
         state.held_shares[source] = (seed_share, key_share)
 
@@ -293,23 +293,38 @@ def unmask_sum(
     threshold: int,
     bits: int,
     prg: str = "aes-ctr",
+    n_holders: int | None = None,
 ) -> np.ndarray:
     """Step 4, the server: add the masked vectors (sender -> (n,) uint64) mod ``2**bits``,
     rebuild each sender's self-mask seed and each dropped client's masking key from the
     revealed shares (responder -> owner -> share; Flower's ``combine_shares``), subtract the
-    self-masks and the pairwise masks the senders shared with dropped clients. Returns the
-    sum (n,) uint64 of the senders' quantised inputs.
+    self-masks and the pairwise masks the senders shared with dropped clients. A responder
+    whose shares are malformed (:func:`usable_responders`, shares among ``n_holders``,
+    default ``len(public_keys)``) is passed over with a :class:`MalformedShareWarning`
+    naming it. Returns the sum (n,) uint64 of the senders'
+    quantised inputs.
 
     Raises:
-        ValueError: fewer than ``threshold`` clients revealed their shares.
+        SecureSumError: fewer than ``threshold`` clients revealed well-formed shares.
     """
     _, _, shamir, _, arithmetic = _flower()
+    count = len(public_keys) if n_holders is None else n_holders
+    revealed, bad = usable_responders(revealed, set(masked), set(dropped), count)
+    for responder, why in bad.items():
+        warnings.warn(
+            MalformedShareWarning(
+                f"client {responder} revealed malformed shares ({why}); its shares are "
+                "passed over and the round unmasked from the others'."
+            ),
+            stacklevel=2,
+        )
     if len(revealed) < threshold:
-        raise ValueError(
+        raise SecureSumError(
             f"unmasking needs the shares of at least threshold={threshold} clients; only "
             f"{len(revealed)} answered ({len(masked)} sent masked vectors, {len(dropped)} "
-            "dropped before). The round's sum cannot be recovered: run it again, or choose a "
-            "lower threshold (it tolerates m - threshold drops)."
+            f"dropped before{', malformed shares from clients ' + str(sorted(bad)) if bad else ''}"
+            "). The round's sum cannot be recovered: run it again, or choose a lower "
+            "threshold (it tolerates m - threshold drops)."
         )
     n = next(iter(masked.values())).shape[0]
     total = [np.zeros(n, dtype=np.uint64)]
@@ -344,6 +359,7 @@ class SecureSumReport:
     parties in turn (client work summed over clients; ``"unmask"`` includes the server's).
     ``error_bound``: tensor -> the most any summed value can be off (:func:`error_bound`).
     ``server_view``: client -> the masked vector (n,) uint64 the server got from it.
+    ``refused``: client -> why it was left out (a share it sent could not be read).
     """
 
     n_clients: int
@@ -360,6 +376,7 @@ class SecureSumReport:
     bytes_down: dict[int, dict[str, int]]
     seconds: dict[str, float]
     server_view: dict[int, np.ndarray]
+    refused: dict[int, str] = field(default_factory=dict)
 
     def mean_bytes(self, direction: str = "up") -> float:
         """A client's total bytes sent (``"up"``) or received (``"down"``), averaged over
@@ -426,6 +443,27 @@ def _check_settings(
             raise ValueError(f"client ids must be integers in [0, 2**63); got {client!r}.")
 
 
+def _received(
+    states: Mapping[int, ClientState],
+    relayed: Mapping[int, Mapping[int, bytes]],
+    public_keys: Mapping[int, tuple[bytes, bytes]],
+    holders: list[int],
+) -> dict[int, str]:
+    """Each of ``holders`` decrypts the shares relayed to it (holder -> source ->
+    ciphertext). Returns source -> why, for each client a share of which could not be read
+    (:class:`MalformedShareError`), each warned of (:class:`MalformedShareWarning`)."""
+    refused: dict[int, str] = {}
+    for holder in holders:
+        for source, ciphertext in relayed[holder].items():
+            try:
+                receive_shares(states[holder], {source: ciphertext}, public_keys)
+            except MalformedShareError as error:
+                refused.setdefault(source, str(error))
+    for why in refused.values():
+        warnings.warn(MalformedShareWarning(why), stacklevel=3)
+    return refused
+
+
 def secure_sum(
     client_tensors: Mapping[int, Mapping[str, Tensor]],
     *,
@@ -434,7 +472,7 @@ def secure_sum(
     bits: int = 32,
     dropped: set[int] = frozenset(),
     unresponsive: set[int] = frozenset(),
-    seed: int | None = None,
+    insecure_seed: int | None = None,
     prg: str = "aes-ctr",
     device: torch.device | str | None = None,
 ) -> tuple[dict[str, Tensor], SecureSumReport]:
@@ -444,20 +482,25 @@ def secure_sum(
 
     ``dropped`` clients go away after sharing their secrets, before sending a masked vector:
     the sum leaves them out. ``unresponsive`` ones send it but not their shares afterwards:
-    the sum keeps them. ``seed`` seeds the stochastic rounding only (keys and masks always
-    come from the operating system's randomness). Returns name -> sum (in the first client's
-    dtype, on ``device`` or its device) and the :class:`SecureSumReport`.
+    the sum keeps them. A client whose shares cannot be read is left out before anyone
+    masks, with a :class:`MalformedShareWarning` naming it (``report.refused``). Keys, masks
+    and the stochastic rounding come from the operating system's randomness;
+    ``insecure_seed`` (TESTING ONLY: whoever knows it re-draws the rounding) seeds the
+    rounding. Returns name -> sum (in the first client's dtype, on ``device`` or its device)
+    and the :class:`SecureSumReport`.
 
     Raises:
-        ValueError: mismatched tensors, a bad setting, a value outside the clipping range,
-            or fewer than ``threshold`` clients left to reveal shares.
+        ValueError: mismatched tensors, a bad setting, a value outside the clipping range.
+        InsecurePRGError: a refused ``prg``.
+        SecureSumError: fewer than ``threshold`` senders left, or fewer than ``threshold``
+            clients to reveal well-formed shares (naming the clients left out).
+        ImplausibleSumError: an unmasked sum outside the public ranges.
     """
     layout = _layout(client_tensors)
     names, clients = list(layout), sorted(client_tensors)
     clips = _clip_ranges(clip_range, names)
     _check_settings(clients, threshold, bits, set(dropped), set(unresponsive))
-    if prg not in PRGS:
-        raise ValueError(f"prg must be one of {PRGS}; got {prg!r}.")
+    check_prg(prg)
     levels = quantization_levels(bits, len(clients))
     sizes = [math.prod(layout[name]) for name in names]
     width = math.ceil(bits / 8)
@@ -486,23 +529,32 @@ def secure_sum(
     seconds["share_keys"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    senders = [c for c in clients if c not in dropped]
-    rounding = dict(zip(clients, np.random.SeedSequence(seed).spawn(len(clients)), strict=True))
+    refused = _received(states, relayed, public_keys, [c for c in clients if c not in dropped])
+    shared = [c for c in clients if c not in refused]  # who masks with whom
+    senders = [c for c in shared if c not in dropped]
+    if refused and len(senders) < threshold:
+        named = ", ".join(f"client {c}" for c in sorted(refused))
+        raise SecureSumError(
+            f"{len(senders)} senders are left, fewer than threshold={threshold}: {named} "
+            f"left out (shares that cannot be read), {len(dropped)} dropped. The round's "
+            "sum cannot be unmasked.",
+            client=min(refused),
+        )
+    keys = {c: public_keys[c] for c in shared}
     masked = {}
     for c in senders:
-        receive_shares(states[c], relayed[c], public_keys)
-        rng = np.random.default_rng(rounding[c])
+        source = noise_source(insecure_seed, c)
         pieces = []
         for name in names:
             values = client_tensors[c][name].detach().to("cpu", torch.float64).numpy().reshape(-1)
             check_range(c, name, values, clips[name])
-            pieces.append(quantize(values, clips[name], levels, rng))
-        masked[c] = mask_input(states[c], np.concatenate(pieces), public_keys, bits, prg)
+            pieces.append(quantize(values, clips[name], levels, source))
+        masked[c] = mask_input(states[c], np.concatenate(pieces), keys, bits, prg)
         up[c]["mask"] = width * masked[c].shape[0]
     seconds["mask"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    gone = set(dropped)
+    gone = {c for c in dropped if c in keys}
     revealed = {}
     for c in senders:
         down[c]["unmask"] = 8 * len(clients)
@@ -510,7 +562,8 @@ def secure_sum(
             continue
         revealed[c] = reveal_shares(states[c], set(senders), gone)
         up[c]["unmask"] = sum(len(share) + 8 for share in revealed[c].values())
-    total = unmask_sum(masked, revealed, gone, public_keys, threshold, bits, prg)
+    total = unmask_sum(masked, revealed, gone, keys, threshold, bits, prg, len(clients))
+    check_sum_range(total, len(senders), levels, list(zip(names, sizes, strict=True)))
     sums, offset = {}, 0
     for name, size in zip(names, sizes, strict=True):
         values = dequantize_sum(total[offset : offset + size], clips[name], levels, len(senders))
@@ -528,7 +581,7 @@ def secure_sum(
         levels=levels,
         n_values=sum(sizes),
         senders=tuple(senders),
-        dropped=tuple(sorted(dropped)),
+        dropped=tuple(sorted(gone)),
         unresponsive=tuple(sorted(unresponsive)),
         clip_range=clips,
         error_bound={name: error_bound(clips[name], levels, len(senders)) for name in names},
@@ -536,5 +589,6 @@ def secure_sum(
         bytes_down=down,
         seconds=seconds,
         server_view=masked,
+        refused=refused,
     )
     return sums, report

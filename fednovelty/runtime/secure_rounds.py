@@ -31,13 +31,22 @@ post-processing reads the number of replies, which a secure sum hides; local noi
 secure sum), personal mixture weights (the server reads each client's counts), and any
 round of a kind without an additive private form (``None``, ``"fit"``).
 
+Nothing the server or the data decides protects a client: ``N`` is the caller's public
+bound (``SecureSum.max_rows``, required, never a client's row count), and the stochastic
+rounding comes from fresh OS entropy (``SecureSum.insecure_seed`` seeds it for tests only).
+In ``dp_mode="distributed"`` without a secure sum the server reads each reply, which carries
+``1/m`` of the noise variance: the in-process engine warns
+(:class:`~fednovelty.runtime.simulation.UnsummedDistributedWarning`) and a Flower node in that
+mode refuses such rounds.
+
 What the engine simulates of the protocol's dropouts (:class:`SecureSum`): a share
 ``dropped`` of each round's senders goes away after sharing keys (left out of the sum) and a
 share ``unresponsive`` after sending its masked vector (kept in the sum), at most ``m - t`` of
 them, the most the protocol survives (:func:`secure_round` with more raises: the round's
-sum cannot be unmasked). Skipped replies take no
-part. A round needs at least two contributing replies (the secure sum of one reply is the
-reply): the in-process engine raises ``min_clients`` to 2.
+sum cannot be unmasked); the draws come from the run's ``random_state``, like its other
+simulated failures. Skipped replies take no part. A round needs at least two contributing
+replies (the secure sum of one reply is the reply): the in-process engine raises
+``min_clients`` to 2.
 """
 
 from __future__ import annotations
@@ -52,9 +61,10 @@ from torch import Tensor
 
 from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
 from fednovelty.federated.dp import block_multipliers, recentre_stats
+from fednovelty.federated.noise import NoiseSource
 from fednovelty.federated.secure import (
-    PRGS,
     SecureSumReport,
+    check_prg,
     check_range,
     dequantize_sum,
     quantize,
@@ -99,19 +109,22 @@ class SecureSum:
         bits: the ring ``Z mod 2**bits`` (16 to 62). The error of a summed value is below
             ``2 m^2 c / 2**bits`` for a clipping range ``c``: 48 bits keep it near 1e-12 of
             the range for 20 clients, at 6 bytes a value instead of float64's 8.
-        max_rows: the public bound ``N`` on a client's rows (the clipping ranges' scale);
-            ``None``: the in-process engine takes its largest client's row count (a
-            deployment must agree on it before the first round).
+        max_rows: the public bound ``N`` on any client's rows (the clipping ranges' scale),
+            stated before the first round; required (:class:`SecureRounds` refuses
+            ``None``): never taken from the data, which would tell of one client.
         noise_margin: standard deviations of a client's noise added to each clipping range.
         dropped: the share of each round's senders that drop after sharing keys, before
             sending their masked vector (simulated; left out of the sum).
         unresponsive: the share that send their masked vector and then stay silent
             (simulated; kept in the sum).
-        seed: seeds the stochastic rounding and the simulated drops (``None``: fresh).
-        prg: the mask generator (:data:`fednovelty.federated.secure.PRGS`).
+        insecure_seed: TESTING ONLY: seeds the stochastic rounding, so that two runs
+            compare bit for bit; whoever knows it re-draws the rounding. ``None`` (the
+            default): fresh OS entropy for every client and round.
+        prg: the mask generator (:data:`fednovelty.federated.secure.PRGS`: AES-256-CTR).
 
     Raises:
-        ValueError: a field out of range, naming it.
+        ValueError: a field out of range, naming it;
+            :class:`~fednovelty.federated.secure.InsecurePRGError` for a refused ``prg``.
     """
 
     threshold: float = 0.5
@@ -120,7 +133,7 @@ class SecureSum:
     noise_margin: float = 10.0
     dropped: float = 0.0
     unresponsive: float = 0.0
-    seed: int | None = 0
+    insecure_seed: int | None = None
     prg: str = "aes-ctr"
 
     def __post_init__(self) -> None:
@@ -153,8 +166,13 @@ class SecureSum:
                 "SecureSum.dropped + SecureSum.unresponsive must be below 1 (some senders "
                 f"must reveal shares); got {self.dropped} + {self.unresponsive}."
             )
-        if self.prg not in PRGS:
-            raise ValueError(f"SecureSum.prg must be one of {PRGS}; got {self.prg!r}.")
+        seed = self.insecure_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"SecureSum.insecure_seed must be an int or None; got {seed!r}.")
+        try:
+            check_prg(self.prg)
+        except ValueError as error:  # InsecurePRGError stays one
+            raise type(error)(f"SecureSum.prg: {error}") from None
 
 
 def senders_threshold(threshold: float, n_senders: int) -> int:
@@ -345,10 +363,11 @@ def quantize_encoded(
     encoded: Mapping[str, Tensor],
     clips: Mapping[str, float],
     levels: int,
-    rng: np.random.Generator,
+    source: NoiseSource,
 ) -> np.ndarray:
     """One client's encoded tensors as the integer vector it masks: each tensor, in the
-    mapping's order, flattened, checked against its range and quantised
+    mapping's order, flattened, checked against its range and quantised with the rounding
+    of ``source`` (:mod:`fednovelty.federated.noise`)
     (:func:`~fednovelty.federated.secure.check_range`,
     :func:`~fednovelty.federated.secure.quantize`), then concatenated: (n_values,) uint64.
 
@@ -363,7 +382,7 @@ def quantize_encoded(
     for name, tensor in encoded.items():
         values = tensor.detach().to("cpu", torch.float64).numpy().reshape(-1)
         check_range(client, name, values, clips[name])
-        pieces.append(quantize(values, clips[name], levels, rng))
+        pieces.append(quantize(values, clips[name], levels, source))
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint64)
 
 
@@ -412,14 +431,15 @@ def secure_round(
     bits: int = 48,
     dropped: set[int] = frozenset(),
     unresponsive: set[int] = frozenset(),
-    seed: int | None = None,
+    insecure_seed: int | None = None,
     prg: str = "aes-ctr",
 ) -> tuple[Message, SecureSumReport]:
     """One round's combined reply: the clients' ``replies`` (client id -> released reply of
     ``broadcast``'s kind, none skipped, at least two) encoded (:func:`encode`), securely
     summed in the public ``clips`` (encoded name -> range) and decoded (:func:`decode`).
     ``dropped`` / ``unresponsive``: senders that go away before / after sending their masked
-    vector (:func:`~fednovelty.federated.secure.secure_sum`).
+    vector; ``insecure_seed`` (tests only) seeds the rounding
+    (:func:`~fednovelty.federated.secure.secure_sum`).
 
     Returns:
         ``(combined reply of broadcast's kind, the secure sum's report)``; the report's error
@@ -448,7 +468,7 @@ def secure_round(
         bits=bits,
         dropped=set(dropped),
         unresponsive=set(unresponsive),
-        seed=seed,
+        insecure_seed=insecure_seed,
         prg=prg,
     )
     return Message(broadcast.kind, decode(release, sums, broadcast, covariance_type)), report
@@ -480,19 +500,29 @@ class SecureRounds:
 
     Args:
         algorithm: checked by :func:`check_secure_algorithm`.
-        settings: the :class:`SecureSum`.
-        max_rows: the public bound on a client's rows where ``settings.max_rows`` is
-            ``None``.
+        settings: the :class:`SecureSum`, with its public ``max_rows``.
+        random_state: seeds the simulated drops (``settings.dropped``,
+            ``settings.unresponsive``), the run's other simulated failures' seed.
 
     Raises:
-        ValueError: the refusals of :func:`check_secure_algorithm`; at a round, those of
-            :func:`additive_release` and :func:`secure_round`.
+        ValueError: the refusals of :func:`check_secure_algorithm`, ``settings.max_rows``
+            not given; at a round, those of :func:`additive_release` and
+            :func:`secure_round`.
     """
 
-    def __init__(self, algorithm: FederatedAlgorithm, settings: SecureSum, max_rows: int) -> None:
+    def __init__(
+        self, algorithm: FederatedAlgorithm, settings: SecureSum, random_state: int = 0
+    ) -> None:
         check_secure_algorithm(algorithm)
+        if settings.max_rows is None:
+            raise ValueError(
+                "secure sums need SecureSum.max_rows, the public bound on any client's rows "
+                "stated before the first round (it scales the public clipping ranges); it is "
+                "never taken from the clients' data. Pass SecureSum(max_rows=N) with N at "
+                "least the largest client's row count."
+            )
         self.algorithm, self.settings = algorithm, settings
-        self.max_rows = settings.max_rows if settings.max_rows is not None else int(max_rows)
+        self.max_rows, self.random_state = int(settings.max_rows), int(random_state)
         self.rounds = 0
 
     def __call__(
@@ -511,6 +541,7 @@ class SecureRounds:
             noise_margin=settings.noise_margin,
         )
         dropped, unresponsive = self._drops(list(replies))
+        seed = settings.insecure_seed
         combined, report = secure_round(
             release,
             message,
@@ -521,16 +552,10 @@ class SecureRounds:
             bits=settings.bits,
             dropped=dropped,
             unresponsive=unresponsive,
-            seed=self._seed(1),
+            insecure_seed=None if seed is None else _round_seed(seed, self.rounds),
             prg=settings.prg,
         )
         return {COMBINED_ID: combined}, round_metrics(report)
-
-    def _seed(self, salt: int) -> int | None:
-        if self.settings.seed is None:
-            return None
-        entropy = np.random.SeedSequence([self.settings.seed, self.rounds, salt])
-        return int(entropy.generate_state(1)[0])
 
     def _drops(self, senders: list[int]) -> tuple[set[int], set[int]]:
         """This round's simulated drops: each sender independently drops (before masking)
@@ -539,7 +564,8 @@ class SecureRounds:
         settings = self.settings
         if settings.dropped == 0 and settings.unresponsive == 0:
             return set(), set()
-        draws = np.random.default_rng(self._seed(2)).random(len(senders))
+        stream = np.random.SeedSequence([self.random_state, self.rounds])
+        draws = np.random.default_rng(stream).random(len(senders))
         room = len(senders) - senders_threshold(settings.threshold, len(senders))
         going = sorted(
             (u, c)
@@ -548,6 +574,11 @@ class SecureRounds:
         )[:room]
         dropped = {c for u, c in going if u < settings.dropped}
         return dropped, {c for _, c in going} - dropped
+
+
+def _round_seed(seed: int, round_: int) -> int:
+    """A test's rounding seed for one round (``insecure_seed`` only)."""
+    return int(np.random.SeedSequence([seed, round_]).generate_state(1)[0])
 
 
 def as_settings(secure_sum: SecureSum | bool | None) -> SecureSum | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "InProcessTransport",
     "RoundRecord",
     "SimulationResult",
+    "UnsummedDistributedWarning",
     "check_clients",
     "failed_rounds_message",
     "failure_budget",
@@ -137,6 +139,28 @@ class InProcessTransport(Transport):
             ctx.state = {k: v.clone() for k, v in states[cid].items()}
 
 
+class UnsummedDistributedWarning(UserWarning):
+    """Distributed-DP replies read one by one: without a secure sum the server sees each
+    client's reply, which carries ``z / sqrt(m)``, not the calibrated ``z``."""
+
+
+def warn_unsummed(policy: PrivacyPolicy, secure: SecureSum | None) -> None:
+    """Warn (:class:`UnsummedDistributedWarning`) where the clients' ``policy`` adds
+    distributed noise and no secure sum hides the replies."""
+    dp = policy.dp
+    if secure is None and dp is not None and dp.mode == "distributed":
+        warnings.warn(
+            UnsummedDistributedWarning(
+                'DP mode "distributed" without a secure sum: the server reads each reply, '
+                f"whose noise is z / sqrt(m) (m = {dp.n_clients}), so the guarantee against "
+                "the server is that of z / sqrt(m), not the budget's epsilon (a detector's "
+                "privacy_spent_ reports it as epsilon_against_server). Pass "
+                'secure_sum=SecureSum(max_rows=...), or use mode "local".'
+            ),
+            stacklevel=3,
+        )
+
+
 #: failed rounds in a row that end a simulation without dropout.
 MAX_FAILED_ROUNDS = 5
 #: the chance, per round, that simulated dropout alone ends a run under the default budget.
@@ -199,10 +223,11 @@ def run_simulation(
         secure_sum: run every round through a secure sum
             (:mod:`fednovelty.runtime.secure_rounds`): the server step gets one combined
             reply, the SecAgg sum of the clients' replies, never one client's. A
-            :class:`~fednovelty.runtime.secure_rounds.SecureSum`, or ``True`` for its
-            defaults (the public bound on a client's rows is then the largest client's row
-            count). Needs the algorithm's ``dp_mode`` (``"distributed"``: only the sum
-            carries the calibrated noise) and at least 2 contributing replies a round
+            :class:`~fednovelty.runtime.secure_rounds.SecureSum` with its public
+            ``max_rows`` (required: the bound on any client's rows, never taken from the
+            data). Needs the algorithm's ``dp_mode`` (``"distributed"``: only the sum
+            carries the calibrated noise; without a secure sum a distributed policy warns,
+            :class:`UnsummedDistributedWarning`) and at least 2 contributing replies a round
             (``min_clients`` is raised to 2); a round of a kind without an additive private
             form raises. The round records' metrics carry the protocol's time, bytes and
             error bounds (``secure_*``).
@@ -252,8 +277,8 @@ def run_simulation(
     if secure is not None:
         if len(data) < 2:
             raise ValueError("secure_sum needs at least 2 clients; the sum of one is its reply.")
-        rows = max(int(client_rows(part).shape[0]) for part in data.values())
-        combine = SecureRounds(algorithm, secure, rows)
+        combine = SecureRounds(algorithm, secure, random_state)
+    warn_unsummed(policy, secure)
     rng = np.random.default_rng(random_state)
     transport = InProcessTransport(algorithm, data, contexts, fraction, dropout, rng, batch_clients)
     width = int(client_rows(next(iter(data.values()))).shape[1])

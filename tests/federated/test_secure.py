@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.federated.secure import (
     PRGS,
     ClientState,
@@ -51,7 +52,9 @@ def plain_sum(clients, ids) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("prg", PRGS)
 def test_the_secure_sum_is_the_float_sum_within_the_quantisation_bound(m, prg):
     clients = statistics(m)
-    sums, report = secure_sum(clients, clip_range=CLIP, threshold=m // 2 + 1, seed=1, prg=prg)
+    sums, report = secure_sum(
+        clients, clip_range=CLIP, threshold=m // 2 + 1, insecure_seed=1, prg=prg
+    )
     expected = plain_sum(clients, sorted(clients))
     levels = (2**32 - 1) // m
     assert report.levels == levels
@@ -70,7 +73,9 @@ def test_a_coarse_ring_still_keeps_the_bound_and_rounds_without_bias(prg):
     stays under three steps, and averages to about zero (stochastic rounding)."""
     rng = np.random.default_rng(5)
     clients = {c: {"x": torch.tensor(rng.uniform(-1, 1, 4000))} for c in range(3)}
-    sums, report = secure_sum(clients, clip_range=1.0, threshold=2, bits=16, seed=2, prg=prg)
+    sums, report = secure_sum(
+        clients, clip_range=1.0, threshold=2, bits=16, insecure_seed=2, prg=prg
+    )
     step = 2 / 21845
     errors = sums["x"].numpy() - plain_sum(clients, [0, 1, 2])["x"]
     assert np.max(np.abs(errors)) <= report.error_bound["x"] <= 3 * step * (1 + 1e-9)
@@ -83,7 +88,7 @@ def test_stochastic_rounding_rounds_up_as_often_as_the_fraction_says():
     levels, clip = 100, 1.0
     step = 2 * clip / levels
     values = np.full(20_000, -clip + 37.25 * step)  # a quarter of a step above level 37
-    q = quantize(values, clip, levels, np.random.default_rng(0))
+    q = quantize(values, clip, levels, SeededNoise(0))
     assert set(np.unique(q)) == {37, 38}
     assert abs(np.mean(q == 38) - 0.25) < 5 * np.sqrt(0.25 * 0.75 / 20_000)
 
@@ -91,7 +96,9 @@ def test_stochastic_rounding_rounds_up_as_often_as_the_fraction_says():
 @pytest.mark.parametrize("dropped", [{13}, {10, 25}])
 def test_clients_dropped_before_masking_leave_the_sum_of_the_survivors(dropped):
     clients = statistics(7, seed=3)
-    sums, report = secure_sum(clients, clip_range=CLIP, threshold=4, dropped=dropped, seed=4)
+    sums, report = secure_sum(
+        clients, clip_range=CLIP, threshold=4, dropped=dropped, insecure_seed=4
+    )
     survivors = [c for c in sorted(clients) if c not in dropped]
     assert report.senders == tuple(survivors)
     expected, everyone = plain_sum(clients, survivors), plain_sum(clients, sorted(clients))
@@ -107,7 +114,7 @@ def test_clients_dropped_before_masking_leave_the_sum_of_the_survivors(dropped):
 def test_clients_silent_after_masking_stay_in_the_sum():
     clients = statistics(7, seed=6)
     sums, report = secure_sum(
-        clients, clip_range=CLIP, threshold=4, dropped={16}, unresponsive={10, 28}, seed=0
+        clients, clip_range=CLIP, threshold=4, dropped={16}, unresponsive={10, 28}, insecure_seed=0
     )
     kept = [c for c in sorted(clients) if c != 16]
     expected = plain_sum(clients, kept)
@@ -116,10 +123,10 @@ def test_clients_silent_after_masking_stay_in_the_sum():
     assert report.bytes_up[10]["unmask"] == 0 and report.bytes_up[13]["unmask"] > 0
 
 
-def test_masks_cancel_exactly_so_the_seed_fixes_the_sum_although_every_mask_is_fresh():
+def test_masks_cancel_exactly_so_a_test_seed_fixes_the_sum_although_every_mask_is_fresh():
     clients = statistics(3, seed=8)
-    first, report1 = secure_sum(clients, clip_range=CLIP, threshold=2, seed=11)
-    second, report2 = secure_sum(clients, clip_range=CLIP, threshold=2, seed=11)
+    first, report1 = secure_sum(clients, clip_range=CLIP, threshold=2, insecure_seed=11)
+    second, report2 = secure_sum(clients, clip_range=CLIP, threshold=2, insecure_seed=11)
     assert all(torch.equal(first[name], second[name]) for name in first)
     assert not np.array_equal(report1.server_view[10], report2.server_view[10])
 
@@ -146,14 +153,14 @@ def test_the_server_sees_uniform_noise_whatever_the_client_sent(prg):
         _, report = secure_sum(clients, clip_range=1.0, threshold=2, bits=bits, prg=prg)
         views[label] = report.server_view[0]
         assert chi_square_uniform(views[label], bits) > 1e-6
-        quantised = quantize(clients[0]["x"].numpy(), 1.0, report.levels, rng)
+        quantised = quantize(clients[0]["x"].numpy(), 1.0, report.levels, SeededNoise(9))
         assert np.mean(views[label] == quantised) < 0.01
     table = [
         np.bincount((views[k] >> np.uint64(bits - 6)).astype(np.int64), minlength=64) for k in views
     ]
     assert stats.chi2_contingency(np.array(table)).pvalue > 1e-6
     levels = quantization_levels(bits, 3)
-    smooth = quantize(np.clip(rng.normal(0, 0.3, n), -1, 1), 1.0, levels, rng)
+    smooth = quantize(np.clip(rng.normal(0, 0.3, n), -1, 1), 1.0, levels, SeededNoise(10))
     assert chi_square_uniform(smooth, bits) < 1e-12
     assert chi_square_uniform(np.full(n, levels, dtype=np.uint64), bits) < 1e-12
 
@@ -162,7 +169,7 @@ def test_the_view_of_one_client_is_uncorrelated_with_its_input():
     bits, n = 32, 20_000
     rng = np.random.default_rng(12)
     clients = {c: {"x": torch.tensor(rng.uniform(-1, 1, n))} for c in range(3)}
-    _, report = secure_sum(clients, clip_range=1.0, threshold=2, bits=bits, seed=0)
+    _, report = secure_sum(clients, clip_range=1.0, threshold=2, bits=bits, insecure_seed=0)
     r = np.corrcoef(clients[1]["x"].numpy(), report.server_view[1].astype(np.float64))[0, 1]
     assert abs(r) < 5 / np.sqrt(n)
 

@@ -29,6 +29,7 @@ from flwr.app import Message as FlowerMessage
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FederatedEM, Message, PrivacyPolicy
 from fednovelty.federated.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.federated.secure import error_bound, quantization_levels
 from fednovelty.federated.validation import InvalidReplyError
 from fednovelty.runtime import run_simulation
@@ -83,7 +84,7 @@ def _node_config(c: int, m: int = M, mode: str = "distributed") -> dict:
         "dp-clip": CLIP,
         "dp-mode": mode,
         "dp-clients": m,
-        "dp-seed": SEED,
+        "dp-insecure-seed": SEED,
     }
 
 
@@ -93,7 +94,9 @@ def _run_config(params: dict, **secure) -> dict:
 
 
 def _policy(m: int = M) -> PrivacyPolicy:
-    return PrivacyPolicy(dp=DPPolicy(Z, CLIP, "distributed", m, RELEASES, SEED))
+    return PrivacyPolicy(
+        dp=DPPolicy(Z, CLIP, "distributed", m, epsilon=EPSILON, insecure_seed=SEED)
+    )
 
 
 class RecordingGrid(InProcessGrid):
@@ -239,9 +242,15 @@ def test_the_server_step_gets_one_combined_reply_and_the_loop_only_masked_vector
     )
     metrics = flower.history[0].metrics
     assert abs(float(combined["n_samples"]) - n) <= metrics["secure_bound_n_samples"]
-    mean = combined["mean"].numpy()
-    assert_close_scaled(mean, total / n, rtol=1e-12)
-    assert_close_scaled(combined["m2"].numpy() + n * mean**2, squares, rtol=1e-12)
+    # the summed encoded form back from the combined reply (the decoding's algebra): within
+    # each sum's bound plus float64 round-off of the decoding (1e-12 of the values)
+    n_sum, mean = float(combined["n_samples"]), combined["mean"].numpy()
+    for name, summed, expected in (
+        ("total", n_sum * mean, total),
+        ("squares", combined["m2"].numpy() + n_sum * mean**2, squares),
+    ):
+        slack = metrics[f"secure_bound_{name}"] + 1e-12 * float(np.abs(expected).max())
+        assert float(np.abs(summed - expected).max()) <= slack, name
 
 
 def test_round_metrics_count_every_step_and_every_message(runs):
@@ -358,10 +367,12 @@ def test_secure_settings_are_read_from_the_run_config():
     settings = secure_from_run_config(
         {"secure-sum": True, "secure-max-rows": 500, "secure-bits": 40, "seed": 7}
     )
-    assert settings == SecureSum(threshold=0.5, bits=40, max_rows=500, seed=7)
-    assert secure_from_run_config(
-        {"secure-sum": "true", "secure-max-rows": 5, "secure-seed": 2, "secure-prg": "flower"}
-    ) == SecureSum(max_rows=5, seed=2, prg="flower")
+    assert settings == SecureSum(threshold=0.5, bits=40, max_rows=500)
+    with pytest.raises(ValueError, match=r"run_config 'secure-prg'.*32 bits") as caught:
+        secure_from_run_config({"secure-sum": "true", "secure-max-rows": 5, "secure-prg": "flower"})
+    assert caught.type.__name__ == "InsecurePRGError"
+    with pytest.raises(ValueError, match="'secure-seed' is refused"):
+        secure_from_run_config({"secure-sum": True, "secure-max-rows": 5, "secure-seed": 2})
     with pytest.raises(ValueError, match="'secure-max-rows' is required"):
         secure_from_run_config({"secure-sum": True})
     with pytest.raises(ValueError, match="run_config 'secure-bits' must be an int in"):
@@ -399,6 +410,7 @@ def _keys_and_shares(grid, nodes):
         "clients": clients,
         "mask_publics": [keys[c]["mask_public"] for c in clients],
         "encryption_publics": [keys[c]["encryption_public"] for c in clients],
+        "threshold": 2,  # a majority of 3, the nodes' default floor
     }
     return relay, header
 
@@ -497,10 +509,7 @@ def test_quantised_encoded_tensors_sum_to_the_float_sum_within_the_bound():
         for _ in range(3)
     ]
     levels = quantization_levels(32, 3)
-    vectors = [
-        quantize_encoded(c, t, clips, levels, np.random.default_rng(c))
-        for c, t in enumerate(clients)
-    ]
+    vectors = [quantize_encoded(c, t, clips, levels, SeededNoise(c)) for c, t in enumerate(clients)]
     assert all(v.dtype == np.uint64 and v.shape == (16,) for v in vectors)
     total = vectors[0] + vectors[1] + vectors[2]
     layout = {"counts": (4,), "sums": (4, 3)}
@@ -510,7 +519,7 @@ def test_quantised_encoded_tensors_sum_to_the_float_sum_within_the_bound():
         assert sums[name].shape == expected.shape
         assert float(np.abs(sums[name].numpy() - expected).max()) <= error_bound(clip, levels, 3)
     with pytest.raises(ValueError, match=r"client 7: tensor 'counts' .* outside"):
-        quantize_encoded(7, {"counts": torch.tensor([60.0])}, clips, levels, rng)
+        quantize_encoded(7, {"counts": torch.tensor([60.0])}, clips, levels, SeededNoise(7))
     with pytest.raises(ValueError, match="layout"):
         dequantize_encoded(total[:3], layout, clips, levels, 3)
 

@@ -30,7 +30,7 @@ from fednovelty.runtime.secure_rounds import (
     secure_round,
 )
 
-M, Z, CLIP, SEED = 4, 3.0, 3.0, 3
+M, Z, CLIP, SEED, MAX_ROWS = 4, 3.0, 3.0, 3, 500
 BOUNDS = [[-6.0] * 3, [8.0] * 3]
 
 
@@ -76,7 +76,7 @@ def _params(**changes) -> dict:
 
 
 def _policy(m: int = M) -> PrivacyPolicy:
-    return PrivacyPolicy(dp=DPPolicy(Z, CLIP, "distributed", n_clients=m, seed=SEED))
+    return PrivacyPolicy(dp=DPPolicy(Z, CLIP, "distributed", n_clients=m, insecure_seed=SEED))
 
 
 def _run(secure, m: int = M, **changes):
@@ -90,7 +90,7 @@ def _run(secure, m: int = M, **changes):
 
 @pytest.fixture(scope="module")
 def runs():
-    return _run(None), _run(SecureSum(bits=48, seed=1))
+    return _run(None), _run(SecureSum(bits=48, max_rows=MAX_ROWS, insecure_seed=1))
 
 
 # ----------------------------------------------------------------- by hand, in numpy
@@ -152,7 +152,7 @@ def test_each_round_kind_combined_is_the_sum_of_the_replies_within_the_bound(run
     message = Message("assign", {"shift": shift})
     clips = clip_ranges("stats", 2, max_rows=350, bound=CLIP, noise_multiplier=Z, margin=10.0)
     out, report = secure_round(
-        "stats", message, replies, clips, covariance_type="full", bits=40, seed=0
+        "stats", message, replies, clips, covariance_type="full", bits=40, insecure_seed=0
     )
     shift = _np(shift)
     expected = _summed([_stats_about_origin(r, shift) for r in replies.values()])
@@ -181,7 +181,7 @@ def test_coarse_quantisation_moves_the_mixture_by_about_its_bound():
     """The comparison above can fail: at 20 bits the mixture moves by far more than the
     48-bit tolerance, and stays within the 20-bit bound's tolerance."""
     _, plain, _ = _run(None, max_iter=1, kmeans_rounds=1)
-    _, coarse, records = _run(SecureSum(bits=20, seed=0), max_iter=1, kmeans_rounds=1)
+    _, coarse, records = _run(SecureSum(bits=20, max_rows=MAX_ROWS), max_iter=1, kmeans_rounds=1)
     worst = max(
         v / r.metrics[k.replace("bound", "clip")]
         for r in records
@@ -199,7 +199,7 @@ def test_a_client_silent_after_masking_stays_in_the_sum_and_the_round_goes_on():
     m = 6
     _, plain, _ = _run(None, m=m, max_iter=2, kmeans_rounds=1)
     _, secure, records = _run(
-        SecureSum(unresponsive=0.25, seed=4), m=m, max_iter=2, kmeans_rounds=1
+        SecureSum(unresponsive=0.25, max_rows=MAX_ROWS), m=m, max_iter=2, kmeans_rounds=1
     )
     silent = [r.metrics["secure_unresponsive"] for r in records]
     assert sum(silent) > 0 and max(silent) <= m - 4  # t = 4 of 6
@@ -222,14 +222,14 @@ def test_drops_before_and_after_masking_at_the_round_level():
     }
     clips = clip_ranges("moments", 1, max_rows=50, bound=CLIP, noise_multiplier=0.0, margin=0.0)
     out, report = secure_round(
-        "moments", Message("moments"), replies, clips, dropped={1}, unresponsive={3}, seed=0
+        "moments", Message("moments"), replies, clips, dropped={1}, unresponsive={3}
     )
     assert report.senders == (0, 2, 3, 4) and report.unresponsive == (3,)
     expected = _summed([_moments_sums(replies[c]) for c in (0, 2, 3, 4)])  # 1 left out
     _assert_within(_moments_sums(out), expected, report.error_bound)
     # t = 3 of 5 (a majority): three silent clients leave two to reveal, one too few
     with pytest.raises(ValueError, match="threshold=3"):
-        secure_round("moments", Message("moments"), replies, clips, unresponsive={2, 3, 4}, seed=0)
+        secure_round("moments", Message("moments"), replies, clips, unresponsive={2, 3, 4})
 
 
 # ----------------------------------------------------------------- encodings
@@ -323,5 +323,7 @@ def test_bad_settings_are_refused():
         SecureSum(bits=64)
     with pytest.raises(ValueError, match="below 1"):
         SecureSum(dropped=0.5, unresponsive=0.5)
+    with pytest.raises(ValueError, match="insecure_seed"):
+        SecureSum(insecure_seed="1")
     with pytest.raises(TypeError, match="secure_sum must be"):
         run_simulation(FederatedEM(**_params()), _clients(), privacy=_policy(), secure_sum="yes")

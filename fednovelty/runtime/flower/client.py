@@ -13,13 +13,18 @@ Two message types are answered:
     back encoded, tagged with the client id (``partition-id``) and the row width. In a
     secure-sum run (run config ``secure-sum``) the message also carries the protocol's
     relayed shares, and the released reply goes back masked
-    (:func:`~fednovelty.runtime.flower.secure.mask_reply`).
+    (:func:`~fednovelty.runtime.flower.secure_node.mask_reply`). A node whose DP mode is
+    ``"distributed"`` answers a round without them with a skipped reply (its reply alone
+    would carry ``1/m`` of the noise variance;
+    :func:`~fednovelty.runtime.flower.secure_node.plain_round_refusal`).
 ``query`` (registration, only when the server samples clients)
     the client id, row count and row width of the node's data.
 
 and, in a secure-sum run, the protocol's other steps (``query.secagg_keys``,
-``query.secagg_shares``, ``query.secagg_reveal``: :mod:`fednovelty.runtime.flower.secure`),
-whose secrets the node keeps in its ``context.state`` between messages.
+``query.secagg_shares``, ``query.secagg_reveal``: :mod:`fednovelty.runtime.flower.secure_node`),
+whose secrets the node keeps in its ``context.state`` between messages; the least threshold
+and fewest senders it takes part with are its own node config's (``secure-threshold``,
+``secure-min-senders``), never the server's.
 
 The node enforces its own privacy policy in every client step, whatever the server asks:
 :func:`policy_from_node_config` reads it from the node's ``node_config`` (``privacy-min-rows``,
@@ -44,6 +49,7 @@ import torch
 from fednovelty.exceptions import ClientDataError
 from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
+from fednovelty.federated.base import skipped_reply
 from fednovelty.federated.dp import DPPolicy, calibrate_noise
 from fednovelty.federated.dp_sgd import DPSGDSettings, calibrate_learning, release_blocks
 from fednovelty.runtime.clients import check_clients, client_rows
@@ -56,7 +62,7 @@ from fednovelty.runtime.flower.codec import (
     store_client_state,
 )
 from fednovelty.runtime.flower.config import algorithm_from_run_config
-from fednovelty.runtime.flower.secure import (
+from fednovelty.runtime.flower.secure_node import (
     KEYS_ACTION,
     REVEAL_ACTION,
     SHARES_ACTION,
@@ -64,6 +70,7 @@ from fednovelty.runtime.flower.secure import (
     handle_reveal,
     handle_shares,
     mask_reply,
+    plain_round_refusal,
 )
 from fednovelty.runtime.threads import run_client_step
 
@@ -311,11 +318,17 @@ def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSett
 
 
 def handle_train(message: Message, context: Context, load_data: DataLoader = load_node_data):
-    """Run one client step on this node's rows; persist its state; reply."""
+    """Run one client step on this node's rows; persist its state; reply (a skipped reply,
+    the step not run, for a round its DP mode refuses outside a secure sum)."""
     algorithm, client_id, data = node_inputs(context, load_data)
     request, header = decode_message(message.content)
     attempt = int(header.get("attempt", 0))  # a restarted run starts from empty states
     policy = policy_from_node_config(context.node_config)
+    refusal = plain_round_refusal(policy.dp, message.content)
+    if refusal is not None:  # nothing computed, nothing charged
+        reply = skipped_reply(request.kind, refusal)
+        header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
+        return Message(encode_message(reply, **header), reply_to=message)
     client = ClientContext(client_id, load_client_state(context.state, attempt), policy, wire=True)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state, attempt)

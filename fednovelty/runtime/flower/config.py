@@ -16,8 +16,11 @@ separate keys, read into :class:`EngineConfig`. Secure-sum rounds
 (:mod:`fednovelty.runtime.flower.secure`) are switched on by ``secure-sum = true`` and set by
 the ``secure-*`` keys of :data:`SECURE_KEYS`, read into a
 :class:`~fednovelty.runtime.secure_rounds.SecureSum` by :func:`secure_from_run_config`: the
-server and every node read the same keys, so both sides compute the same threshold, ring
-and public clipping ranges. Nothing here imports Flower or names an algorithm.
+server and every node read the same keys, so both sides compute the same ring and public
+clipping ranges. What protects a node is not read here: its least threshold and fewest
+senders come from its own ``node_config``
+(:func:`~fednovelty.runtime.flower.secure_node.secure_from_node_config`), and nothing of the
+run config seeds its randomness. Nothing here imports Flower or names an algorithm.
 """
 
 from __future__ import annotations
@@ -45,13 +48,18 @@ SECURE_KEYS: dict[str, str] = {
     "secure-max-rows": "max_rows",
     "secure-noise-margin": "noise_margin",
     "secure-prg": "prg",
-    "secure-seed": "seed",
+}
+#: run-config keys refused, each with the reason (a value the server knows protects nothing).
+REFUSED_SECURE_KEYS: dict[str, str] = {
+    "secure-seed": "the nodes' stochastic rounding comes from their own os.urandom; a seed "
+    "the server knows would let it re-draw the rounding",
 }
 
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_KEY",
     "PARAMS_KEY",
+    "REFUSED_SECURE_KEYS",
     "SECURE_KEY",
     "SECURE_KEYS",
     "SEED_KEY",
@@ -189,13 +197,13 @@ def secure_from_run_config(run_config: Mapping[str, Any]) -> SecureSum | None:
 
     Keys (:data:`SECURE_KEYS`): ``secure-max-rows`` (required: the public bound on a node's
     rows, agreed before the first round; it scales the clipping ranges), ``secure-threshold``
-    (default 0.5: a majority of a round's senders unmask), ``secure-bits`` (48),
-    ``secure-noise-margin`` (10), ``secure-prg`` (``"aes-ctr"``), ``secure-seed`` (seeds the
-    nodes' stochastic rounding; default the run's ``seed``).
+    (default 0.5: the server asks a majority of a round's key holders to unmask; a node whose
+    own floor is higher refuses), ``secure-bits`` (48), ``secure-noise-margin`` (10),
+    ``secure-prg`` (``"aes-ctr"``, the only generator).
 
     Raises:
-        ValueError: ``secure-sum`` not a boolean, ``secure-max-rows`` missing, or a value
-            out of range, naming the key.
+        ValueError: ``secure-sum`` not a boolean, ``secure-max-rows`` missing, a refused key
+            (:data:`REFUSED_SECURE_KEYS`) or a value out of range, naming the key.
     """
     if not _secure_on(run_config.get(SECURE_KEY, False)):
         return None
@@ -205,9 +213,13 @@ def secure_from_run_config(run_config: Mapping[str, Any]) -> SecureSum | None:
             "any node's row count, agreed before the first round (it scales the public "
             "clipping ranges of the secure sums); set it to at least the largest node's rows."
         )
+    refused = [key for key in REFUSED_SECURE_KEYS if key in run_config]
+    if refused:
+        key = refused[0]
+        raise ValueError(f"run_config {key!r} is refused: {REFUSED_SECURE_KEYS[key]}.")
     kinds = {"threshold": float, "bits": int, "max_rows": int, "noise_margin": float,
-             "prg": str, "seed": int}  # fmt: skip
-    fields: dict[str, Any] = {"seed": int(run_config.get(SEED_KEY, 0))}
+             "prg": str}  # fmt: skip
+    fields: dict[str, Any] = {}
     for key, name in SECURE_KEYS.items():
         if key not in run_config:
             continue
@@ -227,4 +239,4 @@ def secure_from_run_config(run_config: Mapping[str, Any]) -> SecureSum | None:
         message = str(error)
         for key, name in SECURE_KEYS.items():
             message = message.replace(f"SecureSum.{name}", f"run_config '{key}'")
-        raise ValueError(message) from None
+        raise type(error)(message) from None  # InsecurePRGError stays one

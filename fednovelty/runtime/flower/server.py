@@ -35,7 +35,8 @@ What the engine adds for real nodes:
 - **Secure sums.** With ``secure=`` (run config ``secure-sum``) every round runs SecAgg's
   four steps as Flower exchanges and the server step gets one combined reply
   (:mod:`fednovelty.runtime.flower.secure`; a round of a kind without an additive private
-  form is refused, as in the simulation).
+  form is refused, as in the simulation). The server asks a threshold; each node holds it
+  to its own floor (:mod:`fednovelty.runtime.flower.secure_node`) and refuses a lower one.
 
 :func:`make_server_app` wraps it in a ``ServerApp`` configured by the run config (see
 :mod:`.config`) that writes the result to ``result-path``.
@@ -389,7 +390,8 @@ def run_rounds(
         callbacks: called with each ``RoundRecord`` as it completes.
         secure: run every round through a secure sum with these settings
             (:mod:`fednovelty.runtime.flower.secure`; ``max_rows`` required); ``min_clients``
-            is then at least 2. The nodes read the same settings from the run config.
+            is then at least 2. The nodes read the same settings from the run config, and
+            their own floor (threshold, fewest senders) from their node config.
 
     Returns:
         :class:`FlowerResult` (``client_states`` empty: they stay on the nodes). Each
