@@ -111,7 +111,6 @@ def dp_plan(
     estimator: Any,
     n_features: int,
     n_clients: int,
-    seed: int,
     releases_for: Callable[[dict[str, Any]], int],
     standardized: bool = False,
     learning: LearningPlan | None = None,
@@ -123,7 +122,6 @@ def dp_plan(
             ``dp_mode``.
         n_features: the width of the rows (of the bounds, and of ``"auto"`` clipping).
         n_clients: the clients that share the noise in ``"distributed"`` mode.
-        seed: seeds the clients' noise.
         releases_for: settings -> the most noisy releases of the algorithm they build.
         standardized: the rounds work in z-scores (a private standardisation after the
             box), where ``dp_clip="auto"`` is ``1.5 * sqrt(n_features)``; else in the box's
@@ -171,7 +169,9 @@ def dp_plan(
             f"delta={delta:g}, over the budget dp_epsilon={epsilon:g}; fewer rounds "
             "(max_iter, kmeans_rounds) or a larger budget."
         )
-    policy = DPPolicy(z, clip, estimator.dp_mode, max(1, int(n_clients)), releases, seed)
+    policy = DPPolicy(
+        z, clip, estimator.dp_mode, max(1, int(n_clients)), epsilon=float(epsilon), delta=delta
+    )
     settings["dp_noise_multiplier"] = z
     return DPPlan(settings, policy, releases, float(epsilon), delta, sgd)
 

@@ -56,6 +56,7 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     register,
 )
+from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered.cam import (
     CLUSTER_AVERAGES,
@@ -109,9 +110,7 @@ def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> f
     return high
 
 
-def private_plan(
-    estimator: Any, algorithm: ClusteredFL, n_clients: int, seed: int
-) -> DPPlan | None:
+def private_plan(estimator: Any, algorithm: ClusteredFL, n_clients: int) -> DPPlan | None:
     """A Fed-CAM fit's differential privacy under the estimator's ``dp_epsilon``, or
     ``None`` without it.
 
@@ -147,7 +146,7 @@ def private_plan(
         z, sigma = calibrate_learning(epsilon, delta, blocks, total, rate, share)
     else:
         z, sigma = 0.0, sgd_noise(epsilon, delta, total, rate)
-    policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), rounds, seed)
+    policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), epsilon=epsilon, delta=delta)
     settings = {"dp_mode": "local", "dp_noise_multiplier": z, "dp_clip": clip, "bounds": bounds}
     sgd = DPSGDSettings(sigma, float(estimator.dp_sgd_clip), rate, steps)
     return DPPlan(settings, policy, 0, epsilon, delta, sgd)
@@ -280,7 +279,7 @@ class ClusteredFLClassifier(FederatedClassifier):
                 "cluster needs at least one client. Lower n_clusters."
             )
         config = self._config(self.n_features_in_, len(self.classes_), seed)
-        plan = private_plan(self, ClusteredFL.from_config(config), len(clients), seed)
+        plan = private_plan(self, ClusteredFL.from_config(config), len(clients))
         if plan is not None:
             config = replace(config, **plan.settings)
         algorithm = ClusteredFL.from_config(config)
@@ -532,13 +531,19 @@ class ClusteredFLClassifier(FederatedClassifier):
             raise ModelFormatError(
                 f"warmup_rounds_={self.warmup_rounds_} exceeds n_rounds_={self.n_rounds_}."
             )
-        self.learner_template_ = model_template(self._config(self.n_features_in_, len(classes), 0))
+        try:
+            config = self._config(self.n_features_in_, len(classes), 0)
+        except ValueError as error:
+            raise ModelFormatError(
+                f"the attributes 'n_features_in_' and 'classes_' make no model: {error}"
+            ) from None
+        self.learner_template_ = model_template(config)
         shapes = {n: tuple(p.shape) for n, p in self.learner_template_.named_parameters()}
 
         def model(prefix: str) -> dict[str, torch.Tensor]:
-            return {
-                n: get_tensor(tensors, f"{prefix}{n}", s).to(**options) for n, s in shapes.items()
-            }
+            params = {n: get_tensor(tensors, f"{prefix}{n}", s) for n, s in shapes.items()}
+            check_network(params, f"the model '{prefix}*'")
+            return {n: v.to(**options) for n, v in params.items()}
 
         state = ClusteredState(
             phase="done",

@@ -107,7 +107,7 @@ class _LocalFitDetector(MixtureDetector):
     def _run(self, clients, seed):
         if len(self.k_range) != 2:
             raise ValueError(f"k_range must be (k_min, k_max), got {self.k_range!r}.")
-        plan = dp_plan(self, clients[0].shape[1], len(clients), seed, self._dp_releases)
+        plan = dp_plan(self, clients[0].shape[1], len(clients), self._dp_releases)
         algorithm = self._algorithm(
             **self._settings(clients[0].shape[1]),
             random_state=seed,

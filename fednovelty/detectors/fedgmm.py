@@ -159,7 +159,6 @@ class FedGMMDetector(EMDetector):
             self,
             width,
             len(data),
-            seed,
             lambda private: FederatedEM(**options, **private).max_rounds,
             standardized=self.standardize,
         )

@@ -229,7 +229,6 @@ class JointModelDetector(EMDetector):
             self,
             unpack_client_data(data[0])[0].shape[1],
             len(data),
-            seed,
             lambda private: self._algorithm(learner_width, seed, None, **private).max_rounds,
             standardized=bool(getattr(self, "standardize", False)),
             learning=self._dp_learning(),

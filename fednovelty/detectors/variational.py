@@ -74,6 +74,7 @@ from fednovelty.detectors.persistence import (
     register,
     restore_iteration_record,
 )
+from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
@@ -383,7 +384,6 @@ class FedVBDetector(MixtureDetector):
                 self,
                 n_features,
                 len(clients),
-                seed,
                 lambda private: FederatedVB(**common, **exact, **private).max_rounds,
                 standardized=self.standardize,
             )
@@ -505,13 +505,11 @@ class FedVBDetector(MixtureDetector):
             )
         except SingularCovarianceError as error:
             raise ModelFormatError(f"the tensor 'posterior.covariances': {error}") from None
-        # The densities square (x - mean) times a factor: that must not overflow at the means.
-        size = float(factors.abs().max()) * max(1.0, float(moved["means"].abs().max()))
-        if size > math.sqrt(torch.finfo(factors.dtype).max):
-            raise ModelFormatError(
-                f"the posterior is too large to score in {factors.dtype} (precision Cholesky "
-                f"factor times mean: {size:.3g})."
-            )
+        check_scorable(
+            moved["means"],
+            float(factors.abs().max()),
+            "the tensors 'posterior.means' and 'posterior.covariances'",
+        )
         self._set_posterior(
             VBPosterior(
                 **moved,

@@ -56,6 +56,7 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     register,
 )
+from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.bayesian.vgm2 import (
     ENCODER,
@@ -104,7 +105,6 @@ def vgm2_dp_plan(
     clip: float,
     learner_share: float,
     n_clients: int,
-    seed: int,
 ) -> DPPlan:
     """The differential privacy of a VGM2 fit of ``rounds`` rounds, each client answering
     every one (no amplification by the server's client sampling is claimed): per round one
@@ -112,7 +112,7 @@ def vgm2_dp_plan(
     DP-SGD steps (rate ``sample_rate``, clip ``clip``). ``z`` and the steps' ``sigma``
     spend ``epsilon`` at ``delta`` together
     (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`, ``learner_share`` of the
-    budget to the steps). The clients' policy has a budget of ``rounds`` releases and no
+    budget to the steps). The clients' policy has a budget of ``epsilon`` at ``delta`` and no
     row clipping (VGM2 sums no rows; DP-SGD clips the gradients).
 
     Raises:
@@ -131,7 +131,14 @@ def vgm2_dp_plan(
     spent = learning_epsilon(z, blocks, sigma, sample_rate, total_steps, delta)
     if spent > epsilon * (1 + 1e-9):  # the accountant of record decides
         raise ValueError(f"the plan would spend epsilon={spent:.4g} > dp_epsilon={epsilon:g}.")
-    policy = DPPolicy(z, sys.float_info.max, mode, max(1, int(n_clients)), int(rounds), seed)
+    policy = DPPolicy(
+        z,
+        sys.float_info.max,
+        mode,
+        max(1, int(n_clients)),
+        epsilon=float(epsilon),
+        delta=float(delta),
+    )
     sgd = DPSGDSettings(sigma, float(clip), float(sample_rate), int(steps))
     return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)
 
@@ -260,7 +267,7 @@ class VGM2Classifier(FederatedClassifier):
         data = labelled_tensors(clients, labels)
         asked = min(self.clients_per_round, self.n_clients_)
         fraction = 1.0 if asked >= self.n_clients_ else (asked - 0.5) / self.n_clients_
-        plan = self._dp_plan(seed)
+        plan = self._dp_plan()
         engine: dict[str, Any] = {"fraction": fraction}
         if plan is not None:
             engine["privacy"] = self._privacy_policy(dp=plan.policy, dp_sgd=plan.sgd)
@@ -280,7 +287,7 @@ class VGM2Classifier(FederatedClassifier):
         self._set_derived()
         self._set_privacy_spent(plan)
 
-    def _dp_plan(self, seed: int) -> DPPlan | None:
+    def _dp_plan(self) -> DPPlan | None:
         """The fit's :func:`vgm2_dp_plan`, or ``None`` without ``dp_epsilon``: every round
         runs ``ceil(local_epochs / dp_sample_rate)`` DP-SGD steps."""
         if self.dp_epsilon is None:
@@ -296,7 +303,6 @@ class VGM2Classifier(FederatedClassifier):
             float(self.dp_sgd_clip),
             float(self.dp_learner_share),
             self.n_clients_,
-            seed,
         )
 
     def _set_privacy_spent(self, plan: DPPlan | None) -> None:
@@ -440,8 +446,13 @@ class VGM2Classifier(FederatedClassifier):
         if any(not 0 <= c < self.n_clients_ for c in replied):
             raise ModelFormatError("replied_ names a client that does not exist.")
         self._replied = replied
-        config = self._config(self.n_features_in_, len(classes), 0)
-        algorithm = VGM2.from_config(config)
+        try:
+            config = self._config(self.n_features_in_, len(classes), 0)
+            algorithm = VGM2.from_config(config)
+        except ValueError as error:
+            raise ModelFormatError(
+                f"the attributes 'n_features_in_' and 'classes_' make no model: {error}"
+            ) from None
 
         def shaped(prefix: str, template) -> dict[str, torch.Tensor]:
             return {
@@ -458,6 +469,7 @@ class VGM2Classifier(FederatedClassifier):
         elif self.method == "fedavg":
             state.global_encoder = shaped("state.encoder.", algorithm.encoder)
             state.global_head = shaped("state.head.", algorithm.head)
+            _check_networks(state.global_encoder, state.global_head, "'state.*'")
         elif self.method == "prototype":
             shape = (len(classes), config.embedding_dim)
             state.prototypes = get_tensor(tensors, "state.prototypes", shape).to(**options)
@@ -507,9 +519,27 @@ class VGM2Classifier(FederatedClassifier):
                     f"'client.{c}.reference.X' and 'client.{c}.reference.y' must hold the "
                     "same rows."
                 )
+            _check_networks(  # in the modules' order (``shapes``), not the file's
+                {k[len(ENCODER) :]: kept[k] for k in shapes if k.startswith(ENCODER) and k in kept},
+                {k[len(HEAD) :]: kept[k] for k in shapes if k.startswith(HEAD) and k in kept},
+                f"'client.{c}.*'",
+            )
             clients.append(kept)
         self.client_states_ = clients
         self._set_derived()
+
+
+def _check_networks(
+    encoder: dict[str, torch.Tensor], head: dict[str, torch.Tensor], name: str
+) -> None:
+    """An encoder's parameters and the class head's after it (module name -> tensor, each in
+    its module's order) keep the embeddings and the class scores finite (``check_network``
+    on the encoder, then on both in a row); ``name`` says which tensors they are."""
+    check_network(encoder, f"the encoder {name}")
+    both = {f"encoder.{k}": v for k, v in encoder.items()} | {
+        f"head.{k}": v for k, v in head.items()
+    }
+    check_network(both, f"the encoder and class head {name}")
 
 
 def _markers(tensors: dict[str, torch.Tensor], name: str, n_markers: int) -> torch.Tensor:

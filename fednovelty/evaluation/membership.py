@@ -41,6 +41,12 @@ non-member, a replacement (two add/remove steps) apart, and is bounded by ``Phi(
 (:func:`dp_heldout_auc_bound`). AUCs are scikit-learn's ``roc_auc_score``;
 :func:`auc_interval` gives a bootstrap interval and :func:`auc_standard_error` the
 Hanley-McNeil standard error of an AUC from its trial counts.
+
+Auditing: :func:`epsilon_lower_bound` turns an attack's member and non-member scores into a
+lower bound on the epsilon of whatever produced them (Jagielski, Ullman and Oprea 2020;
+Nasr et al. 2021): at a threshold, the Clopper-Pearson upper bounds of the false-positive
+and false-negative rates bound ``e^eps`` from below, since every ``(epsilon, delta)``-DP
+mechanism keeps ``1 - delta - FNR <= e^eps FPR`` and ``1 - delta - FPR <= e^eps FNR``.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.optimize import brentq
-from scipy.stats import norm
+from scipy.stats import beta, norm
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.federated.base import ClientContext
@@ -67,6 +73,7 @@ from fednovelty.federated.dp import (
     recentre_stats,
     stats_sensitivities,
 )
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams, predict_proba, stats_from_resp
 
@@ -238,6 +245,125 @@ def auc_interval(
     return membership_auc(member_scores, nonmember_scores), float(low), float(high)
 
 
+# --------------------------------------------------------------------------- empirical epsilon
+def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
+    """The upper end of the two-sided Clopper-Pearson interval at ``level`` of a binomial
+    rate from ``k`` successes in ``n`` trials: the ``1 - (1 - level) / 2`` quantile of
+    ``Beta(k + 1, n - k)`` (1 when ``k = n``). The true rate exceeds it with probability at
+    most ``(1 - level) / 2``.
+
+    Raises:
+        ValueError: ``n`` < 1, ``k`` outside ``[0, n]`` or ``level`` outside (0, 1).
+    """
+    if n < 1 or not 0 <= k <= n or not 0 < level < 1:
+        raise ValueError(
+            f"need n >= 1, 0 <= k <= n and level in (0, 1); got {k!r}, {n!r}, {level!r}."
+        )
+    if k == n:
+        return 1.0
+    return float(beta.ppf(1 - (1 - level) / 2, k + 1, n - k))
+
+
+@dataclass(frozen=True)
+class EpsilonLowerBound:
+    """What :func:`epsilon_lower_bound` found.
+
+    Attributes:
+        epsilon: the lower bound (>= 0; 0 when the scores show nothing).
+        threshold: the rule's threshold: ``score >= threshold`` is guessed member.
+        flipped: ``False`` when the bound is ``log((1 - delta - FNR_up) / FPR_up)``,
+            ``True`` when it is ``log((1 - delta - FPR_up) / FNR_up)``.
+        fpr_upper, fnr_upper: the rule's Clopper-Pearson upper error rates.
+        false_positives, false_negatives: the rule's errors among ``n_nonmembers`` and
+            ``n_members`` scores.
+    """
+
+    epsilon: float
+    threshold: float
+    flipped: bool
+    fpr_upper: float
+    fnr_upper: float
+    false_positives: int
+    false_negatives: int
+    n_members: int
+    n_nonmembers: int
+
+
+def _log_ratio(good: float, bad: float) -> float:
+    """``log(good / bad)`` clipped at 0 (no evidence is epsilon 0)."""
+    return math.log(good / bad) if good > bad else 0.0
+
+
+def epsilon_lower_bound(
+    member_scores: np.ndarray,
+    nonmember_scores: np.ndarray,
+    delta: float,
+    level: float = 0.95,
+    threshold: float | None = None,
+    flipped: bool | None = None,
+) -> EpsilonLowerBound:
+    """A lower bound on epsilon from an attack's scores (higher = guessed member), shapes
+    (n_members,) and (n_nonmembers,), each score from an independent run of the mechanism.
+
+    The rule ``score >= t`` has false-positive rate ``FPR`` (non-members called members) and
+    false-negative rate ``FNR``; an ``(epsilon, delta)``-DP mechanism (for the add/remove pair
+    the members and non-members were run on) keeps ``e^eps >= (1 - delta - FNR) / FPR`` and
+    ``e^eps >= (1 - delta - FPR) / FNR``. With the rates replaced by their Clopper-Pearson
+    upper ends (:func:`clopper_pearson_upper`), the bound ``log((1 - delta - FNR_up) /
+    FPR_up)`` (or the flipped one) is below the true epsilon with probability at least
+    ``level`` (each upper end fails with probability at most ``(1 - level) / 2``).
+
+    That holds for a threshold (and direction) fixed before the scores are seen, e.g. chosen
+    on other runs. With ``threshold=None`` the best of every threshold (each distinct score)
+    and both directions is returned: the usual auditing estimate, optimistic
+    since it picks the best of many tests.
+
+    Args:
+        member_scores, nonmember_scores: the attack's scores of runs with and without the
+            target.
+        delta: the mechanism's delta.
+        level: the confidence level of the Clopper-Pearson intervals.
+        threshold: a fixed threshold, or ``None`` for the best one.
+        flipped: with a fixed threshold, the direction (``None``: the better of both).
+
+    Raises:
+        ValueError: no member or no non-member scores.
+    """
+    members, nonmembers = np.ravel(member_scores), np.ravel(nonmember_scores)
+    if members.size == 0 or nonmembers.size == 0:
+        raise ValueError("need at least one member and one non-member score.")
+    if threshold is None:
+        candidates = np.unique(np.r_[members, nonmembers])
+    else:
+        candidates = np.array([float(threshold)])
+    directions = (False, True) if flipped is None else (bool(flipped),)
+    best = None
+    for t in candidates:
+        fp, fn = int(np.sum(nonmembers >= t)), int(np.sum(members < t))
+        fpr_up = clopper_pearson_upper(fp, nonmembers.size, level)
+        fnr_up = clopper_pearson_upper(fn, members.size, level)
+        for flip in directions:
+            good, bad = (1 - delta - fpr_up, fnr_up) if flip else (1 - delta - fnr_up, fpr_up)
+            found = EpsilonLowerBound(
+                _log_ratio(good, bad),
+                float(t),
+                flip,
+                fpr_up,
+                fnr_up,
+                fp,
+                fn,
+                members.size,
+                nonmembers.size,
+            )
+            errors = fp + fn  # ties (no evidence at all included): the fewest errors
+            if best is None or (found.epsilon, -errors) > (
+                best.epsilon,
+                -(best.false_positives + best.false_negatives),
+            ):
+                best = found
+    return best
+
+
 # --------------------------------------------------------------------------- the stats attack
 class _Trials:
     """What an attack's trials give (``scores``, ``members``, ``mu`` of its subclass)."""
@@ -393,7 +519,7 @@ def stats_attack(
     if target_t is not None and target_t.shape[1] != d:
         raise ValueError(f"target must have shape ({d},); got {tuple(np.shape(target))}.")
     rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    source = SeededNoise(int(rng.integers(2**31)))  # a simulation of the mechanism
     sens = stats_sensitivities(clip_bound)
     sigma = [noise_std(noise_multiplier, sens[name], "central") for name in blocks]
     members = rng.permutation(np.arange(n_trials) < n_trials // 2)
@@ -412,7 +538,7 @@ def stats_attack(
             power += float(((b - a) ** 2).sum()) / scale
             released = b if members[t] else a
             for _ in range(rounds):
-                y = released + gaussian_noise(tuple(a.shape), s, a, generator)
+                y = released + gaussian_noise(tuple(a.shape), s, a, source)
                 score += float(((y - a) ** 2).sum() - ((y - b) ** 2).sum()) / (2 * scale)
         scores[t], signal[t] = (
             score,
@@ -516,7 +642,7 @@ def gate_attack(
             dp_noise_multiplier=z, dp_clip=B, bounds=...)``).
         message: the broadcast the client answers (``algorithm.configure(state)``).
         policy: the client's :class:`~fednovelty.federated.privacy.PrivacyPolicy`, with
-            ``dp`` set; its budget (``max_releases``) must allow ``releases``.
+            ``dp`` set; its budget (``epsilon``) must allow ``releases``.
         others: the client's rows without the target, (n - 1, d).
         target: the target row, (d,).
         n_trials: trials in all (>= 2); ``releases``: releases per trial (>= 1).
@@ -553,14 +679,14 @@ def gate_attack(
         )
     datasets = (without, torch.cat([without, x_star]))
 
-    def answer(rows: torch.Tensor, trial_policy: PrivacyPolicy, state: dict) -> dict:
-        reply = algorithm.answer(rows, message, ClientContext(client_id, state, trial_policy))
+    def answer(rows: torch.Tensor, context: ClientContext) -> dict:
+        reply = algorithm.answer(rows, message, context)
         if reply.scalars.get("skipped"):
             raise ValueError(f"the client refused the release: {reply.scalars.get('reason')}")
         return _released_blocks(reply, shift, ct)
 
     quiet = dataclasses.replace(policy, dp=dataclasses.replace(policy.dp, noise_multiplier=0.0))
-    f0, f1 = (answer(rows, quiet, {}) for rows in datasets)
+    f0, f1 = (answer(rows, ClientContext(client_id, {}, quiet)) for rows in datasets)
     z = policy.dp.client_noise
     sens = stats_sensitivities(policy.dp.clip_norm)
     sigma = {b: z * BLOCK_SPLIT[b] * sens[b] for b in STAT_BLOCKS}
@@ -572,12 +698,12 @@ def gate_attack(
     noise = {b: np.empty((n_trials, releases, f0[b].size)) for b in STAT_BLOCKS}
     for t in range(n_trials):
         trial_policy = dataclasses.replace(
-            policy, dp=dataclasses.replace(policy.dp, seed=int(seeds[t]))
+            policy, dp=dataclasses.replace(policy.dp, insecure_seed=int(seeds[t]))
         )
-        state: dict = {}
+        context = ClientContext(client_id, {}, trial_policy)  # its ledger counts the releases
         truth = f1 if members[t] else f0
         for r in range(releases):
-            y = answer(datasets[int(members[t])], trial_policy, state)
+            y = answer(datasets[int(members[t])], context)
             for b in STAT_BLOCKS:
                 noise[b][t, r] = y[b] - truth[b]
                 scale = sigma[b] ** 2 if z > 0 else 1.0

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError
+from fednovelty.federated.ledger import PrivacyLedger
 from fednovelty.federated.privacy import PrivacyPolicy, release
 
 Scalar = bool | int | float | str
@@ -83,12 +84,17 @@ class ClientContext:
         wire: the client's replies cross a wire (set by the engines): ``answer`` packs
             them (:mod:`fednovelty.federated.wire`); ``False``: plain replies, for a client
             step called in process.
+        ledger: what the client has released under differential privacy
+            (:class:`~fednovelty.federated.ledger.PrivacyLedger`): the client's, outside the
+            algorithm's ``state``, so that no restart, attempt or server message resets it;
+            the client gate charges it.
     """
 
     client_id: int
     state: dict[str, Tensor] = field(default_factory=dict)
     policy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     wire: bool = False
+    ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
 
 
 def skipped_reply(kind: str, reason: str) -> Message:
@@ -268,9 +274,7 @@ class FederatedAlgorithm(ABC):
         spec = self.reply_spec(message.kind)
         out = []
         for reply, (_, context) in zip(replies, items, strict=True):
-            released = release(
-                reply, spec, context.policy, self.config, message, context.state, context.client_id
-            )
+            released = release(reply, spec, context.policy, self.config, message, context)
             wire_dtype = getattr(self.config, "wire_dtype", None)
             out.append(pack(released, wire_dtype) if context.wire else released)
         return out

@@ -8,11 +8,11 @@ once every row is clipped to the L2 ball of radius ``bound`` around a public ``c
 (L2), the first moments by at most ``bound`` and the second moments by at most ``bound**2``
 (Frobenius) - :func:`stats_sensitivities`. Gaussian noise of standard deviation
 ``noise_multiplier * sensitivity`` on each block (symmetric on the second moments,
-:func:`symmetric_noise`) makes each round's release a Gaussian mechanism; the budget spent over
-the rounds is read from Google's ``dp-accounting`` (:func:`epsilon_spent`, the optional extra
-``fednovelty[dp]``), and :func:`calibrate_noise` finds the multiplier that spends a given
-``(epsilon, delta)``. Post-processing (:func:`positive_counts`, :func:`nearest_psd`) costs no
-privacy.
+:func:`~fednovelty.federated.noise.add_gaussian`, drawn from fresh OS entropy) makes each
+round's release a Gaussian mechanism; the budget spent over the rounds is read from
+Google's ``dp-accounting`` (:func:`epsilon_spent`, the optional extra ``fednovelty[dp]``),
+and :func:`calibrate_noise` finds the multiplier that spends a given ``(epsilon, delta)``.
+Post-processing (:func:`positive_counts`, :func:`nearest_psd`) costs no privacy.
 
 Where the noise is added is one switch (:data:`MODES`): ``"central"`` (a trusted server adds it
 once to the sum), ``"local"`` (each client adds all of it to its own statistics) or
@@ -23,15 +23,17 @@ the central noise: meant for secure sums, where the server sees only the sum).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from fednovelty.federated.declarations import PRIVATE_RELEASES
+from fednovelty.federated.ledger import PrivacyLedger, gaussian_cost, within_budget
+from fednovelty.federated.ledger import accounting as _accounting
+from fednovelty.federated.noise import NoiseSource, add_gaussian, gaussian, noise_source
 
 #: where the noise is added (module docstring).
 MODES = ("central", "local", "distributed")
@@ -40,8 +42,6 @@ MODES = ("central", "local", "distributed")
 MAX_EPSILON = 100.0
 #: the blocks of summed mixture statistics, each one Gaussian mechanism per round.
 STAT_BLOCKS = ("counts", "sums", "second")
-#: the key of a client's count of noisy releases in its state (never sent).
-LEDGER_KEY = "dp_releases"
 
 
 def clip_rows(X: Tensor, centre: Tensor, bound: float) -> Tensor:
@@ -231,18 +231,10 @@ def noise_std(noise_multiplier: float, sensitivity: float, mode: str, n_clients:
     return std / math.sqrt(n_clients) if mode == "distributed" else std
 
 
-def gaussian_noise(shape: tuple[int, ...], std: float, like: Tensor, generator=None) -> Tensor:
-    """Independent N(0, std^2) noise of ``shape`` in ``like``'s dtype and device."""
-    noise = torch.randn(shape, generator=generator, dtype=torch.float64)
-    return (noise * std).to(dtype=like.dtype, device=like.device)
-
-
-def symmetric_noise(shape: tuple[int, ...], std: float, like: Tensor, generator=None) -> Tensor:
-    """Noise for symmetric matrices (..., d, d): the upper triangle (diagonal included)
-    N(0, std^2) independently, mirrored below, so a noisy second moment stays symmetric and
-    the noise on the released upper triangle is the Gaussian mechanism's."""
-    upper = torch.triu(gaussian_noise(shape, std, like, generator))
-    return upper + upper.transpose(-1, -2) - torch.diag_embed(upper.diagonal(dim1=-2, dim2=-1))
+def gaussian_noise(shape: tuple[int, ...], std: float, like: Tensor, source: NoiseSource) -> Tensor:
+    """Independent N(0, std^2) noise of ``shape`` in ``like``'s dtype and device, drawn from
+    ``source`` (:mod:`fednovelty.federated.noise`: fresh OS entropy, never a seed)."""
+    return gaussian(shape, std, like, source)
 
 
 def positive_counts(counts: Tensor, floor: float) -> Tensor:
@@ -269,17 +261,26 @@ class DPPolicy:
     around the origin of the units the round works in (z-scores after a standardisation,
     the public box's units with ``bounds``); every released block of summed statistics gets
     Gaussian noise of ``noise_multiplier`` times its sensitivity (:func:`noise_std`), added
-    by the client (``"local"``, ``"distributed"``) or by a trusted server (``"central"``).
-    The client makes at most ``max_releases`` noisy releases (its budget; ``None``: no
-    bound) and refuses the rest.
+    by the client (``"local"``, ``"distributed"``) or by a trusted server (``"central"``),
+    drawn from fresh OS entropy (:mod:`fednovelty.federated.noise`). Every noisy release is
+    charged to the client's own ledger (:mod:`fednovelty.federated.ledger`) and refused when
+    it would take the client past ``epsilon`` at ``delta``.
 
     Attributes:
         noise_multiplier: ``z`` >= 0 (0: clipping without noise, no guarantee).
         clip_norm: ``B`` > 0, the L2 radius rows are clipped to.
         mode: one of :data:`MODES`.
-        n_clients: ``m`` >= 1, the clients that share the noise in ``"distributed"`` mode.
-        max_releases: the most noisy releases this client makes (>= 1 or ``None``).
-        seed: seeds the client's noise (``None``: fresh entropy every run).
+        n_clients: ``m`` >= 1, in ``"distributed"`` mode the fewest clients whose replies a
+            round's sum holds: each adds ``z / sqrt(m)``, so a sum of ``m' >= m`` replies
+            carries at least the noise ``z`` (a sum of fewer carries ``z sqrt(m' / m)``, and
+            the fit's ``privacy_spent_`` reports it).
+        epsilon: the client's budget (keyword-only; ``None``: no budget, every release
+            allowed).
+        delta: the budget's delta (keyword-only).
+        insecure_seed: TESTING ONLY (keyword-only): draw the noise from this seed
+            (:class:`~fednovelty.federated.noise.SeededNoise`) so that two runs compare bit
+            for bit. Whoever knows the seed re-draws the noise: such a client has no privacy
+            guarantee. ``None`` (the default): fresh OS entropy.
 
     Raises:
         ValueError: a field out of range, naming it.
@@ -289,8 +290,10 @@ class DPPolicy:
     clip_norm: float
     mode: str = "central"
     n_clients: int = 1
-    max_releases: int | None = None
-    seed: int | None = None
+    _: KW_ONLY
+    epsilon: float | None = None
+    delta: float = 1e-5
+    insecure_seed: int | None = None
 
     def __post_init__(self) -> None:
         z, bound = self.noise_multiplier, self.clip_norm
@@ -308,13 +311,22 @@ class DPPolicy:
             or (self.n_clients < 1)
         ):
             raise ValueError(f"DPPolicy.n_clients must be an int >= 1; got {self.n_clients!r}.")
-        releases = self.max_releases
-        if releases is not None and (
-            isinstance(releases, bool) or not isinstance(releases, int) or releases < 1
+        eps = self.epsilon
+        if eps is not None and (
+            isinstance(eps, bool)
+            or not isinstance(eps, int | float)
+            or not (math.isfinite(eps) and eps > 0)
         ):
             raise ValueError(
-                f"DPPolicy.max_releases must be an int >= 1 or None; got {releases!r}."
+                f"DPPolicy.epsilon must be a positive finite number or None; got {eps!r}."
             )
+        if isinstance(self.delta, bool) or not (
+            isinstance(self.delta, int | float) and 0 < self.delta < 1
+        ):
+            raise ValueError(f"DPPolicy.delta must be in (0, 1); got {self.delta!r}.")
+        seed = self.insecure_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"DPPolicy.insecure_seed must be an int or None; got {seed!r}.")
 
     @property
     def client_noise(self) -> float:
@@ -333,27 +345,33 @@ class DPPolicy:
         return self.noise_multiplier
 
 
-def release_generator(policy: DPPolicy, client_id: int, release: int) -> torch.Generator:
-    """The generator of one client's noise in its ``release``-th noisy release: from the
-    policy's ``seed`` (reproducible runs) or fresh entropy (``seed=None``)."""
-    if policy.seed is None:
-        entropy = np.random.SeedSequence().generate_state(1)[0]
-    else:
-        entropy = np.random.SeedSequence(
-            [int(policy.seed), int(client_id), int(release)]
-        ).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(entropy))
+#: the streams of one release's draws: the gate's noise, and the client step's own
+#: mechanisms (DP-SGD's samples and noise, a private fit's start, a noisy choice).
+GATE_STREAM, STEP_STREAM = 0, 1
 
 
-def charge(ledger: MutableMapping[str, Any], policy: DPPolicy, count: int = 1) -> int | None:
-    """Count ``count`` noisy releases in the client's ``ledger`` (its state); returns the
-    index of the first, or ``None`` (nothing counted) when they would exceed the client's
-    budget (``max_releases``)."""
-    done = int(ledger.get(LEDGER_KEY, 0))
-    if policy.max_releases is not None and done + count > policy.max_releases:
-        return None
-    ledger[LEDGER_KEY] = torch.tensor(done + count)  # client state is tensors (Flower keeps it)
-    return done
+def release_noise(
+    policy: DPPolicy, client_id: int, release: int, stream: int = GATE_STREAM
+) -> NoiseSource:
+    """Where one client's ``release``-th noisy release draws from: fresh OS entropy, or
+    with the policy's ``insecure_seed`` (tests only) a :class:`SeededNoise` keyed by the
+    client, the release and the ``stream`` (:data:`GATE_STREAM`, :data:`STEP_STREAM`), so
+    that even a test seed never feeds two mechanisms one stream."""
+    return noise_source(policy.insecure_seed, int(client_id), int(release), int(stream))
+
+
+def charge(
+    ledger: PrivacyLedger,
+    policy: DPPolicy,
+    blocks: float,
+    sgd: tuple[float, float, int] | None = None,
+) -> PrivacyLedger | None:
+    """The client's ``ledger`` after one more noisy release of ``blocks`` Gaussian
+    mechanisms of the policy's multiplier ``z`` (and DP-SGD steps ``sgd = (sigma, rate,
+    steps)``), or ``None`` when that would take it past the policy's budget. The ledger
+    itself is not changed: the caller keeps the result once the release leaves."""
+    after = ledger.after(gaussian_cost(policy.noise_multiplier, blocks), sgd)
+    return after if within_budget(after, policy.epsilon, policy.delta) else None
 
 
 # --------------------------------------------------------------------------- statistics
@@ -390,7 +408,7 @@ def noisy_stats(
     covariance_type: str,
     multiplier: float,
     bound: float,
-    generator: torch.Generator | None,
+    source: NoiseSource,
     split: Mapping[str, float] | None = None,
 ) -> dict[str, Tensor]:
     """A stats reply's tensors with the Gaussian mechanism applied: the statistics are moved
@@ -416,15 +434,10 @@ def noisy_stats(
     sums, second = recentre_stats(counts, sums, second, shift - zero, covariance_type)
     sens, z = stats_sensitivities(bound), block_multipliers(multiplier, split)
     if multiplier > 0:
-        counts = counts + gaussian_noise(
-            counts.shape, z["counts"] * sens["counts"], counts, generator
-        )
-        sums = sums + gaussian_noise(sums.shape, z["sums"] * sens["sums"], sums, generator)
+        counts = add_gaussian(counts, z["counts"] * sens["counts"], source)
+        sums = add_gaussian(sums, z["sums"] * sens["sums"], source)
         spread = z["second"] * sens["second"]
-        if covariance_type in ("full", "tied"):
-            second = second + symmetric_noise(second.shape, spread, second, generator)
-        else:
-            second = second + gaussian_noise(second.shape, spread, second, generator)
+        second = add_gaussian(second, spread, source, symmetric=covariance_type in ("full", "tied"))
     sums, second = recentre_stats(counts, sums, second, zero - shift, covariance_type)
     out = dict(tensors)
     out.update(counts=counts, sums=sums, second=second)
@@ -437,7 +450,7 @@ def noisy_moments(
     tensors: Mapping[str, Tensor],
     multiplier: float,
     bound: float,
-    generator: torch.Generator | None,
+    source: NoiseSource,
 ) -> dict[str, Tensor]:
     """A moments reply (``n_samples`` (), ``mean`` (d,), ``m2`` (d,): the row count, mean and
     sum of squared deviations) with the Gaussian mechanism applied to its sums about the
@@ -449,11 +462,9 @@ def noisy_moments(
     total, squares = n * mean, m2 + n * mean.square()
     z = block_multipliers(multiplier)
     if multiplier > 0:
-        n = n + gaussian_noise(n.shape, z["counts"], n, generator)
-        total = total + gaussian_noise(total.shape, z["sums"] * bound, total, generator)
-        squares = squares + gaussian_noise(
-            squares.shape, z["second"] * bound**2, squares, generator
-        )
+        n = add_gaussian(n, z["counts"], source)
+        total = add_gaussian(total, z["sums"] * bound, source)
+        squares = add_gaussian(squares, z["second"] * bound**2, source)
     n = n.clamp_min(1.0)
     mean = total / n
     return {**tensors, "n_samples": n, "mean": mean, "m2": squares - n * mean.square()}
@@ -463,7 +474,7 @@ def noisy_scatter(
     tensors: Mapping[str, Tensor],
     multiplier: float,
     bound: float,
-    generator: torch.Generator | None,
+    source: NoiseSource,
 ) -> dict[str, Tensor]:
     """A scatter reply (``n_samples`` (), ``mean`` (d,), ``scatter`` (d, d): the row count,
     mean and sum of outer products of deviations from the mean) with the Gaussian mechanism
@@ -474,9 +485,9 @@ def noisy_scatter(
     total, outer = n * mean, scatter + n * torch.outer(mean, mean)
     z = block_multipliers(multiplier)
     if multiplier > 0:
-        n = n + gaussian_noise(n.shape, z["counts"], n, generator)
-        total = total + gaussian_noise(total.shape, z["sums"] * bound, total, generator)
-        outer = outer + symmetric_noise(outer.shape, z["second"] * bound**2, outer, generator)
+        n = add_gaussian(n, z["counts"], source)
+        total = add_gaussian(total, z["sums"] * bound, source)
+        outer = add_gaussian(outer, z["second"] * bound**2, source, symmetric=True)
     n = n.clamp_min(1.0)
     mean = total / n
     return {**tensors, "n_samples": n, "mean": mean, "scatter": outer - n * torch.outer(mean, mean)}
@@ -489,18 +500,18 @@ def private_reply(
     covariance_type: str | None,
     multiplier: float,
     bound: float,
-    generator: torch.Generator | None,
+    source: NoiseSource,
 ) -> dict[str, Tensor]:
     """The tensors of a reply of release kind ``release`` (:data:`PRIVATE_RELEASES`) with
     the client's noise added (``multiplier`` 0: only the log-likelihood withheld and the row
     count derived from the counts, for a server that adds the noise)."""
     if release == "stats":
         shift = broadcast.tensors["shift"].to(tensors["sums"].device, tensors["sums"].dtype)
-        return noisy_stats(tensors, shift, covariance_type, multiplier, bound, generator)
+        return noisy_stats(tensors, shift, covariance_type, multiplier, bound, source)
     if release == "moments":
-        return noisy_moments(tensors, multiplier, bound, generator)
+        return noisy_moments(tensors, multiplier, bound, source)
     if release == "scatter":
-        return noisy_scatter(tensors, multiplier, bound, generator)
+        return noisy_scatter(tensors, multiplier, bound, source)
     if release == "fit":  # the client half fitted under the policy's mechanism
         return dict(tensors)
     raise ValueError(f"unknown private release {release!r}; one of {PRIVATE_RELEASES}.")
@@ -510,7 +521,7 @@ def private_sum(
     stats: Any,
     multiplier: float,
     bound: float,
-    generator: torch.Generator | None,
+    source: NoiseSource,
     split: Mapping[str, float] | None = None,
 ) -> Any:
     """``SufficientStats`` (about ``stats.shift``) through the Gaussian mechanism of
@@ -526,9 +537,7 @@ def private_sum(
         "n_samples": stats.n_samples,
         "log_likelihood": stats.log_likelihood,
     }
-    out = noisy_stats(
-        tensors, stats.shift, stats.covariance_type, multiplier, bound, generator, split
-    )
+    out = noisy_stats(tensors, stats.shift, stats.covariance_type, multiplier, bound, source, split)
     return replace(stats, **out)
 
 
@@ -603,18 +612,6 @@ def _bounded_eigen(matrices: Tensor, low: Tensor, high: float) -> Tensor:
 
 
 # --------------------------------------------------------------------------- accounting
-def _accounting():
-    try:
-        import dp_accounting
-        from dp_accounting.pld import pld_privacy_accountant
-    except ImportError:  # pragma: no cover - the extra is installed in the test environment
-        raise ImportError(
-            "differential privacy accounting needs Google's dp-accounting: "
-            "pip install 'fednovelty[dp]'."
-        ) from None
-    return dp_accounting, pld_privacy_accountant
-
-
 def epsilon_spent(
     noise_multiplier: float,
     rounds: int,

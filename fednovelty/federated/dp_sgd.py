@@ -2,7 +2,7 @@
 
 A learner trained on a client's rows and sent to the server reveals them as much as its
 gradients do. DP-SGD (Abadi et al., CCS 2016) bounds that per row (:func:`private_sgd`):
-each step draws a Poisson sample of the rows (rate ``q``, from the client's own generator),
+each step draws a Poisson sample of the rows (rate ``q``, from the client's fresh entropy),
 takes each sampled row's gradient (``torch.func``: ``vmap`` of ``grad``), clips it to L2 norm
 ``C`` over all the learners' parameters together, adds Gaussian noise ``sigma * C`` to the
 sum and divides by the expected sample ``q * n``. A step is a Poisson-subsampled Gaussian
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _accounting, _gdp_mu
+from fednovelty.federated.noise import NoiseSource, add_gaussian, check_source
 
 #: the noise on a released histogram of responsibilities (e.g. joint counts), as a multiple
 #: of the release's multiplier ``z``: the counts' share of a release (one row moves a
@@ -63,6 +63,9 @@ class DPSGDSettings:
         clip_norm: ``C`` > 0, the L2 bound of one row's gradient (all learners together).
         sample_rate: ``q`` in (0, 1], each row's chance to be in a step's sample.
         steps: the most steps of one round (>= 0); a round runs exactly these.
+        expected_batch: the public divisor of a step's noisy gradient sum (keyword-only,
+            > 0): the sample size the client's settings plan for. Never the client's row
+            count or its sample's size, which the accountant does not cover.
 
     Raises:
         ValueError: a field out of range, naming it.
@@ -72,9 +75,15 @@ class DPSGDSettings:
     clip_norm: float
     sample_rate: float
     steps: int
+    _: KW_ONLY
+    expected_batch: float = 32.0
 
     def __post_init__(self) -> None:
-        for name, low in (("noise_multiplier", 0.0), ("clip_norm", None)):
+        for name, low in (
+            ("noise_multiplier", 0.0),
+            ("clip_norm", None),
+            ("expected_batch", None),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not (
                 isinstance(value, int | float)
@@ -96,19 +105,6 @@ def steps_for_epochs(epochs: int, sample_rate: float) -> int:
     """The Poisson-sampled steps that visit each row ``epochs`` times in expectation:
     ``ceil(epochs / q)``."""
     return math.ceil(int(epochs) / float(sample_rate) - 1e-9) if epochs > 0 else 0
-
-
-def sgd_generator(seed: int | None, client_id: int, release: int) -> torch.Generator:
-    """The generator of one client's samples and gradient noise in its ``release``-th
-    private round: from the client's DP seed, or fresh entropy (``seed=None``). Never from
-    a broadcast seed: a server that knew the sample would undo its amplification."""
-    if seed is None:
-        entropy = np.random.SeedSequence().generate_state(1)[0]
-    else:
-        entropy = np.random.SeedSequence(
-            [int(seed), int(client_id), int(release), 0x5D6]
-        ).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(entropy))
 
 
 # --------------------------------------------------------------------------- gradients
@@ -189,26 +185,22 @@ def private_gradient(
     weight: Tensor,
     rows: Tensor,
     settings: DPSGDSettings,
-    generator: torch.Generator,
+    source: NoiseSource,
     offset: Tensor | None = None,
     row_loss: RowLoss | None = None,
-    n_rows: int | None = None,
 ) -> list[dict[str, Tensor]]:
     """One DP-SGD step's gradient: the clipped per-row gradients of the sampled ``rows``
-    summed, Gaussian noise of ``sigma * C`` added to every coordinate, divided by the
-    expected sample size ``q * n`` (a public function of the client's row count, so that
-    the sample's size is never read).
+    summed, Gaussian noise of ``sigma * C`` added to every coordinate, divided by the public
+    constant ``settings.expected_batch`` (neither the sample's size nor the client's row
+    count is read: dividing by either would release a value the accountant never saw).
 
     Args:
         rows: the indices of the step's Poisson sample, (b,).
         row_loss: a row's loss (:func:`per_row_gradients`), ``None``: the cross-entropy.
-        n_rows: the client's row count ``n`` when ``X`` holds units built from the sample
-            (:func:`pair_units`), not the rows; default ``X.shape[0]``.
 
     Returns:
         ``M`` dicts of (*shape) noisy mean gradients.
     """
-    n = X.shape[0] if n_rows is None else int(n_rows)
     total: list[dict[str, Tensor]] = [
         {k: torch.zeros_like(v) for k, v in p.items()} for p in params
     ]
@@ -224,13 +216,12 @@ def private_gradient(
             for k in acc:
                 acc[k] += piece[k]
     spread = settings.noise_multiplier * settings.clip_norm
-    expected = max(settings.sample_rate * n, 1.0)
+    expected = float(settings.expected_batch)
     out = []
     for acc in total:
         noisy = {}
         for k, v in acc.items():
-            noise = torch.randn(v.shape, generator=generator, dtype=v.dtype).to(v.device)
-            noisy[k] = (v + spread * noise) / expected
+            noisy[k] = add_gaussian(v, spread, source) / expected
         out.append(noisy)
     return out
 
@@ -242,7 +233,7 @@ def private_sgd(
     y: Tensor,
     weight: Tensor,
     settings: DPSGDSettings,
-    generator: torch.Generator,
+    source: NoiseSource,
     *,
     learning_rate: float,
     optimizer: str = "sgd",
@@ -256,17 +247,19 @@ def private_sgd(
     ``mean_i sum_m weight[i, m] CE(y_i, f_m(x_i) + offset_i)`` (module docstring), or on
     the mean of ``row_loss``.
 
-    Each step samples every row with probability ``q`` from ``generator`` (the client's
-    own), takes :func:`private_gradient` and hands it to the optimiser (``"sgd"`` with
-    ``momentum``, or ``"adam"``: both post-process the noisy gradient). The proximal term
-    ``mu_prox / 2 ||theta - start||^2`` reads no row, so its gradient is added without
-    noise.
+    Each step samples every row with probability ``q`` from ``source`` (the client's
+    fresh entropy, :mod:`fednovelty.federated.noise`: a server that knew the sample would
+    undo its amplification), takes :func:`private_gradient` and hands it to the optimiser
+    (``"sgd"`` with ``momentum``, or ``"adam"``: both post-process the noisy gradient).
+    The proximal term ``mu_prox / 2 ||theta - start||^2`` reads no row, so its gradient is
+    added without noise.
 
     Args:
         template: the learners' module; starts: ``M`` parameter dicts, not modified.
         X: rows (n, n_features); y: labels (n,); weight: (n, M), rows summing to <= 1.
         settings: the client's :class:`DPSGDSettings`.
-        generator: the client's private generator (:func:`sgd_generator`).
+        source: the draws of the samples and the noise
+            (:func:`~fednovelty.federated.dp.release_noise`).
         offset: fixed logits added to every learner's, (n, n_classes), or ``None``.
         row_loss: a row's loss (:func:`per_row_gradients`); with ``pairs`` a unit's, whose
             ``x`` (2, ...) and ``label`` (2, ...) stack the row and its partner.
@@ -303,10 +296,10 @@ def private_sgd(
     if n == 0:
         return [{k: v.detach() for k, v in p.items()} for p in params]
     for _ in range(settings.steps):
-        keep = torch.rand(n, generator=generator, dtype=torch.float64) < settings.sample_rate
+        keep = check_source(source).uniform((n,)) < settings.sample_rate
         rows = keep.nonzero().flatten().to(X.device)
         if pairs:
-            first, second = pair_units(rows, generator)
+            first, second = pair_units(rows, source)
             alone = (first == second).to(weight.dtype).unsqueeze(1)
             noisy = private_gradient(
                 template,
@@ -316,13 +309,12 @@ def private_sgd(
                 weight[first] * (1 - alone),
                 torch.arange(first.numel(), device=X.device),
                 pair_settings(settings),
-                generator,
+                source,
                 row_loss=row_loss,
-                n_rows=n,
             )
         else:
             noisy = private_gradient(
-                template, params, X, y, weight, rows, settings, generator, offset, row_loss
+                template, params, X, y, weight, rows, settings, source, offset, row_loss
             )
         step.zero_grad()
         for p, g, start in zip(params, noisy, starts, strict=True):
@@ -333,11 +325,11 @@ def private_sgd(
     return [{k: v.detach() for k, v in p.items()} for p in params]
 
 
-def pair_units(rows: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def pair_units(rows: Tensor, source: NoiseSource) -> tuple[Tensor, Tensor]:
     """A step's pair units: the sampled ``rows`` (b,) in a uniformly random cyclic order
-    drawn from ``generator``, each with its successor. Returns ``(first, second)``, both
+    drawn from ``source``, each with its successor. Returns ``(first, second)``, both
     (b,); a single row is its own successor (a unit of weight 0 in :func:`private_sgd`)."""
-    order = rows[torch.randperm(rows.numel(), generator=generator).to(rows.device)]
+    order = rows[source.permutation(rows.numel()).to(rows.device)]
     return order, order.roll(-1)
 
 
@@ -489,7 +481,6 @@ __all__ = [
     "private_gradient",
     "private_sgd",
     "release_blocks",
-    "sgd_generator",
     "sgd_mu",
     "steps_for_epochs",
 ]

@@ -63,6 +63,7 @@ from fednovelty.federated.declarations import (
 )
 from fednovelty.federated.dp import MODES, block_multipliers, plausible_stats, private_sum
 from fednovelty.federated.local_fit import OneShotStart
+from fednovelty.federated.noise import NoiseSource, noise_source
 from fednovelty.federated.plausible import robust_moments
 from fednovelty.federated.privacy import (
     backed,
@@ -185,11 +186,15 @@ class PrivateSettings(Settings):
     produce, runs a fixed number of rounds (no stopping rule on a withheld log-likelihood)
     and its gate checks private replies for form and finiteness only. The plain sum is what
     the noise is calibrated for: a robust ``aggregation`` or a ``client_weight_cap`` is
-    refused with ``dp_mode``."""
+    refused with ``dp_mode``. ``dp_insecure_seed`` is for tests only: the trusted server's
+    ``"central"`` noise drawn from it (:class:`~fednovelty.federated.noise.SeededNoise`),
+    reproducible by whoever knows it, so a fit with it has no privacy guarantee; ``None``
+    (the default): fresh OS entropy, never ``random_state``."""
 
     dp_mode: str | None = None
     dp_noise_multiplier: float = 0.0
     dp_clip: float = 1.0
+    dp_insecure_seed: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -272,6 +277,14 @@ def server_generator(config: EMConfig, state: Any) -> torch.Generator:
     return torch.Generator().manual_seed(round_seed(config, state) ^ 0x5EED)
 
 
+def server_noise(config: Any, rounds: int, stream: int = 0) -> NoiseSource:
+    """The draws of the trusted server's ``"central"`` noise in the round after ``rounds``
+    counted rounds: fresh OS entropy, or ``config.dp_insecure_seed``'s (tests only), one
+    stream per mechanism of the round (``stream``: 0 the statistics, 1 a histogram)."""
+    seed = getattr(config, "dp_insecure_seed", None)
+    return noise_source(seed, 0xD1FF, int(rounds), int(stream))
+
+
 def row_count(X: Tensor) -> Tensor:
     """The number of rows of ``X`` as a 0-d tensor in its dtype (on the CPU)."""
     return torch.tensor(float(X.shape[0]), dtype=X.dtype)
@@ -306,8 +319,8 @@ def private_stats(
     noise's spectral norm on each covariance."""
     z, bound = config.dp_noise_multiplier, config.dp_clip
     if config.dp_mode == "central":
-        seed = derived_seed(config.random_state, 0 if state is None else state.rounds) ^ 0xD1FF
-        stats = private_sum(stats, z, bound, torch.Generator().manual_seed(seed))
+        source = server_noise(config, 0 if state is None else state.rounds)
+        stats = private_sum(stats, z, bound, source)
     spread = z * (math.sqrt(n_replies) if config.dp_mode == "local" else 1.0)
     share = block_multipliers(spread)
     return plausible_stats(

@@ -27,7 +27,7 @@ form, with noise (``docs/differential_privacy.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,14 +35,10 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.declarations import RELEASE_TENSORS, ReplySpec
-from fednovelty.federated.dp import (
-    DPPolicy,
-    charge,
-    gaussian_noise,
-    private_reply,
-    release_generator,
-)
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
+from fednovelty.federated.dp import STAT_BLOCKS, DPPolicy, charge, private_reply, release_noise
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, histogram_blocks
+from fednovelty.federated.ledger import PrivacyLedger, gaussian_cost
+from fednovelty.federated.noise import add_gaussian
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -179,17 +175,22 @@ def suppress_components(
 
     Returns:
         Statistics of the same shapes; counts, sums and per-component second moments of the
-        suppressed components are 0. Row count and log-likelihood are unchanged.
+        suppressed components are +0.0 (never -0.0, whose sign would tell a negative sum).
+        Row count and log-likelihood are unchanged.
     """
-    mask = keep.to(device=stats.counts.device, dtype=stats.counts.dtype)
+    mask = keep.to(device=stats.counts.device, dtype=torch.bool)
+    zero = torch.zeros((), dtype=stats.counts.dtype, device=stats.counts.device)
     if stats.covariance_type == "tied":
         if tied_second is None:
             raise ValueError("suppress_components needs tied_second for tied statistics.")
         second = tied_second
     else:
-        second = stats.second * mask.view(-1, *[1] * (stats.second.ndim - 1))
+        second = torch.where(mask.view(-1, *[1] * (stats.second.ndim - 1)), stats.second, zero)
     return replace(
-        stats, counts=stats.counts * mask, sums=stats.sums * mask.unsqueeze(1), second=second
+        stats,
+        counts=torch.where(mask, stats.counts, zero),
+        sums=torch.where(mask.unsqueeze(1), stats.sums, zero),
+        second=second,
     )
 
 
@@ -607,14 +608,13 @@ def release(
     policy: PrivacyPolicy,
     config: Any,
     broadcast: Any,
-    ledger: MutableMapping[str, Any] | None = None,
-    client_id: int = 0,
+    client: Any = None,
 ) -> Any:
     """The client gate: what of a client step's ``reply`` leaves the client.
 
     The one place every engine passes a reply through (``FederatedAlgorithm.answer``), and
     the one place a client adds differential-privacy noise. Pure: ``reply`` is not changed
-    (``ledger`` counts the noisy releases).
+    (the client's ledger records the noisy releases).
 
     ``reply.backing`` states, for every tensor of ``reply.tensors``, the effective rows
     behind it, and ``spec.backing`` what kind of value it is (:data:`BACKINGS`):
@@ -653,8 +653,9 @@ def release(
         config: the client's own configuration (the algorithm's settings) for
             ``spec.limit``.
         broadcast: the message the reply answers.
-        ledger: the client's state, where its noisy releases are counted (``policy.dp``).
-        client_id: seeds the client's noise (with the policy's seed).
+        client: the client's ``ClientContext`` (its ``client_id`` and its ``ledger``,
+            charged with every noisy release and replaced by the charged one), or ``None``:
+            a one-off release from an empty ledger.
 
     Returns:
         The released ``Message`` (same kind and scalars, tensors floored, no ``backing``),
@@ -675,7 +676,7 @@ def release(
         return _refused(reply, f"{where} states no backing for {unbacked}; not released")
     limits = None if spec.limit is None else spec.limit(config, broadcast)
     if policy.dp is not None:
-        return _private(reply, spec, policy, config, broadcast, limits, ledger, client_id)
+        return _private(reply, spec, policy, config, broadcast, limits, client)
     floor = policy.min_rows
     tensors: dict[str, Tensor] = {}
     grouped_kept: list[bool] = []
@@ -727,16 +728,22 @@ def release(
             tensors[name] = value[keep]
         elif all_kept:  # every entry backed: the tensor as it is (value * 1)
             tensors[name] = value
-        else:
-            mask = keep.to(value.dtype).reshape(*keep.shape, *[1] * (value.ndim - keep.ndim))
-            tensors[name] = value * mask
+        else:  # blanked entries are +0.0: a product with 0 keeps the sign (-0.0)
+            mask = keep.reshape(*keep.shape, *[1] * (value.ndim - keep.ndim))
+            tensors[name] = torch.where(mask, value, torch.zeros((), dtype=value.dtype))
     if grouped_kept and not any(grouped_kept):
         return _refused(
             reply, f"{where}: no entry is backed by the client's floor min_rows={floor}"
         )
     if "weights" in removed and tensors["weights"].numel():
         tensors["weights"] = tensors["weights"] / tensors["weights"].sum()
-    return type(reply)(reply.kind, tensors, dict(reply.scalars))
+    return type(reply)(reply.kind, _unsigned_zeros(tensors), dict(reply.scalars))
+
+
+def _unsigned_zeros(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` with every ``-0.0`` made ``+0.0`` (``x + 0.0``; other values unchanged):
+    a zero a step or the floor left behind tells nothing by its sign."""
+    return {n: t + 0.0 if t.is_floating_point() else t for n, t in tensors.items()}
 
 
 def _private(
@@ -746,8 +753,7 @@ def _private(
     config: Any,
     broadcast: Any,
     limits: Any,
-    ledger: MutableMapping[str, Any] | None,
-    client_id: int,
+    client: Any,
 ) -> Any:
     """:func:`release` under a differential-privacy policy (its docstring)."""
     dp = policy.dp
@@ -781,19 +787,26 @@ def _private(
         refusal = _dp_sgd_refusal(reply, policy.dp_sgd)
         if refusal is not None:
             return _refused(reply, f"{where}: {refusal}; not released")
-    count = 1
-    if spec.private == "fit":  # the fit's own noisy releases, stated by the client half
-        count = reply.scalars.get("dp_releases")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            return _refused(reply, f"{where} states no noisy releases (dp_releases); not released")
-    index = charge({} if ledger is None else ledger, dp, count)
-    if index is None:
+    blocks = release_cost(reply, spec)
+    if blocks is None:
+        return _refused(reply, f"{where} states no noisy releases (dp_releases); not released")
+    sgd = None
+    if any(spec.private_part(n) == "dp_sgd" for n in reply.tensors):
+        settings = policy.dp_sgd
+        sgd = (settings.noise_multiplier, settings.sample_rate, int(reply.scalars["dp_sgd_steps"]))
+    ledger = PrivacyLedger() if client is None else client.ledger
+    charged = charge(ledger, dp, blocks, sgd)
+    if charged is None:
         return _refused(
             reply,
-            f"{where}: the client's privacy budget is spent ({dp.max_releases} noisy "
-            "releases); not released",
+            f"{where}: the client's privacy budget is spent (epsilon={dp.epsilon:g} at "
+            f"delta={dp.delta:g}; this release would take it to "
+            f"{ledger.after(gaussian_cost(dp.noise_multiplier, blocks), sgd).epsilon(dp.delta):.4g}"
+            "); not released",
         )
-    generator = release_generator(dp, client_id, index)
+    source = release_noise(dp, 0 if client is None else client.client_id, ledger.releases)
+    if client is not None:
+        client.ledger = charged
     if spec.private == "parts":  # no statistics: every tensor is a declared part
         tensors = dict(reply.tensors)
     else:
@@ -804,18 +817,32 @@ def _private(
             getattr(config, "covariance_type", None),
             dp.client_noise,
             dp.clip_norm,
-            generator,
+            source,
         )
     for name in tensors:
         part = spec.private_part(name)
         if part == "histogram" and dp.client_noise > 0:
             spread = HISTOGRAM_SHARE * dp.client_noise
-            tensors[name] = tensors[name] + gaussian_noise(
-                tensors[name].shape, spread, tensors[name], generator
-            )
+            tensors[name] = add_gaussian(tensors[name], spread, source)
         elif part == "withheld":
             tensors[name] = torch.zeros_like(tensors[name])
     return type(reply)(reply.kind, tensors, dict(reply.scalars))
+
+
+def release_cost(reply: Any, spec: ReplySpec) -> float | None:
+    """The Gaussian mechanisms of the policy's multiplier ``z`` one private release of
+    ``reply`` amounts to: the blocks of summed statistics (:data:`~fednovelty.federated.dp.
+    STAT_BLOCKS`) once for a ``"stats"``, ``"moments"`` or ``"scatter"`` release, once per
+    stated iteration (``dp_releases``) of a private ``"fit"``, none for ``"parts"``; plus a
+    released histogram's share (:func:`~fednovelty.federated.dp_sgd.histogram_blocks`) for
+    each ``"histogram"`` part. ``None``: a ``"fit"`` that states no iterations."""
+    releases = 0 if spec.private == "parts" else 1
+    if spec.private == "fit":
+        releases = reply.scalars.get("dp_releases")
+        if isinstance(releases, bool) or not isinstance(releases, int) or releases < 1:
+            return None
+    histograms = sum(1 for n in reply.tensors if spec.private_part(n) == "histogram")
+    return len(STAT_BLOCKS) * releases + histogram_blocks(histograms)
 
 
 def _dp_sgd_refusal(reply: Any, sgd: DPSGDSettings | None) -> str | None:

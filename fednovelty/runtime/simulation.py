@@ -24,13 +24,14 @@ import copy
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
 from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
+from fednovelty.federated.ledger import PrivacyLedger
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.validation import ReplyValidator
 from fednovelty.runtime import loop
@@ -60,11 +61,13 @@ __all__ = [
 
 @dataclass
 class SimulationResult:
-    """Final server state, per-round records and the clients' final states."""
+    """Final server state, per-round records, the clients' final states and their privacy
+    ledgers (what each has released under differential privacy, restarts included)."""
 
     state: Any
     history: list[RoundRecord]
     client_states: dict[int, dict[str, Tensor]]
+    ledgers: dict[int, PrivacyLedger] = field(default_factory=dict)
 
     @property
     def bytes_up(self) -> int:
@@ -193,6 +196,7 @@ def run_simulation(
     description: str | None = None,
     privacy: PrivacyPolicy | None = None,
     client_states: Mapping[int, Mapping[str, Tensor]] | None = None,
+    ledgers: Mapping[int, PrivacyLedger] | None = None,
     secure_sum: SecureSum | bool | None = None,
     batch_clients: bool = True,
 ) -> SimulationResult:
@@ -220,6 +224,10 @@ def run_simulation(
         client_states: what each client kept from an earlier run (``SimulationResult.
             client_states``; e.g. a stream's personal weights from window to window), by
             client id; copied, never modified. Clients not in it start empty.
+        ledgers: each client's privacy ledger before this run (``SimulationResult.ledgers``
+            of an earlier run on the same rows), by client id; a client not in it starts from
+            an empty one. A ledger is the client's, not the run's: a restart after a liar is
+            caught keeps it, and the result returns it.
         secure_sum: run every round through a secure sum
             (:mod:`fednovelty.runtime.secure_rounds`): the server step gets one combined
             reply, the SecAgg sum of the clients' replies, never one client's. A
@@ -266,9 +274,14 @@ def run_simulation(
     if not isinstance(policy, PrivacyPolicy):
         raise TypeError(f"privacy must be a PrivacyPolicy or None, got {type(privacy).__name__}.")
     kept = client_states or {}
+    spent = ledgers or {}
     contexts = {
         cid: ClientContext(
-            cid, {k: v.clone() for k, v in kept.get(cid, {}).items()}, policy, wire=True
+            cid,
+            {k: v.clone() for k, v in kept.get(cid, {}).items()},
+            policy,
+            wire=True,
+            ledger=spent.get(cid, PrivacyLedger()),
         )
         for cid in data
     }
@@ -293,4 +306,9 @@ def run_simulation(
         description=description,
         combine=combine,
     )
-    return SimulationResult(state, history, {cid: ctx.state for cid, ctx in contexts.items()})
+    return SimulationResult(
+        state,
+        history,
+        {cid: ctx.state for cid, ctx in contexts.items()},
+        {cid: ctx.ledger for cid, ctx in contexts.items()},
+    )

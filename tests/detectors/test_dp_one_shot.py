@@ -15,7 +15,8 @@ from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs
-from fednovelty.federated.dp import LEDGER_KEY, DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.ledger import PrivacyLedger
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.runtime.simulation import run_simulation
 
@@ -104,7 +105,7 @@ def test_the_row_counts_sent_are_noisy():
     X, groups = _federation(sizes, seed=4)
     clients = [torch.as_tensor(X[groups == c]) for c in range(3)]
     algorithm = LocalGMMs(client_components=2, bounds=BOUNDS, dp_iterations=5)
-    policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, seed=0))
+    policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, insecure_seed=0))
     sent = run_simulation(algorithm, clients, privacy=policy).state.client_sizes
     std = 8 * 5.0 * np.sqrt(2)
     errors = np.array([sent[c] - sizes[c] for c in range(3)])
@@ -119,7 +120,7 @@ def test_the_noise_comes_from_the_clients_seed_not_the_servers():
     algorithm = FedGenGMM(n_components=3, client_components=3, bounds=BOUNDS, dp_iterations=5)
 
     def fit(seed):
-        policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, seed=seed))
+        policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, insecure_seed=seed))
         return run_simulation(algorithm, clients, privacy=policy).state.client_models[0].means
 
     assert torch.equal(fit(1), fit(1))
@@ -131,19 +132,26 @@ def test_a_client_without_the_budget_for_the_fit_refuses():
     X, _ = _federation([1200], seed=6)
     clients = [torch.as_tensor(part) for part in np.split(X, 3)]
     algorithm = LocalGMMs(client_components=2, bounds=BOUNDS, dp_iterations=10)
-    short = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, max_releases=9, seed=0))
-    with pytest.raises(FederationError, match=r"privacy budget is spent \(9 noisy releases\)"):
-        run_simulation(algorithm, clients, privacy=short)
-    enough = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, max_releases=20, seed=0))
-    used = {0: {LEDGER_KEY: torch.tensor(15)}}  # client 0 spent 15 of its 20 before
-    state = run_simulation(algorithm, clients, privacy=enough, client_states=used).state
-    assert state.skipped == [0] and sorted(state.client_models) == [1, 2]
+    def budget(releases: int) -> PrivacyPolicy:  # the epsilon of that many releases
+        epsilon = epsilon_spent(5.0, releases, 1e-5)
+        return PrivacyPolicy(dp=DPPolicy(5.0, 1.5, epsilon=epsilon, insecure_seed=0))
+
+    with pytest.raises(FederationError, match=r"privacy budget is spent \(epsilon="):
+        run_simulation(algorithm, clients, privacy=budget(9))
+    # client 0 spent 15 releases' worth before: a fit of 10 more is refused, the others fit
+    used = {0: PrivacyLedger(gaussian=15 * 3 / 5.0**2, releases=15)}
+    result = run_simulation(algorithm, clients, privacy=budget(20), ledgers=used)
+    assert result.state.skipped == [0] and sorted(result.state.client_models) == [1, 2]
+    assert result.ledgers[0] == used[0]  # nothing charged for the refused release
+    assert result.ledgers[1].releases == 1 and result.ledgers[1].gaussian == pytest.approx(
+        10 * 3 / 5.0**2, rel=1e-12
+    )
 
 
 def test_a_private_fit_without_bounds_is_skipped_with_the_reason():
     X, _ = _federation([400], seed=7)
     algorithm = FedGenGMM(n_components=2, client_components=2, dp_iterations=3)
-    policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, seed=0))
+    policy = PrivacyPolicy(dp=DPPolicy(5.0, 1.5, insecure_seed=0))
     with pytest.raises(FederationError, match="needs public feature bounds"):
         run_simulation(algorithm, [torch.as_tensor(X)], privacy=policy)
 

@@ -21,7 +21,7 @@ from scipy.stats import chi2, norm
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.evaluation.membership import gate_attack, score_attack
 from fednovelty.federated import ClientContext, FederatedEM, PrivacyPolicy
-from fednovelty.federated.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
 
 D = 2
 BOX = 4.0
@@ -77,7 +77,7 @@ def test_gate_noise_has_the_calibrated_spread():
     exact = _origin_stats(ROWS)
     residual = {name: [] for name in SPLIT}
     for trial in range(n):
-        policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(z, CLIP, "local", seed=trial))
+        policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(z, CLIP, "local", insecure_seed=trial))
         reply = algorithm.answer(torch.as_tensor(ROWS), message, ClientContext(7, policy=policy))
         c = reply.tensors["counts"].numpy()[0]
         s = reply.tensors["sums"].numpy()[0]
@@ -123,7 +123,8 @@ def test_budget_and_trust_model_of_the_gate():
     z = 2.0
     algorithm, message = _algorithm(z)
     # a client whose budget is one release refuses the second
-    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(z, CLIP, "local", max_releases=1))
+    one = epsilon_spent(z, 1, 1e-5)
+    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(z, CLIP, "local", epsilon=one, delta=1e-5))
     with pytest.raises(ValueError, match="budget is spent"):
         gate_attack(algorithm, message, policy, ROWS, CANARY, n_trials=2, releases=2)
     # central mode: the client trusts the server, so what leaves it carries no noise

@@ -19,8 +19,8 @@ from fednovelty.federated.dp import (
     noise_std,
     positive_counts,
     stats_sensitivities,
-    symmetric_noise,
 )
+from fednovelty.federated.noise import SeededNoise, add_gaussian
 
 RNG = np.random.default_rng(0)
 
@@ -73,7 +73,7 @@ def _std_interval(samples: np.ndarray, level: float = 1e-6) -> tuple[float, floa
 
 def test_the_noise_has_the_calibrated_spread_in_every_mode():
     like = torch.zeros((), dtype=torch.float64)
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededNoise(0)
     central = noise_std(2.0, 3.0, "central")
     assert central == noise_std(2.0, 3.0, "local") == 6.0
     draws = gaussian_noise((20000,), central, like, generator).numpy()
@@ -89,8 +89,8 @@ def test_the_noise_has_the_calibrated_spread_in_every_mode():
 
 
 def test_symmetric_noise_is_symmetric_with_the_spread_on_the_upper_triangle():
-    like = torch.zeros((), dtype=torch.float64)
-    noise = symmetric_noise((4000, 3, 3), 0.7, like, torch.Generator().manual_seed(1))
+    like = torch.zeros((4000, 3, 3), dtype=torch.float64)
+    noise = add_gaussian(like, 0.7, SeededNoise(1), symmetric=True)
     assert torch.equal(noise, noise.transpose(-1, -2))  # mirrored copies, not recomputed
     upper = noise[:, *np.triu_indices(3)].numpy()
     for column in upper.T:

@@ -29,7 +29,9 @@ from fednovelty.federated.clustered.cam import (
 )
 from fednovelty.federated.declarations import RELEASE_TENSORS, ReplySpec
 from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, sgd_generator
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
+from fednovelty.federated.ledger import PrivacyLedger
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.federated.privacy import PrivacyPolicy, release
 
 F64 = torch.float64
@@ -63,8 +65,9 @@ def _cam(method: str = "IFCA-CAM", **settings) -> ClusteredFL:
     return ClusteredFL(method, D, 2, **{**options, **settings})
 
 
-def _policy(z: float = 1.0, seed: int | None = 0, sgd=SGD, releases=None) -> PrivacyPolicy:
-    return PrivacyPolicy(dp=DPPolicy(z, math.sqrt(D), "local", 4, releases, seed), dp_sgd=sgd)
+def _policy(z: float = 1.0, insecure_seed: int | None = 0, sgd=SGD, epsilon=None) -> PrivacyPolicy:
+    dp = DPPolicy(z, math.sqrt(D), "local", 4, epsilon=epsilon, insecure_seed=insecure_seed)
+    return PrivacyPolicy(dp=dp, dp_sgd=sgd)
 
 
 def _first_round(algorithm: ClusteredFL) -> Message:
@@ -81,7 +84,7 @@ def test_the_gate_releases_the_dp_sgd_models_and_withholds_the_row_count_and_los
     models = {n for n in raw.tensors if n.startswith(("cluster.", "global."))}
     assert models == {f"{h}.{p}" for h in ("cluster", "global") for p in ("weight", "bias")}
     assert raw.scalars["dp_sgd_steps"] == SGD.steps and raw.scalars["cluster"] in (0, 1)
-    out = release(raw, SPEC, policy, algorithm.config, message, {}, 0)
+    out = release(raw, SPEC, policy, algorithm.config, message)
     assert float(out.tensors["n_samples"]) == 0.0 and float(out.tensors["loss"]) == 0.0
     for name in models:  # DP-SGD's output leaves as it is (post-processing)
         assert torch.equal(out.tensors[name], raw.tensors[name])
@@ -100,13 +103,13 @@ def test_the_gate_refuses_what_no_part_declares_and_models_not_trained_by_its_dp
         backing={**raw.backing, "mean": torch.tensor(120.0)},
     )
     spec = replace(SPEC, backing={**SPEC.backing, "mean": "client"})
-    out = release(extra, spec, policy, algorithm.config, message, {}, 0)
+    out = release(extra, spec, policy, algorithm.config, message)
     assert out.scalars.get("skipped") and "'mean'" in out.scalars["reason"]
     lying = Message(raw.kind, raw.tensors, {**raw.scalars, "dp_sgd_steps": 99}, backing=raw.backing)
-    out = release(lying, SPEC, policy, algorithm.config, message, {}, 0)
+    out = release(lying, SPEC, policy, algorithm.config, message)
     assert out.scalars.get("skipped") and "DP-SGD steps" in out.scalars["reason"]
     without = _policy(sgd=None)
-    out = release(raw, SPEC, without, algorithm.config, message, {}, 0)
+    out = release(raw, SPEC, without, algorithm.config, message)
     assert out.scalars.get("skipped") and "not trained by DP-SGD" in out.scalars["reason"]
     own = algorithm.answer(data, message, ClientContext(0, policy=without))
     assert own.scalars.get("skipped") and "DP-SGD" in own.scalars["reason"]
@@ -115,25 +118,32 @@ def test_the_gate_refuses_what_no_part_declares_and_models_not_trained_by_its_dp
 def test_each_round_is_one_noisy_release_with_fresh_noise_and_the_budget_binds():
     algorithm = _cam()
     message = _first_round(algorithm)
-    data, context = _rows(120, False, 0), ClientContext(0, policy=_policy(releases=2))
+    # a budget of exactly two rounds' DP-SGD steps, read from the accountant
+    budget = PrivacyLedger().after(0.0, (SGD.noise_multiplier, SGD.sample_rate, 2 * SGD.steps))
+    policy = _policy(epsilon=budget.epsilon(1e-5))
+    data, context = _rows(120, False, 0), ClientContext(0, policy=policy)
     first = algorithm.answer(data, message, context)
     second = algorithm.answer(data, message, context)
-    assert int(context.state["dp_releases"]) == 2
+    assert context.ledger.releases == 2 and "dp_releases" not in context.state
     assert not torch.equal(first.tensors["cluster.weight"], second.tensors["cluster.weight"])
     third = algorithm.answer(data, message, context)
     assert third.scalars.get("skipped") and "budget is spent" in third.scalars["reason"]
 
 
-def test_the_private_reply_reads_the_clients_own_seed_never_the_broadcasts():
+def test_the_private_reply_draws_fresh_noise_never_the_broadcasts_seed():
     algorithm = _cam()
     message = _first_round(algorithm)
     data = _rows(120, False, 0)
     other = Message(message.kind, message.tensors, {**message.scalars, "seed": 12345})
-    one = algorithm.answer(data, message, ClientContext(0, policy=_policy(seed=7)))
-    two = algorithm.answer(data, other, ClientContext(0, policy=_policy(seed=7)))
-    three = algorithm.answer(data, message, ClientContext(0, policy=_policy(seed=8)))
-    assert torch.equal(one.tensors["global.weight"], two.tensors["global.weight"])
-    assert not torch.equal(one.tensors["global.weight"], three.tensors["global.weight"])
+
+    def weight(broadcast, seed):
+        context = ClientContext(0, policy=_policy(insecure_seed=seed))
+        return algorithm.answer(data, broadcast, context).tensors["global.weight"]
+
+    assert not torch.equal(weight(message, None), weight(message, None))
+    # with a test seed the broadcast's seed changes nothing
+    assert torch.equal(weight(message, 7), weight(other, 7))
+    assert not torch.equal(weight(message, 7), weight(message, 8))
 
 
 def test_a_parts_release_needs_its_parts_declared():
@@ -182,7 +192,7 @@ def test_clipped_loss_sums_match_numpy_and_one_row_moves_them_by_at_most_the_bou
 
 def test_the_choice_noise_has_its_calibrated_spread():
     sums = torch.tensor([10.0, 12.0, 15.0], dtype=F64)
-    g = torch.Generator().manual_seed(0)
+    g = SeededNoise(0)
     draws = torch.stack([noisy_cluster_losses(sums, 1.5, 2.0, g) for _ in range(3000)])
     expected = 2.0 * math.sqrt(3) * 1.5  # multiplier x the L2 sensitivity sqrt(K) L
     assert abs(float(draws.std(0).mean()) / expected - 1) < 0.04
@@ -201,14 +211,14 @@ def test_the_ifca_choice_is_report_noisy_min_with_the_clients_multiplier():
     z = gap / (HISTOGRAM_SHARE * math.sqrt(2) * bound)  # noise spread = the gap
     picks = []
     for seed in range(600):
-        context = ClientContext(0, policy=_policy(z=z, seed=seed))
-        generator = sgd_generator(seed, 0, 0)
+        context = ClientContext(0, policy=_policy(z=z, insecure_seed=seed))
+        generator = SeededNoise(seed, 0, 0)
         picks.append(step.private_choice(models, X, y, None, None, context, generator))
     # two clusters: P(min) = Phi(gap / (sqrt(2) spread)) for noise of spread `gap` on each
     expected = float(ndtr(1 / math.sqrt(2)))
     assert abs(np.mean(np.asarray(picks) == best) - expected) < 0.06
     context = ClientContext(0, policy=_policy(z=1e-6))
-    assert step.private_choice(models, X, y, None, None, context, sgd_generator(0, 0, 0)) == best
+    assert step.private_choice(models, X, y, None, None, context, SeededNoise(0, 0, 0)) == best
 
 
 def test_a_fesem_client_joins_the_centre_nearest_its_released_model_else_a_random_one():
@@ -222,15 +232,13 @@ def test_a_fesem_client_joins_the_centre_nearest_its_released_model_else_a_rando
     centres = torch.stack([torch.cat([p[n].reshape(-1) for n in fc]) for p in models])
     mine = torch.cat([kept[n].reshape(-1) for n in fc]).unsqueeze(0)
     nearest = int(nearest_cluster(mine, centres)[0])
-    assert step.private_choice(models, X, y, None, kept, context, sgd_generator(0, 0, 0)) == 2
+    assert step.private_choice(models, X, y, None, kept, context, SeededNoise(0, 0, 0)) == 2
     assert nearest == 2
     other_rows = _rows(80, True, 6)
     picks = []
     for seed in range(300):  # no released model: uniform, whatever the rows
-        one = step.private_choice(models, X, y, None, None, context, sgd_generator(seed, 0, 0))
-        two = step.private_choice(
-            models, *other_rows, None, None, context, sgd_generator(seed, 0, 0)
-        )
+        one = step.private_choice(models, X, y, None, None, context, SeededNoise(seed, 0, 0))
+        two = step.private_choice(models, *other_rows, None, None, context, SeededNoise(seed, 0, 0))
         assert one == two
         picks.append(one)
     assert np.abs(np.bincount(picks, minlength=3) / 300 - 1 / 3).max() < 0.09
@@ -251,15 +259,13 @@ def test_one_noise_free_step_of_the_additive_pair_is_the_papers_parallel_update(
     models, glob = _broadcast_models(algorithm)
     theta, big = models[1], glob
     X, y = _rows(40, True, 7)
-    settings = DPSGDSettings(noise_multiplier=0.0, clip_norm=1e9, sample_rate=1.0, steps=1)
+    settings = DPSGDSettings(0.0, 1e9, 1.0, 1, expected_batch=float(X.shape[0]))
     pair = AdditivePair(algorithm.template, theta, big)
     starts = [
         {f"cluster.{k}": v for k, v in theta.items()},
         {f"global.{k}": v for k, v in big.items()},
     ]
-    out = private_models(
-        pair, starts, X, y, settings, torch.Generator().manual_seed(0), learning_rate=0.3
-    )
+    out = private_models(pair, starts, X, y, settings, SeededNoise(0), learning_rate=0.3)
 
     def lin(p):
         return X.numpy() @ p["weight"].numpy().T + p["bias"].numpy()
@@ -281,7 +287,7 @@ def test_the_pairs_noise_is_sigma_c_over_the_expected_sample_on_each_half():
     models, glob = _broadcast_models(algorithm)
     X, y = _rows(20, False, 8)
     sigma, clip, rate = 2000.0, 1e-3, 0.05
-    settings = DPSGDSettings(noise_multiplier=sigma, clip_norm=clip, sample_rate=1.0, steps=1)
+    settings = DPSGDSettings(sigma, clip, 1.0, 1, expected_batch=float(X.shape[0]))
     pair = AdditivePair(algorithm.template, models[0], glob)
     starts = [
         {f"cluster.{k}": v for k, v in models[0].items()},
@@ -289,9 +295,7 @@ def test_the_pairs_noise_is_sigma_c_over_the_expected_sample_on_each_half():
     ]
     moved = []
     for seed in range(20):
-        out = private_models(
-            pair, starts, X, y, settings, torch.Generator().manual_seed(seed), learning_rate=rate
-        )
+        out = private_models(pair, starts, X, y, settings, SeededNoise(seed), learning_rate=rate)
         for start, trained in zip(starts, out, strict=True):
             moved += [(trained[k] - start[k]).flatten() for k in start]
     # sgd: learning rate x M (2) on the noisy mean gradient of weight 1/M, noise sigma C / n

@@ -5,6 +5,7 @@ hand in numpy and SciPy from the client's rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,11 +16,13 @@ from scipy.stats import multivariate_normal
 from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.dp import (
     DPPolicy,
+    epsilon_spent,
     noisy_scatter,
     plausible_stats,
     recentre_stats,
 )
 from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.validation import InvalidReplyError, ReplyValidator
 from fednovelty.mixture import SufficientStats
@@ -111,28 +114,35 @@ def test_a_reply_without_a_private_form_is_refused_under_dp():
 
 
 def test_the_client_refuses_releases_beyond_its_budget():
+    """A budget of exactly two releases' epsilon (read from the accountant) allows two and
+    refuses the third; the ledger is the client's, outside the algorithm's state."""
     algorithm = _em(dp_mode="local", dp_noise_multiplier=1.0, dp_clip=3.0)
-    policy = PrivacyPolicy(dp=DPPolicy(1.0, 3.0, "local", max_releases=2, seed=0))
+    budget = epsilon_spent(1.0, 2, 1e-5)
+    policy = PrivacyPolicy(dp=DPPolicy(1.0, 3.0, "local", epsilon=budget, delta=1e-5))
     message = algorithm.configure(algorithm.start())
     context = ClientContext(0, policy=policy)
     X = torch.as_tensor(_rows())
     first, second, third = (algorithm.answer(X, message, context) for _ in range(3))
     assert not first.scalars.get("skipped") and not second.scalars.get("skipped")
     assert third.scalars["skipped"] and "budget is spent" in third.scalars["reason"]
-    assert int(context.state["dp_releases"]) == 2
+    assert context.ledger.releases == 2 and "dp_releases" not in context.state
+    assert context.ledger.gaussian == pytest.approx(2 * 3 / 1.0**2, rel=1e-12)
 
 
-def test_each_release_draws_fresh_noise_reproducibly_from_the_policy_seed():
+def test_each_release_draws_fresh_noise_and_only_a_test_seed_reproduces_it():
     algorithm = _em(dp_mode="local", dp_noise_multiplier=2.0, dp_clip=3.0)
     X = _rows()
 
     def two(seed):
-        policy = PrivacyPolicy(dp=DPPolicy(2.0, 3.0, "local", seed=seed))
+        policy = PrivacyPolicy(dp=DPPolicy(2.0, 3.0, "local", insecure_seed=seed))
         message = algorithm.configure(algorithm.start())
         context = ClientContext(0, policy=policy)
         return [algorithm.answer(torch.as_tensor(X), message, context) for _ in range(2)]
 
-    a, b = two(7), two(7)
+    fresh, again = two(None), two(None)  # the default: fresh OS entropy every release
+    assert not torch.equal(fresh[0].tensors["sums"], again[0].tensors["sums"])
+    assert not torch.equal(fresh[0].tensors["sums"], fresh[1].tensors["sums"])
+    a, b = two(7), two(7)  # tests only
     assert torch.equal(a[0].tensors["sums"], b[0].tensors["sums"])
     assert not torch.equal(a[0].tensors["sums"], a[1].tensors["sums"])
     assert not torch.equal(a[0].tensors["sums"], two(8)[0].tensors["sums"])
@@ -146,28 +156,23 @@ def test_central_mode_clients_add_no_noise_and_the_server_adds_it_to_the_sum():
     message, reply, _ = _answer(algorithm, clients[0].numpy(), policy)
     expected = _by_hand(clients[0].numpy(), bound, message.tensors["shift"].numpy())
     np.testing.assert_allclose(reply.tensors["sums"].numpy(), expected["sums"], rtol=1e-10)
-    fits = [
-        run_simulation(
-            _em(
-                dp_mode="central",
-                dp_noise_multiplier=z,
-                dp_clip=bound,
-                max_iter=1,
-                random_state=seed,
-            ),
-            clients,
-            privacy=policy,
-        ).state.params.means
-        for seed in (0, 0, 1)
-    ]
-    assert torch.equal(fits[0], fits[1])  # the server's noise comes from the round's seed
-    assert not torch.equal(fits[0], fits[2])
+
+    def fit(**settings):
+        algorithm = _em(dp_mode="central", dp_noise_multiplier=z, dp_clip=bound, max_iter=1)
+        algorithm = FederatedEM.from_config(dataclasses.replace(algorithm.config, **settings))
+        return run_simulation(algorithm, clients, privacy=policy).state.params.means
+
+    # the server's noise is fresh: the same random_state gives two fits
+    assert not torch.equal(fit(random_state=0), fit(random_state=0))
+    # only the test seed reproduces it
+    assert torch.equal(fit(dp_insecure_seed=5), fit(dp_insecure_seed=5))
+    assert not torch.equal(fit(dp_insecure_seed=5), fit(dp_insecure_seed=6))
 
 
 def test_the_server_gate_checks_noisy_replies_for_form_only():
     algorithm = _em(dp_mode="local", dp_noise_multiplier=1.0, dp_clip=3.0)
     message = algorithm.configure(algorithm.start())
-    policy = PrivacyPolicy(dp=DPPolicy(30.0, 3.0, "local", seed=3))
+    policy = PrivacyPolicy(dp=DPPolicy(30.0, 3.0, "local", insecure_seed=3))
     reply = algorithm.answer(torch.as_tensor(_rows(6)), message, ClientContext(0, policy=policy))
     assert (reply.tensors["counts"] < 0).any()  # the noise made a count negative
     strict = ReplyValidator(n_features=3, specs=algorithm.reply_spec)
@@ -251,10 +256,10 @@ def test_noisy_scatter_without_noise_keeps_the_reply_and_with_noise_stays_symmet
         "mean": torch.as_tensor(mean),
         "scatter": torch.as_tensor((X - mean).T @ (X - mean)),
     }
-    same = noisy_scatter(tensors, 0.0, 3.0, None)
+    same = noisy_scatter(tensors, 0.0, 3.0, SeededNoise(0))
     for name, value in tensors.items():
         np.testing.assert_allclose(same[name].numpy(), value.numpy(), rtol=1e-12, atol=1e-12)
-    noisy = noisy_scatter(tensors, 2.0, 3.0, torch.Generator().manual_seed(0))
+    noisy = noisy_scatter(tensors, 2.0, 3.0, SeededNoise(0))
     assert torch.equal(noisy["scatter"], noisy["scatter"].T)
     assert not torch.equal(noisy["mean"], tensors["mean"])
 
@@ -279,7 +284,7 @@ def test_small_clients_noisy_replies_are_not_dropped_as_implausible():
     bound, z = 3.0, 40.0
     clients = [torch.as_tensor(_rows(30, seed)) for seed in range(12)]
     algorithm = _standardised_em("local", z, bound, max_iter=2)
-    policy = PrivacyPolicy(dp=DPPolicy(z, bound, "local", n_clients=12, seed=0))
+    policy = PrivacyPolicy(dp=DPPolicy(z, bound, "local", n_clients=12, insecure_seed=0))
     result = run_simulation(algorithm, clients, privacy=policy)
     assert [r.kind for r in result.history] == ["moments", "assign", "em", "em"]
     assert all(len(r.replied) == 12 and not r.dropped for r in result.history)
@@ -287,12 +292,12 @@ def test_small_clients_noisy_replies_are_not_dropped_as_implausible():
 
 def test_central_mode_noises_the_pooled_moments_too():
     """The moments round counts as a release: in central mode the server must add the noise
-    to the pooled moments, so the standardisation follows the round's seed."""
+    to the pooled moments (fresh noise: two runs differ; a test seed reproduces it)."""
     clients = [torch.as_tensor(_rows(200, seed)) for seed in range(3)]
     policy = PrivacyPolicy(dp=DPPolicy(50.0, 3.0, "central", n_clients=3))
 
     def offset(seed):
-        algorithm = _standardised_em("central", 50.0, 3.0, max_iter=1, random_state=seed)
+        algorithm = _standardised_em("central", 50.0, 3.0, max_iter=1, dp_insecure_seed=seed)
         state = algorithm.start()
         message = algorithm.configure(state)
         replies = {
@@ -304,3 +309,4 @@ def test_central_mode_noises_the_pooled_moments_too():
 
     assert torch.equal(offset(0), offset(0))
     assert not torch.allclose(offset(0), offset(1))
+    assert not torch.allclose(offset(None), offset(None))

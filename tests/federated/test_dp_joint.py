@@ -40,8 +40,8 @@ def _joint(mode: str | None, z: float = 5.0, **settings) -> JointFedGMM:
 SGD = DPSGDSettings(noise_multiplier=1.0, clip_norm=1.0, sample_rate=0.1, steps=10)
 
 
-def _policy(mode: str, z: float = 5.0, seed: int | None = 0, sgd=SGD) -> PrivacyPolicy:
-    dp = DPPolicy(z, math.sqrt(3), mode, n_clients=4, seed=seed)
+def _policy(mode: str, z: float = 5.0, insecure_seed: int | None = 0, sgd=SGD) -> PrivacyPolicy:
+    dp = DPPolicy(z, math.sqrt(3), mode, n_clients=4, insecure_seed=insecure_seed)
     return PrivacyPolicy(dp=dp, dp_sgd=sgd)
 
 
@@ -92,8 +92,8 @@ def test_the_gate_adds_the_histogram_noise_to_the_joint_counts_and_passes_dp_sgd
     assert raw.scalars["dp_sgd_steps"] == SGD.steps
     moved = []
     for seed in range(60):
-        policy = _policy("local", 2.0, seed=seed)
-        out = release(raw, JOINT_EM_REPLY, policy, algorithm.config, message, {}, 0)
+        policy = _policy("local", 2.0, insecure_seed=seed)
+        out = release(raw, JOINT_EM_REPLY, policy, algorithm.config, message)
         moved.append((out.tensors["joint_counts"] - raw.tensors["joint_counts"]).flatten())
         for name, value in raw.tensors.items():
             if name.startswith("learner."):
@@ -109,10 +109,10 @@ def test_the_gate_refuses_learners_not_stated_as_dp_sgd_and_undeclared_tensors()
     policy = _policy("local")
     steps = dict(raw.scalars, dp_sgd_steps=10**6)
     lying = Message(raw.kind, raw.tensors, steps, backing=raw.backing)
-    out = release(lying, JOINT_EM_REPLY, policy, algorithm.config, message, {}, 0)
+    out = release(lying, JOINT_EM_REPLY, policy, algorithm.config, message)
     assert out.scalars.get("skipped") and "DP-SGD steps" in out.scalars["reason"]
     without = _policy("local", sgd=None)  # the client's own policy has no DP-SGD
-    out = release(raw, JOINT_EM_REPLY, without, algorithm.config, message, {}, 0)
+    out = release(raw, JOINT_EM_REPLY, without, algorithm.config, message)
     assert out.scalars.get("skipped") and "not trained by DP-SGD" in out.scalars["reason"]
     context = ClientContext(0, policy=without)
     own = algorithm.answer((X, y), message, context)  # nor does its step train without it
@@ -126,7 +126,7 @@ def test_the_gate_refuses_learners_not_stated_as_dp_sgd_and_undeclared_tensors()
         }
     )
     sneaky = Message(raw.kind, extra, dict(raw.scalars), backing=backing)
-    out = release(sneaky, spec, policy, algorithm.config, message, {}, 0)
+    out = release(sneaky, spec, policy, algorithm.config, message)
     assert out.scalars.get("skipped") and "client_means" in out.scalars["reason"]
 
 

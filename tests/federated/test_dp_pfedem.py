@@ -22,7 +22,7 @@ from fednovelty.runtime.simulation import run_simulation
 F64 = torch.float64
 BOUNDS = ([-8.0] * 2, [8.0] * 2)
 CLIP = math.sqrt(2)  # every row inside the box has norm <= sqrt(2) in its units
-SGD = DPSGDSettings(noise_multiplier=1.0, clip_norm=1.0, sample_rate=0.1, steps=10)
+SGD = DPSGDSettings(1.0, 1.0, 0.1, 10, expected_batch=50.0)
 GIVEN = {
     "weights_init": [0.5, 0.5],
     "means_init": [[-4.0, 0.0], [4.0, 0.0]],
@@ -55,8 +55,10 @@ def _pfedem(mode: str | None, z: float = 2.0, **settings) -> PFedEM:
     return PFedEM(2, 2, **{**options, **private, **settings})
 
 
-def _policy(mode: str, z: float = 2.0, seed: int | None = 0, sgd=SGD) -> PrivacyPolicy:
-    return PrivacyPolicy(dp=DPPolicy(z, CLIP, mode, n_clients=4, seed=seed), dp_sgd=sgd)
+def _policy(mode: str, z: float = 2.0, insecure_seed: int | None = 0, sgd=SGD) -> PrivacyPolicy:
+    return PrivacyPolicy(
+        dp=DPPolicy(z, CLIP, mode, n_clients=4, insecure_seed=insecure_seed), dp_sgd=sgd
+    )
 
 
 def _first_pfedem_round(algorithm: PFedEM, X, y, policy: PrivacyPolicy):
@@ -83,7 +85,7 @@ def test_the_gate_refuses_the_papers_means_and_variances_under_dp():
     paper = _pfedem(None, gaussian_aggregation="paper", **GIVEN)  # a server without dp_mode
     message, raw, _ = _first_pfedem_round(paper, X, y, PrivacyPolicy(min_rows=1))
     assert {"client_means", "client_vars"} <= set(raw.tensors)
-    out = release(raw, PFEDEM_REPLY, _policy("local"), paper.config, message, {}, 0)
+    out = release(raw, PFEDEM_REPLY, _policy("local"), paper.config, message)
     assert out.scalars.get("skipped") and "client_means" in out.scalars["reason"]
     # nor does a client under DP answer such a round: its own step skips it
     own = paper.answer((X, y), message, ClientContext(0, policy=_policy("local")))
@@ -127,7 +129,9 @@ def test_the_gate_adds_the_histogram_noise_to_the_hard_counts_and_passes_dp_sgd_
     assert float(raw.tensors["hard_counts"].sum()) == 300.0  # one row, one count
     moved = []
     for seed in range(150):
-        out = release(raw, PFEDEM_REPLY, _policy("local", seed=seed), algorithm.config, message)
+        out = release(
+            raw, PFEDEM_REPLY, _policy("local", insecure_seed=seed), algorithm.config, message
+        )
         moved.append(out.tensors["hard_counts"] - raw.tensors["hard_counts"])
         assert float(out.tensors["log_likelihood"]) == 0.0  # withheld by the stats form
         for name, value in raw.tensors.items():

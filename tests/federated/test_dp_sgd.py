@@ -25,10 +25,10 @@ from fednovelty.federated.dp_sgd import (
     private_gradient,
     private_sgd,
     release_blocks,
-    sgd_generator,
     steps_for_epochs,
 )
 from fednovelty.federated.learners import mlp_learner
+from fednovelty.federated.noise import SeededNoise, fresh_noise
 
 F64 = torch.float64
 
@@ -90,36 +90,50 @@ def test_clipping_scales_each_row_over_all_learners_to_the_bound():
     assert (scale < 1).any() and (scale == 1).any()  # both cases are exercised
 
 
-def test_the_noise_on_a_step_has_sigma_times_clip_over_the_expected_sample():
+def _noise_draws(n: int, settings: DPSGDSettings) -> torch.Tensor:
+    """40 steps' noisy gradients of no sampled row (the noise alone), flattened."""
     template, params = _learners(m=1)
-    X, y, w = _rows(n=50, m=1)
-    settings = DPSGDSettings(noise_multiplier=2.0, clip_norm=0.5, sample_rate=0.2, steps=1)
-    empty = torch.zeros(0, dtype=torch.long)  # no row sampled: the step is the noise alone
-    draws = torch.cat(
+    X, y, w = _rows(n=n, m=1)
+    empty = torch.zeros(0, dtype=torch.long)
+    return torch.cat(
         [
             torch.cat(
                 [
                     g.flatten()
                     for g in private_gradient(
-                        template, params, X, y, w, empty, settings, torch.Generator().manual_seed(s)
+                        template, params, X, y, w, empty, settings, SeededNoise(s)
                     )[0].values()
                 ]
             )
             for s in range(40)
         ]
     )
-    expected = 2.0 * 0.5 / (0.2 * 50)
+
+
+def test_the_noise_on_a_step_has_sigma_times_clip_over_the_public_batch():
+    settings = DPSGDSettings(2.0, 0.5, 0.2, 1, expected_batch=10.0)
+    draws = _noise_draws(50, settings)
+    expected = 2.0 * 0.5 / 10.0
     assert abs(float(draws.std()) / expected - 1) < 0.03  # ~4,000 draws: 1 % standard error
     assert abs(float(draws.mean())) < 4 * expected / math.sqrt(draws.numel())
+
+
+def test_the_divisor_never_reads_the_clients_row_count():
+    """The noisy sum is divided by a public constant: two clients of 50 and 500 rows under
+    the same settings release noise of one spread (divided by q * n before, a value the
+    accountant never saw)."""
+    settings = DPSGDSettings(2.0, 0.5, 0.2, 1, expected_batch=10.0)
+    small, large = _noise_draws(50, settings), _noise_draws(500, settings)
+    assert abs(float(large.std()) / float(small.std()) - 1) < 0.06
+    with pytest.raises(ValueError, match="expected_batch"):
+        DPSGDSettings(2.0, 0.5, 0.2, 1, expected_batch=0.0)
 
 
 def test_without_noise_and_clipping_one_full_step_is_plain_gradient_descent():
     template, params = _learners()
     X, y, w = _rows()
-    settings = DPSGDSettings(noise_multiplier=0.0, clip_norm=1e9, sample_rate=1.0, steps=1)
-    trained = private_sgd(
-        template, params, X, y, w, settings, torch.Generator().manual_seed(0), learning_rate=0.3
-    )
+    settings = DPSGDSettings(0.0, 1e9, 1.0, 1, expected_batch=9.0)
+    trained = private_sgd(template, params, X, y, w, settings, SeededNoise(0), learning_rate=0.3)
     leaves = [{k: v.clone().requires_grad_(True) for k, v in p.items()} for p in params]
     loss = sum(_row_loss(template, leaves, X[i : i + 1], y[i : i + 1], w[i]) for i in range(9))
     (loss / 9).backward()
@@ -134,18 +148,25 @@ def test_dp_sgd_refuses_weights_a_row_could_use_to_exceed_the_bound():
     X, y, w = _rows()
     settings = DPSGDSettings(1.0, 1.0, 0.5, 1)
     with pytest.raises(ValueError, match="summing to at most 1"):
-        private_sgd(template, params, X, y, 2 * w, settings, torch.Generator(), learning_rate=0.1)
+        private_sgd(template, params, X, y, 2 * w, settings, SeededNoise(0), learning_rate=0.1)
     with pytest.raises(ValueError, match="shape"):
-        private_sgd(template, params, X, y, w[:, :1], settings, torch.Generator(), learning_rate=1)
+        private_sgd(template, params, X, y, w[:, :1], settings, SeededNoise(0), learning_rate=1)
 
 
-def test_the_sample_and_noise_come_from_the_clients_own_seed():
-    one, two = sgd_generator(3, 1, 0), sgd_generator(3, 1, 0)
-    assert torch.equal(torch.rand(5, generator=one), torch.rand(5, generator=two))
-    other = sgd_generator(3, 2, 0)
-    assert not torch.equal(
-        torch.rand(5, generator=sgd_generator(3, 1, 0)), torch.rand(5, generator=other)
-    )
+def test_the_sample_and_noise_are_fresh_unless_a_test_seed_is_given():
+    template, params = _learners()
+    X, y, w = _rows()
+    settings = DPSGDSettings(1.0, 1.0, 0.5, 3)
+
+    def train(source):
+        return private_sgd(template, params, X, y, w, settings, source, learning_rate=0.1)
+
+    one, two = train(fresh_noise()), train(fresh_noise())
+    assert not torch.equal(*(next(iter(p[0].values())) for p in (one, two)))
+    again, same = train(SeededNoise(3, 1, 0)), train(SeededNoise(3, 1, 0))
+    assert torch.equal(*(next(iter(p[0].values())) for p in (again, same)))
+    with pytest.raises(TypeError, match="NoiseSource"):
+        train(torch.Generator().manual_seed(0))
 
 
 def test_settings_name_what_is_wrong():
@@ -240,7 +261,7 @@ def test_a_row_loss_replaces_the_cross_entropy_row_by_row():
 
 def test_pair_units_are_a_cycle_of_the_sample():
     rows = torch.tensor([2, 5, 7, 11, 13])
-    first, second = pair_units(rows, torch.Generator().manual_seed(0))
+    first, second = pair_units(rows, SeededNoise(0))
     assert sorted(first.tolist()) == sorted(second.tolist()) == rows.tolist()
     successor = dict(zip(first.tolist(), second.tolist(), strict=True))
     seen, row = [], first[0].item()
@@ -248,7 +269,7 @@ def test_pair_units_are_a_cycle_of_the_sample():
         seen.append(row)
         row = successor[row]
     assert row == first[0].item() and sorted(seen) == rows.tolist()
-    alone_first, alone_second = pair_units(torch.tensor([4]), torch.Generator().manual_seed(0))
+    alone_first, alone_second = pair_units(torch.tensor([4]), SeededNoise(0))
     assert alone_first.tolist() == alone_second.tolist() == [4]
 
 
@@ -273,7 +294,7 @@ def test_one_noise_free_pair_step_is_the_clipped_units_by_hand():
         out = functional_call(_Linear(f), ps[0], (x,))
         return wt[0] * (out[0] - out[1] - 0.5 * (label[0] - label[1])).square() / 2
 
-    settings = DPSGDSettings(0.0, clip, 1.0, 1)
+    settings = DPSGDSettings(0.0, clip, 1.0, 1, expected_batch=float(n))
     seed = 11
     trained = private_sgd(
         _Linear(f),
@@ -282,15 +303,15 @@ def test_one_noise_free_pair_step_is_the_clipped_units_by_hand():
         y,
         torch.ones(n, 1, dtype=F64),
         settings,
-        torch.Generator().manual_seed(seed),
+        SeededNoise(seed),
         learning_rate=1.0,
         row_loss=pair_loss,
         pairs=True,
     )
     # the same draws by hand: the Poisson sample (all rows at q = 1), then the cycle
-    replay = torch.Generator().manual_seed(seed)
-    torch.rand(n, generator=replay, dtype=torch.float64)
-    order = torch.randperm(n, generator=replay).numpy()
+    replay = SeededNoise(seed)
+    replay.uniform((n,))
+    order = replay.permutation(n).numpy()
     Xn, wn, total = X.numpy(), w0.numpy(), np.zeros(f)
     for a, b in zip(order, np.roll(order, -1), strict=True):
         residual = Xn[a] @ wn - Xn[b] @ wn - 0.5 * (a - b)
@@ -306,7 +327,7 @@ def test_one_noise_free_pair_step_is_the_clipped_units_by_hand():
             y,
             torch.ones(n, 1, dtype=F64),
             settings,
-            torch.Generator(),
+            SeededNoise(0),
             learning_rate=1.0,
             pairs=True,
         )

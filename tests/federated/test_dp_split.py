@@ -22,6 +22,7 @@ from fednovelty.federated.dp import (
     split_error,
     stats_split,
 )
+from fednovelty.federated.noise import SeededNoise
 
 
 def _gdp_mu(multipliers: dict[str, float]) -> float:
@@ -185,7 +186,7 @@ def test_noisy_stats_put_each_blocks_share_of_the_noise_on_it():
         "log_likelihood": torch.zeros((), dtype=torch.float64),
     }
     shift = torch.zeros(d, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededNoise(0)
     draws = [
         noisy_stats(zeros, shift, "full", z, bound, generator, split=split) for _ in range(400)
     ]

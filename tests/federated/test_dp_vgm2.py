@@ -5,6 +5,8 @@ noise from the client's own generator, and the server's equal weights."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,8 +20,9 @@ from fednovelty.federated.bayesian.vgm2 import (
     embed,
     reply_problem,
 )
-from fednovelty.federated.dp import DPPolicy, release_generator
-from fednovelty.federated.dp_sgd import DPSGDSettings, sgd_generator
+from fednovelty.federated.dp import GATE_STREAM, STEP_STREAM, DPPolicy, release_noise
+from fednovelty.federated.dp_sgd import DPSGDSettings
+from fednovelty.federated.noise import GRID_BITS
 from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.mixture.dirnig import (
     default_markers,
@@ -40,11 +43,11 @@ def make_client(rows: int = 12, seed: int = 0):
     return X, labels
 
 
-def private_policy(noise: float = 1.0, steps: int = 3, rate: float = 0.5, seed: int = 7):
+def private_policy(noise: float = 1.0, steps: int = 3, rate: float = 0.5, seed: int | None = 7):
     return PrivacyPolicy(
         min_rows=1,
-        dp=DPPolicy(2.0, 1e300, "local", 2, 10, seed),
-        dp_sgd=DPSGDSettings(noise, 0.8, rate, steps),
+        dp=DPPolicy(2.0, 1e300, "local", 2, insecure_seed=seed),
+        dp_sgd=DPSGDSettings(noise, 0.8, rate, steps, expected_batch=6.0),
     )
 
 
@@ -82,12 +85,15 @@ def test_private_client_releases_dp_sgd_markers_and_a_count_without_the_loss() -
     assert torch.equal(again.tensors["markers"], reply.tensors["markers"])
     other, _ = answer(algorithm, make_client(), private_policy(seed=8))
     assert not torch.equal(other.tensors["markers"], reply.tensors["markers"])
+    # without a test seed the noise is fresh: two answers differ
+    fresh = [answer(algorithm, make_client(), private_policy(seed=None))[0] for _ in range(2)]
+    assert not torch.equal(fresh[0].tensors["markers"], fresh[1].tensors["markers"])
 
 
 def test_private_client_without_dp_sgd_states_no_steps() -> None:
     """Without the policy's DP-SGD the markers train as usual and the reply states no
     steps: the gate's ``dp_sgd`` part refuses it."""
-    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, 10, 7))
+    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, insecure_seed=7))
     reply, _ = answer(VGM2(6, 2, **SMALL), make_client(), policy)
     assert "dp_sgd_steps" not in reply.scalars and "loss" not in reply.tensors
 
@@ -114,9 +120,9 @@ def test_one_noise_free_marker_step_is_the_clipped_pair_units_by_hand() -> None:
     prior = algorithm.initial_prior()
     scale = algorithm.config.marker_learning_rate / algorithm.config.learning_rate
     Z = embed(algorithm.encoder, algorithm.initial_encoder(), X).detach()
-    replay = sgd_generator(7, 3, 0)
-    torch.rand(6, generator=replay, dtype=torch.float64)  # the Poisson sample: every row
-    order = torch.randperm(6, generator=replay).tolist()
+    replay = release_noise(policy.dp, 3, 0, STEP_STREAM)
+    replay.uniform((6,))  # the Poisson sample: every row
+    order = replay.permutation(6).tolist()
     start = (free_from_markers(prior.clone()) / scale).numpy()
     total = np.zeros_like(start)
     for a, b in zip(order, order[1:] + order[:1], strict=True):
@@ -172,14 +178,15 @@ def test_gate_releases_dp_sgd_markers_and_noises_the_count() -> None:
     message.scalars["seed"] = 0
     released = algorithm.answer(data, message, ClientContext(3, {}, policy))
     assert torch.equal(released.tensors["markers"], trained.tensors["markers"])
-    noise = torch.randn((), generator=release_generator(policy.dp, 3, 0), dtype=F64)
+    noise = release_noise(policy.dp, 3, 0, GATE_STREAM).normal(())
+    grid = 2.0 ** (math.floor(math.log2(8 * 2.0)) - GRID_BITS)  # the noisy value's grid
     torch.testing.assert_close(
-        released.tensors["n_samples"], 12 + 8 * 2.0 * noise, rtol=1e-12, atol=1e-12
+        released.tensors["n_samples"], 12 + 8 * 2.0 * noise, rtol=0, atol=grid
     )
 
 
 def test_gate_refuses_markers_not_trained_by_dp_sgd() -> None:
-    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, 10, 7))
+    policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, insecure_seed=7))
     algorithm = VGM2(6, 2, **SMALL)
     message = algorithm.steps[0].configure(algorithm.new_state())
     released = algorithm.answer(make_client(), message, ClientContext(3, {}, policy))

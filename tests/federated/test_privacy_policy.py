@@ -666,18 +666,13 @@ def test_flower_nodes_calibrate_their_own_differential_privacy():
             "dp-clip": 3,
             "dp-mode": "distributed",
             "dp-clients": "4",
-            "dp-seed": 7,
+            "dp-insecure-seed": 7,
         }
     )
     dp = policy.dp
     assert dp.noise_multiplier == calibrate_noise(1.0, 1e-5, 12)
-    assert (dp.clip_norm, dp.mode, dp.n_clients, dp.max_releases, dp.seed) == (
-        3.0,
-        "distributed",
-        4,
-        12,
-        7,
-    )
+    fields = (dp.clip_norm, dp.mode, dp.n_clients, dp.epsilon, dp.delta, dp.insecure_seed)
+    assert fields == (3.0, "distributed", 4, 1.0, 1e-5, 7)
     assert policy_from_node_config({"privacy-min-rows": 3}).dp is None
     with pytest.raises(ClientDataError, match=r"needs \['dp-releases'\]"):
         policy_from_node_config({"dp-epsilon": 1.0, "dp-clip": 3.0})

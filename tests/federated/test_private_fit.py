@@ -22,6 +22,7 @@ from fednovelty.federated.mixtures.private_fit import (
     private_em_for_budget,
     public_init,
 )
+from fednovelty.federated.noise import SeededNoise
 from fednovelty.mixture import CovariancePrior, MixtureParams, score_samples
 from fednovelty.mixture.stats import SufficientStats
 
@@ -107,9 +108,9 @@ def test_each_block_gets_noise_of_the_calibrated_spread(covariance_type):
         n_samples=torch.tensor(40.0, dtype=torch.float64),
         covariance_type=covariance_type,
     )
-    generator = torch.Generator().manual_seed(3)
+    generator = SeededNoise(3)
     draws = [
-        noisy_release(exact, noise_multiplier=z, clip_norm=bound, generator=generator)
+        noisy_release(exact, noise_multiplier=z, clip_norm=bound, source=generator)
         for _ in range(3000)
     ]
     counts = np.stack([s.counts.numpy() for s in draws]) - resp.sum(0)
@@ -140,7 +141,7 @@ def test_each_block_gets_noise_of_the_calibrated_spread(covariance_type):
 def test_the_budget_is_calibrated_and_reported():
     X = torch.as_tensor(RNG.normal(0, 1, (300, 2)))
     _, info = private_em_for_budget(
-        X, 2, epsilon=2.0, delta=1e-5, n_iter=5, clip_norm=3.0, generator=torch.Generator()
+        X, 2, epsilon=2.0, delta=1e-5, n_iter=5, clip_norm=3.0, source=SeededNoise(0)
     )
     assert info.n_iter == 5 and info.blocks == 3 and info.delta == 1e-5
     assert 1.95 <= info.epsilon <= 2.0
@@ -185,7 +186,7 @@ def test_utility_with_many_rows_and_its_cost_with_few():
                 noise_multiplier=z,
                 clip_norm=5.0,
                 n_iter=10,
-                generator=torch.Generator().manual_seed(seed),
+                source=SeededNoise(seed),
             )
             assert info.epsilon_at(1e-5) <= 1.0
             gap = reference - float(score_samples(params, held_out).mean())
@@ -217,7 +218,7 @@ def test_heavy_noise_still_gives_a_valid_mixture(covariance_type):
                 n_iter=10,
                 covariance_type=covariance_type,
                 prior=prior,
-                generator=torch.Generator().manual_seed(seed),
+                source=SeededNoise(seed),
             )
             assert info.n_clipped > 0
             for tensor in params.tensors().values():
@@ -240,8 +241,8 @@ def test_the_public_start_ignores_the_rows():
     """The same generator gives the same start whatever the rows; the means lie in the half
     ball around the centre and are spread apart."""
     centre = torch.tensor([2.0, 2.0], dtype=torch.float64)
-    first = public_init(4, 2, clip_norm=4.0, centre=centre, generator=torch.Generator())
-    again = public_init(4, 2, clip_norm=4.0, centre=centre, generator=torch.Generator())
+    first = public_init(4, 2, clip_norm=4.0, centre=centre, source=SeededNoise(0))
+    again = public_init(4, 2, clip_norm=4.0, centre=centre, source=SeededNoise(0))
     assert torch.equal(first.means, again.means)
     assert float(torch.linalg.vector_norm(first.means - centre, dim=1).max()) <= 2.0
     assert float(torch.pdist(first.means).min()) > 1.0  # 4 points in a disc of radius 2

@@ -38,8 +38,8 @@ from torch.func import functional_call
 from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.config import TorchSettings, at_least, settings_dataclass
 from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import LEDGER_KEY
-from fednovelty.federated.dp_sgd import DPSGDSettings, private_sgd, sgd_generator
+from fednovelty.federated.dp import STEP_STREAM, release_noise
+from fednovelty.federated.dp_sgd import DPSGDSettings, private_sgd
 from fednovelty.federated.init import DP_MODES, round_seed
 from fednovelty.federated.learners import initial_parameters, logits
 from fednovelty.federated.privacy import client_backing
@@ -677,8 +677,10 @@ class VGM2Step(Step):
         sgd = None
         if private and policy.dp_sgd is not None and config.method in ("vgm2", "fedavg"):
             # what leaves the client trains by its own DP-SGD, from its own generator
-            release = int(context.state.get(LEDGER_KEY, 0))
-            sgd = (policy.dp_sgd, sgd_generator(policy.dp.seed, context.client_id, release))
+            source = release_noise(
+                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
+            )
+            sgd = (policy.dp_sgd, source)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         algo = self.algorithm
         state = context.state

@@ -44,8 +44,8 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import LEDGER_KEY, clip_rows
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, private_sgd, sgd_generator
+from fednovelty.federated.dp import STEP_STREAM, clip_rows, release_noise
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, private_sgd
 from fednovelty.federated.init import (
     PrivateSettings,
     box_units,
@@ -66,6 +66,7 @@ from fednovelty.federated.learners import (
     logits,
     mlp_learner,
 )
+from fednovelty.federated.noise import NoiseSource, add_gaussian, check_source
 from fednovelty.federated.privacy import client_backing
 from fednovelty.federated.robust import (
     coordinate_median,
@@ -508,7 +509,7 @@ def clipped_loss_sums(
 
 
 def noisy_cluster_losses(
-    sums: Tensor, bound: float, multiplier: float, generator: torch.Generator
+    sums: Tensor, bound: float, multiplier: float, generator: NoiseSource
 ) -> Tensor:
     """The Gaussian mechanism on :func:`clipped_loss_sums` ``sums`` (K,): each entry plus
     noise of standard deviation ``multiplier * sqrt(K) * bound`` (``multiplier`` times the
@@ -516,7 +517,7 @@ def noisy_cluster_losses(
     min-loss cluster (report-noisy-min, post-processing of the noisy vector)."""
     k = sums.shape[0]
     spread = float(multiplier) * math.sqrt(k) * float(bound)
-    return sums + spread * torch.randn(k, generator=generator, dtype=torch.float64)
+    return add_gaussian(sums.to(torch.float64), spread, generator)
 
 
 # ----------------------------------------------------------------------------- replies
@@ -645,11 +646,13 @@ class _ModelStep(LearnerRounds, Step):
             return skipped_reply(kind, "models leave a client under DP only trained by DP-SGD")
         return None
 
-    def private_generator(self, context: ClientContext) -> torch.Generator:
-        """The generator of a private round's mechanisms (noisy choice, DP-SGD): from the
-        client's own DP seed and its count of releases, never from the broadcast."""
-        release = int(context.state.get(LEDGER_KEY, 0))
-        return sgd_generator(context.policy.dp.seed, context.client_id, release)
+    def private_generator(self, context: ClientContext) -> NoiseSource:
+        """The draws of a private round's mechanisms (noisy choice, DP-SGD): fresh OS
+        entropy of the client's own (:func:`~fednovelty.federated.dp.release_noise`), never
+        the broadcast's seed."""
+        return release_noise(
+            context.policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
+        )
 
     def private_train(
         self,
@@ -996,7 +999,7 @@ class ClusterStep(_ModelStep):
         h: Tensor | None,
         kept,
         context: ClientContext,
-        generator: torch.Generator,
+        generator: NoiseSource,
     ) -> int:
         """The client's cluster under its differential-privacy policy (:class:`ClusteredFL`):
         FeSEM's nearest centre to the model it released last (post-processing), or a
@@ -1006,7 +1009,7 @@ class ClusterStep(_ModelStep):
         if self.config.clustering == "kmeans":
             if kept is not None:
                 return self.choose(models, X, y, h, kept, with_loss=False)[0]
-            return int(torch.randint(len(models), (1,), generator=generator))
+            return check_source(generator).randint(len(models))
         bound = self.config.dp_loss_clip
         sums = clipped_loss_sums(self.template, models, X, y, h, bound)
         multiplier = HISTOGRAM_SHARE * context.policy.dp.noise_multiplier

@@ -42,9 +42,9 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.dp import LEDGER_KEY, gaussian_noise
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, private_sgd, sgd_generator
-from fednovelty.federated.init import derived_seed, round_seed
+from fednovelty.federated.dp import STEP_STREAM, release_noise
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, private_sgd
+from fednovelty.federated.init import round_seed, server_noise
 from fednovelty.federated.joint_models.joint_scores import (
     adapt_joint_weights,
     global_log_joint_weights,
@@ -67,6 +67,7 @@ from fednovelty.federated.learners import (
     mlp_learner,
 )
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
+from fednovelty.federated.noise import add_gaussian
 from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
 from fednovelty.federated.robust import robust_average_learners
 from fednovelty.federated.steps import ChainedAlgorithm, Step
@@ -214,17 +215,15 @@ def histogram_sum(histograms: Tensor, config: Any, rounds: int) -> Tensor:
     """The summed histograms of responsibilities (e.g. joint counts) of the replies
     ``histograms`` (n_replies, ...) -> (...), in ``config``'s dtype and device: under
     ``"central"`` DP (``config.dp_mode``) with the trusted server's histogram noise
-    (``HISTOGRAM_SHARE * dp_noise_multiplier``, drawn from the seed of round ``rounds``),
+    (``HISTOGRAM_SHARE * dp_noise_multiplier``, drawn from fresh OS entropy: never from
+    ``random_state``),
     and under any DP kept positive (post-processing)."""
     total = histograms.sum(0).to(config.device, config.dtype)
     if not config.private:
         return total
     if config.dp_mode == "central":
-        seed = derived_seed(config.random_state, rounds) ^ 0x1015
         spread = HISTOGRAM_SHARE * config.dp_noise_multiplier
-        total = total + gaussian_noise(
-            total.shape, spread, total, torch.Generator().manual_seed(seed)
-        )
+        total = add_gaussian(total, spread, server_noise(config, rounds, 1))
     return total.clamp_min(1e-6 * float(total.abs().sum()) + 1e-300)
 
 
@@ -342,8 +341,9 @@ class JointEMStep(LearnerRounds, Step):
             if policy.dp_sgd is None:
                 return skipped_reply("joint_em", "learners leave under DP only by DP-SGD")
             # the learners leave the client: its own DP-SGD, from its own generator
-            release = int(context.state.get(LEDGER_KEY, 0))
-            generator = sgd_generator(policy.dp.seed, context.client_id, release)
+            generator = release_noise(
+                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
+            )
             trained = private_sgd(
                 template,
                 learners,

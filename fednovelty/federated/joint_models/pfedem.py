@@ -38,8 +38,8 @@ from fednovelty.federated.base import ClientContext, Message, client_generator, 
 from fednovelty.federated.bayesian.variational import BoxSettings
 from fednovelty.federated.config import settings_dataclass
 from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.dp import LEDGER_KEY
-from fednovelty.federated.dp_sgd import private_sgd, sgd_generator
+from fednovelty.federated.dp import STEP_STREAM, release_noise
+from fednovelty.federated.dp_sgd import private_sgd
 from fednovelty.federated.init import GivenMixture, MomentsStep, round_seed
 from fednovelty.federated.joint_models.joint import (
     JointEMStep,
@@ -400,8 +400,9 @@ class PFedEMStep(JointEMStep):
         tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
         scalars = {}
         if private:  # every sub-model by the client's own DP-SGD, on its partition alone
-            release = int(context.state.get(LEDGER_KEY, 0))
-            generator = sgd_generator(policy.dp.seed, context.client_id, release)
+            generator = release_noise(
+                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
+            )
             models = private_sgd(
                 template,
                 learners,

@@ -52,7 +52,7 @@ from fednovelty.federated.config import (
     settings_dataclass,
 )
 from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import LEDGER_KEY, DPPolicy, clip_rows, release_generator
+from fednovelty.federated.dp import STEP_STREAM, DPPolicy, clip_rows, release_noise
 from fednovelty.federated.init import MomentsSettings, box_units
 from fednovelty.federated.local_fit import (
     LOCAL_FIT_BACKING,
@@ -64,6 +64,7 @@ from fednovelty.federated.local_fit import (
     reduce_union,
 )
 from fednovelty.federated.mixtures.private_fit import private_em
+from fednovelty.federated.plausible import screen_local_fits
 from fednovelty.federated.robust import outlying_models, weight_factors
 from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled
 from fednovelty.mixture.copula import fit_marginals, normal_scores
@@ -216,6 +217,9 @@ class FedGenState:
         rounds: communication rounds (1 when done).
         left_out: ids of clients whose local mixtures a robust ``aggregation`` left out of
             the union.
+        components_left_out: client id -> the components of its local mixture that no
+            honest rows produce, left out of the union under every ``aggregation``
+            (:func:`~fednovelty.federated.plausible.screen_local_fits`).
         marginals, copula: with ``copula``, the 1-D mixture of every feature and the joint
             mixture of their normal scores (else empty and ``None``).
     """
@@ -231,6 +235,7 @@ class FedGenState:
     marginals: list[MixtureParams] = field(default_factory=list)
     copula: MixtureParams | None = None
     left_out: list[int] = field(default_factory=list)
+    components_left_out: dict[int, list[int]] = field(default_factory=dict)
 
 
 #: Components of each feature's 1-D mixture in the copula.
@@ -367,7 +372,6 @@ class FedGenGMM(FederatedAlgorithm):
                 "mixture cannot be mapped back by per-feature scales); not released",
             )
         rows = clip_rows((X - offset) / scale, torch.zeros_like(offset), dp.clip_norm)
-        first = int(context.state.get(LEDGER_KEY, 0))
         params, info = private_em(
             rows,
             config.private_components(),
@@ -376,7 +380,7 @@ class FedGenGMM(FederatedAlgorithm):
             n_iter=config.dp_iterations,
             covariance_type=config.covariance_type,
             reg_covar=config.reg_covar,
-            generator=release_generator(dp, context.client_id, first),
+            source=release_noise(dp, context.client_id, context.ledger.releases, STEP_STREAM),
         )
         params = affine_params(params, offset, scale)
         count = torch.tensor(max(info.noisy_rows, 1.0), dtype=X.dtype, device=X.device)
@@ -422,15 +426,18 @@ class FedGenGMM(FederatedAlgorithm):
     ) -> tuple[FedGenState, dict[str, Scalar]]:
         config = self.config
         self._collect(state, replies)
-        state.left_out = outlying_models(state.client_models, config.aggregation, config.trim)
-        ids = [c for c in sorted(state.client_models) if c not in state.left_out]
-        factors = weight_factors({c: state.client_sizes[c] for c in ids}, config.client_weight_cap)
+        models, sizes, state.components_left_out = screen_local_fits(
+            state.client_models, state.client_sizes, "local_fit"
+        )
+        state.left_out = outlying_models(models, config.aggregation, config.trim)
+        ids = [c for c in sorted(models) if c not in state.left_out]
+        factors = weight_factors({c: sizes[c] for c in ids}, config.client_weight_cap)
         generator = torch.Generator().manual_seed(self._seed(1))
         settings = fit_settings(config, generator, prior_strength=config.prior_strength)
         candidates = config.global_candidates()
         result, state.bics, synthetic = reduce_union(
-            [state.client_models[c] for c in ids],
-            [state.client_sizes[c] * factors[c] for c in ids],
+            [models[c] for c in ids],
+            [sizes[c] * factors[c] for c in ids],
             candidates,
             config.samples_per_component,
             settings,

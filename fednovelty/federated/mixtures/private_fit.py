@@ -39,6 +39,7 @@ from fednovelty.federated.dp import (
     plausible_stats,
     private_sum,
 )
+from fednovelty.federated.noise import NoiseSource, fresh_noise
 from fednovelty.mixture import CovariancePrior, MixtureParams
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
@@ -146,13 +147,11 @@ def _public_centre(centre, X: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- initialisation
-def _uniform_in_ball(
-    n: int, d: int, radius: float, generator: torch.Generator | None, like: Tensor
-) -> Tensor:
+def _uniform_in_ball(n: int, d: int, radius: float, source: NoiseSource, like: Tensor) -> Tensor:
     """``n`` points uniform in the L2 ball of ``radius`` around 0, shape (n, d)."""
-    direction = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    direction = source.normal((n, d))
     direction = direction / torch.linalg.vector_norm(direction, dim=1, keepdim=True)
-    radii = radius * torch.rand(n, 1, generator=generator, dtype=torch.float64) ** (1.0 / d)
+    radii = radius * source.uniform((n, 1)) ** (1.0 / d)
     return (direction * radii).to(dtype=like.dtype, device=like.device)
 
 
@@ -188,7 +187,7 @@ def public_init(
     centre: Tensor,
     covariance_type: str = "full",
     how: str = "public",
-    generator: torch.Generator | None = None,
+    source: NoiseSource | None = None,
 ) -> MixtureParams:
     """Starting parameters that depend only on public values (the clip ball), never on rows.
 
@@ -206,11 +205,12 @@ def public_init(
     if how not in INITS:
         raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {how!r}.")
     k, d, radius = n_components, n_features, clip_norm / 2
+    source = fresh_noise() if source is None else source
     if how == "public":
-        candidates = _uniform_in_ball(CANDIDATES_PER_COMPONENT * k, d, radius, generator, centre)
+        candidates = _uniform_in_ball(CANDIDATES_PER_COMPONENT * k, d, radius, source, centre)
         offsets = _farthest_points(candidates, k)
     else:
-        offsets = _uniform_in_ball(k, d, radius, generator, centre)
+        offsets = _uniform_in_ball(k, d, radius, source, centre)
     weights = centre.new_full((k,), 1.0 / k)
     covariances = _init_covariances(radius**2 / d, k, d, covariance_type, centre)
     return MixtureParams.from_covariances(weights, centre + offsets, covariances, covariance_type)
@@ -222,7 +222,7 @@ def noisy_release(
     *,
     noise_multiplier: float,
     clip_norm: float,
-    generator: torch.Generator | None = None,
+    source: NoiseSource | None = None,
 ) -> SufficientStats:
     """One noisy release: ``stats`` of rows clipped to radius ``clip_norm`` around the origin,
     taken about the origin (``stats.shift`` must be zeros: :func:`private_em` works on rows
@@ -240,7 +240,8 @@ def noisy_release(
             "noisy_release needs statistics about the clip centre (shift zero); take them "
             "on rows minus the public centre."
         )
-    return private_sum(stats, float(noise_multiplier), float(clip_norm), generator)
+    source = fresh_noise() if source is None else source
+    return private_sum(stats, float(noise_multiplier), float(clip_norm), source)
 
 
 def second_moment_noise(noise_multiplier: float, clip_norm: float) -> float:
@@ -265,7 +266,7 @@ def private_em(
     min_count: float = 1.0,
     min_variance: float | None = None,
     noise_floor: float = 1.0,
-    generator: torch.Generator | None = None,
+    source: NoiseSource | None = None,
 ) -> tuple[MixtureParams, PrivateFitInfo]:
     """DP-EM: ``n_iter`` EM iterations on rows ``X`` whose summed statistics are released with
     Gaussian noise each iteration (module docstring), from a public start.
@@ -292,7 +293,8 @@ def private_em(
             :func:`~fednovelty.federated.dp.plausible_stats` (``2 * sigma * sqrt(d) / n_k``,
             ``sigma`` the noise's std on a second-moment entry, :func:`second_moment_noise`);
             1 is that floor, 0 turns it off.
-        generator: CPU generator for the noise and the public init.
+        source: the draws of the noise and the public init
+            (:mod:`fednovelty.federated.noise`); ``None``: fresh OS entropy.
 
     Returns:
         ``(params, info)``: the final :class:`~fednovelty.mixture.MixtureParams` (dtype and
@@ -333,7 +335,7 @@ def private_em(
             centre=centre,
             covariance_type=covariance_type,
             how=init,
-            generator=generator,
+            source=source,
         )
     else:
         raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {init!r}.")
@@ -353,7 +355,7 @@ def private_em(
             origin,
         )
         released = noisy_release(
-            stats, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator
+            stats, noise_multiplier=noise_multiplier, clip_norm=clip_norm, source=source
         )
         noisy_rows = float(released.n_samples)
         kept = plausible_stats(released, clip_norm, min_count, min_variance, second_noise)

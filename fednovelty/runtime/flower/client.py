@@ -62,6 +62,7 @@ from fednovelty.runtime.flower.codec import (
     store_client_state,
 )
 from fednovelty.runtime.flower.config import algorithm_from_run_config
+from fednovelty.runtime.flower.ledger import dataset_key, load_node_ledger, store_node_ledger
 from fednovelty.runtime.flower.secure_node import (
     KEYS_ACTION,
     REVEAL_ACTION,
@@ -260,8 +261,11 @@ def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
     the most rounds it will answer (``dp-releases``), clips rows to ``dp-clip`` and adds the
     noise of ``dp-mode`` (``"local"`` default; ``"distributed"`` with ``dp-clients``), e.g.
     ``--node-config "... dp-epsilon=1.0 dp-releases=44 dp-clip=4.7"``. The server's run
-    config must carry the same ``dp_mode`` and clipping (its settings); a server that asks
-    for more rounds than ``dp-releases`` is refused by the node.
+    config must carry the same ``dp_mode`` and clipping (its settings). The node's ledger
+    charges every release by its cost and refuses the one that would take it past
+    ``dp-epsilon``, whatever the server asks (more rounds than planned, costlier rounds, a
+    new attempt or run). ``dp-insecure-seed`` (tests only) draws the noise from a seed,
+    reproducible by whoever knows it: such a node has no privacy guarantee.
 
     Raises:
         ClientDataError: a key missing beside the others or a value out of range.
@@ -288,7 +292,7 @@ def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSett
         raise ClientDataError("dp-epsilon, dp-delta and dp-clip must be numbers.") from None
     releases = _config_int("dp-releases", node_config["dp-releases"])
     clients = _config_int("dp-clients", node_config.get("dp-clients", 1))
-    seed = node_config.get("dp-seed")
+    seed = node_config.get("dp-insecure-seed")
     sgd = None
     if "dp-sgd-steps" in node_config:
         steps = _config_int("dp-sgd-steps", node_config["dp-sgd-steps"])
@@ -311,8 +315,9 @@ def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSett
         clip,
         str(node_config.get("dp-mode", "local")),
         clients,
-        releases,
-        None if seed is None else _config_int("dp-seed", seed),
+        epsilon=epsilon,
+        delta=delta,
+        insecure_seed=None if seed is None else _config_int("dp-insecure-seed", seed),
     )
     return dp, sgd
 
@@ -330,8 +335,13 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
         header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
         return Message(encode_message(reply, **header), reply_to=message)
     client = ClientContext(client_id, load_client_state(context.state, attempt), policy, wire=True)
+    key = dataset_key(data) if policy.dp is not None else ""
+    if policy.dp is not None:  # the node's, not the run's: no attempt or run resets it
+        client.ledger = load_node_ledger(context, key)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state, attempt)
+    if policy.dp is not None:
+        store_node_ledger(context, key, client.ledger)
     if SECAGG in message.content.config_records:  # a secure-sum round: reply masked
         reply = mask_reply(algorithm, request, reply, message.content, context)
     header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
