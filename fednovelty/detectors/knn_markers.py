@@ -61,12 +61,13 @@ from fednovelty.detectors.persistence import (
     register,
     restore_iteration_record,
 )
+from fednovelty.detectors.persistence_checks import check_at_least
 from fednovelty.detectors.variational import (
     POSTERIOR_TENSORS,
     WEIGHT_THRESHOLD,
     _posterior_from,
 )
-from fednovelty.exceptions import ClientDataError, ModelFormatError
+from fednovelty.exceptions import ClientDataError, ModelFormatError, SingularCovarianceError
 from fednovelty.federated.bayesian.knn_markers import (
     CACHE_KEY,
     FederatedKNNMarkers,
@@ -75,7 +76,11 @@ from fednovelty.federated.bayesian.knn_markers import (
     predictive_log_tail,
 )
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import VBPosterior, active_components
+from fednovelty.mixture.variational import (
+    VBPosterior,
+    active_components,
+    vb_predictive_components,
+)
 from fednovelty.runtime.threads import scoring_threads
 
 
@@ -422,10 +427,14 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                     self._posterior(tensors, prefix, "dirichlet_distribution")
                 )
         low, high = log_distance_box(references, self.distance_floor)
-        prefixes = ["posterior"]
+        posteriors = {"posterior": self.posterior_}
         if self.personal_strength is not None:
-            prefixes += [f"client.{i}.posterior" for i in range(len(scoring))]
-        for prefix in prefixes:
+            posteriors |= {
+                f"client.{i}.posterior": p for i, p in enumerate(self.client_posteriors_)
+            }
+        prior_dof = self.degrees_of_freedom_prior  # n_features = 1 unless set lower
+        floor = 1.0 if prior_dof is None else min(1.0, float(prior_dof))
+        for prefix, posterior in posteriors.items():
             check_in_box(
                 tensors[f"{prefix}.means"],
                 f"the tensor '{prefix}.means'",
@@ -434,6 +443,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
                 "posterior means of log kNN distances lie between log(distance_floor) and "
                 "the log of the widest client's diameter (from 'client.<i>.rows')",
             )
+            check_predictive(posterior, prefix, high - low, floor, self.reg_covar)
         self._set_references(references)
 
     def _posterior(self, tensors, prefix: str, weight_type: str) -> VBPosterior:
@@ -449,9 +459,13 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             raise ModelFormatError(str(error).replace("'posterior.", f"'{prefix}.")) from None
         options = self._torch_options()
         moved = {k: v.to(**options) for k, v in parts.items()}
+        try:
+            factors = precisions_cholesky_from_covariances(moved["covariances"], "full")
+        except SingularCovarianceError as error:
+            raise ModelFormatError(f"the tensor '{prefix}.covariances': {error}") from None
         posterior = VBPosterior(
             **moved,
-            precisions_cholesky=precisions_cholesky_from_covariances(moved["covariances"], "full"),
+            precisions_cholesky=factors,
             covariance_type="full",
             weight_concentration_prior_type=weight_type,
         )
@@ -460,6 +474,39 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         ):
             raise ModelFormatError(f"the tensor '{prefix}.weight_concentration' is damaged.")
         return posterior
+
+
+def check_predictive(
+    posterior: VBPosterior, prefix: str, width: float, dof_floor: float, reg_covar: float
+) -> None:
+    """A loaded one-feature posterior of log kNN distances (saved under ``prefix``) whose
+    features lie in a box ``width`` wide has the predictive the fit gives them: degrees of
+    freedom at least ``dof_floor`` (the prior's, ``n_features`` = 1 unless set lower, plus
+    counts) and a predictive spread ``sum_k E[pi_k] f_k covariances_k`` (Student-t scale
+    factor ``f_k = nu_k (1 + beta_k) / ((nu_k + 1 - d) beta_k)``) at most ``4 width^2 +
+    reg_covar``: a covariance of values in the box is at most ``1.25 width^2`` (scatter,
+    prior and the mean's term), and the expected weights keep ``E[pi_k] (1 + 1 / beta_k)``
+    summed below 2, a component's mean precision growing with its weight.
+
+    Raises:
+        ModelFormatError: naming the tensors of ``prefix``.
+    """
+    check_at_least(
+        posterior.degrees_of_freedom,
+        dof_floor,
+        f"the tensor '{prefix}.degrees_of_freedom'",
+        "a posterior's degrees of freedom are its prior's plus counts",
+    )
+    _, factor, _ = vb_predictive_components(posterior)
+    spread = (posterior.weights * factor * posterior.covariances.reshape(-1)).sum()
+    check_in_box(
+        spread,
+        f"the predictive spread of '{prefix}' (its covariances, mean_precision and weights)",
+        0.0,
+        4 * width**2 + reg_covar,
+        "log kNN distances lie in a box of that width (from 'client.<i>.rows'), and their "
+        "posterior's spread does not exceed a few times its squared width",
+    )
 
 
 def log_distance_box(references: list[np.ndarray], distance_floor: float) -> tuple[float, float]:

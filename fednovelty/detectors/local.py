@@ -201,6 +201,11 @@ class LocalGMMDetector(_LocalFitDetector):
     def _set_state(self, tensors, attrs) -> None:
         super()._set_state(tensors, attrs)
         n_models = get_attr(attrs, "n_models", int, minimum=1)
+        if n_models > self.n_clients_:
+            raise ModelFormatError(
+                f"the attribute 'n_models' ({n_models}) exceeds the {self.n_clients_} clients "
+                "of client_ids_; each model is one client's."
+            )
         self.client_models_ = [
             self._mixture_from(tensors, f"client.{i}", self.covariance_type)
             for i in range(n_models)

@@ -11,6 +11,7 @@ is :class:`~fednovelty.federated.mixtures.factor_em.FederatedFactorEM`; the math
 
 from __future__ import annotations
 
+import math
 from numbers import Integral
 
 import torch
@@ -31,6 +32,8 @@ from fednovelty.detectors._params import (
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
 from fednovelty.detectors.persistence import (
+    check_in_box,
+    check_positive,
     check_probabilities,
     get_tensor,
     iteration_record,
@@ -38,6 +41,7 @@ from fednovelty.detectors.persistence import (
     register,
     restore_iteration_record,
 )
+from fednovelty.detectors.persistence_checks import check_at_least, check_scorable, noise_floor
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.factor_em import FactorEMConfig, FederatedFactorEM
 from fednovelty.mixture.factor import FactorParams, check_n_factors, factor_score_samples
@@ -236,14 +240,60 @@ class FedMFADetector(MixtureDetector):
                 f"the tensor 'model.means' has shape {tuple(values[1].shape)}; the model "
                 f"implies (n_components, {width})."
             )
+        check_positive(values[3], "the tensor 'model.psi'", "noise variances are variances")
         try:
             params = FactorParams(*values)
         except ValueError as error:
             raise ModelFormatError(f"the mixture of factor analysers 'model': {error}") from None
         check_probabilities(params.weights, "the weights 'model.weights'")
+        _check_factors(params, self.reg_covar)
         options = self._torch_options()
         self._set_factors(FactorParams(*(v.to(**options) for v in values)))
         restore_iteration_record(self, attrs, finite=False)
+
+
+def _check_factors(params: FactorParams, reg_covar: float) -> None:
+    """A loaded mixture of factor analysers (weights, means, loadings ``W`` (K, d, q) and
+    noise variances ``psi`` (K, d), already finite and of their shapes) means a fit:
+    each feature's variance ``sum_q W^2 + psi`` at most ``sqrt(finfo.max)`` times its noise
+    variance (loadings bounded), each noise variance at least the fit's floor
+    (:func:`~fednovelty.detectors.persistence_checks.noise_floor`), the means scorable
+    (:func:`~fednovelty.detectors.persistence_checks.check_scorable`) and the log-density at
+    the means finite. The stored scores are checked against that density afterwards
+    (``check_reachable_scores``)."""
+    psi = params.psi
+    variances = params.factors.square().sum(2) + psi  # (K, d)
+    largest = math.sqrt(torch.finfo(psi.dtype).max)
+    check_at_least(
+        psi,
+        noise_floor(params.weights, variances, reg_covar),
+        "the tensor 'model.psi'",
+        f"the fit adds reg_covar={reg_covar:g} to every noise variance in its own units",
+    )
+    check_in_box(
+        variances / psi,
+        "the loadings 'model.factors' (as each feature's variance over 'model.psi')",
+        1.0,
+        largest,
+        "a loading is a part of the variance the noise does not explain, and scoring squares "
+        "it over the noise variance",
+    )
+    check_scorable(
+        params.means, float(psi.min().rsqrt()), "the tensors 'model.means' and 'model.psi'"
+    )
+    try:
+        with torch.no_grad():
+            at_means = factor_score_samples(params.means, params)
+    except ValueError as error:
+        raise ModelFormatError(
+            f"the tensors 'model.factors' and 'model.psi' do not make covariances that score: "
+            f"{error}"
+        ) from None
+    if not bool(torch.isfinite(at_means).all()):
+        raise ModelFormatError(
+            "the tensors 'model.factors' and 'model.psi' give a non-finite log-density at "
+            "'model.means'."
+        )
 
 
 #: the fields of :class:`~fednovelty.mixture.factor.FactorParams`, in constructor order.

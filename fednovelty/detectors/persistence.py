@@ -32,10 +32,11 @@ a ``KeyError``/``TypeError``/``IndexError`` nor a model that scores NaN:
   within the training scores' range (``check_threshold``), and no training score is more
   likely than the model can make any row (``check_reachable_scores``, with each kind's
   ``_log_density_bound``): e.g. covariances scaled by 1e200 leave the stored scores
-  unreachable;
+  unreachable; more in :mod:`.persistence_checks` (fit floors, scorable means, networks);
 - nothing extra: the loaded detector, saved again, must hold the same tensors and attributes;
 - last, the checksum (format 2): a value changed in a way that still looks valid (a mean, the
-  threshold) is reported as a modified file. Format-1 files (no checksum) are still read.
+  threshold) is reported as a modified file. It authenticates nothing (anyone can recompute
+  it): a forged file meets the checks above alone. Format-1 files (no checksum) are read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.pca import PCAProjection
 from fednovelty.mixture import MixtureParams, score_samples
@@ -457,12 +459,8 @@ def check_mixture(
             "covariance is not positive definite."
         )
     # The log-density squares (x - mean) times the factor: it must not overflow at the means.
-    size = factors.abs().max().item() * max(1.0, means.abs().max().item())
-    if size > math.sqrt(torch.finfo(factors.dtype).max):
-        raise ModelFormatError(
-            f"the mixture '{prefix}' is too large to score in {factors.dtype} (precision "
-            f"Cholesky factor times mean: {size:.3g})."
-        )
+    names = f"the tensors '{prefix}.means' and '{prefix}.precisions_cholesky'"
+    check_scorable(means, factors.abs().max().item(), names)
     return params
 
 

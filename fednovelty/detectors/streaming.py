@@ -479,11 +479,11 @@ class StreamingFedGMMDetector(EMDetector):
         self._reference = {int(i): list(v) for i, v in get_attr(attrs, "reference", dict).items()}
         for values in self._reference.values():
             if len(values) not in (3, 5) or not all(
-                isinstance(v, int | float) and np.isfinite(v) for v in values
+                isinstance(v, int | float) and -1e300 < v < 1e300 for v in values
             ):
                 raise ModelFormatError(
-                    "each client's 'reference' must be 5 finite numbers (mean, variance, "
-                    "weight, spread, windows; 3 in files before the spread)."
+                    "each client's 'reference' must be 5 numbers within +-1e300 (mean, "
+                    "variance, weight, spread, windows; 3 in files before the spread)."
                 )
             _, variance, weight, spread, count = _with_spread(values)
             if variance < 0 or weight <= 0 or spread < 0 or count < 1:
