@@ -50,12 +50,14 @@ class RoundCost:
 @dataclass(frozen=True)
 class LearningPlan:
     """The learners' part of a plan: ``rounds`` rounds of ``steps`` DP-SGD steps each
-    (sample rate ``sample_rate``, clip ``clip``) and one histogram each."""
+    (sample rate ``sample_rate``, clip ``clip``, public divisor ``batch``: the estimator's
+    ``batch_size``) and one histogram each."""
 
     rounds: int
     steps: int
     sample_rate: float
     clip: float
+    batch: float = 32.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ def dp_plan(
     releases_for: Callable[[dict[str, Any]], int],
     standardized: bool = False,
     learning: LearningPlan | None = None,
+    histograms: int = 0,
 ) -> DPPlan | None:
     """The fit's differential privacy, or ``None`` when ``dp_epsilon`` is ``None``.
 
@@ -132,6 +135,10 @@ def dp_plan(
             the releases, each with one histogram) and steps; ``z`` and ``sigma`` are then
             calibrated together (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`,
             ``dp_learner_share`` of the budget to the learners).
+        histograms: histograms of responsibilities released when no learners leave (a
+            joint model's joint counts, one per round), among the releases: each costs
+            :func:`~fednovelty.federated.dp_sgd.histogram_blocks` of a release, and the
+            clients' ledgers charge it.
 
     Raises:
         ValueError: bad ``dp_bounds``; a plan that would spend more than ``dp_epsilon``.
@@ -154,15 +161,18 @@ def dp_plan(
     releases = int(releases_for(settings))
     sgd = None
     if learning is None or learning.rounds * learning.steps == 0:
-        z = calibrate_noise(float(epsilon), delta, releases)
-        spent = epsilon_spent(z, releases, delta)
+        blocks = release_blocks(releases, int(histograms))
+        z = calibrate_noise(float(epsilon), delta, 1, blocks)
+        spent = epsilon_spent(z, 1, delta, blocks)
     else:
         blocks = release_blocks(releases, learning.rounds)
         steps, rate = learning.rounds * learning.steps, learning.sample_rate
         share = 1.0 - float(estimator.dp_learner_share)
         z, sigma = calibrate_learning(float(epsilon), delta, blocks, steps, rate, share)
         spent = learning_epsilon(z, blocks, sigma, rate, steps, delta)
-        sgd = DPSGDSettings(sigma, learning.clip, rate, learning.steps)
+        sgd = DPSGDSettings(
+            sigma, learning.clip, rate, learning.steps, expected_batch=float(learning.batch)
+        )
     if spent > float(epsilon) * (1 + 1e-9):
         raise ValueError(
             f"the fit's {releases} noisy releases would spend epsilon={spent:.4g} at "

@@ -460,7 +460,14 @@ LEARNING_RATE = Param(
     [Interval(Real, 0.0, None, closed="neither")],
     "the local optimiser's step size.",
 )
-BATCH_SIZE = Param("batch_size", 32, _positive_int(), "rows per local step.")
+BATCH_SIZE = Param(
+    "batch_size",
+    32,
+    _positive_int(),
+    "rows per local step; with ``dp_epsilon``, DP-SGD's public expected lot: a step's noisy "
+    "gradient sum is divided by it, never by the rows a client holds (set it near "
+    "``dp_sample_rate`` times a client's typical row count).",
+)
 OPTIMIZER = Param(
     "optimizer", "sgd", [StrOptions({"sgd", "adam"})], 'the local optimiser: "sgd" or "adam".'
 )

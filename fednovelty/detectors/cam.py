@@ -148,7 +148,8 @@ def private_plan(estimator: Any, algorithm: ClusteredFL, n_clients: int) -> DPPl
         z, sigma = 0.0, sgd_noise(epsilon, delta, total, rate)
     policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), epsilon=epsilon, delta=delta)
     settings = {"dp_mode": "local", "dp_noise_multiplier": z, "dp_clip": clip, "bounds": bounds}
-    sgd = DPSGDSettings(sigma, float(estimator.dp_sgd_clip), rate, steps)
+    batch = float(estimator.batch_size)  # public: the divisor of a step's noisy sum
+    sgd = DPSGDSettings(sigma, float(estimator.dp_sgd_clip), rate, steps, expected_batch=batch)
     return DPPlan(settings, policy, 0, epsilon, delta, sgd)
 
 

@@ -232,6 +232,7 @@ class JointModelDetector(EMDetector):
             lambda private: self._algorithm(learner_width, seed, None, **private).max_rounds,
             standardized=bool(getattr(self, "standardize", False)),
             learning=self._dp_learning(),
+            histograms=int(self.max_iter),
         )
         overrides = plan.settings if plan else {}
         algorithm = self._algorithm(learner_width, seed, pca_components, **overrides)
@@ -249,7 +250,9 @@ class JointModelDetector(EMDetector):
             return None
         rate = float(self.dp_sample_rate)
         steps = steps_for_epochs(int(self.local_epochs), rate)
-        return LearningPlan(int(self.max_iter), steps, rate, float(self.dp_sgd_clip))
+        return LearningPlan(
+            int(self.max_iter), steps, rate, float(self.dp_sgd_clip), float(self.batch_size)
+        )
 
     def _set_joint_result(self, result, learner_width: int):
         """The fitted attributes from a finished run of the joint algorithm; returns it."""

@@ -105,6 +105,7 @@ def vgm2_dp_plan(
     clip: float,
     learner_share: float,
     n_clients: int,
+    batch_size: float = 32.0,
 ) -> DPPlan:
     """The differential privacy of a VGM2 fit of ``rounds`` rounds, each client answering
     every one (no amplification by the server's client sampling is claimed): per round one
@@ -113,7 +114,8 @@ def vgm2_dp_plan(
     spend ``epsilon`` at ``delta`` together
     (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`, ``learner_share`` of the
     budget to the steps). The clients' policy has a budget of ``epsilon`` at ``delta`` and no
-    row clipping (VGM2 sums no rows; DP-SGD clips the gradients).
+    row clipping (VGM2 sums no rows; DP-SGD clips the gradients); a step's noisy gradient
+    sum is divided by the public ``batch_size``.
 
     Raises:
         ValueError: ``rounds`` or ``steps`` below 1, or the budget out of range.
@@ -139,7 +141,9 @@ def vgm2_dp_plan(
         epsilon=float(epsilon),
         delta=float(delta),
     )
-    sgd = DPSGDSettings(sigma, float(clip), float(sample_rate), int(steps))
+    sgd = DPSGDSettings(
+        sigma, float(clip), float(sample_rate), int(steps), expected_batch=float(batch_size)
+    )
     return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)
 
 
@@ -303,6 +307,7 @@ class VGM2Classifier(FederatedClassifier):
             float(self.dp_sgd_clip),
             float(self.dp_learner_share),
             self.n_clients_,
+            float(self.batch_size),
         )
 
     def _set_privacy_spent(self, plan: DPPlan | None) -> None:

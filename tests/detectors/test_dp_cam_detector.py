@@ -26,7 +26,9 @@ OPTIONS = dict(
     dtype="float64",
     random_state=0,
 )
-PRIVATE = dict(dp_epsilon=4.0, dp_bounds=BOUNDS, dp_sample_rate=0.2, dp_learner_share=0.8)
+PRIVATE = dict(
+    dp_epsilon=4.0, dp_bounds=BOUNDS, dp_sample_rate=0.2, dp_learner_share=0.8, batch_size=60
+)  # batch_size: the public divisor of DP-SGD's sums, q n of a 300-row client
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +115,8 @@ def test_fesem_makes_no_noisy_choice_and_its_steps_spend_the_whole_budget():
         dp_sample_rate=0.5,
     )
     config = ClusteredFL("FeSEM", 3, 2, n_clusters=2, rounds=3, local_steps=4).config
-    plan = private_plan(clf, ClusteredFL.from_config(config), 4, 0)
-    assert plan.policy.noise_multiplier == 0.0 and plan.policy.max_releases == 3
+    plan = private_plan(clf, ClusteredFL.from_config(config), 4)
+    assert plan.policy.noise_multiplier == 0.0 and plan.policy.epsilon == 2.0
     sgd = plan.sgd
     assert (sgd.steps, sgd.sample_rate, sgd.clip_norm) == (4, 0.5, 1.0)
     step = dp_accounting.PoissonSampledDpEvent(

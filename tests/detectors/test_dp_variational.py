@@ -134,7 +134,7 @@ def _prior_of(clients, z: float, seed: int = 0):
         kmeans_rounds=1,
         random_state=seed,
     )
-    policy = PrivacyPolicy(dp=DPPolicy(z, clip, "central", len(clients), None, seed))
+    policy = PrivacyPolicy(dp=DPPolicy(z, clip, "central", len(clients), insecure_seed=seed))
     return run_simulation(algorithm, clients, privacy=policy).state.vb_prior
 
 
@@ -219,12 +219,20 @@ def test_the_fit_spends_its_budget_and_no_more(task):
     assert np.isfinite(det.decision_function(task[2])).all()
 
 
-def test_the_noise_follows_the_seed(task):
+def test_the_noise_is_fresh_whatever_the_random_state(task):
+    """An adversary who knows random_state and every other row re-runs the fit: under DP two
+    fits with the same data and random_state release different noise (fresh OS entropy),
+    while without DP they stay identical."""
     a = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
     b = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
-    c = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=4)
-    np.testing.assert_array_equal(a.means_, b.means_)
-    assert not np.array_equal(a.means_, c.means_)
+    assert not np.array_equal(a.means_, b.means_)
+    plain = [_fit(task, random_state=3).means_ for _ in range(2)]
+    np.testing.assert_array_equal(plain[0], plain[1])
+    np.random.seed(0)  # nor does numpy's global seed reproduce it
+    c = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=None)
+    np.random.seed(0)
+    d = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=None)
+    assert not np.array_equal(c.means_, d.means_)
 
 
 def test_the_replies_are_noisy(task):
@@ -240,7 +248,7 @@ def test_the_replies_are_noisy(task):
             4, bounds=bounds, dp_mode="local", dp_noise_multiplier=z, dp_clip=clip,
             max_iter=4, kmeans_rounds=2, random_state=0,
         )  # fmt: skip
-        policy = PrivacyPolicy(dp=DPPolicy(z, clip, "local", 8, None, 0))
+        policy = PrivacyPolicy(dp=DPPolicy(z, clip, "local", 8, insecure_seed=0))
         fits.append(run_simulation(algorithm, clients, privacy=policy).state.posterior)
     quiet, noisy = fits
     assert float((quiet.means - noisy.means).abs().max()) > 1e-3
@@ -282,7 +290,7 @@ def test_a_private_client_refuses_a_kind_without_a_private_form(task):
     round can go on."""
     X, groups, _, _ = task
     clients = [torch.as_tensor(X[groups == g]) for g in range(3)]
-    policy = PrivacyPolicy(dp=DPPolicy(1.0, 1.0, "local", 3, None, 0))
+    policy = PrivacyPolicy(dp=DPPolicy(1.0, 1.0, "local", 3, insecure_seed=0))
     with pytest.raises(Exception, match="centroids"):
         run_simulation(FederatedVB(4, random_state=0), clients, privacy=policy)
 

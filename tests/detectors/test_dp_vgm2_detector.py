@@ -27,16 +27,17 @@ def _epsilon_by_hand(z: float, sigma: float, rate: float, rounds: int, steps: in
 
 
 def test_the_plan_spends_its_budget_by_dp_accounting() -> None:
-    plan = vgm2_dp_plan(1.0, 1e-5, "local", 4, 20, 0.1, 1.0, 0.9, 3, 0)
+    plan = vgm2_dp_plan(1.0, 1e-5, "local", 4, 20, 0.1, 1.0, 0.9, 3)
     z, sigma = plan.policy.noise_multiplier, plan.sgd.noise_multiplier
     spent = _epsilon_by_hand(z, sigma, 0.1, 4, 20)
     assert 0.97 <= spent <= 1.0 + 1e-6
     assert (plan.sgd.steps, plan.sgd.sample_rate, plan.sgd.clip_norm) == (20, 0.1, 1.0)
-    assert plan.policy.max_releases == 4 and plan.policy.mode == "local"
+    assert plan.releases == 4 and plan.policy.mode == "local"
+    assert (plan.policy.epsilon, plan.policy.delta) == (1.0, 1e-5)  # the client's own budget
     # the learners' share of mu^2 (Gaussian DP) is 0.9: the count's noise is the larger
     assert (8 * z) ** -2 * 4 < 0.2 * _gdp_mu(1.0) ** 2
     with pytest.raises(ValueError, match="rounds >= 1"):
-        vgm2_dp_plan(1.0, 1e-5, "local", 4, 0, 0.1, 1.0, 0.9, 3, 0)
+        vgm2_dp_plan(1.0, 1e-5, "local", 4, 0, 0.1, 1.0, 0.9, 3)
 
 
 def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:
@@ -55,7 +56,7 @@ def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:
 def test_privacy_spent_counts_the_rounds_that_ran() -> None:
     clf = VGM2Classifier(dp_epsilon=2.0, rounds=5, local_epochs=1, dp_sample_rate=0.2)
     clf.n_clients_ = 3
-    plan = clf._dp_plan(0)
+    plan = clf._dp_plan()
     clf.history_ = [{"kind": "vgm2"}] * 3 + [{"kind": "vgm2", "failed": True}]
     clf._set_privacy_spent(plan)
     record = clf.privacy_spent_
@@ -67,7 +68,7 @@ def test_privacy_spent_counts_the_rounds_that_ran() -> None:
     assert record["sgd_steps"] == 3 * plan.sgd.steps == 3 * 5  # ceil(1 / 0.2) per round
     assert record["planned_releases"] == 5 and record["mode"] == "central"
     clf.set_params(dp_epsilon=None)
-    clf._set_privacy_spent(clf._dp_plan(0))
+    clf._set_privacy_spent(clf._dp_plan())
     assert not hasattr(clf, "privacy_spent_")
 
 

@@ -276,9 +276,10 @@ def dp_from_node_config(node_config: Mapping[str, Any]) -> DPPolicy | None:
 def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSettings | None]:
     """:func:`dp_from_node_config` and, with ``dp-sgd-steps`` (the steps of one round), the
     node's DP-SGD for the learners it sends: Poisson rate ``dp-sample-rate`` (default 0.05),
-    gradient clip ``dp-sgd-clip`` (1.0), over ``dp-learner-rounds`` of its releases (default
-    all), ``dp-learner-share`` of the budget (0.5); ``z`` and ``sigma`` are then calibrated
-    together (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`)."""
+    gradient clip ``dp-sgd-clip`` (1.0), public divisor of a step's noisy sum
+    ``dp-sgd-batch`` (32), over ``dp-learner-rounds`` of its releases (default all),
+    ``dp-learner-share`` of the budget (0.5); ``z`` and ``sigma`` are then calibrated together
+    (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`)."""
     if not any(key.startswith("dp-") for key in node_config):
         return None, None
     missing = [key for key in DP_KEYS if key not in node_config]
@@ -307,7 +308,8 @@ def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSett
             ) from None
         blocks = release_blocks(releases, rounds)
         z, sigma = calibrate_learning(epsilon, delta, blocks, rounds * steps, rate, share)
-        sgd = DPSGDSettings(sigma, sgd_clip, rate, steps)
+        batch = float(node_config.get("dp-sgd-batch", 32.0))  # the public divisor
+        sgd = DPSGDSettings(sigma, sgd_clip, rate, steps, expected_batch=batch)
     else:
         z = calibrate_noise(epsilon, delta, releases)
     dp = DPPolicy(
