@@ -441,3 +441,37 @@ def test_an_em_log_likelihood_probe_gives_no_far_row():
     reply = algorithm.answer(SEVEN, message, ClientContext(0, policy=POLICY))
     assert not reply.scalars.get("skipped")
     assert abs(far_row_from(float(reply.tensors["log_likelihood"])) - 10.37) > 3.0
+
+
+def test_blanked_entries_carry_no_sign():
+    """An entry below the floor leaves as +0.0: blanked as ``value * 0`` a negative value
+    went out as -0.0, so a server choosing the shift read sign(x - shift) of a lone far row
+    per feature, one bit a round, and had the row after 48 rounds."""
+    reply = Message(
+        "em",
+        {"counts": torch.tensor([9.0, 1.0]), "sums": torch.tensor([[1.0, -2.0], [-3.0, 4.0]])},
+        backing={"counts": torch.tensor([9.0, 1.0]), "sums": torch.tensor([9.0, 1.0])},
+    )
+    spec = _spec("em", {"counts": "components", "sums": "components"})
+    out = release(reply, spec, POLICY, None, None)
+    assert out.tensors["sums"][1].tolist() == [0.0, 0.0]
+    assert not bool(torch.signbit(out.tensors["sums"][1]).any())
+    # end to end: a component holding one far row, the shift beyond it on every feature
+    rng = np.random.default_rng(0)
+    X = torch.as_tensor(np.vstack([rng.normal(size=(30, 3)), [[40.0, -40.0, 40.0]]]))
+    algorithm = FederatedEM(
+        2,
+        weights_init=[0.5, 0.5],
+        means_init=[[0.0, 0.0, 0.0], [40.0, -40.0, 40.0]],
+        precisions_init=np.stack([np.eye(3)] * 2),
+    )
+    message = algorithm.configure(algorithm.start())
+    for shift in ([41.0, -39.0, 39.0], [39.0, -41.0, 41.0]):
+        crafted = Message(
+            message.kind, {**message.tensors, "shift": torch.tensor(shift)}, dict(message.scalars)
+        )
+        released = algorithm.answer(X, crafted, ClientContext(0, policy=POLICY))
+        lone = int(released.tensors["counts"].argmin())
+        assert float(released.tensors["counts"][lone]) == 0.0
+        assert not bool(torch.signbit(released.tensors["sums"][lone]).any())
+        assert not bool(torch.signbit(released.tensors["second"][lone]).any())
