@@ -53,6 +53,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
+from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._probability import finite_moments, outlier_labels, outlier_probability
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
@@ -330,6 +331,8 @@ class SimulatedFitMixin:
         codes = self._label_codes(y, array.shape[0])
         client_ids, group_codes = check_groups(groups, array.shape[0])
         self.n_features_in_ = array.shape[1]
+        if getattr(self, "dp_epsilon", None) is not None:
+            check_delta(self.dp_delta, array.shape[0])
         names = feature_names(X)
         if names is not None:
             self.feature_names_in_ = names
@@ -514,10 +517,15 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         return self._fit(X, None, groups, callbacks)
 
     def _after_fit(self, array: np.ndarray, group_codes: np.ndarray) -> None:
-        """PyOD's ``decision_scores_``, ``threshold_`` and ``labels_`` on the training rows."""
+        """PyOD's ``decision_scores_``, ``threshold_`` and ``labels_`` on the training rows;
+        after a private fit (``privacy_spent_``) the threshold is the exponential
+        mechanism's quantile (:func:`private_threshold`), charged to the budget."""
         self._classes = 2  # PyOD's predict_proba reads it
         self.decision_scores_ = self.decision_function(array)
         self._process_decision_scores()
+        if hasattr(self, "privacy_spent_"):
+            self.threshold_ = private_threshold(self)
+            self.labels_ = (self.decision_scores_ > self.threshold_).astype(int)
 
     def _set_mixture(self, params: MixtureParams) -> None:
         """Store a fitted mixture and its scikit-learn-named numpy attributes."""
@@ -649,6 +657,12 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
         self._check_fitted()
         if method not in ("linear", "unify"):
             raise ValueError(f"method must be 'linear' or 'unify', got {method!r}.")
+        if not hasattr(self, "decision_scores_"):
+            raise ValueError(
+                "this private model was loaded from a file, which keeps no training scores "
+                "(an exact score per training row would leave with the model); predict_proba "
+                "scales by them: use predict (the private threshold_) or decision_function."
+            )
         array = self._checked_array(X)
         anomaly = outlier_probability(
             np.asarray(self.decision_function(array), dtype=np.float64),
@@ -675,7 +689,9 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
     def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor and JSON attribute ``save`` writes (the common ones, then the
         subclass's ``_get_state``)."""
-        tensors = {"decision_scores": torch.as_tensor(self.decision_scores_)}
+        # a private model's file keeps no exact value of a training row: no per-row score
+        private = hasattr(self, "privacy_spent_")
+        tensors = {} if private else {"decision_scores": torch.as_tensor(self.decision_scores_)}
         attrs = {
             "n_features_in_": self.n_features_in_,
             "feature_names_in_": (
@@ -729,6 +745,11 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
             self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
         elif hasattr(self, "privacy_spent_"):
             del self.privacy_spent_
+        if hasattr(self, "privacy_spent_") and "decision_scores" not in tensors:
+            for name in ("decision_scores_", "labels_", "_mu", "_sigma"):
+                self.__dict__.pop(name, None)  # a private file holds no training scores
+            self._classes = 2
+            return
         scores = get_tensor(tensors, "decision_scores", allow_inf=True)
         if scores.ndim != 1 or scores.shape[0] == 0:
             raise ModelFormatError(

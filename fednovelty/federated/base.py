@@ -273,8 +273,10 @@ class FederatedAlgorithm(ABC):
         replies = self.client_steps(items, message)
         spec = self.reply_spec(message.kind)
         out = []
-        for reply, (_, context) in zip(replies, items, strict=True):
-            released = release(reply, spec, context.policy, self.config, message, context)
+        for reply, (data, context) in zip(replies, items, strict=True):
+            rows = data[0] if isinstance(data, tuple | list) else data
+            shape = tuple(getattr(rows, "shape", ())) or None
+            released = release(reply, spec, context.policy, self.config, message, context, shape)
             wire_dtype = getattr(self.config, "wire_dtype", None)
             out.append(pack(released, wire_dtype) if context.wire else released)
         return out

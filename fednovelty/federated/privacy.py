@@ -597,6 +597,45 @@ def winsorised_row_values(
     return kept, rows
 
 
+#: the private forms a client with no rows answers with the noise alone.
+SUMMED_FORMS = ("stats", "moments", "scatter")
+
+
+def _empty_reply(
+    reply: Any,
+    spec: ReplySpec,
+    policy: PrivacyPolicy,
+    config: Any,
+    broadcast: Any,
+    rows_shape: tuple[int, ...] | None,
+) -> Any:
+    """Under a differential-privacy policy, the reply of a client with no rows to a round of
+    a summed private form: zeros of the declared shapes, each backed by no row, for the gate
+    to release with its noise; ``None`` otherwise (the skip stands)."""
+    if policy.dp is None or rows_shape is None or rows_shape[0] != 0 or broadcast is None:
+        return None
+    if spec.private not in SUMMED_FORMS:
+        return None
+    # the broadcast's expectations are the server's (never sent): the client's own config
+    known = {"covariance_type": getattr(config, "covariance_type", None)}
+    expect = {k: v for k, v in known.items() if v is not None}
+    probe = replace(broadcast, expect={**expect, **dict(broadcast.expect)})
+    try:
+        shapes = spec.shapes(probe, int(rows_shape[1]))
+    except (KeyError, TypeError, ValueError):  # shapes the client cannot tell: skip stands
+        return None
+    if any(not isinstance(n, int) for shape in shapes.values() for n in shape):
+        return None
+    dtype = getattr(config, "dtype", torch.float64)
+    device = getattr(config, "device", torch.device("cpu"))
+    tensors = {
+        name: torch.zeros(tuple(shape), dtype=dtype, device=device)
+        for name, shape in shapes.items()
+    }
+    nothing = torch.tensor(0.0, dtype=torch.float64)
+    return type(reply)(reply.kind, tensors, {}, backing=dict.fromkeys(tensors, nothing))
+
+
 def _refused(reply: Any, reason: str) -> Any:
     """A skipped reply of ``reply``'s kind (and its message class) giving ``reason``."""
     return type(reply)(reply.kind, scalars={"skipped": True, "reason": reason})
@@ -609,6 +648,7 @@ def release(
     config: Any,
     broadcast: Any,
     client: Any = None,
+    rows_shape: tuple[int, ...] | None = None,
 ) -> Any:
     """The client gate: what of a client step's ``reply`` leaves the client.
 
@@ -656,6 +696,11 @@ def release(
         client: the client's ``ClientContext`` (its ``client_id`` and its ``ledger``,
             charged with every noisy release and replaced by the charged one), or ``None``:
             a one-off release from an empty ledger.
+        rows_shape: the shape of the client's rows ``(n_samples, n_features)``; under a
+            differential-privacy policy a client with no rows answers a ``"stats"``,
+            ``"moments"`` or ``"scatter"`` round with the noise alone (zeros of the declared
+            shapes through the private form), like any other client, instead of skipping:
+            a skip would tell the server it has no rows.
 
     Returns:
         The released ``Message`` (same kind and scalars, tensors floored, no ``backing``),
@@ -663,7 +708,10 @@ def release(
         A skipped reply passes as it is (without ``backing``).
     """
     if reply.scalars.get("skipped"):
-        return type(reply)(reply.kind, scalars=dict(reply.scalars))
+        empty = _empty_reply(reply, spec, policy, config, broadcast, rows_shape)
+        if empty is None:
+            return type(reply)(reply.kind, scalars=dict(reply.scalars))
+        reply = empty
     where = f"the client's {reply.kind!r} reply"
     unclassified = sorted(name for name in reply.tensors if spec.backing_of(name) is None)
     if unclassified:

@@ -105,6 +105,7 @@ class RoundRecord:
             "bytes_up": self.bytes_up,
             "seconds": self.seconds,
             "n_dropped": len(self.dropped),
+            "n_skipped": len(self.skipped),
             "failed": self.failed,
             "restarted": bool(self.restarted),
             **self.metrics,

@@ -47,7 +47,8 @@ def test_the_fit_spends_its_budget_and_no_more(task):
     # independently: the fit is a composition of 3 * releases Gaussian mechanisms of
     # multiplier z (the block split keeps that), i.e. mu-GDP with mu = sqrt(3 r) / z
     mu = math.sqrt(3 * spent["releases"]) / spent["noise_multiplier"]
-    assert _gdp_delta(spent["epsilon"], mu) == pytest.approx(1e-5, rel=0.05)
+    rounds = spent["epsilon"] - spent["threshold_epsilon"]  # the threshold's share apart
+    assert _gdp_delta(rounds, mu) == pytest.approx(1e-5, rel=0.05)
     assert sum(1 / share**2 for share in BLOCK_SPLIT.values()) == pytest.approx(3, rel=1e-12)
     assert spent["mode"] == "central" and spent["clip"] == pytest.approx(1.5 * math.sqrt(D))
     assert det.lower_bounds_ == []  # the clients withhold their log-likelihoods
@@ -121,3 +122,60 @@ def test_auto_clipping_is_the_box_radius_without_standardisation(task):
     boxed = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS, standardize=False, max_iter=2)
     assert boxed.privacy_spent_["clip"] == pytest.approx(math.sqrt(D))
     assert boxed.privacy_spent_["releases"] == 1 + 2 + 2  # the prior's moments round stays
+
+
+def test_distributed_mode_reports_the_epsilon_its_sums_achieved(task):
+    """Each client adds z / sqrt(m): with half the clients asked each round a sum carries
+    z / sqrt(2), so the fit spends more than its budget, and privacy_spent_ says so (before,
+    it reported the planned epsilon whatever the sums held)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # distributed without a secure sum: named warning
+        full = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="distributed")
+        half = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="distributed", fraction=0.5)
+    clients = full.privacy_spent_["n_clients"]
+    assert full.privacy_spent_["min_senders"] == clients
+    assert full.privacy_spent_["epsilon"] <= 1.0
+    assert half.privacy_spent_["min_senders"] == clients // 2
+    # every round's sum held half the noise variance: mu^2 doubles
+    mu = math.sqrt(2 * (1 + 2 + 8) * 3) / half.privacy_spent_["noise_multiplier"]
+    spent = half.privacy_spent_
+    assert spent["epsilon"] > 1.0
+    assert _gdp_delta(spent["epsilon"] - spent["threshold_epsilon"], mu) == pytest.approx(
+        1e-5, rel=0.05
+    )
+
+
+def test_a_private_model_leaves_no_exact_training_value(task, tmp_path):
+    """The threshold is the exponential mechanism's quantile on the public grid (charged:
+    threshold_epsilon of the budget), the file keeps no per-row score (before: one exact
+    score per training row and the exact quantile), and a loaded private model predicts by
+    the private threshold and names why it cannot give predict_proba."""
+    from fednovelty.detectors import FedGMMDetector
+    from fednovelty.detectors._dp import THRESHOLD_SHARE
+    from fednovelty.federated.dp_quantile import score_grid
+
+    det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+    spent = det.privacy_spent_
+    assert spent["threshold_epsilon"] == pytest.approx(THRESHOLD_SHARE)
+    assert spent["epsilon"] <= 1.0 + 1e-9
+    grid = score_grid(-det._log_density_bound())
+    assert np.isclose(grid, det.threshold_, rtol=0, atol=1e-9 * abs(det.threshold_)).any()
+    exact = np.quantile(det.decision_scores_, 1 - det.contamination)
+    assert abs(np.mean(det.decision_scores_ <= det.threshold_) - (1 - det.contamination)) < 0.1
+    assert det.threshold_ != exact
+    det.save(tmp_path / "m")
+    loaded = FedGMMDetector.load(tmp_path / "m")
+    assert not hasattr(loaded, "decision_scores_") and loaded.threshold_ == det.threshold_
+    X = task[0][:50]
+    np.testing.assert_array_equal(loaded.predict(X), det.predict(X))
+    with pytest.raises(ValueError, match="keeps no training scores"):
+        loaded.predict_proba(X)
+
+
+def test_delta_above_one_over_the_rows_is_named(task):
+    from fednovelty.detectors._dp import DeltaAboveRowsWarning
+
+    with pytest.warns(DeltaAboveRowsWarning, match="dp_delta=0.01 is above 1/n"):
+        _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_delta=1e-2)

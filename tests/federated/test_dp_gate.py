@@ -310,3 +310,31 @@ def test_central_mode_noises_the_pooled_moments_too():
     assert torch.equal(offset(0), offset(0))
     assert not torch.allclose(offset(0), offset(1))
     assert not torch.allclose(offset(None), offset(None))
+
+
+def test_an_empty_client_sends_noise_like_the_others():
+    """Under DP a client with no rows answers every summed round with the noise alone and
+    pays for it, so the server cannot tell 0 rows from 1 (before: it skipped, by name)."""
+    algorithm = FederatedEM(
+        2,
+        bounds=([-4.0] * 3, [4.0] * 3),
+        standardize=True,
+        kmeans_rounds=1,
+        max_iter=2,
+        dp_mode="local",
+        dp_noise_multiplier=2.0,
+        dp_clip=3.0,
+    )
+    policy = PrivacyPolicy(dp=DPPolicy(2.0, 3.0, "local"))
+    clients = [torch.as_tensor(_rows(100, s)) for s in range(3)]
+    clients.append(torch.zeros(0, 3, dtype=F64))
+    result = run_simulation(algorithm, clients, privacy=policy)
+    assert all(len(r.replied) == 4 and not r.skipped for r in result.history)
+    assert result.ledgers[3] == result.ledgers[0]  # the same releases, the same cost
+    # one noisy release of zeros: the statistics are the noise alone
+    given = _em(dp_mode="local", dp_noise_multiplier=2.0, dp_clip=3.0)
+    empty = torch.zeros(0, 3, dtype=F64)
+    message = given.configure(given.start())
+    reply = given.answer(empty, message, ClientContext(0, policy=policy))
+    assert not reply.scalars.get("skipped") and reply.tensors["counts"].shape == (2,)
+    assert float(reply.tensors["counts"].abs().max()) > 0
