@@ -24,6 +24,7 @@ from fednovelty.detectors._params import (
     N_COMPONENTS,
     PRIOR,
     PRIVACY,
+    ROBUST,
     RUNTIME,
     START,
     Param,
@@ -80,7 +81,9 @@ class FedMFADetector(MixtureDetector):
     Use it for wide rows (embeddings, more than a few dozen features) where a full
     covariance's ``d (d + 1) / 2`` parameters per component are more than the rows support;
     on 512-d image embeddings it matches the full model's AUROC at a fraction of its time
-    (``docs/low_rank.md``). Rounds of the fit have no differential-privacy form.
+    (``docs/low_rank.md``). Rounds of the fit have no differential-privacy form. With
+    ``aggregation="trimmed"`` one lying client of ten (every sum over rows x 1e10) leaves the
+    AUROC of the fit without it, where the plain sum loses it (``docs/robust.md``).
 
     Attributes:
         model_: the fitted :class:`~fednovelty.mixture.factor.FactorParams` (user units).
@@ -137,6 +140,7 @@ class FedMFADetector(MixtureDetector):
         *KMEANS,
         *START[:2],  # weights_init, means_init: the k-means start's centres
         PRIOR,
+        ROBUST,
         PRIVACY,
         DETECTOR,
         RUNTIME,
@@ -146,6 +150,9 @@ class FedMFADetector(MixtureDetector):
             "log-likelihood (``docs/low_rank.md``); raise it to run EM to ``tol``.",
             "prior_strength": "Here the prior is on the noise variances ``psi`` only (the "
             "loadings are maximum likelihood).",
+            "aggregation": 'Here ``"sum"`` or ``"trimmed"``, which makes every round robust '
+            "to a lying client: the sketches and factor statistics are combined per "
+            "component as federated EM's statistics are.",
         },
         positional=2,
     )

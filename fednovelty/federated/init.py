@@ -72,6 +72,7 @@ from fednovelty.federated.privacy import (
     stats_backing,
     trimmed_range,
 )
+from fednovelty.federated.private_robust import private_trimmed_moments, private_trimmed_stats
 from fednovelty.federated.robust import coordinate_median, outlying_points, robust_stats
 from fednovelty.federated.steps import Step
 from fednovelty.federated.validation import (
@@ -184,12 +185,15 @@ class PrivateSettings(Settings):
     ``dp_clip`` (``B``, the rows' clipping radius). With ``dp_mode`` set the server reads
     noisy sums: it post-processes them into statistics rows in the clipping ball could
     produce, runs a fixed number of rounds (no stopping rule on a withheld log-likelihood)
-    and its gate checks private replies for form and finiteness only. The plain sum is what
-    the noise is calibrated for: a robust ``aggregation`` or a ``client_weight_cap`` is
-    refused with ``dp_mode``. ``dp_insecure_seed`` is for tests only: the trusted server's
-    ``"central"`` noise drawn from it (:class:`~fednovelty.federated.noise.SeededNoise`),
-    reproducible by whoever knows it, so a fit with it has no privacy guarantee; ``None``
-    (the default): fresh OS entropy, never ``random_state``."""
+    and its gate checks private replies for form and finiteness only. A robust option is
+    allowed where it keeps the guarantee (``docs/differential_privacy.md``, robust
+    aggregation of private replies): ``aggregation="trimmed"`` (or ``"median"`` where the
+    algorithm has it) in ``"central"`` and ``"local"`` mode, ``client_weight_cap`` in
+    ``"local"`` mode only, neither in ``"distributed"`` mode. ``dp_insecure_seed`` is for
+    tests only: the trusted server's ``"central"`` noise drawn from it
+    (:class:`~fednovelty.federated.noise.SeededNoise`), reproducible by whoever knows it, so
+    a fit with it has no privacy guarantee; ``None`` (the default): fresh OS entropy, never
+    ``random_state``."""
 
     dp_mode: str | None = None
     dp_noise_multiplier: float = 0.0
@@ -207,11 +211,29 @@ class PrivateSettings(Settings):
         if not float(self.dp_clip) > 0:
             raise ValueError(f"dp_clip must be > 0, got {self.dp_clip!r}.")
         self._set("dp_clip", float(self.dp_clip))
-        robust = getattr(self, "aggregation", "sum") != "sum"
-        if self.private and (robust or getattr(self, "client_weight_cap", None) is not None):
+        if self.private:
+            self._check_private_robust()
+
+    def _check_private_robust(self) -> None:
+        """Refuse, by name, a robust option that ``dp_mode`` cannot keep private: in
+        ``"distributed"`` mode each reply carries a share of the noise and only the sum
+        carries all of it, so any other combination of the replies would release less
+        noise than the guarantee needs; a ``client_weight_cap`` reads the row counts, exact
+        in ``"central"`` mode, where one row could then move every capped client's weight
+        (in ``"local"`` mode they are noisy, and the cap is post-processing)."""
+        aggregation = getattr(self, "aggregation", "sum")
+        if aggregation != "sum" and self.dp_mode == "distributed":
             raise ValueError(
-                "differential privacy adds noise to the plain sum of the clients' statistics; "
-                'use aggregation="sum" and client_weight_cap=None with dp_mode set.'
+                f'aggregation="{aggregation}" combines the clients\' replies, each of which '
+                'carries only a share of the noise in dp_mode="distributed"; only their sum '
+                'is private. Use aggregation="sum", or dp_mode="central" or "local".'
+            )
+        if getattr(self, "client_weight_cap", None) is not None and self.dp_mode != "local":
+            raise ValueError(
+                f"client_weight_cap reads the clients' row counts, which are exact in "
+                f'dp_mode="{self.dp_mode}": one row could move every capped client\'s '
+                "weight, beyond the sensitivity the noise is calibrated for. Use it with "
+                'dp_mode="local" (noisy row counts), or aggregation="trimmed".'
             )
 
     @property
@@ -296,10 +318,15 @@ def combine_stats(
     """The M-step's statistics from the clients' replies about ``shift`` (n_features,): the
     plain sum, or the robust combination ``aggregation="trimmed"``
     (:func:`~fednovelty.federated.robust.robust_stats`). With the clients' noisy statistics
-    (``config.dp_mode``) the sum, the trusted server's noise in ``"central"`` mode (drawn
-    from the round's seed after ``state.rounds``) and :func:`private_stats`."""
+    (``config.dp_mode``) the sum, or under ``"trimmed"`` the trimmed sum
+    (:func:`~fednovelty.federated.private_robust.private_trimmed_stats`), then the trusted
+    server's noise in ``"central"`` mode (drawn after ``state.rounds``) and
+    :func:`private_stats`."""
     if getattr(config, "dp_mode", None) is not None:
-        stats = sum_stats(replies.values(), shift, config.covariance_type, noisy=True)
+        if config.aggregation == "trimmed":
+            stats = private_trimmed_stats(replies, shift, config.covariance_type, config.trim)
+        else:
+            stats = sum_stats(replies.values(), shift, config.covariance_type, noisy=True)
         return private_stats(stats, config, len(replies), state)
     if config.aggregation == "sum":
         return sum_stats(replies.values(), shift, config.covariance_type)
@@ -472,7 +499,10 @@ def pooled_moments(replies: dict[int, Message], config: EMConfig) -> FeatureMome
     with a robust option on (``aggregation`` other than ``"sum"``, or a
     ``client_weight_cap``), :func:`~fednovelty.federated.plausible.robust_moments` (the
     coordinate-wise median for ``"median"``, else the trimmed mean with ``trim``), so one
-    client cannot move the standardisation far."""
+    client cannot move the standardisation far. Under ``dp_mode`` a robust ``aggregation``
+    is the coordinate-wise trimmed sum of the clients' counts, sums and sums of squares
+    about the clipping centre (:func:`~fednovelty.federated.private_robust.
+    private_trimmed_moments`), which one row moves no more than the plain sum."""
     parts = [
         FeatureMoments(
             *(m.tensors[k].to(config.device, config.dtype) for k in ("n_samples", "mean", "m2"))
@@ -481,6 +511,8 @@ def pooled_moments(replies: dict[int, Message], config: EMConfig) -> FeatureMome
     ]
     if config.aggregation == "sum" and config.client_weight_cap is None:
         return merge_moments(parts)
+    if getattr(config, "dp_mode", None) is not None and config.aggregation != "sum":
+        return private_trimmed_moments(parts, config.trim)
     method = "median" if config.aggregation == "median" else "trimmed"
     n, mean, m2 = (torch.stack([getattr(p, k) for p in parts]) for k in ("n_samples", "mean", "m2"))
     return robust_moments(n, mean, m2, method, config.trim)

@@ -9,6 +9,15 @@ one mixture of the wanted K on them (:func:`reduce_union`). Nothing but paramete
 counts crosses the wire. A component is backed by its share of the client's rows
 (:func:`local_fit_backing`); the client gate drops the ones under the privacy floor.
 
+A lying client's local fit is screened on the server, by name, under every aggregation: a
+reply whose mixture as a whole no honest federation produces (the round loop's gross screen,
+:func:`~fednovelty.federated.plausible.gross_screen`) or, after a moments round, whose
+component means leave the box of the moments the client declared (``box="means"``) is
+dropped from the round's record; a component that alone is implausible against all the
+clients' components is left out of the union with an
+:class:`~fednovelty.federated.plausible.ImplausibleComponentWarning`
+(:func:`~fednovelty.federated.plausible.screen_local_fits`).
+
 As a start for federated EM, the reduced union lands near a maximum of the pooled likelihood
 in one round, where federated k-means needs up to ``kmeans_rounds`` + 1 rounds and EM then
 tens of rounds (``docs/speed.md``, few rounds); the exact EM rounds that follow are those of
@@ -31,6 +40,7 @@ from fednovelty.federated.base import (
     skipped_reply,
 )
 from fednovelty.federated.declarations import ReplySpec, declare
+from fednovelty.federated.plausible import screen_local_fits
 from fednovelty.federated.privacy import client_backing, unfloored
 from fednovelty.federated.steps import Step
 from fednovelty.federated.validation import (
@@ -194,13 +204,17 @@ LOCAL_FIT_BACKING = {
     "n_samples": "client",
 }
 
-#: a ``oneshot`` reply: a client's local mixture as the start of federated EM.
+#: a ``oneshot`` reply: a client's local mixture as the start of federated EM; its
+#: component means are weighted means of the client's rows, so they lie in the box of the
+#: moments the client declared in the moments round, where one ran first.
 ONE_SHOT_REPLY = ReplySpec(
     "oneshot",
     shapes=local_fit_shapes,
     checks=(check_local_fit,),
     backing=LOCAL_FIT_BACKING,
     limit=one_shot_limit,
+    box="means",
+    points=("means",),
     components=lambda setting: max(1, int(setting("n_components") or 1)),
     covariance=True,
 )
@@ -213,9 +227,11 @@ class OneShotStart(Step):
     Every client fits ``min(n_components, n_rows // min_rows)`` components to its rows in the
     rounds' units (z-scores after a standardising moments round; with ``standardize`` each
     fit also standardises its own rows), by maximum likelihood with ``reg_covar`` and no
-    covariance prior, to ``LOCAL_TOL`` or ``LOCAL_MAX_ITER`` iterations; the server reduces
-    the union of the replies to ``n_components`` components (:func:`reduce_union`, the same
-    fit) and sets ``state.params``. The EM rounds that follow apply the configured prior.
+    covariance prior, to ``LOCAL_TOL`` or ``LOCAL_MAX_ITER`` iterations; the server leaves
+    out the components no honest rows produce (module docstring; their count is the
+    round's ``n_components_left_out``), reduces the union of the rest to ``n_components``
+    components (:func:`reduce_union`, the same fit) and sets ``state.params``. The EM rounds
+    that follow apply the configured prior.
     """
 
     kinds = ("oneshot",)
@@ -273,16 +289,17 @@ class OneShotStart(Step):
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
         config = self.config
-        models, sizes = [], []
-        for reply in replies.values():
+        models, sizes = {}, {}
+        for cid, reply in sorted(replies.items()):
+            if reply.scalars.get("skipped", False):
+                continue
             t = {k: v.to(config.device, config.dtype) for k, v in reply.tensors.items()}
-            models.append(
-                MixtureParams(
-                    t["weights"], t["means"], t["precisions_cholesky"], config.covariance_type
-                )
+            models[cid] = MixtureParams(
+                t["weights"], t["means"], t["precisions_cholesky"], config.covariance_type
             )
-            sizes.append(float(t["n_samples"]))
-        n_union = sum(m.n_components for m in models)
+            sizes[cid] = float(t["n_samples"])
+        models, sizes, left_out = screen_local_fits(models, sizes, "oneshot")
+        n_union = sum(m.n_components for m in models.values())
         if n_union < config.n_components:
             raise ValueError(
                 f"the clients sent {n_union} local component(s) in all but n_components="
@@ -290,12 +307,18 @@ class OneShotStart(Step):
                 'init_params="kmeans".'
             )
         generator = torch.Generator().manual_seed(self._seed(state) ^ 0x5EED)
+        ids = sorted(models)
         result, _, synthetic = reduce_union(
-            models, sizes, [config.n_components], ONE_SHOT_SAMPLES, self._settings(generator)
+            [models[c] for c in ids],
+            [sizes[c] for c in ids],
+            [config.n_components],
+            ONE_SHOT_SAMPLES,
+            self._settings(generator),
         )
         state.params = result.params
         return None, {
             "phase": "oneshot",
             "n_synthetic": int(synthetic.shape[0]),
             "n_union": n_union,
+            "n_components_left_out": sum(len(v) for v in left_out.values()),
         }

@@ -103,6 +103,10 @@ EXTENSIVE: tuple[str, ...] = (
     "far_sums",
     "far_second",
     "scatter",
+    "xz",
+    "sum_z",
+    "zz",
+    "sketch",
 )
 
 
@@ -164,44 +168,34 @@ def _keep_nearest(means: Tensor, present: Tensor, trim: float) -> Tensor:
     return keep
 
 
-def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> SufficientStats:
-    """The statistics the M-step sees under the trimmed combination.
+def trimmed_factors(counts: Tensor, sums: Tensor, n: Tensor, trim: float) -> tuple[Tensor, Tensor]:
+    """How the trimmed combination weighs every client's statistics of every component.
 
     Per component ``k``, every client's share of its rows ``counts_ck / n_c`` is combined by
-    a trimmed mean over clients (the ``floor(trim * C)`` highest and lowest values dropped).
-    The component's mean and covariance come from the summed statistics of the clients that
-    hold at least one row's worth of it, less the ``floor(trim * C_k)`` whose own component
-    mean lies farthest from the coordinate-wise median of theirs, scaled to the combined
-    weight.
+    a trimmed mean over clients (the ``floor(trim * C)`` highest and lowest values dropped);
+    the component's statistics are those of the clients that hold at least one row's worth
+    of it, less the ``floor(trim * C_k)`` whose own component mean lies farthest from the
+    coordinate-wise median of theirs, scaled to the combined weight.
 
     Args:
-        per_client: client id -> its (possibly weight-capped) statistics about one shift.
+        counts: (n_clients, n_components); sums: (n_clients, n_components, n_features)
+            about one shift; n: (n_clients,) row counts.
         trim: share of clients dropped at each end, in [0, 0.5).
 
     Returns:
-        ``SufficientStats`` whose component ``k`` has count ``N * w_k`` (``N = C`` times
-        the trimmed mean of the clients' row counts: the plain total when they agree;
-        ``w`` the trimmed shares, normalised) and the mean and covariance of the kept
-        clients' rows of that component; the row count is ``N`` and the log-likelihood
-        ``N`` times the trimmed mean of the clients' per-row log-likelihoods.
+        ``(factors, total)``: factors (n_clients, n_components), 0 for a client left out of
+        a component, so that component ``k`` of the combination of any per-component sum
+        over rows ``T`` (n_clients, n_components, ...) is ``sum_c factors[c, k] T[c, k]``;
+        total (), the rows the combination stands for (``C`` times the trimmed mean of the
+        row counts: the plain total when they agree, so a claimed count does not set it).
     """
-    ids = sorted(per_client)
-    stats = [per_client[c] for c in ids]
-    counts = torch.stack([s.counts for s in stats])  # (C, K)
-    n = torch.stack([s.n_samples for s in stats]).clamp_min(1e-300)  # (C,)
+    n = n.clamp_min(1e-300)
     combined = trimmed_mean(counts / n.unsqueeze(1), trim)
     if float(combined.sum()) <= 0:
         combined = (counts / n.unsqueeze(1)).mean(0)
     weights = combined / combined.sum()
-    # the rows the combination stands for: the trimmed mean client's, times the clients
-    # (the plain sum when trim is 0), so a claimed row count does not set the scale
     total = n.shape[0] * trimmed_mean(n, trim)
-    log_likelihoods = torch.stack([s.log_likelihood for s in stats])  # (C,)
-    sums = torch.stack([s.sums for s in stats])  # (C, K, d)
-    seconds = torch.stack([s.second for s in stats])
-    tied = stats[0].covariance_type == "tied"
-    new_counts, new_sums = torch.zeros_like(stats[0].counts), torch.zeros_like(stats[0].sums)
-    new_second = torch.zeros_like(stats[0].second)
+    factors = torch.zeros_like(counts)
     for k in range(counts.shape[1]):
         present = counts[:, k] >= 1.0  # at least one row's worth of the component
         if not bool(present.any()):
@@ -209,24 +203,101 @@ def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> Suff
         means = sums[:, k] / counts[:, k].clamp_min(1e-300).unsqueeze(1)
         keep = _keep_nearest(means, present, trim)
         kept_count = counts[keep, k].sum()
-        if float(kept_count) <= 0:
-            continue
-        factor = total * weights[k] / kept_count
-        new_counts[k] = kept_count * factor
-        new_sums[k] = sums[keep, k].sum(0) * factor
-        if not tied:
-            new_second[k] = seconds[keep, k].sum(0) * factor
-    if tied:  # one scatter of all rows: the plain sum (it carries no component means)
-        new_second = seconds.sum(0)
-    return SufficientStats(
-        counts=new_counts,
-        sums=new_sums,
-        second=new_second,
-        shift=stats[0].shift,
-        log_likelihood=total * trimmed_mean(log_likelihoods / n, trim),
-        n_samples=total,
-        covariance_type=stats[0].covariance_type,
-    )
+        if float(kept_count) > 0:
+            factors[keep, k] = total * weights[k] / kept_count
+    return factors, total
+
+
+def trimmed_combination(
+    stacked: Mapping[str, Tensor], trim: float, pooled: tuple[str, ...] = ()
+) -> dict[str, Tensor]:
+    """The trimmed combination of the clients' summed statistics, any family's.
+
+    Args:
+        stacked: name -> the clients' tensors stacked on dim 0, about one shift. Must hold
+            ``counts`` (C, K), ``sums`` (C, K, d) and ``n_samples`` (C,); may hold
+            ``log_likelihood`` (C,) (combined as ``total`` times the trimmed mean of the
+            clients' per-row log-likelihoods). Every other tensor (C, K, ...) is a sum over
+            rows per component (second moments, factor statistics, sketches), combined by
+            :func:`trimmed_factors`.
+        trim: share of clients dropped at each end, in [0, 0.5).
+        pooled: names of tensors (C, ...) that carry no component (a tied scatter): their
+            plain sum.
+
+    Returns:
+        name -> the combined tensor, each of its clients' shape without dim 0.
+    """
+    counts, n = stacked["counts"], stacked["n_samples"]
+    factors, total = trimmed_factors(counts, stacked["sums"], n, trim)
+    out = {}
+    for name, values in stacked.items():
+        if name in pooled:
+            out[name] = values.sum(0)
+        elif name == "n_samples":
+            out[name] = total.to(values)
+        elif name == "log_likelihood":
+            out[name] = total * trimmed_mean(values / n.clamp_min(1e-300), trim)
+        else:
+            scale = factors.reshape(*factors.shape, *([1] * (values.ndim - 2)))
+            out[name] = (values * scale.to(values)).sum(0)
+    return out
+
+
+def robust_stats(per_client: Mapping[int, SufficientStats], trim: float) -> SufficientStats:
+    """The statistics the M-step sees under the trimmed combination
+    (:func:`trimmed_combination`; a tied second moment, one scatter of all rows that carries
+    no component means, is the plain sum).
+
+    Args:
+        per_client: client id -> its (possibly weight-capped) statistics about one shift.
+        trim: share of clients dropped at each end, in [0, 0.5).
+
+    Returns:
+        ``SufficientStats`` whose component ``k`` has count ``N * w_k`` (``N = C`` times
+        the trimmed mean of the clients' row counts; ``w`` the trimmed shares, normalised)
+        and the mean and covariance of the kept clients' rows of that component; the row
+        count is ``N`` and the log-likelihood ``N`` times the trimmed mean of the clients'
+        per-row log-likelihoods.
+    """
+    stats = [per_client[c] for c in sorted(per_client)]
+    names = ("counts", "sums", "second", "log_likelihood", "n_samples")
+    stacked = {name: torch.stack([getattr(s, name) for s in stats]) for name in names}
+    tied = stats[0].covariance_type == "tied"
+    out = trimmed_combination(stacked, trim, pooled=("second",) if tied else ())
+    return SufficientStats(shift=stats[0].shift, covariance_type=stats[0].covariance_type, **out)
+
+
+def trimmed_sum(values: Tensor, trim: float) -> Tensor:
+    """Sum over dim 0 of ``values`` (n_clients, ...) of every entry's order statistics less
+    the ``floor(trim * n_clients)`` lowest and highest, shape (...); NaN counts as the
+    highest value.
+
+    The sum of the middle order statistics is non-decreasing in every client's entry, and
+    moving one client's entry by ``delta`` moves the ``n`` order statistics by ``delta`` in
+    all, each the same way: so the result moves by at most ``|delta|`` per entry, and a
+    change of one client's tensor moves it by at most that change's L2 norm. A trimmed sum
+    of clipped statistics has the plain sum's sensitivity (``docs/differential_privacy.md``,
+    robust aggregation of private replies).
+    """
+    n = values.shape[0]
+    cut = math.floor(trim * n)
+    ordered = torch.nan_to_num(values, nan=math.inf, posinf=math.inf, neginf=-math.inf)
+    ordered = ordered.sort(0).values
+    return ordered[cut : n - cut].sum(0)
+
+
+def trimmed_sum_stats(per_client: list[SufficientStats], trim: float) -> SufficientStats:
+    """The coordinate-wise :func:`trimmed_sum` of every field of the clients' statistics
+    (all about one shift): the statistics of ``C - 2 floor(trim * C)`` clients' worth of
+    rows, no client's more than its own. Under differential privacy, taken about the
+    clipping centre, it changes with one row by no more than the plain sum does."""
+    names = ("counts", "sums", "second", "log_likelihood", "n_samples")
+    combined = {
+        name: trimmed_sum(torch.stack([getattr(s, name) for s in per_client]), trim)
+        for name in names
+    }
+    first = per_client[0]
+    return SufficientStats(shift=first.shift, covariance_type=first.covariance_type, **combined)
 
 
 def model_summary(params: MixtureParams) -> Tensor:

@@ -20,6 +20,8 @@ statistics no rows have, by name: a sketch beyond Cauchy-Schwarz on its second m
 (:func:`check_sketch`), ``E[z]`` statistics beyond it on the counts and moments
 (:func:`check_factor_stats`), ``E[z z^T]`` larger than the broadcast mixture gives such
 rows (:func:`check_posterior_trace`). The result, ``state.factors``, is in the user's units.
+A consistent liar passes those checks; ``aggregation="trimmed"`` combines the sketches and
+factor statistics per component as federated EM's (:func:`_combined`, ``docs/robust.md``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from fednovelty.federated.init import (
 )
 from fednovelty.federated.mixtures.em import EMState
 from fednovelty.federated.privacy import effective_rows, winsorised_row_values
+from fednovelty.federated.robust import trimmed_combination
 from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.validation import (
     InvalidReplyError,
@@ -116,11 +119,13 @@ class FactorEMConfig(
             at most n_features).
 
     ``covariance_type`` is ``"diag"``: the statistics of the k-means rounds (and the
-    form the server gate checks the first and second moments in). Sums only
-    (``aggregation="sum"``).
+    form the server gate checks the first and second moments in). ``aggregation`` is
+    ``"sum"`` or ``"trimmed"`` (every round robust: the moments, the k-means start, the
+    sketch and the factor statistics, :func:`_combined`); ``client_weight_cap`` scales every
+    sum over rows, the factor statistics included.
     """
 
-    AGGREGATION_CHOICES = ("sum",)
+    AGGREGATION_CHOICES = ("sum", "trimmed")
     COVARIANCE_CHOICES = ("diag",)
 
     n_factors: int
@@ -166,12 +171,21 @@ def sketch_for(config: FactorEMConfig, n_features: int, like: Tensor) -> Tensor:
     return sketch_matrix(n_features, width, generator, like)
 
 
-def _summed(replies: dict[int, Message], names: tuple[str, ...], like: Tensor) -> dict[str, Tensor]:
-    """Each named tensor summed over the replies with rows, in ``like``'s dtype/device."""
+def _combined(
+    replies: dict[int, Message], names: tuple[str, ...], like: Tensor, config: FactorEMConfig
+) -> dict[str, Tensor]:
+    """Each named tensor over the replies with rows, in ``like``'s dtype/device: their sum,
+    or under ``aggregation="trimmed"`` the trimmed combination of federated EM's statistics
+    (:func:`~fednovelty.federated.robust.trimmed_combination`: per component, trimmed
+    shares and the clients whose component mean lies nearest the median; ``sketch``,
+    ``xz``, ``sum_z`` and ``zz`` are sums over a component's rows like its moments)."""
     kept = [m for m in released(replies.values()) if float(m.tensors["n_samples"]) > 0]
     if not kept:
         raise ValueError("no client with rows replied in this round.")
-    return {name: torch.stack([m.tensors[name].to(like) for m in kept]).sum(0) for name in names}
+    stacked = {name: torch.stack([m.tensors[name].to(like) for m in kept]) for name in names}
+    if config.aggregation == "trimmed":
+        return trimmed_combination(stacked, config.trim)
+    return {name: values.sum(0) for name, values in stacked.items()}
 
 
 def subnormal_spacing(dtype: torch.dtype) -> float:
@@ -286,7 +300,7 @@ class FactorStartStep(Step):
         omega = state.omega.to(config.device, config.dtype)
         shift = moment_shift(state.params) if state.params is not None else state.centers.mean(0)
         names = ("counts", "sums", "second", "sketch", "n_samples")
-        t = _summed(replies, names, omega)
+        t = _combined(replies, names, omega, config)
         stats = SketchStats(t["counts"], t["sums"], t["second"], t["sketch"], shift.to(omega))
         state.start = state.factors = factor_params_from_sketch(
             stats,
@@ -477,7 +491,7 @@ class FactorEMStep(Step):
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
         shift = factor_shift(state.factors)
-        t = _summed(replies, FactorStats.SUMMED, shift)
+        t = _combined(replies, FactorStats.SUMMED, shift, config)
         stats = FactorStats(shift=shift, **t)
         state.factors = factor_m_step(
             stats, config.reg_covar, prior=state.prior, isotropic=config.isotropic
