@@ -255,7 +255,9 @@ def dp_plan(
     if private_box:
         settings["bounds"] = PENDING_BOUNDS  # refused by the algorithm until the round ran
     threshold = float(epsilon) - rounds_budget
-    return DPPlan(settings, policy, releases, float(epsilon), delta, sgd, threshold, copies)
+    return DPPlan(
+        settings, policy, releases, float(epsilon), delta, sgd, threshold, bounds_copies=copies
+    )
 
 
 def privacy_record(plan: DPPlan, rounds: Iterable[dict], costs: Mapping[str, RoundCost]) -> dict:

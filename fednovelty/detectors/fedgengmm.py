@@ -19,7 +19,18 @@ from typing import ClassVar
 import torch
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._dp import DPPlan, RoundCost, dp_plan, privacy_record
+from fednovelty.detectors._dp import (
+    DPPlan,
+    RoundCost,
+    bounds_costs,
+    bounds_engine,
+    bounds_record,
+    bounds_rounds,
+    dp_plan,
+    join_private_bounds,
+    privacy_record,
+    run_private_bounds,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     DIFFERENTIAL_PRIVACY,
@@ -90,7 +101,8 @@ def local_fit_privacy(plan: DPPlan, history: list[dict], n_iter: int) -> dict:
     accountant as ``epsilon_spent(z, releases, delta)``. The client adds all of the noise
     itself, so the epsilon holds against the server that sees its reply too, and the
     ``mode`` is ``"local"`` whatever ``dp_mode`` was."""
-    record = privacy_record(plan, history, {"local_fit": RoundCost(releases=int(n_iter))})
+    costs = {"local_fit": RoundCost(releases=int(n_iter)), **bounds_costs(plan)}
+    record = {**privacy_record(plan, history, costs), **bounds_record(plan)}
     return {**record, "epsilon_against_server": record["epsilon"], "mode": "local"}
 
 
@@ -108,6 +120,8 @@ class _LocalFitDetector(MixtureDetector):
         if len(self.k_range) != 2:
             raise ValueError(f"k_range must be (k_min, k_max), got {self.k_range!r}.")
         plan = dp_plan(self, clients[0].shape[1], len(clients), self._dp_releases)
+        # the clients add all of the noise here, the bounds round's included
+        plan, box = run_private_bounds(self, plan, clients, seed, mode="local")
         algorithm = self._algorithm(
             **self._settings(clients[0].shape[1]),
             random_state=seed,
@@ -117,7 +131,15 @@ class _LocalFitDetector(MixtureDetector):
         if plan is None:
             self._check_some_client_fits(algorithm, clients)
         privacy = self._privacy_policy(dp=None if plan is None else plan.policy)
-        state = self._simulate(algorithm, clients, seed, privacy=privacy)
+        state = self._simulate(
+            algorithm,
+            clients,
+            seed,
+            round_offset=bounds_rounds(box),
+            privacy=privacy,
+            **bounds_engine(box),
+        )
+        join_private_bounds(self, box)
         if plan is None:
             if hasattr(self, "privacy_spent_"):
                 del self.privacy_spent_

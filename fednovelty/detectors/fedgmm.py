@@ -13,7 +13,13 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
-from fednovelty.detectors._dp import dp_plan, set_privacy_spent
+from fednovelty.detectors._dp import (
+    bounds_engine,
+    bounds_rounds,
+    dp_plan,
+    finish_private_fit,
+    run_private_bounds,
+)
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
@@ -162,11 +168,18 @@ class FedGMMDetector(EMDetector):
             lambda private: FederatedEM(**options, **private).max_rounds,
             standardized=self.standardize,
         )
+        plan, box = run_private_bounds(self, plan, data, seed, round_offset=round_offset)
         algorithm = FederatedEM(**options, **(plan.settings if plan else {}))
         result = self._simulate(
-            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine(plan)
+            algorithm,
+            data,
+            seed,
+            full=True,
+            round_offset=round_offset + bounds_rounds(box),
+            **self._em_engine(plan),
+            **bounds_engine(box),
         )
-        set_privacy_spent(self, plan, algorithm)
+        finish_private_fit(self, plan, algorithm, box)
         state = result.state
         self._set_em_state(state)
         if self.mixture_weights == "personal":

@@ -17,7 +17,14 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._dp import LearningPlan, dp_plan, set_privacy_spent
+from fednovelty.detectors._dp import (
+    LearningPlan,
+    bounds_engine,
+    bounds_rounds,
+    dp_plan,
+    finish_private_fit,
+    run_private_bounds,
+)
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
@@ -234,12 +241,20 @@ class JointModelDetector(EMDetector):
             learning=self._dp_learning(),
             histograms=int(self.max_iter),
         )
+        rows = [unpack_client_data(part)[0] for part in data]  # what the box maps
+        plan, box = run_private_bounds(self, plan, rows, seed, round_offset=round_offset)
         overrides = plan.settings if plan else {}
         algorithm = self._algorithm(learner_width, seed, pca_components, **overrides)
         result = self._simulate(
-            algorithm, data, seed, full=True, round_offset=round_offset, **self._em_engine(plan)
+            algorithm,
+            data,
+            seed,
+            full=True,
+            round_offset=round_offset + bounds_rounds(box),
+            **self._em_engine(plan),
+            **bounds_engine(box),
         )
-        set_privacy_spent(self, plan, algorithm)
+        finish_private_fit(self, plan, algorithm, box)
         self._seed = seed
         return self._set_joint_result(result, learner_width)
 

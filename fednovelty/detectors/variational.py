@@ -50,7 +50,13 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._dp import dp_plan, set_privacy_spent
+from fednovelty.detectors._dp import (
+    bounds_engine,
+    bounds_rounds,
+    dp_plan,
+    finish_private_fit,
+    run_private_bounds,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     DIFFERENTIAL_PRIVACY,
@@ -368,7 +374,7 @@ class FedVBDetector(MixtureDetector):
                 "n_components or provide more rows."
             )
         common, one_shot, exact = self._vb_settings(n_features, seed)
-        plan = None
+        plan = box = None
         if self.posterior_merge != "exact":
             self._check_one_shot()
             algorithm = FederatedVBOneShot(**common, **one_shot)
@@ -387,6 +393,7 @@ class FedVBDetector(MixtureDetector):
                 lambda private: FederatedVB(**common, **exact, **private).max_rounds,
                 standardized=self.standardize,
             )
+            plan, box = run_private_bounds(self, plan, clients, seed)
             algorithm = FederatedVB(**common, **exact, **(plan.settings if plan else {}))
             privacy = self._privacy_policy(
                 allow_raw_rows=self.init_params == "subset",
@@ -394,8 +401,15 @@ class FedVBDetector(MixtureDetector):
                 dp=None if plan is None else plan.policy,
             )
             not_converged = "Federated VB did not converge in {} rounds"
-        state = self._simulate(algorithm, clients, seed, privacy=privacy)
-        set_privacy_spent(self, plan, algorithm)
+        state = self._simulate(
+            algorithm,
+            clients,
+            seed,
+            round_offset=bounds_rounds(box),
+            privacy=privacy,
+            **bounds_engine(box),
+        )
+        finish_private_fit(self, plan, algorithm, box)
         self._set_posterior(state.posterior)
         self.n_iter_ = state.n_iter
         self.converged_ = state.converged

@@ -1,0 +1,188 @@
+"""Private feature bounds: the round's histograms, their noise and cost, the quantiles read
+from them, and a private fit without ``dp_bounds`` end to end."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from fednovelty import FedGMMDetector
+from fednovelty.detectors._dp import MAX_BOUNDS_VALUES, PENDING_BOUNDS, bounds_copies
+from fednovelty.evaluation import auroc
+from fednovelty.federated import FederatedEM
+from fednovelty.federated.base import ClientContext
+from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, release_blocks
+from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.private_bounds import (
+    BOUNDS_KIND,
+    PrivateBounds,
+    bin_ends,
+    feature_histogram,
+    histogram_noise,
+    log_grid,
+    quantile_bounds,
+)
+from fednovelty.runtime import run_simulation
+
+QUANTILE = 0.01
+
+
+def policy(z: float, mode: str, n_clients: int = 10, epsilon: float = 1.0) -> PrivacyPolicy:
+    return PrivacyPolicy(dp=DPPolicy(z, 1.0, mode, n_clients, epsilon=epsilon, delta=1e-5))
+
+
+def bin_of(values: np.ndarray, edges: torch.Tensor) -> np.ndarray:
+    return np.searchsorted(edges.numpy(), values, side="right")
+
+
+def test_the_grid_is_public_symmetric_and_logarithmic() -> None:
+    edges = log_grid(1e6, 12, 4)
+    assert edges.shape == (2 * (12 * 4 + 1) + 1,)
+    assert float(edges[-1]) == 1e6 and float(edges[0]) == -1e6
+    assert torch.equal(edges, -edges.flip(0)) and float(edges[edges.shape[0] // 2]) == 0.0
+    positive = edges[edges > 0]
+    assert torch.allclose(positive[1:] / positive[:-1], torch.tensor(10**0.25, dtype=torch.float64))
+    low, high = bin_ends(edges, 4)
+    assert low.shape == high.shape == (edges.shape[0] + 1,) and bool((low < high).all())
+    with pytest.raises(ValueError, match="max_abs"):
+        log_grid(-1.0)
+
+
+def test_the_histogram_counts_each_row_once_per_feature() -> None:
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.normal(0, 3, 500), rng.exponential(2, 500)]
+    edges = log_grid()
+    counts = feature_histogram(torch.tensor(X), edges)
+    assert counts.shape == (2, edges.shape[0] + 1)
+    for j in range(2):
+        expected = np.bincount(bin_of(X[:, j], edges), minlength=edges.shape[0] + 1)
+        np.testing.assert_array_equal(counts[j].numpy(), expected)
+
+
+def test_quantiles_without_noise_are_the_bins_of_the_true_quantiles() -> None:
+    rng = np.random.default_rng(1)
+    X = np.c_[rng.normal(50, 5, 20_000), rng.uniform(-300, 20, 20_000)]
+    edges = log_grid()
+    counts = feature_histogram(torch.tensor(X), edges)
+    low, high = quantile_bounds(counts, 0.0, bin_ends(edges, 4), QUANTILE)
+    true_low, true_high = np.quantile(X, [QUANTILE, 1 - QUANTILE], axis=0)
+    ends_low, ends_high = bin_ends(edges, 4)
+    np.testing.assert_array_equal(low.numpy(), ends_low[bin_of(true_low, edges)].numpy())
+    np.testing.assert_array_equal(high.numpy(), ends_high[bin_of(true_high, edges)].numpy())
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_estimated_bounds_cover_the_true_quantiles_within_the_grids_resolution(mode) -> None:
+    rng = np.random.default_rng(2)
+    n = 200_000
+    X = np.c_[rng.normal(50, 5, n), rng.exponential(0.01, n), rng.uniform(-300, 20, n)]
+    clients = [torch.tensor(part) for part in np.array_split(X, 10)]
+    blocks = release_blocks(14)  # a fit of 14 releases beside the bounds round
+    copies = bounds_copies(blocks, X.shape[1])
+    z = calibrate_noise(1.0, 1e-5, 1, blocks + copies / HISTOGRAM_SHARE**2)
+    algorithm = PrivateBounds(dp_mode=mode, dp_noise_multiplier=z, copies=copies)
+    result = run_simulation(algorithm, clients, privacy=policy(z, mode), progress=False)
+    low, high = (t.numpy() for t in result.state.bounds)
+    true_low, true_high = np.quantile(X, [QUANTILE, 1 - QUANTILE], axis=0)
+    edges = log_grid()
+    assert np.all(np.abs(bin_of(low, edges) - bin_of(true_low, edges)) <= 1)
+    assert np.all(np.abs(bin_of(high - 1e-12, edges) - bin_of(true_high, edges)) <= 1)
+    assert np.all(low < true_high) and np.all(high > true_low)
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_the_summed_histogram_carries_the_calibrated_noise(mode) -> None:
+    d, m, z, copies = 20, 4, 3.0, 9
+    clients = [torch.full((50, d), 0.5, dtype=torch.float64) for _ in range(m)]
+    algorithm = PrivateBounds(dp_mode=mode, dp_noise_multiplier=z, copies=copies)
+    result = run_simulation(algorithm, clients, privacy=policy(z, mode, m), progress=False)
+    state = result.state
+    occupied = bin_of(np.array([0.5]), log_grid())[0]
+    empty = torch.cat([state.counts[:, :occupied], state.counts[:, occupied + 1 :]], 1)
+    spread = math.sqrt(m) if mode == "local" else 1.0
+    calibrated = HISTOGRAM_SHARE * z * math.sqrt(d / copies) * spread
+    assert state.noise == pytest.approx(calibrated)
+    assert float(empty.std()) / calibrated == pytest.approx(1.0, abs=0.08)
+    assert float(state.counts[:, occupied].mean()) == pytest.approx(m * 50, abs=4 * calibrated)
+
+
+def test_the_gate_noises_each_copy_and_charges_each_as_a_histogram() -> None:
+    d, z, copies = 10, 2.0, 5
+    X = torch.full((40, d), 3.0, dtype=torch.float64)
+    algorithm = PrivateBounds(dp_mode="local", dp_noise_multiplier=z, copies=copies)
+    context = ClientContext(0, policy=policy(z, "local", 1, epsilon=50.0))
+    reply = algorithm.answer(X, algorithm.configure(algorithm.start()), context)
+    assert sorted(reply.tensors) == sorted(f"histogram.{j}" for j in range(copies))
+    exact = feature_histogram(X, log_grid()) / math.sqrt(d)
+    noise = torch.stack([reply.tensors[f"histogram.{j}"] - exact for j in range(copies)])
+    assert float(noise.std()) / (HISTOGRAM_SHARE * z) == pytest.approx(1.0, abs=0.05)
+    assert not torch.equal(noise[0], noise[1])  # independent draws per copy
+    assert context.ledger.gaussian == pytest.approx(copies / HISTOGRAM_SHARE**2 / z**2)
+    assert context.ledger.releases == 1
+
+
+def test_a_client_without_a_private_policy_releases_no_histogram() -> None:
+    algorithm = PrivateBounds(dp_mode="central", dp_noise_multiplier=1.0, copies=1)
+    X = torch.zeros(30, 2, dtype=torch.float64)
+    reply = algorithm.answer(X, algorithm.configure(algorithm.start()), ClientContext(0))
+    assert reply.scalars.get("skipped") and not reply.tensors
+    assert histogram_noise(1.0, 4, "local", 9) == pytest.approx(HISTOGRAM_SHARE * 1.5)
+
+
+def test_the_plan_buys_a_share_of_the_budget_within_the_reply_size() -> None:
+    assert bounds_copies(30.0, 5) == round(HISTOGRAM_SHARE**2 * 0.1 / 0.9 * 30.0)
+    bins = log_grid().shape[0] + 1
+    assert bounds_copies(1e6, 166) * 166 * bins <= MAX_BOUNDS_VALUES
+    assert bounds_copies(0.0, 3) == 1
+    with pytest.raises(ValueError, match="bounds"):
+        FederatedEM(n_components=2, dp_mode="central", bounds=PENDING_BOUNDS)
+
+
+def two_clusters(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Training rows of two clusters in units far from [-1, 1] (no public box), their client
+    ids, and test rows with their labels (1: novel, far from both clusters)."""
+    rng = np.random.default_rng(seed)
+    scale, shift = np.array([1.0, 100.0]), np.array([0.0, 2000.0])
+    X = np.vstack([rng.normal(0, 1, (6000, 2)), rng.normal(5, 1, (6000, 2))]) * scale + shift
+    inliers = np.vstack([rng.normal(0, 1, (200, 2)), rng.normal(5, 1, (200, 2))])
+    novel = rng.normal(2.5, 0.3, (100, 2)) + rng.choice([-8.0, 8.0], (100, 1))
+    test = np.vstack([inliers, novel]) * scale + shift
+    labels = np.r_[np.zeros(400), np.ones(100)]
+    return X, rng.integers(0, 4, len(X)), test, labels
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_a_private_fit_without_bounds_works_end_to_end(mode) -> None:
+    X, groups, test, labels = two_clusters()
+    det = FedGMMDetector(
+        2,
+        mixture_weights="global",
+        dp_epsilon=1.0,
+        dp_mode=mode,
+        max_iter=5,
+        kmeans_rounds=2,
+        random_state=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        det.fit(X, groups=groups)
+    spent = det.privacy_spent_
+    assert det.history_[0]["kind"] == BOUNDS_KIND and det.history_[0]["round"] == 1
+    assert [r["round"] for r in det.history_] == list(range(1, det.n_rounds_ + 1))
+    assert spent["bounds"] == "private" and spent["bounds_histograms"] >= 1
+    assert spent["releases"] == spent["planned_releases"]  # no planned release refused
+    assert spent["epsilon"] <= 1.0 + 1e-9
+    rounds = spent["epsilon"] - spent.get("threshold_epsilon", 0.0)
+    blocks = release_blocks(spent["releases"], spent["bounds_histograms"])
+    z = spent["noise_multiplier"]
+    assert rounds == pytest.approx(epsilon_spent(z, 1, 1e-5, blocks), rel=1e-6)
+    without = epsilon_spent(z, 1, 1e-5, release_blocks(spent["releases"]))
+    assert rounds > without  # the bounds round's cost is counted
+    low, high = np.array(spent["bounds_low"]), np.array(spent["bounds_high"])
+    assert np.all(low < np.quantile(X, 0.05, axis=0)) and np.all(high > np.quantile(X, 0.95, 0))
+    assert auroc(labels, det.decision_function(test)) > 0.95
