@@ -33,7 +33,7 @@ from fednovelty.federated.dp_sgd import (
     learning_epsilon,
     release_blocks,
 )
-from fednovelty.federated.noise import fresh_noise
+from fednovelty.federated.noise import noise_source
 from fednovelty.federated.private_bounds import BOUNDS_KIND, PrivateBounds, log_grid
 
 #: the share of ``dp_epsilon`` a private detector keeps for its alarm threshold (the
@@ -75,7 +75,8 @@ def private_threshold(detector: Any) -> float:
     lowest = -float(bound) if bound is not None and math.isfinite(bound) else LOWEST_SCORE
     grid = score_grid(lowest)
     scores = np.asarray(detector.decision_scores_, dtype=np.float64)
-    return private_quantile(scores, 1.0 - float(contamination), epsilon, grid, fresh_noise())
+    source = noise_source(None)  # fresh OS entropy
+    return private_quantile(scores, 1.0 - float(contamination), epsilon, grid, source)
 
 
 #: the lowest score of the threshold's grid for a model with no log-density bound.
@@ -306,7 +307,8 @@ def privacy_record(plan: DPPlan, rounds: Iterable[dict], costs: Mapping[str, Rou
         # basic composition with the threshold's pure-epsilon quantile
         "epsilon": epsilon(policy.noise_multiplier, blocks) + plan.threshold_epsilon,
         "threshold_epsilon": plan.threshold_epsilon,
-        "epsilon_against_server": epsilon(policy.client_noise, planned_blocks),
+        "epsilon_against_server": epsilon(policy.client_noise, planned_blocks)
+        + plan.threshold_epsilon,
         "delta": delta,
         "epsilon_budget": plan.epsilon,
         "releases": total["releases"],

@@ -1,31 +1,21 @@
 """Randomness for privacy: every draw of a differential-privacy mechanism (Gaussian noise,
-DP-SGD's Poisson samples, a private fit's random start, a noisy choice) comes from a
-:class:`NoiseSource`.
-
-The rule (``docs/differential_privacy.md``, threat model): noise that someone can re-draw
-protects nothing. An adversary who knows every row but one and the generator's seed re-runs
-the fit with and without the row and compares the published model with both; so privacy
-noise is never drawn from ``random_state``, a broadcast value or a short seed.
+DP-SGD's Poisson samples, a private fit's start, a noisy choice) comes from a
+:class:`NoiseSource`, never from ``random_state``, a broadcast value or a short seed (noise
+that someone can re-draw protects nothing).
 
 - :class:`SystemNoise` (the default, :func:`fresh_noise`): every draw reads fresh bytes from
-  the operating system's cryptographically secure generator (``os.urandom``; 64 bits per
-  uniform, 128 bits per pair of normals), so each client and release gets at least 128 bits
-  of entropy of its own and no state is kept between draws.
-- :class:`SeededNoise`: reproducible draws from an integer seed (numpy's Philox keyed by
-  ``SeedSequence(seed, keys)``), for tests that must compare two engines bit for bit. Anyone
-  who knows the seed re-draws the noise: a client or server that uses it gives no privacy
-  guarantee, and says so (:attr:`NoiseSource.reproducible`).
+  the operating system's CSPRNG (``os.urandom``; 64 bits a uniform, 128 bits a pair of
+  normals); no state is kept between draws.
+- :class:`SeededNoise`: reproducible draws (numpy's Philox keyed by ``SeedSequence(seed,
+  keys)``) for tests that compare two engines bit for bit; whoever knows the seed re-draws
+  the noise, so it gives no privacy guarantee (:attr:`NoiseSource.reproducible`).
 
-**Floating point.** A textbook sampler that maps a uniform double through a transform
-(Box-Muller here) does not produce every double near its output: the set of reachable
-outputs of ``x + noise`` and ``x' + noise`` differ in their low-order bits, which can reveal
-``x`` exactly (Mironov 2012 for the Laplace mechanism; Jin et al. 2022 for Gaussian
-samplers). :func:`add_gaussian` therefore rounds every noisy value to a power-of-two grid
-about 2^-30 of the noise's standard deviation (post-processing): each grid cell holds of the
-order of 2^20 of the sampler's outputs, so the bits that differ between neighbours are
-discarded, while the rounding moves a value by under a billionth of its noise. This is a
-mitigation, not a proof: the exact remedy is a discrete Gaussian on quantised statistics
-(Canonne, Kamath and Steinke 2020), which is not built.
+Floating point: a sampler mapping uniform doubles through a transform (Box-Muller here) does
+not reach every double near its output, and the low-order bits of ``x + noise`` can tell
+neighbours apart (Mironov 2012). :func:`add_gaussian` rounds every noisy value to a
+power-of-two grid ``2^-GRID_BITS`` of the noise's standard deviation (post-processing): a
+mitigation, not a proof; the discrete Gaussian on quantised statistics is not built
+(``docs/differential_privacy.md``).
 """
 
 from __future__ import annotations

@@ -205,6 +205,17 @@ def component_scales(params: MixtureParams) -> Tensor:
     return cov.clamp_min(0).sqrt().expand(k, d)
 
 
+def mixture_spread(params: MixtureParams) -> Tensor:
+    """A local mixture's per-feature standard deviation of the rows it describes (n_features,):
+    ``sqrt(sum_k w_k (var_k + (mu_k - m)^2))`` about its mean ``m = sum_k w_k mu_k``."""
+    weights = params.weights.double().cpu().clamp_min(0)
+    weights = weights / weights.sum().clamp_min(1e-300)
+    means = params.means.double().cpu()
+    centre = weights @ means
+    variances = component_scales(params).cpu().square() + (means - centre).square()
+    return (weights @ variances).clamp_min(0).sqrt()
+
+
 def outlying_components(models: Mapping[int, MixtureParams]) -> dict[int, list[int]]:
     """Client id -> the components of its local mixture that no honest rows produce, judged
     against all the clients' components (the clients without any are left out).
@@ -214,7 +225,10 @@ def outlying_components(models: Mapping[int, MixtureParams]) -> dict[int, list[i
     weights, so a claimed row count buys nothing): per feature, the weighted median ``c_j``
     of the component means and the spread ``s_j``, the larger of the weighted median of the
     components' standard deviations and 1.4826 times the weighted median of the means'
-    distances to ``c_j``. A component is implausible where :func:`beyond_reference` says so
+    distances to ``c_j``, and the weighted median over the clients (one vote each) of each
+    client's own spread of its rows (:func:`mixture_spread`): a heavy-tailed feature whose
+    typical component is narrow still has honest components far out, within their client's
+    spread. A component is implausible where :func:`beyond_reference` says so
     (a mean more than ``GROSS_Z`` spreads from ``c_j`` or a standard deviation above
     ``GROSS_SCALE`` spreads on some judged feature, or anything not finite). With fewer than
     three clients whose components are all finite, only non-finite components are.
@@ -239,6 +253,9 @@ def outlying_components(models: Mapping[int, MixtureParams]) -> dict[int, list[i
             weighted_median(scales[use], votes[use]),
             1.4826 * weighted_median((means[use] - center).abs(), votes[use]),
         )
+        honest = [i for i in range(len(ids)) if clean[i]]
+        rows = torch.stack([mixture_spread(models[ids[i]]) for i in honest])
+        spread = torch.maximum(spread, weighted_median(rows, torch.ones(len(honest))))
         out = beyond_reference(means, scales, center, spread)
     else:
         out = ~finite

@@ -1,40 +1,25 @@
 """Secure sums of clients' named float tensors: the SecAgg protocol (Bonawitz et al., CCS 2017,
 as in Flower's SecAgg+ with every client a neighbour of every other), run in-process on
-Flower's primitives (``fednovelty[flower]``): key pairs and Diffie-Hellman shared keys, Fernet
+Flower's primitives (``fednovelty[flower]``): key pairs, Diffie-Hellman shared keys, Fernet
 encryption of shares, Shamir shares, the quantisation mapping and the ring arithmetic.
 
-Steps (:func:`secure_sum` runs them in order): :func:`setup_keys` (two key pairs a client),
-:func:`share_secrets` (Shamir shares, ``threshold`` of ``m``, of a fresh self-mask seed and of
-the masking secret key, each encrypted for its holder), :func:`mask_input` (quantise, add the
-self-mask and the pairwise masks, mod ``2**bits``), :func:`reveal_shares` and
-:func:`unmask_sum` (the server removes the masks and dequantises).
+Steps (:func:`secure_sum` runs them in order): :func:`setup_keys`, :func:`share_secrets`
+(Shamir shares, ``threshold`` of ``m``, of a fresh self-mask seed and of the masking secret
+key), :func:`mask_input` (quantise, add the masks, mod ``2**bits``), :func:`reveal_shares`
+and :func:`unmask_sum`. The server learns the sum of the inputs of the clients whose masked
+vectors it received, to the quantisation error (:func:`error_bound`), and who dropped;
+assumed: an honest-but-curious server colluding with fewer than ``threshold`` clients,
+authenticated channels, inputs inside the public clipping range (checked).
 
-What the server learns: the sum of the inputs of the clients whose masked vectors it received,
-to within the quantisation error (:func:`error_bound`), and who dropped. Assumptions: an
-honest-but-curious server that follows the protocol, colluding with fewer than ``threshold``
-clients; authenticated channels between clients and server; every input inside the public
-clipping range (checked: a value outside it raises). Up to ``m - threshold`` clients may drop,
-before sending their masked vector (left out of the sum) or after it (kept in).
-
-Randomness: key pairs, self-mask seeds (32 bytes of ``os.urandom``) and the stochastic
-rounding (:mod:`fednovelty.federated.noise`) come from the operating system's CSPRNG; masks
-are AES-256 in counter mode keyed by those 256-bit seeds (``prg="aes-ctr"``, the only
-generator). Flower's ``pseudo_rand_gen`` is refused (:class:`InsecurePRGError`): it folds its
-seed to 32 bits before seeding numpy, few enough masks for a server to try them all.
-
-Refused by name (:class:`~fednovelty.federated.secure_ring.SecureSumError`): a client whose
-shares cannot be read is left out of the round before anyone masks (a
-:class:`MalformedShareWarning`; the round goes on if ``threshold`` senders remain), a
-responder whose revealed share is malformed is passed over (the same warning), and an
-unmasked sum outside what the public ranges allow raises
-:class:`~fednovelty.federated.secure_ring.ImplausibleSumError` (what that can and cannot
-catch: :mod:`fednovelty.federated.secure_ring`).
-
-Not done: no network (messages are counted, not sent); no signatures or consistency checks
-against a server that lies about who dropped (the active-adversary version); no verifiable
-shares (a well-formed but wrong share goes unnoticed); no sparse neighbour graph (SecAgg+'s
-``num_shares < m``). Protocol, bound and costs: ``docs/secure_sums.md``; the rounds of a
-federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
+Randomness comes from the operating system's CSPRNG (key pairs, 32-byte self-mask seeds, the
+stochastic rounding via :mod:`fednovelty.federated.noise`); masks are AES-256 in counter mode
+(``prg="aes-ctr"``, the only generator): Flower's ``pseudo_rand_gen`` folds its seed to 32
+bits and is refused (:class:`InsecurePRGError`). A client whose shares cannot be read is left
+out by name (:class:`MalformedShareWarning`), and an unmasked sum outside what the public
+ranges allow raises :class:`~fednovelty.federated.secure_ring.ImplausibleSumError`. Not done:
+no network, no defence against a server that lies about who dropped, no verifiable shares,
+no sparse neighbour graph. Protocol, bound and costs: ``docs/secure_sums.md``; the rounds of
+a federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
 """
 
 from __future__ import annotations

@@ -96,7 +96,10 @@ def test_more_rounds_buy_more_noise_per_round(task):
         ({}, "dp_bounds=\\(low, high\\)"),
         ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 4\\)"),
         ({"dp_bounds": (np.ones(D), np.zeros(D))}, "low < high"),
-        ({"dp_bounds": BOUNDS, "aggregation": "trimmed"}, 'aggregation="sum"'),
+        (
+            {"dp_bounds": BOUNDS, "aggregation": "trimmed", "dp_mode": "distributed"},
+            'aggregation="sum"',
+        ),
         ({"dp_bounds": BOUNDS, "pca_components": 2}, "no private form"),
         ({"dp_bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
     ],

@@ -197,7 +197,7 @@ def test_local_gmms_is_a_configuration_of_fedgengmm() -> None:
             lambda: FactorEMConfig(n_components=2, n_factors=1, precisions_init=[[[1.0]]] * 2),
             "give means_init",
         ),
-        (lambda: FactorEMConfig(n_components=2, n_factors=1, aggregation="trimmed"), "aggregation"),
+        (lambda: FactorEMConfig(n_components=2, n_factors=1, aggregation="median"), "aggregation"),
         (
             lambda: EMConfig.from_json({"n_components": 2, "n_comps": 3}),
             r"unknown setting\(s\) \['n_comps'\]",

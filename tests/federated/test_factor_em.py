@@ -156,7 +156,7 @@ def test_a_reply_whose_latent_moments_no_rows_have_is_refused():
         ({"n_factors": 0}, "n_factors must be >= 1"),
         ({"n_factors": 2, "init_params": "subset"}, "init_params must be one of"),
         ({"n_factors": 2, "precisions_init": np.ones((2, 3))}, "not precisions_init"),
-        ({"n_factors": 2, "aggregation": "trimmed"}, "aggregation"),
+        ({"n_factors": 2, "aggregation": "median"}, "aggregation"),
         ({"n_factors": 2, "covariance_type": "full"}, "covariance_type must be one of"),
     ],
 )

@@ -1,9 +1,10 @@
 """Differential privacy on a real Flower deployment gives the numbers of the in-process
 simulation: three SuperNodes each calibrate their own noise from their node config
-(``dp-epsilon``, ``dp-releases``, ``dp-clip``, ``dp-mode``, ``dp-seed``), clip and noise
-their replies at the client gate, and the server post-processes the noisy sums; with the
-same seeds both engines give one mixture (the second round's noise depends on the release
-count each node persisted in its state). Marked slow (a deployment per module)."""
+(``dp-epsilon``, ``dp-releases``, ``dp-clip``, ``dp-mode``), clip and noise their replies at
+the client gate, and the server post-processes the noisy sums; with the same test seeds
+(``dp-insecure-seed``: reproducible noise, no guarantee) both engines give one mixture (the
+second round's noise depends on the release count each node's ledger persisted). Marked slow
+(a deployment per module)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def federation(partitions, tmp_path_factory):
                 "dp-releases": RELEASES,
                 "dp-clip": CLIP,
                 "dp-mode": "local",
-                "dp-seed": SEED,
+                "dp-insecure-seed": SEED,
             }
         )
     yield from deployment(configs, work)
@@ -81,7 +82,8 @@ def test_private_em_on_flower_equals_simulation(federation, partitions):
     params = _params(RELEASES)
     result = _run(federation, params)
     z = calibrate_noise(EPSILON, 1e-5, RELEASES)
-    policy = PrivacyPolicy(dp=DPPolicy(z, CLIP, "local", 1, RELEASES, SEED))
+    dp = DPPolicy(z, CLIP, "local", 1, epsilon=EPSILON, insecure_seed=SEED)
+    policy = PrivacyPolicy(dp=dp)
     clients = [torch.as_tensor(p) for p in partitions]
     simulated = run_simulation(FederatedEM(**params, random_state=0), clients, privacy=policy)
     for name, tensor in simulated.state.params.tensors().items():
