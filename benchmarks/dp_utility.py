@@ -1,28 +1,38 @@
 """Utility of differentially private federated EM against epsilon, beside the non-private fit.
 
 The demo's task (ADBench Forest Covertype, ``10_cover``: the novelty protocol, 20 clients of
-Dirichlet(0.5) feature skew, features min-max scaled to [0, 1]) unless ``--datasets`` names
-others (``all``: the 25 of the scoreboard; the summary then averages over datasets too).
-Each detector is the registry's method (``DEM-kmeans``: global weights, ``FedGMM``: personal
-weights; 15 components) fitted with ``dp_epsilon`` in {0.5, 1, 2, 4, 8} at
-``dp_delta=1e-5`` and without differential privacy (``inf``). The public bounds are the
-scaled features' range ``[0, 1]`` (the task scales them; a deployment takes them from domain
-knowledge). Private fits run ``max_iter`` EM rounds after ``kmeans_rounds`` Lloyd rounds
-(every round spends budget; 40 and 3 by default); the non-private fit keeps the method's
-defaults (up to 100 rounds, stopping on ``tol``), and a non-private fit with the private
-fit's rounds is shown too (``inf*``) to separate the noise's cost from the rounds'.
+Dirichlet(0.5) feature skew) unless ``--datasets`` names others (``all``: the 25 of the
+scoreboard; the summary then averages over datasets too). Each detector is the registry's
+method (``DEM-kmeans``: global weights, ``FedGMM``: personal weights) fitted with
+``dp_epsilon`` in {0.5, 1, 2, 4, 8} at ``dp_delta=1e-5`` and without differential privacy
+(``inf``).
 
-Run: ``python benchmarks/dp_utility.py [--seeds 0 1 2] [--modes central local] [--quick]``;
-prints one row per (method, mode, epsilon): AUROC and AUC-PR (mean and spread over seeds)
-and their differences from the non-private fit.
+Every fit sees the dataset's own units (the task's min-max scaling undone: that scaling reads
+the rows, so bounds taken from it would be no public knowledge). ``--bounds private`` (the
+default): no ``dp_bounds``, so the fit's first round estimates them privately
+(``fednovelty.federated.private_bounds``, charged to the budget). ``--bounds public``: the
+documented ranges of :data:`PUBLIC_RANGES` (datasets without one are skipped).
+
+A private fit's rounds are a *variant* (:data:`VARIANTS`: Lloyd and EM rounds, the moments
+round, components); ``inf`` keeps the method's defaults (up to 100 rounds, stopping on
+``tol``) and ``inf*`` is the non-private fit of the variant's rounds, which separates the
+noise's cost from the rounds'.
+
+Run: ``python benchmarks/dp_utility.py --datasets all --seeds 0 1 2 --csv FILE``; each
+finished fit is appended to the CSV, and a run given the same CSV skips the fits it holds
+(resume). Prints AUROC and AUC-PR per (method, variant, mode, epsilon) and their paired
+differences from the non-private fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import math
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,82 +44,181 @@ from fednovelty.evaluation import aupr_out, auroc
 from fednovelty.methods import get_method
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
+#: ranges known without the rows, from the datasets' documentation (every feature): the
+#: Wisconsin breast cancer scores (1-10), optdigits' counts of set pixels in 4x4 blocks
+#: (0-16), the letter recognition attributes (integers 0-15) and CelebA's binary
+#: attributes (0/1). The other ADBench files ship already scaled or standardised with
+#: statistics of their rows, which are no public knowledge.
+PUBLIC_RANGES = {
+    "4_breastw": (1.0, 10.0),
+    "26_optdigits": (0.0, 16.0),
+    "20_letter": (0.0, 15.0),
+    "8_celeba": (0.0, 1.0),
+}
+#: a private fit's rounds: Lloyd (``kmeans_rounds``) and EM (``max_iter``) rounds, the
+#: moments round (``standardize``) and anything else the detector takes.
+VARIANTS = {
+    "em40": {"max_iter": 40, "kmeans_rounds": 3},
+    "em10": {"max_iter": 10, "kmeans_rounds": 3},
+    "em5": {"max_iter": 5, "kmeans_rounds": 2},
+    "em5-box": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False},
+    "em10-box": {"max_iter": 10, "kmeans_rounds": 3, "standardize": False},
+    "em3-box": {"max_iter": 3, "kmeans_rounds": 1, "standardize": False},
+    "em5-box-k4": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "n_components": 4},
+    "em5-box-k2": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "n_components": 2},
+    "em2-box-k1": {"max_iter": 2, "kmeans_rounds": 1, "standardize": False, "n_components": 1},
+    "em5-box-np": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "prior_strength": None},
+    "em5-box-clip": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "clip_scale": 0.6},
+    "em3-box-k2-np": {
+        "max_iter": 3,
+        "kmeans_rounds": 1,
+        "standardize": False,
+        "n_components": 2,
+        "prior_strength": None,
+    },
+    "em5-box-diag": {
+        "max_iter": 5,
+        "kmeans_rounds": 2,
+        "standardize": False,
+        "covariance_type": "diag",
+    },
+}
+#: the columns of the CSV; the first seven identify a fit (resume skips those it holds).
+COLUMNS = (
+    "dataset", "method", "variant", "bounds", "mode", "epsilon", "seed",
+    "auroc", "aucpr", "spent", "releases", "z", "n_train", "n_features", "seconds",
+)  # fmt: skip
+KEY = COLUMNS[:7]
+
+
+def raw_rows(task, X: np.ndarray) -> np.ndarray:
+    """Rows in the dataset's own units: the task's min-max scaling undone, (n, d)."""
+    low, high = task.scaling.data_min, task.scaling.data_max
+    span = np.where(high > low, high - low, 1.0)
+    return X * span + low
+
+
+def public_bounds(dataset: str, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The dataset's documented range as ``dp_bounds`` (two rows of ``n_features``), or
+    ``None``."""
+    if dataset not in PUBLIC_RANGES:
+        return None
+    low, high = PUBLIC_RANGES[dataset]
+    return np.full(n_features, low), np.full(n_features, high)
+
+
+def settings_of(args, dataset: str, d: int) -> list[tuple[str, str, object, dict]]:
+    """``(variant, mode, epsilon, extra settings)`` of every fit on one dataset: the
+    non-private references, then each variant's private fits."""
+    fits = [("default", "-", "inf", {})]
+    box = None if args.bounds == "private" else public_bounds(dataset, d)
+    for variant in args.variants:
+        rounds = VARIANTS[variant]
+        fits.append((variant, "-", "inf*", rounds))
+        for mode, eps in itertools.product(args.modes, args.epsilons):
+            fits.append((variant, mode, eps, {**rounds, "dp_epsilon": eps, "dp_mode": mode,
+                                               "dp_bounds": box}))  # fmt: skip
+    return fits
+
+
+def done_keys(path: Path | None) -> set[tuple[str, ...]]:
+    """The fits a CSV already holds, by :data:`KEY` (as strings)."""
+    if path is None or not path.exists():
+        return set()
+    with path.open() as handle:
+        return {tuple(row[k] for k in KEY) for row in csv.DictReader(handle)}
+
+
+def append(path: Path | None, row: dict) -> None:
+    """Write one finished fit to the CSV (the header first when it is new)."""
+    if path is None:
+        return
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def fit_one(method, base: dict, extra: dict, task, X_train, X_test) -> dict:
+    """One fit and its scores: AUROC, AUC-PR, what it spent, its rounds and seconds."""
+    extra = dict(extra)
+    scale = extra.pop("clip_scale", None)  # dp_clip as a multiple of sqrt(n_features)
+    if scale is not None and "dp_epsilon" in extra:
+        extra["dp_clip"] = scale * math.sqrt(X_train.shape[1])
+    elif scale is not None:
+        extra.pop("dp_clip", None)
+    detector = method.build(**{**base, **extra}, progress=False)  # a variant's K wins
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        detector.fit(X_train, groups=task.groups_train)
+    seconds = time.perf_counter() - started
+    scores = detector.decision_function(X_test)
+    spent = getattr(detector, "privacy_spent_", None)
+    return {
+        "auroc": auroc(task.y_test, scores),
+        "aucpr": aupr_out(task.y_test, scores),
+        "spent": spent["epsilon"] if spent else math.inf,
+        "releases": spent["releases"] if spent else detector.n_rounds_,
+        "z": spent["noise_multiplier"] if spent else 0.0,
+        "seconds": round(seconds, 3),
+    }
 
 
 def run(args) -> pd.DataFrame:
+    path = Path(args.csv) if args.csv else None
+    done = done_keys(path)
     rows = []
     datasets = list_adbench() if args.datasets == ["all"] else args.datasets
     for dataset, seed in itertools.product(datasets, args.seeds):
-        task = make_task(
-            dataset,
-            "novelty",
-            n_clients=args.clients,
-            alpha=0.5,
-            seed=seed,
-            max_train=args.max_train,
-        )
-        d = task.X_train.shape[1]
-        bounds = (np.zeros(d), np.ones(d))
+        if args.bounds == "public" and dataset not in PUBLIC_RANGES:
+            print(f"{dataset}: no public range documented; skipped", flush=True)
+            continue
+        task = None
         for name in args.methods:
             method = get_method(name)
-            base = method.shared_params(n_components=args.components, random_state=seed)
-            settings = [
-                ("inf", None, {}),
-                ("inf*", None, {"max_iter": args.max_iter, "kmeans_rounds": args.kmeans_rounds}),
-            ]
-            for mode in args.modes:
-                for eps in args.epsilons:
-                    settings.append(
-                        (
-                            eps,
-                            mode,
-                            {
-                                "dp_epsilon": eps,
-                                "dp_bounds": bounds,
-                                "dp_mode": mode,
-                                "max_iter": args.max_iter,
-                                "kmeans_rounds": args.kmeans_rounds,
-                            },
-                        )
+            for variant, mode, eps, _ in settings_of(args, dataset, 0):
+                key = (dataset, name, variant, args.bounds, mode, str(eps), str(seed))
+                if key in done:
+                    continue
+                if task is None:
+                    task = make_task(dataset, "novelty", n_clients=args.clients, alpha=0.5,
+                                     seed=seed, max_train=args.max_train)  # fmt: skip
+                    X_train, X_test = raw_rows(task, task.X_train), raw_rows(task, task.X_test)
+                    fits = dict(
+                        ((v, m, str(e)), x)
+                        for v, m, e, x in settings_of(args, dataset, X_train.shape[1])
                     )
-            for eps, mode, extra in settings:
-                detector = method.build(**base, **extra, progress=False)
-                started = time.perf_counter()
-                detector.fit(task.X_train, groups=task.groups_train)
-                seconds = time.perf_counter() - started
-                scores = detector.decision_function(task.X_test)
-                spent = getattr(detector, "privacy_spent_", None)
-                rows.append(
-                    {
-                        "dataset": dataset,
-                        "method": name,
-                        "mode": mode or "-",
-                        "epsilon": eps,
-                        "seed": seed,
-                        "auroc": auroc(task.y_test, scores),
-                        "aucpr": aupr_out(task.y_test, scores),
-                        "spent": spent["epsilon"] if spent else math.inf,
-                        "releases": spent["releases"] if spent else detector.n_rounds_,
-                        "z": spent["noise_multiplier"] if spent else 0.0,
-                        "seconds": seconds,
-                    }
-                )
-                print(rows[-1], flush=True)
-    return pd.DataFrame(rows)
+                base = method.shared_params(n_components=args.components, random_state=seed)
+                result = fit_one(method, base, fits[(variant, mode, str(eps))], task, X_train,
+                                 X_test)  # fmt: skip
+                row = dict(zip(KEY, key, strict=True))
+                row.update(result, n_train=len(X_train), n_features=X_train.shape[1])
+                append(path, row)
+                rows.append(row)
+                print(row, flush=True)
+    frame = pd.read_csv(path) if path is not None and path.exists() else pd.DataFrame(rows)
+    return frame
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean AUROC / AUC-PR per (method, variant, bounds, mode, epsilon) over datasets and
+    seeds, with the paired difference from the non-private default fit (``d_auroc``, its
+    worst case over datasets and seeds)."""
+    frame = frame.copy()
+    frame["epsilon"] = frame.epsilon.astype(str)
     keys = ["dataset", "method", "seed"]
-    reference = frame[frame.epsilon == "inf"].set_index(keys)[["auroc", "aucpr"]]
-    reference.columns = [f"{name}_ref" for name in reference.columns]
+    reference = frame[frame.epsilon == "inf"].drop_duplicates(keys).set_index(keys)
+    reference = reference[["auroc", "aucpr"]].add_suffix("_ref")
     frame = frame.join(reference, on=keys)
     frame["d_auroc"] = frame.auroc - frame.auroc_ref
     frame["d_aucpr"] = frame.aucpr - frame.aucpr_ref
-    frame["epsilon"] = frame.epsilon.astype(str)
-    # over seeds and datasets (d_auroc_worst: the worst dataset and seed)
-    table = frame.groupby(["method", "mode", "epsilon"], sort=False).agg(
+    table = frame.groupby(["method", "variant", "bounds", "mode", "epsilon"], sort=False).agg(
+        n=("auroc", "size"),
         auroc=("auroc", "mean"),
-        auroc_sd=("auroc", "std"),
         aucpr=("aucpr", "mean"),
         d_auroc=("d_auroc", "mean"),
         d_auroc_worst=("d_auroc", "min"),
@@ -121,34 +230,34 @@ def summarise(frame: pd.DataFrame) -> pd.DataFrame:
     return table.round(4)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--datasets", nargs="+", default=["10_cover"], help='ADBench names, or "all" (25)'
     )
-    parser.add_argument("--methods", nargs="+", default=["DEM-kmeans", "FedGMM"])
+    parser.add_argument("--methods", nargs="+", default=["DEM-kmeans"])
+    parser.add_argument("--variants", nargs="+", default=["em5-box"], choices=sorted(VARIANTS))
+    parser.add_argument("--bounds", choices=("private", "public"), default="private")
     parser.add_argument("--modes", nargs="+", default=["central", "local"])
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--components", type=int, default=15)
-    parser.add_argument("--max-iter", type=int, default=40)
-    parser.add_argument("--kmeans-rounds", type=int, default=3)
-    parser.add_argument("--max-train", type=int, default=None)
-    parser.add_argument("--out", default=None, help="also write the per-run rows as CSV")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--components", type=int, default=8)
+    parser.add_argument("--max-train", type=int, default=20_000)
+    parser.add_argument("--csv", default=None, help="append each fit here; skip those it holds")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: one seed, DEM-kmeans, 20,000 rows"
+        "--quick", action="store_true", help="smoke run: one seed, DEM-kmeans, 5,000 rows"
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.methods, args.modes = [0], ["DEM-kmeans"], ["central"]
-        args.max_train, args.max_iter, args.epsilons = 20_000, 5, [1.0]
+        args.max_train, args.epsilons = 5_000, [1.0]
     torch.set_num_threads(1)
     frame = run(args)
-    if args.out:
-        frame.to_csv(args.out, index=False)
+    table = summarise(frame)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summarise(frame).to_string())
+        print(table.to_string())
+    return table
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 ``secure_sums.py``, ``dp_learners.py``): each quick run completes and prints its table."""
 
 
-def test_dp_utility_quick_run_prints_private_and_reference_rows(benchmark_script, capsys):
-    benchmark_script("dp_utility").main(["--quick"])
+def test_dp_utility_quick_run_prints_private_and_reference_rows(benchmark_script, capsys, tmp_path):
+    rows = tmp_path / "rows.csv"
+    benchmark_script("dp_utility").main(["--quick", "--csv", str(rows)])
     out = capsys.readouterr().out
-    table = out[out.index("auroc_sd") :]
-    for label in ("inf ", "inf*", "central", "1.0"):
+    table = out[out.index("d_auroc_worst") :]
+    for label in ("inf ", "inf*", "central", "1.0", "private"):
         assert label in table
     assert "'spent': 0.99" in out  # the private fit spent (almost exactly) its budget
+    assert len(rows.read_text().splitlines()) == 4  # header and three fits
+    benchmark_script("dp_utility").main(["--quick", "--csv", str(rows)])  # resumes: no fit
+    assert "'auroc'" not in capsys.readouterr().out
+    assert len(rows.read_text().splitlines()) == 4
 
 
 def test_membership_quick_run_prints_attacks_beside_bounds(benchmark_script, capsys):
