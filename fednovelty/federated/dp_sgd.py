@@ -34,7 +34,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _accounting, _gdp_mu
+from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _gdp_mu
+from fednovelty.federated.ledger import gaussian_cost, ledger_epsilon
 from fednovelty.federated.noise import NoiseSource, add_gaussian, check_source
 
 #: the noise on a released histogram of responsibilities (e.g. joint counts), as a multiple
@@ -379,20 +380,8 @@ def learning_epsilon(
         raise ValueError(f"delta must be in (0, 1); got {delta!r}.")
     if (stat_blocks > 0 and noise_multiplier <= 0) or (sgd_steps > 0 and sgd_noise <= 0):
         return math.inf
-    dp_accounting, pld = _accounting()
-    events = []
-    if stat_blocks > 0:
-        events.append(dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(stat_blocks)))
-    if sgd_steps > 0:
-        step = dp_accounting.GaussianDpEvent(sgd_noise)
-        if sample_rate < 1:
-            step = dp_accounting.PoissonSampledDpEvent(sample_rate, step)
-        events.append(dp_accounting.SelfComposedDpEvent(step, int(sgd_steps)))
-    if not events:
-        return 0.0
-    accountant = pld.PLDAccountant(value_discretization_interval=resolution)
-    accountant.compose(dp_accounting.ComposedDpEvent(events))
-    return float(accountant.get_epsilon(delta))
+    steps = (((float(sgd_noise), float(sample_rate)), int(sgd_steps)),) if sgd_steps > 0 else ()
+    return ledger_epsilon(gaussian_cost(noise_multiplier, stat_blocks), steps, delta, resolution)
 
 
 def sgd_mu(sgd_noise: float, sample_rate: float, sgd_steps: int) -> float:

@@ -94,12 +94,16 @@ def accounting():
 
 @lru_cache(maxsize=4096)
 def ledger_epsilon(
-    gaussian: float, sgd: tuple[tuple[tuple[float, float], int], ...], delta: float
+    gaussian: float,
+    sgd: tuple[tuple[tuple[float, float], int], ...],
+    delta: float,
+    resolution: float = 1e-4,
 ) -> float:
     """The epsilon at ``delta`` of a Gaussian mechanism of ``mu^2 = gaussian`` composed with
     the DP-SGD steps ``sgd`` (``((sigma, rate), steps)`` pairs), read from dp-accounting's
-    privacy-loss-distribution accountant (resolution 1e-4, pessimistic): the accountant the
-    plan calibrates with (:func:`fednovelty.federated.dp_sgd.learning_epsilon`).
+    privacy-loss-distribution accountant (its discretisation ``resolution``, pessimistic):
+    the one accountant of the ledger and of the plans
+    (:func:`fednovelty.federated.dp_sgd.learning_epsilon` reads it).
 
     Raises:
         ValueError: ``delta`` outside (0, 1).
@@ -123,7 +127,7 @@ def ledger_epsilon(
         events.append(dp_accounting.SelfComposedDpEvent(step, int(steps)))
     if not events:
         return 0.0
-    accountant = pld.PLDAccountant(value_discretization_interval=1e-4)
+    accountant = pld.PLDAccountant(value_discretization_interval=resolution)
     accountant.compose(dp_accounting.ComposedDpEvent(events))
     return float(accountant.get_epsilon(delta))
 
