@@ -34,7 +34,12 @@ from fednovelty.federated.dp_sgd import (
     release_blocks,
 )
 from fednovelty.federated.noise import noise_source
-from fednovelty.federated.private_bounds import BOUNDS_KIND, PrivateBounds, log_grid
+from fednovelty.federated.private_bounds import (
+    BOUNDS_KIND,
+    PrivateBounds,
+    PrivateBoundsConfig,
+    log_grid,
+)
 
 #: the share of ``dp_epsilon`` a private detector keeps for its alarm threshold (the
 #: exponential mechanism's quantile of the training scores, :func:`private_threshold`);
@@ -124,8 +129,9 @@ class DPPlan:
         sgd: every client's DP-SGD for its learners (``None``: none leave the clients).
         threshold_epsilon: the budget of the alarm threshold's private quantile
             (:data:`THRESHOLD_SHARE` of ``epsilon``; the rounds get the rest).
-        bounds_copies: without ``dp_bounds``, the copies of the private bounds round's
-            histogram (:func:`run_private_bounds`), among the planned cost; 0: public bounds.
+        bounds_copies: without ``dp_bounds``, the copies of each private bounds round's
+            histogram (:func:`run_private_bounds`, :data:`BOUNDS_ROUNDS` rounds), among the
+            planned cost; 0: public bounds.
     """
 
     settings: dict[str, Any]
@@ -198,7 +204,8 @@ def dp_plan(
             clients' ledgers charge it.
 
     Without ``dp_bounds`` the plan also buys the private bounds round
-    (:func:`run_private_bounds`): :func:`bounds_copies` histograms, charged with the rest,
+    (:func:`run_private_bounds`): :data:`BOUNDS_ROUNDS` rounds of :func:`bounds_copies`
+    histograms, charged with the rest,
     and ``settings["bounds"]`` waits for the round's result.
 
     Raises:
@@ -230,12 +237,13 @@ def dp_plan(
     learns = learning is not None and learning.rounds * learning.steps > 0
     planned = learning.rounds if learns else int(histograms)
     copies = bounds_copies(release_blocks(releases, planned), n_features) if private_box else 0
+    bounds_histograms = BOUNDS_ROUNDS * copies
     if not learns:
-        blocks = release_blocks(releases, int(histograms) + copies)
+        blocks = release_blocks(releases, int(histograms) + bounds_histograms)
         z = calibrate_noise(rounds_budget, delta, 1, blocks)
         spent = epsilon_spent(z, 1, delta, blocks)
     else:
-        blocks = release_blocks(releases, learning.rounds + copies)
+        blocks = release_blocks(releases, learning.rounds + bounds_histograms)
         steps, rate = learning.rounds * learning.steps, learning.sample_rate
         share = 1.0 - float(estimator.dp_learner_share)
         z, sigma = calibrate_learning(rounds_budget, delta, blocks, steps, rate, share)
@@ -373,25 +381,28 @@ BOUNDS_SHARE = 0.1
 #: the most values one client's reply of the bounds round carries (copies x features x
 #: bins): past it, fewer copies and a smaller share.
 MAX_BOUNDS_VALUES = 2**21
+#: the private bounds rounds (the public log grid, then the linear one between its bounds).
+BOUNDS_ROUNDS = PrivateBoundsConfig().rounds
 #: ``settings["bounds"]`` of a plan whose bounds round has not run (any algorithm refuses
 #: it as bounds).
 PENDING_BOUNDS = "estimated by the private bounds round"
 
 
 def bounds_copies(blocks: float, n_features: int, share: float = BOUNDS_SHARE) -> int:
-    """The copies of the private bounds round's histogram beside rounds of ``blocks``
+    """The copies of each private bounds round's histogram beside rounds of ``blocks``
     Gaussian mechanisms of multiplier ``z``: each copy costs ``1 / HISTOGRAM_SHARE**2`` of
     one (:func:`~fednovelty.federated.dp_sgd.histogram_blocks`), so ``share`` of the total
-    is ``64 * share / (1 - share) * blocks`` copies; at least 1, at most
-    :data:`MAX_BOUNDS_VALUES` values per reply of ``n_features`` rows of the public grid's
-    bins.
+    is ``64 * share / (1 - share) * blocks`` copies over the :data:`BOUNDS_ROUNDS` rounds;
+    at least 1 a round, at most :data:`MAX_BOUNDS_VALUES` values per reply of
+    ``n_features`` rows of the public grid's bins.
 
     Raises:
         ValueError: ``share`` outside (0, 1).
     """
     if not 0 < float(share) < 1:
         raise ValueError(f"share must be in (0, 1); got {share!r}.")
-    wanted = round(HISTOGRAM_SHARE**2 * float(share) / (1 - float(share)) * float(blocks))
+    total = HISTOGRAM_SHARE**2 * float(share) / (1 - float(share)) * float(blocks)
+    wanted = round(total / BOUNDS_ROUNDS)
     most = MAX_BOUNDS_VALUES // (max(1, int(n_features)) * (log_grid().shape[0] + 1))
     return int(max(1, min(wanted, most)))
 
@@ -463,7 +474,7 @@ def bounds_rounds(run: BoundsRun | None) -> int:
 
 
 def bounds_costs(plan: DPPlan | None) -> dict[str, RoundCost]:
-    """What the private bounds round of ``plan`` spent, by its kind (``{}`` with public
+    """What a private bounds round of ``plan`` spends, by its kind (``{}`` with public
     bounds): ``bounds_copies`` histograms."""
     if plan is None or not plan.bounds_copies:
         return {}
@@ -481,7 +492,7 @@ def bounds_record(plan: DPPlan | None) -> dict:
     low, high = plan.settings["bounds"]
     return {
         "bounds": "private",
-        "bounds_histograms": int(plan.bounds_copies),
+        "bounds_histograms": BOUNDS_ROUNDS * int(plan.bounds_copies),
         "bounds_low": list(low),
         "bounds_high": list(high),
     }

@@ -1,13 +1,15 @@
 """Private feature bounds: per-feature low and high quantiles of the pooled rows, from noisy
-histograms over a public grid, in one round (:class:`PrivateBoundsStep`).
+histograms, in two rounds (:class:`PrivateBoundsStep`).
 
 A private fit maps rows to a box before it clips them (``init.MomentsSettings.bounds``); a
 box taken from the rows would leak them. Each client counts its rows per feature in the bins
-of a public symmetric log-scale grid (:func:`log_grid`: ``+-max_abs``, never the data) and
-releases the counts as histogram parts that the client gate noises and charges
-(``ReplySpec.private_parts``); the server sums them and reads each feature's quantiles
-(:func:`quantile_bounds`). :class:`PrivateBounds` runs the step alone, before the family's
-own algorithm: its rows are neither mapped nor clipped, which a chained step's would be.
+of a grid the server broadcasts and releases the counts as histogram parts that the client
+gate noises and charges (``ReplySpec.private_parts``); the server sums them and reads each
+feature's quantiles (:func:`quantile_bounds`). The first grid is public, symmetric and
+log-scale (:func:`log_grid`: ``+-max_abs``, never the data); the second is linear between
+the first round's bounds (:func:`linear_grid`, post-processing of a private result).
+:class:`PrivateBounds` runs the step alone, before the family's own algorithm: its rows are
+neither mapped nor clipped, which a chained step's would be.
 
 The module sits beside ``init.py``, whose steps prepare a fit the same way: every family
 that works in a public box (federated EM, variational Bayes, FedGenGMM, the joint model)
@@ -52,6 +54,8 @@ QUANTILE = 0.01
 #: the chance that any bin of a noisy histogram holding no row passes the noise threshold
 #: (:func:`noise_threshold`).
 FALSE_BIN_RATE = 0.05
+#: the second round's bins between the first round's bounds (0: no second round).
+REFINE_BINS = 32
 
 
 def log_grid(max_abs: float = MAX_ABS, decades: int = DECADES, per_decade: int = PER_DECADE):
@@ -76,24 +80,42 @@ def log_grid(max_abs: float = MAX_ABS, decades: int = DECADES, per_decade: int =
     return torch.cat([-positive.flip(0), positive.new_zeros(1), positive])
 
 
-def bin_ends(edges: Tensor, per_decade: int) -> tuple[Tensor, Tensor]:
-    """The lower and upper end of each bin of the grid ``edges`` (E,): ``(E + 1,)`` each;
-    the outer bins end a grid step beyond the outermost edges, at ``+-max_abs *
-    10**(1 / per_decade)``."""
-    outer = float(edges[-1]) * 10.0 ** (1.0 / int(per_decade))
-    low = torch.cat([edges.new_full((1,), -outer), edges])
-    high = torch.cat([edges, edges.new_full((1,), outer)])
+def bin_ends(edges: Tensor, below: Tensor, above: Tensor) -> tuple[Tensor, Tensor]:
+    """The lower and upper end of each bin of per-feature grids ``edges`` (d, E): ``(d, E +
+    1)`` each, the outer bins ending at ``below`` and ``above`` (d,) (a grid step beyond the
+    outermost edges: :func:`log_ends`, :func:`linear_grid`)."""
+    low = torch.cat([below.reshape(-1, 1).to(edges), edges], 1)
+    high = torch.cat([edges, above.reshape(-1, 1).to(edges)], 1)
     return low, high
 
 
+def log_ends(edges: Tensor, per_decade: int) -> tuple[Tensor, Tensor]:
+    """The outer ends of log grids ``edges`` (..., E): ``-+max_abs * 10**(1 / per_decade)``,
+    (...) each."""
+    outer = edges[..., -1] * 10.0 ** (1.0 / int(per_decade))
+    return -outer, outer
+
+
+def linear_grid(low: Tensor, high: Tensor, bins: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``bins`` equal bins between ``low`` and ``high`` (d,) per feature: the edges (d, bins +
+    1) and the outer ends one bin beyond (d,) each."""
+    steps = torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64)
+    width = (high - low).to(torch.float64)
+    edges = low.to(torch.float64).unsqueeze(1) + width.unsqueeze(1) * steps
+    return edges, low - width / bins, high + width / bins
+
+
 def feature_histogram(X: Tensor, edges: Tensor) -> Tensor:
-    """Each feature's row counts in the bins of ``edges``: rows (n, d) -> (d, E + 1) float64;
-    bin ``j`` holds the rows with ``edges[j - 1] <= x < edges[j]``."""
-    index = torch.bucketize(X.to(torch.float64), edges.to(X.device, torch.float64), right=True)
+    """Each feature's row counts in the bins of its grid: rows (n, d) and edges (d, E), or
+    one grid (E,) for every feature, -> (d, E + 1) float64; bin ``j`` of feature ``f`` holds
+    the rows with ``edges[f, j - 1] <= x_f < edges[f, j]``."""
     d, n = X.shape[1], X.shape[0]
-    counts = torch.zeros(d, edges.shape[0] + 1, dtype=torch.float64, device=X.device)
+    grid = edges.to(X.device, torch.float64)
+    grid = grid.expand(d, -1) if grid.ndim == 1 else grid
+    index = torch.searchsorted(grid.contiguous(), X.to(torch.float64).T.contiguous(), right=True)
+    counts = torch.zeros(d, grid.shape[1] + 1, dtype=torch.float64, device=X.device)
     ones = torch.ones(d, n, dtype=torch.float64, device=X.device)
-    return counts.scatter_add_(1, index.T.contiguous(), ones)
+    return counts.scatter_add_(1, index, ones)
 
 
 def histogram_noise(noise_multiplier: float, copies: int, mode: str, n_replies: int) -> float:
@@ -142,11 +164,12 @@ def quantile_bounds(
     Args:
         counts: (d, G) noisy row counts per feature and bin.
         noise: the standard deviation of the noise on each count (>= 0).
-        ends: the bins' lower and upper ends, (G,) each (:func:`bin_ends`).
+        ends: the bins' lower and upper ends, (d, G) each (:func:`bin_ends`).
         quantile: in (0, 0.5).
 
     Returns:
-        ``(low, high)``, (d,) float64 each, ``low < high``.
+        ``(low, high)``, (d,) float64 each, ``low < high``, and ``kept`` (d,): the share of
+        each feature's noisy row count in the bins read as holding rows.
 
     Raises:
         ValueError: ``quantile`` outside (0, 0.5), or ``ends`` not of ``counts``' bins.
@@ -154,32 +177,35 @@ def quantile_bounds(
     if not 0 < float(quantile) < 0.5:
         raise ValueError(f"quantile must be in (0, 0.5); got {quantile!r}.")
     lower, upper = (e.to(torch.float64) for e in ends)
-    if lower.shape != (counts.shape[1],) or upper.shape != lower.shape:
+    if lower.shape != counts.shape or upper.shape != lower.shape:
         raise ValueError(
-            f"ends must give the {counts.shape[1]} bins' lower and upper ends; got "
+            f"ends must give the {tuple(counts.shape)} bins' lower and upper ends; got "
             f"{tuple(lower.shape)} and {tuple(upper.shape)}."
         )
     counts = counts.to(torch.float64)
     kept = torch.where(counts > noise_threshold(counts.numel()) * float(noise), counts, 0.0)
+    share = kept.sum(1) / counts.sum(1).clamp_min(1.0)
     empty = kept.sum(1) <= 0
     if bool(empty.any()):  # no bin above the noise: the largest count's bin alone
         top = torch.nn.functional.one_hot(counts.argmax(1), counts.shape[1]).to(counts)
         kept = torch.where(empty.unsqueeze(1), top, kept)
     cumulative = kept.cumsum(1)
     total = cumulative[:, -1:]
-    first = (cumulative > float(quantile) * total).to(torch.int64).argmax(1)
-    last = (cumulative >= (1 - float(quantile)) * total).to(torch.int64).argmax(1)
-    return lower[first], upper[last]
+    first = (cumulative > float(quantile) * total).to(torch.int64).argmax(1, keepdim=True)
+    last = (cumulative >= (1 - float(quantile)) * total).to(torch.int64).argmax(1, keepdim=True)
+    low, high = lower.gather(1, first).squeeze(1), upper.gather(1, last).squeeze(1)
+    return low, high, share
 
 
 @settings_dataclass
 class PrivateBoundsConfig(Settings):
-    """What the server of the bounds round knows (the clients' own policy holds the noise):
+    """What the server of the bounds rounds knows (the clients' own policy holds the noise):
     ``dp_mode`` and ``dp_noise_multiplier`` (``z``) of the clients' policy, ``copies`` (how
-    many times the histogram is released; its cost, ``copies / HISTOGRAM_SHARE**2``
-    Gaussian mechanisms of multiplier ``z``, is charged per copy by the client gate), the
-    grid (``max_abs``, ``decades``, ``per_decade``: :func:`log_grid`), ``quantile``, and
-    ``dp_insecure_seed`` (tests only: the central noise from a seed, no guarantee)."""
+    many times a round releases its histogram; each copy costs ``1 / HISTOGRAM_SHARE**2``
+    Gaussian mechanisms of multiplier ``z``, charged by the client gate), the first grid
+    (``max_abs``, ``decades``, ``per_decade``: :func:`log_grid`), ``refine_bins`` (the
+    second round's linear bins; 0: one round), ``quantile``, and ``dp_insecure_seed`` (tests
+    only: the central noise from a seed, no guarantee)."""
 
     dp_mode: str = "central"
     dp_noise_multiplier: float = 0.0
@@ -187,6 +213,7 @@ class PrivateBoundsConfig(Settings):
     max_abs: float = MAX_ABS
     decades: int = DECADES
     per_decade: int = PER_DECADE
+    refine_bins: int = REFINE_BINS
     quantile: float = QUANTILE
     dp_insecure_seed: int | None = None
     dtype: torch.dtype = torch.float64
@@ -198,6 +225,7 @@ class PrivateBoundsConfig(Settings):
         self._set("dp_noise_multiplier", z)
         for name in ("copies", "decades", "per_decade"):
             self._set(name, int(at_least(name, getattr(self, name), 1)))
+        self._set("refine_bins", int(at_least("refine_bins", self.refine_bins, 0)))
         log_grid(self.max_abs, self.decades, self.per_decade)  # names a bad grid
         if not 0 < float(self.quantile) < 0.5:
             raise ValueError(f"quantile must be in (0, 0.5); got {self.quantile!r}.")
@@ -205,20 +233,20 @@ class PrivateBoundsConfig(Settings):
         self._set("quantile", float(self.quantile))
 
     @property
-    def private(self) -> bool:
-        """Always: the round exists only under differential privacy."""
-        return True
+    def rounds(self) -> int:
+        """The bounds rounds: 2 with ``refine_bins``, else 1."""
+        return 2 if self.refine_bins else 1
 
 
 def bounds_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
     """The copies of the histogram a reply carries, (d, E + 1) each, by the broadcast's
-    ``copies`` and grid ``edges`` (E,)."""
-    bins = int(broadcast.tensors["edges"].shape[0]) + 1
+    ``copies`` and per-feature grid ``edges`` (d, E)."""
+    bins = int(broadcast.tensors["edges"].shape[-1]) + 1
     return {f"{COPY_PREFIX}{j}": (d, bins) for j in range(int(broadcast.scalars["copies"]))}
 
 
 #: a bounds reply: copies of one histogram, each a histogram part the gate noises
-#: (sensitivity 1: :meth:`PrivateBoundsStep.client_step`) and charges on its own.
+#: (sensitivity 1: :class:`PrivateBoundsStep`) and charges on its own.
 BOUNDS_REPLY = ReplySpec(
     BOUNDS_KIND,
     shapes=bounds_shapes,
@@ -230,22 +258,29 @@ BOUNDS_REPLY = ReplySpec(
 
 @dataclass
 class BoundsState:
-    """The bounds round's server state: ``phase`` (``"private_bounds"``, then ``"done"``),
-    the summed noisy histogram ``counts`` (d, G) in rows, its noise ``noise`` (standard
-    deviation per count) and the ``bounds`` ``(low, high)`` (d,) each."""
+    """The bounds rounds' server state: ``phase`` (``"private_bounds"``, then ``"done"``),
+    ``rounds`` run, the grid of the next round (``edges``: the public log grid (E,) for
+    every feature, then (d, E) per feature; its outer ends ``below``, ``above``), the last
+    round's summed noisy histogram ``counts`` (d, G) in rows and its ``noise`` (standard
+    deviation per count), and the ``bounds`` ``(low, high)`` (d,) each."""
 
     phase: str = BOUNDS_KIND
     rounds: int = 0
+    edges: Tensor | None = None
+    below: Tensor | None = None
+    above: Tensor | None = None
     counts: Tensor | None = None
     noise: float = 0.0
     bounds: tuple[Tensor, Tensor] | None = None
-    n_replies: int = 0
     metrics: dict[str, Scalar] = field(default_factory=dict)
 
 
 class PrivateBoundsStep(Step):
-    """One round: each client's per-feature histogram over the public grid, released
-    ``copies`` times as histogram parts; the server's per-feature quantile bounds.
+    """Two rounds: each client's per-feature histogram over the broadcast grid, released
+    ``copies`` times as histogram parts; the server's per-feature quantile bounds, first on
+    the public log grid, then on ``refine_bins`` linear bins between the first bounds. A
+    feature whose second histogram shows less than half of its rows above the noise keeps
+    its first bounds (few rows spread over many bins).
 
     **Sensitivity.** A row falls in exactly one bin of each of the ``d`` features, so adding
     or removing it changes the ``(d, G)`` counts by 1 in ``d`` entries: L2 sensitivity
@@ -257,8 +292,9 @@ class PrivateBoundsStep(Step):
     gate charges each), and their average is a sufficient statistic of them: one Gaussian
     mechanism of multiplier ``HISTOGRAM_SHARE * z / sqrt(c)`` on the histogram, i.e. noise
     ``HISTOGRAM_SHARE * z * sqrt(d / c)`` on each row count. The grid and the copies come
-    from the broadcast; neither changes the sensitivity, and the client's ledger refuses a
-    release past its budget. No row is clipped or mapped: counts need no bound on values.
+    from the broadcast; neither changes the sensitivity (any grid puts a row in one bin per
+    feature), and the client's ledger refuses a release past its budget. No row is clipped
+    or mapped: counts need no bound on values.
     """
 
     kinds = (BOUNDS_KIND,)
@@ -266,11 +302,11 @@ class PrivateBoundsStep(Step):
 
     def __init__(self, config: PrivateBoundsConfig) -> None:
         self.config = config
-        self.edges = log_grid(config.max_abs, config.decades, config.per_decade)
+        self.max_rounds = config.rounds
 
     def configure(self, state: BoundsState) -> Message:
         return Message(
-            BOUNDS_KIND, {"edges": self.edges}, scalars={"copies": int(self.config.copies)}
+            BOUNDS_KIND, {"edges": state.edges}, scalars={"copies": int(self.config.copies)}
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
@@ -285,7 +321,9 @@ class PrivateBoundsStep(Step):
         tensors = {f"{COPY_PREFIX}{j}": weighted.to(X.dtype) for j in range(copies)}
         return Message(BOUNDS_KIND, tensors, backing=client_backing(tensors, X.shape[0]))
 
-    def server_step(self, state: BoundsState, replies: dict[int, Message]) -> tuple[None, dict]:
+    def server_step(
+        self, state: BoundsState, replies: dict[int, Message]
+    ) -> tuple[str | None, dict]:
         config = self.config
         copies = [
             torch.stack([r.tensors[f"{COPY_PREFIX}{j}"] for j in range(config.copies)]).mean(0)
@@ -296,30 +334,44 @@ class PrivateBoundsStep(Step):
         if mode == "central":  # the trusted server's noise, as the average of the copies'
             std = histogram_noise(z, config.copies, mode, 1)
             total = add_gaussian(total, std, server_noise(config, state.rounds, 2))
-        scale = math.sqrt(total.shape[0])  # back to rows: each row counted 1 / sqrt(d)
+        d = total.shape[0]
+        scale = math.sqrt(d)  # back to rows: each row counted 1 / sqrt(d)
         state.counts = total * scale
         state.noise = histogram_noise(z, config.copies, mode, len(replies)) * scale
-        ends = bin_ends(self.edges, config.per_decade)
-        state.bounds = quantile_bounds(state.counts, state.noise, ends, config.quantile)
-        state.n_replies = len(replies)
-        return None, {"phase": BOUNDS_KIND, "noise": state.noise}
+        grid = state.edges.expand(d, -1) if state.edges.ndim == 1 else state.edges
+        ends = bin_ends(grid, state.below.expand(d), state.above.expand(d))
+        low, high, kept = quantile_bounds(state.counts, state.noise, ends, config.quantile)
+        first = state.bounds is None
+        if not first:  # a feature whose fine histogram is mostly noise keeps its first bounds
+            trusted = kept >= 0.5
+            low = torch.where(trusted, low, state.bounds[0])
+            high = torch.where(trusted, high, state.bounds[1])
+        state.bounds = (low, high)
+        metrics = {"phase": BOUNDS_KIND, "noise": state.noise, "kept": float(kept.mean())}
+        if first and config.refine_bins:
+            state.edges, state.below, state.above = linear_grid(low, high, config.refine_bins)
+            return BOUNDS_KIND, metrics
+        return None, metrics
 
 
 class PrivateBounds(FederatedAlgorithm):
-    """:class:`PrivateBoundsStep` run alone (one round), before a private fit; its
+    """:class:`PrivateBoundsStep` run alone (one or two rounds), before a private fit; its
     ``state.bounds`` are the fit's public box. Settings: :class:`PrivateBoundsConfig`.
     Not registered by name (no ``config_class``): a detector builds it for its own fit."""
 
-    max_rounds = 1
     replies: ClassVar = declare(BOUNDS_REPLY)
 
     def __init__(self, **settings: Any) -> None:
         config = PrivateBoundsConfig(**settings)
         self._setup(config)
         self._step = PrivateBoundsStep(config)
+        self.max_rounds = config.rounds
 
     def start(self) -> BoundsState:
-        return BoundsState()
+        config = self.config
+        edges = log_grid(config.max_abs, config.decades, config.per_decade)
+        below, above = log_ends(edges, config.per_decade)
+        return BoundsState(edges=edges, below=below, above=above)
 
     def finished(self, state: BoundsState) -> bool:
         return state.phase == "done"
@@ -339,9 +391,9 @@ class PrivateBounds(FederatedAlgorithm):
                 "no client released a histogram in the bounds round; clients without a "
                 "differential-privacy policy, or without rows, skip it."
             )
-        _, metrics = self._step.server_step(state, replies)
+        following, metrics = self._step.server_step(state, replies)
         state.rounds += 1
-        state.phase = "done"
+        state.phase = "done" if following is None else following
         return state, metrics
 
 
@@ -355,6 +407,8 @@ __all__ = [
     "bin_ends",
     "feature_histogram",
     "histogram_noise",
+    "linear_grid",
+    "log_ends",
     "log_grid",
     "noise_threshold",
     "quantile_bounds",
