@@ -30,6 +30,7 @@ import argparse
 import csv
 import itertools
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -58,6 +59,8 @@ PUBLIC_RANGES = {
 #: a private fit's rounds: Lloyd (``kmeans_rounds``) and EM (``max_iter``) rounds, the
 #: moments round (``standardize``) and anything else the detector takes.
 VARIANTS = {
+    "defaults": {},
+    "em20": {"max_iter": 20, "kmeans_rounds": 3},
     "em40": {"max_iter": 40, "kmeans_rounds": 3},
     "em10": {"max_iter": 10, "kmeans_rounds": 3},
     "em5": {"max_iter": 5, "kmeans_rounds": 2},
@@ -230,6 +233,61 @@ def summarise(frame: pd.DataFrame) -> pd.DataFrame:
     return table.round(4)
 
 
+def by_dataset(frame: pd.DataFrame, epsilon: str = "1.0") -> pd.DataFrame:
+    """AUROC per dataset (mean over seeds): the non-private fit (``inf``), each variant's
+    ``inf*`` and its private fits at ``epsilon`` per mode, and the paired differences."""
+    frame = frame.copy()
+    frame["epsilon"] = frame.epsilon.astype(str)
+    picked = frame[frame.epsilon.isin(["inf", "inf*", epsilon])]
+    label = picked.variant + " " + picked["mode"].where(picked["mode"] != "-", "") + " "
+    picked = picked.assign(column=(label + picked.epsilon).str.replace("  ", " "))
+    table = picked.pivot_table(index="dataset", columns="column", values="auroc")
+    table.insert(0, "n_train", frame.groupby("dataset").n_train.first())
+    table.insert(1, "n_features", frame.groupby("dataset").n_features.first())
+    return table.sort_values("n_train").round(3)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A DataFrame as a markdown table (index included)."""
+    table = table.reset_index()
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |"]
+    lines.append("|" + "---|" * len(table.columns))
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def report(frame: pd.DataFrame, command: str) -> str:
+    """The run's report: header (command, date, commit, machine), the summary over datasets
+    and seeds, and AUROC per dataset at epsilon 1."""
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_facts
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return "\n".join(
+        [
+            "# Differentially private federated EM against epsilon (benchmarks/dp_utility.py)",
+            "",
+            f"- command: `{command}`",
+            f"- date: {time.strftime('%Y-%m-%d')}; commit {commit or 'unknown'}",
+            f"- {machine_facts()}",
+            "",
+            "Mean over datasets and seeds; d_auroc: paired difference from the non-private fit"
+            " (inf), d_auroc_worst: the worst dataset and seed.",
+            "",
+            markdown(summarise(frame)),
+            "",
+            "AUROC per dataset at epsilon 1 (mean over seeds), by training rows:",
+            "",
+            markdown(by_dataset(frame)),
+            "",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -243,12 +301,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--components", type=int, default=8)
-    parser.add_argument("--max-train", type=int, default=20_000)
+    parser.add_argument("--max-train", type=int, default=20_000, help="0: every row")
     parser.add_argument("--csv", default=None, help="append each fit here; skip those it holds")
+    parser.add_argument("--report", default=None, help="write the markdown report here")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: one seed, DEM-kmeans, 5,000 rows"
     )
     args = parser.parse_args(argv)
+    args.max_train = args.max_train or None
     if args.quick:
         args.seeds, args.methods, args.modes = [0], ["DEM-kmeans"], ["central"]
         args.max_train, args.epsilons = 5_000, [1.0]
@@ -257,6 +317,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = summarise(frame)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string())
+    if args.report:
+        given = sys.argv[1:] if argv is None else argv
+        command = "python benchmarks/dp_utility.py " + " ".join(given)
+        Path(args.report).write_text(report(frame, command))
     return table
 
 
