@@ -93,7 +93,6 @@ def test_more_rounds_buy_more_noise_per_round(task):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({}, "dp_bounds=\\(low, high\\)"),
         ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 4\\)"),
         ({"dp_bounds": (np.ones(D), np.zeros(D))}, "low < high"),
         (

@@ -18,6 +18,7 @@ from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
 from fednovelty.federated.ledger import PrivacyLedger
 from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.private_bounds import BOUNDS_KIND
 from fednovelty.runtime.simulation import run_simulation
 
 MEANS = np.array([[0.0, 0.0, 0.0], [3.0, 3.0, 0.0], [-3.0, 3.0, 1.0]])
@@ -67,10 +68,13 @@ def test_the_budget_is_planned_spent_and_reported(cls):
 
 
 @pytest.mark.parametrize("cls", DETECTORS)
-def test_missing_bounds_are_refused_by_name(cls):
-    X, groups = _federation([200, 200], seed=1)
-    with pytest.raises(ValueError, match="dp_bounds"):
-        _detector(cls, dp_epsilon=1.0).fit(X, groups=groups)
+def test_missing_bounds_are_estimated_privately(cls):
+    """Without dp_bounds a first private round estimates them (its cost in the budget)."""
+    X, groups = _federation([1500, 1500], seed=1)
+    detector = _detector(cls, dp_epsilon=1.0, dp_iterations=4, random_state=0)
+    detector.fit(X, groups=groups)
+    assert detector.history_[0]["kind"] == BOUNDS_KIND
+    assert detector.privacy_spent_["epsilon"] <= 1.0 + 1e-9
 
 
 # --------------------------------------------------------------------------- the noise

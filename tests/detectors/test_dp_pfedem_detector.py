@@ -105,12 +105,12 @@ def test_a_central_fit_spends_its_budget_and_keeps_no_per_client_weights(task):
     counts = det.joint_state_.joint_counts.numpy()
     global_pi = counts / counts.sum()
     np.testing.assert_allclose(det.client_joint_weights_, np.stack([global_pi] * 4), rtol=1e-12)
-    assert np.all(np.diag(counts) > 0) and abs(counts.sum() / (4 * N) - 1) < 0.1
+    # the summed counts carry the histogram's noise, 8 z on each of their cells
+    spread = 8 * spent["noise_multiplier"] * np.sqrt(counts.size)
+    assert np.all(np.diag(counts) > 0) and abs(counts.sum() - 4 * N) < 4 * spread
 
 
 def test_private_pfedem_fits_refuse_what_has_no_private_form(task):
     X, y, groups = task[0]
     with pytest.raises(ValueError, match="no sensitivity bound"):
         PFedEMDetector(2, dp_epsilon=1.0, dp_bounds=BOUNDS).fit(X, y, groups)  # "paper"
-    with pytest.raises(ValueError, match="dp_bounds"):
-        PFedEMDetector(2, dp_epsilon=1.0, gaussian_aggregation="exact").fit(X, y, groups)

@@ -271,7 +271,6 @@ def test_the_noise_costs_little_on_a_large_federation(task):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({}, "dp_bounds=\\(low, high\\)"),
         ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 3\\)"),
         (
             {"dp_bounds": BOUNDS, "aggregation": "trimmed", "dp_mode": "distributed"},

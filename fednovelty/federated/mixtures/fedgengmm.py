@@ -381,6 +381,8 @@ class FedGenGMM(FederatedAlgorithm):
             covariance_type=config.covariance_type,
             reg_covar=config.reg_covar,
             source=release_noise(dp, context.client_id, context.ledger.releases, STEP_STREAM),
+            # the public start reads no row: random_state seeds it, the noise is fresh
+            init_generator=client_generator(self._seed(0x1417), context.client_id),
         )
         params = affine_params(params, offset, scale)
         count = torch.tensor(max(info.noisy_rows, 1.0), dtype=X.dtype, device=X.device)

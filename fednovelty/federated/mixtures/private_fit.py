@@ -147,11 +147,18 @@ def _public_centre(centre, X: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- initialisation
-def _uniform_in_ball(n: int, d: int, radius: float, source: NoiseSource, like: Tensor) -> Tensor:
-    """``n`` points uniform in the L2 ball of ``radius`` around 0, shape (n, d)."""
-    direction = source.normal((n, d))
+def _uniform_in_ball(
+    n: int, d: int, radius: float, source: NoiseSource | torch.Generator, like: Tensor
+) -> Tensor:
+    """``n`` points uniform in the L2 ball of ``radius`` around 0, shape (n, d), drawn from
+    a noise source or (a public start, which reads no row) a torch generator."""
+    if isinstance(source, torch.Generator):
+        direction = torch.randn(n, d, generator=source, dtype=torch.float64)
+        uniform = torch.rand(n, 1, generator=source, dtype=torch.float64)
+    else:
+        direction, uniform = source.normal((n, d)), source.uniform((n, 1))
     direction = direction / torch.linalg.vector_norm(direction, dim=1, keepdim=True)
-    radii = radius * source.uniform((n, 1)) ** (1.0 / d)
+    radii = radius * uniform ** (1.0 / d)
     return (direction * radii).to(dtype=like.dtype, device=like.device)
 
 
@@ -187,7 +194,7 @@ def public_init(
     centre: Tensor,
     covariance_type: str = "full",
     how: str = "public",
-    source: NoiseSource | None = None,
+    source: NoiseSource | torch.Generator | None = None,
 ) -> MixtureParams:
     """Starting parameters that depend only on public values (the clip ball), never on rows.
 
@@ -267,6 +274,7 @@ def private_em(
     min_variance: float | None = None,
     noise_floor: float = 1.0,
     source: NoiseSource | None = None,
+    init_generator: torch.Generator | None = None,
 ) -> tuple[MixtureParams, PrivateFitInfo]:
     """DP-EM: ``n_iter`` EM iterations on rows ``X`` whose summed statistics are released with
     Gaussian noise each iteration (module docstring), from a public start.
@@ -293,8 +301,10 @@ def private_em(
             :func:`~fednovelty.federated.dp.plausible_stats` (``2 * sigma * sqrt(d) / n_k``,
             ``sigma`` the noise's std on a second-moment entry, :func:`second_moment_noise`);
             1 is that floor, 0 turns it off.
-        source: the draws of the noise and the public init
-            (:mod:`fednovelty.federated.noise`); ``None``: fresh OS entropy.
+        source: the draws of the noise (:mod:`fednovelty.federated.noise`); ``None``: fresh
+            OS entropy.
+        init_generator: the draws of the public start (it reads no row, so ``random_state``
+            may seed it); ``None``: ``source``'s.
 
     Returns:
         ``(params, info)``: the final :class:`~fednovelty.mixture.MixtureParams` (dtype and
@@ -335,7 +345,7 @@ def private_em(
             centre=centre,
             covariance_type=covariance_type,
             how=init,
-            source=source,
+            source=source if init_generator is None else init_generator,
         )
     else:
         raise ValueError(f"init must be one of {INITS} or a MixtureParams; got {init!r}.")
