@@ -196,8 +196,12 @@ def run(args) -> pd.DataFrame:
                         for v, m, e, x in settings_of(args, dataset, X_train.shape[1])
                     )
                 base = method.shared_params(n_components=args.components, random_state=seed)
-                result = fit_one(method, base, fits[(variant, mode, str(eps))], task, X_train,
-                                 X_test)  # fmt: skip
+                try:
+                    result = fit_one(method, base, fits[(variant, mode, str(eps))], task,
+                                     X_train, X_test)  # fmt: skip
+                except Exception as error:  # a fit that stops (e.g. a non-private floor)
+                    print(f"{key}: {type(error).__name__}: {error}", flush=True)
+                    result = dict.fromkeys(COLUMNS[7:11], math.nan) | {"seconds": math.nan}
                 row = dict(zip(KEY, key, strict=True))
                 row.update(result, n_train=len(X_train), n_features=X_train.shape[1])
                 append(path, row)
