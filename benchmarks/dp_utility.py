@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "--datasets", nargs="+", default=["10_cover"], help='ADBench names, or "all" (25)'
     )
     parser.add_argument("--methods", nargs="+", default=["DEM-kmeans"])
-    parser.add_argument("--variants", nargs="+", default=["em5-box"], choices=sorted(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["em40"], choices=sorted(VARIANTS))
     parser.add_argument("--bounds", choices=("private", "public"), default="private")
     parser.add_argument("--modes", nargs="+", default=["central", "local"])
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
