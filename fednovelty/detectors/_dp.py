@@ -362,18 +362,6 @@ def round_costs(algorithm: Any, plan: DPPlan) -> dict[str, RoundCost]:
     return costs
 
 
-def set_privacy_spent(estimator: Any, plan: DPPlan | None, algorithm: Any) -> None:
-    """``estimator.privacy_spent_`` after a fit of the chained ``algorithm`` under ``plan``
-    (:func:`privacy_record` of its ``history_`` over the kinds its steps release privately);
-    removed after a fit without one."""
-    if plan is None:
-        if hasattr(estimator, "privacy_spent_"):
-            del estimator.privacy_spent_
-        return
-    costs = round_costs(algorithm, plan)
-    estimator.privacy_spent_ = privacy_record(plan, estimator.history_, costs)
-
-
 # --------------------------------------------------------------------------- private bounds
 #: the share of the rounds' budget (of ``mu^2``, Gaussian differential privacy) that the
 #: private bounds round spends when ``dp_bounds`` is not given.
@@ -513,11 +501,13 @@ def finish_private_fit(
     estimator: Any, plan: DPPlan | None, algorithm: Any, run: BoundsRun | None
 ) -> None:
     """After a fit of the chained ``algorithm`` under ``plan``: the bounds round joined to
-    the record (:func:`join_private_bounds`) and ``privacy_spent_`` with its cost
-    (:func:`set_privacy_spent`, :func:`bounds_costs`, :func:`bounds_record`)."""
+    the record (:func:`join_private_bounds`) and ``privacy_spent_``, the
+    :func:`privacy_record` of ``history_`` over the kinds the steps release privately and
+    the bounds round (:func:`bounds_costs`, :func:`bounds_record`); removed after a fit
+    without a plan."""
     join_private_bounds(estimator, run)
     if plan is None:
-        set_privacy_spent(estimator, None, algorithm)
+        estimator.__dict__.pop("privacy_spent_", None)
         return
     costs = {**round_costs(algorithm, plan), **bounds_costs(plan)}
     record = privacy_record(plan, estimator.history_, costs)

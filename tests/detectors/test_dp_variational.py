@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _noise import assert_fresh_noise
 from _tolerance import assert_close_scaled
 from scipy.stats import norm
 from sklearn.exceptions import ConvergenceWarning
@@ -221,19 +222,11 @@ def test_the_fit_spends_its_budget_and_no_more(task):
 
 
 def test_the_noise_is_fresh_whatever_the_random_state(task):
-    """An adversary who knows random_state and every other row re-runs the fit: under DP two
-    fits with the same data and random_state release different noise (fresh OS entropy),
-    while without DP they stay identical."""
-    a = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
-    b = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=3)
-    assert not np.array_equal(a.means_, b.means_)
-    plain = [_fit(task, random_state=3).means_ for _ in range(2)]
-    np.testing.assert_array_equal(plain[0], plain[1])
-    np.random.seed(0)  # noqa: NPY002 - the legacy global seed is the scenario under test
-    c = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=None)
-    np.random.seed(0)  # noqa: NPY002
-    d = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=None)
-    assert not np.array_equal(c.means_, d.means_)
+    def fit(**settings):
+        bounds = {"dp_bounds": BOUNDS} if "dp_epsilon" in settings else {}
+        return _fit(task, **bounds, **settings)
+
+    assert_fresh_noise(fit)
 
 
 def test_the_replies_are_noisy(task):
