@@ -6,8 +6,8 @@ A release of summed mixture statistics is three Gaussian mechanisms (counts, fir
 second moments); block ``b`` gets noise of multiplier ``z * s_b`` with ``sum_b 1 / s_b^2 =
 3``. The splits compared:
 
-- ``fixed``: :data:`~fednovelty.federated.dp.BLOCK_SPLIT` (8, 2.5, 0.595);
-- ``derived``: :func:`~fednovelty.federated.dp.stats_split` of the task's ``d`` and ``K``
+- ``fixed``: :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` (8, 2.5, 0.595);
+- ``derived``: :func:`~fednovelty.federated.trust.dp.stats_split` of the task's ``d`` and ``K``
   (the first-order expected KL of a noisy M-step, minimised in closed form; the row count
   cancels at first order, so it needs no size);
 - ``size-aware``: from a public size hint (here the task's training rows over ``K``), the
@@ -20,10 +20,10 @@ The ``mean without 10_cover`` rows of the AUROC table average the small sets (th
 and ``d`` read 0). Three sections:
 
 1. ``split``: each task's derived split and the first-order error of the fixed split over
-   the derived one's (:func:`~fednovelty.federated.dp.split_error`).
+   the derived one's (:func:`~fednovelty.federated.trust.dp.split_error`).
 2. ``mstep``: the exact expected KL from the truth of one noisy M-step with the server's
-   post-processing (:func:`~fednovelty.federated.dp.private_sum` then
-   :func:`~fednovelty.federated.dp.plausible_stats` with the floors
+   post-processing (:func:`~fednovelty.federated.trust.dp.private_sum` then
+   :func:`~fednovelty.federated.trust.dp.plausible_stats` with the floors
    ``fednovelty.federated.init.private_stats`` uses), by simulation on the row-free
    reference (``K`` components of ``n_k`` rows each, uniform centres in ``[-1, 1]^d``,
    covariance ``K^(-2/d) / 3`` per feature, clipping radius ``sqrt(d)``), for ``n_k`` from
@@ -31,7 +31,7 @@ and ``d`` read 0). Three sections:
 3. ``auroc``: DEM-kmeans under central DP (the scoreboard's task: novelty protocol, 10
    clients of Dirichlet(0.5), 8 components, at most 20,000 training rows, ``dp_bounds``
    [0, 1], 3 Lloyd and 40 EM rounds) with each split. The split is swapped in the module's
-   :data:`~fednovelty.federated.dp.BLOCK_SPLIT` for the whole fit (every release's noise and
+   :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` for the whole fit (every release's noise and
    the server's floors read it).
 
 Run: ``python benchmarks/dp_split.py [--datasets ...] [--seeds 0 1 2] [--epsilons 1 8]
@@ -87,7 +87,7 @@ FIXED = dict(dp.BLOCK_SPLIT)
 def noise_ratio(n_features: int, n_components: int, rows_per_component: float, z: float) -> float:
     """``rho``: the noise's spectral norm on a component's covariance under the derived split
     (``2 z s_second B^2 sqrt(d) / n_k``, the server's covariance floor) over the row-free
-    reference's variance (``B^2 K^(-2/d) / (3 d)``, :func:`~fednovelty.federated.dp.
+    reference's variance (``B^2 K^(-2/d) / (3 d)``, :func:`~fednovelty.federated.trust.dp.
     split_coefficients`): ``6 z s_second d^1.5 K^(2/d) / n_k``. Below 1 the covariances are
     resolved and the first-order analysis holds."""
     d, k = n_features, n_components
@@ -136,7 +136,7 @@ def split_for(
 @contextlib.contextmanager
 def using_split(split: Mapping[str, float]) -> Iterator[None]:
     """Every release and the server's floors read ``split`` inside the block (the module's
-    :data:`~fednovelty.federated.dp.BLOCK_SPLIT` is updated in place and restored)."""
+    :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` is updated in place and restored)."""
     saved = dict(dp.BLOCK_SPLIT)
     dp.BLOCK_SPLIT.update(dp.normalised_split(split))
     try:

@@ -10,7 +10,7 @@ method (``DEM-kmeans``: global weights, ``FedGMM``: personal weights) fitted wit
 Every fit sees the dataset's own units (the task's min-max scaling undone: that scaling reads
 the rows, so bounds taken from it would be no public knowledge). ``--bounds private`` (the
 default): no ``dp_bounds``, so the fit's first round estimates them privately
-(``fednovelty.federated.private_bounds``, charged to the budget). ``--bounds public``: the
+(``fednovelty.federated.trust.private_bounds``, charged to the budget). ``--bounds public``: the
 documented ranges of :data:`PUBLIC_RANGES` (datasets without one are skipped).
 
 A private fit's rounds are a *variant* (:data:`VARIANTS`: Lloyd and EM rounds, the moments

@@ -125,20 +125,20 @@ from fednovelty.datasets.protocols import Task, make_task
 from fednovelty.detectors._params import PRIOR_SCALE
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Message
-from fednovelty.federated.base import ClientContext
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers, predictive_log_tail
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
 from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.core.base import ClientContext
+from fednovelty.federated.core.wire import unpack
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_proba
 from fednovelty.federated.mixtures.fedgengmm import LocalGMMs
-from fednovelty.federated.robust import EXTENSIVE
 from fednovelty.federated.streams.streaming import StreamingEM
-from fednovelty.federated.wire import unpack
+from fednovelty.federated.trust.robust import EXTENSIVE
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import loop, simulation
@@ -240,7 +240,7 @@ class _AcceptAll:
 @contextmanager
 def validation(on: bool) -> Iterator[None]:
     """Run the in-process engine with (``on``) or without its reply validation and the
-    first round's gross screen (``fednovelty.federated.plausible``)."""
+    first round's gross screen (``fednovelty.federated.trust.plausible``)."""
     if on:
         yield
         return
@@ -396,22 +396,37 @@ class WithAttackers(FederatedAlgorithm):
     def reply_spec(self, kind):
         return self.inner.reply_spec(kind)
 
-    def answer(self, X, message, context) -> Message:
-        """Honest clients answer through their client gate; an attacker sends its forgery
-        past its own (a liar does not hold itself to its policy)."""
-        if context.client_id in self.attackers:  # forges the logical broadcast (unpacked)
-            return self.client_step(X, unpack(message), context)
-        return super().answer(X, message, context)
+    def forge_reply(self, client_id, reply, message, X, context) -> Message:
+        """The engine's hook for lying clients: honest clients' replies leave as their
+        client gate released them; an attacker sends its forgery past its own (a liar does
+        not hold itself to its policy)."""
+        if client_id in self.attackers:  # forges the logical broadcast (unpacked)
+            return self.forged(X, unpack(message), context)
+        return reply
 
     @property
     def config(self):
         return self.inner.config
 
     @property
+    def gate_caps_weights(self):
+        return self.inner.gate_caps_weights
+
+    @property
     def labelled(self) -> bool:
         return getattr(self.inner, "labelled", False)
 
     def client_step(self, X, message, context) -> Message:
+        return self.inner.client_step(X, message, context)
+
+    def client_steps(self, items, message):
+        return self.inner.client_steps(items, message)
+
+    def batches(self, kind):
+        return self.inner.batches(kind)
+
+    def forged(self, X, message, context) -> Message:
+        """An attacker's reply (``forge``), or an honest client's step."""
         attacker = context.client_id in self.attackers
         key = None
         if self.cache is not None and message.kind == "local_fit" and not message.tensors:

@@ -9,13 +9,13 @@ Dirichlet responsibilities. The public clipping ranges follow from those bounds:
 ``MAX_ROWS * BOUND**2``.
 
 For each ``(d, m, dropped, bits)`` (:data:`GRID`), one secure sum
-(``fednovelty.federated.secure.secure_sum``, threshold ``m // 2 + 1``, AES-CTR masks) and the
+(``fednovelty.federated.trust.secure.secure_sum``, threshold ``m // 2 + 1``, AES-CTR masks) and the
 plain sum (torch, float64) of the same statistics. Columns: the secure sum's wall time (all
 parties in turn, one thread) and its split into client work per client and server work, the
 plain sum's time and the ratio; bytes a client sends (masked vector at ``bits / 8`` bytes a
 value, keys, encrypted shares, revealed shares) against the plain float64 upload, and bytes
 it receives; the largest error of any summed value over its tensor's clipping range, beside
-the bound :func:`~fednovelty.federated.secure.error_bound` gives (same scale).
+the bound :func:`~fednovelty.federated.trust.secure.error_bound` gives (same scale).
 
 Second section, federated EM with secure sums: ``FederatedEM`` under
 ``dp_mode="distributed"`` on ADBench Forest Covertype (``make_task("10_cover", "novelty",
@@ -74,8 +74,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import emit_report, report_header
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
-from fednovelty.federated.dp import BLOCK_SPLIT, DPPolicy, calibrate_noise, clip_rows
-from fednovelty.federated.secure import secure_sum
+from fednovelty.federated.trust.dp import BLOCK_SPLIT, DPPolicy, calibrate_noise, clip_rows
+from fednovelty.federated.trust.secure import secure_sum
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.secure_rounds import SecureSum
 from fednovelty.runtime.simulation import UnsummedDistributedWarning

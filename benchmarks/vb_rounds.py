@@ -67,7 +67,7 @@ from fednovelty.datasets.synthetic import make_fedgmm_synthetic  # noqa: E402
 from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
 from fednovelty.federated.bayesian.variational import FederatedVB  # noqa: E402
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot  # noqa: E402
-from fednovelty.federated.privacy import PrivacyPolicy  # noqa: E402
+from fednovelty.federated.trust.privacy import PrivacyPolicy  # noqa: E402
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances  # noqa: E402
 from fednovelty.mixture.variational import (  # noqa: E402
     VBPosterior,

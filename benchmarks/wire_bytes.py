@@ -44,7 +44,6 @@ from _machine import emit_report, report_header
 from fednovelty.datasets.protocols import make_task
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import (
-    ClientContext,
     FederatedEM,
     FederatedVB,
     FedGenGMM,
@@ -52,8 +51,9 @@ from fednovelty.federated import (
     Message,
     PrivacyPolicy,
 )
-from fednovelty.federated.validation import ReplyValidator, is_skipped
-from fednovelty.federated.wire import pack, unpack
+from fednovelty.federated.core.wire import pack, unpack
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import ReplyValidator, is_skipped
 from fednovelty.mixture.model import score_samples
 from fednovelty.runtime import loop
 from fednovelty.runtime.simulation import InProcessTransport
@@ -99,7 +99,7 @@ class Metered(InProcessTransport):
 
 
 def run(algorithm, data: dict[int, object], width: int, wire_dtype):
-    contexts = {c: ClientContext(c, policy=PrivacyPolicy(), wire=True) for c in data}
+    contexts = {c: gate.client_context(c, policy=PrivacyPolicy(), wire=True) for c in data}
     transport = Metered(
         algorithm, data, contexts, 1.0, 0.0, np.random.default_rng(0), wire_dtype=wire_dtype
     )

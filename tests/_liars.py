@@ -13,9 +13,9 @@ from unittest import mock
 import torch
 from hypothesis import strategies as st
 
-from fednovelty.federated.base import FederatedAlgorithm, Message
-from fednovelty.federated.robust import EXTENSIVE
-from fednovelty.federated.wire import unpack
+from fednovelty.federated.core.base import FederatedAlgorithm, Message
+from fednovelty.federated.core.wire import unpack
+from fednovelty.federated.trust.robust import EXTENSIVE
 from fednovelty.runtime import simulation
 
 LIES = (
@@ -129,12 +129,26 @@ class Forging(FederatedAlgorithm):
     def reply_spec(self, kind):
         return self.inner.reply_spec(kind)
 
+    @property
+    def config(self):
+        return self.inner.config
+
+    @property
+    def gate_caps_weights(self):
+        return self.inner.gate_caps_weights
+
     def client_step(self, X, message, context):
         return self.inner.client_step(X, message, context)
 
-    def answer(self, X, message, context):
-        reply = self.inner.answer(X, message, context)
-        if context.client_id != self.liar or (reply.scalars.get("skipped") and not self.skipped):
+    def client_steps(self, items, message):
+        return self.inner.client_steps(items, message)
+
+    def batches(self, kind):
+        return self.inner.batches(kind)
+
+    def forge_reply(self, client_id, reply, message, data, context):
+        """The engine's hook for a lying client: its released reply, forged."""
+        if client_id != self.liar or (reply.scalars.get("skipped") and not self.skipped):
             return reply
         self.replies += 1
         # the liar forges the logical messages, not their wire form (a forged reply travels

@@ -173,9 +173,7 @@ def _fit_args(tmp_path, *extra: str) -> list[str]:
             "--out", str(model), "--overwrite", *extra]  # fmt: skip
 
 
-def test_progress_bars_only_on_a_terminal_and_never_with_no_progress(
-    tmp_path, capsys, monkeypatch
-):
+def test_progress_bars_only_on_a_terminal_and_never_with_no_progress(tmp_path, capsys, monkeypatch):
     assert main(_fit_args(tmp_path)) == 0
     assert "round" not in capsys.readouterr().err  # stderr is captured: no terminal, no bar
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)

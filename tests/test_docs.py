@@ -68,7 +68,7 @@ PREPARE = {"flower.md": _flower_result}
 def _registries() -> list[dict]:
     """The tables a page's example may extend (methods, saved classes, algorithms)."""
     from fednovelty.detectors.persistence import REGISTRY
-    from fednovelty.federated.base import REGISTERED
+    from fednovelty.federated.core.base import REGISTERED
     from fednovelty.methods import METHODS
 
     return [METHODS, REGISTRY, REGISTERED]

@@ -5,11 +5,11 @@ An estimator that declares the ``DIFFERENTIAL_PRIVACY`` parameters (``dp_epsilon
 ``dp_delta``, ``dp_bounds``, ``dp_clip``, ``dp_mode``) plans its fit with :func:`dp_plan`:
 the number of noisy releases the algorithm can make (every round that takes something from
 the rows), the noise multiplier that spends at most ``dp_epsilon`` over them
-(:func:`~fednovelty.federated.dp.calibrate_noise`), the algorithm's settings (what the
-server knows) and each client's own :class:`~fednovelty.federated.dp.DPPolicy` (what the
+(:func:`~fednovelty.federated.trust.dp.calibrate_noise`), the algorithm's settings (what the
+server knows) and each client's own :class:`~fednovelty.federated.trust.dp.DPPolicy` (what the
 client enforces: its noise, its clipping and a budget of exactly the planned releases,
 after which it refuses). With learners that leave the clients (FedGMM's joint model) the
-plan also buys their DP-SGD (:mod:`fednovelty.federated.dp_sgd`): the statistics' ``z`` and
+plan also buys their DP-SGD (:mod:`fednovelty.federated.trust.dp_sgd`): the statistics' ``z`` and
 the steps' ``sigma`` spend the budget together, split by ``dp_learner_share``. After the
 fit, :func:`privacy_record` is ``privacy_spent_``.
 """
@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
-from fednovelty.federated.dp_quantile import private_quantile, score_grid
-from fednovelty.federated.dp_sgd import (
+from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_quantile import private_quantile, score_grid
+from fednovelty.federated.trust.dp_sgd import (
     HISTOGRAM_SHARE,
     DPSGDSettings,
     calibrate_learning,
     learning_epsilon,
     release_blocks,
 )
-from fednovelty.federated.noise import noise_source
-from fednovelty.federated.private_bounds import (
+from fednovelty.federated.trust.noise import noise_source
+from fednovelty.federated.trust.private_bounds import (
     BOUNDS_KIND,
     PrivateBounds,
     PrivateBoundsConfig,
@@ -68,7 +68,7 @@ def check_delta(delta: float, n_rows: int) -> None:
 def private_threshold(detector: Any) -> float:
     """A private detector's ``threshold_``: the ``1 - contamination`` quantile of its
     training scores by the exponential mechanism over a public grid above the model's lowest
-    score (``-`` its highest log-density; :mod:`fednovelty.federated.dp_quantile`), with
+    score (``-`` its highest log-density; :mod:`fednovelty.federated.trust.dp_quantile`), with
     ``privacy_spent_["threshold_epsilon"]`` of the budget and fresh OS entropy. A detector
     without that share (or with a thresholder object for ``contamination``) keeps its
     threshold."""
@@ -123,7 +123,7 @@ class DPPlan:
     Attributes:
         settings: the algorithm's settings (``dp_mode``, ``dp_noise_multiplier``,
             ``dp_clip``, ``bounds``).
-        policy: every client's :class:`~fednovelty.federated.dp.DPPolicy`.
+        policy: every client's :class:`~fednovelty.federated.trust.dp.DPPolicy`.
         releases: the most noisy releases the fit can make (the clients' budget).
         epsilon, delta: the budget.
         sgd: every client's DP-SGD for its learners (``None``: none leave the clients).
@@ -196,11 +196,11 @@ def dp_plan(
             more and only add noise).
         learning: the learners' DP-SGD, when they leave the clients: their rounds (among
             the releases, each with one histogram) and steps; ``z`` and ``sigma`` are then
-            calibrated together (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`,
+            calibrated together (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`,
             ``dp_learner_share`` of the budget to the learners).
         histograms: histograms of responsibilities released when no learners leave (a
             joint model's joint counts, one per round), among the releases: each costs
-            :func:`~fednovelty.federated.dp_sgd.histogram_blocks` of a release, and the
+            :func:`~fednovelty.federated.trust.dp_sgd.histogram_blocks` of a release, and the
             clients' ledgers charge it.
 
     Without ``dp_bounds`` the plan also buys the private bounds round
@@ -379,7 +379,7 @@ PENDING_BOUNDS = "estimated by the private bounds round"
 def bounds_copies(blocks: float, n_features: int, share: float = BOUNDS_SHARE) -> int:
     """The copies of each private bounds round's histogram beside rounds of ``blocks``
     Gaussian mechanisms of multiplier ``z``: each copy costs ``1 / HISTOGRAM_SHARE**2`` of
-    one (:func:`~fednovelty.federated.dp_sgd.histogram_blocks`), so ``share`` of the total
+    one (:func:`~fednovelty.federated.trust.dp_sgd.histogram_blocks`), so ``share`` of the total
     is ``64 * share / (1 - share) * blocks`` copies over the :data:`BOUNDS_ROUNDS` rounds;
     at least 1 a round, at most :data:`MAX_BOUNDS_VALUES` values per reply of
     ``n_features`` rows of the public grid's bins.

@@ -37,7 +37,7 @@ from fednovelty.detectors.persistence import (
     restore_iteration_record,
 )
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
-from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
+from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import WeightsFit, score_samples
 
 

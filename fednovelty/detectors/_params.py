@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.federated.learners import LEARNERS
+from fednovelty.federated.core.learners import LEARNERS
 
 #: where a parameter's value goes: the algorithm's settings, the engine (client sampling,
 #: dropout), or the estimator itself (scores, torch placement, progress, seeds).

@@ -73,7 +73,7 @@ from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.federated.init import PrivateSettings
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.mixtures.projected import Projected
-from fednovelty.federated.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
+from fednovelty.federated.trust.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 from fednovelty.mixture import MixtureParams
 from fednovelty.mixture.ppca import residual_log_density
 from fednovelty.runtime import RoundRecord, run_simulation

@@ -72,15 +72,15 @@ from fednovelty.federated.clustered.cam import (
     model_rows,
     model_template,
 )
-from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import (
+from fednovelty.federated.core.learners import LEARNERS, logits
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_sgd import (
     HISTOGRAM_SHARE,
     DPSGDSettings,
     calibrate_learning,
     histogram_blocks,
     learning_epsilon,
 )
-from fednovelty.federated.learners import LEARNERS, logits
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 #: ``dp_epsilon``'s parameters but ``dp_mode``: every mechanism of a private Fed-CAM round
@@ -91,7 +91,7 @@ _DIFFERENTIAL_PRIVACY = tuple(p for p in DIFFERENTIAL_PRIVACY if p.name != "dp_m
 def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> float:
     """The smallest DP-SGD multiplier ``sigma`` (within 0.2 %) whose ``steps``
     Poisson-subsampled Gaussian steps spend at most ``epsilon`` at ``delta``
-    (:func:`~fednovelty.federated.dp_sgd.learning_epsilon` with no statistics), by
+    (:func:`~fednovelty.federated.trust.dp_sgd.learning_epsilon` with no statistics), by
     bisection; the accountant of record checks the result."""
 
     def spent(sigma: float, resolution: float = 1e-3) -> float:
@@ -119,7 +119,7 @@ def private_plan(estimator: Any, algorithm: ClusteredFL, n_clients: int) -> DPPl
     make one noisy cluster choice each (:meth:`ClusteredFL.private_choices`, the cost of a
     released histogram of multiplier ``z``). With choices, ``z`` and the steps' ``sigma``
     spend the budget together (``dp_learner_share`` of ``mu**2`` to the steps:
-    :func:`~fednovelty.federated.dp_sgd.calibrate_learning`); without, the steps spend it
+    :func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`); without, the steps spend it
     all (:func:`sgd_noise`, ``z = 0``). Each client's budget is one noisy release a round;
     no statistics are released. The rows are mapped to the public box ``dp_bounds`` and
     clipped to ``dp_clip`` (``"auto"``: ``sqrt(n_features)``, which clips no row inside the

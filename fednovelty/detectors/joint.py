@@ -56,7 +56,7 @@ from fednovelty.detectors.persistence import (
     register,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.dp_sgd import steps_for_epochs
+from fednovelty.federated.core.learners import LEARNERS
 from fednovelty.federated.joint_models.joint import (
     PFL_METHODS,
     JointFedGMM,
@@ -66,7 +66,7 @@ from fednovelty.federated.joint_models.joint import (
     joint_log_scores,
     unpack_client_data,
 )
-from fednovelty.federated.learners import LEARNERS
+from fednovelty.federated.trust.dp_sgd import steps_for_epochs
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.em import check_prior_rows
 

@@ -69,8 +69,8 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import EMConfig, FederatedEM, StreamConfig
-from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.federated.streams.streaming import DRIFT_FIELDS, StreamingEM
+from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import MixtureParams, SufficientStats, score_samples
 from fednovelty.mixture.drift import cusum_step, cusum_threshold
 

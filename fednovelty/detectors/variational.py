@@ -84,7 +84,7 @@ from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError, SingularCovarianceError
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS
+from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.covariance import covariance_shape, precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import (

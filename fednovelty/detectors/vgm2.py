@@ -70,8 +70,8 @@ from fednovelty.federated.bayesian.vgm2 import (
     VGM2Config,
     VGM2State,
 )
-from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import (
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_sgd import (
     DPSGDSettings,
     calibrate_learning,
     histogram_blocks,
@@ -112,7 +112,7 @@ def vgm2_dp_plan(
     noisy row count (a one-bin histogram, noise ``HISTOGRAM_SHARE * z``) and ``steps``
     DP-SGD steps (rate ``sample_rate``, clip ``clip``). ``z`` and the steps' ``sigma``
     spend ``epsilon`` at ``delta`` together
-    (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`, ``learner_share`` of the
+    (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`, ``learner_share`` of the
     budget to the steps). The clients' policy has a budget of ``epsilon`` at ``delta`` and no
     row clipping (VGM2 sums no rows; DP-SGD clips the gradients); a step's noisy gradient
     sum is divided by the public ``batch_size``.

@@ -14,10 +14,10 @@ Two attacks:
   sigma^2)`` (Neyman-Pearson: no test of "x* is in D" against "D = D_minus" does better at
   any false-positive rate). Members are trials where ``D = D_minus + {x*}``, non-members
   trials where ``D = D_minus``: the add/remove-one-row neighbours the sensitivities of
-  :func:`fednovelty.federated.dp.stats_sensitivities` are taken over.
+  :func:`fednovelty.federated.trust.dp.stats_sensitivities` are taken over.
 - :func:`gate_attack`: the same likelihood-ratio attack on what actually leaves a client
   through the real client gate (``algorithm.answer`` under the client's
-  :class:`~fednovelty.federated.dp.DPPolicy`), for one fixed pair of neighbours, over one
+  :class:`~fednovelty.federated.trust.dp.DPPolicy`), for one fixed pair of neighbours, over one
   or more releases; it also returns the released noise (each block's values minus the
   noiseless release of the same rows, about the origin) to check against the calibration
   ``z * BLOCK_SPLIT[block] * sensitivity``.
@@ -63,8 +63,9 @@ from scipy.optimize import brentq
 from scipy.stats import beta, norm
 from sklearn.metrics import roc_auc_score
 
-from fednovelty.federated.base import ClientContext
-from fednovelty.federated.dp import (
+from fednovelty.federated.core.base import ClientContext
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import (
     BLOCK_SPLIT,
     STAT_BLOCKS,
     clip_rows,
@@ -73,8 +74,8 @@ from fednovelty.federated.dp import (
     recentre_stats,
     stats_sensitivities,
 )
-from fednovelty.federated.noise import SeededNoise
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.trust.noise import SeededNoise
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams, predict_proba, stats_from_resp
 
 
@@ -477,10 +478,10 @@ def stats_attack(
     adversary) and the target from ``population`` without replacement (or uses ``target``,
     e.g. a worst-case row at distance >= ``clip_bound`` from the centre along a feature axis,
     which moves every block by its full sensitivity), clips the rows
-    (:func:`fednovelty.federated.dp.clip_rows`), releases ``blocks`` of ``f(D)`` plus
+    (:func:`fednovelty.federated.trust.dp.clip_rows`), releases ``blocks`` of ``f(D)`` plus
     independent Gaussian noise of standard deviation ``noise_multiplier`` times the block's
-    sensitivity (:func:`~fednovelty.federated.dp.stats_sensitivities`, on the second
-    moments' upper triangle as :func:`~fednovelty.federated.dp.symmetric_noise` does) in
+    sensitivity (:func:`~fednovelty.federated.trust.dp.stats_sensitivities`, on the second
+    moments' upper triangle as :func:`~fednovelty.federated.trust.dp.symmetric_noise` does) in
     each of ``rounds`` rounds, and scores the summed Gaussian log-likelihood ratio of "target
     in D" against "D = D_minus".
 
@@ -488,7 +489,7 @@ def stats_attack(
         population: rows (N, d), N > ``n_rows``, the clients' rows and targets are drawn from.
         n_rows: rows of the client when the target is a member.
         clip_bound: the L2 clip radius ``B`` around ``centre``.
-        noise_multiplier: ``z`` (0: no noise); :func:`fednovelty.federated.dp.calibrate_noise`
+        noise_multiplier: ``z`` (0: no noise); :func:`fednovelty.federated.trust.dp.calibrate_noise`
             gives the one that spends a budget.
         n_trials: trials in all; the first half (after a shuffle) are members.
         rounds: releases of the same statistics with fresh noise (a fixed public mixture).
@@ -570,7 +571,7 @@ class GateAttack(_Trials):
         signal: ``||f(D_minus + {x*}) - f(D_minus)|| / sigma`` over the blocks and
             releases: the ``mu`` of this pair of neighbours (``inf`` without noise).
         mu: :func:`gdp_mu` of the releases (three blocks, ``z`` split by
-            :data:`~fednovelty.federated.dp.BLOCK_SPLIT`, spends what three blocks of
+            :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT`, spends what three blocks of
             ``z`` do).
         releases: releases per trial.
     """
@@ -629,7 +630,7 @@ def gate_attack(
     ``others`` plus ``target`` (half the trials, shuffled) and answers ``message`` (a
     broadcast whose reply has the ``"stats"`` private form, e.g. an ``"em"`` round)
     ``releases`` times through ``algorithm.answer`` under ``policy`` (its
-    :class:`~fednovelty.federated.dp.DPPolicy` reseeded per trial, the releases of a trial
+    :class:`~fednovelty.federated.trust.dp.DPPolicy` reseeded per trial, the releases of a trial
     counted in one client state as an engine does). The adversary knows everything but the
     noise: the noiseless releases ``f0 = f(D_minus)`` and ``f1 = f(D_minus + {x*})`` (the
     same gate with the policy's multiplier set to 0: the same views, clipping and
@@ -641,7 +642,7 @@ def gate_attack(
         algorithm: a federated algorithm (e.g. ``FederatedEM(..., dp_mode="local",
             dp_noise_multiplier=z, dp_clip=B, bounds=...)``).
         message: the broadcast the client answers (``algorithm.configure(state)``).
-        policy: the client's :class:`~fednovelty.federated.privacy.PrivacyPolicy`, with
+        policy: the client's :class:`~fednovelty.federated.trust.privacy.PrivacyPolicy`, with
             ``dp`` set; its budget (``epsilon``) must allow ``releases``.
         others: the client's rows without the target, (n - 1, d).
         target: the target row, (d,).
@@ -680,13 +681,13 @@ def gate_attack(
     datasets = (without, torch.cat([without, x_star]))
 
     def answer(rows: torch.Tensor, context: ClientContext) -> dict:
-        reply = algorithm.answer(rows, message, context)
+        reply = gate.answer(algorithm, rows, message, context)
         if reply.scalars.get("skipped"):
             raise ValueError(f"the client refused the release: {reply.scalars.get('reason')}")
         return _released_blocks(reply, shift, ct)
 
     quiet = dataclasses.replace(policy, dp=dataclasses.replace(policy.dp, noise_multiplier=0.0))
-    f0, f1 = (answer(rows, ClientContext(client_id, {}, quiet)) for rows in datasets)
+    f0, f1 = (answer(rows, gate.client_context(client_id, {}, quiet)) for rows in datasets)
     z = policy.dp.client_noise
     sens = stats_sensitivities(policy.dp.clip_norm)
     sigma = {b: z * BLOCK_SPLIT[b] * sens[b] for b in STAT_BLOCKS}
@@ -700,7 +701,7 @@ def gate_attack(
         trial_policy = dataclasses.replace(
             policy, dp=dataclasses.replace(policy.dp, insecure_seed=int(seeds[t]))
         )
-        context = ClientContext(client_id, {}, trial_policy)  # its ledger counts the releases
+        context = gate.client_context(client_id, {}, trial_policy)  # its ledger counts the releases
         truth = f1 if members[t] else f0
         for r in range(releases):
             y = answer(datasets[int(members[t])], context)

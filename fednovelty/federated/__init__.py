@@ -13,7 +13,6 @@ joint model, pFedEM), ``bayesian`` (variational Bayes, kNN markers, VGM2), ``clu
 """
 
 from fednovelty._exports import public_names as _public_names
-from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig, VBState
 from fednovelty.federated.bayesian.vb_oneshot import (
     FederatedVBOneShot,
@@ -26,7 +25,8 @@ from fednovelty.federated.clustered.clustered_em import (
     ClusteredEMConfig,
     ClusteredEMState,
 )
-from fednovelty.federated.dp import DPPolicy
+from fednovelty.federated.core.base import ClientContext, FederatedAlgorithm, Message
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import INIT_PARAMS
 from fednovelty.federated.joint_models.joint import (
     JointConfig,
@@ -38,14 +38,14 @@ from fednovelty.federated.joint_models.pfedem import PFedEM, PFedEMConfig
 from fednovelty.federated.mixtures.em import MIXTURE_WEIGHTS, EMConfig, EMState, FederatedEM
 from fednovelty.federated.mixtures.fedgengmm import FedGenConfig, FedGenGMM, FedGenState, LocalGMMs
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAConfig, PCAProjection, PCAState
-from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.registry import (
     ALGORITHMS,
     algorithm_name,
     algorithm_settings,
     build_algorithm,
 )
-from fednovelty.federated.steps import ChainedAlgorithm, Step
 from fednovelty.federated.streams.streaming import StreamConfig, StreamingEM, StreamState
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 
 __all__ = _public_names(globals())

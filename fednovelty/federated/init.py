@@ -1,6 +1,6 @@
 """The steps that prepare federated EM (feature moments, the initial mixture) and the field
 groups of their settings (:class:`MomentsSettings`, :class:`InitSettings`,
-:class:`GivenMixture`); each a :class:`~fednovelty.federated.steps.Step` that federated EM
+:class:`GivenMixture`); each a :class:`~fednovelty.federated.core.steps.Step` that federated EM
 and its relatives chain before their own step, its progress kept in the algorithm's state.
 
 - :class:`MomentsStep` (``moments``): row counts, feature means and sums of squared
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import (
+from fednovelty.federated.core.aggregate import (
     merge_ranges,
     pool_centroids,
     stats_from_message,
@@ -39,7 +39,7 @@ from fednovelty.federated.aggregate import (
     sum_stats,
     total_variance,
 )
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     Message,
     Scalar,
@@ -47,35 +47,40 @@ from fednovelty.federated.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.config import (
+from fednovelty.federated.core.config import (
     Settings,
     TorchSettings,
     as_tensor,
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import (
+from fednovelty.federated.core.declarations import (
     STATS_BACKING,
     ReplySpec,
     components_limit,
     components_setting,
     declare,
 )
-from fednovelty.federated.dp import MODES, block_multipliers, plausible_stats, private_sum
+from fednovelty.federated.core.steps import Step
 from fednovelty.federated.local_fit import OneShotStart
-from fednovelty.federated.noise import NoiseSource, noise_source
-from fednovelty.federated.plausible import robust_moments
-from fednovelty.federated.privacy import (
+from fednovelty.federated.trust.dp import (
+    MODES,
+    block_multipliers,
+    plausible_stats,
+    private_sum,
+    server_noise,
+)
+from fednovelty.federated.trust.plausible import robust_moments
+from fednovelty.federated.trust.privacy import (
     backed,
     client_backing,
     merge_small_clusters,
     stats_backing,
     trimmed_range,
 )
-from fednovelty.federated.private_robust import private_trimmed_moments, private_trimmed_stats
-from fednovelty.federated.robust import coordinate_median, outlying_points, robust_stats
-from fednovelty.federated.steps import Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.private_robust import private_trimmed_moments, private_trimmed_stats
+from fednovelty.federated.trust.robust import coordinate_median, outlying_points, robust_stats
+from fednovelty.federated.trust.validation import (
     RTOL,
     InvalidReplyError,
     check_stats,
@@ -99,9 +104,6 @@ from fednovelty.mixture import (
 )
 from fednovelty.mixture.kmeans import assign, one_hot
 from fednovelty.mixture.stats import SufficientStats
-
-if TYPE_CHECKING:
-    from fednovelty.federated.mixtures.em import EMConfig
 
 INIT_PARAMS: tuple[str, ...] = ("kmeans", "separated", "subset", "oneshot")
 
@@ -172,14 +174,14 @@ class MomentsSettings(Settings):
         return self.standardize or self.prior_strength is not None
 
 
-#: where differential-privacy noise is added (``fednovelty.federated.dp.MODES``).
+#: where differential-privacy noise is added (``fednovelty.federated.trust.dp.MODES``).
 DP_MODES: tuple[str, ...] = MODES
 
 
 @settings_dataclass
 class PrivateSettings(Settings):
     """What the server knows of its clients' differential-privacy policy
-    (:class:`~fednovelty.federated.dp.DPPolicy`; each client holds its own): ``dp_mode``
+    (:class:`~fednovelty.federated.trust.dp.DPPolicy`; each client holds its own): ``dp_mode``
     (``None``: off, else one of :data:`DP_MODES`), ``dp_noise_multiplier`` (``z``: the
     trusted server's noise in ``"central"`` mode, and the noise the sum carries), and
     ``dp_clip`` (``B``, the rows' clipping radius). With ``dp_mode`` set the server reads
@@ -191,7 +193,7 @@ class PrivateSettings(Settings):
     algorithm has it) in ``"central"`` and ``"local"`` mode, ``client_weight_cap`` in
     ``"local"`` mode only, neither in ``"distributed"`` mode. ``dp_insecure_seed`` is for
     tests only: the trusted server's ``"central"`` noise drawn from it
-    (:class:`~fednovelty.federated.noise.SeededNoise`), reproducible by whoever knows it, so
+    (:class:`~fednovelty.federated.trust.noise.SeededNoise`), reproducible by whoever knows it, so
     a fit with it has no privacy guarantee; ``None`` (the default): fresh OS entropy, never
     ``random_state``."""
 
@@ -289,22 +291,14 @@ class GivenMixture(TorchSettings):
         return all(value is not None for value in given)
 
 
-def round_seed(config: EMConfig, state: Any) -> int:
+def round_seed(config: Any, state: Any) -> int:
     """The seed of the round after ``state.rounds`` counted rounds."""
     return derived_seed(config.random_state, state.rounds)
 
 
-def server_generator(config: EMConfig, state: Any) -> torch.Generator:
+def server_generator(config: Any, state: Any) -> torch.Generator:
     """The server's generator in the round after ``state.rounds`` counted rounds."""
     return torch.Generator().manual_seed(round_seed(config, state) ^ 0x5EED)
-
-
-def server_noise(config: Any, rounds: int, stream: int = 0) -> NoiseSource:
-    """The draws of the trusted server's ``"central"`` noise in the round after ``rounds``
-    counted rounds: fresh OS entropy, or ``config.dp_insecure_seed``'s (tests only), one
-    stream per mechanism of the round (``stream``: 0 the statistics, 1 a histogram)."""
-    seed = getattr(config, "dp_insecure_seed", None)
-    return noise_source(seed, 0xD1FF, int(rounds), int(stream))
 
 
 def row_count(X: Tensor) -> Tensor:
@@ -313,13 +307,13 @@ def row_count(X: Tensor) -> Tensor:
 
 
 def combine_stats(
-    replies: dict[int, Message], shift: Tensor, config: EMConfig, state: Any = None
+    replies: dict[int, Message], shift: Tensor, config: Any, state: Any = None
 ) -> SufficientStats:
     """The M-step's statistics from the clients' replies about ``shift`` (n_features,): the
     plain sum, or the robust combination ``aggregation="trimmed"``
-    (:func:`~fednovelty.federated.robust.robust_stats`). With the clients' noisy statistics
+    (:func:`~fednovelty.federated.trust.robust.robust_stats`). With the clients' noisy statistics
     (``config.dp_mode``) the sum, or under ``"trimmed"`` the trimmed sum
-    (:func:`~fednovelty.federated.private_robust.private_trimmed_stats`), then the trusted
+    (:func:`~fednovelty.federated.trust.private_robust.private_trimmed_stats`), then the trusted
     server's noise in ``"central"`` mode (drawn after ``state.rounds``) and
     :func:`private_stats`."""
     if getattr(config, "dp_mode", None) is not None:
@@ -340,7 +334,7 @@ def private_stats(
 ) -> SufficientStats:
     """Summed noisy statistics made usable (post-processing, no privacy cost): in
     ``"central"`` mode first the server's noise (``dp_noise_multiplier`` times each block's
-    sensitivity); then :func:`~fednovelty.federated.dp.plausible_stats` with counts at
+    sensitivity); then :func:`~fednovelty.federated.trust.dp.plausible_stats` with counts at
     least twice the noise the summed counts carry (a component no row backs keeps a small
     weight instead of a negative one) and variances at least ``1e-4 * dp_clip**2`` and the
     noise's spectral norm on each covariance."""
@@ -392,7 +386,7 @@ def robust_centroid_replies(replies: dict[int, Message], aggregation: str) -> di
     """The ``centroids`` replies a robust ``aggregation`` keeps (``"sum"``: all).
 
     Each client is summarised by the count-weighted mean of its centroids, (n_features,);
-    the clients whose summary :func:`~fednovelty.federated.robust.outlying_points` calls
+    the clients whose summary :func:`~fednovelty.federated.trust.robust.outlying_points` calls
     outlying are left out, the spread floored at the median client's own spread of its
     centroids (clients of different clusters are not outlying). One client's centroid far
     from every row (e.g. at 1e133) would otherwise seed a centre that no row joins, and
@@ -494,14 +488,14 @@ SUBSET_REPLY = ReplySpec(
 )
 
 
-def pooled_moments(replies: dict[int, Message], config: EMConfig) -> FeatureMoments:
+def pooled_moments(replies: dict[int, Message], config: Any) -> FeatureMoments:
     """The ``moments`` round's pooled moments: the exact merge of the clients' moments, or,
     with a robust option on (``aggregation`` other than ``"sum"``, or a
-    ``client_weight_cap``), :func:`~fednovelty.federated.plausible.robust_moments` (the
+    ``client_weight_cap``), :func:`~fednovelty.federated.trust.plausible.robust_moments` (the
     coordinate-wise median for ``"median"``, else the trimmed mean with ``trim``), so one
     client cannot move the standardisation far. Under ``dp_mode`` a robust ``aggregation``
     is the coordinate-wise trimmed sum of the clients' counts, sums and sums of squares
-    about the clipping centre (:func:`~fednovelty.federated.private_robust.
+    about the clipping centre (:func:`~fednovelty.federated.trust.private_robust.
     private_trimmed_moments`), which one row moves no more than the plain sum."""
     parts = [
         FeatureMoments(
@@ -525,7 +519,7 @@ class MomentsStep(Step):
     kinds = ("moments",)
     replies = declare(MOMENTS_REPLY)
 
-    def __init__(self, config: EMConfig) -> None:
+    def __init__(self, config: Any) -> None:
         self.config = config
         self.max_rounds = int(config.needs_moments)
 
@@ -547,8 +541,8 @@ class MomentsStep(Step):
         return (X - offset) / message.tensors["box_scale"].to(X.device, X.dtype)
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply("moments", context.policy.below_floor)
+        if not context.terms.releases(X.shape[0]):
+            return skipped_reply("moments", context.terms.below_floor)
         tensors = feature_moments(X).tensors()
         return Message("moments", tensors, backing=client_backing(tensors, X.shape[0]))
 
@@ -599,7 +593,7 @@ class GivenParams(Step):
 
     max_rounds = 0
 
-    def __init__(self, config: EMConfig) -> None:
+    def __init__(self, config: Any) -> None:
         self.config = config
 
     def begin(self, state: Any) -> None:
@@ -641,7 +635,7 @@ class CentroidsStep(Step):
     kinds = ("centroids",)
     replies = declare(CENTROIDS_REPLY)
 
-    def __init__(self, config: EMConfig) -> None:
+    def __init__(self, config: Any) -> None:
         self.config = config
 
     def configure(self, state: Any) -> Message:
@@ -652,13 +646,13 @@ class CentroidsStep(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        policy = context.policy
-        k = policy.cluster_bound(self.config.n_components, X.shape[0])
+        terms = context.terms
+        k = terms.cluster_bound(self.config.n_components, X.shape[0])
         if k == 0:
-            return skipped_reply("centroids", policy.below_floor)
+            return skipped_reply("centroids", terms.below_floor)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         centers, labels = kmeans(X, k, generator=generator)
-        centers, counts = merge_small_clusters(X, labels, centers, policy.min_rows)
+        centers, counts = merge_small_clusters(X, labels, centers, terms.min_rows)
         tensors = {"centers": centers, "counts": counts, "n_samples": row_count(X)}
         # each centroid is the mean of its (merged) cluster's rows
         backing = {"centers": counts, "counts": counts}
@@ -748,18 +742,18 @@ class RangeStep(Step):
     kinds = ("range",)
     replies = declare(RANGE_REPLY)
 
-    def __init__(self, config: EMConfig) -> None:
+    def __init__(self, config: Any) -> None:
         self.config = config
 
     def configure(self, state: Any) -> Message:
         return Message("range")
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply("range", context.policy.below_floor)
-        low, high = trimmed_range(X, context.policy.min_rows)
+        if not context.terms.releases(X.shape[0]):
+            return skipped_reply("range", context.terms.below_floor)
+        low, high = trimmed_range(X, context.terms.min_rows)
         # each end is the mean of the min_rows extreme values of its feature
-        backing = client_backing(["min", "max"], context.policy.min_rows)
+        backing = client_backing(["min", "max"], context.terms.min_rows)
         backing.update(client_backing(["n_samples"], X.shape[0]))
         tensors = {"min": low, "max": high, "n_samples": row_count(X)}
         return Message("range", tensors, backing=backing)
@@ -773,7 +767,7 @@ class RangeStep(Step):
         return None, {"phase": "range"}
 
 
-def apply_user_init(params: MixtureParams, config: EMConfig, state: Any) -> MixtureParams:
+def apply_user_init(params: MixtureParams, config: Any, state: Any) -> MixtureParams:
     """``params`` with the user's ``weights_init``, ``means_init`` and ``precisions_init``
     (those given) in their place, in the units the rounds work in."""
     weights = params.weights if config.weights_init is None else config.weights_init
@@ -799,7 +793,7 @@ class AssignStep(Step):
     kinds = ("assign",)
     replies = declare(ASSIGN_REPLY)
 
-    def __init__(self, config: EMConfig, budget: int) -> None:
+    def __init__(self, config: Any, budget: int) -> None:
         self.config = config
         self.budget = int(budget)
         self.max_rounds = self.budget
@@ -812,15 +806,15 @@ class AssignStep(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        policy = context.policy
-        if not policy.releases(X.shape[0]):
-            return skipped_reply("assign", policy.below_floor)
+        terms = context.terms
+        if not terms.releases(X.shape[0]):
+            return skipped_reply("assign", terms.below_floor)
         centers = message.tensors["centers"].to(X.device, X.dtype)
         shift = message.tensors["shift"].to(X.device, X.dtype)
         labels, _ = assign(X, centers)
         resp = one_hot(labels, centers.shape[0], X)
         rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
-        keep = backed(rows, policy.floor)
+        keep = backed(rows, terms.floor)
         # a tied second moment is one for all centres: of the kept centres' rows only
         ct = self.config.covariance_type
         stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)
@@ -855,7 +849,7 @@ class SubsetStep(Step):
     replies = declare(COUNT_REPLY, SUBSET_REPLY)
     max_rounds = 2
 
-    def __init__(self, config: EMConfig) -> None:
+    def __init__(self, config: Any) -> None:
         self.config = config
 
     def begin(self, state: Any) -> str:
@@ -874,13 +868,13 @@ class SubsetStep(Step):
         return Message("subset", scalars={"fraction": state.subset_fraction, "seed": seed})
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        policy = context.policy
+        terms = context.terms
         if message.kind == "count":
-            if not policy.releases(X.shape[0]):
-                return skipped_reply("count", policy.below_floor)
+            if not terms.releases(X.shape[0]):
+                return skipped_reply("count", terms.below_floor)
             n_rows = {"n_samples": row_count(X)}
             return Message("count", n_rows, backing=client_backing(n_rows, X.shape[0]))
-        if not policy.allow_raw_rows:
+        if not terms.allow_raw_rows:
             return skipped_reply(
                 "subset", "the client's privacy policy does not allow raw rows (allow_raw_rows)"
             )
@@ -919,7 +913,7 @@ class SubsetStep(Step):
         return None, {"phase": "subset", "rows_shared": int(rows.shape[0])}
 
 
-def init_steps(config: EMConfig) -> list[Step]:
+def init_steps(config: Any) -> list[Step]:
     """The steps that produce the initial mixture, by the settings (scikit-learn's rule:
     weights, means and precisions all given -> no rounds; ``means_init`` -> one Lloyd
     round from them; else ``init_params``)."""

@@ -11,12 +11,12 @@ counts crosses the wire. A component is backed by its share of the client's rows
 
 A lying client's local fit is screened on the server, by name, under every aggregation: a
 reply whose mixture as a whole no honest federation produces (the round loop's gross screen,
-:func:`~fednovelty.federated.plausible.gross_screen`) or, after a moments round, whose
+:func:`~fednovelty.federated.trust.plausible.gross_screen`) or, after a moments round, whose
 component means leave the box of the moments the client declared (``box="means"``) is
 dropped from the round's record; a component that alone is implausible against all the
 clients' components is left out of the union with an
-:class:`~fednovelty.federated.plausible.ImplausibleComponentWarning`
-(:func:`~fednovelty.federated.plausible.screen_local_fits`).
+:class:`~fednovelty.federated.trust.plausible.ImplausibleComponentWarning`
+(:func:`~fednovelty.federated.trust.plausible.screen_local_fits`).
 
 As a start for federated EM, the reduced union lands near a maximum of the pooled likelihood
 in one round, where federated k-means needs up to ``kmeans_rounds`` + 1 rounds and EM then
@@ -31,19 +31,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import union_mixture
-from fednovelty.federated.base import (
+from fednovelty.federated.core.aggregate import union_mixture
+from fednovelty.federated.core.base import (
     ClientContext,
     Message,
     client_generator,
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.plausible import screen_local_fits
-from fednovelty.federated.privacy import client_backing, unfloored
-from fednovelty.federated.steps import Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.steps import Step
+from fednovelty.federated.trust.plausible import screen_local_fits
+from fednovelty.federated.trust.privacy import client_backing, unfloored
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     Shape,
     covariance_shape,
@@ -103,13 +103,13 @@ def check_local_fit(reply: Message, broadcast: Message) -> None:
         raise InvalidReplyError("precision factors have a non-positive diagonal.")
 
 
-def local_fit_backing(params: MixtureParams, n_rows: int, policy: Any) -> dict[str, Tensor]:
+def local_fit_backing(params: MixtureParams, n_rows: int, terms: Any) -> dict[str, Tensor]:
     """What backs a local mixture fitted on ``n_rows`` rows: each component by
     ``weight_k * n_rows`` rows, its share of the responsibilities that gave its mean and
     covariance (at most its effective rows, so the stricter rule); the client gate removes
     the components below the floor and renormalises the kept weights. A tied covariance,
     one for all components, and the row count are backed by all the rows."""
-    rows = unfloored(params.weights * n_rows, n_rows, policy)
+    rows = unfloored(params.weights * n_rows, n_rows, terms)
     backing = {"weights": rows, "means": rows, "precisions_cholesky": rows}
     if params.covariance_type == "tied":
         backing.update(client_backing(["precisions_cholesky"], n_rows))
@@ -264,11 +264,11 @@ class OneShotStart(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        policy = context.policy
+        terms = context.terms
         n = X.shape[0]
-        k = policy.cluster_bound(self.config.n_components, n)
-        if k == 0 or not policy.releases(n):
-            return skipped_reply("oneshot", policy.below_floor)
+        k = terms.cluster_bound(self.config.n_components, n)
+        if k == 0 or not terms.releases(n):
+            return skipped_reply("oneshot", terms.below_floor)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         result = fit_local(
             X,
@@ -284,7 +284,7 @@ class OneShotStart(Step):
             "oneshot",
             tensors,
             {"skipped": False, "n_iter": result.n_iter},
-            backing=local_fit_backing(result.params, n, policy),
+            backing=local_fit_backing(result.params, n, terms),
         )
 
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:

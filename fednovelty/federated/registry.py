@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import fednovelty.federated as _package
-from fednovelty.federated.base import REGISTERED, FederatedAlgorithm
+from fednovelty.federated.core.base import REGISTERED, FederatedAlgorithm
 
 
 def _package_classes() -> list[type]:
@@ -38,7 +38,7 @@ def _package_classes() -> list[type]:
 _CLASSES = _package_classes()
 #: algorithm name (its class name) -> class: every ``FederatedAlgorithm`` with a
 #: ``config_class``, registered when its class is defined (the package's, and any defined
-#: later, e.g. an extension's); the same dict as ``fednovelty.federated.base.REGISTERED``.
+#: later, e.g. an extension's); the same dict as ``fednovelty.federated.core.base.REGISTERED``.
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = REGISTERED
 #: the server-state dataclasses a result file may hold, by class name: the dataclasses of the
 #: package named ``...State`` (what the algorithms' ``start`` returns).

@@ -154,7 +154,7 @@ def _second_moments(centered: Tensor, resp: Tensor, covariance_type: str) -> Ten
 def _unfold_full(folded: Tensor, n_components: int, n_features: int) -> Tensor:
     """(d, K * d) with ``[a, k * d + b] = sum_i x_ia r_ik x_ib`` -> (K, d, d) second moments,
     made exactly symmetric (the two triangles differ in their last bits; a symmetric matrix
-    travels as its upper triangle, :mod:`fednovelty.federated.wire`)."""
+    travels as its upper triangle, :mod:`fednovelty.federated.core.wire`)."""
     unfolded = folded.view(n_features, n_components, n_features).transpose(0, 1)
     return _symmetric(unfolded)
 

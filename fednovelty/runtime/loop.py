@@ -1,12 +1,13 @@
 """The round loop every engine runs: an engine differs only in its :class:`Transport`.
 
 :func:`run_rounds` owns what every engine shares: ``algorithm.start``, then per round
-``configure`` -> the message packed (:func:`~fednovelty.federated.wire.pack`: symmetric and
+``configure`` -> the message packed (:func:`~fednovelty.federated.core.wire.pack`: symmetric and
 triangular matrices as their triangle, float64 as the config's ``wire_dtype``) -> the
 transport carries it to the clients it asks and brings back their (packed) replies -> every
-reply is unpacked and goes through the run's
-:class:`~fednovelty.federated.validation.ReplyValidator` -> ``server_step`` over the valid
-replies (in increasing client id, under :func:`~fednovelty.runtime.threads.run_server_step`)
+reply is unpacked and goes through the server gate: the run's
+:class:`~fednovelty.federated.trust.validation.ReplyValidator`, the plausibility screen and the
+robust weighting (:func:`~fednovelty.federated.trust.gate.accept`) -> ``server_step`` over the
+valid replies (in increasing client id, under :func:`~fednovelty.runtime.threads.run_server_step`)
 -> a :class:`RoundRecord` -> callbacks -> ``finished``. A round with fewer than
 ``min_clients`` valid replies that carry statistics is recorded as failed (no server step)
 and asked again: a ``skipped`` reply (a client below its privacy floor, or refusing the
@@ -44,10 +45,11 @@ from typing import Any
 import numpy as np
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
-from fednovelty.federated.plausible import gross_screen
-from fednovelty.federated.validation import InvalidReplyError, ReplyValidator, is_skipped
-from fednovelty.federated.wire import pack, unpack
+from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.core.wire import pack, unpack
+from fednovelty.federated.trust.gate import accept
+from fednovelty.federated.trust.plausible import gross_screen
+from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator, is_skipped
 from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import run_server_step
 
@@ -122,7 +124,7 @@ class Delivery:
         n_asked: recipients of the broadcast (``bytes_down`` is the message's size times
             this); more than ``len(asked)`` where a recipient has no client id yet.
         bytes_up: payload bytes (``Message.nbytes``) of every reply received, as it
-            crossed the wire (packed, :mod:`fednovelty.federated.wire`).
+            crossed the wire (packed, :mod:`fednovelty.federated.core.wire`).
         widths: client id -> row width its reply declares; ``None``: every client has the
             federation's width.
         metrics: the engine's own figures for the round, added to the record's metrics.
@@ -291,10 +293,10 @@ def run_rounds(
             metrics: dict[str, Scalar] = {}
             if not failed and not restart:
                 if combine is None:
-                    state, metrics = run_server_step(algorithm, state, valid)
+                    state, metrics = run_server_step(algorithm, state, accept(algorithm, valid))
                 else:
                     combined, combine_metrics = combine(message, valid)
-                    state, metrics = run_server_step(algorithm, state, combined)
+                    state, metrics = run_server_step(algorithm, state, accept(algorithm, combined))
                     metrics = {**metrics, **combine_metrics}
                 contributed.update(c for c, r in valid.items() if not is_skipped(r))
             record = RoundRecord(
@@ -365,9 +367,9 @@ def _validate(
     excluded: set[int] | frozenset[int] = frozenset(),
     dtype: Any = None,
 ) -> tuple[dict[int, Message], dict[int, str]]:
-    """Unpack the delivered replies (:func:`~fednovelty.federated.wire.unpack`), then
+    """Unpack the delivered replies (:func:`~fednovelty.federated.core.wire.unpack`), then
     ``validator.accept`` them against the round's own ``message`` (not its packed form),
-    then :func:`~fednovelty.federated.plausible.gross_screen` of the valid ones against each
+    then :func:`~fednovelty.federated.trust.plausible.gross_screen` of the valid ones against each
     other (a client whose declared moments or local model no honest federation produces is
     dropped with the invalid replies); ``({}, {})`` when none arrived (the validator may not
     know the federation's width yet, and there is nothing to check). Replies of
@@ -396,7 +398,7 @@ def _validate(
 def unpack_replies(replies: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, str]]:
     """``(unpacked replies, client id -> reason)``: each reply unpacked with its tensors in
     the dtype they travelled in; one whose wire description is malformed is dropped with the
-    reason (:class:`~fednovelty.federated.wire.WireFormatError`)."""
+    reason (:class:`~fednovelty.federated.core.wire.WireFormatError`)."""
     unpacked, malformed = {}, {}
     for c, reply in replies.items():
         try:

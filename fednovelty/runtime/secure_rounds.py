@@ -3,17 +3,17 @@
 A round of a kind whose declared private form is additive (``ReplySpec.private`` in
 :data:`ADDITIVE`) is combined before the server step: the clients' replies, each released by
 its client gate (clipped rows, the client's noise), are summed by SecAgg
-(:func:`fednovelty.federated.secure.secure_sum`) and the server step runs on one combined
+(:func:`fednovelty.federated.trust.secure.secure_sum`) and the server step runs on one combined
 reply, ``{COMBINED_ID: combined}``. With ``dp_mode="distributed"`` each of ``m`` clients adds
 ``1/m`` of the noise variance, so the only value the server reads carries the central noise.
 
 Each kind is first put in a form whose sum is the combined reply's (:func:`encode`,
 :func:`decode`): summed statistics (``"stats"``) are moved about the clipping centre, the
-origin (exact algebra, :func:`~fednovelty.federated.dp.recentre_stats`), so that their range
+origin (exact algebra, :func:`~fednovelty.federated.trust.dp.recentre_stats`), so that their range
 is public; feature moments (``"moments"``: count, mean, sum of squared deviations) become
 ``(n, sum of rows, sum of squares)`` and a scatter (``"scatter"``) ``(n, sum of rows, sum of
-outer products)``, the algebra of :func:`~fednovelty.federated.dp.noisy_moments` and
-:func:`~fednovelty.federated.dp.noisy_scatter`. Decoding the sum gives the exact merge of the
+outer products)``, the algebra of :func:`~fednovelty.federated.trust.dp.noisy_moments` and
+:func:`~fednovelty.federated.trust.dp.noisy_scatter`. Decoding the sum gives the exact merge of the
 replies (what the server's merge of per-client replies computes), to within the
 quantisation error.
 
@@ -59,10 +59,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import FederatedAlgorithm, Message, Scalar
-from fednovelty.federated.dp import block_multipliers, recentre_stats
-from fednovelty.federated.noise import NoiseSource
-from fednovelty.federated.secure import (
+from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.trust.dp import block_multipliers, recentre_stats
+from fednovelty.federated.trust.noise import NoiseSource
+from fednovelty.federated.trust.secure import (
     SecureSumReport,
     check_prg,
     check_range,
@@ -70,7 +70,7 @@ from fednovelty.federated.secure import (
     quantize,
     secure_sum,
 )
-from fednovelty.federated.validation import is_skipped
+from fednovelty.federated.trust.validation import is_skipped
 
 __all__ = [
     "ADDITIVE",
@@ -120,11 +120,11 @@ class SecureSum:
         insecure_seed: TESTING ONLY: seeds the stochastic rounding, so that two runs
             compare bit for bit; whoever knows it re-draws the rounding. ``None`` (the
             default): fresh OS entropy for every client and round.
-        prg: the mask generator (:data:`fednovelty.federated.secure.PRGS`: AES-256-CTR).
+        prg: the mask generator (:data:`fednovelty.federated.trust.secure.PRGS`: AES-256-CTR).
 
     Raises:
         ValueError: a field out of range, naming it;
-            :class:`~fednovelty.federated.secure.InsecurePRGError` for a refused ``prg``.
+            :class:`~fednovelty.federated.trust.secure.InsecurePRGError` for a refused ``prg``.
     """
 
     threshold: float = 0.5
@@ -367,9 +367,9 @@ def quantize_encoded(
 ) -> np.ndarray:
     """One client's encoded tensors as the integer vector it masks: each tensor, in the
     mapping's order, flattened, checked against its range and quantised with the rounding
-    of ``source`` (:mod:`fednovelty.federated.noise`)
-    (:func:`~fednovelty.federated.secure.check_range`,
-    :func:`~fednovelty.federated.secure.quantize`), then concatenated: (n_values,) uint64.
+    of ``source`` (:mod:`fednovelty.federated.trust.noise`)
+    (:func:`~fednovelty.federated.trust.secure.check_range`,
+    :func:`~fednovelty.federated.trust.secure.quantize`), then concatenated: (n_values,) uint64.
 
     Raises:
         ValueError: a value outside its range (naming ``client`` and the tensor), or a
@@ -399,7 +399,7 @@ def dequantize_encoded(
     """The float sums of ``n_inputs`` clients' encoded tensors from the sum ``total``
     (n_values,) uint64 of their :func:`quantize_encoded` vectors: cut by ``layout`` (name
     -> shape, the vectors' order) and dequantised in each tensor's range
-    (:func:`~fednovelty.federated.secure.dequantize_sum`).
+    (:func:`~fednovelty.federated.trust.secure.dequantize_sum`).
 
     Raises:
         ValueError: ``total``'s length is not the layout's.
@@ -439,7 +439,7 @@ def secure_round(
     summed in the public ``clips`` (encoded name -> range) and decoded (:func:`decode`).
     ``dropped`` / ``unresponsive``: senders that go away before / after sending their masked
     vector; ``insecure_seed`` (tests only) seeds the rounding
-    (:func:`~fednovelty.federated.secure.secure_sum`).
+    (:func:`~fednovelty.federated.trust.secure.secure_sum`).
 
     Returns:
         ``(combined reply of broadcast's kind, the secure sum's report)``; the report's error

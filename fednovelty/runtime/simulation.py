@@ -6,11 +6,11 @@ with an in-process transport: each round asks a sample of the clients it holds
 ``dropout``, both drawn from ``np.random.default_rng(random_state)``) and runs their client
 steps here, each on its own rows and its own persistent :class:`ClientContext`. Client rows
 never leave their tensor; only ``Message`` objects pass between the halves, packed exactly as
-they would be between Flower nodes (:mod:`fednovelty.federated.wire`; ``ClientContext.wire``),
+they would be between Flower nodes (:mod:`fednovelty.federated.core.wire`; ``ClientContext.wire``),
 so ``RoundRecord.bytes_up`` and ``bytes_down`` are the bytes that would cross.
 
 The loop does the rest, as on Flower: every reply goes through a
-:class:`~fednovelty.federated.validation.ReplyValidator` (a reply that is malformed or
+:class:`~fednovelty.federated.trust.validation.ReplyValidator` (a reply that is malformed or
 contradicts what its client declared before is dropped and recorded in
 ``RoundRecord.dropped``), a round with fewer than ``min_clients`` valid replies is recorded
 as failed and asked again of a fresh sample (a ``skipped`` reply does not count), and
@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from fednovelty.federated.base import ClientContext, FederatedAlgorithm, Message
-from fednovelty.federated.ledger import PrivacyLedger
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.core.base import ClientContext, FederatedAlgorithm, Message
+from fednovelty.federated.trust.gate import client_context, terms_of
+from fednovelty.federated.trust.ledger import PrivacyLedger
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop
 from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.loop import (
@@ -87,7 +88,12 @@ class InProcessTransport(Transport):
         contexts: client id -> its :class:`ClientContext` (state kept across rounds).
         fraction, dropout: as :func:`run_simulation`'s; rng: the sampling stream.
         batch: hand a round's clients to the algorithm together where its step batches
-            them (:meth:`~fednovelty.federated.base.FederatedAlgorithm.batches`).
+            them (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.batches`).
+
+    Lying clients: where the algorithm has a ``forge_reply(client_id, reply, message, data,
+    context)`` method (a test's or benchmark's wrapper modelling clients that do not hold
+    themselves to their gate), every reply leaves through it after the client gate; what it
+    returns is what the server gate faces. No fednovelty algorithm has one.
     """
 
     def __init__(
@@ -125,6 +131,12 @@ class InProcessTransport(Transport):
             replies = {
                 cid: run_client_step(self.algorithm, self.data[cid], message, self.contexts[cid])
                 for cid in replying
+            }
+        forge = getattr(self.algorithm, "forge_reply", None)
+        if forge is not None:  # a wrapper modelling clients that lie past their own gate
+            replies = {
+                cid: forge(cid, reply, message, self.data[cid], self.contexts[cid])
+                for cid, reply in replies.items()
             }
         bytes_up = sum(r.nbytes() for r in replies.values())  # packed: as they cross the wire
         return Delivery(replies, asked=tuple(asked), n_asked=len(asked), bytes_up=bytes_up)
@@ -276,7 +288,7 @@ def run_simulation(
     kept = client_states or {}
     spent = ledgers or {}
     contexts = {
-        cid: ClientContext(
+        cid: client_context(
             cid,
             {k: v.clone() for k, v in kept.get(cid, {}).items()},
             policy,
@@ -310,5 +322,5 @@ def run_simulation(
         state,
         history,
         {cid: ctx.state for cid, ctx in contexts.items()},
-        {cid: ctx.ledger for cid, ctx in contexts.items()},
+        {cid: terms_of(ctx).ledger for cid, ctx in contexts.items()},
     )

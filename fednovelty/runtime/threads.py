@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, declared_spec
+from fednovelty.federated.core.declarations import ReplySpec, UndeclaredReplyError, declared_spec
+from fednovelty.federated.trust import gate
 from fednovelty.runtime.clients import client_rows
 
 #: environment variable that overrides the choice: ``auto`` or a positive integer.
@@ -236,22 +237,21 @@ def scoring_threads(
 
 
 def run_client_step(algorithm: Any, data: Any, message, context, threads=None):
-    """``algorithm.answer(data, message, context)`` under :func:`client_threads`: the client
-    step, then the client gate (:func:`fednovelty.federated.privacy.release`); the one
-    place every engine runs a client half."""
+    """The client step, then the client gate (:func:`fednovelty.federated.trust.gate.
+    answer`), under :func:`client_threads`: the one place every engine runs a client half."""
     with client_threads(message, data, threads, algorithm):
-        return algorithm.answer(data, message, context)
+        return gate.answer(algorithm, data, message, context)
 
 
 def run_client_steps(algorithm: Any, items, message, threads=None) -> list:
-    """``algorithm.answer_many(items, message)``: the client steps of several in-process
+    """:func:`fednovelty.federated.trust.gate.answer_many`: the client steps of several in-process
     clients ``items`` (``(data, context)`` pairs) as one batched computation, each reply
     through its own client's gate; under :func:`client_threads` of the largest client (a
     ``serial`` step stays on one thread batched too: 100 FEMNIST writers' stacked learners
     trained 1.2x slower on two threads than on one, ``benchmarks/clients_parallel.py``)."""
     largest = max((data for data, _ in items), key=lambda d: int(client_rows(d).shape[0]))
     with client_threads(message, largest, threads, algorithm):
-        return algorithm.answer_many(items, message)
+        return gate.answer_many(algorithm, items, message)
 
 
 def run_server_step(algorithm: Any, state: Any, replies: Mapping[int, Any], threads=None):

@@ -192,7 +192,6 @@ def test_score_rows_of_a_baseline_has_no_log_px():
     assert most_responsible(det, bundle_frame) is None and explain_row(det, None, 0) is None
 
 
-
 def test_the_knn_markers_show_their_log_tail_probability():
     from fednovelty import FedKNNMarkerDetector
 

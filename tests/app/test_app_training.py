@@ -34,6 +34,7 @@ from fednovelty.methods import get_method, method_names
 FEDERATED = federated_choices()
 CENTRALIZED = centralized_choices()
 
+
 def test_run_key_is_stable_and_tells_settings_apart():
     a = run_key(DataSettings(), MethodSettings())
     assert a == run_key(DataSettings(), MethodSettings())

@@ -13,7 +13,7 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import FedGMMDetector, load
-from fednovelty.federated.dp import BLOCK_SPLIT
+from fednovelty.federated.trust.dp import BLOCK_SPLIT
 
 D = 4
 BOUNDS = (np.full(D, -8.0), np.full(D, 10.0))
@@ -149,7 +149,7 @@ def test_a_private_model_leaves_no_exact_training_value(task, tmp_path):
     the private threshold and names why it cannot give predict_proba."""
     from fednovelty.detectors import FedGMMDetector
     from fednovelty.detectors._dp import THRESHOLD_SHARE
-    from fednovelty.federated.dp_quantile import score_grid
+    from fednovelty.federated.trust.dp_quantile import score_grid
 
     det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
     spent = det.privacy_spent_

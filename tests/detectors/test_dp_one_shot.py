@@ -15,10 +15,10 @@ from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs
-from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
-from fednovelty.federated.ledger import PrivacyLedger
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.private_bounds import BOUNDS_KIND
+from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.ledger import PrivacyLedger
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.private_bounds import BOUNDS_KIND
 from fednovelty.runtime.simulation import run_simulation
 
 MEANS = np.array([[0.0, 0.0, 0.0], [3.0, 3.0, 0.0], [-3.0, 3.0, 1.0]])

@@ -27,9 +27,9 @@ from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.exceptions import FederationError
-from fednovelty.federated import noise
 from fednovelty.federated.mixtures.em import EMConfig
-from fednovelty.federated.robust import trimmed_sum
+from fednovelty.federated.trust import noise
+from fednovelty.federated.trust.robust import trimmed_sum
 
 N_CLIENTS, LIAR, ROWS = 10, 9, 300
 FAR = np.array([6.0, -6.0])

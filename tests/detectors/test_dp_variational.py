@@ -27,7 +27,7 @@ from fednovelty.federated.bayesian.variational import (
     VBState,
     private_prior_moments,
 )
-from fednovelty.federated.dp import BLOCK_SPLIT, DPPolicy
+from fednovelty.federated.trust.dp import BLOCK_SPLIT, DPPolicy
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.runtime import run_simulation
@@ -161,7 +161,7 @@ def test_the_prior_round_takes_moments_of_the_clipped_box_rows():
 def test_the_central_noise_on_the_prior_is_the_scatter_release():
     """``private_prior_moments`` in central mode adds to the sum of rows noise of standard
     deviation ``z * BLOCK_SPLIT['sums'] * clip`` per coordinate (the ``"scatter"`` release
-    of :mod:`fednovelty.federated.dp`), a fresh draw each round; far from the floors the
+    of :mod:`fednovelty.federated.trust.dp`), a fresh draw each round; far from the floors the
     post-processing leaves it as it is."""
     z, clip, n = 2.0, 1.5 * math.sqrt(D), torch.tensor(5000.0, dtype=torch.float64)
     config = VBConfig(

@@ -15,7 +15,7 @@ from fednovelty.datasets import make_fedgmm_synthetic
 from fednovelty.detectors.base import seed_from
 from fednovelty.federated.joint_models.joint import JointFedGMM, linear_learner
 from fednovelty.federated.mixtures.pca import FederatedPCA
-from fednovelty.federated.privacy import DEFAULT_MAX_CLUSTERS, PrivacyPolicy
+from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS, PrivacyPolicy
 from fednovelty.runtime import run_simulation
 
 

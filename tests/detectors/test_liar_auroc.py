@@ -30,9 +30,7 @@ ROBUST = {
         n_components=2, aggregation="trimmed", trim=0.2, client_weight_cap=3.0, random_state=0
     ),
     "FedGenGMM": lambda: FedGenGMMDetector(aggregation="median", random_state=0),
-    "FedVB": lambda: FedVBDetector(
-        n_components=4, aggregation="trimmed", trim=0.2, random_state=0
-    ),
+    "FedVB": lambda: FedVBDetector(n_components=4, aggregation="trimmed", trim=0.2, random_state=0),
 }
 
 

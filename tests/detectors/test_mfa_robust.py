@@ -5,7 +5,7 @@ the tenth (the liar) holds rows about a far point ``FAR``, where a third of the 
 novel rows are planted, and claims 1e10 times its rows (every sum over rows it sends,
 the factor statistics ``xz``, ``sum_z``, ``zz`` and the start's sketch included, scaled
 from its first reply on). With the plain sum its rows own the model and the planted rows
-score as normal; with the trimmed combination (:mod:`fednovelty.federated.robust`) the
+score as normal; with the trimmed combination (:mod:`fednovelty.federated.trust.robust`) the
 AUROC stays within 0.02 of the fit without the liar's client.
 """
 
@@ -18,8 +18,8 @@ from _liars import lying_client
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedMFADetector
-from fednovelty.federated.base import Message
-from fednovelty.federated.robust import cap_replies
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.trust.robust import cap_replies
 
 N_CLIENTS, LIAR, ROWS, D = 10, 9, 100, 6
 FAR = np.full(D, 10.0)

@@ -31,7 +31,7 @@ from fednovelty.evaluation.membership import (
     score_attack,
     stats_attack,
 )
-from fednovelty.federated import dp
+from fednovelty.federated.trust import dp
 from fednovelty.mixture import MixtureParams, precisions_cholesky_from_covariances
 
 POPULATION = np.random.default_rng(0).normal(size=(4000, 2))

@@ -20,8 +20,9 @@ from scipy.stats import chi2, norm
 
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.evaluation.membership import gate_attack, score_attack
-from fednovelty.federated import ClientContext, FederatedEM, PrivacyPolicy
-from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated import FederatedEM, PrivacyPolicy
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
 
 D = 2
 BOX = 4.0
@@ -78,7 +79,9 @@ def test_gate_noise_has_the_calibrated_spread():
     residual = {name: [] for name in SPLIT}
     for trial in range(n):
         policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(z, CLIP, "local", insecure_seed=trial))
-        reply = algorithm.answer(torch.as_tensor(ROWS), message, ClientContext(7, policy=policy))
+        reply = gate.answer(
+            algorithm, torch.as_tensor(ROWS), message, gate.client_context(7, policy=policy)
+        )
         c = reply.tensors["counts"].numpy()[0]
         s = reply.tensors["sums"].numpy()[0]
         S = reply.tensors["second"].numpy()[0]

@@ -14,7 +14,7 @@ import torch
 from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
-from fednovelty.federated import ClientContext, PrivacyPolicy, build_algorithm
+from fednovelty.federated import PrivacyPolicy, build_algorithm
 from fednovelty.federated.clustered.cam import (
     CLUSTERED_METHODS,
     ClusteredConfig,
@@ -23,7 +23,8 @@ from fednovelty.federated.clustered.cam import (
     nearest_cluster,
 )
 from fednovelty.federated.registry import algorithm_name, algorithm_settings
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import run_simulation
 
 D = 3
@@ -239,7 +240,7 @@ def test_a_kmeans_client_joins_the_centre_the_server_assigned_it() -> None:
     k-means labels round after round."""
     clients, _ = rule_clients()
     algorithm = make("FeSEM-CAM", rounds=6, warmup_rounds=2)
-    contexts = {c: ClientContext(c) for c in range(len(clients))}
+    contexts = {c: gate.client_context(c) for c in range(len(clients))}
     state = algorithm.start()
     while not algorithm.finished(state):
         message = algorithm.configure(state)
@@ -269,7 +270,9 @@ def test_an_empty_cluster_is_reseeded_with_the_farthest_client_model() -> None:
     algorithm = make("IFCA", n_clusters=4, rounds=1, empty_clusters="reseed")
     state = algorithm.start()
     message = algorithm.configure(state)
-    replies = {c: algorithm.client_step(clients[c], message, ClientContext(c)) for c in range(2)}
+    replies = {
+        c: algorithm.client_step(clients[c], message, gate.client_context(c)) for c in range(2)
+    }
     state, metrics = algorithm.server_step(state, replies)
     sizes = state.cluster_sizes[-1]
     empty = [k for k, size in enumerate(sizes) if size == 0]
@@ -302,7 +305,9 @@ def test_a_client_below_its_privacy_floor_releases_nothing_and_gets_no_cluster()
     for method in CLUSTERED_METHODS:
         algorithm = make(method, n_clusters=2, rounds=3)
         reply = algorithm.client_step(
-            clients[2], algorithm.configure(algorithm.start()), ClientContext(2, policy=policy)
+            clients[2],
+            algorithm.configure(algorithm.start()),
+            gate.client_context(2, policy=policy),
         )
         assert reply.scalars["skipped"] and "privacy floor" in reply.scalars["reason"]
         assert reply.tensors == {}
@@ -315,7 +320,7 @@ def test_ties_go_to_the_lowest_cluster_index() -> None:
     algorithm = make("IFCA", n_clusters=3, rounds=1)
     state = algorithm.start()
     state.cluster_models = [dict(state.cluster_models[1]) for _ in range(3)]
-    reply = algorithm.client_step(clients[0], algorithm.configure(state), ClientContext(0))
+    reply = algorithm.client_step(clients[0], algorithm.configure(state), gate.client_context(0))
     assert reply.scalars["cluster"] == 0
     centres = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     points = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
@@ -329,10 +334,12 @@ def one_reply(method, kind):
     state = algorithm.start()
     while algorithm.configure(state).kind != kind:
         message = algorithm.configure(state)
-        replies = {c: algorithm.client_step(clients[c], message, ClientContext(c)) for c in (0, 1)}
+        replies = {
+            c: algorithm.client_step(clients[c], message, gate.client_context(c)) for c in (0, 1)
+        }
         state, _ = algorithm.server_step(state, replies)
     broadcast = algorithm.configure(state)
-    return broadcast, algorithm.client_step(clients[0], broadcast, ClientContext(0))
+    return broadcast, algorithm.client_step(clients[0], broadcast, gate.client_context(0))
 
 
 REPLIES = {
@@ -376,7 +383,7 @@ def damaged(reply, tensors=None, scalars=None, drop=()):
     ],
 )
 def test_broken_replies_are_named(damage, match) -> None:
-    from fednovelty.federated.validation import InvalidReplyError
+    from fednovelty.federated.trust.validation import InvalidReplyError
 
     broadcast, reply = one_reply("IFCA-CAM", "cam_cluster")
     with pytest.raises(InvalidReplyError, match=match):

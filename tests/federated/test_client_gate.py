@@ -13,21 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fednovelty.federated import ClusteredEMConfig, StreamConfig
-from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.clustered.clustered_em import (
     ClusteredEMStep,
     row_log_likelihoods,
     warmup_config,
 )
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec
 from fednovelty.federated.mixtures.em import EMStep, FederatedEM
-from fednovelty.federated.privacy import (
+from fednovelty.federated.streams.streaming import StreamStep
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import (
     PrivacyPolicy,
     contrast_rows,
     deviation_rows,
     release,
 )
-from fednovelty.federated.streams.streaming import StreamStep
 from fednovelty.mixture import log_gaussian_prob
 
 F64 = torch.float64
@@ -162,7 +163,7 @@ def test_clustered_em_two_v_probes_give_no_far_row():
     n = SEVEN.shape[0]
     recovered = (float(plain[1] - plain[0]) * n + 50.0) / 10.0  # (10 x - 50) / n
     assert recovered == pytest.approx(10.37, abs=1e-9)  # what unprotected scores give
-    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(SEVEN, message, gate.client_context(0, policy=POLICY))
     released = release(reply, CLUSTER_SPEC, POLICY, config, message)
     scores = released.tensors["cluster_log_likelihood"]
     assert float(scores[1] - scores[0]) == 0.0  # no contrast between the cluster rows
@@ -172,7 +173,7 @@ def test_clustered_em_hundreds_of_cluster_rows_are_refused_by_the_clients_own_li
     step, config = _cluster_step()
     thresholds = list(np.linspace(-2.0, 12.0, 400))
     message = _clustered_probe(SEVEN, thresholds)
-    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(SEVEN, message, gate.client_context(0, policy=POLICY))
     released = release(reply, CLUSTER_SPEC, POLICY, config, message)
     assert released.scalars["skipped"] and "configuration allows" in released.scalars["reason"]
 
@@ -182,7 +183,7 @@ def test_clustered_em_honest_scores_are_released():
     rng = np.random.default_rng(1)
     X = torch.as_tensor(rng.normal(size=(60, 1)))
     message = _clustered_probe(X, [0.0, 0.5], c=1.0)
-    reply = step.client_step(X, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(X, message, gate.client_context(0, policy=POLICY))
     released = release(reply, CLUSTER_SPEC, POLICY, config, message)
     assert not released.scalars.get("skipped"), released.scalars
     assert torch.equal(
@@ -228,7 +229,7 @@ def test_streaming_track_only_histogram_of_narrow_components_is_refused():
     X = torch.as_tensor(rng.uniform(0, 1.6, size=(30, 1)))
     means = torch.linspace(0.02, 1.58, 40, dtype=F64).unsqueeze(1)
     step, config, message = _stream(3, means, scale=0.01)
-    reply = step.client_step(X, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(X, message, gate.client_context(0, policy=POLICY))
     counts = reply.tensors["counts"]
     bins = torch.bucketize(X[:, 0], torch.linspace(0.0, 1.6, 41, dtype=F64)[1:-1])
     assert int(((counts > 0.5) & (counts < 1.5)).sum()) >= 10  # single rows within 0.04
@@ -236,7 +237,7 @@ def test_streaming_track_only_histogram_of_narrow_components_is_refused():
     assert released.scalars["skipped"] and "allows (3)" in released.scalars["reason"]
     # within the limit, a component of one row is floored
     step, config, message = _stream(40, means, scale=0.01)
-    reply = step.client_step(X, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(X, message, gate.client_context(0, policy=POLICY))
     released = release(reply, STREAM_SPEC, POLICY, config, message)
     if not released.scalars.get("skipped"):
         kept = released.tensors["counts"] > 0
@@ -273,7 +274,7 @@ def test_em_reply_never_releases_a_component_below_the_floor(n, k, log_scale, at
         },
     )
     step = EMStep(EMConfig(n_components=k, covariance_type="diag"))
-    reply = step.client_step(torch.as_tensor(X), message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(torch.as_tensor(X), message, gate.client_context(0, policy=POLICY))
     released = release(reply, _spec("em", STATS_BACKING), POLICY, None, message)
     if released.scalars.get("skipped"):
         return
@@ -292,7 +293,7 @@ def _pfedem_probe():
     wide-tailed one at 1000 whose weight makes it the argmax of the rows at 3 by a hair
     (responsibility ~0.15 each) and the far row's (responsibility 1)."""
     from fednovelty.federated import PFedEM
-    from fednovelty.federated.aggregate import learner_name
+    from fednovelty.federated.core.aggregate import learner_name
 
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.uniform(-1, 1, 23), np.full(6, 3.0), [1000.0]])
@@ -331,7 +332,7 @@ def test_pfedem_wide_component_with_seven_hard_rows_is_floored_by_effective_rows
     kish = gamma[:, 0].sum() ** 2 / (gamma[:, 0] ** 2).sum()
     share = gamma[-1, 0] * x[-1] / (gamma[:, 0] * x).sum()
     assert hard == 7 and kish < 5 and share > 0.99  # the hard-count rule would release it
-    released = algorithm.answer(data, message, ClientContext(0, policy=POLICY))
+    released = gate.answer(algorithm, data, message, gate.client_context(0, policy=POLICY))
     assert not released.scalars.get("skipped"), released.scalars
     assert float(released.tensors["hard_counts"][0]) == 0
     assert bool((released.tensors["client_means"][0] == 0).all())
@@ -351,14 +352,14 @@ def test_vgm2_prototype_of_a_one_row_class_is_not_released():
     small = {"hidden": 8, "embedding_dim": 3, "local_epochs": 1, "batch_size": 16}
     algorithm = VGM2(6, 3, method="prototype", rounds=1, **small)
     message = algorithm.configure(algorithm.start())
-    context = ClientContext(0, policy=POLICY)
+    context = gate.client_context(0, policy=POLICY)
     raw = algorithm.client_step((X, y), message, context)
     state = context.state
     encoder = {k.removeprefix(ENCODER): v for k, v in state.items() if k.startswith(ENCODER)}
     with torch.no_grad():
         row = embed(algorithm.encoder, encoder, X[-1:])[0]
     torch.testing.assert_close(raw.tensors["prototypes"][2], row)  # what the step computes
-    released = algorithm.answer((X, y), message, ClientContext(0, policy=POLICY))
+    released = gate.answer(algorithm, (X, y), message, gate.client_context(0, policy=POLICY))
     assert not released.scalars.get("skipped"), released.scalars
     assert released.tensors["class_counts"].tolist() == [6.0, 5.0, 0.0]
     assert bool((released.tensors["prototypes"][2] == 0).all())
@@ -388,7 +389,7 @@ def test_a_window_round_the_client_never_began_is_refused_not_a_crash(rounds):
         },
         scalars={"window_round": 1},
     )
-    reply = step.client_step(SEVEN, message, ClientContext(0, policy=POLICY))
+    reply = step.client_step(SEVEN, message, gate.client_context(0, policy=POLICY))
     assert reply.scalars["skipped"] and "refused" in reply.scalars["reason"]
 
 
@@ -396,7 +397,7 @@ def test_a_windows_outlying_row_is_winsorised_not_released():
     """A window's log p values: every row equal but one far row (a probe) -> the released
     values are all equal (the far row clipped to the others); an honest window with one
     outlying row keeps all its rows, the outlier clipped, its sums backed by the floor."""
-    from fednovelty.federated.privacy import winsorised_row_values
+    from fednovelty.federated.trust.privacy import winsorised_row_values
 
     def backed_row_values(values, min_rows):
         return winsorised_row_values(values, min_rows, powers=(1, 2))
@@ -438,7 +439,7 @@ def test_an_em_log_likelihood_probe_gives_no_far_row():
     plain = e_step_stats(SEVEN, weights.log(), means, prec, "diag", shift)
     assert far_row_from(float(plain.log_likelihood)) == pytest.approx(10.37, abs=0.1)
     algorithm = FederatedEM(2, covariance_type="diag")
-    reply = algorithm.answer(SEVEN, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, SEVEN, message, gate.client_context(0, policy=POLICY))
     assert not reply.scalars.get("skipped")
     assert abs(far_row_from(float(reply.tensors["log_likelihood"])) - 10.37) > 3.0
 
@@ -470,7 +471,7 @@ def test_blanked_entries_carry_no_sign():
         crafted = Message(
             message.kind, {**message.tensors, "shift": torch.tensor(shift)}, dict(message.scalars)
         )
-        released = algorithm.answer(X, crafted, ClientContext(0, policy=POLICY))
+        released = gate.answer(algorithm, X, crafted, gate.client_context(0, policy=POLICY))
         lone = int(released.tensors["counts"].argmin())
         assert float(released.tensors["counts"][lone]) == 0.0
         assert not bool(torch.signbit(released.tensors["sums"][lone]).any())

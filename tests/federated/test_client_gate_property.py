@@ -49,24 +49,25 @@ from hypothesis import strategies as st
 from scipy.stats import chi2
 
 from fednovelty.federated import registry
-from fednovelty.federated.aggregate import learner_name
-from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.bayesian import vb_oneshot
+from fednovelty.federated.bayesian import vb_local
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.core.aggregate import learner_name
+from fednovelty.federated.core.base import ClientContext, Message
+from fednovelty.federated.core.wire import unpack
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.em import FederatedEM
 from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
 from fednovelty.federated.mixtures.fedgengmm import FedGenGMM, LocalGMMs
 from fednovelty.federated.mixtures.pca import FederatedPCA
-from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.streams.streaming import StreamingEM
-from fednovelty.federated.wire import unpack
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.runtime import run_simulation, simulation
 
 F64 = torch.float64
@@ -808,7 +809,8 @@ def check_stream(algorithm, r, X, t, before, what):
             assert_backed(contrast_kish(clipped), f"{what}: the winsorised drift values")
         else:
             keep = summed_rows(values, per_row[:, None], r["drift"][:1], what)
-            assert_backed(contrast_kish(values[keep]), f"{what}: the drift values")
+            kept = centred_powers(per_row[keep])
+            assert_backed(contrast_kish(kept), f"{what}: the drift values")
     log_w = before["log_weights"]
     resp, _ = softmax_rows(log_n + log_w)
     n = X.shape[0]
@@ -842,8 +844,18 @@ def winsorised_values(values: np.ndarray, per_row: np.ndarray, mean: float):
         if not np.allclose(clipped, per_row) and np.isclose(
             clipped.mean(), mean, rtol=1e-9, atol=1e-9
         ):
-            return np.stack([clipped, clipped**2], 1)
+            return centred_powers(clipped)
     return None
+
+
+def centred_powers(values: np.ndarray) -> np.ndarray:
+    """``[v - c, (v - c)^2]`` (n, 2) about the median ``c`` of ``values`` (n,): the
+    contrasts of the sums of ``v`` and ``v^2`` (with the row count) are those of these
+    sums, and about the median their differences keep their precision (the powers of
+    values far from 0 agree to ~1e-10 of their size, below what the round-off rule of
+    :func:`deviation_kish` reads)."""
+    centred = values - lower_median(values[:, None])[0]
+    return np.stack([centred, centred**2], 1)
 
 
 def summed_rows(values: np.ndarray, summed: np.ndarray, means: np.ndarray, what: str):
@@ -955,23 +967,25 @@ def answer(algorithm, kind: str, message: Message, data, context: ClientContext)
     (its kept weights, a local fit's mixture, a local VB fit's responsibilities)."""
     before: dict = {}
     if kind in ("local_fit", "oneshot"):
-        raw = algorithm.client_step(data, message, ClientContext(0, policy=context.policy))
+        raw = algorithm.client_step(
+            data, message, gate.client_context(0, policy=context.terms.policy)
+        )
         if not raw.scalars.get("skipped"):
             before["local_fit"] = np_tensors(raw)
     if kind == "vb_local":
         recorded = {}
-        original = vb_oneshot.vb_log_resp
+        original = vb_local.vb_log_resp
 
         def spy(X, posterior):
             out = original(X, posterior)
             recorded["resp"] = out[1].exp().numpy()
             return out
 
-        with mock.patch.object(vb_oneshot, "vb_log_resp", spy):
-            reply = algorithm.answer(data, message, context)
+        with mock.patch.object(vb_local, "vb_log_resp", spy):
+            reply = gate.answer(algorithm, data, message, context)
         before["vb_resp"] = recorded.get("resp")
         return reply, before
-    reply = algorithm.answer(data, message, context)
+    reply = gate.answer(algorithm, data, message, context)
     if kind == "stream":
         before["log_weights"] = context.state["log_weights"].numpy()
     return reply, before
@@ -995,7 +1009,7 @@ def test_a_hostile_broadcast_obtains_nothing_below_the_floor(variant, kind, how)
     X = (data[0] if spec.labelled else data).numpy()
     template = messages[kind]
     message = craft(algorithm, kind, template, client_view(algorithm, X, template), how)
-    context = ClientContext(0, policy=POLICY)
+    context = gate.client_context(0, policy=POLICY)
     reply, before = answer(algorithm, kind, message, data, context)
     assert not reply.backing
     check(algorithm, kind, message, data, reply, before)
@@ -1003,7 +1017,7 @@ def test_a_hostile_broadcast_obtains_nothing_below_the_floor(variant, kind, how)
         # the window's next round
         message = Message(kind, dict(message.tensors), {**message.scalars, "window_round": 1})
         before = {"log_weights": context.state["log_weights"].numpy()}
-        reply = algorithm.answer(data, message, context)
+        reply = gate.answer(algorithm, data, message, context)
         check(algorithm, kind, message, data, reply, before)
 
 
@@ -1034,14 +1048,14 @@ def test_cluster_rows_beyond_the_clients_own_clusters_are_refused() -> None:
             "cluster_log_weights": log_w + 0.01 * torch.arange(3.0, dtype=F64).unsqueeze(1),
         },
     )
-    reply = algorithm.answer(X, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, X, message, gate.client_context(0, policy=POLICY))
     assert reply.scalars.get("skipped"), "3 cluster rows released by a 2-cluster client"
     assert "configuration allows (2)" in reply.scalars["reason"]
     two = Message(
         "cluster_em",
         {**message.tensors, "cluster_log_weights": message.tensors["cluster_log_weights"][:2]},
     )
-    released = algorithm.answer(X, two, ClientContext(0, policy=POLICY))
+    released = gate.answer(algorithm, X, two, gate.client_context(0, policy=POLICY))
     assert not released.scalars.get("skipped"), released.scalars
 
 
@@ -1065,6 +1079,6 @@ def test_three_cluster_rows_of_a_crafted_broadcast_are_backed_under_every_contra
     }
     data = client_data(how, labelled=False)
     message = craft(algorithm, "cluster_em", messages["cluster_em"], data.numpy(), how)
-    context = ClientContext(0, policy=POLICY)
+    context = gate.client_context(0, policy=POLICY)
     reply, before = answer(algorithm, "cluster_em", message, data, context)
     check(algorithm, "cluster_em", message, data, reply, before)

@@ -11,7 +11,7 @@ import torch
 from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
-from fednovelty.federated import ClientContext, Message
+from fednovelty.federated import Message
 from fednovelty.federated.clustered.clustered_em import (
     ClusteredEM,
     allowed_components,
@@ -19,9 +19,10 @@ from fednovelty.federated.clustered.clustered_em import (
     hellinger_kmeans,
     partition_components,
 )
-from fednovelty.federated.privacy import PrivacyPolicy
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
-from fednovelty.federated.validation import InvalidReplyError, check_reply
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.validation import InvalidReplyError, check_reply
 from fednovelty.mixture import log_gaussian_prob, params_from_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import stats_from_resp
@@ -46,7 +47,7 @@ def clustered_clients(per_cluster: int = 4, n: int = 120, seed: int = 0):
 def run_until_clustered(algorithm, clients):
     """Drive the algorithm's rounds by hand until its first clustered round is due; returns
     (state, each client's context)."""
-    contexts = {c: ClientContext(c) for c in range(len(clients))}
+    contexts = {c: gate.client_context(c) for c in range(len(clients))}
     state = algorithm.start()
     while state.phase != "cluster_em":
         message = algorithm.configure(state)

@@ -13,7 +13,6 @@ import torch
 
 from fednovelty.federated import (
     ALGORITHMS,
-    ClientContext,
     ClusteredEMConfig,
     EMConfig,
     FederatedEM,
@@ -43,18 +42,19 @@ from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
-from fednovelty.federated.config import (
+from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
     RobustSettings,
     TorchSettings,
 )
+from fednovelty.federated.core.learners import mlp_learner
 from fednovelty.federated.init import GivenMixture, InitSettings, MomentsSettings
 from fednovelty.federated.joint_models.pfedem import PFedEM
-from fednovelty.federated.learners import mlp_learner
 from fednovelty.federated.mixtures.factor_em import FactorEMConfig, FederatedFactorEM
 from fednovelty.federated.streams.streaming import StreamingEM
+from fednovelty.federated.trust import gate
 
 #: a one-component mixture in one feature, as a streaming window's start.
 START = {"weights_init": [1.0], "means_init": [[0.0]], "precisions_init": [[[1.0]]]}
@@ -243,7 +243,7 @@ def clients(n_clients: int = 3, seed: int = 0) -> list[torch.Tensor]:
 
 def broadcasts(algorithm, data) -> list:
     """Every message of a full in-process run of ``algorithm`` on ``data``."""
-    contexts = {c: ClientContext(c, policy=PrivacyPolicy(allow_raw_rows=True)) for c in data}
+    contexts = {c: gate.client_context(c, policy=PrivacyPolicy(allow_raw_rows=True)) for c in data}
     state, messages = algorithm.start(), []
     while not algorithm.finished(state):
         message = algorithm.configure(state)
@@ -278,7 +278,7 @@ def test_messages_carry_only_what_changes_per_round(make) -> None:
 
 
 def test_the_cnn_learner_reads_square_images_and_travels_by_name() -> None:
-    from fednovelty.federated.learners import LEARNERS, cnn_learner
+    from fednovelty.federated.core.learners import LEARNERS, cnn_learner
 
     module = cnn_learner(28 * 28, 62)
     assert module(torch.zeros(5, 784)).shape == (5, 62)

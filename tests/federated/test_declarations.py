@@ -1,5 +1,5 @@
 """Steps declare their replies, and the server gate reads the declarations
-(``federated.declarations``, ``federated.validation``).
+(``federated.core.declarations``, ``federated.trust.validation``).
 
 Every registered algorithm declares every kind it answers (an honest run of each drops
 nothing); a step without declarations cannot be chained; a reply of an undeclared kind is
@@ -17,18 +17,19 @@ import pytest
 import torch
 from _liars import shifted_component
 
-from fednovelty.federated import ClientContext, Message
-from fednovelty.federated.base import skipped_reply
+from fednovelty.federated import Message
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
-from fednovelty.federated.declarations import (
+from fednovelty.federated.core.base import skipped_reply
+from fednovelty.federated.core.declarations import (
     ReplySpec,
     UndeclaredReplyError,
     declare,
     declared_spec,
 )
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import InvalidReplyError, ReplyValidator, check_reply
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator, check_reply
 from fednovelty.runtime import run_simulation
 from tests.federated.test_liar_property import CASES
 from tests.federated.test_validation import WithForger, make_clients, with_tensors
@@ -143,7 +144,7 @@ def test_a_huge_prior_scatter_is_refused_by_the_declared_moments() -> None:
     spreads further than the client's rows can: dropped by name; the honest one passes."""
     X = make_clients(1)[0]
     spec = FederatedVB(2).reply_spec("vb_prior")
-    context = ClientContext(0)
+    context = gate.client_context(0)
     moments = Message(
         "moments",
         {
@@ -167,7 +168,7 @@ def test_the_prior_round_declares_the_box_of_the_later_rounds() -> None:
     the rows it described is dropped by name."""
     X = make_clients(1)[0]
     algorithm = FederatedVB(2)
-    prior = algorithm.client_step(X, Message("vb_prior"), ClientContext(0))
+    prior = algorithm.client_step(X, Message("vb_prior"), gate.client_context(0))
     validator = ReplyValidator(D, specs=algorithm.reply_spec)
     assert validator.accept(Message("vb_prior"), {0: prior})[1] == {}
     broadcast = Message("centroids", scalars={"seed": 0}, expect={"n_clusters": 2})
@@ -192,7 +193,7 @@ def test_shifted_clustered_statistics_are_dropped_by_name() -> None:
     algorithm = ClusteredEM(2, n_clusters=1, cluster_components=2, standardize=True, max_iter=3)
     X = make_clients(1)[0]
     validator = ReplyValidator(D, specs=algorithm.reply_spec)
-    state, context, seen = algorithm.start(), ClientContext(0), []
+    state, context, seen = algorithm.start(), gate.client_context(0), []
     while not algorithm.finished(state):
         message = algorithm.configure(state)
         reply = algorithm.client_step(X, message, context)
@@ -210,7 +211,7 @@ def test_a_feature_a_client_holds_constant_passes_the_box_despite_round_off() ->
     """Standardised statistics of a feature constant on the client (declared M2 = 0) carry
     round-off of order n (eps * |value|)^2 (26_optdigits: 1e-31 about a shift one ulp
     from the declared mean): accepted; a real spread of 1e-10 per row is still refused."""
-    from fednovelty.federated.validation import _Box
+    from fednovelty.federated.trust.validation import _Box
 
     center = torch.tensor([-0.045960223163125466], dtype=torch.float64)
     shift = torch.nextafter(center, torch.zeros_like(center))

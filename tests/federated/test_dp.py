@@ -10,7 +10,7 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
-from fednovelty.federated.dp import (
+from fednovelty.federated.trust.dp import (
     calibrate_noise,
     clip_rows,
     epsilon_spent,
@@ -20,7 +20,7 @@ from fednovelty.federated.dp import (
     positive_counts,
     stats_sensitivities,
 )
-from fednovelty.federated.noise import SeededNoise, add_gaussian
+from fednovelty.federated.trust.noise import SeededNoise, add_gaussian
 
 RNG = np.random.default_rng(0)
 

@@ -15,7 +15,6 @@ import torch
 from _tolerance import assert_close_scaled
 from scipy.special import ndtr
 
-from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.clustered.cam import (
     CLUSTER_KIND,
     MODEL_REPLIES,
@@ -27,12 +26,14 @@ from fednovelty.federated.clustered.cam import (
     noisy_cluster_losses,
     private_models,
 )
-from fednovelty.federated.declarations import RELEASE_TENSORS, ReplySpec
-from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
-from fednovelty.federated.ledger import PrivacyLedger
-from fednovelty.federated.noise import SeededNoise
-from fednovelty.federated.privacy import PrivacyPolicy, release
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import RELEASE_TENSORS, ReplySpec
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
+from fednovelty.federated.trust.ledger import PrivacyLedger
+from fednovelty.federated.trust.noise import SeededNoise
+from fednovelty.federated.trust.privacy import PrivacyPolicy, release
 
 F64 = torch.float64
 D = 3
@@ -80,7 +81,7 @@ def test_the_gate_releases_the_dp_sgd_models_and_withholds_the_row_count_and_los
     message = _first_round(algorithm)
     assert message.kind == CLUSTER_KIND
     data, policy = _rows(120, False, 0), _policy()
-    raw = algorithm.client_step(data, message, ClientContext(0, policy=policy))
+    raw = algorithm.client_step(data, message, gate.client_context(0, policy=policy))
     models = {n for n in raw.tensors if n.startswith(("cluster.", "global."))}
     assert models == {f"{h}.{p}" for h in ("cluster", "global") for p in ("weight", "bias")}
     assert raw.scalars["dp_sgd_steps"] == SGD.steps and raw.scalars["cluster"] in (0, 1)
@@ -95,7 +96,7 @@ def test_the_gate_refuses_what_no_part_declares_and_models_not_trained_by_its_dp
     algorithm = _cam()
     message = _first_round(algorithm)
     data, policy = _rows(120, False, 0), _policy()
-    raw = algorithm.client_step(data, message, ClientContext(0, policy=policy))
+    raw = algorithm.client_step(data, message, gate.client_context(0, policy=policy))
     extra = Message(
         raw.kind,
         {**raw.tensors, "mean": torch.zeros(D, dtype=F64)},
@@ -111,7 +112,7 @@ def test_the_gate_refuses_what_no_part_declares_and_models_not_trained_by_its_dp
     without = _policy(sgd=None)
     out = release(raw, SPEC, without, algorithm.config, message)
     assert out.scalars.get("skipped") and "not trained by DP-SGD" in out.scalars["reason"]
-    own = algorithm.answer(data, message, ClientContext(0, policy=without))
+    own = gate.answer(algorithm, data, message, gate.client_context(0, policy=without))
     assert own.scalars.get("skipped") and "DP-SGD" in own.scalars["reason"]
 
 
@@ -121,12 +122,12 @@ def test_each_round_is_one_noisy_release_with_fresh_noise_and_the_budget_binds()
     # a budget of exactly two rounds' DP-SGD steps, read from the accountant
     budget = PrivacyLedger().after(0.0, (SGD.noise_multiplier, SGD.sample_rate, 2 * SGD.steps))
     policy = _policy(epsilon=budget.epsilon(1e-5))
-    data, context = _rows(120, False, 0), ClientContext(0, policy=policy)
-    first = algorithm.answer(data, message, context)
-    second = algorithm.answer(data, message, context)
-    assert context.ledger.releases == 2 and "dp_releases" not in context.state
+    data, context = _rows(120, False, 0), gate.client_context(0, policy=policy)
+    first = gate.answer(algorithm, data, message, context)
+    second = gate.answer(algorithm, data, message, context)
+    assert context.terms.ledger.releases == 2 and "dp_releases" not in context.state
     assert not torch.equal(first.tensors["cluster.weight"], second.tensors["cluster.weight"])
-    third = algorithm.answer(data, message, context)
+    third = gate.answer(algorithm, data, message, context)
     assert third.scalars.get("skipped") and "budget is spent" in third.scalars["reason"]
 
 
@@ -137,8 +138,8 @@ def test_the_private_reply_draws_fresh_noise_never_the_broadcasts_seed():
     other = Message(message.kind, message.tensors, {**message.scalars, "seed": 12345})
 
     def weight(broadcast, seed):
-        context = ClientContext(0, policy=_policy(insecure_seed=seed))
-        return algorithm.answer(data, broadcast, context).tensors["global.weight"]
+        context = gate.client_context(0, policy=_policy(insecure_seed=seed))
+        return gate.answer(algorithm, data, broadcast, context).tensors["global.weight"]
 
     assert not torch.equal(weight(message, None), weight(message, None))
     # with a test seed the broadcast's seed changes nothing
@@ -211,13 +212,13 @@ def test_the_ifca_choice_is_report_noisy_min_with_the_clients_multiplier():
     z = gap / (HISTOGRAM_SHARE * math.sqrt(2) * bound)  # noise spread = the gap
     picks = []
     for seed in range(600):
-        context = ClientContext(0, policy=_policy(z=z, insecure_seed=seed))
+        context = gate.client_context(0, policy=_policy(z=z, insecure_seed=seed))
         generator = SeededNoise(seed, 0, 0)
         picks.append(step.private_choice(models, X, y, None, None, context, generator))
     # two clusters: P(min) = Phi(gap / (sqrt(2) spread)) for noise of spread `gap` on each
     expected = float(ndtr(1 / math.sqrt(2)))
     assert abs(np.mean(np.asarray(picks) == best) - expected) < 0.06
-    context = ClientContext(0, policy=_policy(z=1e-6))
+    context = gate.client_context(0, policy=_policy(z=1e-6))
     assert step.private_choice(models, X, y, None, None, context, SeededNoise(0, 0, 0)) == best
 
 
@@ -226,7 +227,7 @@ def test_a_fesem_client_joins_the_centre_nearest_its_released_model_else_a_rando
     step = algorithm.steps[-1]
     models, _ = _broadcast_models(algorithm)
     kept = {k: v + 0.01 for k, v in models[2].items()}
-    context = ClientContext(0, policy=_policy())
+    context = gate.client_context(0, policy=_policy())
     X, y = _rows(50, False, 5)
     fc = algorithm.linear_names
     centres = torch.stack([torch.cat([p[n].reshape(-1) for n in fc]) for p in models])

@@ -13,18 +13,19 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal
 
-from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.dp import (
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import (
     DPPolicy,
     epsilon_spent,
     noisy_scatter,
     plausible_stats,
     recentre_stats,
 )
-from fednovelty.federated.mixtures.em import FederatedEM
-from fednovelty.federated.noise import SeededNoise
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.validation import InvalidReplyError, ReplyValidator
+from fednovelty.federated.trust.noise import SeededNoise
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator
 from fednovelty.mixture import SufficientStats
 from fednovelty.runtime.simulation import run_simulation
 
@@ -74,8 +75,8 @@ def _by_hand(X: np.ndarray, bound: float, shift: np.ndarray) -> dict[str, np.nda
 
 def _answer(algorithm, X, policy, client_id=0, state=None):
     message = algorithm.configure(algorithm.start() if state is None else state)
-    context = ClientContext(client_id, policy=policy)
-    return message, algorithm.answer(torch.as_tensor(X), message, context), context
+    context = gate.client_context(client_id, policy=policy)
+    return message, gate.answer(algorithm, torch.as_tensor(X), message, context), context
 
 
 def test_without_noise_the_release_is_the_clipped_rows_statistics_and_no_log_likelihood():
@@ -120,13 +121,13 @@ def test_the_client_refuses_releases_beyond_its_budget():
     budget = epsilon_spent(1.0, 2, 1e-5)
     policy = PrivacyPolicy(dp=DPPolicy(1.0, 3.0, "local", epsilon=budget, delta=1e-5))
     message = algorithm.configure(algorithm.start())
-    context = ClientContext(0, policy=policy)
+    context = gate.client_context(0, policy=policy)
     X = torch.as_tensor(_rows())
-    first, second, third = (algorithm.answer(X, message, context) for _ in range(3))
+    first, second, third = (gate.answer(algorithm, X, message, context) for _ in range(3))
     assert not first.scalars.get("skipped") and not second.scalars.get("skipped")
     assert third.scalars["skipped"] and "budget is spent" in third.scalars["reason"]
-    assert context.ledger.releases == 2 and "dp_releases" not in context.state
-    assert context.ledger.gaussian == pytest.approx(2 * 3 / 1.0**2, rel=1e-12)
+    assert context.terms.ledger.releases == 2 and "dp_releases" not in context.state
+    assert context.terms.ledger.gaussian == pytest.approx(2 * 3 / 1.0**2, rel=1e-12)
 
 
 def test_each_release_draws_fresh_noise_and_only_a_test_seed_reproduces_it():
@@ -136,8 +137,8 @@ def test_each_release_draws_fresh_noise_and_only_a_test_seed_reproduces_it():
     def two(seed):
         policy = PrivacyPolicy(dp=DPPolicy(2.0, 3.0, "local", insecure_seed=seed))
         message = algorithm.configure(algorithm.start())
-        context = ClientContext(0, policy=policy)
-        return [algorithm.answer(torch.as_tensor(X), message, context) for _ in range(2)]
+        context = gate.client_context(0, policy=policy)
+        return [gate.answer(algorithm, torch.as_tensor(X), message, context) for _ in range(2)]
 
     fresh, again = two(None), two(None)  # the default: fresh OS entropy every release
     assert not torch.equal(fresh[0].tensors["sums"], again[0].tensors["sums"])
@@ -173,7 +174,9 @@ def test_the_server_gate_checks_noisy_replies_for_form_only():
     algorithm = _em(dp_mode="local", dp_noise_multiplier=1.0, dp_clip=3.0)
     message = algorithm.configure(algorithm.start())
     policy = PrivacyPolicy(dp=DPPolicy(30.0, 3.0, "local", insecure_seed=0))
-    reply = algorithm.answer(torch.as_tensor(_rows(6)), message, ClientContext(0, policy=policy))
+    reply = gate.answer(
+        algorithm, torch.as_tensor(_rows(6)), message, gate.client_context(0, policy=policy)
+    )
     assert (reply.tensors["counts"] < 0).any()  # the noise made a count negative
     strict = ReplyValidator(n_features=3, specs=algorithm.reply_spec)
     with pytest.raises(InvalidReplyError):
@@ -301,7 +304,7 @@ def test_central_mode_noises_the_pooled_moments_too():
         state = algorithm.start()
         message = algorithm.configure(state)
         replies = {
-            c: algorithm.answer(X, message, ClientContext(c, policy=policy))
+            c: gate.answer(algorithm, X, message, gate.client_context(c, policy=policy))
             for c, X in enumerate(clients)
         }
         algorithm.server_step(state, replies)
@@ -335,6 +338,6 @@ def test_an_empty_client_sends_noise_like_the_others():
     given = _em(dp_mode="local", dp_noise_multiplier=2.0, dp_clip=3.0)
     empty = torch.zeros(0, 3, dtype=F64)
     message = given.configure(given.start())
-    reply = given.answer(empty, message, ClientContext(0, policy=policy))
+    reply = gate.answer(given, empty, message, gate.client_context(0, policy=policy))
     assert not reply.scalars.get("skipped") and reply.tensors["counts"].shape == (2,)
     assert float(reply.tensors["counts"].abs().max()) > 0

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import DPSGDSettings
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import JOINT_EM_REPLY, JointFedGMM
-from fednovelty.federated.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
+from fednovelty.federated.trust.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
 from fednovelty.runtime.simulation import run_simulation
 
 F64 = torch.float64
@@ -76,11 +77,11 @@ def _reply(algorithm: JointFedGMM, X, y, policy: PrivacyPolicy, client_id: int =
     state = algorithm.start()
     while state.phase != "joint_em":  # the start rounds, answered by this one client
         message = algorithm.configure(state)
-        context = ClientContext(client_id, policy=policy)
-        reply = algorithm.answer((X, y), message, context)
+        context = gate.client_context(client_id, policy=policy)
+        reply = gate.answer(algorithm, (X, y), message, context)
         state = algorithm.server_step(state, {client_id: reply})[0]
     message = algorithm.configure(state)
-    context = ClientContext(client_id, policy=policy)
+    context = gate.client_context(client_id, policy=policy)
     raw = algorithm.client_step((X, y), message, context)
     return message, raw, context
 
@@ -114,8 +115,8 @@ def test_the_gate_refuses_learners_not_stated_as_dp_sgd_and_undeclared_tensors()
     without = _policy("local", sgd=None)  # the client's own policy has no DP-SGD
     out = release(raw, JOINT_EM_REPLY, without, algorithm.config, message)
     assert out.scalars.get("skipped") and "not trained by DP-SGD" in out.scalars["reason"]
-    context = ClientContext(0, policy=without)
-    own = algorithm.answer((X, y), message, context)  # nor does its step train without it
+    context = gate.client_context(0, policy=without)
+    own = gate.answer(algorithm, (X, y), message, context)  # nor does its step train without it
     assert own.scalars.get("skipped") and "DP-SGD" in own.scalars["reason"]
     extra = dict(raw.tensors, client_means=torch.zeros(2, 3, dtype=F64))
     backing = dict(raw.backing, client_means=torch.full((2,), 300.0))

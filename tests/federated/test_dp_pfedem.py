@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.base import ClientContext, Message
-from fednovelty.federated.dp import DPPolicy
-from fednovelty.federated.dp_sgd import DPSGDSettings
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import histogram_sum
 from fednovelty.federated.joint_models.pfedem import PFEDEM_REPLY, PFedEM, learner_weights
-from fednovelty.federated.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
+from fednovelty.federated.trust.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
 from fednovelty.runtime.simulation import run_simulation
 
 F64 = torch.float64
@@ -69,7 +70,7 @@ def _first_pfedem_round(algorithm: PFedEM, X, y, policy: PrivacyPolicy):
     state = algorithm.start()
     assert state.phase == "pfedem"
     message = algorithm.configure(state)
-    context = ClientContext(0, policy=policy)
+    context = gate.client_context(0, policy=policy)
     return message, algorithm.client_step((X, y), message, context), context
 
 
@@ -90,10 +91,13 @@ def test_the_gate_refuses_the_papers_means_and_variances_under_dp():
     out = release(raw, PFEDEM_REPLY, _policy("local"), paper.config, message)
     assert out.scalars.get("skipped") and "client_means" in out.scalars["reason"]
     # nor does a client under DP answer such a round: its own step skips it
-    own = paper.answer((X, y), message, ClientContext(0, policy=_policy("local")))
+    own = gate.answer(paper, (X, y), message, gate.client_context(0, policy=_policy("local")))
     assert own.scalars.get("skipped") and "no private form" in own.scalars["reason"]
-    own = _pfedem("local", **GIVEN).answer(
-        (X, y), message, ClientContext(0, policy=_policy("local", sgd=None))
+    own = gate.answer(
+        _pfedem("local", **GIVEN),
+        (X, y),
+        message,
+        gate.client_context(0, policy=_policy("local", sgd=None)),
     )
     assert own.scalars.get("skipped") and "DP-SGD" in own.scalars["reason"]
 
@@ -164,7 +168,7 @@ def _averaged_sub_models(mode: str | None, hard: list[list[float]]) -> list[floa
     for c in range(2):
         X, y = _client(200, 0.5, c)
         policy = PrivacyPolicy(min_rows=1) if mode is None else _policy(mode)
-        reply = algorithm.client_step((X, y), message, ClientContext(c, policy=policy))
+        reply = algorithm.client_step((X, y), message, gate.client_context(c, policy=policy))
         tensors = {
             name: torch.full_like(v, 2.0 * c + 1) if name.startswith("learner.") else v
             for name, v in reply.tensors.items()

@@ -14,7 +14,8 @@ from scipy.special import ndtr
 from torch import nn
 from torch.func import functional_call
 
-from fednovelty.federated.dp_sgd import (
+from fednovelty.federated.core.learners import mlp_learner
+from fednovelty.federated.trust.dp_sgd import (
     DPSGDSettings,
     calibrate_learning,
     clipped_gradient_sum,
@@ -27,8 +28,7 @@ from fednovelty.federated.dp_sgd import (
     release_blocks,
     steps_for_epochs,
 )
-from fednovelty.federated.learners import mlp_learner
-from fednovelty.federated.noise import SeededNoise, fresh_noise
+from fednovelty.federated.trust.noise import SeededNoise, fresh_noise
 
 F64 = torch.float64
 

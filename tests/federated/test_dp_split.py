@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.dp import (
+from fednovelty.federated.trust.dp import (
     BLOCK_SPLIT,
     STAT_BLOCKS,
     block_multipliers,
@@ -22,7 +22,7 @@ from fednovelty.federated.dp import (
     split_error,
     stats_split,
 )
-from fednovelty.federated.noise import SeededNoise
+from fednovelty.federated.trust.noise import SeededNoise
 
 
 def _gdp_mu(multipliers: dict[str, float]) -> float:

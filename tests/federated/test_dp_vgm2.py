@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.bayesian.vgm2 import (
     VGM2,
     VGM2Config,
@@ -20,10 +19,12 @@ from fednovelty.federated.bayesian.vgm2 import (
     embed,
     reply_problem,
 )
-from fednovelty.federated.dp import GATE_STREAM, STEP_STREAM, DPPolicy, release_noise
-from fednovelty.federated.dp_sgd import DPSGDSettings
-from fednovelty.federated.noise import GRID_BITS
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import GATE_STREAM, STEP_STREAM, DPPolicy, release_noise
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
+from fednovelty.federated.trust.noise import GRID_BITS
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture.dirnig import (
     default_markers,
     free_from_markers,
@@ -55,7 +56,7 @@ def answer(algorithm: VGM2, data, policy: PrivacyPolicy, seed: int = 0) -> tuple
     state = algorithm.new_state()
     message = algorithm.steps[0].configure(state)
     message.scalars["seed"] = seed
-    context = ClientContext(3, {}, policy)
+    context = gate.client_context(3, {}, policy)
     return algorithm.steps[0].client_step(data, message, context), context.state
 
 
@@ -176,7 +177,7 @@ def test_gate_releases_dp_sgd_markers_and_noises_the_count() -> None:
     trained, _ = answer(algorithm, data, policy)
     message = algorithm.steps[0].configure(algorithm.new_state())
     message.scalars["seed"] = 0
-    released = algorithm.answer(data, message, ClientContext(3, {}, policy))
+    released = gate.answer(algorithm, data, message, gate.client_context(3, {}, policy))
     assert torch.equal(released.tensors["markers"], trained.tensors["markers"])
     noise = release_noise(policy.dp, 3, 0, GATE_STREAM).normal(())
     grid = 2.0 ** (math.floor(math.log2(8 * 2.0)) - GRID_BITS)  # the noisy value's grid
@@ -189,7 +190,7 @@ def test_gate_refuses_markers_not_trained_by_dp_sgd() -> None:
     policy = PrivacyPolicy(min_rows=1, dp=DPPolicy(2.0, 1e300, "local", 2, insecure_seed=7))
     algorithm = VGM2(6, 2, **SMALL)
     message = algorithm.steps[0].configure(algorithm.new_state())
-    released = algorithm.answer(make_client(), message, ClientContext(3, {}, policy))
+    released = gate.answer(algorithm, make_client(), message, gate.client_context(3, {}, policy))
     assert released.scalars["skipped"] and not released.tensors
     assert "not trained by DP-SGD" in released.scalars["reason"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fednovelty.federated import FederatedEM, FedGenGMM, PrivacyPolicy
-from fednovelty.federated.base import Message
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.mixture import score_samples
 from fednovelty.runtime import run_simulation

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.base import ClientContext, Message
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.mixtures.factor_em import (
     FactorEMConfig,
     FederatedFactorEM,
     check_factor_stats,
     sketch_for,
 )
-from fednovelty.federated.validation import InvalidReplyError
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import InvalidReplyError
 from fednovelty.mixture import CovariancePrior, feature_moments, prior_target, standardization
 from fednovelty.mixture.factor import (
     FactorParams,
@@ -134,12 +135,12 @@ def test_the_client_gate_zeroes_components_below_the_floor_and_small_clients_ski
     message = Message("factor_em", {**params.tensors(), "shift": torch.zeros(3, dtype=DT)})
     near_first = torch.randn(20, 3, generator=gen, dtype=DT)
     policy = PrivacyPolicy(min_rows=5)
-    reply = algorithm.answer(near_first, message, ClientContext(0, policy=policy))
+    reply = gate.answer(algorithm, near_first, message, gate.client_context(0, policy=policy))
     assert not reply.scalars.get("skipped")
     assert reply.tensors["counts"][0].item() == pytest.approx(20.0, rel=1e-9)
     for name in ("counts", "sums", "second", "xz", "sum_z", "zz"):
         assert bool((reply.tensors[name][1] == 0).all()), name
-    small = algorithm.answer(near_first[:3], message, ClientContext(1, policy=policy))
+    small = gate.answer(algorithm, near_first[:3], message, gate.client_context(1, policy=policy))
     assert small.scalars.get("skipped") and not small.tensors
 
 

@@ -11,7 +11,7 @@ from sklearn.mixture import GaussianMixture
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs, Message, PrivacyPolicy
-from fednovelty.federated.aggregate import union_mixture
+from fednovelty.federated.core.aggregate import union_mixture
 from fednovelty.mixture import MixtureParams, score_samples
 from fednovelty.mixture.copula import copula_score_samples
 from fednovelty.runtime import run_simulation

@@ -225,7 +225,7 @@ def test_adam_learners_train_and_bad_optimizer_is_named():
 # ---------------------------------------------------------------- composition
 def test_learner_averaging_weights_each_learner_by_its_gammas():
     from fednovelty.federated import Message
-    from fednovelty.federated.aggregate import average_learners
+    from fednovelty.federated.core.aggregate import average_learners
 
     broadcast = [
         {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)},

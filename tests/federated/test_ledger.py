@@ -1,4 +1,4 @@
-"""The client's privacy ledger (``fednovelty.federated.ledger``): charged by each release's
+"""The client's privacy ledger (``fednovelty.federated.trust.ledger``): charged by each release's
 cost, read by the accountant the plans calibrate with, owned by the client so that no restart
 resets it, and refusing costlier rounds than the budget allows."""
 
@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.base import ClientContext
-from fednovelty.federated.dp import DPPolicy, epsilon_spent
-from fednovelty.federated.dp_sgd import DPSGDSettings, learning_epsilon, release_blocks
 from fednovelty.federated.joint_models.joint import JointFedGMM
-from fednovelty.federated.ledger import (
+from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy, epsilon_spent
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings, learning_epsilon, release_blocks
+from fednovelty.federated.trust.ledger import (
     PrivacyLedger,
     gaussian_cost,
     ledger_from_tensors,
     ledger_to_tensors,
 )
-from fednovelty.federated.mixtures.em import FederatedEM
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.runtime.simulation import InProcessTransport
 
 F64 = torch.float64
@@ -73,7 +73,7 @@ def _private_em() -> FederatedEM:
 
 def _transport(algorithm, policy):
     data = {c: _rows(50, c) for c in range(2)}
-    contexts = {c: ClientContext(c, policy=policy, wire=False) for c in data}
+    contexts = {c: gate.client_context(c, policy=policy, wire=False) for c in data}
     rng = np.random.default_rng(0)
     return InProcessTransport(algorithm, data, contexts, 1.0, 0.0, rng), contexts
 
@@ -90,7 +90,7 @@ def test_a_restart_neither_resets_the_budget_nor_reuses_the_noise():
     first = transport.exchange(1, message).replies
     transport.restart()
     second = transport.exchange(2, message).replies
-    assert all(contexts[c].ledger.releases == 2 for c in contexts)
+    assert all(contexts[c].terms.ledger.releases == 2 for c in contexts)
     # the release after the restart draws the next noise, not the first one again
     for c in first:
         assert not torch.equal(first[c].tensors["counts"], second[c].tensors["counts"])
@@ -112,7 +112,7 @@ def _joint_em_broadcast(algorithm: JointFedGMM, data, policy: PrivacyPolicy):
     state = algorithm.start()
     while state.phase != "joint_em":
         message = algorithm.configure(state)
-        reply = algorithm.answer(data, message, ClientContext(9, policy=policy))
+        reply = gate.answer(algorithm, data, message, gate.client_context(9, policy=policy))
         state = algorithm.server_step(state, {9: reply})[0]
     return algorithm.configure(state)
 
@@ -141,16 +141,16 @@ def test_costlier_rounds_than_planned_are_refused_within_the_budget():
     data = (X, (X[:, 1] > 0).long())
     algorithm = _joint()
     message = _joint_em_broadcast(algorithm, data, policy)
-    context = ClientContext(0, policy=policy)
+    context = gate.client_context(0, policy=policy)
     released = 0
     for _ in range(6):
-        reply = algorithm.answer(data, message, context)
+        reply = gate.answer(algorithm, data, message, context)
         if reply.scalars.get("skipped"):
             assert "budget is spent" in reply.scalars["reason"]
             break
         released += 1
     assert released < 6
-    assert context.ledger.epsilon(1e-5) <= 2.0 * (1 + 1e-4)
+    assert context.terms.ledger.epsilon(1e-5) <= 2.0 * (1 + 1e-4)
     # what counting releases would have allowed: six joint rounds
     six = learning_epsilon(z, release_blocks(6, 6), sgd.noise_multiplier, 0.1, 60, 1e-5)
     assert six > 2.0

@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import registry
-from fednovelty.federated.base import Message
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.em import FederatedEM

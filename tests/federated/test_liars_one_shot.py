@@ -19,10 +19,10 @@ import pytest
 import torch
 from _liars import Forging
 
-from fednovelty.federated.base import Message
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.mixtures.em import FederatedEM
 from fednovelty.federated.mixtures.fedgengmm import FedGenGMM
-from fednovelty.federated.plausible import ImplausibleComponentWarning, outlying_components
+from fednovelty.federated.trust.plausible import ImplausibleComponentWarning, outlying_components
 from fednovelty.mixture import MixtureParams, score_samples
 from fednovelty.runtime import run_simulation
 

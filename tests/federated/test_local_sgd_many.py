@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fednovelty.federated.learners import (
+from fednovelty.federated.core.learners import (
     SGDTask,
     batch_rows,
     cnn_learner,
@@ -127,7 +127,7 @@ def test_many_learners_of_unequal_clients_match_one_at_a_time(options):
 
 def test_tasks_in_chunks_match(monkeypatch):
     """More tasks than one stacked step holds are trained in chunks, with the same results."""
-    from fednovelty.federated import learners
+    from fednovelty.federated.core import learners
 
     template = mlp_learner(6, 3, hidden=5).double()
     starts = initial_parameters(lambda: mlp_learner(6, 3, hidden=5).double(), 3, 3)

@@ -1,4 +1,4 @@
-"""Randomness for privacy (``fednovelty.federated.noise``): fresh OS entropy by default, a
+"""Randomness for privacy (``fednovelty.federated.trust.noise``): fresh OS entropy by default, a
 reproducible stream only behind the test seed, Gaussian draws of the right law, and noisy
 values rounded to the noise's grid."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fednovelty.federated.noise import (
+from fednovelty.federated.trust.noise import (
     GRID_BITS,
     SeededNoise,
     SystemNoise,
@@ -33,7 +33,7 @@ def test_system_noise_reads_fresh_os_entropy_every_draw(monkeypatch):
         calls.append(n)
         return real(n)
 
-    monkeypatch.setattr("fednovelty.federated.noise.os.urandom", counting)
+    monkeypatch.setattr("fednovelty.federated.trust.noise.os.urandom", counting)
     source = fresh_noise()
     first, second = source.normal((64,)), source.normal((64,))
     assert calls == [8 * 64, 8 * 64]  # two uniforms (128 bits) a pair of normals

@@ -11,8 +11,9 @@ import torch
 from sklearn.decomposition import PCA
 
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.base import Message, skipped_reply
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection, PCAState
+from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation
 
 N_FEATURES = 6
@@ -72,7 +73,7 @@ def test_sign_convention_is_deterministic(fitted, pooled):
 
 
 #: bytes of the wire description of a reply whose scatter travels as its upper triangle
-#: (the compact JSON ``fednovelty.federated.wire.pack`` writes).
+#: (the compact JSON ``fednovelty.federated.core.wire.pack`` writes).
 SYMMETRIC_SCATTER = len(json.dumps({"symmetric": ["scatter"]}, separators=(",", ":")))
 
 
@@ -152,4 +153,4 @@ def test_bad_replies():
     with pytest.raises(ValueError, match="same clients"):
         algorithm.server_step(state, {0: scatter})
     with pytest.raises(ValueError, match="kind"):
-        algorithm.client_step(torch.ones(2, 2), Message("em"), ClientContext(0))
+        algorithm.client_step(torch.ones(2, 2), Message("em"), gate.client_context(0))

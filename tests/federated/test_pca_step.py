@@ -9,9 +9,10 @@ import pytest
 import torch
 from _tolerance import assert_close_scaled
 
-from fednovelty.federated import ClientContext, FederatedEM, FederatedPCA, Message
+from fednovelty.federated import FederatedEM, FederatedPCA, Message
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.pca import PROJECTION_COMPONENTS, PROJECTION_MEAN
+from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation
 
 N_FEATURES, N_AXES = 6, 3
@@ -81,7 +82,9 @@ def test_each_client_keeps_the_projection_and_projects_its_rows() -> None:
 def test_a_client_without_the_projection_skips_later_rounds() -> None:
     algorithm = FederatedEM(2, pca_components=N_AXES)
     X = make_clients()[0]
-    reply = algorithm.client_step(X, Message("centroids", scalars={"seed": 0}), ClientContext(0))
+    reply = algorithm.client_step(
+        X, Message("centroids", scalars={"seed": 0}), gate.client_context(0)
+    )
     assert reply.scalars["skipped"] and "no PCA projection" in reply.scalars["reason"]
     assert reply.tensors == {}
 

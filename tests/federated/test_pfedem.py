@@ -10,9 +10,9 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated import PFedEM, PrivacyPolicy, pfl_algorithm
-from fednovelty.federated.base import ClientContext
 from fednovelty.federated.joint_models.pfedem import paper_gaussians, pfedem_predict_proba
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
+from fednovelty.federated.trust import gate
 from fednovelty.mixture import log_gaussian_prob
 from fednovelty.runtime import run_simulation
 
@@ -139,7 +139,7 @@ def test_a_partition_below_the_floor_is_not_released():
     y = torch.zeros(32, dtype=torch.long)
     algorithm = start()
     state = algorithm.start()
-    reply = algorithm.client_step((X, y), algorithm.configure(state), ClientContext(0))
+    reply = algorithm.client_step((X, y), algorithm.configure(state), gate.client_context(0))
     assert reply.tensors["hard_counts"].tolist() == [30.0, 0.0]
     assert torch.equal(reply.tensors["client_means"][1], torch.zeros(2, dtype=torch.float64))
     broadcast = algorithm.configure(state)

@@ -15,13 +15,13 @@ from scipy.stats import trim_mean
 
 from fednovelty import PFedEMDetector
 from fednovelty.federated import PFedEM, PrivacyPolicy
-from fednovelty.federated.base import ClientContext
 from fednovelty.federated.joint_models.pfedem import (
     PAPER_ALGORITHM,
     PFedEMConfig,
     learner_weights,
 )
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
+from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation
 
 NO_FLOOR = PrivacyPolicy(min_rows=1)
@@ -81,12 +81,16 @@ def two_rounds(**settings):
     clients = clients_of([0.9, 0.15], [60, 40], seed=0)
     algorithm = start(max_iter=2, **settings)
     state = algorithm.start()
-    contexts = {c: ClientContext(c, policy=NO_FLOOR) for c in range(len(clients))}
+    contexts = {c: gate.client_context(c, policy=NO_FLOOR) for c in range(len(clients))}
     first = algorithm.configure(state)
-    replies = {c: algorithm.answer(data, first, contexts[c]) for c, data in enumerate(clients)}
+    replies = {
+        c: gate.answer(algorithm, data, first, contexts[c]) for c, data in enumerate(clients)
+    }
     algorithm.server_step(state, replies)
     second = algorithm.configure(state)
-    answers = {c: algorithm.answer(data, second, contexts[c]) for c, data in enumerate(clients)}
+    answers = {
+        c: gate.answer(algorithm, data, second, contexts[c]) for c, data in enumerate(clients)
+    }
     return clients, tensors_of(first), replies, tensors_of(second), answers
 
 

@@ -1,4 +1,4 @@
-"""The first round's defences (``fednovelty.federated.plausible``): the gross-outlier rule
+"""The first round's defences (``fednovelty.federated.trust.plausible``): the gross-outlier rule
 every run applies, and the robust moments of the robust options."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fednovelty.federated import FedGenGMM, Message
-from fednovelty.federated.base import ClientContext
-from fednovelty.federated.plausible import (
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.plausible import (
     GROSS_SCALE,
     GROSS_Z,
     gross_outliers,
@@ -89,7 +89,8 @@ def test_a_local_mixture_at_1e133_is_named():
     algorithm = FedGenGMM(client_components=2, random_state=0)
     message = algorithm.configure(algorithm.start())
     replies = {
-        c: algorithm.client_step(X, message, ClientContext(c)) for c, X in enumerate(_clients(6))
+        c: algorithm.client_step(X, message, gate.client_context(c))
+        for c, X in enumerate(_clients(6))
     }
     assert gross_screen(message, replies) == {}
     liar = _with(replies[5], means=torch.full_like(replies[5].tensors["means"], 1e133))

@@ -33,10 +33,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
-from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message, PrivacyPolicy
+from fednovelty.federated import FederatedEM, FedGenGMM, Message, PrivacyPolicy
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.pca import FederatedPCA
-from fednovelty.federated.privacy import (
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import (
     backed_mixture,
     effective_rows,
     merge_small_clusters,
@@ -219,7 +220,7 @@ def test_init_rounds_reveal_no_row(X, data):
     if data.draw(st.booleans()):  # a standardised round: the client works on z-scores
         message.tensors.update(offset=torch.zeros(d, dtype=X.dtype), scale=torch.ones(d))
     algorithm = em_answering(kind, n_clusters)
-    reply = algorithm.answer(X, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, X, message, gate.client_context(0, policy=POLICY))
     if not assert_floor(reply, n):
         return
     assert kind != "subset", "the subset round was answered without allow_raw_rows"
@@ -238,7 +239,7 @@ def test_statistics_rounds_reveal_no_row(X, data):
     algorithm = FederatedEM(
         2, covariance_type=message.expect["covariance_type"], mixture_weights=weights
     )
-    reply = algorithm.answer(X, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, X, message, gate.client_context(0, policy=POLICY))
     if not assert_floor(reply, X.shape[0]):
         return
     assert_no_raw_row(reply, X, message.tensors["shift"])
@@ -258,7 +259,7 @@ def test_local_fits_reveal_no_row(X, data):
         max_iter=20,
     )
     message = algorithm.configure(algorithm.start())
-    reply = algorithm.answer(X, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, X, message, gate.client_context(0, policy=POLICY))
     if not assert_floor(reply, X.shape[0]):
         return
     assert_no_raw_row(reply, X)
@@ -302,7 +303,7 @@ def test_joint_rounds_reveal_no_row(X, data):
     ct = base.expect["covariance_type"]
     message = Message("joint_em", {**base.tensors, **learners}, {"seed": 3}, expect=base.expect)
     algorithm = JointFedGMM(base.tensors["means"].shape[0], k2, 2, covariance_type=ct)
-    reply = algorithm.answer((X, y), message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(algorithm, (X, y), message, gate.client_context(0, policy=POLICY))
     if not assert_floor(reply, n):
         return
     assert_no_raw_row(reply, X, base.tensors["shift"])
@@ -328,7 +329,7 @@ def test_pca_rounds_reveal_no_row(X, data):
         message = Message("moments_mean")
     else:
         message = Message("moments_scatter", {"mean": points(data.draw, X, 1)[0]})
-    reply = FederatedPCA(1).answer(X, message, ClientContext(0, policy=POLICY))
+    reply = gate.answer(FederatedPCA(1), X, message, gate.client_context(0, policy=POLICY))
     if assert_floor(reply, X.shape[0]):
         assert_no_raw_row(reply, X)
         assert reply.tensors["n"].shape == () and d == X.shape[1]
@@ -360,12 +361,12 @@ def far_out_client(n_rows: int = 200) -> Tensor:
 def test_a_far_out_row_is_never_a_centroid():
     X = far_out_client()
     message = Message("centroids", scalars={"seed": 0})
-    reply = FederatedEM(8).answer(X, message, ClientContext(0))
+    reply = gate.answer(FederatedEM(8), X, message, gate.client_context(0))
     centers, counts = reply.tensors["centers"], reply.tensors["counts"]
     assert bool((counts >= FLOOR).all()) and float(counts.sum()) == X.shape[0]
     assert not bool(torch.isclose(centers, X[-1], rtol=1e-9).all(1).any())
     # the unprotected protocol (no floor) sends the far-out row itself as a centroid
-    bare = FederatedEM(8).answer(X, message, ClientContext(0, policy=PrivacyPolicy(1)))
+    bare = gate.answer(FederatedEM(8), X, message, gate.client_context(0, policy=PrivacyPolicy(1)))
     assert bool(torch.isclose(bare.tensors["centers"], X[-1], rtol=1e-9).all(1).any())
 
 
@@ -386,11 +387,11 @@ def test_small_clusters_merge_into_the_nearest_large_one():
 def test_a_huge_n_clusters_is_bounded_by_the_policy():
     X = client_rows(1, 40, 2, far_out=False)
     message = Message("centroids", scalars={"seed": 0})
-    reply = FederatedEM(10**9).answer(X, message, ClientContext(0))
+    reply = gate.answer(FederatedEM(10**9), X, message, gate.client_context(0))
     assert 1 <= reply.tensors["centers"].shape[0] <= 40 // FLOOR
     assert bool((reply.tensors["counts"] >= FLOOR).all())
-    capped = ClientContext(0, policy=PrivacyPolicy(min_rows=2, max_clusters=3))
-    assert FederatedEM(10**9).answer(X, message, capped).tensors["centers"].shape[0] <= 3
+    capped = gate.client_context(0, policy=PrivacyPolicy(min_rows=2, max_clusters=3))
+    assert gate.answer(FederatedEM(10**9), X, message, capped).tensors["centers"].shape[0] <= 3
     assert PrivacyPolicy().cluster_bound(10**9, 40) == 8
     assert PrivacyPolicy(max_clusters=3).cluster_bound(10**9, 40) == 3
 
@@ -398,11 +399,11 @@ def test_a_huge_n_clusters_is_bounded_by_the_policy():
 def test_subset_is_refused_unless_raw_rows_are_allowed():
     X = client_rows(2, 30, 2, far_out=False)
     message = Message("subset", scalars={"fraction": 1.0, "seed": 0})
-    refused = em_answering("subset").answer(X, message, ClientContext(0))
+    refused = gate.answer(em_answering("subset"), X, message, gate.client_context(0))
     assert refused.scalars["skipped"] and refused.tensors == {}
     assert "allow_raw_rows" in refused.scalars["reason"]
-    allowed = ClientContext(0, policy=PrivacyPolicy(allow_raw_rows=True))
-    rows = em_answering("subset").answer(X, message, allowed).tensors["rows"]
+    allowed = gate.client_context(0, policy=PrivacyPolicy(allow_raw_rows=True))
+    rows = gate.answer(em_answering("subset"), X, message, allowed).tensors["rows"]
     assert rows.shape == X.shape  # fraction 1: every row, as the user allowed
     assert bool(torch.isclose(rows.unsqueeze(1), X.unsqueeze(0)).all(-1).any(1).all())
 
@@ -423,12 +424,14 @@ def test_a_three_row_client_releases_nothing():
         Message("assign", {"centers": X[:2], "shift": X[0]}),
         Message("em", params),
     ]
-    replies = [em_answering(m.kind).answer(X, m, ClientContext(0)) for m in messages]
+    replies = [gate.answer(em_answering(m.kind), X, m, gate.client_context(0)) for m in messages]
     fedgen = FedGenGMM(k_range=(1, 2))
-    replies.append(fedgen.answer(X, fedgen.configure(fedgen.start()), ClientContext(0)))
+    replies.append(gate.answer(fedgen, X, fedgen.configure(fedgen.start()), gate.client_context(0)))
     replies += [
-        FederatedPCA(1).answer(X, Message("moments_mean"), ClientContext(0)),
-        FederatedPCA(1).answer(X, Message("moments_scatter", {"mean": X[0]}), ClientContext(0)),
+        gate.answer(FederatedPCA(1), X, Message("moments_mean"), gate.client_context(0)),
+        gate.answer(
+            FederatedPCA(1), X, Message("moments_scatter", {"mean": X[0]}), gate.client_context(0)
+        ),
     ]
     joint = JointFedGMM(2, 1, 2)
     learner = {
@@ -436,13 +439,17 @@ def test_a_three_row_client_releases_nothing():
         "learner.0.bias": torch.zeros(2, dtype=X.dtype),
     }
     message = Message("joint_em", {**params, **learner}, {"seed": 0})
-    replies.append(joint.answer((X, torch.tensor([0, 1, 0])), message, ClientContext(0)))
+    replies.append(
+        gate.answer(joint, (X, torch.tensor([0, 1, 0])), message, gate.client_context(0))
+    )
     for reply in replies:
         assert reply.scalars == {"skipped": True, "reason": POLICY.below_floor}, reply.kind
         assert reply.tensors == {}, reply.kind  # not even the row count
     # min_rows=1 is the unprotected protocol: the same client answers every round
-    bare = ClientContext(0, policy=PrivacyPolicy(min_rows=1))
-    assert all(not em_answering(m.kind).answer(X, m, bare).scalars.get("skipped") for m in messages)
+    bare = gate.client_context(0, policy=PrivacyPolicy(min_rows=1))
+    assert all(
+        not gate.answer(em_answering(m.kind), X, m, bare).scalars.get("skipped") for m in messages
+    )
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -463,7 +470,7 @@ def test_a_component_on_a_far_out_row_is_suppressed(covariance_type):
         "shift": X.mean(0),
     }
     message = Message("em", tensors)
-    t = FederatedEM(2, covariance_type=ct).answer(X, message, ClientContext(0)).tensors
+    t = gate.answer(FederatedEM(2, covariance_type=ct), X, message, gate.client_context(0)).tensors
     assert float(t["counts"][1]) == 0.0 and bool((t["sums"][1] == 0).all())
     params = MixtureParams(tensors["weights"], tensors["means"], loose_and_sharp, ct)
     keep = torch.tensor([1.0, 0.0], dtype=X.dtype)
@@ -496,18 +503,20 @@ def test_a_vb_component_on_a_far_out_row_is_suppressed(covariance_type):
         "shift": X.mean(0),
     }
     algorithm = FederatedVB(2, covariance_type=ct)
-    t = algorithm.answer(X, Message("vb", tensors), ClientContext(0)).tensors
+    t = gate.answer(algorithm, X, Message("vb", tensors), gate.client_context(0)).tensors
     assert float(t["counts"][1]) == 0.0 and bool((t["sums"][1] == 0).all())
     assert float(t["counts"][0]) > X.shape[0] - 2
-    bare = ClientContext(0, policy=PrivacyPolicy(min_rows=1))  # no floor: both released
-    loose = algorithm.answer(X, Message("vb", tensors), bare).tensors
+    bare = gate.client_context(0, policy=PrivacyPolicy(min_rows=1))  # no floor: both released
+    loose = gate.answer(algorithm, X, Message("vb", tensors), bare).tensors
     assert 0.5 < float(loose["counts"][1]) <= 1.0 + 1e-9
 
 
 def test_local_fits_keep_only_backed_components():
     X = client_rows(5, 12, 2, far_out=True)
     algorithm = FedGenGMM(k_range=(1, 10))
-    reply = algorithm.answer(X, algorithm.configure(algorithm.start()), ClientContext(0))
+    reply = gate.answer(
+        algorithm, X, algorithm.configure(algorithm.start()), gate.client_context(0)
+    )
     assert reply.tensors["weights"].shape[0] <= 12 // FLOOR
     params = MixtureParams(
         torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64),
@@ -656,7 +665,7 @@ def test_privacy_page_example_runs(capsys):
 def test_flower_nodes_calibrate_their_own_differential_privacy():
     pytest.importorskip("flwr")
     from fednovelty.exceptions import ClientDataError
-    from fednovelty.federated.dp import calibrate_noise
+    from fednovelty.federated.trust.dp import calibrate_noise
     from fednovelty.runtime.flower.client import policy_from_node_config
 
     policy = policy_from_node_config(
@@ -682,7 +691,7 @@ def test_flower_nodes_calibrate_their_own_differential_privacy():
 
 def test_flower_nodes_calibrate_their_own_dp_sgd_beside_the_statistics():
     pytest.importorskip("flwr")
-    from fednovelty.federated.dp_sgd import learning_epsilon, release_blocks
+    from fednovelty.federated.trust.dp_sgd import learning_epsilon, release_blocks
     from fednovelty.runtime.flower.client import policy_from_node_config
 
     node = {"dp-epsilon": 2.0, "dp-releases": 8, "dp-clip": 1.0, "dp-sgd-steps": 10}

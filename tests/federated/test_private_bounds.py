@@ -19,11 +19,11 @@ from fednovelty.detectors._dp import (
 )
 from fednovelty.evaluation import auroc
 from fednovelty.federated import FederatedEM
-from fednovelty.federated.base import ClientContext
-from fednovelty.federated.dp import DPPolicy, calibrate_noise, epsilon_spent
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, release_blocks
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.private_bounds import (
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, release_blocks
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.private_bounds import (
     BOUNDS_KIND,
     PrivateBounds,
     bin_ends,
@@ -151,21 +151,23 @@ def test_the_gate_noises_each_copy_and_charges_each_as_a_histogram() -> None:
     d, z, copies = 10, 2.0, 5
     X = torch.full((40, d), 3.0, dtype=torch.float64)
     algorithm = PrivateBounds(dp_mode="local", dp_noise_multiplier=z, copies=copies)
-    context = ClientContext(0, policy=policy(z, "local", 1, epsilon=50.0))
-    reply = algorithm.answer(X, algorithm.configure(algorithm.start()), context)
+    context = gate.client_context(0, policy=policy(z, "local", 1, epsilon=50.0))
+    reply = gate.answer(algorithm, X, algorithm.configure(algorithm.start()), context)
     assert sorted(reply.tensors) == sorted(f"histogram.{j}" for j in range(copies))
     exact = feature_histogram(X, log_grid()) / math.sqrt(d)
     noise = torch.stack([reply.tensors[f"histogram.{j}"] - exact for j in range(copies)])
     assert float(noise.std()) / (HISTOGRAM_SHARE * z) == pytest.approx(1.0, abs=0.05)
     assert not torch.equal(noise[0], noise[1])  # independent draws per copy
-    assert context.ledger.gaussian == pytest.approx(copies / HISTOGRAM_SHARE**2 / z**2)
-    assert context.ledger.releases == 1
+    assert context.terms.ledger.gaussian == pytest.approx(copies / HISTOGRAM_SHARE**2 / z**2)
+    assert context.terms.ledger.releases == 1
 
 
 def test_a_client_without_a_private_policy_releases_no_histogram() -> None:
     algorithm = PrivateBounds(dp_mode="central", dp_noise_multiplier=1.0, copies=1)
     X = torch.zeros(30, 2, dtype=torch.float64)
-    reply = algorithm.answer(X, algorithm.configure(algorithm.start()), ClientContext(0))
+    reply = gate.answer(
+        algorithm, X, algorithm.configure(algorithm.start()), gate.client_context(0)
+    )
     assert reply.scalars.get("skipped") and not reply.tensors
     assert histogram_noise(1.0, 4, "local", 9) == pytest.approx(HISTOGRAM_SHARE * 1.5)
 

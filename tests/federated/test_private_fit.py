@@ -15,14 +15,14 @@ from scipy.stats import chi2
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from fednovelty.federated.dp import BLOCK_SPLIT, calibrate_noise, epsilon_spent
 from fednovelty.federated.mixtures.private_fit import (
     noisy_release,
     private_em,
     private_em_for_budget,
     public_init,
 )
-from fednovelty.federated.noise import SeededNoise
+from fednovelty.federated.trust.dp import BLOCK_SPLIT, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.mixture import CovariancePrior, MixtureParams, score_samples
 from fednovelty.mixture.stats import SufficientStats
 

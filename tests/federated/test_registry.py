@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from fednovelty.federated import registry
+from fednovelty.federated.core.steps import ChainedAlgorithm
 from fednovelty.federated.init import MomentsStep
 from fednovelty.federated.mixtures.em import EMConfig, EMState
-from fednovelty.federated.steps import ChainedAlgorithm
 from fednovelty.runtime import run_simulation
 
 

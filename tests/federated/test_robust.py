@@ -1,4 +1,4 @@
-"""Robust aggregation (``federated.robust``): what one hostile client can do with each option.
+"""Robust aggregation (``federated.trust.robust``): what one hostile client can do with each option.
 
 The attacks are consistent liars that pass validation: a client whose "rows" are 10,000
 made-up points far from everyone's data (planted anomalies there then score as normal), a
@@ -12,10 +12,11 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
-from fednovelty.federated.robust import (
+from fednovelty.federated import FederatedEM, FedGenGMM, Message
+from fednovelty.federated.core.config import check_robust_arguments
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.robust import (
     cap_replies,
-    check_robust_arguments,
     robust_stats,
     trimmed_mean,
     weight_factors,
@@ -59,7 +60,7 @@ def fake_rows(algorithm):
     fake = far_rows(10_000)
 
     def forge(reply: Message, message: Message) -> Message:
-        return algorithm.client_step(fake, message, ClientContext(9))
+        return algorithm.client_step(fake, message, gate.client_context(9))
 
     return forge
 
@@ -70,7 +71,7 @@ def claim_1e12(algorithm):
     fake, factor = far_rows(200), 1e12 / 200
 
     def forge(reply: Message, message: Message) -> Message:
-        reply = algorithm.client_step(fake, message, ClientContext(9))
+        reply = algorithm.client_step(fake, message, gate.client_context(9))
         tensors = {k: (v * factor if k in EXTENSIVE else v) for k, v in reply.tensors.items()}
         return Message(reply.kind, tensors, dict(reply.scalars))
 
@@ -147,7 +148,7 @@ def _fedgengmm_runs(factor: float) -> dict:
 
 
 def test_a_model_with_covariances_of_1e150_is_dropped_at_the_gate_under_every_aggregation():
-    """The gross-outlier rule (``fednovelty.federated.plausible``) drops it by name before
+    """The gross-outlier rule (``fednovelty.federated.trust.plausible``) drops it by name before
     any aggregation, the default ``"sum"`` included."""
     for result in _fedgengmm_runs(1e-75).values():
         assert [c for c, _ in result.history[0].dropped] == [9]

@@ -1,4 +1,4 @@
-"""Robust options of every family that sums or averages (``federated.robust``): one liar
+"""Robust options of every family that sums or averages (``federated.trust.robust``): one liar
 among ten clients, with the options on and off, and their cost on honest federations.
 
 The task: nine honest clients with rows of three Gaussian blobs; client 9 holds rows far
@@ -33,7 +33,8 @@ from fednovelty.federated.init import robust_centroid_replies
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_proba
-from fednovelty.federated.robust import (
+from fednovelty.federated.streams.streaming import StreamingEM
+from fednovelty.federated.trust.robust import (
     EXTENSIVE,
     coordinate_median,
     coordinate_trimmed_mean,
@@ -41,7 +42,6 @@ from fednovelty.federated.robust import (
     robust_average_learners,
     robust_average_params,
 )
-from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.variational import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation

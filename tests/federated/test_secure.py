@@ -1,4 +1,4 @@
-"""Secure sums (fednovelty.federated.secure): the server's sum against the float sum in numpy,
+"""Secure sums (fednovelty.federated.trust.secure): the server's sum against the float sum in numpy,
 dropouts before and after masking, the server's view of one client against uniform noise on
 the ring, and the errors a caller meets."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from fednovelty.federated.noise import SeededNoise
-from fednovelty.federated.secure import (
+from fednovelty.federated.trust.noise import SeededNoise
+from fednovelty.federated.trust.secure import (
     PRGS,
     ClientState,
     error_bound,

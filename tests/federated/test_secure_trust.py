@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-import fednovelty.federated.secure as secure
-from fednovelty.federated.secure import secure_sum
+import fednovelty.federated.trust.secure as secure
+from fednovelty.federated.trust.secure import secure_sum
 
 CLIP = 10.0
 

@@ -11,7 +11,8 @@ from _tolerance import assert_close_scaled
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
 from fednovelty.federated.streams.streaming import StreamingEM
-from fednovelty.federated.validation import InvalidReplyError, check_reply
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import InvalidReplyError, check_reply
 from fednovelty.mixture import e_step_stats, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import fit_weights, moment_shift
@@ -192,10 +193,9 @@ def test_the_server_drops_impossible_stream_replies(start):
     algorithm = StreamingEM(2, **settings_of(params))
     state = algorithm.start()
     broadcast = algorithm.configure(state)
-    from fednovelty.federated.base import ClientContext
 
     X = window([0.5], seed=9)[0]
-    reply = algorithm.client_step(X, broadcast, ClientContext(0, state=dict(states[0])))
+    reply = algorithm.client_step(X, broadcast, gate.client_context(0, state=dict(states[0])))
     check_reply(reply, broadcast, 2)
     bad = reply.tensors["drift"].clone()
     bad[2] = 1.5

@@ -1,4 +1,4 @@
-"""The server's checks of client replies (``federated.validation``), as both engines use them.
+"""The server's checks of client replies (``federated.trust.validation``), as both engines use them.
 
 Honest replies of every round, covariance type and dtype pass; a reply that no rows could
 produce, that exceeds what the broadcast allowed, or that contradicts what its client
@@ -14,12 +14,12 @@ import torch
 from _liars import Forging, shifted_component
 
 from fednovelty.federated import (
-    ClientContext,
     FederatedEM,
     FedGenGMM,
     Message,
 )
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     ReplyValidator,
     check_reply,
@@ -92,10 +92,10 @@ def em_broadcast_and_reply(covariance_type: str = "full") -> tuple[Message, Mess
     while state.phase != "em":
         message = algorithm.configure(state)
         state, _ = algorithm.server_step(
-            state, {0: algorithm.client_step(X, message, ClientContext(0))}
+            state, {0: algorithm.client_step(X, message, gate.client_context(0))}
         )
     message = algorithm.configure(state)
-    return message, algorithm.client_step(X, message, ClientContext(0))
+    return message, algorithm.client_step(X, message, gate.client_context(0))
 
 
 def negate_first(tensor: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ def test_counts_above_the_row_count_are_named() -> None:
 def test_local_fits_beyond_the_broadcast_are_named() -> None:
     algorithm = FedGenGMM(k_range=(1, 3))
     broadcast = algorithm.configure(algorithm.start())
-    reply = algorithm.client_step(make_clients(1)[0], broadcast, ClientContext(0))
+    reply = algorithm.client_step(make_clients(1)[0], broadcast, gate.client_context(0))
     check_reply(reply, broadcast, D)
     k = 200_000
     many = Message(
@@ -167,7 +167,7 @@ def test_a_row_count_that_changes_after_it_was_declared_is_dropped() -> None:
 def test_means_outside_the_declared_moments_are_dropped() -> None:
     algorithm = FederatedEM(2, standardize=True, max_iter=3)
     X = make_clients(1)[0]
-    validator, state, context = ReplyValidator(D), algorithm.start(), ClientContext(0)
+    validator, state, context = ReplyValidator(D), algorithm.start(), gate.client_context(0)
     seen = []
     while not algorithm.finished(state):
         message = algorithm.configure(state)

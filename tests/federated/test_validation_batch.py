@@ -19,11 +19,11 @@ import pytest
 import torch
 from _tolerance import assert_close_scaled
 
-from fednovelty.federated.aggregate import sum_stats
-from fednovelty.federated.base import Message
-from fednovelty.federated.declarations import declare
+from fednovelty.federated.core.aggregate import sum_stats
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.mixtures.em import EM_REPLY
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.validation import (
     RTOL,
     InvalidReplyError,
     ReplyValidator,

@@ -8,14 +8,15 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated import PrivacyPolicy, build_algorithm
-from fednovelty.federated.base import ClientContext, client_generator, derived_seed
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import (
     FederatedVBOneShot,
     VBOneShotConfig,
     match_components,
 )
+from fednovelty.federated.core.base import client_generator, derived_seed
 from fednovelty.federated.registry import algorithm_settings
+from fednovelty.federated.trust import gate
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import stats_from_resp
 from fednovelty.mixture.variational import (
@@ -130,7 +131,7 @@ def _round_replies(algorithm, clients, policy=NO_FLOOR):
     while True:
         message = algorithm.configure(state)
         replies = {
-            cid: algorithm.client_step(X, message, ClientContext(cid, policy=policy))
+            cid: algorithm.client_step(X, message, gate.client_context(cid, policy=policy))
             for cid, X in enumerate(clients)
         }
         if message.kind == "vb_local":

@@ -15,9 +15,9 @@ from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty.detectors import variational as vb_detector
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.base import client_generator, derived_seed
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot, VBOneShotConfig
+from fednovelty.federated.core.base import client_generator, derived_seed
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import stats_from_resp
 from fednovelty.mixture.variational import (

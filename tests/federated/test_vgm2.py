@@ -9,7 +9,6 @@ import pytest
 import torch
 from _tolerance import assert_close_scaled
 
-from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.bayesian.vgm2 import (
     VGM2,
     VGM2Config,
@@ -21,8 +20,10 @@ from fednovelty.federated.bayesian.vgm2 import (
     reply_problem,
     umap_loss,
 )
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.core.base import Message
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture.dirnig import default_markers, same_class_logit
 from fednovelty.runtime import run_simulation
 
@@ -76,7 +77,7 @@ def test_only_markers_cross_the_wire_and_their_size() -> None:
     record = result.history[0]
     assert record.bytes_up == 3 * (2 * 5 * 3 * 4 + 2 * 4)  # markers + n_samples + loss
     state = algorithm.start()
-    reply = algorithm.client_step(clients[0], algorithm.configure(state), ClientContext(0))
+    reply = algorithm.client_step(clients[0], algorithm.configure(state), gate.client_context(0))
     assert set(reply.tensors) == {"markers", "n_samples", "loss"}
     assert reply.tensors["markers"].shape == (2, 5, 3)
     assert not reply.scalars
@@ -88,7 +89,7 @@ def test_baselines_send_what_their_method_shares(method) -> None:
     clients = make_clients()
     algorithm = VGM2(6, 3, method=method, **SMALL)
     state = algorithm.start()
-    reply = algorithm.client_step(clients[0], algorithm.configure(state), ClientContext(0))
+    reply = algorithm.client_step(clients[0], algorithm.configure(state), gate.client_context(0))
     names = set(reply.tensors) - {"n_samples", "loss"}
     if method == "local":
         assert names == set()
@@ -234,7 +235,9 @@ def test_client_below_its_floor_skips() -> None:
     algorithm = VGM2(6, 3, **SMALL)
     state = algorithm.start()
     reply = algorithm.client_step(
-        clients[0], algorithm.configure(state), ClientContext(0, policy=PrivacyPolicy(min_rows=5))
+        clients[0],
+        algorithm.configure(state),
+        gate.client_context(0, policy=PrivacyPolicy(min_rows=5)),
     )
     assert reply.scalars.get("skipped") and not reply.tensors
     assert dataclasses.replace(algorithm.config, rounds=3).rounds == 3

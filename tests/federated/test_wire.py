@@ -1,4 +1,4 @@
-"""The wire form of messages (``fednovelty.federated.wire``): exact round trips of symmetric,
+"""The wire form of messages (``fednovelty.federated.core.wire``): exact round trips of symmetric,
 triangular and other tensors, byte counts against the closed form d(d+1)/2, float32 on the
 wire, and refusal of packed messages no ``pack`` writes."""
 
@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated import ClientContext, FederatedEM, Message
-from fednovelty.federated.config import TorchSettings
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.validation import InvalidReplyError
-from fednovelty.federated.wire import (
+from fednovelty.federated import FederatedEM, Message
+from fednovelty.federated.core.config import TorchSettings
+from fednovelty.federated.core.wire import (
     WIRE,
     WireFormatError,
     matrix_form,
@@ -23,6 +21,9 @@ from fednovelty.federated.wire import (
     triangle_size,
     unpack,
 )
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.validation import InvalidReplyError
 
 K, D = 3, 5
 
@@ -189,18 +190,22 @@ def test_a_client_answers_a_packed_broadcast_with_a_packed_reply() -> None:
     state = algorithm.start()
     broadcast = algorithm.configure(state)
     while broadcast.kind != "em":  # preparation rounds (feature moments)
-        reply = algorithm.answer(X, broadcast, ClientContext(0, policy=policy))
+        reply = gate.answer(algorithm, X, broadcast, gate.client_context(0, policy=policy))
         state, _ = algorithm.server_step(state, {0: reply})
         broadcast = algorithm.configure(state)
     assert matrix_form(broadcast.tensors["precisions_cholesky"]) == "upper"
-    plain = algorithm.answer(X, broadcast, ClientContext(0, policy=policy))
-    wired = algorithm.answer(X, pack(broadcast), ClientContext(0, policy=policy, wire=True))
+    plain = gate.answer(algorithm, X, broadcast, gate.client_context(0, policy=policy))
+    wired = gate.answer(
+        algorithm, X, pack(broadcast), gate.client_context(0, policy=policy, wire=True)
+    )
     assert_same(unpack(wired), plain)  # same reply, the broadcast's triangles restored
     assert WIRE not in plain.scalars
     float32 = FederatedEM.from_config(
         type(algorithm.config).from_json({**algorithm.config.to_json(), "wire_dtype": "float32"})
     )
-    narrow = float32.answer(X, pack(broadcast), ClientContext(0, policy=policy, wire=True))
+    narrow = gate.answer(
+        float32, X, pack(broadcast), gate.client_context(0, policy=policy, wire=True)
+    )
     assert all(t.dtype == torch.float32 for t in narrow.tensors.values())
     narrow_bytes, wide_bytes = (
         sum(t.numel() * t.element_size() for t in m.tensors.values()) for m in (narrow, pack(plain))

@@ -10,7 +10,7 @@ import torch
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
-from fednovelty.federated.privacy import PrivacyPolicy
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.runtime.simulation import run_simulation
 
 

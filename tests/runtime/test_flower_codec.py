@@ -20,9 +20,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
-from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
+from fednovelty.federated import FederatedEM, FedGenGMM, Message
 from fednovelty.federated.joint_models.joint import JointFedGMM, mlp_learner
 from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
+from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower import codec
 from fednovelty.runtime.flower.config import (
@@ -86,7 +87,7 @@ def test_real_algorithm_messages_round_trip(init) -> None:
     algorithm = FederatedEM(3, init_params=init, random_state=0)
     state = algorithm.start()
     broadcast = algorithm.configure(state)
-    reply = algorithm.client_step(X, broadcast, ClientContext(0))
+    reply = algorithm.client_step(X, broadcast, gate.client_context(0))
     for message in (broadcast, reply):
         decoded, _ = codec.decode_message(over_the_wire(codec.encode_message(message)))
         assert_same_message(decoded, message)

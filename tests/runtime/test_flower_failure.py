@@ -49,9 +49,9 @@ from sklearn.mixture import GaussianMixture
 
 from fednovelty.datasets.protocols import make_task
 from fednovelty.federated import FederatedEM
-from fednovelty.federated.base import ClientContext
-from fednovelty.federated.privacy import PrivacyPolicy
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery, Transport
 from fednovelty.runtime.threads import run_client_step
@@ -98,7 +98,7 @@ class SilentFrom(Transport):
     def __init__(self, algorithm, parts: list[np.ndarray], silent: int, first: int) -> None:
         self.algorithm, self.silent, self.first = algorithm, silent, first
         self.data = {c: torch.as_tensor(p, dtype=torch.float64) for c, p in enumerate(parts)}
-        self.contexts = {c: ClientContext(c, policy=NO_FLOOR) for c in self.data}
+        self.contexts = {c: gate.client_context(c, policy=NO_FLOOR) for c in self.data}
 
     def exchange(self, number: int, message) -> Delivery:
         asked = tuple(sorted(self.data))

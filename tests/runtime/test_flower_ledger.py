@@ -16,8 +16,8 @@ from flwr.app import Message as FlowerMessage
 from flwr.supercore.task_identity import TaskIdentity
 
 from fednovelty.exceptions import ClientDataError
-from fednovelty.federated.ledger import PrivacyLedger
 from fednovelty.federated.mixtures.em import FederatedEM
+from fednovelty.federated.trust.ledger import PrivacyLedger
 from fednovelty.runtime.flower.client import handle_train
 from fednovelty.runtime.flower.codec import decode_message, encode_message
 from fednovelty.runtime.flower.ledger import (

@@ -21,9 +21,10 @@ from flwr.app import Error, Metadata
 from flwr.app import Message as FlowerMessage
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated import ClientContext, FederatedEM, FedGenGMM, Message
+from fednovelty.federated import FederatedEM, FedGenGMM, Message
 from fednovelty.federated.joint_models.joint import JointFedGMM
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime.flower.codec import encode_message
 from fednovelty.runtime.flower.validation import InvalidReplyError, accept_replies, check_reply
 
@@ -42,15 +43,15 @@ def em_round(covariance_type: str = "full") -> tuple[Message, Message]:
     state = algorithm.start()
     while state.phase != "em":  # run the init rounds in process
         broadcast = algorithm.configure(state)
-        reply = algorithm.client_step(X, broadcast, ClientContext(0))
+        reply = algorithm.client_step(X, broadcast, gate.client_context(0))
         state, _ = algorithm.server_step(state, {0: reply})
     broadcast = algorithm.configure(state)
-    return broadcast, algorithm.client_step(X, broadcast, ClientContext(0))
+    return broadcast, algorithm.client_step(X, broadcast, gate.client_context(0))
 
 
 def first_round(algorithm, data, client_id: int = 0) -> tuple[Message, Message]:
     broadcast = algorithm.configure(algorithm.start())
-    return broadcast, algorithm.client_step(data, broadcast, ClientContext(client_id))
+    return broadcast, algorithm.client_step(data, broadcast, gate.client_context(client_id))
 
 
 def joint_round() -> tuple[Message, Message]:

@@ -13,6 +13,7 @@ from fednovelty import FedGMMDetector
 from fednovelty.detectors import base
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import FederatedAlgorithm, FederatedEM, Message
+from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation
 
 LIAR = 3
@@ -113,14 +114,13 @@ def test_restarts_are_bounded():
     """Every reply of the liar is NaN after its first: with max_restarts=0 the first catch
     after a contribution ends the run, by name."""
     from fednovelty.exceptions import FederationError
-    from fednovelty.federated.base import ClientContext
-    from fednovelty.federated.validation import ReplyValidator
+    from fednovelty.federated.trust.validation import ReplyValidator
     from fednovelty.runtime.loop import run_rounds
     from fednovelty.runtime.simulation import InProcessTransport
 
     clients = _clients()
     algorithm = Lying(_algorithm(), nan_in_third_reply)
-    contexts = {c: ClientContext(c) for c in clients}
+    contexts = {c: gate.client_context(c) for c in clients}
     transport = InProcessTransport(algorithm, clients, contexts, 1.0, 0.0, np.random.default_rng(0))
     with pytest.raises(FederationError, match=r"client\(s\) \[3\] .*max_restarts=0"):
         run_rounds(algorithm, transport, validator=ReplyValidator(4), max_restarts=0)

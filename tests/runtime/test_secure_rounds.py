@@ -17,8 +17,8 @@ from _tolerance import assert_close_scaled
 pytest.importorskip("flwr")
 
 from fednovelty.federated import FederatedEM, Message, PrivacyPolicy
-from fednovelty.federated.dp import DPPolicy
 from fednovelty.federated.mixtures.fedgengmm import FedGenGMM
+from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.secure_rounds import (
     COMBINED_ID,

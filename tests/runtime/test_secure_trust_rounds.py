@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("flwr")
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
-from fednovelty.federated.dp import DPPolicy
+from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.secure_rounds import SecureSum, clip_ranges
 

@@ -11,9 +11,10 @@ import json
 import numpy as np
 import torch
 
-from fednovelty.federated import ClientContext, FederatedEM, Message, PrivacyPolicy
-from fednovelty.federated.validation import ReplyValidator
-from fednovelty.federated.wire import WIRE
+from fednovelty.federated import FederatedEM, Message, PrivacyPolicy
+from fednovelty.federated.core.wire import WIRE
+from fednovelty.federated.trust import gate
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery
 from fednovelty.runtime.simulation import InProcessTransport
@@ -124,7 +125,9 @@ class Corrupting(InProcessTransport):
 
 def run(data: list[torch.Tensor], transport_class=InProcessTransport):
     em = algorithm()
-    contexts = {c: ClientContext(c, policy=PrivacyPolicy(), wire=True) for c in range(len(data))}
+    contexts = {
+        c: gate.client_context(c, policy=PrivacyPolicy(), wire=True) for c in range(len(data))
+    }
     transport = transport_class(
         em, dict(enumerate(data)), contexts, 1.0, 0.0, np.random.default_rng(0)
     )

@@ -38,10 +38,10 @@ from scipy.special import logsumexp
 from sklearn.neighbors import NearestNeighbors
 from torch import Tensor
 
-from fednovelty.federated.base import ClientContext, Message
 from fednovelty.federated.bayesian.variational import VBConfig, VBState, vb_steps
-from fednovelty.federated.config import at_least, settings_dataclass
-from fednovelty.federated.steps import ChainedAlgorithm, ClientSkip, Step
+from fednovelty.federated.core.base import ClientContext, Message
+from fednovelty.federated.core.config import at_least, settings_dataclass
+from fednovelty.federated.core.steps import ChainedAlgorithm, ClientSkip, Step
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
     VBPosterior,

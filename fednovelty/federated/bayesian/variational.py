@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.bayesian.vb_local import VBLocalStep
+from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
@@ -44,7 +45,13 @@ from fednovelty.federated.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
+)
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import (
     GivenMixture,
     InitSettings,
@@ -57,9 +64,8 @@ from fednovelty.federated.init import (
     private_stats,
 )
 from fednovelty.federated.mixtures.em import floored_stats_message
-from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import check_scatter, check_stats, stats_shapes
+from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.validation import check_scatter, check_stats, stats_shapes
 from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.em import moment_shift
@@ -148,7 +154,7 @@ POSTERIOR_AGGREGATIONS: tuple[str, ...] = ("natural", "moment")
 @settings_dataclass
 class OneShotSettings(Settings):
     """How the clients fit their local posteriors and the server turns them into one
-    (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`: one-shot VB, and the
+    (:class:`~fednovelty.federated.bayesian.vb_local.VBLocalStep`: one-shot VB, and the
     ``init_params="oneshot"`` start of federated VB).
 
     Attributes:
@@ -504,8 +510,8 @@ class VBPriorStep(Step):
         return Message("vb_prior", {"box_offset": state.offset, "box_scale": state.scale})
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply("vb_prior", context.policy.below_floor)
+        if not context.terms.releases(X.shape[0]):
+            return skipped_reply("vb_prior", context.terms.below_floor)
         n = X.shape[0]
         mean = X.mean(0) if n else X.new_zeros(X.shape[1])
         centered = X - mean
@@ -713,13 +719,13 @@ class VBStep(Step):
 
     # ------------------------------------------------------------------ client half
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply(message.kind, context.policy.below_floor)
+        if not context.terms.releases(X.shape[0]):
+            return skipped_reply(message.kind, context.terms.below_floor)
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         log_weights = t["weights"].log() if message.kind == "vb_init" else t["log_weights"]
-        policy = context.policy
+        terms = context.terms
         # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
-        squared = X.new_zeros(t["means"].shape[0]) if policy.has_floor else None
+        squared = X.new_zeros(t["means"].shape[0]) if terms.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -730,7 +736,7 @@ class VBStep(Step):
             self.config.chunk_size,
             squared_counts=squared,
         )
-        return floored_stats_message(X, stats, squared, policy, log_weights, t, message.kind)
+        return floored_stats_message(X, stats, squared, terms, log_weights, t, message.kind)
 
     # ------------------------------------------------------------------ server half
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
@@ -799,12 +805,9 @@ def vb_steps(config: VBConfig) -> list[Step]:
     it sets the working units, maps every later round's rows to them and the initial
     mixture back at the end). The start is federated EM's init steps or, with
     ``init_params="oneshot"``, VB's own one-shot round of local posteriors
-    (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`, in place of federated
+    (:class:`~fednovelty.federated.bayesian.vb_local.VBLocalStep`, in place of federated
     EM's one-shot mixture)."""
     if config.init_params == "oneshot":
-        # vb_oneshot imports this module (its prior settings and step)
-        from fednovelty.federated.bayesian.vb_oneshot import VBLocalStep
-
         start: list[Step] = [VBLocalStep(config)]
     else:
         start = init_steps(config)
@@ -831,7 +834,7 @@ class FederatedVB(ChainedAlgorithm):
       as many components as centroids arrived and the rest start empty (:func:`pad_components`),
       at the prior.
     - or, with ``init_params="oneshot"``, the one-shot start
-      (:class:`~fednovelty.federated.bayesian.vb_oneshot.VBLocalStep`, one ``vb_local``
+      (:class:`~fednovelty.federated.bayesian.vb_local.VBLocalStep`, one ``vb_local``
       round): every client fits its own posterior under the shared prior and sends its
       statistics; the server matches and combines the local posteriors
       (``posterior_aggregation``, ``match_threshold``, ``total_evidence``) and runs up to
@@ -843,10 +846,10 @@ class FederatedVB(ChainedAlgorithm):
       the ELBO changes by less than ``tol`` (in nats, summed over all rows:
       scikit-learn's rule) or ``max_iter`` rounds ran.
 
-    Robust options (:mod:`fednovelty.federated.robust`, as federated EM's):
+    Robust options (:mod:`fednovelty.federated.trust.robust`, as federated EM's):
     ``client_weight_cap`` scales down the sums of a client claiming more than that many median
     clients' rows, and ``aggregation="trimmed"`` combines the ``vb_init``/``vb`` statistics by
-    :func:`~fednovelty.federated.robust.robust_stats` (through the shared
+    :func:`~fednovelty.federated.trust.robust.robust_stats` (through the shared
     :func:`~fednovelty.federated.init.combine_stats`) and leaves the most outlying client's
     k-means centroids out of the initialisation; the posterior is then no longer the pooled
     rows' exactly, and the ELBO is computed from the combined statistics.

@@ -18,7 +18,7 @@ over its rows each time it is sampled:
 
 The losses, prediction rule and the choices where the paper is silent are stated on
 :class:`VGM2` (and ``docs/vgm2.md``). Under a client's differential-privacy policy what
-leaves it is trained by DP-SGD (:mod:`fednovelty.federated.dp_sgd`): VGM2's encoder and
+leaves it is trained by DP-SGD (:mod:`fednovelty.federated.trust.dp_sgd`): VGM2's encoder and
 markers on pairs of rows, FedAvg's network on the cross-entropy; the row count is a noisy
 histogram, the loss is withheld, and the prototype baseline has no private form
 (:class:`VGM2`, "Differential privacy"). Client data is a pair ``(X, y)``; the server
@@ -35,17 +35,22 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import TorchSettings, at_least, settings_dataclass
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import STEP_STREAM, release_noise
-from fednovelty.federated.dp_sgd import DPSGDSettings, private_sgd
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.config import (
+    AGGREGATIONS,
+    TorchSettings,
+    at_least,
+    check_robust_arguments,
+    settings_dataclass,
+)
+from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.learners import initial_parameters, logits
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import DP_MODES, round_seed
-from fednovelty.federated.learners import initial_parameters, logits
-from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments, robust_average_params
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings, private_sgd
+from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.robust import robust_average_params
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     Shape,
     check_counts_within,
@@ -664,10 +669,10 @@ class VGM2Step(Step):
     def client_step(self, data: Any, message: Message, context: ClientContext) -> Message:
         X, y = data
         config = self.config
-        policy = context.policy
-        if not policy.releases(X.shape[0]):
-            return skipped_reply(VGM2_KIND, policy.below_floor)
-        private = policy.dp is not None
+        terms = context.terms
+        if not terms.releases(X.shape[0]):
+            return skipped_reply(VGM2_KIND, terms.below_floor)
+        private = terms.private is not None
         if private and config.method == "prototype":
             return skipped_reply(
                 VGM2_KIND,
@@ -675,12 +680,10 @@ class VGM2Step(Step):
                 "client's differential-privacy policy",
             )
         sgd = None
-        if private and policy.dp_sgd is not None and config.method in ("vgm2", "fedavg"):
+        if private and terms.private.dp_sgd is not None and config.method in ("vgm2", "fedavg"):
             # what leaves the client trains by its own DP-SGD, from its own generator
-            source = release_noise(
-                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
-            )
-            sgd = (policy.dp_sgd, source)
+            source = context.terms.private.noise()
+            sgd = (terms.private.dp_sgd, source)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
         algo = self.algorithm
         state = context.state
@@ -985,7 +988,7 @@ class VGM2(ChainedAlgorithm):
         generator: torch.Generator,
     ) -> tuple[dict[str, Tensor], Tensor]:
         """VGM2's local training under DP-SGD (``settings``, the client's own): the
-        encoder and markers together by :func:`~fednovelty.federated.dp_sgd.private_sgd`
+        encoder and markers together by :func:`~fednovelty.federated.trust.dp_sgd.private_sgd`
         on pairs of rows (``pairs=True``: a row and its successor in a random cycle of the
         step's sample), a pair's loss ``gamma BCE(same, logit pi_1(s)) + lambda KL(q ||
         p_t)``, Adam at ``learning_rate`` (the markers at ``marker_learning_rate`` through
@@ -1040,7 +1043,7 @@ class VGM2(ChainedAlgorithm):
         generator: torch.Generator,
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """FedAvg's local training under DP-SGD (``settings``): the cross-entropy of
-        :class:`Classifier` by :func:`~fednovelty.federated.dp_sgd.private_sgd` with Adam
+        :class:`Classifier` by :func:`~fednovelty.federated.trust.dp_sgd.private_sgd` with Adam
         at ``learning_rate`` (``train_encoder=False``: the head alone on the frozen
         encoder's embeddings). Returns the encoder and the head."""
         config = self.config

@@ -3,8 +3,8 @@ through clustered additive modeling") (algorithm layer).
 
 Five methods of the paper's Table 1, one algorithm :class:`ClusteredFL` set by
 ``ClusteredConfig.method``, every model a learner of ``learner_factory`` trained by
-:func:`~fednovelty.federated.learners.local_sgd` and averaged by
-:func:`~fednovelty.federated.aggregate.average_params`:
+:func:`~fednovelty.federated.core.learners.local_sgd` and averaged by
+:func:`~fednovelty.federated.core.aggregate.average_params`:
 
 - **FedAvg+**: ``n_clusters`` FedAvg models from different random starts, every client
   training every member; prediction is their soft vote.
@@ -35,25 +35,16 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import average_params, learner_name
-from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.core.aggregate import average_params, learner_name
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.config import (
     RobustSettings,
     TorchSettings,
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import STEP_STREAM, clip_rows, release_noise
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, private_sgd
-from fednovelty.federated.init import (
-    PrivateSettings,
-    box_units,
-    check_bounds,
-    round_seed,
-    server_generator,
-)
-from fednovelty.federated.learners import (
+from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.learners import (
     OPTIMIZERS,
     ClientRound,
     LearnerFactory,
@@ -66,16 +57,25 @@ from fednovelty.federated.learners import (
     logits,
     mlp_learner,
 )
-from fednovelty.federated.noise import NoiseSource, add_gaussian, check_source
-from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.robust import (
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
+from fednovelty.federated.init import (
+    PrivateSettings,
+    box_units,
+    check_bounds,
+    round_seed,
+    server_generator,
+)
+from fednovelty.federated.trust.dp import clip_rows
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, private_sgd
+from fednovelty.federated.trust.noise import NoiseSource, add_gaussian, check_source
+from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.robust import (
     coordinate_median,
     coordinate_trimmed_mean,
     robust_average_learners,
     robust_average_params,
 )
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     Shape,
     check_positive_rows,
@@ -453,7 +453,7 @@ def private_models(
     mu_prox: float = 0.0,
 ) -> list[dict[str, Tensor]]:
     """The ``M`` models ``starts`` trained on the same rows in one DP-SGD loop
-    (:func:`~fednovelty.federated.dp_sgd.private_sgd`: each step's per-row gradients of all
+    (:func:`~fednovelty.federated.trust.dp_sgd.private_sgd`: each step's per-row gradients of all
     of them clipped together to ``settings.clip_norm``, one Gaussian mechanism a step) on the
     mean of their cross-entropies, each row weighted ``1 / M`` per model (DP-SGD's weights
     sum to at most 1). With ``"sgd"`` the learning rate is multiplied by ``M``, so that each
@@ -639,20 +639,18 @@ class _ModelStep(LearnerRounds, Step):
         """A skipped reply when the client releases nothing this round: fewer rows than its
         floor, or a differential-privacy policy without DP-SGD (its models leave only
         trained by it); else ``None``."""
-        policy = context.policy
-        if not policy.releases(X.shape[0]):
-            return skipped_reply(kind, policy.below_floor)
-        if policy.dp is not None and policy.dp_sgd is None:
+        terms = context.terms
+        if not terms.releases(X.shape[0]):
+            return skipped_reply(kind, terms.below_floor)
+        if terms.private is not None and terms.private.dp_sgd is None:
             return skipped_reply(kind, "models leave a client under DP only trained by DP-SGD")
         return None
 
     def private_generator(self, context: ClientContext) -> NoiseSource:
         """The draws of a private round's mechanisms (noisy choice, DP-SGD): fresh OS
-        entropy of the client's own (:func:`~fednovelty.federated.dp.release_noise`), never
+        entropy of the client's own (:func:`~fednovelty.federated.trust.dp.release_noise`), never
         the broadcast's seed."""
-        return release_noise(
-            context.policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
-        )
+        return context.terms.private.noise()
 
     def private_train(
         self,
@@ -672,7 +670,7 @@ class _ModelStep(LearnerRounds, Step):
             starts,
             X,
             y,
-            context.policy.dp_sgd,
+            context.terms.private.dp_sgd,
             generator,
             learning_rate=config.learning_rate,
             optimizer=config.optimizer,
@@ -689,7 +687,7 @@ class _ModelStep(LearnerRounds, Step):
 
     @property
     def robust(self) -> tuple[str, float]:
-        """``(aggregation, trim)`` of the config (:mod:`fednovelty.federated.robust`)."""
+        """``(aggregation, trim)`` of the config (:mod:`fednovelty.federated.trust.robust`)."""
         return self.config.aggregation, self.config.trim
 
     def average(
@@ -743,7 +741,7 @@ def _private_reply(
 ) -> Message:
     """A reply of models trained by the client's DP-SGD, stating its steps; the loss is
     not computed (the gate withholds it, and the row count)."""
-    steps = context.policy.dp_sgd.steps
+    steps = context.terms.private.dp_sgd.steps
     return _reply(kind, X, X.new_zeros(()), tensors, dp_sgd_steps=steps, **scalars)
 
 
@@ -770,7 +768,7 @@ class EnsembleStep(_ModelStep):
             return refused
         t = self.received(message, X)
         members = [_unnamed(f"learner.{m}.", t, self.names) for m in range(self.config.n_clusters)]
-        if context.policy.dp is not None:  # every member in one DP-SGD loop, jointly clipped
+        if context.terms.private is not None:  # every member in one DP-SGD loop, jointly clipped
             generator = self.private_generator(context)
             trained = self.private_train(self.template, members, X, y, context, generator)
             tensors = {
@@ -821,7 +819,7 @@ class GlobalWarmupStep(_ModelStep):
         if refused is not None:
             return refused
         start = _unnamed("global.", self.received(message, X), self.names)
-        if context.policy.dp is not None:
+        if context.terms.private is not None:
             generator = self.private_generator(context)
             trained = self.private_train(self.template, [start], X, y, context, generator)[0]
             return _private_reply(WARMUP_GLOBAL_KIND, X, _named("global.", trained), context)
@@ -927,7 +925,7 @@ class LocalWarmupStep(_ModelStep):
         start = _unnamed("learner.0.", self.received(message, X), self.names)
         if f"{KEPT}{self.names[0]}" in context.state:
             start = _unnamed(KEPT, context.state, self.names)
-        if context.policy.dp is not None:
+        if context.terms.private is not None:
             generator = self.private_generator(context)
             trained = self.private_train(self.template, [start], X, y, context, generator)[0]
             context.state.update({f"{KEPT}{k}": v.clone() for k, v in trained.items()})
@@ -1012,7 +1010,7 @@ class ClusterStep(_ModelStep):
             return check_source(generator).randint(len(models))
         bound = self.config.dp_loss_clip
         sums = clipped_loss_sums(self.template, models, X, y, h, bound)
-        multiplier = HISTOGRAM_SHARE * context.policy.dp.noise_multiplier
+        multiplier = HISTOGRAM_SHARE * context.terms.private.noise_multiplier
         return int(noisy_cluster_losses(sums, bound, multiplier, generator).argmin())
 
     def private_step(
@@ -1060,7 +1058,7 @@ class ClusterStep(_ModelStep):
         kept = None
         if f"{KEPT}{self.names[0]}" in context.state:
             kept = _unnamed(KEPT, context.state, self.names)
-        if context.policy.dp is not None:
+        if context.terms.private is not None:
             return self.private_step(models, glob, X, y, h, kept, context)
         cluster, loss = self.choose(models, X, y, h, kept)
         generator = client_generator(int(message.scalars["seed"]), context.client_id)
@@ -1217,7 +1215,7 @@ class ClusteredFL(ChainedAlgorithm):
       clients) and the mean loss (no bound; the rounds record NaN).
     - **Not covered**: which clients take part in a round (a client with at least one row
       replies), the reply's timing and size, and the row count: DP-SGD divides each step by
-      the expected sample ``q n`` (:mod:`~fednovelty.federated.dp_sgd` treats ``n`` as
+      the expected sample ``q n`` (:mod:`~fednovelty.federated.trust.dp_sgd` treats ``n`` as
       public), so withholding ``n_samples`` does not hide it from the models' scale.
     """
 

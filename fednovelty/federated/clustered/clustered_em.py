@@ -31,14 +31,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import ClientContext, Message, derived_seed, skipped_reply
-from fednovelty.federated.config import at_least, settings_dataclass
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, declare
+from fednovelty.federated.core.base import ClientContext, Message, derived_seed, skipped_reply
+from fednovelty.federated.core.config import at_least, settings_dataclass
+from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec, declare
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import MomentsSettings, combine_stats
 from fednovelty.federated.mixtures.em import EMConfig, EMSettings, EMState, EMStep, em_steps
-from fednovelty.federated.privacy import backed, contrast_backed
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.privacy import backed, contrast_backed
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     Shape,
     check_stats,
@@ -490,8 +490,8 @@ class ClusteredEMStep(Step):
         clusters = t["component_clusters"].long()
         cluster_log_weights = floats["cluster_log_weights"]
         n_clusters = cluster_log_weights.shape[0]
-        if X.shape[0] == 0 or not context.policy.releases(X.shape[0]):
-            return skipped_reply("cluster_em", context.policy.below_floor)
+        if X.shape[0] == 0 or not context.terms.releases(X.shape[0]):
+            return skipped_reply("cluster_em", context.terms.below_floor)
         log_prob = log_gaussian_prob(
             X, floats["means"], floats["precisions_cholesky"], self.config.covariance_type
         )
@@ -502,9 +502,9 @@ class ClusteredEMStep(Step):
         summed = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
         behind = X.new_zeros(())
         if bool(finite.any()):
-            summed, behind = contrast_backed(per_row[:, finite], context.policy.min_rows)
+            summed, behind = contrast_backed(per_row[:, finite], context.terms.min_rows)
         scores = per_row[summed].mean(0)
-        withheld = not bool(backed(behind, context.policy.min_rows))
+        withheld = not bool(backed(behind, context.terms.min_rows))
         cluster = int(torch.argmax(scores))  # the first of tied maxima
         if withheld and "cluster" in context.state:
             # the scores would release a few rows' values: the client keeps its cluster and
@@ -583,7 +583,7 @@ class ClusteredEM(ChainedAlgorithm):
     ``cluster_components``, ``assignment``, ``warmup`` and federated EM's), or
     ``ClusteredEM.from_config(ClusteredEMConfig(...))``.
 
-    Rounds (``ClusteredEM`` chains them; :mod:`fednovelty.federated.steps`):
+    Rounds (``ClusteredEM`` chains them; :mod:`fednovelty.federated.core.steps`):
 
     1. **Warm-up** (``warmup`` rounds): ``[PCA?] + [moments] + init + EM`` on all ``M``
     components with personal weights (FedGMM), every client using every component: the Fed-CAM

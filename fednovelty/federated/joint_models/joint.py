@@ -32,28 +32,22 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import learner_name, stats_message
-from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.core.aggregate import learner_name, stats_message
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.config import (
     TorchSettings,
     as_tensor,
     at_least,
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.dp import STEP_STREAM, release_noise
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, private_sgd
-from fednovelty.federated.init import round_seed, server_noise
-from fednovelty.federated.joint_models.joint_scores import (
-    adapt_joint_weights,
-    global_log_joint_weights,
-    joint_log_components,
-    joint_log_scores,
-    learner_log_probs,
-    log_likelihoods_of_labels,
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
 )
-from fednovelty.federated.learners import (
+from fednovelty.federated.core.learners import (
     OPTIMIZERS,
     ClientRound,
     LearnerFactory,
@@ -66,12 +60,23 @@ from fednovelty.federated.learners import (
     local_sgd_many,
     mlp_learner,
 )
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
+from fednovelty.federated.init import round_seed
+from fednovelty.federated.joint_models.joint_scores import (
+    adapt_joint_weights,
+    global_log_joint_weights,
+    joint_log_components,
+    joint_log_scores,
+    learner_log_probs,
+    log_likelihoods_of_labels,
+)
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
-from fednovelty.federated.noise import add_gaussian
-from fednovelty.federated.privacy import backed, joint_rows, resp_rows, stats_backing
-from fednovelty.federated.robust import robust_average_learners
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import Shape, check_stats, learner_count, stats_shapes
+from fednovelty.federated.trust.dp import server_noise
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, private_sgd
+from fednovelty.federated.trust.noise import add_gaussian
+from fednovelty.federated.trust.privacy import backed, joint_rows, resp_rows, stats_backing
+from fednovelty.federated.trust.robust import robust_average_learners
+from fednovelty.federated.trust.validation import Shape, check_stats, learner_count, stats_shapes
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
 
@@ -303,7 +308,7 @@ class JointEMStep(LearnerRounds, Step):
 
     def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         """One client's joint round: the E-step, its learners' training (yielded as
-        :class:`~fednovelty.federated.learners.SGDTask` objects, or its own DP-SGD under
+        :class:`~fednovelty.federated.core.learners.SGDTask` objects, or its own DP-SGD under
         DP), then its reply."""
         X, y, Z = data
         config, algorithm = self.config, self.algorithm
@@ -318,7 +323,7 @@ class JointEMStep(LearnerRounds, Step):
         learners = [{name: source[learner_name(m2, name)] for name in names} for m2 in range(k2)]
         n = X.shape[0]
         # under DP weights kept from exact counts would carry a row into later rounds
-        own = context.policy.dp is None
+        own = context.terms.private is None
         log_pi = context.state.get("log_joint_weights") if own else None
         if log_pi is None:
             log_pi = (t["weights"].unsqueeze(1) / k2).log().expand(k1, k2)
@@ -335,28 +340,26 @@ class JointEMStep(LearnerRounds, Step):
         if n > 0:
             eps = 10 * torch.finfo(X.dtype).eps
             context.state["log_joint_weights"] = ((joint_counts + eps) / (n + eps * k1 * k2)).log()
-        policy = context.policy
+        terms = context.terms
         scalars = {}
-        if policy.dp is not None and config.aggregate_learners:
-            if policy.dp_sgd is None:
+        if terms.private is not None and config.aggregate_learners:
+            if terms.private.dp_sgd is None:
                 return skipped_reply("joint_em", "learners leave under DP only by DP-SGD")
             # the learners leave the client: its own DP-SGD, from its own generator
-            generator = release_noise(
-                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
-            )
+            generator = context.terms.private.noise()
             trained = private_sgd(
                 template,
                 learners,
                 Z,
                 y,
                 q.sum(1),
-                policy.dp_sgd,
+                terms.private.dp_sgd,
                 generator,
                 learning_rate=config.learning_rate,
                 optimizer=config.optimizer,
                 mu_prox=config.mu_prox,
             )
-            scalars["dp_sgd_steps"] = policy.dp_sgd.steps
+            scalars["dp_sgd_steps"] = terms.private.dp_sgd.steps
         else:
             generator = client_generator(int(message.scalars["seed"]), context.client_id)
             trained = yield [
@@ -366,9 +369,9 @@ class JointEMStep(LearnerRounds, Step):
         if not config.aggregate_learners:
             for m2, params in enumerate(trained):
                 context.state.update({learner_name(m2, k): v for k, v in params.items()})
-        if not policy.releases(n):
-            return skipped_reply("joint_em", policy.below_floor)
-        floor = policy.floor
+        if not terms.releases(n):
+            return skipped_reply("joint_em", terms.below_floor)
+        floor = terms.floor
         gaussian_rows, cell_rows, learner_rows = joint_rows(q, floor)
         # a Gaussian's statistics are of its backed cells' responsibilities (the gate
         # zeros the cells and Gaussians below the floor, which is 1 under DP)
@@ -416,10 +419,10 @@ class JointFedGMM(ChainedAlgorithm):
     - Learner M-step: for each ``m2`` the client runs ``local_epochs`` of SGD from the broadcast
       weights on the cross-entropy weighted by ``w_i(m2) = sum_m1 q_i(m1, m2)`` and sends the
       new weights with ``gamma_c(m2) = sum_i w_i(m2)``; the server averages them weighted by
-      gamma (:func:`~fednovelty.federated.aggregate.average_learners`), or under
+      gamma (:func:`~fednovelty.federated.core.aggregate.average_learners`), or under
       ``aggregation="trimmed"`` takes the coordinate-wise trimmed mean of the copies of the
       clients that used the learner
-      (:func:`~fednovelty.federated.robust.robust_average_learners`; the Gaussians' statistics
+      (:func:`~fednovelty.federated.trust.robust.robust_average_learners`; the Gaussians' statistics
       are then trimmed as federated EM's).
 
     The Gaussians are initialised by federated EM's init steps (``init_params``: federated
@@ -478,7 +481,7 @@ class JointFedGMM(ChainedAlgorithm):
     def _local_sgd_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
         """The learners' local training of ``tasks`` (:class:`~fednovelty.federated.
         learners.SGDTask`, any clients) as one batched computation
-        (:func:`~fednovelty.federated.learners.local_sgd_many`) under the settings."""
+        (:func:`~fednovelty.federated.core.learners.local_sgd_many`) under the settings."""
         if not tasks:
             return []
         config = self.config

@@ -10,7 +10,7 @@ Nothing here changes the state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,9 +19,6 @@ from torch.func import functional_call
 from fednovelty.federated.mixtures.em import client_average_weights
 from fednovelty.mixture import WeightsFit, log_gaussian_prob
 from fednovelty.mixture.em import fit_weights_map
-
-if TYPE_CHECKING:
-    from fednovelty.federated.joint_models.joint import JointState
 
 
 def log_likelihoods_of_labels(
@@ -32,7 +29,7 @@ def log_likelihoods_of_labels(
     return -nn.functional.cross_entropy(logits, y, reduction="none")
 
 
-def global_log_joint_weights(state: JointState) -> Tensor:
+def global_log_joint_weights(state: Any) -> Tensor:
     """Global ``log pi`` (M1, M2) as ``state.global_weights`` says (``EMConfig.global_weights``):
     ``"pooled"``, the summed joint counts normalised (sample-weighted); ``"client_average"``,
     the FedGMM paper's footnote 3, the unweighted mean of the clients' ``pi_c``
@@ -62,7 +59,7 @@ def learner_log_probs(template: nn.Module, learners: list[dict[str, Tensor]], Z:
 
 
 def joint_log_components(
-    state: JointState,
+    state: Any,
     template: nn.Module,
     X: Tensor,
     y: Tensor | None = None,
@@ -84,7 +81,7 @@ def joint_log_components(
 
 
 def joint_log_scores(
-    state: JointState,
+    state: Any,
     template: nn.Module,
     X: Tensor,
     y: Tensor | None = None,
@@ -145,7 +142,7 @@ def _log_proba_y(log_pi: Tensor, log_n: Tensor, log_probs: Tensor) -> Tensor:
 
 
 def adapt_joint_weights(
-    state: JointState,
+    state: Any,
     template: nn.Module,
     X: Tensor,
     y: Tensor | None = None,

@@ -33,13 +33,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.aggregate import learner_name, stats_message
-from fednovelty.federated.base import ClientContext, Message, client_generator, skipped_reply
 from fednovelty.federated.bayesian.variational import BoxSettings
-from fednovelty.federated.config import settings_dataclass
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
-from fednovelty.federated.dp import STEP_STREAM, release_noise
-from fednovelty.federated.dp_sgd import private_sgd
+from fednovelty.federated.core.aggregate import learner_name, stats_message
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.config import settings_dataclass
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
+)
+from fednovelty.federated.core.learners import ClientRound, SGDTask
 from fednovelty.federated.init import GivenMixture, MomentsStep, round_seed
 from fednovelty.federated.joint_models.joint import (
     JointEMStep,
@@ -49,11 +53,11 @@ from fednovelty.federated.joint_models.joint import (
     histogram_sum,
 )
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
-from fednovelty.federated.learners import ClientRound, SGDTask
 from fednovelty.federated.mixtures.em import EMSettings
-from fednovelty.federated.privacy import backed, effective_rows, stats_backing
-from fednovelty.federated.robust import robust_average_learners, robust_stats
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.dp_sgd import private_sgd
+from fednovelty.federated.trust.privacy import backed, effective_rows, stats_backing
+from fednovelty.federated.trust.robust import robust_average_learners, robust_stats
+from fednovelty.federated.trust.validation import (
     Shape,
     check_counts_within,
     check_stats,
@@ -130,7 +134,7 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
             sub-model ``k`` sends it as broadcast, a zero update with weight ``p_i``. The
             sum runs over the clients that replied (Eq. 5's sum over all clients, as the
             paper's experiments, with full participation). Both go through
-            :func:`~fednovelty.federated.robust.robust_average_learners` (under a robust
+            :func:`~fednovelty.federated.trust.robust.robust_average_learners` (under a robust
             ``aggregation`` a positive weight only admits a copy); under ``"central"``
             differential privacy both are uniform, under ``"local"``/``"distributed"`` the
             noisy counts or noisy row counts (:func:`learner_weights`).
@@ -207,7 +211,7 @@ def paper_stats(hard_counts: Tensor, replies: dict[str, Tensor]) -> dict[int, Su
     counts (n_clients, K), sums ``counts * client_means`` and second moments ``counts *
     (client_vars + client_means^2)`` (n_clients, K, d), with each client's
     ``log_likelihood`` and ``n_samples`` (n_clients,) from ``replies``; what
-    :func:`~fednovelty.federated.robust.robust_stats` combines under a robust
+    :func:`~fednovelty.federated.trust.robust.robust_stats` combines under a robust
     ``aggregation`` (a component's between-client spread then counts, unlike Eq. 13)."""
     means, variances = replies["client_means"], replies["client_vars"]
     weight = hard_counts.unsqueeze(2)
@@ -352,7 +356,7 @@ class PFedEMStep(JointEMStep):
     def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         """One client's pFedEM round: Eq. 8-11, the hard partition, each backed
         sub-model's training on its partition (yielded as
-        :class:`~fednovelty.federated.learners.SGDTask` objects, batched with the other
+        :class:`~fednovelty.federated.core.learners.SGDTask` objects, batched with the other
         clients' by :meth:`JointEMStep.client_steps`; its own DP-SGD under DP), its reply."""
         X, y, Z = data
         config, algorithm = self.config, self.algorithm
@@ -362,7 +366,7 @@ class PFedEMStep(JointEMStep):
         names = [name for name, _ in template.named_parameters()]
         learners = [{name: t[learner_name(j, name)] for name in names} for j in range(k)]
         # under DP weights kept from exact counts would carry a row into later rounds
-        kept = config.estep_start == "kept" and context.policy.dp is None
+        kept = config.estep_start == "kept" and context.terms.private is None
         log_pi = context.state.get("log_weights") if kept else None
         if log_pi is None:  # Algorithm 1 line 5: the broadcast global weights
             log_pi = t["weights"].log()
@@ -377,45 +381,43 @@ class PFedEMStep(JointEMStep):
             context.state["log_weights"] = ((soft + eps) / (n + eps * k)).log()  # Eq. 11
         part = gamma.argmax(1) if n > 0 else torch.zeros(0, dtype=torch.long, device=X.device)
         hard = torch.bincount(part, minlength=k).to(X.dtype)
-        policy = context.policy
-        if not policy.releases(n):
-            return skipped_reply(PFEDEM_KIND, policy.below_floor)
-        private = policy.dp is not None
+        terms = context.terms
+        if not terms.releases(n):
+            return skipped_reply(PFEDEM_KIND, terms.below_floor)
+        private = terms.private is not None
         if private and config.gaussian_aggregation == "paper":
             return skipped_reply(
                 PFEDEM_KIND,
                 "the paper's per-client means and variances have no private form; under "
                 "differential privacy only gaussian_aggregation='exact' is released",
             )
-        if private and policy.dp_sgd is None:
+        if private and terms.private.dp_sgd is None:
             return skipped_reply(PFEDEM_KIND, "sub-models leave under DP only by DP-SGD")
         # a component is backed by its partition's rows and by its responsibilities'
         # effective rows (a wide component's few far rows can carry most of its sums);
         # under DP the noise protects the rows and no component is zeroed (which ones
         # would be depends on them)
         rows = torch.minimum(hard, effective_rows(soft, gamma.square().sum(0)))
-        keep = torch.ones_like(hard, dtype=torch.bool) if private else backed(rows, policy.floor)
+        keep = torch.ones_like(hard, dtype=torch.bool) if private else backed(rows, terms.floor)
         behind = dict.fromkeys(("hard_counts", "counts", "sums", "client_means"), rows)
         behind.update(client_vars=rows, log_likelihood=rows.new_tensor(float(n)))
         tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
         scalars = {}
         if private:  # every sub-model by the client's own DP-SGD, on its partition alone
-            generator = release_noise(
-                policy.dp, context.client_id, context.ledger.releases, STEP_STREAM
-            )
+            generator = context.terms.private.noise()
             models = private_sgd(
                 template,
                 learners,
                 Z,
                 y,
                 nn.functional.one_hot(part, k).to(X.dtype),  # (n, K): one row, one model
-                policy.dp_sgd,
+                terms.private.dp_sgd,
                 generator,
                 learning_rate=config.learning_rate,
                 optimizer=config.optimizer,
                 mu_prox=config.mu_prox,
             )
-            scalars["dp_sgd_steps"] = policy.dp_sgd.steps
+            scalars["dp_sgd_steps"] = terms.private.dp_sgd.steps
         else:
             generator = client_generator(int(message.scalars["seed"]), context.client_id)
             trained = iter(
@@ -522,7 +524,7 @@ class PFedEM(JointFedGMM):
     (``"clients"``; under
     ``aggregation="trimmed"``, the coordinate-wise trimmed mean of the copies of the clients
     whose partition held the component, and the Gaussians by
-    :func:`~fednovelty.federated.robust.robust_stats`, the paper's replies read as statistics:
+    :func:`~fednovelty.federated.trust.robust.robust_stats`, the paper's replies read as statistics:
     :func:`paper_stats`) and sets the Gaussians: ``"paper"``: Eq. 12-14, means and variances
     averaged with the hard counts (the between-client spread of each component is dropped, as
     written); ``"exact"``: federated EM's M-step on the summed statistics (the pooled rows'

@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import released, stats_message
-from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.core.aggregate import released, stats_message
+from fednovelty.federated.core.base import ClientContext, Message, ReleaseTerms, skipped_reply
+from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
@@ -46,12 +46,13 @@ from fednovelty.federated.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import (
+from fednovelty.federated.core.declarations import (
     STATS_BACKING,
     ReplySpec,
     components_limit,
     declare,
 )
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import (
     INIT_PARAMS,
     GivenMixture,
@@ -64,15 +65,13 @@ from fednovelty.federated.init import (
 )
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS, Squarem
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState, PCAStep
-from fednovelty.federated.privacy import (
-    PrivacyPolicy,
+from fednovelty.federated.trust.privacy import (
     backed,
     effective_rows,
     stats_backing,
     winsorised_row_values,
 )
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import check_stats, stats_shapes
+from fednovelty.federated.trust.validation import check_stats, stats_shapes
 from fednovelty.mixture import (
     CovariancePrior,
     MixtureParams,
@@ -387,14 +386,14 @@ class EMStep(Step):
         personal = self.config.mixture_weights == "personal"
         # under DP a row may move only its own round's statistics: weights kept from exact
         # counts of earlier rounds would carry it into every later round (module docstring)
-        kept = personal and context.policy.dp is None
+        kept = personal and context.terms.private is None
         log_weights = context.state.get("log_weights") if kept else None
         if log_weights is None:
             log_weights = t["weights"].log()
-        policy = context.policy
+        terms = context.terms
         # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
-        squared = X.new_zeros(t["means"].shape[0]) if policy.has_floor else None
-        row_log_likelihood = X.new_empty(X.shape[0]) if policy.has_floor else None
+        squared = X.new_zeros(t["means"].shape[0]) if terms.has_floor else None
+        row_log_likelihood = X.new_empty(X.shape[0]) if terms.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -410,10 +409,10 @@ class EMStep(Step):
         if personal and X.shape[0] > 0:
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps
             context.state["log_weights"] = (counts / counts.sum()).log()
-        if not policy.releases(X.shape[0]):
-            return skipped_reply("em", policy.below_floor)
+        if not terms.releases(X.shape[0]):
+            return skipped_reply("em", terms.below_floor)
         return floored_stats_message(
-            X, stats, squared, policy, log_weights, t, "em", row_log_likelihood
+            X, stats, squared, terms, log_weights, t, "em", row_log_likelihood
         )
 
 
@@ -508,7 +507,7 @@ def floored_stats_message(
     X: Tensor,
     stats: SufficientStats,
     squared: Tensor | None,
-    policy: PrivacyPolicy,
+    terms: ReleaseTerms,
     log_weights: Tensor,
     broadcast: dict[str, Tensor],
     kind: str,
@@ -523,11 +522,11 @@ def floored_stats_message(
 
     ``row_log_likelihood`` (n,): each row's ``log p(x_i)``; where given, the released
     log-likelihood is the sum of those values with outlying rows winsorised
-    (:func:`~fednovelty.federated.privacy.winsorised_row_values`, n times the mean of the
+    (:func:`~fednovelty.federated.trust.privacy.winsorised_row_values`, n times the mean of the
     rows kept where clipping cannot back it): a crafted mixture (two Gaussians of equal
     covariance make ``log p`` a softplus of one direction) cannot make it one row's value."""
     if squared is not None and row_log_likelihood is not None and X.shape[0] > 0:
-        values, ll_rows = winsorised_row_values(row_log_likelihood, policy.min_rows)
+        values, ll_rows = winsorised_row_values(row_log_likelihood, terms.min_rows)
         stats = replace(stats, log_likelihood=values.mean() * X.shape[0])
     else:
         ll_rows = None
@@ -540,7 +539,7 @@ def floored_stats_message(
     # components) is recomputed here from the kept components' rows
     rows = effective_rows(stats.counts, squared)
     stats, tied_rows = kept_tied_second(
-        stats, X, log_weights, broadcast["means"], broadcast["precisions_cholesky"], rows, policy
+        stats, X, log_weights, broadcast["means"], broadcast["precisions_cholesky"], rows, terms
     )
     reply = stats_message(stats, kind)
     reply.backing.update(stats_backing(stats, rows, tied_rows))
@@ -556,10 +555,10 @@ def kept_tied_second(
     means: Tensor,
     precisions_cholesky: Tensor,
     rows: Tensor,
-    policy: PrivacyPolicy,
+    terms: ReleaseTerms,
 ) -> tuple[SufficientStats, Tensor | None]:
     """``tied`` statistics whose one second moment covers only the rows of the components
-    backed by ``policy.min_rows`` effective rows (``rows``, (n_components,)), and the
+    backed by ``terms.min_rows`` effective rows (``rows``, (n_components,)), and the
     effective rows behind it; other statistics, or tied ones whose components are all (or
     none) backed, come back as they are with ``None``. The client gate zeroes the other
     tensors of the unbacked components.
@@ -569,7 +568,7 @@ def kept_tied_second(
         log_weights: (n_components,) the responsibilities' log weights; ``means`` and
             ``precisions_cholesky`` the broadcast mixture's.
     """
-    keep = backed(rows, policy.min_rows)
+    keep = backed(rows, terms.min_rows)
     if stats.covariance_type != "tied" or bool(keep.all()) or not bool(keep.any()):
         return stats, None
     params = MixtureParams(log_weights.exp(), means, precisions_cholesky, "tied")

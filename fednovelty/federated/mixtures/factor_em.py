@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import released
-from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.core.aggregate import released
+from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
     IterationSettings,
@@ -44,7 +44,8 @@ from fednovelty.federated.config import (
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import ReplySpec, components_limit, declare
+from fednovelty.federated.core.declarations import ReplySpec, components_limit, declare
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import (
     GivenMixture,
     InitSettings,
@@ -53,10 +54,9 @@ from fednovelty.federated.init import (
     init_steps,
 )
 from fednovelty.federated.mixtures.em import EMState
-from fednovelty.federated.privacy import effective_rows, winsorised_row_values
-from fednovelty.federated.robust import trimmed_combination
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.privacy import effective_rows, winsorised_row_values
+from fednovelty.federated.trust.robust import trimmed_combination
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     check_psd,
     check_stats,
@@ -176,7 +176,7 @@ def _combined(
 ) -> dict[str, Tensor]:
     """Each named tensor over the replies with rows, in ``like``'s dtype/device: their sum,
     or under ``aggregation="trimmed"`` the trimmed combination of federated EM's statistics
-    (:func:`~fednovelty.federated.robust.trimmed_combination`: per component, trimmed
+    (:func:`~fednovelty.federated.trust.robust.trimmed_combination`: per component, trimmed
     shares and the clients whose component mean lies nearest the median; ``sketch``,
     ``xz``, ``sum_z`` and ``zz`` are sums over a component's rows like its moments)."""
     kept = [m for m in released(replies.values()) if float(m.tensors["n_samples"]) > 0]
@@ -199,7 +199,7 @@ def subnormal_spacing(dtype: torch.dtype) -> float:
 # ----------------------------------------------------------------------------- start
 def check_sketch(reply: Message, broadcast: Message) -> None:
     """Counts, sums and per-feature second moments some rows could have produced
-    (:func:`~fednovelty.federated.validation.check_stats_tensors`, ``diag``), and a sketch
+    (:func:`~fednovelty.federated.trust.validation.check_stats_tensors`, ``diag``), and a sketch
     ``Y_k = C_k Omega`` of a PSD ``C_k`` (K, d, width) whose diagonal is ``second_k``:
     ``|Y_kjp| <= sqrt(S_kj) sum_l |Omega_lp| sqrt(S_kl)`` (Cauchy-Schwarz on the rows and
     on ``C_k``'s entries) and ``Omega^T Y_k`` symmetric positive semi-definite, up to the
@@ -276,8 +276,8 @@ class FactorStartStep(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if not context.policy.releases(X.shape[0]):
-            return skipped_reply("factor_start", context.policy.below_floor)
+        if not context.terms.releases(X.shape[0]):
+            return skipped_reply("factor_start", context.terms.below_floor)
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         labels, _ = assign(X, t["centers"])
         resp = one_hot(labels, t["centers"].shape[0], X)
@@ -461,13 +461,13 @@ class FactorEMStep(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        policy = context.policy
-        if not policy.releases(X.shape[0]):
-            return skipped_reply("factor_em", policy.below_floor)
+        terms = context.terms
+        if not terms.releases(X.shape[0]):
+            return skipped_reply("factor_em", terms.below_floor)
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         params = FactorParams(t["weights"], t["means"], t["factors"], t["psi"])
-        squared = X.new_zeros(params.n_components) if policy.has_floor else None
-        per_row = X.new_empty(X.shape[0]) if policy.has_floor else None
+        squared = X.new_zeros(params.n_components) if terms.has_floor else None
+        per_row = X.new_empty(X.shape[0]) if terms.has_floor else None
         stats = factor_e_step(
             X,
             params,
@@ -482,7 +482,7 @@ class FactorEMStep(Step):
             rows, ll_rows = torch.full_like(stats.counts, float(X.shape[0])), n
         else:
             rows = effective_rows(stats.counts, squared)
-            values, ll_rows = winsorised_row_values(per_row, policy.min_rows)
+            values, ll_rows = winsorised_row_values(per_row, terms.min_rows)
             tensors["log_likelihood"] = values.mean() * X.shape[0]
         backing = {name: rows for name in ("counts", "sums", "second", "xz", "sum_z", "zz")}
         backing.update(log_likelihood=ll_rows, n_samples=n)

@@ -13,7 +13,7 @@ also fits a Gaussian copula (:mod:`fednovelty.mixture.copula`) on the same synth
 
 Privacy (``docs/privacy.md``): below ``min_rows`` rows a client skips the round, it fits at
 most ``n_rows // min_rows`` components, and the gate drops components backed by fewer rows
-(:func:`local_fit_backing`). Under a differential-privacy policy (``context.policy.dp``) the
+(:func:`local_fit_backing`). Under a differential-privacy policy (``context.terms.dp``) the
 client fits by DP-EM (:func:`~fednovelty.federated.mixtures.private_fit.private_em`) on its
 rows mapped to ``[-1, 1]`` by the public ``bounds`` and clipped, with a fixed K
 (:meth:`FedGenConfig.private_components`) over ``dp_iterations`` noisy releases of the
@@ -34,16 +34,17 @@ import torch
 from torch import Tensor
 
 from fednovelty.exceptions import SingularCovarianceError
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     FederatedAlgorithm,
     Message,
+    PrivateTerms,
     Scalar,
     client_generator,
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.config import (
+from fednovelty.federated.core.config import (
     CovarianceSettings,
     IterationSettings,
     RobustSettings,
@@ -51,8 +52,7 @@ from fednovelty.federated.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import STEP_STREAM, DPPolicy, clip_rows, release_noise
+from fednovelty.federated.core.declarations import ReplySpec, declare
 from fednovelty.federated.init import MomentsSettings, box_units
 from fednovelty.federated.local_fit import (
     LOCAL_FIT_BACKING,
@@ -64,8 +64,9 @@ from fednovelty.federated.local_fit import (
     reduce_union,
 )
 from fednovelty.federated.mixtures.private_fit import private_em
-from fednovelty.federated.plausible import screen_local_fits
-from fednovelty.federated.robust import outlying_models, weight_factors
+from fednovelty.federated.trust.dp import clip_rows
+from fednovelty.federated.trust.plausible import screen_local_fits
+from fednovelty.federated.trust.robust import outlying_models, weight_factors
 from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled
 from fednovelty.mixture.copula import fit_marginals, normal_scores
 
@@ -219,7 +220,7 @@ class FedGenState:
             the union.
         components_left_out: client id -> the components of its local mixture that no
             honest rows produce, left out of the union under every ``aggregation``
-            (:func:`~fednovelty.federated.plausible.screen_local_fits`).
+            (:func:`~fednovelty.federated.trust.plausible.screen_local_fits`).
         marginals, copula: with ``copula``, the 1-D mixture of every feature and the joint
             mixture of their normal scores (else empty and ``None``).
     """
@@ -320,15 +321,15 @@ class FedGenGMM(FederatedAlgorithm):
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         if message.kind != "local_fit":
             raise ValueError(f"FedGenGMM clients do not answer messages of kind {message.kind!r}.")
-        if context.policy.dp is not None:
-            return self._private_client_step(X, context, context.policy.dp)
+        if context.terms.private is not None:
+            return self._private_client_step(X, context, context.terms.dp)
         config = self.config
         n = X.shape[0]
-        min_rows = context.policy.min_rows
+        min_rows = context.terms.min_rows
         candidates = config.client_candidates(n, min_rows)
         if not candidates:
             reason = (
-                context.policy.below_floor
+                context.terms.below_floor
                 if n < min_rows
                 else f"fewer rows than the round's min_samples={config.rows_needed()} or any "
                 f"candidate K allows (at most n_rows // min_rows = {n // min_rows} components)"
@@ -348,15 +349,15 @@ class FedGenGMM(FederatedAlgorithm):
             "local_fit",
             tensors,
             {"skipped": False, "converged": result.converged, "n_iter": result.n_iter},
-            backing=local_fit_backing(result.params, n, context.policy),
+            backing=local_fit_backing(result.params, n, context.terms),
         )
 
-    def _private_client_step(self, X: Tensor, context: ClientContext, dp: DPPolicy) -> Message:
+    def _private_client_step(self, X: Tensor, context: ClientContext, dp: PrivateTerms) -> Message:
         """The client step under ``dp`` (module docstring): DP-EM in the public box's units,
         the mixture mapped back, the noisy row count, ``dp_releases`` stated."""
         config = self.config
         n = X.shape[0]
-        if not context.policy.releases(n):
+        if not context.terms.releases(n):
             return skipped_reply("local_fit", "no rows")
         if config.bounds is None:
             return skipped_reply(
@@ -380,7 +381,7 @@ class FedGenGMM(FederatedAlgorithm):
             n_iter=config.dp_iterations,
             covariance_type=config.covariance_type,
             reg_covar=config.reg_covar,
-            source=release_noise(dp, context.client_id, context.ledger.releases, STEP_STREAM),
+            source=context.terms.private.noise(),
             # the public start reads no row: random_state seeds it, the noise is fresh
             init_generator=client_generator(self._seed(0x1417), context.client_id),
         )
@@ -395,7 +396,7 @@ class FedGenGMM(FederatedAlgorithm):
                 "n_iter": info.n_iter,
                 "dp_releases": info.n_iter,
             },
-            backing=local_fit_backing(params, n, context.policy),
+            backing=local_fit_backing(params, n, context.terms),
         )
 
     # ------------------------------------------------------------------ server half

@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     FederatedAlgorithm,
     Message,
     Scalar,
     skipped_reply,
 )
-from fednovelty.federated.config import Settings, as_dtype, settings_dataclass
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.steps import ClientSkip, Step
-from fednovelty.federated.validation import check_scatter
+from fednovelty.federated.core.config import Settings, as_dtype, settings_dataclass
+from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.steps import ClientSkip, Step
+from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.validation import check_scatter
 from fednovelty.mixture.ppca import choose_n_components
 
 #: ``n_components`` value that lets the server choose the axes (``choose_n_components``).
@@ -331,8 +331,8 @@ class PCAStep(Step):
                 f"client {context.client_id}: rows must be a 2-D floating tensor "
                 f"(n_samples, n_features), got {X.dtype} of shape {tuple(X.shape)}."
             )
-        if message.kind in PCA_KINDS and not context.policy.releases(X.shape[0]):
-            return skipped_reply(message.kind, context.policy.below_floor)
+        if message.kind in PCA_KINDS and not context.terms.releases(X.shape[0]):
+            return skipped_reply(message.kind, context.terms.below_floor)
         n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
         if message.kind == "moments_mean":
             tensors = {"n": n, "sum": X.sum(dim=0)}

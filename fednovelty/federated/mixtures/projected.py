@@ -20,19 +20,19 @@ from typing import Any
 
 from torch import Tensor
 
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     FederatedAlgorithm,
     Message,
     Scalar,
     skipped_reply,
 )
+from fednovelty.federated.core.steps import ClientSkip
 from fednovelty.federated.mixtures.pca import (
     PROJECTION_COMPONENTS,
     PROJECTION_MEAN,
     PCAProjection,
 )
-from fednovelty.federated.steps import ClientSkip
 
 
 @dataclass

@@ -33,9 +33,9 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from fednovelty.federated.aggregate import stats_message
-from fednovelty.federated.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.config import (
+from fednovelty.federated.core.aggregate import stats_message
+from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
     RobustSettings,
@@ -43,18 +43,23 @@ from fednovelty.federated.config import (
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.declarations import STATS_BACKING, ReplySpec, components_limit, declare
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
+)
+from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init import GivenMixture, combine_stats
 from fednovelty.federated.mixtures.em import kept_tied_second
-from fednovelty.federated.privacy import (
+from fednovelty.federated.trust.privacy import (
     backed,
     effective_rows,
     stats_backing,
     suppress_components,
     winsorised_row_values,
 )
-from fednovelty.federated.steps import ChainedAlgorithm, Step
-from fednovelty.federated.validation import (
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     Shape,
     check_counts_within,
@@ -431,9 +436,9 @@ class StreamStep(Step):
                 STREAM_KIND, "refused: a later round of a window this client has not begun"
             )
         log_weights = context.state["log_weights"].to(X.device, X.dtype)
-        policy = context.policy
-        if not policy.releases(n):
-            return skipped_reply(STREAM_KIND, policy.below_floor)
+        terms = context.terms
+        if not terms.releases(n):
+            return skipped_reply(STREAM_KIND, terms.below_floor)
         rows_n = X.new_tensor(float(n))
         if config.rounds == 0:
             # the weighted row counts n pi_c (EM over the weights: the responsibilities' sums),
@@ -446,7 +451,7 @@ class StreamStep(Step):
                 {"counts": counts, "n_samples": rows_n, **extra},
                 backing={"counts": rows, "n_samples": rows_n, **behind},
             )
-        squared = X.new_zeros(params.n_components) if policy.has_floor else None
+        squared = X.new_zeros(params.n_components) if terms.has_floor else None
         stats = e_step_stats(
             X,
             log_weights,
@@ -462,7 +467,7 @@ class StreamStep(Step):
             counts = stats.counts + 10 * torch.finfo(X.dtype).eps
             context.state["log_weights"] = (counts / counts.sum()).log()
         if first and config.far_quantile is not None:
-            far = self._far_stats(X, log_n, log_weights, params, t["shift"], policy, stats, squared)
+            far = self._far_stats(X, log_n, log_weights, params, t["shift"], terms, stats, squared)
             far_rows_behind, second_rows = far.pop("rows"), far.pop("second_rows")
             extra.update(far)
             behind.update(dict.fromkeys(far, far_rows_behind), far_second=second_rows)
@@ -471,7 +476,7 @@ class StreamStep(Step):
         if squared is not None:  # the gate zeroes the components below the floor
             rows = effective_rows(stats.counts, squared)
             stats, tied_rows = kept_tied_second(
-                stats, X, log_weights, params.means, params.precisions_cholesky, rows, policy
+                stats, X, log_weights, params.means, params.precisions_cholesky, rows, terms
             )
         reply = stats_message(stats, STREAM_KIND)
         reply.tensors.update(extra)
@@ -496,7 +501,7 @@ class StreamStep(Step):
             per_row = torch.logsumexp(log_n + old, dim=1)
             fit = fit_weights(log_n, old, max_iter=config.adapt_iter, tol=config.adapt_tol)
         context.state["log_weights"] = fit.log_weights
-        kept, behind = winsorised_row_values(per_row, context.policy.min_rows, powers=(1, 2))
+        kept, behind = winsorised_row_values(per_row, context.terms.min_rows, powers=(1, 2))
         variance = kept.var(unbiased=True) if kept.shape[0] > 1 else per_row.new_zeros(())
         tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
         drift = torch.stack([kept.mean(), variance, tv, per_row.new_tensor(float(new))])
@@ -509,7 +514,7 @@ class StreamStep(Step):
         log_weights: Tensor,
         params: MixtureParams,
         shift: Tensor,
-        policy: Any,
+        terms: Any,
         window: SufficientStats,
         squared: Tensor | None,
     ) -> dict[str, Tensor]:
@@ -531,11 +536,11 @@ class StreamStep(Step):
             if squared is not None
             else torch.full_like(far.counts, float(n - n_far)),
         )
-        if min(n_far, n - n_far) < max(policy.min_rows, 1):
+        if min(n_far, n - n_far) < max(terms.min_rows, 1):
             rows = torch.zeros_like(rows)
             far = suppress_components(far, X.new_zeros(params.n_components, dtype=torch.bool))
         elif squared is not None:
-            far = suppress_components(far, backed(rows, policy.min_rows))
+            far = suppress_components(far, backed(rows, terms.min_rows))
         second_rows = rows  # a tied second moment: one for all the far rows
         if params.covariance_type == "tied":
             second_rows = rows.new_tensor(float(min(n_far, n - n_far)))

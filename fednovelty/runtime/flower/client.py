@@ -47,11 +47,12 @@ import numpy as np
 import torch
 
 from fednovelty.exceptions import ClientDataError
-from fednovelty.federated import ClientContext, PrivacyPolicy
 from fednovelty.federated import Message as FedMessage
-from fednovelty.federated.base import skipped_reply
-from fednovelty.federated.dp import DPPolicy, calibrate_noise
-from fednovelty.federated.dp_sgd import DPSGDSettings, calibrate_learning, release_blocks
+from fednovelty.federated.core.base import skipped_reply
+from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings, calibrate_learning, release_blocks
+from fednovelty.federated.trust.gate import client_context, terms_of
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.runtime.clients import check_clients, client_rows
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
@@ -279,7 +280,7 @@ def _node_dp(node_config: Mapping[str, Any]) -> tuple[DPPolicy | None, DPSGDSett
     gradient clip ``dp-sgd-clip`` (1.0), public divisor of a step's noisy sum
     ``dp-sgd-batch`` (32), over ``dp-learner-rounds`` of its releases (default all),
     ``dp-learner-share`` of the budget (0.5); ``z`` and ``sigma`` are then calibrated together
-    (:func:`~fednovelty.federated.dp_sgd.calibrate_learning`)."""
+    (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`)."""
     if not any(key.startswith("dp-") for key in node_config):
         return None, None
     missing = [key for key in DP_KEYS if key not in node_config]
@@ -336,14 +337,15 @@ def handle_train(message: Message, context: Context, load_data: DataLoader = loa
         reply = skipped_reply(request.kind, refusal)
         header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}
         return Message(encode_message(reply, **header), reply_to=message)
-    client = ClientContext(client_id, load_client_state(context.state, attempt), policy, wire=True)
     key = dataset_key(data) if policy.dp is not None else ""
-    if policy.dp is not None:  # the node's, not the run's: no attempt or run resets it
-        client.ledger = load_node_ledger(context, key)
+    # the node's ledger, not the run's: no attempt or run resets it
+    ledger = load_node_ledger(context, key) if policy.dp is not None else None
+    state = load_client_state(context.state, attempt)
+    client = client_context(client_id, state, policy, wire=True, ledger=ledger)
     reply = run_client_step(algorithm, data, request, client)
     store_client_state(context.state, client.state, attempt)
     if policy.dp is not None:
-        store_node_ledger(context, key, client.ledger)
+        store_node_ledger(context, key, terms_of(client).ledger)
     if SECAGG in message.content.config_records:  # a secure-sum round: reply masked
         reply = mask_reply(algorithm, request, reply, message.content, context)
     header = {"client_id": client_id, "n_features": int(client_rows(data).shape[1])}

@@ -11,7 +11,7 @@ A fednovelty message becomes three records of one ``RecordDict``:
 - ``fednovelty.header``: a ``ConfigRecord`` with the message ``kind``, the codec version and
   engine fields (the replying client's id, the round).
 
-Round messages arrive here packed (:mod:`fednovelty.federated.wire`: the loop packs each
+Round messages arrive here packed (:mod:`fednovelty.federated.core.wire`: the loop packs each
 broadcast, the client's ``answer`` its reply; the wire description is one more string
 scalar) and are encoded as they are.
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message, Scalar
+from fednovelty.federated.core.base import Message, Scalar
 from fednovelty.runtime.flower._compat import missing_flwr
 
 try:

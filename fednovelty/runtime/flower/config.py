@@ -6,7 +6,7 @@ settings dataclass, ``algorithm.config``) from the run's configuration, the ``ru
 Flower hands to both. The algorithm is named as in the algorithm registry
 (:data:`fednovelty.federated.registry.ALGORITHMS`, ``algorithm = "FedGenGMM"``) and its
 settings are one JSON object in the settings' JSON form (``algorithm-params =
-'{"n_components": 3}'``; :meth:`~fednovelty.federated.config.Settings.to_json`): Flower's
+'{"n_components": 3}'``; :meth:`~fednovelty.federated.core.config.Settings.to_json`): Flower's
 run-config values are scalars only, and one JSON string carries lists (``k_range``,
 ``means_init``) and keeps the set of keys the same whatever the algorithm (Flower refuses
 ``--run-config`` overrides of keys the app's ``pyproject.toml`` does not declare).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fednovelty.federated import registry
-from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.core.base import FederatedAlgorithm
 from fednovelty.federated.registry import ALGORITHMS
 from fednovelty.runtime.secure_rounds import SecureSum
 

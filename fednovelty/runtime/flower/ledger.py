@@ -1,6 +1,6 @@
 """A Flower node's privacy ledger, kept by the node for the dataset it serves.
 
-What a node has released under differential privacy (:class:`~fednovelty.federated.ledger.
+What a node has released under differential privacy (:class:`~fednovelty.federated.trust.ledger.
 PrivacyLedger`) is the node's, not the run's: it is keyed by a SHA-256 digest of the node's
 rows (:func:`dataset_key`), kept in the node's ``context.state`` outside the run's client
 state (a new attempt of the run, which the server's header announces, starts the algorithm's
@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from fednovelty.exceptions import ClientDataError
-from fednovelty.federated.ledger import PrivacyLedger, ledger_from_tensors, ledger_to_tensors
+from fednovelty.federated.trust.ledger import PrivacyLedger, ledger_from_tensors, ledger_to_tensors
 from fednovelty.runtime.flower.codec import record_to_tensors, tensors_to_record
 
 #: the prefix of the ledger's record in the node's ``context.state``.

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.base import FederatedAlgorithm
+from fednovelty.federated.core.base import FederatedAlgorithm
 from fednovelty.federated.mixtures.accelerate import Squarem
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings

@@ -3,11 +3,11 @@ server's side here; each node's: :mod:`fednovelty.runtime.flower.secure_node`).
 
 A run whose run config sets ``secure-sum = true`` (with ``secure-max-rows``, the public bound
 on a node's rows; :func:`~fednovelty.runtime.flower.config.secure_from_run_config`) sends
-every round through the protocol of :mod:`fednovelty.federated.secure`, each step one
+every round through the protocol of :mod:`fednovelty.federated.trust.secure`, each step one
 exchange between the ServerApp and the round's ClientApps:
 
 1. **keys** (``query.secagg_keys``): each node makes its two key pairs
-   (:func:`~fednovelty.federated.secure.setup_keys`), keeps the private halves in its
+   (:func:`~fednovelty.federated.trust.secure.setup_keys`), keeps the private halves in its
    Flower ``context.state`` and replies its public keys.
 2. **shares** (``query.secagg_shares``): the server relays the public keys of every node
    that answered (``m`` of them) and the threshold it asks, ``t = max(2, floor(threshold
@@ -15,7 +15,7 @@ exchange between the ServerApp and the round's ClientApps:
    own floor (its node config: a lower one is refused,
    :func:`~fednovelty.runtime.flower.secure_node.agreed_threshold`), splits a fresh
    self-mask seed and its masking key into ``t``-of-``m`` Shamir shares
-   (:func:`~fednovelty.federated.secure.share_secrets`), and replies them, each encrypted
+   (:func:`~fednovelty.federated.trust.secure.share_secrets`), and replies them, each encrypted
    for its holder.
 3. **masked input** (``train``): the round's broadcast, with the ciphertexts addressed to
    the node (relayed; the server cannot read them) and the list of nodes that shared. The
@@ -23,14 +23,14 @@ exchange between the ServerApp and the round's ClientApps:
    reply (:func:`~fednovelty.runtime.secure_rounds.encode`), quantises it in the public
    clipping ranges (:func:`~fednovelty.runtime.secure_rounds.round_clips`,
    :func:`~fednovelty.runtime.secure_rounds.quantize_encoded`, rounding from the node's
-   ``os.urandom``), masks it (:func:`~fednovelty.federated.secure.mask_input`) and replies
+   ``os.urandom``), masks it (:func:`~fednovelty.federated.trust.secure.mask_input`) and replies
    the masked vector, one ``uint8`` tensor of packed ring values per encoded tensor
    (:func:`~fednovelty.runtime.flower.codec.pack_ring`).
 4. **unmask** (``query.secagg_reveal``): told which nodes sent a masked vector and which
    dropped, each sender reveals its shares
-   (:func:`~fednovelty.federated.secure.reveal_shares`); the server rebuilds the masks
-   (:func:`~fednovelty.federated.secure.unmask_sum`), refuses a sum outside what the public
-   ranges allow (:class:`~fednovelty.federated.secure.ImplausibleSumError`), dequantises
+   (:func:`~fednovelty.federated.trust.secure.reveal_shares`); the server rebuilds the masks
+   (:func:`~fednovelty.federated.trust.secure.unmask_sum`), refuses a sum outside what the public
+   ranges allow (:class:`~fednovelty.federated.trust.secure.ImplausibleSumError`), dequantises
    (:func:`~fednovelty.runtime.secure_rounds.dequantize_encoded`) and decodes
    (:func:`~fednovelty.runtime.secure_rounds.decode`) one combined reply, client id
    :data:`~fednovelty.runtime.secure_rounds.COMBINED_ID`.
@@ -81,9 +81,9 @@ import numpy as np
 import torch
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.base import Message as FedMessage
-from fednovelty.federated.secure import (
+from fednovelty.federated.core.base import FederatedAlgorithm
+from fednovelty.federated.core.base import Message as FedMessage
+from fednovelty.federated.trust.secure import (
     STEPS,
     SecureSumReport,
     check_sum_range,
@@ -91,7 +91,7 @@ from fednovelty.federated.secure import (
     quantization_levels,
     unmask_sum,
 )
-from fednovelty.federated.validation import InvalidReplyError, check_reply, is_skipped
+from fednovelty.federated.trust.validation import InvalidReplyError, check_reply, is_skipped
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     SECAGG,
@@ -187,7 +187,7 @@ class SecureGridTransport(GridTransport):
     (:func:`~fednovelty.runtime.secure_rounds.round_metrics`, where ``secure_seconds`` is
     the server's wall time of the four exchanges, the nodes' work and Flower's delivery
     included; ``secure_seconds_<step>`` for each of
-    :data:`~fednovelty.federated.secure.STEPS`; ``secure_wire_bytes_up`` /
+    :data:`~fednovelty.federated.trust.secure.STEPS`; ``secure_wire_bytes_up`` /
     ``secure_wire_bytes_down``: every Flower message of the round, the broadcast included).
 
     Args:

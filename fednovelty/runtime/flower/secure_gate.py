@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from fednovelty.federated.base import Message as FedMessage
-from fednovelty.federated.validation import (
+from fednovelty.federated.core.base import Message as FedMessage
+from fednovelty.federated.trust.validation import (
     InvalidReplyError,
     ReplyValidator,
     check_reply,
@@ -36,7 +36,7 @@ def check_masked(
 ) -> None:
     """Raise unless ``reply`` is a masked reply to ``broadcast``: one ``uint8`` tensor of
     shape (*encoded shape, ceil(bits / 8)) per tensor of the encoded form of a well-formed
-    ``release`` reply (its names, order and shapes, :func:`~fednovelty.federated.validation.
+    ``release`` reply (its names, order and shapes, :func:`~fednovelty.federated.trust.validation.
     check_reply` of the form), every ring value below ``2**bits``.
 
     Raises:
@@ -79,7 +79,7 @@ class SecureValidator(ReplyValidator):
     """The server gate of a secure run: a non-skipped reply to a round with an additive
     private form is a masked reply, checked by :func:`check_masked` (and records nothing:
     the server cannot read one node's row count); anything else as
-    :class:`~fednovelty.federated.validation.ReplyValidator`.
+    :class:`~fednovelty.federated.trust.validation.ReplyValidator`.
 
     Attributes:
         algorithm: the run's algorithm (its reply declarations and covariance type).

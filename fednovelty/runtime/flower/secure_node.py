@@ -45,10 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.base import Message as FedMessage
-from fednovelty.federated.noise import fresh_noise
-from fednovelty.federated.secure import (
+from fednovelty.federated.core.base import FederatedAlgorithm
+from fednovelty.federated.core.base import Message as FedMessage
+from fednovelty.federated.core.wire import unpack
+from fednovelty.federated.trust.noise import fresh_noise
+from fednovelty.federated.trust.secure import (
     ClientState,
     mask_input,
     quantization_levels,
@@ -57,8 +58,7 @@ from fednovelty.federated.secure import (
     setup_keys,
     share_secrets,
 )
-from fednovelty.federated.validation import is_skipped
-from fednovelty.federated.wire import unpack
+from fednovelty.federated.trust.validation import is_skipped
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     SECAGG,
@@ -424,7 +424,7 @@ def mask_reply(
     ``fednovelty.secagg`` record), keeps the decrypted shares, then encodes, quantises and
     masks the reply. A ``skipped`` reply goes back as it is (the node is then dropped from
     the sum, like a node that failed). ``request`` and ``reply`` may be packed
-    (:mod:`fednovelty.federated.wire`): they are unpacked first, and the masked tensors go
+    (:mod:`fednovelty.federated.core.wire`): they are unpacked first, and the masked tensors go
     back as they are.
 
     Returns:

@@ -19,7 +19,7 @@ What the engine adds for real nodes:
   the node that first answered validly as it: another node naming it, or rows of another
   width, is dropped and logged, and the run goes on.
 - **Robust rounds.** The loop validates the replies with the same
-  :class:`~fednovelty.federated.validation.ReplyValidator` as in the simulation; a missing,
+  :class:`~fednovelty.federated.trust.validation.ReplyValidator` as in the simulation; a missing,
   malformed or inconsistent reply is dropped and logged, and the round goes on with the
   others. A round with fewer than ``min_clients`` valid replies is recorded as failed and
   asked again; ``max_failed_rounds`` failed rounds in a row stop the run with a
@@ -28,7 +28,7 @@ What the engine adds for real nodes:
   (it missed its heartbeats) is dropped at once with Flower's ``NODE_UNAVAILABLE`` reason
   (:func:`attribute_reply`).
 - **Bytes.** The loop hands the transport each broadcast packed and unpacks the replies
-  (:mod:`fednovelty.federated.wire`: triangles of symmetric and triangular matrices, the
+  (:mod:`fednovelty.federated.core.wire`: triangles of symmetric and triangular matrices, the
   ``wire_dtype`` setting); ``RoundRecord.bytes_down`` / ``bytes_up`` count the packed
   fednovelty payload bytes as the simulation does; the metrics add ``wire_bytes_down`` /
   ``wire_bytes_up``, the bytes of the Flower records (``.npy`` headers and names included).
@@ -54,9 +54,9 @@ from typing import Any
 import numpy as np
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated.base import FederatedAlgorithm
-from fednovelty.federated.base import Message as FedMessage
-from fednovelty.federated.validation import ReplyValidator
+from fednovelty.federated.core.base import FederatedAlgorithm
+from fednovelty.federated.core.base import Message as FedMessage
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import CodecError, decode_message, encode_message, wire_nbytes

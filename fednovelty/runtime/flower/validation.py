@@ -3,7 +3,7 @@
 On real nodes a reply can be missing (the node is down, slow, or its ClientApp raised), or
 malformed or hostile. :func:`receive_replies` turns one round's Flower replies into
 fednovelty messages keyed by client id; the round loop passes them through the run's
-:class:`~fednovelty.federated.validation.ReplyValidator`, the same checks the in-process
+:class:`~fednovelty.federated.trust.validation.ReplyValidator`, the same checks the in-process
 engine applies (shapes, finite values, statistics some rows could produce, what each client
 declared before); :func:`settle_replies` lists what was kept and dropped.
 :func:`accept_replies` does the three in one call.
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated.base import Message
-from fednovelty.federated.validation import (
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.trust.validation import (
     NON_NEGATIVE,
     InvalidReplyError,
     ReplyValidator,

@@ -4,7 +4,7 @@ A *step* is one protocol of a federated algorithm with both halves: its server h
 configures a round from the state and folds the replies into the state, its client half
 answers the round. An algorithm is an ordered list of steps (e.g. federated EM =
 ``[PCA?, moments?, k-means centroids, Lloyd assignment, EM]``); :class:`ChainedAlgorithm`
-runs them in turn and is itself a :class:`~fednovelty.federated.base.FederatedAlgorithm`,
+runs them in turn and is itself a :class:`~fednovelty.federated.core.base.FederatedAlgorithm`,
 so engines see the usual five methods.
 
 How steps cooperate, without knowing each other:
@@ -18,8 +18,10 @@ How steps cooperate, without knowing each other:
   ``view`` transforms the client's rows (z-scores, a PCA projection); a ``view`` that cannot
   work raises :class:`ClientSkip` and the client replies skipped.
 - ``state.rounds`` counts the rounds of the steps whose ``counted`` is true (round seeds).
-- Under a differential-privacy policy (``context.policy.dp``) the chain clips the rows of
-  each round (after the views and the step's own ``rows``) to the policy's ball: one place.
+- The chain hands each round's rows (after the views and the step's own ``rows``) through
+  ``context.terms.clip`` (:class:`~fednovelty.federated.core.base.ReleaseTerms`): under a
+  client's differential privacy the trust layer clips them to the client's ball there, one
+  place.
 
 A step declares the replies of its rounds (``replies``: kind -> ``ReplySpec``), which both
 gates read through :meth:`ChainedAlgorithm.reply_spec`; an undeclared kind cannot be chained.
@@ -33,16 +35,19 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     FederatedAlgorithm,
     Message,
     Scalar,
     skipped_reply,
 )
-from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, check_declared
-from fednovelty.federated.dp import clip_rows
-from fednovelty.federated.robust import cap_replies
+from fednovelty.federated.core.declarations import (
+    ReplySpec,
+    UndeclaredReplyError,
+    check_declared,
+    register_declarations,
+)
 
 
 class ClientSkip(Exception):
@@ -55,7 +60,7 @@ class Step(ABC):
 
     Attributes:
         kinds: the message kinds of its rounds (its client half answers them).
-        replies: kind -> :class:`~fednovelty.federated.declarations.ReplySpec`, one for
+        replies: kind -> :class:`~fednovelty.federated.core.declarations.ReplySpec`, one for
             each of ``kinds`` (module docstring).
         counted: whether its rounds count in ``state.rounds`` (and move the round seeds).
         labelled: whether its client half takes ``(X, y, Z)`` instead of rows ``X``.
@@ -69,6 +74,11 @@ class Step(ABC):
     labelled: bool = False
     max_rounds: int = 1
     batched: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Record the replies the step declares (``register_declarations``)."""
+        super().__init_subclass__(**kwargs)
+        register_declarations(cls)
 
     def begin(self, state: Any) -> str | None:
         """Prepare ``state`` for this step; the kind of its first round, or ``None`` when it
@@ -89,7 +99,7 @@ class Step(ABC):
     ) -> list[Message]:
         """Several clients' answers to one round (rows already through the earlier steps'
         views): one ``client_step`` each; a step whose clients run the same computation may
-        batch it (:meth:`~fednovelty.federated.base.FederatedAlgorithm.client_steps`)."""
+        batch it (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.client_steps`)."""
         return [self.client_step(data, message, context) for data, context in items]
 
     @abstractmethod
@@ -127,6 +137,7 @@ class ChainedAlgorithm(FederatedAlgorithm):
     """
 
     steps: tuple[Step, ...] = ()
+    gate_caps_weights: ClassVar[bool] = True
 
     def _chain(self, steps: list[Step]) -> None:
         """Chain ``steps`` in order.
@@ -207,7 +218,6 @@ class ChainedAlgorithm(FederatedAlgorithm):
                 f"no client replied with statistics in round {state.rounds + 1} ({state.phase}); "
                 "clients below their privacy floor, or refusing the round, skip."
             )
-        replies = cap_replies(replies, getattr(self.config, "client_weight_cap", None))
         index = self._step_of(state.phase)
         step = self.steps[index]
         following, metrics = step.server_step(state, replies)
@@ -232,8 +242,9 @@ class ChainedAlgorithm(FederatedAlgorithm):
         self, items: Sequence[tuple[Any, ClientContext]], message: Message
     ) -> list[Message]:
         """Each client's rows through the earlier steps' views, the step's ``rows`` and
-        (under a DP policy) clipping, then the step's ``client_steps`` over the clients
-        that can answer (the others reply skipped), replies in the order of ``items``."""
+        the client's terms (``context.terms.clip``), then the step's ``client_steps`` over
+        the clients that can answer (the others reply skipped), replies in the order of
+        ``items``."""
         index = self._step_of(message.kind)
         step = self.steps[index]
         replies: list[Message | None] = []
@@ -256,8 +267,5 @@ class ChainedAlgorithm(FederatedAlgorithm):
         except ClientSkip as skip:
             return skipped_reply(message.kind, str(skip))
         step = self.steps[index]
-        X = step.rows(X, message, context)
-        dp = context.policy.dp
-        if dp is not None:  # the private rounds' sensitivity holds for the rows summed
-            X = clip_rows(X, X.new_zeros(X.shape[1]), dp.clip_norm)
+        X = context.terms.clip(step.rows(X, message, context))
         return (X, *extra) if step.labelled else X

@@ -132,7 +132,7 @@ def check_source(source: object) -> NoiseSource:
     never draws from a ``torch.Generator`` or a seed (module docstring)."""
     if not isinstance(source, NoiseSource):
         raise TypeError(
-            "privacy noise is drawn from a NoiseSource (fednovelty.federated.noise: "
+            "privacy noise is drawn from a NoiseSource (fednovelty.federated.trust.noise: "
             f"fresh_noise() or, in tests only, SeededNoise); got {type(source).__name__}."
         )
     return source

@@ -6,16 +6,20 @@ Both halves are pure functions of their inputs; the engine (``fednovelty.runtime
 who runs them, where and when: an in-process loop, or Flower nodes. Only ``Message``
 objects cross between the halves: tensors and plain scalars, never raw rows (the one
 exception, ``init_params="subset"``, is flagged wherever it is used and answered only by
-clients whose :class:`~fednovelty.federated.privacy.PrivacyPolicy` allows it).
+clients whose privacy policy allows it).
 
 Settings travel once: an algorithm holds its settings as one frozen dataclass
-(``algorithm.config``, :mod:`fednovelty.federated.config`) that both halves read, and a
+(``algorithm.config``, :mod:`fednovelty.federated.core.config`) that both halves read, and a
 message carries only what changes from round to round (parameters, statistics, seeds).
 
-Every client step enforces its client's own privacy policy (``ClientContext.policy``)
-whatever the message asks; a client that releases nothing in a round replies
-:func:`skipped_reply` (``scalars["skipped"]`` and a ``reason``, no tensors), which the
-server halves treat as absent.
+This is the algorithm core: it imports nothing from the trust layer
+(:mod:`fednovelty.federated.trust`). A client step never sees its client's privacy policy,
+budget or noise: it computes with the :class:`ReleaseTerms` its context carries (the floor
+its values are backed by, and under differential privacy the :class:`PrivateTerms` of its
+own noise), and the runtime passes its reply through the trust layer's client gate
+(:func:`fednovelty.federated.trust.gate.answer`). A client that releases nothing in a round
+replies :func:`skipped_reply` (``scalars["skipped"]`` and a ``reason``, no tensors), which
+the server halves treat as absent.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError
-from fednovelty.federated.ledger import PrivacyLedger
-from fednovelty.federated.privacy import PrivacyPolicy, release
+from fednovelty.federated.core.declarations import (
+    ReplySpec,
+    UndeclaredReplyError,
+    register_declarations,
+)
 
 Scalar = bool | int | float | str
 
@@ -46,7 +52,7 @@ class Message:
         tensors: named tensors.
         scalars: named plain scalars (bool, int, float, str).
         expect: on the server only, what a valid reply to this broadcast may hold, for the
-            server's reply validation (:mod:`fednovelty.federated.validation`):
+            server's reply validation (:mod:`fednovelty.federated.trust.validation`):
             ``covariance_type`` of returned statistics or mixtures, ``n_clusters`` (most
             centroids), ``max_components`` (largest local mixture), ``n_features`` (width
             of the rows the round works on, when not the federation's). Never sent, not
@@ -54,7 +60,7 @@ class Message:
         backing: on the client only, the effective rows behind the entries of each
             released tensor (a tensor of the shape of the tensor's grouped leading
             dimension, or a scalar for a whole-client value), which the client gate reads
-            (:func:`fednovelty.federated.privacy.release`) and removes. Never sent.
+            (:func:`fednovelty.federated.trust.privacy.release`) and removes. Never sent.
     """
 
     kind: str
@@ -71,6 +77,78 @@ class Message:
         return size
 
 
+class PrivateTerms:
+    """What a client step may know of its client's differential privacy: the mechanism's
+    public constants and a source of fresh noise for what the step draws itself (a DP-SGD
+    loop, a private local fit, a noisy choice). The trust layer builds them from the
+    client's own policy (:class:`fednovelty.federated.trust.gate.ClientTerms`); the step
+    never sees the budget, the ledger or the calibration.
+
+    Attributes:
+        noise_multiplier: the client's Gaussian noise multiplier ``z`` (std / sensitivity).
+        clip_norm: the L2 ball every row a round works on is clipped to.
+        dp_sgd: the client's DP-SGD settings for learners that leave it, or ``None`` (a
+            private round then releases no learner weights).
+    """
+
+    noise_multiplier: float = 0.0
+    clip_norm: float = 1.0
+    dp_sgd: Any = None
+
+    def noise(self) -> Any:
+        """A fresh noise source for the noise the step draws itself in this release."""
+        raise NotImplementedError
+
+
+class ReleaseTerms:
+    """What a client step may know of its client's release rules.
+
+    The trust layer sets each client's terms from the client's own policy
+    (:func:`fednovelty.federated.trust.gate.client_context`); this base is the unprotected
+    protocol (no floor, no noise, no clipping), what a step called on its own sees.
+
+    Attributes:
+        floor: rows that must back a released value (1: no floor; 1 under differential
+            privacy, where the noise protects the rows).
+        min_rows: the client's floor setting, kept under differential privacy (what a
+            step winsorises per-row values and merges small clusters by).
+        max_clusters: the most local clusters a round may ask the client for.
+        allow_raw_rows: whether the client answers rounds that send raw rows.
+        private: the client's :class:`PrivateTerms` under differential privacy, else
+            ``None``.
+    """
+
+    floor: int = 1
+    min_rows: int = 1
+    max_clusters: int = 2**31 - 1
+    allow_raw_rows: bool = True
+    private: PrivateTerms | None = None
+
+    @property
+    def has_floor(self) -> bool:
+        """Whether the floor applies (:attr:`floor` > 1)."""
+        return self.floor > 1
+
+    def releases(self, n_rows: int) -> bool:
+        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= floor``)."""
+        return n_rows >= self.floor and n_rows > 0
+
+    @property
+    def below_floor(self) -> str:
+        """The reason a client with too few rows gives for skipping a round."""
+        return f"fewer rows than the client's privacy floor (min_rows={self.min_rows})"
+
+    def cluster_bound(self, asked: int, n_rows: int) -> int:
+        """Local k-means clusters a client of ``n_rows`` rows forms when asked for
+        ``asked``: ``min(asked, max_clusters, n_rows // min_rows)`` (0: too few rows)."""
+        return max(0, min(int(asked), self.max_clusters, n_rows // self.min_rows))
+
+    def clip(self, X: Tensor) -> Tensor:
+        """The rows a private round works on (clipped to the client's ball under
+        differential privacy; here, as they are)."""
+        return X
+
+
 @dataclass
 class ClientContext:
     """What a client step knows about itself.
@@ -79,22 +157,18 @@ class ClientContext:
         client_id: the client's stable integer id (row group in simulation, partition id on
             Flower); seeds the client's randomness.
         state: tensors the client keeps between rounds (e.g. personal mixture weights).
-        policy: the client's own privacy policy (set by the engine from the client's
-            configuration, never from a message); every client step enforces it.
-        wire: the client's replies cross a wire (set by the engines): ``answer`` packs
-            them (:mod:`fednovelty.federated.wire`); ``False``: plain replies, for a client
-            step called in process.
-        ledger: what the client has released under differential privacy
-            (:class:`~fednovelty.federated.ledger.PrivacyLedger`): the client's, outside the
-            algorithm's ``state``, so that no restart, attempt or server message resets it;
-            the client gate charges it.
+        wire: the client's replies cross a wire (set by the engines): the client gate packs
+            them (:mod:`fednovelty.federated.core.wire`); ``False``: plain replies, for a
+            client step called in process.
+        terms: the client's :class:`ReleaseTerms`, set by the trust layer from the
+            client's own configuration, never from a message
+            (:func:`fednovelty.federated.trust.gate.client_context`).
     """
 
     client_id: int
     state: dict[str, Tensor] = field(default_factory=dict)
-    policy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     wire: bool = False
-    ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
+    terms: ReleaseTerms = field(default_factory=ReleaseTerms)
 
 
 def skipped_reply(kind: str, reason: str) -> Message:
@@ -147,7 +221,11 @@ class FederatedAlgorithm(ABC):
     config_class: ClassVar[type | None] = None
     #: the algorithm's settings, an instance of ``config_class``.
     config: Any = None
-    #: message kind -> what its replies hold (:class:`~fednovelty.federated.declarations.
+    #: whether the server gate caps one client's weight (``config.client_weight_cap``,
+    #: :func:`fednovelty.federated.trust.robust.cap_replies`) before the server step; an
+    #: algorithm that weighs its clients itself leaves it ``False``.
+    gate_caps_weights: ClassVar[bool] = False
+    #: message kind -> what its replies hold (:class:`~fednovelty.federated.core.declarations.
     #: ReplySpec`), one per kind the client half answers; a chained algorithm reads its
     #: steps' instead.
     replies: ClassVar[Mapping[str, ReplySpec]] = {}
@@ -157,6 +235,7 @@ class FederatedAlgorithm(ABC):
         engines find it (:mod:`fednovelty.federated.registry`); a class outside the package
         does not replace one of the package's."""
         super().__init_subclass__(**kwargs)
+        register_declarations(cls)
         if getattr(cls, "config_class", None) is None:
             return
         known = REGISTERED.get(cls.__name__)
@@ -165,7 +244,7 @@ class FederatedAlgorithm(ABC):
 
     def reply_spec(self, kind: str) -> ReplySpec:
         """The declaration of replies of ``kind``, read by the client gate and the server
-        gate (:mod:`fednovelty.federated.validation`) and by the thread choice.
+        gate (:mod:`fednovelty.federated.trust.validation`) and by the thread choice.
 
         Raises:
             UndeclaredReplyError: the algorithm declares no reply of ``kind``.
@@ -240,46 +319,6 @@ class FederatedAlgorithm(ABC):
         (learner SGD, an E-step) may run them as one batched computation instead; each
         client's reply depends only on its own rows and state, as one at a time."""
         return [self.client_step(data, message, context) for data, context in items]
-
-    def answer(self, data: Any, message: Message, context: ClientContext) -> Message:
-        """What the client sends back: :meth:`client_step`, then the client gate.
-
-        The gate (:func:`~fednovelty.federated.privacy.release`) applies the client's own
-        policy (``context.policy``) to the step's reply by the declaration of its kind
-        (``self.reply_spec(message.kind)``): every released value backed by at least
-        ``min_rows`` effective rows, no more grouped entries than the client's own
-        configuration allows, nothing the declaration does not classify, and the
-        client-side ``backing`` removed. Every engine answers through this method or
-        :meth:`answer_many` (``fednovelty.runtime.threads``); under a differential-privacy
-        policy it is the one place the client's noise is added.
-
-        It is also the client's side of the wire (:mod:`fednovelty.federated.wire`): a
-        packed broadcast is unpacked before the step (tensors sent narrower cast to the
-        config's ``dtype``) and, where ``context.wire`` (the engines set it), the released
-        reply is packed: symmetric and triangular matrices as their triangle, float64 as the
-        config's ``wire_dtype``; ``wire.unpack`` gives the step's tensors back.
-        """
-        return self.answer_many([(data, context)], message)[0]
-
-    def answer_many(
-        self, items: Sequence[tuple[Any, ClientContext]], message: Message
-    ) -> list[Message]:
-        """:meth:`answer` for several clients held in one process (the simulation):
-        :meth:`client_steps` over all of them, then each reply through its own client's
-        gate, by its own policy and state."""
-        from fednovelty.federated.wire import pack, unpack  # wire imports this module
-
-        message = unpack(message, getattr(self.config, "dtype", None))
-        replies = self.client_steps(items, message)
-        spec = self.reply_spec(message.kind)
-        out = []
-        for reply, (data, context) in zip(replies, items, strict=True):
-            rows = data[0] if isinstance(data, tuple | list) else data
-            shape = tuple(getattr(rows, "shape", ())) or None
-            released = release(reply, spec, context.policy, self.config, message, context, shape)
-            wire_dtype = getattr(self.config, "wire_dtype", None)
-            out.append(pack(released, wire_dtype) if context.wire else released)
-        return out
 
     @abstractmethod
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[Any, dict[str, Scalar]]:

@@ -1,15 +1,15 @@
 """What crosses the wire: a message's tensors in their smallest exact form.
 
-:func:`pack` rewrites a :class:`~fednovelty.federated.base.Message` for sending, :func:`unpack`
+:func:`pack` rewrites a :class:`~fednovelty.federated.core.base.Message` for sending, :func:`unpack`
 restores it on receipt; both are pure. The round loop packs every broadcast and unpacks every
-reply; :meth:`~fednovelty.federated.base.FederatedAlgorithm.answer` unpacks the broadcast and,
+reply; :meth:`~fednovelty.federated.core.base.FederatedAlgorithm.answer` unpacks the broadcast and,
 where the engine says the reply crosses a wire (``ClientContext.wire``), packs the reply.
 
 A floating tensor (..., d, d), d >= 2, that is *exactly* symmetric (``torch.equal`` with its
 transpose) travels as its upper triangle (..., d(d+1)/2), row by row; one exactly upper- or
 lower-triangular as that triangle; the other half comes back mirrored or zero. Nothing is
 rounded: ``unpack(pack(m))`` equals ``m`` bit for bit. With ``wire_dtype="float32"`` (a
-setting of :class:`~fednovelty.federated.config.TorchSettings`) float64 tensors travel as
+setting of :class:`~fednovelty.federated.core.config.TorchSettings`) float64 tensors travel as
 float32 and the receiver casts them to its working dtype: half the bytes, values rounded.
 
 A packed message says so in one more scalar, :data:`WIRE` (a name no algorithm's scalar
@@ -18,7 +18,7 @@ takes): compact JSON naming the tensors of each form, ``{"symmetric": [...], "up
 count in ``Message.nbytes()``. :func:`unpack` refuses a description :func:`pack` does not
 write (not JSON, an unknown key, a name twice or of no tensor, a triangle whose length is not
 d(d+1)/2, a cast tensor that is not floating) with a :class:`WireFormatError`, an
-:class:`~fednovelty.federated.validation.InvalidReplyError`: the loop drops such a reply with
+:class:`~fednovelty.federated.trust.validation.InvalidReplyError`: the loop drops such a reply with
 its reason. The format, the bytes per round and the float32 cost: ``docs/wire.md``.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message
-from fednovelty.federated.validation import InvalidReplyError
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import InvalidReplyError
 
 __all__ = [
     "FORMS",

@@ -26,21 +26,20 @@ import torch
 from scipy.stats import norm
 from torch import Tensor
 
-from fednovelty.federated.base import (
+from fednovelty.federated.core.base import (
     ClientContext,
     FederatedAlgorithm,
     Message,
     Scalar,
     skipped_reply,
 )
-from fednovelty.federated.config import Settings, at_least, settings_dataclass
-from fednovelty.federated.declarations import ReplySpec, declare
-from fednovelty.federated.dp import MODES
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE
-from fednovelty.federated.init import server_noise
-from fednovelty.federated.noise import add_gaussian
-from fednovelty.federated.privacy import client_backing
-from fednovelty.federated.steps import Step
+from fednovelty.federated.core.config import Settings, at_least, settings_dataclass
+from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.steps import Step
+from fednovelty.federated.trust.dp import MODES, server_noise
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE
+from fednovelty.federated.trust.noise import add_gaussian
+from fednovelty.federated.trust.privacy import client_backing
 
 #: the message kind of the bounds round.
 BOUNDS_KIND = "private_bounds"
@@ -285,7 +284,7 @@ class PrivateBoundsStep(Step):
     **Sensitivity.** A row falls in exactly one bin of each of the ``d`` features, so adding
     or removing it changes the ``(d, G)`` counts by 1 in ``d`` entries: L2 sensitivity
     ``sqrt(d)``. The client weights each row by ``1 / sqrt(d)``, so a copy has sensitivity
-    1, the histogram part's (:data:`~fednovelty.federated.declarations.PRIVATE_PARTS`),
+    1, the histogram part's (:data:`~fednovelty.federated.core.declarations.PRIVATE_PARTS`),
     and the gate's noise ``HISTOGRAM_SHARE * z`` on it is a Gaussian mechanism of
     multiplier ``HISTOGRAM_SHARE * z``: ``1 / HISTOGRAM_SHARE**2`` of a block of
     multiplier ``z``. ``c`` copies with independent noise are ``c`` such mechanisms (the
@@ -310,7 +309,7 @@ class PrivateBoundsStep(Step):
         )
 
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        if context.policy.dp is None:
+        if context.terms.private is None:
             return skipped_reply(
                 BOUNDS_KIND, "the bounds round releases only under a differential-privacy policy"
             )

@@ -8,7 +8,7 @@ released model and public numbers only), it picks ``t`` with probability proport
 ``exp(epsilon * u(t) / (2 * sensitivity))``, ``u(t) = -| #{s_i <= t} - q n |``. Adding or
 removing one row moves ``#{s_i <= t}`` by at most 1 and ``q n`` by ``q``, so the
 sensitivity is ``1 + q``. The draw is the Gumbel-max trick on uniforms from the client's
-:class:`~fednovelty.federated.noise.NoiseSource` (fresh OS entropy). The rank error is of
+:class:`~fednovelty.federated.trust.noise.NoiseSource` (fresh OS entropy). The rank error is of
 order ``2 (1 + q) log(len(grid)) / epsilon`` rows: a few hundred rows at ``epsilon = 0.05``,
 so the threshold is meaningful for federations of thousands of rows, not tens.
 """
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from fednovelty.federated.noise import NoiseSource, check_source
+from fednovelty.federated.trust.noise import NoiseSource, check_source
 
 #: the candidate thresholds above the lowest possible score: log-spaced offsets (nats).
 GRID_OFFSETS = np.concatenate([[0.0], np.geomspace(1e-3, 1e6, 255)])
@@ -49,7 +49,7 @@ def private_quantile(
         q: the quantile in [0, 1] (a detector's ``1 - contamination``).
         epsilon: > 0, the mechanism's budget.
         grid: (m,) increasing public candidates, chosen without reading ``scores``.
-        source: the draws (:mod:`fednovelty.federated.noise`).
+        source: the draws (:mod:`fednovelty.federated.trust.noise`).
 
     Returns:
         One of ``grid``'s values.

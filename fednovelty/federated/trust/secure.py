@@ -12,11 +12,11 @@ assumed: an honest-but-curious server colluding with fewer than ``threshold`` cl
 authenticated channels, inputs inside the public clipping range (checked).
 
 Randomness comes from the operating system's CSPRNG (key pairs, 32-byte self-mask seeds, the
-stochastic rounding via :mod:`fednovelty.federated.noise`); masks are AES-256 in counter mode
+stochastic rounding via :mod:`fednovelty.federated.trust.noise`); masks are AES-256 in counter mode
 (``prg="aes-ctr"``, the only generator): Flower's ``pseudo_rand_gen`` folds its seed to 32
 bits and is refused (:class:`InsecurePRGError`). A client whose shares cannot be read is left
 out by name (:class:`MalformedShareWarning`), and an unmasked sum outside what the public
-ranges allow raises :class:`~fednovelty.federated.secure_ring.ImplausibleSumError`. Not done:
+ranges allow raises :class:`~fednovelty.federated.trust.secure_ring.ImplausibleSumError`. Not done:
 no network, no defence against a server that lies about who dropped, no verifiable shares,
 no sparse neighbour graph. Protocol, bound and costs: ``docs/secure_sums.md``; the rounds of
 a federated algorithm run through it in :mod:`fednovelty.runtime.secure_rounds`.
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.noise import noise_source
-from fednovelty.federated.secure_ring import (  # the ring's half of the protocol
+from fednovelty.federated.trust.noise import noise_source
+from fednovelty.federated.trust.secure_ring import (  # the ring's half of the protocol
     KEY_SHARE_BYTES,
     SEED_BYTES,
     SEED_SHARE_BYTES,
@@ -55,11 +55,11 @@ from fednovelty.federated.secure_ring import (  # the ring's half of the protoco
     share_defect,
     usable_responders,
 )
-from fednovelty.federated.secure_ring import MAX_LEVELS as MAX_LEVELS  # re-exported
-from fednovelty.federated.secure_ring import PRGS as PRGS
-from fednovelty.federated.secure_ring import REFUSED_PRGS as REFUSED_PRGS
-from fednovelty.federated.secure_ring import ImplausibleSumError as ImplausibleSumError
-from fednovelty.federated.secure_ring import InsecurePRGError as InsecurePRGError
+from fednovelty.federated.trust.secure_ring import MAX_LEVELS as MAX_LEVELS  # re-exported
+from fednovelty.federated.trust.secure_ring import PRGS as PRGS
+from fednovelty.federated.trust.secure_ring import REFUSED_PRGS as REFUSED_PRGS
+from fednovelty.federated.trust.secure_ring import ImplausibleSumError as ImplausibleSumError
+from fednovelty.federated.trust.secure_ring import InsecurePRGError as InsecurePRGError
 
 #: the ring widths accepted: masks live in Z mod 2**bits, held in 64-bit integers.
 MIN_BITS, MAX_BITS = 16, 62

@@ -103,7 +103,7 @@ def ledger_epsilon(
     the DP-SGD steps ``sgd`` (``((sigma, rate), steps)`` pairs), read from dp-accounting's
     privacy-loss-distribution accountant (its discretisation ``resolution``, pessimistic):
     the one accountant of the ledger and of the plans
-    (:func:`fednovelty.federated.dp_sgd.learning_epsilon` reads it).
+    (:func:`fednovelty.federated.trust.dp_sgd.learning_epsilon` reads it).
 
     Raises:
         ValueError: ``delta`` outside (0, 1).

@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message
-from fednovelty.federated.robust import trimmed_mean
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.trust.robust import trimmed_mean
 from fednovelty.mixture import FeatureMoments, MixtureParams, mixture_moments
 
 #: a client whose declared mean lies more than this many reference spreads from the

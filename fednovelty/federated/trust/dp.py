@@ -8,7 +8,7 @@ once every row is clipped to the L2 ball of radius ``bound`` around a public ``c
 (L2), the first moments by at most ``bound`` and the second moments by at most ``bound**2``
 (Frobenius) - :func:`stats_sensitivities`. Gaussian noise of standard deviation
 ``noise_multiplier * sensitivity`` on each block (symmetric on the second moments,
-:func:`~fednovelty.federated.noise.add_gaussian`, drawn from fresh OS entropy) makes each
+:func:`~fednovelty.federated.trust.noise.add_gaussian`, drawn from fresh OS entropy) makes each
 round's release a Gaussian mechanism; the budget spent over the rounds is read from
 Google's ``dp-accounting`` (:func:`epsilon_spent`, the optional extra ``fednovelty[dp]``),
 and :func:`calibrate_noise` finds the multiplier that spends a given ``(epsilon, delta)``.
@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.declarations import PRIVATE_RELEASES
-from fednovelty.federated.ledger import PrivacyLedger, gaussian_cost, within_budget
-from fednovelty.federated.ledger import accounting as _accounting
-from fednovelty.federated.noise import NoiseSource, add_gaussian, gaussian, noise_source
+from fednovelty.federated.core.declarations import PRIVATE_RELEASES
+from fednovelty.federated.trust.ledger import PrivacyLedger, gaussian_cost, within_budget
+from fednovelty.federated.trust.ledger import accounting as _accounting
+from fednovelty.federated.trust.noise import NoiseSource, add_gaussian, gaussian, noise_source
 
 #: where the noise is added (module docstring).
 MODES = ("central", "local", "distributed")
@@ -233,7 +233,7 @@ def noise_std(noise_multiplier: float, sensitivity: float, mode: str, n_clients:
 
 def gaussian_noise(shape: tuple[int, ...], std: float, like: Tensor, source: NoiseSource) -> Tensor:
     """Independent N(0, std^2) noise of ``shape`` in ``like``'s dtype and device, drawn from
-    ``source`` (:mod:`fednovelty.federated.noise`: fresh OS entropy, never a seed)."""
+    ``source`` (:mod:`fednovelty.federated.trust.noise`: fresh OS entropy, never a seed)."""
     return gaussian(shape, std, like, source)
 
 
@@ -262,8 +262,8 @@ class DPPolicy:
     the public box's units with ``bounds``); every released block of summed statistics gets
     Gaussian noise of ``noise_multiplier`` times its sensitivity (:func:`noise_std`), added
     by the client (``"local"``, ``"distributed"``) or by a trusted server (``"central"``),
-    drawn from fresh OS entropy (:mod:`fednovelty.federated.noise`). Every noisy release is
-    charged to the client's own ledger (:mod:`fednovelty.federated.ledger`) and refused when
+    drawn from fresh OS entropy (:mod:`fednovelty.federated.trust.noise`). Every noisy release is
+    charged to the client's own ledger (:mod:`fednovelty.federated.trust.ledger`) and refused when
     it would take the client past ``epsilon`` at ``delta``.
 
     Attributes:
@@ -278,7 +278,7 @@ class DPPolicy:
             allowed).
         delta: the budget's delta (keyword-only).
         insecure_seed: TESTING ONLY (keyword-only): draw the noise from this seed
-            (:class:`~fednovelty.federated.noise.SeededNoise`) so that two runs compare bit
+            (:class:`~fednovelty.federated.trust.noise.SeededNoise`) so that two runs compare bit
             for bit. Whoever knows the seed re-draws the noise: such a client has no privacy
             guarantee. ``None`` (the default): fresh OS entropy.
 
@@ -710,3 +710,11 @@ def calibrate_noise(
     while epsilon_spent(high, rounds, delta, blocks) > epsilon:  # the accountant of record
         high *= 1 + tolerance
     return high
+
+
+def server_noise(config: Any, rounds: int, stream: int = 0) -> NoiseSource:
+    """The draws of the trusted server's ``"central"`` noise in the round after ``rounds``
+    counted rounds: fresh OS entropy, or ``config.dp_insecure_seed``'s (tests only), one
+    stream per mechanism of the round (``stream``: 0 the statistics, 1 a histogram)."""
+    seed = getattr(config, "dp_insecure_seed", None)
+    return noise_source(seed, 0xD1FF, int(rounds), int(stream))

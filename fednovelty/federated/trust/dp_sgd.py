@@ -34,9 +34,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from fednovelty.federated.dp import MAX_EPSILON, STAT_BLOCKS, _gdp_mu
-from fednovelty.federated.ledger import gaussian_cost, ledger_epsilon
-from fednovelty.federated.noise import NoiseSource, add_gaussian, check_source
+from fednovelty.federated.trust.dp import MAX_EPSILON, STAT_BLOCKS, _gdp_mu
+from fednovelty.federated.trust.ledger import gaussian_cost, ledger_epsilon
+from fednovelty.federated.trust.noise import NoiseSource, add_gaussian, check_source
 
 #: the noise on a released histogram of responsibilities (e.g. joint counts), as a multiple
 #: of the release's multiplier ``z``: the counts' share of a release (one row moves a
@@ -249,7 +249,7 @@ def private_sgd(
     the mean of ``row_loss``.
 
     Each step samples every row with probability ``q`` from ``source`` (the client's
-    fresh entropy, :mod:`fednovelty.federated.noise`: a server that knew the sample would
+    fresh entropy, :mod:`fednovelty.federated.trust.noise`: a server that knew the sample would
     undo its amplification), takes :func:`private_gradient` and hands it to the optimiser
     (``"sgd"`` with ``momentum``, or ``"adam"``: both post-process the noisy gradient).
     The proximal term ``mu_prox / 2 ||theta - start||^2`` reads no row, so its gradient is
@@ -260,7 +260,7 @@ def private_sgd(
         X: rows (n, n_features); y: labels (n,); weight: (n, M), rows summing to <= 1.
         settings: the client's :class:`DPSGDSettings`.
         source: the draws of the samples and the noise
-            (:func:`~fednovelty.federated.dp.release_noise`).
+            (:func:`~fednovelty.federated.trust.dp.release_noise`).
         offset: fixed logits added to every learner's, (n, n_classes), or ``None``.
         row_loss: a row's loss (:func:`per_row_gradients`); with ``pairs`` a unit's, whose
             ``x`` (2, ...) and ``label`` (2, ...) stack the row and its partner.
@@ -276,7 +276,7 @@ def private_sgd(
         ValueError: ``weight`` not (n, M) with values in [0, 1] and rows summing to <= 1;
             ``pairs`` without ``row_loss`` or with ``offset``.
     """
-    from fednovelty.federated.learners import OPTIMIZERS
+    from fednovelty.federated.core.learners import OPTIMIZERS
 
     n, m = X.shape[0], len(starts)
     if tuple(weight.shape) != (n, m):
@@ -449,7 +449,7 @@ def calibrate_learning(
 
 def release_blocks(releases: int, histograms: int = 0) -> float:
     """The Gaussian mechanisms of multiplier ``z`` that ``releases`` releases of summed
-    statistics (:data:`~fednovelty.federated.dp.STAT_BLOCKS`) and ``histograms`` released
+    statistics (:data:`~fednovelty.federated.trust.dp.STAT_BLOCKS`) and ``histograms`` released
     histograms amount to."""
     return len(STAT_BLOCKS) * releases + histogram_blocks(histograms)
 

@@ -1,6 +1,6 @@
 """Robust combinations of client replies: bounds on what one client can do to the model.
 
-Validation (:mod:`fednovelty.federated.validation`) drops replies that no rows could
+Validation (:mod:`fednovelty.federated.trust.validation`) drops replies that no rows could
 produce or that contradict what their client declared. A client that lies consistently
 from its first reply on (a made-up data set, or a claimed row count far above its real one)
 passes it; these pure functions bound its influence instead. Each costs something on honest
@@ -31,37 +31,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message
+from fednovelty.federated.core.base import Message
 from fednovelty.mixture import MixtureParams, SufficientStats, mixture_moments
-
-AGGREGATIONS: tuple[str, ...] = ("sum", "trimmed", "median")
-
-
-def check_robust_arguments(
-    aggregation: str,
-    trim: float,
-    client_weight_cap: float | None,
-    allowed: tuple[str, ...] = AGGREGATIONS,
-    owner: str = "",
-    name: str = "aggregation",
-) -> tuple[str, float, float | None]:
-    """Validated ``(aggregation, trim, client_weight_cap)``, or a ``ValueError`` naming the
-    bad one; ``allowed`` lists the aggregations the algorithm ``owner`` has, and ``name``
-    is the aggregation's setting there."""
-    if aggregation not in allowed:
-        has = f"{owner} has" if owner else "the algorithm has"
-        raise ValueError(
-            f"{name} must be one of {allowed} (the robust options {has}), got {aggregation!r}."
-        )
-    if not 0.0 <= float(trim) < 0.5:
-        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
-    if client_weight_cap is not None and not float(client_weight_cap) >= 1.0:
-        raise ValueError(
-            f"client_weight_cap must be >= 1 (a multiple of the median client's rows) or "
-            f"None, got {client_weight_cap}."
-        )
-    cap = None if client_weight_cap is None else float(client_weight_cap)
-    return aggregation, float(trim), cap
 
 
 def weight_factors(sizes: Mapping[int, float], cap: float | None) -> dict[int, float]:
@@ -372,7 +343,7 @@ def robust_average_params(
     """A new model from the clients' trained copies of ``current``.
 
     ``"sum"``: the weighted mean ``sum_c w_c theta_c / sum_c w_c``
-    (:func:`~fednovelty.federated.aggregate.average_params`); ``"trimmed"`` /
+    (:func:`~fednovelty.federated.core.aggregate.average_params`); ``"trimmed"`` /
     ``"median"``: the coordinate-wise trimmed mean (``trim`` at each end) or median of the
     copies whose weight is positive, unweighted: a client's weight only says whether it
     took part, so a claimed row count buys no influence (Byzantine-robust FL, Yin et al.
@@ -389,7 +360,7 @@ def robust_average_params(
     Returns:
         name -> tensor of ``current[name]``'s shape (nothing given is modified).
     """
-    from fednovelty.federated.aggregate import average_params
+    from fednovelty.federated.core.aggregate import average_params
 
     if aggregation == "sum":
         return average_params(dict(current), copies, weights)
@@ -415,10 +386,10 @@ def robust_average_learners(
     aggregation: str,
     trim: float,
 ) -> list[dict[str, Tensor]]:
-    """:func:`~fednovelty.federated.aggregate.average_learners` under ``aggregation``:
+    """:func:`~fednovelty.federated.core.aggregate.average_learners` under ``aggregation``:
     learner ``m2`` from the clients' copies ``learner.{m2}.{name}`` of ``replies`` whose
     ``gammas[:, m2]`` (n_replies, M2) is positive, by :func:`robust_average_params`."""
-    from fednovelty.federated.aggregate import learner_name
+    from fednovelty.federated.core.aggregate import learner_name
 
     return [
         robust_average_params(

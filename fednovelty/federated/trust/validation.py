@@ -9,7 +9,7 @@ replies that pass. A reply that fails is dropped with a reason; the round goes o
 
 This module is the engine; it knows no message kind. What a reply of a kind must look like
 is declared by the step that defines the message, as a
-:class:`~fednovelty.federated.declarations.ReplySpec`, and the validator applies it: shapes,
+:class:`~fednovelty.federated.core.declarations.ReplySpec`, and the validator applies it: shapes,
 values (finite, non-negative where declared, the declared checks such as
 :func:`check_stats`) and what the client declared before (its row count, and the box its
 declared moments fix); the checks are stated on :class:`ReplyValidator`. A reply of a kind
@@ -20,7 +20,7 @@ A client that lies consistently from its first reply on passes these checks: the
 aggregation options bound it (``docs/robust.md``). What the server expects beyond the
 broadcast's tensors (a covariance type, the most centroids, the rows' width after a
 projection) is written into the broadcast's ``expect``
-(:class:`~fednovelty.federated.base.Message`), which stays on the server. A skipped reply
+(:class:`~fednovelty.federated.core.base.Message`), which stays on the server. A skipped reply
 (``scalars["skipped"]``) carries no statistics and is passed on as it is.
 """
 
@@ -34,8 +34,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message, Scalar
-from fednovelty.federated.declarations import ReplySpec, UndeclaredReplyError, declared_spec
+from fednovelty.federated.core.base import Message, Scalar
+from fednovelty.federated.core.declarations import (
+    InvalidReplyError,
+    ReplySpec,
+    UndeclaredReplyError,
+    declared_spec,
+)
 
 #: reply tensors that must be >= 0 wherever they appear.
 NON_NEGATIVE: tuple[str, ...] = (
@@ -70,11 +75,6 @@ Dim = int | str  # a fixed size, or a symbol every use of which in one reply mus
 Shape = tuple[Dim, ...]
 #: how a validator finds the declaration of a kind (``algorithm.reply_spec``).
 SpecLookup = Callable[[str], ReplySpec]
-
-
-class InvalidReplyError(ValueError):
-    """A client reply does not have the form the round asked for, or contradicts what the
-    client declared before."""
 
 
 def covariance_shape(covariance_type: str, k: Dim, d: int) -> Shape:
@@ -114,7 +114,7 @@ def is_skipped(reply: Message) -> bool:
 
 def resolve_spec(kind: str, specs: SpecLookup | None = None) -> ReplySpec:
     """The declaration of replies of ``kind``: ``specs(kind)`` (the run's algorithm), or
-    the package's own (:func:`~fednovelty.federated.declarations.declared_spec`).
+    the package's own (:func:`~fednovelty.federated.core.declarations.declared_spec`).
 
     Raises:
         InvalidReplyError: nothing declares ``kind`` (the reply is refused).
@@ -348,7 +348,7 @@ def check_reply(
         broadcast: the round's message.
         n_features: ``d`` of the federation's rows.
         spec: the declaration of the broadcast's kind; default the package's own
-            (:func:`~fednovelty.federated.declarations.declared_spec`).
+            (:func:`~fednovelty.federated.core.declarations.declared_spec`).
         noisy: the reply carries differential-privacy noise (a private kind under a
             ``dp_mode``): its form and finiteness are checked, not its values (noise makes
             counts negative and second moments indefinite; the server post-processes the
@@ -610,7 +610,7 @@ class ReplyValidator:
     Attributes:
         n_features: the federation's ``d`` (``None`` until known).
         declared: client id -> :class:`Declared`.
-        specs: kind -> :class:`~fednovelty.federated.declarations.ReplySpec` (the run's
+        specs: kind -> :class:`~fednovelty.federated.core.declarations.ReplySpec` (the run's
             ``algorithm.reply_spec``, set by the round loop); ``None``: the package's own
             declarations.
         private: the clients release noisy statistics (the algorithm's ``dp_mode``, set by

@@ -191,7 +191,7 @@ def train_together(
 
 class LearnerRounds:
     """A step's client half written as :data:`ClientRound` generators (mixed into a
-    :class:`~fednovelty.federated.steps.Step` before it): :meth:`client_round` for one
+    :class:`~fednovelty.federated.core.steps.Step` before it): :meth:`client_round` for one
     client, :meth:`train_many` for the tasks of any clients. ``client_steps`` runs several
     clients' rounds with their trainings batched (:func:`train_together`) and
     ``client_step`` is one client's, the same code."""

@@ -1,7 +1,7 @@
 """The ring of a secure sum and what its parties can check: clients' floats quantised into
 ``Z mod 2**bits``, the sum's error bound, the generators masks may come from, the form of a
 Shamir share, the range of an unmasked sum, and the named errors of a refusal
-(:mod:`fednovelty.federated.secure` runs the protocol on them).
+(:mod:`fednovelty.federated.trust.secure` runs the protocol on them).
 
 A client's value in its public clipping range ``[-c, c]`` maps to an integer in ``[0, T]``
 (Flower's mapping, rounded stochastically); ``T = floor((2**bits - 1) / m)`` keeps the sum of
@@ -17,7 +17,7 @@ values, so almost no offset is caught; with ``n < m`` senders a uniformly random
 one value is caught with probability about ``1 - n / m``. An offset that keeps the sum in
 range, any lie about one's own input within the clipping range, and a liar's identity are
 never detected (the server sees only the sum); the server gate's form and range checks of
-the decoded sum (:func:`~fednovelty.federated.validation.check_reply`) catch a sum that is
+the decoded sum (:func:`~fednovelty.federated.trust.validation.check_reply`) catch a sum that is
 not a possible reply at all.
 """
 
@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fednovelty.federated.noise import NoiseSource, check_source
+from fednovelty.federated.trust.noise import NoiseSource, check_source
 
 #: the most quantisation levels: float64 holds integers exactly up to 2**53.
 MAX_LEVELS = 2**53
-#: the mask generators :func:`fednovelty.federated.secure.mask_stream` knows.
+#: the mask generators :func:`fednovelty.federated.trust.secure.mask_stream` knows.
 PRGS = ("aes-ctr",)
 #: generators refused by name (:class:`InsecurePRGError`), each with the reason.
 REFUSED_PRGS = {
@@ -179,7 +179,7 @@ def quantize(values: np.ndarray, clip: float, levels: int, source: NoiseSource) 
     """Flower's quantisation of ``values`` (n,) in [-clip, clip] to integers (n,) uint64 in
     [0, levels]: ``(x + clip) * levels / (2 clip)``, rounded stochastically (up with
     probability equal to the fractional part, so the rounding is unbiased). The rounding's
-    uniforms are the top 53 bits of ``source``'s words (:mod:`fednovelty.federated.noise`:
+    uniforms are the top 53 bits of ``source``'s words (:mod:`fednovelty.federated.trust.noise`:
     fresh OS entropy, or a test's seeded source); Flower's own ``quantize`` draws from
     numpy's global generator and casts to int32."""
     scaled = (values + clip) * (levels / (2 * clip))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from fednovelty.federated.base import Message
+from fednovelty.federated.core.base import Message
 from fednovelty.mixture import MixtureParams, SufficientStats, merge_stats
 
 STATS_FIELDS = ("counts", "sums", "second", "log_likelihood", "n_samples")

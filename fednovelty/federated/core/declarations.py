@@ -2,7 +2,7 @@
 
 A reply crosses two gates (``docs/trust.md``). The **client gate** runs on the client after
 the step's client half, before anything leaves the client: it applies the client's own
-:class:`~fednovelty.federated.privacy.PrivacyPolicy` to every released value, by what the
+:class:`~fednovelty.federated.trust.privacy.PrivacyPolicy` to every released value, by what the
 step says backs it. The **server gate** runs on the server before any server step: it checks
 each reply against the schema the step declared (shapes from the broadcast, value checks,
 the client's declared box) and drops what does not fit. Neither gate knows an algorithm;
@@ -13,8 +13,7 @@ The vocabulary is stated on :class:`ReplySpec`.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -33,14 +32,14 @@ from typing import Any
 #:   ``"client"`` for learners.
 BACKINGS: tuple[str, ...] = ("client", "components", "clusters", "classes", "bins", "model")
 
-#: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.dp`).
+#: the private forms of a reply (``ReplySpec.private``; :mod:`fednovelty.federated.trust.dp`).
 PRIVATE_RELEASES: tuple[str, ...] = ("stats", "moments", "scatter", "fit", "parts")
 
 #: the private forms of a reply's tensors beside its release (``ReplySpec.private_parts``):
 #: ``"histogram"``, responsibilities summed over rows (each row's sum to at most 1, so one
 #: row moves the tensor by at most 1 in L2; the gate adds the counts' noise), and
 #: ``"dp_sgd"``, learner weights the client half trained by DP-SGD under its own settings
-#: (:mod:`fednovelty.federated.dp_sgd`; the reply states ``scalars["dp_sgd_steps"]``), and
+#: (:mod:`fednovelty.federated.trust.dp_sgd`; the reply states ``scalars["dp_sgd_steps"]``), and
 #: ``"withheld"``, a value with no bounded sensitivity (a mean loss) that a private release
 #: sends as zeros.
 PRIVATE_PARTS: tuple[str, ...] = ("histogram", "dp_sgd", "withheld")
@@ -75,7 +74,7 @@ class ReplySpec:
       dimension is free but equal wherever it appears in one reply); ``d`` is the width of the
       rows the round works on.
     - ``checks``: value checks beyond shape, finiteness and non-negativity, each ``check(reply,
-      broadcast)`` raising :class:`~fednovelty.federated.validation.InvalidReplyError` with a
+      broadcast)`` raising :class:`~fednovelty.federated.trust.validation.InvalidReplyError` with a
       reason.
     - ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`; a name ending
       in ``"."`` (``"learner."``) covers every tensor whose name starts with it
@@ -100,7 +99,7 @@ class ReplySpec:
     - ``private``: how the reply is released under differential privacy
       (:data:`PRIVATE_RELEASES`: ``"stats"``, summed mixture statistics about the broadcast's
       ``shift``; ``"moments"``, feature moments; ``"scatter"``, a row count, mean and scatter
-      matrix; the gate adds the noise (:mod:`fednovelty.federated.dp`). ``"fit"``: a model
+      matrix; the gate adds the noise (:mod:`fednovelty.federated.trust.dp`). ``"fit"``: a model
       the client half fitted under the policy's own mechanism, e.g. DP-EM, stating its noisy
       releases in ``scalars["dp_releases"]``, which the gate charges. ``"parts"``: no
       statistics; every tensor is a declared private part (models trained by DP-SGD, withheld
@@ -222,6 +221,11 @@ def declare(*specs: ReplySpec) -> Mapping[str, ReplySpec]:
     return MappingProxyType({spec.kind: spec for spec in specs})
 
 
+class InvalidReplyError(ValueError):
+    """A client reply does not have the form the round asked for, or contradicts what the
+    client declared before."""
+
+
 class UndeclaredReplyError(TypeError):
     """A step answers a message kind for which it declares no :class:`ReplySpec`."""
 
@@ -233,11 +237,31 @@ def check_declared(owner: str, kinds: tuple[str, ...], specs: Mapping[str, Reply
     if missing:
         raise UndeclaredReplyError(
             f"{owner} answers message kind(s) {missing} without declaring their replies; "
-            "give the step a ReplySpec for each kind (fednovelty.federated.declarations)."
+            "give the step a ReplySpec for each kind (fednovelty.federated.core.declarations)."
         )
     wrong = [kind for kind in kinds if specs[kind].kind != kind]
     if wrong:
         raise UndeclaredReplyError(f"{owner}: the ReplySpec for {wrong} names another kind.")
+
+
+#: kind -> the declaration of the fednovelty step or algorithm that answers it, filled when
+#: such a class is defined (:func:`register_declarations`).
+DECLARED: dict[str, ReplySpec] = {}
+
+
+def register_declarations(cls: type) -> None:
+    """Record the replies ``cls`` declares in its own body (``replies``) in
+    :data:`DECLARED`, for a class of the package (``fednovelty.``); called when a step or
+    algorithm class is defined.
+
+    Raises:
+        ValueError: another fednovelty class already declares one of its kinds.
+    """
+    if not cls.__module__.startswith("fednovelty."):
+        return
+    for kind, spec in dict(vars(cls).get("replies", {})).items():
+        if DECLARED.setdefault(kind, spec) is not spec:
+            raise ValueError(f"two fednovelty classes declare replies of kind {kind!r}.")
 
 
 def declared_spec(kind: str) -> ReplySpec:
@@ -245,49 +269,29 @@ def declared_spec(kind: str) -> ReplySpec:
     or algorithm that answers ``kind`` declares (a kind is answered by one protocol,
     whichever algorithm chains it). For checks made without the algorithm at hand (a
     reply checked on its own, a thread estimate from settings); a run reads its
-    algorithm's declarations (``FederatedAlgorithm.reply_spec``).
+    algorithm's declarations (``FederatedAlgorithm.reply_spec``). The table is complete
+    once :mod:`fednovelty.federated` is imported (its registry imports every module).
 
     Raises:
         UndeclaredReplyError: no fednovelty step or algorithm declares ``kind``.
     """
-    table = _package_declarations()
-    if kind not in table:
+    if kind not in DECLARED:
         raise UndeclaredReplyError(
-            f"no fednovelty step declares replies of kind {kind!r}; known kinds: {sorted(table)}."
+            f"no fednovelty step declares replies of kind {kind!r}; known kinds: "
+            f"{sorted(DECLARED)}."
         )
-    return table[kind]
-
-
-@functools.cache
-def _package_declarations() -> dict[str, ReplySpec]:
-    import fednovelty.federated.registry  # noqa: F401 (imports every algorithm's module)
-    from fednovelty.federated.base import FederatedAlgorithm
-    from fednovelty.federated.steps import Step
-
-    table: dict[str, ReplySpec] = {}
-    for root in (Step, FederatedAlgorithm):
-        for cls in _subclasses(root):
-            if not cls.__module__.startswith("fednovelty."):
-                continue
-            for kind, spec in dict(vars(cls).get("replies", {})).items():
-                if table.setdefault(kind, spec) is not spec:
-                    raise ValueError(f"two fednovelty classes declare replies of kind {kind!r}.")
-    return table
-
-
-def _subclasses(cls: type) -> Iterator[type]:
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
+    return DECLARED[kind]
 
 
 __all__ = [
     "BACKINGS",
     "BOXES",
+    "DECLARED",
     "PRIVATE_PARTS",
     "PRIVATE_RELEASES",
     "RELEASE_TENSORS",
     "STATS_BACKING",
+    "InvalidReplyError",
     "ReplySpec",
     "UndeclaredReplyError",
     "check_declared",
@@ -295,4 +299,5 @@ __all__ = [
     "components_setting",
     "declare",
     "declared_spec",
+    "register_declarations",
 ]

@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fednovelty.federated.learners import LEARNERS, as_learner
-from fednovelty.federated.robust import AGGREGATIONS, check_robust_arguments
-from fednovelty.federated.wire import wire_dtype_of
+from fednovelty.federated.core.learners import LEARNERS, as_learner
+from fednovelty.federated.core.wire import wire_dtype_of
 from fednovelty.mixture.covariance import COVARIANCE_TYPES
 
 #: JSON names of the floating dtypes the settings accept.
@@ -38,6 +37,37 @@ DTYPES: dict[str, torch.dtype] = {
     str(t).removeprefix("torch."): t
     for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 }
+
+
+#: the aggregations a robust setting names (:mod:`fednovelty.federated.trust.robust`).
+AGGREGATIONS: tuple[str, ...] = ("sum", "trimmed", "median")
+
+
+def check_robust_arguments(
+    aggregation: str,
+    trim: float,
+    client_weight_cap: float | None,
+    allowed: tuple[str, ...] = AGGREGATIONS,
+    owner: str = "",
+    name: str = "aggregation",
+) -> tuple[str, float, float | None]:
+    """Validated ``(aggregation, trim, client_weight_cap)``, or a ``ValueError`` naming the
+    bad one; ``allowed`` lists the aggregations the algorithm ``owner`` has, and ``name``
+    is the aggregation's setting there."""
+    if aggregation not in allowed:
+        has = f"{owner} has" if owner else "the algorithm has"
+        raise ValueError(
+            f"{name} must be one of {allowed} (the robust options {has}), got {aggregation!r}."
+        )
+    if not 0.0 <= float(trim) < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
+    if client_weight_cap is not None and not float(client_weight_cap) >= 1.0:
+        raise ValueError(
+            f"client_weight_cap must be >= 1 (a multiple of the median client's rows) or "
+            f"None, got {client_weight_cap}."
+        )
+    cap = None if client_weight_cap is None else float(client_weight_cap)
+    return aggregation, float(trim), cap
 
 
 def as_dtype(value: Any) -> torch.dtype:
@@ -174,7 +204,7 @@ settings_dataclass = dataclass(frozen=True, eq=False, kw_only=True)
 @settings_dataclass
 class RobustSettings(Settings):
     """The robust options of an algorithm that sums or averages its clients' replies
-    (:mod:`fednovelty.federated.robust`, ``docs/robust.md``); off by default.
+    (:mod:`fednovelty.federated.trust.robust`, ``docs/robust.md``); off by default.
 
     Attributes:
         aggregation: ``"sum"`` (the exact sum or weighted mean), ``"trimmed"`` or
@@ -208,7 +238,7 @@ class TorchSettings(Settings):
     """Seed and placement: ``random_state`` (integer seed), ``dtype`` (floating; client rows
     arrive in it), ``device`` (where the server computes) and ``wire_dtype``: ``None``
     (tensors travel in ``dtype``) or ``"float32"`` (float64 tensors travel as float32, half
-    the bytes, rounded; :mod:`~fednovelty.federated.wire`)."""
+    the bytes, rounded; :mod:`~fednovelty.federated.core.wire`)."""
 
     random_state: int = 0
     dtype: torch.dtype = torch.float64

@@ -1,7 +1,7 @@
 """Robust aggregation of private replies: the coordinate-wise trimmed sum.
 
 Under differential privacy (``dp_mode``) a robust ``aggregation="trimmed"`` combines the
-clients' statistics by :func:`~fednovelty.federated.robust.trimmed_sum_stats`: every entry of
+clients' statistics by :func:`~fednovelty.federated.trust.robust.trimmed_sum_stats`: every entry of
 every block is the sum of the clients' values less the ``floor(trim * C)`` lowest and
 highest, taken about the clipping centre (the origin of the working units). There one row
 moves a client's counts, first and second moments by at most 1, ``B`` and ``B**2`` in L2,
@@ -20,10 +20,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from fednovelty.federated.aggregate import STATS_FIELDS, released
-from fednovelty.federated.base import Message
-from fednovelty.federated.dp import recentre_stats
-from fednovelty.federated.robust import trimmed_sum_stats
+from fednovelty.federated.core.aggregate import STATS_FIELDS, released
+from fednovelty.federated.core.base import Message
+from fednovelty.federated.trust.dp import recentre_stats
+from fednovelty.federated.trust.robust import trimmed_sum_stats
 from fednovelty.mixture import FeatureMoments
 from fednovelty.mixture.stats import SufficientStats
 

@@ -7,8 +7,8 @@ value a client releases (a component's statistics, a centroid, a row count, feat
 a local mixture's component, a range, a prototype, a cluster row's log-likelihood) is backed
 by at least ``min_rows`` of its rows; a client with fewer rows releases nothing.
 
-**The gate** (:func:`release`, run by ``FederatedAlgorithm.answer``, which every engine
-calls): a client step states the effective rows behind each tensor of its reply
+**The gate** (:func:`release`, run by :func:`fednovelty.federated.trust.gate.answer`, which
+every engine calls): a client step states the effective rows behind each tensor of its reply
 (``Message.backing``, never sent) and its ``ReplySpec.backing`` says what kind of value it
 is. The gate refuses a reply with a whole value below the floor, with more grouped entries
 than the client's own configuration allows, or with a tensor nobody classified or backed;
@@ -20,7 +20,7 @@ and models trained on all rows, the row count (:func:`client_backing`).
 
 The floor is k-anonymity-style disclosure control of each released value, not differential
 privacy (``docs/privacy.md``): a server can combine tensors and rounds. A policy with ``dp``
-(:class:`~fednovelty.federated.dp.DPPolicy`) releases each reply in its declared private
+(:class:`~fednovelty.federated.trust.dp.DPPolicy`) releases each reply in its declared private
 form, with noise (``docs/differential_privacy.md``).
 """
 
@@ -34,11 +34,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.declarations import RELEASE_TENSORS, ReplySpec
-from fednovelty.federated.dp import STAT_BLOCKS, DPPolicy, charge, private_reply, release_noise
-from fednovelty.federated.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, histogram_blocks
-from fednovelty.federated.ledger import PrivacyLedger, gaussian_cost
-from fednovelty.federated.noise import add_gaussian
+from fednovelty.federated.core.declarations import RELEASE_TENSORS, ReplySpec
+from fednovelty.federated.trust.dp import (
+    STAT_BLOCKS,
+    DPPolicy,
+    charge,
+    private_reply,
+    release_noise,
+)
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings, histogram_blocks
+from fednovelty.federated.trust.ledger import PrivacyLedger, gaussian_cost
+from fednovelty.federated.trust.noise import add_gaussian
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
 
@@ -69,13 +75,13 @@ class PrivacyPolicy:
         max_clusters: the most local k-means clusters a ``centroids`` message may ask for;
             the client also never forms more than ``n_rows // min_rows``.
         dp: the client's differential-privacy policy
-            (:class:`~fednovelty.federated.dp.DPPolicy`), or ``None``. With one, every row a
+            (:class:`~fednovelty.federated.trust.dp.DPPolicy`), or ``None``. With one, every row a
             round works on is clipped, every reply is released only in its declared private
             form with the client's noise (``ReplySpec.private``; a kind without one is
             refused), and the floor gives way to the noise: the client releases from its
             first row and zeroes no component (which components it zeroed would depend on
             its rows).
-        dp_sgd: the client's DP-SGD (:class:`~fednovelty.federated.dp_sgd.DPSGDSettings`)
+        dp_sgd: the client's DP-SGD (:class:`~fednovelty.federated.trust.dp_sgd.DPSGDSettings`)
             for learners that leave it under ``dp``; ``None``: a private round releases no
             learner weights.
 
@@ -678,7 +684,7 @@ def release(
     - under a differential-privacy policy (``policy.dp``) the floor gives way to the noise:
       the reply is released only in its declared private form (``spec.private``, else
       refused), within the client's budget of noisy releases (counted in ``ledger``, else
-      refused), with the client's noise (:func:`~fednovelty.federated.dp.private_reply`);
+      refused), with the client's noise (:func:`~fednovelty.federated.trust.dp.private_reply`);
       a tensor the release does not cover needs a declared private part
       (``spec.private_parts``): a histogram gets the counts' noise, learner weights leave
       only when the client's own ``dp_sgd`` trained them, for no more steps than it allows,
@@ -693,8 +699,9 @@ def release(
         config: the client's own configuration (the algorithm's settings) for
             ``spec.limit``.
         broadcast: the message the reply answers.
-        client: the client's ``ClientContext`` (its ``client_id`` and its ``ledger``,
-            charged with every noisy release and replaced by the charged one), or ``None``:
+        client: the client's :class:`~fednovelty.federated.trust.gate.ClientTerms` (its
+            ``client_id`` and its ``ledger``, charged with every noisy release and replaced
+            by the charged one), or ``None``:
             a one-off release from an empty ledger.
         rows_shape: the shape of the client's rows ``(n_samples, n_features)``; under a
             differential-privacy policy a client with no rows answers a ``"stats"``,
@@ -879,10 +886,10 @@ def _private(
 
 def release_cost(reply: Any, spec: ReplySpec) -> float | None:
     """The Gaussian mechanisms of the policy's multiplier ``z`` one private release of
-    ``reply`` amounts to: the blocks of summed statistics (:data:`~fednovelty.federated.dp.
+    ``reply`` amounts to: the blocks of summed statistics (:data:`~fednovelty.federated.trust.dp.
     STAT_BLOCKS`) once for a ``"stats"``, ``"moments"`` or ``"scatter"`` release, once per
     stated iteration (``dp_releases``) of a private ``"fit"``, none for ``"parts"``; plus a
-    released histogram's share (:func:`~fednovelty.federated.dp_sgd.histogram_blocks`) for
+    released histogram's share (:func:`~fednovelty.federated.trust.dp_sgd.histogram_blocks`) for
     each ``"histogram"`` part. ``None``: a ``"fit"`` that states no iterations."""
     releases = 0 if spec.private == "parts" else 1
     if spec.private == "fit":

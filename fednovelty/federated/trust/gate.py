@@ -1,0 +1,183 @@
+"""The two gates of the trust layer, which the runtime applies around every step.
+
+**The client gate** (:func:`answer`, :func:`answer_many`): every engine gets a client's
+reply through it, never from the algorithm directly (the in-process engine through
+:func:`fednovelty.runtime.threads.answer_many`, a Flower node through its ClientApp). It
+unpacks the broadcast, runs the algorithm's client half with the client's
+:class:`ClientTerms` in its context (the only view of the client's policy a step has: the
+floor, and under differential privacy the public constants of the mechanism and fresh
+noise), then releases the reply by the declaration of its kind
+(:func:`~fednovelty.federated.trust.privacy.release`: the floor, the client's own limits,
+the private form with the client's noise, charged to the client's ledger) and packs it for
+the wire.
+
+**The server gate** (:func:`accept`, after the loop's validation and plausibility screen,
+:mod:`fednovelty.runtime.loop`): the replies a server step may read, with one client's
+weight capped where the algorithm's settings ask for it (``client_weight_cap``,
+:func:`~fednovelty.federated.trust.robust.cap_replies`) and the algorithm leaves the cap to
+the gate (``gate_caps_weights``).
+
+A client's terms are built once per client from its own configuration
+(:func:`client_context`); a message can neither set nor reset them, and the ledger they
+hold is the client's, not the algorithm's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from fednovelty.federated.core.base import (
+    ClientContext,
+    FederatedAlgorithm,
+    Message,
+    PrivateTerms,
+    ReleaseTerms,
+)
+from fednovelty.federated.core.wire import pack, unpack
+from fednovelty.federated.trust.dp import STEP_STREAM, DPPolicy, clip_rows, release_noise
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
+from fednovelty.federated.trust.ledger import PrivacyLedger
+from fednovelty.federated.trust.noise import NoiseSource
+from fednovelty.federated.trust.privacy import PrivacyPolicy, release
+from fednovelty.federated.trust.robust import cap_replies
+
+
+class ClientPrivateTerms(PrivateTerms):
+    """A client's :class:`~fednovelty.federated.core.base.PrivateTerms`, read from its
+    ``DPPolicy``; :meth:`noise` draws the stream of the step's own noise for the client's
+    next release (fresh OS entropy, or the policy's ``insecure_seed`` in tests)."""
+
+    def __init__(self, terms: ClientTerms, dp: DPPolicy, dp_sgd: DPSGDSettings | None) -> None:
+        self._terms, self._dp = terms, dp
+        self.noise_multiplier = dp.noise_multiplier
+        self.clip_norm = dp.clip_norm
+        self.dp_sgd = dp_sgd
+
+    def noise(self) -> NoiseSource:
+        return release_noise(
+            self._dp, self._terms.client_id, self._terms.ledger.releases, STEP_STREAM
+        )
+
+
+class ClientTerms(ReleaseTerms):
+    """A client's :class:`~fednovelty.federated.core.base.ReleaseTerms`: its own
+    ``policy``, its ``ledger`` (what it has released under differential privacy; replaced
+    by the charged one at every noisy release) and its ``client_id``. Only the trust layer
+    and the engines read ``policy`` and ``ledger``; a step reads the terms."""
+
+    def __init__(
+        self, client_id: int, policy: PrivacyPolicy, ledger: PrivacyLedger | None = None
+    ) -> None:
+        if not isinstance(policy, PrivacyPolicy):
+            raise TypeError(f"policy must be a PrivacyPolicy, got {type(policy).__name__}.")
+        self.client_id = int(client_id)
+        self.policy = policy
+        self.ledger = PrivacyLedger() if ledger is None else ledger
+        self.private = (
+            None if policy.dp is None else ClientPrivateTerms(self, policy.dp, policy.dp_sgd)
+        )
+
+    @property
+    def floor(self) -> int:  # type: ignore[override]
+        return self.policy.floor
+
+    @property
+    def min_rows(self) -> int:  # type: ignore[override]
+        return self.policy.min_rows
+
+    @property
+    def max_clusters(self) -> int:  # type: ignore[override]
+        return self.policy.max_clusters
+
+    @property
+    def allow_raw_rows(self) -> bool:  # type: ignore[override]
+        return self.policy.allow_raw_rows
+
+    def clip(self, X: Tensor) -> Tensor:
+        """Rows clipped to the client's ball under differential privacy (the private
+        rounds' sensitivity holds for the rows summed); as they are otherwise."""
+        if self.policy.dp is None:
+            return X
+        return clip_rows(X, X.new_zeros(X.shape[1]), self.policy.dp.clip_norm)
+
+
+def client_context(
+    client_id: int,
+    state: dict[str, Tensor] | None = None,
+    policy: PrivacyPolicy | None = None,
+    wire: bool = False,
+    ledger: PrivacyLedger | None = None,
+) -> ClientContext:
+    """A client's context with its :class:`ClientTerms` (``policy`` default
+    ``PrivacyPolicy()``, ``ledger`` default empty): what every engine builds for a client.
+
+    Raises:
+        TypeError: ``policy`` is not a ``PrivacyPolicy``.
+    """
+    terms = ClientTerms(client_id, PrivacyPolicy() if policy is None else policy, ledger)
+    return ClientContext(int(client_id), {} if state is None else state, wire, terms)
+
+
+def terms_of(context: ClientContext) -> ClientTerms:
+    """The client's :class:`ClientTerms` in ``context``.
+
+    Raises:
+        TypeError: the context was not built by :func:`client_context` (a client with no
+            policy has nothing the gate could apply).
+    """
+    if not isinstance(context.terms, ClientTerms):
+        raise TypeError(
+            "the client gate needs a context with the client's own terms; build it with "
+            "fednovelty.federated.trust.gate.client_context(client_id, policy=...)."
+        )
+    return context.terms
+
+
+def answer(
+    algorithm: FederatedAlgorithm, data: Any, message: Message, context: ClientContext
+) -> Message:
+    """What one client sends back: its client half, then the client gate
+    (:func:`answer_many` for one client)."""
+    return answer_many(algorithm, [(data, context)], message)[0]
+
+
+def answer_many(
+    algorithm: FederatedAlgorithm,
+    items: Sequence[tuple[Any, ClientContext]],
+    message: Message,
+) -> list[Message]:
+    """The replies of several clients held in one process to ``message``: the broadcast
+    unpacked (tensors sent narrower cast to the config's ``dtype``), the algorithm's
+    ``client_steps`` over all of them, then each reply through its own client's gate, by
+    its own terms: :func:`~fednovelty.federated.trust.privacy.release` by the declaration
+    of the message's kind (``algorithm.reply_spec``), then, where ``context.wire``, packed
+    (symmetric and triangular matrices as their triangle, float64 as the config's
+    ``wire_dtype``)."""
+    config = getattr(algorithm, "config", None)
+    message = unpack(message, getattr(config, "dtype", None))
+    every = [terms_of(context) for _, context in items]
+    replies = algorithm.client_steps(items, message)
+    spec = algorithm.reply_spec(message.kind)
+    wire_dtype = getattr(config, "wire_dtype", None)
+    out = []
+    for reply, (data, context), terms in zip(replies, items, every, strict=True):
+        rows = data[0] if isinstance(data, tuple | list) else data
+        shape = tuple(getattr(rows, "shape", ())) or None
+        released = release(reply, spec, terms.policy, config, message, terms, shape)
+        out.append(pack(released, wire_dtype) if context.wire else released)
+    return out
+
+
+def accept(algorithm: FederatedAlgorithm, replies: Mapping[int, Message]) -> dict[int, Message]:
+    """The server gate's robust weighting of a round's accepted replies: one client's
+    weight capped at ``config.client_weight_cap`` median clients where the algorithm leaves
+    the cap to the gate (``gate_caps_weights``); skipped replies pass as they are."""
+    cap = getattr(getattr(algorithm, "config", None), "client_weight_cap", None)
+    if not algorithm.gate_caps_weights or cap is None:
+        return dict(replies)
+    answered = {c: r for c, r in replies.items() if not r.scalars.get("skipped")}
+    capped = cap_replies(answered, cap)
+    return {c: capped.get(c, r) for c, r in replies.items()}
