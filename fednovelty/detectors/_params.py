@@ -182,8 +182,9 @@ DIFFERENTIAL_PRIVACY: Group = (
         None,
         ["array-like", None],
         "public per-feature bounds ``(low, high)`` (two rows of ``n_features`` values, from "
-        "domain knowledge, not from the rows), required with ``dp_epsilon``: the rows are "
-        "mapped to ``[-1, 1]`` per feature before anything is taken from them.",
+        "domain knowledge, not from the rows): the rows are mapped to ``[-1, 1]`` per feature "
+        "before anything is taken from them; ``None`` with ``dp_epsilon``: estimated "
+        "privately first (per-feature DP quantiles, 10% of the budget).",
         "estimator",
     ),
     Param(

@@ -2,14 +2,17 @@
 plain ``Message`` objects, its settings as one frozen dataclass, its protocols as
 composable steps. Nothing here knows which engine runs it.
 
-The shared machinery sits at the top: the algorithm and step bases (``base``, ``steps``),
-what steps declare and the two gates that read it (``declarations``, ``privacy``,
-``validation``), the first round's screen and the robust combinations (``plausible``,
-``robust``, ``aggregate``), federated EM's preparation steps (``init``), the settings base
-and field groups (``config``), the learners (``learners``) and the registry. The families
-are subpackages: ``mixtures`` (federated EM, FedGenGMM, PCA), ``joint_models`` (FedGMM's
-joint model, pFedEM), ``bayesian`` (variational Bayes, kNN markers, VGM2), ``clustered``
-(clustered mixtures, Fed-CAM) and ``streams`` (streaming EM).
+Two parts hold the shared machinery. ``core`` is the algorithm core: messages and the
+algorithm base (``core.base``), what steps declare (``core.declarations``), steps and the
+chain (``core.steps``), settings (``core.config``), the wire format, aggregation and the
+learners; it imports nothing from ``trust``. ``trust`` is the trust layer the runtime applies
+around every step: the client gate (``trust.gate``, ``trust.privacy``), the server gate's
+checks (``trust.validation``, ``trust.plausible``), robust aggregation, differential privacy,
+the client's ledger and noise, and secure sums. Federated EM's preparation steps (``init``)
+and the one-shot start (``local_fit``) sit beside the families, which are subpackages:
+``mixtures`` (federated EM, FedGenGMM, PCA), ``joint_models`` (FedGMM's joint model, pFedEM),
+``bayesian`` (variational Bayes, kNN markers, VGM2), ``clustered`` (clustered mixtures,
+Fed-CAM) and ``streams`` (streaming EM). ``registry`` names every algorithm.
 """
 
 from fednovelty._exports import public_names as _public_names

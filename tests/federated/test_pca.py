@@ -22,7 +22,9 @@ SIZES = (3, 0, 41, 17, 139)  # uneven, with an empty client
 #: pooled rows (the default floor of 5 rows would leave it out).
 NO_FLOOR = PrivacyPolicy(min_rows=1)
 #: bytes of the empty client's skipped reply in each round.
-SKIPPED_BYTES = skipped_reply("moments_mean", NO_FLOOR.below_floor).nbytes()
+SKIPPED_BYTES = skipped_reply(
+    "moments_mean", gate.client_context(0, policy=NO_FLOOR).terms.below_floor
+).nbytes()
 
 
 @pytest.fixture(scope="module")

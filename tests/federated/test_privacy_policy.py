@@ -57,6 +57,8 @@ from fednovelty.runtime import run_simulation
 
 FLOOR = 5  # PrivacyPolicy's default min_rows
 POLICY = PrivacyPolicy()
+#: why a client below the floor skips (its terms say).
+REASON = gate.client_context(0, policy=POLICY).terms.below_floor
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: settings under which FederatedEM's protocol has rounds of a kind (a client answers only
@@ -392,8 +394,9 @@ def test_a_huge_n_clusters_is_bounded_by_the_policy():
     assert bool((reply.tensors["counts"] >= FLOOR).all())
     capped = gate.client_context(0, policy=PrivacyPolicy(min_rows=2, max_clusters=3))
     assert gate.answer(FederatedEM(10**9), X, message, capped).tensors["centers"].shape[0] <= 3
-    assert PrivacyPolicy().cluster_bound(10**9, 40) == 8
-    assert PrivacyPolicy(max_clusters=3).cluster_bound(10**9, 40) == 3
+    assert gate.client_context(0).terms.cluster_bound(10**9, 40) == 8
+    three = gate.client_context(0, policy=PrivacyPolicy(max_clusters=3)).terms
+    assert three.cluster_bound(10**9, 40) == 3
 
 
 def test_subset_is_refused_unless_raw_rows_are_allowed():
@@ -443,7 +446,10 @@ def test_a_three_row_client_releases_nothing():
         gate.answer(joint, (X, torch.tensor([0, 1, 0])), message, gate.client_context(0))
     )
     for reply in replies:
-        assert reply.scalars == {"skipped": True, "reason": POLICY.below_floor}, reply.kind
+        assert reply.scalars == {
+            "skipped": True,
+            "reason": gate.client_context(0, policy=POLICY).terms.below_floor,
+        }, reply.kind
         assert reply.tensors == {}, reply.kind  # not even the row count
     # min_rows=1 is the unprotected protocol: the same client answers every round
     bare = gate.client_context(0, policy=PrivacyPolicy(min_rows=1))

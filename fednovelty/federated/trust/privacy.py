@@ -131,20 +131,6 @@ class PrivacyPolicy:
         what the unprotected protocol does (and the noise of ``dp``, where set)."""
         return self.floor > 1
 
-    def releases(self, n_rows: int) -> bool:
-        """Whether a client of ``n_rows`` rows releases anything (``n_rows >= floor``)."""
-        return n_rows >= self.floor and n_rows > 0
-
-    @property
-    def below_floor(self) -> str:
-        """The reason a client with too few rows gives for skipping a round."""
-        return f"fewer rows than the client's privacy floor (min_rows={self.min_rows})"
-
-    def cluster_bound(self, asked: int, n_rows: int) -> int:
-        """Local k-means clusters a client of ``n_rows`` rows forms when asked for ``asked``:
-        ``min(asked, max_clusters, n_rows // min_rows)`` (0: too few rows)."""
-        return max(0, min(int(asked), self.max_clusters, n_rows // self.min_rows))
-
 
 def effective_rows(counts: Tensor, squared_counts: Tensor) -> Tensor:
     """Kish's effective number of rows behind each component.
