@@ -13,7 +13,7 @@ also fits a Gaussian copula (:mod:`fednovelty.mixture.copula`) on the same synth
 
 Privacy (``docs/privacy.md``): below ``min_rows`` rows a client skips the round, it fits at
 most ``n_rows // min_rows`` components, and the gate drops components backed by fewer rows
-(:func:`local_fit_backing`). Under a differential-privacy policy (``context.terms.dp``) the
+(:func:`local_fit_backing`). Under a differential-privacy policy (``context.terms.private``) the
 client fits by DP-EM (:func:`~fednovelty.federated.mixtures.private_fit.private_em`) on its
 rows mapped to ``[-1, 1]`` by the public ``bounds`` and clipped, with a fixed K
 (:meth:`FedGenConfig.private_components`) over ``dp_iterations`` noisy releases of the
@@ -322,7 +322,7 @@ class FedGenGMM(FederatedAlgorithm):
         if message.kind != "local_fit":
             raise ValueError(f"FedGenGMM clients do not answer messages of kind {message.kind!r}.")
         if context.terms.private is not None:
-            return self._private_client_step(X, context, context.terms.dp)
+            return self._private_client_step(X, context, context.terms.private)
         config = self.config
         n = X.shape[0]
         min_rows = context.terms.min_rows
