@@ -6,6 +6,8 @@ bounds are refused by name; a client whose budget is below the fit's iterations 
 reply; utility on three Gaussians with 10,000 rows per client at epsilon 8 is within 0.02
 AUROC of the non-private fixed-K detector."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -78,8 +80,28 @@ def test_missing_bounds_are_estimated_privately(cls):
 
 
 # --------------------------------------------------------------------------- the noise
+#: the detectors' accountant calls, each computed once per session (see ``_plan_once``)
+_PLANS: dict = {}
+
+
+def _plan_once(monkeypatch) -> None:
+    """Let the fits' plans read each accountant result once: ``calibrate_noise`` and
+    ``epsilon_spent`` are pure functions of their arguments, and the fits of one
+    ``dp_epsilon`` (two seeds at 1, six at 100; both detectors) plan with the same ones. At
+    epsilon 100 each call reads a fine privacy-loss grid (10-15 s on the 2-core test
+    machine; twelve such plans were most of this test's time): the first fit still runs the
+    real accountant, the others get its exact values, and every fit still clips, noises and
+    fits on its own."""
+    from fednovelty.detectors import _dp
+
+    for name in ("calibrate_noise", "epsilon_spent"):
+        if name not in _PLANS:
+            _PLANS[name] = functools.cache(getattr(_dp, name))
+        monkeypatch.setattr(_dp, name, _PLANS[name])
+
+
 @pytest.mark.parametrize("cls", DETECTORS)
-def test_the_clients_release_noisy_fits(cls):
+def test_the_clients_release_noisy_fits(cls, monkeypatch):
     """epsilon = 1: two seeds give models whose means differ by more than 1e-3. A large
     budget (100, the most dp_epsilon takes: z = 0.73) comes close to the non-private
     fixed-K fit in held-out log-likelihood (nats per row, of about -4): the best of 6 seeds
@@ -87,6 +109,7 @@ def test_the_clients_release_noisy_fits(cls):
     0.15, 0.25, -0.00, 0.57; Local 0.22, 0.14, 0.17, 0.20, 0.01, 0.59. The spread is the
     public start's: DP-EM without noise from it ends with a component on no cluster in 1 to 2
     of 6 seeds on these clients (k-means starts of the non-private fit read the rows)."""
+    _plan_once(monkeypatch)
     X, groups = _federation([3000, 3000], seed=2)
     noisy = [
         _detector(cls, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=seed).fit(X, groups=groups)
