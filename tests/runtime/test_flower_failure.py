@@ -2,7 +2,7 @@
 
 A SuperLink and three SuperNodes run on 127.0.0.1 (node config ``privacy-min-rows = 1``:
 no component is zeroed by a privacy floor, so EM is scikit-learn's); ``examples/flower``
-(copied) runs five rounds of iterative EM (global weights, a fixed start, so every round is
+(copied) runs three rounds of iterative EM (global weights, a fixed start, so every round is
 an EM round) with ``min-clients = 2`` and ``round-timeout = 60``. When the ServerApp's log
 (``flwr run --stream``, written to the run log as it arrives) shows round 1 done, the
 process group of client 2's SuperNode (the node and its ClientApp) is killed with SIGKILL.
@@ -15,14 +15,17 @@ Expected:
 - the model equals, to float64 round-off, the in-process engine's run of the same rounds in
   which client 2 is asked but silent from round 2 on (same client ids, same loop, the
   client steps run here); and, independently, scikit-learn's ``GaussianMixture`` EM from
-  the same start: one iteration on the rows of all three clients, then four on the rows of
+  the same start: one iteration on the rows of all three clients, then two on the rows of
   clients 0 and 1 (relative 1e-8);
 - it is a valid mixture (finite, weights summing to 1, positive-definite precisions), its
-  mean log-likelihood does not decrease over rounds 2-5 (EM on fixed rows), and it differs
+  mean log-likelihood does not decrease over rounds 2-3 (EM on fixed rows), and it differs
   from the run in which client 2 stays (so the failure did change the fit).
 
 Every message starts a ClientApp process and round 2 waits the full round timeout for the
-dead node: about two and a half minutes, marked slow.
+dead node: about a minute and a half, marked slow. Three rounds are the fewest with a
+round after the one that waits out the timeout (by then the SuperLink may report the node
+gone); in the simulation the means then differ from the run in which client 2 stays by
+12% of their scale (the check below asks for 0.1%).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery, Transport
 from fednovelty.runtime.threads import run_client_step
 
-N_PARTS, VICTIM, ROUNDS = 3, 2, 5
+N_PARTS, VICTIM, ROUNDS = 3, 2, 3
 ROUND_TIMEOUT = 60.0  # a healthy round takes 10-25 s on the 2-core test machine
 #: the ServerApp's line for a finished round 1 (``server.GridTransport.log_round``).
 ROUND_ONE = re.compile(r"round 1 \(em\): \d+/\d+ replied validly")
@@ -241,7 +244,7 @@ def test_a_node_killed_after_round_one_leaves_the_fit_to_the_others(federation, 
         assert torch.isfinite(tensor).all(), name
     assert float(p.weights.sum()) == pytest.approx(1.0, abs=1e-12)
     assert (np.linalg.eigvalsh(precisions) > 0).all()
-    bounds = np.asarray(state.lower_bounds)[1:]  # rounds 2-5: EM on clients 0 and 1 only
+    bounds = np.asarray(state.lower_bounds)[1:]  # rounds 2-3: EM on clients 0 and 1 only
     assert (np.diff(bounds) >= -1e-12 * np.abs(bounds).max()).all(), bounds
 
     stayed = run_simulation(
