@@ -18,10 +18,8 @@ How steps cooperate, without knowing each other:
   ``view`` transforms the client's rows (z-scores, a PCA projection); a ``view`` that cannot
   work raises :class:`ClientSkip` and the client replies skipped.
 - ``state.rounds`` counts the rounds of the steps whose ``counted`` is true (round seeds).
-- The chain hands each round's rows (after the views and the step's own ``rows``) through
-  ``context.terms.clip`` (:class:`~fednovelty.federated.core.base.ReleaseTerms`): under a
-  client's differential privacy the trust layer clips them to the client's ball there, one
-  place.
+- Each round's rows (after the views and the step's ``rows``) pass ``context.terms.clip``:
+  under a client's differential privacy the trust layer clips them there, in one place.
 
 A step declares the replies of its rounds (``replies``: kind -> ``ReplySpec``), which both
 gates read through :meth:`ChainedAlgorithm.reply_spec`; an undeclared kind cannot be chained.
