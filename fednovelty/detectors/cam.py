@@ -54,7 +54,6 @@ from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
     get_tensor,
-    register,
 )
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
@@ -153,7 +152,6 @@ def private_plan(estimator: Any, algorithm: ClusteredFL, n_clients: int) -> DPPl
     return DPPlan(settings, policy, 0, epsilon, delta, sgd)
 
 
-@register
 class ClusteredFLClassifier(FederatedClassifier):
     """Clustered federated classification (the Fed-CAM paper's Table 1 methods).
 

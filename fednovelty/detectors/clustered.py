@@ -50,7 +50,6 @@ from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
     get_tensor,
-    register,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered.clustered_em import (
@@ -79,7 +78,6 @@ class ClusteredClient(AdaptedClient):
         object.__setattr__(self, "cluster_log_likelihoods", log_likelihoods)
 
 
-@register
 class ClusteredFedGMMDetector(EMDetector):
     """Clustered additive Gaussian mixture over clients (see the module docstring).
 

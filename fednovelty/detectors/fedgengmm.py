@@ -49,7 +49,6 @@ from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
     mixture_log_density_bound,
-    register,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM
@@ -236,7 +235,6 @@ def _bic_record(saved: dict) -> dict[int, float]:
     return record
 
 
-@register
 class FedGenGMMDetector(_LocalFitDetector):
     """One-shot FedGenGMM: local mixtures -> synthetic data on the server -> one global mixture.
 

@@ -37,7 +37,6 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
-from fednovelty.detectors.persistence import register
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
 from fednovelty.federated.mixtures.em import COVARIANCE_POOLINGS
@@ -81,7 +80,6 @@ _JOINT_MODEL_PARAMS = (
 )
 
 
-@register
 class FedGMMDetector(EMDetector):
     """Gaussian mixture of ``x`` trained by federated EM over clients; scores novelty as
     ``-log p(x)``.

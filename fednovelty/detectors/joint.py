@@ -53,7 +53,6 @@ from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
     get_tensor,
-    register,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.core.learners import LEARNERS
@@ -514,7 +513,6 @@ class JointModelDetector(EMDetector):
             ]
 
 
-@register
 class JointFedGMMDetector(JointModelDetector):
     """FedGMM's joint model ``p_c(x, y)`` trained by federated EM; scores covariate novelty
     (``-log p(x)``), label novelty (``-log p(y | x)``) and joint novelty (``-log p(x, y)``),

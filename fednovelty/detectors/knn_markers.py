@@ -58,7 +58,6 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     iteration_record,
-    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_at_least
@@ -84,7 +83,6 @@ from fednovelty.mixture.variational import (
 from fednovelty.runtime.threads import scoring_threads
 
 
-@register
 class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     """Federated kNN-distance novelty with a Dir-NIG mixture of log distances; scores a row
     by the predictive tail probability of its distances to the clients' rows (module doc).

@@ -27,7 +27,6 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     mixture_log_density_bound,
-    register,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import LocalGMMs
@@ -52,7 +51,6 @@ def _warn_single_row_clients(parts: list[np.ndarray], client_ids: np.ndarray) ->
         )
 
 
-@register
 class LocalGMMDetector(_LocalFitDetector):
     """Local-only baseline: every client fits its own mixture; nothing is aggregated.
 

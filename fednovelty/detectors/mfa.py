@@ -39,7 +39,6 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     iteration_record,
     log_density_bound,
-    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_at_least, check_scorable, noise_floor
@@ -66,7 +65,6 @@ def resolve_n_factors(value, n_features: int) -> int:
     return check_n_factors(int(value), n_features)
 
 
-@register
 class FedMFADetector(MixtureDetector):
     """Mixture of factor analysers (low-rank-plus-diagonal covariances) trained by federated
     EM; scores novelty as ``-log p(x)``.

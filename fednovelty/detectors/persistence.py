@@ -70,7 +70,8 @@ REGISTRY: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
-    """Make a detector class loadable by name (also usable as a class decorator)."""
+    """Make a detector class loadable by name: ``SimulatedFitMixin.__init_subclass__`` calls
+    it for every estimator class as the class is defined (the one place that registers)."""
     REGISTRY[cls.__name__] = cls
     return cls
 

@@ -40,7 +40,6 @@ from fednovelty.detectors._params import (
     declare,
 )
 from fednovelty.detectors.joint import JointModelDetector
-from fednovelty.detectors.persistence import register
 from fednovelty.federated.joint_models.pfedem import (
     ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,
@@ -52,7 +51,6 @@ from fednovelty.federated.joint_models.pfedem import (
 __all__ = ["PFedEMDetector"]
 
 
-@register
 class PFedEMDetector(JointModelDetector):
     """pFedEM (the pFedEM paper, Algorithm 1): K Gaussians and K sub-models, each trained on
     the rows its Gaussian claims; inference by Eq. 15. The paper's algorithm as written:

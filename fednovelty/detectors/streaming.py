@@ -65,7 +65,6 @@ from fednovelty.detectors.persistence import (
     check_second_moments,
     get_attr,
     get_tensor,
-    register,
 )
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import EMConfig, FederatedEM, StreamConfig
@@ -83,7 +82,6 @@ REFERENCE_WINDOWS = 3
 _CARRY = ("counts", "sums", "second", "shift", "n_samples")
 
 
-@register
 class StreamingFedGMMDetector(EMDetector):
     """A federated Gaussian mixture updated window by window with ``partial_fit``, with
     per-client weights and drift alarms (see the module docstring).

@@ -54,7 +54,6 @@ from fednovelty.detectors.persistence import (
     check_positive,
     get_attr,
     get_tensor,
-    register,
 )
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
@@ -147,7 +146,6 @@ def vgm2_dp_plan(
     return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)
 
 
-@register
 class VGM2Classifier(FederatedClassifier):
     """VGM2 and its baselines on one encoder (the VGM2 paper's Table 1).
 
