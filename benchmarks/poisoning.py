@@ -140,7 +140,7 @@ from fednovelty.federated.mixtures.fedgengmm import LocalGMMs
 from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.federated.trust.robust import EXTENSIVE
 from fednovelty.mixture import score_samples
-from fednovelty.mixture.variational import vb_predictive_log_prob
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
 from fednovelty.runtime import loop, simulation
 
 OUT = Path(__file__).resolve().parent / "results"

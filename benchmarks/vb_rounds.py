@@ -69,14 +69,10 @@ from fednovelty.federated.bayesian.variational import FederatedVB  # noqa: E402
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot  # noqa: E402
 from fednovelty.federated.trust.privacy import PrivacyPolicy  # noqa: E402
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances  # noqa: E402
-from fednovelty.mixture.variational import (  # noqa: E402
-    VBPosterior,
-    VBPrior,
-    default_prior,
-    vb_log_resp,
-    vb_predictive_log_prob,
-)
+from fednovelty.mixture.variational import VBPosterior, vb_log_resp  # noqa: E402
 from fednovelty.mixture.vb_aggregate import kl_posterior  # noqa: E402
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob  # noqa: E402
+from fednovelty.mixture.vb_prior import VBPrior, default_prior  # noqa: E402
 from fednovelty.runtime import run_simulation  # noqa: E402
 
 #: upper bound on the components.

@@ -58,6 +58,7 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     iteration_record,
+    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_at_least
@@ -75,14 +76,12 @@ from fednovelty.federated.bayesian.knn_markers import (
     predictive_log_tail,
 )
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import (
-    VBPosterior,
-    active_components,
-    vb_predictive_components,
-)
+from fednovelty.mixture.variational import VBPosterior
+from fednovelty.mixture.vb_predictive import active_components, vb_predictive_components
 from fednovelty.runtime.threads import scoring_threads
 
 
+@register
 class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     """Federated kNN-distance novelty with a Dir-NIG mixture of log distances; scores a row
     by the predictive tail probability of its distances to the clients' rows (module doc).

@@ -18,7 +18,7 @@ Choices, and why:
   keeps its prior's finite posterior, so nothing reported is NaN.
 - ``density="predictive"`` scores with the posterior predictive (a Student-t mixture, Bishop PRML
   10.81), ``"plugin"`` with the plug-in Gaussian mixture; both are normalised densities.
-- Invalid priors raise :class:`~fednovelty.mixture.variational.InvalidPriorError` naming the
+- Invalid priors raise :class:`~fednovelty.mixture.vb_prior.InvalidPriorError` naming the
   argument before any round runs (the width-dependent checks once ``X`` is known).
 - ``save`` keeps the posterior itself; ``load`` validates it and rebuilds the plug-in mixture
   with the functions fit used, so a loaded detector scores bit for bit as the saved one.
@@ -77,6 +77,7 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     iteration_record,
     log_density_bound,
+    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_scorable
@@ -86,14 +87,13 @@ from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.covariance import covariance_shape, precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import (
-    InvalidPriorError,
-    VBPosterior,
-    VBPrior,
+from fednovelty.mixture.variational import VBPosterior
+from fednovelty.mixture.vb_predictive import (
     active_components,
     vb_plugin_params,
     vb_predictive_log_prob,
 )
+from fednovelty.mixture.vb_prior import InvalidPriorError, VBPrior
 
 #: The prior mean of the Gaussian-Wishart prior (scikit-learn's name).
 MEAN_PRIOR = Param(
@@ -198,6 +198,7 @@ POSTERIOR_TENSORS = (
 )
 
 
+@register
 class FedVBDetector(MixtureDetector):
     """Bayesian Gaussian mixture of ``x`` trained by federated variational Bayes; scores
     novelty as ``-log p(x)`` under the posterior predictive (or the plug-in mixture).

@@ -56,7 +56,8 @@ import torch
 from torch import Tensor
 
 from fednovelty.mixture.covariance import log_det_cholesky, precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import VBPosterior, VBPrior
+from fednovelty.mixture.variational import VBPosterior
+from fednovelty.mixture.vb_prior import VBPrior
 
 AGGREGATION_RULES: tuple[str, ...] = ("natural", "moment")
 

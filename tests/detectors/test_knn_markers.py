@@ -33,7 +33,7 @@ from fednovelty.federated.bayesian.knn_markers import (
 )
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
-from fednovelty.mixture.variational import vb_predictive_log_prob
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation
 
 

@@ -24,7 +24,7 @@ from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import InvalidPriorError
+from fednovelty.mixture.vb_prior import InvalidPriorError
 from fednovelty.runtime import run_simulation
 
 RTOL = 1e-8

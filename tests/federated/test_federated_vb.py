@@ -16,7 +16,7 @@ from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
-from fednovelty.mixture.variational import InvalidPriorError
+from fednovelty.mixture.vb_prior import InvalidPriorError
 from fednovelty.runtime import run_simulation
 
 NO_FLOOR = PrivacyPolicy(min_rows=1)

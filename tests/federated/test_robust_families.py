@@ -43,7 +43,7 @@ from fednovelty.federated.trust.robust import (
     robust_average_params,
 )
 from fednovelty.mixture import score_samples
-from fednovelty.mixture.variational import vb_predictive_log_prob
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation
 from tests.federated.test_validation import WithForger
 

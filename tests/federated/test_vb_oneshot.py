@@ -19,13 +19,9 @@ from fednovelty.federated.registry import algorithm_settings
 from fednovelty.federated.trust import gate
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import stats_from_resp
-from fednovelty.mixture.variational import (
-    default_prior,
-    fit_vb,
-    vb_log_resp,
-    vb_m_step,
-    vb_predictive_log_prob,
-)
+from fednovelty.mixture.variational import fit_vb, vb_log_resp, vb_m_step
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
+from fednovelty.mixture.vb_prior import default_prior
 from fednovelty.runtime import run_simulation
 
 torch.set_num_threads(1)

@@ -22,7 +22,7 @@ from fednovelty.detectors.variational import VB_PRIOR_SCALE
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.stats import stats_from_resp
-from fednovelty.mixture.variational import prior_from_moments, wishart_pseudo_rows
+from fednovelty.mixture.vb_prior import prior_from_moments, wishart_pseudo_rows
 
 RTOL = 1e-7
 UNITS = np.array([1.0, 1e3, 1e-3])

@@ -22,15 +22,14 @@ from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import stats_from_resp
 from fednovelty.mixture.variational import (
     VBPosterior,
-    VBPrior,
-    default_prior,
     fit_vb,
-    fit_vb_groups,
     resp_entropy,
     vb_log_resp,
     vb_lower_bound,
     vb_m_step,
 )
+from fednovelty.mixture.vb_groups import fit_vb_groups
+from fednovelty.mixture.vb_prior import VBPrior, default_prior
 from fednovelty.runtime import run_simulation
 
 torch.set_num_threads(1)

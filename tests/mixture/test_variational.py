@@ -20,15 +20,9 @@ from sklearn.mixture import BayesianGaussianMixture
 from fednovelty.mixture.model import score_samples
 from fednovelty.mixture.stats import merge_stats, stats_from_resp
 from fednovelty.mixture.variational import (
-    InvalidPriorError,
     VBPosterior,
-    VBPrior,
-    active_components,
-    default_prior,
-    effective_n_components,
     expected_log_weights,
     fit_vb,
-    prior_from_moments,
     resp_entropy,
     resp_entropy_from_stats,
     vb_e_step_stats,
@@ -36,8 +30,18 @@ from fednovelty.mixture.variational import (
     vb_log_resp,
     vb_lower_bound,
     vb_m_step,
+)
+from fednovelty.mixture.vb_predictive import (
+    active_components,
+    effective_n_components,
     vb_plugin_params,
     vb_predictive_log_prob,
+)
+from fednovelty.mixture.vb_prior import (
+    InvalidPriorError,
+    VBPrior,
+    default_prior,
+    prior_from_moments,
 )
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
@@ -361,7 +365,7 @@ def test_a_constant_feature_gets_a_usable_default_prior() -> None:
     """scikit-learn's default covariance prior (the data covariance) is singular with a
     constant feature; the default here adds a small ridge and the fit runs."""
     from fednovelty.mixture import stats_from_resp
-    from fednovelty.mixture.variational import prior_from_moments
+    from fednovelty.mixture.vb_prior import prior_from_moments
 
     rng = np.random.default_rng(0)
     X = np.c_[rng.normal(size=(200, 2)), np.full(200, 3.0)]

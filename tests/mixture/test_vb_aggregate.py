@@ -17,7 +17,7 @@ from _tolerance import assert_close_scaled
 
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.stats import stats_from_resp
-from fednovelty.mixture.variational import VBPosterior, default_prior, vb_m_step
+from fednovelty.mixture.variational import VBPosterior, vb_m_step
 from fednovelty.mixture.vb_aggregate import (
     aggregate_posteriors,
     dirichlet_from_expected_log,
@@ -26,6 +26,7 @@ from fednovelty.mixture.vb_aggregate import (
     scale_evidence,
     vb_expected_statistics,
 )
+from fednovelty.mixture.vb_prior import default_prior
 
 torch.set_num_threads(1)
 

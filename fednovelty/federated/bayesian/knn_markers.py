@@ -43,13 +43,9 @@ from fednovelty.federated.core.base import ClientContext, Message
 from fednovelty.federated.core.config import at_least, settings_dataclass
 from fednovelty.federated.core.steps import ChainedAlgorithm, ClientSkip, Step
 from fednovelty.mixture.stats import SufficientStats
-from fednovelty.mixture.variational import (
-    VBPosterior,
-    VBPrior,
-    vb_e_step_stats,
-    vb_m_step,
-    vb_predictive_components,
-)
+from fednovelty.mixture.variational import VBPosterior, vb_e_step_stats, vb_m_step
+from fednovelty.mixture.vb_predictive import vb_predictive_components
+from fednovelty.mixture.vb_prior import VBPrior
 
 __all__ = [
     "FederatedKNNMarkers",

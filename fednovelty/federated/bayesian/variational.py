@@ -71,16 +71,18 @@ from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import CovariancePrior, SufficientStats
 from fednovelty.mixture.variational import (
-    WEIGHT_PRIOR_TYPES,
-    InvalidPriorError,
     VBPosterior,
-    VBPrior,
-    effective_n_components,
-    prior_from_moments,
     resp_entropy_from_stats,
     vb_log_offset,
     vb_lower_bound,
     vb_m_step,
+)
+from fednovelty.mixture.vb_predictive import effective_n_components
+from fednovelty.mixture.vb_prior import (
+    WEIGHT_PRIOR_TYPES,
+    InvalidPriorError,
+    VBPrior,
+    prior_from_moments,
     wishart_pseudo_rows,
 )
 
@@ -172,7 +174,7 @@ class OneShotSettings(Settings):
             rule's average (VGM2's use: the average as the next prior).
         refine_iter: most variational iterations the server then runs on the clients'
             component statistics, every row of a client's component sharing one set of
-            responsibilities (:func:`fednovelty.mixture.variational.fit_vb_groups`, stopped
+            responsibilities (:func:`fednovelty.mixture.vb_groups.fit_vb_groups`, stopped
             by ``tol``; no communication); 0: none.
         local_max_iter: most iterations of each client's local variational EM (stopped
             by ``tol``); ``None``: ``max_iter``.
@@ -238,7 +240,7 @@ class VBMomentsSettings(MomentsSettings):
     z-scores, the posterior is mapped back to the user's units at the end);
     ``prior_strength`` (``nu_0`` pseudo-rows, > n_features - 1) and ``prior_scale`` set the
     Wishart's defaults from the ``vb_prior`` round's pooled variances
-    (:func:`~fednovelty.mixture.variational.wishart_pseudo_rows`), so the prior alone needs
+    (:func:`~fednovelty.mixture.vb_prior.wishart_pseudo_rows`), so the prior alone needs
     no ``moments`` round; ``bounds`` as there. All off by default: scikit-learn's prior on
     the raw features."""
 

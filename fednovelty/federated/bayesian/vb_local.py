@@ -46,18 +46,11 @@ from fednovelty.federated.trust.validation import (
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import SufficientStats, stats_from_resp
-from fednovelty.mixture.variational import (
-    InvalidPriorError,
-    VBPosterior,
-    VBPrior,
-    effective_n_components,
-    fit_vb,
-    fit_vb_groups,
-    vb_log_resp,
-    vb_m_step,
-    vb_plugin_params,
-)
+from fednovelty.mixture.variational import VBPosterior, fit_vb, vb_log_resp, vb_m_step
 from fednovelty.mixture.vb_aggregate import aggregate_posteriors, scale_evidence
+from fednovelty.mixture.vb_groups import fit_vb_groups
+from fednovelty.mixture.vb_predictive import effective_n_components, vb_plugin_params
+from fednovelty.mixture.vb_prior import InvalidPriorError, VBPrior
 
 #: a matched slot needs at least this much count to be kept.
 MIN_COMPONENT_COUNT = 1.0

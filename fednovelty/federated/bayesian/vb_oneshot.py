@@ -17,7 +17,7 @@ The server then matches the clients' components into at most ``n_components`` sl
 slot (:func:`~fednovelty.mixture.vb_aggregate.aggregate_posteriors`, ``"moment"`` or
 ``"natural"``), with ``total_evidence`` scales each slot's evidence to its total, and with
 ``refine_iter`` runs variational iterations on the clients' component statistics
-(:func:`~fednovelty.mixture.variational.fit_vb_groups`). The same step is the one-shot start
+(:func:`~fednovelty.mixture.vb_groups.fit_vb_groups`). The same step is the one-shot start
 of :class:`~fednovelty.federated.bayesian.variational.FederatedVB`. Robust options
 (``"trimmed"``, ``"median"``) weigh every client as the typical client's rows and leave out
 outlying client posteriors. A client below its privacy floor skips both rounds and suppresses
@@ -55,10 +55,8 @@ from fednovelty.federated.core.config import (
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm
 from fednovelty.federated.init import MomentsStep
-from fednovelty.mixture.variational import (
-    VBPosterior,
-    VBPrior,
-)
+from fednovelty.mixture.variational import VBPosterior
+from fednovelty.mixture.vb_prior import VBPrior
 
 __all__ = [
     "FederatedVBOneShot",

@@ -34,7 +34,8 @@ from fednovelty.federated.mixtures.pca import PCAProjection, PCAState
 from fednovelty.federated.registry import STATES, algorithm_settings
 from fednovelty.mixture import CovariancePrior, MixtureParams, SufficientStats
 from fednovelty.mixture.factor import FactorParams
-from fednovelty.mixture.variational import VBPosterior, VBPrior
+from fednovelty.mixture.variational import VBPosterior
+from fednovelty.mixture.vb_prior import VBPrior
 from fednovelty.runtime.simulation import RoundRecord, SimulationResult
 
 FORMAT_TAG = "fednovelty-flower-result"
