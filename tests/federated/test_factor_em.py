@@ -26,13 +26,8 @@ from fednovelty.federated.mixtures.factor_em import (
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.validation import InvalidReplyError
 from fednovelty.mixture import CovariancePrior, feature_moments, prior_target, standardization
-from fednovelty.mixture.factor import (
-    FactorParams,
-    affine_factor_params,
-    factor_init,
-    factor_score_samples,
-    fit_factor_em,
-)
+from fednovelty.mixture.factor import FactorParams, affine_factor_params, factor_score_samples
+from fednovelty.mixture.factor_fit import factor_init, fit_factor_em
 from fednovelty.mixture.kmeans import assign, one_hot
 from fednovelty.runtime import run_simulation
 

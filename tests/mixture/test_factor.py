@@ -19,14 +19,16 @@ from fednovelty.mixture.factor import (
     FactorParams,
     affine_factor_params,
     factor_e_step,
-    factor_init,
     factor_log_prob,
     factor_m_step,
-    factor_params_from_sketch,
     factor_score_samples,
+    n_factor_parameters,
+)
+from fednovelty.mixture.factor_fit import (
+    factor_init,
+    factor_params_from_sketch,
     fit_factor_em,
     fit_mfa,
-    n_factor_parameters,
     sketch_matrix,
     sketch_stats,
 )

@@ -7,11 +7,11 @@ statistics) are federated EM's own steps. :class:`FactorStartStep` (``factor_sta
 client labels its rows by the k-means centres and sends, per part, counts, first and second
 moments and a sketch ``sum (x - c)(x - c)^T Omega`` for a broadcast Gaussian ``Omega``
 (n_features, n_factors + oversample); the server sums them and starts each component as
-probabilistic PCA (:func:`~fednovelty.mixture.factor.factor_params_from_sketch`).
+probabilistic PCA (:func:`~fednovelty.mixture.factor_fit.factor_params_from_sketch`).
 :class:`FactorEMStep` (``factor_em``): the clients reply with the E-step's summed
 statistics (:func:`~fednovelty.mixture.factor.factor_e_step`, O(n K d q) each); the server
 sums them and runs the M-step, so any split of the rows follows centralized EM
-(:func:`~fednovelty.mixture.factor.fit_factor_em`) from the same start.
+(:func:`~fednovelty.mixture.factor_fit.fit_factor_em`) from the same start.
 
 Both replies declare their tensors per component (the client gate zeroes a component
 backed by fewer than ``min_rows`` effective rows; a client below its floor skips) and have
@@ -68,11 +68,13 @@ from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.factor import (
     FactorParams,
     FactorStats,
-    SketchStats,
     affine_factor_params,
     check_n_factors,
     factor_e_step,
     factor_m_step,
+)
+from fednovelty.mixture.factor_fit import (
+    SketchStats,
     factor_params_from_sketch,
     factor_shift,
     sketch_matrix,
