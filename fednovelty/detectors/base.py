@@ -87,15 +87,29 @@ class FrontEndRun:
 
     Attributes:
         projection: the fitted federated PCA.
-        rows: ``id`` of each projected client tensor (n_c, q) -> that client's rows (n_c, d).
         resend: rounds sample clients (the projection goes with every broadcast).
         pca: the PCA rounds' ``SimulationResult``.
     """
 
     projection: PCAProjection
-    rows: dict[int, torch.Tensor]
     resend: bool
     pca: object
+
+
+class ClientViews(list):
+    """The PCA front end's clients: the projected rows (n_c, q) of each client, in client
+    order, with ``rows``, each client's original rows (n_c, d) at the same index.
+
+    ``_fit`` passes them to ``_fit_clients``; :meth:`SimulatedFitMixin._simulate` given this
+    list (not a plain list of tensors) runs the family's algorithm wrapped in ``Projected``
+    on ``rows``, the clients projecting their own rows.
+    """
+
+    def __init__(self, views: Iterable[torch.Tensor], rows: Iterable[torch.Tensor]) -> None:
+        super().__init__(views)
+        self.rows = list(rows)
+        if len(self.rows) != len(self):
+            raise ValueError(f"{len(self)} client views but rows of {len(self.rows)} clients.")
 
 
 def _check_front_end_params(cls: type) -> None:
@@ -277,18 +291,15 @@ class SimulatedFitMixin:
 
         Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
         ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
-        ``privacy`` (default :meth:`_privacy_policy`)."""
+        ``privacy`` (default :meth:`_privacy_policy`). Given the PCA front end's
+        :class:`ClientViews`, the algorithm runs wrapped in ``Projected`` on the clients'
+        original rows (the clients project them)."""
         callbacks = getattr(self, "_fit_callbacks", ())
         front = self.__dict__.get("_front_end_run")
-        wrapped = (
-            front is not None
-            and isinstance(clients, list | tuple)
-            and bool(clients)
-            and all(id(c) in front.rows for c in clients)
-        )
+        wrapped = front is not None and isinstance(clients, ClientViews)
         if wrapped:  # the family's algorithm on the projected rows: the clients project
             algorithm = Projected(algorithm, front.projection, resend=front.resend)
-            clients = [front.rows[id(c)] for c in clients]
+            clients = clients.rows
             round_offset += len(front.pca.history)
         if round_offset:
             callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
@@ -362,7 +373,8 @@ class SimulatedFitMixin:
     ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
         """Run federated PCA when ``pca_components`` asks for it on these rows (sets
         ``pca_``, else removes it) and return the clients' projected rows, as arrays and
-        tensors (n_c, q); the rows unchanged without a front end.
+        tensors (n_c, q), the tensors as :class:`ClientViews` (which ``_simulate`` runs
+        projected); the rows unchanged without a front end.
 
         Raises:
             ValueError: ``pca_components`` above the rows' width, or the front end with
@@ -383,10 +395,9 @@ class SimulatedFitMixin:
             )
         pca = self._simulate(FederatedPCA(q, **self._torch_options()), clients, seed, full=True)
         self.pca_ = pca.state.projection
-        views = [self.pca_.transform(c) for c in clients]
+        views = ClientViews([self.pca_.transform(c) for c in clients], clients)
         sampled = getattr(self, "fraction", 1.0) < 1 or getattr(self, "dropout", 0.0) > 0
-        rows = {id(v): c for v, c in zip(views, clients, strict=True)}
-        self._front_end_run = FrontEndRun(self.pca_, rows, sampled, pca)
+        self._front_end_run = FrontEndRun(self.pca_, sampled, pca)
         return [v.cpu().numpy() for v in views], views
 
     def _join_front_end_record(self) -> None:

@@ -46,6 +46,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
 )
+from fednovelty.detectors.base import ClientViews
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -173,17 +174,11 @@ class ClusteredFedGMMDetector(EMDetector):
     def _client_residuals(self, data: list) -> np.ndarray:
         """(n_clients,) the mean PCA-front-end residual term of each client's rows (zeros
         without the front end): the clients' rows behind the projected ``data`` the
-        algorithm saw (``_front_end_run``)."""
-        front = self.__dict__.get("_front_end_run")
-        if front is None:
+        algorithm saw (the front end's :class:`~fednovelty.detectors.base.ClientViews`)."""
+        if not isinstance(data, ClientViews):
             return np.zeros(len(data))
         with torch.no_grad():
-            return np.array(
-                [
-                    float(self._residual(front.rows[id(c)]).mean()) if id(c) in front.rows else 0.0
-                    for c in data
-                ]
-            )
+            return np.array([float(self._residual(rows).mean()) for rows in data.rows])
 
     def _set_clusters(self, state, residuals: np.ndarray) -> None:
         """The fitted cluster attributes from a finished ``ClusteredEMState`` and each
