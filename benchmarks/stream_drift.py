@@ -63,7 +63,8 @@ if str(REPO) not in sys.path:
 from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
 from fednovelty import StreamingFedGMMDetector  # noqa: E402
-from fednovelty.datasets.streams import domain_stream, stream_pools  # noqa: E402
+from fednovelty.datasets.domain_pools import stream_pools  # noqa: E402
+from fednovelty.datasets.streams import domain_stream  # noqa: E402
 from fednovelty.evaluation import run_stream_benchmark  # noqa: E402
 
 DATASETS = ("cifar10-svhn", "femnist")

@@ -19,6 +19,10 @@
   ``invert``, ``transform_images``, ``add_gaussian_noise``, ``permute_labels``.
 - :mod:`~fednovelty.datasets.synthetic`: ``make_fedgmm_synthetic`` (the FedGMM paper's
   synthetic federated classification data) and its ``FederatedSplit``.
+- :mod:`~fednovelty.datasets.streams`: ``schedule_share``, ``writer_stream`` and
+  ``domain_stream`` (client data whose mix of two populations moves over time), drawn for
+  novelty streams from :mod:`~fednovelty.datasets.domain_pools` (``stream_pools``,
+  ``adbench_pools``, ``femnist_pools``).
 """
 
 from fednovelty.datasets.digits import load_bundled_digits

@@ -14,19 +14,9 @@ population draws all its rows from the other.
 
 **Novelty streams** ("novelty under drift"): :func:`domain_stream` makes a stream
 of two domains, A and B, *plus novel rows that belong to neither*, for scoring a detector
-window by window. Its input is a :class:`DomainPools`: each domain's training and test
-inliers and a pool of novel rows, raw (before features). Three sources make one:
-
-- :func:`adbench_pools`: two ADBench sets of one width, e.g. the ResNet-18 embeddings
-  ``CIFAR10_0`` (A) and ``SVHN_0`` (B); each set's inliers are split into training and test
-  pools (``test_share``, seeded) and the novel pool is both sets' own anomalies.
-- :func:`femnist_pools`: FEMNIST writers (clients), digits = A, letters = B (the pFedEM
-  paper's two populations); the training pools are the writers' training images (each row
-  keeps its writer); the writers' test images are halved into test inliers and novel images
-  made by an OOD transform (``ood``: the cycle scale / rotate / hflip of ``make_task``'s
-  ``"transforms"``, one of them, ``"invert"`` or the FedGMM paper's ``"inv-flip-rot"``).
-- :func:`stream_pools`: by name: ``"cifar10-svhn"``, ``"femnist"`` (``"femnist:rotate"``
-  picks the OOD transform) or ``"A+B"`` for two ADBench names.
+window by window. Its input is a :class:`~fednovelty.datasets.domain_pools.DomainPools`: each
+domain's training and test inliers and a pool of novel rows, raw (before features), from
+ADBench sets, FEMNIST writers or a stream's name (:mod:`fednovelty.datasets.domain_pools`).
 
 Window 0 of a :class:`DomainStream` is the *warm-up*: A's share ``first_share`` (1/2, both
 domains), the rows a detector is first fitted on and the features are learned from; windows
@@ -48,39 +38,27 @@ summed moments; ``"polar"`` is ``make_task("femnist")``'s: each row's direction 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from fednovelty.datasets.domain_pools import DomainPools, positive_int
 from fednovelty.datasets.femnist import FederatedWriters
 
 __all__ = [
     "SCHEDULES",
-    "STREAM_DATASETS",
     "STREAM_FEATURES",
-    "DomainPools",
     "DomainStream",
     "DomainWindow",
     "StreamWindow",
-    "adbench_pools",
     "domain_stream",
-    "femnist_pools",
-    "parse_stream_dataset",
     "schedule_share",
-    "stream_pools",
     "writer_stream",
 ]
 
 SCHEDULES = ("linear", "cosine", "constant")
-#: Named two-domain novelty streams (:func:`stream_pools`); ``"A+B"`` pairs two ADBench names.
-STREAM_DATASETS = ("cifar10-svhn", "femnist")
-#: ``cifar10-svhn``'s two ADBench sets (ResNet-18 embeddings, 512 features each).
-CIFAR10_SVHN = ("CIFAR10_0", "SVHN_0")
 #: Feature maps of :func:`domain_stream` (module docstring) and their default axes.
 STREAM_FEATURES = {"none": None, "pca": 16, "polar": 24}
-#: OOD transforms of FEMNIST's novel rows (``make_task``'s image OOD sets).
-FEMNIST_OODS = ("transforms", "scale", "rotate", "hflip", "invert", "inv-flip-rot")
 
 
 @dataclass(frozen=True)
@@ -201,46 +179,6 @@ def writer_stream(
 
 # ----------------------------------------------------------------------------- novelty streams
 @dataclass(frozen=True)
-class DomainPools:
-    """Raw rows of two domains, A and B, and novel rows: what :func:`domain_stream` draws
-    from (module docstring). All arrays have the same width ``n_features``.
-
-    Attributes:
-        name: the stream's name in results (``"cifar10-svhn"``, ``"femnist"``, ...).
-        train_a, train_b: (n, n_features) training inliers of A and of B.
-        test_a, test_b: (m, n_features) held-out inliers of A and of B (never trained on).
-        novel: (k, n_features) rows of neither domain (positive class when scored).
-        clients_a, clients_b: (n,) int client of each training row (FEMNIST: its writer,
-            ``0..n_writers - 1``); None: any client draws from the whole pool.
-        features: the default feature map (``STREAM_FEATURES``).
-        n_axes: the default principal axes of that map (None: the map's own default).
-    """
-
-    name: str
-    train_a: np.ndarray
-    train_b: np.ndarray
-    test_a: np.ndarray
-    test_b: np.ndarray
-    novel: np.ndarray
-    clients_a: np.ndarray | None = None
-    clients_b: np.ndarray | None = None
-    features: str = "none"
-    n_axes: int | None = None
-
-    @property
-    def n_features(self) -> int:
-        return int(self.train_a.shape[1])
-
-    @property
-    def n_writers(self) -> int | None:
-        """Clients that own rows (writer pools), or None (any client draws from the pool)."""
-        if self.clients_a is None:
-            return None
-        ids = np.r_[self.clients_a, self.clients_b]
-        return int(ids.max()) + 1 if ids.size else 0
-
-
-@dataclass(frozen=True)
 class DomainWindow:
     """One window of a :class:`DomainStream` (features already applied).
 
@@ -298,12 +236,6 @@ class DomainStream:
     @property
     def n_features(self) -> int:
         return int(self.windows[0].X.shape[1])
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
-    return int(value)
 
 
 def _share(value, name: str) -> float:
@@ -398,8 +330,8 @@ def domain_stream(
     ``n_windows`` windows whose share of A follows :func:`schedule_share`.
 
     Args:
-        pools: the rows (:func:`adbench_pools`, :func:`femnist_pools`, :func:`stream_pools`
-            or your own :class:`DomainPools`).
+        pools: the rows (:mod:`fednovelty.datasets.domain_pools`' ``adbench_pools``,
+            ``femnist_pools``, ``stream_pools``, or your own ``DomainPools``).
         n_windows: windows after the warm-up (>= 1).
         kind, cycles, constant: the schedule (:func:`schedule_share`).
         n_clients: clients per window; None: every writer of writer pools, else 10. Writer
@@ -429,16 +361,16 @@ def domain_stream(
         ([0.5, 0.5, 1.0, 0.5, 0.0], (20, 3))
     """
     _check_pools(pools)
-    n_windows = _positive_int(n_windows, "n_windows")
-    rows_per_window = _positive_int(rows_per_window, "rows_per_window")
-    test_inliers = _positive_int(test_inliers, "test_inliers")
-    test_novel = _positive_int(test_novel, "test_novel")
+    n_windows = positive_int(n_windows, "n_windows")
+    rows_per_window = positive_int(rows_per_window, "rows_per_window")
+    test_inliers = positive_int(test_inliers, "test_inliers")
+    test_novel = positive_int(test_novel, "test_novel")
     first_share = _share(first_share, "first_share")
     schedule_share(0, n_windows, kind, cycles, constant)  # validates the schedule
     writers = pools.n_writers
     if n_clients is None:
         n_clients = writers if writers is not None else 10
-    n_clients = _positive_int(n_clients, "n_clients")
+    n_clients = positive_int(n_clients, "n_clients")
     if writers is not None and n_clients > writers:
         raise ValueError(
             f"n_clients={n_clients} but the pools {pools.name!r} hold {writers} writers; ask "
@@ -514,136 +446,3 @@ def domain_stream(
         n_axes=None if n_axes is None else int(n_axes),
         windows=windows,
     )
-
-
-def adbench_pools(
-    name_a: str,
-    name_b: str,
-    *,
-    test_share: float = 0.3,
-    random_state=0,
-    data_dir: str | os.PathLike[str] | None = None,
-    name: str | None = None,
-) -> DomainPools:
-    """Two ADBench sets of one width as domains A and B (module docstring): each set's
-    inliers split into training and test pools (``test_share`` held out, seeded), both
-    sets' anomalies as the novel pool; default features ``"pca"`` (16 axes).
-
-    Raises:
-        ValueError: an unknown name (with close matches), sets of different widths, a bad
-            ``test_share``. FileNotFoundError: no data folder.
-    """
-    from fednovelty.datasets.loaders import load_adbench
-
-    if not 0.0 < test_share < 1.0:
-        raise ValueError(f"test_share must be in (0, 1); got {test_share!r}.")
-    rng = np.random.default_rng(random_state)
-    loaded = [load_adbench(n, data_dir) for n in (name_a, name_b)]
-    widths = [X.shape[1] for X, _ in loaded]
-    if widths[0] != widths[1]:
-        raise ValueError(
-            f"{name_a} has {widths[0]} features and {name_b} {widths[1]}: a stream's two "
-            f"domains need one width (e.g. CIFAR10_0+SVHN_0, or two MVTec-AD categories)."
-        )
-    train, test, novel = [], [], []
-    for X, y in loaded:
-        inliers = rng.permutation(np.flatnonzero(y == 0))
-        cut = int((1.0 - test_share) * inliers.size)
-        if cut < 1 or cut == inliers.size or not (y == 1).any():
-            raise ValueError("each set needs inliers to train and test on, and anomalies.")
-        train.append(X[inliers[:cut]])
-        test.append(X[inliers[cut:]])
-        novel.append(X[y == 1])
-    return DomainPools(
-        name=name or f"{name_a}+{name_b}",
-        train_a=train[0],
-        train_b=train[1],
-        test_a=test[0],
-        test_b=test[1],
-        novel=np.concatenate(novel),
-        features="pca",
-    )
-
-
-def femnist_pools(
-    n_writers: int = 40,
-    *,
-    ood: str = "transforms",
-    random_state=0,
-    data_dir: str | os.PathLike[str] | None = None,
-) -> DomainPools:
-    """FEMNIST writers as clients, digits = A and letters = B (module docstring): each
-    writer's training images (pixels / 255) in its own pools; the writers' test images
-    halved (seeded) into test inliers and novel images transformed by ``ood``; default
-    features ``"polar"`` (24 axes and the log norm, as ``make_task("femnist")``).
-
-    Raises:
-        ValueError: an unknown ``ood``, or more writers than the file holds.
-    """
-    from fednovelty.datasets.femnist import make_femnist_federated
-    from fednovelty.datasets.protocols import _novel_images
-
-    if ood not in FEMNIST_OODS:
-        raise ValueError(f"ood must be one of {FEMNIST_OODS}; got {ood!r}.")
-    n_writers = _positive_int(n_writers, "n_writers")
-    rng = np.random.default_rng(random_state)
-    writers = make_femnist_federated(n_writers, random_state=rng, data_dir=data_dir)
-    digits = writers.y_train < 10
-    order = rng.permutation(writers.y_test.shape[0])
-    is_novel = np.zeros(order.size, dtype=np.int64)
-    is_novel[order.size // 2 :] = 1
-    test = _novel_images(writers.images_test[order], is_novel, ood)
-    test_digits = writers.y_test[order] < 10
-    inlier = is_novel == 0
-    return DomainPools(
-        name="femnist" if ood == "transforms" else f"femnist:{ood}",
-        train_a=writers.X_train[digits],
-        train_b=writers.X_train[~digits],
-        test_a=test[inlier & test_digits],
-        test_b=test[inlier & ~test_digits],
-        novel=test[~inlier],
-        clients_a=writers.groups_train[digits].astype(np.int64),
-        clients_b=writers.groups_train[~digits].astype(np.int64),
-        features="polar",
-    )
-
-
-def parse_stream_dataset(name: str) -> tuple[str, tuple[str, ...]]:
-    """``(source, parts)`` of a stream name: ``("adbench", (A, B))`` for ``"cifar10-svhn"``
-    and ``"A+B"``; ``("femnist", (ood,))`` for ``"femnist"`` and ``"femnist:<ood>"``.
-
-    Raises:
-        ValueError: a name of neither form (existence is checked when loading).
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a stream dataset is a non-empty name; got {name!r}.")
-    base, _, ood = name.partition(":")
-    if base == "femnist":
-        return "femnist", (ood or "transforms",)
-    if ood:
-        raise ValueError(f"{name!r}: only femnist takes an OOD suffix (femnist:rotate).")
-    if base == "cifar10-svhn":
-        return "adbench", CIFAR10_SVHN
-    parts = tuple(base.split("+"))
-    if len(parts) != 2 or not all(parts):
-        raise ValueError(
-            f"{name!r} is not a stream dataset: use {', '.join(STREAM_DATASETS)} or two "
-            "ADBench names of one width joined by '+' (CIFAR10_0+SVHN_0)."
-        )
-    return "adbench", parts
-
-
-def stream_pools(
-    dataset: str,
-    *,
-    n_writers: int = 40,
-    random_state=0,
-    data_dir: str | os.PathLike[str] | None = None,
-) -> DomainPools:
-    """The pools of a named stream (:func:`parse_stream_dataset`): ``"cifar10-svhn"``,
-    ``"A+B"`` (:func:`adbench_pools`) or ``"femnist[:ood]"`` (:func:`femnist_pools` with
-    ``n_writers`` writers)."""
-    source, parts = parse_stream_dataset(dataset)
-    if source == "femnist":
-        return femnist_pools(n_writers, ood=parts[0], random_state=random_state, data_dir=data_dir)
-    return adbench_pools(*parts, random_state=random_state, data_dir=data_dir, name=dataset)

@@ -53,15 +53,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fednovelty.datasets.streams import (
+from fednovelty.datasets.domain_pools import (
     FEMNIST_OODS,
-    SCHEDULES,
     STREAM_DATASETS,
     DomainPools,
-    domain_stream,
     parse_stream_dataset,
     stream_pools,
 )
+from fednovelty.datasets.streams import SCHEDULES, domain_stream
 from fednovelty.evaluation.metrics import evaluate
 from fednovelty.evaluation.results import METRICS, short_text
 from fednovelty.evaluation.summary import _markdown
@@ -328,7 +327,7 @@ def run_stream_benchmark(
     Args:
         dataset: a stream name (``"cifar10-svhn"``, ``"femnist"``, ``"femnist:rotate"``,
             ``"A+B"`` of two ADBench names of one width; the pools are split per seed), or a
-            :class:`~fednovelty.datasets.streams.DomainPools` (used for every seed).
+            :class:`~fednovelty.datasets.domain_pools.DomainPools` (used for every seed).
         methods: stream methods of the registry (``"streaming"``), ``"static"``,
             ``"refit"`` and/or federated novelty methods of the registry (refitted every
             window); see the module doc. None: :func:`stream_methods`.
@@ -366,7 +365,7 @@ def run_stream_benchmark(
             (before anything runs). FileNotFoundError: the data folder is missing.
 
     Example:
-        >>> from fednovelty.datasets.streams import DomainPools
+        >>> from fednovelty.datasets.domain_pools import DomainPools
         >>> rng = np.random.default_rng(0)
         >>> pools = DomainPools("toy", rng.normal(0, 1, (300, 2)), rng.normal(5, 1, (300, 2)),
         ...     rng.normal(0, 1, (100, 2)), rng.normal(5, 1, (100, 2)), rng.normal(10, 1, (50, 2)))

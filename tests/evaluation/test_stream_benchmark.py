@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fednovelty.datasets.streams import DomainPools, schedule_share
+from fednovelty.datasets.domain_pools import DomainPools
+from fednovelty.datasets.streams import schedule_share
 from fednovelty.evaluation import (
     format_stream_summary,
     plot_stream_metric,
