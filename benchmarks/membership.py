@@ -47,7 +47,7 @@ clients of ``DP_ROWS`` (10) rows of N(0, I_2) with ``dp_epsilon`` at each epsilo
 held-out rows; epsilon = inf is the same detector without DP. Bounds are those of the fit's
 whole budget (its ``noise_multiplier`` and ``releases`` from ``privacy_spent_``): the
 add/remove test of one row, ``Phi(mu / sqrt 2)``, and the members-vs-held-out AUC,
-``Phi(mu)`` (a replacement; :func:`~fednovelty.evaluation.membership.gdp_heldout_auc_bound`)
+``Phi(mu)`` (a replacement; :func:`~fednovelty.evaluation.membership_bounds.gdp_heldout_auc_bound`)
 and its (epsilon, delta) form.
 
 Usage::
@@ -74,18 +74,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import emit_report, report_header
 
 from fednovelty.detectors import FedGMMDetector
-from fednovelty.evaluation.membership import (
-    GateAttack,
-    auc_interval,
+from fednovelty.evaluation.membership import GateAttack, gate_attack, score_attack, stats_attack
+from fednovelty.evaluation.membership_audit import auc_interval
+from fednovelty.evaluation.membership_bounds import (
     dp_auc_bound,
     dp_heldout_auc_bound,
-    gate_attack,
     gdp_auc_bound,
     gdp_heldout_auc_bound,
     gdp_mu,
     gdp_mu_for_epsilon,
-    score_attack,
-    stats_attack,
 )
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise

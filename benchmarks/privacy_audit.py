@@ -38,11 +38,11 @@ of the scored fits are the add/remove-one-row pair DP's guarantee is stated for.
 
 **Figures, per mode.** (a) The attack's AUC (members positive) with a 95 % percentile
 bootstrap interval, beside the largest AUC any attack has against an ``(epsilon, delta)``-DP
-mechanism (:func:`~fednovelty.evaluation.membership.dp_auc_bound`) and against the Gaussian
+mechanism (:func:`~fednovelty.evaluation.membership_bounds.dp_auc_bound`) and against the Gaussian
 mechanism of the same budget, ``gdp_auc_bound(gdp_mu_for_epsilon(epsilon, delta))`` (the
 fits compose Gaussian mechanisms; DP-SGD's subsampled steps only approximately so, where the
 ``(epsilon, delta)`` bound is the rigorous one). (b) The empirical epsilon lower bound
-(:func:`~fednovelty.evaluation.membership.epsilon_lower_bound`, Jagielski et al. 2020,
+(:func:`~fednovelty.evaluation.membership_audit.epsilon_lower_bound`, Jagielski et al. 2020,
 Nasr et al. 2021): ``max(log((1 - delta - FNR_up) / FPR_up), log((1 - delta - FPR_up) /
 FNR_up))`` with 95 % Clopper-Pearson upper ends of the error rates. The held-out column is a
 valid 95 % bound: threshold and direction chosen on the even-numbered trials, rates counted
@@ -109,14 +109,12 @@ from _machine import emit_report, report_header
 
 import fednovelty
 from fednovelty.detectors import FedGMMDetector, JointFedGMMDetector
-from fednovelty.evaluation.membership import (
+from fednovelty.evaluation.membership_audit import (
     EpsilonLowerBound,
     auc_interval,
-    dp_auc_bound,
     epsilon_lower_bound,
-    gdp_auc_bound,
-    gdp_mu_for_epsilon,
 )
+from fednovelty.evaluation.membership_bounds import dp_auc_bound, gdp_auc_bound, gdp_mu_for_epsilon
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

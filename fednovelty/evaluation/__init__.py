@@ -15,21 +15,18 @@ higher means more anomalous (PyOD's ``decision_function``).
   streaming detector, a static one and refits scored window by window on a two-domain stream
   -> tidy DataFrame), ``stream_summary`` and ``format_stream_summary``.
 - :mod:`~fednovelty.evaluation.membership`: membership-inference attacks (``stats_attack``,
-  ``gate_attack`` on what leaves a client's gate, ``score_attack`` on a detector's scores)
-  beside the bounds differential privacy puts on them (``gdp_auc_bound``, ``dp_auc_bound``).
+  ``gate_attack`` on what leaves a client's gate, ``score_attack`` on a detector's scores);
+  :mod:`~fednovelty.evaluation.membership_bounds`: the bounds differential privacy puts on
+  them (``gdp_auc_bound``, ``dp_auc_bound``); :mod:`~fednovelty.evaluation.membership_audit`:
+  an attack's AUC, its error and the lower bound on epsilon its scores give.
 - :mod:`~fednovelty.evaluation.plots`: ``plot_metric_vs`` (a metric vs alpha, clients or K, the
   FedGenGMM paper's Figs 3-5), ``plot_method_bars``, ``plot_stream_metric`` (a metric per
   window with the stream's share; matplotlib imported on call).
 """
 
 from fednovelty.evaluation.benchmark import run_benchmark
-from fednovelty.evaluation.membership import (
-    dp_auc_bound,
-    gate_attack,
-    gdp_auc_bound,
-    score_attack,
-    stats_attack,
-)
+from fednovelty.evaluation.membership import gate_attack, score_attack, stats_attack
+from fednovelty.evaluation.membership_bounds import dp_auc_bound, gdp_auc_bound
 from fednovelty.evaluation.metrics import (
     aupr_in,
     aupr_out,

@@ -18,18 +18,15 @@ from scipy.stats import multivariate_normal, norm
 from sklearn.mixture import GaussianMixture
 
 from fednovelty.detectors import FedGMMDetector
-from fednovelty.evaluation.membership import (
-    auc_interval,
-    auc_standard_error,
+from fednovelty.evaluation.membership import score_attack, stats_attack
+from fednovelty.evaluation.membership_audit import auc_interval, auc_standard_error, membership_auc
+from fednovelty.evaluation.membership_bounds import (
     dp_auc_bound,
     dp_heldout_auc_bound,
     gdp_auc_bound,
     gdp_heldout_auc_bound,
     gdp_mu,
     gdp_mu_for_epsilon,
-    membership_auc,
-    score_attack,
-    stats_attack,
 )
 from fednovelty.federated.trust import dp
 from fednovelty.mixture import MixtureParams, precisions_cholesky_from_covariances

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from fednovelty.evaluation.membership import clopper_pearson_upper, epsilon_lower_bound
+from fednovelty.evaluation.membership_audit import clopper_pearson_upper, epsilon_lower_bound
 
 DELTA = 1e-5
 
