@@ -54,8 +54,9 @@ with global weights and each initialisation of the paper: init 1 = ``DEM-separat
 pooled rows: sends raw rows, flagged), init 3 = ``DEM-kmeans`` (federated k-means).
 ``CentralGMM`` is EM on the pooled rows (the paper's "ideal" benchmark). Tolerance 1e-3 for
 every EM (as in the paper). Every mixture is the paper's plain maximum-likelihood one: the
-runner's ``-plain`` variants (no standardisation, no covariance prior; ``docs/robust.md``),
-recorded under those names in the CSVs and reported under the paper's names.
+benchmark's ``plain`` ablation of each method (no standardisation, no covariance prior;
+:mod:`fednovelty.evaluation.ablations`, ``docs/robust.md``), recorded as ``<method>-plain``
+in the CSVs and reported under the paper's names.
 
 Experiments:
 
@@ -107,6 +108,7 @@ from benchmarks._machine import check_device, device_facts, report_header  # noq
 from fednovelty.datasets import load_mnist, transform_images  # noqa: E402
 from fednovelty.datasets import protocols as _protocols  # noqa: E402
 from fednovelty.datasets.protocols import Task  # noqa: E402
+from fednovelty.evaluation.ablations import ablation_names  # noqa: E402
 from fednovelty.evaluation.benchmark import run_benchmark  # noqa: E402
 from fednovelty.methods import METHODS  # noqa: E402
 
@@ -218,8 +220,9 @@ SCALES: dict[str, Scale] = {
     "paper": Scale("paper", **FULL_SWEEPS, max_train=None, max_test=None, one_seed=False),
 }
 
-#: Suffix of the runner's plain maximum-likelihood variants (the paper's mixtures).
-PLAIN = "-plain"
+#: The ablation the paper's mixtures are (plain maximum likelihood), and its names' suffix.
+ABLATION = "plain"
+PLAIN = f"-{ABLATION}"
 
 
 # ----------------------------------------------------------------------------- the settings
@@ -354,10 +357,10 @@ def detectors_on(names, device: str, **params) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- the grid
 def _bench(datasets, methods, setting: Setting, device: str, **settings) -> pd.DataFrame:
-    """``run_benchmark`` of the ``-plain`` variants of ``methods`` under ``setting`` on
+    """``run_benchmark`` of the ``plain`` ablation of ``methods`` (alone) under ``setting`` on
     ``device``, reported under the paper's names (``FedGenGMM``, ``DEM-kmeans``, ...)."""
-    plain = [m + PLAIN for m in methods]
-    with detectors_on(plain, device, **setting.detector_params), paper_tasks(setting):
+    plain = ablation_names(methods, [ABLATION])
+    with detectors_on(methods, device, **setting.detector_params), paper_tasks(setting):
         df = run_benchmark(datasets, plain, covariance_type=setting.covariance_type, **settings)
     return df.assign(method=df["method"].str.removesuffix(PLAIN))
 

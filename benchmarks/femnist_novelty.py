@@ -12,7 +12,8 @@ of its L2 norm), the same for every method; ``--pixels`` adds rows on the MNIST 
 (pixels / 255 on 24 axes) for FedGMM and the centralized mixture.
 
 1. Covariate novelty, pooled: the mixture methods of the registry (K = 10, each with its
-   defaults; ``-plain`` = maximum likelihood without standardisation or covariance prior;
+   defaults; ``-plain`` = the ``plain`` ablation (:mod:`fednovelty.evaluation.ablations`):
+   maximum likelihood without standardisation or covariance prior;
    ``FedVB`` with its own defaults: at most 20 components, the prior choosing how many)
    and PyOD's detectors on the pooled rows (the centralized references), AUROC / AUPR-out
    over all test rows. Two novel sets: ``inv-flip-rot``, the FedGMM paper's transform ``T``
@@ -72,6 +73,7 @@ from fednovelty.datasets.shifts import transform_images  # noqa: E402
 from fednovelty.detectors._em_detector import AdaptedClient  # noqa: E402
 from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
 from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.evaluation.ablations import resolve_method  # noqa: E402
 from fednovelty.evaluation.metrics import evaluate  # noqa: E402
 from fednovelty.methods import METHODS  # noqa: E402
 from fednovelty.mixture import fit_gmm_scaled, score_samples  # noqa: E402
@@ -111,7 +113,7 @@ def auroc(y: np.ndarray, scores: np.ndarray) -> float:
 
 
 def fit_method(name: str, X: np.ndarray, groups: np.ndarray, seed: int):
-    method = METHODS[name]
+    method = resolve_method(name)
     detector = method.build(
         **method.shared_params(
             n_components=N_COMPONENTS,
@@ -208,7 +210,7 @@ def pooled_report(per_seed: list[dict], settings: Settings) -> str:
     methods = list(dict.fromkeys(k[1] for k in keys))
     rows = []
     for name in methods:
-        row = [name, METHODS[name.split(" ")[0]].kind]
+        row = [name, resolve_method(name.split(" ")[0]).kind]
         for ood in OOD_SETS:
             vals = [s["pooled"][(ood, name)]["auroc"] for s in per_seed]
             pr = [s["pooled"][(ood, name)]["aupr_out"] for s in per_seed]

@@ -32,7 +32,8 @@ Each window's test set: 300 test inliers in the window's mix + 30 novel rows.
    (``StreamingFedGMMDetector``, ``--rho`` 0.7, ``--rounds`` 1 per window), ``static``
    (FedGMM fitted on the warm-up window only), ``refit`` (FedGMM from scratch every window)
    and ``FedGenGMM`` (from scratch every window); the mixtures are plain maximum likelihood
-   (the registry's ``FedGMM-plain`` and ``FedGenGMM-plain``), as the streaming detector's.
+   (their ``plain`` ablations ``FedGMM-plain`` and ``FedGenGMM-plain``,
+   :mod:`fednovelty.evaluation.ablations`), as the streaming detector's.
 2. **Weight tracking**: each client's weight on A's components (those holding mostly A's
    warm-up rows) against its share of A, mean absolute error after the first half-cycle.
 3. **False alarms** on a stationary stream (share 1/2 throughout, ``rho=0.7``): alarms per
@@ -191,7 +192,8 @@ def linear_report(dataset: str, df: pd.DataFrame, settings: Settings) -> str:
             f"Per-window AUROC % of the window's test set ({TEST_INLIERS} inliers in the "
             f"window's mix + {TEST_NOVEL} novel rows), mean over windows 1..{settings.n_windows} "
             "(mean ± std over seeds); bytes per window (up + down, KB); fit seconds per window. "
-            "static and refit are the registry's FedGMM-plain, FedGenGMM its FedGenGMM-plain.",
+            "static and refit are FedGMM's plain ablation FedGMM-plain, FedGenGMM is "
+            "FedGenGMM-plain.",
             "",
             markdown_table(
                 [

@@ -51,7 +51,7 @@ from fednovelty._cli.files import (
     write_atomically,
 )
 from fednovelty._cli.progress import add_progress_option, progress_of
-from fednovelty.methods import ABLATIONS, get_method, method_names
+from fednovelty.methods import get_method, method_names
 
 __all__ = [
     "UsageError",
@@ -65,7 +65,7 @@ __all__ = [
 
 
 def fit_methods() -> list[str]:
-    """The methods ``fit`` can train and save: the registry's novelty methods, ablation variants
+    """The methods ``fit`` can train and save: the registry's novelty methods, variants
     included, but PyOD's (a PyOD detector has no ``save``)."""
     return [name for name in method_names(variants=True) if get_method(name).kind != "pyod"]
 
@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser("fit", help="fit a detector on a table and save it")
     methods = fit_methods()
     bases = [name for name in methods if not get_method(name).variant_of]
+    variants = [name for name in methods if get_method(name).variant_of]
     fit.add_argument("data", help=".csv or .parquet with numeric feature columns")
     fit.add_argument("--client-column", default=None, help="column holding the client id")
     fit.add_argument(
@@ -186,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=methods,
         default="FedGMM",
         metavar="NAME",
-        help=f"a method of fednovelty.methods (default FedGMM): {', '.join(bases)}, or an "
-        f"ablation variant ({', '.join(f'NAME{suffix}' for suffix in ABLATIONS)})",
+        help=f"a method of fednovelty.methods (default FedGMM): {', '.join(bases)}, or a "
+        f"variant ({', '.join(variants)})",
     )
     fit.add_argument(
         "--components",

@@ -24,13 +24,12 @@ PyOD), its ``kind``, the ``paper`` it comes from and one line of ``description``
   (:data:`SHARED_SETTINGS`: the mixture's ``n_components``, the clients' ``client_components``,
   ``covariance_type``, ``random_state``) this method takes. PyOD's ``PCA`` has an
   ``n_components`` of its own, so a runner's mixture size is not passed to it.
+- ``variant_of``: a variant of another method (FedVB's one-shot aggregations) names it;
+  :func:`method_names` leaves the variants out unless asked.
 
-Ablation variants: every mixture method that runs with the robust defaults (federated
-standardisation and the covariance prior, ``docs/robust.md``) also comes as its ablations,
-registered under the base name plus a suffix of :data:`ABLATIONS` (``-plain``: neither, the
-papers' plain maximum-likelihood mixture; ``-std``: standardisation only; ``-prior``: the prior
-on the raw features). A variant records its base in ``variant_of``; :func:`method_names` leaves
-the variants out unless asked.
+The registry lists methods only: the ablations of the robust defaults (a mixture method run
+without federated standardisation or the covariance prior, ``docs/robust.md``) are the
+benchmark's (:mod:`fednovelty.evaluation.ablations`, ``fednovelty bench --ablations``).
 
 Example:
     >>> from fednovelty.methods import get_method, method_names
@@ -49,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "ABLATIONS",
     "KINDS",
     "METHODS",
     "SHARED_SETTINGS",
@@ -64,12 +62,6 @@ KINDS = ("federated", "local", "centralized", "pyod")
 TASKS = ("novelty", "stream", "pfl")
 #: Settings a runner sets alike for every method that takes them (see ``Method.shared``).
 SHARED_SETTINGS = ("n_components", "client_components", "covariance_type", "random_state")
-#: Ablation suffix -> the detector settings it switches off (see the module doc).
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "-plain": {"standardize": False, "prior_strength": None},
-    "-std": {"prior_strength": None},
-    "-prior": {"standardize": False},
-}
 
 
 def check_known(kind: str, names: Iterable[str], known: Sequence[str], extra: str = "") -> None:
@@ -161,7 +153,7 @@ class Method:
         description: one line.
         task: ``"novelty"``, ``"stream"`` or ``"pfl"``.
         shared: the names of :data:`SHARED_SETTINGS` the method takes.
-        variant_of: the base method of an ablation variant; ``""`` otherwise.
+        variant_of: the method this one is a variant of; ``""`` otherwise.
     """
 
     name: str
@@ -260,6 +252,16 @@ PFEDEM_PAPER = (
 FEDCAM_PAPER = (
     "Ma et al.: Structured Federated Learning through Clustered Additive Modeling (Fed-CAM)"
 )
+FEDEM_PAPER = (
+    "Marfoq et al.: Federated Multi-Task Learning under a Mixture of Distributions, NeurIPS 2021"
+)
+FEDAVG_PAPER = (
+    "McMahan et al.: Communication-Efficient Learning of Deep Networks from Decentralized "
+    "Data, AISTATS 2017"
+)
+FEDPROX_PAPER = "Li et al.: Federated Optimization in Heterogeneous Networks, MLSys 2020"
+IFCA_PAPER = "Ghosh et al.: An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
+FESEM_PAPER = "Xie et al.: Multi-Center Federated Learning, 2021"
 VB_PAPER = (
     "Blei, Jordan: Variational Inference for Dirichlet Process Mixtures, Bayesian Analysis "
     "2006 (scikit-learn's BayesianGaussianMixture), federated as in VGM2"
@@ -274,321 +276,171 @@ STREAMING_REFERENCE = (
 )
 #: The upper bound on K that FedVB's prior prunes from (not the runner's shared K).
 FEDVB_MAX_COMPONENTS = 20
-_ABLATION_TEXT = {
-    "-plain": "ablation: plain maximum likelihood, no standardisation, no prior",
-    "-std": "ablation: standardisation only, no covariance prior",
-    "-prior": "ablation: covariance prior on the raw features, no standardisation",
-}
 _MIXTURE = ("n_components", "covariance_type", "random_state")
 _CLIENT_MIXTURE = ("client_components", "covariance_type", "random_state")
-
-
-def _mixtures(suffix: str = "", **settings) -> list[Method]:
-    """The mixture methods with the detector ``settings`` of one ablation (``""``: defaults)."""
-
-    def em(**fixed) -> _Detector:
-        return _detector("FedGMMDetector", **fixed, **settings)
-
-    out = [
-        Method(
-            "FedGenGMM",
-            _detector("FedGenGMMDetector", **settings),
-            "federated",
-            FEDGENGMM_PAPER,
-            "one round: client mixtures -> synthetic rows on the server -> global mixture",
-            shared=("n_components", *_CLIENT_MIXTURE),
-        ),
-        Method(
-            "FedGMM",
-            em(mixture_weights="personal"),
-            "federated",
-            FEDGMM_PAPER,
-            "federated EM, shared Gaussians with personal mixture weights per client",
-            shared=_MIXTURE,
-        ),
-        *[
-            Method(
-                f"DEM-{init}",
-                em(mixture_weights="global", init_params=init),
-                "federated",
-                DEM_PAPER,
-                f"federated EM, one global weight vector, {how}",
-                shared=_MIXTURE,
-            )
-            for init, how in (
-                ("kmeans", "federated k-means initialisation (the paper's DEM init 3)"),
-                ("separated", "centres spread over the feature range (DEM init 1)"),
-                ("subset", "EM on 100 pooled raw rows first: not private (DEM init 2)"),
-            )
-        ],
-        Method(
-            "DEM-oneshot",
-            em(mixture_weights="global", init_params="oneshot", acceleration="squarem"),
-            "federated",
-            f"{DEM_PAPER}; started from FedGenGMM's round, accelerated by {SQUAREM_PAPER}",
-            "federated EM, one global weight vector, from one round of local fits (FedGenGMM's) "
-            "with SQUAREM on the server: DEM's quality in fewer rounds",
-            shared=_MIXTURE,
-        ),
-        *[
-            Method(
-                f"ClusteredGMM-{style}",
-                _detector("ClusteredFedGMMDetector", assignment=assignment, **settings),
-                "federated",
-                FEDCAM_PAPER,
-                f"global Gaussians plus each client cluster's own ({how})",
-                shared=_MIXTURE,
-            )
-            for style, assignment, how in (
-                ("IFCA", "likelihood", "a client joins the cluster that fits its rows best"),
-                ("FeSEM", "summary", "the server clusters the clients' weight summaries"),
-            )
-        ],
-        Method(
-            "Local",
-            _detector("LocalGMMDetector", **settings),
-            "local",
-            FEDGENGMM_PAPER,
-            "each client's own mixture, scored as their size-weighted mixture (no federation)",
-            shared=_CLIENT_MIXTURE,
-        ),
-        Method(
-            "CentralGMM",
-            # the pooled rows cross no wire: no privacy floor
-            em(mixture_weights="global", init_params="kmeans", privacy_min_rows=1),
-            "centralized",
-            FEDGENGMM_PAPER,
-            "EM on the pooled rows, the papers' non-federated ideal",
-            shared=_MIXTURE,
-        ),
-    ]
-    if not suffix:
-        return out
-    return [
-        Method(
-            m.name + suffix,
-            m.factory,
-            m.kind,
-            m.paper,
-            f"{m.description} [{_ABLATION_TEXT[suffix]}]",
-            shared=m.shared,
-            variant_of=m.name,
-        )
-        for m in out
-    ]
-
-
-_PYOD = (
-    (
-        "IForest",
-        "iforest",
-        True,
-        "Liu, Ting, Zhou: Isolation Forest, ICDM 2008",
-        "isolation forest",
-    ),
-    ("ECOD", "ecod", False, "Li et al.: ECOD, TKDE 2022", "empirical cumulative distributions"),
-    ("COPOD", "copod", False, "Li et al.: COPOD, ICDM 2020", "empirical copula"),
-    ("KNN", "knn", False, "Ramaswamy et al., SIGMOD 2000", "distance to the k-th nearest row"),
-    ("LOF", "lof", False, "Breunig et al., SIGMOD 2000", "local outlier factor"),
-    ("HBOS", "hbos", False, "Goldstein, Dengel, KI 2012", "histogram-based outlier score"),
-    ("PCA", "pca", True, "Shyu et al., ICDM 2003", "weighted distance to principal axes"),
+_FEDGENGMM = ("n_components", *_CLIENT_MIXTURE)
+_VB = ("covariance_type", "random_state")
+_FEDVB_TEXT = (
+    f"federated variational Bayes (Dirichlet-process weights, Normal-Wishart components), K "
+    f"chosen by the prior from at most {FEDVB_MAX_COMPONENTS}, on federated z-scores with a "
+    f"Wishart prior of n_features + 2 pseudo-rows at the pooled variances; scores with the "
+    f"Student-t posterior predictive"
 )
-
-_PFL = (
-    ("FedGMM", FEDGMM_PAPER, "federated", "the joint model: shared Gaussians and learners"),
-    (
-        "FedEM",
-        "Marfoq et al.: Federated Multi-Task Learning under a Mixture of Distributions, "
-        "NeurIPS 2021",
-        "federated",
-        "one Gaussian: a mixture of learners only",
-    ),
-    (
-        "FedAvg",
-        "McMahan et al.: Communication-Efficient Learning of Deep Networks from "
-        "Decentralized Data, AISTATS 2017",
-        "federated",
-        "one Gaussian, one averaged learner",
-    ),
-    (
-        "FedProx",
-        "Li et al.: Federated Optimization in Heterogeneous Networks, MLSys 2020",
-        "federated",
-        "FedAvg with a proximal term in the local objective (mu_prox 0.01 unless given)",
-    ),
-    ("Local", FEDGMM_PAPER, "local", "one learner per client, never averaged"),
+_ONESHOT_VB_TEXT = (
+    f"one-shot federated VB: each client's own VB posterior (at most {FEDVB_MAX_COMPONENTS} "
+    f"components) sent once, components matched on the server and combined by "
 )
+_PFL_TEXT = "personalised classification (the FedGMM paper's Table 2): "
+_CAM_TEXT = "clustered classification (the Fed-CAM paper's Table 1): "
+_VGM2_TEXT = "personalised classification (the VGM2 paper's Table 1): "
 
 
-_CLUSTERED = (
-    ("FedAvg+", FEDCAM_PAPER, "an ensemble of K FedAvg models, soft vote"),
-    (
-        "IFCA",
-        "Ghosh et al.: An Efficient Framework for Clustered Federated Learning, NeurIPS 2020",
-        "K cluster models, each client joins the one with the lowest loss",
-    ),
-    (
-        "FeSEM",
-        "Xie et al.: Multi-Center Federated Learning, 2021",
-        "K cluster models, the server k-means-clusters the client models",
-    ),
-    ("IFCA-CAM", FEDCAM_PAPER, "IFCA plus a global model added to the cluster models (Eq. 1)"),
-    ("FeSEM-CAM", FEDCAM_PAPER, "FeSEM plus a global model added to the cluster models (Eq. 1)"),
+def _em(**fixed) -> _Detector:
+    """Federated EM (``FedGMMDetector``) with the settings that make the method."""
+    return _detector("FedGMMDetector", **fixed)
+
+
+def _pyod(name: str, module: str, reference: str, what: str, seeded: bool = False) -> Method:
+    """PyOD's ``name`` (``pyod.models.<module>``) with its defaults on the pooled rows."""
+    return Method(
+        name,
+        _detector(name, f"pyod.models.{module}"),
+        "pyod",
+        f"PyOD; {reference}",
+        f"PyOD's {name} with its defaults on the pooled rows: {what}",
+        shared=("random_state",) if seeded else (),
+    )
+
+
+#: The registry's table: one entry per method, each with what makes it that method.
+# fmt: off
+_TABLE: tuple[Method, ...] = (
+    # --- Gaussian mixtures of the rows (novelty: higher -log p(x) = more anomalous)
+    Method("FedGenGMM", _detector("FedGenGMMDetector"), "federated", FEDGENGMM_PAPER,
+           "one round: client mixtures -> synthetic rows on the server -> global mixture",
+           shared=_FEDGENGMM),
+    Method("FedGMM", _em(mixture_weights="personal"), "federated", FEDGMM_PAPER,
+           "federated EM, shared Gaussians with personal mixture weights per client",
+           shared=_MIXTURE),
+    Method("DEM-kmeans", _em(mixture_weights="global", init_params="kmeans"), "federated",
+           DEM_PAPER, "federated EM, one global weight vector, federated k-means "
+           "initialisation (the paper's DEM init 3)", shared=_MIXTURE),
+    Method("DEM-separated", _em(mixture_weights="global", init_params="separated"),
+           "federated", DEM_PAPER, "federated EM, one global weight vector, centres spread "
+           "over the feature range (DEM init 1)", shared=_MIXTURE),
+    Method("DEM-subset", _em(mixture_weights="global", init_params="subset"), "federated",
+           DEM_PAPER, "federated EM, one global weight vector, EM on 100 pooled raw rows "
+           "first: not private (DEM init 2)", shared=_MIXTURE),
+    Method("DEM-oneshot",
+           _em(mixture_weights="global", init_params="oneshot", acceleration="squarem"),
+           "federated",
+           f"{DEM_PAPER}; started from FedGenGMM's round, accelerated by {SQUAREM_PAPER}",
+           "federated EM, one global weight vector, from one round of local fits "
+           "(FedGenGMM's) with SQUAREM on the server: DEM's quality in fewer rounds",
+           shared=_MIXTURE),
+    Method("ClusteredGMM-IFCA",
+           _detector("ClusteredFedGMMDetector", assignment="likelihood"), "federated",
+           FEDCAM_PAPER, "global Gaussians plus each client cluster's own (a client joins "
+           "the cluster that fits its rows best)", shared=_MIXTURE),
+    Method("ClusteredGMM-FeSEM",
+           _detector("ClusteredFedGMMDetector", assignment="summary"), "federated",
+           FEDCAM_PAPER, "global Gaussians plus each client cluster's own (the server "
+           "clusters the clients' weight summaries)", shared=_MIXTURE),
+    Method("Local", _detector("LocalGMMDetector"), "local", FEDGENGMM_PAPER,
+           "each client's own mixture, scored as their size-weighted mixture (no "
+           "federation)", shared=_CLIENT_MIXTURE),
+    Method("CentralGMM",  # the pooled rows cross no wire: no privacy floor
+           _em(mixture_weights="global", init_params="kmeans", privacy_min_rows=1),
+           "centralized", FEDGENGMM_PAPER,
+           "EM on the pooled rows, the papers' non-federated ideal", shared=_MIXTURE),
+    Method("FedGenGMM-copula", _detector("FedGenGMMDetector", copula=True), "federated",
+           FEDGENGMM_PAPER, "FedGenGMM whose server also fits a Gaussian copula on its "
+           "synthetic rows and scores with it (same round)", shared=_FEDGENGMM),
+    Method("FedMFA", _detector("FedMFADetector"), "federated", MFA_PAPER,
+           "federated EM for a mixture of factor analysers (low-rank-plus-diagonal "
+           "covariances, O(N K d q) per round) on federated z-scores: for wide rows "
+           "(embeddings)", shared=("n_components", "random_state")),
+    Method("FedVB", _FedVB(), "federated", VB_PAPER, _FEDVB_TEXT, shared=_VB),
+    Method("FedVB-oneshot-natural", _FedVB("natural"), "federated", VB_PAPER,
+           _ONESHOT_VB_TEXT + "natural-parameter averaging (VGM2's Sec. 3.5 text)",
+           shared=_VB, variant_of="FedVB"),
+    Method("FedVB-oneshot-moment", _FedVB("moment"), "federated", VB_PAPER,
+           _ONESHOT_VB_TEXT + "moment matching (VGM2's Proposition 1)",
+           shared=_VB, variant_of="FedVB"),
+    Method("streaming", _detector("StreamingFedGMMDetector"), "federated",
+           STREAMING_REFERENCE, "federated EM with personal weights on the first window, "
+           "then one partial_fit per window (statistics discounted by rho, far rows re-bear "
+           "components) with per-client drift alarms", task="stream", shared=_MIXTURE),
+    Method("KNN-markers", _detector("FedKNNMarkerDetector"), "federated", VGM2_PAPER,
+           "each client's leave-one-out k-th neighbour log-distances modelled by a "
+           "federated Dirichlet-NIG mixture (VGM2's relation markers), personalised per "
+           "client; scores the predictive tail probability of a row's distance to each "
+           "client's rows", shared=("random_state",)),
+    # --- PyOD's baselines on the pooled rows
+    _pyod("IForest", "iforest", "Liu, Ting, Zhou: Isolation Forest, ICDM 2008",
+          "isolation forest", seeded=True),
+    _pyod("ECOD", "ecod", "Li et al.: ECOD, TKDE 2022", "empirical cumulative distributions"),
+    _pyod("COPOD", "copod", "Li et al.: COPOD, ICDM 2020", "empirical copula"),
+    _pyod("KNN", "knn", "Ramaswamy et al., SIGMOD 2000", "distance to the k-th nearest row"),
+    _pyod("LOF", "lof", "Breunig et al., SIGMOD 2000", "local outlier factor"),
+    _pyod("HBOS", "hbos", "Goldstein, Dengel, KI 2012", "histogram-based outlier score"),
+    _pyod("PCA", "pca", "Shyu et al., ICDM 2003", "weighted distance to principal axes",
+          seeded=True),
+    # --- classifiers of federated clients: the FedGMM paper's joint-model baselines
+    Method("PFL-FedGMM", _PFLBaseline("FedGMM"), "federated", FEDGMM_PAPER,
+           _PFL_TEXT + "the joint model: shared Gaussians and learners",
+           task="pfl", shared=_MIXTURE),
+    Method("PFL-FedEM", _PFLBaseline("FedEM"), "federated", FEDEM_PAPER,
+           _PFL_TEXT + "one Gaussian: a mixture of learners only",
+           task="pfl", shared=_MIXTURE),
+    Method("PFL-FedAvg", _PFLBaseline("FedAvg"), "federated", FEDAVG_PAPER,
+           _PFL_TEXT + "one Gaussian, one averaged learner", task="pfl", shared=_MIXTURE),
+    Method("PFL-FedProx", _PFLBaseline("FedProx"), "federated", FEDPROX_PAPER,
+           _PFL_TEXT + "FedAvg with a proximal term in the local objective (mu_prox 0.01 "
+           "unless given)", task="pfl", shared=_MIXTURE),
+    Method("PFL-Local", _PFLBaseline("Local"), "local", FEDGMM_PAPER,
+           _PFL_TEXT + "one learner per client, never averaged", task="pfl",
+           shared=_MIXTURE),
+    Method("PFL-pFedEM", _detector("PFedEMDetector"), "federated", PFEDEM_PAPER,
+           "personalised classification: K Gaussians, one sub-model trained on each "
+           "Gaussian's hard partition, inference by Eq. 15", task="pfl",
+           shared=("n_components", "random_state")),
+    # --- the Fed-CAM paper's clustered classifiers
+    Method("PFL-FedAvg+", _detector("ClusteredFLClassifier", method="FedAvg+"), "federated",
+           FEDCAM_PAPER, _CAM_TEXT + "an ensemble of K FedAvg models, soft vote",
+           task="pfl"),
+    Method("PFL-IFCA", _detector("ClusteredFLClassifier", method="IFCA"), "federated",
+           IFCA_PAPER, _CAM_TEXT + "K cluster models, each client joins the one with the "
+           "lowest loss", task="pfl"),
+    Method("PFL-FeSEM", _detector("ClusteredFLClassifier", method="FeSEM"), "federated",
+           FESEM_PAPER, _CAM_TEXT + "K cluster models, the server k-means-clusters the "
+           "client models", task="pfl"),
+    Method("PFL-IFCA-CAM", _detector("ClusteredFLClassifier", method="IFCA-CAM"),
+           "federated", FEDCAM_PAPER, _CAM_TEXT + "IFCA plus a global model added to the "
+           "cluster models (Eq. 1)", task="pfl"),
+    Method("PFL-FeSEM-CAM", _detector("ClusteredFLClassifier", method="FeSEM-CAM"),
+           "federated", FEDCAM_PAPER, _CAM_TEXT + "FeSEM plus a global model added to the "
+           "cluster models (Eq. 1)", task="pfl"),
+    # --- the VGM2 paper's classifiers
+    Method("PFL-VGM2", _detector("VGM2Classifier", method="vgm2"), "federated", VGM2_PAPER,
+           _VGM2_TEXT + "per-client parametric-UMAP encoders; only Dir-NIG "
+           "same/different-class distance markers (10K scalars) are shared, moment-matched",
+           task="pfl"),
+    Method("PFL-VGM2-Local", _detector("VGM2Classifier", method="local"), "local",
+           VGM2_PAPER, _VGM2_TEXT + "the VGM2 encoder plus a class head, each client alone",
+           task="pfl"),
+    Method("PFL-VGM2-FedAvg", _detector("VGM2Classifier", method="fedavg"), "federated",
+           VGM2_PAPER, _VGM2_TEXT + "the VGM2 encoder plus a class head averaged by FedAvg",
+           task="pfl"),
+    Method("PFL-VGM2-Prototype", _detector("VGM2Classifier", method="prototype"),
+           "federated", VGM2_PAPER, _VGM2_TEXT + "FedProto on the VGM2 encoder: class "
+           "prototypes averaged per round", task="pfl"),
 )
+# fmt: on
 
 
-_VGM2 = (
-    (
-        "VGM2",
-        "vgm2",
-        "federated",
-        "per-client parametric-UMAP encoders; only Dir-NIG same/different-class distance "
-        "markers (10K scalars) are shared, moment-matched",
-    ),
-    ("VGM2-Local", "local", "local", "the VGM2 encoder plus a class head, each client alone"),
-    (
-        "VGM2-FedAvg",
-        "fedavg",
-        "federated",
-        "the VGM2 encoder plus a class head averaged by FedAvg",
-    ),
-    (
-        "VGM2-Prototype",
-        "prototype",
-        "federated",
-        "FedProto on the VGM2 encoder: class prototypes averaged per round",
-    ),
-)
-
-
-def _registry() -> dict[str, Method]:
-    methods = [
-        *_mixtures(),
-        Method(
-            "FedGenGMM-copula",
-            _detector("FedGenGMMDetector", copula=True),
-            "federated",
-            FEDGENGMM_PAPER,
-            "FedGenGMM whose server also fits a Gaussian copula on its synthetic rows and "
-            "scores with it (same round)",
-            shared=("n_components", *_CLIENT_MIXTURE),
-        ),
-        Method(
-            "FedMFA",
-            _detector("FedMFADetector"),
-            "federated",
-            MFA_PAPER,
-            "federated EM for a mixture of factor analysers (low-rank-plus-diagonal "
-            "covariances, O(N K d q) per round) on federated z-scores: for wide rows "
-            "(embeddings)",
-            shared=("n_components", "random_state"),
-        ),
-        Method(
-            "FedVB",
-            _FedVB(),
-            "federated",
-            VB_PAPER,
-            f"federated variational Bayes (Dirichlet-process weights, Normal-Wishart "
-            f"components), K chosen by the prior from at most {FEDVB_MAX_COMPONENTS}, on "
-            f"federated z-scores with a Wishart prior of n_features + 2 pseudo-rows at the "
-            f"pooled variances; scores with the Student-t posterior predictive",
-            shared=("covariance_type", "random_state"),
-        ),
-        *[
-            Method(
-                f"FedVB-oneshot-{how}",
-                _FedVB(how),
-                "federated",
-                VB_PAPER,
-                f"one-shot federated VB: each client's own VB posterior (at most "
-                f"{FEDVB_MAX_COMPONENTS} components) sent once, components matched on the "
-                f"server and combined by {what}",
-                shared=("covariance_type", "random_state"),
-                variant_of="FedVB",
-            )
-            for how, what in (
-                ("natural", "natural-parameter averaging (VGM2's Sec. 3.5 text)"),
-                ("moment", "moment matching (VGM2's Proposition 1)"),
-            )
-        ],
-        Method(
-            "streaming",
-            _detector("StreamingFedGMMDetector"),
-            "federated",
-            STREAMING_REFERENCE,
-            "federated EM with personal weights on the first window, then one partial_fit "
-            "per window (statistics discounted by rho, far rows re-bear components) with "
-            "per-client drift alarms",
-            task="stream",
-            shared=_MIXTURE,
-        ),
-        Method(
-            "KNN-markers",
-            _detector("FedKNNMarkerDetector"),
-            "federated",
-            VGM2_PAPER,
-            "each client's leave-one-out k-th neighbour log-distances modelled by a federated "
-            "Dirichlet-NIG mixture (VGM2's relation markers), personalised per client; scores "
-            "the predictive tail probability of a row's distance to each client's rows",
-            shared=("random_state",),
-        ),
-        *[
-            Method(
-                name,
-                _detector(name, f"pyod.models.{module}"),
-                "pyod",
-                f"PyOD; {reference}",
-                f"PyOD's {name} with its defaults on the pooled rows: {what}",
-                shared=("random_state",) if seeded else (),
-            )
-            for name, module, seeded, reference, what in _PYOD
-        ],
-        *[m for suffix, settings in ABLATIONS.items() for m in _mixtures(suffix, **settings)],
-        *[
-            Method(
-                f"PFL-{name}",
-                _PFLBaseline(name),
-                kind,
-                paper,
-                f"personalised classification (the FedGMM paper's Table 2): {what}",
-                task="pfl",
-                shared=_MIXTURE,
-            )
-            for name, paper, kind, what in _PFL
-        ],
-        Method(
-            "PFL-pFedEM",
-            _detector("PFedEMDetector"),
-            "federated",
-            PFEDEM_PAPER,
-            "personalised classification: K Gaussians, one sub-model trained on each "
-            "Gaussian's hard partition, inference by Eq. 15",
-            task="pfl",
-            shared=("n_components", "random_state"),
-        ),
-    ]
-    methods += [
-        Method(
-            f"PFL-{name}",
-            _detector("ClusteredFLClassifier", method=name),
-            "federated",
-            paper,
-            f"clustered classification (the Fed-CAM paper's Table 1): {what}",
-            task="pfl",
-        )
-        for name, paper, what in _CLUSTERED
-    ]
-    methods += [
-        Method(
-            f"PFL-{name}",
-            _detector("VGM2Classifier", method=method),
-            kind,
-            VGM2_PAPER,
-            f"personalised classification (the VGM2 paper's Table 1): {what}",
-            task="pfl",
-        )
-        for name, method, kind, what in _VGM2
-    ]
+def _by_name(methods: Sequence[Method]) -> dict[str, Method]:
+    """The methods keyed by name; a name listed twice raises ValueError."""
     names = [m.name for m in methods]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -596,8 +448,9 @@ def _registry() -> dict[str, Method]:
     return {m.name: m for m in methods}
 
 
-#: Every named method, by name (registry order: methods, then ablations, then PFL methods).
-METHODS: dict[str, Method] = _registry()
+#: Every named method, by name, in the order of the table above: the novelty methods, the
+#: stream method, PyOD's baselines, then the classifiers of federated clients (``"pfl"``).
+METHODS: dict[str, Method] = _by_name(_TABLE)
 
 
 def get_method(name: str) -> Method:
@@ -608,16 +461,12 @@ def get_method(name: str) -> Method:
     """
     if name not in METHODS:
         bases = [m.name for m in METHODS.values() if not m.variant_of]
-        ablations = [m for m in METHODS.values() if m.name.endswith(tuple(ABLATIONS))]
-        with_ablations = list(dict.fromkeys(m.variant_of for m in ablations))
-        others = [m.name for m in METHODS.values() if m.variant_of and m not in ablations]
+        variants = [m.name for m in METHODS.values() if m.variant_of]
         check_known(
             "method",
             [name],
             list(METHODS),
-            f" Known: {', '.join(bases)}; the ablations {', '.join(ABLATIONS)} of "
-            f"{', '.join(with_ablations)} (e.g. {with_ablations[0]}{next(iter(ABLATIONS))}); "
-            f"and the variants {', '.join(others)}.",
+            f" Known: {', '.join(bases)}; and the variants {', '.join(variants)}.",
         )
     return METHODS[name]
 
@@ -630,7 +479,7 @@ def method_names(
     Args:
         kind: only this kind (``KINDS``); None: every kind.
         task: only this task (``TASKS``); None: every task.
-        variants: include the ablation variants (``"FedGenGMM-plain"``, ...).
+        variants: include the variants of methods (``"FedVB-oneshot-natural"``, ...).
 
     Raises:
         ValueError: an unknown kind or task.

@@ -89,7 +89,7 @@ def test_fit_methods_are_the_registrys_savable_novelty_methods():
     assert set(names) == {
         name for name in method_names(variants=True) if get_method(name).kind != "pyod"
     }
-    assert {"FedGMM", "FedGenGMM", "Local", "DEM-kmeans-plain"} <= set(names)
+    assert {"FedGMM", "FedGenGMM", "Local", "FedVB-oneshot-moment"} <= set(names)
     assert not set(names) & set(method_names(kind="pyod"))
     parsed = build_parser().parse_args(["fit", "x.csv", "--out", "m"])
     assert parsed.method == "FedGMM"
@@ -106,7 +106,7 @@ def test_fit_refuses_a_pyod_method(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("name", "expected", "n_clients"),
     [
-        ("DEM-kmeans-plain", {"mixture_weights": "global", "standardize": False}, 3),
+        ("DEM-kmeans", {"mixture_weights": "global", "init_params": "kmeans"}, 3),
         ("CentralGMM", {"mixture_weights": "global", "privacy_min_rows": 1}, 1),
     ],
 )

@@ -49,6 +49,41 @@ def test_bad_names_exit_2_with_a_suggestion(tmp_path, capsys, argv, message):
     assert not (tmp_path / "x").exists()
 
 
+def test_ablations_run_beside_the_methods_under_their_own_names(tmp_path, capsys):
+    out = tmp_path / "ablations"
+    args = ["bench", "--datasets", "4_breastw", "--methods", "DEM-kmeans", "IForest",
+            "--ablations", "plain,std", "prior", "--out", str(out), *TINY]  # fmt: skip
+    assert main(args) == 0
+    results = pd.read_csv(out / "results.csv")
+    assert results["method"].tolist() == ["DEM-kmeans", "IForest", "DEM-kmeans-plain",
+                                          "DEM-kmeans-std", "DEM-kmeans-prior"]  # fmt: skip
+    assert results["error"].isna().all()
+    assert "DEM-kmeans-prior" in (out / "summary.md").read_text()
+    assert "5 cells (0 failed)" in capsys.readouterr().out
+    alone = tmp_path / "alone"  # an ablation named among the methods runs alone
+    assert main([*args[:4], "DEM-kmeans-plain", "--out", str(alone), *TINY]) == 0
+    pd.testing.assert_series_equal(
+        pd.read_csv(alone / "results.csv")["auroc"],
+        results["auroc"].iloc[2:3].reset_index(drop=True),
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ablations", "plian"], "unknown ablation 'plian' (did you mean plain"),
+        (["--methods", "IForest", "--ablations", "plain"], "none of the methods IForest takes"),
+        (["--methods", "IForest-plain"], "IForest does not take the ablation 'plain'"),
+    ],
+)
+def test_bad_ablations_exit_2(tmp_path, capsys, argv, message):
+    args = ["bench", "--datasets", "4_breastw", "--methods", "DEM-kmeans", *argv]
+    assert main([*args, "--out", str(tmp_path / "x"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fednovelty: error: ") and message in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_malformed_option_is_an_argparse_error(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--quick", "--clients", "many", "--out", str(tmp_path)])
@@ -87,6 +122,8 @@ def test_stream_writes_results_summary_and_figure(tmp_path, capsys):
         (["--datasets", "cifar10-svhn", "--methods", "IForest"], "stream dataset(s); add --stream"),
         (["--stream", "linear", "--datasets", "cifar10-svhn", "--alphas", "0.5"],
          "--alphas: grid option(s) that do not apply"),
+        (["--stream", "linear", "--datasets", "cifar10-svhn", "--ablations", "plain"],
+         "--ablations: grid option(s) that do not apply"),
         (["--stream", "linear", "--datasets", "cifar10-svhm"], "did you mean cifar10-svhn"),
         (["--stream", "linear", "--datasets", "CIFAR10_0+4_breastw"], "need one width"),
         (["--stream", "linear", "--datasets", "femnist:blur"], "unknown FEMNIST OOD transform"),

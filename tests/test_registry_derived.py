@@ -1,6 +1,7 @@
 """Everything that lists methods reads the registry: a method registered in one place (the
 ``probe`` fixture adds it to ``fednovelty.methods.METHODS``) reaches ``fednovelty bench``'s
-help and checks, ``fednovelty fit --method``, the dashboard's Train page and
+help and checks (with its ablations: a mixture's detector has their settings),
+``fednovelty fit --method``, the dashboard's Train page and
 ``fednovelty.load`` of a saved fit; a stream method reaches the stream runner and a
 personalised one no novelty runner."""
 
@@ -56,6 +57,7 @@ def test_bench_lists_and_accepts_a_registered_method(probe, capsys):
     assert NAME in capsys.readouterr().out
     assert NAME in method_names()
     assert check_methods([NAME]) == [NAME]
+    assert check_methods([NAME], ["plain"]) == [NAME, f"{NAME}-plain"]  # a mixture: ablated
 
 
 def test_fit_trains_it_and_load_finds_its_class(probe, tmp_path, capsys):

@@ -1,23 +1,26 @@
 """``fednovelty bench``: a benchmark grid from the command line, resumed from its folder.
 
 Methods are names of the registry (:mod:`fednovelty.methods`); without ``--methods`` the grid
-runs :func:`~fednovelty.methods.method_names` (every novelty method but the ablation
-variants). The run writes ``results.csv`` (appended cell by cell), then ``summary.md`` and
-the figures, rewritten from the whole table.
+runs :func:`~fednovelty.methods.method_names` (every novelty method but the variants).
+``--ablations plain,std,prior`` runs each chosen method that takes them also with the
+robust defaults switched off (:mod:`fednovelty.evaluation.ablations`), named
+``METHOD-plain`` etc. in the results; such a name given to ``--methods`` runs that ablation
+alone. The run writes ``results.csv`` (appended cell by cell), then ``summary.md`` and the
+figures, rewritten from the whole table.
 
 ``--stream linear|cosine|constant`` runs novelty under drift instead
 (:func:`~fednovelty.evaluation.streams.run_stream_benchmark`): each dataset is a two-domain
 stream (``cifar10-svhn``, ``femnist``, ``A+B`` of two ADBench names of one width) whose share
 of domain A follows the schedule over ``--windows`` windows (``--cycles``, ``--share`` for
 ``constant``); the methods are the registry's stream methods (``streaming``), ``static``,
-``refit`` and federated registry methods refitted every window (``--baseline`` is the
-registry method of ``static`` and ``refit``); ``--clients`` (one value: clients, FEMNIST's
-writers), ``--rows`` per client and window, ``--components`` (one value, default 4),
-``--rho`` and ``--rounds`` the stream methods'. It writes ``results.csv`` (one row per
-method x window x seed), ``summary.md`` and one figure per dataset (AUROC per window with
-the share), and does not resume: ``--out`` must not hold a ``results.csv`` yet. Grid
-options (``--alphas``, ``--protocols``, ...) are refused with ``--stream`` and stream options
-without it.
+``refit`` and federated registry methods (or their ablations) refitted every window
+(``--baseline`` is the method of ``static`` and ``refit``); ``--clients`` (one value:
+clients, FEMNIST's writers), ``--rows`` per client and window, ``--components`` (one value,
+default 4), ``--rho`` and ``--rounds`` the stream methods'. It writes ``results.csv`` (one
+row per method x window x seed), ``summary.md`` and one figure per dataset (AUROC per window
+with the share), and does not resume: ``--out`` must not hold a ``results.csv`` yet. Grid
+options (``--alphas``, ``--protocols``, ``--ablations``, ...) are refused with ``--stream``
+and stream options without it.
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ from fednovelty._cli.files import (
     positive_int,
 )
 from fednovelty._cli.progress import add_progress_option, progress_of
-from fednovelty.methods import ABLATIONS, method_names
+from fednovelty.evaluation.ablations import ABLATIONS
+from fednovelty.methods import method_names
 
 #: Grid options and the value a grid run takes when one is not given (argparse default None,
 #: so that ``--stream`` can refuse the ones given).
 GRID_DEFAULTS = {
+    "ablations": [],
     "protocols": ["novelty"],
     "alphas": [0.5],
     "partition": "dirichlet",
@@ -292,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         check_grid(
             args.datasets,
             args.methods,
+            ablations=args.ablations,
             protocols=args.protocols,
             alphas=args.alphas,
             partition=args.partition,
@@ -304,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
     df = run_benchmark(
         args.datasets,
         args.methods,
+        ablations=args.ablations,
         protocols=args.protocols,
         alphas=args.alphas,
         n_clients=args.clients,
@@ -357,12 +364,21 @@ def add_parser(sub) -> None:
         "(scikit-learn's bundled digits); a suffix "
         "':noise' picks the Gaussian-noise OOD set",
     )
-    ablations = ", ".join(f"NAME{suffix}" for suffix in ABLATIONS)
     bench.add_argument(
         "--methods",
         nargs="+",
-        help=f"names of fednovelty.methods (default: {', '.join(method_names())}; "
-        f"the ablation variants {ablations} when named)",
+        help=f"names of fednovelty.methods (default: {', '.join(method_names())}); "
+        f"METHOD-ABLATION (e.g. FedGenGMM-plain) runs one ablation alone",
+    )
+    bench.add_argument(
+        "--ablations",
+        nargs="+",
+        default=None,
+        metavar="ABLATION",
+        help="also run each method that takes them with the robust defaults switched off, "
+        f"named METHOD-ABLATION in the results: {', '.join(ABLATIONS)} (plain: no "
+        "standardisation, no covariance prior; std: standardisation only; prior: the prior "
+        "only), comma- or space-separated",
     )
     bench.add_argument(
         "--protocols",
@@ -475,7 +491,7 @@ def add_parser(sub) -> None:
     streams.add_argument(
         "--baseline",
         default=None,
-        help="registry method of static and refit (FedGMM-plain)",
+        help="registry method, or ablation of one, of static and refit (FedGMM-plain)",
     )
     bench.add_argument(
         "--data-dir", default=None, help="default: $FEDNOVELTY_DATA or ../shared/data"

@@ -8,7 +8,9 @@ higher means more anomalous (PyOD's ``decision_function``).
   ``fpr_at_95_tpr``, ``max_f1``, ``evaluate``.
 - :mod:`~fednovelty.evaluation.benchmark`: ``run_benchmark`` (datasets x methods x protocols x
   alphas x clients x seeds -> tidy DataFrame, resumable); the methods are the registry's
-  (:mod:`fednovelty.methods`, ``METHODS`` re-exported here).
+  (:mod:`fednovelty.methods`, ``METHODS`` re-exported here);
+  :mod:`~fednovelty.evaluation.ablations`: the ablations of the robust defaults it can run
+  beside them (``ABLATIONS``; named ``"FedGenGMM-plain"``, ...).
 - :mod:`~fednovelty.evaluation.results`: the results table's columns and its resumable CSV file.
 - :mod:`~fednovelty.evaluation.summary`: ``summarize`` (markdown tables of a results table).
 - :mod:`~fednovelty.evaluation.streams`: ``run_stream_benchmark`` (novelty under drift: the

@@ -8,8 +8,11 @@ fednovelty alike) and records one row per cell (see
 :data:`~fednovelty.evaluation.results.COLUMNS`). :func:`~fednovelty.evaluation.summary.summarize`
 turns the table into markdown.
 
-Methods are the novelty methods of the registry (:mod:`fednovelty.methods`), ablation variants
-included; ``DEFAULT_METHODS`` is every novelty method but the variants. A method that
+Methods are the novelty methods of the registry (:mod:`fednovelty.methods`);
+``DEFAULT_METHODS`` is every one but the variants (FedVB's one-shot aggregations).
+``ablations`` runs each method that takes them also as its ablations, the robust defaults
+switched off (:mod:`fednovelty.evaluation.ablations`: ``"FedGenGMM-plain"``, ...), and an
+ablation's name among the methods runs that ablation alone. A method that
 fits clients (``Method.fits_clients``: the federated ones and ``Local``) is fitted with
 ``groups`` = the client of each row and reports its rounds and bytes; the others (the pooled
 ``CentralGMM`` and the PyOD baselines) are fitted on the pooled rows, and their ``rounds``
@@ -47,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fednovelty.evaluation.ablations import ABLATIONS, resolve_method, with_ablations
 from fednovelty.evaluation.metrics import evaluate
 from fednovelty.evaluation.results import (
     COLUMNS,
@@ -78,17 +82,22 @@ __all__ = [
     "summarize",
 ]
 
-#: The methods a run uses when none are named: every novelty method but the ablation variants.
+#: The methods a run uses when none are named: every novelty method but the variants.
 DEFAULT_METHODS: tuple[str, ...] = tuple(method_names())
 
 
 # ----------------------------------------------------------------------------- validation
-def check_methods(methods: Iterable[str]) -> list[str]:
-    """Method names as a list; unknown names raise ValueError with the closest names.
+def check_methods(methods: Iterable[str], ablations: Iterable[str] = ()) -> list[str]:
+    """The methods a run compares, as a list: ``methods``, then the ``ablations`` of each
+    that takes them (:func:`~fednovelty.evaluation.ablations.with_ablations`).
 
-    Known: the registry's novelty methods with their ablation variants; a method of another
-    task (a personalised classifier, ``task="pfl"``; a detector that learns window by window,
-    ``task="stream"``) is refused with the reason.
+    Known: the registry's novelty methods and the ablations of those (``"FedGenGMM-plain"``);
+    a method of another task (a personalised classifier, ``task="pfl"``; a detector that
+    learns window by window, ``task="stream"``) is refused with the reason.
+
+    Raises:
+        ValueError: an unknown method or ablation (with the closest names), a method of
+            another task, an ablation no method named takes.
     """
     methods = [methods] if isinstance(methods, str) else list(methods)
     known = method_names(variants=True)
@@ -105,8 +114,13 @@ def check_methods(methods: Iterable[str]) -> list[str]:
             f"{reasons}. bench runs novelty detectors: {', '.join(method_names())} (and "
             "their ablations)."
         )
-    check_known("method", methods, known)
-    return methods
+    for name in methods:
+        base, _, ablation = name.rpartition("-")
+        if name not in known and base in known and ablation in ABLATIONS:
+            resolve_method(name)  # raises if the method does not take the ablation
+        else:
+            check_known("method", [name], known, f" Ablations: METHOD-{'/'.join(ABLATIONS)}.")
+    return with_ablations(methods, ablations)
 
 
 def check_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
@@ -144,23 +158,26 @@ def check_grid(
     datasets: Iterable[str],
     methods: Iterable[str],
     *,
+    ablations: Iterable[str] = (),
     protocols: Iterable[str] = ("novelty",),
     alphas: Iterable[float | None] = (0.5,),
     partition: str = "dirichlet",
     data_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], list[str], list[str], list]:
     """The grid's names and alphas checked as :func:`run_benchmark` checks them before it runs
-    anything: ``(datasets, methods, protocols, alphas)`` as lists (``alphas`` is ``[None]``
-    for ``partition="iid"``).
+    anything: ``(datasets, methods, protocols, alphas)`` as lists (``methods`` with the
+    ablations added, :func:`check_methods`; ``alphas`` is ``[None]`` for
+    ``partition="iid"``).
 
     Raises:
-        ValueError: an unknown dataset, method, protocol or partition (with the closest
-            names), or an alpha that is not a group count for ``partition="quantity"``.
+        ValueError: an unknown dataset, method, ablation, protocol or partition (with the
+            closest names), or an alpha that is not a group count for
+            ``partition="quantity"``.
     """
     from fednovelty.datasets.protocols import PARTITIONS, PROTOCOLS
 
     datasets = check_datasets(datasets, data_dir)
-    methods = check_methods(methods)
+    methods = check_methods(methods, ablations)
     protocols = _as_list(protocols)
     check_known("protocol", protocols, list(PROTOCOLS))
     check_known("partition", [partition], list(PARTITIONS))
@@ -226,7 +243,7 @@ def _cell_row(config: dict, task, task_error: str | None) -> dict:
     try:
         row.update(
             _run_cell(
-                METHODS[config["method"]],
+                resolve_method(config["method"]),
                 task,
                 {
                     "n_components": config["n_components"],
@@ -248,6 +265,7 @@ def run_benchmark(
     datasets: Iterable[str],
     methods: Iterable[str],
     *,
+    ablations: Iterable[str] = (),
     protocols: Iterable[str] = ("novelty",),
     alphas: Iterable[float | None] = (0.5,),
     n_clients: Iterable[int] = (10,),
@@ -271,8 +289,12 @@ def run_benchmark(
         datasets: ADBench names, ``"all"`` (every tabular set), ``"mnist"``, ``"digits"``; a
             ``":noise"`` (or MNIST ``":rotate"``, ...) suffix picks the OOD set (see
             ``make_task``).
-        methods: names of novelty methods of :mod:`fednovelty.methods` (ablation variants
-            included).
+        methods: names of novelty methods of :mod:`fednovelty.methods`, or of an ablation
+            of one (``"FedGenGMM-plain"``: that ablation alone).
+        ablations: names of :data:`~fednovelty.evaluation.ablations.ABLATIONS` (``"plain"``,
+            ``"std"``, ``"prior"``; ``"plain,std"`` is split at commas): each method that
+            takes them runs also as ``<method>-<ablation>`` (a method of its own in the
+            results, after ``methods``); the others run as themselves only.
         protocols: ``"novelty"`` and/or ``"outlier"``.
         alphas: Dirichlet concentrations (groups per client for ``partition="quantity"``;
             ignored and recorded as NaN for ``"iid"``).
@@ -307,8 +329,8 @@ def run_benchmark(
         n_test, n_features, novel_share, warning, error`` (None when the cell succeeded).
 
     Raises:
-        ValueError: an unknown dataset, method, protocol or partition, or an ``out_csv`` that
-            is not a results file (before anything runs).
+        ValueError: an unknown dataset, method, ablation, protocol or partition, or an
+            ``out_csv`` that is not a results file (before anything runs).
 
     Example:
         >>> df = run_benchmark(["4_breastw"], ["IForest"], progress=False)  # doctest: +SKIP
@@ -319,12 +341,14 @@ def run_benchmark(
     datasets, methods, protocols, alphas = check_grid(
         datasets,
         methods,
+        ablations=ablations,
         protocols=protocols,
         alphas=alphas,
         partition=partition,
         data_dir=data_dir,
     )
     sizes = [(k, kc) for k in _as_list(n_components) for kc in _as_list(client_components)]
+    resolved = {name: resolve_method(name) for name in methods}
 
     out_path = Path(out_csv) if out_csv is not None else None
     stored: dict[tuple[str, ...], dict] = {}
@@ -348,7 +372,7 @@ def run_benchmark(
     ):
         cells = []
         for (k, kc), name in product(sizes, methods):
-            if "client_components" not in METHODS[name].shared:
+            if "client_components" not in resolved[name].shared:
                 kc = None  # K_c does not change this method: one cell per K (deduplicated)
             config = {
                 "dataset": dataset,

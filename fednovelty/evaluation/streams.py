@@ -7,11 +7,12 @@ runs the compared detectors through it, window by window:
 - the registry's stream methods (``task="stream"``, :mod:`fednovelty.methods`; ``"streaming"``,
   a :class:`~fednovelty.detectors.StreamingFedGMMDetector`): fitted on the warm-up window
   (window 0), then one ``partial_fit`` per window (``rho``, ``rounds``).
-- ``"static"``: the ``baseline`` method of the registry (:mod:`fednovelty.methods`;
-  ``"FedGMM-plain"`` by default) fitted on the warm-up window and never again.
+- ``"static"``: the ``baseline`` method of the registry (:mod:`fednovelty.methods`) or an
+  ablation of one (:mod:`fednovelty.evaluation.ablations`; ``"FedGMM-plain"`` by default)
+  fitted on the warm-up window and never again.
 - ``"refit"``: the ``baseline`` method fitted from scratch on every window.
-- any other federated novelty method of the registry by name (e.g. ``"FedGenGMM-plain"``,
-  the default last): fitted from scratch on every window.
+- any other federated novelty method of the registry, or an ablation of one, by name (e.g.
+  ``"FedGenGMM-plain"``, the default last): fitted from scratch on every window.
 
 :func:`stream_methods` is the default list: every stream method of the registry, then
 ``"static"``, ``"refit"`` and ``"FedGenGMM-plain"``.
@@ -28,7 +29,7 @@ Choices, and why:
 - The mixtures are plain maximum likelihood by default (``"FedGMM-plain"``,
   ``"FedGenGMM-plain"``: no standardisation, no covariance prior), as the streaming
   detector's M-steps are, so the comparison is between ways of following the stream, not
-  between regularisations. Any registry method can be named instead.
+  between regularisations. Any registry method (or other ablation) can be named instead.
 - ``bytes`` of a window is what crossed the wire for it (up + down): the streaming detector's
   window, a refit's whole fit; the static detector sends nothing after window 0.
 - ``moved``: windows whose share is at least ``moved_at`` (0.3) away from the warm-up
@@ -61,6 +62,7 @@ from fednovelty.datasets.domain_pools import (
     stream_pools,
 )
 from fednovelty.datasets.streams import SCHEDULES, domain_stream
+from fednovelty.evaluation.ablations import ablation_names, resolve_method
 from fednovelty.evaluation.metrics import evaluate
 from fednovelty.evaluation.results import METRICS, short_text
 from fednovelty.evaluation.summary import _markdown
@@ -131,8 +133,8 @@ def _learns_online(name: str) -> bool:
 
 def check_stream_methods(methods: Iterable[str], baseline: str = "FedGMM-plain") -> list[str]:
     """Method names as a list: a stream method of the registry (``"streaming"``), ``"static"``,
-    ``"refit"`` or a federated novelty method of the registry (ablation variants included),
-    and the ``baseline``.
+    ``"refit"`` or a federated novelty method of the registry or an ablation of one
+    (:mod:`fednovelty.evaluation.ablations`), and the ``baseline``.
 
     Raises:
         ValueError: empty, repeated or unknown names (with the closest names), a baseline or
@@ -146,6 +148,7 @@ def check_stream_methods(methods: Iterable[str], baseline: str = "FedGMM-plain")
         raise ValueError(f"methods named twice: {repeated}.")
     online = method_names(kind="federated", task="stream", variants=True)
     federated = method_names(kind="federated", variants=True)
+    federated += ablation_names(federated)  # FedGenGMM-plain, ...
     check_known(
         "stream method",
         methods,
@@ -241,7 +244,7 @@ class _Runner:
 
     def build(self, name: str):
         s = self.settings
-        method = METHODS[s["baseline"] if name in STREAM_ROLES else name]
+        method = resolve_method(s["baseline"] if name in STREAM_ROLES else name)
         shared = method.shared_params(
             n_components=s["n_components"],
             covariance_type=s["covariance_type"],

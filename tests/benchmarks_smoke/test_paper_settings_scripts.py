@@ -15,6 +15,7 @@ from sklearn.decomposition import PCA
 from fednovelty.datasets import load_mnist, scale_images
 from fednovelty.datasets import protocols as protocols_module
 from fednovelty.datasets.protocols import make_task
+from fednovelty.evaluation.ablations import ABLATIONS, resolve_method
 from fednovelty.methods import METHODS
 
 
@@ -59,22 +60,25 @@ def test_paper_mnist_ood_matches_sklearn_pca_of_hand_transformed_digits(benchmar
 
 def test_paper_tasks_and_detectors_on_are_undone_on_exit(benchmark_script):
     script = benchmark_script("fedgengmm_paper")
-    original, method = protocols_module.make_task, METHODS["FedGenGMM-plain"]
+    original, method = protocols_module.make_task, METHODS["FedGenGMM"]
     with script.paper_tasks(script.SETTINGS["paper"]):
         task = protocols_module.make_task("digits", n_clients=3, alpha=1.0, seed=0)
         assert task.y_test.mean() == pytest.approx(0.1, abs=0.01)
-    names = ["FedGenGMM-plain", "CentralGMM-plain"]
-    with script.detectors_on(names, "cpu", privacy_min_rows=1):
-        params = METHODS["FedGenGMM-plain"].build(n_components=2).get_params()
+    assert script.ablation_names(["FedGenGMM"], [script.ABLATION]) == ["FedGenGMM-plain"]
+    with script.detectors_on(["FedGenGMM", "CentralGMM"], "cpu", privacy_min_rows=1):
+        # the runner builds the plain ablations from the methods the script changed
+        plain = resolve_method("FedGenGMM-plain")
+        params = plain.build(n_components=2).get_params()
         assert (params["device"], params["privacy_min_rows"]) == ("cpu", 1)
-        central = METHODS["CentralGMM-plain"].build(n_components=2).get_params()
+        assert {k: params[k] for k in ABLATIONS["plain"]} == ABLATIONS["plain"]
+        central = resolve_method("CentralGMM-plain").build(n_components=2).get_params()
         assert central["device"] == "cpu"  # built: its fixed privacy_min_rows not passed
-    assert protocols_module.make_task is original and METHODS["FedGenGMM-plain"] is method
-    assert METHODS["FedGenGMM-plain"].build().get_params()["privacy_min_rows"] == 5
+    assert protocols_module.make_task is original and METHODS["FedGenGMM"] is method
+    assert resolve_method("FedGenGMM-plain").build().get_params()["privacy_min_rows"] == 5
     with script.paper_tasks(script.SETTINGS["ours"]):
         assert protocols_module.make_task is original  # ours: make_task's own tasks
     with pytest.raises(ValueError, match="device must be one of"):
-        with script.detectors_on(["FedGenGMM-plain"], "tpu"):
+        with script.detectors_on(["FedGenGMM"], "tpu"):
             pass
 
 

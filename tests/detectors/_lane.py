@@ -25,7 +25,7 @@ RTOL = 1e-8
 
 def lane_names() -> list[str]:
     """Every registry method with a ``device`` (all but PyOD's baselines, which run in numpy),
-    ablation variants and classifiers included, in registry order."""
+    variants and classifiers included, in registry order."""
     return [name for name in NAMES if name != "StreamingFedGMM"]
 
 

@@ -57,7 +57,7 @@ def test_the_lane_covers_every_method_with_a_device():
     names = lane_names()
     assert set(names) == {n for n, m in METHODS.items() if m.kind != "pyod"}
     assert {"streaming", "PFL-pFedEM", "PFL-IFCA-CAM", "FedVB", "KNN-markers"} <= set(names)
-    assert {"Local", "PFL-VGM2-Local", "CentralGMM-plain"} <= set(names)
+    assert {"Local", "PFL-VGM2-Local", "CentralGMM"} <= set(names)
 
 
 @pytest.mark.parametrize("name", ["FedGMM", "FedVB", "KNN-markers", "PFL-FedEM", "PFL-IFCA"])
