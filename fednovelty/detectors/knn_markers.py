@@ -58,7 +58,6 @@ from fednovelty.detectors.persistence import (
     get_attr,
     get_tensor,
     iteration_record,
-    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_at_least
@@ -81,7 +80,6 @@ from fednovelty.mixture.vb_predictive import active_components, vb_predictive_co
 from fednovelty.runtime.threads import scoring_threads
 
 
-@register
 class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     """Federated kNN-distance novelty with a Dir-NIG mixture of log distances; scores a row
     by the predictive tail probability of its distances to the clients' rows (module doc).

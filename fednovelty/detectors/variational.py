@@ -77,7 +77,6 @@ from fednovelty.detectors.persistence import (
     get_tensor,
     iteration_record,
     log_density_bound,
-    register,
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_scorable
@@ -198,7 +197,6 @@ POSTERIOR_TENSORS = (
 )
 
 
-@register
 class FedVBDetector(MixtureDetector):
     """Bayesian Gaussian mixture of ``x`` trained by federated variational Bayes; scores
     novelty as ``-log p(x)`` under the posterior predictive (or the plug-in mixture).
