@@ -24,7 +24,7 @@ and ``d`` read 0). Three sections:
 2. ``mstep``: the exact expected KL from the truth of one noisy M-step with the server's
    post-processing (:func:`~fednovelty.federated.trust.dp.private_sum` then
    :func:`~fednovelty.federated.trust.dp.plausible_stats` with the floors
-   ``fednovelty.federated.init.private_stats`` uses), by simulation on the row-free
+   ``fednovelty.federated.init.combine.private_stats`` uses), by simulation on the row-free
    reference (``K`` components of ``n_k`` rows each, uniform centres in ``[-1, 1]^d``,
    covariance ``K^(-2/d) / 3`` per feature, clipping radius ``sqrt(d)``), for ``n_k`` from
    20 to 20,000 rows and the ``z`` of ``epsilon`` 1 and 8 over 44 releases.
@@ -205,7 +205,7 @@ def mstep_error(
                 covariance_type="full",
             )
             noisy = dp.private_sum(stats, z, bound, generator)
-            kept = dp.plausible_stats(  # the floors of init.private_stats
+            kept = dp.plausible_stats(  # the floors of init.combine.private_stats
                 noisy, bound, max(1.0, 2 * share["counts"]), 1e-4 * bound**2,
                 share["second"] * bound**2,
             )  # fmt: skip

@@ -70,7 +70,7 @@ from fednovelty.detectors.persistence import (
     save_detector,
 )
 from fednovelty.exceptions import ModelFormatError, NotFittedError
-from fednovelty.federated.init import PrivateSettings
+from fednovelty.federated.init.settings import PrivateSettings
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.mixtures.projected import Projected
 from fednovelty.federated.trust.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy

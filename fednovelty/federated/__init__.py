@@ -30,7 +30,7 @@ from fednovelty.federated.clustered.clustered_em import (
 )
 from fednovelty.federated.core.base import ClientContext, FederatedAlgorithm, Message
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import INIT_PARAMS
+from fednovelty.federated.init.settings import INIT_PARAMS
 from fednovelty.federated.joint_models.joint import (
     JointConfig,
     JointFedGMM,

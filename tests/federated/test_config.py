@@ -50,7 +50,7 @@ from fednovelty.federated.core.config import (
     TorchSettings,
 )
 from fednovelty.federated.core.learners import mlp_learner
-from fednovelty.federated.init import GivenMixture, InitSettings, MomentsSettings
+from fednovelty.federated.init.settings import GivenMixture, InitSettings, MomentsSettings
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.factor_em import FactorEMConfig, FederatedFactorEM
 from fednovelty.federated.streams.streaming import StreamingEM
@@ -389,7 +389,7 @@ def test_configs_compose_groups_and_live_beside_their_algorithms() -> None:
 def test_pfedem_ends_federated_ems_chain_with_its_own_step() -> None:
     """pFedEM reuses the joint model's setup: the chain's preparation steps, then its step
     (no moments round: its M-steps are plain)."""
-    from fednovelty.federated.init import MomentsStep
+    from fednovelty.federated.init.moments import MomentsStep
     from fednovelty.federated.joint_models.joint import JointEMStep
     from fednovelty.federated.joint_models.pfedem import PFedEM, PFedEMStep
 

@@ -7,7 +7,7 @@ import torch
 
 from fednovelty.federated import registry
 from fednovelty.federated.core.steps import ChainedAlgorithm
-from fednovelty.federated.init import MomentsStep
+from fednovelty.federated.init.moments import MomentsStep
 from fednovelty.federated.mixtures.em import EMConfig, EMState
 from fednovelty.runtime import run_simulation
 

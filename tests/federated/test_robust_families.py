@@ -29,7 +29,7 @@ from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
 from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
-from fednovelty.federated.init import robust_centroid_replies
+from fednovelty.federated.init.centroids import robust_centroid_replies
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.joint_models.pfedem import PFedEM, pfedem_predict_proba

@@ -52,17 +52,16 @@ from fednovelty.federated.core.declarations import (
     declare,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import (
+from fednovelty.federated.init.chain import init_steps
+from fednovelty.federated.init.combine import combine_stats, private_stats
+from fednovelty.federated.init.moments import MomentsStep
+from fednovelty.federated.init.settings import (
     GivenMixture,
     InitSettings,
     MomentsSettings,
-    MomentsStep,
     PrivateSettings,
-    check_bounds,
-    combine_stats,
-    init_steps,
-    private_stats,
 )
+from fednovelty.federated.init.units import check_bounds
 from fednovelty.federated.mixtures.em import floored_stats_message
 from fednovelty.federated.trust.privacy import client_backing
 from fednovelty.federated.trust.validation import check_scatter, check_stats, stats_shapes
@@ -216,8 +215,8 @@ class OneShotSettings(Settings):
 class BoxSettings(Settings):
     """``bounds``: a public box ``(low, high)`` (each one value per feature, or ``None``)
     the rows are mapped to (``[-1, 1]`` per feature) before anything is taken from them,
-    as :class:`~fednovelty.federated.init.MomentsSettings` states it; what the
-    :class:`~fednovelty.federated.init.MomentsStep` of a VB chain reads. VB has no
+    as :class:`~fednovelty.federated.init.settings.MomentsSettings` states it; what the
+    :class:`~fednovelty.federated.init.moments.MomentsStep` of a VB chain reads. VB has no
     ``moments`` round (the prior-moments round takes its place): ``needs_moments`` is
     false."""
 
@@ -235,7 +234,7 @@ class BoxSettings(Settings):
 
 @settings_dataclass
 class VBMomentsSettings(MomentsSettings):
-    """:class:`~fednovelty.federated.init.MomentsSettings` read on the variational prior's
+    """:class:`~fednovelty.federated.init.settings.MomentsSettings` read on the variational prior's
     terms: ``standardize`` runs the ``moments`` round (every later round works in pooled
     z-scores, the posterior is mapped back to the user's units at the end);
     ``prior_strength`` (``nu_0`` pseudo-rows, > n_features - 1) and ``prior_scale`` set the
@@ -266,16 +265,17 @@ class VBConfig(
     """Settings of federated variational Bayes (``FederatedVB``): the robust options
     (``aggregation`` ``"sum"`` or ``"trimmed"``), ``n_components`` (the upper bound K) and
     ``chunk_size``, the covariance and iteration settings (``tol`` applies to the ELBO, as
-    scikit-learn's), federated EM's initialisation (:func:`~fednovelty.federated.init.init_steps`,
-    given parameters included), the priors (:class:`VBPriorSettings`), seed and placement.
-    One posterior of the weights is shared by all clients. ``standardize``,
-    ``prior_strength`` and ``prior_scale`` (:class:`VBMomentsSettings`, off by default):
-    a ``moments`` round of pooled z-scores and the Wishart's pseudo-rows.
+    scikit-learn's), federated EM's initialisation
+    (:func:`~fednovelty.federated.init.chain.init_steps`, given parameters included), the
+    priors (:class:`VBPriorSettings`), seed and placement. One posterior of the weights is
+    shared by all clients. ``standardize``, ``prior_strength`` and ``prior_scale``
+    (:class:`VBMomentsSettings`, off by default): a ``moments`` round of pooled z-scores and
+    the Wishart's pseudo-rows.
 
     ``bounds`` (:class:`BoxSettings`): a public box every round's rows are mapped to
     (``[-1, 1]`` per feature) before anything is taken from them; the posterior is mapped
-    back to the user's units at the end. Differential
-    privacy (:class:`~fednovelty.federated.init.PrivateSettings`, ``dp_mode`` set) needs the
+    back to the user's units at the end. Differential privacy
+    (:class:`~fednovelty.federated.init.settings.PrivateSettings`, ``dp_mode`` set) needs the
     box (the rows are clipped around its centre), the plain sum (``aggregation="sum"``, no
     ``client_weight_cap``) and runs ``max_iter`` VB rounds: the ELBO needs the
     log-likelihood, which the clients withhold.
@@ -596,7 +596,7 @@ def private_prior_moments(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The pooled noisy prior moments (row count (), mean (d,), scatter about the mean
     (d, d)) made usable, as federated EM's noisy statistics are
-    (:func:`~fednovelty.federated.init.private_stats`): they are one component's ``full``
+    (:func:`~fednovelty.federated.init.combine.private_stats`): they are one component's ``full``
     statistics about the clipping centre (the origin), so the trusted server's noise in
     ``"central"`` mode is the ``"scatter"`` release's (count 1, sum of rows ``B``, sum of
     outer products ``B**2``, same shares), and the post-processing keeps the count at least
@@ -803,7 +803,7 @@ class PosteriorUnitsStep(Step):
 
 def vb_steps(config: VBConfig) -> list[Step]:
     """The chain of federated VB: ``[public box] + [prior moments] + start + [VB]`` (the
-    box is :class:`~fednovelty.federated.init.MomentsStep` without a round: with ``bounds``
+    box is :class:`~fednovelty.federated.init.moments.MomentsStep` without a round: with ``bounds``
     it sets the working units, maps every later round's rows to them and the initial
     mixture back at the end). The start is federated EM's init steps or, with
     ``init_params="oneshot"``, VB's own one-shot round of local posteriors
@@ -829,12 +829,12 @@ class FederatedVB(ChainedAlgorithm):
       about its own mean (full matrix); the server merges them exactly (Chan's parallel formula,
       no cancellation) into scikit-learn's default ``mean_prior`` (the data mean) and
       ``covariance_prior`` (the data covariance, ``ddof=1``).
-    - initialisation: :func:`~fednovelty.federated.init.init_steps` as in federated EM (k-means,
-      separated, subset, or given ``weights_init``/``means_init``/ ``precisions_init``); it
-      leaves a Gaussian mixture in ``state.params``. K is an upper bound: when the clients'
-      privacy floors let them send fewer k-means centroids than K, the k-means init seeds half
-      as many components as centroids arrived and the rest start empty (:func:`pad_components`),
-      at the prior.
+    - initialisation: :func:`~fednovelty.federated.init.chain.init_steps` as in federated EM
+      (k-means, separated, subset, or given ``weights_init``/``means_init``/
+      ``precisions_init``); it leaves a Gaussian mixture in ``state.params``. K is an upper
+      bound: when the clients' privacy floors let them send fewer k-means centroids than K,
+      the k-means init seeds half as many components as centroids arrived and the rest start
+      empty (:func:`pad_components`), at the prior.
     - or, with ``init_params="oneshot"``, the one-shot start
       (:class:`~fednovelty.federated.bayesian.vb_local.VBLocalStep`, one ``vb_local``
       round): every client fits its own posterior under the shared prior and sends its
@@ -852,7 +852,7 @@ class FederatedVB(ChainedAlgorithm):
     ``client_weight_cap`` scales down the sums of a client claiming more than that many median
     clients' rows, and ``aggregation="trimmed"`` combines the ``vb_init``/``vb`` statistics by
     :func:`~fednovelty.federated.trust.robust.robust_stats` (through the shared
-    :func:`~fednovelty.federated.init.combine_stats`) and leaves the most outlying client's
+    :func:`~fednovelty.federated.init.combine.combine_stats`) and leaves the most outlying client's
     k-means centroids out of the initialisation; the posterior is then no longer the pooled
     rows' exactly, and the ELBO is computed from the combined statistics.
     """

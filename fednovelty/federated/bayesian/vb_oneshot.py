@@ -54,7 +54,7 @@ from fednovelty.federated.core.config import (
     settings_dataclass,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm
-from fednovelty.federated.init import MomentsStep
+from fednovelty.federated.init.moments import MomentsStep
 from fednovelty.mixture.variational import VBPosterior
 from fednovelty.mixture.vb_prior import VBPrior
 

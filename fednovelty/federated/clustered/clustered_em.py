@@ -35,7 +35,8 @@ from fednovelty.federated.core.base import ClientContext, Message, derived_seed,
 from fednovelty.federated.core.config import at_least, settings_dataclass
 from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec, declare
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import MomentsSettings, combine_stats
+from fednovelty.federated.init.combine import combine_stats
+from fednovelty.federated.init.settings import MomentsSettings
 from fednovelty.federated.mixtures.em import EMConfig, EMSettings, EMState, EMStep, em_steps
 from fednovelty.federated.trust.privacy import backed, contrast_backed
 from fednovelty.federated.trust.validation import (
@@ -74,7 +75,7 @@ class ClusteredEMConfig(EMSettings, MomentsSettings):
     """Settings of the clustered additive mixture (``ClusteredEM``,
     :mod:`fednovelty.federated.clustered.clustered_em`): federated EM's chain
     (:class:`~fednovelty.federated.mixtures.em.EMSettings`) and moments round
-    (:class:`~fednovelty.federated.init.MomentsSettings`) for the ``n_components`` global
+    (:class:`~fednovelty.federated.init.settings.MomentsSettings`) for the ``n_components`` global
     components (every client keeps its own weights: ``mixture_weights`` is ``"personal"``;
     the global components are initialised by the rounds, never given), and
 

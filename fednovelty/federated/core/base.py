@@ -189,6 +189,16 @@ def client_generator(seed: int, client_id: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(entropy))
 
 
+def round_seed(config: Any, state: Any) -> int:
+    """The seed of the round after ``state.rounds`` counted rounds (``config.random_state``)."""
+    return derived_seed(config.random_state, state.rounds)
+
+
+def server_generator(config: Any, state: Any) -> torch.Generator:
+    """The server's generator in the round after ``state.rounds`` counted rounds."""
+    return torch.Generator().manual_seed(round_seed(config, state) ^ 0x5EED)
+
+
 #: every algorithm class with settings, by class name (see ``FederatedAlgorithm``).
 REGISTERED: dict[str, type] = {}
 

@@ -5,8 +5,8 @@ Every federated algorithm holds one frozen dataclass as ``algorithm.config``, de
 the algorithm (``EMConfig`` in :mod:`~fednovelty.federated.mixtures.em`, ...); both halves read
 their settings from it and Flower's ClientApp rebuilds it from the run config
 (``from_json(to_json())`` round-trips). A config inherits exactly the field groups it uses:
-the generic ones here, those of federated EM's preparation rounds beside their steps in
-:mod:`~fednovelty.federated.init`, variational Bayes' priors in
+the generic ones here, those of federated EM's preparation rounds and differential privacy
+in :mod:`~fednovelty.federated.init.settings`, variational Bayes' priors in
 :mod:`~fednovelty.federated.bayesian.variational`. Each group's ``__post_init__`` runs the rest of
 the chain first, then normalises its own fields and raises a ``ValueError`` naming a bad
 one; a group that needs another (initial tensors need the dtype) inherits it. A config

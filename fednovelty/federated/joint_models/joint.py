@@ -33,7 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.core.aggregate import learner_name, stats_message
-from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.base import (
+    ClientContext,
+    Message,
+    client_generator,
+    round_seed,
+    skipped_reply,
+)
 from fednovelty.federated.core.config import (
     TorchSettings,
     as_tensor,
@@ -61,7 +67,6 @@ from fednovelty.federated.core.learners import (
     mlp_learner,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import round_seed
 from fednovelty.federated.joint_models.joint_scores import (
     adapt_joint_weights,
     global_log_joint_weights,

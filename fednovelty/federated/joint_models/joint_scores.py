@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fednovelty.federated.mixtures.em import client_average_weights
+from fednovelty.federated.mixtures.paper_pooling import client_average_weights
 from fednovelty.mixture import WeightsFit, log_gaussian_prob
 from fednovelty.mixture.em import fit_weights_map
 
@@ -34,7 +34,7 @@ def global_log_joint_weights(state: Any) -> Tensor:
     ``"pooled"``, the summed joint counts normalised (sample-weighted); ``"client_average"``,
     the FedGMM paper's footnote 3, the unweighted mean of the clients' ``pi_c``
     (``state.client_joint_weights``) with ``10 * eps`` added to every cell and renormalised
-    (:func:`~fednovelty.federated.mixtures.em.client_average_weights`). A state with no
+    (:func:`~fednovelty.federated.mixtures.paper_pooling.client_average_weights`). A state with no
     client weights falls back to the pooled ones."""
     if (
         getattr(state, "global_weights", "pooled") == "client_average"

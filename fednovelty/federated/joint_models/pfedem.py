@@ -35,7 +35,13 @@ from torch import Tensor, nn
 
 from fednovelty.federated.bayesian.variational import BoxSettings
 from fednovelty.federated.core.aggregate import learner_name, stats_message
-from fednovelty.federated.core.base import ClientContext, Message, client_generator, skipped_reply
+from fednovelty.federated.core.base import (
+    ClientContext,
+    Message,
+    client_generator,
+    round_seed,
+    skipped_reply,
+)
 from fednovelty.federated.core.config import settings_dataclass
 from fednovelty.federated.core.declarations import (
     STATS_BACKING,
@@ -44,7 +50,8 @@ from fednovelty.federated.core.declarations import (
     declare,
 )
 from fednovelty.federated.core.learners import ClientRound, SGDTask
-from fednovelty.federated.init import GivenMixture, MomentsStep, round_seed
+from fednovelty.federated.init.moments import MomentsStep
+from fednovelty.federated.init.settings import GivenMixture
 from fednovelty.federated.joint_models.joint import (
     JointEMStep,
     JointFedGMM,

@@ -16,8 +16,8 @@ client covariances and of client weights are settings (:class:`EMConfig`).
     [PCA (pca_components)] + [moments (standardize, prior)] + initialisation + EM
 
 The PCA step (:class:`~fednovelty.federated.mixtures.pca.PCAStep`), the moments round
-(:class:`~fednovelty.federated.init.MomentsStep`) and the initialisation
-(:func:`~fednovelty.federated.init.init_steps`) are shared with the joint and clustered
+(:class:`~fednovelty.federated.init.moments.MomentsStep`) and the initialisation
+(:func:`~fednovelty.federated.init.chain.init_steps`) are shared with the joint and clustered
 mixtures; :class:`EMStep` runs until the mean log-likelihood changes by less than ``tol`` or
 ``max_iter`` rounds ran. A client below its privacy floor skips every round and the client
 gate zeroes a component backed by fewer than ``min_rows`` effective rows
@@ -28,14 +28,13 @@ PCA rounds do not move them).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from fednovelty.federated.core.aggregate import released, stats_message
+from fednovelty.federated.core.aggregate import stats_message
 from fednovelty.federated.core.base import ClientContext, Message, ReleaseTerms, skipped_reply
 from fednovelty.federated.core.config import (
     ComponentSettings,
@@ -53,17 +52,18 @@ from fednovelty.federated.core.declarations import (
     declare,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import (
+from fednovelty.federated.init.chain import init_steps
+from fednovelty.federated.init.combine import combine_stats
+from fednovelty.federated.init.moments import MomentsStep
+from fednovelty.federated.init.settings import (
     INIT_PARAMS,
     GivenMixture,
     InitSettings,
     MomentsSettings,
-    MomentsStep,
     PrivateSettings,
-    combine_stats,
-    init_steps,
 )
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS, Squarem
+from fednovelty.federated.mixtures.paper_pooling import client_average_weights, paper_pooled_stats
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState, PCAStep
 from fednovelty.federated.trust.privacy import (
     backed,
@@ -94,10 +94,7 @@ __all__ = [
     "EMState",
     "EMStep",
     "FederatedEM",
-    "client_average_weights",
     "em_steps",
-    "paper_pooled_stats",
-    "within_scatter",
 ]
 
 MIXTURE_WEIGHTS: tuple[str, ...] = ("global", "personal")
@@ -151,9 +148,9 @@ class EMSettings(
 class EMConfig(EMSettings, MomentsSettings, GivenMixture):
     """Settings of federated EM (``FederatedEM``; FedGMM Algorithm 2 and DEM):
     :class:`EMSettings`, the moments round's standardisation and covariance prior
-    (:class:`~fednovelty.federated.init.MomentsSettings`; ``standardize`` or
+    (:class:`~fednovelty.federated.init.settings.MomentsSettings`; ``standardize`` or
     ``prior_strength`` adds one round), given initial parameters
-    (:class:`~fednovelty.federated.init.GivenMixture`), and
+    (:class:`~fednovelty.federated.init.settings.GivenMixture`), and
 
     Attributes:
         acceleration: ``"none"`` (plain EM, scikit-learn's path) or ``"squarem"`` (the
@@ -167,11 +164,13 @@ class EMConfig(EMSettings, MomentsSettings, GivenMixture):
             counts: ``Sigma_k = sum_c gamma_ck Sigma_ck / sum_c gamma_ck`` with
             ``Sigma_ck = sum_i r_ik (x_i - mu_ck)(x_i - mu_ck)^T / gamma_ck``, ``mu_ck`` the
             client's mean; it leaves out the spread of the client means about ``mu_k``
-            (:func:`paper_pooled_stats`). The means are the same either way (Lemma 2).
+            (:func:`~fednovelty.federated.mixtures.paper_pooling.paper_pooled_stats`). The
+            means are the same either way (Lemma 2).
         global_weights: ``"pooled"``: the global weights are the summed counts, normalised
             (each row counts once). ``"client_average"``: footnote 3's ``pi = sum_c gamma_c
             / N_c``, normalised: the unweighted mean of the clients' personal weights
-            (:func:`client_average_weights`; ``mixture_weights="personal"`` only). With
+            (:func:`~fednovelty.federated.mixtures.paper_pooling.client_average_weights`;
+            ``mixture_weights="personal"`` only). With
             personal weights the global ones serve clients without weights of their own
             (scoring with no client, a new client's start).
 
@@ -316,10 +315,10 @@ class EMStep(Step):
         """Combine the replies' statistics about the broadcast shift and set
         ``state.params`` to the M-step's mixture; returns the combined statistics.
 
-        The covariances pool as ``covariance_pooling`` says (:func:`paper_pooled_stats` for
-        ``"paper"``) and the weights as ``global_weights`` says
-        (:func:`client_average_weights` for ``"client_average"``, over ``state.client_weights``
-        with this round's replies' weights in place of their earlier ones); a config
+        The covariances pool as ``covariance_pooling`` says and the weights as
+        ``global_weights`` says (:mod:`~fednovelty.federated.mixtures.paper_pooling` for
+        ``"paper"`` and ``"client_average"``, the latter over ``state.client_weights`` with
+        this round's replies' weights in place of their earlier ones); a config
         without these settings (pFedEM's, the clustered mixtures') gets the defaults."""
         config = self.config
         shift = moment_shift(state.params)
@@ -433,74 +432,6 @@ def reply_weights(replies: dict[int, Message], config: Any) -> dict[int, Tensor]
             counts = counts.clamp_min(1e-6 * float(counts.abs().sum()) + 1e-300)
         weights[cid] = counts / counts.sum()
     return weights
-
-
-def client_average_weights(client_weights: list[Tensor]) -> Tensor:
-    """The FedGMM paper's footnote 3: ``pi = sum_c gamma_c / N_c`` normalised, i.e. the
-    unweighted mean of the clients' weights ``pi_c = gamma_c / N_c`` (each (n_components,),
-    summing to 1) -> (n_components,). Every entry is raised by ``10 * eps`` and the vector
-    renormalised, as the M-step adds ``10 * eps`` to every count, so no component gets
-    weight 0 (the E-step takes its log)."""
-    mean = torch.stack(client_weights).mean(0)
-    mean = mean + 10 * torch.finfo(mean.dtype).eps
-    return mean / mean.sum()
-
-
-def within_scatter(counts: Tensor, sums: Tensor, second: Tensor, covariance_type: str) -> Tensor:
-    """One client's scatter of each component's rows about the client's *own* component mean,
-    from its statistics about any shift: ``W_k = S_k - s_k s_k^T / n_k`` (``full``, (K, d, d)),
-    ``S_k - s_k^2 / n_k`` (``diag``, (K, d)), ``S_k - |s_k|^2 / n_k`` (``spherical``, traces,
-    (K,)), ``S - sum_k s_k s_k^T / n_k`` (``tied``, (d, d)); a component with ``n_k = 0``
-    adds nothing. ``W_k = gamma_k Sigma_k`` with the paper's client covariance ``Sigma_k``.
-
-    Args:
-        counts: (K,) ``n_k``; sums: (K, d) ``s_k``; second: per ``covariance_type``.
-    """
-    held = counts > 0
-    share = torch.where(held, 1.0 / counts.clamp_min(torch.finfo(counts.dtype).tiny), 0.0)
-    if covariance_type == "full":
-        return second - share.view(-1, 1, 1) * sums.unsqueeze(2) * sums.unsqueeze(1)
-    if covariance_type == "tied":
-        return second - (share.unsqueeze(1) * sums).T @ sums
-    if covariance_type == "diag":
-        return second - share.unsqueeze(1) * sums.square()
-    return second - share * sums.square().sum(1)
-
-
-def paper_pooled_stats(replies: Iterable[Message], summed: SufficientStats) -> SufficientStats:
-    """Statistics whose M-step gives ``covariance_pooling="paper"``'s covariances.
-
-    With ``W_ck`` each client's scatter about its own mean (:func:`within_scatter`) and
-    ``n_k`` the summed counts, the paper's ``Sigma_k = sum_c gamma_ck Sigma_ck / sum_c
-    gamma_ck = sum_c W_ck / n_k`` (``tied``: ``sum_c W_c / n``; ``spherical``: that trace
-    over ``n_k d``). ``summed``'s second moment is replaced by ``sum_c W_ck + s_k s_k^T / n_k``
-    (``n_k`` with the M-step's ``10 * eps``), so that the M-step, which subtracts the
-    pooled mean's outer product, leaves exactly ``sum_c W_ck / n_k``; its prior and
-    ``reg_covar`` apply as in the exact M-step. The counts and sums, and so the weights and
-    means, are ``summed``'s.
-
-    Args:
-        replies: the round's replies (skipped ones are left out), statistics about
-            ``summed.shift``; each client's (``counts``, ``sums``, ``second``) is
-            one-to-one with the paper's (``gamma_c``, ``mu_c``, ``Sigma_c``).
-        summed: their summed statistics.
-    """
-    ct, shift = summed.covariance_type, summed.shift
-    within = torch.zeros_like(summed.second)
-    for reply in released(replies):
-        t = {k: reply.tensors[k].to(shift) for k in ("counts", "sums", "second")}
-        within = within + within_scatter(t["counts"], t["sums"], t["second"], ct)
-    nk = summed.counts + 10 * torch.finfo(summed.counts.dtype).eps
-    sums = summed.sums
-    if ct == "full":
-        pooled = sums.unsqueeze(2) * sums.unsqueeze(1) / nk.view(-1, 1, 1)
-    elif ct == "tied":
-        pooled = (sums / nk.unsqueeze(1)).T @ sums
-    elif ct == "diag":
-        pooled = sums.square() / nk.unsqueeze(1)
-    else:
-        pooled = sums.square().sum(1) / nk
-    return replace(summed, second=within + pooled)
 
 
 def floored_stats_message(

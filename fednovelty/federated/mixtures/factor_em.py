@@ -1,8 +1,8 @@
 """Federated EM for mixtures of factor analysers (low-rank-plus-diagonal covariances).
 
 ``FederatedFactorEM`` chains ``[moments?] + k-means start + factor start + factor EM``: the
-moments round (:class:`~fednovelty.federated.init.MomentsStep`: standardisation, the noise
-prior) and the k-means rounds (:func:`~fednovelty.federated.init.init_steps` with ``diag``
+moments round (:class:`~fednovelty.federated.init.moments.MomentsStep`: standardisation, the noise
+prior) and the k-means rounds (:func:`~fednovelty.federated.init.chain.init_steps` with ``diag``
 statistics) are federated EM's own steps. :class:`FactorStartStep` (``factor_start``): every
 client labels its rows by the k-means centres and sends, per part, counts, first and second
 moments and a sketch ``sum (x - c)(x - c)^T Omega`` for a broadcast Gaussian ``Omega``
@@ -46,13 +46,9 @@ from fednovelty.federated.core.config import (
 )
 from fednovelty.federated.core.declarations import ReplySpec, components_limit, declare
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import (
-    GivenMixture,
-    InitSettings,
-    MomentsSettings,
-    MomentsStep,
-    init_steps,
-)
+from fednovelty.federated.init.chain import init_steps
+from fednovelty.federated.init.moments import MomentsStep
+from fednovelty.federated.init.settings import GivenMixture, InitSettings, MomentsSettings
 from fednovelty.federated.mixtures.em import EMState
 from fednovelty.federated.trust.privacy import effective_rows, winsorised_row_values
 from fednovelty.federated.trust.robust import trimmed_combination

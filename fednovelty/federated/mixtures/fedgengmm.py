@@ -53,7 +53,8 @@ from fednovelty.federated.core.config import (
     settings_dataclass,
 )
 from fednovelty.federated.core.declarations import ReplySpec, declare
-from fednovelty.federated.init import MomentsSettings, box_units
+from fednovelty.federated.init.settings import MomentsSettings
+from fednovelty.federated.init.units import box_units
 from fednovelty.federated.local_fit import (
     LOCAL_FIT_BACKING,
     check_local_fit,
@@ -79,7 +80,7 @@ class FedGenConfig(
     options (``aggregation`` ``"sum"``, the union of every client model, or ``"trimmed"`` /
     ``"median"``, leaving out the most outlying client models), the covariance and iteration
     settings, standardisation and the covariance prior
-    (:class:`~fednovelty.federated.init.MomentsSettings`; every local and global fit uses
+    (:class:`~fednovelty.federated.init.settings.MomentsSettings`; every local and global fit uses
     them), seed and placement, and
 
     Attributes:

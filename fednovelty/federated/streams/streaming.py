@@ -50,7 +50,8 @@ from fednovelty.federated.core.declarations import (
     declare,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
-from fednovelty.federated.init import GivenMixture, combine_stats
+from fednovelty.federated.init.combine import combine_stats
+from fednovelty.federated.init.settings import GivenMixture
 from fednovelty.federated.mixtures.em import kept_tied_second
 from fednovelty.federated.trust.privacy import (
     backed,

@@ -9,7 +9,7 @@ and the trimmed sum by no more: in ``"central"`` mode the trusted server's noise
 for the plain sum, keeps its guarantee; in ``"local"`` mode every reply is private already
 and any combination is post-processing (``docs/differential_privacy.md``, robust
 aggregation of private replies). ``"distributed"`` mode refuses it
-(:class:`~fednovelty.federated.init.PrivateSettings`).
+(:class:`~fednovelty.federated.init.settings.PrivateSettings`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""Federated Lloyd rounds from the centres: the initial mixture of hard k-means.
+
+Protocol (:class:`AssignStep`, at most ``budget`` rounds, after the centres are set:
+:mod:`~fednovelty.federated.init.centroids`, :mod:`~fednovelty.federated.init.separated`,
+:mod:`~fednovelty.federated.init.given`):
+
+1. server: ``assign`` with the centres (k, n_features) and a moment shift;
+2. client: each row to its nearest centre; the summed statistics of those hard
+   responsibilities, those of a centre backed by fewer than ``min_rows`` rows suppressed
+   (a skipped reply below its privacy floor);
+3. server: the statistics combined, plain, robust or private
+   (:func:`~fednovelty.federated.init.combine.combine_stats`); each occupied centre moves
+   to its rows' mean. After ``budget`` rounds, or once no centre moves more than
+   ``kmeans_tol`` times the mean feature variance, the M-step of those statistics is the
+   initial mixture (scikit-learn's ``init_params="kmeans"``), with the given initial
+   parameters in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fednovelty.federated.core.aggregate import stats_message, total_variance
+from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    ReplySpec,
+    components_limit,
+    declare,
+)
+from fednovelty.federated.core.steps import Step
+from fednovelty.federated.init.combine import combine_stats
+from fednovelty.federated.init.units import check_enough, to_working_units
+from fednovelty.federated.trust.privacy import backed, stats_backing
+from fednovelty.federated.trust.validation import check_stats, stats_shapes
+from fednovelty.mixture import (
+    MixtureParams,
+    affine_params,
+    params_from_stats,
+    precisions_cholesky_from_precisions,
+    stats_from_resp,
+)
+from fednovelty.mixture.kmeans import assign, one_hot
+
+ASSIGN_REPLY = ReplySpec(
+    "assign",
+    shapes=lambda b, d: stats_shapes(b, d, centers="centers"),
+    checks=(check_stats,),
+    backing=STATS_BACKING,
+    limit=components_limit,
+    box="stats",
+    covariance=True,
+    private="stats",
+)
+
+
+def apply_user_init(params: MixtureParams, config: Any, state: Any) -> MixtureParams:
+    """``params`` with the user's ``weights_init``, ``means_init`` and ``precisions_init``
+    (those given) in their place, in the units the rounds work in."""
+    weights = params.weights if config.weights_init is None else config.weights_init
+    means, prec = params.means, params.precisions_cholesky
+    if config.means_init is not None:
+        means = to_working_units(state, config.means_init)
+    if config.precisions_init is not None:
+        ct = config.covariance_type
+        prec = precisions_cholesky_from_precisions(config.precisions_init, ct)
+        if state.scale is not None:  # x = offset + scale * z: U_z = D U_x
+            prec = affine_params(
+                MixtureParams(weights, means, prec, ct),
+                means.new_zeros(means.shape[1]),
+                1 / state.scale,
+            ).precisions_cholesky
+    return MixtureParams(weights, means, prec, config.covariance_type)
+
+
+class AssignStep(Step):
+    """Federated Lloyd rounds from ``state.centers``; at most ``budget`` rounds, fewer when
+    the centres stop moving. Ends with the initial mixture in ``state.params``."""
+
+    kinds = ("assign",)
+    replies = declare(ASSIGN_REPLY)
+
+    def __init__(self, config: Any, budget: int) -> None:
+        self.config = config
+        self.budget = int(budget)
+        self.max_rounds = self.budget
+
+    def configure(self, state: Any) -> Message:
+        return Message(
+            "assign",
+            {"centers": state.centers, "shift": state.centers.mean(0)},
+            expect={"covariance_type": self.config.covariance_type},
+        )
+
+    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
+        terms = context.terms
+        if not terms.releases(X.shape[0]):
+            return skipped_reply("assign", terms.below_floor)
+        centers = message.tensors["centers"].to(X.device, X.dtype)
+        shift = message.tensors["shift"].to(X.device, X.dtype)
+        labels, _ = assign(X, centers)
+        resp = one_hot(labels, centers.shape[0], X)
+        rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
+        keep = backed(rows, terms.floor)
+        # a tied second moment is one for all centres: of the kept centres' rows only
+        ct = self.config.covariance_type
+        stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)
+        reply = stats_message(stats, "assign")
+        reply.backing.update(stats_backing(stats, rows, (rows * keep).sum()))
+        return reply
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
+        config = self.config
+        stats = combine_stats(replies, state.centers.mean(0), config, state)
+        check_enough(float(stats.n_samples), state.centers.shape[0])
+        occupied = stats.counts > 0
+        moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
+        new_centers = torch.where(occupied.unsqueeze(1), moved, state.centers)
+        movement = float((new_centers - state.centers).square().sum(1).max())
+        state.lloyd_rounds += 1
+        threshold = config.kmeans_tol * total_variance(stats)
+        metrics = {"phase": "assign", "center_shift": movement}
+        if state.lloyd_rounds >= self.budget or movement <= threshold:
+            params = params_from_stats(stats, config.reg_covar, state.prior)
+            state.params = apply_user_init(params, config, state)
+            return None, metrics
+        state.centers = new_centers
+        return "assign", metrics
