@@ -82,7 +82,7 @@ from fednovelty.detectors import (  # noqa: E402
     FedVBDetector,
 )
 from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
-from fednovelty.federated.trust.dp import BLOCK_SPLIT  # noqa: E402
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT  # noqa: E402
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1e-5

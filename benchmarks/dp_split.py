@@ -6,9 +6,9 @@ A release of summed mixture statistics is three Gaussian mechanisms (counts, fir
 second moments); block ``b`` gets noise of multiplier ``z * s_b`` with ``sum_b 1 / s_b^2 =
 3``. The splits compared:
 
-- ``fixed``: :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` (8, 2.5, 0.595);
-- ``derived``: :func:`~fednovelty.federated.trust.dp.stats_split` of the task's ``d`` and ``K``
-  (the first-order expected KL of a noisy M-step, minimised in closed form; the row count
+- ``fixed``: :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT` (8, 2.5, 0.595);
+- ``derived``: :func:`~fednovelty.federated.trust.dp_split.stats_split` of the task's ``d``
+  and ``K`` (the first-order expected KL of a noisy M-step, minimised in closed form; the row count
   cancels at first order, so it needs no size);
 - ``size-aware``: from a public size hint (here the task's training rows over ``K``), the
   derived split where the covariances are resolved (:func:`noise_ratio` <= 1), else the
@@ -20,10 +20,10 @@ The ``mean without 10_cover`` rows of the AUROC table average the small sets (th
 and ``d`` read 0). Three sections:
 
 1. ``split``: each task's derived split and the first-order error of the fixed split over
-   the derived one's (:func:`~fednovelty.federated.trust.dp.split_error`).
+   the derived one's (:func:`~fednovelty.federated.trust.dp_split.split_error`).
 2. ``mstep``: the exact expected KL from the truth of one noisy M-step with the server's
-   post-processing (:func:`~fednovelty.federated.trust.dp.private_sum` then
-   :func:`~fednovelty.federated.trust.dp.plausible_stats` with the floors
+   post-processing (:func:`~fednovelty.federated.trust.dp_mechanism.private_sum` then
+   :func:`~fednovelty.federated.trust.dp_postprocess.plausible_stats` with the floors
    ``fednovelty.federated.init.combine.private_stats`` uses), by simulation on the row-free
    reference (``K`` components of ``n_k`` rows each, uniform centres in ``[-1, 1]^d``,
    covariance ``K^(-2/d) / 3`` per feature, clipping radius ``sqrt(d)``), for ``n_k`` from
@@ -31,8 +31,8 @@ and ``d`` read 0). Three sections:
 3. ``auroc``: DEM-kmeans under central DP (the scoreboard's task: novelty protocol, 10
    clients of Dirichlet(0.5), 8 components, at most 20,000 training rows, ``dp_bounds``
    [0, 1], 3 Lloyd and 40 EM rounds) with each split. The split is swapped in the module's
-   :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` for the whole fit (every release's noise and
-   the server's floors read it).
+   :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT` for the whole fit (every release's
+   noise and the server's floors read it).
 
 Run: ``python benchmarks/dp_split.py [--datasets ...] [--seeds 0 1 2] [--epsilons 1 8]
 [--sections split mstep auroc] [--out FILE] [--quick]``.
@@ -60,7 +60,12 @@ if str(REPO) not in sys.path:
 from benchmarks._machine import emit_report, report_header  # noqa: E402
 from fednovelty.datasets.protocols import make_task  # noqa: E402
 from fednovelty.evaluation import auroc  # noqa: E402
-from fednovelty.federated import dp  # noqa: E402
+from fednovelty.federated.trust import (  # noqa: E402
+    dp_calibration,
+    dp_mechanism,
+    dp_postprocess,
+    dp_split,
+)
 from fednovelty.methods import get_method  # noqa: E402
 from fednovelty.mixture.stats import SufficientStats  # noqa: E402
 
@@ -81,7 +86,7 @@ DATASETS = (
 SPLITS = ("fixed", "size-aware", "derived", "counts")
 RELEASES = 44  # 3 Lloyd + 40 EM + the moments round
 #: the fixed split, kept before any fit swaps the module's.
-FIXED = dict(dp.BLOCK_SPLIT)
+FIXED = dict(dp_split.BLOCK_SPLIT)
 
 
 def noise_ratio(n_features: int, n_components: int, rows_per_component: float, z: float) -> float:
@@ -91,7 +96,7 @@ def noise_ratio(n_features: int, n_components: int, rows_per_component: float, z
     split_coefficients`): ``6 z s_second d^1.5 K^(2/d) / n_k``. Below 1 the covariances are
     resolved and the first-order analysis holds."""
     d, k = n_features, n_components
-    second = dp.stats_split(d, k)["second"]
+    second = dp_split.stats_split(d, k)["second"]
     return 6 * z * second * d**1.5 * k ** (2 / d) / rows_per_component
 
 
@@ -106,9 +111,9 @@ def size_aware_split(
     The counts' budget stays below 1.6 %, so the other blocks keep their noise."""
     d, n_k = n_features, rows_per_component
     if noise_ratio(d, n_components, n_k, z) <= 1:
-        return dp.stats_split(d, n_components)
+        return dp_split.stats_split(d, n_components)
     counts = max(FIXED["counts"], 1.5 * d * z * FIXED["sums"] ** 2 / n_k)
-    return dp.normalised_split({**FIXED, "counts": counts})
+    return dp_split.normalised_split({**FIXED, "counts": counts})
 
 
 def split_for(
@@ -118,7 +123,7 @@ def split_for(
     ``rows_per_component`` (a public size hint) and ``z`` are read by ``"size-aware"`` only."""
     if name == "fixed":
         return dict(FIXED)
-    derived = dp.stats_split(n_features, n_components)
+    derived = dp_split.stats_split(n_features, n_components)
     if name == "derived":
         return derived
     if name == "size-aware":
@@ -129,20 +134,20 @@ def split_for(
         return {"counts": 1.0, "sums": derived["sums"] * scale, "second": derived["second"] * scale}
     if name.startswith("counts="):  # a diagnostic: counts at s_counts, sums as fixed
         share = float(name.split("=", 1)[1])
-        return dp.normalised_split({"counts": share, "sums": 2.5, "second": FIXED["second"]})
+        return dp_split.normalised_split({"counts": share, "sums": 2.5, "second": FIXED["second"]})
     raise ValueError(f"split must be one of {SPLITS} or counts=<share>; got {name!r}.")
 
 
 @contextlib.contextmanager
 def using_split(split: Mapping[str, float]) -> Iterator[None]:
     """Every release and the server's floors read ``split`` inside the block (the module's
-    :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT` is updated in place and restored)."""
-    saved = dict(dp.BLOCK_SPLIT)
-    dp.BLOCK_SPLIT.update(dp.normalised_split(split))
+    :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT` is updated in place and restored)."""
+    saved = dict(dp_split.BLOCK_SPLIT)
+    dp_split.BLOCK_SPLIT.update(dp_split.normalised_split(split))
     try:
         yield
     finally:
-        dp.BLOCK_SPLIT.update(saved)
+        dp_split.BLOCK_SPLIT.update(saved)
 
 
 # --------------------------------------------------------------------------- 1. split
@@ -151,8 +156,8 @@ def split_table(tasks: Mapping[str, tuple[int, int]], n_components: int, epsilon
     fixed split over the derived one's, and ``rho`` (:func:`noise_ratio`) at each epsilon."""
     rows = []
     for name, (n_rows, d) in tasks.items():
-        coefficients = dp.split_coefficients(d, n_components)
-        derived = dp.stats_split(d, n_components)
+        coefficients = dp_split.split_coefficients(d, n_components)
+        derived = dp_split.stats_split(d, n_components)
         fixed = FIXED
         rows.append(
             {
@@ -162,12 +167,12 @@ def split_table(tasks: Mapping[str, tuple[int, int]], n_components: int, epsilon
                 "s_counts": derived["counts"],
                 "s_sums": derived["sums"],
                 "s_second": derived["second"],
-                "fixed/derived error": dp.split_error(fixed, coefficients)
-                / dp.split_error(derived, coefficients),
+                "fixed/derived error": dp_split.split_error(fixed, coefficients)
+                / dp_split.split_error(derived, coefficients),
                 **{
                     f"rho eps {eps:g}": noise_ratio(
                         d, n_components, n_rows / n_components,
-                        dp.calibrate_noise(eps, 1e-5, RELEASES),
+                        dp_calibration.calibrate_noise(eps, 1e-5, RELEASES),
                     )
                     for eps in epsilons
                 },
@@ -190,7 +195,7 @@ def mstep_error(
     eye = torch.eye(d, dtype=torch.float64)
     total = 0.0
     with using_split(split):
-        share = dp.block_multipliers(z)
+        share = dp_split.block_multipliers(z)
         for _ in range(reps):
             mu = torch.tensor(rng.uniform(-1, 1, (k, d)))
             n = torch.full((k,), float(n_k), dtype=torch.float64)
@@ -204,8 +209,8 @@ def mstep_error(
                 n_samples=n.sum(),
                 covariance_type="full",
             )
-            noisy = dp.private_sum(stats, z, bound, generator)
-            kept = dp.plausible_stats(  # the floors of init.combine.private_stats
+            noisy = dp_mechanism.private_sum(stats, z, bound, generator)
+            kept = dp_postprocess.plausible_stats(  # the floors of init.combine.private_stats
                 noisy, bound, max(1.0, 2 * share["counts"]), 1e-4 * bound**2,
                 share["second"] * bound**2,
             )  # fmt: skip
@@ -231,7 +236,7 @@ def mstep_table(dims, ratios, epsilon: float, k: int, reps: int, splits) -> pd.D
     """The expected KL of one noisy M-step per (d, n_k / z) and split, at the ``z`` of
     ``epsilon`` over :data:`RELEASES` releases (the KL depends on ``n_k`` and ``z`` only
     through ``n_k / z``: everything the M-step divides by the count scales with it)."""
-    z = dp.calibrate_noise(epsilon, 1e-5, RELEASES)
+    z = dp_calibration.calibrate_noise(epsilon, 1e-5, RELEASES)
     rows = []
     for d, ratio in itertools.product(dims, ratios):
         n_k = ratio * z
@@ -260,9 +265,9 @@ def auroc_rows(args) -> pd.DataFrame:
         base = method.shared_params(n_components=args.components, random_state=seed)
         done: dict[tuple, float] = {}
         for eps, name in itertools.product(args.epsilons, args.splits):
-            z = dp.calibrate_noise(eps, 1e-5, RELEASES)
+            z = dp_calibration.calibrate_noise(eps, 1e-5, RELEASES)
             split = split_for(name, d, args.components, len(task.X_train) / args.components, z)
-            key = (eps, *(round(split[b], 12) for b in dp.STAT_BLOCKS))
+            key = (eps, *(round(split[b], 12) for b in dp_split.STAT_BLOCKS))
             started = time.perf_counter()
             if key not in done:
                 detector = method.build(

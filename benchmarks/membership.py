@@ -8,9 +8,9 @@ Data: rows from N(0, I_d) (d = 2), one client of ``N_ROWS`` (30) rows, clip radi
 the client's other rows, the target, the clip bound, the responsibilities (one component) and
 the noise; it sees one round's release of counts, first moments and second moments (3 blocks),
 each with Gaussian noise of ``z`` times its sensitivity, ``z`` from
-:func:`fednovelty.federated.trust.dp.calibrate_noise` (epsilon, 1e-5, rounds, 3). Two targets:
-``canary`` (the row (3, 0): beyond the clip radius along an axis, so every block moves by its
-full sensitivity: the worst case the accounting assumes) and ``typical`` (a fresh row of the
+:func:`fednovelty.federated.trust.dp_calibration.calibrate_noise` (epsilon, 1e-5, rounds, 3). Two
+targets: ``canary`` (the row (3, 0): beyond the clip radius along an axis, so every block moves by
+its full sensitivity: the worst case the accounting assumes) and ``typical`` (a fresh row of the
 population per trial). ``TRIALS`` (2000) trials each, half members; 95 % bootstrap intervals.
 
 **Bounds**: ``GDP`` = ``Phi(mu / sqrt 2)`` with ``mu = sqrt(rounds * 3) / z`` (the best ROC
@@ -85,7 +85,8 @@ from fednovelty.evaluation.membership_bounds import (
     gdp_mu_for_epsilon,
 )
 from fednovelty.federated import FederatedEM, PrivacyPolicy
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1e-5

@@ -49,7 +49,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
 from fednovelty.federated.mixtures.private_fit import private_em
-from fednovelty.federated.trust.dp import calibrate_noise
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.mixture import score_samples
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)

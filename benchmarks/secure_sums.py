@@ -3,8 +3,8 @@
 Each client holds the summed statistics of a full-covariance Gaussian mixture with ``K = 8``
 components in ``d`` dimensions (``counts`` (K,), ``sums`` (K, d), ``second`` (K, d, d),
 ``n_samples`` (): ``K + K d + K d^2 + 1`` floats) over its own rows: up to ``MAX_ROWS``
-standard-normal rows, each clipped to the L2 ball of radius ``BOUND`` (``dp.clip_rows``), with
-Dirichlet responsibilities. The public clipping ranges follow from those bounds: counts and
+standard-normal rows, each clipped to the L2 ball of radius ``BOUND`` (``dp_mechanism.clip_rows``),
+with Dirichlet responsibilities. The public clipping ranges follow from those bounds: counts and
 ``n_samples`` ``MAX_ROWS``, first moments ``MAX_ROWS * BOUND``, second moments
 ``MAX_ROWS * BOUND**2``.
 
@@ -74,7 +74,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import emit_report, report_header
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
-from fednovelty.federated.trust.dp import BLOCK_SPLIT, DPPolicy, calibrate_noise, clip_rows
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
+from fednovelty.federated.trust.dp_mechanism import clip_rows
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 from fednovelty.federated.trust.secure import secure_sum
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.secure_rounds import SecureSum

@@ -53,7 +53,8 @@ from fednovelty.federated import (
 )
 from fednovelty.federated.core.wire import pack, unpack
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.validation import ReplyValidator, is_skipped
+from fednovelty.federated.trust.reply_form import is_skipped
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.mixture.model import score_samples
 from fednovelty.runtime import loop
 from fednovelty.runtime.simulation import InProcessTransport

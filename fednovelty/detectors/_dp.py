@@ -5,8 +5,8 @@ An estimator that declares the ``DIFFERENTIAL_PRIVACY`` parameters (``dp_epsilon
 ``dp_delta``, ``dp_bounds``, ``dp_clip``, ``dp_mode``) plans its fit with :func:`dp_plan`:
 the number of noisy releases the algorithm can make (every round that takes something from
 the rows), the noise multiplier that spends at most ``dp_epsilon`` over them
-(:func:`~fednovelty.federated.trust.dp.calibrate_noise`), the algorithm's settings (what the
-server knows) and each client's own :class:`~fednovelty.federated.trust.dp.DPPolicy` (what the
+(:func:`~fednovelty.federated.trust.dp_calibration.calibrate_noise`), the algorithm's settings (what
+the server knows) and each client's own :class:`~fednovelty.federated.trust.dp.DPPolicy` (what the
 client enforces: its noise, its clipping and a budget of exactly the planned releases,
 after which it refuses). With learners that leave the clients (FedGMM's joint model) the
 plan also buys their DP-SGD (:mod:`fednovelty.federated.trust.dp_sgd`): the statistics' ``z`` and
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
 from fednovelty.federated.trust.dp_quantile import private_quantile, score_grid
 from fednovelty.federated.trust.dp_sgd import (
     HISTOGRAM_SHARE,

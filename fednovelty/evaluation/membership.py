@@ -13,7 +13,7 @@ Three attacks:
   sigma^2)`` (Neyman-Pearson: no test of "x* is in D" against "D = D_minus" does better at
   any false-positive rate). Members are trials where ``D = D_minus + {x*}``, non-members
   trials where ``D = D_minus``: the add/remove-one-row neighbours the sensitivities of
-  :func:`fednovelty.federated.trust.dp.stats_sensitivities` are taken over.
+  :func:`fednovelty.federated.trust.dp_mechanism.stats_sensitivities` are taken over.
 - :func:`gate_attack`: the same likelihood-ratio attack on what actually leaves a client
   through the real client gate (``algorithm.answer`` under the client's
   :class:`~fednovelty.federated.trust.dp.DPPolicy`), for one fixed pair of neighbours, over one
@@ -45,15 +45,14 @@ from fednovelty.evaluation.membership_audit import auc_interval, membership_auc
 from fednovelty.evaluation.membership_bounds import gdp_auc_bound, gdp_mu
 from fednovelty.federated.core.base import ClientContext
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.dp import (
-    BLOCK_SPLIT,
-    STAT_BLOCKS,
+from fednovelty.federated.trust.dp import noise_std
+from fednovelty.federated.trust.dp_mechanism import (
     clip_rows,
     gaussian_noise,
-    noise_std,
     recentre_stats,
     stats_sensitivities,
 )
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT, STAT_BLOCKS
 from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams, predict_proba, stats_from_resp
@@ -172,9 +171,9 @@ def stats_attack(
     adversary) and the target from ``population`` without replacement (or uses ``target``,
     e.g. a worst-case row at distance >= ``clip_bound`` from the centre along a feature axis,
     which moves every block by its full sensitivity), clips the rows
-    (:func:`fednovelty.federated.trust.dp.clip_rows`), releases ``blocks`` of ``f(D)`` plus
-    independent Gaussian noise of standard deviation ``noise_multiplier`` times the block's
-    sensitivity (:func:`~fednovelty.federated.trust.dp.stats_sensitivities`, on the second
+    (:func:`fednovelty.federated.trust.dp_mechanism.clip_rows`), releases ``blocks`` of ``f(D)``
+    plus independent Gaussian noise of standard deviation ``noise_multiplier`` times the block's
+    sensitivity (:func:`~fednovelty.federated.trust.dp_mechanism.stats_sensitivities`, on the second
     moments' upper triangle as :func:`~fednovelty.federated.trust.dp.symmetric_noise` does) in
     each of ``rounds`` rounds, and scores the summed Gaussian log-likelihood ratio of "target
     in D" against "D = D_minus".
@@ -183,8 +182,9 @@ def stats_attack(
         population: rows (N, d), N > ``n_rows``, the clients' rows and targets are drawn from.
         n_rows: rows of the client when the target is a member.
         clip_bound: the L2 clip radius ``B`` around ``centre``.
-        noise_multiplier: ``z`` (0: no noise); :func:`fednovelty.federated.trust.dp.calibrate_noise`
-            gives the one that spends a budget.
+        noise_multiplier: ``z`` (0: no noise);
+            :func:`fednovelty.federated.trust.dp_calibration.calibrate_noise` gives the one that
+            spends a budget.
         n_trials: trials in all; the first half (after a shuffle) are members.
         rounds: releases of the same statistics with fresh noise (a fixed public mixture).
         blocks: the released blocks, a subset of ``("counts", "sums", "second")``.
@@ -265,7 +265,7 @@ class GateAttack(_Trials):
         signal: ``||f(D_minus + {x*}) - f(D_minus)|| / sigma`` over the blocks and
             releases: the ``mu`` of this pair of neighbours (``inf`` without noise).
         mu: :func:`gdp_mu` of the releases (three blocks, ``z`` split by
-            :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT`, spends what three blocks of
+            :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT`, spends what three blocks of
             ``z`` do).
         releases: releases per trial.
     """

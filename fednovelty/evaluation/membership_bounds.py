@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fednovelty.federated.trust.dp import STAT_BLOCKS
+from fednovelty.federated.trust.dp_split import STAT_BLOCKS
 
 
 # --------------------------------------------------------------------------- bounds

@@ -39,17 +39,13 @@ from fednovelty.federated.core.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec, declare
 from fednovelty.federated.core.steps import Step
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.plausible import screen_local_fits
-from fednovelty.federated.trust.privacy import client_backing, unfloored
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    Shape,
-    covariance_shape,
-    expectation,
-    relative_tolerance,
-)
+from fednovelty.federated.trust.privacy import unfloored
+from fednovelty.federated.trust.reply_form import Shape, covariance_shape, expectation
+from fednovelty.federated.trust.value_checks import relative_tolerance
 from fednovelty.mixture import MixtureParams, fit_gmm_scaled, sample
 
 __all__ = [

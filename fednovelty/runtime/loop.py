@@ -46,10 +46,12 @@ import numpy as np
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.core.wire import pack, unpack
 from fednovelty.federated.trust.gate import accept
 from fednovelty.federated.trust.plausible import gross_screen
-from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator, is_skipped
+from fednovelty.federated.trust.reply_form import is_skipped
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import run_server_step
 

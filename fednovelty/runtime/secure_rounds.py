@@ -9,12 +9,12 @@ reply, ``{COMBINED_ID: combined}``. With ``dp_mode="distributed"`` each of ``m``
 
 Each kind is first put in a form whose sum is the combined reply's (:func:`encode`,
 :func:`decode`): summed statistics (``"stats"``) are moved about the clipping centre, the
-origin (exact algebra, :func:`~fednovelty.federated.trust.dp.recentre_stats`), so that their range
-is public; feature moments (``"moments"``: count, mean, sum of squared deviations) become
-``(n, sum of rows, sum of squares)`` and a scatter (``"scatter"``) ``(n, sum of rows, sum of
-outer products)``, the algebra of :func:`~fednovelty.federated.trust.dp.noisy_moments` and
-:func:`~fednovelty.federated.trust.dp.noisy_scatter`. Decoding the sum gives the exact merge of the
-replies (what the server's merge of per-client replies computes), to within the
+origin (exact algebra, :func:`~fednovelty.federated.trust.dp_mechanism.recentre_stats`), so that
+their range is public; feature moments (``"moments"``: count, mean, sum of squared deviations)
+become ``(n, sum of rows, sum of squares)`` and a scatter (``"scatter"``) ``(n, sum of rows, sum of
+outer products)``, the algebra of :func:`~fednovelty.federated.trust.dp_mechanism.noisy_moments` and
+:func:`~fednovelty.federated.trust.dp_mechanism.noisy_scatter`. Decoding the sum gives the exact
+merge of the replies (what the server's merge of per-client replies computes), to within the
 quantisation error.
 
 The clipping range of each tensor is public (:func:`clip_ranges`): rows clipped to the
@@ -60,8 +60,10 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
-from fednovelty.federated.trust.dp import block_multipliers, recentre_stats
+from fednovelty.federated.trust.dp_mechanism import recentre_stats
+from fednovelty.federated.trust.dp_split import block_multipliers
 from fednovelty.federated.trust.noise import NoiseSource
+from fednovelty.federated.trust.reply_form import is_skipped
 from fednovelty.federated.trust.secure import (
     SecureSumReport,
     check_prg,
@@ -70,7 +72,6 @@ from fednovelty.federated.trust.secure import (
     quantize,
     secure_sum,
 )
-from fednovelty.federated.trust.validation import is_skipped
 
 __all__ = [
     "ADDITIVE",

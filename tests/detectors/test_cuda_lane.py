@@ -27,7 +27,7 @@ from _lane import (
 )
 from torch.overrides import TorchFunctionMode
 
-from fednovelty.federated.trust.privacy import suppress_components
+from fednovelty.federated.trust.floors import suppress_components
 from fednovelty.methods import METHODS
 from fednovelty.mixture import SufficientStats
 

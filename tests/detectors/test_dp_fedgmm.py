@@ -13,7 +13,7 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import FedGMMDetector, load
-from fednovelty.federated.trust.dp import BLOCK_SPLIT
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 
 D = 4
 BOUNDS = (np.full(D, -8.0), np.full(D, 10.0))

@@ -17,7 +17,8 @@ from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
 from fednovelty.federated.trust.ledger import PrivacyLedger
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.federated.trust.private_bounds import BOUNDS_KIND

@@ -27,7 +27,8 @@ from fednovelty.federated.bayesian.variational import (
     VBState,
     private_prior_moments,
 )
-from fednovelty.federated.trust.dp import BLOCK_SPLIT, DPPolicy
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.runtime import run_simulation

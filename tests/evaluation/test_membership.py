@@ -28,7 +28,7 @@ from fednovelty.evaluation.membership_bounds import (
     gdp_mu,
     gdp_mu_for_epsilon,
 )
-from fednovelty.federated.trust import dp
+from fednovelty.federated.trust import dp_calibration
 from fednovelty.mixture import MixtureParams, precisions_cholesky_from_covariances
 
 POPULATION = np.random.default_rng(0).normal(size=(4000, 2))
@@ -41,7 +41,7 @@ CANARY = np.array([3.0, 0.0])
 @functools.cache
 def calibrate_noise(epsilon, delta, rounds, blocks):
     """dp-accounting's calibration (slow: one bisection of accountant calls), once per case."""
-    return dp.calibrate_noise(epsilon, delta, rounds=rounds, blocks=blocks)
+    return dp_calibration.calibrate_noise(epsilon, delta, rounds=rounds, blocks=blocks)
 
 
 def _standard_error(auc, n_pos, n_neg):

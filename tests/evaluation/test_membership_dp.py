@@ -22,7 +22,8 @@ from fednovelty.detectors import FedGMMDetector
 from fednovelty.evaluation.membership import gate_attack, score_attack
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
 
 D = 2
 BOX = 4.0

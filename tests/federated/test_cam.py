@@ -383,7 +383,7 @@ def damaged(reply, tensors=None, scalars=None, drop=()):
     ],
 )
 def test_broken_replies_are_named(damage, match) -> None:
-    from fednovelty.federated.trust.validation import InvalidReplyError
+    from fednovelty.federated.core.declarations import InvalidReplyError
 
     broadcast, reply = one_reply("IFCA-CAM", "cam_cluster")
     with pytest.raises(InvalidReplyError, match=match):

@@ -1,4 +1,4 @@
-"""The client gate (``privacy.release``) and what client steps state behind their replies:
+"""The client gate (``release.release``) and what client steps state behind their replies:
 a hostile server's crafted broadcasts obtain no value backed by fewer than ``min_rows``
 effective rows, recomputed here from the client's rows."""
 
@@ -23,12 +23,10 @@ from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec
 from fednovelty.federated.mixtures.em import EMStep, FederatedEM
 from fednovelty.federated.streams.streaming import StreamStep
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.privacy import (
-    PrivacyPolicy,
-    contrast_rows,
-    deviation_rows,
-    release,
-)
+from fednovelty.federated.trust.backing import deviation_rows
+from fednovelty.federated.trust.contrast import contrast_rows
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.release import release
 from fednovelty.mixture import log_gaussian_prob
 
 F64 = torch.float64
@@ -397,7 +395,7 @@ def test_a_windows_outlying_row_is_winsorised_not_released():
     """A window's log p values: every row equal but one far row (a probe) -> the released
     values are all equal (the far row clipped to the others); an honest window with one
     outlying row keeps all its rows, the outlier clipped, its sums backed by the floor."""
-    from fednovelty.federated.trust.privacy import winsorised_row_values
+    from fednovelty.federated.trust.contrast import winsorised_row_values
 
     def backed_row_values(values, min_rows):
         return winsorised_row_values(values, min_rows, powers=(1, 2))

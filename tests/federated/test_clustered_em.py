@@ -19,10 +19,11 @@ from fednovelty.federated.clustered.clustered_em import (
     hellinger_kmeans,
     partition_components,
 )
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.privacy import PrivacyPolicy
-from fednovelty.federated.trust.validation import InvalidReplyError, check_reply
+from fednovelty.federated.trust.reply_form import check_reply
 from fednovelty.mixture import log_gaussian_prob, params_from_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.stats import stats_from_resp

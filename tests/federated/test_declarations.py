@@ -22,6 +22,7 @@ from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.core.base import skipped_reply
 from fednovelty.federated.core.declarations import (
+    InvalidReplyError,
     ReplySpec,
     UndeclaredReplyError,
     declare,
@@ -29,7 +30,8 @@ from fednovelty.federated.core.declarations import (
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator, check_reply
+from fednovelty.federated.trust.reply_form import check_reply
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import run_simulation
 from tests.federated.test_liar_property import CASES
 from tests.federated.test_validation import WithForger, make_clients, with_tensors
@@ -211,7 +213,7 @@ def test_a_feature_a_client_holds_constant_passes_the_box_despite_round_off() ->
     """Standardised statistics of a feature constant on the client (declared M2 = 0) carry
     round-off of order n (eps * |value|)^2 (26_optdigits: 1e-31 about a shift one ulp
     from the declared mean): accepted; a real spread of 1e-10 per row is still refused."""
-    from fednovelty.federated.trust.validation import _Box
+    from fednovelty.federated.trust.declared_box import _Box
 
     center = torch.tensor([-0.045960223163125466], dtype=torch.float64)
     shift = torch.nextafter(center, torch.zeros_like(center))

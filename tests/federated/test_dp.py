@@ -10,16 +10,10 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
-from fednovelty.federated.trust.dp import (
-    calibrate_noise,
-    clip_rows,
-    epsilon_spent,
-    gaussian_noise,
-    nearest_psd,
-    noise_std,
-    positive_counts,
-    stats_sensitivities,
-)
+from fednovelty.federated.trust.dp import noise_std
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_mechanism import clip_rows, gaussian_noise, stats_sensitivities
+from fednovelty.federated.trust.dp_postprocess import nearest_psd, positive_counts
 from fednovelty.federated.trust.noise import SeededNoise, add_gaussian
 
 RNG = np.random.default_rng(0)

@@ -33,7 +33,8 @@ from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
 from fednovelty.federated.trust.ledger import PrivacyLedger
 from fednovelty.federated.trust.noise import SeededNoise
-from fednovelty.federated.trust.privacy import PrivacyPolicy, release
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.release import release
 
 F64 = torch.float64
 D = 3

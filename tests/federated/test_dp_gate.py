@@ -14,18 +14,16 @@ import torch
 from scipy.stats import multivariate_normal
 
 from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.mixtures.em import FederatedEM
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.dp import (
-    DPPolicy,
-    epsilon_spent,
-    noisy_scatter,
-    plausible_stats,
-    recentre_stats,
-)
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import epsilon_spent
+from fednovelty.federated.trust.dp_mechanism import noisy_scatter, recentre_stats
+from fednovelty.federated.trust.dp_postprocess import plausible_stats
 from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.federated.trust.privacy import PrivacyPolicy
-from fednovelty.federated.trust.validation import InvalidReplyError, ReplyValidator
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.mixture import SufficientStats
 from fednovelty.runtime.simulation import run_simulation
 

@@ -14,8 +14,9 @@ from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import JOINT_EM_REPLY, JointFedGMM
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.dp import DPPolicy
-from fednovelty.federated.trust.dp_sgd import DPSGDSettings
-from fednovelty.federated.trust.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.release import release
 from fednovelty.runtime.simulation import run_simulation
 
 F64 = torch.float64

@@ -16,8 +16,9 @@ from fednovelty.federated.joint_models.joint import histogram_sum
 from fednovelty.federated.joint_models.pfedem import PFEDEM_REPLY, PFedEM, learner_weights
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.dp import DPPolicy
-from fednovelty.federated.trust.dp_sgd import DPSGDSettings
-from fednovelty.federated.trust.privacy import HISTOGRAM_SHARE, PrivacyPolicy, release
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, DPSGDSettings
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.release import release
 from fednovelty.runtime.simulation import run_simulation
 
 F64 = torch.float64

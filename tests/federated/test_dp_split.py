@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.trust.dp import (
+from fednovelty.federated.trust.dp_mechanism import noisy_stats
+from fednovelty.federated.trust.dp_split import (
     BLOCK_SPLIT,
     STAT_BLOCKS,
     block_multipliers,
-    noisy_stats,
     normalised_split,
     optimal_split,
     split_coefficients,

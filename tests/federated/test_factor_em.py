@@ -17,6 +17,7 @@ import torch
 
 from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.mixtures.factor_em import (
     FactorEMConfig,
     FederatedFactorEM,
@@ -24,7 +25,6 @@ from fednovelty.federated.mixtures.factor_em import (
     sketch_for,
 )
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.validation import InvalidReplyError
 from fednovelty.mixture import CovariancePrior, feature_moments, prior_target, standardization
 from fednovelty.mixture.factor import FactorParams, affine_factor_params, factor_score_samples
 from fednovelty.mixture.factor_fit import factor_init, fit_factor_em

@@ -13,7 +13,8 @@ import torch
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.em import FederatedEM
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.dp import DPPolicy, epsilon_spent
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import epsilon_spent
 from fednovelty.federated.trust.dp_sgd import DPSGDSettings, learning_epsilon, release_blocks
 from fednovelty.federated.trust.ledger import (
     PrivacyLedger,

@@ -37,9 +37,9 @@ from fednovelty.federated import FederatedEM, FedGenGMM, Message, PrivacyPolicy
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.privacy import (
+from fednovelty.federated.trust.backing import effective_rows
+from fednovelty.federated.trust.floors import (
     backed_mixture,
-    effective_rows,
     merge_small_clusters,
     suppress_components,
     trimmed_range,
@@ -671,7 +671,7 @@ def test_privacy_page_example_runs(capsys):
 def test_flower_nodes_calibrate_their_own_differential_privacy():
     pytest.importorskip("flwr")
     from fednovelty.exceptions import ClientDataError
-    from fednovelty.federated.trust.dp import calibrate_noise
+    from fednovelty.federated.trust.dp_calibration import calibrate_noise
     from fednovelty.runtime.flower.client import policy_from_node_config
 
     policy = policy_from_node_config(

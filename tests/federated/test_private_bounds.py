@@ -20,7 +20,8 @@ from fednovelty.detectors._dp import (
 from fednovelty.evaluation import auroc
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, release_blocks
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.federated.trust.private_bounds import (

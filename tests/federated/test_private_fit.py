@@ -21,7 +21,8 @@ from fednovelty.federated.mixtures.private_fit import (
     private_em_for_budget,
     public_init,
 )
-from fednovelty.federated.trust.dp import BLOCK_SPLIT, calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.mixture import CovariancePrior, MixtureParams, score_samples
 from fednovelty.mixture.stats import SufficientStats

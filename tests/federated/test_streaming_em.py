@@ -9,10 +9,11 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
 from fednovelty.federated.streams.streaming import StreamingEM
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.validation import InvalidReplyError, check_reply
+from fednovelty.federated.trust.reply_form import check_reply
 from fednovelty.mixture import e_step_stats, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import fit_weights, moment_shift

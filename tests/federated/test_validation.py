@@ -18,13 +18,11 @@ from fednovelty.federated import (
     FedGenGMM,
     Message,
 )
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.trust import gate
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    ReplyValidator,
-    check_reply,
-    check_stats_tensors,
-)
+from fednovelty.federated.trust.reply_form import check_reply
+from fednovelty.federated.trust.validation import ReplyValidator
+from fednovelty.federated.trust.value_checks import check_stats_tensors
 from fednovelty.runtime import run_simulation
 
 D = 3

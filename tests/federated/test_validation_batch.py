@@ -1,7 +1,7 @@
 """The server gate's batched checks give each reply the verdict the rule states.
 
 ``ReplyValidator.accept`` checks a round's statistics replies together (one stacked pass and
-one batched Cholesky, ``validation.batch_passes``) and checks alone only the replies the
+one batched Cholesky, ``batch_checks.batch_passes``) and checks alone only the replies the
 batch cannot clear. The verdicts are compared here with the rule written out in NumPy:
 counts add up to at most ``n (1 + rtol) + rtol``, and every ``G_k = n_k S_k - s_k s_k^T`` is
 finite, symmetric within ``tau_k = rtol * (max|n_k S_k| + max_j s_kj^2)`` and has no
@@ -21,16 +21,12 @@ from _tolerance import assert_close_scaled
 
 from fednovelty.federated.core.aggregate import sum_stats
 from fednovelty.federated.core.base import Message
-from fednovelty.federated.core.declarations import declare
+from fednovelty.federated.core.declarations import InvalidReplyError, declare
 from fednovelty.federated.mixtures.em import EM_REPLY
-from fednovelty.federated.trust.validation import (
-    RTOL,
-    InvalidReplyError,
-    ReplyValidator,
-    batch_passes,
-    certainly_psd,
-    check_reply,
-)
+from fednovelty.federated.trust.batch_checks import batch_passes
+from fednovelty.federated.trust.reply_form import check_reply
+from fednovelty.federated.trust.validation import ReplyValidator
+from fednovelty.federated.trust.value_checks import RTOL, certainly_psd
 from fednovelty.mixture.density import Workspace
 from fednovelty.mixture.stats import e_step_stats
 

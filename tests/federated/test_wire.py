@@ -12,6 +12,7 @@ import torch
 
 from fednovelty.federated import FederatedEM, Message
 from fednovelty.federated.core.config import TorchSettings
+from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.core.wire import (
     WIRE,
     WireFormatError,
@@ -23,7 +24,6 @@ from fednovelty.federated.core.wire import (
 )
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.privacy import PrivacyPolicy
-from fednovelty.federated.trust.validation import InvalidReplyError
 
 K, D = 3, 5
 

@@ -19,7 +19,8 @@ from _tolerance import assert_close_scaled
 pytest.importorskip("flwr")
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.runtime import run_simulation
 
 pytestmark = pytest.mark.slow

@@ -28,10 +28,11 @@ from flwr.app import Message as FlowerMessage
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FederatedEM, Message, PrivacyPolicy
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.core.declarations import InvalidReplyError
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.federated.trust.secure import error_bound, quantization_levels
-from fednovelty.federated.trust.validation import InvalidReplyError
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.flower.client import make_client_app
 from fednovelty.runtime.flower.codec import encode_fields, pack_ring, ring_width, unpack_ring

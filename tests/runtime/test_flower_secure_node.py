@@ -21,7 +21,7 @@ from flwr.app import Context, RecordDict
 from flwr.app import Message as FlowerMessage
 
 from fednovelty.exceptions import FederationError
-from fednovelty.federated.trust.dp import calibrate_noise
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.runtime.flower.client import make_client_app
 from fednovelty.runtime.flower.codec import decode_fields, decode_message, encode_fields
 from fednovelty.runtime.flower.codec import encode_message as encode

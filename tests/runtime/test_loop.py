@@ -15,7 +15,7 @@ import torch
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FederatedAlgorithm, Message
 from fednovelty.federated.core.declarations import ReplySpec, declare
-from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, run_rounds

@@ -15,7 +15,7 @@ import torch
 from fednovelty.exceptions import ClientDataError, FederationError
 from fednovelty.federated import ClientContext, FederatedAlgorithm, FederatedEM, Message
 from fednovelty.federated.core.declarations import ReplySpec
-from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.runtime import RoundRecord, run_simulation
 
 #: what a ``tick`` reply holds: ``client_id + 1`` zeros and the row count.

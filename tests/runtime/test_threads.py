@@ -18,7 +18,7 @@ from fednovelty.detectors import FedGMMDetector
 from fednovelty.federated import FederatedAlgorithm, Message
 from fednovelty.federated.core.declarations import ReplySpec
 from fednovelty.federated.joint_models.joint import JointFedGMM
-from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime import threads as threads_module
 from fednovelty.runtime.threads import (

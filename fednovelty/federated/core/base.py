@@ -60,7 +60,7 @@ class Message:
         backing: on the client only, the effective rows behind the entries of each
             released tensor (a tensor of the shape of the tensor's grouped leading
             dimension, or a scalar for a whole-client value), which the client gate reads
-            (:func:`fednovelty.federated.trust.privacy.release`) and removes. Never sent.
+            (:func:`fednovelty.federated.trust.release.release`) and removes. Never sent.
     """
 
     kind: str

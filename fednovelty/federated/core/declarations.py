@@ -74,7 +74,7 @@ class ReplySpec:
       dimension is free but equal wherever it appears in one reply); ``d`` is the width of the
       rows the round works on.
     - ``checks``: value checks beyond shape, finiteness and non-negativity, each ``check(reply,
-      broadcast)`` raising :class:`~fednovelty.federated.trust.validation.InvalidReplyError` with a
+      broadcast)`` raising :class:`~fednovelty.federated.core.declarations.InvalidReplyError` with a
       reason.
     - ``backing``: tensor name -> what backs its entries, one of :data:`BACKINGS`; a name ending
       in ``"."`` (``"learner."``) covers every tensor whose name starts with it

@@ -18,7 +18,7 @@ takes): compact JSON naming the tensors of each form, ``{"symmetric": [...], "up
 count in ``Message.nbytes()``. :func:`unpack` refuses a description :func:`pack` does not
 write (not JSON, an unknown key, a name twice or of no tensor, a triangle whose length is not
 d(d+1)/2, a cast tensor that is not floating) with a :class:`WireFormatError`, an
-:class:`~fednovelty.federated.trust.validation.InvalidReplyError`: the loop drops such a reply with
+:class:`~fednovelty.federated.core.declarations.InvalidReplyError`: the loop drops such a reply with
 its reason. The format, the bytes per round and the float32 cost: ``docs/wire.md``.
 """
 

@@ -76,12 +76,13 @@ from fednovelty.federated.joint_models.joint_scores import (
     log_likelihoods_of_labels,
 )
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
+from fednovelty.federated.trust.backing import backed, joint_rows, resp_rows, stats_backing
 from fednovelty.federated.trust.dp import server_noise
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE, private_sgd
 from fednovelty.federated.trust.noise import add_gaussian
-from fednovelty.federated.trust.privacy import backed, joint_rows, resp_rows, stats_backing
+from fednovelty.federated.trust.reply_form import Shape, learner_count, stats_shapes
 from fednovelty.federated.trust.robust import robust_average_learners
-from fednovelty.federated.trust.validation import Shape, check_stats, learner_count, stats_shapes
+from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture import log_gaussian_prob, stats_from_resp
 from fednovelty.mixture.em import moment_shift
 

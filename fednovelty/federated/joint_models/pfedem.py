@@ -61,16 +61,11 @@ from fednovelty.federated.joint_models.joint import (
 )
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.mixtures.em import EMSettings
+from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
 from fednovelty.federated.trust.dp_sgd import private_sgd
-from fednovelty.federated.trust.privacy import backed, effective_rows, stats_backing
+from fednovelty.federated.trust.reply_form import Shape, covariance_shape, expectation
 from fednovelty.federated.trust.robust import robust_average_learners, robust_stats
-from fednovelty.federated.trust.validation import (
-    Shape,
-    check_counts_within,
-    check_stats,
-    covariance_shape,
-    expectation,
-)
+from fednovelty.federated.trust.value_checks import check_counts_within, check_stats
 from fednovelty.mixture import (
     MixtureParams,
     SufficientStats,

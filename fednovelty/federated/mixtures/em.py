@@ -65,13 +65,10 @@ from fednovelty.federated.init.settings import (
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS, Squarem
 from fednovelty.federated.mixtures.paper_pooling import client_average_weights, paper_pooled_stats
 from fednovelty.federated.mixtures.pca import PCAProjection, PCAState, PCAStep
-from fednovelty.federated.trust.privacy import (
-    backed,
-    effective_rows,
-    stats_backing,
-    winsorised_row_values,
-)
-from fednovelty.federated.trust.validation import check_stats, stats_shapes
+from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
+from fednovelty.federated.trust.contrast import winsorised_row_values
+from fednovelty.federated.trust.reply_form import stats_shapes
+from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture import (
     CovariancePrior,
     MixtureParams,
@@ -453,7 +450,7 @@ def floored_stats_message(
 
     ``row_log_likelihood`` (n,): each row's ``log p(x_i)``; where given, the released
     log-likelihood is the sum of those values with outlying rows winsorised
-    (:func:`~fednovelty.federated.trust.privacy.winsorised_row_values`, n times the mean of the
+    (:func:`~fednovelty.federated.trust.contrast.winsorised_row_values`, n times the mean of the
     rows kept where clipping cannot back it): a crafted mixture (two Gaussians of equal
     covariance make ``log p`` a softplus of one direction) cannot make it one row's value."""
     if squared is not None and row_log_likelihood is not None and X.shape[0] > 0:

@@ -44,21 +44,26 @@ from fednovelty.federated.core.config import (
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import ReplySpec, components_limit, declare
+from fednovelty.federated.core.declarations import (
+    InvalidReplyError,
+    ReplySpec,
+    components_limit,
+    declare,
+)
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.chain import init_steps
 from fednovelty.federated.init.moments import MomentsStep
 from fednovelty.federated.init.settings import GivenMixture, InitSettings, MomentsSettings
 from fednovelty.federated.mixtures.em import EMState
-from fednovelty.federated.trust.privacy import effective_rows, winsorised_row_values
+from fednovelty.federated.trust.backing import effective_rows
+from fednovelty.federated.trust.contrast import winsorised_row_values
+from fednovelty.federated.trust.reply_form import stats_shapes
 from fednovelty.federated.trust.robust import trimmed_combination
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
+from fednovelty.federated.trust.value_checks import (
     check_psd,
     check_stats,
     check_stats_tensors,
     relative_tolerance,
-    stats_shapes,
 )
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.factor import (
@@ -197,7 +202,7 @@ def subnormal_spacing(dtype: torch.dtype) -> float:
 # ----------------------------------------------------------------------------- start
 def check_sketch(reply: Message, broadcast: Message) -> None:
     """Counts, sums and per-feature second moments some rows could have produced
-    (:func:`~fednovelty.federated.trust.validation.check_stats_tensors`, ``diag``), and a sketch
+    (:func:`~fednovelty.federated.trust.value_checks.check_stats_tensors`, ``diag``), and a sketch
     ``Y_k = C_k Omega`` of a PSD ``C_k`` (K, d, width) whose diagonal is ``second_k``:
     ``|Y_kjp| <= sqrt(S_kj) sum_l |Omega_lp| sqrt(S_kl)`` (Cauchy-Schwarz on the rows and
     on ``C_k``'s entries) and ``Omega^T Y_k`` symmetric positive semi-definite, up to the

@@ -65,7 +65,7 @@ from fednovelty.federated.local_fit import (
     reduce_union,
 )
 from fednovelty.federated.mixtures.private_fit import private_em
-from fednovelty.federated.trust.dp import clip_rows
+from fednovelty.federated.trust.dp_mechanism import clip_rows
 from fednovelty.federated.trust.plausible import screen_local_fits
 from fednovelty.federated.trust.robust import outlying_models, weight_factors
 from fednovelty.mixture import MixtureParams, affine_params, fit_gmm_scaled

@@ -43,8 +43,8 @@ from fednovelty.federated.core.base import (
 from fednovelty.federated.core.config import Settings, as_dtype, settings_dataclass
 from fednovelty.federated.core.declarations import ReplySpec, declare
 from fednovelty.federated.core.steps import ClientSkip, Step
-from fednovelty.federated.trust.privacy import client_backing
-from fednovelty.federated.trust.validation import check_scatter
+from fednovelty.federated.trust.backing import client_backing
+from fednovelty.federated.trust.value_checks import check_scatter
 from fednovelty.mixture.ppca import choose_n_components
 
 #: ``n_components`` value that lets the server choose the axes (``choose_n_components``).

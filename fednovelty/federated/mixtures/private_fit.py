@@ -5,21 +5,22 @@ and upload it once (FedGenGMM, the local baseline).
 The fit works on the rows minus a public ``centre``, clipped once to the L2 ball of radius
 ``clip_norm`` around it (sensitivities 1, ``B`` and ``B**2``). Every EM iteration releases
 the E-step's summed statistics through the Gaussian mechanism of
-:mod:`fednovelty.federated.trust.dp` (:func:`noisy_release`, a thin wrapper of
-:func:`~fednovelty.federated.trust.dp.noisy_stats`: the budget of one release is split over the
-blocks by :data:`~fednovelty.federated.trust.dp.BLOCK_SPLIT`), and the noisy sums are
-post-processed at no privacy cost by :func:`~fednovelty.federated.trust.dp.plausible_stats`
-(counts floored, means in the ball, covariance eigenvalues between the noise's typical
-spectral norm on a covariance and ``B**2``) before the M-step.
+:mod:`fednovelty.federated.trust.dp_mechanism` (:func:`noisy_release`, a thin wrapper of
+:func:`~fednovelty.federated.trust.dp_mechanism.noisy_stats`: the budget of one release is
+split over the blocks by :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT`), and the
+noisy sums are post-processed at no privacy cost by
+:func:`~fednovelty.federated.trust.dp_postprocess.plausible_stats` (counts floored, means in
+the ball, covariance eigenvalues between the noise's typical spectral norm on a covariance
+and ``B**2``) before the M-step.
 
 ``n_iter`` iterations are ``n_iter`` releases, each spending what three Gaussian mechanisms
 of multiplier ``z`` do (:attr:`PrivateFitInfo.accounting` for
-:func:`~fednovelty.federated.trust.dp.epsilon_spent`). The stopping rule is the fixed ``n_iter`` (a
-rule on the log-likelihood would cost budget) and the start is public (:func:`public_init`:
-farthest points among random points in the ball, no row read). Uploading the final mixture
-is post-processing, and so is :attr:`PrivateFitInfo.noisy_rows` (the sum of the last
-release's noisy counts), the row count to send beside it. What it costs is in
-``docs/differential_privacy.md``.
+:func:`~fednovelty.federated.trust.dp_calibration.epsilon_spent`). The stopping rule is the
+fixed ``n_iter`` (a rule on the log-likelihood would cost budget) and the start is public
+(:func:`public_init`: farthest points among random points in the ball, no row read).
+Uploading the final mixture is post-processing, and so is :attr:`PrivateFitInfo.noisy_rows`
+(the sum of the last release's noisy counts), the row count to send beside it. What it costs
+is in ``docs/differential_privacy.md``.
 """
 
 from __future__ import annotations
@@ -30,15 +31,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from fednovelty.federated.trust.dp import (
-    BLOCK_SPLIT,
-    STAT_BLOCKS,
-    calibrate_noise,
-    clip_rows,
-    epsilon_spent,
-    plausible_stats,
-    private_sum,
-)
+from fednovelty.federated.trust.dp_calibration import calibrate_noise, epsilon_spent
+from fednovelty.federated.trust.dp_mechanism import clip_rows, private_sum
+from fednovelty.federated.trust.dp_postprocess import plausible_stats
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT, STAT_BLOCKS
 from fednovelty.federated.trust.noise import NoiseSource, fresh_noise
 from fednovelty.mixture import CovariancePrior, MixtureParams
 from fednovelty.mixture.covariance import check_covariance_type
@@ -63,8 +59,8 @@ class PrivateFitInfo:
         noisy_rows: the sum of the last release's noisy counts (at least 0): a row count
             that is post-processing of the releases (the true count is not).
         delta: the delta the budget is stated at (``None`` unless a budget was asked for).
-        epsilon: :func:`~fednovelty.federated.trust.dp.epsilon_spent` at ``delta`` (``None`` without
-            ``delta``; ``inf`` without noise).
+        epsilon: :func:`~fednovelty.federated.trust.dp_calibration.epsilon_spent` at ``delta``
+            (``None`` without ``delta``; ``inf`` without noise).
     """
 
     n_iter: int
@@ -233,8 +229,8 @@ def noisy_release(
 ) -> SufficientStats:
     """One noisy release: ``stats`` of rows clipped to radius ``clip_norm`` around the origin,
     taken about the origin (``stats.shift`` must be zeros: :func:`private_em` works on rows
-    minus the public centre), through :func:`fednovelty.federated.trust.dp.private_sum`. Block
-    ``b`` (counts (K,), sums (K, d), second moments) gets N(0, (z * BLOCK_SPLIT[b] *
+    minus the public centre), through :func:`fednovelty.federated.trust.dp_mechanism.private_sum`.
+    Block ``b`` (counts (K,), sums (K, d), second moments) gets N(0, (z * BLOCK_SPLIT[b] *
     sensitivity_b)^2) per entry (sensitivities 1, ``clip_norm``, ``clip_norm**2``; symmetric
     on full and tied second moments); the log-likelihood is withheld (0) and ``n_samples`` is
     the sum of the noisy counts (at least 0), so nothing un-noised leaves.
@@ -298,9 +294,9 @@ def private_em(
         min_variance: floor of every covariance eigenvalue before ``reg_covar`` is added
             (> 0); ``reg_covar`` by default (``1e-12 * clip_norm**2`` if that is 0).
         noise_floor: scales the noise-aware eigenvalue floor of
-            :func:`~fednovelty.federated.trust.dp.plausible_stats` (``2 * sigma * sqrt(d) / n_k``,
-            ``sigma`` the noise's std on a second-moment entry, :func:`second_moment_noise`);
-            1 is that floor, 0 turns it off.
+            :func:`~fednovelty.federated.trust.dp_postprocess.plausible_stats` (``2 * sigma *
+            sqrt(d) / n_k``, ``sigma`` the noise's std on a second-moment entry,
+            :func:`second_moment_noise`); 1 is that floor, 0 turns it off.
         source: the draws of the noise (:mod:`fednovelty.federated.trust.noise`); ``None``: fresh
             OS entropy.
         init_generator: the draws of the public start (it reads no row, so ``random_state``
@@ -402,8 +398,9 @@ def private_em_for_budget(
     **kwargs,
 ) -> tuple[MixtureParams, PrivateFitInfo]:
     """:func:`private_em` with the noise multiplier that spends ``(epsilon, delta)`` over
-    ``n_iter`` iterations of three blocks (:func:`~fednovelty.federated.trust.dp.calibrate_noise`);
-    ``epsilon=inf`` fits without noise. Other keyword arguments go to :func:`private_em`.
+    ``n_iter`` iterations of three blocks
+    (:func:`~fednovelty.federated.trust.dp_calibration.calibrate_noise`); ``epsilon=inf`` fits
+    without noise. Other keyword arguments go to :func:`private_em`.
 
     Returns:
         ``(params, info)``; ``info.epsilon`` is the budget actually spent at ``info.delta``

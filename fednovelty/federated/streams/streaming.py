@@ -45,6 +45,7 @@ from fednovelty.federated.core.config import (
 )
 from fednovelty.federated.core.declarations import (
     STATS_BACKING,
+    InvalidReplyError,
     ReplySpec,
     components_limit,
     declare,
@@ -53,20 +54,13 @@ from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import GivenMixture
 from fednovelty.federated.mixtures.em import kept_tied_second
-from fednovelty.federated.trust.privacy import (
-    backed,
-    effective_rows,
-    stats_backing,
-    suppress_components,
-    winsorised_row_values,
-)
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    Shape,
+from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
+from fednovelty.federated.trust.contrast import winsorised_row_values
+from fednovelty.federated.trust.floors import suppress_components
+from fednovelty.federated.trust.reply_form import Shape, covariance_shape, expectation
+from fednovelty.federated.trust.value_checks import (
     check_counts_within,
     check_stats_tensors,
-    covariance_shape,
-    expectation,
     relative_tolerance,
 )
 from fednovelty.mixture import (

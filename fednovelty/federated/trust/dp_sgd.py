@@ -34,7 +34,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from fednovelty.federated.trust.dp import MAX_EPSILON, STAT_BLOCKS, _gdp_mu
+from fednovelty.federated.trust.dp_calibration import MAX_EPSILON, _gdp_mu
+from fednovelty.federated.trust.dp_split import STAT_BLOCKS
 from fednovelty.federated.trust.ledger import gaussian_cost, ledger_epsilon
 from fednovelty.federated.trust.noise import NoiseSource, add_gaussian, check_source
 
@@ -422,7 +423,7 @@ def calibrate_learning(
     if stat_blocks <= 0 or sgd_steps <= 0:
         raise ValueError(
             f"calibrate_learning needs statistics and steps (stat_blocks={stat_blocks}, "
-            f"sgd_steps={sgd_steps}); use dp.calibrate_noise for statistics alone."
+            f"sgd_steps={sgd_steps}); use dp_calibration.calibrate_noise for statistics alone."
         )
     mu = _gdp_mu(epsilon, delta)
     z0 = math.sqrt(stat_blocks) / (mu * math.sqrt(share))
@@ -449,8 +450,8 @@ def calibrate_learning(
 
 def release_blocks(releases: int, histograms: int = 0) -> float:
     """The Gaussian mechanisms of multiplier ``z`` that ``releases`` releases of summed
-    statistics (:data:`~fednovelty.federated.trust.dp.STAT_BLOCKS`) and ``histograms`` released
-    histograms amount to."""
+    statistics (:data:`~fednovelty.federated.trust.dp_split.STAT_BLOCKS`) and ``histograms``
+    released histograms amount to."""
     return len(STAT_BLOCKS) * releases + histogram_blocks(histograms)
 
 

@@ -7,7 +7,7 @@ unpacks the broadcast, runs the algorithm's client half with the client's
 :class:`ClientTerms` in its context (the only view of the client's policy a step has: the
 floor, and under differential privacy the public constants of the mechanism and fresh
 noise), then releases the reply by the declaration of its kind
-(:func:`~fednovelty.federated.trust.privacy.release`: the floor, the client's own limits,
+(:func:`~fednovelty.federated.trust.release.release`: the floor, the client's own limits,
 the private form with the client's noise, charged to the client's ledger) and packs it for
 the wire.
 
@@ -37,11 +37,13 @@ from fednovelty.federated.core.base import (
     ReleaseTerms,
 )
 from fednovelty.federated.core.wire import pack, unpack
-from fednovelty.federated.trust.dp import STEP_STREAM, DPPolicy, clip_rows, release_noise
+from fednovelty.federated.trust.dp import STEP_STREAM, DPPolicy, release_noise
+from fednovelty.federated.trust.dp_mechanism import clip_rows
 from fednovelty.federated.trust.dp_sgd import DPSGDSettings
 from fednovelty.federated.trust.ledger import PrivacyLedger
 from fednovelty.federated.trust.noise import NoiseSource
-from fednovelty.federated.trust.privacy import PrivacyPolicy, release
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.federated.trust.release import release
 from fednovelty.federated.trust.robust import cap_replies
 
 
@@ -152,7 +154,7 @@ def answer_many(
     """The replies of several clients held in one process to ``message``: the broadcast
     unpacked (tensors sent narrower cast to the config's ``dtype``), the algorithm's
     ``client_steps`` over all of them, then each reply through its own client's gate, by
-    its own terms: :func:`~fednovelty.federated.trust.privacy.release` by the declaration
+    its own terms: :func:`~fednovelty.federated.trust.release.release` by the declaration
     of the message's kind (``algorithm.reply_spec``), then, where ``context.wire``, packed
     (symmetric and triangular matrices as their triangle, float64 as the config's
     ``wire_dtype``)."""

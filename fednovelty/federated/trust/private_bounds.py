@@ -36,10 +36,10 @@ from fednovelty.federated.core.base import (
 from fednovelty.federated.core.config import Settings, at_least, settings_dataclass
 from fednovelty.federated.core.declarations import ReplySpec, declare
 from fednovelty.federated.core.steps import Step
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.dp import MODES, server_noise
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE
 from fednovelty.federated.trust.noise import add_gaussian
-from fednovelty.federated.trust.privacy import client_backing
 
 #: the message kind of the bounds round.
 BOUNDS_KIND = "private_bounds"

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fednovelty.federated.core.aggregate import STATS_FIELDS, released
 from fednovelty.federated.core.base import Message
-from fednovelty.federated.trust.dp import recentre_stats
+from fednovelty.federated.trust.dp_mechanism import recentre_stats
 from fednovelty.federated.trust.robust import trimmed_sum_stats
 from fednovelty.mixture import FeatureMoments
 from fednovelty.mixture.stats import SufficientStats

@@ -17,7 +17,7 @@ values, so almost no offset is caught; with ``n < m`` senders a uniformly random
 one value is caught with probability about ``1 - n / m``. An offset that keeps the sum in
 range, any lie about one's own input within the clipping range, and a liar's identity are
 never detected (the server sees only the sum); the server gate's form and range checks of
-the decoded sum (:func:`~fednovelty.federated.trust.validation.check_reply`) catch a sum that is
+the decoded sum (:func:`~fednovelty.federated.trust.reply_form.check_reply`) catch a sum that is
 not a possible reply at all.
 """
 

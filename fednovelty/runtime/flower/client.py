@@ -49,7 +49,8 @@ import torch
 from fednovelty.exceptions import ClientDataError
 from fednovelty.federated import Message as FedMessage
 from fednovelty.federated.core.base import skipped_reply
-from fednovelty.federated.trust.dp import DPPolicy, calibrate_noise
+from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.federated.trust.dp_sgd import DPSGDSettings, calibrate_learning, release_blocks
 from fednovelty.federated.trust.gate import client_context, terms_of
 from fednovelty.federated.trust.privacy import PrivacyPolicy

@@ -83,6 +83,8 @@ import torch
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import FederatedAlgorithm
 from fednovelty.federated.core.base import Message as FedMessage
+from fednovelty.federated.core.declarations import InvalidReplyError
+from fednovelty.federated.trust.reply_form import check_reply, is_skipped
 from fednovelty.federated.trust.secure import (
     STEPS,
     SecureSumReport,
@@ -91,7 +93,6 @@ from fednovelty.federated.trust.secure import (
     quantization_levels,
     unmask_sum,
 )
-from fednovelty.federated.trust.validation import InvalidReplyError, check_reply, is_skipped
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     SECAGG,

@@ -12,12 +12,9 @@ from typing import Any
 import torch
 
 from fednovelty.federated.core.base import Message as FedMessage
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    ReplyValidator,
-    check_reply,
-    is_skipped,
-)
+from fednovelty.federated.core.declarations import InvalidReplyError
+from fednovelty.federated.trust.reply_form import check_reply, is_skipped
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime.flower.codec import ring_width, unpack_ring
 from fednovelty.runtime.secure_rounds import additive_release, decode, encode
 

@@ -49,6 +49,7 @@ from fednovelty.federated.core.base import FederatedAlgorithm
 from fednovelty.federated.core.base import Message as FedMessage
 from fednovelty.federated.core.wire import unpack
 from fednovelty.federated.trust.noise import fresh_noise
+from fednovelty.federated.trust.reply_form import is_skipped
 from fednovelty.federated.trust.secure import (
     ClientState,
     mask_input,
@@ -58,7 +59,6 @@ from fednovelty.federated.trust.secure import (
     setup_keys,
     share_secrets,
 )
-from fednovelty.federated.trust.validation import is_skipped
 from fednovelty.runtime.flower._compat import missing_flwr
 from fednovelty.runtime.flower.codec import (
     SECAGG,

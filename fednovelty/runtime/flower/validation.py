@@ -26,14 +26,14 @@ from typing import Any
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import Message
-from fednovelty.federated.trust.validation import (
+from fednovelty.federated.core.declarations import InvalidReplyError
+from fednovelty.federated.trust.reply_form import (
     NON_NEGATIVE,
-    InvalidReplyError,
-    ReplyValidator,
     check_reply,
     covariance_shape,
     expected_shapes,
 )
+from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime.flower.codec import CodecError, decode_message
 
 __all__ = [
