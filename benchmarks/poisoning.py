@@ -128,7 +128,8 @@ from fednovelty.federated import FederatedAlgorithm, FederatedEM, FedGenGMM, Mes
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers, predictive_log_tail
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
+from fednovelty.federated.bayesian.vgm2_networks import embed, encoder_template, head_template
 from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.core.base import ClientContext
@@ -801,8 +802,7 @@ def make_family(name: str, option: str, seed: int) -> FederatedAlgorithm:
     if name == "PFedEM":
         return PFedEM(3, 3, random_state=seed, **{**learning, "max_iter": 15})
     if name == "VGM2-fedavg":
-        return VGM2(
-            method="fedavg",
+        return VGM2FedAvg(
             n_features=FAMILY_D,
             n_classes=3,
             rounds=5,

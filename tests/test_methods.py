@@ -209,7 +209,7 @@ def test_the_registry_names_every_variant_the_algorithms_define():
     # the registry keeps its import light (no torch), so it names the algorithms' variants
     # with their papers and descriptions; each must be one the algorithm layer defines, and
     # every one it defines must be registered
-    from fednovelty.federated.bayesian.vgm2 import VGM2_METHODS
+    from fednovelty.federated.bayesian.vgm2_methods import VGM2_METHODS
     from fednovelty.federated.clustered.cam import CLUSTERED_METHODS
     from fednovelty.federated.joint_models.joint import PFL_METHODS
 

@@ -2,13 +2,15 @@
 Prototype sharing) as one personalised classifier.
 
 A classifier, not a novelty detector: ``fit(X, y, groups)`` runs the simulated federation of
-:class:`~fednovelty.federated.bayesian.vgm2.VGM2` (``clients_per_round`` clients sampled each round,
-the paper's 2), and ``predict_y(X, client=c)`` classifies with client ``c``'s personal
-model: VGM2 by its markers' same-class probabilities ``pi_1`` between the row and ``c``'s
-training rows in ``c``'s embedding (summed per class over the ``top_m`` nearest), Local and
-Prototype sharing by ``c``'s own network, FedAvg by the global network (``client`` may be
-left out). A client never sampled predicts with the initial encoder (VGM2: and the final
-prior as its markers). The algorithm, its choices and the measured results are in
+the algorithm ``method`` names (:data:`~fednovelty.federated.bayesian.vgm2_methods.
+VGM2_ALGORITHMS`: :class:`~fednovelty.federated.bayesian.vgm2.VGM2` or a baseline;
+``clients_per_round`` clients sampled each round, the paper's 2), and
+``predict_y(X, client=c)`` classifies with client ``c``'s personal model: VGM2 by its
+markers' same-class probabilities ``pi_1`` between the row and ``c``'s training rows in
+``c``'s embedding (summed per class over the ``top_m`` nearest), Local and Prototype sharing
+by ``c``'s own network, FedAvg by the global network (``client`` may be left out). A client
+never sampled predicts with the initial encoder (VGM2: and the final prior as its markers).
+The algorithm, its choices and the measured results are in
 :mod:`fednovelty.federated.bayesian.vgm2` and ``docs/vgm2.md``.
 
 Each VGM2 client keeps its training rows as the reference of its predictions (they stay
@@ -57,18 +59,17 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.bayesian.vgm2 import (
+from fednovelty.federated.bayesian.vgm2 import VGM2_AGGREGATIONS, VGM2_PREDICTIONS
+from fednovelty.federated.bayesian.vgm2_algorithm import EncoderAlgorithm
+from fednovelty.federated.bayesian.vgm2_methods import VGM2_ALGORITHMS, VGM2_METHODS
+from fednovelty.federated.bayesian.vgm2_settings import (
     ENCODER,
     HEAD,
     MARKERS,
-    VGM2,
-    VGM2_AGGREGATIONS,
-    VGM2_KIND,
-    VGM2_METHODS,
-    VGM2_PREDICTIONS,
-    VGM2Config,
+    EncoderSettings,
     VGM2State,
 )
+from fednovelty.federated.bayesian.vgm2_step import VGM2_KIND
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_sgd import (
     DPSGDSettings,
@@ -152,8 +153,8 @@ class VGM2Classifier(FederatedClassifier):
     Attributes:
         classes_: the label values, sorted; columns of ``predict_proba_y``.
         client_ids_, n_clients_: the clients of ``fit``, in ``groups``' sorted order.
-        state_: the final :class:`~fednovelty.federated.bayesian.vgm2.VGM2State` (prior, global
-            network, prototypes).
+        state_: the final :class:`~fednovelty.federated.bayesian.vgm2_settings.VGM2State`
+            (prior, global network, prototypes).
         client_states_: per client (``client_ids_`` order) what it keeps: ``vgm2.encoder.*``,
             ``vgm2.head.*``, ``vgm2.markers`` and (VGM2) its reference rows
             ``reference.X``, ``reference.y``; ``{}`` plus the reference for a client never
@@ -265,7 +266,7 @@ class VGM2Classifier(FederatedClassifier):
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         config = self._config(self.n_features_in_, len(self.classes_), seed)
-        algorithm = VGM2.from_config(config)
+        algorithm = self._algorithm_class().from_config(config)
         data = labelled_tensors(clients, labels)
         asked = min(self.clients_per_round, self.n_clients_)
         fraction = 1.0 if asked >= self.n_clients_ else (asked - 0.5) / self.n_clients_
@@ -318,10 +319,15 @@ class VGM2Classifier(FederatedClassifier):
         cost = RoundCost(releases=0, histograms=_PRIVATE_HISTOGRAMS, sgd_steps=plan.sgd.steps)
         self.privacy_spent_ = privacy_record(plan, self.history_, {VGM2_KIND: cost})
 
-    def _config(self, n_features: int, n_classes: int, seed: int) -> VGM2Config:
+    def _algorithm_class(self) -> type[EncoderAlgorithm]:
+        """The algorithm of ``method`` (the family's table, ``VGM2_ALGORITHMS``)."""
+        return VGM2_ALGORITHMS[self.method]
+
+    def _config(self, n_features: int, n_classes: int, seed: int) -> EncoderSettings:
         dp_mode = None if self.dp_epsilon is None else self.dp_mode
-        return VGM2Config(
-            **self._settings(n_features),
+        config_class = self._algorithm_class().config_class
+        return config_class(
+            **self._settings(n_features, config=config_class),
             n_features=n_features,
             n_classes=n_classes,
             random_state=seed,
@@ -332,7 +338,8 @@ class VGM2Classifier(FederatedClassifier):
     def _set_derived(self) -> None:
         """``markers_``, ``sampled_counts_``, ``bytes_per_client_round_`` and the algorithm
         used for prediction, from the fitted state and history."""
-        self.algorithm_ = VGM2.from_config(self._config(self.n_features_in_, len(self.classes_), 0))
+        config = self._config(self.n_features_in_, len(self.classes_), 0)
+        self.algorithm_ = self._algorithm_class().from_config(config)
         if self.method == "vgm2":
             self.markers_ = (
                 torch.stack([s.get(MARKERS, self.state_.prior) for s in self.client_states_])
@@ -451,7 +458,7 @@ class VGM2Classifier(FederatedClassifier):
         self._replied = replied
         try:
             config = self._config(self.n_features_in_, len(classes), 0)
-            algorithm = VGM2.from_config(config)
+            algorithm = self._algorithm_class().from_config(config)
         except ValueError as error:
             raise ModelFormatError(
                 f"the attributes 'n_features_in_' and 'classes_' make no model: {error}"
@@ -466,7 +473,7 @@ class VGM2Classifier(FederatedClassifier):
         state = VGM2State(phase="done", rounds=self.n_rounds_)
         state.losses = [float(v) for v in get_attr(attrs, "losses_", list)]
         state.invalid = check_items(get_attr(attrs, "invalid_", list), "invalid_", int)
-        k = config.n_markers
+        k = int(self.n_markers)
         if self.method == "vgm2":
             state.prior = _markers(tensors, "state.prior", k).to(**options)
         elif self.method == "fedavg":

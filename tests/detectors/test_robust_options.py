@@ -15,7 +15,7 @@ from fednovelty import (
 )
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
-from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 
@@ -107,8 +107,8 @@ ROBUST_DETECTORS = {
             "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2,
             aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
         ),
-        VGM2,
-        "robust_aggregation",  # VGM2Config's name: its aggregation is the markers' rule
+        VGM2FedAvg,
+        "robust_aggregation",  # the VGM2 family's name: VGM2's aggregation is the markers' rule
     ),
     "FedKNNMarkerDetector": (
         lambda: FedKNNMarkerDetector(

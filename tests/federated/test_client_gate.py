@@ -342,13 +342,15 @@ def test_pfedem_wide_component_with_seven_hard_rows_is_floored_by_effective_rows
 def test_vgm2_prototype_of_a_one_row_class_is_not_released():
     """The prototype baseline's class mean of a one-row class is that row's embedding:
     the client step computes it, the gate zeros the class (prototype and count)."""
-    from fednovelty.federated.bayesian.vgm2 import ENCODER, VGM2, embed
+    from fednovelty.federated.bayesian.vgm2_networks import embed
+    from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
+    from fednovelty.federated.bayesian.vgm2_settings import ENCODER
 
     rng = np.random.default_rng(4)
     X = torch.as_tensor(rng.normal(size=(12, 6)))
     y = torch.tensor([0] * 6 + [1] * 5 + [2])  # class 2: one row
     small = {"hidden": 8, "embedding_dim": 3, "local_epochs": 1, "batch_size": 16}
-    algorithm = VGM2(6, 3, method="prototype", rounds=1, **small)
+    algorithm = VGM2Prototype(6, 3, rounds=1, **small)
     message = algorithm.configure(algorithm.start())
     context = gate.client_context(0, policy=POLICY)
     raw = algorithm.client_step((X, y), message, context)

@@ -54,6 +54,9 @@ from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
+from fednovelty.federated.bayesian.vgm2_local import VGM2Local
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.core.aggregate import learner_name
@@ -204,11 +207,10 @@ VARIANTS: dict[str, Variant] = {
         ),
     ),
     "vgm2": Variant("VGM2", lambda: VGM2(D, 2, umap_weight=0.0, **SMALL_VGM2), labelled=True),
-    "vgm2_fedavg": Variant(
-        "VGM2", lambda: VGM2(D, 2, method="fedavg", **SMALL_VGM2), labelled=True
-    ),
+    "vgm2_local": Variant("VGM2Local", lambda: VGM2Local(D, 2, **SMALL_VGM2), labelled=True),
+    "vgm2_fedavg": Variant("VGM2FedAvg", lambda: VGM2FedAvg(D, 2, **SMALL_VGM2), labelled=True),
     "vgm2_prototype": Variant(
-        "VGM2", lambda: VGM2(D, 2, method="prototype", **SMALL_VGM2), labelled=True
+        "VGM2Prototype", lambda: VGM2Prototype(D, 2, **SMALL_VGM2), labelled=True
     ),
 }
 
@@ -257,6 +259,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("factor_standardized", "factor_start"),
     ("factor_standardized", "factor_em"),
     ("vgm2", "vgm2"),
+    ("vgm2_local", "vgm2"),
     ("vgm2_fedavg", "vgm2"),
     ("vgm2_prototype", "vgm2"),
 )

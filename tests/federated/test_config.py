@@ -40,6 +40,9 @@ from fednovelty.federated.bayesian.variational import (
 )
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
+from fednovelty.federated.bayesian.vgm2_local import VGM2Local
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.core.config import (
@@ -89,7 +92,10 @@ EXAMPLES = {
     "ClusteredEM": lambda: ClusteredEM(2, n_clusters=3, standardize=True, warmup=4),
     "FederatedVB": lambda: FederatedVB(4, mean_prior=[0.0, 1.0], init_params="separated"),
     "FederatedKNNMarkers": lambda: FederatedKNNMarkers(3, n_neighbors=7, kmeans_rounds=3),
-    "VGM2": lambda: VGM2(method="fedavg", n_features=5, n_classes=3, robust_aggregation="median"),
+    "VGM2": lambda: VGM2(n_features=5, n_classes=3, aggregation="natural", n_markers=2),
+    "VGM2Local": lambda: VGM2Local(n_features=5, n_classes=3, hidden=8, train_encoder=False),
+    "VGM2FedAvg": lambda: VGM2FedAvg(n_features=5, n_classes=3, robust_aggregation="median"),
+    "VGM2Prototype": lambda: VGM2Prototype(n_features=5, n_classes=3, prototype_weight=0.5),
     "FederatedFactorEM": lambda: FederatedFactorEM(
         3,
         2,
@@ -224,6 +230,9 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "FederatedVBOneShot",
         "FederatedKNNMarkers",
         "VGM2",
+        "VGM2Local",
+        "VGM2FedAvg",
+        "VGM2Prototype",
         "FederatedFactorEM",
     }
     with pytest.raises(ValueError, match="unknown algorithm 'KMeans'; must be one of"):

@@ -1,4 +1,4 @@
-"""VGM2 under a client's differential-privacy policy (fednovelty.federated.bayesian.vgm2):
+"""VGM2 and its baselines under a client's differential-privacy policy (the vgm2* modules):
 what the client half releases, one noise-free DP-SGD step of the markers (pairs of rows) and
 of FedAvg's network against per-row autograd, clipping and Adam's first step by hand, the
 noise from the client's own generator, and the server's equal weights."""
@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from fednovelty.federated.bayesian.vgm2 import (
-    VGM2,
-    VGM2Config,
-    aggregate_priors,
-    embed,
-    reply_problem,
-)
+from fednovelty.federated.bayesian.vgm2 import VGM2, VGM2Config
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg, VGM2FedAvgConfig
+from fednovelty.federated.bayesian.vgm2_local import VGM2Local
+from fednovelty.federated.bayesian.vgm2_markers import aggregate_priors
+from fednovelty.federated.bayesian.vgm2_networks import embed
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype, VGM2PrototypeConfig
+from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.dp import GATE_STREAM, STEP_STREAM, DPPolicy, release_noise
@@ -52,7 +52,7 @@ def private_policy(noise: float = 1.0, steps: int = 3, rate: float = 0.5, seed: 
     )
 
 
-def answer(algorithm: VGM2, data, policy: PrivacyPolicy, seed: int = 0) -> tuple[Message, dict]:
+def answer(algorithm, data, policy: PrivacyPolicy, seed: int = 0) -> tuple[Message, dict]:
     state = algorithm.new_state()
     message = algorithm.steps[0].configure(state)
     message.scalars["seed"] = seed
@@ -63,11 +63,9 @@ def answer(algorithm: VGM2, data, policy: PrivacyPolicy, seed: int = 0) -> tuple
 # ----------------------------------------------------------------------------- settings
 def test_dp_mode_refuses_the_prototype_baseline_and_robust_averages() -> None:
     with pytest.raises(ValueError, match="prototype baseline has no private form"):
-        VGM2Config(n_features=6, n_classes=2, method="prototype", dp_mode="central")
+        VGM2PrototypeConfig(n_features=6, n_classes=2, dp_mode="central")
     with pytest.raises(ValueError, match="robust_aggregation='sum'"):
-        VGM2Config(
-            n_features=6, n_classes=2, method="fedavg", robust_aggregation="median", dp_mode="local"
-        )
+        VGM2FedAvgConfig(n_features=6, n_classes=2, robust_aggregation="median", dp_mode="local")
     with pytest.raises(ValueError, match="dp_mode must be one of"):
         VGM2Config(n_features=6, n_classes=2, dp_mode="secret")
     assert VGM2Config(n_features=6, n_classes=2, dp_mode="local").private
@@ -100,8 +98,30 @@ def test_private_client_without_dp_sgd_states_no_steps() -> None:
 
 
 def test_private_prototype_client_releases_nothing() -> None:
-    reply, _ = answer(VGM2(6, 2, method="prototype", **SMALL), make_client(), private_policy())
+    reply, _ = answer(VGM2Prototype(6, 2, **SMALL), make_client(), private_policy())
     assert reply.scalars["skipped"] and "no private form" in reply.scalars["reason"]
+
+
+def test_private_local_client_trains_as_usual_and_withholds_the_loss() -> None:
+    """Nothing the Local baseline trains leaves the client: no DP-SGD, the row count only;
+    what it keeps is what the plain client keeps."""
+    private, kept = answer(VGM2Local(6, 2, **SMALL), make_client(), private_policy())
+    plain, plain_kept = answer(VGM2Local(6, 2, **SMALL), make_client(), PrivacyPolicy(min_rows=1))
+    assert sorted(private.tensors) == ["n_samples"] and not private.scalars
+    assert sorted(plain.tensors) == ["loss", "n_samples"]
+    assert kept.keys() == plain_kept.keys()
+    assert all(torch.equal(kept[k], plain_kept[k]) for k in kept)
+
+
+def test_only_methods_with_a_private_form_train_by_dp_sgd() -> None:
+    """Each method's step states its private form: VGM2 and FedAvg train by DP-SGD, Local
+    trains as usual, the prototype baseline is refused (client and server)."""
+    steps = {cls: cls(6, 2, **SMALL).steps[0] for cls in (VGM2, VGM2FedAvg, VGM2Local)}
+    assert [s.private_training for s in steps.values()] == [True, True, False]
+    assert all(s.no_private_form is None for s in steps.values())
+    assert VGM2Prototype(6, 2, **SMALL).steps[0].no_private_form is not None
+    assert EncoderSettings.NO_PRIVATE_FORM is None
+    assert VGM2PrototypeConfig.NO_PRIVATE_FORM is not None
 
 
 def _adam_first_step(start: np.ndarray, gradient: np.ndarray, rate: float) -> np.ndarray:
@@ -145,7 +165,7 @@ def test_one_noise_free_marker_step_is_the_clipped_pair_units_by_hand() -> None:
 def test_one_noise_free_fedavg_step_is_the_clipped_rows_by_hand() -> None:
     """FedAvg under DP-SGD: per-row cross-entropy gradients of encoder and head together
     (autograd, one row at a time), clipped jointly to C, summed over n, Adam's first step."""
-    algorithm = VGM2(6, 2, method="fedavg", **SMALL)
+    algorithm = VGM2FedAvg(6, 2, **SMALL)
     X, y = make_client(rows=6)
     reply, _ = answer(algorithm, (X, y), private_policy(noise=0.0, steps=1, rate=1.0))
     assert reply.scalars == {"dp_sgd_steps": 1}
@@ -210,13 +230,13 @@ def test_private_server_weighs_clients_equally_and_expects_no_loss() -> None:
         0: Message("vgm2", {"markers": first, "n_samples": torch.tensor(-3.0, dtype=F64)}),
         1: Message("vgm2", {"markers": second, "n_samples": torch.tensor(900.0, dtype=F64)}),
     }
-    assert reply_problem(replies[0], broadcast, algorithm.config, 3) is None
+    assert step.reply_problem(replies[0], broadcast) is None
     _, metrics = step.server_step(state, replies)
     assert metrics["n_invalid"] == 0 and np.isnan(metrics["loss"])
     equal = aggregate_priors([first, second], torch.ones(2, dtype=F64), "moment")
     torch.testing.assert_close(state.prior, equal, rtol=1e-12, atol=1e-12)
     with_loss = Message("vgm2", {**replies[1].tensors, "loss": torch.tensor(0.5, dtype=F64)})
-    assert "expected" in reply_problem(with_loss, broadcast, algorithm.config, 3)
+    assert "expected" in step.reply_problem(with_loss, broadcast)
     plain = VGM2(6, 2, **SMALL)
     assert "private" not in plain.steps[0].configure(plain.new_state()).scalars
 

@@ -24,6 +24,9 @@ from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2 import VGM2
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
+from fednovelty.federated.bayesian.vgm2_local import VGM2Local
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
 from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.core.base import Message
@@ -65,6 +68,8 @@ def _stream() -> StreamingEM:
     )
 
 
+#: VGM2 and its baselines, small.
+SMALL_VGM2 = {"hidden": 8, "embedding_dim": 2, "local_epochs": 1, "batch_size": 16, "rounds": 2}
 #: registry name -> (algorithm factory, client data factory); small and fast settings.
 CASES: dict[str, tuple[Callable, Callable]] = {
     "FederatedEM": (lambda: FederatedEM(2, max_iter=4, random_state=0), _unlabelled),
@@ -88,10 +93,10 @@ CASES: dict[str, tuple[Callable, Callable]] = {
         lambda: FederatedKNNMarkers(2, n_neighbors=3, max_iter=4, random_state=0),
         _unlabelled,
     ),
-    "VGM2": (
-        lambda: VGM2(D, 2, hidden=8, embedding_dim=2, local_epochs=1, batch_size=16, rounds=2),
-        _labelled,
-    ),
+    "VGM2": (lambda: VGM2(D, 2, **SMALL_VGM2), _labelled),
+    "VGM2Local": (lambda: VGM2Local(D, 2, **SMALL_VGM2), _labelled),
+    "VGM2FedAvg": (lambda: VGM2FedAvg(D, 2, **SMALL_VGM2), _labelled),
+    "VGM2Prototype": (lambda: VGM2Prototype(D, 2, **SMALL_VGM2), _labelled),
     # one Lloyd round: the liar's first lie (rounds 0-3) falls in each kind it answers
     # (centroids, assign, factor_start, factor_em)
     "FederatedFactorEM": (

@@ -27,7 +27,9 @@ from fednovelty.detectors.variational import FedVBDetector
 from fednovelty.federated import FederatedEM, Message
 from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
-from fednovelty.federated.bayesian.vgm2 import VGM2, embed, encoder_template, head_template
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
+from fednovelty.federated.bayesian.vgm2_networks import embed, encoder_template, head_template
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
 from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
 from fednovelty.federated.init.centroids import robust_centroid_replies
 from fednovelty.federated.joint_models.joint import JointFedGMM
@@ -382,8 +384,7 @@ def _pfedem_accuracy(state, seed: int) -> float:
 
 
 def _vgm2(aggregation: str, seed: int):
-    return lambda: VGM2(
-        method="fedavg",
+    return lambda: VGM2FedAvg(
         n_features=D,
         n_classes=3,
         rounds=5,
@@ -471,7 +472,7 @@ def test_options_a_family_lacks_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=pfedem_has):
         PFedEM(2, 3, aggregation="median")
     with pytest.raises(ValueError, match=r"robust_aggregation .*VGM2 with method='prototype'"):
-        VGM2(method="prototype", n_features=D, n_classes=3, robust_aggregation="median")
+        VGM2Prototype(n_features=D, n_classes=3, robust_aggregation="median")
     with pytest.raises(ValueError, match="VBOneShotConfig has"):
         FederatedVBOneShot(3, aggregation="mean")
 

@@ -1,25 +1,27 @@
-"""VGM2 and its baselines (fednovelty.federated.bayesian.vgm2): settings, what crosses the wire, the
-server's validation and aggregation, determinism, ablations and the prediction rule."""
+"""VGM2 and its baselines (fednovelty.federated.bayesian.vgm2 and the vgm2_* modules): settings,
+the method table and the registry, what crosses the wire, the server's validation and
+aggregation, determinism, ablations and the prediction rule."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 from _tolerance import assert_close_scaled
 
-from fednovelty.federated.bayesian.vgm2 import (
-    VGM2,
-    VGM2Config,
+from fednovelty.federated.bayesian.vgm2 import VGM2, VGM2Config
+from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvgConfig
+from fednovelty.federated.bayesian.vgm2_local import VGM2LocalConfig
+from fednovelty.federated.bayesian.vgm2_markers import (
     aggregate_priors,
-    class_prototypes,
-    fuzzy_graph,
     marker_scores,
     pair_distances,
-    reply_problem,
-    umap_loss,
 )
+from fednovelty.federated.bayesian.vgm2_methods import VGM2_ALGORITHMS, VGM2_METHODS
+from fednovelty.federated.bayesian.vgm2_prototype import VGM2PrototypeConfig, class_prototypes
+from fednovelty.federated.bayesian.vgm2_umap import fuzzy_graph, umap_loss
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.registry import algorithm_name, algorithm_settings, build_algorithm
 from fednovelty.federated.trust import gate
@@ -52,7 +54,6 @@ def test_config_validates_and_round_trips_json() -> None:
     config = VGM2Config(n_features=6, n_classes=3, aggregation="natural", n_markers=1)
     assert VGM2Config.from_json(config.to_json()) == config
     for bad, match in (
-        ({"method": "fedprox"}, "method must be one of"),
         ({"aggregation": "mean"}, "aggregation must be one of"),
         ({"n_markers": 0}, "n_markers"),
         ({"kl_weight": -1}, "kl_weight"),
@@ -61,12 +62,32 @@ def test_config_validates_and_round_trips_json() -> None:
     ):
         with pytest.raises(ValueError, match=match):
             VGM2Config(n_features=6, n_classes=3, **bad)
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['method'\]"):
+        VGM2Config.from_json({**config.to_json(), "method": "fedavg"})  # a class per method
 
 
-def test_registry_builds_the_same_algorithm() -> None:
-    algorithm = VGM2(6, 3, **SMALL)
-    rebuilt = build_algorithm(algorithm_name(algorithm), algorithm_settings(algorithm))
-    assert algorithm_name(algorithm) == "VGM2" and rebuilt.config == algorithm.config
+def test_each_method_has_its_own_settings() -> None:
+    """The markers' settings are VGM2's, the prototypes' pull the prototype baseline's; the
+    robust aggregations and the private form are the methods' own."""
+    assert not hasattr(VGM2LocalConfig(n_features=6, n_classes=3), "n_markers")
+    assert VGM2PrototypeConfig(n_features=6, n_classes=3).prototype_weight == 1.0
+    assert not hasattr(VGM2FedAvgConfig(n_features=6, n_classes=3), "prototype_weight")
+    assert VGM2FedAvgConfig(n_features=6, n_classes=3, robust_aggregation="median").trim == 0.1
+    with pytest.raises(ValueError, match=r"robust_aggregation .*VGM2 with method='local'"):
+        VGM2LocalConfig(n_features=6, n_classes=3, robust_aggregation="median")
+    assert VGM2LocalConfig(n_features=6, n_classes=3, dp_mode="local").private
+
+
+def test_the_method_table_names_one_registered_algorithm_per_method() -> None:
+    assert VGM2_METHODS == ("vgm2", "local", "fedavg", "prototype")
+    for method, cls in VGM2_ALGORITHMS.items():
+        assert cls.config_class.METHOD == method
+        algorithm = cls(6, 3, **SMALL)
+        settings = algorithm_settings(algorithm)
+        rebuilt = build_algorithm(algorithm_name(algorithm), json.loads(json.dumps(settings)))
+        assert algorithm_name(algorithm) == cls.__name__ and type(rebuilt) is cls
+        assert rebuilt.config == algorithm.config
+    assert algorithm_name(VGM2(6, 3, **SMALL)) == "VGM2"
 
 
 # ----------------------------------------------------------------------------- the wire
@@ -87,7 +108,7 @@ def test_only_markers_cross_the_wire_and_their_size() -> None:
 @pytest.mark.parametrize("method", ["local", "fedavg", "prototype"])
 def test_baselines_send_what_their_method_shares(method) -> None:
     clients = make_clients()
-    algorithm = VGM2(6, 3, method=method, **SMALL)
+    algorithm = VGM2_ALGORITHMS[method](6, 3, **SMALL)
     state = algorithm.start()
     reply = algorithm.client_step(clients[0], algorithm.configure(state), gate.client_context(0))
     names = set(reply.tensors) - {"n_samples", "loss"}
@@ -154,7 +175,7 @@ def test_server_drops_invalid_replies() -> None:
             "vgm2", {"markers": good, "rows": torch.ones(3, 6), "n_samples": n, "loss": loss}
         ),
     }
-    reasons = {c: reply_problem(r, broadcast, algorithm.config, 3) for c, r in cases.items()}
+    reasons = {c: algorithm.steps[0].reply_problem(r, broadcast) for c, r in cases.items()}
     assert reasons[0] is None
     assert "> 0" in reasons[1] and "NaN" in reasons[2] and "shape" in reasons[3]
     assert "at least one row" in reasons[4] and "tensors" in reasons[5]

@@ -216,7 +216,7 @@ def reference_natural(markers: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("how", ["moment", "natural"])
 def test_vb_aggregate_on_markers_matches_the_1d_closed_form(how) -> None:
-    from fednovelty.federated.bayesian.vgm2 import aggregate_priors
+    from fednovelty.federated.bayesian.vgm2_markers import aggregate_priors
 
     markers = [random_markers(s) for s in (7, 8, 9)]
     w = torch.tensor([100.0, 250.0, 40.0], dtype=D)
@@ -230,7 +230,7 @@ def test_vb_aggregate_on_markers_matches_the_1d_closed_form(how) -> None:
 def test_moment_matching_minimises_the_summed_forward_kl() -> None:
     """Prop. 1: the moment-matched prior has a smaller sum_k w_k KL(q_k || p) than the
     natural average and than perturbations of itself."""
-    from fednovelty.federated.bayesian.vgm2 import aggregate_priors
+    from fednovelty.federated.bayesian.vgm2_markers import aggregate_priors
 
     markers = [random_markers(s) for s in (10, 11)]
     w = torch.tensor([1.0, 3.0], dtype=D)

@@ -28,7 +28,6 @@ pytestmark = pytest.mark.slow
 
 N_PARTS = 3
 PARAMS = {
-    "method": "vgm2",
     "n_features": 6,
     "n_classes": 3,
     "rounds": 2,

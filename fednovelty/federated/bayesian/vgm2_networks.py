@@ -1,0 +1,126 @@
+"""The networks of VGM2 and its baselines and their plain local training.
+
+Every client of the family trains a personal MLP encoder ``f: R^m -> R^d`` (the baselines add
+a linear class head ``R^d -> C``) with Adam for ``local_epochs`` passes over its rows each
+time it is sampled (:func:`local_batches`). :func:`train_classifier` is the baselines'
+cross-entropy training (with an optional extra term per batch, FedProto's pull);
+:class:`Classifier` is DP-SGD's template of ``head(encoder(x))``. Parameters travel and are
+kept under prefixed names (:func:`prefixed`, :func:`unprefixed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings
+from fednovelty.federated.core.learners import logits
+
+__all__ = [
+    "Classifier",
+    "embed",
+    "encoder_template",
+    "head_template",
+    "local_batches",
+    "prefixed",
+    "train_classifier",
+    "unprefixed",
+]
+
+
+def encoder_template(config: EncoderSettings) -> nn.Module:
+    """The encoder: ``Linear(n_features, hidden) - ReLU - Linear(hidden, d)``."""
+    with torch.random.fork_rng(devices=[]):
+        module = nn.Sequential(
+            nn.Linear(config.n_features, config.hidden),
+            nn.ReLU(),
+            nn.Linear(config.hidden, config.embedding_dim),
+        )
+    return module.to(device=config.device, dtype=config.dtype)
+
+
+def head_template(config: EncoderSettings) -> nn.Module:
+    """The baselines' class head: ``Linear(d, n_classes)``."""
+    with torch.random.fork_rng(devices=[]):
+        module = nn.Linear(config.embedding_dim, config.n_classes)
+    return module.to(device=config.device, dtype=config.dtype)
+
+
+def embed(template: nn.Module, params: dict[str, Tensor], X: Tensor) -> Tensor:
+    """The encoder's embeddings of rows ``X`` (n, n_features) -> (n, d)."""
+    return logits(template, params, X)
+
+
+def prefixed(prefix: str, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``params`` with every name behind ``prefix`` (``"encoder."``: a reply's names)."""
+    return {f"{prefix}{k}": v for k, v in params.items()}
+
+
+def unprefixed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The tensors named ``prefix...`` with the prefix taken off (``{}``: none)."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def local_batches(n: int, config: EncoderSettings, generator: torch.Generator) -> Iterator[Tensor]:
+    """Row indices of a client's local training: ``local_epochs`` random orders of ``n``
+    rows cut into batches of ``batch_size`` (a last batch of one row is left out)."""
+    size = config.batch_size
+    for _ in range(config.local_epochs):
+        order = torch.randperm(n, generator=generator)
+        for begin in range(0, n, size):
+            batch = order[begin : begin + size]
+            if batch.numel() >= 2:
+                yield batch
+
+
+def train_classifier(
+    templates: tuple[nn.Module, nn.Module],
+    config: EncoderSettings,
+    encoder: dict[str, Tensor],
+    head: dict[str, Tensor],
+    X: Tensor,
+    y: Tensor,
+    generator: torch.Generator,
+    extra: Callable[[Tensor, Tensor], Tensor | None] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor], float]:
+    """Cross-entropy of ``head(encoder(x))`` (``templates``: the encoder's and the head's)
+    by Adam for ``local_epochs`` passes from ``encoder`` and ``head``, the encoder frozen
+    unless ``train_encoder``; ``extra(Z, y_batch)`` adds a term to a batch's loss (``None``:
+    nothing). Returns encoder, head and the mean loss."""
+    encoder_t, head_t = templates
+    enc = {k: v.detach().clone().requires_grad_(config.train_encoder) for k, v in encoder.items()}
+    hd = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
+    trainable = list(hd.values()) + (list(enc.values()) if config.train_encoder else [])
+    optimizer = torch.optim.Adam(trainable, lr=config.learning_rate)
+    total, steps = 0.0, 0
+    for batch in local_batches(X.shape[0], config, generator):
+        batch = batch.to(X.device)
+        Z = embed(encoder_t, enc, X[batch])
+        loss = nn.functional.cross_entropy(logits(head_t, hd, Z), y[batch])
+        term = None if extra is None else extra(Z, y[batch])
+        if term is not None:
+            loss = loss + term
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        steps += 1
+    return (
+        {k: v.detach() for k, v in enc.items()},
+        {k: v.detach() for k, v in hd.items()},
+        total / max(steps, 1),
+    )
+
+
+class Classifier(nn.Module):
+    """DP-SGD's template of the FedAvg baseline's network: ``head(encoder(x))``; its
+    parameters are named ``encoder.*`` and ``head.*`` as the reply's tensors."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module):
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x))
