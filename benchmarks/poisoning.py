@@ -130,8 +130,9 @@ from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_networks import embed, encoder_template, head_template
-from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.clustered.cam_models import ensemble_proba, model_template
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
 from fednovelty.federated.core.base import ClientContext
 from fednovelty.federated.core.wire import unpack
 from fednovelty.federated.joint_models.joint import JointFedGMM
@@ -815,8 +816,7 @@ def make_family(name: str, option: str, seed: int) -> FederatedAlgorithm:
             **robust,
         )
     if name == "ClusteredFL":
-        return ClusteredFL(
-            "FedAvg+",
+        return FedAvgPlus(
             FAMILY_D,
             3,
             n_clusters=2,

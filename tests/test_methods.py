@@ -210,7 +210,7 @@ def test_the_registry_names_every_variant_the_algorithms_define():
     # with their papers and descriptions; each must be one the algorithm layer defines, and
     # every one it defines must be registered
     from fednovelty.federated.bayesian.vgm2_methods import VGM2_METHODS
-    from fednovelty.federated.clustered.cam import CLUSTERED_METHODS
+    from fednovelty.federated.clustered.cam_methods import CLUSTERED_METHODS
     from fednovelty.federated.joint_models.joint import PFL_METHODS
 
     def fixed(class_name: str, setting: str) -> set:

@@ -4,10 +4,11 @@ FeSEM, IFCA-CAM, FeSEM-CAM; Ma et al.) as one estimator.
 A classifier, not a novelty detector: it models ``p(y | x)`` with cluster models (and, for
 the CAM methods, a global model added to them, ``F_i(x) = h(x; Theta_g) + f(x;
 Theta_c(i))``), and has no density of ``x``. ``fit(X, y, groups)`` runs the simulated
-federation of :class:`~fednovelty.federated.clustered.cam.ClusteredFL`; ``predict_y(X, client=c)``
-classifies with client ``c``'s cluster. The algorithm and its choices (warm-up, the residual
-alternation, empty clusters, ties) are described in :mod:`fednovelty.federated.clustered.cam` and
-``docs/clustered.md``.
+federation of the method's algorithm (``CLUSTERED_METHODS[method]``, a
+:class:`~fednovelty.federated.clustered.cam_algorithm.ClusteredAlgorithm`); ``predict_y(X,
+client=c)`` classifies with client ``c``'s cluster. The algorithms and their choices (warm-up,
+the residual alternation, empty clusters, ties) are described in
+:mod:`fednovelty.federated.clustered.cam_algorithm` and ``docs/clustered.md``.
 
 With ``dp_epsilon`` every client trains the models it sends by DP-SGD and picks its cluster
 privately (IFCA, IFCA-CAM: a report-noisy-min over clipped losses; FeSEM: from the model it
@@ -57,20 +58,22 @@ from fednovelty.detectors.persistence import (
 )
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.clustered.cam import (
-    CLUSTER_AVERAGES,
-    CLUSTER_KIND,
-    CLUSTERED_METHODS,
-    EMPTY_CLUSTER_RULES,
-    ClusteredConfig,
-    ClusteredFL,
-    ClusteredState,
+from fednovelty.federated.clustered.cam_algorithm import ClusteredAlgorithm
+from fednovelty.federated.clustered.cam_methods import CLUSTERED_METHODS
+from fednovelty.federated.clustered.cam_models import (
     cluster_log_proba,
     ensemble_proba,
     mean_losses,
     model_rows,
     model_template,
 )
+from fednovelty.federated.clustered.cam_settings import (
+    CLUSTER_AVERAGES,
+    EMPTY_CLUSTER_RULES,
+    ClusteredConfig,
+    ClusteredState,
+)
+from fednovelty.federated.clustered.cam_step import CLUSTER_KIND
 from fednovelty.federated.core.learners import LEARNERS, logits
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_sgd import (
@@ -109,13 +112,13 @@ def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> f
     return high
 
 
-def private_plan(estimator: Any, algorithm: ClusteredFL, n_clients: int) -> DPPlan | None:
+def private_plan(estimator: Any, algorithm: ClusteredAlgorithm, n_clients: int) -> DPPlan | None:
     """A Fed-CAM fit's differential privacy under the estimator's ``dp_epsilon``, or
     ``None`` without it.
 
     Every round trains the models it sends by ``local_steps`` DP-SGD steps (rate
     ``dp_sample_rate``, clip ``dp_sgd_clip``); IFCA's and IFCA-CAM's clustered rounds also
-    make one noisy cluster choice each (:meth:`ClusteredFL.private_choices`, the cost of a
+    make one noisy cluster choice each (:meth:`ClusteredAlgorithm.private_choices`, the cost of a
     released histogram of multiplier ``z``). With choices, ``z`` and the steps' ``sigma``
     spend the budget together (``dp_learner_share`` of ``mu**2`` to the steps:
     :func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`); without, the steps spend it
@@ -165,7 +168,8 @@ class ClusteredFLClassifier(FederatedClassifier):
             round (a row of zeros: a round without assignments, e.g. IFCA-CAM's warm-up).
         cluster_sizes_: (n_clusters,) clients per cluster at the end.
         warmup_rounds_: the warm-up rounds run.
-        state_: the final :class:`~fednovelty.federated.clustered.cam.ClusteredState` (models).
+        state_: the final
+            :class:`~fednovelty.federated.clustered.cam_settings.ClusteredState` (models).
         learner_template_: the learners' module (evaluated with each model's parameters).
         history_, n_rounds_, bytes_up_, bytes_down_, n_features_in_, feature_names_in_:
             as the detectors'; ``history_`` rounds carry ``loss`` (not under
@@ -278,10 +282,11 @@ class ClusteredFLClassifier(FederatedClassifier):
                 "cluster needs at least one client. Lower n_clusters."
             )
         config = self._config(self.n_features_in_, len(self.classes_), seed)
-        plan = private_plan(self, ClusteredFL.from_config(config), len(clients))
+        method = CLUSTERED_METHODS[self.method]
+        plan = private_plan(self, method.from_config(config), len(clients))
         if plan is not None:
             config = replace(config, **plan.settings)
-        algorithm = ClusteredFL.from_config(config)
+        algorithm = method.from_config(config)
         data = labelled_tensors(clients, labels)
         privacy = self._privacy_policy(
             dp=None if plan is None else plan.policy, dp_sgd=None if plan is None else plan.sgd
@@ -297,15 +302,16 @@ class ClusteredFLClassifier(FederatedClassifier):
         self._set_fitted_state(result.state)
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> ClusteredConfig:
-        return ClusteredConfig(
-            **self._settings(n_features),
+        config_class = CLUSTERED_METHODS[self.method].config_class
+        return config_class(
+            **self._settings(n_features, config_class),
             n_features=n_features,
             n_classes=n_classes,
             random_state=seed,
             **self._torch_options(),
         )
 
-    def _set_privacy_spent(self, plan: DPPlan | None, algorithm: ClusteredFL) -> None:
+    def _set_privacy_spent(self, plan: DPPlan | None, algorithm: ClusteredAlgorithm) -> None:
         """``privacy_spent_`` of the fit under ``plan`` (removed without one): the
         declared parts' costs of every round that ran (:func:`round_costs`: DP-SGD steps)
         plus the client-side noisy choices of IFCA's clustered rounds, each one released
@@ -350,7 +356,7 @@ class ClusteredFLClassifier(FederatedClassifier):
     # -------------------------------------------------------------- predicting
     @property
     def _additive(self) -> bool:
-        return CLUSTERED_METHODS[self.method][1]
+        return CLUSTERED_METHODS[self.method].additive
 
     def _cluster_of(self, client, cluster) -> int | None:
         """The cluster to predict with: ``cluster`` as given, ``client``'s (``None`` for a

@@ -22,12 +22,18 @@ from fednovelty.federated.bayesian.vb_oneshot import (
     VBOneShotConfig,
     VBOneShotState,
 )
-from fednovelty.federated.clustered.cam import ClusteredConfig, ClusteredFL, ClusteredState
+from fednovelty.federated.clustered.cam_methods import CLUSTERED_METHODS
+from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
 from fednovelty.federated.clustered.clustered_em import (
     ClusteredEM,
     ClusteredEMConfig,
     ClusteredEMState,
 )
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
+from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
+from fednovelty.federated.clustered.ifca import IFCA
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.base import ClientContext, FederatedAlgorithm, Message
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.settings import INIT_PARAMS

@@ -13,7 +13,7 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import ClusteredFLClassifier
 from fednovelty.detectors.cam import private_plan
-from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.fesem import FeSEM
 
 BOUNDS = ([-2.0] * 3, [2.0] * 3)
 OPTIONS = dict(
@@ -114,8 +114,8 @@ def test_fesem_makes_no_noisy_choice_and_its_steps_spend_the_whole_budget():
         dp_bounds=BOUNDS,
         dp_sample_rate=0.5,
     )
-    config = ClusteredFL("FeSEM", 3, 2, n_clusters=2, rounds=3, local_steps=4).config
-    plan = private_plan(clf, ClusteredFL.from_config(config), 4)
+    config = FeSEM(3, 2, n_clusters=2, rounds=3, local_steps=4).config
+    plan = private_plan(clf, FeSEM.from_config(config), 4)
     assert plan.policy.noise_multiplier == 0.0 and plan.policy.epsilon == 2.0
     sgd = plan.sgd
     assert (sgd.steps, sgd.sample_rate, sgd.clip_norm) == (4, 0.5, 1.0)

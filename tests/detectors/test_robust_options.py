@@ -16,8 +16,8 @@ from fednovelty import (
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
-from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
 
 
 def lone_far_client() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,7 +99,7 @@ ROBUST_DETECTORS = {
             "FedAvg+", 2, learner="linear", rounds=2, local_steps=2,
             aggregation="median", trim=0.2, client_weight_cap=2.0, random_state=0,
         ),
-        ClusteredFL,
+        FedAvgPlus,
         "aggregation",
     ),
     "VGM2Classifier": (

@@ -1,7 +1,8 @@
-"""Clustered classification and Fed-CAM (fednovelty/federated/clustered/cam.py): clusters
-recovered on clients with opposite labelling rules, one round of each method against a hand
-computation (numpy softmax-regression gradients), degenerate cases by name, reply checks,
-settings through JSON, and the Flower engine giving the simulation's numbers."""
+"""Clustered classification and Fed-CAM (fednovelty/federated/clustered/: one algorithm class
+per method): clusters recovered on clients with opposite labelling rules, one round of each
+method against a hand computation (numpy softmax-regression gradients), degenerate cases by
+name, reply checks, each method registered and built by its class name with its settings
+through JSON, and the Flower engine giving the simulation's numbers."""
 
 from __future__ import annotations
 
@@ -15,14 +16,20 @@ from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
 from fednovelty.federated import PrivacyPolicy, build_algorithm
-from fednovelty.federated.clustered.cam import (
-    CLUSTERED_METHODS,
-    ClusteredConfig,
-    ClusteredFL,
-    ClusteredState,
-    nearest_cluster,
-)
-from fednovelty.federated.registry import algorithm_name, algorithm_settings
+from fednovelty.federated.clustered.cam_algorithm import ClusteredAlgorithm
+from fednovelty.federated.clustered.cam_cluster_step import KMeansClusterStep, MinLossClusterStep
+from fednovelty.federated.clustered.cam_ensemble import EnsembleStep
+from fednovelty.federated.clustered.cam_global_warmup import GlobalWarmupStep
+from fednovelty.federated.clustered.cam_local_warmup import LocalWarmupStep
+from fednovelty.federated.clustered.cam_methods import CLUSTERED_METHODS
+from fednovelty.federated.clustered.cam_models import nearest_cluster
+from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus, FedAvgPlusConfig
+from fednovelty.federated.clustered.fesem import FeSEM, FeSEMConfig
+from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
+from fednovelty.federated.clustered.ifca import IFCA, IFCAConfig
+from fednovelty.federated.clustered.ifca_cam import IFCACAM, IFCACAMConfig
+from fednovelty.federated.registry import ALGORITHMS, algorithm_name, algorithm_settings
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import run_simulation
@@ -44,7 +51,7 @@ def rule_clients(n_clients=9, n_clusters=3, n_rows=60, seed=0):
     return clients, truth
 
 
-def make(method, **settings):
+def make(method: type[ClusteredAlgorithm], **settings) -> ClusteredAlgorithm:
     options = {
         "n_clusters": 3,
         "learner_factory": "linear",
@@ -53,11 +60,11 @@ def make(method, **settings):
         "random_state": 0,
         **settings,
     }
-    return ClusteredFL(method, D, 2, **options)
+    return method(D, 2, **options)
 
 
 # ----------------------------------------------------------------------------- clusters found
-@pytest.mark.parametrize("method", ["IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM"])
+@pytest.mark.parametrize("method", [IFCA, FeSEM, IFCACAM, FeSEMCAM], ids=lambda m: m.method)
 def test_every_clustered_method_recovers_the_true_clusters(method) -> None:
     clients, truth = rule_clients()
     result = run_simulation(make(method, rounds=20), clients)
@@ -71,7 +78,7 @@ def test_every_clustered_method_recovers_the_true_clusters(method) -> None:
 
 def test_fedavg_plus_members_all_train_on_every_client() -> None:
     clients, _ = rule_clients()
-    result = run_simulation(make("FedAvg+", rounds=5), clients)
+    result = run_simulation(make(FedAvgPlus, rounds=5), clients)
     state = result.state
     assert state.client_clusters == {} and state.cluster_sizes == [[0, 0, 0]] * 5
     assert [r.kind for r in result.history] == ["cam_ensemble"] * 5
@@ -145,7 +152,7 @@ HAND = {"batch_size": 64, "learning_rate": 0.5}  # full batches: no order in the
 @pytest.mark.parametrize("average", ["cluster", "global"])
 def test_one_ifca_round_equals_the_hand_computation(average) -> None:
     clients, data = tiny_clients()
-    algorithm = make("IFCA", n_clusters=2, rounds=1, local_steps=1, cluster_average=average, **HAND)
+    algorithm = make(IFCA, n_clusters=2, rounds=1, local_steps=1, cluster_average=average, **HAND)
     start = [as_np(m) for m in algorithm.start().cluster_models]
     chosen, trained = [], []
     for X, y in data:
@@ -172,7 +179,7 @@ def test_one_ifca_cam_round_equals_the_hand_computation() -> None:
     cluster of h + f_k and trains f on h's residual and h on f's, two momentum steps each."""
     clients, data = tiny_clients()
     lr, steps = HAND["learning_rate"], 2
-    algorithm = make("IFCA-CAM", n_clusters=2, rounds=2, warmup_rounds=1, local_steps=steps, **HAND)
+    algorithm = make(IFCACAM, n_clusters=2, rounds=2, warmup_rounds=1, local_steps=steps, **HAND)
     state0 = algorithm.start()
     start = [as_np(m) for m in state0.cluster_models]
     n = [len(y) for _, y in data]
@@ -206,7 +213,7 @@ def test_one_fesem_round_equals_the_hand_computation() -> None:
     clients, data = tiny_clients()
     lr, steps, pull = HAND["learning_rate"], 2, 0.5
     algorithm = make(
-        "FeSEM", n_clusters=2, rounds=2, local_steps=steps, kmeans_reg=pull, momentum=0.0, **HAND
+        FeSEM, n_clusters=2, rounds=2, local_steps=steps, kmeans_reg=pull, momentum=0.0, **HAND
     )
     start = as_np(algorithm.start().cluster_models[0])
     n = [len(y) for _, y in data]
@@ -226,7 +233,7 @@ def test_one_fesem_round_equals_the_hand_computation() -> None:
 
 def test_one_fedavg_plus_round_equals_the_hand_computation() -> None:
     clients, data = tiny_clients()
-    algorithm = make("FedAvg+", n_clusters=2, rounds=1, local_steps=1, **HAND)
+    algorithm = make(FedAvgPlus, n_clusters=2, rounds=1, local_steps=1, **HAND)
     start = [as_np(m) for m in algorithm.start().cluster_models]
     n = [len(y) for _, y in data]
     state = run_simulation(algorithm, clients).state
@@ -239,7 +246,7 @@ def test_a_kmeans_client_joins_the_centre_the_server_assigned_it() -> None:
     """FeSEM's client rule (nearest centre to the model it sent) reproduces the server's
     k-means labels round after round."""
     clients, _ = rule_clients()
-    algorithm = make("FeSEM-CAM", rounds=6, warmup_rounds=2)
+    algorithm = make(FeSEMCAM, rounds=6, warmup_rounds=2)
     contexts = {c: gate.client_context(c) for c in range(len(clients))}
     state = algorithm.start()
     while not algorithm.finished(state):
@@ -253,7 +260,7 @@ def test_a_kmeans_client_joins_the_centre_the_server_assigned_it() -> None:
 # ----------------------------------------------------------------------------- degenerate cases
 def test_more_clusters_than_clients_leaves_clusters_empty_and_unchanged() -> None:
     clients, _ = rule_clients(n_clients=2, n_clusters=2)
-    for method in ("IFCA", "FeSEM"):
+    for method in (IFCA, FeSEM):
         algorithm = make(method, n_clusters=4, rounds=3)
         initial = algorithm.start().cluster_models
         state = run_simulation(algorithm, clients).state
@@ -261,13 +268,13 @@ def test_more_clusters_than_clients_leaves_clusters_empty_and_unchanged() -> Non
         empty = [k for k, size in enumerate(state.cluster_sizes[-1]) if size == 0]
         assert len(empty) >= 2
         for k in empty:
-            if method == "IFCA" or k >= 2:  # k-means seeds one centre per client model
+            if method is IFCA or k >= 2:  # k-means seeds one centre per client model
                 assert torch.equal(state.cluster_models[k]["weight"], initial[k]["weight"])
 
 
 def test_an_empty_cluster_is_reseeded_with_the_farthest_client_model() -> None:
     clients, _ = rule_clients(n_clients=2, n_clusters=2)
-    algorithm = make("IFCA", n_clusters=4, rounds=1, empty_clusters="reseed")
+    algorithm = make(IFCA, n_clusters=4, rounds=1, empty_clusters="reseed")
     state = algorithm.start()
     message = algorithm.configure(state)
     replies = {
@@ -294,7 +301,7 @@ def test_an_empty_cluster_is_reseeded_with_the_farthest_client_model() -> None:
     farthest = sorted(far, key=lambda c: (-far[c], c))
     for k, c in zip(empty, farthest, strict=False):
         assert torch.equal(state.cluster_models[k]["weight"], sent[c]["weight"])
-    kept = run_simulation(make("IFCA", n_clusters=4, rounds=1), clients).state
+    kept = run_simulation(make(IFCA, n_clusters=4, rounds=1), clients).state
     assert kept.reseeded == [0]  # the default keeps empty clusters
 
 
@@ -302,7 +309,7 @@ def test_a_client_below_its_privacy_floor_releases_nothing_and_gets_no_cluster()
     clients, _ = rule_clients(n_clients=4, n_clusters=2)
     clients[2] = (clients[2][0][:6], clients[2][1][:6])
     policy = PrivacyPolicy(min_rows=10)
-    for method in CLUSTERED_METHODS:
+    for method in CLUSTERED_METHODS.values():
         algorithm = make(method, n_clusters=2, rounds=3)
         reply = algorithm.client_step(
             clients[2],
@@ -317,7 +324,7 @@ def test_a_client_below_its_privacy_floor_releases_nothing_and_gets_no_cluster()
 
 def test_ties_go_to_the_lowest_cluster_index() -> None:
     clients, _ = rule_clients(n_clients=1)
-    algorithm = make("IFCA", n_clusters=3, rounds=1)
+    algorithm = make(IFCA, n_clusters=3, rounds=1)
     state = algorithm.start()
     state.cluster_models = [dict(state.cluster_models[1]) for _ in range(3)]
     reply = algorithm.client_step(clients[0], algorithm.configure(state), gate.client_context(0))
@@ -330,7 +337,7 @@ def test_ties_go_to_the_lowest_cluster_index() -> None:
 # ----------------------------------------------------------------------------- replies checked
 def one_reply(method, kind):
     clients, _ = rule_clients(n_clients=2, n_clusters=2)
-    algorithm = make(method, n_clusters=2, rounds=2, warmup_rounds=1 if "CAM" in method else None)
+    algorithm = make(method, n_clusters=2, rounds=2, warmup_rounds=1 if method.additive else None)
     state = algorithm.start()
     while algorithm.configure(state).kind != kind:
         message = algorithm.configure(state)
@@ -343,11 +350,11 @@ def one_reply(method, kind):
 
 
 REPLIES = {
-    "cam_ensemble": ("FedAvg+", "cam_ensemble"),
-    "cam_warmup_global": ("IFCA-CAM", "cam_warmup_global"),
-    "cam_warmup_local": ("FeSEM-CAM", "cam_warmup_local"),
-    "cam_cluster-ifca": ("IFCA", "cam_cluster"),
-    "cam_cluster-cam": ("FeSEM-CAM", "cam_cluster"),
+    "cam_ensemble": (FedAvgPlus, "cam_ensemble"),
+    "cam_warmup_global": (IFCACAM, "cam_warmup_global"),
+    "cam_warmup_local": (FeSEMCAM, "cam_warmup_local"),
+    "cam_cluster-ifca": (IFCA, "cam_cluster"),
+    "cam_cluster-cam": (FeSEMCAM, "cam_cluster"),
 }
 
 
@@ -385,16 +392,39 @@ def damaged(reply, tensors=None, scalars=None, drop=()):
 def test_broken_replies_are_named(damage, match) -> None:
     from fednovelty.federated.core.declarations import InvalidReplyError
 
-    broadcast, reply = one_reply("IFCA-CAM", "cam_cluster")
+    broadcast, reply = one_reply(IFCACAM, "cam_cluster")
     with pytest.raises(InvalidReplyError, match=match):
         ReplyValidator(n_features=D).check(0, damage(reply), broadcast)
 
 
 # ----------------------------------------------------------------------------- settings
-@pytest.mark.parametrize("method", list(CLUSTERED_METHODS))
+#: each method's class, as the paper names it, with its steps and whether it is additive.
+CHAINS = {
+    "FedAvg+": (FedAvgPlus, (EnsembleStep,), False),
+    "IFCA": (IFCA, (MinLossClusterStep,), False),
+    "FeSEM": (FeSEM, (LocalWarmupStep, KMeansClusterStep), False),
+    "IFCA-CAM": (IFCACAM, (GlobalWarmupStep, MinLossClusterStep), True),
+    "FeSEM-CAM": (FeSEMCAM, (LocalWarmupStep, KMeansClusterStep), True),
+}
+
+
+def test_each_method_is_its_own_registered_algorithm_composed_of_steps() -> None:
+    assert list(CLUSTERED_METHODS) == list(CHAINS)  # the paper's Table 1 order
+    for name, (cls, steps, additive) in CHAINS.items():
+        assert CLUSTERED_METHODS[name] is cls and cls.method == name
+        assert ALGORITHMS[cls.__name__] is cls and cls.additive is additive
+        assert cls.config_class.__module__ == cls.__module__
+        algorithm = cls(D, 2, n_clusters=2, rounds=4)
+        assert tuple(type(step) for step in algorithm.steps) == steps
+    assert "ClusteredAlgorithm" not in ALGORITHMS
+    with pytest.raises(TypeError, match="the methods' base"):
+        ClusteredAlgorithm(D, 2)
+
+
+@pytest.mark.parametrize("method", list(CHAINS))
 def test_settings_round_trip_through_json(method) -> None:
-    algorithm = ClusteredFL(
-        method,
+    cls = CLUSTERED_METHODS[method]
+    algorithm = cls(
         6,
         4,
         n_clusters=2,
@@ -405,40 +435,45 @@ def test_settings_round_trip_through_json(method) -> None:
         cluster_average="global",
         dtype=torch.float64,
     )
-    assert algorithm_name(algorithm) == "ClusteredFL"
+    assert algorithm_name(algorithm) == cls.__name__
     settings = algorithm_settings(algorithm)
     assert settings["learner"] == "mlp" and settings["dtype"] == "float64"
-    rebuilt = build_algorithm("ClusteredFL", json.loads(json.dumps(settings)))
-    assert rebuilt.config == algorithm.config and rebuilt.max_rounds == 20
+    assert "method" not in settings  # the class is the method
+    rebuilt = build_algorithm(cls.__name__, json.loads(json.dumps(settings)))
+    assert type(rebuilt) is cls and rebuilt.config == algorithm.config
+    assert rebuilt.max_rounds == 20
     expected = {"FedAvg+": 0, "IFCA": 0, "FeSEM": 1, "IFCA-CAM": 6, "FeSEM-CAM": 6}[method]
     assert rebuilt.config.warmup_rounds == expected
+    with pytest.raises(TypeError, match=f"{cls.__name__} takes a {cls.config_class.__name__}"):
+        cls.from_config(ClusteredConfig(n_features=6, n_classes=4))  # the shared settings
 
 
 def test_the_defaults_are_the_papers() -> None:
-    config = ClusteredConfig(method="IFCA-CAM", n_features=784, n_classes=10)
+    config = IFCACAMConfig(n_features=784, n_classes=10)
     assert (config.rounds, config.warmup_rounds, config.local_steps) == (100, 30, 10)
     assert (config.learning_rate, config.momentum, config.batch_size) == (0.001, 0.9, 32)
     assert config.optimizer == "sgd" and config.n_clusters == 5
+    assert FedAvgPlusConfig(n_features=784, n_classes=10).warmup_rounds == 0
 
 
 @pytest.mark.parametrize(
-    ("settings", "match"),
+    ("config", "settings", "match"),
     [
-        ({"method": "CFL"}, "method must be one of"),
-        ({"method": "IFCA", "warmup_rounds": 3}, "IFCA has no warm-up"),
-        ({"method": "FeSEM", "warmup_rounds": 0}, "warmup_rounds must be >= 1"),
-        ({"method": "IFCA-CAM", "rounds": 5, "warmup_rounds": 6}, "exceeds rounds=5"),
-        ({"method": "IFCA", "momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-        ({"method": "IFCA", "n_classes": 1}, "n_classes must be >= 2"),
-        ({"method": "IFCA", "n_clusters": 2.5}, "n_clusters must be an integer"),
-        ({"method": "IFCA", "learner_factory": "rnn"}, "'learner' must be one of"),
-        ({"method": "IFCA", "empty_clusters": "drop"}, "empty_clusters must be one of"),
-        ({"method": "IFCA", "cluster_average": "median"}, "cluster_average must be one of"),
+        (IFCAConfig, {"warmup_rounds": 3}, "IFCA has no warm-up"),
+        (FedAvgPlusConfig, {"warmup_rounds": 1}, "FedAvgPlus has no warm-up"),
+        (FeSEMConfig, {"warmup_rounds": 0}, "FeSEM clusters client models by k-means"),
+        (IFCACAMConfig, {"rounds": 5, "warmup_rounds": 6}, "exceeds rounds=5"),
+        (IFCAConfig, {"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+        (IFCAConfig, {"n_classes": 1}, "n_classes must be >= 2"),
+        (IFCAConfig, {"n_clusters": 2.5}, "n_clusters must be an integer"),
+        (IFCAConfig, {"learner_factory": "rnn"}, "'learner' must be one of"),
+        (IFCAConfig, {"empty_clusters": "drop"}, "empty_clusters must be one of"),
+        (IFCAConfig, {"cluster_average": "median"}, "cluster_average must be one of"),
     ],
 )
-def test_bad_settings_are_named(settings, match) -> None:
+def test_bad_settings_are_named(config, settings, match) -> None:
     with pytest.raises(ValueError, match=match):
-        ClusteredConfig(**{"n_features": D, "n_classes": 2, **settings})
+        config(**{"n_features": D, "n_classes": 2, **settings})
 
 
 # ----------------------------------------------------------------------------- Flower
@@ -450,7 +485,7 @@ def task_identity(monkeypatch):
     set_task_identity(monkeypatch)
 
 
-@pytest.mark.parametrize("method", ["IFCA-CAM", "FeSEM-CAM", "FedAvg+"])
+@pytest.mark.parametrize("method", [IFCACAM, FeSEMCAM, FedAvgPlus], ids=lambda m: m.method)
 def test_flower_gives_the_simulations_numbers(method, task_identity) -> None:
     """Every node's ClientApp rebuilds the algorithm from the run config and keeps its
     k-means model in the node's state between rounds."""
@@ -462,7 +497,6 @@ def test_flower_gives_the_simulations_numbers(method, task_identity) -> None:
 
     clients, _ = rule_clients(n_clients=4, n_clusters=2, n_rows=30)
     params = {
-        "method": method,
         "n_features": D,
         "n_classes": 2,
         "n_clusters": 2,
@@ -471,7 +505,7 @@ def test_flower_gives_the_simulations_numbers(method, task_identity) -> None:
         "learning_rate": 0.2,
         "dtype": "float64",
     }
-    grid, run_config = make_grid("ClusteredFL", params, clients)
+    grid, run_config = make_grid(method.__name__, params, clients)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         on_flower = run_rounds(grid, algorithm_from_run_config(run_config), EngineConfig(seed=3))

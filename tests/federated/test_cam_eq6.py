@@ -11,13 +11,13 @@ import torch
 from _tolerance import assert_close_scaled
 
 from fednovelty.federated import Message
-from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.runtime import run_simulation
 
 D, C = 3, 2  # features, classes
 
 
-def make(cluster_average: str, **settings) -> ClusteredFL:
+def make(cluster_average: str, **settings) -> IFCACAM:
     options = {
         "n_clusters": 3,
         "learner_factory": "linear",
@@ -26,7 +26,7 @@ def make(cluster_average: str, **settings) -> ClusteredFL:
         "cluster_average": cluster_average,
         **settings,
     }
-    return ClusteredFL("IFCA-CAM", D, C, **options)
+    return IFCACAM(D, C, **options)
 
 
 def as_np(params: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -57,8 +57,12 @@ from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
-from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
+from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
+from fednovelty.federated.clustered.ifca import IFCA
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.aggregate import learner_name
 from fednovelty.federated.core.base import ClientContext, Message
 from fednovelty.federated.core.wire import unpack
@@ -161,19 +165,29 @@ VARIANTS: dict[str, Variant] = {
         ),
         labelled=True,
     ),
+    "ifca": Variant(
+        "IFCA",
+        lambda: IFCA(D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+        labelled=True,
+    ),
+    "fesem": Variant(
+        "FeSEM",
+        lambda: FeSEM(D, 2, n_clusters=2, rounds=3, learner_factory="linear"),
+        labelled=True,
+    ),
     "ifca_cam": Variant(
-        "ClusteredFL",
-        lambda: ClusteredFL("IFCA-CAM", D, 2, n_clusters=2, rounds=3, learner_factory="linear"),
+        "IFCACAM",
+        lambda: IFCACAM(D, 2, n_clusters=2, rounds=3, learner_factory="linear"),
         labelled=True,
     ),
     "fesem_cam": Variant(
-        "ClusteredFL",
-        lambda: ClusteredFL("FeSEM-CAM", D, 2, n_clusters=2, rounds=3, learner_factory="linear"),
+        "FeSEMCAM",
+        lambda: FeSEMCAM(D, 2, n_clusters=2, rounds=3, learner_factory="linear"),
         labelled=True,
     ),
     "fedavg_plus": Variant(
-        "ClusteredFL",
-        lambda: ClusteredFL("FedAvg+", D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+        "FedAvgPlus",
+        lambda: FedAvgPlus(D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
         labelled=True,
     ),
     "clustered_em": Variant(
@@ -236,6 +250,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("streaming_track_only", "stream"),
     ("pfedem", "pfedem"),
     ("pfedem_exact", "pfedem"),
+    ("ifca", "cam_cluster"),
+    ("fesem", "cam_cluster"),
     ("ifca_cam", "cam_warmup_global"),
     ("ifca_cam", "cam_cluster"),
     ("fesem_cam", "cam_warmup_local"),

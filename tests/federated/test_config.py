@@ -43,8 +43,12 @@ from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
-from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
+from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
+from fednovelty.federated.clustered.ifca import IFCA
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.config import (
     ComponentSettings,
     CovarianceSettings,
@@ -84,8 +88,12 @@ EXAMPLES = {
         3, posterior_aggregation="natural", aggregation="median", trim=0.2, client_weight_cap=4
     ),
     "FederatedPCA": lambda: FederatedPCA(2, dtype=torch.float32),
-    "ClusteredFL": lambda: ClusteredFL(
-        "FeSEM-CAM", 4, 3, n_clusters=2, rounds=9, warmup_rounds=2, learner_factory="linear"
+    "FedAvgPlus": lambda: FedAvgPlus(4, 3, n_clusters=2, rounds=9, aggregation="median"),
+    "IFCA": lambda: IFCA(4, 3, n_clusters=2, rounds=9, empty_clusters="reseed"),
+    "FeSEM": lambda: FeSEM(4, 3, n_clusters=2, rounds=9, kmeans_reg=0.1, momentum=0.5),
+    "IFCACAM": lambda: IFCACAM(4, 3, n_clusters=2, rounds=9, cluster_average="global"),
+    "FeSEMCAM": lambda: FeSEMCAM(
+        4, 3, n_clusters=2, rounds=9, warmup_rounds=2, learner_factory="linear"
     ),
     "StreamingEM": lambda: StreamingEM(1, rho=0.5, aggregation="trimmed", **START),
     "PFedEM": lambda: PFedEM(3, 4, gaussian_aggregation="exact", covariance_type="full"),
@@ -224,7 +232,11 @@ def test_the_registry_names_what_it_cannot_build() -> None:
         "FederatedPCA",
         "StreamingEM",
         "PFedEM",
-        "ClusteredFL",
+        "FedAvgPlus",
+        "IFCA",
+        "FeSEM",
+        "IFCACAM",
+        "FeSEMCAM",
         "ClusteredEM",
         "FederatedVB",
         "FederatedVBOneShot",
@@ -271,7 +283,7 @@ def broadcasts(algorithm, data) -> list:
         lambda: FederatedEM(2, init_params="separated", covariance_type="spherical", max_iter=3),
         lambda: JointFedGMM(2, 2, 2, standardize=True, max_iter=3),
         lambda: FedGenGMM(k_range=(1, 3), standardize=True, prior_strength=2.0),
-        lambda: ClusteredFL("IFCA-CAM", 4, 2, n_clusters=2, rounds=3, warmup_rounds=1),
+        lambda: IFCACAM(4, 2, n_clusters=2, rounds=3, warmup_rounds=1),
         lambda: FederatedFactorEM(2, 2, standardize=True, prior_strength=3.0, max_iter=3),
     ],
 )

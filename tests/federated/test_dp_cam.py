@@ -1,4 +1,4 @@
-"""Fed-CAM (fednovelty/federated/clustered/cam.py) under differential privacy: the client
+"""Fed-CAM (fednovelty/federated/clustered/) under differential privacy: the client
 gate's ``"parts"`` release (models trained by DP-SGD, row count and loss withheld), the
 declaration it rests on, the noisy cluster choice against closed forms, one noise-free
 DP-SGD step of the additive pair against numpy, its noise against its calibration, and the
@@ -15,17 +15,18 @@ import torch
 from _tolerance import assert_close_scaled
 from scipy.special import ndtr
 
-from fednovelty.federated.clustered.cam import (
-    CLUSTER_KIND,
-    MODEL_REPLIES,
+from fednovelty.federated.clustered.cam_algorithm import ClusteredAlgorithm
+from fednovelty.federated.clustered.cam_models import model_rows, nearest_cluster
+from fednovelty.federated.clustered.cam_private import (
     AdditivePair,
-    ClusteredFL,
     clipped_loss_sums,
-    model_rows,
-    nearest_cluster,
     noisy_cluster_losses,
     private_models,
 )
+from fednovelty.federated.clustered.cam_step import CLUSTER_KIND, MODEL_REPLIES
+from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.clustered.ifca import IFCA
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import RELEASE_TENSORS, ReplySpec
 from fednovelty.federated.trust import gate
@@ -49,7 +50,7 @@ def _rows(n: int, flip: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return X, ((X[:, 0] > 0) ^ flip).long()
 
 
-def _cam(method: str = "IFCA-CAM", **settings) -> ClusteredFL:
+def _cam(method: type[ClusteredAlgorithm] = IFCACAM, **settings) -> ClusteredAlgorithm:
     options = dict(
         n_clusters=2,
         rounds=4,
@@ -62,9 +63,9 @@ def _cam(method: str = "IFCA-CAM", **settings) -> ClusteredFL:
         dp_noise_multiplier=1.0,
         dp_clip=math.sqrt(D),
     )
-    if method == "IFCA-CAM":
+    if method is IFCACAM:
         options["warmup_rounds"] = 0  # the first round is a clustered one
-    return ClusteredFL(method, D, 2, **{**options, **settings})
+    return method(D, 2, **{**options, **settings})
 
 
 def _policy(z: float = 1.0, insecure_seed: int | None = 0, sgd=SGD, epsilon=None) -> PrivacyPolicy:
@@ -72,7 +73,7 @@ def _policy(z: float = 1.0, insecure_seed: int | None = 0, sgd=SGD, epsilon=None
     return PrivacyPolicy(dp=dp, dp_sgd=sgd)
 
 
-def _first_round(algorithm: ClusteredFL) -> Message:
+def _first_round(algorithm: ClusteredAlgorithm) -> Message:
     return algorithm.configure(algorithm.start())
 
 
@@ -172,13 +173,13 @@ def _numpy_clipped_sums(models, X, y, bound, offset=None) -> np.ndarray:
     return np.asarray(out)
 
 
-def _broadcast_models(algorithm: ClusteredFL):
+def _broadcast_models(algorithm: ClusteredAlgorithm):
     state = algorithm.start()
     return [dict(p) for p in state.cluster_models], dict(state.global_model)
 
 
 def test_clipped_loss_sums_match_numpy_and_one_row_moves_them_by_at_most_the_bound():
-    algorithm = _cam("IFCA", n_clusters=3)
+    algorithm = _cam(IFCA, n_clusters=3)
     models, _ = _broadcast_models(algorithm)
     X, y = _rows(50, False, 3)
     X = X * 5  # far rows: some losses above the bound
@@ -202,7 +203,7 @@ def test_the_choice_noise_has_its_calibrated_spread():
 
 
 def test_the_ifca_choice_is_report_noisy_min_with_the_clients_multiplier():
-    algorithm = _cam("IFCA")
+    algorithm = _cam(IFCA)
     step = algorithm.steps[-1]
     models, _ = _broadcast_models(algorithm)
     X, y = _rows(200, False, 4)
@@ -224,7 +225,7 @@ def test_the_ifca_choice_is_report_noisy_min_with_the_clients_multiplier():
 
 
 def test_a_fesem_client_joins_the_centre_nearest_its_released_model_else_a_random_one():
-    algorithm = _cam("FeSEM", n_clusters=3)
+    algorithm = _cam(FeSEM, n_clusters=3)
     step = algorithm.steps[-1]
     models, _ = _broadcast_models(algorithm)
     kept = {k: v + 0.01 for k, v in models[2].items()}
@@ -307,7 +308,7 @@ def test_the_pairs_noise_is_sigma_c_over_the_expected_sample_on_each_half():
 
 # ----------------------------------------------------------------------------- the server
 def test_the_server_averages_private_replies_with_equal_weights_and_drops_unnamed_clusters():
-    algorithm = _cam("IFCA", rounds=3)
+    algorithm = _cam(IFCA, rounds=3)
     state = algorithm.start()
     message = algorithm.configure(state)
     names = algorithm.parameter_names

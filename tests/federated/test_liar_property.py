@@ -27,8 +27,12 @@ from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
-from fednovelty.federated.clustered.cam import ClusteredFL
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
+from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
+from fednovelty.federated.clustered.ifca import IFCA
+from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
@@ -79,8 +83,18 @@ CASES: dict[str, tuple[Callable, Callable]] = {
     "FederatedPCA": (lambda: FederatedPCA(2), _unlabelled),
     "StreamingEM": (_stream, _unlabelled),
     "PFedEM": (lambda: PFedEM(2, 2, max_iter=2, local_epochs=1, random_state=0), _labelled),
-    "ClusteredFL": (
-        lambda: ClusteredFL("IFCA", D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+    "FedAvgPlus": (
+        lambda: FedAvgPlus(D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+        _labelled,
+    ),
+    "IFCA": (lambda: IFCA(D, 2, n_clusters=2, rounds=2, learner_factory="linear"), _labelled),
+    "FeSEM": (lambda: FeSEM(D, 2, n_clusters=2, rounds=2, learner_factory="linear"), _labelled),
+    "IFCACAM": (
+        lambda: IFCACAM(D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
+        _labelled,
+    ),
+    "FeSEMCAM": (
+        lambda: FeSEMCAM(D, 2, n_clusters=2, rounds=2, learner_factory="linear"),
         _labelled,
     ),
     "ClusteredEM": (

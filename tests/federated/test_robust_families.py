@@ -30,7 +30,8 @@ from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_networks import embed, encoder_template, head_template
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
-from fednovelty.federated.clustered.cam import ClusteredFL, ensemble_proba, model_template
+from fednovelty.federated.clustered.cam_models import ensemble_proba, model_template
+from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
 from fednovelty.federated.init.centroids import robust_centroid_replies
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
@@ -407,8 +408,7 @@ def _vgm2_accuracy(state, seed: int) -> float:
 
 
 def _clustered(aggregation: str, seed: int):
-    return lambda: ClusteredFL(
-        "FedAvg+",
+    return lambda: FedAvgPlus(
         D,
         3,
         n_clusters=2,

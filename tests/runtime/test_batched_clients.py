@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.federated.clustered.cam import ClusteredFL
+from fednovelty.federated.clustered.cam_methods import CLUSTERED_METHODS
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.trust.privacy import PrivacyPolicy
@@ -94,8 +94,7 @@ def test_clustered_fits_batched_equal_one_client_at_a_time(method):
         # 20 rounds, not the default 100: every phase still runs (the CAM warm-up takes 6
         # of them, and IFCA-CAM's clients change clusters in rounds 7-9 before settling,
         # as in the 100-round fit), at a fifth of the time
-        algorithm = ClusteredFL(
-            method,
+        algorithm = CLUSTERED_METHODS[method](
             3,
             2,
             n_clusters=3,

@@ -5,7 +5,7 @@ A *learner* is a torch module from a factory ``(n_features, n_classes) -> nn.Mod
 what crosses the wire and what the server keeps is a dict of its parameter tensors, and the
 module itself is only a *template* evaluated with ``torch.func.functional_call``. FedGMM's
 joint model (:mod:`fednovelty.federated.joint_models.joint`), pFedEM and the clustered
-algorithms (:mod:`fednovelty.federated.clustered.cam`) all train their learners with
+algorithms (:mod:`fednovelty.federated.clustered.cam_algorithm`) all train their learners with
 :func:`local_sgd` and start them with :func:`initial_parameters`.
 """
 
