@@ -21,12 +21,8 @@ from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty import FedVBDetector, load
 from fednovelty.federated import PrivacyPolicy
-from fednovelty.federated.bayesian.variational import (
-    FederatedVB,
-    VBConfig,
-    VBState,
-    private_prior_moments,
-)
+from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig, VBState
+from fednovelty.federated.bayesian.vb_prior_step import private_prior_moments
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 from fednovelty.mixture import MixtureParams, predict_proba

@@ -33,12 +33,9 @@ from fednovelty.federated import (
     build_algorithm,
 )
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers, KNNMarkerConfig
-from fednovelty.federated.bayesian.variational import (
-    FederatedVB,
-    VBMomentsSettings,
-    VBPriorSettings,
-)
+from fednovelty.federated.bayesian.variational import FederatedVB
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.bayesian.vb_settings import VBMomentsSettings, VBPriorSettings
 from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local

@@ -313,7 +313,7 @@ class VBLocalStep(Step):
     """The ``vb_local`` round: local VB fits, matched, combined and refined (module
     docstring). Used by ``FederatedVBOneShot`` and as the ``init_params="oneshot"`` start
     of ``FederatedVB``: either config carries the settings it reads (the prior,
-    :class:`~fednovelty.federated.bayesian.variational.OneShotSettings`, the
+    :class:`~fednovelty.federated.bayesian.vb_settings.OneShotSettings`, the
     iteration and robust settings); the state needs ``vb_prior``, ``client_rows`` and the
     record fields of :class:`VBOneShotState`."""
 

@@ -2,7 +2,7 @@
 
 Two rounds (after a standardising ``moments`` round with ``standardize``), whatever K:
 
-1. ``vb_prior`` (:class:`~fednovelty.federated.bayesian.variational.VBPriorStep`, skipped when
+1. ``vb_prior`` (:class:`~fednovelty.federated.bayesian.vb_prior_step.VBPriorStep`, skipped when
    ``mean_prior`` and ``covariance_prior`` are both given): the pooled mean and covariance
    for scikit-learn's default Normal-Wishart prior, so every client fits under one shared
    prior; each client's declared row count is recorded.
@@ -31,13 +31,6 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from fednovelty.federated.bayesian.variational import (
-    OneShotSettings,
-    PosteriorUnitsStep,
-    VBMomentsSettings,
-    VBPriorSettings,
-    VBPriorStep,
-)
 from fednovelty.federated.bayesian.vb_local import (
     VBLocalStep,
     combine_slots,
@@ -45,6 +38,13 @@ from fednovelty.federated.bayesian.vb_local import (
     match_components,
     stack_groups,
 )
+from fednovelty.federated.bayesian.vb_prior_step import VBPriorStep
+from fednovelty.federated.bayesian.vb_settings import (
+    OneShotSettings,
+    VBMomentsSettings,
+    VBPriorSettings,
+)
+from fednovelty.federated.bayesian.vb_units import PosteriorUnitsStep
 from fednovelty.federated.core.config import (
     AGGREGATIONS,
     ComponentSettings,
@@ -85,9 +85,9 @@ class VBOneShotConfig(
     covariance settings (``full``, ``diag`` or ``spherical``: the clients' fits do not
     align one shared Wishart), the iteration settings (of each client's local variational
     EM, which local k-means initialises), the priors
-    (:class:`~fednovelty.federated.bayesian.variational.VBPriorSettings`), how the server
+    (:class:`~fednovelty.federated.bayesian.vb_settings.VBPriorSettings`), how the server
     combines the local posteriors
-    (:class:`~fednovelty.federated.bayesian.variational.OneShotSettings`:
+    (:class:`~fednovelty.federated.bayesian.vb_settings.OneShotSettings`:
     ``posterior_aggregation``, ``match_threshold``, ``total_evidence``, ``refine_iter``
     (default 0 here), ``local_max_iter``), seed and placement, and the robust options
     (:class:`RobustSettings`): ``aggregation`` ``"trimmed"`` leaves out the

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.bayesian.variational import BoxSettings
+from fednovelty.federated.bayesian.vb_settings import BoxSettings
 from fednovelty.federated.core.aggregate import learner_name, stats_message
 from fednovelty.federated.core.base import (
     ClientContext,
@@ -111,7 +111,7 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
     """Settings of pFedEM (``PFedEM``; the pFedEM paper's Algorithm 1): federated EM's chain
     (:class:`~fednovelty.federated.mixtures.em.EMSettings`, plain M-steps: no moments round) with
     given initial parameters, a public box ``bounds``
-    (:class:`~fednovelty.federated.bayesian.variational.BoxSettings`: the rounds work in
+    (:class:`~fednovelty.federated.bayesian.vb_settings.BoxSettings`: the rounds work in
     ``[-1, 1]`` per feature, what differential privacy clips around), the learners
     (:class:`~fednovelty.federated.joint_models.joint.JointLearners`, one sub-model per
     Gaussian: ``n_learners`` is ``n_components``), and
