@@ -53,9 +53,8 @@ from fednovelty.detectors.persistence import (
     get_tensor,
 )
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.clustered.clustered_em import (
-    CLUSTER_ASSIGNMENTS,
-    ClusteredEM,
+from fednovelty.federated.clustered.clustered_em import CLUSTER_ASSIGNMENTS, ClusteredEM
+from fednovelty.federated.clustered.mixture_clusters import (
     allowed_components,
     cluster_log_likelihoods,
 )

@@ -13,11 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fednovelty.federated import ClusteredEMConfig, StreamConfig
-from fednovelty.federated.clustered.clustered_em import (
-    ClusteredEMStep,
-    row_log_likelihoods,
-    warmup_config,
-)
+from fednovelty.federated.clustered.clustered_em import ClusteredEMStep, warmup_config
+from fednovelty.federated.clustered.mixture_clusters import row_log_likelihoods
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec
 from fednovelty.federated.mixtures.em import EMStep, FederatedEM

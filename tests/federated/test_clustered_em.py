@@ -12,8 +12,8 @@ from _tolerance import assert_close_scaled
 from sklearn.metrics import adjusted_rand_score
 
 from fednovelty.federated import Message
-from fednovelty.federated.clustered.clustered_em import (
-    ClusteredEM,
+from fednovelty.federated.clustered.clustered_em import ClusteredEM
+from fednovelty.federated.clustered.mixture_clusters import (
     allowed_components,
     cluster_log_likelihoods,
     hellinger_kmeans,

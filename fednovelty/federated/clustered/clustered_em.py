@@ -13,7 +13,7 @@ exact sums over the rows that use it, and the server's M-step is federated EM's.
 
 ``ClusteredEM`` chains a warm-up of federated EM on all ``M`` components (personal weights),
 a server-side clustering of the clients' weight summaries that hands each cluster its
-``K_c`` components (:func:`partition_components`), and clustered EM rounds (kind
+``K_c`` components (:func:`~.mixture_clusters.partition_components`), and clustered EM rounds (kind
 ``"cluster_em"``) in which each client joins a cluster, by the likelihood of its rows
 (IFCA's rule) or by the server's k-means of the summaries (FeSEM's), and sends the
 statistics of its allowed components. The rounds and the degenerate cases (too many
@@ -31,6 +31,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from fednovelty.federated.clustered.mixture_clusters import (
+    allowed_components,
+    hellinger_kmeans,
+    log_normalised,
+    partition_components,
+    row_log_likelihoods,
+    summary_of,
+)
 from fednovelty.federated.core.base import ClientContext, Message, derived_seed, skipped_reply
 from fednovelty.federated.core.config import at_least, settings_dataclass
 from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec, declare
@@ -48,18 +56,12 @@ from fednovelty.federated.trust.validation import (
 from fednovelty.mixture import MixtureParams, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import moment_shift
-from fednovelty.mixture.kmeans import assign, kmeans_plusplus
 
 __all__ = [
     "CLUSTER_ASSIGNMENTS",
     "ClusteredEM",
     "ClusteredEMConfig",
     "ClusteredEMState",
-    "allowed_components",
-    "cluster_log_likelihoods",
-    "hellinger_kmeans",
-    "partition_components",
-    "row_log_likelihoods",
 ]
 
 #: a client's cluster in a broadcast assignment when it chooses for itself.
@@ -143,150 +145,6 @@ class ClusteredEMState(EMState):
     cluster_sizes: list[list[int]] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     cluster_rounds: int = 0
-
-
-# ---------------------------------------------------------------------- pure functions
-def allowed_components(component_clusters: Tensor, n_clusters: int) -> Tensor:
-    """Which components each cluster's clients use: the global ones and their cluster's.
-
-    Args:
-        component_clusters: (M,) int64, -1 for a global component, else its cluster.
-        n_clusters: C.
-
-    Returns:
-        (C, M) bool.
-    """
-    clusters = torch.arange(n_clusters, device=component_clusters.device).unsqueeze(1)
-    return (component_clusters.unsqueeze(0) == -1) | (component_clusters.unsqueeze(0) == clusters)
-
-
-def cluster_log_likelihoods(log_prob: Tensor, cluster_log_weights: Tensor) -> Tensor:
-    """Mean log-likelihood per row of rows under each cluster's mixture.
-
-    Args:
-        log_prob: (n_samples, M) ``log N(x_i; mu_k, Sigma_k)``.
-        cluster_log_weights: (C, M) each cluster's log weights (-inf where not allowed).
-
-    Returns:
-        (C,); ``-inf`` for a cluster without an allowed component.
-    """
-    return row_log_likelihoods(log_prob, cluster_log_weights).mean(0)
-
-
-def row_log_likelihoods(log_prob: Tensor, cluster_log_weights: Tensor) -> Tensor:
-    """Each row's log-likelihood under each cluster's mixture: (n_samples, C) from
-    ``log_prob`` (n_samples, M) and ``cluster_log_weights`` (C, M); ``-inf`` for a cluster
-    without an allowed component."""
-    joint = log_prob.unsqueeze(1) + cluster_log_weights.unsqueeze(0)  # (n, C, M)
-    return torch.logsumexp(joint, dim=2)
-
-
-def hellinger_kmeans(
-    summaries: Tensor,
-    n_clusters: int,
-    generator: torch.Generator,
-    *,
-    restarts: int = 5,
-    max_iter: int = 100,
-    centers_init: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """k-means of clients' summaries (rows), the best of ``restarts`` k-means++ starts (or
-    one start from ``centers_init``); an empty cluster's centre is re-seeded at the row
-    farthest from its own centre.
-
-    Args:
-        summaries: (n_clients, p) rows (square roots of weight vectors for the Hellinger
-            distance).
-        n_clusters: C <= n_clients.
-        generator: the draws of k-means++.
-        restarts: starts tried (>= 1) when ``centers_init`` is None.
-        centers_init: (C, p) a warm start.
-
-    Returns:
-        ``(labels (n_clients,) int64, centers (C, p))``.
-    """
-    n = summaries.shape[0]
-    if n_clusters > n:
-        raise ValueError(f"n_clusters={n_clusters} exceeds the {n} clients to cluster.")
-    starts = [centers_init] if centers_init is not None else [None] * max(1, restarts)
-    best = None
-    for start in starts:
-        centers = (
-            kmeans_plusplus(summaries, n_clusters, generator=generator)
-            if start is None
-            else start.clone()
-        )
-        labels = torch.zeros(n, dtype=torch.long, device=summaries.device)
-        for _ in range(max_iter):
-            new, dist = assign(summaries, centers)
-            for j in range(n_clusters):
-                if not bool((new == j).any()):  # re-seed at the farthest row
-                    far = int(dist.argmax())
-                    new[far], dist[far] = j, 0.0
-            centers = torch.stack([summaries[new == j].mean(0) for j in range(n_clusters)])
-            if bool((new == labels).all()):
-                break
-            labels = new
-        inertia = float(assign(summaries, centers)[1].sum())
-        if best is None or inertia < best[0] - 1e-12 * max(1.0, abs(best[0])):
-            best = (inertia, labels, centers)
-    return best[1], best[2]
-
-
-def partition_components(
-    member_weights: list[Tensor], cluster_components: int
-) -> tuple[Tensor, Tensor]:
-    """Give each cluster the ``cluster_components`` components its members use most
-    (module docstring, step 2); the rest stay global.
-
-    A component's *share* in cluster ``j`` is the members' mean weight on it over the sum of
-    that mean across clusters. In ``cluster_components`` passes, every cluster in turn takes
-    the unassigned component with its largest share (ties: the lowest index).
-
-    Args:
-        member_weights: per cluster, (n_members, M) its members' weights (a cluster with no
-            member counts as using nothing).
-        cluster_components: K_c, with ``C K_c < M``.
-
-    Returns:
-        ``(component_clusters, cluster_log_weights)``: (M,) int64 each component's cluster
-        (-1: global) and (C, M) each cluster's log weights, its members' mean weights on
-        the global components and its own, renormalised (-inf elsewhere).
-    """
-    m = member_weights[0].shape[1]
-    usage = torch.stack(
-        [w.mean(0) if w.shape[0] else w.new_zeros(m) for w in member_weights]
-    )  # (C, M)
-    n_clusters = usage.shape[0]
-    share = usage / usage.sum(0, keepdim=True).clamp_min(torch.finfo(usage.dtype).tiny)
-    owners = torch.full((m,), -1, dtype=torch.long, device=usage.device)
-    for _ in range(cluster_components):
-        for j in range(n_clusters):
-            free = owners == -1
-            candidates = torch.where(free, share[j], torch.full_like(share[j], -1.0))
-            owners[int(torch.argmax(candidates))] = j
-    allowed = allowed_components(owners, n_clusters)
-    floor = 10 * torch.finfo(usage.dtype).eps
-    weights = torch.where(allowed, usage + floor, torch.zeros_like(usage))
-    return owners, (weights / weights.sum(1, keepdim=True)).log()
-
-
-def _log_normalised(weights: Tensor) -> Tensor:
-    """log of ``weights / weights.sum()``, -inf where a weight is 0."""
-    total = weights.sum()
-    if float(total) <= 0:
-        raise ValueError("a cluster's weights are all zero.")
-    return (weights / total).log()
-
-
-def summary_of(counts: Tensor) -> Tensor:
-    """A client's summary for the server's k-means: the square roots of its weights (their
-    Euclidean distance is the Hellinger distance). counts: (M,) -> (M,)."""
-    part = counts.clamp_min(0)
-    total = part.sum()
-    if float(total) <= 0:
-        return torch.full_like(part, 1.0 / math.sqrt(part.numel()))
-    return (part / total).sqrt()
 
 
 # ---------------------------------------------------------------------- the step
@@ -450,7 +308,7 @@ class ClusteredEMStep(Step):
             counts = sum(r.tensors["counts"].to(config.device, config.dtype) for r in members)
             counts = counts.clamp_min(0) + 10 * torch.finfo(config.dtype).eps
             counts = torch.where(allowed[j], counts, torch.zeros_like(counts))
-            rows.append(_log_normalised(counts))
+            rows.append(log_normalised(counts))
         state.cluster_log_weights = torch.stack(rows)
 
     def _reassign(self, state: ClusteredEMState, replies) -> None:
@@ -593,9 +451,9 @@ class ClusteredEM(ChainedAlgorithm):
     k-means++) on every client's summary, the square roots of its warm-up weights (their
     Euclidean distance is the Hellinger distance of the weight vectors). Each cluster then takes
     the ``K_c`` components its members use most relative to the other clusters
-    (:func:`partition_components`); the remaining ``K_g`` components are global. The clustering
-    reads the weights of the whole codebook, so clusters that differ in any component are told
-    apart.
+    (:func:`~.mixture_clusters.partition_components`); the remaining ``K_g`` components are
+    global. The clustering reads the weights of the whole codebook, so clusters that differ in
+    any component are told apart.
     3. **Clustered EM** (kind ``"cluster_em"``, at most ``max_iter`` rounds): the broadcast
     holds the mixture, each component's cluster (-1: global), each cluster's weights (its
     members' rows pooled) and, with ``assignment="summary"``, the server's choice of cluster per
