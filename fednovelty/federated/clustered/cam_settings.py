@@ -202,9 +202,7 @@ class ClusteredConfig(PrivateSettings, RobustSettings, TorchSettings):
                 "warmup_rounds=0 or None."
             )
         if rule is not None and value < rule.least:
-            raise ValueError(
-                f"{owner} {rule.reason}: warmup_rounds must be >= {rule.least}."
-            )
+            raise ValueError(f"{owner} {rule.reason}: warmup_rounds must be >= {rule.least}.")
         return value
 
 
