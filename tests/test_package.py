@@ -16,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: The dashboard's folder and the package it installs as (pyproject.toml's package-dir).
 DASHBOARD = ("app", "fednovelty.dashboard")
+#: The longest module of the package, in lines: one idea per module (docs/contributing.md).
+MOST_MODULE_LINES = 600
 
 
 def test_algorithm_layers_do_not_import_pyod():
@@ -35,6 +37,20 @@ def test_public_names_resolve():
     assert set(fednovelty.__all__) <= set(dir(fednovelty))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         fednovelty.Nope  # noqa: B018
+
+
+def _long_modules(root: Path, most: int) -> dict[str, int]:
+    """The modules under ``root`` with more than ``most`` lines, by path."""
+    lengths = {
+        str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")
+    }
+    return {path: n for path, n in lengths.items() if n > most}
+
+
+def test_no_module_is_over_600_lines(tmp_path):
+    assert _long_modules(REPO / "fednovelty", MOST_MODULE_LINES) == {}
+    (tmp_path / "long.py").write_text("x = 1\n" * (MOST_MODULE_LINES + 1))
+    assert _long_modules(tmp_path, MOST_MODULE_LINES) == {"long.py": MOST_MODULE_LINES + 1}
 
 
 def _package_folders(root: Path, package: str) -> set[str]:

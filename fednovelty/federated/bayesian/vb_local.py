@@ -24,25 +24,21 @@ from fednovelty.federated.core.base import (
 )
 from fednovelty.federated.core.declarations import (
     STATS_BACKING,
+    InvalidReplyError,
     ReplySpec,
     components_limit,
     declare,
 )
 from fednovelty.federated.core.steps import Step
-from fednovelty.federated.trust.privacy import backed, resp_rows, stats_backing, unfloored
+from fednovelty.federated.trust.backing import backed, resp_rows, stats_backing
+from fednovelty.federated.trust.privacy import unfloored
+from fednovelty.federated.trust.reply_form import Shape, check_reply, covariance_shape, expectation
 from fednovelty.federated.trust.robust import (
     outlying_models,
     scale_stats,
     typical_row_factors,
 )
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    Shape,
-    check_reply,
-    check_stats,
-    covariance_shape,
-    expectation,
-)
+from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot
 from fednovelty.mixture.stats import SufficientStats, stats_from_resp

@@ -52,7 +52,7 @@ class EncoderSettings(TorchSettings):
             aggregations of ``ROBUST_CHOICES`` (``"sum"`` only unless the method averages
             model updates); the cap applies to every method.
         dp_mode: ``None`` (off) or the clients' differential-privacy mode (one of
-            :data:`~fednovelty.federated.init.DP_MODES`): what the server knows of their
+            :data:`~fednovelty.federated.init.settings.DP_MODES`): what the server knows of their
             policies. With it set the server expects no loss, averages with equal weights
             (a row count, noisy or exact, is not read) and takes the plain sum only; a
             method with ``NO_PRIVATE_FORM`` is refused.

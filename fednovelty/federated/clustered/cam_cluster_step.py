@@ -41,10 +41,9 @@ from fednovelty.federated.clustered.cam_step import (
     private_model_reply,
 )
 from fednovelty.federated.core.aggregate import average_params, learner_name
-from fednovelty.federated.core.base import ClientContext, Message, client_generator
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, round_seed
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound, logits
-from fednovelty.federated.init import round_seed
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE
 from fednovelty.federated.trust.noise import NoiseSource, check_source
 

@@ -19,10 +19,9 @@ from fednovelty.federated.clustered.cam_step import (
     private_model_reply,
 )
 from fednovelty.federated.core.aggregate import learner_name
-from fednovelty.federated.core.base import ClientContext, Message, client_generator
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, round_seed
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound
-from fednovelty.federated.init import round_seed
 from fednovelty.federated.trust.robust import robust_average_learners
 
 __all__ = ["EnsembleStep"]

@@ -18,10 +18,9 @@ from fednovelty.federated.clustered.cam_step import (
     model_reply,
     private_model_reply,
 )
-from fednovelty.federated.core.base import ClientContext, Message, client_generator
+from fednovelty.federated.core.base import ClientContext, Message, client_generator, round_seed
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound
-from fednovelty.federated.init import round_seed
 
 __all__ = ["GlobalWarmupStep"]
 

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
 from fednovelty.federated.core.learners import learner_template, logits
-from fednovelty.federated.init import box_units
-from fednovelty.federated.trust.dp import clip_rows
+from fednovelty.federated.init.units import box_units
+from fednovelty.federated.trust.dp_mechanism import clip_rows
 
 __all__ = [
     "ModelLayout",

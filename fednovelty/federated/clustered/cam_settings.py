@@ -22,7 +22,8 @@ from fednovelty.federated.core.config import (
     settings_dataclass,
 )
 from fednovelty.federated.core.learners import OPTIMIZERS, LearnerFactory, as_learner, mlp_learner
-from fednovelty.federated.init import PrivateSettings, check_bounds
+from fednovelty.federated.init.settings import PrivateSettings
+from fednovelty.federated.init.units import check_bounds
 
 __all__ = [
     "CLUSTER_AVERAGES",
@@ -107,7 +108,7 @@ class ClusteredConfig(PrivateSettings, RobustSettings, TorchSettings):
             predictions (:func:`~fednovelty.federated.clustered.cam_models.model_rows`); what
             a private run needs, since its rows are clipped to ``dp_clip`` around the origin.
         dp_mode, dp_noise_multiplier, dp_clip: what the server knows of its clients'
-            differential-privacy policy (:class:`~fednovelty.federated.init.PrivateSettings`;
+            differential-privacy policy (:class:`.init.settings.PrivateSettings`;
             ``dp_mode`` set: the clients send ``"parts"`` replies, averaged with equal
             weights, and no loss is recorded). Every mechanism of a private round runs on the
             client, so the mode changes nothing else.

@@ -27,18 +27,14 @@ from fednovelty.federated.clustered.cam_models import (
 from fednovelty.federated.clustered.cam_private import private_models
 from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
 from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.core.declarations import ReplySpec
+from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
 from fednovelty.federated.core.learners import LearnerRounds, SGDTask, local_sgd_many
 from fednovelty.federated.core.steps import Step
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.noise import NoiseSource
-from fednovelty.federated.trust.privacy import client_backing
+from fednovelty.federated.trust.reply_form import Shape, learner_count
 from fednovelty.federated.trust.robust import robust_average_params
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    Shape,
-    check_positive_rows,
-    learner_count,
-)
+from fednovelty.federated.trust.value_checks import check_positive_rows
 
 __all__ = [
     "CAM_KINDS",

@@ -41,18 +41,20 @@ from fednovelty.federated.clustered.mixture_clusters import (
 )
 from fednovelty.federated.core.base import ClientContext, Message, derived_seed, skipped_reply
 from fednovelty.federated.core.config import at_least, settings_dataclass
-from fednovelty.federated.core.declarations import STATS_BACKING, ReplySpec, declare
+from fednovelty.federated.core.declarations import (
+    STATS_BACKING,
+    InvalidReplyError,
+    ReplySpec,
+    declare,
+)
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import MomentsSettings
 from fednovelty.federated.mixtures.em import EMConfig, EMSettings, EMState, EMStep, em_steps
-from fednovelty.federated.trust.privacy import backed, contrast_backed
-from fednovelty.federated.trust.validation import (
-    InvalidReplyError,
-    Shape,
-    check_stats,
-    stats_shapes,
-)
+from fednovelty.federated.trust.backing import backed
+from fednovelty.federated.trust.contrast import contrast_backed
+from fednovelty.federated.trust.reply_form import Shape, stats_shapes
+from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture import MixtureParams, params_from_stats
 from fednovelty.mixture.density import log_gaussian_prob
 from fednovelty.mixture.em import moment_shift

@@ -19,19 +19,5 @@ Every client half enforces the client's privacy policy (``docs/privacy.md``): it
 below ``min_rows`` rows, forms at most ``min(n_components, max_clusters, n_rows //
 min_rows)`` local clusters, sends ranges as the mean of the ``min_rows`` extreme values,
 suppresses assignment statistics of centres backed by fewer than ``min_rows`` rows, and
-refuses the ``subset`` round unless the policy allows raw rows. Importers name the module;
-the package itself re-exports only the names below.
+refuses the ``subset`` round unless the policy allows raw rows. Importers name the module.
 """
-
-from fednovelty.federated.core.base import round_seed, server_generator
-from fednovelty.federated.init.settings import DP_MODES, PrivateSettings
-from fednovelty.federated.init.units import box_units, check_bounds
-
-__all__ = [
-    "DP_MODES",
-    "PrivateSettings",
-    "box_units",
-    "check_bounds",
-    "round_seed",
-    "server_generator",
-]

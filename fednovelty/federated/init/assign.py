@@ -34,8 +34,9 @@ from fednovelty.federated.core.declarations import (
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.units import check_enough, to_working_units
-from fednovelty.federated.trust.privacy import backed, stats_backing
-from fednovelty.federated.trust.validation import check_stats, stats_shapes
+from fednovelty.federated.trust.backing import backed, stats_backing
+from fednovelty.federated.trust.reply_form import stats_shapes
+from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture import (
     MixtureParams,
     affine_params,

@@ -31,6 +31,7 @@ from fednovelty.federated.core.base import (
     skipped_reply,
 )
 from fednovelty.federated.core.declarations import (
+    InvalidReplyError,
     ReplySpec,
     components_limit,
     components_setting,
@@ -38,9 +39,11 @@ from fednovelty.federated.core.declarations import (
 )
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.units import row_count
-from fednovelty.federated.trust.privacy import client_backing, merge_small_clusters
+from fednovelty.federated.trust.backing import client_backing
+from fednovelty.federated.trust.floors import merge_small_clusters
+from fednovelty.federated.trust.reply_form import expectation
 from fednovelty.federated.trust.robust import coordinate_median, outlying_points
-from fednovelty.federated.trust.validation import RTOL, InvalidReplyError, expectation
+from fednovelty.federated.trust.value_checks import RTOL
 from fednovelty.mixture import kmeans
 
 

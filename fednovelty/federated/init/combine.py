@@ -16,12 +16,10 @@ from torch import Tensor
 
 from fednovelty.federated.core.aggregate import stats_from_message, sum_stats
 from fednovelty.federated.core.base import Message
-from fednovelty.federated.trust.dp import (
-    block_multipliers,
-    plausible_stats,
-    private_sum,
-    server_noise,
-)
+from fednovelty.federated.trust.dp import server_noise
+from fednovelty.federated.trust.dp_mechanism import private_sum
+from fednovelty.federated.trust.dp_postprocess import plausible_stats
+from fednovelty.federated.trust.dp_split import block_multipliers
 from fednovelty.federated.trust.private_robust import private_trimmed_stats
 from fednovelty.federated.trust.robust import robust_stats
 from fednovelty.mixture.stats import SufficientStats
@@ -55,7 +53,7 @@ def private_stats(
 ) -> SufficientStats:
     """Summed noisy statistics made usable (post-processing, no privacy cost): in
     ``"central"`` mode first the server's noise (``dp_noise_multiplier`` times each block's
-    sensitivity); then :func:`~fednovelty.federated.trust.dp.plausible_stats` with counts at
+    sensitivity); then :func:`~.dp_postprocess.plausible_stats` with counts at
     least twice the noise the summed counts carry (a component no row backs keeps a small
     weight instead of a negative one) and variances at least ``1e-4 * dp_clip**2`` and the
     noise's spectral norm on each covariance."""

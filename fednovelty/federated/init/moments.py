@@ -29,8 +29,8 @@ from fednovelty.federated.core.declarations import ReplySpec, declare
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.combine import private_stats
 from fednovelty.federated.init.units import box_units, server_like
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.plausible import robust_moments
-from fednovelty.federated.trust.privacy import client_backing
 from fednovelty.federated.trust.private_robust import private_trimmed_moments
 from fednovelty.mixture import (
     CovariancePrior,

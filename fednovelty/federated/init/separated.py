@@ -22,7 +22,8 @@ from fednovelty.federated.core.base import ClientContext, Message, round_seed, s
 from fednovelty.federated.core.declarations import ReplySpec, declare
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.units import row_count
-from fednovelty.federated.trust.privacy import client_backing, trimmed_range
+from fednovelty.federated.trust.backing import client_backing
+from fednovelty.federated.trust.floors import trimmed_range
 
 RANGE_REPLY = ReplySpec(
     "range",

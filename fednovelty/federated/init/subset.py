@@ -30,11 +30,10 @@ from fednovelty.federated.core.base import (
     server_generator,
     skipped_reply,
 )
-from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec, declare
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.units import check_enough, row_count
-from fednovelty.federated.trust.privacy import client_backing
-from fednovelty.federated.trust.validation import InvalidReplyError
+from fednovelty.federated.trust.backing import client_backing
 from fednovelty.mixture import fit_gmm
 
 

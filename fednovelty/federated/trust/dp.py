@@ -23,9 +23,6 @@ import math
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from fednovelty.federated.trust.dp_mechanism import clip_rows, private_sum
-from fednovelty.federated.trust.dp_postprocess import plausible_stats
-from fednovelty.federated.trust.dp_split import block_multipliers
 from fednovelty.federated.trust.ledger import PrivacyLedger, gaussian_cost, within_budget
 from fednovelty.federated.trust.noise import NoiseSource, noise_source
 
@@ -185,21 +182,13 @@ def server_noise(config: Any, rounds: int, stream: int = 0) -> NoiseSource:
     return noise_source(seed, 0xD1FF, int(rounds), int(stream))
 
 
-# block_multipliers, clip_rows, plausible_stats and private_sum are re-exported here for the
-# modules that still import them from this one (fednovelty/federated/init/ and
-# federated/clustered/); other code imports them from dp_split, dp_mechanism and
-# dp_postprocess.
 __all__ = [
     "GATE_STREAM",
     "MODES",
     "STEP_STREAM",
     "DPPolicy",
-    "block_multipliers",
     "charge",
-    "clip_rows",
     "noise_std",
-    "plausible_stats",
-    "private_sum",
     "release_noise",
     "server_noise",
 ]

@@ -26,11 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fednovelty.federated.trust.backing import backed, client_backing, resp_rows, stats_backing
-from fednovelty.federated.trust.contrast import contrast_backed
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_sgd import DPSGDSettings
-from fednovelty.federated.trust.floors import merge_small_clusters, trimmed_range
 
 #: the default floor (see ``PrivacyPolicy``).
 DEFAULT_MIN_ROWS = 5
@@ -124,20 +121,9 @@ def unfloored(rows: Tensor, n_rows: float, policy: PrivacyPolicy) -> Tensor:
     return rows if policy.has_floor else torch.full_like(rows, float(n_rows))
 
 
-# backed, client_backing, contrast_backed, merge_small_clusters, resp_rows, stats_backing and
-# trimmed_range are re-exported here for the modules that still import them from this one
-# (fednovelty/federated/init/, federated/clustered/ and federated/bayesian/); other code
-# imports them from backing, contrast and floors.
 __all__ = [
     "DEFAULT_MAX_CLUSTERS",
     "DEFAULT_MIN_ROWS",
     "PrivacyPolicy",
-    "backed",
-    "client_backing",
-    "contrast_backed",
-    "merge_small_clusters",
-    "resp_rows",
-    "stats_backing",
-    "trimmed_range",
     "unfloored",
 ]

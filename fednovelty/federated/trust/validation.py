@@ -31,22 +31,13 @@ from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
 from fednovelty.federated.trust.batch_checks import batch_passes
 from fednovelty.federated.trust.declared_box import Declared, check_box
 from fednovelty.federated.trust.reply_form import (
-    Shape,
     SpecLookup,
     check_reply,
-    covariance_shape,
-    expectation,
     is_skipped,
-    learner_count,
     resolve_spec,
-    stats_shapes,
 )
 from fednovelty.federated.trust.value_checks import (
     RTOL,
-    check_counts_within,
-    check_positive_rows,
-    check_scatter,
-    check_stats,
 )
 
 
@@ -204,23 +195,6 @@ class ReplyValidator:
             declared.mean, declared.m2 = mean, m2
 
 
-# InvalidReplyError, Shape, check_counts_within, check_positive_rows, check_reply,
-# check_scatter, check_stats, covariance_shape, expectation, learner_count and stats_shapes
-# are re-exported here for the modules that still import them from this one
-# (fednovelty/federated/init/, federated/clustered/ and federated/bayesian/); other code
-# imports them from core.declarations, reply_form and value_checks.
 __all__ = [
-    "RTOL",
-    "InvalidReplyError",
     "ReplyValidator",
-    "Shape",
-    "check_counts_within",
-    "check_positive_rows",
-    "check_reply",
-    "check_scatter",
-    "check_stats",
-    "covariance_shape",
-    "expectation",
-    "learner_count",
-    "stats_shapes",
 ]
