@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fednovelty.federated.registry import ALGORITHMS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 #: a fenced python block, also indented inside a list item (its fence's indent closes it).
@@ -68,10 +70,9 @@ PREPARE = {"flower.md": _flower_result}
 def _registries() -> list[dict]:
     """The tables a page's example may extend (methods, saved classes, algorithms)."""
     from fednovelty.detectors.persistence import REGISTRY
-    from fednovelty.federated.core.base import REGISTERED
     from fednovelty.methods import METHODS
 
-    return [METHODS, REGISTRY, REGISTERED]
+    return [METHODS, REGISTRY]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
@@ -80,12 +81,15 @@ def test_every_python_block_runs(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     tables = _registries()
     kept = [dict(table) for table in tables]
+    algorithms = set(ALGORITHMS)
     try:
         _run_blocks(page, blocks, tmp_path)
     finally:  # what a page registers (e.g. the add-an-algorithm walk) is gone after it
         for table, before in zip(tables, kept, strict=True):
             table.clear()
             table.update(before)
+        for name in set(ALGORITHMS) - algorithms:
+            ALGORITHMS.remove(name)
     capsys.readouterr()
 
 

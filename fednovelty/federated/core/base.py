@@ -199,14 +199,6 @@ def server_generator(config: Any, state: Any) -> torch.Generator:
     return torch.Generator().manual_seed(round_seed(config, state) ^ 0x5EED)
 
 
-#: every algorithm class with settings, by class name (see ``FederatedAlgorithm``).
-REGISTERED: dict[str, type] = {}
-
-
-def _builtin(cls: type) -> bool:
-    return cls.__module__.startswith("fednovelty.federated.")
-
-
 class FederatedAlgorithm(ABC):
     """Base class: an algorithm is its settings (``config``) plus two pure halves.
 
@@ -241,16 +233,11 @@ class FederatedAlgorithm(ABC):
     replies: ClassVar[Mapping[str, ReplySpec]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register every algorithm with settings (``config_class``) by its class name, where
-        engines find it (:mod:`fednovelty.federated.registry`); a class outside the package
-        does not replace one of the package's."""
+        """Record the reply kinds the class declares (``replies``), which the server gate
+        reads by kind (:func:`~fednovelty.federated.core.declarations.register_declarations`).
+        Engines find an algorithm by name in :mod:`fednovelty.federated.registry`."""
         super().__init_subclass__(**kwargs)
         register_declarations(cls)
-        if getattr(cls, "config_class", None) is None:
-            return
-        known = REGISTERED.get(cls.__name__)
-        if known is None or not _builtin(known) or _builtin(cls):
-            REGISTERED[cls.__name__] = cls
 
     def reply_spec(self, kind: str) -> ReplySpec:
         """The declaration of replies of ``kind``, read by the client gate and the server
