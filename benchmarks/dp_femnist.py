@@ -12,10 +12,11 @@ writer's rows. Here it is a **public projection**:
 - ``random``: 24 orthonormal Gaussian directions (seeded, data-independent), no centring,
   the same log norm.
 
-The public box ``dp_bounds`` is each feature's range over MNIST's training digits under the
+The public box ``Privacy.bounds`` is each feature's range over MNIST's training digits under the
 same projection (public). ``"auto"`` clipping is the detectors' default; the ``public
-clip`` settings set ``dp_clip`` to the largest norm of the MNIST rows in the box's units
-(``[-1, 1]`` per feature), also public, and fit in the box's units (``standardize=False``).
+clip`` settings set ``Privacy.clip`` to the largest norm of the MNIST rows in the box's units
+(``[-1, 1]`` per feature), also public, and fit in the box's units
+(``Prior(standardize=False)``).
 The closed-form box of the projection (pixels in [0, 1] bound every feature: direction
 coordinates within ``[-||a^-|| - a.mean, ||a^+|| - a.mean]``, log norm within
 ``[log(1/255), log 28]``) is printed for comparison and not used: its log-norm range is 5.6
@@ -80,6 +81,9 @@ from fednovelty.detectors import (  # noqa: E402
     FedGenGMMDetector,
     FedGMMDetector,
     FedVBDetector,
+    Initialisation,
+    Prior,
+    Privacy,
 )
 from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
 from fednovelty.federated.trust.dp_split import BLOCK_SPLIT  # noqa: E402
@@ -133,7 +137,7 @@ def random_projection(n_pixels: int, n_axes: int, seed: int) -> Projection:
 
 
 def public_box(public_features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``dp_bounds``: each feature's (low, high) over the public rows (n, d)."""
+    """``Privacy.bounds``: each feature's (low, high) over the public rows (n, d)."""
     return public_features.min(axis=0), public_features.max(axis=0)
 
 
@@ -227,25 +231,24 @@ class Setting:
     every_ood: bool = False
 
 
-FEDGMM_ROUNDS = {"max_iter": 40, "kmeans_rounds": 3}
-BOX = {"standardize": False}
+FEDGMM_ROUNDS = {"max_iter": 40, "initialisation": Initialisation(kmeans_rounds=3)}
+VB_ROUNDS = {"max_iter": 20, "initialisation": Initialisation(kmeans_rounds=3)}
+ONE_ROUND = {"max_iter": 1, "initialisation": Initialisation(kmeans_rounds=1)}
+BOX = {"prior": Prior(standardize=False)}
 SETTINGS = (
     Setting("FedGMM", "FedGMM", private=FEDGMM_ROUNDS, every_ood=True),
-    Setting("FedVB", "FedVB", private={"max_iter": 20, "kmeans_rounds": 3}, every_ood=True),
-    Setting("FedGenGMM", "FedGenGMM", private={"dp_iterations": 20}, every_ood=True),
+    Setting("FedVB", "FedVB", private=VB_ROUNDS, every_ood=True),
+    Setting("FedGenGMM", "FedGenGMM", private={"local_iterations": 20}, every_ood=True),
     Setting("FedGMM, box units, public clip", "FedGMM", params=BOX, private=FEDGMM_ROUNDS,
             clip="public"),
-    Setting("FedVB, public clip", "FedVB", private={"max_iter": 20, "kmeans_rounds": 3},
-            clip="public"),
+    Setting("FedVB, public clip", "FedVB", private=VB_ROUNDS, clip="public"),
     Setting("FedGenGMM, client K=1, public clip", "FedGenGMM",
-            params={"client_components": 1}, private={"dp_iterations": 1}, clip="public"),
+            params={"client_components": 1}, private={"local_iterations": 1}, clip="public"),
     Setting("FedGMM K=1, box units, public clip", "FedGMM",
-            params={"n_components": 1, **BOX}, private={"max_iter": 1, "kmeans_rounds": 1},
-            clip="public"),
+            params={"n_components": 1, **BOX}, private=ONE_ROUND, clip="public"),
     Setting("FedGMM (random projection)", "FedGMM", "random", private=FEDGMM_ROUNDS),
     Setting("FedGMM K=1, box units, public clip (random projection)", "FedGMM", "random",
-            params={"n_components": 1, **BOX}, private={"max_iter": 1, "kmeans_rounds": 1},
-            clip="public"),
+            params={"n_components": 1, **BOX}, private=ONE_ROUND, clip="public"),
 )  # fmt: skip
 QUICK_SETTINGS = ("FedGMM", "FedGenGMM, client K=1, public clip", "FedGMM (random projection)")
 
@@ -254,9 +257,11 @@ def build(setting: Setting, epsilon: float, box, clip: float, seed: int):
     """The detector of ``setting`` (``epsilon`` inf: without DP), K = 10 unless set."""
     params = {"n_components": N_COMPONENTS, "random_state": seed, **setting.params}
     if math.isfinite(epsilon):
-        params.update(setting.private, dp_epsilon=epsilon, dp_delta=DELTA, dp_bounds=box)
+        private = dict(setting.private)
+        fields = {k: private.pop(k) for k in ("local_iterations",) if k in private}
         if setting.clip == "public":
-            params["dp_clip"] = clip
+            fields["clip"] = clip
+        params.update(private, privacy=Privacy(epsilon=epsilon, delta=DELTA, bounds=box, **fields))
     return DETECTORS[setting.detector](**params)
 
 
@@ -441,7 +446,8 @@ def diagnosis_table(rows, facts, settings, epsilons, d: int) -> str:
             else:
                 n_k = n_train / k
             floor = noise_floor(z, clip, d, n_k) if z else 0.0
-            if setting.params.get("standardize", True) and setting.detector == "FedGMM":
+            standardized = setting.params.get("prior", Prior()).standardize
+            if standardized and setting.detector == "FedGMM":
                 # the private standardisation is one diag "component" of every row in box
                 # units: its variances are at least its floor, so the "z-scores" divide by
                 # sqrt(max(variance, floor)) and the components' floor (in those units) is

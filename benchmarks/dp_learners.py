@@ -5,7 +5,7 @@ label skew; ``--clients`` x ``--rows`` training images, a fifth as many test ima
 client), every image scaled to unit L2 norm, then projected on 24 orthonormal axes drawn
 once from a seeded Gaussian matrix and scaled by ``sqrt(784 / 24)`` (a typical row then has
 norm 1): a **public** projection (it reads no image), so each client applies it locally. The
-public box is ``[-2, 2]`` per feature and the clipping radius ``dp_clip=1`` in the box's
+public box is ``[-2, 2]`` per feature and the clipping radius ``Privacy.clip=1`` in the box's
 units (rows of norm above 2 are clipped; by construction no row exceeds ``sqrt(784 / 24)``,
 and on MNIST the largest is 1.5: both are public choices, not read from a client).
 Novel rows: the test images shrunk by 0.5, rotated and flipped (the FedGMM paper's
@@ -13,9 +13,9 @@ composed transform), projected the same way.
 
 Model: ``JointFedGMMDetector`` (10 Gaussians, 2 linear learners on the 24 projected
 features, ``local_epochs=1``, ``learning_rate``, ``max_iter`` rounds after 3 Lloyd rounds)
-fitted with ``dp_epsilon`` in ``--epsilons`` (``dp_delta=1e-5``, central mode: a trusted
+fitted with ``Privacy.epsilon`` in ``--epsilons`` (``delta=1e-5``, central mode: a trusted
 server adds the statistics' noise; each client runs DP-SGD with Poisson rate
-``--sample-rate``, gradient clip 1 and half the budget, ``dp_learner_share=0.5``) and
+``--sample-rate``, gradient clip 1 and half the budget, ``learner_share=0.5``) and
 without differential privacy (``inf``, the same rounds). Reported: the accuracy of
 ``predict_y`` with the global weights, the AUROC of ``-log p(x)`` for the novel rows, the
 noise multipliers (statistics ``z``, DP-SGD ``sigma``) and the fit's seconds; mean and
@@ -43,6 +43,7 @@ for folder in (REPO, REPO / "benchmarks"):  # fedgmm_mnist imports _machine as a
 from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_mnist import COMPOSED, image_rows, unit_norm  # noqa: E402
 from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
+from fednovelty.detectors import Initialisation, Privacy  # noqa: E402
 from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.metrics import auroc  # noqa: E402
 
@@ -68,16 +69,16 @@ def fit_one(
         local_epochs=1,
         learning_rate=args.learning_rate,
         max_iter=args.rounds,
-        kmeans_rounds=3,
+        initialisation=Initialisation(kmeans_rounds=3),
         tol=0.0,
         random_state=seed,
     )
     if epsilon is not None:
-        params.update(
-            dp_epsilon=epsilon,
-            dp_bounds=([-2.0] * WIDTH, [2.0] * WIDTH),
-            dp_clip=1.0,
-            dp_sample_rate=args.sample_rate,
+        params["privacy"] = Privacy(
+            epsilon=epsilon,
+            bounds=([-2.0] * WIDTH, [2.0] * WIDTH),
+            clip=1.0,
+            sample_rate=args.sample_rate,
         )
     start = time.perf_counter()
     with warnings.catch_warnings():

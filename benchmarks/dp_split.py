@@ -29,7 +29,7 @@ and ``d`` read 0). Three sections:
    covariance ``K^(-2/d) / 3`` per feature, clipping radius ``sqrt(d)``), for ``n_k`` from
    20 to 20,000 rows and the ``z`` of ``epsilon`` 1 and 8 over 44 releases.
 3. ``auroc``: DEM-kmeans under central DP (the scoreboard's task: novelty protocol, 10
-   clients of Dirichlet(0.5), 8 components, at most 20,000 training rows, ``dp_bounds``
+   clients of Dirichlet(0.5), 8 components, at most 20,000 training rows, ``Privacy.bounds``
    [0, 1], 3 Lloyd and 40 EM rounds) with each split. The split is swapped in the module's
    :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT` for the whole fit (every release's
    noise and the server's floors read it).
@@ -59,6 +59,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._machine import emit_report, report_header  # noqa: E402
 from fednovelty.datasets.protocols import make_task  # noqa: E402
+from fednovelty.detectors import Initialisation, Privacy  # noqa: E402
 from fednovelty.evaluation import auroc  # noqa: E402
 from fednovelty.federated.trust import (  # noqa: E402
     dp_calibration,
@@ -271,8 +272,9 @@ def auroc_rows(args) -> pd.DataFrame:
             started = time.perf_counter()
             if key not in done:
                 detector = method.build(
-                    **base, dp_epsilon=eps, dp_bounds=bounds, dp_mode="central",
-                    max_iter=args.max_iter, kmeans_rounds=args.kmeans_rounds, progress=False,
+                    **base, max_iter=args.max_iter, progress=False,
+                    privacy=Privacy(epsilon=eps, bounds=bounds, mode="central"),
+                    initialisation=Initialisation(kmeans_rounds=args.kmeans_rounds),
                 )  # fmt: skip
                 with using_split(split):
                     detector.fit(task.X_train, groups=task.groups_train)

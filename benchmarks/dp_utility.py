@@ -4,12 +4,12 @@ The demo's task (ADBench Forest Covertype, ``10_cover``: the novelty protocol, 2
 Dirichlet(0.5) feature skew) unless ``--datasets`` names others (``all``: the 25 of the
 scoreboard; the summary then averages over datasets too). Each detector is the registry's
 method (``DEM-kmeans``: global weights, ``FedGMM``: personal weights) fitted with
-``dp_epsilon`` in {0.5, 1, 2, 4, 8} at ``dp_delta=1e-5`` and without differential privacy
+``Privacy.epsilon`` in {0.5, 1, 2, 4, 8} at ``delta=1e-5`` and without differential privacy
 (``inf``).
 
 Every fit sees the dataset's own units (the task's min-max scaling undone: that scaling reads
 the rows, so bounds taken from it would be no public knowledge). ``--bounds private`` (the
-default): no ``dp_bounds``, so the fit's first round estimates them privately
+default): no ``Privacy.bounds``, so the fit's first round estimates them privately
 (``fednovelty.federated.trust.private_bounds``, charged to the budget). ``--bounds public``: the
 documented ranges of :data:`PUBLIC_RANGES` (datasets without one are skipped).
 
@@ -41,6 +41,7 @@ import torch
 
 from fednovelty.datasets import list_adbench
 from fednovelty.datasets.protocols import make_task
+from fednovelty.detectors import Initialisation, Prior, Privacy
 from fednovelty.evaluation import aupr_out, auroc
 from fednovelty.methods import get_method
 
@@ -56,33 +57,58 @@ PUBLIC_RANGES = {
     "20_letter": (0.0, 15.0),
     "8_celeba": (0.0, 1.0),
 }
-#: a private fit's rounds: Lloyd (``kmeans_rounds``) and EM (``max_iter``) rounds, the
-#: moments round (``standardize``) and anything else the detector takes.
+#: fits in the box's units, without the private standardisation's moments round.
+BOX = {"prior": Prior(standardize=False)}
+#: a private fit's rounds: Lloyd (``Initialisation.kmeans_rounds``) and EM (``max_iter``)
+#: rounds, the moments round (``Prior.standardize``) and anything else the detector takes.
 VARIANTS = {
     "defaults": {},
-    "em20": {"max_iter": 20, "kmeans_rounds": 3},
-    "em40": {"max_iter": 40, "kmeans_rounds": 3},
-    "em10": {"max_iter": 10, "kmeans_rounds": 3},
-    "em5": {"max_iter": 5, "kmeans_rounds": 2},
-    "em5-box": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False},
-    "em10-box": {"max_iter": 10, "kmeans_rounds": 3, "standardize": False},
-    "em3-box": {"max_iter": 3, "kmeans_rounds": 1, "standardize": False},
-    "em5-box-k4": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "n_components": 4},
-    "em5-box-k2": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "n_components": 2},
-    "em2-box-k1": {"max_iter": 2, "kmeans_rounds": 1, "standardize": False, "n_components": 1},
-    "em5-box-np": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "prior_strength": None},
-    "em5-box-clip": {"max_iter": 5, "kmeans_rounds": 2, "standardize": False, "clip_scale": 0.6},
+    "em20": {"max_iter": 20, "initialisation": Initialisation(kmeans_rounds=3)},
+    "em40": {"max_iter": 40, "initialisation": Initialisation(kmeans_rounds=3)},
+    "em10": {"max_iter": 10, "initialisation": Initialisation(kmeans_rounds=3)},
+    "em5": {"max_iter": 5, "initialisation": Initialisation(kmeans_rounds=2)},
+    "em5-box": {"max_iter": 5, "initialisation": Initialisation(kmeans_rounds=2), **BOX},
+    "em10-box": {"max_iter": 10, "initialisation": Initialisation(kmeans_rounds=3), **BOX},
+    "em3-box": {"max_iter": 3, "initialisation": Initialisation(kmeans_rounds=1), **BOX},
+    "em5-box-k4": {
+        "max_iter": 5,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        **BOX,
+        "n_components": 4,
+    },
+    "em5-box-k2": {
+        "max_iter": 5,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        **BOX,
+        "n_components": 2,
+    },
+    "em2-box-k1": {
+        "max_iter": 2,
+        "initialisation": Initialisation(kmeans_rounds=1),
+        **BOX,
+        "n_components": 1,
+    },
+    "em5-box-np": {
+        "max_iter": 5,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        "prior": Prior(standardize=False, strength=None),
+    },
+    "em5-box-clip": {
+        "max_iter": 5,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        **BOX,
+        "clip_scale": 0.6,
+    },
     "em3-box-k2-np": {
         "max_iter": 3,
-        "kmeans_rounds": 1,
-        "standardize": False,
+        "initialisation": Initialisation(kmeans_rounds=1),
+        "prior": Prior(standardize=False, strength=None),
         "n_components": 2,
-        "prior_strength": None,
     },
     "em5-box-diag": {
         "max_iter": 5,
-        "kmeans_rounds": 2,
-        "standardize": False,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        **BOX,
         "covariance_type": "diag",
     },
 }
@@ -102,7 +128,7 @@ def raw_rows(task, X: np.ndarray) -> np.ndarray:
 
 
 def public_bounds(dataset: str, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The dataset's documented range as ``dp_bounds`` (two rows of ``n_features``), or
+    """The dataset's documented range as ``Privacy.bounds`` (two rows of ``n_features``), or
     ``None``."""
     if dataset not in PUBLIC_RANGES:
         return None
@@ -119,8 +145,8 @@ def settings_of(args, dataset: str, d: int) -> list[tuple[str, str, object, dict
         rounds = VARIANTS[variant]
         fits.append((variant, "-", "inf*", rounds))
         for mode, eps in itertools.product(args.modes, args.epsilons):
-            fits.append((variant, mode, eps, {**rounds, "dp_epsilon": eps, "dp_mode": mode,
-                                               "dp_bounds": box}))  # fmt: skip
+            privacy = Privacy(epsilon=eps, mode=mode, bounds=box)
+            fits.append((variant, mode, eps, {**rounds, "privacy": privacy}))
     return fits
 
 
@@ -148,11 +174,10 @@ def append(path: Path | None, row: dict) -> None:
 def fit_one(method, base: dict, extra: dict, task, X_train, X_test) -> dict:
     """One fit and its scores: AUROC, AUC-PR, what it spent, its rounds and seconds."""
     extra = dict(extra)
-    scale = extra.pop("clip_scale", None)  # dp_clip as a multiple of sqrt(n_features)
-    if scale is not None and "dp_epsilon" in extra:
-        extra["dp_clip"] = scale * math.sqrt(X_train.shape[1])
-    elif scale is not None:
-        extra.pop("dp_clip", None)
+    scale = extra.pop("clip_scale", None)  # Privacy.clip as a multiple of sqrt(n_features)
+    if scale is not None and "privacy" in extra:
+        fields = extra["privacy"].get_params()
+        extra["privacy"] = Privacy(**{**fields, "clip": scale * math.sqrt(X_train.shape[1])})
     detector = method.build(**{**base, **extra}, progress=False)  # a variant's K wins
     started = time.perf_counter()
     with warnings.catch_warnings():

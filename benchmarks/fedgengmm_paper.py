@@ -13,7 +13,7 @@ Settings (``--setting``, :data:`SETTINGS`; the report names the one it ran):
 - ``ours`` (default): full covariances; K = 10 on Covertype (the runner's default); the test
   sets of ``make_task`` (the novel rows are one half of the test rows); MNIST's OOD digits
   are rotated, flipped *or* scaled by 0.5 (one transform each, in turn); the library's
-  privacy floor (``privacy_min_rows=5``: a client of fewer rows releases nothing, and one
+  privacy floor (``Privacy(min_rows=5)``: a client of fewer rows releases nothing, and one
   fits at most ``n_rows // 5`` components).
 - ``paper`` (Sec. 5.3, 5.5 and Tables 2-3 of the paper): diagonal covariances; K = 15 on
   Covertype and 30 on MNIST (Table 3); the novel rows are 10 % of the test rows (Table 2's
@@ -21,7 +21,7 @@ Settings (``--setting``, :data:`SETTINGS`; the report names the one it ran):
   inlier stays); MNIST's OOD digits are rotated 90 degrees counter-clockwise, flipped
   horizontally *and* scaled by 1.2, all three (:data:`PAPER_MNIST_TRANSFORM`), projected on
   the task's federated principal axes and min-max scaled as its other rows
-  (:func:`paper_task`); no privacy floor (``privacy_min_rows=1`` for every method that
+  (:func:`paper_task`); no privacy floor (``Privacy(min_rows=1)`` for every method that
   takes it; the paper has none). The rest of Sec. 5.5 is common to both settings: 20
   clients, K_c = K, k-means-initialised local fits, H = 100, EM tolerance 1e-3, 5 seeds.
 
@@ -108,6 +108,7 @@ from benchmarks._machine import check_device, device_facts, report_header  # noq
 from fednovelty.datasets import load_mnist, transform_images  # noqa: E402
 from fednovelty.datasets import protocols as _protocols  # noqa: E402
 from fednovelty.datasets.protocols import Task  # noqa: E402
+from fednovelty.detectors import Privacy  # noqa: E402
 from fednovelty.evaluation.ablations import ablation_names  # noqa: E402
 from fednovelty.evaluation.benchmark import run_benchmark  # noqa: E402
 from fednovelty.methods import METHODS  # noqa: E402
@@ -138,7 +139,7 @@ class Setting:
         novel_share: the share of novel rows in each test set (None: ``make_task``'s, one half).
         paper_mnist_ood: MNIST's novel digits get :data:`PAPER_MNIST_TRANSFORM`.
         detector_params: detector settings of the methods that take them (``paper``:
-            ``privacy_min_rows=1``, no privacy floor, as the paper has none).
+            ``Privacy(min_rows=1)``, no privacy floor, as the paper has none).
         description: one line for the report.
     """
 
@@ -164,7 +165,7 @@ SETTINGS: dict[str, Setting] = {
         {},
         "full covariances; K = 10 (Covertype), 30 (MNIST); novel rows one half of each test "
         "set; MNIST OOD digits rotated, flipped or scaled by 0.5 (one transform each); the "
-        "library's privacy floor (privacy_min_rows=5)",
+        "library's privacy floor (Privacy(min_rows=5))",
     ),
     "paper": Setting(
         "paper",
@@ -172,11 +173,11 @@ SETTINGS: dict[str, Setting] = {
         {"10_cover:noise": 15, "mnist": 30},
         0.10,
         True,
-        {"privacy_min_rows": 1},
+        {"privacy": Privacy(min_rows=1)},
         "the paper's Sec. 5.5: diagonal covariances; K = 15 (Covertype), 30 (MNIST) as its "
         "Table 3; novel rows 10 % of each test set (Table 2); MNIST OOD digits rotated 90 "
         "degrees counter-clockwise, flipped horizontally and scaled by 1.2 (Sec. 5.3); no "
-        "privacy floor (privacy_min_rows=1)",
+        "privacy floor (Privacy(min_rows=1))",
     ),
 }
 
@@ -341,7 +342,7 @@ def _built_with(factory, settings: dict):
 def detectors_on(names, device: str, **params) -> Iterator[None]:
     """While open, the registry methods ``names`` build their detectors with ``device=``
     (``"cpu"`` or ``"cuda"``) and those of ``params`` each method takes (e.g.
-    ``privacy_min_rows``: not ``CentralGMM``'s); the registry's entries are put back on exit."""
+    ``privacy``: not ``CentralGMM``'s); the registry's entries are put back on exit."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}; got {device!r}.")
     saved = {name: METHODS[name] for name in names}

@@ -70,6 +70,7 @@ from fednovelty.datasets.femnist import (  # noqa: E402
     shift_writers,
     split_writers,
 )
+from fednovelty.detectors import ClientSampling  # noqa: E402
 from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
@@ -141,7 +142,9 @@ PAPER_SCALE = {
 
 def make_model(name: str, settings: Settings, seed: int) -> JointFedGMMDetector:
     return JointFedGMMDetector.pfl_baseline(
-        name, batch_clients=settings.batch_clients, **settings.model_params(seed)
+        name,
+        sampling=ClientSampling(batch_clients=settings.batch_clients),
+        **settings.model_params(seed),
     )
 
 

@@ -24,7 +24,7 @@ BOX))`` and its ``em`` broadcast after ``start()``; one client of ``N_ROWS`` row
 through ``algorithm.answer`` under ``PrivacyPolicy(dp=DPPolicy(z, B, "local"))`` (a fresh
 noise seed per trial), with and without the target; the adversary knows the noiseless
 releases of both neighbours and the calibrated spreads. ``B = 1.5 sqrt(d)`` box units (the
-detectors' ``dp_clip="auto"``). One release at ``z`` calibrated to (epsilon, 1e-5) for one
+detectors' ``Privacy.clip="auto"``). One release at ``z`` calibrated to (epsilon, 1e-5) for one
 release: the canary (16, 0) (4 box units out along an axis: full sensitivity in every block)
 and typical targets (``GATE_PAIRS`` (20) pairs of rows drawn from the population, their trials
 pooled); then the whole-fit budget: ``releases`` (the DP detector's planned releases)
@@ -42,8 +42,8 @@ no privacy floor: overfits) and ``FedGMMDetector`` with its defaults but the pri
 
 **DP-trained detector** (``DP_SEEDS`` (30) seeds): ``FedGMMDetector`` (:data:`DP_DETECTOR`:
 8 components, no prior, no floor, 10 EM rounds, 3 k-means rounds) on ``DP_CLIENTS`` (4)
-clients of ``DP_ROWS`` (10) rows of N(0, I_2) with ``dp_epsilon`` at each epsilon,
-``dp_bounds = (-BOX, BOX)``, ``dp_clip="auto"``, central noise; the loss attack against 40
+clients of ``DP_ROWS`` (10) rows of N(0, I_2) with ``Privacy.epsilon`` at each epsilon,
+``bounds = (-BOX, BOX)``, ``clip="auto"``, central noise; the loss attack against 40
 held-out rows; epsilon = inf is the same detector without DP. Bounds are those of the fit's
 whole budget (its ``noise_multiplier`` and ``releases`` from ``privacy_spent_``): the
 add/remove test of one row, ``Phi(mu / sqrt 2)``, and the members-vs-held-out AUC,
@@ -74,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import emit_report, report_header
 
 from fednovelty.detectors import FedGMMDetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.evaluation.membership import GateAttack, gate_attack, score_attack, stats_attack
 from fednovelty.evaluation.membership_audit import auc_interval
 from fednovelty.evaluation.membership_bounds import (
@@ -102,13 +103,13 @@ TARGET_AUC = 0.55
 #: noise; few rounds, since every round spends budget.
 DP_DETECTOR = {
     "n_components": 8,
-    "prior_strength": None,
-    "privacy_min_rows": 1,
+    "prior": Prior(strength=None),
+    "privacy": Privacy(min_rows=1),
     "max_iter": 10,
-    "kmeans_rounds": 3,
+    "initialisation": Initialisation(kmeans_rounds=3),
     "random_state": 0,
 }
-#: the public box of every feature (dp_bounds = (-BOX, BOX)).
+#: the public box of every feature (Privacy.bounds = (-BOX, BOX)).
 BOX = 4.0
 #: the DP detector's clients and rows per client, and the seeds of its table.
 DP_CLIENTS, DP_ROWS, DP_SEEDS = 4, 10, 30
@@ -198,13 +199,16 @@ def _detectors():
         (
             "FedGMM 8, no prior, no floor",
             lambda: FedGMMDetector(
-                n_components=8, prior_strength=None, privacy_min_rows=1, random_state=0
+                n_components=8,
+                random_state=0,
+                prior=Prior(strength=None),
+                privacy=Privacy(min_rows=1),
             ),
             groups,
         ),
         (
             "FedGMM 3, defaults (prior)",
-            lambda: FedGMMDetector(n_components=3, privacy_min_rows=1, random_state=0),
+            lambda: FedGMMDetector(n_components=3, random_state=0, privacy=Privacy(min_rows=1)),
             groups,
         ),
     ]
@@ -351,12 +355,13 @@ def gate_table(trials: int, fit_trials: int, fit_releases: int) -> str:
 def _dp_params(eps: float) -> dict:
     params = dict(DP_DETECTOR)
     if not math.isinf(eps):
-        params.update(
-            dp_epsilon=eps,
-            dp_delta=DELTA,
-            dp_bounds=([-BOX] * D, [BOX] * D),
-            dp_clip="auto",
-            dp_mode="central",
+        params["privacy"] = Privacy(
+            min_rows=1,
+            epsilon=eps,
+            delta=DELTA,
+            bounds=([-BOX] * D, [BOX] * D),
+            clip="auto",
+            mode="central",
         )
     return params
 
@@ -398,7 +403,7 @@ def dp_score_table(seeds: int) -> str:
         f"d = {D}, {seeds} seeds; mean AUC [95% CI over seeds])",
         "",
         f"FedGMMDetector({', '.join(f'{k}={v}' for k, v in DP_DETECTOR.items())}), "
-        f"dp_bounds = (-{BOX:g}, {BOX:g}) per feature, dp_clip auto, central noise; "
+        f"bounds = (-{BOX:g}, {BOX:g}) per feature, clip auto, central noise; "
         f"{n} members against {n} held-out rows. epsilon = inf: the same detector without DP.",
         "",
         "| epsilon | z | releases | eps spent | mu | add/remove bound Phi(mu/sqrt2) "

@@ -8,7 +8,7 @@ model (what the detector exposes: ``weights_``, ``means_``, ``covariances_``, an
 joint model its learners), and it can run the fit itself on the rows it knows. The canary
 is the worst row a public adversary can plant: the corner ``(BOX, BOX)`` of the public
 box, far from every cluster of the data; in the box's units it has norm ``sqrt(d)``, the
-clipping radius of ``dp_clip="auto"`` (in z-scores, with ``standardize``, it lies beyond
+clipping radius of ``Privacy.clip="auto"`` (in z-scores, with ``Prior.standardize``, it lies beyond
 the radius and is clipped onto it), so it moves every released block by its full
 sensitivity. The clients' individual replies (visible to the server in ``"local"`` and
 ``"distributed"`` mode) are not attacked here: :func:`fednovelty.evaluation.membership.
@@ -17,7 +17,7 @@ gate_attack` audits single releases; this script audits what a fit finally relea
 **Experiment.** One federation of ``CLIENTS`` (10) clients of ``ROWS`` (100) rows of
 ``D = 2`` features: three Gaussian clusters (centres ``CENTRES``, spread ``SPREAD``) clipped
 into the public box ``[-BOX, BOX]^2`` (the generating range, known without the rows:
-``dp_bounds``). Every fit uses the same rows and the same ``random_state`` (``SEED``): ``T``
+``Privacy.bounds``). Every fit uses the same rows and the same ``random_state`` (``SEED``): ``T``
 fits with the canary appended to client 0 (members) and ``T`` without (non-members), plus
 ``--shadows`` (S) fits of each kind that the adversary runs itself (same rows, same seed),
 kept apart from the scored fits.
@@ -54,11 +54,12 @@ not show that epsilon = 1 is tight. ``distinct models`` counts the different rel
 among the non-member and member fits (one each when the fit, noise included, is a function
 of the rows and ``random_state``).
 
-**Modes** (``--modes``; epsilon = 1, delta = 1e-5, ``dp_bounds`` the public box):
+**Modes** (``--modes``; epsilon = 1, delta = 1e-5, ``Privacy.bounds`` the public box):
 ``none`` (``FedGMMDetector`` without DP: the sanity row, AUC near 1), ``central``,
-``local``, ``distributed`` (``FedGMMDetector(mixture_weights="global", dp_mode=...)``, 3
+``local``, ``distributed`` (``FedGMMDetector(mixture_weights="global",
+privacy=Privacy(mode=...))``, 3
 components, 3 k-means and 5 EM rounds, the defaults otherwise: standardisation, prior,
-``dp_clip="auto"``), ``joint-dpsgd`` (``JointFedGMMDetector``: 3 Gaussians, one linear
+``clip="auto"``), ``joint-dpsgd`` (``JointFedGMMDetector``: 3 Gaussians, one linear
 learner trained by DP-SGD (sample rate 0.2, one local epoch, clip 1, half the budget), 2
 k-means and 3 EM rounds, central noise on the statistics; labels: 1 for the clusters at
 ``(2, -2)`` and ``(-2, 2)``, 0 for ``(-2, -2)``; the canary carries label 0, which a model
@@ -109,6 +110,7 @@ from _machine import emit_report, report_header
 
 import fednovelty
 from fednovelty.detectors import FedGMMDetector, JointFedGMMDetector
+from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.evaluation.membership_audit import (
     EpsilonLowerBound,
     auc_interval,
@@ -141,7 +143,7 @@ FEDGMM = {
     "n_components": 3,
     "mixture_weights": "global",
     "max_iter": 5,
-    "kmeans_rounds": 3,
+    "initialisation": Initialisation(kmeans_rounds=3),
     "random_state": SEED,
 }
 #: JointFedGMMDetector's settings (DP-SGD learners).
@@ -151,11 +153,12 @@ JOINT = {
     "learner": "linear",
     "local_epochs": 1,
     "max_iter": 3,
-    "kmeans_rounds": 2,
+    "initialisation": Initialisation(kmeans_rounds=2),
     "tol": 0.0,
-    "dp_sample_rate": 0.2,
     "random_state": SEED,
 }
+#: the learners' DP-SGD sample rate of the joint model's private fits.
+JOINT_SAMPLE_RATE = 0.2
 #: what every mode's fits share (a checkpointed fit counts only under the same).
 SETTINGS = {
     "epsilon": EPSILON,
@@ -191,17 +194,14 @@ def with_canary(data: Data) -> Data:
 
 def make_detector(mode: str):
     """The unfitted detector of ``mode`` (one of :data:`MODES`)."""
-    private = {
-        "dp_epsilon": EPSILON,
-        "dp_delta": DELTA,
-        "dp_bounds": ([-BOX] * D, [BOX] * D),
-    }
+    private = {"epsilon": EPSILON, "delta": DELTA, "bounds": ([-BOX] * D, [BOX] * D)}
     if mode == "none":
         return FedGMMDetector(**FEDGMM)
     if mode in ("central", "local", "distributed"):
-        return FedGMMDetector(**FEDGMM, **private, dp_mode=mode)
+        return FedGMMDetector(**FEDGMM, privacy=Privacy(**private, mode=mode))
     if mode == "joint-dpsgd":
-        return JointFedGMMDetector(**JOINT, **private)
+        privacy = Privacy(**private, sample_rate=JOINT_SAMPLE_RATE)
+        return JointFedGMMDetector(**JOINT, privacy=privacy)
     raise ValueError(f"unknown mode {mode!r}; one of {list(MODES)}.")
 
 

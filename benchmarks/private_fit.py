@@ -23,8 +23,8 @@ Data:
 
 FedGenGMM under DP (``--fedgengmm``): the demo task (``make_task("10_cover", "novelty",
 n_clients=20, alpha=0.5, seed=s)``, features min-max scaled to [0, 1], so
-``dp_bounds=(zeros, ones)``), ``get_method("FedGenGMM")`` with ``n_components=15`` and
-``dp_epsilon`` in {0.5, 1, 2, 4, 8} (delta 1e-5, ``dp_iterations`` 20, each client's K fixed
+``Privacy(bounds=(zeros, ones))``), ``get_method("FedGenGMM")`` with ``n_components=15`` and
+``Privacy.epsilon`` in {0.5, 1, 2, 4, 8} (delta 1e-5, ``local_iterations`` 20, each client's K fixed
 at 10, the largest of ``k_range``, clip ``"auto"``), against the non-private method (its
 clients choose K by BIC) and the non-private fixed K=10 (``client_components=10``); test
 AUROC (positive = novel) per seed.
@@ -153,6 +153,7 @@ def fedgengmm_table(seeds: int) -> list[str]:
     from sklearn.metrics import roc_auc_score
 
     from fednovelty.datasets.protocols import make_task
+    from fednovelty.detectors import Privacy
     from fednovelty.methods import get_method
 
     method = get_method("FedGenGMM")
@@ -169,7 +170,7 @@ def fedgengmm_table(seeds: int) -> list[str]:
         d = task.X_train.shape[1]
         shared = method.shared_params(n_components=15, random_state=seed)
         settings = [
-            {"dp_epsilon": e, "dp_bounds": (np.zeros(d), np.ones(d))}
+            {"privacy": Privacy(epsilon=e, bounds=(np.zeros(d), np.ones(d)))}
             for e in EPSILONS
             if not math.isinf(e)
         ]

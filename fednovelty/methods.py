@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fednovelty.detectors.options import Privacy
+
 __all__ = [
     "KINDS",
     "METHODS",
@@ -350,7 +352,7 @@ _TABLE: tuple[Method, ...] = (
            "each client's own mixture, scored as their size-weighted mixture (no "
            "federation)", shared=_CLIENT_MIXTURE),
     Method("CentralGMM",  # the pooled rows cross no wire: no privacy floor
-           _em(mixture_weights="global", init_params="kmeans", privacy_min_rows=1),
+           _em(mixture_weights="global", init_params="kmeans", privacy=Privacy(min_rows=1)),
            "centralized", FEDGENGMM_PAPER,
            "EM on the pooled rows, the papers' non-federated ideal", shared=_MIXTURE),
     Method("FedGenGMM-copula", _detector("FedGenGMMDetector", copula=True), "federated",

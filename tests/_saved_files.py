@@ -3,6 +3,7 @@ document and tensors changed, the checksum recomputed so that only the content i
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -30,3 +31,21 @@ def with_keys_renamed(text: str, renamed: dict[str, str]) -> str:
     (``renamed`` may swap names)."""
     pattern = "|".join(re.escape(f'"{old}"') for old in renamed)
     return re.sub(pattern, lambda match: f'"{renamed[match.group(0)[1:-1]]}"', text)
+
+
+def with_flat_options(text: str) -> str:
+    """JSON ``text`` of a file saved today written as files were before the option objects
+    (``fednovelty.detectors.options``): each field the class reads of an option it holds
+    becomes a setting of its own under the name it had then (``privacy={"epsilon": 1.0}``
+    -> ``dp_epsilon=1.0``; an option left at ``None`` is left out, as a setting a file of an
+    older version lacks)."""
+    from fednovelty.detectors.persistence import REGISTRY
+
+    document = json.loads(text)
+    params = document["params"]
+    for option in REGISTRY[document["class"]]._params.options:
+        value = params.pop(option.name, None)
+        for field in option.fields:
+            if value is not None and field.name in value:
+                params[field.legacy or field.name] = value[field.name]
+    return json.dumps(document)

@@ -107,7 +107,7 @@ def test_fit_refuses_a_pyod_method(tmp_path, capsys):
     ("name", "expected", "n_clients"),
     [
         ("DEM-kmeans", {"mixture_weights": "global", "init_params": "kmeans"}, 3),
-        ("CentralGMM", {"mixture_weights": "global", "privacy_min_rows": 1}, 1),
+        ("CentralGMM", {"mixture_weights": "global", "privacy__min_rows": 1}, 1),
     ],
 )
 def test_fit_builds_the_registrys_detector(tmp_path, name, expected, n_clients):

@@ -94,7 +94,7 @@ def test_the_mixtures_are_the_detector_configurations_the_papers_name():
         assert (dem["mixture_weights"], dem["init_params"]) == ("global", init)
     central = params("CentralGMM")
     assert (central["mixture_weights"], central["init_params"]) == ("global", "kmeans")
-    assert central["privacy_min_rows"] == 1 and params("DEM-kmeans")["privacy_min_rows"] == 5
+    assert central["privacy__min_rows"] == 1 and params("DEM-kmeans")["privacy"] is None
     assert isinstance(get_method("FedGenGMM").build(), FedGenGMMDetector)
     assert get_method("FedGenGMM-copula").build().copula and not params("FedGenGMM")["copula"]
     local = get_method("Local").build(client_components=2, random_state=0)

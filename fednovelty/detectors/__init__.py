@@ -1,6 +1,7 @@
 """Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty (and the
 clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``, and VGM2's
-``VGM2Classifier``)."""
+``VGM2Classifier``), and the option objects that group the estimators' rarely set settings
+(``Privacy``, ``Robustness``, ``ClientSampling``, ``Initialisation``, ``Prior``)."""
 
 from fednovelty._exports import public_names as _public_names
 from fednovelty.detectors.base import MixtureDetector
@@ -12,6 +13,13 @@ from fednovelty.detectors.joint import JointFedGMMDetector
 from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.mfa import FedMFADetector
+from fednovelty.detectors.options import (
+    ClientSampling,
+    Initialisation,
+    Prior,
+    Privacy,
+    Robustness,
+)
 from fednovelty.detectors.persistence import load
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector

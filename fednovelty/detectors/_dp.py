@@ -1,16 +1,17 @@
 """A detector's differential privacy: the noise its budget buys, the clients' policy, and the
 record of what a fit spent (``docs/differential_privacy.md``).
 
-An estimator that declares the ``DIFFERENTIAL_PRIVACY`` parameters (``dp_epsilon``,
-``dp_delta``, ``dp_bounds``, ``dp_clip``, ``dp_mode``) plans its fit with :func:`dp_plan`:
-the number of noisy releases the algorithm can make (every round that takes something from
-the rows), the noise multiplier that spends at most ``dp_epsilon`` over them
+An estimator that reads differential privacy from its ``privacy`` option
+(:class:`~fednovelty.detectors.options.Privacy`: ``epsilon``, ``delta``, ``bounds``,
+``clip``, ``mode``) plans its fit with :func:`dp_plan`: the number of noisy releases the
+algorithm can make (every round that takes something from the rows), the noise multiplier
+that spends at most ``epsilon`` over them
 (:func:`~fednovelty.federated.trust.dp_calibration.calibrate_noise`), the algorithm's settings (what
 the server knows) and each client's own :class:`~fednovelty.federated.trust.dp.DPPolicy` (what the
 client enforces: its noise, its clipping and a budget of exactly the planned releases,
 after which it refuses). With learners that leave the clients (FedGMM's joint model) the
 plan also buys their DP-SGD (:mod:`fednovelty.federated.trust.dp_sgd`): the statistics' ``z`` and
-the steps' ``sigma`` spend the budget together, split by ``dp_learner_share``. After the
+the steps' ``sigma`` spend the budget together, split by ``learner_share``. After the
 fit, :func:`privacy_record` is ``privacy_spent_``.
 """
 
@@ -42,14 +43,14 @@ from fednovelty.federated.trust.private_bounds import (
     log_grid,
 )
 
-#: the share of ``dp_epsilon`` a private detector keeps for its alarm threshold (the
+#: the share of ``Privacy.epsilon`` a private detector keeps for its alarm threshold (the
 #: exponential mechanism's quantile of the training scores, :func:`private_threshold`);
 #: the rounds get the rest.
 THRESHOLD_SHARE = 0.05
 
 
 class DeltaAboveRowsWarning(UserWarning):
-    """``dp_delta`` is above ``1 / n`` for the ``n`` training rows: an (epsilon, delta)
+    """``Privacy.delta`` is above ``1 / n`` for the ``n`` training rows: an (epsilon, delta)
     mechanism may then release a whole row with probability delta, and ``n`` rows make
     that likely; the usual rule is ``delta`` well below ``1 / n``."""
 
@@ -59,8 +60,8 @@ def check_delta(delta: float, n_rows: int) -> None:
     if n_rows > 0 and float(delta) > 1.0 / n_rows:
         warnings.warn(
             DeltaAboveRowsWarning(
-                f"dp_delta={delta:g} is above 1/n = {1 / n_rows:.3g} for these {n_rows} "
-                f"rows; choose dp_delta below {0.1 / n_rows:.1g} (a tenth of 1/n)."
+                f"privacy.delta={delta:g} is above 1/n = {1 / n_rows:.3g} for these {n_rows} "
+                f"rows; choose privacy.delta below {0.1 / n_rows:.1g} (a tenth of 1/n)."
             ),
             stacklevel=4,
         )
@@ -130,7 +131,7 @@ class DPPlan:
         sgd: every client's DP-SGD for its learners (``None``: none leave the clients).
         threshold_epsilon: the budget of the alarm threshold's private quantile
             (:data:`THRESHOLD_SHARE` of ``epsilon``; the rounds get the rest).
-        bounds_copies: without ``dp_bounds``, the copies of each private bounds round's
+        bounds_copies: without ``Privacy.bounds``, the copies of each private bounds round's
             histogram (:func:`run_private_bounds`, :data:`BOUNDS_ROUNDS` rounds), among the
             planned cost; 0: public bounds.
     """
@@ -146,7 +147,7 @@ class DPPlan:
 
 
 def public_bounds(bounds: Any, n_features: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """``dp_bounds`` as ``(low, high)`` tuples of ``n_features`` floats.
+    """``Privacy.bounds`` as ``(low, high)`` tuples of ``n_features`` floats.
 
     Raises:
         ValueError: missing, or not two rows of ``n_features`` finite values with
@@ -154,7 +155,8 @@ def public_bounds(bounds: Any, n_features: int) -> tuple[tuple[float, ...], tupl
     """
     if bounds is None:
         raise ValueError(
-            "dp_epsilon needs public feature bounds: pass dp_bounds=(low, high), two rows of "
+            "privacy.epsilon needs public feature bounds: pass Privacy(bounds=(low, high)), "
+            "two rows of "
             f"{n_features} values known without looking at the rows (a sensor's range, a "
             "questionnaire's scale); bounds taken from the rows would leak them."
         )
@@ -165,11 +167,11 @@ def public_bounds(bounds: Any, n_features: int) -> tuple[tuple[float, ...], tupl
     if array is None or array.shape != (2, n_features) or not np.isfinite(array).all():
         shape = None if array is None else array.shape
         raise ValueError(
-            f"dp_bounds must be (low, high) with {n_features} finite values each (shape (2, "
+            f"privacy.bounds must be (low, high) with {n_features} finite values each (shape (2, "
             f"{n_features})); got shape {shape}."
         )
     if not bool((array[0] < array[1]).all()):
-        raise ValueError("dp_bounds must have low < high for every feature.")
+        raise ValueError("privacy.bounds must have low < high for every feature.")
     return tuple(array[0].tolist()), tuple(array[1].tolist())
 
 
@@ -182,53 +184,54 @@ def dp_plan(
     learning: LearningPlan | None = None,
     histograms: int = 0,
 ) -> DPPlan | None:
-    """The fit's differential privacy, or ``None`` when ``dp_epsilon`` is ``None``.
+    """The fit's differential privacy, or ``None`` when ``Privacy.epsilon`` is ``None``.
 
     Args:
-        estimator: declares ``dp_epsilon``, ``dp_delta``, ``dp_bounds``, ``dp_clip``,
-            ``dp_mode``.
+        estimator: reads ``Privacy``'s ``epsilon``, ``delta``, ``bounds``, ``clip``,
+            ``mode`` (and ``learner_share`` with ``learning``).
         n_features: the width of the rows (of the bounds, and of ``"auto"`` clipping).
         n_clients: the clients that share the noise in ``"distributed"`` mode.
         releases_for: settings -> the most noisy releases of the algorithm they build.
         standardized: the rounds work in z-scores (a private standardisation after the
-            box), where ``dp_clip="auto"`` is ``1.5 * sqrt(n_features)``; else in the box's
+            box), where ``clip="auto"`` is ``1.5 * sqrt(n_features)``; else in the box's
             units, ``[-1, 1]`` per feature, where every row inside the bounds has norm at most
             ``sqrt(n_features)`` and ``"auto"`` is that (a larger radius would clip nothing
             more and only add noise).
         learning: the learners' DP-SGD, when they leave the clients: their rounds (among
             the releases, each with one histogram) and steps; ``z`` and ``sigma`` are then
             calibrated together (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`,
-            ``dp_learner_share`` of the budget to the learners).
+            ``learner_share`` of the budget to the learners).
         histograms: histograms of responsibilities released when no learners leave (a
             joint model's joint counts, one per round), among the releases: each costs
             :func:`~fednovelty.federated.trust.dp_sgd.histogram_blocks` of a release, and the
             clients' ledgers charge it.
 
-    Without ``dp_bounds`` the plan also buys the private bounds round
+    Without ``bounds`` the plan also buys the private bounds round
     (:func:`run_private_bounds`): :data:`BOUNDS_ROUNDS` rounds of :func:`bounds_copies`
     histograms, charged with the rest,
     and ``settings["bounds"]`` waits for the round's result.
 
     Raises:
-        ValueError: bad ``dp_bounds``; a plan that would spend more than ``dp_epsilon``.
+        ValueError: bad ``bounds``; a plan that would spend more than ``epsilon``.
     """
-    epsilon = getattr(estimator, "dp_epsilon", None)
+    privacy = estimator._option("privacy")
+    epsilon = privacy.epsilon
     if epsilon is None:
         return None
     rounds_budget = float(epsilon) * (1 - THRESHOLD_SHARE)  # the rest: the threshold
-    delta = float(estimator.dp_delta)
-    private_box = estimator.dp_bounds is None  # estimated by the private bounds round
+    delta = float(privacy.delta)
+    private_box = privacy.bounds is None  # estimated by the private bounds round
     bounds = (
         ((-1.0,) * n_features, (1.0,) * n_features)  # to count the rounds; replaced later
         if private_box
-        else public_bounds(estimator.dp_bounds, n_features)
+        else public_bounds(privacy.bounds, n_features)
     )
-    if estimator.dp_clip == "auto":
+    if privacy.clip == "auto":
         clip = (1.5 if standardized else 1.0) * math.sqrt(n_features)
     else:
-        clip = float(estimator.dp_clip)
+        clip = float(privacy.clip)
     settings = {
-        "dp_mode": estimator.dp_mode,
+        "dp_mode": privacy.mode,
         "dp_noise_multiplier": 0.0,
         "dp_clip": clip,
         "bounds": bounds,
@@ -246,7 +249,7 @@ def dp_plan(
     else:
         blocks = release_blocks(releases, learning.rounds + bounds_histograms)
         steps, rate = learning.rounds * learning.steps, learning.sample_rate
-        share = 1.0 - float(estimator.dp_learner_share)
+        share = 1.0 - float(privacy.learner_share)
         z, sigma = calibrate_learning(rounds_budget, delta, blocks, steps, rate, share)
         spent = learning_epsilon(z, blocks, sigma, rate, steps, delta)
         sgd = DPSGDSettings(
@@ -255,11 +258,11 @@ def dp_plan(
     if spent > rounds_budget * (1 + 1e-9):
         raise ValueError(
             f"the fit's {releases} noisy releases would spend epsilon={spent:.4g} at "
-            f"delta={delta:g}, over the budget dp_epsilon={epsilon:g}; fewer rounds "
-            "(max_iter, kmeans_rounds) or a larger budget."
+            f"delta={delta:g}, over the budget privacy.epsilon={epsilon:g}; fewer rounds "
+            "(max_iter, initialisation.kmeans_rounds) or a larger budget."
         )
     policy = DPPolicy(
-        z, clip, estimator.dp_mode, max(1, int(n_clients)), epsilon=rounds_budget, delta=delta
+        z, clip, privacy.mode, max(1, int(n_clients)), epsilon=rounds_budget, delta=delta
     )
     settings["dp_noise_multiplier"] = z
     if private_box:
@@ -365,7 +368,7 @@ def round_costs(algorithm: Any, plan: DPPlan) -> dict[str, RoundCost]:
 
 # --------------------------------------------------------------------------- private bounds
 #: the share of the rounds' budget (of ``mu^2``, Gaussian differential privacy) that the
-#: private bounds round spends when ``dp_bounds`` is not given.
+#: private bounds round spends when ``Privacy.bounds`` is not given.
 BOUNDS_SHARE = 0.1
 #: the most values one client's reply of the bounds round carries (copies x features x
 #: bins): past it, fewer copies and a smaller share.
@@ -418,7 +421,7 @@ def run_private_bounds(
     round_offset: int = 0,
     mode: str | None = None,
 ) -> tuple[DPPlan | None, BoundsRun | None]:
-    """Run the private bounds round of ``plan`` (``bounds_copies`` > 0: no ``dp_bounds``)
+    """Run the private bounds round of ``plan`` (``bounds_copies`` > 0: no ``Privacy.bounds``)
     on the clients' ``rows`` (each (n_c, n_features), the rows the box maps), under the
     plan's client policy (``mode`` in its place where given: a one-shot fit's clients add
     all of their noise), numbered after ``round_offset`` rounds. Returns the plan with the
@@ -473,7 +476,7 @@ def bounds_costs(plan: DPPlan | None) -> dict[str, RoundCost]:
 def bounds_record(plan: DPPlan | None) -> dict:
     """What ``privacy_spent_`` says of the box: with the bounds round, ``bounds``
     ``"private"``, its ``bounds_histograms`` and the estimated ``bounds_low`` and
-    ``bounds_high``; ``bounds`` ``"public"`` with ``dp_bounds``."""
+    ``bounds_high``; ``bounds`` ``"public"`` with ``Privacy.bounds``."""
     if plan is None:
         return {}
     if not plan.bounds_copies:

@@ -77,14 +77,14 @@ class EMDetector(MixtureDetector):
     def max_fit_rounds(self, n_features: int | None = None) -> int:
         """Most rounds ``fit`` can run on rows ``n_features`` wide: federated PCA's where
         ``pca_components`` engages it (``_front_end_rounds``), the initialisation's
-        (``init_params``, ``kmeans_rounds``) and ``max_iter`` EM rounds."""
+        (``init_params``, ``Initialisation.kmeans_rounds``) and ``max_iter`` EM rounds."""
         from fednovelty.federated import FederatedEM
 
         init = FederatedEM(
             1,
             init_params=self.init_params,
             max_iter=self.max_iter,
-            kmeans_rounds=self.kmeans_rounds,
+            kmeans_rounds=self._option("initialisation").kmeans_rounds,
         )
         return init.max_rounds + self._front_end_rounds(n_features)
 
@@ -110,13 +110,14 @@ class EMDetector(MixtureDetector):
             self._fit_em(clients, seed, pca_components=None)
             return
         q = front_end_axes(self.pca_components, clients[0].shape[1])
-        if q is not None and getattr(self, "dp_epsilon", None) is not None:
+        if q is not None and self._option("privacy").epsilon is not None:
             raise ValueError(
                 "the federated PCA rounds have no private form; use pca_components=None "
-                "with dp_epsilon (or a public projection of the rows before fit)."
+                "with privacy.epsilon (or a public projection of the rows before fit)."
             )
         codes = [torch.as_tensor(p, device=clients[0].device) for p in labels]
-        if q is not None and (q == "auto" or self.fraction < 1 or self.dropout > 0):
+        sampling = self._option("sampling")
+        if q is not None and (q == "auto" or sampling.fraction < 1 or sampling.dropout > 0):
             self._fit_after_pca(clients, seed, codes, q)
             return
         data = list(zip(clients, codes, strict=True))
@@ -189,7 +190,7 @@ class EMDetector(MixtureDetector):
         self.lower_bounds_ = list(state.lower_bounds)
 
     def _warn_if_not_converged(self) -> None:
-        if not self.converged_ and getattr(self, "dp_epsilon", None) is None:
+        if not self.converged_ and self._option("privacy").epsilon is None:
             warnings.warn(
                 f"Federated EM did not converge in max_iter={self.max_iter} rounds (last change "
                 "in mean log-likelihood above tol). Increase max_iter or tol.",

@@ -1,86 +1,67 @@
-"""Constructor parameters declared once and composed into every estimator.
+"""The parameter table: every constructor parameter the estimators share, declared once.
 
-A :class:`Param` is one constructor argument: its name, default, scikit-learn constraints,
-one line of documentation and where its value goes (:attr:`Param.role`). Parameters that
-several estimators share live in groups (:data:`RUNTIME`, :data:`PRIVACY`, :data:`ROBUST`,
-:data:`SAMPLING`, :data:`EM`, :data:`INIT`, :data:`PRIOR`, ...), each defined here once.
-An estimator lists its parameters in a class attribute::
+Each :class:`~fednovelty.detectors._declare.Param` here is one argument (or one field of an
+option object): its name, default, scikit-learn constraints, documentation and where its
+value goes. Parameters that several estimators share live in groups (:data:`RUNTIME`,
+:data:`DETECTOR`, :data:`EM`, :data:`PCA`, ...); the rarely set federation, privacy and
+robustness settings are the fields of the option objects of
+:mod:`fednovelty.detectors.options` (:data:`PRIVACY_FIELDS`, :data:`ROBUSTNESS_FIELDS`,
+:data:`SAMPLING_FIELDS`, :data:`INITIALISATION_FIELDS`, :data:`PRIOR_FIELDS`), which an
+estimator declares with :func:`~fednovelty.detectors._declare.option`, naming the fields it
+reads. An estimator lists its parameters and writes its ``__init__`` out::
 
     class MyDetector(MixtureDetector):
         _params = declare(
-            Param("n_components", 8, [Interval(Integral, 1, None, closed="left")], "..."),
-            EM, ROBUST, PRIVACY, DETECTOR, RUNTIME,
+            N_COMPONENTS, EM, option(Privacy, fields=FLOOR), DETECTOR, RUNTIME,
             defaults={"max_iter": 50},
         )
 
-and :func:`compose` (run by ``__init_subclass__`` of the estimator bases) writes, from that one
-list:
+        def __init__(self, n_components=1, *, covariance_type="full", reg_covar=1e-06,
+                     tol=0.001, max_iter=50, privacy=None, contamination=0.1, ...):
+            self.n_components = n_components
+            ...
 
-- ``__init__``: stores each argument under its own name and nothing else (scikit-learn's
-  rule), with the real signature (``inspect.signature``, ``get_params``, ``clone`` and
-  ``help`` see every argument and its default); the first ``positional`` arguments may be
-  passed by position, the rest are keyword-only;
-- ``_parameter_constraints``, read by ``_validate_params``;
-- the ``Args:`` section of the class docstring (placed before ``Attributes:``);
+(:mod:`fednovelty.detectors._declare` checks the written signature against the table and
+writes ``_parameter_constraints`` and the ``Args:`` docs from it). :meth:`ParamSet.settings`
+gives the algorithm's settings (``role="algorithm"``, renamed by :attr:`Param.setting` where
+the algorithm spells it differently) so that an estimator builds its algorithm as
+``Algorithm(**self._settings(n_features))``.
 
-and :meth:`ParamSet.settings` gives the algorithm's settings (``role="algorithm"``,
-renamed by :attr:`Param.setting` where the algorithm spells it differently) so that an
-estimator builds its algorithm as ``Algorithm(**self._settings(n_features))``.
-
-One name has one meaning across estimators: a group's parameter keeps its documentation and
-constraints everywhere it is used; an estimator changes only its default.
+One name has one meaning across estimators: a group's parameter (or an option's field)
+keeps its documentation and constraints everywhere it is used; an estimator changes only
+its default (an option field's ``"auto"``).
 """
 
 from __future__ import annotations
 
-import inspect
-import textwrap
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields, replace
 from numbers import Integral, Real
 from typing import Any
 
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._declare import (
+    ROLES,
+    Group,
+    Param,
+    ParamSet,
+    compose,
+    declare,
+    option,
+    signature_mismatch,
+)
 from fednovelty.federated.core.learners import LEARNERS
 
-#: where a parameter's value goes: the algorithm's settings, the engine (client sampling,
-#: dropout), or the estimator itself (scores, torch placement, progress, seeds).
-ROLES = ("algorithm", "engine", "estimator")
-
-
-@dataclass(frozen=True)
-class Param:
-    """One constructor argument.
-
-    Attributes:
-        name: the argument's name (and the attribute ``__init__`` stores it under).
-        default: its default value (immutable: a number, string, tuple or None).
-        constraints: scikit-learn ``_parameter_constraints`` entries for it.
-        doc: its documentation, one or a few sentences (the docstring's ``Args:`` entry).
-        role: where the value goes (:data:`ROLES`).
-        setting: the algorithm's name for it, where different (``role="algorithm"``).
-        convert: ``convert(value, n_features)`` -> the algorithm's value (e.g. ``"auto"``
-            resolved once the width is known); ``None`` passes the value as is.
-    """
-
-    name: str
-    default: Any
-    constraints: list
-    doc: str
-    role: str = "algorithm"
-    setting: str | None = None
-    convert: Callable[[Any, int], Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(
-                f"Param {self.name!r}: role must be one of {ROLES}, got {self.role!r}."
-            )
-
-
-Group = tuple[Param, ...]
+__all__ = [
+    "ROLES",
+    "Group",
+    "Param",
+    "ParamSet",
+    "compose",
+    "declare",
+    "option",
+    "signature_mismatch",
+]
 
 
 def _positive_int(low: int = 1) -> list:
@@ -92,11 +73,12 @@ def _non_negative() -> list:
 
 
 def _auto_prior(value: Any, n_features: int) -> float | None:
-    """``prior_strength="auto"`` -> ``n_features + 2`` pseudo-rows; a number or None as is."""
+    """``strength="auto"`` -> ``n_features + 2`` pseudo-rows; a number or None as is."""
     return n_features + 2.0 if value == "auto" else value
 
 
-#: Default target of the covariance prior, as a multiple of each feature's pooled variance.
+#: Default target of federated EM's covariance prior, as a multiple of each feature's pooled
+#: variance (``Prior.scale="auto"``).
 PRIOR_SCALE = 4.0
 
 # ------------------------------------------------------------------ the shared groups
@@ -145,150 +127,6 @@ DETECTOR: Group = (
     ),
 )
 
-#: The clients' privacy floor (``docs/privacy.md``): every estimator.
-PRIVACY: Group = (
-    Param(
-        "privacy_min_rows",
-        5,
-        _positive_int(),
-        "each client's privacy floor (``docs/privacy.md``): every statistic a client sends "
-        "is backed by at least this many of its rows, or it is not sent; ``1`` is no floor.",
-        "estimator",
-    ),
-)
-
-#: Differential privacy of the clients' releases (``docs/differential_privacy.md``).
-DIFFERENTIAL_PRIVACY: Group = (
-    Param(
-        "dp_epsilon",
-        None,
-        [Interval(Real, 0.0, 100.0, closed="right"), None],
-        "the fit's differential-privacy budget epsilon per client row (``None``: off). The "
-        "noise is calibrated so that every round the fit can run together spends at most "
-        "this at ``dp_delta`` (Google's dp-accounting, ``pip install 'fednovelty[dp]'``); "
-        "each round spends budget, so fewer rounds (``max_iter``, ``kmeans_rounds``) mean "
-        "less noise. ``privacy_spent_`` reports what the fit spent.",
-        "estimator",
-    ),
-    Param(
-        "dp_delta",
-        1e-5,
-        [Interval(Real, 0.0, 1.0, closed="neither")],
-        "the differential-privacy delta (below one over the rows of a client).",
-        "estimator",
-    ),
-    Param(
-        "dp_bounds",
-        None,
-        ["array-like", None],
-        "public per-feature bounds ``(low, high)`` (two rows of ``n_features`` values, from "
-        "domain knowledge, not from the rows): the rows are mapped to ``[-1, 1]`` per feature "
-        "before anything is taken from them; ``None`` with ``dp_epsilon``: estimated "
-        "privately first (per-feature DP quantiles, 10% of the budget).",
-        "estimator",
-    ),
-    Param(
-        "dp_clip",
-        "auto",
-        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
-        "the L2 radius every row is clipped to, in the units the rounds work in (z-scores "
-        "with federated EM's ``standardize``, else the bounds' ``[-1, 1]``); ``\"auto\"`` is "
-        "``1.5 * sqrt(n_features)`` in z-scores and ``sqrt(n_features)`` in the box (no row "
-        "inside the bounds is clipped).",
-        "estimator",
-    ),
-    Param(
-        "dp_mode",
-        "central",
-        [StrOptions({"central", "local", "distributed"})],
-        'who adds the noise: ``"central"`` (a trusted server, to the sum), ``"local"`` '
-        '(each client, all of it: the server may be curious) or ``"distributed"`` (each '
-        "client 1/m of the variance, for secure sums).",
-        "estimator",
-    ),
-)
-
-#: The learners' DP-SGD under ``dp_epsilon`` (models whose learners leave the clients).
-DP_LEARNERS: Group = (
-    Param(
-        "dp_sample_rate",
-        0.05,
-        [Interval(Real, 0.0, 1.0, closed="right")],
-        "with ``dp_epsilon``, each row's chance to be in one DP-SGD step's Poisson sample "
-        "(a round runs ``ceil(local_epochs / dp_sample_rate)`` steps); smaller rates "
-        "amplify privacy more and take more steps.",
-        "estimator",
-    ),
-    Param(
-        "dp_sgd_clip",
-        1.0,
-        [Interval(Real, 0.0, None, closed="neither")],
-        "with ``dp_epsilon``, the L2 bound of one row's gradient over all the learners.",
-        "estimator",
-    ),
-    Param(
-        "dp_learner_share",
-        0.5,
-        [Interval(Real, 0.0, 1.0, closed="neither")],
-        "with ``dp_epsilon``, the learners' share of the budget (of ``mu**2`` in Gaussian "
-        "differential privacy); the statistics get the rest.",
-        "estimator",
-    ),
-)
-
-#: Robust aggregation against hostile clients (``docs/robust.md``).
-ROBUST: Group = (
-    Param(
-        "aggregation",
-        "sum",
-        [StrOptions({"sum", "trimmed", "median"})],
-        'how the server combines the clients\' replies: ``"sum"`` (exact), ``"trimmed"`` '
-        '(the ``trim`` share of clients at each end left out, per coordinate) or ``"median"`` '
-        "where the algorithm has it (``docs/robust.md``).",
-    ),
-    Param(
-        "trim",
-        0.1,
-        [Interval(Real, 0.0, 0.5, closed="left")],
-        'share of clients ``aggregation="trimmed"`` leaves out at each end; must exceed the '
-        "share of hostile clients.",
-    ),
-    Param(
-        "client_weight_cap",
-        None,
-        [Interval(Real, 1.0, None, closed="left"), None],
-        "no client counts for more than this many times the median client's row count "
-        "(``None``: no cap).",
-    ),
-)
-
-#: Client sampling and simulated failures of the in-process engine.
-SAMPLING: Group = (
-    Param(
-        "fraction",
-        1.0,
-        [Interval(Real, 0.0, 1.0, closed="right")],
-        "share of clients asked each round.",
-        "engine",
-    ),
-    Param(
-        "dropout",
-        0.0,
-        [Interval(Real, 0.0, 1.0, closed="left")],
-        "chance that an asked client fails to reply (simulated).",
-        "engine",
-    ),
-    Param(
-        "batch_clients",
-        True,
-        ["boolean"],
-        "run a round's clients as one batched computation where the algorithm batches "
-        "them (the joint models' learner SGD); ``False``: one after another, as Flower "
-        "nodes. Equal fits to rounding.",
-        "engine",
-    ),
-)
-
 #: A Gaussian mixture's covariance shape.
 COVARIANCE_TYPE = Param(
     "covariance_type",
@@ -318,64 +156,14 @@ EM_ITERATION: Group = (
 #: A Gaussian mixture's covariances and the stopping rule of its iterations.
 EM: Group = (COVARIANCE_TYPE, *EM_ITERATION)
 
-#: Federated k-means rounds of an initialisation.
-KMEANS: Group = (
-    Param(
-        "kmeans_rounds", 10, _positive_int(), "most federated Lloyd rounds of the k-means start."
-    ),
-)
-
-#: How a federated mixture starts (``kmeans_rounds`` included).
-INIT: Group = (
-    Param(
-        "init_params",
-        "kmeans",
-        [StrOptions({"kmeans", "separated", "subset", "oneshot"})],
-        '``"kmeans"`` (federated k-means), ``"separated"`` (centres spread over the merged '
-        'feature range), ``"subset"`` (pools a few raw rows on the server: not private) or '
-        '``"oneshot"`` (one round of local fits reduced on the server, FedGenGMM\'s round).',
-    ),
-    *KMEANS,
-    Param("subset_size", 100, _positive_int(), 'rows pooled by ``init_params="subset"``.'),
-)
-
-#: Given starting parameters (as scikit-learn's ``GaussianMixture``).
-START: Group = (
-    Param("weights_init", None, ["array-like", None], "starting weights (n_components,)."),
-    Param("means_init", None, ["array-like", None], "starting means (n_components, n_features)."),
-    Param(
-        "precisions_init",
-        None,
-        ["array-like", None],
-        "starting precisions, shaped as scikit-learn's for ``covariance_type``.",
-    ),
-)
-
-#: The remedies for real tabular data (``docs/robust.md``): standardisation and the prior.
-PRIOR: Group = (
-    Param(
-        "standardize",
-        True,
-        ["boolean"],
-        "fit on federated z-scores of the features (one extra round; the model and its "
-        "scores stay in the original units); ``False`` fits the raw features.",
-    ),
-    Param(
-        "prior_strength",
-        "auto",
-        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
-        "pseudo-rows of a conjugate prior that pulls every covariance towards "
-        '``prior_scale`` times the pooled variance of each feature (MAP EM); ``"auto"`` is '
-        "``n_features + 2``, ``None`` turns it off (plain maximum likelihood).",
-        convert=_auto_prior,
-    ),
-    Param(
-        "prior_scale",
-        PRIOR_SCALE,
-        [Interval(Real, 0.0, None, closed="neither")],
-        "the prior's target variance as a multiple of each feature's variance (a component "
-        "backed by few rows is flattened, not made a spike).",
-    ),
+#: How a federated mixture starts (its details are :data:`INITIALISATION_FIELDS`).
+INIT_PARAMS = Param(
+    "init_params",
+    "kmeans",
+    [StrOptions({"kmeans", "separated", "subset", "oneshot"})],
+    '``"kmeans"`` (federated k-means), ``"separated"`` (centres spread over the merged '
+    'feature range), ``"subset"`` (pools a few raw rows on the server: not private) or '
+    '``"oneshot"`` (one round of local fits reduced on the server, FedGenGMM\'s round).',
 )
 
 #: Widest rows ``pca_components="auto"`` leaves alone: above it the front end engages. The
@@ -465,9 +253,9 @@ BATCH_SIZE = Param(
     "batch_size",
     32,
     _positive_int(),
-    "rows per local step; with ``dp_epsilon``, DP-SGD's public expected lot: a step's noisy "
-    "gradient sum is divided by it, never by the rows a client holds (set it near "
-    "``dp_sample_rate`` times a client's typical row count).",
+    "rows per local step; with ``Privacy.epsilon``, DP-SGD's public expected lot: a step's "
+    "noisy gradient sum is divided by it, never by the rows a client holds (set it near "
+    "``Privacy.sample_rate`` times a client's typical row count).",
 )
 OPTIMIZER = Param(
     "optimizer", "sgd", [StrOptions({"sgd", "adam"})], 'the local optimiser: "sgd" or "adam".'
@@ -486,8 +274,9 @@ LEARNER_CHOICE = Param(
     setting="learner_factory",
 )
 
-#: The variational mixtures' weight and Gaussian-Wishart priors (scikit-learn's names).
-VB_PRIORS: Group = (
+#: The variational mixtures' weight prior (scikit-learn's names; their Gaussian-Wishart
+#: prior is :data:`PRIOR_FIELDS`).
+WEIGHT_PRIORS: Group = (
     Param(
         "weight_concentration_prior_type",
         "dirichlet_process",
@@ -500,151 +289,274 @@ VB_PRIORS: Group = (
         [Interval(Real, 0.0, None, closed="neither"), None],
         "the weights' concentration (``None``: ``1 / n_components``).",
     ),
+)
+
+# ------------------------------------------------------------------ option objects' fields
+#: ``Privacy``: the clients' privacy floor (``docs/privacy.md``) and the differential
+#: privacy of their releases (``docs/differential_privacy.md``).
+PRIVACY_FIELDS: Group = (
     Param(
-        "mean_precision_prior",
-        None,
-        [Interval(Real, 0.0, None, closed="neither"), None],
-        "the means' prior precision ``beta_0`` (``None``: 1).",
+        "min_rows",
+        5,
+        _positive_int(),
+        "each client's privacy floor (``docs/privacy.md``): every statistic a client sends "
+        "is backed by at least this many of its rows, or it is not sent; ``1`` is no floor.",
+        "estimator",
+        legacy="privacy_min_rows",
     ),
     Param(
-        "degrees_of_freedom_prior",
+        "epsilon",
+        None,
+        [Interval(Real, 0.0, 100.0, closed="right"), None],
+        "the fit's differential-privacy budget epsilon per client row (``None``: off). The "
+        "noise is calibrated so that every round the fit can run together spends at most "
+        "this at ``delta`` (Google's dp-accounting, ``pip install 'fednovelty[dp]'``); "
+        "each round spends budget, so fewer rounds (``max_iter``, "
+        "``Initialisation.kmeans_rounds``) mean less noise. ``privacy_spent_`` reports what "
+        "the fit spent.",
+        "estimator",
+        legacy="dp_epsilon",
+    ),
+    Param(
+        "delta",
+        1e-5,
+        [Interval(Real, 0.0, 1.0, closed="neither")],
+        "the differential-privacy delta (below one over the rows of a client).",
+        "estimator",
+        legacy="dp_delta",
+    ),
+    Param(
+        "bounds",
+        None,
+        ["array-like", None],
+        "public per-feature bounds ``(low, high)`` (two rows of ``n_features`` values, from "
+        "domain knowledge, not from the rows): the rows are mapped to ``[-1, 1]`` per feature "
+        "before anything is taken from them; ``None`` with ``epsilon``: estimated "
+        "privately first (per-feature DP quantiles, 10% of the budget).",
+        "estimator",
+        legacy="dp_bounds",
+    ),
+    Param(
+        "clip",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
+        "the L2 radius every row is clipped to, in the units the rounds work in (z-scores "
+        "with federated EM's ``Prior.standardize``, else the bounds' ``[-1, 1]``); "
+        '``"auto"`` is ``1.5 * sqrt(n_features)`` in z-scores and ``sqrt(n_features)`` in '
+        "the box (no row inside the bounds is clipped).",
+        "estimator",
+        legacy="dp_clip",
+    ),
+    Param(
+        "mode",
+        "central",
+        [StrOptions({"central", "local", "distributed"})],
+        'who adds the noise: ``"central"`` (a trusted server, to the sum), ``"local"`` '
+        '(each client, all of it: the server may be curious) or ``"distributed"`` (each '
+        "client 1/m of the variance, for secure sums).",
+        "estimator",
+        legacy="dp_mode",
+    ),
+    Param(
+        "local_iterations",
+        20,
+        _positive_int(),
+        "with ``epsilon``, the fixed number of DP-EM iterations of each client's local fit "
+        "(the one-shot and local models): each is one noisy release of its summed "
+        "statistics, so the budget is split over them.",
+        setting="dp_iterations",
+        legacy="dp_iterations",
+    ),
+    Param(
+        "sample_rate",
+        0.05,
+        [Interval(Real, 0.0, 1.0, closed="right")],
+        "with ``epsilon`` (models whose learners leave the clients), each row's chance to be "
+        "in one DP-SGD step's Poisson sample (a round runs ``ceil(local_epochs / "
+        "sample_rate)`` steps); smaller rates amplify privacy more and take more steps.",
+        "estimator",
+        legacy="dp_sample_rate",
+    ),
+    Param(
+        "sgd_clip",
+        1.0,
+        [Interval(Real, 0.0, None, closed="neither")],
+        "with ``epsilon``, the L2 bound of one row's gradient over all the learners.",
+        "estimator",
+        legacy="dp_sgd_clip",
+    ),
+    Param(
+        "learner_share",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, 1.0, closed="neither")],
+        "with ``epsilon``, the learners' share of the budget (of ``mu**2`` in Gaussian "
+        'differential privacy); the statistics get the rest. ``"auto"``: the estimator\'s '
+        "(0.5; ``VGM2Classifier`` 0.9).",
+        "estimator",
+        legacy="dp_learner_share",
+    ),
+    Param(
+        "loss_clip",
         None,
         [Interval(Real, 0.0, None, closed="neither"), None],
-        "the Wishart's degrees of freedom ``nu_0`` (``None``: ``n_features``).",
+        "with ``epsilon``, the public bound each row's cross-entropy is clipped to in "
+        "IFCA's and IFCA-CAM's noisy min-loss choice (the noise scales with it: it sets "
+        "the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``.",
+        setting="dp_loss_clip",
+        legacy="dp_loss_clip",
+    ),
+)
+#: The privacy fields an estimator reads: the floor alone (no differential privacy), the
+#: floor and differential privacy of summed statistics, and the learners' DP-SGD.
+FLOOR = ("min_rows",)
+DP = ("min_rows", "epsilon", "delta", "bounds", "clip", "mode")
+DP_SGD = ("sample_rate", "sgd_clip", "learner_share")
+
+#: ``Robustness``: robust aggregation against hostile clients (``docs/robust.md``).
+ROBUSTNESS_FIELDS: Group = (
+    Param(
+        "aggregation",
+        "sum",
+        [StrOptions({"sum", "trimmed", "median"})],
+        'how the server combines the clients\' replies: ``"sum"`` (exact), ``"trimmed"`` '
+        '(the ``trim`` share of clients at each end left out, per coordinate) or ``"median"`` '
+        "where the algorithm has it (``docs/robust.md``).",
+    ),
+    Param(
+        "trim",
+        0.1,
+        [Interval(Real, 0.0, 0.5, closed="left")],
+        'share of clients ``aggregation="trimmed"`` leaves out at each end; must exceed the '
+        "share of hostile clients.",
+    ),
+    Param(
+        "client_weight_cap",
+        None,
+        [Interval(Real, 1.0, None, closed="left"), None],
+        "no client counts for more than this many times the median client's row count "
+        "(``None``: no cap).",
     ),
 )
 
+#: ``ClientSampling``: client sampling and simulated failures of the in-process engine.
+SAMPLING_FIELDS: Group = (
+    Param(
+        "fraction",
+        1.0,
+        [Interval(Real, 0.0, 1.0, closed="right")],
+        "share of clients asked each round.",
+        "engine",
+    ),
+    Param(
+        "dropout",
+        0.0,
+        [Interval(Real, 0.0, 1.0, closed="left")],
+        "chance that an asked client fails to reply (simulated).",
+        "engine",
+    ),
+    Param(
+        "batch_clients",
+        True,
+        ["boolean"],
+        "run a round's clients as one batched computation where the algorithm batches "
+        "them (the joint models' learner SGD); ``False``: one after another, as Flower "
+        "nodes. Equal fits to rounding.",
+        "engine",
+    ),
+)
 
-# ------------------------------------------------------------------ the declaration
-@dataclass(frozen=True)
-class ParamSet:
-    """An estimator's parameters in signature order (:func:`declare`)."""
+#: ``Initialisation``: the details of a federated mixture's start (``init_params`` is the
+#: estimator's own parameter).
+INITIALISATION_FIELDS: Group = (
+    Param(
+        "kmeans_rounds", 10, _positive_int(), "most federated Lloyd rounds of the k-means start."
+    ),
+    Param("subset_size", 100, _positive_int(), 'rows pooled by ``init_params="subset"``.'),
+    Param("weights_init", None, ["array-like", None], "starting weights (n_components,)."),
+    Param("means_init", None, ["array-like", None], "starting means (n_components, n_features)."),
+    Param(
+        "precisions_init",
+        None,
+        ["array-like", None],
+        "starting precisions, shaped as scikit-learn's for ``covariance_type``.",
+    ),
+)
+#: The initialisation fields of a k-means start without given parameters.
+KMEANS_START = ("kmeans_rounds", "subset_size")
 
-    params: tuple[Param, ...]
-    positional: int = 0
-
-    def __post_init__(self) -> None:
-        names = [p.name for p in self.params]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise TypeError(f"parameters declared twice: {twice}; declare each name once.")
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
-
-    def __getitem__(self, name: str) -> Param:
-        for p in self.params:
-            if p.name == name:
-                return p
-        raise KeyError(name)
-
-    def constraints(self) -> dict[str, list]:
-        """``_parameter_constraints``: name -> constraints."""
-        return {p.name: list(p.constraints) for p in self.params}
-
-    def settings(
-        self,
-        estimator: Any,
-        n_features: int,
-        role: str = "algorithm",
-        config: type | None = None,
-    ) -> dict:
-        """The values of ``estimator``'s ``role`` parameters as the algorithm (or engine)
-        takes them: renamed by :attr:`Param.setting`, converted by :attr:`Param.convert`;
-        with ``config`` (a settings dataclass), only the settings it has (an estimator that
-        runs two algorithms, e.g. a stream's first fit and its windows)."""
-        accepted = None if config is None else {f.name for f in fields(config)}
-        out = {}
-        for p in self.params:
-            if p.role != role or (accepted is not None and (p.setting or p.name) not in accepted):
-                continue
-            value = getattr(estimator, p.name)
-            out[p.setting or p.name] = value if p.convert is None else p.convert(value, n_features)
-        return out
-
-    def doc(self) -> str:
-        """The ``Args:`` section (Google style), one entry per parameter."""
-        lines = ["Args:"]
-        for p in self.params:
-            entry = f"{p.name}: {p.doc} Default ``{p.default!r}``."
-            lines.append(textwrap.fill(entry, 92, initial_indent="    ", subsequent_indent=" " * 8))
-        return "\n".join(lines)
-
-
-def declare(
-    *items: Param | Iterable[Param],
-    defaults: dict[str, Any] | None = None,
-    docs: dict[str, str] | None = None,
-    settings: dict[str, str] | None = None,
-    positional: int = 0,
-) -> ParamSet:
-    """An estimator's parameters: ``items`` (params and groups, in signature order) with
-    ``defaults`` changed by name, ``docs`` extending a shared parameter's documentation
-    with what it means for this estimator and ``settings`` naming a shared parameter as
-    this estimator's algorithm spells it (:attr:`Param.setting`). The first ``positional``
-    may be given by position.
-
-    Raises:
-        TypeError: a name in ``defaults``, ``docs`` or ``settings`` that is not declared,
-            or a name declared twice.
-    """
-    params: list[Param] = []
-    for item in items:
-        params.extend([item] if isinstance(item, Param) else item)
-    names = {p.name for p in params}
-    defaults, docs, settings = defaults or {}, docs or {}, settings or {}
-    for what, given in (("defaults", defaults), ("docs", docs), ("settings", settings)):
-        unknown = sorted(set(given) - names)
-        if unknown:
-            raise TypeError(f"{what} names parameters that are not declared: {unknown}.")
-    params = [
-        replace(
-            p,
-            default=defaults.get(p.name, p.default),
-            doc=f"{p.doc} {docs[p.name]}" if p.name in docs else p.doc,
-            setting=settings.get(p.name, p.setting),
-        )
-        for p in params
-    ]
-    return ParamSet(tuple(params), positional)
-
-
-def compose(cls: type) -> None:
-    """Write ``cls.__init__``, ``cls._parameter_constraints`` and the ``Args:`` section of
-    ``cls.__doc__`` from ``cls._params`` (a :class:`ParamSet` declared on ``cls`` itself)."""
-    spec: ParamSet = cls.__dict__["_params"]
-    cls.__init__ = _init_function(cls, spec)
-    cls._parameter_constraints = spec.constraints()
-    cls.__doc__ = _with_args(cls.__doc__ or "", spec.doc())
-
-
-def _init_function(cls: type, spec: ParamSet) -> Callable:
-    """``__init__(self, <positional>, *, <keyword-only>)`` storing every argument, built as
-    dataclasses build theirs (source compiled once per class)."""
-    defaults = {f"_d_{p.name}": p.default for p in spec.params}
-    head = [f"{p.name}=_d_{p.name}" for p in spec.params[: spec.positional]]
-    tail = [f"{p.name}=_d_{p.name}" for p in spec.params[spec.positional :]]
-    arguments = ", ".join(["self", *head, *(["*", *tail] if tail else [])])
-    body = "\n".join(f"    self.{p.name} = {p.name}" for p in spec.params) or "    pass"
-    namespace: dict = {}
-    exec(f"def __init__({arguments}):\n{body}\n", dict(defaults), namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    init.__doc__ = f"Store the arguments (see :class:`{cls.__name__}`); nothing is checked here."
-    return init
-
-
-_SECTIONS = ("Attributes:", "Examples:", "Example:", "Notes:", "References:")
-
-
-def _with_args(doc: str, args: str) -> str:
-    """``doc`` (dedented) with ``args`` placed before its first ``Attributes:``/``Examples:``
-    section, or at its end."""
-    text = inspect.cleandoc(doc)
-    lines = text.splitlines()
-    for index, line in enumerate(lines):
-        if line.strip() in _SECTIONS and not line.startswith(" "):
-            return "\n".join([*lines[:index], args, "", *lines[index:]])
-    return f"{text}\n\n{args}" if text else args
+#: ``Prior``: the remedies for real tabular data (``docs/robust.md``: standardisation and a
+#: covariance prior) and the variational mixtures' Gaussian-Wishart prior.
+PRIOR_FIELDS: Group = (
+    Param(
+        "standardize",
+        True,
+        ["boolean"],
+        "fit on federated z-scores of the features (one extra round; the model and its "
+        "scores stay in the original units); ``False`` fits the raw features.",
+    ),
+    Param(
+        "strength",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
+        "pseudo-rows of a conjugate prior that pulls every covariance towards ``scale`` "
+        "times the pooled variance of each feature (federated EM: MAP EM; variational "
+        "Bayes: the Wishart's, whose ``degrees_of_freedom`` default to it and whose "
+        "``covariance`` to it times ``scale`` times the pooled variances, diagonal); "
+        '``"auto"`` is ``n_features + 2``; ``None`` turns it off (plain maximum '
+        "likelihood; variational Bayes: scikit-learn's defaults, ``n_features`` and the "
+        "pooled covariance). A given ``degrees_of_freedom`` or ``covariance`` wins.",
+        setting="prior_strength",
+        convert=_auto_prior,
+        legacy="prior_strength",
+    ),
+    Param(
+        "scale",
+        "auto",
+        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither")],
+        "the prior's target variance as a multiple of each feature's pooled variance (a "
+        'component backed by few rows is flattened, not made a spike); ``"auto"``: the '
+        f"estimator's ({PRIOR_SCALE:g} for federated EM's prior, 1 for variational "
+        "Bayes' Wishart).",
+        setting="prior_scale",
+        legacy="prior_scale",
+    ),
+    Param(
+        "mean",
+        None,
+        ["array-like", None],
+        "(n_features,) the means' prior mean (variational Bayes; ``None``: the pooled mean, "
+        "one extra round).",
+        setting="mean_prior",
+        legacy="mean_prior",
+    ),
+    Param(
+        "mean_precision",
+        None,
+        [Interval(Real, 0.0, None, closed="neither"), None],
+        "the means' prior precision ``beta_0`` (variational Bayes; ``None``: 1).",
+        setting="mean_precision_prior",
+        legacy="mean_precision_prior",
+    ),
+    Param(
+        "degrees_of_freedom",
+        None,
+        [Interval(Real, 0.0, None, closed="neither"), None],
+        "the Wishart's degrees of freedom ``nu_0`` (variational Bayes; ``None``: "
+        "``strength``, or ``n_features`` without it).",
+        setting="degrees_of_freedom_prior",
+        legacy="degrees_of_freedom_prior",
+    ),
+    Param(
+        "covariance",
+        None,
+        ["array-like", Real, None],
+        "the Wishart's ``W_0^-1`` (variational Bayes): (n_features, n_features) for "
+        "full/tied, (n_features,) for diag, a float for spherical (``None``: from "
+        "``strength`` and ``scale``, or scikit-learn's pooled covariance, its diagonal, or "
+        "the mean of its diagonal; one extra round).",
+        setting="covariance_prior",
+        legacy="covariance_prior",
+    ),
+)
+#: The prior fields of federated EM's remedies (standardisation and the MAP prior).
+REMEDIES = ("standardize", "strength", "scale")

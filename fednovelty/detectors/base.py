@@ -53,6 +53,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
+from fednovelty.detectors import options as _options  # noqa: F401 - the classes register
 from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._probability import finite_moments, outlier_labels, outlier_probability
@@ -73,7 +74,7 @@ from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.federated.init.settings import PrivateSettings
 from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.mixtures.projected import Projected
-from fednovelty.federated.trust.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
+from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams
 from fednovelty.mixture.ppca import residual_log_density
 from fednovelty.runtime import RoundRecord, run_simulation
@@ -200,14 +201,17 @@ def _init_names(estimator) -> list[str]:
 
 class SimulatedFitMixin:
     """What every estimator that trains on a simulated federation shares: its torch options
-    (``device``, ``dtype``), its clients' privacy policy (``privacy_min_rows``), client rows as
-    tensors and the run of an algorithm on the in-process engine (``_simulate``: the
-    history, rounds and bytes it records, ``fit``'s callbacks)."""
+    (``device``, ``dtype``), its clients' privacy policy (``Privacy.min_rows``), its option
+    objects (:mod:`fednovelty.detectors.options`: validated, read through :meth:`_option`,
+    nested ``set_params``), client rows as tensors and the run of an algorithm on the
+    in-process engine (``_simulate``: the history, rounds and bytes it records, ``fit``'s
+    callbacks)."""
 
     #: how the estimator is fitted, for the not-fitted error.
     _fit_call: ClassVar[str] = "fit(X, groups=...)"
     #: the constructor's parameters (``fednovelty.detectors._params``), declared by each
-    #: estimator; ``__init__``, ``_parameter_constraints`` and the ``Args:`` docs come from it.
+    #: estimator, which writes its ``__init__`` to match; ``_parameter_constraints`` and the
+    #: ``Args:`` docs come from it.
     _params: ClassVar[_params.ParamSet] = _params.declare()
 
     #: settings saved under an older name in files this class loads: old name -> new name.
@@ -253,22 +257,47 @@ class SimulatedFitMixin:
             )
         return {"device": device, "dtype": getattr(torch, self.dtype)}
 
+    def _option(self, name: str):
+        """The fields of the option object ``name`` (``"privacy"``, ``"robustness"``,
+        ``"sampling"``, ``"initialisation"``, ``"prior"``) as this estimator uses them: the
+        object's, or its class's defaults where the estimator holds ``None`` (or does not
+        take the option), a field's ``"auto"`` resolved for this estimator
+        (a ``SimpleNamespace``; the object given is never changed)."""
+        return self._params.option_values(self, name)
+
+    def _validate_params(self) -> None:
+        """scikit-learn's check of the parameters' constraints, then the option objects':
+        their fields' constraints, and no field set that this estimator does not read."""
+        super()._validate_params()
+        self._params.check_options(self)
+
+    def set_params(self, **params):
+        """scikit-learn's ``set_params``; a nested option field
+        (``set_params(privacy__epsilon=1.0)``) on an option left at ``None`` sets it on a
+        new option object of the defaults (never a shared one)."""
+        options = {p.name: p.option for p in self._params.options}
+        for key in params:
+            name, nested, _ = key.partition("__")
+            if nested and name in options and getattr(self, name) is None and name not in params:
+                setattr(self, name, options[name]())
+        return super().set_params(**params)
+
     def _settings(self, n_features: int, config: type | None = None) -> dict:
-        """The algorithm's settings from the declared parameters (``role="algorithm"``),
-        renamed and converted as declared (e.g. ``prior_strength="auto"`` for rows of
-        ``n_features``); with ``config``, only those that settings class has."""
+        """The algorithm's settings from the declared parameters (``role="algorithm"``, an
+        option's fields by their own role), renamed and converted as declared (e.g.
+        ``Prior.strength="auto"`` for rows of ``n_features``); with ``config``, only those
+        that settings class has."""
         return self._params.settings(self, n_features, config=config)
 
     def _engine_settings(self) -> dict:
-        """The engine's options from the declared parameters (``fraction``, ``dropout``)."""
+        """The engine's options from the declared parameters (``ClientSampling``'s)."""
         return self._params.settings(self, 0, role="engine")
 
     def _privacy_policy(self, **options) -> PrivacyPolicy:
-        """The privacy policy of the simulated clients: at least ``privacy_min_rows`` rows
+        """The privacy policy of the simulated clients: at least ``Privacy.min_rows`` rows
         behind every statistic they release (``docs/privacy.md``); ``options`` set the
         policy's other fields."""
-        min_rows = getattr(self, "privacy_min_rows", DEFAULT_MIN_ROWS)
-        return PrivacyPolicy(min_rows=int(min_rows), **options)
+        return PrivacyPolicy(min_rows=int(self._option("privacy").min_rows), **options)
 
     def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
         options = self._torch_options()
@@ -342,8 +371,9 @@ class SimulatedFitMixin:
         codes = self._label_codes(y, array.shape[0])
         client_ids, group_codes = check_groups(groups, array.shape[0])
         self.n_features_in_ = array.shape[1]
-        if getattr(self, "dp_epsilon", None) is not None:
-            check_delta(self.dp_delta, array.shape[0])
+        privacy = self._option("privacy")
+        if privacy.epsilon is not None:
+            check_delta(privacy.delta, array.shape[0])
         names = feature_names(X)
         if names is not None:
             self.feature_names_in_ = names
@@ -378,7 +408,7 @@ class SimulatedFitMixin:
 
         Raises:
             ValueError: ``pca_components`` above the rows' width, or the front end with
-                ``dp_epsilon`` (the PCA rounds have no private form).
+                ``Privacy.epsilon`` (the PCA rounds have no private form).
         """
         # an estimator of a front-end family that does not declare the parameter has none
         value = getattr(self, "pca_components", None)
@@ -386,17 +416,18 @@ class SimulatedFitMixin:
         if q is None:
             self.__dict__.pop("pca_", None)
             return parts, clients
-        if getattr(self, "dp_epsilon", None) is not None:
+        if self._option("privacy").epsilon is not None:
             raise ValueError(
                 f"pca_components={value!r} projects these "
                 f"{clients[0].shape[1]}-feature rows with federated PCA, whose rounds have no "
-                "private form; use pca_components=None with dp_epsilon (or a public "
+                "private form; use pca_components=None with privacy.epsilon (or a public "
                 "projection of the rows before fit)."
             )
         pca = self._simulate(FederatedPCA(q, **self._torch_options()), clients, seed, full=True)
         self.pca_ = pca.state.projection
         views = ClientViews([self.pca_.transform(c) for c in clients], clients)
-        sampled = getattr(self, "fraction", 1.0) < 1 or getattr(self, "dropout", 0.0) > 0
+        sampling = self._option("sampling")
+        sampled = sampling.fraction < 1 or sampling.dropout > 0
         self._front_end_run = FrontEndRun(self.pca_, sampled, pca)
         return [v.cpu().numpy() for v in views], views
 
@@ -568,16 +599,11 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
             from fednovelty.runtime.flower import load_result
             det = FedGenGMMDetector.from_model(load_result("result.safetensors"), X_normal)
         """
-        names = cls().get_params(deep=False)  # __init__ only stores arguments: cheap
         # the run's differential-privacy settings are the server's view (the noise it
-        # knew); the detector's dp_* parameters plan a fit from a budget instead
+        # knew); the detector's Privacy plans a fit from a budget instead
         server_only = {f.name for f in dataclasses.fields(PrivateSettings)}
-        config = {
-            k: v
-            for k, v in getattr(result, "config", {}).items()
-            if k in names and k not in server_only
-        }
-        detector = cls(**{**config, **params})
+        config = {k: v for k, v in getattr(result, "config", {}).items() if k not in server_only}
+        detector = cls(**{**cls._params.from_names(config), **params})
         detector._validate_params()
         array = detector._check_X(X)
         detector.n_features_in_ = array.shape[1]

@@ -37,20 +37,18 @@ from fednovelty.detectors._dp import (
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     BATCH_SIZE,
-    DIFFERENTIAL_PRIVACY,
-    DP_LEARNERS,
+    DP_SGD,
     LEARNER_CHOICE,
     LEARNING_RATE,
     OPTIMIZER,
-    PRIVACY,
-    ROBUST,
     ROUNDS,
     RUNTIME,
-    SAMPLING,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import labelled_tensors
+from fednovelty.detectors.options import ClientSampling, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -85,9 +83,10 @@ from fednovelty.federated.trust.dp_sgd import (
 )
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
-#: ``dp_epsilon``'s parameters but ``dp_mode``: every mechanism of a private Fed-CAM round
-#: runs on the client (its DP-SGD, its noisy cluster choice), so the plan is ``"local"``.
-_DIFFERENTIAL_PRIVACY = tuple(p for p in DIFFERENTIAL_PRIVACY if p.name != "dp_mode")
+#: The privacy fields Fed-CAM reads: all but ``mode`` and ``local_iterations`` (every
+#: mechanism of a private Fed-CAM round runs on the client, its DP-SGD and its noisy cluster
+#: choice, so the plan is ``"local"``).
+_PRIVACY_FIELDS = ("min_rows", "epsilon", "delta", "bounds", "clip", *DP_SGD, "loss_clip")
 
 
 def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> float:
@@ -113,45 +112,46 @@ def sgd_noise(epsilon: float, delta: float, steps: int, sample_rate: float) -> f
 
 
 def private_plan(estimator: Any, algorithm: ClusteredAlgorithm, n_clients: int) -> DPPlan | None:
-    """A Fed-CAM fit's differential privacy under the estimator's ``dp_epsilon``, or
+    """A Fed-CAM fit's differential privacy under the estimator's ``privacy.epsilon``, or
     ``None`` without it.
 
     Every round trains the models it sends by ``local_steps`` DP-SGD steps (rate
-    ``dp_sample_rate``, clip ``dp_sgd_clip``); IFCA's and IFCA-CAM's clustered rounds also
+    ``Privacy.sample_rate``, clip ``Privacy.sgd_clip``); IFCA's and IFCA-CAM's clustered rounds also
     make one noisy cluster choice each (:meth:`ClusteredAlgorithm.private_choices`, the cost of a
     released histogram of multiplier ``z``). With choices, ``z`` and the steps' ``sigma``
-    spend the budget together (``dp_learner_share`` of ``mu**2`` to the steps:
+    spend the budget together (``learner_share`` of ``mu**2`` to the steps:
     :func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`); without, the steps spend it
     all (:func:`sgd_noise`, ``z = 0``). Each client's budget is one noisy release a round;
-    no statistics are released. The rows are mapped to the public box ``dp_bounds`` and
-    clipped to ``dp_clip`` (``"auto"``: ``sqrt(n_features)``, which clips no row inside the
+    no statistics are released. The rows are mapped to the public box ``Privacy.bounds`` and
+    clipped to ``Privacy.clip`` (``"auto"``: ``sqrt(n_features)``, which clips no row inside the
     bounds); the models' guarantee does not rest on that clipping.
 
     Raises:
-        ValueError: bad ``dp_bounds``; settings without a private form (a robust
+        ValueError: bad ``Privacy.bounds``; settings without a private form (a robust
             ``aggregation``, a ``client_weight_cap``), before any calibration.
     """
-    epsilon = getattr(estimator, "dp_epsilon", None)
+    privacy = estimator._option("privacy")
+    epsilon = privacy.epsilon
     if epsilon is None:
         return None
     config = algorithm.config
-    d, epsilon, delta = config.n_features, float(epsilon), float(estimator.dp_delta)
-    bounds = public_bounds(estimator.dp_bounds, d)
-    clip = math.sqrt(d) if estimator.dp_clip == "auto" else float(estimator.dp_clip)
+    d, epsilon, delta = config.n_features, float(epsilon), float(privacy.delta)
+    bounds = public_bounds(privacy.bounds, d)
+    clip = math.sqrt(d) if privacy.clip == "auto" else float(privacy.clip)
     replace(config, dp_mode="local", dp_clip=clip, bounds=bounds)  # refused before calibrating
-    rate, steps = float(estimator.dp_sample_rate), int(config.local_steps)
+    rate, steps = float(privacy.sample_rate), int(config.local_steps)
     rounds = config.rounds
     choices = algorithm.private_choices(CLUSTER_KIND) * (rounds - config.warmup_rounds)
     blocks, total = histogram_blocks(choices), rounds * steps
     if choices:
-        share = 1.0 - float(estimator.dp_learner_share)
+        share = 1.0 - float(privacy.learner_share)
         z, sigma = calibrate_learning(epsilon, delta, blocks, total, rate, share)
     else:
         z, sigma = 0.0, sgd_noise(epsilon, delta, total, rate)
     policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), epsilon=epsilon, delta=delta)
     settings = {"dp_mode": "local", "dp_noise_multiplier": z, "dp_clip": clip, "bounds": bounds}
     batch = float(estimator.batch_size)  # public: the divisor of a step's noisy sum
-    sgd = DPSGDSettings(sigma, float(estimator.dp_sgd_clip), rate, steps, expected_batch=batch)
+    sgd = DPSGDSettings(sigma, float(privacy.sgd_clip), rate, steps, expected_batch=batch)
     return DPPlan(settings, policy, 0, epsilon, delta, sgd)
 
 
@@ -249,30 +249,71 @@ class ClusteredFLClassifier(FederatedClassifier):
             [StrOptions(set(EMPTY_CLUSTER_RULES))],
             '``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.',
         ),
-        ROBUST,
-        SAMPLING,
-        PRIVACY,
-        _DIFFERENTIAL_PRIVACY,
-        DP_LEARNERS,
-        Param(
-            "dp_loss_clip",
-            None,
-            [Interval(Real, 0.0, None, closed="neither"), None],
-            "with ``dp_epsilon``, the public bound each row's cross-entropy is clipped to in "
-            "IFCA's and IFCA-CAM's noisy min-loss choice (the noise scales with it: it sets "
-            "the choice's accuracy, not its privacy); ``None``: ``2 log(n_classes)``.",
+        option(ClientSampling),
+        option(Robustness, docs={"aggregation": "Applies to every model the server averages."}),
+        option(
+            Privacy,
+            fields=_PRIVACY_FIELDS,
+            docs={
+                "sample_rate": "Fed-CAM: a round runs ``local_steps`` DP-SGD steps.",
+                "learner_share": "Fed-CAM: the rest buys IFCA's noisy cluster choices.",
+            },
         ),
         RUNTIME,
         defaults={"dtype": "float32", "learner": "mlp"},
         docs={
             "rounds": "Warm-up included (the paper: 100).",
-            "aggregation": "Applies to every model the server averages.",
             "dtype": "Default ``float32``: the models are neural networks.",
-            "dp_sample_rate": "Fed-CAM: a round runs ``local_steps`` DP-SGD steps.",
-            "dp_learner_share": "Fed-CAM: the rest buys IFCA's noisy cluster choices.",
         },
         positional=2,
     )
+
+    def __init__(
+        self,
+        method="IFCA-CAM",
+        n_clusters=5,
+        *,
+        learner="mlp",
+        rounds=100,
+        warmup_rounds=None,
+        local_steps=10,
+        learning_rate=0.001,
+        momentum=0.9,
+        batch_size=32,
+        optimizer="sgd",
+        kmeans_reg=0.01,
+        kmeans_iter=10,
+        cluster_average="cluster",
+        empty_clusters="keep",
+        sampling=None,
+        robustness=None,
+        privacy=None,
+        random_state=None,
+        device=None,
+        dtype="float32",
+        progress=False,
+    ) -> None:
+        self.method = method
+        self.n_clusters = n_clusters
+        self.learner = learner
+        self.rounds = rounds
+        self.warmup_rounds = warmup_rounds
+        self.local_steps = local_steps
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.kmeans_reg = kmeans_reg
+        self.kmeans_iter = kmeans_iter
+        self.cluster_average = cluster_average
+        self.empty_clusters = empty_clusters
+        self.sampling = sampling
+        self.robustness = robustness
+        self.privacy = privacy
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

@@ -35,18 +35,19 @@ from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
-    INIT,
+    FLOOR,
+    INIT_PARAMS,
+    KMEANS_START,
     N_COMPONENTS,
     PCA,
-    PRIOR,
-    PRIVACY,
-    ROBUST,
+    REMEDIES,
     RUNTIME,
-    SAMPLING,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import ClientViews
+from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -135,13 +136,14 @@ class ClusteredFedGMMDetector(EMDetector):
             "federated EM rounds on all ``n_components + n_clusters * cluster_components`` "
             "components before the clusters form and take their own.",
         ),
-        ROBUST,
         EM,
-        INIT,
-        PRIOR,
+        INIT_PARAMS,
+        option(Initialisation, fields=KMEANS_START),
+        option(Prior, fields=REMEDIES),
         PCA,
-        SAMPLING,
-        PRIVACY,
+        option(ClientSampling),
+        option(Robustness),
+        option(Privacy, fields=FLOOR),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 4, "max_iter": 50},
@@ -151,6 +153,53 @@ class ClusteredFedGMMDetector(EMDetector):
         },
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=4,
+        *,
+        n_clusters=2,
+        cluster_components=2,
+        assignment="likelihood",
+        warmup=10,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=50,
+        init_params="kmeans",
+        initialisation=None,
+        prior=None,
+        pca_components="auto",
+        sampling=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.n_clusters = n_clusters
+        self.cluster_components = cluster_components
+        self.assignment = assignment
+        self.warmup = warmup
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.prior = prior
+        self.pca_components = pca_components
+        self.sampling = sampling
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- fitting
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):

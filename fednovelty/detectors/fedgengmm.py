@@ -1,13 +1,13 @@
 """``FedGenGMMDetector`` (one-shot FedGenGMM) and the base it shares with ``LocalGMMDetector``:
 every client fits its own mixture in one round (``_LocalFitDetector``).
 
-With ``dp_epsilon`` each client fits its mixture by DP-EM in the public box of ``dp_bounds``
+With ``Privacy.epsilon`` each client fits its mixture by DP-EM in the public box of ``bounds``
 (``docs/differential_privacy.md``; :mod:`fednovelty.federated.mixtures.fedgengmm`): K is fixed
-(``client_components``, else the largest of ``k_range``), the fit makes ``dp_iterations``
-noisy releases whose noise multiplier spends at most ``dp_epsilon`` at ``dp_delta``
+(``client_components``, else the largest of ``k_range``), the fit makes ``local_iterations``
+noisy releases whose noise multiplier spends at most ``epsilon`` at ``delta``
 (:func:`~fednovelty.detectors._dp.dp_plan`), and ``privacy_spent_`` reports the releases
 the one round made (:func:`local_fit_privacy`). The local fit carries all of its noise
-whatever ``dp_mode`` says (there is no sum to share it over), so ``dp_mode`` changes nothing
+whatever ``mode`` says (there is no sum to share it over), so ``mode`` changes nothing
 here."""
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ from fednovelty.detectors._dp import (
 )
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
+    DP,
     EM,
     LOCAL_FIT,
     PCA,
-    PRIOR,
-    PRIVACY,
-    ROBUST,
+    REMEDIES,
     RUNTIME,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import MixtureDetector
+from fednovelty.detectors.options import Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -58,40 +58,43 @@ from fednovelty.mixture.copula import copula_score_samples
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 #: What the shared settings mean where every client fits its own mixture.
 LOCAL_FIT_DOCS = {
-    "prior_strength": "The prior makes the BIC choices favour fewer components; for cluster "
-    "structure pass ``prior_strength=None`` (``docs/robust.md``, Limits).",
-    "privacy_min_rows": "A client with fewer rows is skipped, fits at most "
-    "``n_rows // privacy_min_rows`` components and drops those backed by fewer rows.",
-    "max_iter": "Of each local EM fit (without ``dp_epsilon``; with it, ``dp_iterations``).",
-    "client_components": "Under ``dp_epsilon`` K is fixed (BIC reads the rows and has no "
-    "private form): ``client_components``, else the largest of ``k_range``.",
-    "standardize": "Every fit (each client's, the server's) is on z-scores of its own rows; "
-    "under ``dp_epsilon`` a client fits in the public box of ``dp_bounds`` instead (z-scores "
-    "of its rows would depend on them) and its fit has no covariance prior.",
+    "max_iter": "Of each local EM fit (without ``privacy.epsilon``; with it, "
+    "``privacy.local_iterations``).",
+    "client_components": "Under ``privacy.epsilon`` K is fixed (BIC reads the rows and has "
+    "no private form): ``client_components``, else the largest of ``k_range``.",
 }
+#: ... and what the prior's and the privacy's fields mean there.
+LOCAL_PRIOR_DOCS = {
+    "standardize": "Every fit (each client's, the server's) is on z-scores of its own rows; "
+    "under ``privacy.epsilon`` a client fits in the public box of ``privacy.bounds`` instead "
+    "(z-scores of its rows would depend on them) and its fit has no covariance prior.",
+    "strength": "The prior makes the BIC choices favour fewer components; for cluster "
+    "structure pass ``Prior(strength=None)`` (``docs/robust.md``, Limits).",
+}
+LOCAL_PRIVACY_DOCS = {
+    "min_rows": "A client with fewer rows is skipped, fits at most ``n_rows // min_rows`` "
+    "components and drops those backed by fewer rows.",
+}
+#: The privacy fields of the local fits: the floor, differential privacy, the DP-EM
+#: iterations.
+LOCAL_DP = (*DP, "local_iterations")
 
 #: What the shared settings mean in FedGenGMM, where the server refits the clients' union.
 FEDGEN_DOCS = {
     **LOCAL_FIT_DOCS,
-    "prior_strength": "Counted once, in the server's fit on its synthetic rows. A client that "
+    "client_components": "``None``: with the covariance prior (the default) the global "
+    "``n_components`` (at most ``n_rows // privacy.min_rows``); without it, or when "
+    "``n_components`` is ``None`` too, BIC in ``k_range``. Under "
+    "``privacy.epsilon`` K is fixed (BIC reads the rows and has no private form): "
+    "``client_components``, else the largest of ``k_range``.",
+}
+FEDGEN_PRIOR_DOCS = {
+    **LOCAL_PRIOR_DOCS,
+    "strength": "Counted once, in the server's fit on its synthetic rows. A client that "
     "fits a fixed K (``client_components``, else ``n_components``) fits by maximum likelihood "
     "unless it has fewer rows than the prior's pseudo-rows; a client's BIC search (both "
     "``None``) keeps the prior, which makes it favour fewer components (``docs/robust.md``).",
-    "client_components": "``None``: with the covariance prior (the default) the global "
-    "``n_components`` (at most ``n_rows // privacy_min_rows``); without it, or when "
-    "``n_components`` is ``None`` too, BIC in ``k_range``. Under "
-    "``dp_epsilon`` K is fixed (BIC reads the rows and has no private form): "
-    "``client_components``, else the largest of ``k_range``.",
 }
-
-#: The fixed DP-EM iterations of a private local fit (``dp_epsilon``).
-DP_ITERATIONS = Param(
-    "dp_iterations",
-    20,
-    _POSITIVE_INT,
-    "with ``dp_epsilon``, the fixed number of DP-EM iterations of each client's local fit: "
-    "each is one noisy release of its summed statistics, so the budget is split over them.",
-)
 
 
 def local_fit_privacy(plan: DPPlan, history: list[dict], n_iter: int) -> dict:
@@ -99,7 +102,7 @@ def local_fit_privacy(plan: DPPlan, history: list[dict], n_iter: int) -> dict:
     made ``n_iter`` noisy releases per client (its DP-EM iterations), read from the
     accountant as ``epsilon_spent(z, releases, delta)``. The client adds all of the noise
     itself, so the epsilon holds against the server that sees its reply too, and the
-    ``mode`` is ``"local"`` whatever ``dp_mode`` was."""
+    ``mode`` is ``"local"`` whatever ``Privacy.mode`` was."""
     costs = {"local_fit": RoundCost(releases=int(n_iter)), **bounds_costs(plan)}
     record = {**privacy_record(plan, history, costs), **bounds_record(plan)}
     return {**record, "epsilon_against_server": record["epsilon"], "mode": "local"}
@@ -143,7 +146,8 @@ class _LocalFitDetector(MixtureDetector):
             if hasattr(self, "privacy_spent_"):
                 del self.privacy_spent_
         else:
-            self.privacy_spent_ = local_fit_privacy(plan, self.history_, self.dp_iterations)
+            iterations = self._option("privacy").local_iterations
+            self.privacy_spent_ = local_fit_privacy(plan, self.history_, iterations)
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
         if self.skipped_clients_:
             min_rows = self._privacy_policy().min_rows
@@ -161,8 +165,9 @@ class _LocalFitDetector(MixtureDetector):
         return state
 
     def _dp_releases(self, settings: dict) -> int:
-        """The noisy releases of a private fit: each client's ``dp_iterations`` (one round)."""
-        return int(self.dp_iterations)
+        """The noisy releases of a private fit: each client's ``Privacy.local_iterations``
+        (one round)."""
+        return int(self._option("privacy").local_iterations)
 
     def _check_some_client_fits(self, algorithm, clients) -> None:
         """Raise ``ValueError`` (naming the setting to lower) when no client has the rows a
@@ -250,8 +255,9 @@ class FedGenGMMDetector(_LocalFitDetector):
             (``MixtureParams``) and the joint mixture of the normal scores; else ``None``.
         client_n_components_: K chosen by each client; skipped_clients_: clients left out.
         n_synthetic_: rows drawn on the server; bic_: BIC per K of the global fit (BIC mode).
-        privacy_spent_: with ``dp_epsilon``, what the fit spent: ``epsilon`` (at ``delta``),
-            the noisy ``releases`` (each client's ``dp_iterations``), ``noise_multiplier``,
+        privacy_spent_: with ``privacy.epsilon``, what the fit spent: ``epsilon`` (at
+            ``delta``), the noisy ``releases`` (each client's ``local_iterations``),
+            ``noise_multiplier``,
             ``clip``.
         history_, n_rounds_, bytes_up_, bytes_down_: the one round and its bytes.
         decision_scores_, threshold_, labels_: PyOD's training-set outputs.
@@ -278,7 +284,6 @@ class FedGenGMMDetector(_LocalFitDetector):
             _POSITIVE_INT,
             "synthetic rows the server draws per client component (the paper's ``H``).",
         ),
-        PRIOR,
         Param(
             "copula",
             False,
@@ -287,16 +292,58 @@ class FedGenGMMDetector(_LocalFitDetector):
             "feature, a joint mixture of the features' normal scores) and ``score_samples`` "
             "is its log-density; same single round, same messages.",
         ),
-        ROBUST,
-        PRIVACY,
-        DIFFERENTIAL_PRIVACY,
-        DP_ITERATIONS,
+        option(Prior, fields=REMEDIES, docs=FEDGEN_PRIOR_DOCS),
         PCA,
+        option(Robustness),
+        option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
         DETECTOR,
         RUNTIME,
         docs=FEDGEN_DOCS,
         positional=3,
     )
+
+    def __init__(
+        self,
+        n_components=None,
+        client_components=None,
+        k_range=(1, 10),
+        *,
+        min_client_samples=2,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        samples_per_component=100,
+        copula=False,
+        prior=None,
+        pca_components="auto",
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.client_components = client_components
+        self.k_range = k_range
+        self.min_client_samples = min_client_samples
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.samples_per_component = samples_per_component
+        self.copula = copula
+        self.prior = prior
+        self.pca_components = pca_components
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     def _set_copula(self, marginals, joint) -> None:
         """Store the copula (``joint`` ``None``: the detector scores with the mixture)."""

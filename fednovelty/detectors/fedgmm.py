@@ -23,19 +23,23 @@ from fednovelty.detectors._dp import (
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
+    DP,
     EM,
-    INIT,
+    INIT_PARAMS,
     N_COMPONENTS,
     PCA,
-    PRIOR,
-    PRIVACY,
-    ROBUST,
+    REMEDIES,
     RUNTIME,
-    SAMPLING,
-    START,
     Param,
     declare,
+    option,
+)
+from fednovelty.detectors.options import (
+    ClientSampling,
+    Initialisation,
+    Prior,
+    Privacy,
+    Robustness,
 )
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
@@ -55,7 +59,8 @@ COVARIANCE_POOLING = Param(
     [StrOptions(set(COVARIANCE_POOLINGS))],
     '``"exact"`` (covariances from the summed second moments: centralized EM\'s M-step) or '
     "``\"paper\"`` (the FedGMM paper's: each client's covariance about its own mean, averaged "
-    "with the clients' responsibility counts; no ``dp_epsilon``, plain ``aggregation``).",
+    "with the clients' responsibility counts; no ``Privacy.epsilon``, plain "
+    "``Robustness.aggregation``).",
 )
 #: how the global weights are formed (``EMConfig.global_weights``).
 GLOBAL_WEIGHTS = Param(
@@ -142,19 +147,65 @@ class FedGMMDetector(EMDetector):
         ),
         COVARIANCE_POOLING,
         GLOBAL_WEIGHTS,
-        INIT,
-        PRIOR,
-        START,
+        INIT_PARAMS,
+        option(Initialisation),
+        option(Prior, fields=REMEDIES),
         PCA,
-        SAMPLING,
-        ROBUST,
-        PRIVACY,
-        DIFFERENTIAL_PRIVACY,
+        option(ClientSampling),
+        option(Robustness),
+        option(Privacy, fields=DP),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 8},
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=8,
+        *,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        mixture_weights="personal",
+        acceleration="none",
+        covariance_pooling="exact",
+        global_weights="pooled",
+        init_params="kmeans",
+        initialisation=None,
+        prior=None,
+        pca_components="auto",
+        sampling=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.mixture_weights = mixture_weights
+        self.acceleration = acceleration
+        self.covariance_pooling = covariance_pooling
+        self.global_weights = global_weights
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.prior = prior
+        self.pca_components = pca_components
+        self.sampling = sampling
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         width = pca_components or data[0].shape[1]  # of the rows the Gaussians see
@@ -164,7 +215,7 @@ class FedGMMDetector(EMDetector):
             width,
             len(data),
             lambda private: FederatedEM(**options, **private).max_rounds,
-            standardized=self.standardize,
+            standardized=self._option("prior").standardize,
         )
         plan, box = run_private_bounds(self, plan, data, seed, round_offset=round_offset)
         algorithm = FederatedEM(**options, **(plan.settings if plan else {}))
@@ -270,7 +321,8 @@ class FedGMMDetector(EMDetector):
         """A file saved before the joint model had its own class: a ``FedGMMDetector``
         fitted with ``y`` (``classes_`` saved) is read as a ``JointFedGMMDetector``, and the
         settings that do not apply to the class read are dropped (they had no effect on the
-        saved model); see ``persistence.load``."""
+        saved model); see ``persistence.load``, which has put the settings under today's names
+        first (``_saved_params.current_params``)."""
         from fednovelty.detectors.joint import JointFedGMMDetector
 
         attrs = document.get("attrs")
@@ -279,7 +331,6 @@ class FedGMMDetector(EMDetector):
         params = document.get("params")
         if not isinstance(params, dict):
             return target, document, tensors
-        params = {cls._renamed_params.get(k, k): v for k, v in params.items()}
         names = target().get_params(deep=False)
         legacy = set(FedGMMDetector().get_params(deep=False)) | set(_JOINT_MODEL_PARAMS)
         dropped = {k for k in params if k not in names and k in legacy}

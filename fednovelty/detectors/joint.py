@@ -29,24 +29,24 @@ from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
-    DP_LEARNERS,
+    DP,
+    DP_SGD,
     EM,
-    INIT,
+    INIT_PARAMS,
+    KMEANS_START,
     LEARNER,
     LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
-    PRIVACY,
-    ROBUST,
     RUNTIME,
-    SAMPLING,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
+from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -165,9 +165,9 @@ class JointModelDetector(EMDetector):
             raise ValueError(f"rounds must be an integer >= 1; got {rounds!r}.")
         if not self._shared_learners:
             raise ValueError("a Local model (aggregate_learners=False) has no partial_fit.")
-        if getattr(self, "dp_epsilon", None) is not None:
+        if self._option("privacy").epsilon is not None:
             raise ValueError(
-                "partial_fit under dp_epsilon would spend budget beyond what fit planned and "
+                "partial_fit under privacy.epsilon would spend budget beyond what fit planned and "
                 "reported; fit again on the new rows with a budget of its own."
             )
         array = self._check_X(X, fitted=True)
@@ -236,7 +236,7 @@ class JointModelDetector(EMDetector):
             unpack_client_data(data[0])[0].shape[1],
             len(data),
             lambda private: self._algorithm(learner_width, seed, None, **private).max_rounds,
-            standardized=bool(getattr(self, "standardize", False)),
+            standardized="prior" in self._params.names and self._option("prior").standardize,
             learning=self._dp_learning(),
             histograms=int(self.max_iter),
         )
@@ -258,14 +258,15 @@ class JointModelDetector(EMDetector):
         return self._set_joint_result(result, learner_width)
 
     def _dp_learning(self) -> LearningPlan | None:
-        """The learners' DP-SGD under ``dp_epsilon`` when they leave the clients: every EM
-        round trains them for ``ceil(local_epochs / dp_sample_rate)`` steps."""
-        if getattr(self, "dp_epsilon", None) is None or not self._shared_learners:
+        """The learners' DP-SGD under ``Privacy.epsilon`` when they leave the clients: every
+        EM round trains them for ``ceil(local_epochs / Privacy.sample_rate)`` steps."""
+        privacy = self._option("privacy")
+        if privacy.epsilon is None or not self._shared_learners:
             return None
-        rate = float(self.dp_sample_rate)
+        rate = float(privacy.sample_rate)
         steps = steps_for_epochs(int(self.local_epochs), rate)
         return LearningPlan(
-            int(self.max_iter), steps, rate, float(self.dp_sgd_clip), float(self.batch_size)
+            int(self.max_iter), steps, rate, float(privacy.sgd_clip), float(self.batch_size)
         )
 
     def _set_joint_result(self, result, learner_width: int):
@@ -567,25 +568,80 @@ class JointFedGMMDetector(JointModelDetector):
             ["boolean"],
             "``False`` never averages learners (the Local baseline: score with ``client=``).",
         ),
-        ROBUST,
         EM,
         COVARIANCE_POOLING,
         GLOBAL_WEIGHTS,
-        INIT,
+        INIT_PARAMS,
+        option(Initialisation, fields=KMEANS_START),
         PCA,
-        SAMPLING,
-        PRIVACY,
-        DIFFERENTIAL_PRIVACY,
-        DP_LEARNERS,
+        option(ClientSampling),
+        option(
+            Robustness, docs={"aggregation": "The learners are combined coordinate-wise alike."}
+        ),
+        option(Privacy, fields=(*DP, *DP_SGD)),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 8, "learning_rate": 0.5},
-        docs={
-            "aggregation": "The learners are combined coordinate-wise alike.",
-            "pca_components": "The learners see the full rows.",
-        },
+        docs={"pca_components": "The learners see the full rows."},
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=8,
+        *,
+        n_learners=2,
+        learner="linear",
+        local_epochs=5,
+        learning_rate=0.5,
+        batch_size=32,
+        optimizer="sgd",
+        mu_prox=0.0,
+        aggregate_learners=True,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        covariance_pooling="exact",
+        global_weights="pooled",
+        init_params="kmeans",
+        initialisation=None,
+        pca_components="auto",
+        sampling=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.n_learners = n_learners
+        self.learner = learner
+        self.local_epochs = local_epochs
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.mu_prox = mu_prox
+        self.aggregate_learners = aggregate_learners
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.covariance_pooling = covariance_pooling
+        self.global_weights = global_weights
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.pca_components = pca_components
+        self.sampling = sampling
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     @property
     def _n_learners(self) -> int:

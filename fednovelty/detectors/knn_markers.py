@@ -38,20 +38,20 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._params import (
     DETECTOR,
     EM_ITERATION,
-    KMEANS,
+    FLOOR,
     N_COMPONENTS,
-    PRIVACY,
-    ROBUST,
     RUNTIME,
-    VB_PRIORS,
+    WEIGHT_PRIORS,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors.base import (
     MixtureDetector,
     SimulatedFitMixin,
 )
+from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,
     check_items,
@@ -143,21 +143,71 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             [Interval(Real, 0.0, None, closed="neither")],
             "added to distances before the log (rows' units).",
         ),
-        VB_PRIORS,
+        WEIGHT_PRIORS,
         EM_ITERATION,
-        KMEANS,
         WEIGHT_THRESHOLD,
-        ROBUST,
-        PRIVACY,
+        option(Initialisation, fields=("kmeans_rounds",)),
+        option(Prior, fields=("mean_precision", "degrees_of_freedom")),
+        option(
+            Robustness,
+            docs={"aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.'},
+        ),
+        option(Privacy, fields=FLOOR),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 10},
         docs={
             "n_components": "An upper bound: the Dirichlet-process prior prunes.",
-            "aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.',
         },
         positional=2,
     )
+
+    def __init__(
+        self,
+        n_neighbors=5,
+        n_components=10,
+        *,
+        personal_strength=10.0,
+        personal_iter=10,
+        combine="max",
+        distance_floor=1e-06,
+        weight_concentration_prior_type="dirichlet_process",
+        weight_concentration_prior=None,
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        weight_threshold=0.01,
+        initialisation=None,
+        prior=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_neighbors = n_neighbors
+        self.n_components = n_components
+        self.personal_strength = personal_strength
+        self.personal_iter = personal_iter
+        self.combine = combine
+        self.distance_floor = distance_floor
+        self.weight_concentration_prior_type = weight_concentration_prior_type
+        self.weight_concentration_prior = weight_concentration_prior
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.weight_threshold = weight_threshold
+        self.initialisation = initialisation
+        self.prior = prior
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- fitting
     def fit(self, X, y=None, groups=None, *, callbacks=()):
@@ -186,7 +236,8 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         if len(self.skipped_clients_) == self.n_clients_:
             raise ClientDataError(
                 f"no client has the n_neighbors + 1 = {self.n_neighbors + 1} rows (and at least "
-                f"privacy_min_rows={self.privacy_min_rows}) a leave-one-out distance needs; "
+                f"privacy.min_rows={self._option('privacy').min_rows}) a leave-one-out "
+                "distance needs; "
                 f"largest client: {max(p.shape[0] for p in parts)} rows. Lower n_neighbors or "
                 "merge clients."
             )
@@ -218,12 +269,13 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
     def _skipped(self, parts: list[np.ndarray], client_ids: np.ndarray) -> dict:
         """Clients that cannot take part, with the reason (module docstring)."""
         need = self.n_neighbors + 1
+        min_rows = self._option("privacy").min_rows
         out = {}
         for cid, part in zip(client_ids.tolist(), parts, strict=True):
             if part.shape[0] < need:
                 out[cid] = f"{part.shape[0]} row(s); n_neighbors={self.n_neighbors} needs >= {need}"
-            elif part.shape[0] < self.privacy_min_rows:
-                out[cid] = f"{part.shape[0]} row(s), below privacy_min_rows={self.privacy_min_rows}"
+            elif part.shape[0] < min_rows:
+                out[cid] = f"{part.shape[0]} row(s), below privacy.min_rows={min_rows}"
         return out
 
     def _run(self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int):
@@ -427,7 +479,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             posteriors |= {
                 f"client.{i}.posterior": p for i, p in enumerate(self.client_posteriors_)
             }
-        prior_dof = self.degrees_of_freedom_prior  # n_features = 1 unless set lower
+        prior_dof = self._option("prior").degrees_of_freedom  # n_features = 1 unless lower
         floor = 1.0 if prior_dof is None else min(1.0, float(prior_dof))
         for prefix, posterior in posteriors.items():
             check_in_box(

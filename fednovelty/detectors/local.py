@@ -11,17 +11,23 @@ from sklearn.utils._param_validation import StrOptions
 
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
     EM,
     LOCAL_FIT,
     PCA,
-    PRIOR,
-    PRIVACY,
+    REMEDIES,
     RUNTIME,
     Param,
     declare,
+    option,
 )
-from fednovelty.detectors.fedgengmm import DP_ITERATIONS, LOCAL_FIT_DOCS, _LocalFitDetector
+from fednovelty.detectors.fedgengmm import (
+    LOCAL_DP,
+    LOCAL_FIT_DOCS,
+    LOCAL_PRIOR_DOCS,
+    LOCAL_PRIVACY_DOCS,
+    _LocalFitDetector,
+)
+from fednovelty.detectors.options import Prior, Privacy
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -72,9 +78,10 @@ class LocalGMMDetector(_LocalFitDetector):
         client_shares_: (n_models,) each fitted client's share of the fitted rows, in
             ``client_models_`` order.
         client_n_components_, skipped_clients_: K chosen by each client; clients left out.
-        privacy_spent_: with ``dp_epsilon`` (each client's DP-EM fit in the public box of
-            ``dp_bounds``, as ``FedGenGMMDetector``'s), what the fit spent: ``epsilon``,
-            ``delta``, the noisy ``releases`` (``dp_iterations``), ``noise_multiplier``.
+        privacy_spent_: with ``privacy.epsilon`` (each client's DP-EM fit in the public box
+            of ``privacy.bounds``, as ``FedGenGMMDetector``'s), what the fit spent:
+            ``epsilon``, ``delta``, the noisy ``releases`` (``local_iterations``),
+            ``noise_multiplier``.
         history_: the one round; decision_scores_, threshold_, labels_: PyOD's outputs.
 
     ``score_samples_client(X, client)`` scores with one client's own mixture (``client`` a
@@ -93,8 +100,6 @@ class LocalGMMDetector(_LocalFitDetector):
     _params = declare(
         LOCAL_FIT,
         EM,
-        PRIOR,
-        PRIVACY,
         Param(
             "combine",
             "mixture",
@@ -103,14 +108,51 @@ class LocalGMMDetector(_LocalFitDetector):
             "(above).",
             "estimator",
         ),
-        DIFFERENTIAL_PRIVACY,
-        DP_ITERATIONS,
+        option(Prior, fields=REMEDIES, docs=LOCAL_PRIOR_DOCS),
         PCA,
+        option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
         DETECTOR,
         RUNTIME,
         docs=LOCAL_FIT_DOCS,
         positional=2,
     )
+
+    def __init__(
+        self,
+        client_components=None,
+        k_range=(1, 10),
+        *,
+        min_client_samples=2,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        combine="mixture",
+        prior=None,
+        pca_components="auto",
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.client_components = client_components
+        self.k_range = k_range
+        self.min_client_samples = min_client_samples
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.combine = combine
+        self.prior = prior
+        self.pca_components = pca_components
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         _warn_single_row_clients(parts, self.client_ids_)

@@ -20,18 +20,17 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from fednovelty.detectors._params import (
     DETECTOR,
     EM_ITERATION,
-    KMEANS,
+    FLOOR,
     N_COMPONENTS,
-    PRIOR,
-    PRIVACY,
-    ROBUST,
+    REMEDIES,
     RUNTIME,
-    START,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
+from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,
     check_positive,
@@ -135,39 +134,87 @@ class FedMFADetector(MixtureDetector):
             "merged feature range, then Lloyd rounds): the partition the start's sketch "
             "is taken on.",
         ),
-        *KMEANS,
-        *START[:2],  # weights_init, means_init: the k-means start's centres
-        PRIOR,
-        ROBUST,
-        PRIVACY,
+        # weights_init, means_init: the k-means start's centres
+        option(Initialisation, fields=("kmeans_rounds", "weights_init", "means_init")),
+        option(
+            Prior,
+            fields=REMEDIES,
+            auto={"strength": None},
+            docs={
+                "strength": "Here the prior is on the noise variances ``psi`` only (the "
+                "loadings are maximum likelihood)."
+            },
+        ),
+        option(
+            Robustness,
+            docs={
+                "aggregation": 'Here ``"sum"`` or ``"trimmed"``, which makes every round '
+                "robust to a lying client: the sketches and factor statistics are combined "
+                "per component as federated EM's statistics are."
+            },
+        ),
+        option(Privacy, fields=FLOOR),
         DETECTOR,
         RUNTIME,
-        defaults={"n_components": 5, "prior_strength": None, "max_iter": 20},
+        defaults={"n_components": 5, "max_iter": 20},
         docs={
             "max_iter": "The ranking of the rows settles in 10-20 rounds, long before the "
             "log-likelihood (``docs/low_rank.md``); raise it to run EM to ``tol``.",
-            "prior_strength": "Here the prior is on the noise variances ``psi`` only (the "
-            "loadings are maximum likelihood).",
-            "aggregation": 'Here ``"sum"`` or ``"trimmed"``, which makes every round robust '
-            "to a lying client: the sketches and factor statistics are combined per "
-            "component as federated EM's statistics are.",
         },
         positional=2,
     )
 
+    def __init__(
+        self,
+        n_components=5,
+        n_factors="auto",
+        *,
+        isotropic=True,
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=20,
+        init_params="kmeans",
+        initialisation=None,
+        prior=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.n_factors = n_factors
+        self.isotropic = isotropic
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.prior = prior
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
     def max_fit_rounds(self, n_features: int | None = None) -> int:
-        """Most rounds ``fit`` can run: the moments round (with ``standardize`` or the
+        """Most rounds ``fit`` can run: the moments round (with ``Prior.standardize`` or the
         prior), the k-means rounds, the start round and ``max_iter`` EM rounds."""
         return FederatedFactorEM(1, 1, **self._round_settings()).max_rounds
 
     def _round_settings(self) -> dict:
         """The settings that decide how many rounds the algorithm runs."""
+        prior = self._option("prior")
         return {
             "init_params": self.init_params,
-            "kmeans_rounds": self.kmeans_rounds,
+            "kmeans_rounds": self._option("initialisation").kmeans_rounds,
             "max_iter": self.max_iter,
-            "standardize": self.standardize,
-            "prior_strength": None if self.prior_strength is None else 1.0,
+            "standardize": prior.standardize,
+            "prior_strength": None if prior.strength is None else 1.0,
         }
 
     # -------------------------------------------------------------- fitting

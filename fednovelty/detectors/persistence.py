@@ -53,6 +53,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from fednovelty.detectors._saved_params import (
+    constructor_params,
+    current_params,
+    jsonable,
+    restore,
+)
 from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.mixtures.pca import PCAProjection
@@ -76,37 +82,6 @@ def register(cls: type) -> type:
     return cls
 
 
-def _jsonable(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple | list):
-        return [_jsonable(v, f"{name}.{i}", tensors) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, f"{name}.{k}", tensors) for k, v in value.items()}
-    if isinstance(value, np.ndarray | torch.Tensor):
-        key = f"param.{name}"
-        tensors[key] = torch.as_tensor(np.asarray(value)).contiguous()
-        return {"__tensor__": key}
-    if isinstance(value, torch.device | torch.dtype):
-        return str(value).replace("torch.", "")
-    # e.g. a numpy RandomState: not representable; the fitted model does not need it.
-    return None
-
-
-def _restore(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    """A JSON value with ``{"__tensor__": key}`` replaced by that tensor as a numpy array."""
-    if isinstance(value, dict) and set(value) == {"__tensor__"}:
-        key = value["__tensor__"]
-        if not isinstance(key, str) or key not in tensors:
-            raise ModelFormatError(f"{where} refers to a tensor {key!r} that the file lacks.")
-        return tensors[key].numpy()
-    if isinstance(value, list):  # e.g. dp_bounds: (low, high) arrays
-        return [_restore(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
 def build_document(
     detector, tensors: dict[str, torch.Tensor], attrs: dict
 ) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -114,7 +89,7 @@ def build_document(
     ``save_detector`` writes for ``detector``."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     params = {
-        name: _jsonable(value, name, tensors)
+        name: jsonable(value, name, tensors)
         for name, value in detector.get_params(deep=False).items()
     }
     document = {
@@ -122,7 +97,7 @@ def build_document(
         "format_version": FORMAT_VERSION,
         "class": type(detector).__name__,
         "params": params,
-        "attrs": _jsonable(attrs, "attrs", tensors),
+        "attrs": jsonable(attrs, "attrs", tensors),
     }
     return document, tensors
 
@@ -225,12 +200,15 @@ def load(path: str | os.PathLike, expected: type | None = None):
     cls = REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ModelFormatError(f"{path!r} holds an unknown detector class {name!r}.")
+    fields = tensors
+    params = document.get("params")
+    if isinstance(params, dict):  # settings under today's names (older layouts)
+        params, fields = current_params(cls, dict(params), fields)
+        document = {**document, "params": params}
     upgrade = getattr(cls, "_upgrade_document", None)
     if upgrade is not None:  # a file of an older layout of this class
-        cls, document, fields = upgrade(document, tensors)
+        cls, document, fields = upgrade(document, fields)
         name = cls.__name__
-    else:
-        fields = tensors
     if expected is not None and not issubclass(cls, expected):
         raise ModelFormatError(
             f"{path!r} holds a {name}, not a {expected.__name__}; use "
@@ -253,19 +231,18 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
     for key, value in (("params", params), ("attrs", attrs)):
         if not isinstance(value, dict):
             raise ModelFormatError(f"'{key}' must be a JSON object, got {type(value).__name__}.")
-    params = current_names(params, getattr(cls, "_renamed_params", {}))
     known = cls().get_params(deep=False)
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ModelFormatError(f"unknown setting(s) {unknown} for {cls.__name__}.")
-    params = {k: _restore(v, tensors, f"params[{k!r}]") for k, v in params.items()}
+    params = constructor_params(cls, params, tensors)
     legacy = getattr(cls, "_legacy_params", {})  # a newer setting's value in older files
     detector = cls(**{**{k: v for k, v in legacy.items() if k not in params}, **params})
     try:
         detector._validate_params()
     except ValueError as error:
         raise ModelFormatError(f"invalid setting: {error}") from None
-    attrs = {k: _restore(v, tensors, f"attrs[{k!r}]") for k, v in attrs.items()}
+    attrs = {k: restore(v, tensors, f"attrs[{k!r}]") for k, v in attrs.items()}
     try:
         detector._set_state(tensors, attrs)
     finally:
@@ -277,17 +254,6 @@ def _build(cls: type, document: dict, tensors: dict[str, torch.Tensor]):
     _check_same_keys("tensor", set(tensors), set(again_tensors))
     _check_same_keys("attribute", set(attrs), set(again["attrs"]))
     return detector
-
-
-def current_names(params: dict, renamed: dict[str, str]) -> dict:
-    """Saved settings ``params`` under their current names: ``renamed`` maps a setting's
-    older name to its new one (it may swap names, ``{"a": "b", "c": "a"}``). A file that
-    holds a new name no older name uses was written with the current names and is read as
-    it is."""
-    fresh = set(renamed.values()) - set(renamed)
-    if fresh & set(params):
-        return dict(params)
-    return {renamed.get(k, k): v for k, v in params.items()}
 
 
 def _check_same_keys(kind: str, found: set[str], expected: set[str]) -> None:

@@ -24,22 +24,22 @@ from sklearn.utils._param_validation import StrOptions
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
-    DP_LEARNERS,
+    DP,
+    DP_SGD,
     EM,
-    INIT,
+    INIT_PARAMS,
+    KMEANS_START,
     LEARNER,
     LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
-    PRIVACY,
-    ROBUST,
     RUNTIME,
-    SAMPLING,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.joint import JointModelDetector
+from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
 from fednovelty.federated.joint_models.pfedem import (
     ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,
@@ -95,24 +95,81 @@ class PFedEMDetector(JointModelDetector):
         ),
         LEARNER_CHOICE,
         *LEARNER,
-        ROBUST,
         EM,
-        INIT,
+        INIT_PARAMS,
+        option(Initialisation, fields=KMEANS_START),
         PCA,
-        SAMPLING,
-        PRIVACY,
-        DIFFERENTIAL_PRIVACY,
-        DP_LEARNERS,
+        option(ClientSampling),
+        option(
+            Robustness,
+            docs={
+                "aggregation": '``"trimmed"`` reads the paper\'s replies as statistics and '
+                "trims them."
+            },
+        ),
+        option(Privacy, fields=(*DP, *DP_SGD)),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 2, "learning_rate": 0.5, "covariance_type": "diag"},
         docs={
             "n_components": "K Gaussians, and as many sub-models.",
             "covariance_type": 'The paper\'s is ``"diag"``; ``"exact"`` takes any type.',
-            "aggregation": '``"trimmed"`` reads the paper\'s replies as statistics and trims them.',
         },
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=2,
+        *,
+        gaussian_aggregation="paper",
+        estep_start="kept",
+        submodel_weights="counts",
+        learner="linear",
+        local_epochs=5,
+        learning_rate=0.5,
+        batch_size=32,
+        optimizer="sgd",
+        covariance_type="diag",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        init_params="kmeans",
+        initialisation=None,
+        pca_components="auto",
+        sampling=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.gaussian_aggregation = gaussian_aggregation
+        self.estep_start = estep_start
+        self.submodel_weights = submodel_weights
+        self.learner = learner
+        self.local_epochs = local_epochs
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.pca_components = pca_components
+        self.sampling = sampling
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     @property
     def _n_learners(self) -> int:

@@ -47,17 +47,19 @@ from fednovelty.detectors._em_detector import EMDetector
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
-    INIT,
+    FLOOR,
+    INIT_PARAMS,
+    KMEANS_START,
     N_COMPONENTS,
-    PRIVACY,
-    ROBUST,
     RUNTIME,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
+from fednovelty.detectors.options import Initialisation, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -168,15 +170,63 @@ class StreamingFedGMMDetector(EMDetector):
             "estimator",
         ),
         EM,
-        INIT,
-        ROBUST,
-        PRIVACY,
+        INIT_PARAMS,
+        option(Initialisation, fields=KMEANS_START),
+        option(Robustness),
+        option(Privacy, fields=FLOOR),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 8},
         docs={"n_components": "K Gaussians shared by all clients."},
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=8,
+        *,
+        rho=0.9,
+        window_rounds=1,
+        far_quantile=0.999,
+        birth_share=0.05,
+        false_alarm_rate=0.01,
+        cusum_k=0.5,
+        global_alarm_share=0.5,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        init_params="kmeans",
+        initialisation=None,
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.rho = rho
+        self.window_rounds = window_rounds
+        self.far_quantile = far_quantile
+        self.birth_share = birth_share
+        self.false_alarm_rate = false_alarm_rate
+        self.cusum_k = cusum_k
+        self.global_alarm_share = global_alarm_share
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- first window
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

@@ -59,20 +59,19 @@ from fednovelty.detectors._dp import (
 )
 from fednovelty.detectors._params import (
     DETECTOR,
-    DIFFERENTIAL_PRIVACY,
+    DP,
     EM,
-    INIT,
+    INIT_PARAMS,
     N_COMPONENTS,
     PCA,
-    PRIVACY,
-    ROBUST,
     RUNTIME,
-    START,
-    VB_PRIORS,
+    WEIGHT_PRIORS,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import MixtureDetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     get_tensor,
     iteration_record,
@@ -94,64 +93,21 @@ from fednovelty.mixture.vb_predictive import (
 )
 from fednovelty.mixture.vb_prior import InvalidPriorError, VBPrior
 
-#: The prior mean of the Gaussian-Wishart prior (scikit-learn's name).
-MEAN_PRIOR = Param(
-    "mean_prior",
-    None,
-    ["array-like", None],
-    "(n_features,) the means' prior mean (``None``: the pooled mean, one extra round).",
-)
-#: The Wishart's scale (scikit-learn's ``covariance_prior``); checked in fit, by shape.
-COVARIANCE_PRIOR = Param(
-    "covariance_prior",
-    None,
-    ["array-like", Real, None],
-    "the Wishart's ``W_0^-1``: (n_features, n_features) for full/tied, (n_features,) for "
-    "diag, a float for spherical (``None``: the pooled covariance, its diagonal, or the "
-    "mean of its diagonal; one extra round).",
-)
 #: The Wishart prior's default target, as a multiple of each feature's pooled variance.
 VB_PRIOR_SCALE = 1.0
 
 
-def _auto_dof(value, n_features: int) -> float | None:
-    """``prior_strength="auto"`` -> ``n_features + 2`` pseudo-rows (the Wishart's degrees of
-    freedom); a number or None as is."""
-    return n_features + 2.0 if value == "auto" else value
+#: What the prior's fields mean for the variational mixture (``docs/variational.md``): its
+#: robust defaults are federated standardisation and a Wishart prior of ``strength``
+#: pseudo-rows at ``scale`` x the pooled variance of each feature (the covariance prior of
+#: federated EM on the Wishart's terms).
+VB_PRIOR_DOCS = {
+    "standardize": "Here one extra ``moments`` round; the posterior and its scores stay in "
+    "the original units.",
+    "strength": "Here the Wishart's pseudo-rows.",
+}
 
 
-#: Robust defaults of the variational mixture (``docs/variational.md``): federated
-#: standardisation and a Wishart prior of pseudo-rows at ``prior_scale`` x the pooled
-#: variance of each feature (the covariance prior of federated EM on the Wishart's terms).
-VB_ROBUST = (
-    Param(
-        "standardize",
-        True,
-        ["boolean"],
-        "fit on federated z-scores of the features (one extra ``moments`` round; the "
-        "posterior and its scores stay in the original units); ``False`` fits the raw "
-        "features.",
-    ),
-    Param(
-        "prior_strength",
-        "auto",
-        [StrOptions({"auto"}), Interval(Real, 0.0, None, closed="neither"), None],
-        "the Wishart's pseudo-rows: ``degrees_of_freedom_prior`` defaults to it and "
-        "``covariance_prior`` to it times ``prior_scale`` times each feature's pooled "
-        "variance (diagonal), so a component backed by few rows is pulled towards that "
-        'covariance; ``"auto"`` is ``n_features + 2``; ``None``: scikit-learn\'s defaults '
-        "(``n_features`` and the pooled covariance). A given ``degrees_of_freedom_prior`` or "
-        "``covariance_prior`` wins.",
-        convert=_auto_dof,
-    ),
-    Param(
-        "prior_scale",
-        VB_PRIOR_SCALE,
-        [Interval(Real, 0.0, None, closed="neither")],
-        "the Wishart prior's target covariance as a multiple of each feature's pooled "
-        "variance (with ``prior_strength``).",
-    ),
-)
 #: Which components count as effective (every variational mixture).
 WEIGHT_THRESHOLD = Param(
     "weight_threshold",
@@ -185,7 +141,14 @@ MATCH_THRESHOLD = Param(
 #: ``match_threshold`` too), and those only the exact one takes (its initialisation:
 #: one-shot clients start from local k-means).
 _ONE_SHOT_ONLY = ("posterior_aggregation", "match_threshold")
-_EXACT_ONLY = tuple(p.name for p in (*INIT, *START))
+_EXACT_ONLY = (
+    "init_params",
+    "kmeans_rounds",
+    "subset_size",
+    "weights_init",
+    "means_init",
+    "precisions_init",
+)
 
 #: The posterior's tensors ``save`` writes (``posterior.<name>``).
 POSTERIOR_TENSORS = (
@@ -242,12 +205,10 @@ class FedVBDetector(MixtureDetector):
     _pca_front_end = True
     _params = declare(
         N_COMPONENTS,
-        VB_PRIORS,
-        MEAN_PRIOR,
-        COVARIANCE_PRIOR,
+        WEIGHT_PRIORS,
         EM,
-        INIT,
-        START,
+        INIT_PARAMS,
+        option(Initialisation),
         Param(
             "density",
             "predictive",
@@ -259,11 +220,18 @@ class FedVBDetector(MixtureDetector):
         WEIGHT_THRESHOLD,
         POSTERIOR_MERGE,
         MATCH_THRESHOLD,
-        VB_ROBUST,
-        ROBUST,
-        PRIVACY,
-        DIFFERENTIAL_PRIVACY,
+        option(Prior, auto={"scale": VB_PRIOR_SCALE}, docs=VB_PRIOR_DOCS),
         PCA,
+        option(
+            Robustness,
+            docs={
+                "aggregation": 'Exact fit: ``"sum"`` or ``"trimmed"`` (trimmed statistics and '
+                'a robust k-means round); one-shot fits: also ``"median"``; ``"trimmed"`` and '
+                '``"median"`` leave the most outlying client posteriors out and count every '
+                "client as the typical client's rows."
+            },
+        ),
+        option(Privacy, fields=DP),
         DETECTOR,
         RUNTIME,
         defaults={"n_components": 10},
@@ -276,50 +244,98 @@ class FedVBDetector(MixtureDetector):
             "(``match_threshold``), combined by natural-parameter averaging and refined on "
             "the server (100 iterations at most on the clients' component statistics), the exact "
             'rounds continuing from it (``covariance_type`` not ``"tied"``, no '
-            "``dp_epsilon``, no ``*_init``).",
-            "aggregation": 'Exact fit: ``"sum"`` or ``"trimmed"`` (trimmed statistics and a '
-            'robust k-means round); one-shot fits: also ``"median"``; ``"trimmed"`` and '
-            '``"median"`` leave the most outlying client posteriors out and count every '
-            "client as the typical client's rows.",
+            "``privacy.epsilon``, no ``*_init``).",
         },
         positional=1,
     )
+
+    def __init__(
+        self,
+        n_components=10,
+        *,
+        weight_concentration_prior_type="dirichlet_process",
+        weight_concentration_prior=None,
+        covariance_type="full",
+        reg_covar=1e-06,
+        tol=0.001,
+        max_iter=100,
+        init_params="kmeans",
+        initialisation=None,
+        density="predictive",
+        weight_threshold=0.01,
+        posterior_merge="exact",
+        match_threshold=0.5,
+        prior=None,
+        pca_components="auto",
+        robustness=None,
+        privacy=None,
+        contamination=0.1,
+        random_state=None,
+        device=None,
+        dtype="float64",
+        progress=False,
+    ) -> None:
+        self.n_components = n_components
+        self.weight_concentration_prior_type = weight_concentration_prior_type
+        self.weight_concentration_prior = weight_concentration_prior
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.tol = tol
+        self.max_iter = max_iter
+        self.init_params = init_params
+        self.initialisation = initialisation
+        self.density = density
+        self.weight_threshold = weight_threshold
+        self.posterior_merge = posterior_merge
+        self.match_threshold = match_threshold
+        self.prior = prior
+        self.pca_components = pca_components
+        self.robustness = robustness
+        self.privacy = privacy
+        self.contamination = contamination
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- priors
     def _check_priors(self, n_features: int) -> None:
         """InvalidPriorError naming the argument for a prior that is not a proper
         distribution on ``n_features`` features (before any round runs)."""
-        for name in ("weight_concentration_prior", "mean_precision_prior"):
-            value = getattr(self, name)
+        prior = self._option("prior")
+        for name, value in (
+            ("weight_concentration_prior", self.weight_concentration_prior),
+            ("prior.mean_precision", prior.mean_precision),
+        ):
             if value is not None and not (math.isfinite(float(value)) and float(value) > 0):
                 raise InvalidPriorError(
                     f"{name} must be a finite number > 0, got {value!r}; leave it None for "
                     "scikit-learn's default."
                 )
-        dof = self.degrees_of_freedom_prior
+        dof = prior.degrees_of_freedom
         if dof is not None and not (math.isfinite(float(dof)) and float(dof) > n_features - 1):
             raise InvalidPriorError(
-                f"degrees_of_freedom_prior must be > n_features - 1 = {n_features - 1}, got "
+                f"prior.degrees_of_freedom must be > n_features - 1 = {n_features - 1}, got "
                 f"{dof!r}; use n_features ({n_features}) or more, or None."
             )
         like = {"dtype": torch.float64}
         mean = torch.zeros(n_features, **like)
-        if self.mean_prior is not None:
-            mean = torch.as_tensor(np.asarray(self.mean_prior, dtype=np.float64))
+        if prior.mean is not None:
+            mean = torch.as_tensor(np.asarray(prior.mean, dtype=np.float64))
             if tuple(mean.shape) != (n_features,) or not bool(torch.isfinite(mean).all()):
                 raise InvalidPriorError(
-                    f"mean_prior must be a finite vector of shape ({n_features},), got shape "
+                    f"prior.mean must be a finite vector of shape ({n_features},), got shape "
                     f"{tuple(mean.shape)}."
                 )
         shape = covariance_shape(self.covariance_type, 1, n_features)[1:]
         if self.covariance_type == "tied":
             shape = (n_features, n_features)
         covariance = torch.eye(n_features, **like) if len(shape) == 2 else torch.ones(shape, **like)
-        if self.covariance_prior is not None:
-            covariance = torch.as_tensor(np.asarray(self.covariance_prior, dtype=np.float64))
+        if prior.covariance is not None:
+            covariance = torch.as_tensor(np.asarray(prior.covariance, dtype=np.float64))
             if tuple(covariance.shape) != shape:
                 raise InvalidPriorError(
-                    f"covariance_prior for covariance_type={self.covariance_type!r} must have "
+                    f"prior.covariance for covariance_type={self.covariance_type!r} must have "
                     f"shape {shape}, got {tuple(covariance.shape)}."
                 )
         try:  # what VBPrior checks beyond the above: finite, positive (definite), symmetric
@@ -333,7 +349,7 @@ class FedVBDetector(MixtureDetector):
                 self.covariance_type,
             )
         except InvalidPriorError as error:
-            raise InvalidPriorError(f"covariance_prior: {error}") from None
+            raise InvalidPriorError(f"prior.covariance: {error}") from None
 
     # -------------------------------------------------------------- fitting
     def _vb_settings(self, n_features: int, seed: int) -> tuple[dict, dict, dict]:
@@ -378,17 +394,18 @@ class FedVBDetector(MixtureDetector):
             privacy = self._privacy_policy()
             not_converged = "A client's local variational fit did not converge in {} iterations"
         else:
-            if self.aggregation == "median":
+            if self._option("robustness").aggregation == "median":
                 raise ValueError(
-                    "aggregation='median' is a one-shot option (posterior_merge 'natural' or "
-                    "'moment'); the exact fit (posterior_merge='exact') has 'sum' and 'trimmed'."
+                    "robustness.aggregation='median' is a one-shot option (posterior_merge "
+                    "'natural' or 'moment'); the exact fit (posterior_merge='exact') has 'sum' "
+                    "and 'trimmed'."
                 )
             plan = dp_plan(
                 self,
                 n_features,
                 len(clients),
                 lambda private: FederatedVB(**common, **exact, **private).max_rounds,
-                standardized=self.standardize,
+                standardized=self._option("prior").standardize,
             )
             plan, box = run_private_bounds(self, plan, clients, seed)
             algorithm = FederatedVB(**common, **exact, **(plan.settings if plan else {}))
@@ -421,18 +438,20 @@ class FedVBDetector(MixtureDetector):
 
     def _check_one_shot(self) -> None:
         """ValueError naming the setting a one-shot fit cannot take."""
-        if getattr(self, "dp_epsilon", None) is not None:
+        if self._option("privacy").epsilon is not None:
             raise ValueError(
                 f"posterior_merge={self.posterior_merge!r} (one shot) sends each client's "
                 "local posterior, which has no private form; use posterior_merge='exact' "
-                "with dp_epsilon."
+                "with privacy.epsilon."
             )
-        given = ("weights_init", "means_init", "precisions_init")
-        if self.init_params != "kmeans" or any(getattr(self, n) is not None for n in given):
+        start = self._option("initialisation")
+        given = (start.weights_init, start.means_init, start.precisions_init)
+        if self.init_params != "kmeans" or any(value is not None for value in given):
             raise ValueError(
                 f"posterior_merge={self.posterior_merge!r} (one shot) initialises each client's "
-                "fit with local k-means: use init_params='kmeans' and leave weights_init, "
-                "means_init and precisions_init unset, or posterior_merge='exact'."
+                "fit with local k-means: use init_params='kmeans' and leave the "
+                "initialisation's weights_init, means_init and precisions_init unset, or "
+                "posterior_merge='exact'."
             )
         if self.covariance_type == "tied":
             raise ValueError(

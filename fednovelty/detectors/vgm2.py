@@ -39,18 +39,17 @@ from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._dp import DPPlan, RoundCost, privacy_record
 from fednovelty.detectors._params import (
     BATCH_SIZE,
-    DIFFERENTIAL_PRIVACY,
-    DP_LEARNERS,
+    DP_SGD,
     LEARNING_RATE,
     LOCAL_EPOCHS,
-    PRIVACY,
-    ROBUST,
     ROUNDS,
     RUNTIME,
     Param,
     declare,
+    option,
 )
 from fednovelty.detectors.base import labelled_tensors
+from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -87,9 +86,6 @@ _POSITIVE = [Interval(Real, 0.0, None, closed="neither")]
 _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
 #: the differential-privacy parameters VGM2 reads (it releases no row statistics: no
 #: public bounds, no row clipping).
-_DP_PARAMS = tuple(
-    p for p in DIFFERENTIAL_PRIVACY if p.name in ("dp_epsilon", "dp_delta", "dp_mode")
-)
 #: what one round of a private fit spends of a client's budget: the row count's histogram
 #: and ``steps`` DP-SGD steps (no summed statistics).
 _PRIVATE_HISTOGRAMS = 1
@@ -227,7 +223,14 @@ class VGM2Classifier(FederatedClassifier):
             'how the server combines the clients\' markers: ``"moment"`` (moment matching, '
             'Prop. 1) or ``"natural"`` (natural-parameter averaging, Sec. 3.5).',
         ),
-        ROBUST,
+        option(
+            Robustness,
+            docs={
+                "aggregation": "The FedAvg baseline's encoders and heads; the other methods "
+                'take ``"sum"`` only.'
+            },
+            settings={"aggregation": "robust_aggregation"},
+        ),
         Param(
             "prediction",
             "nearest",
@@ -237,31 +240,87 @@ class VGM2Classifier(FederatedClassifier):
             "``top_m`` largest ``pi_1``); read at prediction time too.",
         ),
         Param("top_m", 5, _POSITIVE_INT, "rows (or ``pi_1`` values) ``prediction`` reads."),
-        PRIVACY,
-        _DP_PARAMS,
-        DP_LEARNERS,
+        option(
+            Privacy,
+            fields=("min_rows", "epsilon", "delta", "mode", *DP_SGD),
+            auto={"learner_share": 0.9},
+            docs={
+                "epsilon": "VGM2, FedAvg and Local (the prototype baseline has no private "
+                "form); every client's budget covers all ``rounds``. VGM2 trains without its "
+                "calibration and UMAP terms under DP.",
+                "learner_share": "The rest goes to the noisy row count of every reply.",
+            },
+        ),
         RUNTIME,
-        defaults={
-            "local_epochs": 8,
-            "batch_size": 64,
-            "dtype": "float32",
-            "dp_learner_share": 0.9,
-        },
+        defaults={"local_epochs": 8, "batch_size": 64, "dtype": "float32"},
         docs={
             "rounds": "The paper: 100.",
             "local_epochs": "Each time the client is sampled (the paper: 8).",
             "batch_size": "At least 2.",
             "learning_rate": "Adam's, for the networks.",
-            "aggregation": "The FedAvg baseline's encoders and heads; the other methods take "
-            '``"sum"`` only.',
-            "dp_epsilon": "VGM2, FedAvg and Local (the prototype baseline has no private "
-            "form); every client's budget covers all ``rounds``. VGM2 trains without its "
-            "calibration and UMAP terms under DP.",
-            "dp_learner_share": "The rest goes to the noisy row count of every reply.",
         },
-        settings={"posterior_merge": "aggregation", "aggregation": "robust_aggregation"},
+        settings={"posterior_merge": "aggregation"},
         positional=2,
     )
+
+    def __init__(
+        self,
+        method="vgm2",
+        n_markers=3,
+        *,
+        embedding_dim=16,
+        hidden=128,
+        rounds=100,
+        clients_per_round=2,
+        local_epochs=8,
+        batch_size=64,
+        learning_rate=0.001,
+        marker_learning_rate=0.01,
+        umap_weight=1.0,
+        similarity_weight=1.0,
+        calibration_weight=1.0,
+        kl_weight=0.01,
+        prototype_weight=1.0,
+        train_encoder=True,
+        n_neighbors=15,
+        min_dist=0.1,
+        posterior_merge="moment",
+        robustness=None,
+        prediction="nearest",
+        top_m=5,
+        privacy=None,
+        random_state=None,
+        device=None,
+        dtype="float32",
+        progress=False,
+    ) -> None:
+        self.method = method
+        self.n_markers = n_markers
+        self.embedding_dim = embedding_dim
+        self.hidden = hidden
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.marker_learning_rate = marker_learning_rate
+        self.umap_weight = umap_weight
+        self.similarity_weight = similarity_weight
+        self.calibration_weight = calibration_weight
+        self.kl_weight = kl_weight
+        self.prototype_weight = prototype_weight
+        self.train_encoder = train_encoder
+        self.n_neighbors = n_neighbors
+        self.min_dist = min_dist
+        self.posterior_merge = posterior_merge
+        self.robustness = robustness
+        self.prediction = prediction
+        self.top_m = top_m
+        self.privacy = privacy
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
@@ -291,27 +350,28 @@ class VGM2Classifier(FederatedClassifier):
         self._set_privacy_spent(plan)
 
     def _dp_plan(self) -> DPPlan | None:
-        """The fit's :func:`vgm2_dp_plan`, or ``None`` without ``dp_epsilon``: every round
-        runs ``ceil(local_epochs / dp_sample_rate)`` DP-SGD steps."""
-        if self.dp_epsilon is None:
+        """The fit's :func:`vgm2_dp_plan`, or ``None`` without ``privacy.epsilon``: every
+        round runs ``ceil(local_epochs / privacy.sample_rate)`` DP-SGD steps."""
+        privacy = self._option("privacy")
+        if privacy.epsilon is None:
             return None
-        rate = float(self.dp_sample_rate)
+        rate = float(privacy.sample_rate)
         return vgm2_dp_plan(
-            float(self.dp_epsilon),
-            float(self.dp_delta),
-            self.dp_mode,
+            float(privacy.epsilon),
+            float(privacy.delta),
+            privacy.mode,
             int(self.rounds),
             steps_for_epochs(int(self.local_epochs), rate),
             rate,
-            float(self.dp_sgd_clip),
-            float(self.dp_learner_share),
+            float(privacy.sgd_clip),
+            float(privacy.learner_share),
             self.n_clients_,
             float(self.batch_size),
         )
 
     def _set_privacy_spent(self, plan: DPPlan | None) -> None:
         """``privacy_spent_`` from ``history_``: every round that ran spent one histogram
-        and the plan's DP-SGD steps (removed after a fit without ``dp_epsilon``)."""
+        and the plan's DP-SGD steps (removed after a fit without ``privacy.epsilon``)."""
         if plan is None:
             if hasattr(self, "privacy_spent_"):
                 del self.privacy_spent_
@@ -324,7 +384,8 @@ class VGM2Classifier(FederatedClassifier):
         return VGM2_ALGORITHMS[self.method]
 
     def _config(self, n_features: int, n_classes: int, seed: int) -> EncoderSettings:
-        dp_mode = None if self.dp_epsilon is None else self.dp_mode
+        privacy = self._option("privacy")
+        dp_mode = None if privacy.epsilon is None else privacy.mode
         config_class = self._algorithm_class().config_class
         return config_class(
             **self._settings(n_features, config=config_class),

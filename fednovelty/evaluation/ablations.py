@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fednovelty.detectors.options import Prior
 from fednovelty.methods import METHODS, Method, check_known
 
 __all__ = [
@@ -46,9 +47,9 @@ __all__ = [
 
 #: Ablation -> the detector settings it runs a method with (see the module doc).
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "plain": {"standardize": False, "prior_strength": None},
-    "std": {"prior_strength": None},
-    "prior": {"standardize": False},
+    "plain": {"prior": Prior(standardize=False, strength=None)},
+    "std": {"prior": Prior(strength=None)},
+    "prior": {"prior": Prior(standardize=False)},
 }
 #: What each ablation switches off, for descriptions.
 ABLATION_TEXT = {
@@ -91,9 +92,21 @@ def _parameters(method: Method) -> tuple[str, ...]:
     return method.parameters()
 
 
+@functools.lru_cache(maxsize=256)
+def _reads(method: Method, ablation: str) -> bool:
+    """Whether ``method``'s detector reads the fields ``ablation`` sets of its options (a
+    field it does not read is refused by its parameter check)."""
+    try:
+        method.build(**ABLATIONS[ablation])._validate_params()
+    except ValueError:
+        return False
+    return True
+
+
 def takes_ablation(method: Method, ablation: str) -> bool:
-    """Whether ``method``'s detector has every setting of ``ablation`` and fixes none."""
-    return set(ABLATIONS[ablation]) <= set(_parameters(method))
+    """Whether ``method``'s detector has every setting of ``ablation`` (reads the fields it
+    sets) and fixes none."""
+    return set(ABLATIONS[ablation]) <= set(_parameters(method)) and _reads(method, ablation)
 
 
 def ablated(method: Method, ablation: str) -> Method:

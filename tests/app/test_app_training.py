@@ -29,6 +29,7 @@ from fednovelty_app.training import (
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 from fednovelty.detectors import JointFedGMMDetector
+from fednovelty.detectors.options import Initialisation
 from fednovelty.methods import get_method, method_names
 
 FEDERATED = federated_choices()
@@ -88,7 +89,7 @@ def test_every_method_builds_a_detector(method):
     if method in ("FedGMM", "DEM", "CentralGMM"):  # the page's EM rounds
         assert (detector.n_components, detector.max_iter, detector.tol) == (2, 7, 1e-3)
         assert detector.mixture_weights == ("personal" if method == "FedGMM" else "global")
-        assert detector.privacy_min_rows == (1 if method == "CentralGMM" else 5)
+        assert detector._option("privacy").min_rows == (1 if method == "CentralGMM" else 5)
     if method in ("FedGenGMM", "Local"):  # EM within each client: at least 100 iterations
         assert detector.max_iter == 100
     assert fits_locally(method) == (method in ("FedGenGMM", "Local"))
@@ -161,7 +162,10 @@ def test_fit_reports_every_round_from_the_detector_hook():
 
 
 def test_max_rounds_of_each_detector():
-    assert max_rounds(FedGMMDetector(2, max_iter=30, kmeans_rounds=10)) == 41
+    assert (
+        max_rounds(FedGMMDetector(2, max_iter=30, initialisation=Initialisation(kmeans_rounds=10)))
+        == 41
+    )
     assert max_rounds(FedGMMDetector(2, max_iter=30, init_params="subset")) == 32
     assert max_rounds(FedGMMDetector(2, max_iter=30, pca_components=2)) == 43
     assert max_rounds(FedGenGMMDetector()) == max_rounds(LocalGMMDetector()) == 1

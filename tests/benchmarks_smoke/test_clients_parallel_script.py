@@ -23,7 +23,7 @@ def test_femnist_paper_scale_preset_is_the_papers(benchmark_script):
     assert (params["n_components"], params["n_learners"]) == (3, 3)
     assert params["learning_rate"] == 0.001
     model = script.make_model("FedGMM", script.Settings(8, 2, (0,), batch_clients=False), 0)
-    assert model.get_params()["batch_clients"] is False
+    assert model.get_params()["sampling__batch_clients"] is False
 
 
 def test_device_checks_quick_run_reports_rounds_and_projection(benchmark_script):

@@ -15,6 +15,7 @@ from sklearn.decomposition import PCA
 from fednovelty.datasets import load_mnist, scale_images
 from fednovelty.datasets import protocols as protocols_module
 from fednovelty.datasets.protocols import make_task
+from fednovelty.detectors.options import Privacy
 from fednovelty.evaluation.ablations import ABLATIONS, resolve_method
 from fednovelty.methods import METHODS
 
@@ -65,16 +66,16 @@ def test_paper_tasks_and_detectors_on_are_undone_on_exit(benchmark_script):
         task = protocols_module.make_task("digits", n_clients=3, alpha=1.0, seed=0)
         assert task.y_test.mean() == pytest.approx(0.1, abs=0.01)
     assert script.ablation_names(["FedGenGMM"], [script.ABLATION]) == ["FedGenGMM-plain"]
-    with script.detectors_on(["FedGenGMM", "CentralGMM"], "cpu", privacy_min_rows=1):
+    with script.detectors_on(["FedGenGMM", "CentralGMM"], "cpu", privacy=Privacy(min_rows=1)):
         # the runner builds the plain ablations from the methods the script changed
         plain = resolve_method("FedGenGMM-plain")
         params = plain.build(n_components=2).get_params()
-        assert (params["device"], params["privacy_min_rows"]) == ("cpu", 1)
+        assert (params["device"], params["privacy__min_rows"]) == ("cpu", 1)
         assert {k: params[k] for k in ABLATIONS["plain"]} == ABLATIONS["plain"]
         central = resolve_method("CentralGMM-plain").build(n_components=2).get_params()
-        assert central["device"] == "cpu"  # built: its fixed privacy_min_rows not passed
+        assert central["device"] == "cpu"  # built: its fixed privacy not passed
     assert protocols_module.make_task is original and METHODS["FedGenGMM"] is method
-    assert resolve_method("FedGenGMM-plain").build().get_params()["privacy_min_rows"] == 5
+    assert resolve_method("FedGenGMM-plain").build().get_params()["privacy"] is None
     with script.paper_tasks(script.SETTINGS["ours"]):
         assert protocols_module.make_task is original  # ours: make_task's own tasks
     with pytest.raises(ValueError, match="device must be one of"):
@@ -87,7 +88,7 @@ def test_fedgengmm_settings_and_scales(benchmark_script):
     paper, ours = script.SETTINGS["paper"], script.SETTINGS["ours"]
     assert (paper.covariance_type, paper.novel_share, paper.paper_mnist_ood) == ("diag", 0.1, True)
     assert (paper.k_of("10_cover:noise"), paper.k_of("mnist")) == (15, 30)
-    assert paper.detector_params == {"privacy_min_rows": 1} and ours.detector_params == {}
+    assert paper.detector_params == {"privacy": Privacy(min_rows=1)} and not ours.detector_params
     assert (ours.covariance_type, ours.novel_share, ours.k_of("10_cover:noise")) == (
         "full",
         None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fednovelty.detectors.options import Initialisation
 from fednovelty.methods import METHODS
 
 #: settings that keep a fit short, applied where the estimator has them.
@@ -20,8 +21,9 @@ FAST = {
     "hidden": 8,
     "embedding_dim": 2,
     "n_clusters": 2,
-    "kmeans_rounds": 3,
 }
+#: ... and the k-means start's rounds, where the estimator takes an initialisation.
+FAST_START = {"kmeans_rounds": 3}
 COLUMNS = ["a", "b", "c"]
 #: names of every estimator: the registry's (not PyOD's) and those it does not list.
 NAMES = [name for name, m in METHODS.items() if m.kind != "pyod"] + ["StreamingFedGMM"]
@@ -39,7 +41,10 @@ def build(name: str, **params):
         shared = {"n_components": 2, "client_components": 2, "random_state": 0}
         detector = method.build(**method.shared_params(**shared), **params)
     names = detector.get_params(deep=False)
-    return detector.set_params(**{k: v for k, v in FAST.items() if k in names})
+    fast = {k: v for k, v in FAST.items() if k in names}
+    if "initialisation" in names and "initialisation" not in params:
+        fast["initialisation"] = Initialisation(**FAST_START)
+    return detector.set_params(**fast)
 
 
 def labelled(name: str) -> bool:

@@ -12,6 +12,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import fednovelty
 from fednovelty import ClusteredFLClassifier
+from fednovelty.detectors.options import Privacy
 from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.methods import get_method, method_names
 
@@ -136,7 +137,7 @@ def test_a_damaged_state_is_named(fitted) -> None:
 def test_a_client_below_its_privacy_floor_gets_no_cluster(data) -> None:
     (X, y, groups, _), _ = data
     keep = (groups != "c0") | (np.arange(len(X)) % 80 < 6)  # client c0 keeps 6 rows
-    clf = ClusteredFLClassifier("IFCA", n_clusters=3, privacy_min_rows=10, **SETTINGS)
+    clf = ClusteredFLClassifier("IFCA", n_clusters=3, **SETTINGS, privacy=Privacy(min_rows=10))
     clf.fit(X[keep], y[keep], groups[keep])
     assert clf.client_clusters_[0] == -1 and clf.cluster_sizes_.sum() == 8
     assert_close_scaled(clf.predict_proba_y(X[:9], "c0"), clf.predict_proba_y(X[:9]), rtol=1e-12)

@@ -39,6 +39,7 @@ from fednovelty import (
     StreamingFedGMMDetector,
     VGM2Classifier,
 )
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.exceptions import ModelFormatError, NotFittedError, SingularCovarianceError
 
 # ------------------------------------------------------------------------------ data
@@ -48,7 +49,7 @@ N_TRAIN = 3 * N_PER
 
 
 #: The ablation switch of the robust defaults: plain maximum-likelihood mixtures.
-PLAIN = {"standardize": False, "prior_strength": None}
+PLAIN = {"prior": Prior(standardize=False, strength=None)}
 
 
 def make_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -206,15 +207,16 @@ def test_inputs_are_not_mutated(name):
     X = X_TRAIN.copy()
     groups = np.array(["a", "b", "c"])[GROUPS]
     X_before, groups_before = X.copy(), groups.copy()
-    extra = {}
+    arrays, extra = {}, {}
     if name == "fedgmm":
         gm = GaussianMixture(3, random_state=0).fit(X)
-        extra = {
+        arrays = {
             "weights_init": gm.weights_.copy(),
             "means_init": gm.means_.copy(),
             "precisions_init": gm.precisions_.copy(),
         }
-    extra_before = {k: v.copy() for k, v in extra.items()}
+        extra = {"initialisation": Initialisation(**arrays)}
+    arrays_before = {k: v.copy() for k, v in arrays.items()}
     detector = build(name, **extra).fit(X, groups=groups)
     X_score = X[:30].copy()
     X_score_before = X_score.copy()
@@ -224,9 +226,10 @@ def test_inputs_are_not_mutated(name):
     np.testing.assert_array_equal(X, X_before)
     np.testing.assert_array_equal(groups, groups_before)
     np.testing.assert_array_equal(X_score, X_score_before)
-    for key, value in extra.items():
-        np.testing.assert_array_equal(value, extra_before[key])
-        assert detector.get_params()[key] is value  # stored as given, not a converted copy
+    for key, value in arrays.items():
+        np.testing.assert_array_equal(value, arrays_before[key])
+        # stored as given, not a converted copy
+        assert detector.get_params()[f"initialisation__{key}"] is value
 
 
 def test_scoring_does_not_change_fitted_state(fitted):
@@ -295,7 +298,7 @@ def test_fedgmm_global_is_centralized_em(covariance_type):
         "tol": 1e-4,
         "max_iter": 300,
         **PLAIN,  # the ablation switch: plain maximum likelihood, as scikit-learn
-        **inits,
+        "initialisation": Initialisation(**inits),
     }
     federated = FedGMMDetector(random_state=0, **options).fit(X, groups=GROUPS)
     pooled = FedGMMDetector(random_state=0, **options).fit(X)
@@ -583,12 +586,14 @@ def test_save_load_keeps_feature_names(name, tmp_path):
 
 def test_save_load_keeps_array_parameters(tmp_path):
     inits = _sklearn_inits(X_TRAIN)
-    detector = FedGMMDetector(3, mixture_weights="global", random_state=0, **inits)
+    detector = FedGMMDetector(
+        3, mixture_weights="global", random_state=0, initialisation=Initialisation(**inits)
+    )
     detector.fit(X_TRAIN, groups=GROUPS)
     detector.save(tmp_path / "m.safetensors")
     loaded = FedGMMDetector.load(tmp_path / "m.safetensors")
     for key, value in inits.items():
-        np.testing.assert_array_equal(loaded.get_params()[key], value)
+        np.testing.assert_array_equal(loaded.get_params()[f"initialisation__{key}"], value)
     assert not hasattr(loaded, "client_weights_")
     # scored again from the loaded parameters: round-off apart
     assert_close_scaled(loaded.decision_function(X_TRAIN), detector.decision_function(X_TRAIN))
@@ -739,7 +744,7 @@ def test_sklearn_estimator_check(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         getattr(estimator_checks, check)(
-            cls.__name__, cls(**kwargs, privacy_min_rows=1, random_state=0)
+            cls.__name__, cls(**kwargs, privacy=Privacy(min_rows=1), random_state=0)
         )
 
 

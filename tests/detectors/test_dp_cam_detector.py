@@ -1,4 +1,4 @@
-"""``ClusteredFLClassifier`` under ``dp_epsilon``: a private IFCA-CAM fit against the
+"""``ClusteredFLClassifier`` under ``Privacy.epsilon``: a private IFCA-CAM fit against the
 non-private one, what it reports against an accountant run here, the plan of a method
 without noisy choices, saving, and the refusals."""
 
@@ -13,6 +13,7 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import ClusteredFLClassifier
 from fednovelty.detectors.cam import private_plan
+from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.federated.clustered.fesem import FeSEM
 
 BOUNDS = ([-2.0] * 3, [2.0] * 3)
@@ -27,7 +28,7 @@ OPTIONS = dict(
     random_state=0,
 )
 PRIVATE = dict(
-    dp_epsilon=4.0, dp_bounds=BOUNDS, dp_sample_rate=0.2, dp_learner_share=0.8, batch_size=60
+    privacy=Privacy(epsilon=4.0, bounds=BOUNDS, sample_rate=0.2, learner_share=0.8), batch_size=60
 )  # batch_size: the public divisor of DP-SGD's sums, q n of a 300-row client
 
 
@@ -110,9 +111,7 @@ def test_fesem_makes_no_noisy_choice_and_its_steps_spend_the_whole_budget():
     clf = ClusteredFLClassifier(
         "FeSEM",
         **{**OPTIONS, "rounds": 3, "local_steps": 4},
-        dp_epsilon=2.0,
-        dp_bounds=BOUNDS,
-        dp_sample_rate=0.5,
+        privacy=Privacy(epsilon=2.0, bounds=BOUNDS, sample_rate=0.5),
     )
     config = FeSEM(3, 2, n_clusters=2, rounds=3, local_steps=4).config
     plan = private_plan(clf, FeSEM.from_config(config), 4)
@@ -129,11 +128,14 @@ def test_fesem_makes_no_noisy_choice_and_its_steps_spend_the_whole_budget():
 
 def test_private_fits_refuse_what_they_cannot_account_for(task):
     X, y, groups = task
-    with pytest.raises(ValueError, match="dp_bounds"):
-        ClusteredFLClassifier("IFCA-CAM", **OPTIONS, dp_epsilon=1.0).fit(X, y, groups)
+    with pytest.raises(ValueError, match=r"privacy\.epsilon needs public feature bounds"):
+        ClusteredFLClassifier("IFCA-CAM", **OPTIONS, privacy=Privacy(epsilon=1.0)).fit(X, y, groups)
     # every model leaves noised by its client's DP-SGD: a robust average is post-processing
     robust = {**OPTIONS, "rounds": 1}
-    clf = ClusteredFLClassifier("IFCA-CAM", **robust, **PRIVATE, aggregation="trimmed")
-    assert clf.fit(X, y, groups).privacy_spent_["epsilon"] <= PRIVATE["dp_epsilon"]
-    with pytest.raises(TypeError):
-        ClusteredFLClassifier("IFCA-CAM", dp_mode="local")  # every noise is the client's
+    clf = ClusteredFLClassifier(
+        "IFCA-CAM", **robust, **PRIVATE, robustness=Robustness(aggregation="trimmed")
+    )
+    assert clf.fit(X, y, groups).privacy_spent_["epsilon"] <= PRIVATE["privacy"].epsilon
+    every_noise_is_the_clients = ClusteredFLClassifier("IFCA-CAM", privacy=Privacy(mode="local"))
+    with pytest.raises(ValueError, match=r"does not read privacy\.mode"):
+        every_noise_is_the_clients.fit(X, y, groups)

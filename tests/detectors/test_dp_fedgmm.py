@@ -13,6 +13,7 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import FedGMMDetector, load
+from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 
 D = 4
@@ -31,7 +32,12 @@ def task():
 
 def _fit(task, **settings):
     X, groups, _, _ = task
-    options = {"max_iter": 8, "kmeans_rounds": 2, "mixture_weights": "global", "random_state": 0}
+    options = {
+        "max_iter": 8,
+        "initialisation": Initialisation(kmeans_rounds=2),
+        "mixture_weights": "global",
+        "random_state": 0,
+    }
     return FedGMMDetector(2, **{**options, **settings}).fit(X, groups=groups)
 
 
@@ -41,7 +47,7 @@ def _gdp_delta(epsilon: float, mu: float) -> float:
 
 
 def test_the_fit_spends_its_budget_and_no_more(task):
-    det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+    det = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
     spent = det.privacy_spent_
     assert spent["releases"] == spent["planned_releases"] == 1 + 2 + 8  # moments, Lloyd, EM
     assert spent["epsilon"] <= 1.0 and spent["epsilon"] > 0.99
@@ -60,8 +66,8 @@ def test_the_fit_spends_its_budget_and_no_more(task):
 def test_the_noise_costs_little_on_a_large_federation(task):
     _, _, X_test, y_test = task
     plain = _fit(task, tol=0.0)
-    private = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
-    local = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="local")
+    private = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
+    local = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS, mode="local"))
     reference = roc_auc_score(y_test, plain.decision_function(X_test))
     for det in (private, local):
         assert roc_auc_score(y_test, det.decision_function(X_test)) > reference - 0.01
@@ -69,16 +75,16 @@ def test_the_noise_costs_little_on_a_large_federation(task):
 
 
 def test_the_noise_is_fresh_whatever_the_random_state(task):
-    def fit(**settings):
-        bounds = {"dp_bounds": BOUNDS} if "dp_epsilon" in settings else {}
-        return _fit(task, **bounds, **settings)
+    def fit(epsilon=None, **settings):
+        privacy = None if epsilon is None else Privacy(epsilon=epsilon, bounds=BOUNDS)
+        return _fit(task, privacy=privacy, **settings)
 
     assert_fresh_noise(fit)
 
 
 def test_more_rounds_buy_more_noise_per_round(task):
-    few = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, max_iter=4)
-    many = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, max_iter=16)
+    few = _fit(task, max_iter=4, privacy=Privacy(epsilon=2.0, bounds=BOUNDS))
+    many = _fit(task, max_iter=16, privacy=Privacy(epsilon=2.0, bounds=BOUNDS))
     ratio = many.privacy_spent_["noise_multiplier"] / few.privacy_spent_["noise_multiplier"]
     assert ratio == pytest.approx(math.sqrt((1 + 2 + 16) / (1 + 2 + 4)), rel=0.02)
 
@@ -86,35 +92,45 @@ def test_more_rounds_buy_more_noise_per_round(task):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 4\\)"),
-        ({"dp_bounds": (np.ones(D), np.zeros(D))}, "low < high"),
+        ({"bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 4\\)"),
+        ({"bounds": (np.ones(D), np.zeros(D))}, "low < high"),
         (
-            {"dp_bounds": BOUNDS, "aggregation": "trimmed", "dp_mode": "distributed"},
+            {
+                "bounds": BOUNDS,
+                "mode": "distributed",
+                "robustness": Robustness(aggregation="trimmed"),
+            },
             'aggregation="sum"',
         ),
-        ({"dp_bounds": BOUNDS, "pca_components": 2}, "no private form"),
-        ({"dp_bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
+        ({"bounds": BOUNDS, "pca_components": 2}, "no private form"),
+        ({"bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
     ],
 )
 def test_settings_without_a_private_form_are_refused_before_any_round(task, settings, match):
-    det = FedGMMDetector(2, dp_epsilon=1.0, **settings)
+    fields = {k: settings.pop(k) for k in ("bounds", "mode") if k in settings}
+    det = FedGMMDetector(2, **settings, privacy=Privacy(epsilon=1.0, **fields))
     with pytest.raises(ValueError, match=match):
         det.fit(task[0], groups=task[1])
     assert not hasattr(det, "history_")
 
 
 def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
-    det = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS)
+    det = _fit(task, privacy=Privacy(epsilon=4.0, bounds=BOUNDS))
     det.save(tmp_path / "m")
     assert load(tmp_path / "m").privacy_spent_ == det.privacy_spent_
-    det.set_params(dp_epsilon=None).fit(task[0], groups=task[1])
+    det.set_params(privacy__epsilon=None).fit(task[0], groups=task[1])
     assert not hasattr(det, "privacy_spent_")
 
 
 def test_auto_clipping_is_the_box_radius_without_standardisation(task):
     """In the bounds' units every row inside the box has norm at most sqrt(d): "auto" clips
     nothing of it there; in z-scores it is 1.5 sqrt(d)."""
-    boxed = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS, standardize=False, max_iter=2)
+    boxed = _fit(
+        task,
+        max_iter=2,
+        prior=Prior(standardize=False),
+        privacy=Privacy(epsilon=4.0, bounds=BOUNDS),
+    )
     assert boxed.privacy_spent_["clip"] == pytest.approx(math.sqrt(D))
     assert boxed.privacy_spent_["releases"] == 1 + 2 + 2  # the prior's moments round stays
 
@@ -127,8 +143,12 @@ def test_distributed_mode_reports_the_epsilon_its_sums_achieved(task):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # distributed without a secure sum: named warning
-        full = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="distributed")
-        half = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_mode="distributed", fraction=0.5)
+        full = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS, mode="distributed"))
+        half = _fit(
+            task,
+            sampling=ClientSampling(fraction=0.5),
+            privacy=Privacy(epsilon=1.0, bounds=BOUNDS, mode="distributed"),
+        )
     clients = full.privacy_spent_["n_clients"]
     assert full.privacy_spent_["min_senders"] == clients
     assert full.privacy_spent_["epsilon"] <= 1.0
@@ -151,7 +171,7 @@ def test_a_private_model_leaves_no_exact_training_value(task, tmp_path):
     from fednovelty.detectors._dp import THRESHOLD_SHARE
     from fednovelty.federated.trust.dp_quantile import score_grid
 
-    det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+    det = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
     spent = det.privacy_spent_
     assert spent["threshold_epsilon"] == pytest.approx(THRESHOLD_SHARE)
     assert spent["epsilon"] <= 1.0 + 1e-9
@@ -172,5 +192,5 @@ def test_a_private_model_leaves_no_exact_training_value(task, tmp_path):
 def test_delta_above_one_over_the_rows_is_named(task):
     from fednovelty.detectors._dp import DeltaAboveRowsWarning
 
-    with pytest.warns(DeltaAboveRowsWarning, match="dp_delta=0.01 is above 1/n"):
-        _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, dp_delta=1e-2)
+    with pytest.warns(DeltaAboveRowsWarning, match=r"privacy\.delta=0.01 is above 1/n"):
+        _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS, delta=1e-2))

@@ -1,4 +1,4 @@
-"""``JointFedGMMDetector`` under ``dp_epsilon``: the budget split between the statistics and
+"""``JointFedGMMDetector`` under ``Privacy.epsilon``: the budget split between the statistics and
 the learners' DP-SGD, what the fit reports against an accountant run here, and the
 refusals."""
 
@@ -10,6 +10,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import JointFedGMMDetector
+from fednovelty.detectors.options import Initialisation, Privacy
 
 BOUNDS = ([-4.0] * 3, [4.0] * 3)
 
@@ -25,12 +26,18 @@ def task():
 
 def _fit(task, **params):
     X, y, groups = task
-    options = dict(n_learners=2, max_iter=4, local_epochs=1, kmeans_rounds=2, random_state=0)
+    options = dict(
+        n_learners=2,
+        max_iter=4,
+        local_epochs=1,
+        initialisation=Initialisation(kmeans_rounds=2),
+        random_state=0,
+    )
     return JointFedGMMDetector(2, **{**options, **params}).fit(X, y, groups)
 
 
 def test_the_fit_spends_its_budget_on_statistics_and_dp_sgd_together(task):
-    det = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, dp_sample_rate=0.1)
+    det = _fit(task, privacy=Privacy(epsilon=2.0, bounds=BOUNDS, sample_rate=0.1))
     spent = det.privacy_spent_
     rounds = [r["kind"] for r in det.history_]
     assert spent["sgd_steps"] == rounds.count("joint_em") * 10  # ceil(1 / 0.1) a round
@@ -58,16 +65,16 @@ def test_the_fit_spends_its_budget_on_statistics_and_dp_sgd_together(task):
 
 
 def test_a_larger_learner_share_buys_less_gradient_noise(task):
-    few = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, dp_learner_share=0.2)
-    many = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS, dp_learner_share=0.8)
+    few = _fit(task, privacy=Privacy(epsilon=2.0, bounds=BOUNDS, learner_share=0.2))
+    many = _fit(task, privacy=Privacy(epsilon=2.0, bounds=BOUNDS, learner_share=0.8))
     assert many.privacy_spent_["sgd_noise_multiplier"] < few.privacy_spent_["sgd_noise_multiplier"]
     assert many.privacy_spent_["noise_multiplier"] > few.privacy_spent_["noise_multiplier"]
 
 
 def test_private_joint_fits_refuse_what_they_cannot_account_for(task):
     X, y, groups = task
-    det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
-    with pytest.raises(ValueError, match="partial_fit under dp_epsilon"):
+    det = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
+    with pytest.raises(ValueError, match=r"partial_fit under privacy\.epsilon"):
         det.partial_fit(X[:100], y[:100], groups[:100])
-    local = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS, aggregate_learners=False)
+    local = _fit(task, aggregate_learners=False, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
     assert "sgd_steps" not in local.privacy_spent_  # the learners never leave the clients

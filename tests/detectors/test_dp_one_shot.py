@@ -1,5 +1,5 @@
 """Differentially private one-shot detectors (``FedGenGMMDetector``, ``LocalGMMDetector`` with
-``dp_epsilon``): the budget is spent as planned and reported; the clients release noisy
+``Privacy.epsilon``): the budget is spent as planned and reported; the clients release noisy
 parameters drawn from their own seed (different noise seeds give different models, a huge
 budget comes near the non-private fixed-K fit, the row counts sent are noisy); missing
 bounds are refused by name; a client whose budget is below the fit's iterations refuses its
@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.local import LocalGMMDetector
+from fednovelty.detectors.options import Privacy
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs
 from fednovelty.federated.trust.dp import DPPolicy
@@ -54,7 +55,9 @@ def _means(detector) -> list[np.ndarray]:
 @pytest.mark.parametrize("cls", DETECTORS)
 def test_the_budget_is_planned_spent_and_reported(cls):
     X, groups = _federation([1500, 800, 1200], seed=0)
-    detector = _detector(cls, dp_epsilon=2.0, dp_bounds=BOUNDS, dp_iterations=8, random_state=0)
+    detector = _detector(
+        cls, random_state=0, privacy=Privacy(epsilon=2.0, bounds=BOUNDS, local_iterations=8)
+    )
     detector.fit(X, groups=groups)
     spent = detector.privacy_spent_
     # the accountant, called directly, for the rounds' share (the threshold has the rest)
@@ -72,9 +75,9 @@ def test_the_budget_is_planned_spent_and_reported(cls):
 
 @pytest.mark.parametrize("cls", DETECTORS)
 def test_missing_bounds_are_estimated_privately(cls):
-    """Without dp_bounds a first private round estimates them (its cost in the budget)."""
+    """Without privacy.bounds a first private round estimates them (its cost in the budget)."""
     X, groups = _federation([1500, 1500], seed=1)
-    detector = _detector(cls, dp_epsilon=1.0, dp_iterations=4, random_state=0)
+    detector = _detector(cls, random_state=0, privacy=Privacy(epsilon=1.0, local_iterations=4))
     detector.fit(X, groups=groups)
     assert detector.history_[0]["kind"] == BOUNDS_KIND
     assert detector.privacy_spent_["epsilon"] <= 1.0 + 1e-9
@@ -88,7 +91,7 @@ _PLANS: dict = {}
 def _plan_once(monkeypatch) -> None:
     """Let the fits' plans read each accountant result once: ``calibrate_noise`` and
     ``epsilon_spent`` are pure functions of their arguments, and the fits of one
-    ``dp_epsilon`` (two seeds at 1, six at 100; both detectors) plan with the same ones. At
+    ``Privacy.epsilon`` (two seeds at 1, six at 100; both detectors) plan with the same ones. At
     epsilon 100 each call reads a fine privacy-loss grid (10-15 s on the 2-core test
     machine; twelve such plans were most of this test's time): the first fit still runs the
     real accountant, the others get its exact values, and every fit still clips, noises and
@@ -104,7 +107,7 @@ def _plan_once(monkeypatch) -> None:
 @pytest.mark.parametrize("cls", DETECTORS)
 def test_the_clients_release_noisy_fits(cls, monkeypatch):
     """epsilon = 1: two seeds give models whose means differ by more than 1e-3. A large
-    budget (100, the most dp_epsilon takes: z = 0.73) comes close to the non-private
+    budget (100, the most privacy.epsilon takes: z = 0.73) comes close to the non-private
     fixed-K fit in held-out log-likelihood (nats per row, of about -4): the best of 6 seeds
     within 0.1, the median within 0.3 (the noise is fresh each run: with 0.05 the best seed
     missed in 2 of 34 runs, by at most 0.0023). Measured gaps, seeds 0-5: FedGenGMM 0.29, 0.09,
@@ -114,7 +117,9 @@ def test_the_clients_release_noisy_fits(cls, monkeypatch):
     _plan_once(monkeypatch)
     X, groups = _federation([3000, 3000], seed=2)
     noisy = [
-        _detector(cls, dp_epsilon=1.0, dp_bounds=BOUNDS, random_state=seed).fit(X, groups=groups)
+        _detector(cls, random_state=seed, privacy=Privacy(epsilon=1.0, bounds=BOUNDS)).fit(
+            X, groups=groups
+        )
         for seed in (0, 1)
     ]
     gaps = [np.abs(a - b).max() for a, b in zip(*map(_means, noisy), strict=True)]
@@ -123,7 +128,7 @@ def test_the_clients_release_noisy_fits(cls, monkeypatch):
     plain = _detector(cls, random_state=0).fit(X, groups=groups).score_samples(held_out).mean()
     gaps = []
     for seed in range(6):
-        free = _detector(cls, dp_epsilon=100.0, dp_bounds=BOUNDS, random_state=seed)
+        free = _detector(cls, random_state=seed, privacy=Privacy(epsilon=100.0, bounds=BOUNDS))
         free.fit(X, groups=groups)
         assert free.privacy_spent_["noise_multiplier"] < 1.0
         gaps.append(plain - free.score_samples(held_out).mean())
@@ -203,7 +208,7 @@ def test_utility_at_epsilon_8_with_10000_rows_per_client(cls):
     test = np.vstack([_rows(2000, rng), rng.uniform(*BOUNDS, (2000, 3))])
     novel = np.r_[np.zeros(2000), np.ones(2000)]
     plain = _detector(cls, random_state=0).fit(X, groups=groups)
-    private = _detector(cls, dp_epsilon=8.0, dp_bounds=BOUNDS, random_state=0)
+    private = _detector(cls, random_state=0, privacy=Privacy(epsilon=8.0, bounds=BOUNDS))
     private.fit(X, groups=groups)
     reference = roc_auc_score(novel, plain.decision_function(test))
     auroc = roc_auc_score(novel, private.decision_function(test))

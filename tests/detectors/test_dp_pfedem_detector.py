@@ -1,4 +1,4 @@
-"""``PFedEMDetector`` under ``dp_epsilon``: accuracy and novelty scores near the non-private
+"""``PFedEMDetector`` under ``Privacy.epsilon``: accuracy and novelty scores near the non-private
 fit at a moderate budget, what the fit reports against an accountant run here, no exact
 per-client weights in central mode, and the refusals."""
 
@@ -12,6 +12,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import PFedEMDetector
+from fednovelty.detectors.options import Initialisation, Privacy
 
 BOUNDS = ([-8.0] * 2, [8.0] * 2)
 #: the seed of the noise stream the local fit's check pins (tests/_noise.py).
@@ -39,12 +40,16 @@ def task():
     return train, [(X[N:], y[N:]) for X, y in clients], novel
 
 
+def _private(**fields) -> Privacy:
+    """The fits' privacy: the public box and DP-SGD's sample rate, with ``fields``."""
+    return Privacy(bounds=BOUNDS, sample_rate=0.1, **fields)
+
+
 def _fit(task, **params):
     options = dict(
         max_iter=4,
-        kmeans_rounds=3,
+        initialisation=Initialisation(kmeans_rounds=3),
         local_epochs=1,
-        dp_sample_rate=0.1,
         gaussian_aggregation="exact",
         random_state=0,
     )
@@ -68,7 +73,7 @@ def test_a_private_local_fit_keeps_accuracy_and_novelty_scores_near_the_plain_fi
     about 0.48 (a collapsed sub-model) in 3; the check pins one seeded noise stream."""
     plain = _scores(_fit(task), task)
     with seeded_noise(SEED):
-        det = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS, dp_mode="local")
+        det = _fit(task, privacy=_private(epsilon=4.0, mode="local"))
     private = _scores(det, task)
     # measured: accuracy 0.851 without DP, 0.862 at epsilon 4; AUROC 1.000 and 1.000
     assert plain[0] > 0.8 and private[0] > plain[0] - 0.05
@@ -77,7 +82,7 @@ def test_a_private_local_fit_keeps_accuracy_and_novelty_scores_near_the_plain_fi
 
 
 def test_a_central_fit_spends_its_budget_and_keeps_no_per_client_weights(task):
-    det = _fit(task, dp_epsilon=2.0, dp_bounds=BOUNDS)
+    det = _fit(task, privacy=_private(epsilon=2.0))
     spent = det.privacy_spent_
     rounds = [r["kind"] for r in det.history_]
     assert rounds.count("pfedem") == 4 and spent["sgd_steps"] == 4 * 10  # ceil(1 / 0.1)
@@ -113,4 +118,4 @@ def test_a_central_fit_spends_its_budget_and_keeps_no_per_client_weights(task):
 def test_private_pfedem_fits_refuse_what_has_no_private_form(task):
     X, y, groups = task[0]
     with pytest.raises(ValueError, match="no sensitivity bound"):
-        PFedEMDetector(2, dp_epsilon=1.0, dp_bounds=BOUNDS).fit(X, y, groups)  # "paper"
+        PFedEMDetector(2, privacy=Privacy(epsilon=1.0, bounds=BOUNDS)).fit(X, y, groups)  # "paper"

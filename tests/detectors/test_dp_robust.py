@@ -1,4 +1,5 @@
-"""Robust aggregation of private replies: ``aggregation="trimmed"`` with ``dp_epsilon``.
+"""Robust aggregation of private replies: ``Robustness(aggregation="trimmed")`` with
+``Privacy.epsilon``.
 
 Ten clients of 300 rows in 2 features; the tenth (the liar) holds rows about a far point
 ``FAR``, where half of the test's novel rows are planted, and lies: every sum over rows x
@@ -26,6 +27,7 @@ from _liars import lying_client
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedGMMDetector
+from fednovelty.detectors.options import Initialisation, Privacy, Robustness
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.mixtures.em import EMConfig
 from fednovelty.federated.trust import noise
@@ -70,13 +72,11 @@ def _fit(mode: str, how: dict | None, liar_free: bool = False, **settings) -> fl
     keep = groups != LIAR if liar_free else np.ones(len(groups), dtype=bool)
     detector = FedGMMDetector(
         2,
-        dp_epsilon=4.0,
-        dp_bounds=BOUNDS,
-        dp_mode=mode,
         max_iter=8,
-        kmeans_rounds=2,
         random_state=0,
         **settings,
+        initialisation=Initialisation(kmeans_rounds=2),
+        privacy=Privacy(epsilon=4.0, bounds=BOUNDS, mode=mode),
     )
     with warnings.catch_warnings(), seeded_noise():
         warnings.simplefilter("ignore")
@@ -88,7 +88,7 @@ def _fit(mode: str, how: dict | None, liar_free: bool = False, **settings) -> fl
     return float(roc_auc_score(y_test, detector.decision_function(X_test)))
 
 
-TRIMMED = {"aggregation": "trimmed", "trim": 0.1}
+TRIMMED = {"robustness": Robustness(aggregation="trimmed", trim=0.1)}
 
 
 @functools.cache

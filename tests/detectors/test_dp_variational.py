@@ -20,6 +20,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty import FedVBDetector, load
+from fednovelty.detectors.options import Initialisation, Privacy, Robustness
 from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig, VBState
 from fednovelty.federated.bayesian.vb_prior_step import private_prior_moments
@@ -190,7 +191,7 @@ def task():
 
 def _fit(task, **settings):
     X, groups, _, _ = task
-    options = {"max_iter": 8, "kmeans_rounds": 2, "random_state": 0}
+    options = {"max_iter": 8, "initialisation": Initialisation(kmeans_rounds=2), "random_state": 0}
     return FedVBDetector(4, **{**options, **settings}).fit(X, groups=groups)
 
 
@@ -202,7 +203,7 @@ def _gdp_delta(epsilon: float, mu: float) -> float:
 def test_the_fit_spends_its_budget_and_no_more(task):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)  # fixed rounds: no warning
-        det = _fit(task, dp_epsilon=1.0, dp_bounds=BOUNDS)
+        det = _fit(task, privacy=Privacy(epsilon=1.0, bounds=BOUNDS))
     spent = det.privacy_spent_
     # moments (standardisation), prior moments, Lloyd rounds, the initial posterior's
     # round, VB rounds
@@ -219,9 +220,9 @@ def test_the_fit_spends_its_budget_and_no_more(task):
 
 
 def test_the_noise_is_fresh_whatever_the_random_state(task):
-    def fit(**settings):
-        bounds = {"dp_bounds": BOUNDS} if "dp_epsilon" in settings else {}
-        return _fit(task, **bounds, **settings)
+    def fit(epsilon=None, **settings):
+        privacy = None if epsilon is None else Privacy(epsilon=epsilon, bounds=BOUNDS)
+        return _fit(task, privacy=privacy, **settings)
 
     assert_fresh_noise(fit)
 
@@ -253,7 +254,7 @@ def test_the_noise_costs_little_on_a_large_federation(task):
     reference = roc_auc_score(y_test, plain.decision_function(X_test))
     assert reference > 0.95
     for mode in ("central", "local"):
-        private = _fit(task, dp_epsilon=8.0, dp_bounds=BOUNDS, dp_mode=mode)
+        private = _fit(task, privacy=Privacy(epsilon=8.0, bounds=BOUNDS, mode=mode))
         score = roc_auc_score(y_test, private.decision_function(X_test))
         assert score > reference - 0.01, mode
 
@@ -261,17 +262,22 @@ def test_the_noise_costs_little_on_a_large_federation(task):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"dp_bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 3\\)"),
+        ({"bounds": (np.zeros(D), np.ones(D + 1))}, "shape \\(2, 3\\)"),
         (
-            {"dp_bounds": BOUNDS, "aggregation": "trimmed", "dp_mode": "distributed"},
+            {
+                "bounds": BOUNDS,
+                "mode": "distributed",
+                "robustness": Robustness(aggregation="trimmed"),
+            },
             'aggregation="sum"',
         ),
-        ({"dp_bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
-        ({"dp_bounds": BOUNDS, "posterior_merge": "natural"}, "no private form"),
+        ({"bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
+        ({"bounds": BOUNDS, "posterior_merge": "natural"}, "no private form"),
     ],
 )
 def test_settings_without_a_private_form_are_refused_before_any_round(task, settings, match):
-    det = FedVBDetector(4, dp_epsilon=1.0, **settings)
+    fields = {k: settings.pop(k) for k in ("bounds", "mode") if k in settings}
+    det = FedVBDetector(4, **settings, privacy=Privacy(epsilon=1.0, **fields))
     with pytest.raises(ValueError, match=match):
         det.fit(task[0], groups=task[1])
     assert not hasattr(det, "history_")
@@ -289,7 +295,7 @@ def test_a_private_client_refuses_a_kind_without_a_private_form(task):
 
 
 def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
-    det = _fit(task, dp_epsilon=4.0, dp_bounds=BOUNDS)
+    det = _fit(task, privacy=Privacy(epsilon=4.0, bounds=BOUNDS))
     det.save(tmp_path / "m")
     loaded = load(tmp_path / "m")
     assert loaded.privacy_spent_ == det.privacy_spent_
@@ -298,5 +304,5 @@ def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        det.set_params(dp_epsilon=None).fit(task[0], groups=task[1])
+        det.set_params(privacy__epsilon=None).fit(task[0], groups=task[1])
     assert not hasattr(det, "privacy_spent_")

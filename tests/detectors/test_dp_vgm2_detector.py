@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
+from fednovelty.detectors.options import Privacy
 from fednovelty.detectors.vgm2 import VGM2Classifier, vgm2_dp_plan
 
 
@@ -54,7 +55,7 @@ def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:
 
 
 def test_privacy_spent_counts_the_rounds_that_ran() -> None:
-    clf = VGM2Classifier(dp_epsilon=2.0, rounds=5, local_epochs=1, dp_sample_rate=0.2)
+    clf = VGM2Classifier(rounds=5, local_epochs=1, privacy=Privacy(epsilon=2.0, sample_rate=0.2))
     clf.n_clients_ = 3
     plan = clf._dp_plan()
     clf.history_ = [{"kind": "vgm2"}] * 3 + [{"kind": "vgm2", "failed": True}]
@@ -67,7 +68,7 @@ def test_privacy_spent_counts_the_rounds_that_ran() -> None:
     assert record["epsilon"] < record["epsilon_budget"] == 2.0
     assert record["sgd_steps"] == 3 * plan.sgd.steps == 3 * 5  # ceil(1 / 0.2) per round
     assert record["planned_releases"] == 5 and record["mode"] == "central"
-    clf.set_params(dp_epsilon=None)
+    clf.set_params(privacy__epsilon=None)
     clf._set_privacy_spent(clf._dp_plan())
     assert not hasattr(clf, "privacy_spent_")
 
@@ -77,7 +78,7 @@ def test_the_prototype_baseline_is_refused_under_dp() -> None:
     y = np.repeat([0, 1], 20)
     X = rng.normal(size=(40, 3)) + y[:, None]
     with pytest.raises(ValueError, match="prototype baseline has no private form"):
-        VGM2Classifier(method="prototype", dp_epsilon=1.0, rounds=1, hidden=4).fit(
+        VGM2Classifier(method="prototype", rounds=1, hidden=4, privacy=Privacy(epsilon=1.0)).fit(
             X, y, np.repeat([0, 1], 20)
         )
 
@@ -88,15 +89,13 @@ def test_a_private_fit_runs_through_the_gate_and_reports_what_it_spent() -> None
     X = rng.normal(0, 0.3, (60, 5)) + np.eye(5)[y] * 3
     groups = np.repeat([0, 1], 30)
     clf = VGM2Classifier(
-        dp_epsilon=1.0,
-        dp_mode="local",
-        dp_sample_rate=0.5,
         rounds=2,
         local_epochs=1,
         hidden=8,
         embedding_dim=3,
         clients_per_round=2,
         random_state=0,
+        privacy=Privacy(epsilon=1.0, mode="local", sample_rate=0.5),
     ).fit(X, y, groups)
     assert [r["n_invalid"] for r in clf.history_] == [0, 0]
     assert all(r["n_replied"] == 2 for r in clf.history_)

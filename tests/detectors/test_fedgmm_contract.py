@@ -5,13 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _saved_files import rewrite
+from _saved_files import rewrite, with_flat_options
 from _tolerance import assert_close_scaled
 from pyod.models.iforest import IForest
 from safetensors import safe_open
 from sklearn.base import clone
 
 from fednovelty import FedGMMDetector, JointFedGMMDetector, load
+from fednovelty.detectors.options import ClientSampling, Prior
 from fednovelty.detectors.persistence import _METADATA_KEY
 from fednovelty.exceptions import ModelFormatError
 
@@ -82,14 +83,18 @@ def test_the_joint_models_names_are_not_the_plain_models():
 
 
 def test_a_file_saved_with_the_older_prior_name_loads(fitted, tmp_path):
-    """Files written when ``prior_strength`` was called ``covariance_prior`` still load."""
+    """Files written when ``Prior.strength`` was the setting ``prior_strength`` and, before,
+    ``covariance_prior`` still load."""
     path = tmp_path / "old.safetensors"
-    fitted.set_params(prior_strength=7.0).save(path)
-    fitted.set_params(prior_strength="auto")
-    rewrite(path, lambda text: text.replace('"prior_strength"', '"covariance_prior"'))
+    fitted.set_params(prior=Prior(strength=7.0)).save(path)
+    fitted.set_params(prior=None)
+    rewrite(
+        path,
+        lambda text: with_flat_options(text).replace('"prior_strength"', '"covariance_prior"'),
+    )
     with safe_open(str(path), framework="pt") as handle:
         assert '"covariance_prior": 7.0' in handle.metadata()[_METADATA_KEY]
-    assert load(path).prior_strength == 7.0
+    assert load(path).prior.strength == 7.0
 
 
 def test_plain_model_adapts_its_gaussian_weights(fitted):
@@ -142,7 +147,8 @@ def test_an_old_plain_file_loads_without_the_joint_settings(old, tmp_path):
 def test_pca_with_sampled_clients_runs_pca_on_every_client(engine):
     """Federated PCA's two rounds need the same clients: with sampling or dropout they ask
     every client (a run of their own), then EM samples; rounds are numbered on."""
-    detector = FedGMMDetector(2, pca_components=2, max_iter=4, random_state=0, **engine)
+    sampling = ClientSampling(**engine)
+    detector = FedGMMDetector(2, pca_components=2, max_iter=4, random_state=0, sampling=sampling)
     detector.fit(X, groups=GROUPS)
     kinds = [r["kind"] for r in detector.history_]
     assert kinds[:2] == ["moments_mean", "moments_scatter"] and "em" in kinds

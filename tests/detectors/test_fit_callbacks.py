@@ -16,6 +16,7 @@ from sklearn.base import clone
 
 import fednovelty
 from fednovelty import FedGenGMMDetector, FedGMMDetector, JointFedGMMDetector, LocalGMMDetector
+from fednovelty.detectors.options import Initialisation
 from fednovelty.runtime import RoundRecord
 
 CENTERS = np.array([[-5.0, 0.0, 0.0], [5.0, 0.0, 1.0], [0.0, 6.0, -1.0]])
@@ -31,7 +32,7 @@ def make_data(seed: int = 0):
 
 
 X, Y, GROUPS = make_data()
-SMALL = {"max_iter": 5, "kmeans_rounds": 3, "random_state": 0}
+SMALL = {"max_iter": 5, "initialisation": Initialisation(kmeans_rounds=3), "random_state": 0}
 CASES = {
     "fedgmm": (FedGMMDetector, {"n_components": 3, **SMALL}, False),
     "dem-separated": (

@@ -36,6 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fednovelty import load
+from fednovelty.detectors.options import Initialisation
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.methods import METHODS
@@ -70,7 +71,6 @@ FAST = {
     "hidden": 8,
     "embedding_dim": 2,
     "n_clusters": 2,
-    "kmeans_rounds": 3,
     "batch_size": 64,
 }
 #: A loaded forgery's scores may differ from the genuine model's by at most 10**ORDERS
@@ -141,7 +141,10 @@ def build(name: str):
     shared = {"n_components": 2, "client_components": 2, "random_state": 0}
     detector = method.build(**method.shared_params(**shared))
     names = detector.get_params(deep=False)
-    return detector.set_params(**{k: v for k, v in FAST.items() if k in names})
+    fast = {k: v for k, v in FAST.items() if k in names}
+    if "initialisation" in names:
+        fast["initialisation"] = Initialisation(kmeans_rounds=3)
+    return detector.set_params(**fast)
 
 
 def fitted(name: str):

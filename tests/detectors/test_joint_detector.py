@@ -13,6 +13,7 @@ from sklearn.base import clone
 from fednovelty import FedGMMDetector, JointFedGMMDetector, load
 from fednovelty.datasets import make_fedgmm_synthetic
 from fednovelty.detectors.base import seed_from
+from fednovelty.detectors.options import ClientSampling, Prior
 from fednovelty.federated.joint_models.joint import JointFedGMM, linear_learner
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS, PrivacyPolicy
@@ -301,7 +302,7 @@ def test_the_detector_runs_the_algorithm_layers_federation(split, pca_components
         tol=0.0,
         random_state=0,
         pca_components=pca_components,
-        fraction=fraction,
+        sampling=ClientSampling(fraction=fraction),
     ).fit(split.X_train, split.y_train, groups=split.groups_train)
     runs, joint, projection = _algorithm_runs(
         split, seed_from(0), pca_components=pca_components, fraction=fraction
@@ -343,7 +344,7 @@ def test_clone_and_params(fitted):
     assert fresh.get_params() == params and not hasattr(fresh, "history_")
     assert fresh.set_params(n_learners=2).n_learners == 2
     with pytest.raises(ValueError, match="Invalid parameter"):
-        fresh.set_params(standardize=True)  # the x-only model's setting
+        fresh.set_params(prior=Prior())  # the x-only model's setting
 
 
 def test_pyod_outputs_follow_log_px(fitted, split):

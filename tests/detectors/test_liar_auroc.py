@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector, FedVBDetector
+from fednovelty.detectors.options import Robustness
 from fednovelty.exceptions import FederationError
 
 N_CLIENTS, LIAR, ROWS = 10, 9, 60
@@ -27,10 +28,16 @@ TOLERANCE = 0.02
 #: family -> a detector with its robust option on.
 ROBUST = {
     "FedGMM": lambda: FedGMMDetector(
-        n_components=2, aggregation="trimmed", trim=0.2, client_weight_cap=3.0, random_state=0
+        n_components=2,
+        random_state=0,
+        robustness=Robustness(aggregation="trimmed", trim=0.2, client_weight_cap=3.0),
     ),
-    "FedGenGMM": lambda: FedGenGMMDetector(aggregation="median", random_state=0),
-    "FedVB": lambda: FedVBDetector(n_components=4, aggregation="trimmed", trim=0.2, random_state=0),
+    "FedGenGMM": lambda: FedGenGMMDetector(
+        random_state=0, robustness=Robustness(aggregation="median")
+    ),
+    "FedVB": lambda: FedVBDetector(
+        n_components=4, random_state=0, robustness=Robustness(aggregation="trimmed", trim=0.2)
+    ),
 }
 
 

@@ -13,6 +13,7 @@ from sklearn.decomposition import PCA, FactorAnalysis
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import FedGMMDetector, FedMFADetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.methods import get_method
 
@@ -35,11 +36,11 @@ def test_one_component_is_factor_analysis_at_its_maximum_likelihood():
         1,
         2,
         isotropic=False,
-        standardize=False,
         tol=1e-9,
         max_iter=2000,
-        privacy_min_rows=1,
         random_state=0,
+        prior=Prior(standardize=False),
+        privacy=Privacy(min_rows=1),
     ).fit(X, groups=np.arange(600) % 3)
     fa = FactorAnalysis(n_components=2, tol=1e-10, max_iter=5000).fit(X)
     ours, theirs = det.score_samples(X).mean(), fa.score(X)
@@ -52,8 +53,8 @@ def test_isotropic_noise_is_probabilistic_pca_at_its_closed_form():
     form (Tipping & Bishop): scikit-learn's ``PCA.score`` gives it."""
     X = _subspace_rows(500, 10, 3, seed=1)
     det = FedMFADetector(
-        1, 3, isotropic=True, standardize=False, tol=1e-10, max_iter=3000,
-        privacy_min_rows=1, random_state=0,
+        1, 3, isotropic=True, tol=1e-10, max_iter=3000, random_state=0,
+        prior=Prior(standardize=False), privacy=Privacy(min_rows=1),
     ).fit(X, groups=np.arange(500) % 4)  # fmt: skip
     reference = PCA(n_components=3).fit(X).score(X)
     assert abs(det.score_samples(X).mean() - reference) <= 1e-5 * abs(reference)
@@ -82,7 +83,11 @@ def test_any_split_of_the_rows_gives_the_one_client_fit():
     (no privacy floor: the floor withholds a component a client backs by few rows)."""
     X = np.vstack([_subspace_rows(240, 7, 2, seed=4), _subspace_rows(160, 7, 2, seed=5) - 5])
     centres = X[[0, 100, 300]]
-    options = {"means_init": centres, "privacy_min_rows": 1, "random_state": 1}
+    options = {
+        "initialisation": Initialisation(means_init=centres),
+        "privacy": Privacy(min_rows=1),
+        "random_state": 1,
+    }
     one = FedMFADetector(3, 2, **options).fit(X)
     groups = np.r_[np.zeros(50), np.ones(200), np.full(150, 2)].astype(int)
     split = FedMFADetector(3, 2, **options).fit(X, groups=groups)

@@ -1,4 +1,5 @@
-"""FedMFADetector's robust option: one lying client of ten, ``aggregation="trimmed"``.
+"""FedMFADetector's robust option: one lying client of ten, ``Robustness(aggregation=
+"trimmed")``.
 
 The task: nine honest clients hold rows of two factor-analyser components in 6 features;
 the tenth (the liar) holds rows about a far point ``FAR``, where a third of the test's
@@ -18,6 +19,7 @@ from _liars import lying_client
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors import FedMFADetector
+from fednovelty.detectors.options import Robustness
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.trust.robust import cap_replies
 
@@ -74,7 +76,7 @@ def _fit(attacked: bool, **settings) -> float:
         return _auroc(_detector(**settings).fit(X, groups=groups))
 
 
-TRIMMED = {"aggregation": "trimmed", "trim": 0.2}
+TRIMMED = {"robustness": Robustness(aggregation="trimmed", trim=0.2)}
 
 
 def test_trimmed_aggregation_keeps_the_auroc_of_the_fit_without_the_liar() -> None:
@@ -93,7 +95,7 @@ def test_without_the_robust_option_the_liar_wins() -> None:
 def test_median_is_refused_by_name() -> None:
     X, groups, _, _ = TASK
     with pytest.raises(ValueError, match="'sum', 'trimmed'"):
-        _detector(aggregation="median").fit(X, groups=groups)
+        _detector(robustness=Robustness(aggregation="median")).fit(X, groups=groups)
 
 
 def test_the_cap_scales_every_sum_over_rows_of_a_factor_reply() -> None:

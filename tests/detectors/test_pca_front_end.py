@@ -18,6 +18,7 @@ from fednovelty import (
 )
 from fednovelty.detectors._params import AUTO_PCA_FEATURES, DETECTOR, RUNTIME, declare
 from fednovelty.detectors.base import MixtureDetector
+from fednovelty.detectors.options import ClientSampling, Prior, Privacy
 from fednovelty.mixture.ppca import choose_n_components
 
 
@@ -33,11 +34,10 @@ def _plain_gaussian(**params):
     return FedGMMDetector(
         n_components=1,
         mixture_weights="global",
-        standardize=False,
-        prior_strength=None,
         reg_covar=0.0,
         random_state=0,
         **params,
+        prior=Prior(standardize=False, strength=None),
     )
 
 
@@ -88,7 +88,9 @@ def test_the_projection_is_sent_and_clients_project_their_own_rows():
 
 def test_client_sampling_sends_the_projection_with_every_broadcast():
     X = _rows(n=300, d=12)
-    det = FedGMMDetector(n_components=2, pca_components=3, fraction=0.5, random_state=0)
+    det = FedGMMDetector(
+        n_components=2, pca_components=3, random_state=0, sampling=ClientSampling(fraction=0.5)
+    )
     det.fit(X, groups=np.arange(300) % 6)
     assert np.isfinite(det.score_samples(X)).all()
     assert det.means_.shape == (2, 3)
@@ -147,9 +149,9 @@ def test_more_axes_than_features_and_privacy_are_refused():
     with pytest.raises(ValueError, match="pca_components=11 must be <= n_features=10"):
         LocalGMMDetector(pca_components=11).fit(X)
     with pytest.raises(ValueError, match="private form"):
-        FedGMMDetector(pca_components=3, dp_epsilon=1.0, dp_bounds=[[-50] * 10, [50] * 10]).fit(
-            X, groups=np.arange(240) % 3
-        )
+        FedGMMDetector(
+            pca_components=3, privacy=Privacy(epsilon=1.0, bounds=[[-50] * 10, [50] * 10])
+        ).fit(X, groups=np.arange(240) % 3)
 
 
 # ------------------------------------------------------------------ every family declares it

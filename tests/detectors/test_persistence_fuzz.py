@@ -348,7 +348,9 @@ def _attr(name, value):
         ("FedGMM", lambda d: d.__setitem__("format_version", "2"), "format_version must be"),
         (
             "FedGMM",
-            lambda d: d["params"].__setitem__("weights_init", {"__tensor__": "gone"}),
+            lambda d: d["params"].__setitem__(
+                "initialisation", {"weights_init": {"__tensor__": "gone"}}
+            ),
             "refers to a tensor 'gone'",
         ),
         ("FedGMM-joint", lambda d: d["params"].__setitem__("learner", "mlp"), "is missing"),

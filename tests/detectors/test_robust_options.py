@@ -13,6 +13,7 @@ from fednovelty import (
     FedKNNMarkerDetector,
     load,
 )
+from fednovelty.detectors.options import Robustness
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
@@ -31,7 +32,9 @@ def lone_far_client() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_trimmed_aggregation_gives_one_clients_cluster_no_weight() -> None:
     X, groups, far = lone_far_client()
     plain = FedGMMDetector(2, random_state=0).fit(X, groups=groups)
-    trimmed = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, groups=groups)
+    trimmed = FedGMMDetector(2, random_state=0, robustness=Robustness(aggregation="trimmed")).fit(
+        X, groups=groups
+    )
     # with the sum, the far cluster is a component of weight 0.25; trimmed, no weight sits
     # there (the robust k-means round seeds no component at it, and the trimmed shares
     # would give one none)
@@ -43,33 +46,41 @@ def test_trimmed_aggregation_gives_one_clients_cluster_no_weight() -> None:
 
 def test_fedgengmm_screening_leaves_out_the_lone_client(tmp_path) -> None:
     X, groups, far = lone_far_client()
-    det = FedGenGMMDetector(n_components=2, aggregation="median", random_state=0)
+    det = FedGenGMMDetector(
+        n_components=2, random_state=0, robustness=Robustness(aggregation="median")
+    )
     det.fit(X, groups=groups)
     plain = FedGenGMMDetector(n_components=2, random_state=0).fit(X, groups=groups)
     assert (det.decision_function(far) > plain.decision_function(far) + 3).all()
     det.save(tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")
-    assert again.aggregation == "median"
+    assert again.robustness.aggregation == "median"
     np.testing.assert_allclose(again.decision_function(far), det.decision_function(far), rtol=1e-12)
 
 
 def test_capped_weight_and_bad_options_are_named() -> None:
     X, groups, _ = lone_far_client()
-    capped = FedGMMDetector(2, client_weight_cap=1.0, random_state=0).fit(X, groups=groups)
+    capped = FedGMMDetector(2, random_state=0, robustness=Robustness(client_weight_cap=1.0)).fit(
+        X, groups=groups
+    )
     # the far client (300 rows) counts as the median client's 100: 100 / 1000
     assert np.sort(capped.weights_)[0] == pytest.approx(0.1, abs=0.01)
     with pytest.raises(ValueError, match="aggregation"):
-        FedGMMDetector(2, aggregation="median").fit(X, groups=groups)
+        FedGMMDetector(2, robustness=Robustness(aggregation="median")).fit(X, groups=groups)
     with pytest.raises(ValueError, match="client_weight_cap"):
-        FedGenGMMDetector(client_weight_cap=0.5).fit(X, groups=groups)
+        FedGenGMMDetector(robustness=Robustness(client_weight_cap=0.5)).fit(X, groups=groups)
 
 
 def test_robust_options_ignore_labels() -> None:
     X, groups, far = lone_far_client()
     labels = (X[:, 0] > 5).astype(int)
     # FedGMMDetector ignores y (PyOD's contract): the same fit with or without it
-    with_y = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, labels, groups=groups)
-    without = FedGMMDetector(2, aggregation="trimmed", random_state=0).fit(X, groups=groups)
+    with_y = FedGMMDetector(2, random_state=0, robustness=Robustness(aggregation="trimmed")).fit(
+        X, labels, groups=groups
+    )
+    without = FedGMMDetector(2, random_state=0, robustness=Robustness(aggregation="trimmed")).fit(
+        X, groups=groups
+    )
     np.testing.assert_allclose(with_y.score_samples(far), without.score_samples(far), rtol=1e-12)
 
 
@@ -88,32 +99,32 @@ def configs_of(monkeypatch, algorithm: type) -> list:
 ROBUST_DETECTORS = {
     "ClusteredFedGMMDetector": (
         lambda: ClusteredFedGMMDetector(
-            2, n_clusters=2, cluster_components=1, warmup=2, max_iter=2,
-            aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
+            2, n_clusters=2, cluster_components=1, warmup=2, max_iter=2, random_state=0,
+            robustness=Robustness(aggregation="trimmed", trim=0.2, client_weight_cap=2.0),
         ),
         ClusteredEM,
         "aggregation",
     ),
     "ClusteredFLClassifier": (
         lambda: ClusteredFLClassifier(
-            "FedAvg+", 2, learner="linear", rounds=2, local_steps=2,
-            aggregation="median", trim=0.2, client_weight_cap=2.0, random_state=0,
+            "FedAvg+", 2, learner="linear", rounds=2, local_steps=2, random_state=0,
+            robustness=Robustness(aggregation="median", trim=0.2, client_weight_cap=2.0),
         ),
         FedAvgPlus,
         "aggregation",
     ),
     "VGM2Classifier": (
         lambda: VGM2Classifier(
-            "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2,
-            aggregation="trimmed", trim=0.2, client_weight_cap=2.0, random_state=0,
+            "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2, random_state=0,
+            robustness=Robustness(aggregation="trimmed", trim=0.2, client_weight_cap=2.0),
         ),
         VGM2FedAvg,
         "robust_aggregation",  # the VGM2 family's name: VGM2's aggregation is the markers' rule
     ),
     "FedKNNMarkerDetector": (
         lambda: FedKNNMarkerDetector(
-            3, 3, max_iter=5, aggregation="trimmed", trim=0.2, client_weight_cap=2.0,
-            random_state=0,
+            3, 3, max_iter=5, random_state=0,
+            robustness=Robustness(aggregation="trimmed", trim=0.2, client_weight_cap=2.0),
         ),
         FederatedKNNMarkers,
         "aggregation",
@@ -134,13 +145,13 @@ def test_robust_options_reach_the_algorithm_and_survive_save_load(
     configs = configs_of(monkeypatch, algorithm)
     det = make()
     det.fit(X, groups=groups) if algorithm in UNSUPERVISED else det.fit(X, y, groups)
-    wanted = {"aggregation": det.aggregation, "trim": 0.2, "client_weight_cap": 2.0}
+    wanted = {"aggregation": det.robustness.aggregation, "trim": 0.2, "client_weight_cap": 2.0}
     assert wanted["aggregation"] != "sum" and configs
     names = {"aggregation": setting, "trim": "trim", "client_weight_cap": "client_weight_cap"}
     for config in configs:  # the fit's algorithm (and any rebuilt for prediction)
         assert {k: getattr(config, names[k]) for k in wanted} == wanted
     det.save(tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")
-    assert {k: getattr(again, k) for k in wanted} == wanted
+    assert {k: getattr(again.robustness, k) for k in wanted} == wanted
     score = "decision_function" if algorithm in UNSUPERVISED else "predict_proba_y"
     np.testing.assert_allclose(getattr(again, score)(far), getattr(det, score)(far), rtol=1e-12)

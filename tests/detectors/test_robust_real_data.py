@@ -3,7 +3,7 @@
 Setting: ``fednovelty bench``'s outlier protocol, 10 clients, Dirichlet(0.5), seed 0, K = 10.
 ``BEFORE`` is the AUROC of the committed scoreboard from before the remedies (commit e322c08,
 ``benchmarks/results/adbench/results.csv``, now its ``-plain`` rows): the ablation switch
-(``standardize=False, prior_strength=None``) must reproduce it. ``FLOOR`` is the measured
+(``Prior(standardize=False, strength=None)``) must reproduce it. ``FLOOR`` is the measured
 AUROC of the defaults (DEM-kmeans 0.995, 1.000, 0.852; FedGenGMM 0.451, 0.530, 0.995, whose
 clients fit K = 10 by maximum likelihood and whose server applies the prior) less a margin of
 0.02-0.03 for round-off across machines.
@@ -15,11 +15,12 @@ from sklearn.metrics import roc_auc_score
 
 from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
+from fednovelty.detectors.options import Prior, Privacy
 
 #: a plain mixture: no standardisation, no covariance prior and no clients' privacy floor
 #: (min_rows=1: no floor; the plain DEM fits hold components of a few rows, which the floor
 #: suppresses).
-PLAIN = {"standardize": False, "prior_strength": None, "privacy_min_rows": 1}
+PLAIN = {"prior": Prior(standardize=False, strength=None), "privacy": Privacy(min_rows=1)}
 
 CASES = {
     ("DEM-kmeans", "16_http"): (0.6036903, 0.97),

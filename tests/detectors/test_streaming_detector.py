@@ -10,6 +10,7 @@ import pytest
 from _saved_files import rewrite, with_keys_renamed
 
 from fednovelty import FedGMMDetector, StreamingFedGMMDetector, load
+from fednovelty.detectors.options import Prior
 from fednovelty.exceptions import NotFittedError
 
 CENTERS = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0]])
@@ -41,7 +42,7 @@ def test_first_window_matches_federated_em_with_personal_weights():
     rng = np.random.default_rng(0)
     X, g = window(rng, [[0.6, 0.3, 0.1], [0.1, 0.3, 0.6]])
     det = StreamingFedGMMDetector(3, random_state=0).fit(X, groups=g)
-    em = FedGMMDetector(3, random_state=0, standardize=False, prior_strength=None)
+    em = FedGMMDetector(3, random_state=0, prior=Prior(standardize=False, strength=None))
     em.fit(X, groups=g)
     # the stream closes its first window with one more EM step: means move by round-off only
     np.testing.assert_allclose(np.sort(det.means_, 0), np.sort(em.means_, 0), atol=0.02)

@@ -18,6 +18,7 @@ from sklearn.mixture import BayesianGaussianMixture
 
 import fednovelty
 from fednovelty import FedVBDetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import PrivacyPolicy
@@ -65,15 +66,16 @@ def rough_start(covariance_type: str, k: int = 5) -> MixtureParams:
     )
 
 
-def given(params: MixtureParams) -> dict:
-    """The detector's ``weights_init``/``means_init``/``precisions_init`` for ``params``."""
+def given(params: MixtureParams) -> Initialisation:
+    """The detector's start ``weights_init``/``means_init``/``precisions_init`` for
+    ``params``."""
     U = params.precisions_cholesky
     full = params.covariance_type in ("full", "tied")
-    return {
-        "weights_init": params.weights.numpy(),
-        "means_init": params.means.numpy(),
-        "precisions_init": (U @ U.transpose(-1, -2) if full else U.square()).numpy(),
-    }
+    return Initialisation(
+        weights_init=params.weights.numpy(),
+        means_init=params.means.numpy(),
+        precisions_init=(U @ U.transpose(-1, -2) if full else U.square()).numpy(),
+    )
 
 
 def sklearn_reference(params: MixtureParams, weight_type: str, **kwargs):
@@ -99,16 +101,15 @@ def exact_detector(covariance_type, weight_type, **kwargs) -> FedVBDetector:
     defaults off), from the rough start."""
     return FedVBDetector(
         5,
-        standardize=False,
-        prior_strength=None,
         covariance_type=covariance_type,
         weight_concentration_prior_type=weight_type,
         tol=1e-6,
         max_iter=200,
-        privacy_min_rows=1,
         random_state=0,
-        **given(rough_start(covariance_type)),
+        initialisation=given(rough_start(covariance_type)),
         **kwargs,
+        prior=Prior(standardize=False, strength=None),
+        privacy=Privacy(min_rows=1),
     )
 
 
@@ -330,17 +331,19 @@ def test_a_value_changed_within_range_is_caught_by_the_checksum(tmp_path, saved_
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"degrees_of_freedom_prior": 2.0}, "degrees_of_freedom_prior"),  # d - 1 = 2
-        ({"mean_prior": [0.0, 1.0]}, "mean_prior"),
-        ({"mean_prior": [0.0, np.nan, 1.0]}, "mean_prior"),
-        ({"covariance_prior": np.eye(2)}, "covariance_prior"),
-        ({"covariance_prior": -np.eye(3)}, "covariance_prior"),
-        ({"covariance_type": "diag", "covariance_prior": [1.0, 0.0, 1.0]}, "covariance_prior"),
-        ({"covariance_type": "spherical", "covariance_prior": -2.0}, "covariance_prior"),
+        ({"degrees_of_freedom": 2.0}, "degrees_of_freedom"),  # d - 1 = 2
+        ({"mean": [0.0, 1.0]}, "mean"),
+        ({"mean": [0.0, np.nan, 1.0]}, "mean"),
+        ({"covariance": np.eye(2)}, "covariance"),
+        ({"covariance": -np.eye(3)}, "covariance"),
+        ({"covariance_type": "diag", "covariance": [1.0, 0.0, 1.0]}, "covariance"),
+        ({"covariance_type": "spherical", "covariance": -2.0}, "covariance"),
     ],
 )
 def test_invalid_priors_are_named_at_fit(kwargs, name):
-    det = FedVBDetector(3, **kwargs)
+    covariance_type = kwargs.pop("covariance_type", "full")
+    det = FedVBDetector(3, covariance_type=covariance_type, prior=Prior(**kwargs))
+    name = rf"prior\.{name}\b"
     with pytest.raises(InvalidPriorError, match=name):
         det.fit(X)
     assert not hasattr(det, "history_")  # refused before any round ran
@@ -355,8 +358,8 @@ def test_invalid_priors_are_named_at_fit(kwargs, name):
         ({"weight_concentration_prior": 0.0}, "weight_concentration_prior"),
         ({"weight_concentration_prior": -1.0}, "weight_concentration_prior"),
         ({"weight_concentration_prior": float("inf")}, "weight_concentration_prior"),
-        ({"mean_precision_prior": 0.0}, "mean_precision_prior"),
-        ({"degrees_of_freedom_prior": -1.0}, "degrees_of_freedom_prior"),
+        ({"prior": Prior(mean_precision=0.0)}, "mean_precision"),
+        ({"prior": Prior(degrees_of_freedom=-1.0)}, "degrees_of_freedom"),
         ({"n_components": 0}, "n_components"),
     ],
 )
@@ -369,10 +372,8 @@ def test_invalid_settings_are_named_at_fit(kwargs, name):
 def test_valid_given_priors_skip_the_prior_round():
     det = FedVBDetector(
         4,
-        mean_prior=X.mean(0),
-        covariance_prior=np.cov(X.T),
-        degrees_of_freedom_prior=3.5,
         random_state=0,
+        prior=Prior(mean=X.mean(0), covariance=np.cov(X.T), degrees_of_freedom=3.5),
     ).fit(X, groups=GROUPS)
     assert det.history_[0]["kind"] != "vb_prior"
     assert det.effective_n_components_ == 3
@@ -395,9 +396,9 @@ def test_init_stores_arguments_and_clone_keeps_them():
     from sklearn.base import clone
 
     det = FedVBDetector(
-        7, mean_prior=[1.0, 2.0, 3.0], density="plugin", weight_concentration_prior=-1
+        7, density="plugin", weight_concentration_prior=-1, prior=Prior(mean=[1.0, 2.0, 3.0])
     )
     params = clone(det).get_params()
     assert params["n_components"] == 7 and params["density"] == "plugin"
     assert params["weight_concentration_prior"] == -1  # checked in fit, not here
-    assert np.array_equal(params["mean_prior"], [1.0, 2.0, 3.0])
+    assert np.array_equal(params["prior__mean"], [1.0, 2.0, 3.0])

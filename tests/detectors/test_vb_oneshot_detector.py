@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _saved_files import rewrite, with_keys_renamed
+from _saved_files import rewrite, with_flat_options, with_keys_renamed
 from _tolerance import assert_close_scaled
 from sklearn.base import clone
 from sklearn.metrics import roc_auc_score
 
 import fednovelty
 from fednovelty import FedVBDetector
+from fednovelty.detectors.options import Initialisation, Robustness
 
 torch.set_num_threads(1)
 
@@ -101,16 +102,24 @@ def test_save_load_keeps_the_one_shot_posterior(tmp_path, data, fitted, how):
 def test_files_saved_under_the_old_names_load(tmp_path, data):
     X, groups = data
     det = FedVBDetector(
-        4, posterior_merge="natural", aggregation="trimmed", trim=0.2, random_state=0
+        4,
+        posterior_merge="natural",
+        random_state=0,
+        robustness=Robustness(aggregation="trimmed", trim=0.2),
     ).fit(X, groups=groups)
     new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
     det.save(new)
     det.save(old)
     # as files were written when aggregation named the posterior rule
-    rewrite(old, lambda text: with_keys_renamed(text, OLD_NAMES))
+    rewrite(old, lambda text: with_keys_renamed(with_flat_options(text), OLD_NAMES))
     for path in (new, old):  # a file with the current names is not renamed
         back = fednovelty.load(path)
-        assert (back.posterior_merge, back.aggregation, back.trim) == ("natural", "trimmed", 0.2)
+        robust = back.robustness
+        assert (back.posterior_merge, robust.aggregation, robust.trim) == (
+            "natural",
+            "trimmed",
+            0.2,
+        )
         assert_close_scaled(back.score_samples(X), det.score_samples(X), rtol=1e-12)
 
 
@@ -121,7 +130,13 @@ def test_files_saved_under_the_old_names_load(tmp_path, data):
         ({"match_threshold": 0.0}, "match_threshold"),
         ({"posterior_merge": "moment", "covariance_type": "tied"}, "tied"),
         ({"posterior_merge": "natural", "init_params": "separated"}, "init_params='kmeans'"),
-        ({"posterior_merge": "natural", "means_init": [[0.0, 0.0], [8.0, 0.0]]}, "means_init"),
+        (
+            {
+                "posterior_merge": "natural",
+                "initialisation": Initialisation(means_init=[[0.0, 0.0], [8.0, 0.0]]),
+            },
+            "means_init",
+        ),
     ],
 )
 def test_invalid_settings_are_named(data, kwargs, message):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _saved_files import rewrite, with_keys_renamed
+from _saved_files import rewrite, with_flat_options, with_keys_renamed
 from _tolerance import assert_close_scaled
 
+from fednovelty.detectors.options import Robustness
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.exceptions import ModelFormatError
 
@@ -123,17 +124,21 @@ def test_save_and_load_give_the_same_predictions(fitted, data, tmp_path) -> None
 def test_files_saved_under_the_old_names_load(data, tmp_path) -> None:
     X, y, groups = data
     clf = VGM2Classifier(
-        "fedavg", **FAST, posterior_merge="natural", aggregation="trimmed", random_state=0
+        "fedavg",
+        **FAST,
+        posterior_merge="natural",
+        random_state=0,
+        robustness=Robustness(aggregation="trimmed"),
     ).fit(X, y, groups)
     new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
     clf.save(new)
     clf.save(old)
     # as files were written when aggregation named the markers' rule
     old_names = {"posterior_merge": "aggregation", "aggregation": "robust_aggregation"}
-    rewrite(old, lambda text: with_keys_renamed(text, old_names))
+    rewrite(old, lambda text: with_keys_renamed(with_flat_options(text), old_names))
     for path in (new, old):  # a file with the current names is not renamed
         loaded = VGM2Classifier.load(path)
-        assert (loaded.posterior_merge, loaded.aggregation) == ("natural", "trimmed")
+        assert (loaded.posterior_merge, loaded.robustness.aggregation) == ("natural", "trimmed")
         assert_close_scaled(loaded.predict_proba_y(X[:10]), clf.predict_proba_y(X[:10]), rtol=1e-12)
 
 

@@ -18,6 +18,7 @@ from scipy.stats import multivariate_normal, norm
 from sklearn.mixture import GaussianMixture
 
 from fednovelty.detectors import FedGMMDetector
+from fednovelty.detectors.options import Prior, Privacy
 from fednovelty.evaluation.membership import score_attack, stats_attack
 from fednovelty.evaluation.membership_audit import auc_interval, auc_standard_error, membership_auc
 from fednovelty.evaluation.membership_bounds import (
@@ -207,7 +208,7 @@ def test_score_attack_leaks_from_an_overfit_mixture_not_from_a_well_fed_one():
     # the project's federated EM without its prior and privacy floor overfits too
     fed = score_attack(
         lambda: FedGMMDetector(
-            n_components=8, prior_strength=None, privacy_min_rows=1, random_state=0
+            n_components=8, random_state=0, prior=Prior(strength=None), privacy=Privacy(min_rows=1)
         ),
         rng.normal(size=(40, 2)),
         rng.normal(size=(40, 2)),

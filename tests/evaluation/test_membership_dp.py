@@ -19,6 +19,7 @@ import torch
 from scipy.stats import chi2, norm
 
 from fednovelty.detectors import FedGMMDetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.evaluation.membership import gate_attack, score_attack
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.trust import gate
@@ -142,10 +143,15 @@ def _score_aucs(dp_epsilon, seeds):
     """Mean loss-attack AUC of FedGMMDetector (8 components, no prior) on 4 clients of 10
     rows of N(0, I_2) against 40 held-out rows, over ``seeds`` fresh datasets."""
     params = dict(
-        n_components=8, prior_strength=None, privacy_min_rows=1, max_iter=10, kmeans_rounds=3
+        n_components=8,
+        prior=Prior(strength=None),
+        privacy=Privacy(min_rows=1),
+        max_iter=10,
+        initialisation=Initialisation(kmeans_rounds=3),
     )
     if dp_epsilon is not None:
-        params.update(dp_epsilon=dp_epsilon, dp_delta=1e-5, dp_bounds=([-BOX] * D, [BOX] * D))
+        bounds = ([-BOX] * D, [BOX] * D)
+        params["privacy"] = Privacy(min_rows=1, epsilon=dp_epsilon, delta=1e-5, bounds=bounds)
     aucs, spent = [], []
     for seed in range(seeds):
         rng = np.random.default_rng(100 + seed)

@@ -16,6 +16,7 @@ from _tolerance import assert_close_scaled
 from scipy.stats import multivariate_normal
 
 from fednovelty.detectors import FedGMMDetector, JointFedGMMDetector
+from fednovelty.detectors.options import Privacy
 from fednovelty.federated import EMConfig, FederatedEM, PrivacyPolicy
 from fednovelty.federated.joint_models.joint import JointFedGMM, global_log_joint_weights
 from fednovelty.runtime import run_simulation
@@ -243,8 +244,8 @@ def test_detectors_pass_both_settings_through():
         global_weights="client_average",
         max_iter=200,
         tol=1e-4,
-        privacy_min_rows=1,
         random_state=0,
+        privacy=Privacy(min_rows=1),
     ).fit(X, groups=groups)
     assert_close_scaled(det.weights_, det.client_weights_.mean(0), rtol=1e-10)
     default = FedGMMDetector(2).get_params()

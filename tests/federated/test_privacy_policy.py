@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
+from fednovelty.detectors.options import Privacy
 from fednovelty.federated import FederatedEM, FedGenGMM, Message, PrivacyPolicy
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.pca import FederatedPCA
@@ -605,10 +606,10 @@ def test_detectors_take_the_floor_and_subset_still_works():
     with pytest.warns(UserWarning, match="privacy_min_rows=5"):
         det = FedGenGMMDetector(n_components=2, random_state=0).fit(X, groups=groups)
     assert det.skipped_clients_ == [2]
-    bare = FedGenGMMDetector(n_components=2, privacy_min_rows=1, random_state=0)
+    bare = FedGenGMMDetector(n_components=2, random_state=0, privacy=Privacy(min_rows=1))
     assert bare.fit(X, groups=groups).skipped_clients_ == []  # no floor: 3 rows take part
-    with pytest.raises(ValueError, match="privacy_min_rows"):
-        FedGMMDetector(2, privacy_min_rows=0).fit(X, groups=groups)
+    with pytest.raises(ValueError, match="'min_rows' parameter of Privacy"):
+        FedGMMDetector(2, privacy=Privacy(min_rows=0)).fit(X, groups=groups)
     with pytest.warns(UserWarning, match="raw rows"):
         subset = FedGMMDetector(2, init_params="subset", random_state=0).fit(X, groups=groups)
     assert [r["kind"] for r in subset.history_[:3]] == ["moments", "count", "subset"]

@@ -17,6 +17,7 @@ from fednovelty.detectors._dp import (
     PENDING_BOUNDS,
     bounds_copies,
 )
+from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.evaluation import auroc
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.trust import gate
@@ -202,11 +203,10 @@ def test_a_private_fit_without_bounds_works_end_to_end(mode) -> None:
     det = FedGMMDetector(
         2,
         mixture_weights="global",
-        dp_epsilon=1.0,
-        dp_mode=mode,
         max_iter=5,
-        kmeans_rounds=2,
         random_state=0,
+        initialisation=Initialisation(kmeans_rounds=2),
+        privacy=Privacy(epsilon=1.0, mode=mode),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

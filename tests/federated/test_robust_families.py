@@ -21,6 +21,7 @@ from scipy.stats import trim_mean
 from sklearn.metrics import roc_auc_score
 
 from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
 from fednovelty.detectors.variational import FedVBDetector
@@ -499,25 +500,25 @@ def test_fedvb_detector_reaches_the_robust_options() -> None:
     module = "fednovelty.detectors.variational"
 
     def auroc(**options) -> float:
-        detector = FedVBDetector(6, random_state=0, privacy_min_rows=1, **options)
+        detector = FedVBDetector(6, random_state=0, **options, privacy=Privacy(min_rows=1))
         return detector_auroc(detector, module, FederatedVB)
 
-    assert auroc(aggregation="trimmed") > 0.99
+    assert auroc(robustness=Robustness(aggregation="trimmed")) > 0.99
     assert auroc() < 0.7
     X, groups = torch.cat(clients(0)).numpy(), np.repeat(np.arange(N_CLIENTS), 200)
     with pytest.raises(ValueError, match="aggregation='median' is a one-shot option"):
-        FedVBDetector(3, aggregation="median").fit(X, groups=groups)
+        FedVBDetector(3, robustness=Robustness(aggregation="median")).fit(X, groups=groups)
 
 
 @pytest.mark.parametrize(("merge", "robust"), [("moment", "trimmed"), ("natural", "median")])
 def test_one_shot_fedvb_detector_reaches_the_robust_options(merge, robust) -> None:
     def auroc(**options) -> float:
         detector = FedVBDetector(
-            6, posterior_merge=merge, random_state=0, privacy_min_rows=1, **options
+            6, posterior_merge=merge, random_state=0, **options, privacy=Privacy(min_rows=1)
         )
         return detector_auroc(detector, "fednovelty.detectors.variational", FederatedVBOneShot)
 
-    assert auroc(aggregation=robust, trim=0.1) > 0.99
+    assert auroc(robustness=Robustness(aggregation=robust, trim=0.1)) > 0.99
     assert auroc() < 0.7
 
 
@@ -525,10 +526,12 @@ def test_streaming_detector_reaches_the_robust_options() -> None:
     module = "fednovelty.detectors.streaming"
 
     def auroc(**options) -> float:
-        detector = StreamingFedGMMDetector(3, random_state=0, privacy_min_rows=1, **options)
+        detector = StreamingFedGMMDetector(
+            3, random_state=0, **options, privacy=Privacy(min_rows=1)
+        )
         return detector_auroc(detector, module, FederatedEM)
 
-    assert auroc(aggregation="trimmed") > 0.99
+    assert auroc(robustness=Robustness(aggregation="trimmed")) > 0.99
     assert auroc() < 0.9  # the liar's far component takes weight in the mix
 
 
@@ -560,7 +563,7 @@ def test_joint_detectors_reach_the_robust_options(detector, module, algorithm) -
             inner = algorithm(*args, **settings)
             return WithForger(inner, LIAR, scaled(inner))
 
-        model = detector(random_state=0, privacy_min_rows=1, **options)
+        model = detector(random_state=0, **options, privacy=Privacy(min_rows=1))
         with mock.patch(f"{module}.{algorithm.__name__}", build), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if liar:
@@ -570,5 +573,5 @@ def test_joint_detectors_reach_the_robust_options(detector, module, algorithm) -
         return float((model.predict_y(held.numpy()) == y_held.numpy()).mean())
 
     reference = accuracy_of(liar=False)
-    assert accuracy_of(aggregation="trimmed") >= reference - CLOSE
+    assert accuracy_of(robustness=Robustness(aggregation="trimmed")) >= reference - CLOSE
     assert accuracy_of() < 0.3

@@ -18,6 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty import FedVBDetector
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.detectors.variational import VB_PRIOR_SCALE
 from fednovelty.mixture import MixtureParams, predict_proba
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
@@ -74,8 +75,9 @@ def sklearn_on(rows: np.ndarray, resp: np.ndarray, **priors) -> BayesianGaussian
 
 
 def detector(**kwargs) -> FedVBDetector:
-    settings = {"tol": 1e-6, "max_iter": 200, "privacy_min_rows": 1, "random_state": 0}
-    return FedVBDetector(5, **{**settings, **given(rough_start()), **kwargs})
+    settings = {"tol": 1e-6, "max_iter": 200, "privacy": Privacy(min_rows=1), "random_state": 0}
+    start = {"initialisation": Initialisation(**given(rough_start()))}
+    return FedVBDetector(5, **{**settings, **start, **kwargs})
 
 
 # ----------------------------------------------------------------------------- the prior
@@ -167,13 +169,14 @@ def test_standardised_scores_are_the_prestandardised_fit_plus_the_jacobian():
         "precisions_init": D @ start["precisions_init"] @ D,
     }
     nu = X.shape[1] + 2.0
-    priors = {  # the same prior, given by hand in z-scores
-        "prior_strength": None,
-        "mean_prior": np.zeros(3),
-        "degrees_of_freedom_prior": nu,
-        "covariance_prior": np.diag(nu * VB_PRIOR_SCALE * Z.var(0)),
-    }
-    outside = detector(standardize=False, **z_start, **priors).fit(Z, groups=GROUPS)
+    prior = Prior(  # the same prior, given by hand in z-scores
+        standardize=False,
+        strength=None,
+        mean=np.zeros(3),
+        degrees_of_freedom=nu,
+        covariance=np.diag(nu * VB_PRIOR_SCALE * Z.var(0)),
+    )
+    outside = detector(initialisation=Initialisation(**z_start), prior=prior).fit(Z, groups=GROUPS)
     assert inside.history_[0]["kind"] == "moments"
     assert "moments" not in [r["kind"] for r in outside.history_]
     assert inside.n_iter_ == outside.n_iter_
@@ -186,7 +189,7 @@ def test_standardised_scores_are_the_prestandardised_fit_plus_the_jacobian():
 def test_rescaled_features_give_the_rescaled_model(merge):
     """Units of the features do not change the fit (k-means start, exact and one-shot): the
     scores move by the Jacobian only."""
-    options = {"posterior_merge": merge, "privacy_min_rows": 1, "random_state": 0}
+    options = {"posterior_merge": merge, "privacy": Privacy(min_rows=1), "random_state": 0}
     units = np.array([7.0, 1e-2, 1e4])
     base = FedVBDetector(6, **options).fit(X, groups=GROUPS)
     rescaled = FedVBDetector(6, **options).fit(X * units, groups=GROUPS)
@@ -217,7 +220,8 @@ def test_switched_off_detector_is_sklearns_defaults_exactly():
     )
     resp = predict_proba(start, torch.as_tensor(rows)).numpy()
     reference = sklearn_on(rows, resp)
-    plain = detector(standardize=False, prior_strength=None, **given(start))
+    start_at = Initialisation(**given(start))
+    plain = detector(prior=Prior(standardize=False, strength=None), initialisation=start_at)
     plain.fit(rows, groups=GROUPS)
     assert plain.history_[0]["kind"] == "vb_prior"
     assert plain.n_iter_ == reference.n_iter_
@@ -229,12 +233,14 @@ def test_switched_off_detector_is_sklearns_defaults_exactly():
     # standardisation alone: scikit-learn's defaults on the z-scores (nu_0 = d, the
     # z-scores' covariance), mapped back
     mean, sd = rows.mean(0), rows.std(0)
-    std_only = detector(prior_strength=None, **given(start)).fit(rows, groups=GROUPS)
+    std_only = detector(prior=Prior(strength=None), initialisation=start_at)
+    std_only.fit(rows, groups=GROUPS)
     on_z = sklearn_on((rows - mean) / sd, resp)
     assert std_only.history_[0]["kind"] == "moments"
     assert_close_scaled(std_only.means_, mean + on_z.means_ * sd, RTOL, "means_")
     # prior alone: the pseudo-rows on the raw features, no moments round
-    prior_only = detector(standardize=False, **given(start)).fit(rows, groups=GROUPS)
+    prior_only = detector(prior=Prior(standardize=False), initialisation=start_at)
+    prior_only.fit(rows, groups=GROUPS)
     assert prior_only.history_[0]["kind"] == "vb_prior"
     nu = rows.shape[1] + 2.0
     raw = sklearn_on(
@@ -250,7 +256,7 @@ def test_switched_off_detector_is_sklearns_defaults_exactly():
 
 def test_invalid_prior_strength_names_the_argument():
     with pytest.raises(ValueError, match="degrees_of_freedom"):
-        FedVBDetector(3, prior_strength=1.0).fit(X, groups=GROUPS)
+        FedVBDetector(3, prior=Prior(strength=1.0)).fit(X, groups=GROUPS)
 
 
 def test_a_feature_constant_on_each_client_keeps_every_client():
@@ -261,7 +267,7 @@ def test_a_feature_constant_on_each_client_keeps_every_client():
     rows = rng.normal(size=(400, 3))
     groups = np.repeat(np.arange(4), 100)
     rows[:, 2] = 0.3 * groups - 0.457
-    det = FedVBDetector(4, privacy_min_rows=1, max_iter=300, random_state=0)
+    det = FedVBDetector(4, max_iter=300, random_state=0, privacy=Privacy(min_rows=1))
     det.fit(rows, groups=groups)
     assert all(r["n_replied"] == 4 and not r["restarted"] for r in det.history_)
     assert np.isfinite(det.score_samples(rows)).all()

@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture
 
 from fednovelty.detectors import variational as vb_detector
+from fednovelty.detectors.options import Privacy
 from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig
 from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot, VBOneShotConfig
@@ -287,7 +288,7 @@ def test_the_detector_passes_the_start_and_its_matching_threshold(monkeypatch):
     groups = np.concatenate([np.full(len(c), i) for i, c in enumerate(clients)])
     rows = np.concatenate([c.numpy() for c in clients])
     det = vb_detector.FedVBDetector(
-        K, init_params="oneshot", match_threshold=0.8, privacy_min_rows=1, random_state=0
+        K, init_params="oneshot", match_threshold=0.8, random_state=0, privacy=Privacy(min_rows=1)
     ).fit(rows, groups=groups)
     config = built[-1]
     assert config.init_params == "oneshot" and config.match_threshold == 0.8

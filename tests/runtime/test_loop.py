@@ -180,7 +180,8 @@ def test_dropout_with_a_client_below_its_floor_fits_every_seed(detector) -> None
     options = {"n_clusters": 2, "cluster_components": 1} if detector != "FedGMMDetector" else {}
     failed = 0
     for seed in range(6):
-        model = getattr(fednovelty, detector)(2, dropout=0.6, random_state=seed, **options)
+        sampling = fednovelty.ClientSampling(dropout=0.6)
+        model = getattr(fednovelty, detector)(2, sampling=sampling, random_state=seed, **options)
         model.fit(X, groups=groups)
         assert np.isfinite(model.score_samples(X)).all()
         failed += sum(r["failed"] for r in model.history_)

@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("flwr")
 
+from fednovelty.detectors.options import Privacy
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.runtime import run_simulation
@@ -105,12 +106,10 @@ def test_a_detectors_distributed_fit_warns_and_reports_the_servers_epsilon():
     X, groups = rng.normal(0, 1, (1200, 3)), np.repeat(np.arange(4), 300)
     detector = FedGMMDetector(
         n_components=2,
-        dp_epsilon=1.0,
-        dp_mode="distributed",
-        dp_bounds=([-5.0] * 3, [5.0] * 3),
         mixture_weights="global",
         max_iter=3,
         random_state=0,
+        privacy=Privacy(epsilon=1.0, mode="distributed", bounds=([-5.0] * 3, [5.0] * 3)),
     )
     with pytest.warns(UserWarning) as caught:
         detector.fit(X, groups=groups)
