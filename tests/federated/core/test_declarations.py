@@ -33,8 +33,8 @@ from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.reply_form import check_reply
 from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import run_simulation
-from tests.federated.test_liar_property import CASES
-from tests.federated.test_validation import WithForger, make_clients, with_tensors
+from tests.federated.trust.test_liar_property import CASES
+from tests.federated.trust.test_validation import WithForger, make_clients, with_tensors
 
 D = 3
 

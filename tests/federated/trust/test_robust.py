@@ -23,7 +23,7 @@ from fednovelty.federated.trust.robust import (
 )
 from fednovelty.mixture import merge_stats, score_samples, stats_from_resp
 from fednovelty.runtime import run_simulation
-from tests.federated.test_validation import WithForger
+from tests.federated.trust.test_validation import WithForger
 
 D = 3
 FAR = torch.full((D,), 20.0, dtype=torch.float64)

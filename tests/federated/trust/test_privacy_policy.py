@@ -662,7 +662,7 @@ def test_a_flower_node_enforces_its_own_policy(monkeypatch):
 
 
 def test_privacy_page_example_runs(capsys):
-    text = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text()
     (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     with pytest.warns(UserWarning, match="skipped"):
         exec(compile(block, "docs/privacy.md", "exec"), {})
