@@ -167,10 +167,10 @@ def stream_figures(df: pd.DataFrame, outputs: BenchOutputs) -> list[Path]:
 
 def run_stream(args: argparse.Namespace) -> int:
     """``bench --stream``: novelty under drift (module doc); print the summary. Exit 0."""
+    from fednovelty.evaluation.stream_summary import format_stream_summary
     from fednovelty.evaluation.streams import (
         check_stream_datasets,
         check_stream_methods,
-        format_stream_summary,
         run_stream_benchmark,
         stream_methods,
     )

@@ -38,11 +38,8 @@ from fednovelty.evaluation.metrics import (
     max_f1,
 )
 from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs, plot_stream_metric
-from fednovelty.evaluation.streams import (
-    format_stream_summary,
-    run_stream_benchmark,
-    stream_summary,
-)
+from fednovelty.evaluation.stream_summary import format_stream_summary, stream_summary
+from fednovelty.evaluation.streams import run_stream_benchmark
 from fednovelty.evaluation.summary import summarize
 from fednovelty.methods import METHODS
 
