@@ -5,8 +5,8 @@ normal) and ``decision_function(X)`` is ``-log p(x)`` (higher = more anomalous).
 
 The detectors are imported on first use (PEP 562), so that processes which need only the
 math and algorithm layers (e.g. every Flower ClientApp process) do not import PyOD or the
-estimator layer. They still load scikit-learn: the algorithm registry includes the kNN
-markers, whose clients find their neighbours with ``sklearn.neighbors``.
+estimator layer; ``fednovelty.federated`` imports an algorithm's modules when it is first
+named, so a ClientApp running federated EM does not import scikit-learn either.
 """
 
 from __future__ import annotations
