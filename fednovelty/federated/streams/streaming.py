@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
-from scipy.stats import chi2
+from scipy.special import gammaincinv
 from torch import Tensor
 
 from fednovelty.federated.core.aggregate import stats_message
@@ -197,8 +197,10 @@ class StreamState:
 
 
 def far_threshold(far_quantile: float, n_features: int) -> float:
-    """The squared Mahalanobis distance beyond which a row is far from a component."""
-    return float(chi2.ppf(far_quantile, df=n_features))
+    """The squared Mahalanobis distance beyond which a row is far from a component: the
+    ``far_quantile`` quantile of chi-squared with ``n_features`` degrees of freedom (as
+    ``scipy.stats.chi2.ppf`` computes it, without importing ``scipy.stats``)."""
+    return float(2.0 * gammaincinv(n_features / 2.0, far_quantile))
 
 
 def far_rows(log_components: Tensor, params: MixtureParams, threshold: float) -> Tensor:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from scipy.stats import norm
+from scipy.special import ndtri
 from torch import Tensor
 
 from fednovelty.federated.core.base import (
@@ -142,7 +142,7 @@ def noise_threshold(n_bins: int) -> float:
     holding rows: ``Phi^-1(1 - FALSE_BIN_RATE / n_bins)`` (Bonferroni over the ``n_bins``
     bins of all features), so that with probability at least ``1 - FALSE_BIN_RATE`` no
     empty bin passes (4.1 standard deviations for 1,000 bins, 4.6 for 16,600)."""
-    return float(norm.isf(FALSE_BIN_RATE / max(1, int(n_bins))))
+    return float(-ndtri(FALSE_BIN_RATE / max(1, int(n_bins))))
 
 
 def quantile_bounds(
