@@ -44,7 +44,7 @@ from benchmarks._machine import emit_report, report_header  # noqa: E402
 from benchmarks.fedgmm_mnist import COMPOSED, image_rows, unit_norm  # noqa: E402
 from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
 from fednovelty.detectors import Initialisation, Privacy  # noqa: E402
-from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.metrics import auroc  # noqa: E402
 
 WIDTH = 24

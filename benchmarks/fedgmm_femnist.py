@@ -71,7 +71,7 @@ from fednovelty.datasets.femnist import (  # noqa: E402
     split_writers,
 )
 from fednovelty.detectors import ClientSampling  # noqa: E402
-from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
 #: FedGMM paper, Table 2, row "FEMNIST" (average test accuracy, %).

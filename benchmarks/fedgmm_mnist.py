@@ -91,7 +91,7 @@ from fednovelty.datasets.shifts import (  # noqa: E402
     permute_labels,
     transform_images,
 )
-from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.metrics import aupr_out, auroc, max_f1  # noqa: E402
 
 SETTINGS = {

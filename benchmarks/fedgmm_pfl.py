@@ -61,7 +61,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._machine import emit_report  # noqa: E402
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic  # noqa: E402
-from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
 #: FedGMM paper, Table 2, row "Synthetic" (average test accuracy, %).

@@ -72,7 +72,7 @@ from fednovelty.datasets.protocols import make_task, polar_rows  # noqa: E402
 from fednovelty.datasets.shifts import transform_images  # noqa: E402
 from fednovelty.detectors._em_detector import AdaptedClient  # noqa: E402
 from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
-from fednovelty.detectors.joint import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
 from fednovelty.evaluation.ablations import resolve_method  # noqa: E402
 from fednovelty.evaluation.metrics import evaluate  # noqa: E402
 from fednovelty.methods import METHODS  # noqa: E402

@@ -9,7 +9,7 @@ from fednovelty.detectors.cam import ClusteredFLClassifier
 from fednovelty.detectors.clustered import ClusteredFedGMMDetector
 from fednovelty.detectors.fedgengmm import FedGenGMMDetector
 from fednovelty.detectors.fedgmm import FedGMMDetector
-from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
 from fednovelty.detectors.local import LocalGMMDetector
 from fednovelty.detectors.mfa import FedMFADetector

@@ -15,7 +15,8 @@ import os
 
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from fednovelty.detectors.base import SimulatedFitMixin, restore_classifier_attrs
+from fednovelty.detectors._saved_state import restore_classifier_attrs
+from fednovelty.detectors.base import SimulatedFitMixin
 from fednovelty.detectors.persistence import check_items, get_attr, load, save_detector
 
 

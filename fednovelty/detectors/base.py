@@ -21,185 +21,54 @@ round a fit runs is numbered in one sequence ``1..n_rounds_`` (e.g. federated PC
 then EM's), in ``history_`` and in the records the callbacks receive alike.
 
 A federated PCA front end (``pca_components``; ``docs/high_dimension.md``) is the same for
-every mixture family that has it (``_pca_front_end``): ``_fit`` runs federated PCA on the
-clients' rows first, then the family's own fit on the projected rows, its algorithm wrapped
-so that the server sends the projection and each client projects its own rows
-(``fednovelty.federated.mixtures.projected.Projected``); ``score_samples`` is the family's
-log-density of the projection plus the probabilistic-PCA residual term
-(``fednovelty.mixture.ppca.residual_log_density``), a log-density of ``x``.
+every mixture family that has it (``_pca_front_end``; ``fednovelty.detectors._front_end``):
+``_fit`` runs federated PCA on the clients' rows first, then the family's own fit on the
+projected rows, its algorithm wrapped so that the server sends the projection and each
+client projects its own rows; ``score_samples`` is the family's log-density of the
+projection plus the probabilistic-PCA residual term, a log-density of ``x``.
 
 Fits are atomic: every method that sets fitted state (``fit``, ``partial_fit``) is wrapped by
-``atomic_fit``, which deep-copies the estimator's state first and puts it back on any error,
-so a failed refit keeps the previous model exactly (its ``n_features_in_``,
-``feature_names_in_`` and ``client_ids_`` included) and a failed first fit leaves the estimator
-unfitted.
+``atomic_fit`` (``fednovelty.detectors._fit_state``), which deep-copies the estimator's state
+first and puts it back on any error, so a failed refit keeps the previous model exactly (its
+``n_features_in_``, ``feature_names_in_`` and ``client_ids_`` included) and a failed first fit
+leaves the estimator unfitted. What a detector saves and restores:
+``fednovelty.detectors._saved_state``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
-import os
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
 import torch
 from pyod.models.base import BaseDetector
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
 from fednovelty.detectors import options as _options  # noqa: F401 - the classes register
 from fednovelty.detectors._dp import check_delta, private_threshold
+from fednovelty.detectors._fit_state import atomic_fit, check_callbacks, renumbered, seed_from
+from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_front_end_params
 from fednovelty.detectors._labels import encode_labels
-from fednovelty.detectors._probability import finite_moments, outlier_labels, outlier_probability
+from fednovelty.detectors._probability import outlier_labels, outlier_probability
+from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
 from fednovelty.detectors.persistence import (
-    check_items,
-    check_mixture,
-    get_attr,
-    get_tensor,
-    load,
-    pca_from,
-    pca_tensors,
     register,
-    save_detector,
 )
-from fednovelty.exceptions import ModelFormatError, NotFittedError
+from fednovelty.exceptions import NotFittedError
 from fednovelty.federated.init.settings import PrivateSettings
-from fednovelty.federated.mixtures.pca import FederatedPCA, PCAProjection
 from fednovelty.federated.mixtures.projected import Projected
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams
-from fednovelty.mixture.ppca import residual_log_density
-from fednovelty.runtime import RoundRecord, run_simulation
+from fednovelty.runtime import run_simulation
 from fednovelty.runtime.threads import scoring_threads
 
 
-@dataclasses.dataclass(frozen=True)
-class FrontEndRun:
-    """The PCA front end of a running fit: what ``_simulate`` needs to wrap the family's
-    algorithm (:class:`~fednovelty.federated.mixtures.projected.Projected`).
-
-    Attributes:
-        projection: the fitted federated PCA.
-        resend: rounds sample clients (the projection goes with every broadcast).
-        pca: the PCA rounds' ``SimulationResult``.
-    """
-
-    projection: PCAProjection
-    resend: bool
-    pca: object
-
-
-class ClientViews(list):
-    """The PCA front end's clients: the projected rows (n_c, q) of each client, in client
-    order, with ``rows``, each client's original rows (n_c, d) at the same index.
-
-    ``_fit`` passes them to ``_fit_clients``; :meth:`SimulatedFitMixin._simulate` given this
-    list (not a plain list of tensors) runs the family's algorithm wrapped in ``Projected``
-    on ``rows``, the clients projecting their own rows.
-    """
-
-    def __init__(self, views: Iterable[torch.Tensor], rows: Iterable[torch.Tensor]) -> None:
-        super().__init__(views)
-        self.rows = list(rows)
-        if len(self.rows) != len(self):
-            raise ValueError(f"{len(self)} client views but rows of {len(self.rows)} clients.")
-
-
-def _check_front_end_params(cls: type) -> None:
-    """Whether ``cls``, which declares its own ``_params``, takes the PCA front end: only if
-    they declare ``pca_components`` (what the front end reads). A class that inherits
-    ``_pca_front_end = True`` but declares no ``pca_components`` (e.g. a streaming model whose
-    later windows would not be projected) does not; one that sets it itself must declare it.
-
-    Raises:
-        TypeError: ``_pca_front_end = True`` set on ``cls`` itself without ``pca_components``
-            in its ``_params``.
-    """
-    if "pca_components" in cls.__dict__["_params"].names:
-        return
-    if cls.__dict__.get("_pca_front_end", False):
-        raise TypeError(
-            f"{cls.__name__} sets _pca_front_end = True but its _params do not declare "
-            "pca_components; add the PCA group (fednovelty.detectors._params.PCA) to its "
-            "declare(...), or set _pca_front_end = False."
-        )
-    cls._pca_front_end = False
-
-
-def seed_from(random_state) -> int:
-    """An integer seed from ``None``, an int or a ``numpy.random.RandomState``."""
-    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
-
-
-def check_callbacks(callbacks) -> tuple[Callable[[RoundRecord], None], ...]:
-    """``fit``'s ``callbacks`` as a tuple of callables, or a TypeError that says what is wrong."""
-    if (
-        callable(callbacks)
-        or isinstance(callbacks, str | bytes)
-        or not isinstance(callbacks, Iterable)
-    ):
-        raise TypeError(
-            f"callbacks must be a sequence of callables (e.g. callbacks=[print]); got "
-            f"{type(callbacks).__name__}."
-        )
-    callbacks = tuple(callbacks)
-    for index, callback in enumerate(callbacks):
-        if not callable(callback):
-            raise TypeError(
-                f"callbacks[{index}] is not callable (a {type(callback).__name__}); callbacks "
-                "must hold functions taking one RoundRecord."
-            )
-    return callbacks
-
-
-@contextmanager
-def state_kept_on_error(estimator):
-    """Run the block; on any exception (``KeyboardInterrupt`` included) put ``estimator``'s
-    attributes back as they were before it, then re-raise.
-
-    Everything in ``estimator.__dict__`` but the constructor arguments is deep-copied first
-    (fitted attributes ending in ``_`` and private fitted state alike; tensors, arrays,
-    modules); the constructor arguments are kept as the same objects (a ``random_state``
-    generator stays the caller's). A fitted estimator whose refit fails therefore keeps its
-    previous model exactly, and an unfitted one stays unfitted.
-    """
-    params = {name: estimator.__dict__[name] for name in _init_names(estimator)}
-    memo = {id(value): value for value in params.values()}
-    saved = copy.deepcopy(estimator.__dict__, memo)
-    try:
-        yield
-    except BaseException:
-        estimator.__dict__.clear()
-        estimator.__dict__.update(saved)
-        raise
-
-
-def atomic_fit(method):
-    """Decorate a method that sets fitted state (``fit``, ``partial_fit``): on any error the
-    estimator keeps the state it had before the call (:func:`state_kept_on_error`)."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with state_kept_on_error(self):
-            return method(self, *args, **kwargs)
-
-    return call
-
-
-def _init_names(estimator) -> list[str]:
-    """The constructor arguments ``estimator`` stores under their own names."""
-    return [n for n in estimator._get_param_names() if n in estimator.__dict__]
-
-
-class SimulatedFitMixin:
+class SimulatedFitMixin(FrontEndMixin):
     """What every estimator that trains on a simulated federation shares: its torch options
     (``device``, ``dtype``), its clients' privacy policy (``Privacy.min_rows``), its option
     objects (:mod:`fednovelty.detectors.options`: validated, read through :meth:`_option`,
@@ -218,13 +87,13 @@ class SimulatedFitMixin:
     _renamed_params: ClassVar[dict[str, str]] = {}
     #: whether the estimator takes the federated PCA front end; a class that sets it declares
     #: the ``_params.PCA`` group (``pca_components``) in its ``_params``
-    #: (:func:`_check_front_end_params`).
+    #: (:func:`~fednovelty.detectors._front_end.check_front_end_params`).
     _pca_front_end: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "_params" in cls.__dict__:
-            _check_front_end_params(cls)
+            check_front_end_params(cls)
             _params.compose(cls)
         register(cls)  # every estimator class is loadable by name (persistence.REGISTRY)
 
@@ -233,20 +102,6 @@ class SimulatedFitMixin:
         ``n_features`` wide (default: the fitted width, if any): a progress bar's total;
         None if the estimator does not know it before it sees the data."""
         return None
-
-    def _front_end_rounds(self, n_features: int | None = None) -> int:
-        """Federated PCA's rounds that ``fit`` runs before the family's on rows ``n_features``
-        wide (default: the fitted ``n_features_in_``): ``FederatedPCA.max_rounds`` (2) when
-        ``pca_components`` engages the front end there, else 0. ``"auto"`` engages above
-        ``AUTO_PCA_FEATURES`` features, so on an unknown width (``n_features`` not given, the
-        estimator not fitted) its rounds are not counted: the total is then the family's."""
-        value = getattr(self, "pca_components", None)
-        if not self._pca_front_end or value is None:
-            return 0
-        if value == "auto":
-            width = n_features if n_features is not None else getattr(self, "n_features_in_", 0)
-            return FederatedPCA.max_rounds if width > _params.AUTO_PCA_FEATURES else 0
-        return FederatedPCA.max_rounds
 
     # -------------------------------------------------------------- configuration
     def _torch_options(self) -> dict:
@@ -331,7 +186,7 @@ class SimulatedFitMixin:
             clients = clients.rows
             round_offset += len(front.pca.history)
         if round_offset:
-            callbacks = [_renumbered(callback, round_offset) for callback in callbacks]
+            callbacks = [renumbered(callback, round_offset) for callback in callbacks]
         result = run_simulation(
             algorithm,
             clients,
@@ -396,62 +251,6 @@ class SimulatedFitMixin:
             self.__dict__.pop("_front_end_run", None)
         self._after_fit(array, group_codes)
         return self
-
-    # -------------------------------------------------------------- the PCA front end
-    def _front_end(
-        self, parts: list[np.ndarray], clients: list[torch.Tensor], seed: int
-    ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
-        """Run federated PCA when ``pca_components`` asks for it on these rows (sets
-        ``pca_``, else removes it) and return the clients' projected rows, as arrays and
-        tensors (n_c, q), the tensors as :class:`ClientViews` (which ``_simulate`` runs
-        projected); the rows unchanged without a front end.
-
-        Raises:
-            ValueError: ``pca_components`` above the rows' width, or the front end with
-                ``Privacy.epsilon`` (the PCA rounds have no private form).
-        """
-        # an estimator of a front-end family that does not declare the parameter has none
-        value = getattr(self, "pca_components", None)
-        q = _params.front_end_axes(value, clients[0].shape[1])
-        if q is None:
-            self.__dict__.pop("pca_", None)
-            return parts, clients
-        if self._option("privacy").epsilon is not None:
-            raise ValueError(
-                f"pca_components={value!r} projects these "
-                f"{clients[0].shape[1]}-feature rows with federated PCA, whose rounds have no "
-                "private form; use pca_components=None with privacy.epsilon (or a public "
-                "projection of the rows before fit)."
-            )
-        pca = self._simulate(FederatedPCA(q, **self._torch_options()), clients, seed, full=True)
-        self.pca_ = pca.state.projection
-        views = ClientViews([self.pca_.transform(c) for c in clients], clients)
-        sampling = self._option("sampling")
-        sampled = sampling.fraction < 1 or sampling.dropout > 0
-        self._front_end_run = FrontEndRun(self.pca_, sampled, pca)
-        return [v.cpu().numpy() for v in views], views
-
-    def _join_front_end_record(self) -> None:
-        """Put the PCA rounds first in ``history_`` and the byte totals (the family's rounds,
-        numbered after them, are already there)."""
-        front = self.__dict__.get("_front_end_run")
-        if front is None:
-            return
-        pca = front.pca
-        family = [r for r in getattr(self, "history_", []) if r["round"] > len(pca.history)]
-        self.history_ = [r.as_dict() for r in pca.history] + family
-        self.n_rounds_ = len(self.history_)
-        if family:  # the totals of the family's run are the last ones _simulate set
-            self.bytes_up_ += pca.bytes_up
-            self.bytes_down_ += pca.bytes_down
-
-    def _residual(self, X: torch.Tensor) -> torch.Tensor:
-        """The PCA front end's residual log-density of rows (n, n_features) -> (n,): zeros
-        without a projection (or one without a discarded direction's variance)."""
-        pca = getattr(self, "pca_", None)
-        if pca is None or pca.n_components == pca.n_features or not pca.noise_variance > 0:
-            return X.new_zeros(X.shape[0])
-        return residual_log_density(X, pca.mean, pca.components, pca.noise_variance)
 
     def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
         """Integer codes (n_rows,) of the labels a labelled fit models, ``classes_`` set; or
@@ -529,7 +328,7 @@ class SimulatedFitMixin:
         return array
 
 
-class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
+class MixtureDetector(ComponentsMixin, SimulatedFitMixin, SavedStateMixin, BaseDetector):
     """Base class of the fednovelty detectors (not used directly).
 
     Besides PyOD's contract every detector has the per-component API of
@@ -717,125 +516,6 @@ class MixtureDetector(ComponentsMixin, SimulatedFitMixin, BaseDetector):
             return X
         return self._check_X(X, fitted=True)
 
-    # -------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike) -> None:
-        """Save the fitted detector to ``path`` (safetensors + JSON metadata; no pickle)."""
-        self._check_fitted()
-        save_detector(self, path, *self._saved_state())
-
-    def _saved_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Every tensor and JSON attribute ``save`` writes (the common ones, then the
-        subclass's ``_get_state``)."""
-        # a private model's file keeps no exact value of a training row: no per-row score
-        private = hasattr(self, "privacy_spent_")
-        tensors = {} if private else {"decision_scores": torch.as_tensor(self.decision_scores_)}
-        attrs = {
-            "n_features_in_": self.n_features_in_,
-            "feature_names_in_": (
-                self.feature_names_in_.tolist() if hasattr(self, "feature_names_in_") else None
-            ),
-            "client_ids_": self.client_ids_.tolist(),
-            "threshold_": float(self.threshold_),
-            "history_": getattr(self, "history_", []),
-            "n_rounds_": getattr(self, "n_rounds_", 0),
-            "bytes_up_": getattr(self, "bytes_up_", 0),
-            "bytes_down_": getattr(self, "bytes_down_", 0),
-        }
-        if hasattr(self, "privacy_spent_"):
-            attrs["privacy_spent_"] = self.privacy_spent_
-        if self._pca_front_end and hasattr(self, "pca_"):
-            tensors.update(pca_tensors(self.pca_))
-        extra_tensors, extra_attrs = self._get_state()
-        return {**tensors, **extra_tensors}, {**attrs, **extra_attrs}
-
-    @classmethod
-    def load(cls, path: str | os.PathLike):
-        """Load a detector of this class saved with ``save``; the file runs no code.
-
-        Raises:
-            ModelFormatError: not a model of this class, or damaged (see
-                ``fednovelty.detectors.persistence``: the message names what is wrong).
-        """
-        return load(path, expected=cls)
-
-    def _get_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Subclass tensors and JSON attributes to save."""
-        return {}, {}
-
-    def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
-        """Restore fitted attributes from ``save``'s output, validated (``ModelFormatError``
-        naming what is wrong); subclasses restore and validate their own after this."""
-        restore_inputs(self, attrs)
-        if self._pca_front_end and any(key.startswith("pca.") for key in tensors):
-            self.pca_ = pca_from(tensors, self.n_features_in_, self._torch_options())
-            if not self._labelled:  # a family restores its model at the model's width
-                width = self.pca_.n_components  # (_restored puts the input width back)
-                self._input_width, self.n_features_in_ = self.n_features_in_, width
-        else:
-            self.__dict__.pop("pca_", None)
-        self.threshold_ = float(get_attr(attrs, "threshold_", float))
-        self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
-        self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
-        self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
-        self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
-        if attrs.get("privacy_spent_") is not None:
-            self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
-        elif hasattr(self, "privacy_spent_"):
-            del self.privacy_spent_
-        if hasattr(self, "privacy_spent_") and "decision_scores" not in tensors:
-            for name in ("decision_scores_", "labels_", "_mu", "_sigma"):
-                self.__dict__.pop(name, None)  # a private file holds no training scores
-            self._classes = 2
-            return
-        scores = get_tensor(tensors, "decision_scores", allow_inf=True)
-        if scores.ndim != 1 or scores.shape[0] == 0:
-            raise ModelFormatError(
-                f"the tensor 'decision_scores' must hold one score per training row, got shape "
-                f"{tuple(scores.shape)}."
-            )
-        self.decision_scores_ = scores.numpy()
-        self.labels_ = (self.decision_scores_ > self.threshold_).astype(int)
-        self._classes = 2
-        self._mu, self._sigma = finite_moments(self.decision_scores_)
-
-    def _restored(self) -> None:
-        """What ``load`` runs after ``_set_state``: with the PCA front end the family's
-        state was restored at the projection's width (``n_features_in_`` was ``q``, so each
-        family checks its model against the width it was fitted on); the input width
-        comes back here."""
-        width = self.__dict__.pop("_input_width", None)
-        if width is not None:
-            self.n_features_in_ = width
-
-    @staticmethod
-    def _mixture_tensors(params: MixtureParams, prefix: str) -> dict[str, torch.Tensor]:
-        return {f"{prefix}.{k}": v for k, v in params.tensors().items()}
-
-    def _mixture_from(
-        self,
-        tensors: dict[str, torch.Tensor],
-        prefix: str,
-        covariance_type: str,
-        n_features: int | None = None,
-    ) -> MixtureParams:
-        """The mixture saved under ``prefix``, validated (``check_mixture``: finite, PSD,
-        weights a probability vector, ``n_features`` wide; default ``n_features_in_``) and
-        moved to the detector's device and dtype (while ``load`` restores a PCA front end's
-        model, ``n_features_in_`` is the projection's width)."""
-        width = self.n_features_in_ if n_features is None else n_features
-        return check_mixture(tensors, prefix, covariance_type, width).to(**self._torch_options())
-
-
-def _client_ids(ids: list) -> np.ndarray:
-    """Saved client ids as an array: one kind (all strings or all numbers), distinct."""
-    if not ids:
-        raise ModelFormatError("client_ids_ is empty; a fitted model has at least one client.")
-    kind = str if isinstance(ids[0], str) else (int, float)
-    check_items(ids, "client_ids_", kind)
-    if len(set(ids)) != len(ids):
-        raise ModelFormatError("client_ids_ holds a client id twice.")
-    return np.asarray(ids)
-
 
 def labelled_tensors(
     clients: list[torch.Tensor], labels: list[np.ndarray]
@@ -847,49 +527,3 @@ def labelled_tensors(
         (rows, torch.as_tensor(codes, device=rows.device))
         for rows, codes in zip(clients, labels, strict=True)
     ]
-
-
-def restore_inputs(estimator, attrs: dict) -> None:
-    """Set a saved estimator's ``n_features_in_``, ``feature_names_in_`` (or remove it),
-    ``client_ids_`` and ``n_clients_`` from its JSON ``attrs``, validated.
-
-    Raises:
-        ModelFormatError: a missing, mistyped or inconsistent attribute, named.
-    """
-    estimator.n_features_in_ = get_attr(attrs, "n_features_in_", int, minimum=1)
-    names = get_attr(attrs, "feature_names_in_", (list, type(None)))
-    if names is not None:
-        check_items(names, "feature_names_in_", str)
-        if len(names) != estimator.n_features_in_:
-            raise ModelFormatError(
-                f"feature_names_in_ has {len(names)} names for n_features_in_="
-                f"{estimator.n_features_in_} features."
-            )
-        estimator.feature_names_in_ = np.asarray(names, dtype=object)
-    elif hasattr(estimator, "feature_names_in_"):
-        del estimator.feature_names_in_
-    estimator.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
-    estimator.n_clients_ = len(estimator.client_ids_)
-
-
-def restore_classifier_attrs(estimator, attrs: dict) -> None:
-    """Set a saved federated classifier's inputs (:func:`restore_inputs`) and ``classes_``
-    from its JSON ``attrs``, validated.
-
-    Raises:
-        ModelFormatError: a missing, mistyped or inconsistent attribute, named.
-    """
-    restore_inputs(estimator, attrs)
-    classes = check_items(get_attr(attrs, "classes_", list), "classes_", (str, int, float))
-    if len(classes) < 2 or len(set(classes)) != len(classes):
-        raise ModelFormatError(f"classes_ must hold at least 2 distinct labels: {classes}.")
-    estimator.classes_ = np.asarray(classes)
-
-
-def _renumbered(callback, offset: int) -> Callable[[RoundRecord], None]:
-    """``callback`` fed records whose ``round`` is shifted by ``offset``."""
-
-    def call(record: RoundRecord) -> None:
-        callback(dataclasses.replace(record, round=record.round + offset))
-
-    return call

@@ -32,6 +32,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
+from fednovelty.detectors._front_end import ClientViews
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
@@ -46,7 +47,6 @@ from fednovelty.detectors._params import (
     declare,
     option,
 )
-from fednovelty.detectors.base import ClientViews
 from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_probabilities,
@@ -222,7 +222,7 @@ class ClusteredFedGMMDetector(EMDetector):
     def _client_residuals(self, data: list) -> np.ndarray:
         """(n_clients,) the mean PCA-front-end residual term of each client's rows (zeros
         without the front end): the clients' rows behind the projected ``data`` the
-        algorithm saw (the front end's :class:`~fednovelty.detectors.base.ClientViews`)."""
+        algorithm saw (the front end's :class:`~fednovelty.detectors._front_end.ClientViews`)."""
         if not isinstance(data, ClientViews):
             return np.zeros(len(data))
         with torch.no_grad():

@@ -323,7 +323,7 @@ class FedGMMDetector(EMDetector):
         settings that do not apply to the class read are dropped (they had no effect on the
         saved model); see ``persistence.load``, which has put the settings under today's names
         first (``_saved_params.current_params``)."""
-        from fednovelty.detectors.joint import JointFedGMMDetector
+        from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 
         attrs = document.get("attrs")
         joint = isinstance(attrs, dict) and "classes_" in attrs

@@ -1,21 +1,19 @@
-"""``JointFedGMMDetector``: FedGMM's joint model of ``(x, y)`` (FedGMM paper, Sections 2-3,
-Algorithm 1) as its own estimator.
+"""What the joint models of ``(x, y)`` share: ``JointModelDetector``, the base of
+``JointFedGMMDetector`` (FedGMM's joint model, ``fednovelty.detectors.joint_fedgmm``) and
+``PFedEMDetector``.
 
-Each client models ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with
-``n_components`` shared Gaussians, ``n_learners`` shared conditional models (learners) and
-personal weights ``pi_c`` (M1, M2); the algorithm is
-``fednovelty.federated.joint_models.joint.JointFedGMM``.
+Each client models ``p_c(x, y) = sum pi_c(m1, m2) N(x; m1) P_m2(y | x)`` with shared
+Gaussians, shared conditional models (learners) and personal weights ``pi_c`` (M1, M2).
 ``fit(X, y, groups)`` needs the labels; ``FedGMMDetector`` is the model of ``x`` alone and
 ignores ``y`` (``docs/joint.md``).
 """
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 import torch
-from sklearn.utils._param_validation import Interval
 
 from fednovelty.detectors._dp import (
     LearningPlan,
@@ -26,27 +24,9 @@ from fednovelty.detectors._dp import (
     run_private_bounds,
 )
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
+from fednovelty.detectors._fit_state import atomic_fit
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors._params import (
-    DETECTOR,
-    DP,
-    DP_SGD,
-    EM,
-    INIT_PARAMS,
-    KMEANS_START,
-    LEARNER,
-    LEARNER_CHOICE,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
-    Param,
-    declare,
-    option,
-)
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import atomic_fit
-from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
-from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -57,8 +37,6 @@ from fednovelty.detectors.persistence import (
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.core.learners import LEARNERS
 from fednovelty.federated.joint_models.joint import (
-    PFL_METHODS,
-    JointFedGMM,
     JointState,
     adapt_joint_weights,
     global_log_joint_weights,
@@ -70,7 +48,6 @@ from fednovelty.mixture import score_samples
 from fednovelty.mixture.em import check_prior_rows
 
 SCORES = ("px", "py|x", "pxy", "msp")
-_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 
 
 class JointModelDetector(EMDetector):
@@ -512,164 +489,3 @@ class JointModelDetector(EMDetector):
             self.client_learners_ = [
                 learners(f"client_learner.{c}.") for c in range(self.n_clients_)
             ]
-
-
-class JointFedGMMDetector(JointModelDetector):
-    """FedGMM's joint model ``p_c(x, y)`` trained by federated EM; scores covariate novelty
-    (``-log p(x)``), label novelty (``-log p(y | x)``) and joint novelty (``-log p(x, y)``),
-    and classifies (``predict_y``) with each client's personal weights.
-
-    One EM iteration is one communication round: clients send the Gaussians' sufficient
-    statistics under their joint responsibilities, their joint counts (``n_c pi_c``) and
-    their learners trained for ``local_epochs`` on the responsibility-weighted
-    cross-entropy; the server sums the statistics and averages the learners.
-
-    Attributes:
-        classes_: the label values, sorted; columns of ``predict_proba_y``.
-        weights_, means_, covariances_, precisions_cholesky_: the Gaussians and their
-            global weights (numpy, as scikit-learn; sample-weighted, or the clients' mean
-            with ``global_weights="client_average"``).
-        client_weights_: (n_clients, M1) each client's Gaussian weights ``sum_m2 pi_c``.
-        client_joint_weights_: (n_clients, M1, M2) each client's ``pi_c``, rows in
-            ``client_ids_`` order.
-        joint_state_: the algorithm's final ``JointState`` (learners' weights, joint counts).
-        client_learners_: each client's own learners (``aggregate_learners=False``).
-        pca_: the federated PCA projection (``pca_components`` set).
-        n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods.
-        history_, n_rounds_, bytes_up_, bytes_down_: the rounds and their bytes.
-        decision_scores_, threshold_, labels_: PyOD's training-set outputs.
-
-    Examples:
-        >>> import numpy as np
-        >>> from fednovelty import JointFedGMMDetector
-        >>> rng = np.random.default_rng(0)
-        >>> X = rng.normal(0, 1, (400, 2))
-        >>> y = (X[:, 0] > 0).astype(int)
-        >>> groups = np.repeat([0, 1, 2, 3], 100)
-        >>> det = JointFedGMMDetector(2, n_learners=1, random_state=0).fit(X, y, groups)
-        >>> det.predict_y([[2.0, 0.0], [-2.0, 0.0]]).tolist()
-        [1, 0]
-    """
-
-    _params = declare(
-        N_COMPONENTS,
-        Param("n_learners", 2, _POSITIVE_INT, "M2 conditional models ``P_m2(y | x)``."),
-        LEARNER_CHOICE,
-        *LEARNER,
-        Param(
-            "mu_prox",
-            0.0,
-            [Interval(Real, 0.0, None, closed="left")],
-            "FedProx proximal coefficient of the learners' local objective (0 = none).",
-        ),
-        Param(
-            "aggregate_learners",
-            True,
-            ["boolean"],
-            "``False`` never averages learners (the Local baseline: score with ``client=``).",
-        ),
-        EM,
-        COVARIANCE_POOLING,
-        GLOBAL_WEIGHTS,
-        INIT_PARAMS,
-        option(Initialisation, fields=KMEANS_START),
-        PCA,
-        option(ClientSampling),
-        option(
-            Robustness, docs={"aggregation": "The learners are combined coordinate-wise alike."}
-        ),
-        option(Privacy, fields=(*DP, *DP_SGD)),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 8, "learning_rate": 0.5},
-        docs={"pca_components": "The learners see the full rows."},
-        positional=1,
-    )
-
-    def __init__(
-        self,
-        n_components=8,
-        *,
-        n_learners=2,
-        learner="linear",
-        local_epochs=5,
-        learning_rate=0.5,
-        batch_size=32,
-        optimizer="sgd",
-        mu_prox=0.0,
-        aggregate_learners=True,
-        covariance_type="full",
-        reg_covar=1e-06,
-        tol=0.001,
-        max_iter=100,
-        covariance_pooling="exact",
-        global_weights="pooled",
-        init_params="kmeans",
-        initialisation=None,
-        pca_components="auto",
-        sampling=None,
-        robustness=None,
-        privacy=None,
-        contamination=0.1,
-        random_state=None,
-        device=None,
-        dtype="float64",
-        progress=False,
-    ) -> None:
-        self.n_components = n_components
-        self.n_learners = n_learners
-        self.learner = learner
-        self.local_epochs = local_epochs
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.mu_prox = mu_prox
-        self.aggregate_learners = aggregate_learners
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.covariance_pooling = covariance_pooling
-        self.global_weights = global_weights
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.pca_components = pca_components
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    @property
-    def _n_learners(self) -> int:
-        return self.n_learners
-
-    @property
-    def _shared_learners(self) -> bool:
-        return self.aggregate_learners
-
-    @classmethod
-    def pfl_baseline(cls, name: str, **params) -> JointFedGMMDetector:
-        """A detector configured as one of the FedGMM paper's Table 2 methods.
-
-        ``"FedGMM"`` (as given), ``"FedEM"`` (one Gaussian: mixture of learners only),
-        ``"FedAvg"`` (one Gaussian, one learner), ``"FedProx"`` (FedAvg plus the proximal
-        term, ``mu_prox=0.01`` unless given) and ``"Local"`` (one Gaussian, one learner per
-        client, never aggregated: score with ``client=``). Fit with ``fit(X, y, groups)``.
-
-        Example:
-            >>> JointFedGMMDetector.pfl_baseline("FedEM", n_learners=3).n_components
-            1
-        """
-        if name not in PFL_METHODS:
-            raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
-        config = dict(PFL_METHODS[name])
-        if name == "FedProx" and "mu_prox" in params:
-            config.pop("mu_prox")
-        return cls(**{**params, **config})
-
-    def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
-        return JointFedGMM(**self._joint_options(learner_width, seed, pca_components, overrides))

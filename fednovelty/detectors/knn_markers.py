@@ -47,6 +47,8 @@ from fednovelty.detectors._params import (
     option,
 )
 from fednovelty.detectors._probability import outlier_probability
+from fednovelty.detectors._saved_state import SavedStateMixin
+from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import (
     MixtureDetector,
     SimulatedFitMixin,
@@ -61,11 +63,7 @@ from fednovelty.detectors.persistence import (
     restore_iteration_record,
 )
 from fednovelty.detectors.persistence_checks import check_at_least
-from fednovelty.detectors.variational import (
-    POSTERIOR_TENSORS,
-    WEIGHT_THRESHOLD,
-    _posterior_from,
-)
+from fednovelty.detectors.variational import WEIGHT_THRESHOLD
 from fednovelty.exceptions import ClientDataError, ModelFormatError, SingularCovarianceError
 from fednovelty.federated.bayesian.knn_markers import (
     CACHE_KEY,
@@ -410,10 +408,10 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
 
     # -------------------------------------------------------------- persistence
     # The file layout shared by every detector (decision scores, threshold, history, client
-    # ids): MixtureDetector's helpers call no super(), so they serve here unchanged.
-    save = MixtureDetector.save
-    load = MixtureDetector.__dict__["load"]
-    _saved_state = MixtureDetector._saved_state
+    # ids): SavedStateMixin's helpers call no super(), so they serve here unchanged.
+    save = SavedStateMixin.save
+    load = SavedStateMixin.__dict__["load"]
+    _saved_state = SavedStateMixin._saved_state
 
     def _log_density_bound(self) -> float:
         """The highest ``score_samples`` of any row: a tail probability is at most 1."""
@@ -436,7 +434,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         return tensors, attrs
 
     def _set_state(self, tensors, attrs) -> None:
-        MixtureDetector._set_state(self, tensors, attrs)
+        SavedStateMixin._set_state(self, tensors, attrs)
         known = self.client_ids_.tolist()
         scoring = get_attr(attrs, "scoring_clients_", list)
         skipped = check_items(get_attr(attrs, "skipped_clients_", list), "skipped_clients_", list)
@@ -501,7 +499,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             if f"{prefix}.{k}" in tensors
         }
         try:
-            parts = _posterior_from(shown, self.n_components, 1, "full", weight_type)
+            parts = posterior_from(shown, self.n_components, 1, "full", weight_type)
         except ModelFormatError as error:
             raise ModelFormatError(str(error).replace("'posterior.", f"'{prefix}.")) from None
         options = self._torch_options()

@@ -61,7 +61,6 @@ from fednovelty.detectors._saved_params import (
 )
 from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError
-from fednovelty.federated.mixtures.pca import PCAProjection
 from fednovelty.mixture import MixtureParams, score_samples
 
 FORMAT_TAG = "fednovelty-detector"
@@ -581,42 +580,6 @@ def residual_bound(projection) -> float:
     if not projection.noise_variance > 0:  # an older file's chain projection: no residual
         return 0.0
     return -0.5 * rest * math.log(2 * math.pi * projection.noise_variance)
-
-
-def pca_tensors(projection) -> dict[str, torch.Tensor]:
-    """A federated-PCA projection's tensors under ``pca.*`` names, for ``save``."""
-    return {f"pca.{k}": v for k, v in projection.tensors().items()}
-
-
-def pca_from(tensors: dict[str, torch.Tensor], n_features: int, options: dict):
-    """The saved federated-PCA projection (``pca.*`` tensors), checked (finite, fitted on
-    ``n_features`` features, a positive row count) and moved to ``options``' device and
-    dtype.
-
-    Raises:
-        ModelFormatError: a missing, damaged or inconsistent tensor, named.
-    """
-    parts = {
-        name: get_tensor(tensors, f"pca.{name}").to(**options)
-        for name in ("mean", "components", "explained_variance")
-    }
-    if "pca.noise_variance" in tensors:
-        parts["noise_variance"] = get_tensor(tensors, "pca.noise_variance")
-    n_samples = tensors.get("pca.n_samples")
-    if n_samples is None or n_samples.dtype != torch.int64 or n_samples.numel() != 1:
-        raise ModelFormatError("the tensor 'pca.n_samples' must be one int64 row count.")
-    if int(n_samples) < 1 or tuple(parts["mean"].shape) != (n_features,):
-        raise ModelFormatError(
-            f"the PCA projection must be fitted on >= 1 row of {n_features} features; got "
-            f"n_samples={int(n_samples)}, 'pca.mean' of shape {tuple(parts['mean'].shape)}."
-        )
-    noise = parts.get("noise_variance")
-    if noise is not None and (noise.numel() != 1 or float(noise) < 0):
-        raise ModelFormatError("the tensor 'pca.noise_variance' must be one number >= 0.")
-    try:
-        return PCAProjection.from_tensors({**parts, "n_samples": n_samples})
-    except ValueError as error:
-        raise ModelFormatError(f"the PCA projection: {error}") from None
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -44,6 +44,7 @@ import torch
 from sklearn.utils._param_validation import Interval
 
 from fednovelty.detectors._em_detector import EMDetector
+from fednovelty.detectors._fit_state import atomic_fit
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
@@ -57,7 +58,6 @@ from fednovelty.detectors._params import (
     option,
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
-from fednovelty.detectors.base import atomic_fit
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.options import Initialisation, Privacy, Robustness
 from fednovelty.detectors.persistence import (

@@ -17,17 +17,17 @@ Each VGM2 client keeps its training rows as the reference of its predictions (th
 with the client: only markers cross the wire); the fitted estimator, which simulates every
 client, holds them in ``client_states_`` and in its saved file.
 
-With ``dp_epsilon`` (VGM2, FedAvg, Local) what leaves the clients is differentially private
-per client row: the markers or network by DP-SGD (pairs of rows for VGM2), the row count by
-the gate's histogram noise; :func:`vgm2_dp_plan` calibrates both for ``rounds`` replies of
-every client and ``privacy_spent_`` reports what the fit spent. The guarantee covers the
+With ``Privacy.epsilon`` (VGM2, FedAvg, Local) what leaves the clients is differentially
+private per client row: the markers or network by DP-SGD (pairs of rows for VGM2), the row
+count by the gate's histogram noise; :func:`~fednovelty.detectors._vgm2_privacy.vgm2_dp_plan`
+calibrates both for ``rounds`` replies of every client and ``privacy_spent_`` reports what
+the fit spent. The guarantee covers the
 server's prior or global network and every reply; a client's own predictions read its
 training rows (VGM2's reference) or its network, trained on them, and are not covered.
 """
 
 from __future__ import annotations
 
-import sys
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -48,6 +48,7 @@ from fednovelty.detectors._params import (
     declare,
     option,
 )
+from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.detectors.persistence import (
@@ -69,12 +70,7 @@ from fednovelty.federated.bayesian.vgm2_settings import (
     VGM2State,
 )
 from fednovelty.federated.bayesian.vgm2_step import VGM2_KIND
-from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_sgd import (
-    DPSGDSettings,
-    calibrate_learning,
-    histogram_blocks,
-    learning_epsilon,
     steps_for_epochs,
 )
 from fednovelty.mixture.dirnig import check_markers
@@ -84,63 +80,6 @@ _NON_NEGATIVE = [Interval(Real, 0.0, None, closed="left")]
 _POSITIVE = [Interval(Real, 0.0, None, closed="neither")]
 #: what a client keeps that the estimator keeps too (the graph is training-only).
 _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
-#: the differential-privacy parameters VGM2 reads (it releases no row statistics: no
-#: public bounds, no row clipping).
-#: what one round of a private fit spends of a client's budget: the row count's histogram
-#: and ``steps`` DP-SGD steps (no summed statistics).
-_PRIVATE_HISTOGRAMS = 1
-
-
-def vgm2_dp_plan(
-    epsilon: float,
-    delta: float,
-    mode: str,
-    rounds: int,
-    steps: int,
-    sample_rate: float,
-    clip: float,
-    learner_share: float,
-    n_clients: int,
-    batch_size: float = 32.0,
-) -> DPPlan:
-    """The differential privacy of a VGM2 fit of ``rounds`` rounds, each client answering
-    every one (no amplification by the server's client sampling is claimed): per round one
-    noisy row count (a one-bin histogram, noise ``HISTOGRAM_SHARE * z``) and ``steps``
-    DP-SGD steps (rate ``sample_rate``, clip ``clip``). ``z`` and the steps' ``sigma``
-    spend ``epsilon`` at ``delta`` together
-    (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`, ``learner_share`` of the
-    budget to the steps). The clients' policy has a budget of ``epsilon`` at ``delta`` and no
-    row clipping (VGM2 sums no rows; DP-SGD clips the gradients); a step's noisy gradient
-    sum is divided by the public ``batch_size``.
-
-    Raises:
-        ValueError: ``rounds`` or ``steps`` below 1, or the budget out of range.
-    """
-    if rounds < 1 or steps < 1:
-        raise ValueError(
-            f"a private VGM2 fit needs rounds >= 1 and DP-SGD steps >= 1; got {rounds}, "
-            f"{steps} (local_epochs >= 1)."
-        )
-    blocks = histogram_blocks(_PRIVATE_HISTOGRAMS * rounds)
-    total_steps = rounds * steps
-    z, sigma = calibrate_learning(
-        epsilon, delta, blocks, total_steps, sample_rate, 1.0 - learner_share
-    )
-    spent = learning_epsilon(z, blocks, sigma, sample_rate, total_steps, delta)
-    if spent > epsilon * (1 + 1e-9):  # the accountant of record decides
-        raise ValueError(f"the plan would spend epsilon={spent:.4g} > dp_epsilon={epsilon:g}.")
-    policy = DPPolicy(
-        z,
-        sys.float_info.max,
-        mode,
-        max(1, int(n_clients)),
-        epsilon=float(epsilon),
-        delta=float(delta),
-    )
-    sgd = DPSGDSettings(
-        sigma, float(clip), float(sample_rate), int(steps), expected_batch=float(batch_size)
-    )
-    return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)
 
 
 class VGM2Classifier(FederatedClassifier):
@@ -376,7 +315,7 @@ class VGM2Classifier(FederatedClassifier):
             if hasattr(self, "privacy_spent_"):
                 del self.privacy_spent_
             return
-        cost = RoundCost(releases=0, histograms=_PRIVATE_HISTOGRAMS, sgd_steps=plan.sgd.steps)
+        cost = RoundCost(releases=0, histograms=PRIVATE_HISTOGRAMS, sgd_steps=plan.sgd.steps)
         self.privacy_spent_ = privacy_record(plan, self.history_, {VGM2_KIND: cost})
 
     def _algorithm_class(self) -> type[EncoderAlgorithm]:

@@ -1,4 +1,4 @@
-"""Atomic fits (``fednovelty.detectors.base.atomic_fit``): a ``fit`` or ``partial_fit`` that
+"""Atomic fits (``fednovelty.detectors._fit_state.atomic_fit``): a ``fit`` or ``partial_fit`` that
 fails keeps every estimator's previous fitted state exactly, or leaves it unfitted.
 
 The failure is forced after the input checks and a real federation: ``_simulate`` runs the

@@ -12,7 +12,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import ClusteredFLClassifier
-from fednovelty.detectors.cam import private_plan
+from fednovelty.detectors._cam_privacy import private_plan
 from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.federated.clustered.fesem import FeSEM
 

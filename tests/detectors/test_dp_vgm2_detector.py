@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
+from fednovelty.detectors._vgm2_privacy import vgm2_dp_plan
 from fednovelty.detectors.options import Privacy
-from fednovelty.detectors.vgm2 import VGM2Classifier, vgm2_dp_plan
+from fednovelty.detectors.vgm2 import VGM2Classifier
 
 
 def _epsilon_by_hand(z: float, sigma: float, rate: float, rounds: int, steps: int) -> float:

@@ -12,7 +12,7 @@ from sklearn.base import clone
 
 from fednovelty import FedGMMDetector, JointFedGMMDetector, load
 from fednovelty.datasets import make_fedgmm_synthetic
-from fednovelty.detectors.base import seed_from
+from fednovelty.detectors._fit_state import seed_from
 from fednovelty.detectors.options import ClientSampling, Prior
 from fednovelty.federated.joint_models.joint import JointFedGMM, linear_learner
 from fednovelty.federated.mixtures.pca import FederatedPCA

@@ -292,3 +292,12 @@ def test_a_saved_option_with_a_field_of_another_class_is_named(tmp_path):
     rewrite(tmp_path / "m", lambda text: text.replace('"trim": 0.2', '"fraction": 0.5'))
     with pytest.raises(ModelFormatError, match=r"'robustness' must be an object of Robustness"):
         fednovelty.load(tmp_path / "m")
+
+
+def test_the_option_objects_docstring_examples_run():
+    import doctest
+
+    from fednovelty.detectors import options
+
+    result = doctest.testmod(options, raise_on_error=False)
+    assert result.attempted > 0 and result.failed == 0

@@ -20,7 +20,7 @@ import torch
 from scipy.stats import trim_mean
 from sklearn.metrics import roc_auc_score
 
-from fednovelty.detectors.joint import JointFedGMMDetector
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.detectors.pfedem import PFedEMDetector
 from fednovelty.detectors.streaming import StreamingFedGMMDetector
@@ -49,7 +49,7 @@ from fednovelty.federated.trust.robust import (
 from fednovelty.mixture import score_samples
 from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
 from fednovelty.runtime import run_simulation
-from tests.federated.test_validation import WithForger
+from tests.federated.trust.test_validation import WithForger
 
 D, N_CLIENTS, LIAR, FACTOR = 4, 10, 9, 1e10
 BLOBS = torch.tensor([[0.0] * D, [4.0] + [0.0] * (D - 1), [0.0, 4.0] + [0.0] * (D - 2)])
@@ -540,7 +540,7 @@ def test_streaming_detector_reaches_the_robust_options() -> None:
     [
         (
             lambda **o: JointFedGMMDetector(1, n_learners=1, max_iter=8, **o),
-            "fednovelty.detectors.joint",
+            "fednovelty.detectors.joint_fedgmm",
             JointFedGMM,
         ),
         (
