@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fednovelty.federated.bayesian.vb_local import VBLocalStep
+from fednovelty.federated.bayesian.vb_local import VB_REPLIES, VBLocalStep
 from fednovelty.federated.bayesian.vb_prior_step import VBPriorStep
 from fednovelty.federated.bayesian.vb_settings import (
     OneShotSettings,
@@ -49,20 +49,12 @@ from fednovelty.federated.core.config import (
     RobustSettings,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    ReplySpec,
-    components_limit,
-    declare,
-)
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.chain import init_steps
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.moments import MomentsStep
 from fednovelty.federated.init.settings import GivenMixture, InitSettings, PrivateSettings
 from fednovelty.federated.mixtures.em import floored_stats_message
-from fednovelty.federated.trust.reply_form import stats_shapes
-from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture import MixtureParams, e_step_stats
 from fednovelty.mixture.em import moment_shift
 from fednovelty.mixture.variational import (
@@ -231,25 +223,6 @@ class VBState:
     dropped: dict[int, str] = field(default_factory=dict)
     left_out: list[int] = field(default_factory=list)
     reference: VBPrior | None = None
-
-
-#: ``vb_init`` and ``vb`` replies: summed statistics under the broadcast mixture or
-#: posterior, in the client's box; under differential privacy, noisy statistics.
-VB_REPLIES = declare(
-    *(
-        ReplySpec(
-            kind,
-            shapes=stats_shapes,
-            checks=(check_stats,),
-            backing=STATS_BACKING,
-            limit=components_limit,
-            box="stats",
-            covariance=True,
-            private="stats",
-        )
-        for kind in ("vb_init", "vb")
-    )
-)
 
 
 def pad_components(params: MixtureParams, n_components: int) -> MixtureParams:

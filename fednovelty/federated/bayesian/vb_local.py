@@ -32,7 +32,13 @@ from fednovelty.federated.core.declarations import (
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import backed, resp_rows, stats_backing
 from fednovelty.federated.trust.privacy import unfloored
-from fednovelty.federated.trust.reply_form import Shape, check_reply, covariance_shape, expectation
+from fednovelty.federated.trust.reply_form import (
+    Shape,
+    check_reply,
+    covariance_shape,
+    expectation,
+    stats_shapes,
+)
 from fednovelty.federated.trust.robust import (
     outlying_models,
     scale_stats,
@@ -305,6 +311,25 @@ VB_LOCAL_REPLY = ReplySpec(
 )
 
 
+#: ``vb_init`` and ``vb`` replies: summed statistics under the broadcast mixture or
+#: posterior, in the client's box; under differential privacy, noisy statistics.
+VB_REPLIES = declare(
+    *(
+        ReplySpec(
+            kind,
+            shapes=stats_shapes,
+            checks=(check_stats,),
+            backing=STATS_BACKING,
+            limit=components_limit,
+            box="stats",
+            covariance=True,
+            private="stats",
+        )
+        for kind in ("vb_init", "vb")
+    )
+)
+
+
 class VBLocalStep(Step):
     """The ``vb_local`` round: local VB fits, matched, combined and refined (module
     docstring). Used by ``FederatedVBOneShot`` and as the ``init_params="oneshot"`` start
@@ -389,7 +414,7 @@ class VBLocalStep(Step):
             expect={"covariance_type": config.covariance_type},
         )
         tensors = dict(reply.tensors)
-        check_reply(Message("vb", tensors), expected, d)
+        check_reply(Message("vb", tensors), expected, d, VB_REPLIES["vb"])
         n = float(tensors["n_samples"])
         declared = state.client_rows.get(cid)
         if declared is not None and abs(n - declared) > 1e-9 * max(declared, 1.0):

@@ -215,3 +215,25 @@ def test_settings_are_checked_and_travel_as_json():
     rebuilt = build_algorithm("FederatedVBOneShot", algorithm_settings(algorithm))
     assert rebuilt.config == algorithm.config
     assert rebuilt.posterior_aggregation == "natural" and rebuilt.match_threshold == 0.25
+
+
+def test_a_process_that_imports_only_one_shot_vb_checks_its_replies():
+    """A Flower ServerApp imports the one algorithm it runs: the one-shot fit must not lean
+    on a declaration another module registers (every client's ``vb_local`` reply was
+    refused as an undeclared ``vb`` kind when only this algorithm's modules were loaded)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from fednovelty.federated.registry import build_algorithm\n"
+        "from fednovelty.runtime.simulation import run_simulation\n"
+        "assert 'fednovelty.federated.bayesian.variational' not in sys.modules\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "clients = [torch.randn(60, 3, generator=g, dtype=torch.float64) for _ in range(3)]\n"
+        "a = build_algorithm('FederatedVBOneShot', {'n_components': 2})\n"
+        "print(sorted(run_simulation(a, clients, random_state=0).state.client_posteriors))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[0, 1, 2]"
