@@ -47,8 +47,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fednovelty.detectors.options import Privacy
-
 __all__ = [
     "KINDS",
     "METHODS",
@@ -103,7 +101,28 @@ class _Detector:
 
     def __call__(self, **params):
         cls = getattr(importlib.import_module(self.module), self.class_name)
-        return cls(**self.fixed, **params)
+        fixed = {k: v.build() if isinstance(v, _Option) else v for k, v in self.fixed.items()}
+        return cls(**fixed, **params)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """An option object of :mod:`fednovelty.detectors.options` a method fixes, built when
+    the detector is (so that reading the registry imports no detector)."""
+
+    class_name: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def build(self):
+        cls = getattr(importlib.import_module("fednovelty.detectors.options"), self.class_name)
+        return cls(**dict(self.fields))
+
+    def __repr__(self) -> str:
+        return f"{self.class_name}({', '.join(f'{k}={v!r}' for k, v in self.fields)})"
+
+
+#: no privacy floor (a centralized fit: the pooled rows cross no wire).
+_NO_FLOOR = _Option("Privacy", (("min_rows", 1),))
 
 
 def _detector(class_name: str, module: str = "fednovelty.detectors", **fixed) -> _Detector:
@@ -352,7 +371,7 @@ _TABLE: tuple[Method, ...] = (
            "each client's own mixture, scored as their size-weighted mixture (no "
            "federation)", shared=_CLIENT_MIXTURE),
     Method("CentralGMM",  # the pooled rows cross no wire: no privacy floor
-           _em(mixture_weights="global", init_params="kmeans", privacy=Privacy(min_rows=1)),
+           _em(mixture_weights="global", init_params="kmeans", privacy=_NO_FLOOR),
            "centralized", FEDGENGMM_PAPER,
            "EM on the pooled rows, the papers' non-federated ideal", shared=_MIXTURE),
     Method("FedGenGMM-copula", _detector("FedGenGMMDetector", copula=True), "federated",

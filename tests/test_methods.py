@@ -224,3 +224,19 @@ def test_the_registry_names_every_variant_the_algorithms_define():
     assert pfl == set(PFL_METHODS)
     assert fixed("ClusteredFLClassifier", "method") == set(CLUSTERED_METHODS)
     assert fixed("VGM2Classifier", "method") == set(VGM2_METHODS)
+
+
+def test_reading_the_registry_imports_no_detector_and_no_pyod():
+    """The CLI's choices and the dashboard read the registry before any fit: the detector
+    classes (and an option object a method fixes) are imported when a method is built."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fednovelty.methods as m; "
+        "print(sorted(x for x in ('pyod', 'fednovelty.detectors.fedgmm', "
+        "'fednovelty.detectors.options') if x in sys.modules)); "
+        "print(m.get_method('CentralGMM').build(n_components=2).privacy.min_rows)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "1"]
