@@ -215,8 +215,14 @@ def winsorised_row_values(
     if tuple(powers) == (1,):
         return clipped_deviations(per_row, min_rows)
 
+    centre = per_row.median()
+
     def stack(values: Tensor) -> Tensor:
-        return torch.stack([values**p for p in powers], 1)
+        # the powers about the median: with the row count, the contrasts of sums of
+        # ``(v - c)^p`` are those of sums of ``v^p``, and near the values their differences
+        # keep their precision (raw powers of values far from 0 agree to ~1e-10 of their
+        # size, and the search then overstates the rows behind them)
+        return torch.stack([(values - centre) ** p for p in powers], 1)
 
     keep, rows = contrast_backed(stack(per_row), min_rows)
     if bool(keep.all()) or not bool(keep.any()):

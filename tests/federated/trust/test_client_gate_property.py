@@ -44,7 +44,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
@@ -1021,6 +1021,21 @@ HYPOTHESIS = settings(
 @pytest.mark.parametrize(("variant", "kind"), PAIRS, ids=[f"{v}-{k}" for v, k in PAIRS])
 @HYPOTHESIS
 @given(how=hostile())
+@example(  # streaming EM's drift values: ten rows within 1e-8 of each other and one apart
+    how={
+        "n": 11,
+        "far": 10000.0,
+        "seed": 0,
+        "extra": 0,
+        "extra_clusters": 0,
+        "place": "rows",
+        "log_scale": (1.0, 1.0),
+        "weights": "extreme",
+        "shift": "template",
+        "learner_scale": 1.0,
+        "one_row_class": False,
+    }
+)
 def test_a_hostile_broadcast_obtains_nothing_below_the_floor(variant, kind, how) -> None:
     algorithm, messages = templates(variant)
     spec = VARIANTS[variant]
