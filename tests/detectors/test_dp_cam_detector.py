@@ -4,6 +4,7 @@ without noisy choices, saving, and the refusals."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import dp_accounting
@@ -12,9 +13,11 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import ClusteredFLClassifier
+from fednovelty.detectors import _cam_privacy
 from fednovelty.detectors._cam_privacy import private_plan
 from fednovelty.detectors.options import Privacy, Robustness
 from fednovelty.federated.clustered.fesem import FeSEM
+from fednovelty.federated.trust.dp import DPPolicy
 
 BOUNDS = ([-2.0] * 3, [2.0] * 3)
 OPTIONS = dict(
@@ -44,9 +47,15 @@ def task():
 
 @pytest.fixture(scope="module")
 def fits(task):
+    """The plain fit and a private one whose noise comes from the named test seed 0
+    (``DPPolicy.insecure_seed``): with fresh noise, 143 of 150 private fits found the two
+    clusters and 142 of 150 came within 0.05 of the plain accuracy (this machine, 60 s), so
+    an unpinned check would fail about one run in twenty."""
     X, y, groups = task
     plain = ClusteredFLClassifier("IFCA-CAM", **OPTIONS).fit(X, y, groups)
-    private = ClusteredFLClassifier("IFCA-CAM", **OPTIONS, **PRIVATE).fit(X, y, groups)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cam_privacy, "DPPolicy", functools.partial(DPPolicy, insecure_seed=0))
+        private = ClusteredFLClassifier("IFCA-CAM", **OPTIONS, **PRIVATE).fit(X, y, groups)
     return plain, private
 
 
