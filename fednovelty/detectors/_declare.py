@@ -4,14 +4,13 @@ A :class:`Param` is one constructor argument: its name, default, scikit-learn co
 one line of documentation and where its value goes (:attr:`Param.role`); the shared ones
 are defined once in :mod:`fednovelty.detectors._params` (the table). An estimator lists its
 parameters with :func:`declare` and writes its ``__init__`` out in its own file, storing
-each argument under its own name (scikit-learn's rule)::
+each argument, unchanged, under its own name (scikit-learn's rule; :func:`store`)::
 
     class MyDetector(MixtureDetector):
         _params = declare(N_COMPONENTS, EM, option(Privacy), DETECTOR, RUNTIME)
 
         def __init__(self, n_components=1, *, covariance_type="full", ...):
-            self.n_components = n_components
-            ...
+            store(self, locals())
 
 :func:`compose` (run by ``__init_subclass__`` of the estimator bases and of the option
 classes) checks the written signature against the declaration (names, defaults, order, the
@@ -279,6 +278,24 @@ class ParamSet:
             entry = f"{p.name}: {p.doc} Default ``{p.default!r}``."
             lines.append(textwrap.fill(entry, 92, initial_indent="    ", subsequent_indent=" " * 8))
         return "\n".join(lines)
+
+
+def store(estimator: Any, arguments: dict[str, Any]) -> None:
+    """Keep each constructor argument of ``estimator`` under its own name, unchanged:
+    an ``__init__`` ends with ``store(self, locals())``, so that it only stores its
+    arguments (scikit-learn's rule) and its signature stays the one place they are written.
+
+    Raises:
+        TypeError: a parameter of the signature missing from ``arguments``.
+    """
+    signature = inspect.signature(type(estimator).__init__)
+    for name in list(signature.parameters)[1:]:
+        if name not in arguments:
+            raise TypeError(
+                f"{type(estimator).__name__}.__init__ must pass locals() to store(); "
+                f"{name!r} is missing."
+            )
+        setattr(estimator, name, arguments[name])
 
 
 def declare(

@@ -18,8 +18,7 @@ reads. An estimator lists its parameters and writes its ``__init__`` out::
 
         def __init__(self, n_components=1, *, covariance_type="full", reg_covar=1e-06,
                      tol=0.001, max_iter=50, privacy=None, contamination=0.1, ...):
-            self.n_components = n_components
-            ...
+            store(self, locals())
 
 (:mod:`fednovelty.detectors._declare` checks the written signature against the table and
 writes ``_parameter_constraints`` and the ``Args:`` docs from it). :meth:`ParamSet.settings`
@@ -49,6 +48,7 @@ from fednovelty.detectors._declare import (
     declare,
     option,
     signature_mismatch,
+    store,
 )
 from fednovelty.federated.core.learners import LEARNERS
 
@@ -61,6 +61,7 @@ __all__ = [
     "declare",
     "option",
     "signature_mismatch",
+    "store",
 ]
 
 

@@ -47,6 +47,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.options import ClientSampling, Privacy, Robustness
@@ -222,27 +223,7 @@ class ClusteredFLClassifier(FederatedClassifier):
         dtype="float32",
         progress=False,
     ) -> None:
-        self.method = method
-        self.n_clusters = n_clusters
-        self.learner = learner
-        self.rounds = rounds
-        self.warmup_rounds = warmup_rounds
-        self.local_steps = local_steps
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.kmeans_reg = kmeans_reg
-        self.kmeans_iter = kmeans_iter
-        self.cluster_average = cluster_average
-        self.empty_clusters = empty_clusters
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

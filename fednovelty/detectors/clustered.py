@@ -46,6 +46,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
@@ -179,27 +180,7 @@ class ClusteredFedGMMDetector(EMDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.n_clusters = n_clusters
-        self.cluster_components = cluster_components
-        self.assignment = assignment
-        self.warmup = warmup
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.prior = prior
-        self.pca_components = pca_components
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- fitting
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):

@@ -42,6 +42,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.options import Prior, Privacy, Robustness
@@ -325,25 +326,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.client_components = client_components
-        self.k_range = k_range
-        self.min_client_samples = min_client_samples
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.samples_per_component = samples_per_component
-        self.copula = copula
-        self.prior = prior
-        self.pca_components = pca_components
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     def _set_copula(self, marginals, joint) -> None:
         """Store the copula (``joint`` ``None``: the detector scores with the mixture)."""

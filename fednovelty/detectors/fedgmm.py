@@ -33,6 +33,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.options import (
     ClientSampling,
@@ -185,27 +186,7 @@ class FedGMMDetector(EMDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.mixture_weights = mixture_weights
-        self.acceleration = acceleration
-        self.covariance_pooling = covariance_pooling
-        self.global_weights = global_weights
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.prior = prior
-        self.pca_components = pca_components
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     def _fit_em(self, data, seed, *, pca_components, round_offset=0):
         width = pca_components or data[0].shape[1]  # of the rows the Gaussians see

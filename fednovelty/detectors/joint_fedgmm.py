@@ -32,6 +32,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
 from fednovelty.detectors.joint import JointModelDetector
@@ -145,32 +146,7 @@ class JointFedGMMDetector(JointModelDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.n_learners = n_learners
-        self.learner = learner
-        self.local_epochs = local_epochs
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.mu_prox = mu_prox
-        self.aggregate_learners = aggregate_learners
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.covariance_pooling = covariance_pooling
-        self.global_weights = global_weights
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.pca_components = pca_components
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     @property
     def _n_learners(self) -> int:

@@ -45,6 +45,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._saved_state import SavedStateMixin
@@ -185,27 +186,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_neighbors = n_neighbors
-        self.n_components = n_components
-        self.personal_strength = personal_strength
-        self.personal_iter = personal_iter
-        self.combine = combine
-        self.distance_floor = distance_floor
-        self.weight_concentration_prior_type = weight_concentration_prior_type
-        self.weight_concentration_prior = weight_concentration_prior
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.weight_threshold = weight_threshold
-        self.initialisation = initialisation
-        self.prior = prior
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- fitting
     def fit(self, X, y=None, groups=None, *, callbacks=()):

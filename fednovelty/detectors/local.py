@@ -19,6 +19,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.fedgengmm import (
     LOCAL_DP,
@@ -137,22 +138,7 @@ class LocalGMMDetector(_LocalFitDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.client_components = client_components
-        self.k_range = k_range
-        self.min_client_samples = min_client_samples
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.combine = combine
-        self.prior = prior
-        self.pca_components = pca_components
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
         _warn_single_row_clients(parts, self.client_ids_)

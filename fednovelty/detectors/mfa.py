@@ -27,6 +27,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
@@ -184,22 +185,7 @@ class FedMFADetector(MixtureDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.n_factors = n_factors
-        self.isotropic = isotropic
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.prior = prior
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     def max_fit_rounds(self, n_features: int | None = None) -> int:
         """Most rounds ``fit`` can run: the moments round (with ``Prior.standardize`` or the

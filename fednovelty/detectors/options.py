@@ -127,17 +127,7 @@ class Privacy(_Options):
         learner_share="auto",
         loss_clip=None,
     ) -> None:
-        self.min_rows = min_rows
-        self.epsilon = epsilon
-        self.delta = delta
-        self.bounds = bounds
-        self.clip = clip
-        self.mode = mode
-        self.local_iterations = local_iterations
-        self.sample_rate = sample_rate
-        self.sgd_clip = sgd_clip
-        self.learner_share = learner_share
-        self.loss_clip = loss_clip
+        _declare.store(self, locals())
 
 
 class Robustness(_Options):
@@ -184,11 +174,7 @@ class Initialisation(_Options):
         means_init=None,
         precisions_init=None,
     ) -> None:
-        self.kmeans_rounds = kmeans_rounds
-        self.subset_size = subset_size
-        self.weights_init = weights_init
-        self.means_init = means_init
-        self.precisions_init = precisions_init
+        _declare.store(self, locals())
 
 
 class Prior(_Options):
@@ -215,10 +201,4 @@ class Prior(_Options):
         degrees_of_freedom=None,
         covariance=None,
     ) -> None:
-        self.standardize = standardize
-        self.strength = strength
-        self.scale = scale
-        self.mean = mean
-        self.mean_precision = mean_precision
-        self.degrees_of_freedom = degrees_of_freedom
-        self.covariance = covariance
+        _declare.store(self, locals())

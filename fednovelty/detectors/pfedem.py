@@ -37,6 +37,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
@@ -146,30 +147,7 @@ class PFedEMDetector(JointModelDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.gaussian_aggregation = gaussian_aggregation
-        self.estep_start = estep_start
-        self.submodel_weights = submodel_weights
-        self.learner = learner
-        self.local_epochs = local_epochs
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.optimizer = optimizer
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.pca_components = pca_components
-        self.sampling = sampling
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     @property
     def _n_learners(self) -> int:

@@ -56,6 +56,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.fedgmm import FedGMMDetector
@@ -206,27 +207,7 @@ class StreamingFedGMMDetector(EMDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.rho = rho
-        self.window_rounds = window_rounds
-        self.far_quantile = far_quantile
-        self.birth_share = birth_share
-        self.false_alarm_rate = false_alarm_rate
-        self.cusum_k = cusum_k
-        self.global_alarm_share = global_alarm_share
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- first window
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

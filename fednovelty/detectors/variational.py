@@ -69,6 +69,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import MixtureDetector
@@ -266,28 +267,7 @@ class FedVBDetector(MixtureDetector):
         dtype="float64",
         progress=False,
     ) -> None:
-        self.n_components = n_components
-        self.weight_concentration_prior_type = weight_concentration_prior_type
-        self.weight_concentration_prior = weight_concentration_prior
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.tol = tol
-        self.max_iter = max_iter
-        self.init_params = init_params
-        self.initialisation = initialisation
-        self.density = density
-        self.weight_threshold = weight_threshold
-        self.posterior_merge = posterior_merge
-        self.match_threshold = match_threshold
-        self.prior = prior
-        self.pca_components = pca_components
-        self.robustness = robustness
-        self.privacy = privacy
-        self.contamination = contamination
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- priors
     def _check_priors(self, n_features: int) -> None:

@@ -47,6 +47,7 @@ from fednovelty.detectors._params import (
     Param,
     declare,
     option,
+    store,
 )
 from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
@@ -233,33 +234,7 @@ class VGM2Classifier(FederatedClassifier):
         dtype="float32",
         progress=False,
     ) -> None:
-        self.method = method
-        self.n_markers = n_markers
-        self.embedding_dim = embedding_dim
-        self.hidden = hidden
-        self.rounds = rounds
-        self.clients_per_round = clients_per_round
-        self.local_epochs = local_epochs
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.marker_learning_rate = marker_learning_rate
-        self.umap_weight = umap_weight
-        self.similarity_weight = similarity_weight
-        self.calibration_weight = calibration_weight
-        self.kl_weight = kl_weight
-        self.prototype_weight = prototype_weight
-        self.train_encoder = train_encoder
-        self.n_neighbors = n_neighbors
-        self.min_dist = min_dist
-        self.posterior_merge = posterior_merge
-        self.robustness = robustness
-        self.prediction = prediction
-        self.top_m = top_m
-        self.privacy = privacy
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
+        store(self, locals())
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:

@@ -2,10 +2,10 @@
 
 ``fednovelty.detectors._params`` declares each estimator's parameters once (documentation,
 constraints, routing); the estimator's own file writes ``__init__`` with those names,
-defaults and order, its body storing each argument under its own name (scikit-learn's
-rule). These tests check the written signatures against the table, check that a mismatch is
-refused (the probes), and that no code in ``fednovelty/detectors`` builds functions with
-``exec``.
+defaults and order, its body one ``store(self, locals())`` that keeps each argument under
+its own name (scikit-learn's rule). These tests check the written signatures against the
+table, check that a mismatch is refused (the probes), and that no code in
+``fednovelty/detectors`` builds functions with ``exec``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from fednovelty.detectors import (
     VGM2Classifier,
     _params,
 )
-from fednovelty.detectors._params import DETECTOR, RUNTIME, Param, declare
+from fednovelty.detectors._params import DETECTOR, RUNTIME, Param, declare, store
 from fednovelty.detectors.base import MixtureDetector, SimulatedFitMixin
 from fednovelty.exceptions import ModelFormatError
 
@@ -82,15 +82,24 @@ def test_init_is_written_in_the_estimators_own_file_and_only_stores(cls):
     init = cls.__dict__["__init__"]
     assert Path(inspect.getsourcefile(init)).resolve() == Path(inspect.getsourcefile(cls)).resolve()
     tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
-    body = tree.body[0].body
-    stored = []
-    for statement in body:
-        assert isinstance(statement, ast.Assign), ast.dump(statement)
-        (target,) = statement.targets
-        assert isinstance(target, ast.Attribute) and target.value.id == "self"
-        assert isinstance(statement.value, ast.Name) and statement.value.id == target.attr
-        stored.append(target.attr)
-    assert stored == list(cls._params.names)
+    (statement,) = tree.body[0].body  # the one statement: store(self, locals())
+    assert ast.unparse(statement) == "store(self, locals())"
+    # each argument is kept under its own name, the very object given
+    given = {name: object() for name in cls._params.names}
+    det = cls(**given)
+    assert all(getattr(det, name) is value for name, value in given.items())
+    assert set(vars(det)) == set(given)
+
+
+def test_store_names_an_argument_it_was_not_given():
+    class Forgetful:
+        def __init__(self, alpha=1, beta=2):
+            arguments = locals()
+            del arguments["beta"]
+            store(self, arguments)
+
+    with pytest.raises(TypeError, match=r"Forgetful.__init__ .* 'beta' is missing"):
+        Forgetful()
 
 
 def test_no_exec_in_the_detector_layer():
