@@ -9,10 +9,10 @@ loop, which follows scikit-learn's ``GaussianMixture.fit`` iteration for iterati
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -28,26 +28,35 @@ from fednovelty.mixture.stats import (
     stats_from_resp,
 )
 
+if TYPE_CHECKING:
+    from fednovelty.mixture.factor import FactorParams
+
+#: the parameter type an EM run fits (:class:`MixtureParams`, or ``FactorParams`` for
+#: mixtures of factor analysers).
+P = TypeVar("P")
+
 
 @dataclass(frozen=True)
-class EMResult:
-    """Outcome of an EM run.
+class EMResult(Generic[P]):
+    """Outcome of an EM run (of a Gaussian mixture, or of factor analysers).
 
     Attributes:
-        params: final parameters (after the last M-step).
+        params: final parameters (after the last M-step), a :class:`MixtureParams` or a
+            :class:`~fednovelty.mixture.factor.FactorParams`.
         n_iter: EM iterations run.
         converged: whether the change in mean log-likelihood fell below ``tol``.
         lower_bounds: mean log-likelihood before each M-step, one per iteration.
     """
 
-    params: MixtureParams
+    params: P
     n_iter: int
     converged: bool
     lower_bounds: list[float] = field(default_factory=list)
 
 
-def moment_shift(params: MixtureParams) -> Tensor:
-    """The point statistics are taken about: the mixture mean ``sum_k pi_k mu_k``, (n_features,)."""
+def moment_shift(params: MixtureParams | FactorParams) -> Tensor:
+    """The point statistics are taken about: the mixture mean ``sum_k pi_k mu_k``, (n_features,),
+    of weights (n_components,) and means (n_components, n_features)."""
     return params.weights @ params.means
 
 
@@ -91,20 +100,24 @@ def em_step(
     return params_from_stats(stats, reg_covar, prior), stats
 
 
-def iterate_em(step, params, max_iter: int, tol: float) -> tuple[Any, list[float], bool]:
-    """scikit-learn's EM loop: ``params, lower_bound = step(params)`` at most ``max_iter``
-    times, until ``|lb[t] - lb[t-1]| < tol``; ``lower_bound`` is the mean log-likelihood
-    under the parameters before the update. Returns ``(params, lower_bounds, converged)``."""
+def iterate_em(
+    step: Callable[[P], tuple[P, Any]], params: P, max_iter: int, tol: float
+) -> EMResult[P]:
+    """scikit-learn's EM loop: ``params, stats = step(params)`` at most ``max_iter`` times,
+    until ``|lb[t] - lb[t-1]| < tol``, where ``lb[t]`` is the mean log-likelihood
+    ``stats.log_likelihood / stats.n_samples`` under the parameters before update ``t``
+    (the statistics of that step's E-step)."""
     lower_bounds: list[float] = []
     previous, converged = -math.inf, False
     for _ in range(max_iter):
-        params, lower_bound = step(params)
+        params, stats = step(params)
+        lower_bound = float(stats.log_likelihood / stats.n_samples)
         lower_bounds.append(lower_bound)
         if abs(lower_bound - previous) < tol:
             converged = True
             break
         previous = lower_bound
-    return params, lower_bounds, converged
+    return EMResult(params, len(lower_bounds), converged, lower_bounds)
 
 
 def fit_em(
@@ -116,7 +129,7 @@ def fit_em(
     max_iter: int = 100,
     chunk_size: int | None = None,
     prior: CovariancePrior | None = None,
-) -> EMResult:
+) -> EMResult[MixtureParams]:
     """EM from given initial parameters (scikit-learn's loop and stopping rule).
 
     Args:
@@ -129,13 +142,9 @@ def fit_em(
         ``EMResult``; ``lower_bounds[t]`` is the mean log-likelihood under the parameters
         before M-step ``t``, and convergence is ``|lb[t] - lb[t-1]| < tol``.
     """
-
-    def step(params: MixtureParams) -> tuple[MixtureParams, float]:
-        params, stats = em_step(X, params, reg_covar, chunk_size, prior)
-        return params, float(stats.log_likelihood / stats.n_samples)
-
-    params, lower_bounds, converged = iterate_em(step, init, max_iter, tol)
-    return EMResult(params, len(lower_bounds), converged, lower_bounds)
+    return iterate_em(
+        lambda params: em_step(X, params, reg_covar, chunk_size, prior), init, max_iter, tol
+    )
 
 
 def kmeans_init(
@@ -166,7 +175,7 @@ def fit_gmm(
     generator: torch.Generator,
     chunk_size: int | None = None,
     prior: CovariancePrior | None = None,
-) -> EMResult:
+) -> EMResult[MixtureParams]:
     """k-means initialisation followed by EM (MAP M-steps with ``prior``)."""
     init = kmeans_init(
         X, n_components, covariance_type, reg_covar=reg_covar, generator=generator, prior=prior
@@ -186,7 +195,7 @@ def fit_gmm_bic(
     max_iter: int = 100,
     generator: torch.Generator,
     prior: CovariancePrior | None = None,
-) -> tuple[EMResult, dict[int, float]]:
+) -> tuple[EMResult[MixtureParams], dict[int, float]]:
     """Fit one mixture per candidate number of components and keep the lowest BIC.
 
     Candidates larger than ``n_samples`` are skipped.
@@ -195,7 +204,7 @@ def fit_gmm_bic(
         ``(best, bics)``: the best ``EMResult`` and the BIC of every candidate fitted.
     """
     bics: dict[int, float] = {}
-    best: EMResult | None = None
+    best: EMResult[MixtureParams] | None = None
     best_bic = float("inf")
     for k in candidates:
         if k > X.shape[0]:
@@ -393,7 +402,7 @@ def fit_gmm_scaled(
     tol: float = 1e-3,
     max_iter: int = 100,
     generator: torch.Generator,
-) -> tuple[EMResult, dict[int, float]]:
+) -> tuple[EMResult[MixtureParams], dict[int, float]]:
     """:func:`fit_gmm_bic` on standardised rows, with a covariance prior, mapped back.
 
     With ``standardize`` the rows are fitted as ``z = (X - mean) / sd`` (scaling from

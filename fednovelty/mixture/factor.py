@@ -27,11 +27,12 @@ All functions are pure and take dtype and device from their inputs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.containers import ComponentTensors, SummableStats
 from fednovelty.mixture.model import MixtureParams
 from fednovelty.mixture.stats import CovariancePrior
 
@@ -41,7 +42,7 @@ CHUNK_BYTES = 32 * 2**20
 
 # ----------------------------------------------------------------------------- parameters
 @dataclass(frozen=True)
-class FactorParams:
+class FactorParams(ComponentTensors):
     """A mixture of factor analysers.
 
     Attributes:
@@ -60,20 +61,8 @@ class FactorParams:
         check_factor_params(self.weights, self.means, self.factors, self.psi)
 
     @property
-    def n_components(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        return self.means.shape[1]
-
-    @property
     def n_factors(self) -> int:
         return self.factors.shape[2]
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The parameters by field name (what a broadcast carries)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def covariances(self) -> Tensor:
         """``W W^T + diag(psi)`` materialised, (n_components, n_features, n_features): for
@@ -267,7 +256,7 @@ def factor_score_samples(X: Tensor, params: FactorParams, chunk_size: int | None
 
 # ----------------------------------------------------------------------------- statistics
 @dataclass(frozen=True)
-class FactorStats:
+class FactorStats(SummableStats):
     """Sums over rows that determine the MFA M-step; merge with ``+`` (same shift, and
     taken under the same parameters).
 
@@ -294,21 +283,9 @@ class FactorStats:
     n_samples: Tensor
 
     SUMMED = ("counts", "sums", "second", "xz", "sum_z", "zz", "log_likelihood", "n_samples")
-
-    def __add__(self, other: FactorStats) -> FactorStats:
-        if not isinstance(other, FactorStats):
-            return NotImplemented
-        if other.xz.shape != self.xz.shape:
-            raise ValueError(
-                f"Cannot merge factor statistics of shapes {tuple(self.xz.shape)} and "
-                f"{tuple(other.xz.shape)} (n_components, n_features, n_factors)."
-            )
-        if not torch.equal(self.shift, other.shift):
-            raise ValueError(
-                "Cannot merge factor statistics taken about different shifts; compute them "
-                "about the same broadcast shift."
-            )
-        return replace(self, **{n: getattr(self, n) + getattr(other, n) for n in self.SUMMED})
+    SHAPED = ("xz",)
+    AXES = "(n_components, n_features, n_factors)"
+    WHAT = "factor statistics"
 
     def tensors(self) -> dict[str, Tensor]:
         """The summed tensors by name (what crosses the wire; the shift is the server's)."""

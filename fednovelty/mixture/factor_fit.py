@@ -14,14 +14,16 @@ All functions are pure and take dtype and device from their inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from fednovelty.mixture.em import iterate_em
+from fednovelty.mixture.containers import SummableStats
+from fednovelty.mixture.em import EMResult, iterate_em, moment_shift
 from fednovelty.mixture.factor import (
     FactorParams,
+    FactorStats,
     check_n_factors,
     check_rows,
     factor_e_step,
@@ -41,7 +43,7 @@ def sketch_matrix(n_features: int, width: int, generator: torch.Generator, like:
 
 
 @dataclass(frozen=True)
-class SketchStats:
+class SketchStats(SummableStats):
     """Summable statistics of a partition that start a mixture of factor analysers.
 
     Attributes:
@@ -59,18 +61,10 @@ class SketchStats:
     sketch: Tensor
     shift: Tensor = field(repr=False)
 
-    def __add__(self, other: SketchStats) -> SketchStats:
-        if not isinstance(other, SketchStats):
-            return NotImplemented
-        if not torch.equal(self.shift, other.shift) or other.sketch.shape != self.sketch.shape:
-            raise ValueError("Cannot merge sketches of other shifts or shapes.")
-        return replace(
-            self,
-            counts=self.counts + other.counts,
-            sums=self.sums + other.sums,
-            second=self.second + other.second,
-            sketch=self.sketch + other.sketch,
-        )
+    SUMMED = ("counts", "sums", "second", "sketch")
+    SHAPED = ("sketch",)
+    AXES = "(n_components, n_features, width)"
+    WHAT = "sketch statistics"
 
 
 def sketch_stats(X: Tensor, resp: Tensor, omega: Tensor, shift: Tensor) -> SketchStats:
@@ -179,26 +173,9 @@ def factor_init(
 
 
 # ----------------------------------------------------------------------------- EM
-@dataclass(frozen=True)
-class FactorEMResult:
-    """Outcome of :func:`fit_factor_em` / :func:`fit_mfa`.
-
-    Attributes:
-        params: the parameters after the last M-step.
-        n_iter: EM iterations run.
-        converged: whether the mean log-likelihood changed by less than ``tol``.
-        lower_bounds: mean log-likelihood under the parameters before each M-step.
-    """
-
-    params: FactorParams
-    n_iter: int
-    converged: bool
-    lower_bounds: list[float] = field(default_factory=list)
-
-
-def factor_shift(params: FactorParams) -> Tensor:
-    """The point statistics are taken about: ``sum_k pi_k mu_k``, (n_features,)."""
-    return params.weights @ params.means
+#: the point factor statistics are taken about: ``sum_k pi_k mu_k``, (n_features,)
+#: (:func:`~fednovelty.mixture.em.moment_shift`).
+factor_shift = moment_shift
 
 
 def fit_factor_em(
@@ -211,7 +188,7 @@ def fit_factor_em(
     prior: CovariancePrior | None = None,
     isotropic: bool = False,
     chunk_size: int | None = None,
-) -> FactorEMResult:
+) -> EMResult[FactorParams]:
     """EM from ``init`` with scikit-learn's stopping rule (``|lb_t - lb_{t-1}| < tol`` on
     the mean log-likelihood before each M-step).
 
@@ -229,13 +206,11 @@ def fit_factor_em(
             "n_components or provide more rows."
         )
 
-    def step(params: FactorParams) -> tuple[FactorParams, float]:
+    def step(params: FactorParams) -> tuple[FactorParams, FactorStats]:
         stats = factor_e_step(X, params, factor_shift(params), chunk_size=chunk_size)
-        params = factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic)
-        return params, float(stats.log_likelihood / stats.n_samples)
+        return factor_m_step(stats, reg_covar, prior=prior, isotropic=isotropic), stats
 
-    params, lower_bounds, converged = iterate_em(step, init, max_iter, tol)
-    return FactorEMResult(params, len(lower_bounds), converged, lower_bounds)
+    return iterate_em(step, init, max_iter, tol)
 
 
 def fit_mfa(
@@ -251,7 +226,7 @@ def fit_mfa(
     prior: CovariancePrior | None = None,
     oversample: int = 10,
     chunk_size: int | None = None,
-) -> FactorEMResult:
+) -> EMResult[FactorParams]:
     """A mixture of factor analysers (``isotropic``: of probabilistic PCA) by EM from a
     k-means partition (:func:`factor_init` with a sketch of ``n_factors + oversample``
     columns, capped at ``n_features``).

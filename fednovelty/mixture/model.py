@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.containers import ComponentTensors
 from fednovelty.mixture.covariance import (
     check_covariance_type,
     covariance_shape,
@@ -29,7 +30,7 @@ from fednovelty.mixture.density import (
 
 
 @dataclass(frozen=True)
-class MixtureParams:
+class MixtureParams(ComponentTensors):
     """Parameters of a Gaussian mixture.
 
     Attributes:
@@ -74,14 +75,6 @@ class MixtureParams:
         )
 
     @property
-    def n_components(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        return self.means.shape[1]
-
-    @property
     def covariances(self) -> Tensor:
         """Covariances recomputed from the precision factors (shape per covariance type)."""
         return covariances_from_precisions_cholesky(self.precisions_cholesky, self.covariance_type)
@@ -96,13 +89,6 @@ class MixtureParams:
             self.precisions_cholesky.to(device=device, dtype=dtype),
             self.covariance_type,
         )
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {
-            "weights": self.weights,
-            "means": self.means,
-            "precisions_cholesky": self.precisions_cholesky,
-        }
 
 
 def n_parameters(covariance_type: str, n_components: int, n_features: int) -> int:

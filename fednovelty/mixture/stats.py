@@ -20,11 +20,12 @@ tied (n_features, n_features); diag (n_components, n_features); spherical (n_com
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.containers import ComponentTensors, SummableStats
 from fednovelty.mixture.covariance import check_covariance_type
 from fednovelty.mixture.density import (
     ComponentDensity,
@@ -35,7 +36,7 @@ from fednovelty.mixture.density import (
 
 
 @dataclass(frozen=True)
-class SufficientStats:
+class SufficientStats(ComponentTensors, SummableStats):
     """Sums over rows that determine the M-step; merge with ``+``.
 
     Attributes:
@@ -56,44 +57,19 @@ class SufficientStats:
     n_samples: Tensor
     covariance_type: str
 
-    def __add__(self, other: SufficientStats) -> SufficientStats:
-        if not isinstance(other, SufficientStats):
-            return NotImplemented
+    SHAPE_FIELD = "sums"
+    SUMMED = ("counts", "sums", "second", "log_likelihood", "n_samples")
+    SHAPED = ("sums", "counts")
+    AXES = "(n_components, n_features)"
+
+    def check_mergeable(self, other: SufficientStats) -> None:
+        """Also the covariance types must agree."""
         if other.covariance_type != self.covariance_type:
             raise ValueError(
                 "Cannot merge statistics of covariance types "
                 f"{self.covariance_type!r} and {other.covariance_type!r}."
             )
-        if other.counts.shape != self.counts.shape or other.sums.shape != self.sums.shape:
-            raise ValueError(
-                f"Cannot merge statistics of shapes {tuple(self.sums.shape)} and "
-                f"{tuple(other.sums.shape)} (n_components, n_features)."
-            )
-        if not torch.equal(self.shift, other.shift):
-            raise ValueError(
-                "Cannot merge statistics taken about different shifts; compute them about "
-                "the same broadcast shift."
-            )
-        return replace(
-            self,
-            counts=self.counts + other.counts,
-            sums=self.sums + other.sums,
-            second=self.second + other.second,
-            log_likelihood=self.log_likelihood + other.log_likelihood,
-            n_samples=self.n_samples + other.n_samples,
-        )
-
-    @property
-    def n_components(self) -> int:
-        return self.sums.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        return self.sums.shape[1]
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The tensors of these statistics by field name (what crosses the wire)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "covariance_type"}
+        super().check_mergeable(other)
 
 
 def zero_stats(

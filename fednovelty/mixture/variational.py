@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.containers import ComponentTensors
 from fednovelty.mixture.covariance import log_det_cholesky, precisions_cholesky_from_covariances
 from fednovelty.mixture.density import log_gaussian_prob, log_responsibilities
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
@@ -58,7 +59,7 @@ from fednovelty.mixture.vb_prior import VBPrior
 
 
 @dataclass(frozen=True)
-class VBPosterior:
+class VBPosterior(ComponentTensors):
     """Variational posterior of a Bayesian Gaussian mixture (scikit-learn's fitted
     ``weight_concentration_``, ``mean_precision_``, ``means_``, ``degrees_of_freedom_``,
     ``covariances_``, ``precisions_cholesky_``).
@@ -85,13 +86,29 @@ class VBPosterior:
     covariance_type: str
     weight_concentration_prior_type: str
 
-    @property
-    def n_components(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        return self.means.shape[1]
+    @classmethod
+    def from_covariances(
+        cls,
+        weight_concentration: Tensor,
+        mean_precision: Tensor,
+        means: Tensor,
+        degrees_of_freedom: Tensor,
+        covariances: Tensor,
+        covariance_type: str,
+        weight_concentration_prior_type: str,
+    ) -> VBPosterior:
+        """The posterior with these fields and ``precisions_cholesky`` computed from
+        ``covariances`` (raises ``SingularCovarianceError`` if not positive definite)."""
+        return cls(
+            weight_concentration,
+            mean_precision,
+            means,
+            degrees_of_freedom,
+            covariances,
+            precisions_cholesky_from_covariances(covariances, covariance_type),
+            covariance_type,
+            weight_concentration_prior_type,
+        )
 
     @property
     def weights(self) -> Tensor:
@@ -105,17 +122,6 @@ class VBPosterior:
             weights = a / total * sticks
             return weights / weights.sum()
         return wc / wc.sum()
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The posterior's tensors by name (what a server broadcasts)."""
-        return {
-            "weight_concentration": self.weight_concentration,
-            "mean_precision": self.mean_precision,
-            "means": self.means,
-            "degrees_of_freedom": self.degrees_of_freedom,
-            "covariances": self.covariances,
-            "precisions_cholesky": self.precisions_cholesky,
-        }
 
 
 def _wishart_scale(
@@ -188,15 +194,9 @@ def vb_m_step(stats: SufficientStats, prior: VBPrior, reg_covar: float = 1e-6) -
     mean_precision = beta0 + nk
     means = (beta0 * prior.mean.to(xk.dtype) + nk.unsqueeze(1) * xk) / mean_precision.unsqueeze(1)
     dof, covariances = _wishart_scale(prior, nk, xk, sk, mean_precision)
-    return VBPosterior(
-        weight_concentration=weight_concentration,
-        mean_precision=mean_precision,
-        means=means,
-        degrees_of_freedom=dof,
-        covariances=covariances,
-        precisions_cholesky=precisions_cholesky_from_covariances(covariances, ct),
-        covariance_type=ct,
-        weight_concentration_prior_type=prior.weight_concentration_prior_type,
+    kind = prior.weight_concentration_prior_type
+    return VBPosterior.from_covariances(
+        weight_concentration, mean_precision, means, dof, covariances, ct, kind
     )
 
 

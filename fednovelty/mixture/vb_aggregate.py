@@ -55,7 +55,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fednovelty.mixture.covariance import log_det_cholesky, precisions_cholesky_from_covariances
+from fednovelty.mixture.covariance import log_det_cholesky
+from fednovelty.mixture.dirnig import kl_dirichlet
 from fednovelty.mixture.variational import VBPosterior
 from fednovelty.mixture.vb_prior import VBPrior
 
@@ -416,15 +417,9 @@ def aggregate_posteriors(
         covariances = _invert_structured(A, ct)
     if ct == "tied":
         new_dof = new_dof.reshape(())
-    return VBPosterior(
-        weight_concentration=weight_concentration,
-        mean_precision=new_beta,
-        means=new_means,
-        degrees_of_freedom=new_dof,
-        covariances=covariances,
-        precisions_cholesky=precisions_cholesky_from_covariances(covariances, ct),
-        covariance_type=ct,
-        weight_concentration_prior_type=first.weight_concentration_prior_type,
+    kind = first.weight_concentration_prior_type
+    return VBPosterior.from_covariances(
+        weight_concentration, new_beta, new_means, new_dof, covariances, ct, kind
     )
 
 
@@ -443,18 +438,6 @@ def _multidigamma(x: Tensor, n_features: int) -> Tensor:
     return torch.digamma(x.unsqueeze(-1) - 0.5 * j).sum(-1)
 
 
-def _kl_dirichlet(alpha: Tensor, beta: Tensor) -> Tensor:
-    """``KL(Dir(alpha) || Dir(beta))`` over the last axis."""
-    a0, b0 = alpha.sum(-1), beta.sum(-1)
-    return (
-        torch.lgamma(a0)
-        - torch.lgamma(alpha).sum(-1)
-        - torch.lgamma(b0)
-        + torch.lgamma(beta).sum(-1)
-        + ((alpha - beta) * (torch.digamma(alpha) - torch.digamma(a0).unsqueeze(-1))).sum(-1)
-    )
-
-
 def kl_posterior(q: VBPosterior, p: VBPosterior) -> Tensor:
     """``KL(q || p)`` of two posteriors of one family (module docstring), shape ().
 
@@ -469,9 +452,9 @@ def kl_posterior(q: VBPosterior, p: VBPosterior) -> Tensor:
     d = q.n_features
     wq, wp = q.weight_concentration, p.weight_concentration
     if q.weight_concentration_prior_type == "dirichlet_process":
-        kl_weights = _kl_dirichlet(wq.T, wp.T).sum()
+        kl_weights = kl_dirichlet(wq.T, wp.T).sum()
     else:
-        kl_weights = _kl_dirichlet(wq, wp)
+        kl_weights = kl_dirichlet(wq, wp)
     nu_q, _, prec_q, log_det_q = _full_components(q)
     nu_p, cov_p, _, log_det_p = _full_components(p)
     # Wishart scales V = E[Lambda] / nu: log det V = log det E[Lambda] - d log nu.
@@ -554,13 +537,5 @@ def scale_evidence(posterior: VBPosterior, prior: VBPrior, factor: Tensor) -> VB
     new_means = torch.where(keep.unsqueeze(1), m, new_means)
     new_cov_full = torch.where(keep.reshape(-1, 1, 1), cov, new_cov_full)
     covariances = _project(new_cov_full, ct)
-    return VBPosterior(
-        weight_concentration=posterior.weight_concentration,
-        mean_precision=new_beta,
-        means=new_means,
-        degrees_of_freedom=new_dof,
-        covariances=covariances,
-        precisions_cholesky=precisions_cholesky_from_covariances(covariances, ct),
-        covariance_type=ct,
-        weight_concentration_prior_type=posterior.weight_concentration_prior_type,
-    )
+    wc, kind = posterior.weight_concentration, posterior.weight_concentration_prior_type
+    return VBPosterior.from_covariances(wc, new_beta, new_means, new_dof, covariances, ct, kind)
