@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fednovelty.datasets.partition import _check_int, _rng
+from fednovelty.datasets.partition._common import _check_int, _check_positive, _rng
 
 __all__ = ["DISTRIBUTIONS", "FederatedSplit", "make_fedgmm_synthetic"]
 
@@ -99,17 +99,6 @@ def _check_distribution(value, name: str) -> str:
     if value not in DISTRIBUTIONS:
         raise ValueError(f"{name} must be one of {DISTRIBUTIONS}; got {value!r}.")
     return value
-
-
-def _check_positive(value, name: str) -> float:
-    if (
-        not isinstance(value, numbers.Real)
-        or isinstance(value, bool)
-        or not np.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a finite number > 0; got {value!r}.")
-    return float(value)
 
 
 def _labelling_directions(means: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -33,19 +33,27 @@ def _check_int(value, name: str, minimum: int) -> int:
     return int(value)
 
 
-def _check_alpha(alpha) -> float:
-    """A Dirichlet concentration: a finite real > 0 (small = more skew, large = close to IID)."""
+def _check_positive(value, name: str, hint: str = "") -> float:
+    """``value`` as a float if it is a finite real (not a bool) > 0; else a ValueError naming
+    ``name``, with ``hint`` (e.g. ``" (a typical value)"``) after the rule."""
     if (
-        not isinstance(alpha, numbers.Real)
-        or isinstance(alpha, bool)
-        or not np.isfinite(alpha)
-        or alpha <= 0
+        not isinstance(value, numbers.Real)
+        or isinstance(value, bool)
+        or not np.isfinite(value)
+        or value <= 0
     ):
-        raise ValueError(
-            f"alpha must be a finite number > 0 (small = more skewed, e.g. 0.4; large = close "
-            f"to IID, or use iid_partition); got {alpha!r}."
-        )
-    return float(alpha)
+        raise ValueError(f"{name} must be a finite number > 0{hint}; got {value!r}.")
+    return float(value)
+
+
+#: the examples in the message of a bad Dirichlet concentration
+_ALPHA_EXAMPLES = "e.g. 0.4; large = close to IID, or use iid_partition"
+
+
+def _check_alpha(alpha, name: str = "alpha", examples: str = _ALPHA_EXAMPLES) -> float:
+    """A Dirichlet concentration named ``name``: a finite real > 0 (small = more skew, large =
+    close to IID); ``examples`` ends the error message."""
+    return _check_positive(alpha, name, f" (small = more skewed, {examples})")
 
 
 def _check_groups(groups: ArrayLike) -> np.ndarray:

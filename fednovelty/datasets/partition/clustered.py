@@ -58,6 +58,7 @@ Where the paper is silent, these choices (each a parameter or stated in a docstr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -103,13 +104,7 @@ def _check_clusters(n_clusters, n_clients: int) -> int:
 
 def _check_concentration(value, name: str) -> float:
     """A Dirichlet concentration named ``name`` in the error (``_check_alpha``'s rule)."""
-    try:
-        return _check_alpha(value)
-    except ValueError:
-        raise ValueError(
-            f"{name} must be a finite number > 0 (small = more skewed, e.g. 0.1; large = close "
-            f"to IID, e.g. 10); got {value!r}."
-        ) from None
+    return _check_alpha(value, name, "e.g. 0.1; large = close to IID, e.g. 10")
 
 
 def _check_min_size(min_size, n_clients: int, n_samples: int) -> int:
@@ -140,6 +135,46 @@ def _shuffled(parts: list[np.ndarray], owners: list[int], rng) -> ClusteredParti
     order = rng.permutation(len(parts))
     clusters = np.asarray(owners, dtype=np.int64)[order]
     return ClusteredPartition([parts[i] for i in order], clusters)
+
+
+def _draw_until_filled(
+    n_clients: int,
+    n_clusters: int,
+    min_size: int,
+    rng: np.random.Generator,
+    draw_clusters: Callable[[], list[np.ndarray] | None],
+    draw_clients: Callable[[np.ndarray, int], list[np.ndarray]],
+    failure: str,
+) -> ClusteredPartition:
+    """Two-level draws, at most ``_MAX_TRIES``, until every client holds ``min_size`` rows.
+
+    Each draw splits the clients among the clusters (:func:`_clients_per_cluster`), then the
+    rows: ``draw_clusters()`` gives one index array per cluster (``None``: redraw), and
+    ``draw_clients(rows, s)`` splits a cluster's ``rows`` (index array) into ``s`` index
+    arrays into the same rows' space, one per client.
+
+    Raises:
+        ValueError: no draw filled every client; ``failure`` ends the message (what was
+            drawn and what to change).
+    """
+    for _ in range(_MAX_TRIES):
+        sizes = _clients_per_cluster(n_clients, n_clusters, rng)
+        clusters = draw_clusters()
+        if clusters is None:
+            continue
+        if any(rows.size < min_size * s for rows, s in zip(clusters, sizes, strict=True)):
+            continue
+        parts: list[np.ndarray] = []
+        owners: list[int] = []
+        for k, (rows, s) in enumerate(zip(clusters, sizes, strict=True)):
+            parts.extend(draw_clients(rows, int(s)))
+            owners.extend([k] * int(s))
+        if min(p.shape[0] for p in parts) >= min_size:
+            return _shuffled(parts, owners, rng)
+    raise ValueError(
+        f"could not give every client min_size={min_size} rows in {_MAX_TRIES} cluster-wise "
+        + failure
+    )
 
 
 def cluster_dirichlet_partition(
@@ -199,27 +234,24 @@ def cluster_dirichlet_partition(
     min_size = _check_min_size(min_size, n_clients, labels.shape[0])
     rng = _rng(random_state)
     _, codes = _codes(labels)
-    for _ in range(_MAX_TRIES):
-        sizes = _clients_per_cluster(n_clients, n_clusters, rng)
-        clusters = dirichlet_partition(codes, n_clusters, alpha, random_state=rng)
-        if any(rows.size < min_size * s for rows, s in zip(clusters, sizes, strict=True)):
-            continue
-        parts: list[np.ndarray] = []
-        owners: list[int] = []
-        for k, (rows, s) in enumerate(zip(clusters, sizes, strict=True)):
-            if rows.size:
-                sub = dirichlet_partition(codes[rows], int(s), client_alpha, random_state=rng)
-                parts.extend(rows[p] for p in sub)
-            else:  # min_size == 0: an empty cluster has empty clients
-                parts.extend(np.empty(0, np.int64) for _ in range(s))
-            owners.extend([k] * int(s))
-        if min(p.shape[0] for p in parts) >= min_size:
-            return _shuffled(parts, owners, rng)
-    raise ValueError(
-        f"could not give every client min_size={min_size} rows in {_MAX_TRIES} cluster-wise "
+
+    def draw_clients(rows: np.ndarray, s: int) -> list[np.ndarray]:
+        if not rows.size:  # min_size == 0: an empty cluster has empty clients
+            return [np.empty(0, np.int64) for _ in range(s)]
+        return [
+            rows[p] for p in dirichlet_partition(codes[rows], s, client_alpha, random_state=rng)
+        ]
+
+    return _draw_until_filled(
+        n_clients,
+        n_clusters,
+        min_size,
+        rng,
+        lambda: dirichlet_partition(codes, n_clusters, alpha, random_state=rng),
+        draw_clients,
         f"Dirichlet draws with alpha={alpha}, client_alpha={client_alpha}, "
         f"n_clusters={n_clusters} and n_clients={n_clients}; lower min_size, raise alpha (a "
-        f"small one starves some clusters) or use fewer clients."
+        f"small one starves some clusters) or use fewer clients.",
     )
 
 
@@ -326,25 +358,24 @@ def cluster_nclass_partition(
             f"lower n_clusters or groups_per_cluster."
         )
     rng = _rng(random_state)
-    for _ in range(_MAX_TRIES):
-        sizes = _clients_per_cluster(n_clients, n_clusters, rng)
+
+    def draw_clusters() -> list[np.ndarray] | None:
         clusters = quantity_partition(codes, n_clusters, per_cluster, random_state=rng)
         # holder counts can exceed `sharing` when quantity's dealing finds no swap (rare): redraw
         if any(np.unique(codes[rows]).size != per_cluster for rows in clusters):
-            continue
-        if any(rows.size < min_size * s for rows, s in zip(clusters, sizes, strict=True)):
-            continue
-        parts: list[np.ndarray] = []
-        owners: list[int] = []
-        for k, (rows, s) in enumerate(zip(clusters, sizes, strict=True)):
-            sub = quantity_partition(codes[rows], int(s), per_client, random_state=rng)
-            parts.extend(rows[p] for p in sub)
-            owners.extend([k] * int(s))
-        if min(p.shape[0] for p in parts) >= min_size:
-            return _shuffled(parts, owners, rng)
-    raise ValueError(
-        f"could not give every client min_size={min_size} rows in {_MAX_TRIES} cluster-wise "
+            return None
+        return clusters
+
+    return _draw_until_filled(
+        n_clients,
+        n_clusters,
+        min_size,
+        rng,
+        draw_clusters,
+        lambda rows, s: [
+            rows[p] for p in quantity_partition(codes[rows], s, per_client, random_state=rng)
+        ],
         f"n-class draws with n_clusters={n_clusters}, groups_per_cluster={per_cluster}, "
         f"groups_per_client={per_client} and n_clients={n_clients}; lower min_size or use "
-        f"fewer clients."
+        f"fewer clients.",
     )

@@ -7,14 +7,13 @@ display (it uses whatever backend is active; headless machines get Agg).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fednovelty.datasets.partition._common import _check_groups, _check_parts
+from fednovelty.datasets.partition._common import _check_groups, _check_parts, _check_positive
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -109,13 +108,7 @@ def partition_dot_plot(
                 f"values ({values.tolist()[:10]}...); give one name per value of "
                 f"np.unique(groups)."
             )
-    if (
-        not isinstance(max_area, numbers.Real)
-        or isinstance(max_area, bool)
-        or not np.isfinite(max_area)
-        or max_area <= 0
-    ):
-        raise ValueError(f"max_area must be a finite number > 0; got {max_area!r}.")
+    _check_positive(max_area, "max_area")
 
     from matplotlib.ticker import MaxNLocator
 
