@@ -55,7 +55,7 @@ from fednovelty.federated.trust.dp_sgd import DPSGDSettings, calibrate_learning,
 from fednovelty.federated.trust.gate import client_context, terms_of
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.runtime.clients import check_clients, client_rows
-from fednovelty.runtime.flower._compat import missing_flwr
+from fednovelty.runtime.flower._compat import ClientApp, Context, Message
 from fednovelty.runtime.flower.codec import (
     SECAGG,
     decode_message,
@@ -76,12 +76,6 @@ from fednovelty.runtime.flower.secure_node import (
     plain_round_refusal,
 )
 from fednovelty.runtime.threads import run_client_step
-
-try:
-    from flwr.app import Context, Message
-    from flwr.clientapp import ClientApp
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise missing_flwr(error) from error
 
 #: what a data loader returns: ``(client_id, rows)`` with rows a numpy array
 #: (n_samples, n_features), or ``(rows, labels)`` for the joint model.

@@ -34,12 +34,7 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.core.base import Message, Scalar
-from fednovelty.runtime.flower._compat import missing_flwr
-
-try:
-    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise missing_flwr(error) from error
+from fednovelty.runtime.flower._compat import Array, ArrayRecord, ConfigRecord, RecordDict
 
 TENSORS = "fednovelty.tensors"
 SCALARS = "fednovelty.scalars"

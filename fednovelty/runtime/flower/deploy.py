@@ -45,6 +45,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from fednovelty.runtime.flower.credentials import (
     LOOPBACK_HOSTS,
@@ -232,9 +233,9 @@ class LocalFederation:
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
         }
 
-    def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
-        log = open(self.path / f"{name}.log", "wb")  # closed in stop()
-        self._logs.append(log)
+    def _popen(self, args: list[str], log: IO[bytes]) -> subprocess.Popen:
+        """``args`` started in the workdir with :meth:`env`, in a session of its own (so
+        :func:`_terminate_group` reaches its children), stdout and stderr into ``log``."""
         return subprocess.Popen(
             args,
             stdout=log,
@@ -244,6 +245,11 @@ class LocalFederation:
             cwd=self.path,
             start_new_session=True,
         )
+
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
+        log = open(self.path / f"{name}.log", "wb")  # closed in stop()
+        self._logs.append(log)
+        return self._popen(args, log)
 
     def connection_toml(self) -> str:
         """``FLWR_HOME/config.toml``: where ``flwr`` finds the SuperLink and whom it trusts."""
@@ -422,15 +428,7 @@ class LocalFederation:
         ]
         log = self.run_log()
         with open(log, "wb") as stream:
-            process = subprocess.Popen(
-                args,
-                stdout=stream,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env(),
-                cwd=self.path,
-                start_new_session=True,
-            )
+            process = self._popen(args, stream)
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

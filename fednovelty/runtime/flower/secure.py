@@ -93,7 +93,7 @@ from fednovelty.federated.trust.secure import (
     quantization_levels,
     unmask_sum,
 )
-from fednovelty.runtime.flower._compat import missing_flwr
+from fednovelty.runtime.flower._compat import MessageType, RecordDict, asymmetric
 from fednovelty.runtime.flower.codec import (
     SECAGG,
     CodecError,
@@ -129,12 +129,6 @@ from fednovelty.runtime.secure_rounds import (
     round_metrics,
     senders_threshold,
 )
-
-try:
-    from flwr.app import MessageType, RecordDict
-    from flwr.supercore.primitives import asymmetric
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise missing_flwr(error) from error
 
 __all__ = [
     "SecureGridTransport",
@@ -406,16 +400,7 @@ class SecureGridTransport(GridTransport):
             )
         self.round = current
         self._n_asked = len(asked)
-        return FlowerDelivery(
-            received.replies,
-            asked=tuple(sorted(c for c in asked.values() if c is not None)),
-            n_asked=len(contents),
-            bytes_up=received.bytes_up,
-            widths=received.widths,
-            metrics={"wire_bytes_down": down, "wire_bytes_up": up},
-            nodes=asked,
-            received=received,
-        )
+        return FlowerDelivery.of(received, asked, len(contents), down, up)
 
     # ---------------------------------------------------------------- step 4
     def combine(

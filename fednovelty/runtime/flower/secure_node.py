@@ -59,7 +59,7 @@ from fednovelty.federated.trust.secure import (
     setup_keys,
     share_secrets,
 )
-from fednovelty.runtime.flower._compat import missing_flwr
+from fednovelty.runtime.flower._compat import Context, Message, RecordDict, asymmetric
 from fednovelty.runtime.flower.codec import (
     SECAGG,
     SECAGG_STATE,
@@ -81,12 +81,6 @@ from fednovelty.runtime.secure_rounds import (
     quantize_encoded,
     round_clips,
 )
-
-try:
-    from flwr.app import Context, Message, RecordDict
-    from flwr.supercore.primitives import asymmetric
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise missing_flwr(error) from error
 
 __all__ = [
     "ACTIONS",

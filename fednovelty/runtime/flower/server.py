@@ -58,7 +58,14 @@ from fednovelty.federated.core.base import FederatedAlgorithm
 from fednovelty.federated.core.base import Message as FedMessage
 from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop
-from fednovelty.runtime.flower._compat import missing_flwr
+from fednovelty.runtime.flower._compat import (
+    Context,
+    Grid,
+    Message,
+    MessageType,
+    RecordDict,
+    ServerApp,
+)
 from fednovelty.runtime.flower.codec import CodecError, decode_message, encode_message, wire_nbytes
 from fednovelty.runtime.flower.config import (
     ALGORITHM_KEY,
@@ -75,12 +82,6 @@ from fednovelty.runtime.flower.validation import (
 )
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, sample_clients
 from fednovelty.runtime.secure_rounds import SecureSum
-
-try:
-    from flwr.app import Context, Message, MessageType, RecordDict
-    from flwr.serverapp import Grid, ServerApp
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise missing_flwr(error) from error
 
 #: a child of Flower's logger, so the engine's lines appear wherever Flower's do (the
 #: SuperLink's console, ``flwr run --stream``, ``flwr log``).
@@ -259,6 +260,24 @@ class FlowerDelivery(Delivery):
     nodes: dict[int, int | None] = field(default_factory=dict)
     received: Received = field(default_factory=Received)
 
+    @classmethod
+    def of(
+        cls, received: Received, asked: dict[int, int | None], n_asked: int, down: int, up: int
+    ) -> FlowerDelivery:
+        """The delivery of ``received``, the decoded replies of the nodes ``asked`` (node id
+        -> client id): ``n_asked`` messages sent, ``down`` and ``up`` wire bytes (the
+        ``wire_bytes_down`` / ``wire_bytes_up`` metrics)."""
+        return cls(
+            received.replies,
+            asked=tuple(sorted(c for c in asked.values() if c is not None)),
+            n_asked=n_asked,
+            bytes_up=received.bytes_up,
+            widths=received.widths,
+            metrics={"wire_bytes_down": down, "wire_bytes_up": up},
+            nodes=asked,
+            received=received,
+        )
+
 
 class GridTransport(Transport):
     """Rounds over the nodes of a Flower ``Grid``: encode, push, pull, decode, bind.
@@ -313,19 +332,8 @@ class GridTransport(Transport):
         bound = {c: n for n, c in self.client_of.items() if c is not None}
         received = receive_replies(replies, asked, bound)
         self._n_asked = len(asked)
-        return FlowerDelivery(
-            received.replies,
-            asked=tuple(sorted(c for c in asked.values() if c is not None)),
-            n_asked=len(asked),
-            bytes_up=received.bytes_up,
-            widths=received.widths,
-            metrics={
-                "wire_bytes_down": wire_nbytes(content) * len(asked),
-                "wire_bytes_up": sum(wire_nbytes(r.content) for r in replies if r.has_content()),
-            },
-            nodes=asked,
-            received=received,
-        )
+        up = sum(wire_nbytes(r.content) for r in replies if r.has_content())
+        return FlowerDelivery.of(received, asked, len(asked), wire_nbytes(content) * len(asked), up)
 
     def settle(self, number: int, delivery: FlowerDelivery, valid, invalid) -> Settled:
         """Bind the nodes of the valid replies, log and keep every drop; the round's client
