@@ -245,14 +245,7 @@ def run_stream(args: argparse.Namespace) -> int:
     summary = format_stream_summary(df)
     outputs.write("summary.md", lambda path: Path(path).write_text(summary, encoding="utf-8"))
     figures = stream_figures(df, outputs)
-    seconds = time.perf_counter() - started
-    print(summary)
-    n_failed = int(df["error"].notna().sum())
-    print(
-        f"{len(df)} rows ({n_failed} failed) in {seconds:.1f} s: {out / 'results.csv'}, "
-        f"{out / 'summary.md'}, {len(figures)} figure(s)"
-    )
-    return 0
+    return _report(summary, df, "rows", started, out, figures)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -335,11 +328,20 @@ def run(args: argparse.Namespace) -> int:
         "summary.md", lambda path: Path(path).write_text(summary + "\n", encoding="utf-8")
     )
     figures = bench_figures(df, outputs, args.metric)
+    return _report(summary, df, "cells", started, out, figures)
+
+
+def _report(
+    summary: str, df: pd.DataFrame, unit: str, started: float, out: Path, figures: list[Path]
+) -> int:
+    """Print the summary, then one line: ``len(df)`` ``unit`` (rows with an ``error``
+    failed), the seconds since ``started`` (``time.perf_counter``) and the files written
+    in ``out``. Returns the exit status 0."""
     seconds = time.perf_counter() - started
     print(summary)
     n_failed = int(df["error"].notna().sum())
     print(
-        f"{len(df)} cells ({n_failed} failed) in {seconds:.1f} s: {out / 'results.csv'}, "
+        f"{len(df)} {unit} ({n_failed} failed) in {seconds:.1f} s: {out / 'results.csv'}, "
         f"{out / 'summary.md'}, {len(figures)} figure(s)"
     )
     return 0

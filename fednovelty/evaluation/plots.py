@@ -64,6 +64,22 @@ def _ok(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return df[df["error"].isna()] if "error" in df else df
 
 
+def _mean_band(ax, values: pd.Series, by: pd.Series, label: str, alpha: float, **style):
+    """Draw the mean of ``values`` per value of ``by`` (aligned with it) as a line labelled
+    ``label`` (matplotlib ``style``), and mean +- standard deviation (pandas', 0 for one row)
+    as a band of the line's colour and opacity ``alpha``."""
+    stats = values.groupby(by).agg(["mean", "std"]).sort_index()
+    std = stats["std"].fillna(0.0)
+    (line,) = ax.plot(stats.index, stats["mean"], label=label, **style)
+    ax.fill_between(
+        stats.index,
+        stats["mean"] - std,
+        stats["mean"] + std,
+        color=line.get_color(),
+        alpha=alpha,
+    )
+
+
 def plot_metric_vs(
     df: pd.DataFrame,
     x: str = "alpha",
@@ -105,16 +121,7 @@ def plot_metric_vs(
                 [values[0], values[-1]], mean - std, mean + std, color=line.get_color(), alpha=0.1
             )
             continue
-        stats = rows.assign(_x=rows_x).groupby("_x")[metric].agg(["mean", "std"]).sort_index()
-        std = stats["std"].fillna(0.0)
-        (line,) = ax.plot(stats.index, stats["mean"], marker="o", label=str(method))
-        ax.fill_between(
-            stats.index,
-            stats["mean"] - std,
-            stats["mean"] + std,
-            color=line.get_color(),
-            alpha=0.2,
-        )
+        _mean_band(ax, rows[metric], rows_x, str(method), 0.2, marker="o")
     positive = values[values > 0]
     if logx is None:
         logx = positive.size > 1 and positive.max() / positive.min() >= 10
@@ -203,16 +210,7 @@ def plot_stream_metric(
     if ax is None:
         _, ax = _pyplot().subplots(figsize=(8.0, 4.0), layout="constrained")
     for method, rows in ok.groupby("method", sort=False):
-        stats = rows.groupby("window")[metric].agg(["mean", "std"]).sort_index()
-        std = stats["std"].fillna(0.0)
-        (line,) = ax.plot(stats.index, stats["mean"], label=str(method), linewidth=1.5)
-        ax.fill_between(
-            stats.index,
-            stats["mean"] - std,
-            stats["mean"] + std,
-            color=line.get_color(),
-            alpha=0.15,
-        )
+        _mean_band(ax, rows[metric], rows["window"], str(method), 0.15, linewidth=1.5)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
