@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fednovelty.detectors
-from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector, Training
 from fednovelty.methods import (
     METHODS,
     SHARED_SETTINGS,
@@ -167,7 +167,9 @@ def test_pfl_methods_build_the_joint_estimator():
     joint = fednovelty.detectors.JointFedGMMDetector
     fedem = get_method("PFL-FedEM").build(n_learners=3, random_state=0)
     assert isinstance(fedem, joint) and fedem.n_components == 1 and fedem.n_learners == 3
-    assert get_method("PFL-FedProx").build(mu_prox=0.5).mu_prox == 0.5
+    assert get_method("PFL-FedProx").build().training.mu_prox == 0.01
+    built = get_method("PFL-FedProx").build(training=Training(mu_prox=0.5, local_epochs=2))
+    assert (built.training.mu_prox, built.training.local_epochs) == (0.5, 2)
 
 
 def test_fedvb_takes_no_runner_k_and_its_variants_fix_the_aggregation():

@@ -270,11 +270,13 @@ def method_description(method: MethodSettings) -> str:
 def _fit_settings(method: MethodSettings, joint: bool) -> dict:
     """The page's round and learner settings, as the chosen detector takes them."""
     if joint:
+        from fednovelty.detectors.options import Training
+
         return {
             "max_iter": method.max_iter,
             "tol": JOINT_TOL,
             "n_learners": method.n_learners,
-            "local_epochs": method.local_epochs,
+            "training": Training(local_epochs=method.local_epochs),
         }
     if counts_rounds(method.method):
         takes_tol = "tol" in choice_method(method.method).parameters()

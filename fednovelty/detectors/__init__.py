@@ -1,7 +1,8 @@
 """Detector layer: PyOD ``BaseDetector`` subclasses, the public face of fednovelty (and the
 clustered classifier of the Fed-CAM paper, ``ClusteredFLClassifier``, and VGM2's
 ``VGM2Classifier``), and the option objects that group the estimators' rarely set settings
-(``Privacy``, ``Robustness``, ``ClientSampling``, ``Initialisation``, ``Prior``)."""
+(``Privacy``, ``Robustness``, ``ClientSampling``, ``Initialisation``, ``Prior``,
+``Training``, ``Objective``)."""
 
 from fednovelty._exports import public_names as _public_names
 from fednovelty.detectors.base import MixtureDetector
@@ -16,9 +17,11 @@ from fednovelty.detectors.mfa import FedMFADetector
 from fednovelty.detectors.options import (
     ClientSampling,
     Initialisation,
+    Objective,
     Prior,
     Privacy,
     Robustness,
+    Training,
 )
 from fednovelty.detectors.persistence import load
 from fednovelty.detectors.pfedem import PFedEMDetector

@@ -87,6 +87,7 @@ def private_plan(estimator: Any, algorithm: ClusteredAlgorithm, n_clients: int) 
         z, sigma = 0.0, sgd_noise(epsilon, delta, total, rate)
     policy = DPPolicy(z, clip, "local", max(1, int(n_clients)), epsilon=epsilon, delta=delta)
     settings = {"dp_mode": "local", "dp_noise_multiplier": z, "dp_clip": clip, "bounds": bounds}
-    batch = float(estimator.batch_size)  # public: the divisor of a step's noisy sum
+    # public: the divisor of a step's noisy sum
+    batch = float(estimator._option("training").batch_size)
     sgd = DPSGDSettings(sigma, float(privacy.sgd_clip), rate, steps, expected_batch=batch)
     return DPPlan(settings, policy, 0, epsilon, delta, sgd)

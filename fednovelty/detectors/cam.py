@@ -36,12 +36,11 @@ from fednovelty.detectors._dp import (
     round_costs,
 )
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors._params import (
-    BATCH_SIZE,
+from fednovelty.detectors._option_fields import (
     DP_SGD,
+)
+from fednovelty.detectors._params import (
     LEARNER_CHOICE,
-    LEARNING_RATE,
-    OPTIMIZER,
     ROUNDS,
     RUNTIME,
     Param,
@@ -50,7 +49,7 @@ from fednovelty.detectors._params import (
     store,
 )
 from fednovelty.detectors.base import labelled_tensors
-from fednovelty.detectors.options import ClientSampling, Privacy, Robustness
+from fednovelty.detectors.options import ClientSampling, Privacy, Robustness, Training
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -114,13 +113,13 @@ class ClusteredFLClassifier(FederatedClassifier):
 
     Examples:
         >>> import numpy as np
-        >>> from fednovelty import ClusteredFLClassifier
+        >>> from fednovelty import ClusteredFLClassifier, Training
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(0, 1, (800, 2))
         >>> groups = np.repeat(np.arange(8), 100)
         >>> y = np.where(groups % 2 == 0, X[:, 0] > 0, X[:, 0] < 0).astype(int)
         >>> clf = ClusteredFLClassifier("IFCA-CAM", n_clusters=2, learner="linear",
-        ...     rounds=20, learning_rate=0.1, random_state=0).fit(X, y, groups)
+        ...     rounds=20, training=Training(learning_rate=0.1), random_state=0).fit(X, y, groups)
         >>> clf.client_clusters_.tolist() in ([0, 1] * 4, [1, 0] * 4)
         True
     """
@@ -149,16 +148,11 @@ class ClusteredFLClassifier(FederatedClassifier):
             "training only before the first k-means); ``None``: 30 % of ``rounds`` for the CAM "
             "methods, 1 for FeSEM, 0 for IFCA and FedAvg+.",
         ),
-        Param("local_steps", 10, _POSITIVE_INT, "mini-batch steps of each local training."),
-        LEARNING_RATE,
-        Param(
-            "momentum",
-            0.9,
-            [Interval(Real, 0.0, 1.0, closed="left")],
-            'heavy-ball momentum of ``optimizer="sgd"``.',
+        option(
+            Training,
+            fields=("local_steps", "learning_rate", "batch_size", "optimizer", "momentum"),
+            auto={"learning_rate": 1e-3, "batch_size": 32},
         ),
-        BATCH_SIZE,
-        OPTIMIZER,
         Param(
             "kmeans_reg",
             0.01,
@@ -206,11 +200,7 @@ class ClusteredFLClassifier(FederatedClassifier):
         learner="mlp",
         rounds=100,
         warmup_rounds=None,
-        local_steps=10,
-        learning_rate=0.001,
-        momentum=0.9,
-        batch_size=32,
-        optimizer="sgd",
+        training=None,
         kmeans_reg=0.01,
         kmeans_iter=10,
         cluster_average="cluster",

@@ -33,15 +33,17 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._front_end import ClientViews
+from fednovelty.detectors._option_fields import (
+    FLOOR,
+    KMEANS_START,
+    REMEDIES,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
-    FLOOR,
     INIT_PARAMS,
-    KMEANS_START,
     N_COMPONENTS,
     PCA,
-    REMEDIES,
     RUNTIME,
     Param,
     declare,

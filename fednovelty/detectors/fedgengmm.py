@@ -31,13 +31,15 @@ from fednovelty.detectors._dp import (
     privacy_record,
     run_private_bounds,
 )
+from fednovelty.detectors._option_fields import (
+    DP,
+    REMEDIES,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
-    DP,
     EM,
     LOCAL_FIT,
     PCA,
-    REMEDIES,
     RUNTIME,
     Param,
     declare,

@@ -21,14 +21,16 @@ from fednovelty.detectors._dp import (
     run_private_bounds,
 )
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
+from fednovelty.detectors._option_fields import (
+    DP,
+    REMEDIES,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
-    DP,
     EM,
     INIT_PARAMS,
     N_COMPONENTS,
     PCA,
-    REMEDIES,
     RUNTIME,
     Param,
     declare,

@@ -241,9 +241,10 @@ class JointModelDetector(EMDetector):
         if privacy.epsilon is None or not self._shared_learners:
             return None
         rate = float(privacy.sample_rate)
-        steps = steps_for_epochs(int(self.local_epochs), rate)
+        training = self._option("training")
+        steps = steps_for_epochs(int(training.local_epochs), rate)
         return LearningPlan(
-            int(self.max_iter), steps, rate, float(privacy.sgd_clip), float(self.batch_size)
+            int(self.max_iter), steps, rate, float(privacy.sgd_clip), float(training.batch_size)
         )
 
     def _set_joint_result(self, result, learner_width: int):

@@ -13,18 +13,20 @@ ignores ``y`` (``docs/joint.md``).
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Integral
 
+from sklearn.base import clone
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._params import (
-    DETECTOR,
+from fednovelty.detectors._option_fields import (
     DP,
     DP_SGD,
+    KMEANS_START,
+)
+from fednovelty.detectors._params import (
+    DETECTOR,
     EM,
     INIT_PARAMS,
-    KMEANS_START,
-    LEARNER,
     LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
@@ -36,7 +38,13 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
 from fednovelty.detectors.joint import JointModelDetector
-from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
+from fednovelty.detectors.options import (
+    ClientSampling,
+    Initialisation,
+    Privacy,
+    Robustness,
+    Training,
+)
 from fednovelty.federated.joint_models.joint import PFL_METHODS, JointFedGMM
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
@@ -85,12 +93,10 @@ class JointFedGMMDetector(JointModelDetector):
         N_COMPONENTS,
         Param("n_learners", 2, _POSITIVE_INT, "M2 conditional models ``P_m2(y | x)``."),
         LEARNER_CHOICE,
-        *LEARNER,
-        Param(
-            "mu_prox",
-            0.0,
-            [Interval(Real, 0.0, None, closed="left")],
-            "FedProx proximal coefficient of the learners' local objective (0 = none).",
+        option(
+            Training,
+            fields=("local_epochs", "learning_rate", "batch_size", "optimizer", "mu_prox"),
+            auto={"local_epochs": 5, "learning_rate": 0.5, "batch_size": 32},
         ),
         Param(
             "aggregate_learners",
@@ -111,7 +117,7 @@ class JointFedGMMDetector(JointModelDetector):
         option(Privacy, fields=(*DP, *DP_SGD)),
         DETECTOR,
         RUNTIME,
-        defaults={"n_components": 8, "learning_rate": 0.5},
+        defaults={"n_components": 8},
         docs={"pca_components": "The learners see the full rows."},
         positional=1,
     )
@@ -122,11 +128,7 @@ class JointFedGMMDetector(JointModelDetector):
         *,
         n_learners=2,
         learner="linear",
-        local_epochs=5,
-        learning_rate=0.5,
-        batch_size=32,
-        optimizer="sgd",
-        mu_prox=0.0,
+        training=None,
         aggregate_learners=True,
         covariance_type="full",
         reg_covar=1e-06,
@@ -172,9 +174,11 @@ class JointFedGMMDetector(JointModelDetector):
         if name not in PFL_METHODS:
             raise ValueError(f"unknown method {name!r}; choose one of {sorted(PFL_METHODS)}.")
         config = dict(PFL_METHODS[name])
-        if name == "FedProx" and "mu_prox" in params:
-            config.pop("mu_prox")
-        return cls(**{**params, **config})
+        mu_prox = config.pop("mu_prox", None)  # a training setting of the detector
+        training = params.pop("training", None) or Training()
+        if mu_prox is not None and training.mu_prox == Training().mu_prox:
+            training = clone(training).set_params(mu_prox=mu_prox)
+        return cls(**{**params, **config}, training=training)
 
     def _algorithm(self, learner_width: int, seed: int, pca_components, **overrides):
         return JointFedGMM(**self._joint_options(learner_width, seed, pca_components, overrides))

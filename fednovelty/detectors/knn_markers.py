@@ -35,13 +35,14 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._option_fields import (
+    FLOOR,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     EM_ITERATION,
-    FLOOR,
     N_COMPONENTS,
     RUNTIME,
-    WEIGHT_PRIORS,
     Param,
     declare,
     option,
@@ -142,11 +143,18 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             [Interval(Real, 0.0, None, closed="neither")],
             "added to distances before the log (rows' units).",
         ),
-        WEIGHT_PRIORS,
         EM_ITERATION,
         WEIGHT_THRESHOLD,
         option(Initialisation, fields=("kmeans_rounds",)),
-        option(Prior, fields=("mean_precision", "degrees_of_freedom")),
+        option(
+            Prior,
+            fields=(
+                "mean_precision",
+                "degrees_of_freedom",
+                "weight_concentration_type",
+                "weight_concentration",
+            ),
+        ),
         option(
             Robustness,
             docs={"aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.'},
@@ -170,8 +178,6 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         personal_iter=10,
         combine="max",
         distance_floor=1e-06,
-        weight_concentration_prior_type="dirichlet_process",
-        weight_concentration_prior=None,
         reg_covar=1e-06,
         tol=0.001,
         max_iter=100,
@@ -429,7 +435,7 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         self.skipped_clients_ = {cid: why for cid, why in skipped}
         restore_iteration_record(self, attrs)
         self._set_global(
-            self._posterior(tensors, "posterior", self.weight_concentration_prior_type)
+            self._posterior(tensors, "posterior", self._option("prior").weight_concentration_type)
         )
         references, self.client_posteriors_ = [], []
         for i in range(len(scoring)):

@@ -9,12 +9,14 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
+from fednovelty.detectors._option_fields import (
+    REMEDIES,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
     LOCAL_FIT,
     PCA,
-    REMEDIES,
     RUNTIME,
     Param,
     declare,

@@ -17,12 +17,14 @@ from numbers import Integral
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._option_fields import (
+    FLOOR,
+    REMEDIES,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     EM_ITERATION,
-    FLOOR,
     N_COMPONENTS,
-    REMEDIES,
     RUNTIME,
     Param,
     declare,

@@ -16,7 +16,10 @@ default, means the option's defaults)::
 - :class:`Robustness` (``robustness=``): robust aggregation against hostile clients;
 - :class:`ClientSampling` (``sampling=``): client sampling and simulated dropout;
 - :class:`Initialisation` (``initialisation=``): the details of a mixture's start;
-- :class:`Prior` (``prior=``): standardisation and the covariance (Gaussian-Wishart) prior.
+- :class:`Prior` (``prior=``): standardisation, the covariance (Gaussian-Wishart) prior and
+  the variational mixtures' weight prior;
+- :class:`Training` (``training=``): the local training of the networks an estimator trains;
+- :class:`Objective` (``objective=``): the terms of VGM2's loss and its UMAP graph.
 
 A field keeps one meaning across estimators; each estimator reads the fields it documents
 (a field it does not read must keep its default: ``fit`` names it otherwise), and a field
@@ -34,17 +37,26 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from fednovelty.detectors import _declare
-from fednovelty.detectors._params import (
+from fednovelty.detectors._option_fields import (
     INITIALISATION_FIELDS,
+    OBJECTIVE_FIELDS,
     PRIOR_FIELDS,
-    PRIOR_SCALE,
     PRIVACY_FIELDS,
     ROBUSTNESS_FIELDS,
     SAMPLING_FIELDS,
-    declare,
+    TRAINING_FIELDS,
 )
+from fednovelty.detectors._params import PRIOR_SCALE, declare
 
-__all__ = ["ClientSampling", "Initialisation", "Prior", "Privacy", "Robustness"]
+__all__ = [
+    "ClientSampling",
+    "Initialisation",
+    "Objective",
+    "Prior",
+    "Privacy",
+    "Robustness",
+    "Training",
+]
 
 
 class _Options(BaseEstimator):
@@ -183,7 +195,9 @@ class Prior(_Options):
     pooled variance; and the variational mixtures' Gaussian-Wishart prior (``mean``,
     ``mean_precision``, ``degrees_of_freedom``, ``covariance``; scikit-learn's
     ``mean_prior``, ``mean_precision_prior``, ``degrees_of_freedom_prior``,
-    ``covariance_prior``)."""
+    ``covariance_prior``) and weight prior (``weight_concentration_type``,
+    ``weight_concentration``; scikit-learn's ``weight_concentration_prior_type``,
+    ``weight_concentration_prior``)."""
 
     param_name = "prior"
     summary = "standardisation and the covariance prior"
@@ -200,5 +214,61 @@ class Prior(_Options):
         mean_precision=None,
         degrees_of_freedom=None,
         covariance=None,
+        weight_concentration_type="dirichlet_process",
+        weight_concentration=None,
+    ) -> None:
+        _declare.store(self, locals())
+
+
+class Training(_Options):
+    """The local training of the networks an estimator trains (the joint models' learners,
+    the clustered classifiers, VGM2's encoder and markers): epochs or steps, step size,
+    batch, optimiser and FedProx's proximal term. A field left ``"auto"`` is the
+    estimator's own default, given with its ``training`` parameter.
+
+    Examples:
+        >>> from fednovelty import JointFedGMMDetector, Training
+        >>> det = JointFedGMMDetector(2, training=Training(local_epochs=2, learning_rate=0.1))
+        >>> det.set_params(training__batch_size=16).training.batch_size
+        16
+    """
+
+    param_name = "training"
+    summary = "the local training of the networks"
+    _params = declare(TRAINING_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        local_epochs="auto",
+        local_steps=10,
+        learning_rate="auto",
+        batch_size="auto",
+        optimizer="sgd",
+        momentum=0.9,
+        mu_prox=0.0,
+        marker_learning_rate=0.01,
+    ) -> None:
+        _declare.store(self, locals())
+
+
+class Objective(_Options):
+    """The terms of VGM2's training loss (the paper's Eq. 7: parametric UMAP, similarity,
+    calibration, the markers' KL; FedProto's prototype pull) and its UMAP graph."""
+
+    param_name = "objective"
+    summary = "the weights of the training loss's terms and its UMAP graph"
+    _params = declare(OBJECTIVE_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        umap_weight=1.0,
+        similarity_weight=1.0,
+        calibration_weight=1.0,
+        kl_weight=0.01,
+        prototype_weight=1.0,
+        umap_neighbors=15,
+        umap_min_dist=0.1,
     ) -> None:
         _declare.store(self, locals())

@@ -22,14 +22,15 @@ import torch
 from sklearn.utils._param_validation import StrOptions
 
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors._params import (
-    DETECTOR,
+from fednovelty.detectors._option_fields import (
     DP,
     DP_SGD,
+    KMEANS_START,
+)
+from fednovelty.detectors._params import (
+    DETECTOR,
     EM,
     INIT_PARAMS,
-    KMEANS_START,
-    LEARNER,
     LEARNER_CHOICE,
     N_COMPONENTS,
     PCA,
@@ -40,7 +41,13 @@ from fednovelty.detectors._params import (
     store,
 )
 from fednovelty.detectors.joint import JointModelDetector
-from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy, Robustness
+from fednovelty.detectors.options import (
+    ClientSampling,
+    Initialisation,
+    Privacy,
+    Robustness,
+    Training,
+)
 from fednovelty.federated.joint_models.pfedem import (
     ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,
@@ -95,7 +102,11 @@ class PFedEMDetector(JointModelDetector):
             "``p_i = |D_i| / sum_j |D_j|``).",
         ),
         LEARNER_CHOICE,
-        *LEARNER,
+        option(
+            Training,
+            fields=("local_epochs", "learning_rate", "batch_size", "optimizer"),
+            auto={"local_epochs": 5, "learning_rate": 0.5, "batch_size": 32},
+        ),
         EM,
         INIT_PARAMS,
         option(Initialisation, fields=KMEANS_START),
@@ -111,7 +122,7 @@ class PFedEMDetector(JointModelDetector):
         option(Privacy, fields=(*DP, *DP_SGD)),
         DETECTOR,
         RUNTIME,
-        defaults={"n_components": 2, "learning_rate": 0.5, "covariance_type": "diag"},
+        defaults={"n_components": 2, "covariance_type": "diag"},
         docs={
             "n_components": "K Gaussians, and as many sub-models.",
             "covariance_type": 'The paper\'s is ``"diag"``; ``"exact"`` takes any type.',
@@ -127,10 +138,7 @@ class PFedEMDetector(JointModelDetector):
         estep_start="kept",
         submodel_weights="counts",
         learner="linear",
-        local_epochs=5,
-        learning_rate=0.5,
-        batch_size=32,
-        optimizer="sgd",
+        training=None,
         covariance_type="diag",
         reg_covar=1e-06,
         tol=0.001,

@@ -45,12 +45,14 @@ from sklearn.utils._param_validation import Interval
 
 from fednovelty.detectors._em_detector import EMDetector
 from fednovelty.detectors._fit_state import atomic_fit
+from fednovelty.detectors._option_fields import (
+    FLOOR,
+    KMEANS_START,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
     EM,
-    FLOOR,
     INIT_PARAMS,
-    KMEANS_START,
     N_COMPONENTS,
     RUNTIME,
     Param,

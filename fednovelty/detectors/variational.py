@@ -57,15 +57,16 @@ from fednovelty.detectors._dp import (
     finish_private_fit,
     run_private_bounds,
 )
+from fednovelty.detectors._option_fields import (
+    DP,
+)
 from fednovelty.detectors._params import (
     DETECTOR,
-    DP,
     EM,
     INIT_PARAMS,
     N_COMPONENTS,
     PCA,
     RUNTIME,
-    WEIGHT_PRIORS,
     Param,
     declare,
     option,
@@ -197,7 +198,6 @@ class FedVBDetector(MixtureDetector):
     _pca_front_end = True
     _params = declare(
         N_COMPONENTS,
-        WEIGHT_PRIORS,
         EM,
         INIT_PARAMS,
         option(Initialisation),
@@ -245,8 +245,6 @@ class FedVBDetector(MixtureDetector):
         self,
         n_components=10,
         *,
-        weight_concentration_prior_type="dirichlet_process",
-        weight_concentration_prior=None,
         covariance_type="full",
         reg_covar=1e-06,
         tol=0.001,
@@ -275,7 +273,7 @@ class FedVBDetector(MixtureDetector):
         distribution on ``n_features`` features (before any round runs)."""
         prior = self._option("prior")
         for name, value in (
-            ("weight_concentration_prior", self.weight_concentration_prior),
+            ("prior.weight_concentration", prior.weight_concentration),
             ("prior.mean_precision", prior.mean_precision),
         ):
             if value is not None and not (math.isfinite(float(value)) and float(value) > 0):
@@ -311,7 +309,7 @@ class FedVBDetector(MixtureDetector):
                 )
         try:  # what VBPrior checks beyond the above: finite, positive (definite), symmetric
             VBPrior(
-                self.weight_concentration_prior_type,
+                self._option("prior").weight_concentration_type,
                 1.0,
                 1.0,
                 mean,
@@ -496,7 +494,7 @@ class FedVBDetector(MixtureDetector):
             self.n_components,
             self.n_features_in_,
             self.covariance_type,
-            self.weight_concentration_prior_type,
+            self._option("prior").weight_concentration_type,
         )
         options = self._torch_options()
         moved = {k: v.to(**options) for k, v in posterior.items()}
@@ -516,7 +514,7 @@ class FedVBDetector(MixtureDetector):
                 **moved,
                 precisions_cholesky=factors,
                 covariance_type=self.covariance_type,
-                weight_concentration_prior_type=self.weight_concentration_prior_type,
+                weight_concentration_prior_type=self._option("prior").weight_concentration_type,
             )
         )
         weights = self.posterior_.weights

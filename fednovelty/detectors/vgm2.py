@@ -28,7 +28,7 @@ training rows (VGM2's reference) or its network, trained on them, and are not co
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,11 +37,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._dp import DPPlan, RoundCost, privacy_record
-from fednovelty.detectors._params import (
-    BATCH_SIZE,
+from fednovelty.detectors._option_fields import (
     DP_SGD,
-    LEARNING_RATE,
-    LOCAL_EPOCHS,
+)
+from fednovelty.detectors._params import (
     ROUNDS,
     RUNTIME,
     Param,
@@ -51,7 +50,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
-from fednovelty.detectors.options import Privacy, Robustness
+from fednovelty.detectors.options import Objective, Privacy, Robustness, Training
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -77,8 +76,6 @@ from fednovelty.federated.trust.dp_sgd import (
 from fednovelty.mixture.dirnig import check_markers
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
-_NON_NEGATIVE = [Interval(Real, 0.0, None, closed="left")]
-_POSITIVE = [Interval(Real, 0.0, None, closed="neither")]
 #: what a client keeps that the estimator keeps too (the graph is training-only).
 _KEPT = (ENCODER, HEAD, MARKERS, "reference.")
 
@@ -104,13 +101,13 @@ class VGM2Classifier(FederatedClassifier):
 
     Examples:
         >>> import numpy as np
-        >>> from fednovelty.detectors.vgm2 import VGM2Classifier
+        >>> from fednovelty import Training, VGM2Classifier
         >>> rng = np.random.default_rng(0)
         >>> y = np.repeat([0, 1, 2, 3], 60)
         >>> X = rng.normal(0, 0.3, (240, 5)) + np.eye(5)[y] * 3
         >>> groups = np.repeat([0, 1, 2, 3], 60) // 2  # two clients, two classes each
-        >>> clf = VGM2Classifier(rounds=4, local_epochs=2, hidden=16, embedding_dim=4,
-        ...     random_state=0).fit(X, y, groups)
+        >>> clf = VGM2Classifier(rounds=4, training=Training(local_epochs=2), hidden=16,
+        ...     embedding_dim=4, random_state=0).fit(X, y, groups)
         >>> float((clf.predict_y(X[:60], client=0) == y[:60]).mean()) > 0.9
         True
     """
@@ -139,23 +136,18 @@ class VGM2Classifier(FederatedClassifier):
             "clients sampled each round (the paper: 2; capped at the number of clients).",
             "estimator",
         ),
-        LOCAL_EPOCHS,
-        BATCH_SIZE,
-        LEARNING_RATE,
-        Param("marker_learning_rate", 1e-2, _POSITIVE, "Adam's step size for the markers."),
-        Param("umap_weight", 1.0, _NON_NEGATIVE, "weight of ``L_umap`` (Eq. 7)."),
-        Param("similarity_weight", 1.0, _NON_NEGATIVE, "gamma, weight of ``L_sim`` (Eq. 7)."),
-        Param("calibration_weight", 1.0, _NON_NEGATIVE, "eta, weight of ``L_cal`` (Eq. 7)."),
-        Param("kl_weight", 0.01, _NON_NEGATIVE, "lambda, weight of the KL term (Eq. 7)."),
-        Param("prototype_weight", 1.0, _NON_NEGATIVE, "FedProto's pull towards the prototypes."),
-        Param("train_encoder", True, ["boolean"], "False freezes the encoder (ablation)."),
-        Param(
-            "n_neighbors",
-            15,
-            [Interval(Integral, 2, None, closed="left")],
-            "neighbours of parametric UMAP's graph.",
+        option(
+            Training,
+            fields=("local_epochs", "batch_size", "learning_rate", "marker_learning_rate"),
+            auto={"local_epochs": 8, "batch_size": 64, "learning_rate": 1e-3},
+            docs={
+                "local_epochs": "Each time the client is sampled (the paper: 8).",
+                "batch_size": "At least 2.",
+                "learning_rate": "Adam's, for the networks.",
+            },
         ),
-        Param("min_dist", 0.1, _POSITIVE, "parametric UMAP's curve."),
+        option(Objective),
+        Param("train_encoder", True, ["boolean"], "False freezes the encoder (ablation)."),
         Param(
             "posterior_merge",
             "moment",
@@ -192,12 +184,9 @@ class VGM2Classifier(FederatedClassifier):
             },
         ),
         RUNTIME,
-        defaults={"local_epochs": 8, "batch_size": 64, "dtype": "float32"},
+        defaults={"dtype": "float32"},
         docs={
             "rounds": "The paper: 100.",
-            "local_epochs": "Each time the client is sampled (the paper: 8).",
-            "batch_size": "At least 2.",
-            "learning_rate": "Adam's, for the networks.",
         },
         settings={"posterior_merge": "aggregation"},
         positional=2,
@@ -212,18 +201,9 @@ class VGM2Classifier(FederatedClassifier):
         hidden=128,
         rounds=100,
         clients_per_round=2,
-        local_epochs=8,
-        batch_size=64,
-        learning_rate=0.001,
-        marker_learning_rate=0.01,
-        umap_weight=1.0,
-        similarity_weight=1.0,
-        calibration_weight=1.0,
-        kl_weight=0.01,
-        prototype_weight=1.0,
+        training=None,
+        objective=None,
         train_encoder=True,
-        n_neighbors=15,
-        min_dist=0.1,
         posterior_merge="moment",
         robustness=None,
         prediction="nearest",
@@ -275,12 +255,12 @@ class VGM2Classifier(FederatedClassifier):
             float(privacy.delta),
             privacy.mode,
             int(self.rounds),
-            steps_for_epochs(int(self.local_epochs), rate),
+            steps_for_epochs(int(self._option("training").local_epochs), rate),
             rate,
             float(privacy.sgd_clip),
             float(privacy.learner_share),
             self.n_clients_,
-            float(self.batch_size),
+            float(self._option("training").batch_size),
         )
 
     def _set_privacy_spent(self, plan: DPPlan | None) -> None:

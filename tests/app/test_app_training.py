@@ -29,7 +29,7 @@ from fednovelty_app.training import (
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
 from fednovelty.detectors import JointFedGMMDetector
-from fednovelty.detectors.options import Initialisation
+from fednovelty.detectors.options import Initialisation, Training
 from fednovelty.methods import get_method, method_names
 
 FEDERATED = federated_choices()
@@ -109,7 +109,7 @@ def test_dem_initialisation_and_the_joint_model_are_registry_methods():
     joint = build_detector(settings, seed=1, joint=True)
     assert isinstance(joint, JointFedGMMDetector)
     assert (joint.n_components, joint.max_iter, joint.tol) == (2, 9, 1e-6)
-    assert (joint.n_learners, joint.local_epochs, joint.random_state) == (4, 2, 1)
+    assert (joint.n_learners, joint.training.local_epochs, joint.random_state) == (4, 2, 1)
 
 
 def test_fedgengmm_copula_is_a_setting_that_reaches_the_scores():
@@ -190,8 +190,8 @@ def test_train_fits_the_joint_model_on_labelled_data(joint_run):
         max_iter=method.max_iter,
         tol=1e-6,
         n_learners=method.n_learners,
-        local_epochs=method.local_epochs,
         random_state=joint_run.data.seed,
+        training=Training(local_epochs=method.local_epochs),
     ).fit(bundle.frame(bundle.X_train), bundle.y_train, bundle.groups_train)
     np.testing.assert_array_equal(direct.classes_, joint_run.detector.classes_)
     X = bundle.frame(bundle.X_test)

@@ -16,12 +16,12 @@ from fednovelty.methods import METHODS
 FAST = {
     "max_iter": 5,
     "rounds": 3,
-    "local_epochs": 1,
-    "local_steps": 1,
     "hidden": 8,
     "embedding_dim": 2,
     "n_clusters": 2,
 }
+#: ... the local training's, where the estimator reads them (``Training``).
+FAST_TRAINING = {"local_epochs": 1, "local_steps": 1}
 #: ... and the k-means start's rounds, where the estimator takes an initialisation.
 FAST_START = {"kmeans_rounds": 3}
 COLUMNS = ["a", "b", "c"]
@@ -42,6 +42,10 @@ def build(name: str, **params):
         detector = method.build(**method.shared_params(**shared), **params)
     names = detector.get_params(deep=False)
     fast = {k: v for k, v in FAST.items() if k in names}
+    training = {
+        f.name for p in type(detector)._params.options if p.name == "training" for f in p.fields
+    }
+    fast.update({f"training__{k}": v for k, v in FAST_TRAINING.items() if k in training})
     if "initialisation" in names and "initialisation" not in params:
         fast["initialisation"] = Initialisation(**FAST_START)
     return detector.set_params(**fast)

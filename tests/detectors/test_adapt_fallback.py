@@ -17,6 +17,7 @@ from scipy.special import logsumexp, softmax
 from scipy.stats import multivariate_normal
 
 from fednovelty.detectors import JointFedGMMDetector
+from fednovelty.detectors.options import Training
 from fednovelty.mixture.em import fit_weights_map
 
 
@@ -133,7 +134,12 @@ def joint():
     y = (X[:, 0] + rng.normal(0.0, 1.0, 300) > 2.5).astype(int)
     groups = np.repeat([0, 1, 2], 100)
     det = JointFedGMMDetector(
-        2, n_learners=1, max_iter=5, local_epochs=1, random_state=0, dtype="float64"
+        2,
+        n_learners=1,
+        max_iter=5,
+        random_state=0,
+        dtype="float64",
+        training=Training(local_epochs=1),
     )
     return det.fit(X, y, groups), X
 

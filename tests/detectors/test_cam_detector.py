@@ -12,12 +12,17 @@ from sklearn.metrics import adjusted_rand_score
 
 import fednovelty
 from fednovelty import ClusteredFLClassifier
-from fednovelty.detectors.options import Privacy
+from fednovelty.detectors.options import Privacy, Training
 from fednovelty.exceptions import ModelFormatError, NotFittedError
 from fednovelty.methods import get_method, method_names
 
 RULES = np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
-SETTINGS = {"learner": "linear", "rounds": 20, "learning_rate": 0.2, "random_state": 0}
+SETTINGS = {
+    "learner": "linear",
+    "rounds": 20,
+    "training": Training(learning_rate=0.2),
+    "random_state": 0,
+}
 
 
 def rule_data(n_clients=9, n_rows=80, seed=0):
@@ -191,7 +196,8 @@ def test_the_registry_names_the_papers_methods() -> None:
         entry = get_method(f"PFL-{method}")
         clf = entry.build(n_clusters=10, random_state=3)
         assert isinstance(clf, ClusteredFLClassifier) and clf.method == method
-        defaults = (clf.n_clusters, clf.rounds, clf.local_steps, clf.learning_rate)
+        training = clf._option("training")
+        defaults = (clf.n_clusters, clf.rounds, training.local_steps, training.learning_rate)
         assert defaults == (10, 100, 10, 0.001)
         assert entry.task == "pfl" and entry.kind == "federated"
         assert "Fed-CAM" in entry.description or "Fed-CAM" in entry.paper

@@ -15,7 +15,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from fednovelty import ClusteredFLClassifier
 from fednovelty.detectors import _cam_privacy
 from fednovelty.detectors._cam_privacy import private_plan
-from fednovelty.detectors.options import Privacy, Robustness
+from fednovelty.detectors.options import Privacy, Robustness, Training
 from fednovelty.federated.clustered.fesem import FeSEM
 from fednovelty.federated.trust.dp import DPPolicy
 
@@ -24,14 +24,15 @@ OPTIONS = dict(
     n_clusters=2,
     learner="linear",
     rounds=6,
-    local_steps=8,
-    learning_rate=0.3,
-    momentum=0.0,  # heavy-ball momentum accumulates DP-SGD's noise
     dtype="float64",
     random_state=0,
 )
+#: momentum 0: heavy-ball momentum accumulates DP-SGD's noise
+TRAINING = dict(local_steps=8, learning_rate=0.3, momentum=0.0)
+OPTIONS["training"] = Training(**TRAINING)
 PRIVATE = dict(
-    privacy=Privacy(epsilon=4.0, bounds=BOUNDS, sample_rate=0.2, learner_share=0.8), batch_size=60
+    privacy=Privacy(epsilon=4.0, bounds=BOUNDS, sample_rate=0.2, learner_share=0.8),
+    training=Training(**TRAINING, batch_size=60),
 )  # batch_size: the public divisor of DP-SGD's sums, q n of a 300-row client
 
 
@@ -55,7 +56,7 @@ def fits(task):
     plain = ClusteredFLClassifier("IFCA-CAM", **OPTIONS).fit(X, y, groups)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_cam_privacy, "DPPolicy", functools.partial(DPPolicy, insecure_seed=0))
-        private = ClusteredFLClassifier("IFCA-CAM", **OPTIONS, **PRIVATE).fit(X, y, groups)
+        private = ClusteredFLClassifier("IFCA-CAM", **{**OPTIONS, **PRIVATE}).fit(X, y, groups)
     return plain, private
 
 
@@ -119,7 +120,7 @@ def test_a_saved_private_model_predicts_the_same_and_keeps_its_record(fits, task
 def test_fesem_makes_no_noisy_choice_and_its_steps_spend_the_whole_budget():
     clf = ClusteredFLClassifier(
         "FeSEM",
-        **{**OPTIONS, "rounds": 3, "local_steps": 4},
+        **{**OPTIONS, "rounds": 3, "training": Training(**{**TRAINING, "local_steps": 4})},
         privacy=Privacy(epsilon=2.0, bounds=BOUNDS, sample_rate=0.5),
     )
     config = FeSEM(3, 2, n_clusters=2, rounds=3, local_steps=4).config
@@ -140,10 +141,8 @@ def test_private_fits_refuse_what_they_cannot_account_for(task):
     with pytest.raises(ValueError, match=r"privacy\.epsilon needs public feature bounds"):
         ClusteredFLClassifier("IFCA-CAM", **OPTIONS, privacy=Privacy(epsilon=1.0)).fit(X, y, groups)
     # every model leaves noised by its client's DP-SGD: a robust average is post-processing
-    robust = {**OPTIONS, "rounds": 1}
-    clf = ClusteredFLClassifier(
-        "IFCA-CAM", **robust, **PRIVATE, robustness=Robustness(aggregation="trimmed")
-    )
+    robust = {**OPTIONS, "rounds": 1, **PRIVATE}
+    clf = ClusteredFLClassifier("IFCA-CAM", **robust, robustness=Robustness(aggregation="trimmed"))
     assert clf.fit(X, y, groups).privacy_spent_["epsilon"] <= PRIVATE["privacy"].epsilon
     every_noise_is_the_clients = ClusteredFLClassifier("IFCA-CAM", privacy=Privacy(mode="local"))
     with pytest.raises(ValueError, match=r"does not read privacy\.mode"):

@@ -10,7 +10,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty import JointFedGMMDetector
-from fednovelty.detectors.options import Initialisation, Privacy
+from fednovelty.detectors.options import Initialisation, Privacy, Training
 
 BOUNDS = ([-4.0] * 3, [4.0] * 3)
 
@@ -29,7 +29,7 @@ def _fit(task, **params):
     options = dict(
         n_learners=2,
         max_iter=4,
-        local_epochs=1,
+        training=Training(local_epochs=1),
         initialisation=Initialisation(kmeans_rounds=2),
         random_state=0,
     )

@@ -12,7 +12,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from sklearn.metrics import roc_auc_score
 
 from fednovelty import PFedEMDetector
-from fednovelty.detectors.options import Initialisation, Privacy
+from fednovelty.detectors.options import Initialisation, Privacy, Training
 
 BOUNDS = ([-8.0] * 2, [8.0] * 2)
 #: the seed of the noise stream the local fit's check pins (tests/_noise.py).
@@ -49,7 +49,7 @@ def _fit(task, **params):
     options = dict(
         max_iter=4,
         initialisation=Initialisation(kmeans_rounds=3),
-        local_epochs=1,
+        training=Training(local_epochs=1),
         gaussian_aggregation="exact",
         random_state=0,
     )

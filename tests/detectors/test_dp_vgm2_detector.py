@@ -12,7 +12,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fednovelty.detectors._vgm2_privacy import vgm2_dp_plan
-from fednovelty.detectors.options import Privacy
+from fednovelty.detectors.options import Privacy, Training
 from fednovelty.detectors.vgm2 import VGM2Classifier
 
 
@@ -56,7 +56,9 @@ def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:
 
 
 def test_privacy_spent_counts_the_rounds_that_ran() -> None:
-    clf = VGM2Classifier(rounds=5, local_epochs=1, privacy=Privacy(epsilon=2.0, sample_rate=0.2))
+    clf = VGM2Classifier(
+        rounds=5, privacy=Privacy(epsilon=2.0, sample_rate=0.2), training=Training(local_epochs=1)
+    )
     clf.n_clients_ = 3
     plan = clf._dp_plan()
     clf.history_ = [{"kind": "vgm2"}] * 3 + [{"kind": "vgm2", "failed": True}]
@@ -91,12 +93,12 @@ def test_a_private_fit_runs_through_the_gate_and_reports_what_it_spent() -> None
     groups = np.repeat([0, 1], 30)
     clf = VGM2Classifier(
         rounds=2,
-        local_epochs=1,
         hidden=8,
         embedding_dim=3,
         clients_per_round=2,
         random_state=0,
         privacy=Privacy(epsilon=1.0, mode="local", sample_rate=0.5),
+        training=Training(local_epochs=1),
     ).fit(X, y, groups)
     assert [r["n_invalid"] for r in clf.history_] == [0, 0]
     assert all(r["n_replied"] == 2 for r in clf.history_)

@@ -13,6 +13,7 @@ from scipy.special import logsumexp
 from sklearn.mixture import GaussianMixture
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector
+from fednovelty.detectors.options import Training
 from fednovelty.exceptions import NotFittedError
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
@@ -269,7 +270,9 @@ def test_joint_model_components_are_the_gaussians_of_p_x(data):
 
     X, groups = data
     y = (X[:, 0] + X[:, 1] > 2).astype(int)
-    det = JointFedGMMDetector(3, n_learners=2, max_iter=5, local_epochs=1, random_state=0)
+    det = JointFedGMMDetector(
+        3, n_learners=2, max_iter=5, random_state=0, training=Training(local_epochs=1)
+    )
     det.fit(X, y, groups)
     log_n = det.component_log_densities(X)
     assert_close_scaled(log_n, sklearn_twin(det)._estimate_log_prob(X), rtol=1e-10)

@@ -16,7 +16,7 @@ from fednovelty.detectors.options import ClientSampling, Prior
 from fednovelty.detectors.persistence import _METADATA_KEY
 from fednovelty.exceptions import ModelFormatError
 
-JOINT_ONLY_PARAMS = ("n_learners", "learner", "local_epochs", "mu_prox", "aggregate_learners")
+JOINT_ONLY_PARAMS = ("n_learners", "learner", "training", "aggregate_learners")
 JOINT_ONLY_METHODS = ("log_px", "log_py_given_x", "log_pxy", "predict_y", "pfl_baseline")
 
 DATA = Path(__file__).parent / "data"

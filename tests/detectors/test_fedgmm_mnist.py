@@ -10,6 +10,7 @@ import pytest
 
 from fednovelty import JointFedGMMDetector
 from fednovelty.datasets import make_mnist_federated, permute_labels, transform_images
+from fednovelty.detectors.options import Training
 from fednovelty.evaluation.metrics import auroc
 
 
@@ -28,9 +29,8 @@ def small_detector():
         n_learners=1,
         pca_components=16,
         max_iter=15,
-        local_epochs=1,
-        learning_rate=1.0,
         random_state=0,
+        training=Training(local_epochs=1, learning_rate=1.0),
     )
 
 

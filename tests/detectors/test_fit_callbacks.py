@@ -16,7 +16,7 @@ from sklearn.base import clone
 
 import fednovelty
 from fednovelty import FedGenGMMDetector, FedGMMDetector, JointFedGMMDetector, LocalGMMDetector
-from fednovelty.detectors.options import Initialisation
+from fednovelty.detectors.options import Initialisation, Training
 from fednovelty.runtime import RoundRecord
 
 CENTERS = np.array([[-5.0, 0.0, 0.0], [5.0, 0.0, 1.0], [0.0, 6.0, -1.0]])
@@ -33,6 +33,7 @@ def make_data(seed: int = 0):
 
 X, Y, GROUPS = make_data()
 SMALL = {"max_iter": 5, "initialisation": Initialisation(kmeans_rounds=3), "random_state": 0}
+ONE_EPOCH = Training(local_epochs=1)
 CASES = {
     "fedgmm": (FedGMMDetector, {"n_components": 3, **SMALL}, False),
     "dem-separated": (
@@ -46,10 +47,10 @@ CASES = {
         False,
     ),
     "pca": (FedGMMDetector, {"n_components": 2, "pca_components": 2, **SMALL}, False),
-    "joint": (JointFedGMMDetector, {"n_components": 2, "local_epochs": 1, **SMALL}, True),
+    "joint": (JointFedGMMDetector, {"n_components": 2, "training": ONE_EPOCH, **SMALL}, True),
     "joint-pca": (
         JointFedGMMDetector,
-        {"n_components": 2, "local_epochs": 1, "pca_components": 2, **SMALL},
+        {"n_components": 2, "training": ONE_EPOCH, "pca_components": 2, **SMALL},
         True,
     ),
     "local-learners": (
@@ -58,7 +59,7 @@ CASES = {
             "n_components": 1,
             "n_learners": 1,
             "aggregate_learners": False,
-            "local_epochs": 1,
+            "training": ONE_EPOCH,
             **SMALL,
         },
         True,

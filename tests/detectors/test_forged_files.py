@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fednovelty import load
-from fednovelty.detectors.options import Initialisation
+from fednovelty.detectors.options import Initialisation, Training
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.methods import METHODS
@@ -66,13 +66,12 @@ KINDS = (
 FAST = {
     "max_iter": 5,
     "rounds": 2,
-    "local_epochs": 1,
-    "local_steps": 1,
     "hidden": 8,
     "embedding_dim": 2,
     "n_clusters": 2,
-    "batch_size": 64,
 }
+#: ... and the local training's, where the detector reads them (``Training``).
+FAST_TRAINING = {"local_epochs": 1, "local_steps": 1, "batch_size": 64}
 #: A loaded forgery's scores may differ from the genuine model's by at most 10**ORDERS
 #: times the larger of 1 and the genuine scores' magnitude.
 ORDERS = 2
@@ -142,6 +141,9 @@ def build(name: str):
     detector = method.build(**method.shared_params(**shared))
     names = detector.get_params(deep=False)
     fast = {k: v for k, v in FAST.items() if k in names}
+    if "training" in names:
+        read = {f.name for f in type(detector)._params["training"].fields}
+        fast["training"] = Training(**{k: v for k, v in FAST_TRAINING.items() if k in read})
     if "initialisation" in names:
         fast["initialisation"] = Initialisation(kmeans_rounds=3)
     return detector.set_params(**fast)

@@ -13,7 +13,7 @@ from sklearn.base import clone
 from fednovelty import FedGMMDetector, JointFedGMMDetector, load
 from fednovelty.datasets import make_fedgmm_synthetic
 from fednovelty.detectors._fit_state import seed_from
-from fednovelty.detectors.options import ClientSampling, Prior
+from fednovelty.detectors.options import ClientSampling, Prior, Training
 from fednovelty.federated.joint_models.joint import JointFedGMM, linear_learner
 from fednovelty.federated.mixtures.pca import FederatedPCA
 from fednovelty.federated.trust.privacy import DEFAULT_MAX_CLUSTERS, PrivacyPolicy
@@ -86,7 +86,11 @@ def test_y_is_required(split):
 
 
 def test_invalid_settings_are_named_at_fit(split):
-    for name, value in (("n_learners", 0), ("learner", "tree"), ("optimizer", "lbfgs")):
+    for name, value in (
+        ("n_learners", 0),
+        ("learner", "tree"),
+        ("training", Training(optimizer="lbfgs")),
+    ):
         detector = JointFedGMMDetector(2, **{name: value})  # __init__ stores only
         with pytest.raises(ValueError, match=name):
             detector.fit(split.X_train, split.y_train, split.groups_train)
@@ -169,7 +173,9 @@ def test_baselines_by_name(split):
         detector = JointFedGMMDetector.pfl_baseline(name, n_learners=3, max_iter=3, random_state=0)
         assert isinstance(detector, JointFedGMMDetector)
         assert (detector.n_components, detector.n_learners) == sizes
-    assert JointFedGMMDetector.pfl_baseline("FedProx", mu_prox=0.5).mu_prox == 0.5
+    prox = JointFedGMMDetector.pfl_baseline("FedProx", training=Training(mu_prox=0.5))
+    assert prox.training.mu_prox == 0.5
+    assert JointFedGMMDetector.pfl_baseline("FedProx").training.mu_prox == 0.01
     with pytest.raises(ValueError, match="unknown method"):
         JointFedGMMDetector.pfl_baseline("FedSGD")
     local = JointFedGMMDetector.pfl_baseline("Local", max_iter=3, random_state=0).fit(
@@ -404,7 +410,12 @@ def test_a_cnn_learner_fits_saves_and_loads(tmp_path):
     X = rng.random((120, 64))
     y = (X[:, :32].sum(1) > X[:, 32:].sum(1)).astype(int)
     detector = JointFedGMMDetector(
-        2, n_learners=1, learner="cnn", max_iter=2, local_epochs=1, random_state=0
+        2,
+        n_learners=1,
+        learner="cnn",
+        max_iter=2,
+        random_state=0,
+        training=Training(local_epochs=1),
     ).fit(X, y, groups=np.arange(120) % 3)
     assert detector.predict_y(X).shape == (120,)
     detector.save(tmp_path / "cnn.safetensors")

@@ -49,6 +49,7 @@ from fednovelty import (
     load,
 )
 from fednovelty.detectors.knn_markers import FedKNNMarkerDetector
+from fednovelty.detectors.options import Training
 from fednovelty.detectors.persistence import _CHECKSUM_KEY, _METADATA_KEY, checksum
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.exceptions import ModelFormatError
@@ -421,7 +422,11 @@ MORE_KINDS = {
         "IFCA-CAM", n_clusters=2, learner="linear", rounds=3, random_state=0
     ).fit(X, Y, GROUPS),
     "VGM2": lambda: VGM2Classifier(
-        rounds=2, local_epochs=1, hidden=8, embedding_dim=4, batch_size=32, random_state=0
+        rounds=2,
+        hidden=8,
+        embedding_dim=4,
+        random_state=0,
+        training=Training(local_epochs=1, batch_size=32),
     ).fit(X, Y, GROUPS),
 }
 CLASSIFIERS = {"CAM", "VGM2"}

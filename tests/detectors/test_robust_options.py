@@ -13,7 +13,7 @@ from fednovelty import (
     FedKNNMarkerDetector,
     load,
 )
-from fednovelty.detectors.options import Robustness
+from fednovelty.detectors.options import Robustness, Training
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.federated.bayesian.knn_markers import FederatedKNNMarkers
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
@@ -107,7 +107,8 @@ ROBUST_DETECTORS = {
     ),
     "ClusteredFLClassifier": (
         lambda: ClusteredFLClassifier(
-            "FedAvg+", 2, learner="linear", rounds=2, local_steps=2, random_state=0,
+            "FedAvg+", 2, learner="linear", rounds=2, training=Training(local_steps=2),
+            random_state=0,
             robustness=Robustness(aggregation="median", trim=0.2, client_weight_cap=2.0),
         ),
         FedAvgPlus,
@@ -115,7 +116,8 @@ ROBUST_DETECTORS = {
     ),
     "VGM2Classifier": (
         lambda: VGM2Classifier(
-            "fedavg", rounds=2, local_epochs=1, hidden=8, embedding_dim=2, random_state=0,
+            "fedavg", rounds=2, training=Training(local_epochs=1), hidden=8, embedding_dim=2,
+            random_state=0,
             robustness=Robustness(aggregation="trimmed", trim=0.2, client_weight_cap=2.0),
         ),
         VGM2FedAvg,

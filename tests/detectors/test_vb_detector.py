@@ -102,13 +102,12 @@ def exact_detector(covariance_type, weight_type, **kwargs) -> FedVBDetector:
     return FedVBDetector(
         5,
         covariance_type=covariance_type,
-        weight_concentration_prior_type=weight_type,
         tol=1e-6,
         max_iter=200,
         random_state=0,
         initialisation=given(rough_start(covariance_type)),
         **kwargs,
-        prior=Prior(standardize=False, strength=None),
+        prior=Prior(standardize=False, strength=None, weight_concentration_type=weight_type),
         privacy=Privacy(min_rows=1),
     )
 
@@ -352,12 +351,12 @@ def test_invalid_priors_are_named_at_fit(kwargs, name):
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"weight_concentration_prior_type": "dirichlet"}, "weight_concentration_prior_type"),
+        ({"prior": Prior(weight_concentration_type="dirichlet")}, "weight_concentration_type"),
         ({"density": "bayes"}, "density"),
-        ({"weight_concentration_prior": "big"}, "weight_concentration_prior"),
-        ({"weight_concentration_prior": 0.0}, "weight_concentration_prior"),
-        ({"weight_concentration_prior": -1.0}, "weight_concentration_prior"),
-        ({"weight_concentration_prior": float("inf")}, "weight_concentration_prior"),
+        ({"prior": Prior(weight_concentration="big")}, "weight_concentration"),
+        ({"prior": Prior(weight_concentration=0.0)}, "weight_concentration"),
+        ({"prior": Prior(weight_concentration=-1.0)}, "weight_concentration"),
+        ({"prior": Prior(weight_concentration=float("inf"))}, "weight_concentration"),
         ({"prior": Prior(mean_precision=0.0)}, "mean_precision"),
         ({"prior": Prior(degrees_of_freedom=-1.0)}, "degrees_of_freedom"),
         ({"n_components": 0}, "n_components"),
@@ -396,9 +395,9 @@ def test_init_stores_arguments_and_clone_keeps_them():
     from sklearn.base import clone
 
     det = FedVBDetector(
-        7, density="plugin", weight_concentration_prior=-1, prior=Prior(mean=[1.0, 2.0, 3.0])
+        7, density="plugin", prior=Prior(mean=[1.0, 2.0, 3.0], weight_concentration=-1)
     )
     params = clone(det).get_params()
     assert params["n_components"] == 7 and params["density"] == "plugin"
-    assert params["weight_concentration_prior"] == -1  # checked in fit, not here
+    assert params["prior__weight_concentration"] == -1  # checked in fit, not here
     assert np.array_equal(params["prior__mean"], [1.0, 2.0, 3.0])

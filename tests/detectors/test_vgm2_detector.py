@@ -8,11 +8,16 @@ import pytest
 from _saved_files import rewrite, with_flat_options, with_keys_renamed
 from _tolerance import assert_close_scaled
 
-from fednovelty.detectors.options import Robustness
+from fednovelty.detectors.options import Robustness, Training
 from fednovelty.detectors.vgm2 import VGM2Classifier
 from fednovelty.exceptions import ModelFormatError
 
-FAST = {"rounds": 4, "local_epochs": 2, "hidden": 16, "embedding_dim": 4, "batch_size": 32}
+FAST = {
+    "rounds": 4,
+    "training": Training(local_epochs=2, batch_size=32),
+    "hidden": 16,
+    "embedding_dim": 4,
+}
 
 
 def make_data(seed: int = 0):
@@ -52,7 +57,8 @@ def test_vgm2_predicts_each_client_and_records_markers(fitted, data) -> None:
 @pytest.mark.parametrize("method", ["local", "fedavg", "prototype"])
 def test_baselines_fit_and_predict(data, method) -> None:
     X, y, groups = data
-    settings = {**FAST, "local_epochs": 4, "learning_rate": 0.02, "clients_per_round": 4}
+    training = Training(local_epochs=4, batch_size=32, learning_rate=0.02)
+    settings = {**FAST, "training": training, "clients_per_round": 4}
     clf = VGM2Classifier(method, **settings, random_state=0).fit(X, y, groups)
     rows = groups == 1
     pred = clf.predict_y(X[rows], client=1)

@@ -36,14 +36,14 @@ from _tolerance import assert_close_scaled
 pytest.importorskip("flwr")
 
 from _flower_deployment import APP
-from cryptography.hazmat.primitives import serialization  # a dependency of flwr
-from cryptography.hazmat.primitives.asymmetric import ec
-from test_flower_e2e import (  # same folder: the insecure e2e's data and comparisons
+from _flower_e2e import (  # same folder: the insecure e2e's data and comparisons
     assert_same_history,
     assert_same_mixture,
     make_partitions,
     simulate,
 )
+from cryptography.hazmat.primitives import serialization  # a dependency of flwr
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from fednovelty import FedGenGMMDetector
 from fednovelty.federated import FedGenGMM
