@@ -39,7 +39,14 @@ from fednovelty.federated.core.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec, declare
+from fednovelty.federated.core.declarations import (
+    Components,
+    InvalidReplyError,
+    Limit,
+    ReplySpec,
+    components_setting,
+    declare,
+)
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.plausible import screen_local_fits
@@ -57,6 +64,7 @@ __all__ = [
     "fit_local",
     "fit_settings",
     "local_fit_backing",
+    "local_fit_reply",
     "local_fit_shapes",
     "reduce_union",
 ]
@@ -200,19 +208,28 @@ LOCAL_FIT_BACKING = {
     "n_samples": "client",
 }
 
+
+def local_fit_reply(kind: str, limit: Limit, components: Components, **options: Any) -> ReplySpec:
+    """The declaration of a reply of a client's local mixture (:func:`local_fit_shapes`,
+    :func:`check_local_fit`, backed as :data:`LOCAL_FIT_BACKING`), the client half's work
+    growing with the covariance type; ``limit`` bounds its components and ``components``
+    estimates the K of its work (:class:`ReplySpec`), ``options`` are its other fields."""
+    return ReplySpec(
+        kind,
+        shapes=local_fit_shapes,
+        checks=(check_local_fit,),
+        backing=LOCAL_FIT_BACKING,
+        limit=limit,
+        components=components,
+        covariance=True,
+        **options,
+    )
+
 #: a ``oneshot`` reply: a client's local mixture as the start of federated EM; its
 #: component means are weighted means of the client's rows, so they lie in the box of the
 #: moments the client declared in the moments round, where one ran first.
-ONE_SHOT_REPLY = ReplySpec(
-    "oneshot",
-    shapes=local_fit_shapes,
-    checks=(check_local_fit,),
-    backing=LOCAL_FIT_BACKING,
-    limit=one_shot_limit,
-    box="means",
-    points=("means",),
-    components=lambda setting: max(1, int(setting("n_components") or 1)),
-    covariance=True,
+ONE_SHOT_REPLY = local_fit_reply(
+    "oneshot", one_shot_limit, components_setting, box="means", points=("means",)
 )
 
 
@@ -232,9 +249,6 @@ class OneShotStart(Step):
 
     kinds = ("oneshot",)
     replies = declare(ONE_SHOT_REPLY)
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
 
     def _settings(self, generator: torch.Generator) -> dict[str, Any]:
         # maximum likelihood: a prior of fixed pseudo-rows weighs far more on a client's

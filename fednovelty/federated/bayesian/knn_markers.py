@@ -41,7 +41,7 @@ from torch import Tensor
 from fednovelty.federated.bayesian.variational import VBConfig, VBState, vb_steps
 from fednovelty.federated.core.base import ClientContext, Message
 from fednovelty.federated.core.config import at_least, settings_dataclass
-from fednovelty.federated.core.steps import ChainedAlgorithm, ClientSkip, Step
+from fednovelty.federated.core.steps import ChainedAlgorithm, ClientSkip, NoRoundStep
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import VBPosterior, vb_e_step_stats, vb_m_step
 from fednovelty.mixture.vb_predictive import vb_predictive_components
@@ -132,27 +132,9 @@ def knn_log_distances(X: Tensor, n_neighbors: int, distance_floor: float) -> Ten
     return column.to(X.device, X.dtype)
 
 
-class KNNDistanceStep(Step):
+class KNNDistanceStep(NoRoundStep):
     """No round of its own: later rounds see each client's ``(n_c, 1)`` log kNN distances
     instead of its rows (module docstring)."""
-
-    kinds: tuple[str, ...] = ()
-    max_rounds = 0
-
-    def __init__(self, config: KNNMarkerConfig) -> None:
-        self.config = config
-
-    def begin(self, state: Any) -> None:
-        return None
-
-    def configure(self, state: Any) -> Message:  # pragma: no cover (no rounds)
-        raise RuntimeError("KNNDistanceStep runs no round.")
-
-    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        raise RuntimeError("KNNDistanceStep runs no round.")  # pragma: no cover
-
-    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
-        raise RuntimeError("KNNDistanceStep runs no round.")  # pragma: no cover
 
     def broadcast(self, state: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
         return {}, {"n_features": 1}

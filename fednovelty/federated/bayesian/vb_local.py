@@ -22,13 +22,7 @@ from fednovelty.federated.core.base import (
     derived_seed,
     skipped_reply,
 )
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    InvalidReplyError,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import InvalidReplyError, declare, stats_reply
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import backed, resp_rows, stats_backing
 from fednovelty.federated.trust.privacy import unfloored
@@ -301,30 +295,14 @@ def vb_local_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
 
 #: a ``vb_local`` reply: statistics (about the prior's mean, the broadcast ``shift``) in the
 #: client's box.
-VB_LOCAL_REPLY = ReplySpec(
-    "vb_local",
-    shapes=vb_local_shapes,
-    checks=(check_stats,),
-    backing=STATS_BACKING,
-    limit=components_limit,
-    box="stats",
-)
+VB_LOCAL_REPLY = stats_reply("vb_local", vb_local_shapes, (check_stats,))
 
 
 #: ``vb_init`` and ``vb`` replies: summed statistics under the broadcast mixture or
 #: posterior, in the client's box; under differential privacy, noisy statistics.
 VB_REPLIES = declare(
     *(
-        ReplySpec(
-            kind,
-            shapes=stats_shapes,
-            checks=(check_stats,),
-            backing=STATS_BACKING,
-            limit=components_limit,
-            box="stats",
-            covariance=True,
-            private="stats",
-        )
+        stats_reply(kind, stats_shapes, (check_stats,), covariance=True, private="stats")
         for kind in ("vb_init", "vb")
     )
 )
@@ -340,9 +318,6 @@ class VBLocalStep(Step):
 
     kinds = ("vb_local",)
     replies = declare(VB_LOCAL_REPLY)
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
 
     def configure(self, state: Any) -> Message:
         return Message(

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fednovelty.federated.core.base import ClientContext, Message
-from fednovelty.federated.core.steps import Step
+from fednovelty.federated.core.steps import NoRoundStep
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.variational import VBPosterior
 
@@ -47,24 +46,10 @@ def affine_posterior(posterior: VBPosterior, offset: Tensor, scale: Tensor) -> V
     )
 
 
-class PosteriorUnitsStep(Step):
+class PosteriorUnitsStep(NoRoundStep):
     """No round: when the chain finishes, maps ``state.posterior`` from the units the rounds
     worked in (a public box's, pooled z-scores) back to the user's
     (:func:`affine_posterior`); the last step of the exact and the one-shot chains."""
-
-    max_rounds = 0
-
-    def begin(self, state: Any) -> None:
-        return None
-
-    def configure(self, state: Any) -> Message:
-        raise RuntimeError("PosteriorUnitsStep runs no round.")
-
-    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        raise RuntimeError("PosteriorUnitsStep runs no round.")
-
-    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
-        raise RuntimeError("PosteriorUnitsStep runs no round.")
 
     def finish(self, state: Any) -> None:
         if getattr(state, "scale", None) is not None and state.posterior is not None:

@@ -41,12 +41,7 @@ from fednovelty.federated.clustered.mixture_clusters import (
 )
 from fednovelty.federated.core.base import ClientContext, Message, derived_seed, skipped_reply
 from fednovelty.federated.core.config import at_least, settings_dataclass
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    InvalidReplyError,
-    ReplySpec,
-    declare,
-)
+from fednovelty.federated.core.declarations import InvalidReplyError, declare, stats_reply
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import MomentsSettings
@@ -180,13 +175,12 @@ def cluster_em_limit(config: ClusteredEMConfig, broadcast: Message) -> dict[str,
 
 
 #: a ``cluster_em`` reply: statistics (in the client's box) and cluster log-likelihoods.
-CLUSTER_EM_REPLY = ReplySpec(
+CLUSTER_EM_REPLY = stats_reply(
     "cluster_em",
-    shapes=cluster_em_shapes,
-    checks=(check_cluster_reply, check_stats),
-    backing={**STATS_BACKING, "cluster_log_likelihood": "clusters"},
+    cluster_em_shapes,
+    (check_cluster_reply, check_stats),
+    {"cluster_log_likelihood": "clusters"},
     limit=cluster_em_limit,
-    box="stats",
 )
 
 

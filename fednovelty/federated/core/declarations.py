@@ -211,6 +211,25 @@ def components_limit(config: Any, broadcast: Any) -> int | None:
     return None if k is None else int(k)
 
 
+def stats_reply(
+    kind: str,
+    shapes: ShapeRule,
+    checks: tuple[Check, ...],
+    backing: Mapping[str, str] | None = None,
+    *,
+    limit: Limit = components_limit,
+    **options: Any,
+) -> ReplySpec:
+    """The declaration of a reply of summed statistics per component: backed as
+    :data:`STATS_BACKING` plus ``backing`` (its other tensors), bounded by the client's own
+    K (``limit``, by default :func:`components_limit`) and by its declared box
+    (``box="stats"``); ``options`` are :class:`ReplySpec`'s other fields."""
+    merged = {**STATS_BACKING, **(backing or {})}
+    return ReplySpec(
+        kind, shapes=shapes, checks=checks, backing=merged, limit=limit, box="stats", **options
+    )
+
+
 def components_setting(setting: Callable[[str], Any]) -> int:
     """K of a client half's work from the algorithm's ``n_components`` setting (1 if none)."""
     return max(1, int(setting("n_components") or 1))
@@ -300,4 +319,5 @@ __all__ = [
     "declare",
     "declared_spec",
     "register_declarations",
+    "stats_reply",
 ]

@@ -73,6 +73,10 @@ class Step(ABC):
     max_rounds: int = 1
     batched: bool = False
 
+    def __init__(self, config: Any = None) -> None:
+        """A step of the algorithm whose settings are ``config`` (its ``config``)."""
+        self.config = config
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Record the replies the step declares (``register_declarations``)."""
         super().__init_subclass__(**kwargs)
@@ -125,6 +129,25 @@ class Step(ABC):
     def finish(self, state: Any) -> None:  # noqa: B027 (optional hook; most steps need none)
         """Called once when the last step is done (e.g. map the result back to the user's
         units)."""
+
+
+class NoRoundStep(Step):
+    """A step with no round of its own: it works in ``begin``, ``broadcast``, ``view`` or
+    ``finish``; its round methods raise ``RuntimeError``."""
+
+    max_rounds = 0
+
+    def begin(self, state: Any) -> None:
+        return None
+
+    def configure(self, state: Any) -> Message:
+        raise RuntimeError(f"{type(self).__name__} runs no round.")
+
+    def client_step(self, X: Any, message: Message, context: ClientContext) -> Message:
+        raise RuntimeError(f"{type(self).__name__} runs no round.")
+
+    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
+        raise RuntimeError(f"{type(self).__name__} runs no round.")
 
 
 class ChainedAlgorithm(FederatedAlgorithm):

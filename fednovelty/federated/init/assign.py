@@ -25,12 +25,7 @@ from torch import Tensor
 
 from fednovelty.federated.core.aggregate import stats_message, total_variance
 from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.units import check_enough, to_working_units
@@ -46,13 +41,10 @@ from fednovelty.mixture import (
 )
 from fednovelty.mixture.kmeans import assign, one_hot
 
-ASSIGN_REPLY = ReplySpec(
+ASSIGN_REPLY = stats_reply(
     "assign",
-    shapes=lambda b, d: stats_shapes(b, d, centers="centers"),
-    checks=(check_stats,),
-    backing=STATS_BACKING,
-    limit=components_limit,
-    box="stats",
+    lambda b, d: stats_shapes(b, d, centers="centers"),
+    (check_stats,),
     covariance=True,
     private="stats",
 )

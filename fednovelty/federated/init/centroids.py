@@ -106,9 +106,6 @@ class CentroidsStep(Step):
     kinds = ("centroids",)
     replies = declare(CENTROIDS_REPLY)
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
     def configure(self, state: Any) -> Message:
         return Message(
             "centroids",

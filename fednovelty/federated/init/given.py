@@ -14,22 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from fednovelty.federated.core.base import ClientContext, Message
-from fednovelty.federated.core.steps import Step
+from fednovelty.federated.core.steps import NoRoundStep
 from fednovelty.federated.init.separated import separated_centers
 from fednovelty.federated.init.units import to_working_units
 from fednovelty.mixture import MixtureParams, affine_params, precisions_cholesky_from_precisions
 
 
-class GivenParams(Step):
+class GivenParams(NoRoundStep):
     """Initial weights, means and precisions all given: the initial mixture, no round."""
-
-    max_rounds = 0
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
 
     def begin(self, state: Any) -> None:
         config = self.config
@@ -43,15 +36,6 @@ class GivenParams(Step):
             params = affine_params(params, -state.offset / state.scale, 1 / state.scale)
         state.params = params
         return None
-
-    def configure(self, state: Any) -> Message:
-        raise RuntimeError("GivenParams has no round.")
-
-    def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
-        raise RuntimeError("GivenParams has no round.")
-
-    def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[None, dict]:
-        raise RuntimeError("GivenParams has no round.")
 
 
 class GivenMeans(GivenParams):

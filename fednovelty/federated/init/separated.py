@@ -59,9 +59,6 @@ class RangeStep(Step):
     kinds = ("range",)
     replies = declare(RANGE_REPLY)
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
     def configure(self, state: Any) -> Message:
         return Message("range")
 

@@ -63,9 +63,6 @@ class SubsetStep(Step):
     replies = declare(COUNT_REPLY, SUBSET_REPLY)
     max_rounds = 2
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
     def begin(self, state: Any) -> str:
         warnings.warn(
             "init_params='subset' sends raw rows of every client to the server; use "

@@ -47,12 +47,7 @@ from fednovelty.federated.core.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.learners import (
     OPTIMIZERS,
     ClientRound,
@@ -208,13 +203,11 @@ def joint_em_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
 
 #: a ``joint_em`` reply: statistics (in the client's box), joint counts and the learners
 #: (``learner.{m}.*``, backed as models); learner SGD runs on one thread.
-JOINT_EM_REPLY = ReplySpec(
+JOINT_EM_REPLY = stats_reply(
     "joint_em",
-    shapes=joint_em_shapes,
-    checks=(check_stats,),
-    backing={**STATS_BACKING, "joint_counts": "components", "learner.": "model"},
-    limit=components_limit,
-    box="stats",
+    joint_em_shapes,
+    (check_stats,),
+    {"joint_counts": "components", "learner.": "model"},
     serial=True,
     covariance=True,
     private="stats",

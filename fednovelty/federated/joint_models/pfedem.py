@@ -43,12 +43,7 @@ from fednovelty.federated.core.base import (
     skipped_reply,
 )
 from fednovelty.federated.core.config import settings_dataclass
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.learners import ClientRound, SGDTask
 from fednovelty.federated.init.moments import MomentsStep
 from fednovelty.federated.init.settings import GivenMixture
@@ -264,19 +259,16 @@ def check_pfedem(reply: Message, broadcast: Message) -> None:
 #: Under differential privacy: the exact statistics (``"stats"``), the hard counts as a
 #: histogram and the sub-models by DP-SGD; the paper's means and variances have no private
 #: form, so the client gate refuses a reply that holds them.
-PFEDEM_REPLY = ReplySpec(
+PFEDEM_REPLY = stats_reply(
     PFEDEM_KIND,
-    shapes=pfedem_shapes,
-    checks=(check_pfedem,),
-    backing={
-        **STATS_BACKING,
+    pfedem_shapes,
+    (check_pfedem,),
+    {
         "hard_counts": "components",
         "client_means": "components",
         "client_vars": "components",
         "learner.": "model",
     },
-    limit=components_limit,
-    box="stats",
     private="stats",
     private_parts={"hard_counts": "histogram", "learner.": "dp_sgd"},
 )

@@ -45,12 +45,7 @@ from fednovelty.federated.core.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.chain import init_steps
 from fednovelty.federated.init.combine import combine_stats
@@ -274,16 +269,7 @@ class EMState:
 
 
 #: an ``em`` reply: the E-step's summed statistics under the broadcast mixture.
-EM_REPLY = ReplySpec(
-    "em",
-    shapes=stats_shapes,
-    checks=(check_stats,),
-    backing=STATS_BACKING,
-    limit=components_limit,
-    box="stats",
-    covariance=True,
-    private="stats",
-)
+EM_REPLY = stats_reply("em", stats_shapes, (check_stats,), covariance=True, private="stats")
 
 
 class EMStep(Step):

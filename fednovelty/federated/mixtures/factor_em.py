@@ -49,6 +49,7 @@ from fednovelty.federated.core.declarations import (
     ReplySpec,
     components_limit,
     declare,
+    stats_reply,
 )
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.chain import init_steps
@@ -264,9 +265,6 @@ class FactorStartStep(Step):
     kinds = ("factor_start",)
     replies = declare(START_REPLY)
 
-    def __init__(self, config: FactorEMConfig) -> None:
-        self.config = config
-
     def configure(self, state: Any) -> Message:
         centers = state.centers
         check_n_factors(self.config.n_factors, centers.shape[1])
@@ -426,22 +424,11 @@ def _em_shapes(broadcast: Message, d: int) -> dict[str, tuple]:
     }
 
 
-EM_FACTOR_REPLY = ReplySpec(
+EM_FACTOR_REPLY = stats_reply(
     "factor_em",
-    shapes=_em_shapes,
-    checks=(check_stats, check_factor_stats, check_posterior_trace),
-    backing={
-        "counts": "components",
-        "sums": "components",
-        "second": "components",
-        "xz": "components",
-        "sum_z": "components",
-        "zz": "components",
-        "log_likelihood": "client",
-        "n_samples": "client",
-    },
-    limit=components_limit,
-    box="stats",
+    _em_shapes,
+    (check_stats, check_factor_stats, check_posterior_trace),
+    {"xz": "components", "sum_z": "components", "zz": "components"},
 )
 
 

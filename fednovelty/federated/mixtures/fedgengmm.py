@@ -52,16 +52,14 @@ from fednovelty.federated.core.config import (
     optional_count,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import ReplySpec, declare
+from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.init.settings import MomentsSettings
 from fednovelty.federated.init.units import box_units
 from fednovelty.federated.local_fit import (
-    LOCAL_FIT_BACKING,
-    check_local_fit,
     fit_local,
     fit_settings,
     local_fit_backing,
-    local_fit_shapes,
+    local_fit_reply,
     reduce_union,
 )
 from fednovelty.federated.mixtures.private_fit import private_em
@@ -258,15 +256,8 @@ def local_fit_components(setting: Any) -> int:
 
 
 #: a ``local_fit`` reply: a local mixture (its components backed as a model's).
-LOCAL_FIT_REPLY = ReplySpec(
-    "local_fit",
-    shapes=local_fit_shapes,
-    checks=(check_local_fit,),
-    backing=LOCAL_FIT_BACKING,
-    limit=local_fit_limit,
-    components=local_fit_components,
-    covariance=True,
-    private="fit",
+LOCAL_FIT_REPLY = local_fit_reply(
+    "local_fit", local_fit_limit, local_fit_components, private="fit"
 )
 
 

@@ -43,13 +43,7 @@ from fednovelty.federated.core.config import (
     at_least,
     settings_dataclass,
 )
-from fednovelty.federated.core.declarations import (
-    STATS_BACKING,
-    InvalidReplyError,
-    ReplySpec,
-    components_limit,
-    declare,
-)
+from fednovelty.federated.core.declarations import InvalidReplyError, declare, stats_reply
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import GivenMixture
@@ -282,19 +276,16 @@ def check_stream(reply: Message, broadcast: Message) -> None:
 
 #: a ``stream`` reply (see :func:`stream_shapes`); with M-steps its statistics lie in the
 #: client's box.
-STREAM_REPLY = ReplySpec(
+STREAM_REPLY = stats_reply(
     STREAM_KIND,
-    shapes=stream_shapes,
-    checks=(check_stream,),
-    backing={
-        **STATS_BACKING,
+    stream_shapes,
+    (check_stream,),
+    {
         "drift": "client",
         "far_counts": "components",
         "far_sums": "components",
         "far_second": "components",
     },
-    limit=components_limit,
-    box="stats",
 )
 
 
