@@ -123,11 +123,7 @@ class OneShotSettings(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.posterior_aggregation not in POSTERIOR_AGGREGATIONS:
-            raise ValueError(
-                f"posterior_aggregation must be one of {list(POSTERIOR_AGGREGATIONS)}, got "
-                f"{self.posterior_aggregation!r}."
-            )
+        self._check_choice("posterior_aggregation", POSTERIOR_AGGREGATIONS)
         threshold = self.match_threshold
         if isinstance(threshold, bool) or not (
             isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0

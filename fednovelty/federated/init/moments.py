@@ -31,7 +31,7 @@ from fednovelty.federated.init.combine import private_stats
 from fednovelty.federated.init.units import box_units, server_like
 from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.plausible import robust_moments
-from fednovelty.federated.trust.private_robust import private_trimmed_moments
+from fednovelty.federated.trust.private_robust import moments_stats, private_trimmed_moments
 from fednovelty.mixture import (
     CovariancePrior,
     FeatureMoments,
@@ -41,7 +41,6 @@ from fednovelty.mixture import (
     prior_target,
     standardization,
 )
-from fednovelty.mixture.stats import SufficientStats
 
 
 def declared_moments(reply: Message) -> tuple[Tensor, Tensor, Tensor]:
@@ -89,21 +88,12 @@ def private_moments(
 ) -> FeatureMoments:
     """Pooled noisy feature moments made usable as
     :func:`~fednovelty.federated.init.combine.private_stats` makes summed statistics (they
-    are one component's ``diag`` statistics about the clipping centre): in
+    are one component's ``diag`` statistics about the clipping centre,
+    :func:`~fednovelty.federated.trust.private_robust.moments_stats`): in
     ``"central"`` mode first the trusted server's noise (the ``"moments"`` release's: count
     1, sum ``B``, sum of squares ``B**2``), then the count floored, the mean kept in the
     clipping ball and each variance between the noise's floor and ``B**2``."""
-    n = moments.n_samples.reshape(())
-    stats = SufficientStats(
-        counts=n.reshape(1),
-        sums=(n * moments.mean).unsqueeze(0),
-        second=(moments.m2 + n * moments.mean.square()).unsqueeze(0),
-        shift=torch.zeros_like(moments.mean),
-        log_likelihood=n.new_zeros(()),
-        n_samples=n,
-        covariance_type="diag",
-    )
-    stats = private_stats(stats, config, n_replies, state)
+    stats = private_stats(moments_stats(moments), config, n_replies, state)
     n = stats.counts[0]
     mean = stats.sums[0] / n
     return FeatureMoments(n, mean, stats.second[0] - n * mean.square())

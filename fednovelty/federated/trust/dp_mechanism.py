@@ -135,6 +135,29 @@ def noisy_stats(
     return out
 
 
+def _noisy_sums(
+    n: Tensor,
+    total: Tensor,
+    second: Tensor,
+    multiplier: float,
+    bound: float,
+    source: NoiseSource,
+    symmetric: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The Gaussian mechanism on a row count ``n`` (), a sum of rows ``total`` (d,) and a
+    sum of squares (d,) or of outer products (d, d; ``symmetric`` noise) ``second``, all
+    about the origin, at sensitivities 1, ``bound`` and ``bound**2`` (block multipliers of
+    ``multiplier``); the noisy count kept at least 1 (post-processing). Returns the count,
+    the mean ``total / n`` (d,) and the noisy ``second``."""
+    z = block_multipliers(multiplier)
+    if multiplier > 0:
+        n = add_gaussian(n, z["counts"], source)
+        total = add_gaussian(total, z["sums"] * bound, source)
+        second = add_gaussian(second, z["second"] * bound**2, source, symmetric=symmetric)
+    n = n.clamp_min(1.0)
+    return n, total / n, second
+
+
 def noisy_moments(
     tensors: Mapping[str, Tensor],
     multiplier: float,
@@ -148,14 +171,7 @@ def noisy_moments(
     kept at least 1 (post-processing) and the mean and ``m2`` rebuilt from the noisy sums,
     so that merging replies adds the noisy sums exactly."""
     n, mean, m2 = tensors["n_samples"], tensors["mean"], tensors["m2"]
-    total, squares = n * mean, m2 + n * mean.square()
-    z = block_multipliers(multiplier)
-    if multiplier > 0:
-        n = add_gaussian(n, z["counts"], source)
-        total = add_gaussian(total, z["sums"] * bound, source)
-        squares = add_gaussian(squares, z["second"] * bound**2, source)
-    n = n.clamp_min(1.0)
-    mean = total / n
+    n, mean, squares = _noisy_sums(n, n * mean, m2 + n * mean.square(), multiplier, bound, source)
     return {**tensors, "n_samples": n, "mean": mean, "m2": squares - n * mean.square()}
 
 
@@ -171,14 +187,8 @@ def noisy_scatter(
     sum of rows (``B``) and the sum of outer products (``B**2``, symmetric noise); the count
     is kept at least 1 and the mean and scatter rebuilt from the noisy sums."""
     n, mean, scatter = tensors["n_samples"], tensors["mean"], tensors["scatter"]
-    total, outer = n * mean, scatter + n * torch.outer(mean, mean)
-    z = block_multipliers(multiplier)
-    if multiplier > 0:
-        n = add_gaussian(n, z["counts"], source)
-        total = add_gaussian(total, z["sums"] * bound, source)
-        outer = add_gaussian(outer, z["second"] * bound**2, source, symmetric=True)
-    n = n.clamp_min(1.0)
-    mean = total / n
+    outer = scatter + n * torch.outer(mean, mean)
+    n, mean, outer = _noisy_sums(n, n * mean, outer, multiplier, bound, source, symmetric=True)
     return {**tensors, "n_samples": n, "mean": mean, "scatter": outer - n * torch.outer(mean, mean)}
 
 

@@ -64,6 +64,11 @@ class ClientPrivateTerms(PrivateTerms):
         )
 
 
+def _policy_setting(name: str) -> property:
+    """A read-only property of :class:`ClientTerms`: its policy's setting ``name``."""
+    return property(lambda terms: getattr(terms.policy, name), doc=f"The policy's ``{name}``.")
+
+
 class ClientTerms(ReleaseTerms):
     """A client's :class:`~fednovelty.federated.core.base.ReleaseTerms`: its own
     ``policy``, its ``ledger`` (what it has released under differential privacy; replaced
@@ -82,21 +87,10 @@ class ClientTerms(ReleaseTerms):
             None if policy.dp is None else ClientPrivateTerms(self, policy.dp, policy.dp_sgd)
         )
 
-    @property
-    def floor(self) -> int:  # type: ignore[override]
-        return self.policy.floor
-
-    @property
-    def min_rows(self) -> int:  # type: ignore[override]
-        return self.policy.min_rows
-
-    @property
-    def max_clusters(self) -> int:  # type: ignore[override]
-        return self.policy.max_clusters
-
-    @property
-    def allow_raw_rows(self) -> bool:  # type: ignore[override]
-        return self.policy.allow_raw_rows
+    floor = _policy_setting("floor")
+    min_rows = _policy_setting("min_rows")
+    max_clusters = _policy_setting("max_clusters")
+    allow_raw_rows = _policy_setting("allow_raw_rows")
 
     def clip(self, X: Tensor) -> Tensor:
         """Rows clipped to the client's ball under differential privacy (the private
