@@ -221,7 +221,7 @@ def test_bad_settings_are_named(build, match) -> None:
 
 
 def test_the_registry_names_what_it_cannot_build() -> None:
-    assert set(ALGORITHMS) == {
+    assert set(ALGORITHMS) >= {  # the package's (a new algorithm adds its row)
         "FederatedEM",
         "JointFedGMM",
         "FedGenGMM",
