@@ -13,14 +13,13 @@ server re-clusters the released models by k-means).
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from fednovelty.federated.clustered.cam_local_warmup import KMeansServer, keep_model, kept_model
+from fednovelty.federated.clustered.cam_local_warmup import KMeansStep, keep_model, kept_model
 from fednovelty.federated.clustered.cam_models import (
-    ModelLayout,
     linear_vector,
     mean_losses,
     named,
@@ -32,7 +31,7 @@ from fednovelty.federated.clustered.cam_private import (
     clipped_loss_sums,
     noisy_cluster_losses,
 )
-from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
+from fednovelty.federated.clustered.cam_settings import ClusteredState
 from fednovelty.federated.clustered.cam_step import (
     CLUSTER_KIND,
     MODEL_REPLIES,
@@ -40,8 +39,8 @@ from fednovelty.federated.clustered.cam_step import (
     model_reply,
     private_model_reply,
 )
-from fednovelty.federated.core.aggregate import average_params, learner_name
-from fednovelty.federated.core.base import ClientContext, Message, client_generator, round_seed
+from fednovelty.federated.core.aggregate import average_params, learners_tensors
+from fednovelty.federated.core.base import ClientContext, Message, client_generator
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound, logits
 from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE
@@ -78,12 +77,10 @@ class ClusterStep(ModelStep):
         return CLUSTER_KIND if self.max_rounds > 0 else None
 
     def configure(self, state: ClusteredState) -> Message:
-        tensors = {}
-        for k, params in enumerate(state.cluster_models):
-            tensors.update({learner_name(k, name): value for name, value in params.items()})
+        tensors = learners_tensors(state.cluster_models)
         if self.additive:
             tensors.update(named("global.", state.global_model))
-        return Message(CLUSTER_KIND, tensors, {"seed": round_seed(self.config, state)})
+        return self.round_message(state, tensors)
 
     # ------------------------------------------------------------------ client half
     def min_loss(
@@ -144,12 +141,11 @@ class ClusterStep(ModelStep):
             keep_model(context, theta)
         return private_model_reply(CLUSTER_KIND, X, tensors, context, cluster=cluster)
 
-    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
-        X, y = data
-        refused = self.refusal(CLUSTER_KIND, X, context)
-        if refused is not None:
-            return refused
-        t = self.received(message, X)
+    def answer(
+        self, X: Tensor, y: Tensor, t: dict[str, Tensor], message: Message, context: ClientContext
+    ) -> ClientRound:
+        """The client's cluster (:meth:`choose`), its model trained (CAM: and the global
+        model on the residual); under DP :meth:`private_step`."""
         models = [unnamed(f"learner.{k}.", t, self.names) for k in range(self.config.n_clusters)]
         glob = unnamed("global.", t, self.names) if self.additive else None
         with torch.no_grad():
@@ -254,16 +250,12 @@ class MinLossClusterStep(ClusterStep):
             state.client_clusters[cid] = int(reply.scalars["cluster"])
 
 
-class KMeansClusterStep(ClusterStep):
+class KMeansClusterStep(ClusterStep, KMeansStep):
     """FeSEM's clustered rounds: each client joins the centre nearest to the model it sent
     last and trains with the pull ``kmeans_reg`` towards it; the server re-clusters the
     released models by k-means, from the current centres."""
 
     keeps_model = True
-
-    def __init__(self, config: ClusteredConfig, layout: ModelLayout, additive: bool) -> None:
-        super().__init__(config, layout, additive)
-        self.kmeans = KMeansServer(self)
 
     @property
     def pull(self) -> float:

@@ -7,18 +7,17 @@ informative before the cluster models start; no client has a cluster yet.
 
 from __future__ import annotations
 
-from typing import Any
+from torch import Tensor
 
-from fednovelty.federated.clustered.cam_models import mean_losses, named, unnamed
+from fednovelty.federated.clustered.cam_models import named, unnamed
 from fednovelty.federated.clustered.cam_settings import ClusteredState
 from fednovelty.federated.clustered.cam_step import (
     MODEL_REPLIES,
     WARMUP_GLOBAL_KIND,
     ModelStep,
-    model_reply,
-    private_model_reply,
+    trained_reply,
 )
-from fednovelty.federated.core.base import ClientContext, Message, client_generator, round_seed
+from fednovelty.federated.core.base import ClientContext, Message
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound
 
@@ -39,23 +38,15 @@ class GlobalWarmupStep(ModelStep):
         return WARMUP_GLOBAL_KIND if self.config.warmup_rounds > 0 else None
 
     def configure(self, state: ClusteredState) -> Message:
-        tensors = named("global.", state.global_model)
-        return Message(WARMUP_GLOBAL_KIND, tensors, {"seed": round_seed(self.config, state)})
+        return self.round_message(state, named("global.", state.global_model))
 
-    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
-        X, y = data
-        refused = self.refusal(WARMUP_GLOBAL_KIND, X, context)
-        if refused is not None:
-            return refused
-        start = unnamed("global.", self.received(message, X), self.names)
-        if context.terms.private is not None:
-            generator = self.private_generator(context)
-            trained = self.private_train(self.template, [start], X, y, context, generator)[0]
-            return private_model_reply(WARMUP_GLOBAL_KIND, X, named("global.", trained), context)
-        generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        loss = mean_losses(self.template, [start], X, y)[0]
-        (trained,) = yield [self.task(start, X, y, generator)]
-        return model_reply(WARMUP_GLOBAL_KIND, X, loss, named("global.", trained))
+    def answer(
+        self, X: Tensor, y: Tensor, t: dict[str, Tensor], message: Message, context: ClientContext
+    ) -> ClientRound:
+        """The global model trained on the rows."""
+        start = unnamed("global.", t, self.names)
+        (trained,), losses = yield from self.trained([start], X, y, message, context)
+        return trained_reply(WARMUP_GLOBAL_KIND, X, named("global.", trained), losses, context)
 
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         copies = [unnamed("global.", r.tensors, self.names) for r in replies.values()]

@@ -10,15 +10,12 @@ clustered rounds of the k-means methods use the same server.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.clustered.cam_models import (
     ModelLayout,
     linear_vector,
-    mean_losses,
     named,
     nearest_cluster,
     unnamed,
@@ -29,14 +26,11 @@ from fednovelty.federated.clustered.cam_step import (
     MODEL_REPLIES,
     WARMUP_LOCAL_KIND,
     ModelStep,
-    model_reply,
-    private_model_reply,
+    trained_reply,
 )
 from fednovelty.federated.core.base import (
     ClientContext,
     Message,
-    client_generator,
-    round_seed,
     server_generator,
 )
 from fednovelty.federated.core.declarations import declare
@@ -44,7 +38,14 @@ from fednovelty.federated.core.learners import ClientRound
 from fednovelty.federated.trust.robust import coordinate_median, coordinate_trimmed_mean
 from fednovelty.mixture.kmeans import kmeans_plusplus
 
-__all__ = ["KMeansServer", "LocalWarmupStep", "keep_model", "kept_model", "robust_centres"]
+__all__ = [
+    "KMeansServer",
+    "KMeansStep",
+    "LocalWarmupStep",
+    "keep_model",
+    "kept_model",
+    "robust_centres",
+]
 
 
 def robust_centres(
@@ -123,43 +124,38 @@ def kept_model(context: ClientContext, names: list[str]) -> dict[str, Tensor] | 
     return unnamed(KEPT, context.state, names)
 
 
-class LocalWarmupStep(ModelStep):
+class KMeansStep(ModelStep):
+    """A step whose server clusters the released client models by k-means (``kmeans``, a
+    :class:`KMeansServer` of the step)."""
+
+    def __init__(self, config: ClusteredConfig, layout: ModelLayout, additive: bool) -> None:
+        super().__init__(config, layout, additive)
+        self.kmeans = KMeansServer(self)
+
+
+class LocalWarmupStep(KMeansStep):
     """FeSEM's and FeSEM-CAM's warm-up (Alg. 1 (2)): local training only; the server
     clusters the client models every round."""
 
     kinds = (WARMUP_LOCAL_KIND,)
     replies = declare(MODEL_REPLIES[WARMUP_LOCAL_KIND])
 
-    def __init__(self, config: ClusteredConfig, layout: ModelLayout, additive: bool) -> None:
-        super().__init__(config, layout, additive)
-        self.kmeans = KMeansServer(self)
-
     @property
     def max_rounds(self) -> int:
         return self.config.warmup_rounds
 
     def configure(self, state: ClusteredState) -> Message:
-        tensors = named("learner.0.", state.cluster_models[0])  # the common start
-        return Message(WARMUP_LOCAL_KIND, tensors, {"seed": round_seed(self.config, state)})
+        return self.round_message(state, named("learner.0.", state.cluster_models[0]))
 
-    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
-        X, y = data
-        refused = self.refusal(WARMUP_LOCAL_KIND, X, context)
-        if refused is not None:
-            return refused
-        start = unnamed("learner.0.", self.received(message, X), self.names)
+    def answer(
+        self, X: Tensor, y: Tensor, t: dict[str, Tensor], message: Message, context: ClientContext
+    ) -> ClientRound:
+        """The client's own model (the common start before it has one) trained and kept."""
         kept = kept_model(context, self.names)
-        start = start if kept is None else kept
-        if context.terms.private is not None:
-            generator = self.private_generator(context)
-            trained = self.private_train(self.template, [start], X, y, context, generator)[0]
-            keep_model(context, trained)
-            return private_model_reply(WARMUP_LOCAL_KIND, X, named("cluster.", trained), context)
-        generator = client_generator(int(message.scalars["seed"]), context.client_id)
-        loss = mean_losses(self.template, [start], X, y)[0]
-        (trained,) = yield [self.task(start, X, y, generator)]
+        start = unnamed("learner.0.", t, self.names) if kept is None else kept
+        (trained,), losses = yield from self.trained([start], X, y, message, context)
         keep_model(context, trained)
-        return model_reply(WARMUP_LOCAL_KIND, X, loss, named("cluster.", trained))
+        return trained_reply(WARMUP_LOCAL_KIND, X, named("cluster.", trained), losses, context)
 
     def server_step(self, state: ClusteredState, replies: dict[int, Message]):
         self.kmeans.cluster(state, replies, seeded=state.rounds == 0)

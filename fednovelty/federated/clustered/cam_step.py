@@ -12,7 +12,7 @@ private form (:data:`MODEL_PARTS`) withholds the last two.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -22,13 +22,25 @@ from fednovelty.federated.clustered.cam_models import (
     ModelLayout,
     box_rows,
     linear_vector,
+    mean_losses,
     unnamed,
 )
 from fednovelty.federated.clustered.cam_private import private_models
 from fednovelty.federated.clustered.cam_settings import ClusteredConfig, ClusteredState
-from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.base import (
+    ClientContext,
+    Message,
+    client_generator,
+    round_seed,
+    skipped_reply,
+)
 from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
-from fednovelty.federated.core.learners import LearnerRounds, SGDTask, local_sgd_many
+from fednovelty.federated.core.learners import (
+    ClientRound,
+    LearnerRounds,
+    SGDTask,
+    local_sgd_many,
+)
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.noise import NoiseSource
@@ -48,6 +60,7 @@ __all__ = [
     "ModelStep",
     "model_reply",
     "private_model_reply",
+    "trained_reply",
 ]
 
 #: the message kinds of the clustered algorithms' rounds.
@@ -145,6 +158,21 @@ def private_model_reply(
     return model_reply(kind, X, X.new_zeros(()), tensors, dp_sgd_steps=steps, **scalars)
 
 
+def trained_reply(
+    kind: str,
+    X: Tensor,
+    tensors: dict[str, Tensor],
+    losses: Tensor | None,
+    context: ClientContext,
+) -> Message:
+    """The reply of models ``tensors`` that :meth:`ModelStep.trained` trained: with the mean
+    of their ``losses`` (M,) (:func:`model_reply`), or, trained by the client's DP-SGD
+    (``losses`` ``None``), in private form (:func:`private_model_reply`)."""
+    if losses is None:
+        return private_model_reply(kind, X, tensors, context)
+    return model_reply(kind, X, losses.mean(), tensors)
+
+
 # ----------------------------------------------------------------------------- the base
 class ModelStep(LearnerRounds, Step):
     """What the clustered steps share: the settings, the models' layout, the local training,
@@ -173,7 +201,47 @@ class ModelStep(LearnerRounds, Step):
     def names(self) -> list[str]:
         return self.layout.names
 
+    def round_message(self, state: ClusteredState, tensors: dict[str, Tensor]) -> Message:
+        """The message of the step's round: the models ``tensors`` and the round's seed."""
+        return Message(self.kinds[0], tensors, {"seed": round_seed(self.config, state)})
+
     # ------------------------------------------------------------------ client half
+    def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
+        """A skipped reply when the client releases nothing this round (:meth:`refusal`),
+        else :meth:`answer` on its rows, labels and the broadcast tensors."""
+        X, y = data
+        refused = self.refusal(self.kinds[0], X, context)
+        if refused is not None:
+            return refused
+        return (yield from self.answer(X, y, self.received(message, X), message, context))
+
+    def answer(
+        self, X: Tensor, y: Tensor, t: dict[str, Tensor], message: Message, context: ClientContext
+    ) -> ClientRound:
+        """The client half of a round the client answers: rows ``X`` (n, d), labels ``y``
+        (n,) and the broadcast tensors ``t`` on their device and dtype."""
+        raise NotImplementedError
+
+    def trained(
+        self,
+        starts: list[dict[str, Tensor]],
+        X: Tensor,
+        y: Tensor,
+        message: Message,
+        context: ClientContext,
+    ) -> Generator[list[SGDTask], list[dict[str, Tensor]], tuple[list, Tensor | None]]:
+        """The models ``starts`` trained on ``(X, y)`` (``yield from`` it in a client
+        round), and their mean losses (M,) before training: under the client's
+        differential-privacy policy all together by its own DP-SGD (losses ``None``: not
+        computed), else each by the run's local SGD from the round's seed."""
+        if context.terms.private is not None:
+            generator = self.private_generator(context)
+            return self.private_train(self.template, starts, X, y, context, generator), None
+        generator = client_generator(int(message.scalars["seed"]), context.client_id)
+        losses = mean_losses(self.template, starts, X, y)
+        trained = yield [self.task(start, X, y, generator) for start in starts]
+        return trained, losses
+
     def task(
         self,
         start: dict[str, Tensor],

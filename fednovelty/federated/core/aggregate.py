@@ -165,6 +165,16 @@ def learner_name(index: int, name: str) -> str:
     return f"learner.{index}.{name}"
 
 
+def learners_tensors(learners: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Every learner's parameters under their message names (:func:`learner_name`), learner
+    by learner in order."""
+    return {
+        learner_name(m, name): value
+        for m, params in enumerate(learners)
+        for name, value in params.items()
+    }
+
+
 def average_learners(
     learners: Sequence[dict[str, Tensor]], replies: Sequence[Message], gammas: Tensor
 ) -> list[dict[str, Tensor]]:

@@ -32,10 +32,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.core.aggregate import learner_name, stats_message
+from fednovelty.federated.core.aggregate import learner_name, learners_tensors, stats_message
 from fednovelty.federated.core.base import (
     ClientContext,
     Message,
+    Scalar,
     client_generator,
     round_seed,
     skipped_reply,
@@ -261,8 +262,7 @@ class JointEMStep(LearnerRounds, Step):
 
     def configure(self, state: JointState) -> Message:
         tensors = {**state.params.tensors(), "shift": moment_shift(state.params)}
-        for m2, learner in enumerate(state.learners):
-            tensors.update({learner_name(m2, k): v for k, v in learner.items()})
+        tensors.update(learners_tensors(state.learners))
         return Message(
             "joint_em",
             tensors,
@@ -305,6 +305,35 @@ class JointEMStep(LearnerRounds, Step):
     def train_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
         return self.algorithm._local_sgd_many(tasks)
 
+    def private_learners(
+        self,
+        template: nn.Module,
+        learners: list[dict[str, Tensor]],
+        Z: Tensor,
+        y: Tensor,
+        weight: Tensor,
+        context: ClientContext,
+    ) -> tuple[list[dict[str, Tensor]], dict[str, Scalar]]:
+        """The ``learners`` trained by the client's own DP-SGD (noise from its own source,
+        never the broadcast's seed) on rows ``Z`` (n, p) and labels ``y`` (n,), row ``i``
+        weighing ``weight[i, m]`` (n, M) in learner ``m``'s loss; returns them and the
+        reply's scalars (``dp_sgd_steps``)."""
+        config, private = self.config, context.terms.private
+        generator = private.noise()
+        trained = private_sgd(
+            template,
+            learners,
+            Z,
+            y,
+            weight,
+            private.dp_sgd,
+            generator,
+            learning_rate=config.learning_rate,
+            optimizer=config.optimizer,
+            mu_prox=config.mu_prox,
+        )
+        return trained, {"dp_sgd_steps": private.dp_sgd.steps}
+
     def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         """One client's joint round: the E-step, its learners' training (yielded as
         :class:`~fednovelty.federated.core.learners.SGDTask` objects, or its own DP-SGD under
@@ -345,20 +374,7 @@ class JointEMStep(LearnerRounds, Step):
             if terms.private.dp_sgd is None:
                 return skipped_reply("joint_em", "learners leave under DP only by DP-SGD")
             # the learners leave the client: its own DP-SGD, from its own generator
-            generator = context.terms.private.noise()
-            trained = private_sgd(
-                template,
-                learners,
-                Z,
-                y,
-                q.sum(1),
-                terms.private.dp_sgd,
-                generator,
-                learning_rate=config.learning_rate,
-                optimizer=config.optimizer,
-                mu_prox=config.mu_prox,
-            )
-            scalars["dp_sgd_steps"] = terms.private.dp_sgd.steps
+            trained, scalars = self.private_learners(template, learners, Z, y, q.sum(1), context)
         else:
             generator = client_generator(int(message.scalars["seed"]), context.client_id)
             trained = yield [
@@ -366,8 +382,7 @@ class JointEMStep(LearnerRounds, Step):
                 for m2, params in enumerate(learners)
             ]
         if not config.aggregate_learners:
-            for m2, params in enumerate(trained):
-                context.state.update({learner_name(m2, k): v for k, v in params.items()})
+            context.state.update(learners_tensors(trained))
         if not terms.releases(n):
             return skipped_reply("joint_em", terms.below_floor)
         floor = terms.floor

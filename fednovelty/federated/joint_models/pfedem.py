@@ -57,7 +57,6 @@ from fednovelty.federated.joint_models.joint import (
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
 from fednovelty.federated.mixtures.em import EMSettings
 from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
-from fednovelty.federated.trust.dp_sgd import private_sgd
 from fednovelty.federated.trust.reply_form import Shape, covariance_shape, expectation
 from fednovelty.federated.trust.robust import robust_average_learners, robust_stats
 from fednovelty.federated.trust.value_checks import check_counts_within, check_stats
@@ -398,20 +397,8 @@ class PFedEMStep(JointEMStep):
         tensors: dict[str, Tensor] = {"hard_counts": hard * keep.to(X.dtype)}
         scalars = {}
         if private:  # every sub-model by the client's own DP-SGD, on its partition alone
-            generator = context.terms.private.noise()
-            models = private_sgd(
-                template,
-                learners,
-                Z,
-                y,
-                nn.functional.one_hot(part, k).to(X.dtype),  # (n, K): one row, one model
-                terms.private.dp_sgd,
-                generator,
-                learning_rate=config.learning_rate,
-                optimizer=config.optimizer,
-                mu_prox=config.mu_prox,
-            )
-            scalars["dp_sgd_steps"] = terms.private.dp_sgd.steps
+            one_model = nn.functional.one_hot(part, k).to(X.dtype)  # (n, K): one row, one model
+            models, scalars = self.private_learners(template, learners, Z, y, one_model, context)
         else:
             generator = client_generator(int(message.scalars["seed"]), context.client_id)
             trained = iter(
