@@ -225,6 +225,7 @@ def local_fit_reply(kind: str, limit: Limit, components: Components, **options: 
         **options,
     )
 
+
 #: a ``oneshot`` reply: a client's local mixture as the start of federated EM; its
 #: component means are weighted means of the client's rows, so they lie in the box of the
 #: moments the client declared in the moments round, where one ran first.

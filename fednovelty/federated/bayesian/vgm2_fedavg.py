@@ -64,26 +64,16 @@ def private_classifier(
     Adam at ``learning_rate`` (``train_encoder=False``: the head alone on the frozen
     encoder's embeddings). Returns the encoder and the head."""
     encoder_t, head_t = templates
-    if not config.train_encoder:
+    if config.train_encoder:
+        template, start, rows = Classifier(encoder_t, head_t), network_tensors(encoder, head), X
+    else:
         with torch.no_grad():
-            Z = embed(encoder_t, encoder, X)
-        (trained,) = private_sgd(
-            head_t,
-            [head],
-            Z,
-            y,
-            X.new_ones(X.shape[0], 1),
-            settings,
-            generator,
-            learning_rate=config.learning_rate,
-            optimizer="adam",
-        )
-        return encoder, trained
-    start = network_tensors(encoder, head)
+            rows = embed(encoder_t, encoder, X)
+        template, start = head_t, head
     (trained,) = private_sgd(
-        Classifier(encoder_t, head_t),
+        template,
         [start],
-        X,
+        rows,
         y,
         X.new_ones(X.shape[0], 1),
         settings,
@@ -91,6 +81,8 @@ def private_classifier(
         learning_rate=config.learning_rate,
         optimizer="adam",
     )
+    if not config.train_encoder:
+        return encoder, trained
     return unprefixed("encoder.", trained), unprefixed("head.", trained)
 
 

@@ -364,7 +364,6 @@ class EMStep(Step):
     # ------------------------------------------------------------------ client half
     def client_step(self, X: Tensor, message: Message, context: ClientContext) -> Message:
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
-        ct = self.config.covariance_type
         personal = self.config.mixture_weights == "personal"
         # under DP a row may move only its own round's statistics: weights kept from exact
         # counts of earlier rounds would carry it into every later round (module docstring)
@@ -373,29 +372,56 @@ class EMStep(Step):
         if log_weights is None:
             log_weights = t["weights"].log()
         terms = context.terms
-        # sum_i r_ik^2: with the counts, each component's effective rows (the floor's test)
-        squared = X.new_zeros(t["means"].shape[0]) if terms.has_floor else None
-        row_log_likelihood = X.new_empty(X.shape[0]) if terms.has_floor else None
-        stats = e_step_stats(
-            X,
-            log_weights,
-            t["means"],
-            t["precisions_cholesky"],
-            ct,
-            t["shift"],
-            self.config.chunk_size,
-            self._workspace,
-            squared_counts=squared,
-            row_log_likelihood=row_log_likelihood,
+        stats, squared, row_log_likelihood = client_e_step(
+            X, t, log_weights, self.config, self._workspace, terms.has_floor, row_likelihoods=True
         )
         if personal and X.shape[0] > 0:
-            counts = stats.counts + 10 * torch.finfo(X.dtype).eps
-            context.state["log_weights"] = (counts / counts.sum()).log()
+            context.state["log_weights"] = personal_log_weights(stats.counts)
         if not terms.releases(X.shape[0]):
             return skipped_reply("em", terms.below_floor)
         return floored_stats_message(
             X, stats, squared, terms, log_weights, t, "em", row_log_likelihood
         )
+
+
+def client_e_step(
+    X: Tensor,
+    t: dict[str, Tensor],
+    log_weights: Tensor,
+    config: Any,
+    workspace: Workspace,
+    has_floor: bool,
+    row_likelihoods: bool = False,
+) -> tuple[SufficientStats, Tensor | None, Tensor | None]:
+    """The E-step statistics of rows ``X`` (n, d) under the broadcast mixture ``t`` (its
+    ``means``, ``precisions_cholesky`` and ``shift``) and the client's ``log_weights`` (K,),
+    in ``config``'s ``covariance_type`` and ``chunk_size``. Under a floor (``has_floor``)
+    also each component's sum of squared responsibilities (K,) (with the counts, its
+    effective rows: the floor's test) and, with ``row_likelihoods``, each row's
+    log-likelihood (n,). Returns ``(stats, squared sums or None, row log-likelihoods or
+    None)``."""
+    squared = X.new_zeros(t["means"].shape[0]) if has_floor else None
+    rows = X.new_empty(X.shape[0]) if has_floor and row_likelihoods else None
+    stats = e_step_stats(
+        X,
+        log_weights,
+        t["means"],
+        t["precisions_cholesky"],
+        config.covariance_type,
+        t["shift"],
+        config.chunk_size,
+        workspace,
+        squared_counts=squared,
+        row_log_likelihood=rows,
+    )
+    return stats, squared, rows
+
+
+def personal_log_weights(counts: Tensor) -> Tensor:
+    """A client's own log mixture weights (K,) from its E-step ``counts`` (K,), each count
+    raised by ``10 eps`` of its dtype first so that no weight is zero."""
+    counts = counts + 10 * torch.finfo(counts.dtype).eps
+    return (counts / counts.sum()).log()
 
 
 def reply_weights(replies: dict[int, Message], config: Any) -> dict[int, Tensor]:

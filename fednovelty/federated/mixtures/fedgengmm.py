@@ -256,9 +256,7 @@ def local_fit_components(setting: Any) -> int:
 
 
 #: a ``local_fit`` reply: a local mixture (its components backed as a model's).
-LOCAL_FIT_REPLY = local_fit_reply(
-    "local_fit", local_fit_limit, local_fit_components, private="fit"
-)
+LOCAL_FIT_REPLY = local_fit_reply("local_fit", local_fit_limit, local_fit_components, private="fit")
 
 
 class FedGenGMM(FederatedAlgorithm):

@@ -47,7 +47,7 @@ from fednovelty.federated.core.declarations import InvalidReplyError, declare, s
 from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import GivenMixture
-from fednovelty.federated.mixtures.em import kept_tied_second
+from fednovelty.federated.mixtures.em import client_e_step, kept_tied_second, personal_log_weights
 from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
 from fednovelty.federated.trust.contrast import winsorised_row_values
 from fednovelty.federated.trust.floors import suppress_components
@@ -60,7 +60,6 @@ from fednovelty.federated.trust.value_checks import (
 from fednovelty.mixture import (
     MixtureParams,
     SufficientStats,
-    e_step_stats,
     params_from_stats,
     stats_from_resp,
 )
@@ -439,21 +438,11 @@ class StreamStep(Step):
                 {"counts": counts, "n_samples": rows_n, **extra},
                 backing={"counts": rows, "n_samples": rows_n, **behind},
             )
-        squared = X.new_zeros(params.n_components) if terms.has_floor else None
-        stats = e_step_stats(
-            X,
-            log_weights,
-            t["means"],
-            t["precisions_cholesky"],
-            ct,
-            t["shift"],
-            config.chunk_size,
-            self._workspace,
-            squared_counts=squared,
+        stats, squared, _ = client_e_step(
+            X, t, log_weights, config, self._workspace, terms.has_floor
         )
         if not first:  # one EM step on the client's weights per further round
-            counts = stats.counts + 10 * torch.finfo(X.dtype).eps
-            context.state["log_weights"] = (counts / counts.sum()).log()
+            context.state["log_weights"] = personal_log_weights(stats.counts)
         if first and config.far_quantile is not None:
             far = self._far_stats(X, log_n, log_weights, params, t["shift"], terms, stats, squared)
             far_rows_behind, second_rows = far.pop("rows"), far.pop("second_rows")
