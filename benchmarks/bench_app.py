@@ -11,7 +11,7 @@ it also times the same training call without a browser (``fednovelty_app.trainin
 Run it on an otherwise idle machine (the test suite runs two workers at once, which is why
 these budgets live here and not in a test)::
 
-    .venv/bin/python benchmarks/bench_app.py --repeats 3
+    .venv/bin/python -m benchmarks.bench_app --repeats 3
 """
 
 from __future__ import annotations
@@ -25,12 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import machine_facts  # noqa: E402
-from fednovelty.cli import serving_app  # noqa: E402  (what `fednovelty app` runs)
+from benchmarks.common import REPO, machine_facts
+from fednovelty.cli import serving_app  # what `fednovelty app` runs
 
 APP_DIR = REPO / "app"
 CHROMIUM = Path("/usr/bin/chromium")

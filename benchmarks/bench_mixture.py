@@ -1,6 +1,6 @@
 """Speed and memory of fednovelty's torch mixture kernels against scikit-learn, in one run.
 
-Run ``python benchmarks/bench_mixture.py`` (about 10 minutes on 2 cores) or ``--quick`` (a
+Run ``python -m benchmarks.bench_mixture`` (about 10 minutes on 2 cores) or ``--quick`` (a
 smoke run, under a minute); ``--only SECTION`` runs one section (``em``, ``scoring``,
 ``federated``, ``memory``). Every figure is printed next to its reference with the ratio, and
 the run ends with one markdown table (``--out FILE`` also writes it to a file).
@@ -38,27 +38,21 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.mixture import GaussianMixture
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from _machine import machine_facts  # noqa: E402  (benchmarks/ is on sys.path)
-
-from fednovelty.federated import FederatedEM  # noqa: E402
-from fednovelty.mixture import (  # noqa: E402
+from benchmarks.common import REPO, add_out, add_quick, machine_facts, markdown_table
+from fednovelty.federated import FederatedEM
+from fednovelty.mixture import (
     MixtureParams,
     precisions_cholesky_from_precisions,
     score_samples,
 )
-from fednovelty.mixture.em import em_step  # noqa: E402
-from fednovelty.runtime import run_simulation  # noqa: E402
-from fednovelty.runtime.threads import torch_threads  # noqa: E402
+from fednovelty.mixture.em import em_step
+from fednovelty.runtime import run_simulation
+from fednovelty.runtime.threads import torch_threads
 
 #: the sections in the order they run (``--only`` picks one).
 SECTIONS = ("em", "scoring", "federated", "memory")
@@ -196,11 +190,9 @@ class Row:
         return [self.metric, self.ours, self.ref, self.ratio_text, self.target, met]
 
 
-def markdown_table(rows: list[Row]) -> str:
+def rows_table(rows: list[Row]) -> str:
     header = ["metric", "fednovelty", "scikit-learn", "ratio", "target", "met?"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(header, [r.cells() for r in rows])
 
 
 def fmt_s(seconds: float) -> str:
@@ -460,7 +452,8 @@ def memory_worker(impl: str, covariance_type: str, dtype: str, n_samples: int) -
 
 
 def measure_memory(impl: str, ct: str, dtype: str, n: int) -> dict:
-    cmd = [sys.executable, __file__, "--memory-worker", impl, ct, dtype, str(n)]
+    cmd = [sys.executable, "-m", "benchmarks.bench_mixture", "--memory-worker"]
+    cmd += [impl, ct, dtype, str(n)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -498,8 +491,8 @@ def bench_memory(n: int, configs) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small N: a smoke run under 1 min")
-    parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    add_quick(parser, "small N: a smoke run under 1 min")
+    add_out(parser, "also write the markdown table to this file")
     parser.add_argument("--repeats", type=int, help="timed repeats (best of); default 3, quick 2")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory section")
     parser.add_argument(
@@ -549,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             configs += [("full", "float32"), ("diag", "float64")]
         rows += bench_memory(n, configs)
 
-    table = markdown_table(rows)
+    table = rows_table(rows)
     elapsed = time.perf_counter() - started
     load_end = os.getloadavg()[0]
     say("\n## Summary")

@@ -13,7 +13,7 @@ that choice buys, in two sections.
 ``fits``
     Every fit of the demo (``fednovelty.demo.run_demo``: FedGenGMM, DEM-kmeans, FedGMM,
     Local, CentralGMM, IForest; 10_cover on ``--max-train`` training rows, 20 clients, K = 15)
-    and of ``benchmarks/fedgmm_pfl.py --quick``'s PFL experiment (Local, FedAvg, FedProx,
+    and of ``python -m benchmarks.fedgmm_pfl --quick``'s PFL experiment (Local, FedAvg, FedProx,
     FedEM, FedGMM; 8 clients, 5 rounds, seed 0), each alone and at once beside the busy
     processes, in three modes (``--modes``): ``library``, the library's choice
     (``FEDNOVELTY_NUM_THREADS`` unset: "auto"); ``default``, torch's default count in every
@@ -29,8 +29,8 @@ add to it; the load average is printed before and after each section.
 Run (leave ``OMP_NUM_THREADS`` unset, the script sets threads; 40 minutes on the shared 2-core
 machine, most of it torch's default threads beside the load; ``--section fits`` 15-20)::
 
-    .venv/bin/python benchmarks/bench_threads.py --out benchmarks/results/threads.txt
-    .venv/bin/python benchmarks/bench_threads.py --quick     # smoke run, tiny sizes
+    .venv/bin/python -m benchmarks.bench_threads --out benchmarks/results/threads.txt
+    .venv/bin/python -m benchmarks.bench_threads --quick     # smoke run, tiny sizes
 """
 
 from __future__ import annotations
@@ -43,18 +43,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, machine_facts  # noqa: E402
-from fednovelty.mixture import MixtureParams, e_step_stats, kmeans, score_samples  # noqa: E402
-from fednovelty.mixture.em import moment_shift  # noqa: E402
-from fednovelty.runtime.threads import ENV_VAR, PARALLEL_WORK  # noqa: E402
+from benchmarks.common import add_out, add_quick, command_line, emit_report, machine_facts
+from fednovelty.mixture import MixtureParams, e_step_stats, kmeans, score_samples
+from fednovelty.mixture.em import moment_shift
+from fednovelty.runtime.threads import ENV_VAR, PARALLEL_WORK
 
 #: a busy process: 2 torch threads multiplying matrices until it is stopped.
 BUSY_CODE = """
@@ -306,7 +301,7 @@ def fit_table(seconds: dict[tuple[str, str], dict], default_threads: int) -> str
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--section", choices=("kernels", "fits", "all"), default="all")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
+    add_quick(parser, "tiny sizes (smoke run)")
     parser.add_argument("--max-train", type=int, default=50_000, help="demo training rows")
     parser.add_argument("--busy", type=int, default=2, help="busy processes (2)")
     parser.add_argument(
@@ -324,7 +319,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="thread modes of the fits: library (auto), default (torch's count in every "
         "step), one (one thread for everything)",
     )
-    parser.add_argument("--out", type=Path, help="also write the report here")
+    add_out(parser, "also write the report here")
     args = parser.parse_args(argv)
     for name in ("max_train", "default_threads", "repeats"):
         if getattr(args, name) < 1:
@@ -338,9 +333,7 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     caller = torch.get_num_threads()
     started = time.perf_counter()
-    command = "python benchmarks/bench_threads.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("bench_threads", argv)
     sections = [
         "# Threads under load",
         f"command: {command.strip()}",

@@ -12,7 +12,7 @@ processes (``bench_threads.py``'s load), with the caller's torch threads at each
 model: the script prints the largest relative difference of their learners and their test
 accuracy (each writer's own weights).
 
-Run ``python benchmarks/clients_parallel.py`` (100 writers, 5 rounds, MLP learners),
+Run ``python -m benchmarks.clients_parallel`` (100 writers, 5 rounds, MLP learners),
 ``--learner cnn`` (the paper's CNN; its first round costs minutes a writer hundred on CPU),
 ``--writers N --rounds R``, ``--device cuda`` (no load section there), ``--quick`` (8
 writers, 1 round), ``--out FILE``.
@@ -22,25 +22,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
-from benchmarks.bench_threads import busy_processes, load_line  # noqa: E402
-from benchmarks.fedgmm_femnist import (  # noqa: E402
-    Settings,
-    make_model,
+from benchmarks.bench_threads import busy_processes, load_line
+from benchmarks.common import (
+    add_device,
+    add_out,
+    add_quick,
+    command_line,
+    device_facts,
+    emit_report,
     personal_accuracy,
+    report_header,
     shifted_writers,
     standardised,
 )
+from benchmarks.fedgmm_femnist import Settings, make_model
 
 
 def timed_fit(data, settings: Settings, threads: int) -> tuple[float, object]:
@@ -67,7 +66,7 @@ def learner_gap(a, b) -> float:
 
 def run(args) -> tuple[list[str], str]:
     base = Settings(args.writers, args.rounds, (0,), learner=args.learner, device=args.device)
-    data = standardised(shifted_writers(base, 0))
+    data = standardised(shifted_writers(base.n_writers, 0))
     settings = {mode: dataclasses.replace(base, batch_clients=mode) for mode in (False, True)}
     timed_fit(data, dataclasses.replace(base, max_iter=1), 1)  # imports, caches
     loaded = args.device == "cpu" and args.busy > 0
@@ -94,14 +93,14 @@ def run(args) -> tuple[list[str], str]:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    add_quick(parser)
     parser.add_argument("--writers", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--learner", choices=("linear", "mlp", "cnn"), default="mlp")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--busy", type=int, default=2)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--out", type=Path, default=None)
+    add_device(parser)
+    add_out(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.writers, args.rounds, args.threads, args.busy = 8, 1, [1], 0
@@ -111,9 +110,7 @@ def parse_args(argv):
 def main(argv=None) -> str:
     args = parse_args(argv)
     device = device_facts(args.device)
-    command = "python benchmarks/clients_parallel.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("clients_parallel", argv)
     started = time.perf_counter()
     rows, scale = run(args)
     header = report_header(

@@ -1,7 +1,7 @@
 """Clustered additive mixtures for novelty against FedGMM's personal
 weights and FedGenGMM, on cluster-structured federations.
 
-Run ``python benchmarks/clustered_mixtures.py`` (seeds 0 1 2) or ``--quick`` (a smoke run);
+Run ``python -m benchmarks.clustered_mixtures`` (seeds 0 1 2) or ``--quick`` (a smoke run);
 ``--seeds``, ``--out FILE``, ``--figure FILE``.
 
 1. **MVTec-AD** (ADBench's ResNet-18 embeddings of the 15 categories): each category's
@@ -35,27 +35,32 @@ datasets), ARI >= 0.9 on MVTec categories, client-level anomaly AUROC >= 0.95.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score, roc_auc_score
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty import ClusteredFedGMMDetector, FedGenGMMDetector, FedGMMDetector  # noqa: E402
-from fednovelty.datasets import load_adbench  # noqa: E402
-from fednovelty.datasets.partition import cluster_dirichlet_partition, kmeans_groups  # noqa: E402
-from fednovelty.federated import FederatedPCA  # noqa: E402
-from fednovelty.runtime import run_simulation  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    command_line,
+    emit_report,
+    markdown_table,
+    mean_std,
+    quick_seeds,
+    report_header,
+)
+from fednovelty import ClusteredFedGMMDetector, FedGenGMMDetector, FedGMMDetector
+from fednovelty.datasets import load_adbench
+from fednovelty.datasets.partition import cluster_dirichlet_partition, kmeans_groups
+from fednovelty.federated import FederatedPCA
+from fednovelty.runtime import run_simulation
 
 CATEGORIES = (
     "bottle", "cable", "capsule", "carpet", "grid", "hazelnut", "leather", "metal_nut",
@@ -293,23 +298,22 @@ def report(mvtec: list[dict], adbench: list[dict], settings: Settings) -> str:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
+    add_quick(parser)
+    add_seeds(parser)
+    add_threads(parser)
+    add_out(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    seeds = quick_seeds(args.seeds, args.quick)
     if args.quick:
-        settings = Settings((args.seeds[0],), CATEGORIES[:5], 2, ADBENCH[:1], 2, 1, 8)
+        settings = Settings(seeds, CATEGORIES[:5], 2, ADBENCH[:1], 2, 1, 8)
     else:
-        settings = Settings(tuple(args.seeds), CATEGORIES, 3, ADBENCH)
-    command = "python benchmarks/clustered_mixtures.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+        settings = Settings(seeds, CATEGORIES, 3, ADBENCH)
+    command = command_line("clustered_mixtures", argv)
     started = time.perf_counter()
     mvtec = [run_mvtec(settings, s) for s in settings.seeds]
     adbench = [run_adbench(settings, s) for s in settings.seeds]

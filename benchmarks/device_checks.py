@@ -11,9 +11,10 @@
    counted once). Test accuracy (each writer's own weights) after those rounds is printed, not
    judged: a few rounds are far from the paper's 200.
 
-Run ``python benchmarks/device_checks.py --device cuda --out report.md`` on the GPU machine;
+Run ``python -m benchmarks.device_checks --device cuda --out report.md`` on the GPU machine;
 ``--quick`` (8 writers, the MLP, 1 round; the lane skipped) checks the script on a CPU. On the
-GPU machine torch is preinstalled: run it as ``PYTHONPATH=. python3 benchmarks/...``.
+GPU machine torch is preinstalled: ``python3 -m benchmarks.device_checks ...`` from the
+repository root finds both ``fednovelty`` and ``benchmarks`` there.
 """
 
 from __future__ import annotations
@@ -24,23 +25,22 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_femnist import (  # noqa: E402
-    PAPER_SCALE,
-    Settings,
-    make_model,
+from benchmarks.common import (
+    REPO,
+    add_out,
+    add_quick,
+    command_line,
+    device_facts,
+    emit_report,
     personal_accuracy,
+    report_header,
     shifted_writers,
     standardised,
 )
+from benchmarks.fedgmm_femnist import PAPER_SCALE, Settings, make_model
 
 #: the paper's rounds and the time they should take on one H100.
 PAPER_ROUNDS, TARGET_MINUTES = 200, 30.0
@@ -80,9 +80,9 @@ def scale_rows(args) -> list[str]:
         base = Settings(8, 1, (0,), device=args.device)
     else:
         base = Settings(seeds=(0,), device=args.device, **{**PAPER_SCALE, "max_iter": args.rounds})
-    data = standardised(shifted_writers(base, 0))
+    data = standardised(shifted_writers(base.n_writers, 0))
     warm = dataclasses.replace(base, n_writers=8, max_iter=1)  # imports, kernels' first use
-    joint_rounds(warm, standardised(shifted_writers(warm, 0)))
+    joint_rounds(warm, standardised(shifted_writers(warm.n_writers, 0)))
     rows = []
     runs = [("batched", base)]
     if args.one_by_one_rounds > 0:
@@ -114,17 +114,15 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one-by-one-rounds", type=int, default=1)
     parser.add_argument("--lane-timeout", type=float, default=300.0)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    add_quick(parser)
+    add_out(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     device = device_facts(args.device)
-    command = "python benchmarks/device_checks.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("device_checks", argv)
     started = time.perf_counter()
     lane = "skipped (--quick)" if args.quick else cuda_lane(args.lane_timeout)
     print(f"CUDA lane: {lane}", flush=True)

@@ -43,7 +43,7 @@ AUROC and AUC-PR (``aupr_out``: novel rows the positive class), mean and spread 
 Novel sets: ``transforms`` (scale 0.5, rotation, flip: every setting) and ``inv-flip-rot``
 (invert, flip, rotate: the three detectors with their defaults).
 
-Run: ``.venv/bin/python benchmarks/dp_femnist.py`` (100 writers, seeds 0 1 2, 252 results;
+Run: ``.venv/bin/python -m benchmarks.dp_femnist`` (100 writers, seeds 0 1 2, 252 results;
 19 minutes on 2 cores, 47 with other jobs beside it; writes ``benchmarks/dp_femnist.txt``) or
 ``--quick`` (8 writers, one seed, epsilon 1 and inf, three settings, 10,000 MNIST digits;
 writes only with ``--out``). ``--writers``, ``--seeds``, ``--epsilons``, ``--ood``,
@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -64,20 +63,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_pfl import markdown_table, mean_std  # noqa: E402
-from fednovelty.datasets import load_mnist, make_femnist_federated  # noqa: E402
-from fednovelty.datasets.protocols import (  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    command_line,
+    emit_report,
+    markdown_table,
+    mean_std,
+    report_header,
+)
+from fednovelty.datasets import load_mnist, make_femnist_federated
+from fednovelty.datasets.protocols import (
     MNIST_PCA_COMPONENTS,
     _novel_images,
     make_task,
     polar_rows,
 )
-from fednovelty.detectors import (  # noqa: E402
+from fednovelty.detectors import (
     FedGenGMMDetector,
     FedGMMDetector,
     FedVBDetector,
@@ -85,8 +88,8 @@ from fednovelty.detectors import (  # noqa: E402
     Prior,
     Privacy,
 )
-from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
-from fednovelty.federated.trust.dp_split import BLOCK_SPLIT  # noqa: E402
+from fednovelty.evaluation import aupr_out, auroc
+from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1e-5
@@ -593,12 +596,12 @@ def write_rows(rows: list[dict], path: Path) -> None:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    add_quick(parser)
     parser.add_argument("--writers", type=int, default=100)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     parser.add_argument("--ood", nargs="+", default=list(OOD_SETS), choices=OOD_SETS)
-    parser.add_argument("--out", type=Path, default=None)
+    add_out(parser)
     parser.add_argument("--rows", type=Path, default=None, help="also write every fit as CSV")
     return parser.parse_args(argv)
 
@@ -616,7 +619,7 @@ def main(argv=None) -> str:
     elif args.out is None:
         args.out = DEFAULT_OUT
     mnist_pixels = mnist.reshape(mnist.shape[0], -1).astype(np.float64) / 255.0
-    command = "python benchmarks/dp_femnist.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("dp_femnist", argv)
     started = time.perf_counter()
     rows, facts = [], []
     for seed in args.seeds:

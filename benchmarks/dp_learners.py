@@ -21,31 +21,31 @@ without differential privacy (``inf``, the same rounds). Reported: the accuracy 
 noise multipliers (statistics ``z``, DP-SGD ``sigma``) and the fit's seconds; mean and
 spread over ``--seeds``.
 
-Run: ``python benchmarks/dp_learners.py [--seeds 0 1 2] [--quick]``.
+Run: ``python -m benchmarks.dp_learners [--seeds 0 1 2] [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-for folder in (REPO, REPO / "benchmarks"):  # fedgmm_mnist imports _machine as a top module
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_mnist import COMPOSED, image_rows, unit_norm  # noqa: E402
-from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
-from fednovelty.detectors import Initialisation, Privacy  # noqa: E402
-from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
-from fednovelty.evaluation.metrics import auroc  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    command_line,
+    emit_report,
+    report_header,
+)
+from benchmarks.fedgmm_mnist import COMPOSED, image_rows, unit_norm
+from fednovelty.datasets.mnist import make_mnist_federated
+from fednovelty.detectors import Initialisation, Privacy
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
+from fednovelty.evaluation.metrics import auroc
 
 WIDTH = 24
 
@@ -139,22 +139,22 @@ def table(rows: list[dict], epsilons) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--learning-rate", type=float, default=2.0)
     parser.add_argument("--sample-rate", type=float, default=0.05)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 clients, 1 seed")
-    parser.add_argument("--out", type=Path, default=None, help="the markdown report")
+    add_quick(parser, "a smoke run: 4 clients, 1 seed")
+    add_out(parser, "the markdown report")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.epsilons, args.clients, args.rows, args.rounds = [0], [4.0], 4, 300, 2
     torch.set_num_threads(1)
     start = time.perf_counter()
     rows = run(args)
-    command = "python benchmarks/dp_learners.py " + " ".join(argv or sys.argv[1:])
+    command = command_line("dp_learners", argv)
     title = "FedGMM's joint model under differential privacy (federated MNIST)"
     text = "\n".join(
         [

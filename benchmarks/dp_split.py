@@ -34,7 +34,7 @@ and ``d`` read 0). Three sections:
    :data:`~fednovelty.federated.trust.dp_split.BLOCK_SPLIT` for the whole fit (every release's
    noise and the server's floors read it).
 
-Run: ``python benchmarks/dp_split.py [--datasets ...] [--seeds 0 1 2] [--epsilons 1 8]
+Run: ``python -m benchmarks.dp_split [--datasets ...] [--seeds 0 1 2] [--epsilons 1 8]
 [--sections split mstep auroc] [--out FILE] [--quick]``.
 """
 
@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import itertools
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -53,22 +52,25 @@ import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from fednovelty.datasets.protocols import make_task  # noqa: E402
-from fednovelty.detectors import Initialisation, Privacy  # noqa: E402
-from fednovelty.evaluation import auroc  # noqa: E402
-from fednovelty.federated.trust import (  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    command_line,
+    emit_report,
+    report_header,
+)
+from fednovelty.datasets.protocols import make_task
+from fednovelty.detectors import Initialisation, Privacy
+from fednovelty.evaluation import auroc
+from fednovelty.federated.trust import (
     dp_calibration,
     dp_mechanism,
     dp_postprocess,
     dp_split,
 )
-from fednovelty.methods import get_method  # noqa: E402
-from fednovelty.mixture.stats import SufficientStats  # noqa: E402
+from fednovelty.methods import get_method
+from fednovelty.mixture.stats import SufficientStats
 
 #: the ADBench sets that lose more than 0.1 AUROC at epsilon 1 on the scoreboard, and
 #: Covertype.
@@ -318,7 +320,7 @@ def auroc_table(frame: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 8.0])
     parser.add_argument(
         "--splits", nargs="+", default=list(SPLITS), help=f"of {SPLITS}, or counts=<share>"
@@ -333,11 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kmeans-rounds", type=int, default=3)
     parser.add_argument("--max-train", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=40, help="draws per M-step cell")
-    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    add_out(parser, "also write the report here")
     parser.add_argument("--rows-out", type=Path, default=None, help="per-run AUROC rows (CSV)")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: glass, one seed, epsilon 1, few draws"
-    )
+    add_quick(parser, "smoke run: glass, one seed, epsilon 1, few draws")
     args = parser.parse_args(argv)
     if args.quick:
         args.datasets, args.seeds, args.epsilons = ["14_glass"], [0], [1.0]
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
             table = auroc_table(frame)
             parts += [f"## AUROC, DEM-kmeans, central DP, mean over seeds {args.seeds}", "",
                       "```text", table.to_string(), "```", ""]  # fmt: skip
-    command = "python benchmarks/dp_split.py " + " ".join(argv or sys.argv[1:])
+    command = command_line("dp_split", argv)
     header = report_header(
         "Splitting a private release's budget over its blocks (benchmarks/dp_split.py)",
         command, args.quick, time.perf_counter() - started,

@@ -18,7 +18,7 @@ round, components); ``inf`` keeps the method's defaults (up to 100 rounds, stopp
 ``tol``) and ``inf*`` is the non-private fit of the variant's rounds, which separates the
 noise's cost from the rounds'.
 
-Run: ``python benchmarks/dp_utility.py --datasets all --seeds 0 1 2 --csv FILE``; each
+Run: ``python -m benchmarks.dp_utility --datasets all --seeds 0 1 2 --csv FILE``; each
 finished fit is appended to the CSV, and a run given the same CSV skips the fits it holds
 (resume). Prints AUROC and AUC-PR per (method, variant, mode, epsilon) and their paired
 differences from the non-private fit.
@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchmarks.common import add_quick, add_seeds, machine_facts, markdown_table
 from fednovelty.datasets import list_adbench
 from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import Initialisation, Prior, Privacy
@@ -279,19 +280,13 @@ def by_dataset(frame: pd.DataFrame, epsilon: str = "1.0") -> pd.DataFrame:
 def markdown(table: pd.DataFrame) -> str:
     """A DataFrame as a markdown table (index included)."""
     table = table.reset_index()
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |"]
-    lines.append("|" + "---|" * len(table.columns))
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown_table(list(table.columns), list(table.itertuples(index=False)))
 
 
 def report(frame: pd.DataFrame, command: str) -> str:
     """The run's report: header (command, date, commit, machine), the summary over datasets
     and seeds, and AUROC per dataset at epsilon 1."""
     import subprocess
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _machine import machine_facts
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -327,15 +322,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--bounds", choices=("private", "public"), default="private")
     parser.add_argument("--modes", nargs="+", default=["central", "local"])
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    add_seeds(parser, (0,))
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--components", type=int, default=8)
     parser.add_argument("--max-train", type=int, default=20_000, help="0: every row")
     parser.add_argument("--csv", default=None, help="append each fit here; skip those it holds")
     parser.add_argument("--report", default=None, help="write the markdown report here")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: one seed, DEM-kmeans, 5,000 rows"
-    )
+    add_quick(parser, "smoke run: one seed, DEM-kmeans, 5,000 rows")
     args = parser.parse_args(argv)
     args.max_train = args.max_train or None
     if args.quick:
@@ -348,7 +341,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(table.to_string())
     if args.report:
         given = sys.argv[1:] if argv is None else argv
-        command = "python benchmarks/dp_utility.py " + " ".join(given)
+        command = "python -m benchmarks.dp_utility " + " ".join(given)
         Path(args.report).write_text(report(frame, command))
     return table
 

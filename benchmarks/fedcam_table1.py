@@ -1,6 +1,6 @@
 """The Fed-CAM paper's Table 1 (and Table 2) claims on MNIST and pooled FEMNIST.
 
-Run ``python benchmarks/fedcam_table1.py`` (the default grid below, seeds 0 1 2) or ``--quick``
+Run ``python -m benchmarks.fedcam_table1`` (the default grid below, seeds 0 1 2) or ``--quick``
 (a smoke run: 20 clients, K = 4, 3 rounds, one seed, MNIST's two cluster-wise partitions;
 written to a temporary folder unless ``--out-dir`` is given). The full run writes
 ``fedcam_table1.md`` (tables and checks, under a header with the setting, scale, device, date
@@ -112,7 +112,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -126,16 +125,25 @@ import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score, f1_score
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import check_device, device_facts, emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_femnist import standardise_images  # noqa: E402
-from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty import ClusteredFLClassifier  # noqa: E402
-from fednovelty.datasets.loaders import load_femnist, load_mnist  # noqa: E402
-from fednovelty.datasets.partition import (  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
+    add_device,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    check_device,
+    command_line,
+    device_facts,
+    emit_report,
+    markdown_table,
+    mean_std,
+    report_header,
+    standardise_images,
+)
+from fednovelty import ClusteredFLClassifier
+from fednovelty.datasets.loaders import load_femnist, load_mnist
+from fednovelty.datasets.partition import (
     cluster_dirichlet_partition,
     cluster_nclass_partition,
     dirichlet_partition,
@@ -149,7 +157,6 @@ ALGORITHM_SETTINGS = {
     "paper": "IFCA-CAM's cluster models by the paper's Eq. 6 (cluster_average='global')",
     "ours": "every cluster model its clients' row-weighted mean (cluster_average='cluster')",
 }
-DEVICES = ("cpu", "cuda")
 METHODS = ("FedAvg", "FedAvg+", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
 CLUSTERED = ("IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
 PROBE_METHODS = ("FedAvg", "IFCA", "FeSEM", "IFCA-CAM", "FeSEM-CAM")
@@ -766,7 +773,7 @@ def probe_learning_rates(settings: Settings, rates: list[float], out_dir: Path, 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true")
+    add_quick(parser, group=scale)
     scale.add_argument(
         "--paper-scale",
         action="store_true",
@@ -779,12 +786,12 @@ def parse_args(argv):
         default="paper",
         help="paper: IFCA-CAM by Eq. 6; ours: every cluster model its clients' mean",
     )
-    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    add_device(parser)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--datasets", nargs="+", choices=("mnist", "femnist"), default=None)
     parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None)
     parser.add_argument("--ks", type=int, nargs="+", default=None, help="default: the scale's")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--plus-seeds", type=int, nargs="*", default=None)
     parser.add_argument("--clients", type=int, default=None, help="default: the scale's")
     parser.add_argument("--rounds", type=int, default=None, help="default: the scale's")
@@ -796,7 +803,7 @@ def parse_args(argv):
         "--lr", type=float, default=None, help=f"default: the scale's ({LEARNING_RATE} on CPU)"
     )
     parser.add_argument("--probe-lr", type=float, nargs="+", default=None)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads(parser)
     parser.add_argument(
         "--out-dir", type=Path, default=None, help="default: see default_out_dir (module doc)"
     )
@@ -865,7 +872,7 @@ def default_out_dir(args) -> Path:
     another setting, ``..._paper_scale`` added at the paper's scale."""
     if args.quick:
         return Path(tempfile.mkdtemp())
-    results = REPO / "benchmarks" / "results"
+    results = RESULTS
     if args.setting == "ours" and args.scale == "cpu":
         return results
     return results / (f"fedcam_{args.setting}" + ("_paper_scale" if args.paper_scale else ""))
@@ -877,9 +884,7 @@ def main(argv=None) -> str:
     settings = build_settings(args)
     out_dir = args.out_dir if args.out_dir is not None else default_out_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/fedcam_table1.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("fedcam_table1", argv)
     if args.probe_lr:
         return probe_learning_rates(settings, args.probe_lr, out_dir, command)
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """The FedGenGMM paper's anomaly-detection experiments (Figs. 3-5, Table 4) with ``run_benchmark``.
 
-Run ``python benchmarks/fedgengmm_paper.py`` (every experiment, 5 seeds; resumable: finished
+Run ``python -m benchmarks.fedgengmm_paper`` (every experiment, 5 seeds; resumable: finished
 cells are read back from the CSVs) or ``--quick`` (one seed, two settings per sweep, a few
 minutes). ``--experiment alpha|clients|kc|all`` picks the experiments, ``--datasets`` the data,
 ``--seeds`` the seeds, ``--out DIR`` the folder (default ``benchmarks/results/fedgengmm`` for
@@ -90,28 +90,36 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import check_device, device_facts, report_header  # noqa: E402
-from fednovelty.datasets import load_mnist, transform_images  # noqa: E402
-from fednovelty.datasets import protocols as _protocols  # noqa: E402
-from fednovelty.datasets.protocols import Task  # noqa: E402
-from fednovelty.detectors import Privacy  # noqa: E402
-from fednovelty.evaluation.ablations import ablation_names  # noqa: E402
-from fednovelty.evaluation.benchmark import run_benchmark  # noqa: E402
-from fednovelty.methods import METHODS  # noqa: E402
+from benchmarks.common import (
+    DEVICES,
+    RESULTS,
+    add_device,
+    add_quick,
+    add_seeds,
+    check_device,
+    command_line,
+    device_facts,
+    markdown_table,
+    mean_std,
+    report_header,
+)
+from fednovelty.datasets import load_mnist, transform_images
+from fednovelty.datasets import protocols as _protocols
+from fednovelty.datasets.protocols import Task
+from fednovelty.detectors import Privacy
+from fednovelty.evaluation.ablations import ablation_names
+from fednovelty.evaluation.benchmark import run_benchmark
+from fednovelty.methods import METHODS
 
 DEM = {"DEM-separated": "DEM init 1", "DEM-subset": "DEM init 2", "DEM-kmeans": "DEM init 3"}
 ALPHA_METHODS = ["FedGenGMM", "CentralGMM", "DEM-kmeans", "DEM-separated", "DEM-subset"]
@@ -125,7 +133,6 @@ CLIENTS_MIN_SIZE = 2
 #: The paper's MNIST OOD transform (Sec. 5.3), applied in this order to every novel digit.
 PAPER_MNIST_TRANSFORM = ("rotate", "hflip", "scale")
 PAPER_MNIST_SCALE = 1.2
-DEVICES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,16 +449,7 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def _mean_std(values: pd.Series) -> str:
-    if values.empty:
-        return ""
-    return f"{values.mean():.3f} ± {values.std(ddof=0):.3f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+_mean_std = partial(mean_std, digits=3, ddof=0, empty="")  # population std
 
 
 def alpha_report(df: pd.DataFrame) -> str:
@@ -476,7 +474,7 @@ def alpha_report(df: pd.DataFrame) -> str:
                 f"{gap_dem:+.4f}",
             ]
         )
-    parts += [_table(header, rows), ""]
+    parts += [markdown_table(header, rows), ""]
     within = sum(c[0] for c in checks)
     above = sum(c[1] for c in checks)
     parts += [
@@ -496,7 +494,7 @@ def alpha_report(df: pd.DataFrame) -> str:
         paper = PAPER_TABLE4.get(dataset)
         row.append(", ".join(map(str, paper)) if paper else "-")
         rows.append(row)
-    parts += [_table(header, rows), ""]
+    parts += [markdown_table(header, rows), ""]
     return "\n".join(parts)
 
 
@@ -523,7 +521,7 @@ def sweep_report(df: pd.DataFrame, x: str, title: str) -> str:
         methods = [m for m in methods if m not in fixed]
         rows = [[r[0], *[v for m, v in zip(all_methods, r[1:], strict=True) if m in methods]]
                 for r in rows]  # fmt: skip
-        parts += [f"### {dataset}", "", _table([x, *methods], rows), ""]
+        parts += [f"### {dataset}", "", markdown_table([x, *methods], rows), ""]
         for m in fixed:  # does not vary along x (CentralGMM in Fig. 5): one reference value
             ref = part.loc[part.method == m]
             k = ", ".join(f"{v:g}" for v in sorted(ref["n_components"].unique()))
@@ -600,28 +598,28 @@ def default_out(setting: str, scale: str) -> Path:
     """``benchmarks/results/fedgengmm`` (``ours``) or ``..._paper`` (``paper``), with
     ``_paper_scale`` added at the paper's scale."""
     name = "fedgengmm" if setting == "ours" else f"fedgengmm_{setting}"
-    return REPO / "benchmarks" / "results" / (name + ("_paper_scale" if scale == "paper" else ""))
+    return RESULTS / (name + ("_paper_scale" if scale == "paper" else ""))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--experiment", choices=["alpha", "clients", "kc", "all"], default="all")
     parser.add_argument("--datasets", nargs="+", default=["10_cover:noise", "mnist"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    add_seeds(parser, (0, 1, 2, 3, 4))
     parser.add_argument(
         "--setting",
         choices=tuple(SETTINGS),
         default="ours",
         help="ours: full covariances, half the test rows novel; paper: Sec. 5.5 (module doc)",
     )
-    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    add_device(parser)
     parser.add_argument(
         "--out",
         help="default: benchmarks/results/fedgengmm[_paper][_paper_scale] (--quick: a "
         "temporary folder)",
     )
     scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true", help="one seed, two values per sweep")
+    add_quick(parser, "one seed, two values per sweep", group=scale)
     scale.add_argument(
         "--paper-scale",
         action="store_true",
@@ -653,9 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in wanted
     }
     seconds = time.perf_counter() - started
-    command = "python benchmarks/fedgengmm_paper.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("fedgengmm_paper", argv)
     parts = [
         report_header(
             "FedGenGMM paper, anomaly detection: AUC-PR (novel = positive)",

@@ -1,6 +1,6 @@
 """FedGMM's FEMNIST rows (Table 2, Table 5) on real FEMNIST writers, at a smaller scale.
 
-Run ``python benchmarks/fedgmm_femnist.py`` (100 writers, 30 rounds, seeds 0 1 2) or
+Run ``python -m benchmarks.fedgmm_femnist`` (100 writers, 30 rounds, seeds 0 1 2) or
 ``--quick`` (a smoke run: 8 writers, 2 rounds, one seed). ``--experiment pfl|unseen|all``,
 ``--writers N``, ``--rounds R``, ``--seeds``, ``--out FILE``.
 
@@ -43,35 +43,39 @@ Tables give mean ± standard deviation (ddof=1) over seeds.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import device_facts, emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_pfl import (  # noqa: E402
+from benchmarks.common import (
+    Experiment,
+    PaperTables,
+    add_device,
+    add_experiment,
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
     check,
+    command_line,
+    device_facts,
     markdown_table,
     mean_std,
     personal_accuracy,
     pooled_accuracy,
+    quick_seeds,
+    run_paper_tables,
+    shifted_writers,
+    standardised,
 )
-from fednovelty.datasets.femnist import (  # noqa: E402
+from fednovelty.datasets.femnist import (
     FederatedWriters,
-    make_femnist_federated,
-    shift_writers,
     split_writers,
 )
-from fednovelty.detectors import ClientSampling  # noqa: E402
-from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
+from fednovelty.detectors import ClientSampling
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
 #: FedGMM paper, Table 2, row "FEMNIST" (average test accuracy, %).
@@ -145,25 +149,6 @@ def make_model(name: str, settings: Settings, seed: int) -> JointFedGMMDetector:
         name,
         sampling=ClientSampling(batch_clients=settings.batch_clients),
         **settings.model_params(seed),
-    )
-
-
-def standardise_images(X: np.ndarray) -> np.ndarray:
-    """Each row (an image) to zero mean and unit variance on its own: (n, d) -> (n, d)."""
-    return (X - X.mean(1, keepdims=True)) / np.maximum(X.std(1, keepdims=True), 1e-6)
-
-
-def standardised(data: FederatedWriters) -> FederatedWriters:
-    """``data`` with every split's rows standardised image by image (``split_writers``
-    rebuilds rows from the images, so this comes after any split)."""
-    rows = {f"X_{s}": standardise_images(getattr(data, f"X_{s}")) for s in ("train", "val", "test")}
-    return dataclasses.replace(data, **rows)
-
-
-def shifted_writers(settings: Settings, seed: int) -> FederatedWriters:
-    """The shifted writers (rows as pixels / 255: standardise after splitting)."""
-    return shift_writers(
-        make_femnist_federated(settings.n_writers, random_state=seed), random_state=seed
     )
 
 
@@ -353,15 +338,26 @@ def unseen_report(per_seed: list[dict[str, float]], settings: Settings) -> str:
     )
 
 
+#: the script's two experiments on the seed's shifted writers.
+TABLES = PaperTables(
+    title="FedGMM on FEMNIST writers (Tables 2 and 5)",
+    data=lambda settings, seed: shifted_writers(settings.n_writers, seed),
+    experiments=(
+        Experiment("pfl", "PFL classification", run_pfl_seed, pfl_report),
+        Experiment("unseen", "Unseen writers", run_unseen_seed, unseen_report),
+    ),
+)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--experiment", choices=("pfl", "unseen", "all"), default="all")
+    add_quick(parser)
+    add_experiment(parser, TABLES)
     parser.add_argument("--writers", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    add_seeds(parser)
+    add_threads(parser)
+    add_device(parser)
     parser.add_argument(
         "--paper-scale", action="store_true", help="the paper's writers, rounds, CNN (a GPU's)"
     )
@@ -370,7 +366,7 @@ def parse_args(argv):
         action="store_true",
         help="run each round's clients one after another (as Flower nodes), not batched",
     )
-    parser.add_argument("--out", type=Path, default=None)
+    add_out(parser)
     return parser.parse_args(argv)
 
 
@@ -379,36 +375,18 @@ def main(argv=None) -> str:
     torch.set_num_threads(args.threads)
     device = device_facts(args.device)
     run = {"device": args.device, "batch_clients": not args.one_by_one}
+    seeds = quick_seeds(args.seeds, args.quick)
     if args.quick:
-        settings = Settings(8, 2, (args.seeds[0],), **run)
+        settings = Settings(8, 2, seeds, **run)
     elif args.paper_scale:
-        settings = Settings(seeds=tuple(args.seeds), **PAPER_SCALE, **run)
+        settings = Settings(seeds=seeds, **PAPER_SCALE, **run)
     else:
-        settings = Settings(args.writers, args.rounds, tuple(args.seeds), **run)
-    command = "python benchmarks/fedgmm_femnist.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    started = time.perf_counter()
-    datasets = {seed: shifted_writers(settings, seed) for seed in settings.seeds}
-    sections = []
-    if args.experiment in ("pfl", "all"):
-        print("PFL classification")
-        sections.append(
-            pfl_report([run_pfl_seed(datasets[s], settings, s) for s in settings.seeds], settings)
-        )
-    if args.experiment in ("unseen", "all"):
-        print("Unseen writers")
-        sections.append(
-            unseen_report(
-                [run_unseen_seed(datasets[s], settings, s) for s in settings.seeds], settings
-            )
-        )
-    elapsed = time.perf_counter() - started
-    header = report_header(
-        "FedGMM on FEMNIST writers (Tables 2 and 5)", command, args.quick, elapsed
-    )
+        settings = Settings(args.writers, args.rounds, seeds, **run)
+    command = command_line("fedgmm_femnist", argv)
     scale = f"- device: {device}; scale: {settings.describe()}"
-    return emit_report("\n\n".join([header + "\n" + scale, *sections]) + "\n", args.out)
+    return run_paper_tables(
+        TABLES, settings, args.experiment, command, args.quick, args.out, facts=scale
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """FedGMM novelty detection on federated MNIST: the paper's Table 4, Figure 2 and Figure 6.
 
-Run ``python benchmarks/fedgmm_mnist.py`` (3 seeds) or ``--quick`` (a smoke run on a small
+Run ``python -m benchmarks.fedgmm_mnist`` (3 seeds) or ``--quick`` (a smoke run on a small
 split, written to a temporary folder unless ``--out`` is given). The full run writes
 ``fedgmm_mnist.md``, ``fedgmm_figure2.png`` and ``fedgmm_mnist_histograms.png`` to ``--out``
 (default ``benchmarks/results``); ``--protocol paper`` writes ``fedgmm_mnist_paper.md`` and
@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 import tempfile
 import time
 import warnings
@@ -79,20 +78,25 @@ import torch
 from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from _machine import machine_facts  # noqa: E402  (benchmarks/ is on sys.path)
-
-from fednovelty.datasets.mnist import make_mnist_federated  # noqa: E402
-from fednovelty.datasets.shifts import (  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
+    add_device,
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    command_line,
+    machine_facts,
+    mean_std,
+)
+from fednovelty.datasets.mnist import make_mnist_federated
+from fednovelty.datasets.shifts import (
     joint_shift_quarters,
     permute_labels,
     transform_images,
 )
-from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
-from fednovelty.evaluation.metrics import aupr_out, auroc, max_f1  # noqa: E402
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
+from fednovelty.evaluation.metrics import aupr_out, auroc, max_f1
 
 SETTINGS = {
     "n_components": 10,
@@ -393,20 +397,15 @@ def plot_figure2(logs: dict, aurocs: dict, path: Path, seed: int) -> None:
 
 
 # ----------------------------------------------------------------------------- reporting
-def mean_std(values, digits: int = 2) -> str:
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
-
-
 def novelty_tables(results: list[dict]) -> tuple[list[str], float]:
     lines = [
         "| method (score) | AUROC | AP | Max-F1 | paper AUROC | paper AP | paper Max-F1 |",
         "|---|---|---|---|---|---|---|",
     ]
     for row, method, score in (*ROWS, (CENTRAL, "", "px")):
-        cells = [mean_std([r["rows"][row][m] for r in results]) for m in ("AUROC", "AP", "Max-F1")]
+        cells = [
+            mean_std([r["rows"][row][m] for r in results], 2) for m in ("AUROC", "AP", "Max-F1")
+        ]
         paper = PAPER_TABLE4.get(method) if score == "msp" and method != "FedGMM" else None
         if row == "FedGMM log p(x)":
             paper = PAPER_TABLE4["FedGMM"]
@@ -429,8 +428,8 @@ def novelty_tables(results: list[dict]) -> tuple[list[str], float]:
         "|---|---|---|",
     ]
     for name in ("scale", "rotate", "hflip", "composed"):
-        px = mean_std([r["transforms"][name]["px"] for r in results])
-        pxy = mean_std([r["transforms"][name]["pxy"] for r in results])
+        px = mean_std([r["transforms"][name]["px"] for r in results], 2)
+        pxy = mean_std([r["transforms"][name]["pxy"] for r in results], 2)
         label = "scale 0.5 + rot90 + hflip" if name == "composed" else name
         lines.append(f"| {label} | {px} | {pxy} |")
     lines += [
@@ -447,8 +446,8 @@ def novelty_tables(results: list[dict]) -> tuple[list[str], float]:
         facts = [r["fits"][method] for r in results]
         conv = sum(f["converged"] for f in facts)
         lines.append(
-            f"| {method} | {mean_std([f['accuracy'] for f in facts])} "
-            f"| {mean_std([f['personal accuracy'] for f in facts])} "
+            f"| {method} | {mean_std([f['accuracy'] for f in facts], 2)} "
+            f"| {mean_std([f['personal accuracy'] for f in facts], 2)} "
             f"| {mean_std([f['rounds'] for f in facts], 0)} "
             f"| {mean_std([f['EM iterations'] for f in facts], 0)} ({conv}/{len(facts)}) "
             f"| {mean_std([f['MB up'] for f in facts], 1)} "
@@ -472,7 +471,7 @@ def figure2_tables(results: list[dict]) -> list[str]:
     ]
     for novel in ("digit 1 (unseen)", "permuted labels"):
         cells = [
-            mean_std([r["aurocs"][(novel, s)] for r in results]) for s in ("px", "py|x", "pxy")
+            mean_std([r["aurocs"][(novel, s)] for r in results], 2) for s in ("px", "py|x", "pxy")
         ]
         lines.append(f"| normal vs {novel} | " + " | ".join(cells) + " |")
     facts = [r["facts"] for r in results]
@@ -480,22 +479,22 @@ def figure2_tables(results: list[dict]) -> list[str]:
         "",
         f"Digit-1 images carry the label FedGMM predicts for them (1 is not a known class), so "
         f"their log p(y|x) is the model's own confidence. FedGMM without digit 1: accuracy "
-        f"{mean_std([f['accuracy'] for f in facts])} % (personal "
-        f"{mean_std([f['personal accuracy'] for f in facts])} %), fit "
-        f"{mean_std([f['fit s'] for f in facts])} s.",
+        f"{mean_std([f['accuracy'] for f in facts], 2)} % (personal "
+        f"{mean_std([f['personal accuracy'] for f in facts], 2)} %), fit "
+        f"{mean_std([f['fit s'] for f in facts], 2)} s.",
     ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="small split, one seed: < 1 min")
-    parser.add_argument("--out", type=Path, help="output folder (default benchmarks/results)")
+    add_seeds(parser)
+    add_quick(parser, "small split, one seed: < 1 min")
+    add_out(parser, "output folder (default benchmarks/results)")
     parser.add_argument(
         "--experiment", choices=("novelty", "figure2", "all"), default="all", help="what to run"
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_threads(parser, help="torch threads (default 1)")
     parser.add_argument(
         "--protocol",
         choices=("simple", "paper"),
@@ -508,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         default="exact",
         help="'exact' M-step and pooled weights (default) or the paper's (every method)",
     )
-    parser.add_argument("--device", default="cpu", help="where the detectors compute: cpu, cuda")
+    add_device(parser, "where the detectors compute")
     parser.add_argument(
         "--paper-scale",
         action="store_true",
@@ -532,15 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if args.protocol == "simple" else "_paper"
     out = args.out
     if out is None:
-        out = (
-            Path(tempfile.mkdtemp(prefix="fedgmm_mnist_"))
-            if args.quick
-            else REPO / ("benchmarks/results")
-        )
+        out = Path(tempfile.mkdtemp(prefix="fedgmm_mnist_")) if args.quick else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/fedgmm_mnist.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("fedgmm_mnist", argv)
     start = time.perf_counter()
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     facts_start = machine_facts()

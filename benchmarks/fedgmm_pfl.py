@@ -1,6 +1,6 @@
 """FedGMM personalised classification and unseen-client adaptation on the paper's synthetic data.
 
-Run ``python benchmarks/fedgmm_pfl.py`` (all seeds, both experiments) or ``--quick`` (a smoke
+Run ``python -m benchmarks.fedgmm_pfl`` (all seeds, both experiments) or ``--quick`` (a smoke
 run: 8 clients, 5 rounds, one seed).
 ``--experiment pfl|unseen|all`` picks the experiments, ``--seeds 0 1 2`` the seeds,
 ``--clients N`` the number of clients, ``--out FILE`` also writes the markdown report.
@@ -44,24 +44,31 @@ Tables give mean ± standard deviation (ddof=1) over seeds. Nothing is tuned per
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report  # noqa: E402
-from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic  # noqa: E402
-from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
+from benchmarks.common import (
+    Experiment,
+    PaperTables,
+    add_experiment,
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    command_line,
+    markdown_table,
+    mean_std,
+    personal_accuracy,
+    pooled_accuracy,
+    quick_seeds,
+    run_paper_tables,
+)
+from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
 #: FedGMM paper, Table 2, row "Synthetic" (average test accuracy, %).
@@ -110,38 +117,6 @@ def timed_fit(model: JointFedGMMDetector, X, y, groups) -> float:
     start = time.perf_counter()
     model.fit(X, y, groups=groups)
     return time.perf_counter() - start
-
-
-def personal_accuracy(model: JointFedGMMDetector, X, y, groups) -> float:
-    """Sample-weighted accuracy, each client's rows predicted with its own weights."""
-    correct = sum(
-        int((model.predict_y(X[groups == c], client=c) == y[groups == c]).sum())
-        for c in np.unique(groups)
-    )
-    return 100.0 * correct / len(y)
-
-
-def pooled_accuracy(parts: list[tuple[np.ndarray, np.ndarray]]) -> float:
-    """Total correct over total rows of ``(predicted, true)`` pairs, in %."""
-    correct = sum(int((pred == true).sum()) for pred, true in parts)
-    return 100.0 * correct / sum(len(true) for _, true in parts)
-
-
-def mean_std(values: list[float], digits: int = 1) -> str:
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {float(np.std(values, ddof=1)):.{digits}f}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def check(label: str, ok: bool) -> str:
-    return f"- {'PASS' if ok else 'FAIL'}: {label}"
 
 
 # ----------------------------------------------------------------------------- experiment 1
@@ -312,60 +287,36 @@ def unseen_report(per_seed: list[dict[str, float]], settings: Settings) -> str:
 
 
 # ----------------------------------------------------------------------------- main
-def machine_facts() -> str:
-    return (
-        f"machine: {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), "
-        f"Python {platform.python_version()}, torch {torch.__version__} "
-        f"({torch.get_num_threads()} thread(s)), numpy {np.__version__}"
-    )
+#: the script's two experiments on the seed's synthetic federation.
+TABLES = PaperTables(
+    title="FedGMM PFL benchmark (synthetic data)",
+    data=lambda settings, seed: make_fedgmm_synthetic(settings.n_clients, random_state=seed),
+    experiments=(
+        Experiment("pfl", "PFL classification", run_pfl_seed, pfl_report),
+        Experiment("unseen", "Unseen clients", run_unseen_seed, unseen_report),
+    ),
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", choices=("pfl", "unseen", "all"), default="all")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_experiment(parser, TABLES)
+    add_seeds(parser)
     parser.add_argument("--clients", type=int, default=30, help="number of clients (30)")
     parser.add_argument("--rounds", type=int, default=50, help="EM rounds, max_iter (50)")
-    parser.add_argument("--quick", action="store_true", help="8 clients, 5 rounds, 1 seed")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
-    parser.add_argument("--out", type=Path, help="also write the markdown report here")
+    add_quick(parser, "8 clients, 5 rounds, 1 seed")
+    add_threads(parser, help="torch threads (1)")
+    add_out(parser, "also write the markdown report here")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.quick:
-        settings = Settings(n_clients=8, max_iter=5, seeds=(args.seeds[0],))
-    else:
-        settings = Settings(args.clients, args.rounds, tuple(args.seeds))
-    command = "python benchmarks/fedgmm_pfl.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    started = time.perf_counter()
-    sections = []
-    datasets = {
-        seed: make_fedgmm_synthetic(settings.n_clients, random_state=seed)
-        for seed in settings.seeds
-    }
-    if args.experiment in ("pfl", "all"):
-        print("PFL classification")
-        per_seed = [run_pfl_seed(datasets[s], settings, s) for s in settings.seeds]
-        sections.append(pfl_report(per_seed, settings))
-    if args.experiment in ("unseen", "all"):
-        print("Unseen clients")
-        per_seed = [run_unseen_seed(datasets[s], settings, s) for s in settings.seeds]
-        sections.append(unseen_report(per_seed, settings))
-    elapsed = time.perf_counter() - started
-    header = [
-        "# FedGMM PFL benchmark (synthetic data)",
-        "",
-        f"- command: `{command.strip()}`" + (" (quick smoke run)" if args.quick else ""),
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- {machine_facts()}",
-        f"- total runtime: {elapsed / 60:.1f} min; load average at the end "
-        f"{os.getloadavg()[0]:.1f} (timings inflate when it exceeds the core count)",
-    ]
-    report = "\n\n".join(["\n".join(header), *sections]) + "\n"
-    return emit_report(report, args.out)
+    seeds = quick_seeds(args.seeds, args.quick)
+    settings = Settings(8, 5, seeds) if args.quick else Settings(args.clients, args.rounds, seeds)
+    command = command_line("fedgmm_pfl", argv)
+    return run_paper_tables(TABLES, settings, args.experiment, command, args.quick, args.out)
 
 
 if __name__ == "__main__":

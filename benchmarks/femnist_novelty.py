@@ -1,6 +1,6 @@
 """Novelty detection on real federated clients: FEMNIST writers.
 
-Run ``python benchmarks/femnist_novelty.py`` (100 writers, seeds 0 1 2, about 15 minutes on
+Run ``python -m benchmarks.femnist_novelty`` (100 writers, seeds 0 1 2, about 15 minutes on
 2 cores) or ``--quick`` (a smoke run: 8 writers, one seed, a few methods). ``--writers N``,
 ``--seeds``, ``--out FILE`` (the markdown report), ``--figure FILE`` (the per-writer figure).
 
@@ -52,7 +52,6 @@ Targets: FedGMM ``log p(x)`` AUROC >= 99 % on transformed FEMNIST and within
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,23 +60,30 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty.datasets.femnist import make_femnist_federated, split_writers  # noqa: E402
-from fednovelty.datasets.protocols import make_task, polar_rows  # noqa: E402
-from fednovelty.datasets.shifts import transform_images  # noqa: E402
-from fednovelty.detectors._em_detector import AdaptedClient  # noqa: E402
-from fednovelty.detectors.fedgmm import FedGMMDetector  # noqa: E402
-from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector  # noqa: E402
-from fednovelty.evaluation.ablations import resolve_method  # noqa: E402
-from fednovelty.evaluation.metrics import evaluate  # noqa: E402
-from fednovelty.methods import METHODS  # noqa: E402
-from fednovelty.mixture import fit_gmm_scaled, score_samples  # noqa: E402
-from fednovelty.mixture.em import fit_weights_map  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    command_line,
+    emit_report,
+    markdown_table,
+    mean_std,
+    quick_seeds,
+    report_header,
+)
+from fednovelty.datasets.femnist import make_femnist_federated, split_writers
+from fednovelty.datasets.protocols import make_task, polar_rows
+from fednovelty.datasets.shifts import transform_images
+from fednovelty.detectors._em_detector import AdaptedClient
+from fednovelty.detectors.fedgmm import FedGMMDetector
+from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
+from fednovelty.evaluation.ablations import resolve_method
+from fednovelty.evaluation.metrics import evaluate
+from fednovelty.methods import METHODS
+from fednovelty.mixture import fit_gmm_scaled, score_samples
+from fednovelty.mixture.em import fit_weights_map
 
 MIXTURES = (
     "FedGMM",
@@ -590,13 +596,13 @@ def figure(per_seed: list[dict], path: Path) -> None:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    add_quick(parser)
     parser.add_argument("--writers", type=int, default=100)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--joint-rounds", type=int, default=15)
     parser.add_argument("--pixels", action="store_true", help="add the pixel-feature rows")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
+    add_threads(parser)
+    add_out(parser)
     parser.add_argument("--figure", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -604,17 +610,12 @@ def parse_args(argv):
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    seeds = quick_seeds(args.seeds, args.quick)
     if args.quick:
-        settings = Settings(
-            8, (args.seeds[0],), ("FedGMM", "CentralGMM", "IForest"), 2, False, ablation=False
-        )
+        settings = Settings(8, seeds, ("FedGMM", "CentralGMM", "IForest"), 2, False, ablation=False)
     else:
-        settings = Settings(
-            args.writers, tuple(args.seeds), MIXTURES + PYOD, args.joint_rounds, args.pixels
-        )
-    command = "python benchmarks/femnist_novelty.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+        settings = Settings(args.writers, seeds, MIXTURES + PYOD, args.joint_rounds, args.pixels)
+    command = command_line("femnist_novelty", argv)
     started = time.perf_counter()
     print("Covariate novelty")
     pooled = [run_pooled(settings, s) for s in settings.seeds]

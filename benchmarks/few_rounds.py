@@ -18,30 +18,31 @@ log-likelihood per row, and bytes up per client per EM round. The ``DEM seed spr
 the spread of DEM-kmeans's own AUROC / AUC-PR over the method seeds (same task): the noise
 floor of "within 0.002".
 
-Run: ``python benchmarks/few_rounds.py [--seeds 0 1 2] [--scoreboard] [--out FILE]
+Run: ``python -m benchmarks.few_rounds [--seeds 0 1 2] [--scoreboard] [--out FILE]
 [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from fednovelty.datasets.protocols import make_task  # noqa: E402
-from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
-from fednovelty.methods import get_method  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    command_line,
+    emit_report,
+    report_header,
+)
+from fednovelty.datasets.protocols import make_task
+from fednovelty.evaluation import aupr_out, auroc
+from fednovelty.methods import get_method
 
 #: (label, FedGMMDetector settings over the registry's DEM-kmeans).
 VARIANTS: tuple[tuple[str, dict], ...] = (
@@ -171,14 +172,14 @@ def seed_spread(table: pd.DataFrame) -> str:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--scoreboard", action="store_true", help="also the 25 ADBench sets")
     parser.add_argument("--datasets", nargs="+", default=None, help="scoreboard subset")
     parser.add_argument(
         "--variants", nargs="+", default=None, help="labels of VARIANTS to run (default: all)"
     )
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="smoke run: small, one seed")
+    add_out(parser)
+    add_quick(parser, "smoke run: small, one seed")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -233,7 +234,7 @@ def main(argv=None) -> str:
         ]
     report = report_header(
         "Federated EM in few rounds",
-        "python benchmarks/few_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        command_line("few_rounds", argv),
         args.quick,
         time.perf_counter() - started,
     )

@@ -41,7 +41,6 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -50,9 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import emit_report, report_header
-
+from benchmarks.common import add_quick, emit_report, report_header
 from fednovelty.runtime.flower.deploy import LocalFederation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +201,7 @@ def row(run: Run) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 nodes, 500 rows, 2 algorithms")
+    add_quick(parser, "3 nodes, 500 rows, 2 algorithms")
     parser.add_argument("--nodes", type=int, nargs="+", default=[3, 10])
     parser.add_argument("--rows", type=int, default=ROWS, help="rows per node")
     parser.add_argument("--max-iter", type=int, default=MAX_ITER)
@@ -239,7 +236,7 @@ def main(argv=None) -> str:
             work = Path(folder) / f"nodes{n}"
             work.mkdir()
             runs += run_nodes(n, rows, params, work, log)
-    command = "python benchmarks/flower_rounds.py" + (" --quick" if args.quick else "")
+    command = "python -m benchmarks.flower_rounds" + (" --quick" if args.quick else "")
     notes = (
         f"flwr 1.41 on 127.0.0.1 (insecure loopback), ADBench Covertype, {rows} rows of 10 "
         f"features per node, K = {K} full-covariance components; "

@@ -15,7 +15,7 @@ the cap is stopped and reported as such). Times are fit plus scoring of the test
 ``ratio`` is that time over KNN's. Every finished fit is appended to a CSV at once, so an
 interrupted run resumes (``--csv``); the report is built from the CSV.
 
-Run: ``python benchmarks/high_dim.py [--datasets ...] [--families ...] [--cap 60]
+Run: ``python -m benchmarks.high_dim [--datasets ...] [--families ...] [--cap 60]
 [--full-datasets ...] [--seeds 0] [--csv FILE] [--out FILE] [--quick]``.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -32,16 +31,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from fednovelty.datasets import list_adbench  # noqa: E402
-from fednovelty.datasets.protocols import make_task  # noqa: E402
-from fednovelty.evaluation import auroc  # noqa: E402
-from fednovelty.exceptions import FederationError  # noqa: E402
-from fednovelty.methods import get_method  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
+    add_out,
+    add_quick,
+    add_seeds,
+    command_line,
+    emit_report,
+    report_header,
+)
+from fednovelty.datasets import list_adbench
+from fednovelty.datasets.protocols import make_task
+from fednovelty.evaluation import auroc
+from fednovelty.exceptions import FederationError
+from fednovelty.methods import get_method
 
 #: the mixture families compared (scoreboard method names). ``FedMFA`` (mixtures of factor
 #: analysers) takes the full rows itself (no front end): its "front end" cells are its own
@@ -277,11 +280,11 @@ def main(argv=None) -> str:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES))
     parser.add_argument("--full-datasets", nargs="*", default=list(FULL_DEFAULT))
     parser.add_argument("--cap", type=float, default=90.0, help="seconds a full fit may take")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    add_seeds(parser, (0,))
     parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--csv", default=str(REPO / "benchmarks/results/high_dim.csv"))
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="one small set, two families")
+    parser.add_argument("--csv", default=str(RESULTS / "high_dim.csv"))
+    add_out(parser)
+    add_quick(parser, "one small set, two families")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.datasets is None:
@@ -291,9 +294,7 @@ def main(argv=None) -> str:
         args.full_datasets, args.cap, args.clients = [], args.cap, 4
     started = time.perf_counter()
     frame = run(args)
-    command = "python benchmarks/high_dim.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
+    command = command_line("high_dim", argv)
     header = report_header(
         "Mixture families in high dimension: the federated PCA front end against KNN",
         command,

@@ -52,27 +52,23 @@ and its (epsilon, delta) form.
 
 Usage::
 
-    .venv/bin/python benchmarks/membership.py               # full run, ~6-10 min on 1 core
-    .venv/bin/python benchmarks/membership.py --quick       # smoke run (fewer trials, seeds)
-    .venv/bin/python benchmarks/membership.py --out benchmarks/membership.txt
+    .venv/bin/python -m benchmarks.membership               # full run, ~6-10 min on 1 core
+    .venv/bin/python -m benchmarks.membership --quick       # smoke run (fewer trials, seeds)
+    .venv/bin/python -m benchmarks.membership --out benchmarks/membership.txt
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 from scipy.optimize import brentq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import emit_report, report_header
-
+from benchmarks.common import add_out, add_quick, command_line, emit_report, report_header
 from fednovelty.detectors import FedGMMDetector
 from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.evaluation.membership import GateAttack, gate_attack, score_attack, stats_attack
@@ -429,9 +425,9 @@ def dp_score_table(seeds: int) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 trials, 3 seeds (4 DP seeds)")
+    add_quick(parser, "200 trials, 3 seeds (4 DP seeds)")
     parser.add_argument("--rounds", type=int, default=1, help="releases of the statistics")
-    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    add_out(parser, "also write the report here")
     return parser.parse_args(argv)
 
 
@@ -453,7 +449,7 @@ def main(argv=None) -> str:
             dp_score_table(dp_seeds),
         ]
     )
-    command = "benchmarks/membership.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("membership", argv)
     header = report_header("Membership inference", command, args.quick, time.perf_counter() - start)
     return emit_report(header + "\n\n" + body + "\n", args.out)
 

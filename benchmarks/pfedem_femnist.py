@@ -1,7 +1,7 @@
 """The pFedEM paper's experiment on FEMNIST writers: digits (A) and letters (B) mixed by a
 schedule that moves every round (Table I, Figs. 2-4), at a CPU scale or the paper's.
 
-Run ``python benchmarks/pfedem_femnist.py`` (the CPU scale: 80 writers, 60 windows, 1 and 3
+Run ``python -m benchmarks.pfedem_femnist`` (the CPU scale: 80 writers, 60 windows, 1 and 3
 cycles, linear and cosine, seeds 0 1 2), ``--quick`` (a smoke run: 6 writers, 4 windows) or
 ``--paper-scale`` (the paper's Sec. IV-A for a GPU with ``--device cuda``: 80 writers, 200
 rounds, 1 and 3 cycles, every method on the two-layer convolutional learner ``learner="cnn"``
@@ -38,7 +38,6 @@ Gaussian against the schedule (Fig. 4). The same settings serve every method at 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -47,17 +46,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import check_device, device_facts, emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_femnist import standardise_images  # noqa: E402
-from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty import JointFedGMMDetector, PFedEMDetector  # noqa: E402
-from fednovelty.datasets.femnist import make_femnist_federated  # noqa: E402
-from fednovelty.datasets.streams import writer_stream  # noqa: E402
-from fednovelty.federated.joint_models.pfedem import PAPER_ALGORITHM  # noqa: E402
+from benchmarks.common import (
+    add_device,
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    check_device,
+    command_line,
+    device_facts,
+    emit_report,
+    markdown_table,
+    mean_std,
+    report_header,
+    standardise_images,
+)
+from fednovelty import JointFedGMMDetector, PFedEMDetector
+from fednovelty.datasets.femnist import make_femnist_federated
+from fednovelty.datasets.streams import writer_stream
+from fednovelty.federated.joint_models.pfedem import PAPER_ALGORITHM
 
 METHODS = ("pFedEM", "FedGMM", "FedEM", "FedAvg")
 KINDS = ("linear", "cosine")
@@ -74,7 +82,6 @@ COMMON = {
     "tol": 0.0,
     "dtype": "float32",
 }
-DEVICES = ("cpu", "cuda")
 #: The learners' settings at each scale (``--paper-scale``: the paper's Sec. IV-A).
 LEARNERS = {
     "cpu": {"learner": "linear", "local_epochs": 2, "learning_rate": 0.2, "batch_size": 32},
@@ -285,7 +292,7 @@ def figure(results: dict[tuple[str, int], list[dict]], settings: Settings, path:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true")
+    add_quick(parser, group=scale)
     scale.add_argument(
         "--paper-scale",
         action="store_true",
@@ -297,13 +304,13 @@ def parse_args(argv):
         action="store_true",
         help="pFedEM as the paper writes it (PAPER_ALGORITHM: Algorithm 1 line 5, Eq. 5)",
     )
-    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    add_device(parser)
     parser.add_argument("--writers", type=int, default=None, help="default: the scale's")
     parser.add_argument("--windows", type=int, default=None, help="default: the scale's")
     parser.add_argument("--cycles", type=int, nargs="+", default=None)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
+    add_seeds(parser)
+    add_threads(parser)
+    add_out(parser)
     parser.add_argument("--figure", type=Path, default=None)
     args = parser.parse_args(argv)
     check_device(parser, args.device)
@@ -333,9 +340,7 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = build_settings(args)
-    command = "python benchmarks/pfedem_femnist.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("pfedem_femnist", argv)
     started = time.perf_counter()
     results = {
         (kind, cycles): [run(settings, kind, cycles, s) for s in settings.seeds]

@@ -74,10 +74,10 @@ changed code starts afresh.
 
 Usage::
 
-    .venv/bin/python benchmarks/privacy_audit.py                 # T = 100, all modes, ~9 min
-    .venv/bin/python benchmarks/privacy_audit.py --trials 20 --modes central none
-    .venv/bin/python benchmarks/privacy_audit.py --out /tmp/audit --report /tmp/audit.txt
-    .venv/bin/python benchmarks/privacy_audit.py --quick --modes none   # smoke run, seconds
+    .venv/bin/python -m benchmarks.privacy_audit                 # T = 100, all modes, ~9 min
+    .venv/bin/python -m benchmarks.privacy_audit --trials 20 --modes central none
+    .venv/bin/python -m benchmarks.privacy_audit --out /tmp/audit --report /tmp/audit.txt
+    .venv/bin/python -m benchmarks.privacy_audit --quick --modes none   # smoke run, seconds
 
 Options: ``--trials T`` (fits per side, default 100), ``--shadows S`` (default 16),
 ``--modes`` (default all), ``--out DIR`` (checkpoints, default
@@ -95,7 +95,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -105,10 +104,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import emit_report, report_header
-
 import fednovelty
+from benchmarks.common import add_out, add_quick, command_line, emit_report, report_header
 from fednovelty.detectors import FedGMMDetector, JointFedGMMDetector
 from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.evaluation.membership_audit import (
@@ -476,10 +473,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="fits per side")
     parser.add_argument("--shadows", type=int, default=DEFAULT_SHADOWS, help="shadow fits per side")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 2 trials and 2 shadows a side"
-    )
-    parser.add_argument("--out", type=Path, default=None, help="the checkpoints' folder")
+    add_quick(parser, "smoke run: 2 trials and 2 shadows a side")
+    add_out(parser, "the checkpoints' folder")
     parser.add_argument("--report", type=Path, default=None, help="where the table goes")
     args = parser.parse_args(argv)
     if args.quick:  # checkpoints in a scratch folder, the report only where asked
@@ -513,7 +508,7 @@ def _audit(args: argparse.Namespace, argv, data: Data, path: Path, start: float)
         ran = run_fits(planned_fits(mode, args.trials, args.shadows), done, path, data)
         rows.append(summarize(mode, done, args.trials, args.shadows))
         print(f"{mode}: {ran} fits run, {rows[-1]['seconds']:.0f} s of fits in all", flush=True)
-    command = "benchmarks/privacy_audit.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("privacy_audit", argv)
     header = report_header(
         "Privacy audit of whole fits", command, args.quick, time.perf_counter() - start
     )

@@ -29,7 +29,7 @@ at 10, the largest of ``k_range``, clip ``"auto"``), against the non-private met
 clients choose K by BIC) and the non-private fixed K=10 (``client_components=10``); test
 AUROC (positive = novel) per seed.
 
-Run: ``.venv/bin/python benchmarks/private_fit.py`` (about 2 minutes on 2 cores) writes
+Run: ``.venv/bin/python -m benchmarks.private_fit`` (about 2 minutes on 2 cores) writes
 ``benchmarks/private_fit.txt``; ``--quick`` (one seed, synthetic only; writes only with
 ``--out``) for a smoke run; ``--out FILE`` elsewhere. ``--fedgengmm --seeds 2`` prints the
 FedGenGMM table and appends it to ``benchmarks/private_fit.txt`` (``--out`` elsewhere).
@@ -48,6 +48,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
+from benchmarks.common import add_out, add_quick
 from fednovelty.federated.mixtures.private_fit import private_em
 from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.mixture import score_samples
@@ -190,9 +191,9 @@ def fedgengmm_table(seeds: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, synthetic data only")
+    add_quick(parser, "one seed, synthetic data only")
     parser.add_argument("--seeds", type=int, default=5, help="noise seeds per cell (default 5)")
-    parser.add_argument("--out", type=Path, default=None, help="default: private_fit.txt")
+    add_out(parser, "default: private_fit.txt")
     parser.add_argument("--fedgengmm", action="store_true", help="FedGenGMM on Covertype")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 Run after the scoreboard (``fednovelty bench ... --seeds 0 1 2 --out benchmarks/results/adbench``
 with the methods listed in ``docs/robust.md``)::
 
-    python benchmarks/robust_report.py [--results benchmarks/results/adbench/results.csv]
+    python -m benchmarks.robust_report [--results benchmarks/results/adbench/results.csv]
 
 It reads the tidy results and prints, and writes next to them as ``robust.md``:
 
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.common import add_out, markdown_table
+
 DEFAULT = Path(__file__).resolve().parent / "results" / "adbench" / "results.csv"
 FEDERATED = ("FedGenGMM", "DEM-kmeans")
 #: Federated detectors with a non-default option, the Bayesian ones and the kNN-distance
@@ -40,11 +42,6 @@ OPTIONS = (
     "KNN-markers",
 )
 VARIANTS = {"-plain": "plain", "-std": "standardise only", "-prior": "prior only", "": "both"}
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _means(df: pd.DataFrame, protocol: str) -> pd.DataFrame:
@@ -100,7 +97,7 @@ def targets(df: pd.DataFrame) -> str:
                     verdict,
                 ]
             )
-        out += [f"### {protocol}", "", _table(header, rows), ""]
+        out += [f"### {protocol}", "", markdown_table(header, rows), ""]
     return "\n".join(out)
 
 
@@ -117,7 +114,7 @@ def ablation(df: pd.DataFrame) -> str:
             if any(cells):
                 rows.append([method, protocol, *cells])
     return "\n".join(
-        ["## Ablation (mean AUROC over datasets and seeds)", "", _table(header, rows), ""]
+        ["## Ablation (mean AUROC over datasets and seeds)", "", markdown_table(header, rows), ""]
     )
 
 
@@ -148,7 +145,7 @@ def per_dataset(df: pd.DataFrame) -> str:
         ]
         rows.append(["**mean**", *[f"**{table[name].mean():.3f}**" for _, name in present]])
         header = ["dataset", *[label for label, _ in present]]
-        out += [f"### {protocol}", "", _table(header, rows), ""]
+        out += [f"### {protocol}", "", markdown_table(header, rows), ""]
     return "\n".join(out)
 
 
@@ -168,7 +165,7 @@ def report(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=DEFAULT)
-    parser.add_argument("--out", type=Path, default=None, help="default: robust.md beside it")
+    add_out(parser, "default: robust.md beside it")
     args = parser.parse_args(argv)
     text = report(pd.read_csv(args.results))
     print(text)

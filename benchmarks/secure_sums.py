@@ -61,7 +61,6 @@ import argparse
 import json
 import math
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -70,9 +69,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import emit_report, report_header
-
+from benchmarks.common import add_out, add_quick, emit_report, report_header
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.dp_calibration import calibrate_noise
@@ -449,11 +446,11 @@ def flower_notes(r: dict[str, float]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="d = 10, m = 3 only")
+    add_quick(parser, "d = 10, m = 3 only")
     parser.add_argument(
         "--flower", action="store_true", help="add the 3-node Flower deployment section"
     )
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_out(parser, default=OUT)
     return parser.parse_args(argv)
 
 
@@ -465,7 +462,7 @@ def main(argv=None) -> str:
     rows = [run_case(*case) for case in (QUICK_GRID if args.quick else GRID)]
     em = em_case(args.quick)
     flower = flower_case() if args.flower else None
-    command = "python benchmarks/secure_sums.py" + (" --quick" if args.quick else "")
+    command = "python -m benchmarks.secure_sums" + (" --quick" if args.quick else "")
     command += " --flower" if args.flower else ""
     notes = (
         f"K = {K} components, full covariance; rows clipped to L2 radius {BOUND}, at most "

@@ -1,6 +1,6 @@
 """Streams: novelty under drift, weight tracking and false alarms.
 
-Run ``python benchmarks/stream_drift.py`` (both datasets, seeds 0 1 2) or ``--quick`` (a
+Run ``python -m benchmarks.stream_drift`` (both datasets, seeds 0 1 2) or ``--quick`` (a
 smoke run of cifar10-svhn unless ``--dataset`` names more). ``--dataset cifar10-svhn
 femnist``, ``--windows``, ``--clients``, ``--rows``, ``--components`` (each overrides the
 per-dataset settings below), ``--rho``, ``--rounds``, ``--seeds``, ``--threads``, ``--out FILE``
@@ -57,16 +57,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from benchmarks.fedgmm_pfl import check, markdown_table, mean_std  # noqa: E402
-from fednovelty import StreamingFedGMMDetector  # noqa: E402
-from fednovelty.datasets.domain_pools import stream_pools  # noqa: E402
-from fednovelty.datasets.streams import domain_stream  # noqa: E402
-from fednovelty.evaluation import run_stream_benchmark  # noqa: E402
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    add_seeds,
+    add_threads,
+    check,
+    command_line,
+    emit_report,
+    markdown_table,
+    mean_std,
+    report_header,
+)
+from fednovelty import StreamingFedGMMDetector
+from fednovelty.datasets.domain_pools import stream_pools
+from fednovelty.datasets.streams import domain_stream
+from fednovelty.evaluation import run_stream_benchmark
 
 DATASETS = ("cifar10-svhn", "femnist")
 #: Methods of run_stream_benchmark and their names in the report.
@@ -292,17 +298,17 @@ def figure(frames: dict[str, pd.DataFrame], path: Path) -> None:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    add_quick(parser)
     parser.add_argument("--dataset", nargs="+", choices=DATASETS, default=None)
     parser.add_argument("--windows", type=int, default=None)
     parser.add_argument("--clients", type=int, default=None)
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--components", type=int, default=None)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--rho", type=float, default=0.7)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None)
+    add_threads(parser)
+    add_out(parser)
     parser.add_argument("--figure", type=Path, default=None, help="default: --out with .png")
     return parser.parse_args(argv)
 
@@ -324,9 +330,7 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     datasets = args.dataset or (["cifar10-svhn"] if args.quick else list(DATASETS))
-    command = "python benchmarks/stream_drift.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("stream_drift", argv)
     started = time.perf_counter()
     sections, frames = [], {}
     for dataset in datasets:

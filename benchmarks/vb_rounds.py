@@ -37,7 +37,7 @@ AUROC of (a)'s (or above), ``r_both`` the first meeting both; 0 = the start alre
 columns against its own final ELBO: ``r_elbo`` counts the VB rounds (0: the ``vb_init``
 round) until it is within ``ELBO_TOL`` of where it ends.
 
-Run: ``python benchmarks/vb_rounds.py [--seeds 0 1 2] [--clients 3 10] [--min-rows 5 1]
+Run: ``python -m benchmarks.vb_rounds [--seeds 0 1 2] [--clients 3 10] [--min-rows 5 1]
 [--aggregation natural] [--out FILE] [--quick]`` (writes ``benchmarks/vb_rounds.txt`` unless
 ``--quick``; about 2 minutes of CPU).
 """
@@ -48,32 +48,26 @@ import argparse
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from sklearn.mixture import BayesianGaussianMixture
+from threadpoolctl import threadpool_limits
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from sklearn.mixture import BayesianGaussianMixture  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
-
-from benchmarks._machine import emit_report, report_header  # noqa: E402
-from fednovelty.datasets.protocols import make_task  # noqa: E402
-from fednovelty.datasets.synthetic import make_fedgmm_synthetic  # noqa: E402
-from fednovelty.evaluation import aupr_out, auroc  # noqa: E402
-from fednovelty.federated.bayesian.variational import FederatedVB  # noqa: E402
-from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot  # noqa: E402
-from fednovelty.federated.trust.privacy import PrivacyPolicy  # noqa: E402
-from fednovelty.mixture.covariance import precisions_cholesky_from_covariances  # noqa: E402
-from fednovelty.mixture.variational import VBPosterior, vb_log_resp  # noqa: E402
-from fednovelty.mixture.vb_aggregate import kl_posterior  # noqa: E402
-from fednovelty.mixture.vb_predictive import vb_predictive_log_prob  # noqa: E402
-from fednovelty.mixture.vb_prior import VBPrior, default_prior  # noqa: E402
-from fednovelty.runtime import run_simulation  # noqa: E402
+from benchmarks.common import REPO, add_out, add_quick, add_seeds, emit_report, report_header
+from fednovelty.datasets.protocols import make_task
+from fednovelty.datasets.synthetic import make_fedgmm_synthetic
+from fednovelty.evaluation import aupr_out, auroc
+from fednovelty.federated.bayesian.variational import FederatedVB
+from fednovelty.federated.bayesian.vb_oneshot import FederatedVBOneShot
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
+from fednovelty.mixture.variational import VBPosterior, vb_log_resp
+from fednovelty.mixture.vb_aggregate import kl_posterior
+from fednovelty.mixture.vb_predictive import vb_predictive_log_prob
+from fednovelty.mixture.vb_prior import VBPrior, default_prior
+from fednovelty.runtime import run_simulation
 
 #: upper bound on the components.
 K = 10
@@ -318,15 +312,15 @@ def summary(table: pd.DataFrame) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_seeds(parser)
     parser.add_argument("--clients", type=int, nargs="+", default=[3, 10])
     parser.add_argument("--data", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--aggregation", default="natural", choices=["natural", "moment"])
     parser.add_argument(
         "--min-rows", type=int, nargs="+", default=[5, 1], help="the clients' privacy floors"
     )
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="seed 0, 3 clients, blobs, floor 5")
+    add_out(parser)
+    add_quick(parser, "seed 0, 3 clients, blobs, floor 5")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:

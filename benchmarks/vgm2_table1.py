@@ -34,10 +34,10 @@ messages (tensors plus 8 bytes per scalar) next to the paper's arithmetic.
 
 Usage::
 
-    python benchmarks/vgm2_table1.py                       # full run (long)
-    python benchmarks/vgm2_table1.py --quick               # smoke (seconds)
-    python benchmarks/vgm2_table1.py --datasets mnist --seeds 1 --rounds 30
-    python benchmarks/vgm2_table1.py --paper-scale --device cuda   # on a GPU
+    python -m benchmarks.vgm2_table1                       # full run (long)
+    python -m benchmarks.vgm2_table1 --quick               # smoke (seconds)
+    python -m benchmarks.vgm2_table1 --datasets mnist --seeds 1 --rounds 30
+    python -m benchmarks.vgm2_table1 --paper-scale --device cuda   # on a GPU
 
 Writes ``vgm2_table1.md`` (under a header with the scale, device, date and wall time),
 ``vgm2_table1.csv`` and ``vgm2_table1.json`` to ``--out-dir`` (default
@@ -52,24 +52,26 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from benchmarks.common import (
+    add_device,
+    check_device,
+    command_line,
+    device_facts,
+    mean_std,
+    report_header,
+)
 from fednovelty.datasets.loaders import load_mnist
 from fednovelty.datasets.partition import shard_partition
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks._machine import check_device, device_facts, report_header  # noqa: E402
-
 OUT = Path(__file__).resolve().parent / "results" / "vgm2"
 OUT_PAPER_SCALE = Path(__file__).resolve().parent / "results" / "vgm2_paper_scale"
-DEVICES = ("cpu", "cuda")
 #: Training rows per client at each scale (``--max-rows``); the paper's MNIST shards: 2,000.
 MAX_ROWS = {"quick": 40, "cpu": 200, "paper": 2000}
 
@@ -192,10 +194,7 @@ def run_one(split: Split, variant: str, seed: int, args) -> dict:
     }
 
 
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{np.mean(values):.3f} +- {np.std(values):.3f}"
+_mean_std = partial(mean_std, digits=3, ddof=0, sep=" +- ")  # population std (ddof 0)
 
 
 def render(records: list[dict], args, seconds: float) -> str:
@@ -267,7 +266,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-rows", type=int, default=None, help="default: the scale's (200 on CPU)"
     )
-    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    add_device(parser)
     parser.add_argument(
         "--out-dir",
         type=Path,
@@ -294,9 +293,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.seeds, args.rounds, args.clients, args.epochs = 1, 3, 4, 1
     if args.out_dir is None:
         args.out_dir = OUT_PAPER_SCALE if args.paper_scale else OUT
-    args.command = "python benchmarks/vgm2_table1.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    args.command = command_line("vgm2_table1", argv)
     return args
 
 

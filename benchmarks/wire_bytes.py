@@ -23,14 +23,13 @@ at most 100 rounds): EM rounds run, the final mean log-likelihood of the trainin
 test AUROC (novel = positive, score ``-log p(x)``) of each run and their differences, and the
 largest difference of the final means relative to their scale.
 
-``python benchmarks/wire_bytes.py [--out PATH]`` (default ``benchmarks/wire_bytes.txt``);
+``python -m benchmarks.wire_bytes [--out PATH]`` (default ``benchmarks/wire_bytes.txt``);
 one torch thread; about 1 minute.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,9 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import emit_report, report_header
-
+from benchmarks.common import add_out, emit_report, report_header
 from fednovelty.datasets.protocols import make_task
 from fednovelty.evaluation.metrics import auroc
 from fednovelty.federated import (
@@ -227,7 +224,7 @@ def float32_cost(task, states) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("wire_bytes.txt"))
+    add_out(parser, default=Path(__file__).with_name("wire_bytes.txt"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -240,7 +237,7 @@ def main() -> None:
         [
             report_header(
                 "Bytes per client per round on the wire",
-                "python benchmarks/wire_bytes.py",
+                "python -m benchmarks.wire_bytes",
                 False,
                 seconds,
             ),
