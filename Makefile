@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_mixture.py
+	$(PY) -m benchmarks.bench_mixture
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
