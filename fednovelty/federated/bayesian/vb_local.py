@@ -29,8 +29,6 @@ from fednovelty.federated.trust.privacy import unfloored
 from fednovelty.federated.trust.reply_form import (
     Shape,
     check_reply,
-    covariance_shape,
-    expectation,
     stats_shapes,
 )
 from fednovelty.federated.trust.robust import (
@@ -283,14 +281,7 @@ def local_clusters(
 def vb_local_shapes(broadcast: Message, d: int) -> dict[str, Shape]:
     """A ``vb_local`` reply: the statistics of the client's converged responsibilities over
     some K components (the server's step holds K to its ``n_components``)."""
-    ct = str(expectation(broadcast, "covariance_type"))
-    return {
-        "counts": ("k",),
-        "sums": ("k", d),
-        "second": covariance_shape(ct, "k", d),
-        "log_likelihood": (),
-        "n_samples": (),
-    }
+    return stats_shapes(broadcast, d, k="k")
 
 
 #: a ``vb_local`` reply: statistics (about the prior's mean, the broadcast ``shift``) in the

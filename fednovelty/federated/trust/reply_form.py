@@ -116,11 +116,14 @@ def resolve_spec(kind: str, specs: SpecLookup | None = None) -> ReplySpec:
         raise InvalidReplyError(f"refused: {error}") from None
 
 
-def stats_shapes(broadcast: Message, d: int, centers: str = "means") -> dict[str, Shape]:
+def stats_shapes(
+    broadcast: Message, d: int, centers: str = "means", k: int | str | None = None
+) -> dict[str, Shape]:
     """A statistics reply's tensors: ``counts`` (K,), ``sums`` (K, d), ``second`` by the
-    expected covariance type, ``log_likelihood`` and ``n_samples`` (); K is the number of
-    rows of the broadcast's ``centers`` tensor."""
-    k = int(broadcast.tensors[centers].shape[0])
+    expected covariance type, ``log_likelihood`` and ``n_samples`` (); K is ``k`` where given
+    (a string: free, one value in the reply), else the number of rows of the broadcast's
+    ``centers`` tensor."""
+    k = int(broadcast.tensors[centers].shape[0]) if k is None else k
     return {
         "counts": (k,),
         "sums": (k, d),
