@@ -2,40 +2,46 @@
 
 A :class:`Param` is one constructor argument: its name, default, scikit-learn constraints,
 one line of documentation and where its value goes (:attr:`Param.role`); the shared ones
-are defined once in :mod:`fednovelty.detectors._params` (the table). An estimator lists its
-parameters with :func:`declare` and writes its ``__init__`` out in its own file, storing
-each argument, unchanged, under its own name (scikit-learn's rule; :func:`store`)::
+are defined once in :mod:`fednovelty.detectors._params` (the table, :data:`~fednovelty.
+detectors._params.SHARED` by name). An estimator writes its ``__init__`` out in its own file,
+storing each argument, unchanged, under its own name (scikit-learn's rule; :func:`store`),
+and declares with :func:`declare` only what the table does not have: its own parameters and
+the option objects it reads with their fields::
 
     class MyDetector(MixtureDetector):
-        _params = declare(N_COMPONENTS, EM, option(Privacy), DETECTOR, RUNTIME)
+        _params = declare(Param("alpha", 1.0, ..., "..."), option(Privacy, fields=FLOOR))
 
-        def __init__(self, n_components=1, *, covariance_type="full", ...):
+        def __init__(self, n_components=1, *, alpha=1.0, covariance_type="full", ...,
+                     privacy=None, contamination=0.1, random_state=None, ...):
             store(self, locals())
 
-:func:`compose` (run by ``__init_subclass__`` of the estimator bases and of the option
-classes) checks the written signature against the declaration (names, defaults, order, the
-first ``positional`` positional; :func:`signature_mismatch`), and writes
-``_parameter_constraints`` and the ``Args:`` section of the class docstring from it.
+The signature is the one place of the names, their order and defaults; the table the one
+place of their documentation and constraints. :func:`compose` (run by ``__init_subclass__``
+of the estimator bases and of the option classes) completes the declaration from the
+signature (:func:`complete`: a written name neither declared nor shared, or a default
+outside its constraints, is refused when the class is defined) and writes
+``_parameter_constraints`` and the ``Args:`` section of the class docstring.
 
 A parameter made by :func:`option` holds an option object (``Privacy``, ``Robustness``, ...
 of :mod:`fednovelty.detectors.options`: rarely set settings grouped under one name);
-``None`` means the option's defaults. The estimator reads the fields it declares (the
-others must keep their defaults: :meth:`ParamSet.check_options`); :meth:`ParamSet.settings`
-routes each field as a parameter of its own, and :meth:`ParamSet.option_values` gives the
-values with a field's ``"auto"`` resolved for the estimator.
+``None`` means the option's defaults. The estimator reads the fields it declares (an option
+written but not declared is read whole; the fields not read must keep their defaults:
+:meth:`ParamSet.check_options`); :meth:`ParamSet.settings` routes each field as a parameter
+of its own, and :meth:`ParamSet.option_values` gives the values with a field's ``"auto"``
+resolved for the estimator.
 """
 
 from __future__ import annotations
 
 import inspect
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.utils._param_validation import InvalidParameterError, validate_parameter_constraints
 
 #: where a parameter's value goes: the algorithm's settings, the engine (client sampling,
 #: dropout), the estimator itself (scores, torch placement, progress, seeds), or fields of
@@ -155,6 +161,9 @@ class ParamSet:
 
     params: tuple[Param, ...]
     positional: int = 0
+    #: ``docs``/``settings`` given to :func:`declare` for parameters it does not list: they
+    #: apply when :func:`compose` takes those from the shared table.
+    pending: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.params]
@@ -300,59 +309,109 @@ def store(estimator: Any, arguments: dict[str, Any]) -> None:
 
 def declare(
     *items: Param | Iterable[Param],
-    defaults: dict[str, Any] | None = None,
     docs: dict[str, str] | None = None,
     settings: dict[str, str] | None = None,
-    positional: int = 0,
 ) -> ParamSet:
-    """An estimator's parameters: ``items`` (params and groups, in signature order) with
-    ``defaults`` changed by name, ``docs`` extending a shared parameter's documentation
-    with what it means for this estimator and ``settings`` naming a shared parameter as
-    this estimator's algorithm spells it (:attr:`Param.setting`). The first ``positional``
-    may be given by position.
+    """What an estimator declares beside its written signature: ``items``, the parameters
+    of its own and the option objects it reads with their fields (:func:`option`), or any
+    shared parameter or group; ``docs`` extends a parameter's documentation with what it
+    means for this estimator and ``settings`` names one as this estimator's algorithm spells
+    it (:attr:`Param.setting`). :func:`compose` takes every other written parameter from the
+    shared table, and every default from the signature.
 
     Raises:
-        TypeError: a name in ``defaults``, ``docs`` or ``settings`` that is not declared,
-            or a name declared twice.
+        TypeError: a name declared twice.
     """
     params: list[Param] = []
     for item in items:
         params.extend([item] if isinstance(item, Param) else item)
-    names = {p.name for p in params}
-    defaults, docs, settings = defaults or {}, docs or {}, settings or {}
-    for what, given in (("defaults", defaults), ("docs", docs), ("settings", settings)):
-        unknown = sorted(set(given) - names)
-        if unknown:
-            raise TypeError(f"{what} names parameters that are not declared: {unknown}.")
+    docs, settings = docs or {}, settings or {}
+    listed = {p.name for p in params}
     params = [
         replace(
             p,
-            default=defaults.get(p.name, p.default),
             doc=f"{p.doc} {docs[p.name]}" if p.name in docs else p.doc,
             setting=settings.get(p.name, p.setting),
         )
         for p in params
     ]
+    pending = tuple(
+        (kind, name, text)
+        for kind, given in (("docs", docs), ("settings", settings))
+        for name, text in given.items()
+        if name not in listed
+    )
+    return ParamSet(tuple(params), pending=pending)
+
+
+def complete(cls: type, declared: ParamSet, shared: Mapping[str, Param]) -> ParamSet:
+    """The parameters of ``cls.__init__`` as written, in its order: each one ``declared``
+    lists, else the ``shared`` table's of that name, else (an option object's parameter,
+    ``privacy``, ...) its option class read whole; every default the signature's, checked
+    against the parameter's constraints; the positional ones counted from the signature.
+
+    Raises:
+        TypeError: ``cls`` writes no ``__init__``; a written parameter that is neither
+            declared nor shared; a declared one not written; ``docs``/``settings`` for a
+            name not written; a default outside its constraints.
+    """
+    if "__init__" not in cls.__dict__:
+        raise TypeError(f"{cls.__qualname__}.__init__ writes no __init__ of its own.")
+    written = list(inspect.signature(cls.__dict__["__init__"]).parameters.values())[1:]
+    names = [p.name for p in written]
+    unwritten = sorted(set(declared.names) - set(names))
+    if unwritten:
+        raise TypeError(f"{cls.__qualname__}.__init__ does not write declared {unwritten}.")
+    params = []
+    for parameter in written:
+        if parameter.name in declared.names:
+            param = declared[parameter.name]
+        elif parameter.name in shared:
+            param = shared[parameter.name]
+        elif parameter.name in OPTION_CLASSES:
+            param = option(OPTION_CLASSES[parameter.name])
+        else:
+            raise TypeError(
+                f"{cls.__qualname__}.__init__ writes {parameter.name!r}, which is neither "
+                "declared in its _params nor a shared parameter of "
+                "fednovelty.detectors._params: declare it (a Param of its own)."
+            )
+        params.append(replace(param, default=parameter.default))
+    for kind, name, text in declared.pending:
+        if name not in names:
+            raise TypeError(f"{kind} of {cls.__qualname__} name {name!r}, not a parameter.")
+        index = names.index(name)
+        change = {"doc": f"{params[index].doc} {text}"} if kind == "docs" else {"setting": text}
+        params[index] = replace(params[index], **change)
+    for param in params:
+        try:
+            validate_parameter_constraints(
+                {param.name: param.constraints}, {param.name: param.default}, cls.__qualname__
+            )
+        except InvalidParameterError as error:
+            raise TypeError(f"{cls.__qualname__}.__init__'s default: {error}") from None
+    positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in written)
     return ParamSet(tuple(params), positional)
 
 
 def compose(cls: type) -> None:
-    """Check ``cls.__init__`` (written out in the class) against ``cls._params`` (a
-    :class:`ParamSet` declared on ``cls`` itself) and write ``cls._parameter_constraints``
-    and the ``Args:`` section of ``cls.__doc__`` from it.
+    """Complete ``cls._params`` (declared on ``cls`` itself) from ``cls.__init__``'s written
+    signature (:func:`complete`, with ``cls._shared_params``, the shared table, where the
+    class has one), check the signature's kinds (the positional ones first, the rest after
+    ``*``: :func:`signature_mismatch`) and write ``cls._parameter_constraints`` and the
+    ``Args:`` section of ``cls.__doc__``.
 
     Raises:
-        TypeError: ``cls`` writes no ``__init__`` of its own, or its signature differs from
-            the declaration (:func:`signature_mismatch`).
+        TypeError: see :func:`complete`; a keyword-only parameter before a positional one.
     """
-    spec: ParamSet = cls.__dict__["_params"]
+    spec = complete(cls, cls.__dict__["_params"], getattr(cls, "_shared_params", {}))
     problem = signature_mismatch(cls, spec)
     if problem:
         raise TypeError(
             f"{cls.__qualname__}.__init__ does not match its declared _params: {problem}. "
-            "Write __init__ with the declared names, defaults and order (the first "
-            f"{spec.positional} positional, the rest after '*')."
+            "Write the positional parameters first, the rest after '*'."
         )
+    cls._params = spec
     cls._parameter_constraints = spec.constraints()
     cls.__doc__ = _with_args(cls.__doc__ or "", spec.doc())
 

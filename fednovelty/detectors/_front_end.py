@@ -72,9 +72,9 @@ def check_front_end_params(cls: type) -> None:
         return
     if cls.__dict__.get("_pca_front_end", False):
         raise TypeError(
-            f"{cls.__name__} sets _pca_front_end = True but its _params do not declare "
-            "pca_components; add the PCA group (fednovelty.detectors._params.PCA) to its "
-            "declare(...), or set _pca_front_end = False."
+            f"{cls.__name__} sets _pca_front_end = True but its __init__ does not take "
+            "pca_components (the shared fednovelty.detectors._params.PCA parameter); write "
+            "it, or set _pca_front_end = False."
         )
     cls._pca_front_end = False
 

@@ -241,9 +241,7 @@ SAMPLING_FIELDS: Group = (
 #: ``Initialisation``: the details of a federated mixture's start (``init_params`` is the
 #: estimator's own parameter).
 INITIALISATION_FIELDS: Group = (
-    Param(
-        "kmeans_rounds", 10, positive_int(), "most federated Lloyd rounds of the k-means start."
-    ),
+    Param("kmeans_rounds", 10, positive_int(), "most federated Lloyd rounds of the k-means start."),
     Param("subset_size", 100, positive_int(), 'rows pooled by ``init_params="subset"``.'),
     Param("weights_init", None, ["array-like", None], "starting weights (n_components,)."),
     Param("means_init", None, ["array-like", None], "starting means (n_components, n_features)."),
@@ -334,8 +332,7 @@ PRIOR_FIELDS: Group = (
         "weight_concentration_type",
         "dirichlet_process",
         [StrOptions({"dirichlet_process", "dirichlet_distribution"})],
-        "the weights' prior (variational Bayes), as scikit-learn's "
-        "``BayesianGaussianMixture``.",
+        "the weights' prior (variational Bayes), as scikit-learn's ``BayesianGaussianMixture``.",
         setting="weight_concentration_prior_type",
         legacy="weight_concentration_prior_type",
     ),

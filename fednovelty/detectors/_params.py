@@ -8,20 +8,19 @@ robustness settings are the fields of the option objects of
 :mod:`fednovelty.detectors.options` (their fields are declared in
 :mod:`fednovelty.detectors._option_fields`), which an
 estimator declares with :func:`~fednovelty.detectors._declare.option`, naming the fields it
-reads. An estimator lists its parameters and writes its ``__init__`` out::
+reads. An estimator writes its ``__init__`` out and declares only its own parameters and
+the options it reads; every other written parameter comes from :data:`SHARED` (this table
+by name), with the signature's default::
 
     class MyDetector(MixtureDetector):
-        _params = declare(
-            N_COMPONENTS, EM, option(Privacy, fields=FLOOR), DETECTOR, RUNTIME,
-            defaults={"max_iter": 50},
-        )
+        _params = declare(option(Privacy, fields=FLOOR))
 
         def __init__(self, n_components=1, *, covariance_type="full", reg_covar=1e-06,
                      tol=0.001, max_iter=50, privacy=None, contamination=0.1, ...):
             store(self, locals())
 
-(:mod:`fednovelty.detectors._declare` checks the written signature against the table and
-writes ``_parameter_constraints`` and the ``Args:`` docs from it). :meth:`ParamSet.settings`
+(:func:`~fednovelty.detectors._declare.compose` completes the declaration from the signature
+and writes ``_parameter_constraints`` and the ``Args:`` docs). :meth:`ParamSet.settings`
 gives the algorithm's settings (``role="algorithm"``, renamed by :attr:`Param.setting` where
 the algorithm spells it differently) so that an estimator builds its algorithm as
 ``Algorithm(**self._settings(n_features))``.
@@ -250,3 +249,21 @@ LEARNER_CHOICE = Param(
     "cannot be saved).",
     setting="learner_factory",
 )
+
+
+#: every shared parameter by name: an estimator that writes one in its ``__init__`` gets it
+#: from here unless it declares its own (:func:`~fednovelty.detectors._declare.complete`).
+SHARED: dict[str, Param] = {
+    p.name: p
+    for p in (
+        N_COMPONENTS,
+        *RUNTIME,
+        *DETECTOR,
+        *EM,
+        INIT_PARAMS,
+        *PCA,
+        *LOCAL_FIT,
+        ROUNDS,
+        LEARNER_CHOICE,
+    )
+}

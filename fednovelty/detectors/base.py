@@ -78,9 +78,12 @@ class SimulatedFitMixin(FrontEndMixin):
 
     #: how the estimator is fitted, for the not-fitted error.
     _fit_call: ClassVar[str] = "fit(X, groups=...)"
-    #: the constructor's parameters (``fednovelty.detectors._params``), declared by each
-    #: estimator, which writes its ``__init__`` to match; ``_parameter_constraints`` and the
+    #: the constructor's parameters: each estimator writes its ``__init__`` and declares its
+    #: own parameters and the options it reads; the others come from the shared table
+    #: (``_shared_params``), in the signature's order with its defaults
+    #: (``fednovelty.detectors._declare.compose``); ``_parameter_constraints`` and the
     #: ``Args:`` docs come from it.
+    _shared_params: ClassVar[dict] = _params.SHARED
     _params: ClassVar[_params.ParamSet] = _params.declare()
 
     #: settings saved under an older name in files this class loads: old name -> new name.
@@ -93,8 +96,8 @@ class SimulatedFitMixin(FrontEndMixin):
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "_params" in cls.__dict__:
-            check_front_end_params(cls)
             _params.compose(cls)
+            check_front_end_params(cls)
         register(cls)  # every estimator class is loadable by name (persistence.REGISTRY)
 
     def max_fit_rounds(self, n_features: int | None = None) -> int | None:

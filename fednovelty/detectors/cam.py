@@ -40,16 +40,13 @@ from fednovelty.detectors._option_fields import (
     DP_SGD,
 )
 from fednovelty.detectors._params import (
-    LEARNER_CHOICE,
-    ROUNDS,
-    RUNTIME,
     Param,
     declare,
     option,
     store,
 )
 from fednovelty.detectors.base import labelled_tensors
-from fednovelty.detectors.options import ClientSampling, Privacy, Robustness, Training
+from fednovelty.detectors.options import Privacy, Robustness, Training
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -138,8 +135,6 @@ class ClusteredFLClassifier(FederatedClassifier):
             _POSITIVE_INT,
             "K cluster models (FedAvg+: ensemble members); the paper uses 5 and 10.",
         ),
-        LEARNER_CHOICE,
-        ROUNDS,
         Param(
             "warmup_rounds",
             None,
@@ -173,7 +168,6 @@ class ClusteredFLClassifier(FederatedClassifier):
             [StrOptions(set(EMPTY_CLUSTER_RULES))],
             '``"keep"`` (an empty cluster keeps its model) or ``"reseed"``.',
         ),
-        option(ClientSampling),
         option(Robustness, docs={"aggregation": "Applies to every model the server averages."}),
         option(
             Privacy,
@@ -183,13 +177,10 @@ class ClusteredFLClassifier(FederatedClassifier):
                 "learner_share": "Fed-CAM: the rest buys IFCA's noisy cluster choices.",
             },
         ),
-        RUNTIME,
-        defaults={"dtype": "float32", "learner": "mlp"},
         docs={
             "rounds": "Warm-up included (the paper: 100).",
             "dtype": "Default ``float32``: the models are neural networks.",
         },
-        positional=2,
     )
 
     def __init__(

@@ -39,18 +39,12 @@ from fednovelty.detectors._option_fields import (
     REMEDIES,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
     store,
 )
-from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
+from fednovelty.detectors.options import Initialisation, Prior, Privacy
 from fednovelty.detectors.persistence import (
     check_probabilities,
     get_attr,
@@ -121,7 +115,6 @@ class ClusteredFedGMMDetector(EMDetector):
 
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
     _params = declare(
-        N_COMPONENTS,
         Param("n_clusters", 2, _POSITIVE_INT, "C client clusters."),
         Param("cluster_components", 2, _POSITIVE_INT, "K_c components per cluster."),
         Param(
@@ -139,22 +132,13 @@ class ClusteredFedGMMDetector(EMDetector):
             "federated EM rounds on all ``n_components + n_clusters * cluster_components`` "
             "components before the clusters form and take their own.",
         ),
-        EM,
-        INIT_PARAMS,
         option(Initialisation, fields=KMEANS_START),
         option(Prior, fields=REMEDIES),
-        PCA,
-        option(ClientSampling),
-        option(Robustness),
         option(Privacy, fields=FLOOR),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 4, "max_iter": 50},
         docs={
             "n_components": "K_g global components, shared by every client.",
             "max_iter": "Counted after the warm-up.",
         },
-        positional=1,
     )
 
     def __init__(

@@ -36,18 +36,13 @@ from fednovelty.detectors._option_fields import (
     REMEDIES,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    LOCAL_FIT,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
     store,
 )
 from fednovelty.detectors.base import MixtureDetector
-from fednovelty.detectors.options import Prior, Privacy, Robustness
+from fednovelty.detectors.options import Prior, Privacy
 from fednovelty.detectors.persistence import (
     check_items,
     get_attr,
@@ -279,8 +274,6 @@ class FedGenGMMDetector(_LocalFitDetector):
             "number of components of the global mixture; ``None`` chooses it by BIC over "
             "``k_range``.",
         ),
-        LOCAL_FIT,
-        EM,
         Param(
             "samples_per_component",
             100,
@@ -296,13 +289,8 @@ class FedGenGMMDetector(_LocalFitDetector):
             "is its log-density; same single round, same messages.",
         ),
         option(Prior, fields=REMEDIES, docs=FEDGEN_PRIOR_DOCS),
-        PCA,
-        option(Robustness),
         option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
-        DETECTOR,
-        RUNTIME,
         docs=FEDGEN_DOCS,
-        positional=3,
     )
 
     def __init__(

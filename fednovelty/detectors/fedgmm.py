@@ -26,23 +26,14 @@ from fednovelty.detectors._option_fields import (
     REMEDIES,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
     store,
 )
 from fednovelty.detectors.options import (
-    ClientSampling,
-    Initialisation,
     Prior,
     Privacy,
-    Robustness,
 )
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
@@ -131,8 +122,6 @@ class FedGMMDetector(EMDetector):
 
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
     _params = declare(
-        N_COMPONENTS,
-        EM,
         Param(
             "mixture_weights",
             "personal",
@@ -150,17 +139,8 @@ class FedGMMDetector(EMDetector):
         ),
         COVARIANCE_POOLING,
         GLOBAL_WEIGHTS,
-        INIT_PARAMS,
-        option(Initialisation),
         option(Prior, fields=REMEDIES),
-        PCA,
-        option(ClientSampling),
-        option(Robustness),
         option(Privacy, fields=DP),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 8},
-        positional=1,
     )
 
     def __init__(

@@ -24,13 +24,6 @@ from fednovelty.detectors._option_fields import (
     KMEANS_START,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    LEARNER_CHOICE,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -39,7 +32,6 @@ from fednovelty.detectors._params import (
 from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.options import (
-    ClientSampling,
     Initialisation,
     Privacy,
     Robustness,
@@ -90,9 +82,7 @@ class JointFedGMMDetector(JointModelDetector):
     """
 
     _params = declare(
-        N_COMPONENTS,
         Param("n_learners", 2, _POSITIVE_INT, "M2 conditional models ``P_m2(y | x)``."),
-        LEARNER_CHOICE,
         option(
             Training,
             fields=("local_epochs", "learning_rate", "batch_size", "optimizer", "mu_prox"),
@@ -104,22 +94,14 @@ class JointFedGMMDetector(JointModelDetector):
             ["boolean"],
             "``False`` never averages learners (the Local baseline: score with ``client=``).",
         ),
-        EM,
         COVARIANCE_POOLING,
         GLOBAL_WEIGHTS,
-        INIT_PARAMS,
         option(Initialisation, fields=KMEANS_START),
-        PCA,
-        option(ClientSampling),
         option(
             Robustness, docs={"aggregation": "The learners are combined coordinate-wise alike."}
         ),
         option(Privacy, fields=(*DP, *DP_SGD)),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 8},
         docs={"pca_components": "The learners see the full rows."},
-        positional=1,
     )
 
     def __init__(

@@ -39,10 +39,6 @@ from fednovelty.detectors._option_fields import (
     FLOOR,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM_ITERATION,
-    N_COMPONENTS,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -113,7 +109,6 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             [Interval(Integral, 1, None, closed="left")],
             "``k``, the neighbour whose distance is modelled.",
         ),
-        N_COMPONENTS,
         Param(
             "personal_strength",
             10.0,
@@ -143,7 +138,6 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             [Interval(Real, 0.0, None, closed="neither")],
             "added to distances before the log (rows' units).",
         ),
-        EM_ITERATION,
         WEIGHT_THRESHOLD,
         option(Initialisation, fields=("kmeans_rounds",)),
         option(
@@ -160,13 +154,9 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
             docs={"aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.'},
         ),
         option(Privacy, fields=FLOOR),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 10},
         docs={
             "n_components": "An upper bound: the Dirichlet-process prior prunes.",
         },
-        positional=2,
     )
 
     def __init__(

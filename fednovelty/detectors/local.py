@@ -13,11 +13,6 @@ from fednovelty.detectors._option_fields import (
     REMEDIES,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    LOCAL_FIT,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -101,8 +96,6 @@ class LocalGMMDetector(_LocalFitDetector):
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
     _pca_front_end = True
     _params = declare(
-        LOCAL_FIT,
-        EM,
         Param(
             "combine",
             "mixture",
@@ -112,12 +105,8 @@ class LocalGMMDetector(_LocalFitDetector):
             "estimator",
         ),
         option(Prior, fields=REMEDIES, docs=LOCAL_PRIOR_DOCS),
-        PCA,
         option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
-        DETECTOR,
-        RUNTIME,
         docs=LOCAL_FIT_DOCS,
-        positional=2,
     )
 
     def __init__(

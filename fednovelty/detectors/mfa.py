@@ -22,10 +22,6 @@ from fednovelty.detectors._option_fields import (
     REMEDIES,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM_ITERATION,
-    N_COMPONENTS,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -111,7 +107,6 @@ class FedMFADetector(MixtureDetector):
     """
 
     _params = declare(
-        N_COMPONENTS,
         Param(
             "n_factors",
             "auto",
@@ -128,7 +123,6 @@ class FedMFADetector(MixtureDetector):
             "one noise variance per component (mixtures of probabilistic PCA); ``False``: one "
             "per feature (factor analysers).",
         ),
-        *EM_ITERATION,
         Param(
             "init_params",
             "kmeans",
@@ -137,7 +131,6 @@ class FedMFADetector(MixtureDetector):
             "merged feature range, then Lloyd rounds): the partition the start's sketch "
             "is taken on.",
         ),
-        # weights_init, means_init: the k-means start's centres
         option(Initialisation, fields=("kmeans_rounds", "weights_init", "means_init")),
         option(
             Prior,
@@ -157,14 +150,10 @@ class FedMFADetector(MixtureDetector):
             },
         ),
         option(Privacy, fields=FLOOR),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 5, "max_iter": 20},
         docs={
             "max_iter": "The ranking of the rows settles in 10-20 rounds, long before the "
             "log-likelihood (``docs/low_rank.md``); raise it to run EM to ``tol``.",
         },
-        positional=2,
     )
 
     def __init__(

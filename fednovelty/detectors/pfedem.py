@@ -28,13 +28,6 @@ from fednovelty.detectors._option_fields import (
     KMEANS_START,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    LEARNER_CHOICE,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -42,7 +35,6 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.options import (
-    ClientSampling,
     Initialisation,
     Privacy,
     Robustness,
@@ -77,7 +69,6 @@ class PFedEMDetector(JointModelDetector):
     """
 
     _params = declare(
-        N_COMPONENTS,
         Param(
             "gaussian_aggregation",
             "paper",
@@ -101,17 +92,12 @@ class PFedEMDetector(JointModelDetector):
             '``"counts"`` (its hard count ``|D_ik|``) or ``"clients"`` (Eq. 5: '
             "``p_i = |D_i| / sum_j |D_j|``).",
         ),
-        LEARNER_CHOICE,
         option(
             Training,
             fields=("local_epochs", "learning_rate", "batch_size", "optimizer"),
             auto={"local_epochs": 5, "learning_rate": 0.5, "batch_size": 32},
         ),
-        EM,
-        INIT_PARAMS,
         option(Initialisation, fields=KMEANS_START),
-        PCA,
-        option(ClientSampling),
         option(
             Robustness,
             docs={
@@ -120,14 +106,10 @@ class PFedEMDetector(JointModelDetector):
             },
         ),
         option(Privacy, fields=(*DP, *DP_SGD)),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 2, "covariance_type": "diag"},
         docs={
             "n_components": "K Gaussians, and as many sub-models.",
             "covariance_type": 'The paper\'s is ``"diag"``; ``"exact"`` takes any type.',
         },
-        positional=1,
     )
 
     def __init__(

@@ -50,11 +50,6 @@ from fednovelty.detectors._option_fields import (
     KMEANS_START,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    N_COMPONENTS,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -62,7 +57,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.fedgmm import FedGMMDetector
-from fednovelty.detectors.options import Initialisation, Privacy, Robustness
+from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -122,7 +117,6 @@ class StreamingFedGMMDetector(EMDetector):
     #: files saved when the rounds per window were ``rounds`` (total rounds elsewhere).
     _renamed_params: ClassVar[dict] = {"rounds": "window_rounds"}
     _params = declare(
-        N_COMPONENTS,
         Param(
             "rho",
             0.9,
@@ -172,16 +166,9 @@ class StreamingFedGMMDetector(EMDetector):
             "share of a window's clients whose alarms make a global alarm.",
             "estimator",
         ),
-        EM,
-        INIT_PARAMS,
         option(Initialisation, fields=KMEANS_START),
-        option(Robustness),
         option(Privacy, fields=FLOOR),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 8},
         docs={"n_components": "K Gaussians shared by all clients."},
-        positional=1,
     )
 
     def __init__(

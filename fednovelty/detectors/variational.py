@@ -61,12 +61,6 @@ from fednovelty.detectors._option_fields import (
     DP,
 )
 from fednovelty.detectors._params import (
-    DETECTOR,
-    EM,
-    INIT_PARAMS,
-    N_COMPONENTS,
-    PCA,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -74,7 +68,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import MixtureDetector
-from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
+from fednovelty.detectors.options import Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     iteration_record,
     log_density_bound,
@@ -197,10 +191,6 @@ class FedVBDetector(MixtureDetector):
     }
     _pca_front_end = True
     _params = declare(
-        N_COMPONENTS,
-        EM,
-        INIT_PARAMS,
-        option(Initialisation),
         Param(
             "density",
             "predictive",
@@ -213,7 +203,6 @@ class FedVBDetector(MixtureDetector):
         POSTERIOR_MERGE,
         MATCH_THRESHOLD,
         option(Prior, auto={"scale": VB_PRIOR_SCALE}, docs=VB_PRIOR_DOCS),
-        PCA,
         option(
             Robustness,
             docs={
@@ -224,9 +213,6 @@ class FedVBDetector(MixtureDetector):
             },
         ),
         option(Privacy, fields=DP),
-        DETECTOR,
-        RUNTIME,
-        defaults={"n_components": 10},
         docs={
             "n_components": "An upper bound: the prior prunes the components the data do not "
             "need (``effective_n_components_``).",
@@ -238,7 +224,6 @@ class FedVBDetector(MixtureDetector):
             'rounds continuing from it (``covariance_type`` not ``"tied"``, no '
             "``privacy.epsilon``, no ``*_init``).",
         },
-        positional=1,
     )
 
     def __init__(

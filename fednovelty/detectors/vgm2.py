@@ -41,8 +41,6 @@ from fednovelty.detectors._option_fields import (
     DP_SGD,
 )
 from fednovelty.detectors._params import (
-    ROUNDS,
-    RUNTIME,
     Param,
     declare,
     option,
@@ -50,7 +48,7 @@ from fednovelty.detectors._params import (
 )
 from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
-from fednovelty.detectors.options import Objective, Privacy, Robustness, Training
+from fednovelty.detectors.options import Privacy, Robustness, Training
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -128,7 +126,6 @@ class VGM2Classifier(FederatedClassifier):
         Param("n_markers", 3, _POSITIVE_INT, "K components per relation marker (the paper: 3)."),
         Param("embedding_dim", 16, _POSITIVE_INT, "the encoder's output width."),
         Param("hidden", 128, _POSITIVE_INT, "the encoder's hidden width."),
-        ROUNDS,
         Param(
             "clients_per_round",
             2,
@@ -146,7 +143,6 @@ class VGM2Classifier(FederatedClassifier):
                 "learning_rate": "Adam's, for the networks.",
             },
         ),
-        option(Objective),
         Param("train_encoder", True, ["boolean"], "False freezes the encoder (ablation)."),
         Param(
             "posterior_merge",
@@ -183,13 +179,10 @@ class VGM2Classifier(FederatedClassifier):
                 "learner_share": "The rest goes to the noisy row count of every reply.",
             },
         ),
-        RUNTIME,
-        defaults={"dtype": "float32"},
         docs={
             "rounds": "The paper: 100.",
         },
         settings={"posterior_merge": "aggregation"},
-        positional=2,
     )
 
     def __init__(

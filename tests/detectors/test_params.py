@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -35,9 +36,10 @@ from fednovelty.detectors import (
     Robustness,
     Training,
     VGM2Classifier,
+    _declare,
     _params,
 )
-from fednovelty.detectors._params import DETECTOR, RUNTIME, Param, declare, store
+from fednovelty.detectors._params import Param, declare, store
 from fednovelty.detectors.base import MixtureDetector, SimulatedFitMixin
 from fednovelty.exceptions import ModelFormatError
 
@@ -118,7 +120,7 @@ def test_no_exec_in_the_detector_layer():
 
 
 # ------------------------------------------------------------------ the probes
-_SPEC = declare(Param("alpha", 1, ["boolean"], "a probe."), DETECTOR, RUNTIME, positional=1)
+_OWN = declare(Param("alpha", True, ["boolean"], "a probe."), docs={"contamination": "Probe."})
 
 
 def _probe_class(init_source: str) -> type:
@@ -130,55 +132,51 @@ def _probe_class(init_source: str) -> type:
 
 
 _GOOD = """
-def __init__(self, alpha=1, *, contamination=0.1, random_state=None, device=None,
+def __init__(self, alpha=True, *, contamination=0.2, random_state=None, device=None,
              dtype="float64", progress=False):
     pass
 """
 
 
+def test_the_signature_completes_the_declaration_from_the_shared_table():
+    spec = _declare.complete(_probe_class(_GOOD), _OWN, _params.SHARED)
+    assert spec.names == ("alpha", "contamination", "random_state", "device", "dtype", "progress")
+    assert spec.positional == 1 and spec["alpha"].doc == "a probe."
+    shared = _params.SHARED["contamination"]  # the table's, with the signature's default
+    assert (spec["contamination"].default, shared.default) == (0.2, 0.1)
+    assert spec["contamination"].doc == f"{shared.doc} Probe."
+    assert spec["contamination"].constraints == shared.constraints
+    assert _params.signature_mismatch(_probe_class(_GOOD), spec) == ""
+
+
 @pytest.mark.parametrize(
     ("init_source", "problem"),
     [
-        (_GOOD.replace("alpha=1", "alpha=2"), "alpha=2, declared 1"),
-        (_GOOD.replace("alpha=1", "alpha=1.0"), "alpha=1.0, declared 1"),
-        (_GOOD.replace("progress=False", "progres=False"), "parameters"),
-        (
-            _GOOD.replace("random_state=None, device=None", "device=None, random_state=None"),
-            "parameters",
-        ),
-        (_GOOD.replace("alpha=1, *, contamination", "*, alpha=1, contamination"), "keyword"),
+        (_GOOD.replace("alpha=True", "alpha=2"), "alpha"),  # outside its constraints
+        (_GOOD.replace("contamination=0.2", "contamination=0.9"), "contamination"),
+        (_GOOD.replace("progress=False", "progres=False"), "'progres', which is neither"),
+        (_GOOD.replace("alpha=True, *,", "*,"), "does not write declared ['alpha']"),
+        (_GOOD.replace("contamination=0.2, ", ""), "docs of Probe name 'contamination'"),
     ],
 )
-def test_a_signature_that_differs_from_the_table_is_named(init_source, problem):
-    assert _params.signature_mismatch(_probe_class(_GOOD), _SPEC) == ""
-    assert problem in _params.signature_mismatch(_probe_class(init_source), _SPEC)
+def test_a_signature_the_table_cannot_complete_is_named(init_source, problem):
+    with pytest.raises(TypeError, match=re.escape(problem)):
+        _declare.complete(_probe_class(init_source), _OWN, _params.SHARED)
 
 
 def test_a_class_whose_init_differs_is_refused_when_defined():
-    with pytest.raises(TypeError, match=r"Wrong.__init__ does not match .* contamination=0.2"):
+    with pytest.raises(TypeError, match=r"Wrong.__init__ writes 'colour', which is neither"):
 
         class Wrong(MixtureDetector):
-            _params = declare(DETECTOR, RUNTIME)
+            _params = declare()
 
-            def __init__(
-                self,
-                *,
-                contamination=0.2,
-                random_state=None,
-                device=None,
-                dtype="float64",
-                progress=False,
-            ):
-                self.contamination = contamination
-                self.random_state = random_state
-                self.device = device
-                self.dtype = dtype
-                self.progress = progress
+            def __init__(self, *, colour="red", contamination=0.1):
+                store(self, locals())
 
-    with pytest.raises(TypeError, match=r"Unwritten.__init__ .* writes no __init__"):
+    with pytest.raises(TypeError, match=r"Unwritten.__init__ writes no __init__"):
 
         class Unwritten(MixtureDetector):
-            _params = declare(DETECTOR, RUNTIME)
+            _params = declare()
 
 
 def test_a_written_class_clones_with_its_arguments():

@@ -16,7 +16,7 @@ from fednovelty import (
     StreamingFedGMMDetector,
     load,
 )
-from fednovelty.detectors._params import AUTO_PCA_FEATURES, DETECTOR, RUNTIME, declare
+from fednovelty.detectors._params import AUTO_PCA_FEATURES, declare, store
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.options import ClientSampling, Prior, Privacy
 from fednovelty.mixture.ppca import choose_n_components
@@ -171,7 +171,10 @@ def test_a_front_end_class_without_pca_components_is_refused_by_name():
 
         class NoAxes(MixtureDetector):
             _pca_front_end = True
-            _params = declare(DETECTOR, RUNTIME)
+            _params = declare()
+
+            def __init__(self, *, contamination=0.1, random_state=None):
+                store(self, locals())
 
 
 # ------------------------------------------------------------------ rounds a fit can run
