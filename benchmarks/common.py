@@ -275,3 +275,18 @@ def run_paper_tables(
     header = report_header(spec.title, command, quick, time.perf_counter() - started)
     header += f"\n{facts}" if facts else ""
     return emit_report("\n\n".join([header, *sections]) + "\n", out)
+
+
+def with_options(params: dict) -> dict:
+    """A flat settings table (as a report prints it) as the estimators take it: the keys that
+    are fields of :class:`~fednovelty.Training` (``local_epochs``, ``learning_rate``,
+    ``batch_size``, ...) or :class:`~fednovelty.Objective` (VGM2's loss weights) gathered
+    into those option objects; the other keys as they are."""
+    from fednovelty.detectors.options import Objective, Training
+
+    out = dict(params)
+    for name, cls in (("training", Training), ("objective", Objective)):
+        fields = {k: out.pop(k) for k in cls().get_params() if k in out}
+        if fields:
+            out[name] = cls(**fields)
+    return out

@@ -40,6 +40,7 @@ from benchmarks.common import (
     command_line,
     emit_report,
     report_header,
+    with_options,
 )
 from benchmarks.fedgmm_mnist import COMPOSED, image_rows, unit_norm
 from fednovelty.datasets.mnist import make_mnist_federated
@@ -83,7 +84,7 @@ def fit_one(
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a fixed number of rounds: non-convergence is expected
-        det = JointFedGMMDetector(**params).fit(X, y, groups)
+        det = JointFedGMMDetector(**with_options(params)).fit(X, y, groups)
     return det, time.perf_counter() - start
 
 

@@ -140,6 +140,7 @@ from benchmarks.common import (
     mean_std,
     report_header,
     standardise_images,
+    with_options,
 )
 from fednovelty import ClusteredFLClassifier
 from fednovelty.datasets.loaders import load_femnist, load_mnist
@@ -303,22 +304,24 @@ class Settings:
     def model_params(self, method: str, k: int, seed: int) -> dict:
         """The estimator's arguments for ``method`` (FedAvg: FedAvg+ with one member)."""
         name, n_clusters = ("FedAvg+", 1) if method == "FedAvg" else (method, k)
-        return {
-            "method": name,
-            "n_clusters": n_clusters,
-            "learner": self.learner,
-            "rounds": self.rounds,
-            "warmup_rounds": self.warmup if name.endswith("CAM") else None,
-            "local_steps": 10,
-            "learning_rate": self.learning_rate,
-            "momentum": 0.9,
-            "batch_size": 32,
-            "kmeans_reg": 0.01,
-            "cluster_average": self.cluster_average(method),
-            "dtype": "float32",
-            "device": self.device,
-            "random_state": seed,
-        }
+        return with_options(
+            {
+                "method": name,
+                "n_clusters": n_clusters,
+                "learner": self.learner,
+                "rounds": self.rounds,
+                "warmup_rounds": self.warmup if name.endswith("CAM") else None,
+                "local_steps": 10,
+                "learning_rate": self.learning_rate,
+                "momentum": 0.9,
+                "batch_size": 32,
+                "kmeans_reg": 0.01,
+                "cluster_average": self.cluster_average(method),
+                "dtype": "float32",
+                "device": self.device,
+                "random_state": seed,
+            }
+        )
 
 
 @dataclass(frozen=True)

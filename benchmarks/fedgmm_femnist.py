@@ -69,6 +69,7 @@ from benchmarks.common import (
     run_paper_tables,
     shifted_writers,
     standardised,
+    with_options,
 )
 from fednovelty.datasets.femnist import (
     FederatedWriters,
@@ -104,20 +105,22 @@ class Settings:
     batch_clients: bool = True
 
     def model_params(self, seed: int) -> dict:
-        return {
-            "n_components": self.n_components,
-            "n_learners": self.n_learners,
-            "pca_components": 24,
-            "learner": self.learner,
-            "max_iter": self.max_iter,
-            "tol": 0.0,
-            "local_epochs": self.local_epochs,
-            "learning_rate": self.learning_rate,
-            "batch_size": self.batch_size,
-            "dtype": "float32",
-            "device": self.device,
-            "random_state": seed,
-        }
+        return with_options(
+            {
+                "n_components": self.n_components,
+                "n_learners": self.n_learners,
+                "pca_components": 24,
+                "learner": self.learner,
+                "max_iter": self.max_iter,
+                "tol": 0.0,
+                "local_epochs": self.local_epochs,
+                "learning_rate": self.learning_rate,
+                "batch_size": self.batch_size,
+                "dtype": "float32",
+                "device": self.device,
+                "random_state": seed,
+            }
+        )
 
     def describe(self) -> str:
         clients = "batched" if self.batch_clients else "one at a time"

@@ -51,7 +51,8 @@ Settings, chosen once before the 3-seed run and used for every seed and both exp
   transform each client applies locally; it removes the density's preference for images with
   fewer lit pixels.
 * ``JointFedGMMDetector(n_components=10, n_learners=2, pca_components=24, learner="linear",
-  local_epochs=1, learning_rate=10.0, batch_size=32, max_iter=30, tol=1e-3)``, full
+  training=Training(local_epochs=1, learning_rate=10.0, batch_size=32), max_iter=30,
+  tol=1e-3)``, full
   covariances, federated k-means init (the detector's defaults). The Gaussians model a
   24-component federated PCA projection; the learners see all 784 normalised pixels
   (``learning_rate=10`` on rows of norm 1).
@@ -88,6 +89,7 @@ from benchmarks.common import (
     command_line,
     machine_facts,
     mean_std,
+    with_options,
 )
 from fednovelty.datasets.mnist import make_mnist_federated
 from fednovelty.datasets.shifts import (
@@ -167,7 +169,9 @@ def image_rows(images: np.ndarray, transforms=()) -> np.ndarray:
 
 def fit(method: str, X, y, groups, seed: int) -> tuple[JointFedGMMDetector, float]:
     """Fit FedGMM or one of its ``pfl_baseline`` configurations; returns (detector, seconds)."""
-    det = JointFedGMMDetector.pfl_baseline(method, **SETTINGS, **OPTIONS, random_state=seed)
+    det = JointFedGMMDetector.pfl_baseline(
+        method, **with_options({**SETTINGS, **OPTIONS}), random_state=seed
+    )
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # non-convergence is reported as converged_ instead

@@ -13,10 +13,11 @@ seed draws the data, the client split and the model's randomness.
 Shared settings of every method (all built by
 ``JointFedGMMDetector.pfl_baseline(name, ...)``):
 ``max_iter=50`` EM rounds with ``tol=0`` (every round runs), learners are multinomial logistic
-regressions trained by ``local_epochs=5`` epochs of SGD (``learning_rate=0.5``,
-``batch_size=32``) per round, float64. FedGMM has ``n_components=3`` Gaussians and
-``n_learners=3`` learners; FedEM 1 Gaussian and 3 learners; FedAvg, FedProx (``mu_prox=0.01``)
-and Local 1 Gaussian and 1 learner (Local never aggregates its learner).
+regressions trained by 5 local epochs of SGD (``Training(local_epochs=5, learning_rate=0.5,
+batch_size=32)``) per round, float64. FedGMM has ``n_components=3`` Gaussians and
+``n_learners=3`` learners; FedEM 1 Gaussian and 3 learners; FedAvg, FedProx
+(``Training.mu_prox=0.01``) and Local 1 Gaussian and 1 learner (Local never aggregates its
+learner).
 
 1. PFL classification (the paper's Table 2). Every method trains on all clients' training
    rows; each client's test rows are classified with that client's personal weights,
@@ -66,6 +67,7 @@ from benchmarks.common import (
     pooled_accuracy,
     quick_seeds,
     run_paper_tables,
+    with_options,
 )
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
 from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
@@ -95,17 +97,19 @@ class Settings:
     seeds: tuple[int, ...]
 
     def model_params(self, seed: int) -> dict:
-        return {
-            "n_components": 3,
-            "n_learners": 3,
-            "max_iter": self.max_iter,
-            "tol": 0.0,
-            "learning_rate": 0.5,
-            "local_epochs": 5,
-            "batch_size": 32,
-            "dtype": "float64",
-            "random_state": seed,
-        }
+        return with_options(
+            {
+                "n_components": 3,
+                "n_learners": 3,
+                "max_iter": self.max_iter,
+                "tol": 0.0,
+                "learning_rate": 0.5,
+                "local_epochs": 5,
+                "batch_size": 32,
+                "dtype": "float64",
+                "random_state": seed,
+            }
+        )
 
 
 # ----------------------------------------------------------------------------- helpers

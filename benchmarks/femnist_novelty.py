@@ -72,6 +72,7 @@ from benchmarks.common import (
     mean_std,
     quick_seeds,
     report_header,
+    with_options,
 )
 from fednovelty.datasets.femnist import make_femnist_federated, split_writers
 from fednovelty.datasets.protocols import make_task, polar_rows
@@ -404,7 +405,9 @@ def run_labels(settings: Settings, seed: int) -> dict[str, float]:
         "dtype": "float32",
     }
     out = {}
-    fedgmm = JointFedGMMDetector(**params).fit(data.X_train, data.y_train, data.groups_train)
+    fedgmm = JointFedGMMDetector(**with_options(params)).fit(
+        data.X_train, data.y_train, data.groups_train
+    )
     for score, label in (("py|x", "FedGMM -log p(y \\| x)"), ("px", "FedGMM -log p(x)")):
         scores = fedgmm.decision_function(data.X_test, y_test, score=score)
         out[label] = auroc(novel, scores)
@@ -414,7 +417,7 @@ def run_labels(settings: Settings, seed: int) -> dict[str, float]:
     out["FedGMM accuracy (true labels)"] = 100 * float(
         np.mean(fedgmm.predict_y(data.X_test) == data.y_test)
     )
-    fedavg = JointFedGMMDetector.pfl_baseline("FedAvg", **params)
+    fedavg = JointFedGMMDetector.pfl_baseline("FedAvg", **with_options(params))
     fedavg.fit(data.X_train, data.y_train, data.groups_train)
     out["FedAvg -log p(y \\| x)"] = auroc(
         novel, fedavg.decision_function(data.X_test, y_test, score="py|x")

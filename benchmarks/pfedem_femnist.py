@@ -61,6 +61,7 @@ from benchmarks.common import (
     mean_std,
     report_header,
     standardise_images,
+    with_options,
 )
 from fednovelty import JointFedGMMDetector, PFedEMDetector
 from fednovelty.datasets.femnist import make_femnist_federated
@@ -106,7 +107,7 @@ class Settings:
     def options(self) -> dict:
         """Every method's detector settings at this scale and device."""
         learners = LEARNERS["paper" if self.scale == "paper" else "cpu"]
-        return {**COMMON, **learners, "device": self.device}
+        return with_options({**COMMON, **learners, "device": self.device})
 
 
 def make_model(name: str, seed: int, settings: Settings):

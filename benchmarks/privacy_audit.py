@@ -105,7 +105,14 @@ import numpy as np
 import torch
 
 import fednovelty
-from benchmarks.common import add_out, add_quick, command_line, emit_report, report_header
+from benchmarks.common import (
+    add_out,
+    add_quick,
+    command_line,
+    emit_report,
+    report_header,
+    with_options,
+)
 from fednovelty.detectors import FedGMMDetector, JointFedGMMDetector
 from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.evaluation.membership_audit import (
@@ -198,7 +205,7 @@ def make_detector(mode: str):
         return FedGMMDetector(**FEDGMM, privacy=Privacy(**private, mode=mode))
     if mode == "joint-dpsgd":
         privacy = Privacy(**private, sample_rate=JOINT_SAMPLE_RATE)
-        return JointFedGMMDetector(**JOINT, privacy=privacy)
+        return JointFedGMMDetector(**with_options(JOINT), privacy=privacy)
     raise ValueError(f"unknown mode {mode!r}; one of {list(MODES)}.")
 
 

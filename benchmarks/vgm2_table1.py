@@ -66,6 +66,7 @@ from benchmarks.common import (
     device_facts,
     mean_std,
     report_header,
+    with_options,
 )
 from fednovelty.datasets.loaders import load_mnist
 from fednovelty.datasets.partition import shard_partition
@@ -170,7 +171,7 @@ def run_one(split: Split, variant: str, seed: int, args) -> dict:
         **VARIANTS[variant],
     }
     start = time.perf_counter()
-    model = VGM2Classifier(**settings).fit(X, y, groups)
+    model = VGM2Classifier(**with_options(settings)).fit(X, y, groups)
     f1, acc = personal_scores(model, split, model.client_ids_)
     seconds = time.perf_counter() - start
     f1_top = acc_top = float("nan")
