@@ -107,11 +107,11 @@ class Settings:
     def options(self) -> dict:
         """Every method's detector settings at this scale and device."""
         learners = LEARNERS["paper" if self.scale == "paper" else "cpu"]
-        return with_options({**COMMON, **learners, "device": self.device})
+        return {**COMMON, **learners, "device": self.device}
 
 
 def make_model(name: str, seed: int, settings: Settings):
-    options = settings.options()
+    options = with_options(settings.options())
     if name == "pFedEM":
         algorithm = PAPER_ALGORITHM if settings.paper_algorithm else {}
         return PFedEMDetector(2, random_state=seed, **options, **algorithm)

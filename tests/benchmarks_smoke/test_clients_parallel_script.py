@@ -19,9 +19,9 @@ def test_femnist_paper_scale_preset_is_the_papers(benchmark_script):
     settings = script.Settings(seeds=(0,), **script.PAPER_SCALE)
     params = settings.model_params(0)
     assert (settings.n_writers, settings.max_iter) == (539, 200)
-    assert params["learner"] == "cnn" and params["batch_size"] == 128
+    assert params["learner"] == "cnn" and params["training"].batch_size == 128
     assert (params["n_components"], params["n_learners"]) == (3, 3)
-    assert params["learning_rate"] == 0.001
+    assert params["training"].learning_rate == 0.001
     model = script.make_model("FedGMM", script.Settings(8, 2, (0,), batch_clients=False), 0)
     assert model.get_params()["sampling__batch_clients"] is False
 

@@ -144,7 +144,8 @@ def test_fedcam_paper_scale_is_the_papers_section_5(benchmark_script):
     assert (settings.learner, settings.learning_rate, settings.ks) == ("cnn", 0.001, (5, 10))
     assert settings.partitions == {"mnist": tuple(script.PARTITIONS)}
     params = settings.model_params("IFCA-CAM", 10, 0)
-    assert (params["learner"], params["warmup_rounds"], params["local_steps"]) == ("cnn", 30, 10)
+    training = params["training"]
+    assert (params["learner"], params["warmup_rounds"], training.local_steps) == ("cnn", 30, 10)
     mine = script.build_settings(script.parse_args(["--paper-scale", "--rounds", "10"]))
     assert mine.rounds == 10 and mine.n_clients == 200  # an explicit flag wins
 
