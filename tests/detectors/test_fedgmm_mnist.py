@@ -1,5 +1,5 @@
 """Reduced FedGMM novelty experiments on real MNIST with ``JointFedGMMDetector``
-(benchmarks/fedgmm_mnist.py at full size).
+(python -m benchmarks.fedgmm_mnist at full size).
 
 Floors are the measured values at this size minus a margin; the full-size figures are in
 benchmarks/results/fedgmm_mnist.md.

@@ -571,7 +571,7 @@ def test_the_server_gate_checks_the_masked_form():
 
 # ----------------------------------------------------------------- a real deployment
 #: one EM round: on a deployment each message starts a ClientApp process, four a node a
-#: secure round (about a minute on two shared cores; benchmarks/secure_sums.py --flower).
+#: secure round (about a minute on two shared cores; python -m benchmarks.secure_sums --flower).
 EM_PARAMS = {
     "n_components": 2,
     "mixture_weights": "global",

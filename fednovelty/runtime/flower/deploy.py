@@ -73,15 +73,8 @@ __all__ = [
 ]
 
 ConfigValue = bool | int | float | str
-#: environment of every Flower process: no telemetry, no update check, no colour codes, and
-#: a SuperExec that looks for a node's next message every 0.1 s (Flower's default: 1 s, a
-#: wait in every round of a local federation).
-FLOWER_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "NO_COLOR": "1",
-    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
-}
+#: environment of every Flower process: no telemetry, no update check, no colour codes.
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "NO_COLOR": "1"}
 CONNECTION = "local"
 
 
