@@ -69,6 +69,7 @@ from fednovelty.federated.trust import (
     dp_postprocess,
     dp_split,
 )
+from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.methods import get_method
 from fednovelty.mixture.stats import SufficientStats
 
@@ -192,7 +193,7 @@ def mstep_error(
     to the one a noisy M-step under ``split`` computes (the weights' KL plus the average
     component's)."""
     rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
+    source = SeededNoise(seed)  # a utility measurement: reproducible noise
     bound = math.sqrt(d)
     v = k ** (-2 / d) / 3
     eye = torch.eye(d, dtype=torch.float64)
@@ -212,7 +213,7 @@ def mstep_error(
                 n_samples=n.sum(),
                 covariance_type="full",
             )
-            noisy = dp_mechanism.private_sum(stats, z, bound, generator)
+            noisy = dp_mechanism.private_sum(stats, z, bound, source)
             kept = dp_postprocess.plausible_stats(  # the floors of init.combine.private_stats
                 noisy, bound, max(1.0, 2 * share["counts"]), 1e-4 * bound**2,
                 share["second"] * bound**2,
