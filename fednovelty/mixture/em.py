@@ -100,24 +100,38 @@ def em_step(
     return params_from_stats(stats, reg_covar, prior), stats
 
 
+def iterate_bound(
+    step: Callable[[P], tuple[P, float]], params: P, max_iter: int, tol: float
+) -> tuple[P, int, bool, list[float]]:
+    """scikit-learn's stopping rule: ``params, bound = step(params)`` at most ``max_iter``
+    times, until ``|bound[t] - bound[t-1]| < tol``. Returns ``(params, n_iter, converged,
+    bounds)``, the fields of :class:`EMResult` (and of the variational ``VBResult``) in
+    order; ``max_iter=0`` returns ``params`` unchanged."""
+    bounds: list[float] = []
+    previous, converged = -math.inf, False
+    for _ in range(max_iter):
+        params, bound = step(params)
+        bounds.append(bound)
+        if abs(bound - previous) < tol:
+            converged = True
+            break
+        previous = bound
+    return params, len(bounds), converged, bounds
+
+
 def iterate_em(
     step: Callable[[P], tuple[P, Any]], params: P, max_iter: int, tol: float
 ) -> EMResult[P]:
     """scikit-learn's EM loop: ``params, stats = step(params)`` at most ``max_iter`` times,
     until ``|lb[t] - lb[t-1]| < tol``, where ``lb[t]`` is the mean log-likelihood
     ``stats.log_likelihood / stats.n_samples`` under the parameters before update ``t``
-    (the statistics of that step's E-step)."""
-    lower_bounds: list[float] = []
-    previous, converged = -math.inf, False
-    for _ in range(max_iter):
+    (the statistics of that step's E-step); :func:`iterate_bound` on ``lb``."""
+
+    def bounded(params: P) -> tuple[P, float]:
         params, stats = step(params)
-        lower_bound = float(stats.log_likelihood / stats.n_samples)
-        lower_bounds.append(lower_bound)
-        if abs(lower_bound - previous) < tol:
-            converged = True
-            break
-        previous = lower_bound
-    return EMResult(params, len(lower_bounds), converged, lower_bounds)
+        return params, float(stats.log_likelihood / stats.n_samples)
+
+    return EMResult(*iterate_bound(bounded, params, max_iter, tol))
 
 
 def fit_em(

@@ -52,6 +52,7 @@ from torch import Tensor
 from fednovelty.mixture.containers import ComponentTensors
 from fednovelty.mixture.covariance import log_det_cholesky, precisions_cholesky_from_covariances
 from fednovelty.mixture.density import log_gaussian_prob, log_responsibilities
+from fednovelty.mixture.em import iterate_bound
 from fednovelty.mixture.stats import SufficientStats, e_step_stats, m_step
 from fednovelty.mixture.vb_prior import VBPrior
 
@@ -407,15 +408,9 @@ def fit_vb(
     ``init`` is typically ``vb_m_step(stats_from_resp(X, one_hot(labels), ...), prior)``,
     scikit-learn's ``_initialize``.
     """
-    posterior = init
-    lower_bounds: list[float] = []
-    previous = -float("inf")
-    converged = False
-    for _ in range(max_iter):
+
+    def step(posterior: VBPosterior) -> tuple[VBPosterior, float]:
         posterior, elbo = vb_step(X, posterior, prior, reg_covar, chunk_size)
-        lower_bounds.append(float(elbo))
-        if abs(lower_bounds[-1] - previous) < tol:
-            converged = True
-            break
-        previous = lower_bounds[-1]
-    return VBResult(posterior, len(lower_bounds), converged, lower_bounds)
+        return posterior, float(elbo)
+
+    return VBResult(*iterate_bound(step, init, max_iter, tol))

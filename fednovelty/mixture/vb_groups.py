@@ -22,6 +22,7 @@ from torch import Tensor
 
 from fednovelty.mixture.covariance import log_det_cholesky
 from fednovelty.mixture.density import log_responsibilities
+from fednovelty.mixture.em import iterate_bound
 from fednovelty.mixture.stats import SufficientStats
 from fednovelty.mixture.variational import (
     VBPosterior,
@@ -142,18 +143,12 @@ def fit_vb_groups(
         second=groups.second[keep],
         n_samples=groups.counts[keep].sum(),
     )
-    posterior = init
-    lower_bounds: list[float] = []
-    previous = -float("inf")
-    converged = False
-    for _ in range(max_iter):
+
+    def step(posterior: VBPosterior) -> tuple[VBPosterior, float]:
         log_resp = log_responsibilities(vb_group_log_prob(groups, posterior))[1]
         resp = log_resp.exp()
         entropy = -(groups.counts.unsqueeze(1) * resp * log_resp).sum()
         posterior = vb_m_step(grouped_stats(groups, resp), prior, reg_covar)
-        lower_bounds.append(float(vb_lower_bound(posterior, entropy)))
-        if abs(lower_bounds[-1] - previous) < tol:
-            converged = True
-            break
-        previous = lower_bounds[-1]
-    return VBResult(posterior, len(lower_bounds), converged, lower_bounds)
+        return posterior, float(vb_lower_bound(posterior, entropy))
+
+    return VBResult(*iterate_bound(step, init, max_iter, tol))
