@@ -58,6 +58,25 @@ def learner_log_probs(template: nn.Module, learners: list[dict[str, Tensor]], Z:
         )
 
 
+def gaussian_log_densities(state: Any, X: Tensor) -> Tensor:
+    """``log N(x_i; m1)`` of rows ``X`` (n, d) under each Gaussian of ``state.params``,
+    shape (n, M1)."""
+    params = state.params
+    return log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+
+
+def state_learner_log_probs(
+    state: Any,
+    template: nn.Module,
+    X: Tensor,
+    Z: Tensor | None = None,
+    learners: list[dict[str, Tensor]] | None = None,
+) -> Tensor:
+    """:func:`learner_log_probs` (n, M2, n_classes) of ``learners`` (default
+    ``state.learners``) on ``Z``, the learners' input rows (default ``X``)."""
+    return learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+
+
 def joint_log_components(
     state: Any,
     template: nn.Module,
@@ -71,11 +90,10 @@ def joint_log_components(
 
     ``learners`` overrides ``state.learners`` (a Local client's own learners).
     """
-    params = state.params
-    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    log_n = gaussian_log_densities(state, X)
     if y is None:
         return log_n.unsqueeze(2)
-    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+    log_probs = state_learner_log_probs(state, template, X, Z, learners)
     log_py = log_probs.gather(2, y.view(-1, 1, 1).expand(-1, log_probs.shape[1], 1)).squeeze(2)
     return log_n.unsqueeze(2) + log_py.unsqueeze(1)
 
@@ -104,10 +122,9 @@ def joint_log_scores(
         learners: a Local client's own learners instead of ``state.learners``.
     """
     log_pi = global_log_joint_weights(state) if log_joint_weights is None else log_joint_weights
-    params = state.params
-    log_n = log_gaussian_prob(X, params.means, params.precisions_cholesky, params.covariance_type)
+    log_n = gaussian_log_densities(state, X)
     log_px = torch.logsumexp(log_n + torch.logsumexp(log_pi, dim=1), dim=1)
-    log_probs = learner_log_probs(template, learners or state.learners, X if Z is None else Z)
+    log_probs = state_learner_log_probs(state, template, X, Z, learners)
     # log sum_{m1,m2} pi N P(y|x) for every class: (n, n_classes)
     joint_all = torch.logsumexp(
         (log_pi.unsqueeze(0) + log_n.unsqueeze(2)).unsqueeze(3) + log_probs.unsqueeze(1),
