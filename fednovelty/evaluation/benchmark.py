@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 import warnings
 from collections.abc import Iterable
 from itertools import product
@@ -59,8 +58,10 @@ from fednovelty.evaluation.results import (
     append_row,
     cell_key,
     check_results_file,
+    error_text,
     read_finished,
     short_text,
+    warnings_text,
 )
 from fednovelty.evaluation.summary import summarize
 from fednovelty.methods import METHODS, Method, check_known, method_names
@@ -220,12 +221,7 @@ def _run_cell(method: Method, task, settings: dict) -> dict:
         out.update(
             rounds=detector.n_rounds_, bytes_up=detector.bytes_up_, bytes_down=detector.bytes_down_
         )
-    messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-    out.update(
-        fit_seconds=fit_seconds,
-        score_seconds=score_seconds,
-        warning=short_text(" | ".join(messages)) if messages else None,
-    )
+    out.update(fit_seconds=fit_seconds, score_seconds=score_seconds, warning=warnings_text(caught))
     return out
 
 
@@ -254,10 +250,7 @@ def _cell_row(config: dict, task, task_error: str | None) -> dict:
             )
         )
     except Exception as error:
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        row["error"] = short_text(
-            f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})"
-        )
+        row["error"] = error_text(error)
     return row
 
 

@@ -5,6 +5,9 @@ its ``CONFIG_COLUMNS`` (:func:`cell_key`). Each row is appended as whole lines i
 and flushed to disk (:func:`append_row`); a row torn by a kill or a full disk (a last line
 without its newline, too few fields) does not count as finished: :func:`read_finished` drops it
 with a warning and rewrites the file atomically without it, so its cell runs again.
+
+:func:`warnings_text` and :func:`error_text` write a cell's warnings and error as the one-line
+text of its ``warning`` and ``error`` columns.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import io
 import math
 import os
 import stat
+import traceback
 import warnings
 from pathlib import Path
 
@@ -27,9 +31,11 @@ __all__ = [
     "append_row",
     "cell_key",
     "check_results_file",
+    "error_text",
     "key_part",
     "read_finished",
     "short_text",
+    "warnings_text",
 ]
 
 METRICS = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1")
@@ -230,3 +236,20 @@ def short_text(message: str, limit: int = 300) -> str:
     """``message`` on one line, cut to ``limit`` characters with ``...``."""
     message = " ".join(str(message).split())
     return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def warnings_text(caught) -> str | None:
+    """The warnings ``caught`` (``warnings.catch_warnings(record=True)``'s list) as one
+    :func:`short_text` line, ``"Category: message"`` once each joined by `` | ``; None
+    when there were none."""
+    messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    return short_text(" | ".join(messages)) if messages else None
+
+
+def error_text(error: Exception) -> str:
+    """``error`` as one :func:`short_text` line: its type, message and the file and line it
+    was raised at (``"ValueError: ... (em.py:42)"``)."""
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    return short_text(
+        f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})"
+    )

@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 import warnings
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -64,7 +62,7 @@ from fednovelty.datasets.domain_pools import (
 from fednovelty.datasets.streams import SCHEDULES, domain_stream
 from fednovelty.evaluation.ablations import ablation_names, resolve_method
 from fednovelty.evaluation.metrics import evaluate
-from fednovelty.evaluation.results import METRICS, short_text
+from fednovelty.evaluation.results import METRICS, error_text, warnings_text
 from fednovelty.methods import METHODS, check_known, method_names
 from fednovelty.runtime.progress import progress_bar
 from fednovelty.runtime.threads import torch_threads
@@ -198,18 +196,6 @@ def check_stream_datasets(datasets: Iterable[str], data_dir=None) -> list[str]:
     return list(dict.fromkeys(datasets))
 
 
-def _record_warnings(caught) -> str | None:
-    messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-    return short_text(" | ".join(messages)) if messages else None
-
-
-def _error_text(error: Exception) -> str:
-    where = traceback.extract_tb(error.__traceback__)[-1]
-    return short_text(
-        f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})"
-    )
-
-
 def _a_components(detector, X: np.ndarray, from_a: np.ndarray) -> np.ndarray:
     """(K,) bool: components most of whose responsibility on ``X`` is A's rows."""
     import torch
@@ -280,7 +266,7 @@ class _Runner:
             out["score_seconds"] = time.perf_counter() - started
         out.update(evaluate(window.y_test, scores))
         out["bytes"] = out["bytes_up"] + out["bytes_down"]
-        out["warning"] = _record_warnings(caught)
+        out["warning"] = warnings_text(caught)
         if _learns_online(name):
             if window.t == 0:
                 self.a_components = _a_components(detector, window.X, window.from_a)
@@ -460,7 +446,7 @@ def run_stream_benchmark(
                         try:
                             row.update(runner.step(name, window))
                         except Exception as error:  # recorded; the stream goes on
-                            row["error"] = _error_text(error)
+                            row["error"] = error_text(error)
                     rows.append(row)
                 bar.update(1)
     bar.close()
