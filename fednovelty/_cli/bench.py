@@ -39,8 +39,12 @@ from fednovelty._cli.files import (
     positive_int,
 )
 from fednovelty._cli.progress import add_progress_option, progress_of
+from fednovelty.datasets.protocols import PARTITIONS
+from fednovelty.datasets.streams import SCHEDULES
 from fednovelty.evaluation.ablations import ABLATIONS
+from fednovelty.evaluation.results import METRICS
 from fednovelty.methods import method_names
+from fednovelty.mixture.covariance import COVARIANCE_TYPES
 
 #: Grid options and the value a grid run takes when one is not given (argparse default None,
 #: so that ``--stream`` can refuse the ones given).
@@ -75,7 +79,6 @@ QUICK = {
     "seeds": [0],
 }
 SWEEP_AXES = ("alpha", "n_clients", "n_components", "client_components")
-METRICS = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1")
 
 
 def client_components(text: str) -> int | None:
@@ -417,13 +420,11 @@ def add_parser(sub) -> None:
     )
     bench.add_argument(
         "--partition",
-        choices=["dirichlet", "quantity", "iid"],
+        choices=PARTITIONS,
         default=None,
         help="default: dirichlet",
     )
-    bench.add_argument(
-        "--covariance-type", default="full", choices=["full", "tied", "diag", "spherical"]
-    )
+    bench.add_argument("--covariance-type", default="full", choices=COVARIANCE_TYPES)
     bench.add_argument("--max-train", type=positive_int, default=None, help="cap on training rows")
     bench.add_argument("--max-test", type=positive_int, default=None, help="cap on test rows")
     bench.add_argument(
@@ -470,7 +471,7 @@ def add_parser(sub) -> None:
     )
     streams.add_argument(
         "--stream",
-        choices=["linear", "cosine", "constant"],
+        choices=SCHEDULES,
         default=None,
         help="run a stream whose share of domain A follows this schedule",
     )

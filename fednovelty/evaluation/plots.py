@@ -23,6 +23,8 @@ import sys
 import numpy as np
 import pandas as pd
 
+from fednovelty.evaluation.results import METRICS
+
 __all__ = ["plot_method_bars", "plot_metric_vs", "plot_stream_metric"]
 
 _LABELS = {
@@ -174,7 +176,7 @@ def plot_method_bars(df: pd.DataFrame, metric: str = "auroc", ax=None, *, title=
         )
     ax.set_xticks(np.arange(len(datasets)), datasets, rotation=45, ha="right")
     ax.set_ylabel(_LABELS.get(metric, metric))
-    if metric in ("auroc", "aupr_in", "aupr_out", "max_f1", "fpr_at_95_tpr"):
+    if metric in METRICS:  # shares and areas, all in [0, 1]
         ax.set_ylim(0.0, 1.0)
     if title:
         ax.set_title(title)
