@@ -19,6 +19,7 @@ from fednovelty.federated.bayesian.vgm2_networks import (
     Classifier,
     embed,
     prefixed,
+    private_adam,
     train_classifier,
     unprefixed,
 )
@@ -26,7 +27,7 @@ from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings, VGM2Sta
 from fednovelty.federated.bayesian.vgm2_step import EncoderStep, LocalUpdate
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.config import AGGREGATIONS, settings_dataclass
-from fednovelty.federated.trust.dp_sgd import DPSGDSettings, private_sgd
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
 from fednovelty.federated.trust.robust import robust_average_params
 
 __all__ = ["VGM2FedAvg", "VGM2FedAvgConfig", "VGM2FedAvgStep", "private_classifier"]
@@ -60,8 +61,9 @@ def private_classifier(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """FedAvg's local training under DP-SGD (``settings``): the cross-entropy of
     :class:`~fednovelty.federated.bayesian.vgm2_networks.Classifier` (``templates``: the
-    encoder's and the head's) by :func:`~fednovelty.federated.trust.dp_sgd.private_sgd` with
-    Adam at ``learning_rate`` (``train_encoder=False``: the head alone on the frozen
+    encoder's and the head's) by
+    :func:`~fednovelty.federated.bayesian.vgm2_networks.private_adam` (DP-SGD with Adam at
+    ``learning_rate``; ``train_encoder=False``: the head alone on the frozen
     encoder's embeddings). Returns the encoder and the head."""
     encoder_t, head_t = templates
     if config.train_encoder:
@@ -70,17 +72,7 @@ def private_classifier(
         with torch.no_grad():
             rows = embed(encoder_t, encoder, X)
         template, start = head_t, head
-    (trained,) = private_sgd(
-        template,
-        [start],
-        rows,
-        y,
-        X.new_ones(X.shape[0], 1),
-        settings,
-        generator,
-        learning_rate=config.learning_rate,
-        optimizer="adam",
-    )
+    trained = private_adam(template, start, rows, y, config, settings, generator)
     if not config.train_encoder:
         return encoder, trained
     return unprefixed("encoder.", trained), unprefixed("head.", trained)
@@ -94,10 +86,7 @@ class VGM2FedAvgStep(EncoderStep):
     keeps_networks = False  # the client's copy is the next round's global network's input
 
     def round_tensors(self, state: VGM2State) -> dict[str, Tensor]:
-        return {
-            **prefixed("encoder.", state.global_encoder),
-            **prefixed("head.", state.global_head),
-        }
+        return network_tensors(state.global_encoder, state.global_head)
 
     def reply_tensors(self, broadcast: Message) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in broadcast.tensors.items()}

@@ -4,19 +4,23 @@ Every client of the family trains a personal MLP encoder ``f: R^m -> R^d`` (the 
 a linear class head ``R^d -> C``) with Adam for ``local_epochs`` passes over its rows each
 time it is sampled (:func:`local_batches`). :func:`train_classifier` is the baselines'
 cross-entropy training (with an optional extra term per batch, FedProto's pull);
-:class:`Classifier` is DP-SGD's template of ``head(encoder(x))``. Parameters travel and are
-kept under prefixed names (:func:`prefixed`, :func:`unprefixed`).
+:class:`Classifier` is DP-SGD's template of ``head(encoder(x))`` and :func:`private_adam` the
+family's DP-SGD of one network. Parameters travel and are kept under prefixed names
+(:func:`prefixed`, :func:`unprefixed`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings
 from fednovelty.federated.core.learners import logits
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings, private_sgd
+from fednovelty.federated.trust.noise import NoiseSource
 
 __all__ = [
     "Classifier",
@@ -25,6 +29,7 @@ __all__ = [
     "head_template",
     "local_batches",
     "prefixed",
+    "private_adam",
     "train_classifier",
     "unprefixed",
 ]
@@ -124,3 +129,33 @@ class Classifier(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.encoder(x))
+
+
+def private_adam(
+    model: nn.Module,
+    start: dict[str, Tensor],
+    inputs: Tensor,
+    y: Tensor,
+    config: EncoderSettings,
+    settings: DPSGDSettings,
+    source: NoiseSource,
+    **options: Any,
+) -> dict[str, Tensor]:
+    """One network (``model`` from parameters ``start``) trained by the client's DP-SGD
+    (``settings``, noise from ``source``) with Adam at ``config.learning_rate`` on rows
+    ``inputs`` (n, ...) and labels ``y`` (n,), every row of weight 1; ``options`` go to
+    :func:`~fednovelty.federated.trust.dp_sgd.private_sgd` (``row_loss``, ``pairs``).
+    Returns the trained parameters."""
+    (trained,) = private_sgd(
+        model,
+        [start],
+        inputs,
+        y,
+        inputs.new_ones(inputs.shape[0], 1),
+        settings,
+        source,
+        learning_rate=config.learning_rate,
+        optimizer="adam",
+        **options,
+    )
+    return trained

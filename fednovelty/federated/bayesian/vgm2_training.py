@@ -20,10 +20,11 @@ from fednovelty.federated.bayesian.vgm2_networks import (
     embed,
     local_batches,
     prefixed,
+    private_adam,
     unprefixed,
 )
 from fednovelty.federated.bayesian.vgm2_umap import umap_loss
-from fednovelty.federated.trust.dp_sgd import DPSGDSettings, private_sgd
+from fednovelty.federated.trust.dp_sgd import DPSGDSettings
 from fednovelty.mixture.dirnig import (
     free_from_markers,
     kl_markers,
@@ -114,14 +115,15 @@ def private_markers(
     """VGM2's local training (``config``: a
     :class:`~fednovelty.federated.bayesian.vgm2.VGM2Config`) under DP-SGD (``settings``, the
     client's own): the encoder (of ``template``) and markers together by
-    :func:`~fednovelty.federated.trust.dp_sgd.private_sgd` on pairs of rows (``pairs=True``:
-    a row and its successor in a random cycle of the step's sample), a pair's loss ``gamma
-    BCE(same, logit pi_1(s)) + lambda KL(q || p_t)``, Adam at ``learning_rate`` (the markers
-    at ``marker_learning_rate`` through :class:`~fednovelty.federated.bayesian.vgm2_markers.
-    PairModel`'s scale). Eq. 7's calibration error (of a batch's pairs) and parametric
-    UMAP's loss (on the kNN graph of all the rows) are not sums over pairs of one row and
-    are left out. ``train_encoder=False``: the markers alone, on the frozen encoder's
-    embeddings. Returns the encoder and the markers (2, 5, K)."""
+    :func:`~fednovelty.federated.bayesian.vgm2_networks.private_adam` on pairs of rows
+    (``pairs=True``: a row and its successor in a random cycle of the step's sample), a
+    pair's loss ``gamma BCE(same, logit pi_1(s)) + lambda KL(q || p_t)``, Adam at
+    ``learning_rate`` (the markers at ``marker_learning_rate`` through
+    :class:`~fednovelty.federated.bayesian.vgm2_markers.PairModel`'s scale). Eq. 7's
+    calibration error (of a batch's pairs) and parametric UMAP's loss (on the kNN graph of
+    all the rows) are not sums over pairs of one row and are left out.
+    ``train_encoder=False``: the markers alone, on the frozen encoder's embeddings. Returns
+    the encoder and the markers (2, 5, K)."""
     scale = config.marker_learning_rate / config.learning_rate
     inputs = X
     encoder_module: nn.Module = template
@@ -142,18 +144,8 @@ def private_markers(
         bce = nn.functional.binary_cross_entropy_with_logits(logit, same)
         return w[0] * (gamma * bce + lam * kl_markers(model.markers(p["free"]), prior))
 
-    (trained,) = private_sgd(
-        model,
-        [start],
-        inputs,
-        y,
-        X.new_ones(X.shape[0], 1),
-        settings,
-        generator,
-        learning_rate=config.learning_rate,
-        optimizer="adam",
-        row_loss=pair_loss,
-        pairs=True,
+    trained = private_adam(
+        model, start, inputs, y, config, settings, generator, row_loss=pair_loss, pairs=True
     )
     markers = model.markers(trained["free"]).detach()
     return (unprefixed("encoder.", trained) if config.train_encoder else encoder), markers
