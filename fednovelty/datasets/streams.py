@@ -107,6 +107,21 @@ def schedule_share(
     return 0.5 * (1.0 - math.cos(2.0 * math.pi * frac))
 
 
+def _draw(pool_a: np.ndarray, pool_b: np.ndarray, n: int, share: float, rng):
+    """``n`` indices, each from ``pool_a`` with probability ``share`` (else ``pool_b``;
+    all from the other pool where one is empty), with replacement; and the A flags."""
+    from_a = rng.random(n) < share
+    if pool_a.size == 0:
+        from_a[:] = False
+    if pool_b.size == 0:
+        from_a[:] = True
+    rows = np.empty(n, dtype=np.int64)
+    n_a = int(from_a.sum())
+    rows[from_a] = pool_a[rng.integers(0, pool_a.size, n_a)] if n_a else []
+    rows[~from_a] = pool_b[rng.integers(0, pool_b.size, n - n_a)] if n_a < n else []
+    return rows, from_a
+
+
 def writer_stream(
     data: FederatedWriters,
     n_windows: int,
@@ -147,22 +162,8 @@ def writer_stream(
     out = []
     for t in range(n_windows):
         share = schedule_share(t, n_windows, kind, cycles, constant)
-        picked, from_a = [], []
-        for pool_a, pool_b in pools:
-            want_a = rng.random(rows_per_window) < share
-            if pool_a.size == 0:
-                want_a[:] = False
-            if pool_b.size == 0:
-                want_a[:] = True
-            n_a = int(want_a.sum())
-            rows = np.empty(rows_per_window, dtype=np.int64)
-            rows[want_a] = rng.choice(pool_a, n_a) if n_a else []
-            rows[~want_a] = (
-                rng.choice(pool_b, rows_per_window - n_a) if n_a < rows_per_window else []
-            )
-            picked.append(rows)
-            from_a.append(want_a)
-        index = np.concatenate(picked)
+        parts = [_draw(pool_a, pool_b, rows_per_window, share, rng) for pool_a, pool_b in pools]
+        index = np.concatenate([p[0] for p in parts])
         chosen = images[index]
         out.append(
             StreamWindow(
@@ -170,7 +171,7 @@ def writer_stream(
                 X=chosen.reshape(chosen.shape[0], -1).astype(np.float64) / 255.0,
                 y=labels[index].astype(np.int64),
                 groups=groups[index].astype(np.int64),
-                from_a=np.concatenate(from_a),
+                from_a=np.concatenate([p[1] for p in parts]),
                 share=share,
             )
         )
@@ -276,21 +277,6 @@ def _client_pools(pools: DomainPools, n_clients: int, offset_b: int) -> list[tup
         (np.flatnonzero(pools.clients_a == c), offset_b + np.flatnonzero(pools.clients_b == c))
         for c in range(n_clients)
     ]
-
-
-def _draw(pool_a: np.ndarray, pool_b: np.ndarray, n: int, share: float, rng):
-    """``n`` indices, each from ``pool_a`` with probability ``share`` (else ``pool_b``;
-    all from the other pool where one is empty), with replacement; and the A flags."""
-    from_a = rng.random(n) < share
-    if pool_a.size == 0:
-        from_a[:] = False
-    if pool_b.size == 0:
-        from_a[:] = True
-    rows = np.empty(n, dtype=np.int64)
-    n_a = int(from_a.sum())
-    rows[from_a] = pool_a[rng.integers(0, pool_a.size, n_a)] if n_a else []
-    rows[~from_a] = pool_b[rng.integers(0, pool_b.size, n - n_a)] if n_a < n else []
-    return rows, from_a
 
 
 def _features(features: str, n_axes: int | None, warm, groups, rows) -> np.ndarray:
