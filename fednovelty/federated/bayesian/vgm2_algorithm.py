@@ -63,6 +63,15 @@ class EncoderAlgorithm(ChainedAlgorithm):
         """The head's initial weights."""
         return {k: v.clone() for k, v in unprefixed("head.", self._initial).items()}
 
+    def personal_networks(
+        self, client_state: dict[str, Tensor]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """A client's encoder and head as its kept state ``client_state`` holds them, or the
+        initial weights for a client never trained."""
+        encoder = unprefixed(ENCODER, client_state) or self.initial_encoder()
+        head = unprefixed(HEAD, client_state) or self.initial_head()
+        return encoder, head
+
     def new_state(self) -> VGM2State:
         return VGM2State()
 
@@ -78,10 +87,8 @@ class EncoderAlgorithm(ChainedAlgorithm):
         self, client_state: dict[str, Tensor], state: VGM2State
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The encoder and head a client predicts with: its personal ones, or the initial
-        weights for a client never trained."""
-        encoder = unprefixed(ENCODER, client_state) or self.initial_encoder()
-        head = unprefixed(HEAD, client_state) or self.initial_head()
-        return encoder, head
+        weights for a client never trained (:meth:`personal_networks`)."""
+        return self.personal_networks(client_state)
 
     def client_proba(
         self,

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fednovelty.federated.bayesian.vgm2_networks import unprefixed
 from fednovelty.federated.bayesian.vgm2_settings import ENCODER, HEAD, EncoderSettings, VGM2State
 from fednovelty.federated.core.base import (
     ClientContext,
@@ -222,10 +221,9 @@ class EncoderStep(Step):
         self, X: Tensor, message: Message, kept: dict[str, Tensor]
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The encoder and head a client's training starts from, on ``X``'s device and
-        dtype: its personal ones (``kept``), or the initial weights."""
-        algorithm = self.algorithm
-        encoder = unprefixed(ENCODER, kept) or algorithm.initial_encoder()
-        head = unprefixed(HEAD, kept) or algorithm.initial_head()
+        dtype: its personal ones (``kept``), or the initial weights (the algorithm's
+        ``personal_networks``)."""
+        encoder, head = self.algorithm.personal_networks(kept)
         return {k: v.to(X) for k, v in encoder.items()}, {k: v.to(X) for k, v in head.items()}
 
     def train(
