@@ -289,16 +289,16 @@ def run(args: argparse.Namespace) -> int:
     args.methods = args.methods or method_names()
     outputs = check_bench_folder(args.out)
     out = outputs.folder  # created by run_benchmark
+    # the grid's names, as check_grid checks them and run_benchmark runs them
+    grid = {
+        "ablations": args.ablations,
+        "protocols": args.protocols,
+        "alphas": args.alphas,
+        "partition": args.partition,
+        "data_dir": args.data_dir,
+    }
     try:  # what run_benchmark checks before it runs anything, as usage errors
-        check_grid(
-            args.datasets,
-            args.methods,
-            ablations=args.ablations,
-            protocols=args.protocols,
-            alphas=args.alphas,
-            partition=args.partition,
-            data_dir=args.data_dir,
-        )
+        check_grid(args.datasets, args.methods, **grid)
         check_results_file(out / "results.csv")
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -306,14 +306,11 @@ def run(args: argparse.Namespace) -> int:
     df = run_benchmark(
         args.datasets,
         args.methods,
-        ablations=args.ablations,
-        protocols=args.protocols,
-        alphas=args.alphas,
+        **grid,
         n_clients=args.clients,
         seeds=args.seeds or [0],
         n_components=args.components,
         client_components=args.client_components,
-        partition=args.partition,
         covariance_type=args.covariance_type,
         max_train=args.max_train,
         max_test=args.max_test,
@@ -321,7 +318,6 @@ def run(args: argparse.Namespace) -> int:
         out_csv=out / "results.csv",
         retry_errors=args.retry_errors,
         progress=progress_of(args),
-        data_dir=args.data_dir,
         threads=args.threads or None,
     )
     if (out / "results.csv").is_file():
