@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -222,24 +223,28 @@ class Experiment:
     Attributes:
         name: its ``--experiment`` choice.
         title: the line printed when it starts.
-        run_seed: ``run_seed(data, settings, seed)``: the seed's results (a dict).
+        run_seed: ``run_seed(data, settings, seed)``: the seed's results (what ``report`` reads).
         report: ``report(per_seed, settings)``: its report section from the per-seed results.
+        data: ``data(settings, seed)``: the experiment's own data of a seed, built when the
+            seed starts; ``None``: the :class:`PaperTables`' shared data.
     """
 
     name: str
     title: str
     run_seed: Callable
     report: Callable[[list, object], str]
+    data: Callable[[object, int], object] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class PaperTables:
     """What a paper-table script runs: the report's title, the data of a seed
-    (``data(settings, seed)``, built once and shared by the experiments) and the experiments
-    in report order."""
+    (``data(settings, seed)``, built once and shared by the experiments that have none of
+    their own; ``None`` when every experiment has its own) and the experiments in report
+    order."""
 
     title: str
-    data: Callable[[object, int], object]
+    data: Callable[[object, int], object] | None
     experiments: tuple[Experiment, ...]
 
     @property
@@ -255,23 +260,35 @@ def add_experiment(parser, spec: PaperTables) -> None:
 def run_paper_tables(
     spec: PaperTables,
     settings,
-    experiment: str,
+    experiment: str | Sequence[str],
     command: str,
     quick: bool,
     out: Path | None,
     facts: str = "",
+    intro: Callable[[dict[str, list]], str] | None = None,
+    after: Callable[[dict[str, list]], Sequence[str]] | None = None,
 ) -> str:
-    """Run ``spec``'s ``experiment`` (or ``"all"``) over ``settings.seeds``; print and return
-    the report (written to ``out`` when given): :func:`report_header`, then ``facts`` (more
-    header lines), then one section per experiment run."""
+    """Run ``spec``'s ``experiment`` (a name, several names, or ``"all"``; in ``spec``'s
+    order) over ``settings.seeds``; print and return the report (written to ``out`` when
+    given): :func:`report_header`, then ``facts`` (more header lines), then ``intro(results)``
+    (a section before the experiments'), one section per experiment run, and the sections
+    of ``after(results)`` (e.g. ones that read several experiments, or that draw figures).
+    ``results`` maps each experiment run to its per-seed results."""
+    wanted = {experiment} if isinstance(experiment, str) else set(experiment)
+    chosen = [e for e in spec.experiments if wanted & {e.name, "all"}]
     started = time.perf_counter()
-    datasets = {seed: spec.data(settings, seed) for seed in settings.seeds}
+    shared = {}
+    if any(e.data is None for e in chosen):
+        shared = {seed: spec.data(settings, seed) for seed in settings.seeds}
+    results: dict[str, list] = {}
     sections = []
-    for chosen in spec.experiments:
-        if experiment in (chosen.name, "all"):
-            print(chosen.title)
-            per_seed = [chosen.run_seed(datasets[s], settings, s) for s in settings.seeds]
-            sections.append(chosen.report(per_seed, settings))
+    for e in chosen:
+        print(e.title)
+        seed_data = (lambda s: shared[s]) if e.data is None else partial(e.data, settings)
+        results[e.name] = [e.run_seed(seed_data(s), settings, s) for s in settings.seeds]
+        sections.append(e.report(results[e.name], settings))
+    first = [intro(results)] if intro is not None else []
+    sections = [*first, *sections, *(after(results) if after is not None else [])]
     header = report_header(spec.title, command, quick, time.perf_counter() - started)
     header += f"\n{facts}" if facts else ""
     return emit_report("\n\n".join([header, *sections]) + "\n", out)

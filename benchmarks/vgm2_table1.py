@@ -51,7 +51,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -60,12 +60,14 @@ import torch
 from sklearn.metrics import f1_score
 
 from benchmarks.common import (
+    Experiment,
+    PaperTables,
     add_device,
     check_device,
     command_line,
     device_facts,
     mean_std,
-    report_header,
+    run_paper_tables,
     with_options,
 )
 from fednovelty.datasets.loaders import load_mnist
@@ -107,6 +109,25 @@ class Split:
     test: list[tuple[np.ndarray, np.ndarray]]
 
 
+@dataclass(frozen=True)
+class Settings:
+    """One run's scale: clients, rounds, clients per round, local epochs, training rows per
+    client, device, variants, seeds, the scale's name, the tidy files' folder; ``records``
+    gathers every run's record for the tidy files."""
+
+    clients: int
+    rounds: int
+    per_round: int
+    epochs: int
+    max_rows: int
+    device: str
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    scale: str
+    out_dir: Path
+    records: list[dict] = field(default_factory=list)
+
+
 def mnist_shards(n_clients: int, max_rows: int, seed: int) -> Split:
     """MNIST's training split in label shards (S = 2); per client ``max_rows`` training
     rows and ``max_rows // 4`` test rows from its shards."""
@@ -144,6 +165,11 @@ def femnist_writers(n_clients: int, max_rows: int, seed: int) -> Split:
 DATASETS = {"mnist": mnist_shards, "femnist": femnist_writers}
 
 
+def seed_split(make, settings: Settings, seed: int) -> Split:
+    """A seed's split by ``make`` (a :data:`DATASETS` function) at ``settings``' scale."""
+    return make(settings.clients, settings.max_rows, seed)
+
+
 def personal_scores(model, split: Split, client_ids: np.ndarray) -> tuple[float, float]:
     """Mean over clients of the macro-F1 (labels present in the client's test rows) and of
     the accuracy, each client predicted with its own model."""
@@ -155,23 +181,23 @@ def personal_scores(model, split: Split, client_ids: np.ndarray) -> tuple[float,
     return float(np.mean(f1s)), float(np.mean(accs))
 
 
-def run_one(split: Split, variant: str, seed: int, args) -> dict:
+def run_one(split: Split, variant: str, seed: int, settings: Settings) -> dict:
     """Fit one variant on one split; its record (F1, accuracy, bytes, seconds)."""
     from fednovelty.detectors.vgm2 import VGM2Classifier
 
     X = np.concatenate([x for x, _ in split.train])
     y = np.concatenate([t for _, t in split.train])
     groups = np.concatenate([np.full(len(t), c) for c, (_, t) in enumerate(split.train)])
-    settings = {
-        "rounds": args.rounds,
-        "clients_per_round": args.per_round,
-        "local_epochs": args.epochs,
+    params = {
+        "rounds": settings.rounds,
+        "clients_per_round": settings.per_round,
+        "local_epochs": settings.epochs,
         "random_state": seed,
-        "device": args.device,
+        "device": settings.device,
         **VARIANTS[variant],
     }
     start = time.perf_counter()
-    model = VGM2Classifier(**with_options(settings)).fit(X, y, groups)
+    model = VGM2Classifier(**with_options(params)).fit(X, y, groups)
     f1, acc = personal_scores(model, split, model.client_ids_)
     seconds = time.perf_counter() - start
     f1_top = acc_top = float("nan")
@@ -189,8 +215,8 @@ def run_one(split: Split, variant: str, seed: int, args) -> dict:
         "accuracy_top_pi": acc_top,
         "bytes_per_client_round": model.bytes_per_client_round_,
         "seconds": seconds,
-        "rounds": args.rounds,
-        "max_rows": args.max_rows,
+        "rounds": settings.rounds,
+        "max_rows": settings.max_rows,
         "never_sampled": int(np.sum(model.sampled_counts_ == 0)),
     }
 
@@ -198,51 +224,77 @@ def run_one(split: Split, variant: str, seed: int, args) -> dict:
 _mean_std = partial(mean_std, digits=3, ddof=0, sep=" +- ")  # population std (ddof 0)
 
 
-def render(records: list[dict], args, seconds: float) -> str:
-    """The markdown report of the records so far, ``seconds`` of wall time into the run."""
+def run_split(split: Split, settings: Settings, seed: int) -> list[dict]:
+    """Every variant of ``settings`` on one seed's split; their records, each also added to
+    ``settings.records`` and the tidy files rewritten after it."""
+    out = []
+    for variant in settings.variants:
+        record = run_one(split, variant, seed, settings)
+        out.append(record)
+        settings.records.append(record)
+        print(json.dumps(record), flush=True)
+        write_tidy(settings.records, settings.out_dir)
+    return out
+
+
+def write_tidy(records: list[dict], out_dir: Path) -> None:
+    """``vgm2_table1.json`` (the records) and ``vgm2_table1.csv`` (one row per record)."""
+    (out_dir / "vgm2_table1.json").write_text(json.dumps(records, indent=1))
+    keys = list(records[0])
+    csv = [",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in records]
+    (out_dir / "vgm2_table1.csv").write_text("\n".join(csv) + "\n")
+
+
+def dataset_table(per_seed: list[list[dict]], settings: Settings) -> str:
+    """One dataset's section: a row per variant run, mean +- std over seeds."""
+    rows = [r for records in per_seed for r in records]
+    dataset = rows[0]["dataset"]
     lines = [
-        report_header("VGM2 Table 1", args.command, args.quick, seconds),
-        f"- scale: {args.scale} (at most {args.max_rows} training rows per client; the "
-        "paper's MNIST shards: 2,000; an MLP encoder, the paper's: a small ConvNet)",
-        f"- device: {device_facts(args.device)}",
+        f"## {dataset}",
         "",
-        f"N = {args.clients} clients, T = {args.rounds} rounds, {args.per_round} clients per "
-        f"round, E = {args.epochs} local epochs, at most {args.max_rows} training rows per "
-        f"client, seeds {list(range(args.seeds))}. F1: per-client macro-F1 on the client's "
-        "own test rows, averaged over clients; mean +- std over seeds. VGM2 predicts with "
-        "the 'nearest' rule (pi_1-weighted vote of the 5 nearest training rows); the "
-        "'top-pi' column scores the same fitted models by the mean of each class's 5 "
-        "largest pi_1 (the rule first tried).",
-        "",
+        "| method | macro-F1 | accuracy | seeds | paper F1 (MNIST) | macro-F1, top-pi rule "
+        "| bytes/client/round | seconds/run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for dataset in dict.fromkeys(r["dataset"] for r in records):
-        rows = [r for r in records if r["dataset"] == dataset]
-        lines += [
-            f"## {dataset}",
+    for variant in VARIANTS:
+        mine = [r for r in rows if r["variant"] == variant]
+        if not mine:
+            continue
+        paper = PAPER_MNIST.get(PAPER_KEY.get(variant, ""), None)
+        tops = [r["macro_f1_top_pi"] for r in mine if r["macro_f1_top_pi"] == r["macro_f1_top_pi"]]
+        top_text = _mean_std(tops)
+        paper_text = f"{paper:.3f}" if paper is not None and dataset == "MNIST" else "-"
+        lines.append(
+            f"| {variant} | {_mean_std([r['macro_f1'] for r in mine])} | "
+            f"{_mean_std([r['accuracy'] for r in mine])} | {len(mine)} | {paper_text} | "
+            f"{top_text} | "
+            f"{np.mean([r['bytes_per_client_round'] for r in mine]):.0f} | "
+            f"{np.mean([r['seconds'] for r in mine]):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def facts(settings: Settings) -> str:
+    """The header's scale and device lines, then the setting's paragraph."""
+    return "\n".join(
+        [
+            f"- scale: {settings.scale} (at most {settings.max_rows} training rows per client; "
+            "the paper's MNIST shards: 2,000; an MLP encoder, the paper's: a small ConvNet)",
+            f"- device: {device_facts(settings.device)}",
             "",
-            "| method | macro-F1 | accuracy | seeds | paper F1 (MNIST) | macro-F1, top-pi rule "
-            "| bytes/client/round | seconds/run |",
-            "|---|---|---|---|---|---|---|---|",
+            f"N = {settings.clients} clients, T = {settings.rounds} rounds, "
+            f"{settings.per_round} clients per round, E = {settings.epochs} local epochs, at "
+            f"most {settings.max_rows} training rows per client, seeds {list(settings.seeds)}. "
+            "F1: per-client macro-F1 on the client's own test rows, averaged over clients; "
+            "mean +- std over seeds. VGM2 predicts with the 'nearest' rule (pi_1-weighted vote "
+            "of the 5 nearest training rows); the 'top-pi' column scores the same fitted models "
+            "by the mean of each class's 5 largest pi_1 (the rule first tried).",
         ]
-        for variant in VARIANTS:
-            mine = [r for r in rows if r["variant"] == variant]
-            if not mine:
-                continue
-            paper = PAPER_MNIST.get(PAPER_KEY.get(variant, ""), None)
-            tops = [
-                r["macro_f1_top_pi"] for r in mine if r["macro_f1_top_pi"] == r["macro_f1_top_pi"]
-            ]
-            top_text = _mean_std(tops)
-            paper_text = f"{paper:.3f}" if paper is not None and dataset == "MNIST" else "-"
-            lines.append(
-                f"| {variant} | {_mean_std([r['macro_f1'] for r in mine])} | "
-                f"{_mean_std([r['accuracy'] for r in mine])} | {len(mine)} | {paper_text} | "
-                f"{top_text} | "
-                f"{np.mean([r['bytes_per_client_round'] for r in mine]):.0f} | "
-                f"{np.mean([r['seconds'] for r in mine]):.0f} |"
-            )
-        lines.append("")
-    lines += [
+    )
+
+
+COMMUNICATION = "\n".join(
+    [
         "## Communication arithmetic",
         "",
         "The paper: per client per round, 2 relations x (K Dirichlet + 4K NIG) = 10K scalars; "
@@ -250,9 +302,24 @@ def render(records: list[dict], args, seconds: float) -> str:
         "relation or ~240 bytes total' counts it twice: one relation is 5K = 15 scalars = 60 "
         "bytes). Measured VGM2 uploads add the row count and the loss (2 x 4 bytes): "
         "128 bytes at K = 3, 48 at K = 1.",
-        "",
     ]
-    return "\n".join(lines)
+)
+
+#: one experiment per dataset (``--datasets``), each on its own seeded split.
+TABLES = PaperTables(
+    title="VGM2 Table 1",
+    data=None,
+    experiments=tuple(
+        Experiment(
+            name,
+            f"VGM2 Table 1 on {name}",
+            run_split,
+            dataset_table,
+            data=partial(seed_split, make),
+        )
+        for name, make in DATASETS.items()
+    ),
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -302,24 +369,28 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(1)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    records: list[dict] = []
-    report = ""
-    started = time.perf_counter()
-    for name in args.datasets:
-        for seed in range(args.seeds):
-            split = DATASETS[name](args.clients, args.max_rows, seed)
-            for variant in args.variants:
-                record = run_one(split, variant, seed, args)
-                records.append(record)
-                print(json.dumps(record), flush=True)
-                report = render(records, args, time.perf_counter() - started)
-                (args.out_dir / "vgm2_table1.md").write_text(report)
-                (args.out_dir / "vgm2_table1.json").write_text(json.dumps(records, indent=1))
-                keys = list(records[0])
-                csv = [",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in records]
-                (args.out_dir / "vgm2_table1.csv").write_text("\n".join(csv) + "\n")
-    print(report)
-    return report
+    settings = Settings(
+        clients=args.clients,
+        rounds=args.rounds,
+        per_round=args.per_round,
+        epochs=args.epochs,
+        max_rows=args.max_rows,
+        device=args.device,
+        variants=tuple(args.variants),
+        seeds=tuple(range(args.seeds)),
+        scale=args.scale,
+        out_dir=args.out_dir,
+    )
+    return run_paper_tables(
+        TABLES,
+        settings,
+        args.datasets,
+        args.command,
+        args.quick,
+        args.out_dir / "vgm2_table1.md",
+        facts=facts(settings),
+        after=lambda results: [COMMUNICATION],
+    )
 
 
 if __name__ == "__main__":
