@@ -267,13 +267,16 @@ def run_paper_tables(
     facts: str = "",
     intro: Callable[[dict[str, list]], str] | None = None,
     after: Callable[[dict[str, list]], Sequence[str]] | None = None,
+    checkpoint: Callable[[dict[str, list]], None] | None = None,
 ) -> str:
     """Run ``spec``'s ``experiment`` (a name, several names, or ``"all"``; in ``spec``'s
     order) over ``settings.seeds``; print and return the report (written to ``out`` when
     given): :func:`report_header`, then ``facts`` (more header lines), then ``intro(results)``
     (a section before the experiments'), one section per experiment run, and the sections
     of ``after(results)`` (e.g. ones that read several experiments, or that draw figures).
-    ``results`` maps each experiment run to its per-seed results."""
+    ``results`` maps each experiment run to its per-seed results; ``checkpoint(results)`` is
+    called after each experiment with the results so far (e.g. to write files a later run
+    resumes from)."""
     wanted = {experiment} if isinstance(experiment, str) else set(experiment)
     chosen = [e for e in spec.experiments if wanted & {e.name, "all"}]
     started = time.perf_counter()
@@ -287,6 +290,8 @@ def run_paper_tables(
         seed_data = (lambda s: shared[s]) if e.data is None else partial(e.data, settings)
         results[e.name] = [e.run_seed(seed_data(s), settings, s) for s in settings.seeds]
         sections.append(e.report(results[e.name], settings))
+        if checkpoint is not None:
+            checkpoint(results)
     first = [intro(results)] if intro is not None else []
     sections = [*first, *sections, *(after(results) if after is not None else [])]
     header = report_header(spec.title, command, quick, time.perf_counter() - started)

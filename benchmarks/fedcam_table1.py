@@ -115,6 +115,7 @@ import json
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -127,6 +128,8 @@ from sklearn.metrics import adjusted_rand_score, f1_score
 
 from benchmarks.common import (
     RESULTS,
+    Experiment,
+    PaperTables,
     add_device,
     add_quick,
     add_seeds,
@@ -139,6 +142,7 @@ from benchmarks.common import (
     markdown_table,
     mean_std,
     report_header,
+    run_paper_tables,
     standardise_images,
     with_options,
 )
@@ -452,9 +456,10 @@ def fit_one(method: str, k: int, split: Split, settings: Settings, seed: int) ->
     return out
 
 
-def run_setting(dataset: str, name: str, k: int, settings: Settings, seed: int) -> dict:
-    """Every method on one split; {method: result}."""
-    split = make_split(dataset, name, settings, k, seed)
+def run_setting(
+    dataset: str, name: str, k: int, split: Split, settings: Settings, seed: int
+) -> dict:
+    """Every method on one seed's ``split`` of ``dataset`` / ``name`` / ``k``; {method: result}."""
     results = {}
     for method in settings.methods:
         if method == "FedAvg+" and seed not in settings.plus_seeds:
@@ -594,6 +599,98 @@ def settings_text(settings: Settings) -> str:
         "the largest cluster's share of the clients after the last round; peak: its maximum "
         "over the clustered rounds; ARI: final assignment against the true clusters. The paper's "
         "numbers are Fashion-MNIST (Table 1 / 2), beside ours for scale, not as targets."
+    )
+
+
+# ----------------------------------------------------------------------------- the tables
+Cell = tuple[str, str, int]  # (dataset, partition, K)
+
+
+def cell_name(cell: Cell) -> str:
+    """An experiment's name: ``"<dataset> <partition> K=<k>"``."""
+    dataset, name, k = cell
+    return f"{dataset} {name} K={k}"
+
+
+def grid_of(settings: Settings) -> list[Cell]:
+    """Every (dataset, partition, K) of ``settings``, in report order."""
+    return [
+        (dataset, name, k)
+        for dataset, names in settings.partitions.items()
+        for name in names
+        for k in settings.ks
+    ]
+
+
+def cell_split(cell: Cell, settings: Settings, seed: int) -> Split:
+    dataset, name, k = cell
+    return make_split(dataset, name, settings, k, seed)
+
+
+def kept_seed(per_seed: list[dict], _data, settings: Settings, seed: int) -> dict:
+    """``--resume``: a finished cell's result of ``seed``, as read back (no fit)."""
+    return per_seed[settings.seeds.index(seed)]
+
+
+def cell_section(cell: Cell, per_seed: list[dict], settings: Settings) -> str:
+    """One cell's section: its table and its claims' checks."""
+    dataset, name, k = cell
+    return "\n".join(
+        [
+            f"## {DATASET_NAMES[dataset]}, {PARTITIONS[name]}, K = {k}",
+            "",
+            setting_table(per_seed, name, k),
+            "",
+            *(check(label, ok) for label, ok in setting_checks(per_seed, name, k)),
+        ]
+    )
+
+
+def tables(settings: Settings, done: dict, out_dir: Path) -> PaperTables:
+    """One experiment per cell of the grid: its seeds fitted, or (``done``: cells finished
+    by an earlier run, ``--resume``) read back."""
+    experiments = []
+    for cell in grid_of(settings):
+        report = partial(cell_section, cell)
+        if cell in done:
+            title = f"  {' '.join(map(str, cell))}: kept from {out_dir / 'fedcam_table1.json'}"
+            run_seed, data = partial(kept_seed, done[cell]), lambda settings, seed: None
+        else:
+            title = f"{DATASET_NAMES[cell[0]]}, {PARTITIONS[cell[1]]}, K = {cell[2]}"
+            run_seed, data = partial(run_setting, *cell), partial(cell_split, cell)
+        experiments.append(Experiment(cell_name(cell), title, run_seed, report, data=data))
+    return PaperTables("Fed-CAM Table 1 / 2 claims on MNIST and FEMNIST", None, tuple(experiments))
+
+
+def by_cell(results: dict[str, list], settings: Settings) -> dict[Cell, list[dict]]:
+    """``run_paper_tables``' results (by experiment name) by cell, in grid order."""
+    return {
+        cell: results[cell_name(cell)] for cell in grid_of(settings) if cell_name(cell) in results
+    }
+
+
+def intro(results: dict[Cell, list[dict]], settings: Settings, kept: int) -> str:
+    """The section before the tables: the scale, what was kept, the claims held."""
+    checks = [
+        c for (_, name, k), per_seed in results.items() for c in setting_checks(per_seed, name, k)
+    ]
+    held = sum(ok for _, ok in checks)
+    fit_seconds = sum(
+        r["seconds"] for per_seed in results.values() for x in per_seed for r in x.values()
+    )
+    return "\n".join(
+        [
+            settings_text(settings),
+            "",
+            f"{kept} of {len(results)} settings were kept from an earlier run's "
+            "`fedcam_table1.json` (`--resume`); the runtime above is this run's, the fit times "
+            "in the tables are the original ones."
+            if kept
+            else "All settings were run by this command.",
+            "",
+            f"Claims held: {held} of {len(checks)} checks. Figure: `fedcam_table1.png`. "
+            f"The fits took {fit_seconds / 60:.0f} minutes in all.",
+        ]
     )
 
 
@@ -890,74 +987,38 @@ def main(argv=None) -> str:
     command = command_line("fedcam_table1", argv)
     if args.probe_lr:
         return probe_learning_rates(settings, args.probe_lr, out_dir, command)
-    started = time.perf_counter()
-    grid = [
-        (dataset, name, k)
-        for dataset, names in settings.partitions.items()
-        for name in names
-        for k in settings.ks
-    ]
-    for dataset, name, k in grid:  # every split can be drawn: fail before any fit
+    for dataset, name, k in grid_of(settings):  # every split can be drawn: fail before any fit
         for seed in settings.seeds:
             make_split(dataset, name, settings, k, seed)
     done = load_finished(out_dir, settings) if args.resume else {}
-    results: dict[tuple[str, str, int], list[dict]] = {}
-    for key in grid:
-        if key in done:
-            print(f"  {' '.join(map(str, key))}: kept from {out_dir / 'fedcam_table1.json'}")
-            results[key] = done[key]
-        else:
-            results[key] = [run_setting(*key, settings, seed) for seed in settings.seeds]
-        write_tidy(results, settings, out_dir)  # a checkpoint for --resume
-    sections, summary = [], []
-    for (dataset, name, k), per_seed in results.items():
-        checks = setting_checks(per_seed, name, k)
-        summary += [(f"{DATASET_NAMES[dataset]}, {PARTITIONS[name]}, K={k}", c) for c in checks]
-        sections.append(
-            "\n".join(
-                [
-                    f"## {DATASET_NAMES[dataset]}, {PARTITIONS[name]}, K = {k}",
-                    "",
-                    setting_table(per_seed, name, k),
-                    "",
-                    *(check(label, ok) for label, ok in checks),
-                ]
-            )
-        )
-    plot_sizes(results, settings, out_dir / "fedcam_table1.png")
-    write_tidy(results, settings, out_dir)
-    held = sum(ok for _, (_, ok) in summary)
-    fit_seconds = sum(
-        r["seconds"] for per_seed in results.values() for x in per_seed for r in x.values()
-    )
-    header = "\n".join(
+
+    def checkpoint(results):  # the tidy files after each cell, for --resume
+        write_tidy(by_cell(results, settings), settings, out_dir)
+
+    def first(results):
+        cells = by_cell(results, settings)
+        plot_sizes(cells, settings, out_dir / "fedcam_table1.png")
+        write_tidy(cells, settings, out_dir)
+        return intro(cells, settings, kept=sum(cell in done for cell in cells))
+
+    facts = "\n".join(
         [
-            report_header(
-                "Fed-CAM Table 1 / 2 claims on MNIST and FEMNIST",
-                command,
-                args.quick,
-                time.perf_counter() - started,
-            ),
             f"- setting: {settings.setting} ({ALGORITHM_SETTINGS[settings.setting]})",
             f"- scale: {settings.scale}",
             f"- device: {device_facts(settings.device)}",
         ]
     )
-    kept = [key for key in grid if key in done]
-    intro = [
-        settings_text(settings),
-        "",
-        f"{len(kept)} of {len(grid)} settings were kept from an earlier run's "
-        "`fedcam_table1.json` (`--resume`); the runtime above is this run's, the fit times "
-        "in the tables are the original ones."
-        if kept
-        else "All settings were run by this command.",
-        "",
-        f"Claims held: {held} of {len(summary)} checks. Figure: `fedcam_table1.png`. "
-        f"The fits took {fit_seconds / 60:.0f} minutes in all.",
-    ]
-    report = "\n\n".join([header, "\n".join(intro), *sections]) + "\n"
-    return emit_report(report, out_dir / "fedcam_table1.md")
+    return run_paper_tables(
+        tables(settings, done, out_dir),
+        settings,
+        "all",
+        command,
+        args.quick,
+        out_dir / "fedcam_table1.md",
+        facts=facts,
+        intro=first,
+        checkpoint=checkpoint,
+    )
 
 
 if __name__ == "__main__":
