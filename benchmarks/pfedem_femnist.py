@@ -41,12 +41,15 @@ import argparse
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks.common import (
+    Experiment,
+    PaperTables,
     add_device,
     add_out,
     add_quick,
@@ -56,10 +59,9 @@ from benchmarks.common import (
     check_device,
     command_line,
     device_facts,
-    emit_report,
     markdown_table,
     mean_std,
-    report_header,
+    run_paper_tables,
     standardise_images,
     with_options,
 )
@@ -133,10 +135,10 @@ def accuracy(det, window, personal: bool = True) -> float:
     return correct / len(window.y)
 
 
-def run(settings: Settings, kind: str, cycles: int, seed: int) -> dict:
-    """Every method on one stream: per-window accuracy on the window-matched test rows (own
-    weights) and on a fixed half-digits test set (global weights), pFedEM's digit weight."""
-    data = make_femnist_federated(settings.n_writers, random_state=seed)
+def run(kind: str, cycles: int, data, settings: Settings, seed: int) -> dict:
+    """Every method on one stream of the seed's writers ``data``: per-window accuracy on the
+    window-matched test rows (own weights) and on a fixed half-digits test set (global
+    weights), pFedEM's digit weight."""
     schedule = {"kind": kind, "cycles": cycles}
     train = writer_stream(
         data, settings.n_windows, **schedule, rows_per_window=settings.rows, random_state=seed
@@ -191,8 +193,8 @@ def schedules(settings: Settings) -> list[tuple[str, int]]:
     return [(kind, cycles) for cycles in settings.cycles for kind in KINDS]
 
 
-def report(results: dict[tuple[str, int], list[dict]], settings: Settings) -> str:
-    tail = max(1, settings.n_windows // 10)
+def intro(settings: Settings) -> str:
+    """The section's heading, the run's learners and algorithm, what the tables show."""
     options = settings.options()
     algorithm = (
         "the paper's as written (Algorithm 1 line 5, Eq. 5's p_i: "
@@ -201,62 +203,101 @@ def report(results: dict[tuple[str, int], list[dict]], settings: Settings) -> st
         if settings.paper_algorithm
         else "ours (estep_start='kept', submodel_weights='counts', gaussian_aggregation='paper')"
     )
-    lines = [
-        f"## Table I, Figs. 2-4 ({settings.n_writers} writers, {settings.n_windows} windows "
-        f"of one round, {settings.rows} training rows per writer and window, seeds "
-        f"{list(settings.seeds)})",
-        "",
-        f"- scale: {settings.scale}; device: {device_facts(settings.device)}",
-        f"- learners: {options['learner']}, {options['local_epochs']} local epochs at "
-        f"{options['learning_rate']}, batch {options['batch_size']}",
-        f"- pFedEM's algorithm: {algorithm}",
-        "",
-        "Standard deviation of the per-window test accuracy (Table I; the paper's EMNIST "
-        "figures, for 3 cycles, beside) on two test sets: *matched*, each writer's test rows "
-        "mixed as its training window, predicted with its own weights; *half*, a fixed test set "
-        "of half digits and half letters predicted with the global weights (the paper's Fig. 2 "
-        "test set and Eq. 15 inference). Final accuracy (Fig. 2): the half test set, mean of "
-        "the last tenth of the windows.",
-        "",
-    ]
+    return "\n".join(
+        [
+            f"## Table I, Figs. 2-4 ({settings.n_writers} writers, {settings.n_windows} windows "
+            f"of one round, {settings.rows} training rows per writer and window, seeds "
+            f"{list(settings.seeds)})",
+            "",
+            f"- scale: {settings.scale}; device: {device_facts(settings.device)}",
+            f"- learners: {options['learner']}, {options['local_epochs']} local epochs at "
+            f"{options['learning_rate']}, batch {options['batch_size']}",
+            f"- pFedEM's algorithm: {algorithm}",
+            "",
+            "Standard deviation of the per-window test accuracy (Table I; the paper's EMNIST "
+            "figures, for 3 cycles, beside) on two test sets: *matched*, each writer's test rows "
+            "mixed as its training window, predicted with its own weights; *half*, a fixed test "
+            "set of half digits and half letters predicted with the global weights (the paper's "
+            "Fig. 2 test set and Eq. 15 inference). Final accuracy (Fig. 2): the half test set, "
+            "mean of the last tenth of the windows.",
+        ]
+    )
+
+
+def tail_of(settings: Settings) -> int:
+    """Windows of the final accuracy: the last tenth (at least one)."""
+    return max(1, settings.n_windows // 10)
+
+
+def schedule_table(kind: str, cycles: int, runs: list[dict], settings: Settings) -> str:
+    """One schedule's Table I rows and pFedEM's weight error (Fig. 4)."""
+    tail = tail_of(settings)
+    rows = []
+    for name in METHODS:
+        rows.append(
+            [
+                name,
+                mean_std([float(np.std(r[name]["acc"])) for r in runs], 4),
+                mean_std([float(np.std(r[name]["acc_half"])) for r in runs], 4),
+                f"{PAPER_TABLE1[kind][name]:.4f}" if cycles == 3 else "",
+                mean_std([100 * float(np.mean(r[name]["acc"])) for r in runs], 1),
+                mean_std([100 * float(np.mean(r[name]["acc_half"][-tail:])) for r in runs], 1),
+            ]
+        )
+    header = ["method", "std, matched", "std, half", "paper Table I", "mean acc % matched",
+              "final acc % half"]  # fmt: skip
+    pi_error = float(np.mean([np.abs(r["pFedEM"]["pi"] - r["share"]).mean() for r in runs]))
+    return "\n".join(
+        [f"**{kind}, {cycles} cycle(s)**", "", markdown_table(header, rows), "",
+         f"pFedEM's mean weight on the digits' Gaussian vs the schedule (Fig. 4): mean "
+         f"absolute error {pi_error:.3f}."]
+    )  # fmt: skip
+
+
+def schedule_checks(kind: str, cycles: int, runs: list[dict], settings: Settings) -> list[str]:
+    """One schedule's checks: pFedEM the most stable on each test set, its final accuracy."""
+    tail = tail_of(settings)
     checks = []
-    for kind, cycles in schedules(settings):
-        runs = results[(kind, cycles)]
-        rows = []
-        for name in METHODS:
-            rows.append(
-                [
-                    name,
-                    mean_std([float(np.std(r[name]["acc"])) for r in runs], 4),
-                    mean_std([float(np.std(r[name]["acc_half"])) for r in runs], 4),
-                    f"{PAPER_TABLE1[kind][name]:.4f}" if cycles == 3 else "",
-                    mean_std([100 * float(np.mean(r[name]["acc"])) for r in runs], 1),
-                    mean_std([100 * float(np.mean(r[name]["acc_half"][-tail:])) for r in runs], 1),
-                ]
-            )
-        header = ["method", "std, matched", "std, half", "paper Table I", "mean acc % matched",
-                  "final acc % half"]  # fmt: skip
-        lines += [f"**{kind}, {cycles} cycle(s)**", "", markdown_table(header, rows), ""]
-        for test, key in (("matched", "acc"), ("half", "acc_half")):
-            std = {n: float(np.mean([np.std(r[n][key]) for r in runs])) for n in METHODS}
-            checks.append(check(
-                f"{kind} x{cycles}: pFedEM the most stable on the {test} test set (std "
-                f"{std['pFedEM']:.4f} vs " + ", ".join(f"{n} {std[n]:.4f}" for n in METHODS[1:])
-                + ")",
-                all(std["pFedEM"] <= std[n] for n in METHODS[1:]),
-            ))  # fmt: skip
-        final = {
-            n: float(np.mean([np.mean(r[n]["acc_half"][-tail:]) for r in runs])) for n in METHODS
-        }
+    for test, key in (("matched", "acc"), ("half", "acc_half")):
+        std = {n: float(np.mean([np.std(r[n][key]) for r in runs])) for n in METHODS}
         checks.append(check(
-            f"{kind} x{cycles}: pFedEM final accuracy >= the others ({100 * final['pFedEM']:.1f}"
-            " vs " + ", ".join(f"{n} {100 * final[n]:.1f}" for n in METHODS[1:]) + ")",
-            all(final["pFedEM"] >= final[n] for n in METHODS[1:]),
+            f"{kind} x{cycles}: pFedEM the most stable on the {test} test set (std "
+            f"{std['pFedEM']:.4f} vs " + ", ".join(f"{n} {std[n]:.4f}" for n in METHODS[1:])
+            + ")",
+            all(std["pFedEM"] <= std[n] for n in METHODS[1:]),
         ))  # fmt: skip
-        pi_error = float(np.mean([np.abs(r["pFedEM"]["pi"] - r["share"]).mean() for r in runs]))
-        lines += [f"pFedEM's mean weight on the digits' Gaussian vs the schedule (Fig. 4): mean "
-                  f"absolute error {pi_error:.3f}.", ""]  # fmt: skip
-    return "\n".join(lines + checks)
+    final = {n: float(np.mean([np.mean(r[n]["acc_half"][-tail:]) for r in runs])) for n in METHODS}
+    checks.append(check(
+        f"{kind} x{cycles}: pFedEM final accuracy >= the others ({100 * final['pFedEM']:.1f}"
+        " vs " + ", ".join(f"{n} {100 * final[n]:.1f}" for n in METHODS[1:]) + ")",
+        all(final["pFedEM"] >= final[n] for n in METHODS[1:]),
+    ))  # fmt: skip
+    return checks
+
+
+def schedule_name(kind: str, cycles: int) -> str:
+    return f"{kind} x{cycles}"
+
+
+def tables(settings: Settings) -> PaperTables:
+    """One experiment per schedule, all on the seed's writers."""
+    return PaperTables(
+        title="pFedEM on FEMNIST digits and letters",
+        data=lambda settings, seed: make_femnist_federated(settings.n_writers, random_state=seed),
+        experiments=tuple(
+            Experiment(
+                schedule_name(kind, cycles),
+                f"{kind}, {cycles} cycle(s)",
+                partial(run, kind, cycles),
+                partial(schedule_table, kind, cycles),
+            )
+            for kind, cycles in schedules(settings)
+        ),
+    )
+
+
+def by_schedule(results: dict[str, list], settings: Settings) -> dict[tuple[str, int], list]:
+    return {key: results[schedule_name(*key)] for key in schedules(settings)}
 
 
 def figure(results: dict[tuple[str, int], list[dict]], settings: Settings, path: Path) -> None:
@@ -342,16 +383,26 @@ def main(argv=None) -> str:
     torch.set_num_threads(args.threads)
     settings = build_settings(args)
     command = command_line("pfedem_femnist", argv)
-    started = time.perf_counter()
-    results = {
-        (kind, cycles): [run(settings, kind, cycles, s) for s in settings.seeds]
-        for kind, cycles in schedules(settings)
-    }
-    if args.figure is not None:
-        figure(results, settings, args.figure)
-    elapsed = time.perf_counter() - started
-    header = report_header("pFedEM on FEMNIST digits and letters", command, args.quick, elapsed)
-    return emit_report(header + "\n\n" + report(results, settings) + "\n", args.out)
+
+    def checks(results):  # the figure, then every schedule's checks
+        runs = by_schedule(results, settings)
+        if args.figure is not None:
+            figure(runs, settings, args.figure)
+        lines = [
+            c for key, per_seed in runs.items() for c in schedule_checks(*key, per_seed, settings)
+        ]
+        return ["\n".join(lines)]
+
+    return run_paper_tables(
+        tables(settings),
+        settings,
+        "all",
+        command,
+        args.quick,
+        args.out,
+        intro=lambda results: intro(settings),
+        after=checks,
+    )
 
 
 if __name__ == "__main__":
