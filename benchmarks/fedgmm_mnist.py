@@ -64,10 +64,10 @@ Settings, chosen once before the 3-seed run and used for every seed and both exp
 from __future__ import annotations
 
 import argparse
-import datetime
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -81,14 +81,17 @@ from sklearn.mixture import GaussianMixture
 
 from benchmarks.common import (
     RESULTS,
+    Experiment,
+    PaperTables,
     add_device,
+    add_experiment,
     add_out,
     add_quick,
     add_seeds,
     add_threads,
     command_line,
-    machine_facts,
     mean_std,
+    run_paper_tables,
     with_options,
 )
 from fednovelty.datasets.mnist import make_mnist_federated
@@ -150,6 +153,23 @@ ROWS = (
 )
 CENTRAL = "centralized PCA+GMM log p(x) (reference)"
 COLORS = {"normal": "#17becf", "digit 1 (unseen)": "#ff7f0e", "permuted labels": "#d62728"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run: the federation's size (``make_mnist_federated``'s arguments), the seeds, the
+    novelty protocol, whether it is the quick run, and the folder of the report and figures."""
+
+    size: dict
+    seeds: tuple[int, ...]
+    protocol: str
+    quick: bool
+    out: Path
+
+    @property
+    def suffix(self) -> str:
+        """The file names' suffix: ``""`` (``simple``) or ``"_paper"``."""
+        return "" if self.protocol == "simple" else "_paper"
 
 
 # ----------------------------------------------------------------------------- data and models
@@ -228,11 +248,12 @@ def protocol_data(data, protocol: str, seed: int) -> dict:
     }
 
 
-def novelty_seed(seed: int, size: dict, protocol: str = "simple") -> dict:
-    """One seed of the Table 4 experiment under ``protocol``: metrics per row, per transform,
-    fit facts, and the scores the histogram figure needs."""
-    data = make_mnist_federated(**size, random_state=seed)
-    rows = protocol_data(data, protocol, seed)
+def novelty_seed(data, settings: Settings, seed: int) -> dict:
+    """One seed of the Table 4 experiment on the seed's federated MNIST ``data`` under
+    ``settings.protocol``: metrics per row, per transform, fit facts, and the scores the
+    histogram figure needs."""
+    started = time.perf_counter()
+    rows = protocol_data(data, settings.protocol, seed)
     X_train, y_train = rows["X_train"], rows["y_train"]
     X_in, y_in = image_rows(rows["images_in"]), rows["y_in"]
     X_out = image_rows(rows["images_in"], COMPOSED)
@@ -272,6 +293,7 @@ def novelty_seed(seed: int, size: dict, protocol: str = "simple") -> dict:
                 "pxy": out["rows"]["FedGMM log p(x,y)"]["AUROC"],
             }
     out["rows"][CENTRAL] = metrics(is_novel, -central_log_px(X_train, X_all, seed))
+    print(f"novelty seed {seed}: {time.perf_counter() - started:.0f} s")
     return out
 
 
@@ -286,9 +308,10 @@ def central_log_px(X_train, X, seed: int) -> np.ndarray:
     return gmm.score_samples(pca.transform(X))
 
 
-def figure2_seed(seed: int, size: dict) -> dict:
-    """One seed of the leave-digit-1-out experiment: AUROCs and the three groups' scores."""
-    data = make_mnist_federated(**size, exclude_digits=(1,), random_state=seed)
+def figure2_seed(data, settings: Settings, seed: int) -> dict:
+    """One seed of the leave-digit-1-out experiment on the seed's federated MNIST ``data``
+    without digit 1: AUROCs and the three groups' scores."""
+    started = time.perf_counter()
     X_in, y_in = unit_norm(data.X_test), data.y_test
     det, seconds = fit("FedGMM", unit_norm(data.X_train), data.y_train, data.groups_train, seed)
     X_one = image_rows(data.excluded["images"])
@@ -314,6 +337,7 @@ def figure2_seed(seed: int, size: dict) -> dict:
             aurocs[(novel, score)] = 100 * auroc(is_novel, scores)
     acc, acc_personal = accuracies(det, X_in, y_in, data.groups_test)
     facts = {"accuracy": 100 * acc, "personal accuracy": 100 * acc_personal, "fit s": seconds}
+    print(f"figure2 seed {seed}: {time.perf_counter() - started:.0f} s")
     return {"aurocs": aurocs, "logs": logs, "facts": facts}
 
 
@@ -490,14 +514,113 @@ def figure2_tables(results: list[dict]) -> list[str]:
     return lines
 
 
+def novelty_report(results: list[dict], settings: Settings) -> str:
+    """Table 4's section: the tables, the target's verdict, the histogram figure's name."""
+    lines, per_seed = novelty_tables(results)
+    headline = float(np.mean(per_seed))
+    verdict = "PASS" if headline >= TARGET_AUROC else "FAIL"
+    if settings.quick:
+        verdict += " (quick smoke run on a small split: not the benchmark)"
+    summary = (
+        f"Target: FedGMM AUROC (log p(x), the score fixed up front) >= {TARGET_AUROC}: "
+        f"mean {headline:.2f} (per seed: "
+        + ", ".join(f"{v:.2f}" for v in per_seed)
+        + f") -> **{verdict}**"
+    )
+    report = [
+        "## Novelty detection (paper Table 4)",
+        "",
+        "In-distribution: the pooled client test images; novel: the same images after "
+        "scale 0.5, 90° rotation and horizontal flip (labels kept). AP = average precision "
+        "with novel as the positive class. Paper columns: FedGMM paper Table 4.",
+        "",
+        *lines,
+        "",
+        summary,
+    ]
+    seed = settings.seeds[0]
+    if settings.protocol == "paper":
+        train_kinds, test_kinds = results[0]["kinds"]
+        report += [
+            "",
+            f"Paper protocol, seed {seed}: training rows unchanged / T-transformed / "
+            f"label-permuted {train_kinds.tolist()}, in-distribution test rows "
+            f"{test_kinds.tolist()}.",
+        ]
+    name = f"fedgmm_mnist{settings.suffix}_histograms.png"
+    report += [
+        "",
+        f"![histograms]({name}) `{name}`: normalised histograms of the in-domain likelihood "
+        f"(log p(x) for FedGMM, maximum softmax probability for the baselines; clipped to the "
+        f"pooled 1st-99th percentiles, then scaled to [0, 1]), seed {seed}.",
+    ]
+    return "\n".join(report)
+
+
+def figure2_report(results: list[dict], settings: Settings) -> str:
+    """Figure 2's section: the AUROCs, the fit, the figure's name."""
+    name = f"fedgmm{settings.suffix}_figure2.png"
+    return "\n".join(
+        [
+            "## Leave digit 1 out (paper Figure 2)",
+            "",
+            "FedGMM trained on clients without digit 1; normal = the clients' test images with "
+            "their labels; digit 1 = all MNIST test images of 1; permuted = the normal images "
+            "with labels moved by a derangement of the 9 known classes.",
+            "",
+            *figure2_tables(results),
+            "",
+            f"![figure 2]({name}) `{name}`: seed {settings.seeds[0]}, up to 1,500 points per "
+            "group drawn, marginal histograms of every point.",
+        ]
+    )
+
+
+def draw_figures(results: dict[str, list], settings: Settings) -> list[str]:
+    """The first seed's histograms (Table 4) and Figure 2, of the experiments run; no
+    sections."""
+    seed, out = settings.seeds[0], settings.out
+    if "novelty" in results:
+        hist = results["novelty"][0]["hist"]
+        plot_histograms(hist, out / f"fedgmm_mnist{settings.suffix}_histograms.png", seed)
+    if "figure2" in results:
+        first = results["figure2"][0]
+        path = out / f"fedgmm{settings.suffix}_figure2.png"
+        plot_figure2(first["logs"], first["aurocs"], path, seed)
+    return []
+
+
+#: Table 4 on the seed's federation, Figure 2 on the same without digit 1.
+TABLES = PaperTables(
+    title="FedGMM novelty detection on federated MNIST",
+    data=None,
+    experiments=(
+        Experiment(
+            "novelty",
+            "Novelty detection (Table 4)",
+            novelty_seed,
+            novelty_report,
+            data=lambda settings, seed: make_mnist_federated(**settings.size, random_state=seed),
+        ),
+        Experiment(
+            "figure2",
+            "Leave digit 1 out (Figure 2)",
+            figure2_seed,
+            figure2_report,
+            data=lambda settings, seed: make_mnist_federated(
+                **settings.size, exclude_digits=(1,), random_state=seed
+            ),
+        ),
+    ),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_seeds(parser)
     add_quick(parser, "small split, one seed: < 1 min")
     add_out(parser, "output folder (default benchmarks/results)")
-    parser.add_argument(
-        "--experiment", choices=("novelty", "figure2", "all"), default="all", help="what to run"
-    )
+    add_experiment(parser, TABLES)
     add_threads(parser, help="torch threads (default 1)")
     parser.add_argument(
         "--protocol",
@@ -532,110 +655,35 @@ def main(argv: list[str] | None = None) -> int:
         SETTINGS.update(PAPER_SCALE)
     OPTIONS.update(device=args.device, **(PAPER_ALGORITHM if args.algorithm == "paper" else {}))
     scale = "quick" if args.quick else "paper" if args.paper_scale else "CPU"
-    suffix = "" if args.protocol == "simple" else "_paper"
     out = args.out
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="fedgmm_mnist_")) if args.quick else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    command = command_line("fedgmm_mnist", argv)
-    start = time.perf_counter()
-    started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    facts_start = machine_facts()
-    print(facts_start)
-    settings = ", ".join(f"{k}={v!r}" for k, v in {**SETTINGS, **OPTIONS}.items())
-    print(f"settings: {settings}; data {size}; seeds {seeds}; protocol {args.protocol}")
-    report = [
-        "# FedGMM novelty detection on federated MNIST",
-        "",
-        f"Command: `{command.strip()}`  ",
-        f"Date: {started}  ",
-        f"Machine at start: {facts_start}  ",
-        f"Device: {args.device}; scale: {scale}; novelty protocol: {args.protocol} "
-        f"({PROTOCOLS[args.protocol]}); algorithm: {args.algorithm}.  ",
-        f"Data: {size['n_clients']} clients x {size['samples_per_client']} training images, "
-        f"Dirichlet({size['alpha']}); seeds {seeds} (data split and model).  ",
-        "Images scaled to unit L2 norm before anything (per row, local to each client).  ",
-        f"Settings (all methods; FedEM/FedAvg override n_components=1 and FedAvg n_learners=1): "
-        f"`{settings}`.  ",
-        "Numbers are mean ± sample std (ddof=1) over seeds, in percent.",
-    ]
-
-    if args.experiment in ("novelty", "all"):
-        results = []
-        for seed in seeds:
-            t = time.perf_counter()
-            results.append(novelty_seed(seed, size, args.protocol))
-            print(f"novelty seed {seed}: {time.perf_counter() - t:.0f} s")
-        lines, per_seed = novelty_tables(results)
-        headline = float(np.mean(per_seed))
-        verdict = "PASS" if headline >= TARGET_AUROC else "FAIL"
-        if args.quick:
-            verdict += " (quick smoke run on a small split: not the benchmark)"
-        summary = (
-            f"Target: FedGMM AUROC (log p(x), the score fixed up front) >= {TARGET_AUROC}: "
-            f"mean {headline:.2f} (per seed: "
-            + ", ".join(f"{v:.2f}" for v in per_seed)
-            + f") -> **{verdict}**"
-        )
-        report += [
-            "",
-            "## Novelty detection (paper Table 4)",
-            "",
-            "In-distribution: the pooled client test images; novel: the same images after "
-            "scale 0.5, 90° rotation and horizontal flip (labels kept). AP = average precision "
-            "with novel as the positive class. Paper columns: FedGMM paper Table 4.",
-            "",
-            *lines,
-            "",
-            summary,
+    settings = Settings(size, tuple(seeds), args.protocol, args.quick, out)
+    fit_settings = ", ".join(f"{k}={v!r}" for k, v in {**SETTINGS, **OPTIONS}.items())
+    print(f"settings: {fit_settings}; data {size}; seeds {seeds}; protocol {args.protocol}")
+    facts = "\n".join(
+        [
+            f"- device: {args.device}; scale: {scale}; novelty protocol: {args.protocol} "
+            f"({PROTOCOLS[args.protocol]}); algorithm: {args.algorithm}",
+            f"- data: {size['n_clients']} clients x {size['samples_per_client']} training "
+            f"images, Dirichlet({size['alpha']}); seeds {seeds} (data split and model)",
+            "- images scaled to unit L2 norm before anything (per row, local to each client)",
+            f"- settings (all methods; FedEM/FedAvg override n_components=1 and FedAvg "
+            f"n_learners=1): `{fit_settings}`",
+            "- numbers are mean ± sample std (ddof=1) over seeds, in percent",
         ]
-        print("\n".join(lines) + "\n\n" + summary)
-        if args.protocol == "paper":
-            train_kinds, test_kinds = results[0]["kinds"]
-            report += [
-                "",
-                f"Paper protocol, seed {seeds[0]}: training rows unchanged / T-transformed / "
-                f"label-permuted {train_kinds.tolist()}, in-distribution test rows "
-                f"{test_kinds.tolist()}.",
-            ]
-        hist_path = out / f"fedgmm_mnist{suffix}_histograms.png"
-        plot_histograms(results[0]["hist"], hist_path, seeds[0])
-        report += [
-            "",
-            f"![histograms]({hist_path.name}) `{hist_path.name}`: normalised histograms of the "
-            f"in-domain likelihood (log p(x) for FedGMM, maximum softmax probability for the "
-            f"baselines; clipped to the pooled 1st-99th percentiles, then scaled to [0, 1]), "
-            f"seed {seeds[0]}.",
-        ]
-
-    if args.experiment in ("figure2", "all"):
-        results2 = []
-        for seed in seeds:
-            t = time.perf_counter()
-            results2.append(figure2_seed(seed, size))
-            print(f"figure2 seed {seed}: {time.perf_counter() - t:.0f} s")
-        lines = figure2_tables(results2)
-        fig_path = out / f"fedgmm{suffix}_figure2.png"
-        plot_figure2(results2[0]["logs"], results2[0]["aurocs"], fig_path, seeds[0])
-        report += [
-            "",
-            "## Leave digit 1 out (paper Figure 2)",
-            "",
-            "FedGMM trained on clients without digit 1; normal = the clients' test images with "
-            "their labels; digit 1 = all MNIST test images of 1; permuted = the normal images "
-            "with labels moved by a derangement of the 9 known classes.",
-            "",
-            *lines,
-            "",
-            f"![figure 2]({fig_path.name}) `{fig_path.name}`: seed {seeds[0]}, up to 1,500 "
-            "points per group drawn, marginal histograms of every point.",
-        ]
-        print("\n".join(lines))
-
-    elapsed = time.perf_counter() - start
-    report += ["", f"Total runtime: {elapsed:.0f} s. Machine at end: {machine_facts()}.", ""]
-    (out / f"fedgmm_mnist{suffix}.md").write_text("\n".join(report))
-    print(f"total {elapsed:.0f} s; wrote {out}")
+    )
+    run_paper_tables(
+        TABLES,
+        settings,
+        args.experiment,
+        command_line("fedgmm_mnist", argv),
+        args.quick,
+        out / f"fedgmm_mnist{settings.suffix}.md",
+        facts=facts,
+        after=lambda results: draw_figures(results, settings),
+    )
     return 0
 
 
