@@ -31,14 +31,19 @@ Options: ``--quick`` (3 nodes of 500 rows, ``FederatedEM`` with ``max_iter = 1``
 ``FedGenGMM``; a smoke run of about 2 minutes), ``--nodes`` (node counts, default 3 10),
 ``--rows`` (rows per node, default 3,000), ``--max-iter`` (default 1), ``--few-rounds``
 (only :data:`FEW_ROUNDS`, the one-shot start with SQUAREM rounds; default report
-``benchmarks/flower_few_rounds.txt``), ``--out`` (default ``benchmarks/flower_rounds.txt``;
-a quick run writes no file unless given one).
+``benchmarks/flower_few_rounds.txt``), ``--preload`` (``off``: Flower's own ClientApp and
+ServerApp executables, the default; ``on``: ``LocalFederation(preload=True)``, each started
+by forking a process that imported Flower, torch and fednovelty once; ``both``: each node
+count twice, with a table of the two side by side and their ratios, including the CPU
+seconds the whole machine spent during each run, from ``/proc/stat``), ``--out`` (default
+``benchmarks/flower_rounds.txt``; a quick run writes no file unless given one).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -105,6 +110,8 @@ class Run:
     kinds: tuple[str, ...]
     round_seconds: tuple[float, ...]
     total: float
+    preload: bool = False
+    cpu: float = float("nan")  # busy CPU seconds of the whole machine during the run
 
     @property
     def fixed(self) -> float:
@@ -132,11 +139,28 @@ def uptime() -> str:
         return "(uptime not available)"
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the machine has spent busy since boot (all cores; ``/proc/stat``: user,
+    nice, system, irq and softirq), NaN where there is no ``/proc/stat``."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return float("nan")
+    user, nice, system, _, _, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def run_nodes(
-    n_nodes: int, rows: int, params: dict[str, dict], work: Path, log: list[str]
+    n_nodes: int,
+    rows: int,
+    params: dict[str, dict],
+    work: Path,
+    log: list[str],
+    preload: bool = False,
 ) -> list[Run]:
-    """Start ``n_nodes`` nodes, run every algorithm of ``params`` once, stop them; the runs.
-    Start, stop and the load are appended to ``log``."""
+    """Start ``n_nodes`` nodes (``preload``: :class:`LocalFederation`'s), run every algorithm
+    of ``params`` once, stop them; the runs. Start, stop and the load are appended to
+    ``log``."""
     X, y = covertype(n_nodes * rows)
     unlabelled, labelled = work / "rows.npy", work / "rows.npz"
     np.save(unlabelled, X)
@@ -144,13 +168,14 @@ def run_nodes(
     app = work / "app"
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
     configs = [{"partition-id": i, "num-partitions": n_nodes} for i in range(n_nodes)]
-    federation = LocalFederation(configs, workdir=work / "deployment")
-    log.append(f"- {n_nodes} nodes, before: `{uptime()}`")
+    federation = LocalFederation(configs, workdir=work / "deployment", preload=preload)
+    label = f"{n_nodes} nodes{', preload' if preload else ''}"
+    log.append(f"- {label}, before: `{uptime()}`")
     runs: list[Run] = []
     started = time.perf_counter()
     try:
         federation.start()
-        log.append(f"- {n_nodes} nodes: federation start {time.perf_counter() - started:.1f} s")
+        log.append(f"- {label}: federation start {time.perf_counter() - started:.1f} s")
         for name, settings in params.items():
             data = labelled if name in LABELLED else unlabelled
             run_config = {
@@ -160,9 +185,9 @@ def run_nodes(
                 "min-clients": n_nodes,
                 "data-path": str(data),
             }
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), busy_cpu_seconds()
             result = federation.run_app(app, run_config, timeout=1800)
-            total = time.perf_counter() - began
+            total, cpu = time.perf_counter() - began, busy_cpu_seconds() - cpu
             history = [r for r in result.history if not r.failed]
             runs.append(
                 Run(
@@ -171,20 +196,27 @@ def run_nodes(
                     tuple(r.kind for r in history),
                     tuple(r.seconds for r in result.history),
                     total,
+                    preload,
+                    cpu,
                 )
             )
             print(row(runs[-1]), flush=True)
     finally:
         stopping = time.perf_counter()
         federation.stop()
-        log.append(f"- {n_nodes} nodes: stop {time.perf_counter() - stopping:.1f} s")
-        log.append(f"- {n_nodes} nodes, after: `{uptime()}`")
+        log.append(f"- {label}: stop {time.perf_counter() - stopping:.1f} s")
+        log.append(f"- {label}, after: `{uptime()}`")
     return runs
 
 
 HEADER = (
-    "| algorithm | nodes | rounds | s per round (mean) | min-max | fixed s | total s | "
-    "rounds' kinds |\n|---|---|---|---|---|---|---|---|"
+    "| algorithm | nodes | preload | rounds | s per round (mean) | min-max | fixed s | total s | "
+    "machine CPU s | rounds' kinds |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+COMPARISON = (
+    "| algorithm | nodes | s per round: Flower's | preload | ratio | total s: Flower's | "
+    "preload | ratio | machine CPU s: Flower's | preload | ratio |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -193,10 +225,28 @@ def row(run: Run) -> str:
     seconds = np.asarray(run.round_seconds)
     kinds = ", ".join(f"{k} x{run.kinds.count(k)}" for k in dict.fromkeys(run.kinds))
     return (
-        f"| {run.algorithm} | {run.nodes} | {len(seconds)} | {seconds.mean():.1f} | "
-        f"{seconds.min():.1f}-{seconds.max():.1f} | {run.fixed:.1f} | {run.total:.1f} | "
-        f"{kinds} |"
+        f"| {run.algorithm} | {run.nodes} | {'on' if run.preload else 'off'} | {len(seconds)} | "
+        f"{seconds.mean():.1f} | {seconds.min():.1f}-{seconds.max():.1f} | {run.fixed:.1f} | "
+        f"{run.total:.1f} | {run.cpu:.0f} | {kinds} |"
     )
+
+
+def comparison(runs: list[Run]) -> str:
+    """The runs with Flower's executables beside those with preload, with the ratios
+    (preload / Flower's); empty when the runs hold only one of the two."""
+    pairs = {(r.algorithm, r.nodes, r.preload): r for r in runs}
+    rows = []
+    for (name, nodes, preload), plain in pairs.items():
+        fast = pairs.get((name, nodes, True))
+        if preload or fast is None:
+            continue
+        a, b = np.mean(plain.round_seconds), np.mean(fast.round_seconds)
+        rows.append(
+            f"| {name} | {nodes} | {a:.1f} | {b:.1f} | {b / a:.2f} | {plain.total:.1f} | "
+            f"{fast.total:.1f} | {fast.total / plain.total:.2f} | {plain.cpu:.0f} | "
+            f"{fast.cpu:.0f} | {fast.cpu / plain.cpu:.2f} |"
+        )
+    return "\n".join([COMPARISON, *rows]) if rows else ""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -207,6 +257,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-iter", type=int, default=MAX_ITER)
     parser.add_argument(
         "--few-rounds", action="store_true", help="only the few-round fit (FEW_ROUNDS)"
+    )
+    parser.add_argument(
+        "--preload",
+        choices=("off", "on", "both"),
+        default="off",
+        help="Flower's own ClientApp starts, forks of a preloaded process, or both",
     )
     parser.add_argument(
         "--out",
@@ -231,12 +287,15 @@ def main(argv=None) -> str:
     log: list[str] = [f"- start: `{uptime()}`"]
     print(HEADER, flush=True)
     runs: list[Run] = []
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.preload]
     with tempfile.TemporaryDirectory(prefix="flower_rounds_") as folder:
         for n in nodes:
-            work = Path(folder) / f"nodes{n}"
-            work.mkdir()
-            runs += run_nodes(n, rows, params, work, log)
+            for preload in modes:
+                work = Path(folder) / f"nodes{n}{'-preload' if preload else ''}"
+                work.mkdir()
+                runs += run_nodes(n, rows, params, work, log, preload)
     command = "python -m benchmarks.flower_rounds" + (" --quick" if args.quick else "")
+    command += f" --preload {args.preload}" if args.preload != "off" else ""
     notes = (
         f"flwr 1.41 on 127.0.0.1 (insecure loopback), ADBench Covertype, {rows} rows of 10 "
         f"features per node, K = {K} full-covariance components; "
@@ -264,6 +323,7 @@ def main(argv=None) -> str:
             "\n".join(log),
             notes,
             "\n".join([HEADER, *(row(r) for r in runs)]),
+            comparison(runs),
         ]
     )
     out = args.out if args.out is not None or args.quick else OUT
