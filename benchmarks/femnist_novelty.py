@@ -61,17 +61,18 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.common import (
+    Experiment,
+    PaperTables,
     add_out,
     add_quick,
     add_seeds,
     add_threads,
     check,
     command_line,
-    emit_report,
     markdown_table,
     mean_std,
     quick_seeds,
-    report_header,
+    run_paper_tables,
     with_options,
 )
 from fednovelty.datasets.femnist import make_femnist_federated, split_writers
@@ -165,9 +166,9 @@ def per_writer(y: np.ndarray, scores: np.ndarray, writers: np.ndarray) -> list[f
 
 
 # ----------------------------------------------------------------------------- 1 and 2
-def run_pooled(settings: Settings, seed: int) -> dict:
-    """Section 1 and 2 for one seed: {(ood, method): metrics}, per-writer lists."""
-    out: dict = {"pooled": {}, "transforms": {}, "writers": {}}
+def pooled_tasks(settings: Settings, seed: int):
+    """Section 1's tasks of a seed, made one at a time: ``(ood, feature map, task)`` per
+    novel set and feature map (``"polar"``, and ``"pixels"`` under ``--pixels``)."""
     for ood in OOD_SETS:
         feature_maps = [("polar", None)] + ([("pixels", "pixels")] if settings.pixels else [])
         for label, image_features in feature_maps:
@@ -178,37 +179,44 @@ def run_pooled(settings: Settings, seed: int) -> dict:
                 seed=seed,
                 image_features=image_features,
             )
-            names = settings.methods if label == "polar" else ("FedGMM", "CentralGMM")
-            for name in names:
-                started = time.perf_counter()
-                det = fit_method(name, task.X_train, task.groups_train, seed)
-                scores = np.asarray(det.decision_function(task.X_test), dtype=np.float64)
-                metrics = evaluate(task.y_test, scores)
-                key = (ood, name if label == "polar" else f"{name} (pixels)")
-                out["pooled"][key] = {
-                    "auroc": 100 * metrics["auroc"],
-                    "aupr_out": 100 * metrics["aupr_out"],
-                    "seconds": time.perf_counter() - started,
+            yield ood, label, task
+
+
+def run_pooled(tasks, settings: Settings, seed: int) -> dict:
+    """Section 1 and 2 for one seed on its ``tasks`` (:func:`pooled_tasks`):
+    {(ood, method): metrics}, per-writer lists."""
+    out: dict = {"pooled": {}, "transforms": {}, "writers": {}}
+    for ood, label, task in tasks:
+        names = settings.methods if label == "polar" else ("FedGMM", "CentralGMM")
+        for name in names:
+            started = time.perf_counter()
+            det = fit_method(name, task.X_train, task.groups_train, seed)
+            scores = np.asarray(det.decision_function(task.X_test), dtype=np.float64)
+            metrics = evaluate(task.y_test, scores)
+            key = (ood, name if label == "polar" else f"{name} (pixels)")
+            out["pooled"][key] = {
+                "auroc": 100 * metrics["auroc"],
+                "aupr_out": 100 * metrics["aupr_out"],
+                "seconds": time.perf_counter() - started,
+            }
+            if ood == "transforms" and name in MIXTURES:
+                out["transforms"][key] = by_transform(task.y_test, scores)
+            if ood == "transforms" and name == "FedGMM" and label == "polar":
+                if settings.ablation:
+                    out["ablation"] = run_ablation(task, seed)
+            if name == "FedGMM" and label == "polar":
+                own = np.empty_like(scores)
+                for w in np.unique(task.groups_test):
+                    rows = task.groups_test == w
+                    own[rows] = det.decision_function(task.X_test[rows], client=int(w))
+                out["writers"][ood] = {
+                    "global": per_writer(task.y_test, scores, task.groups_test),
+                    "personal": per_writer(task.y_test, own, task.groups_test),
                 }
-                if ood == "transforms" and name in MIXTURES:
-                    out["transforms"][key] = by_transform(task.y_test, scores)
-                if ood == "transforms" and name == "FedGMM" and label == "polar":
-                    if settings.ablation:
-                        out["ablation"] = run_ablation(task, seed)
-                if name == "FedGMM" and label == "polar":
-                    own = np.empty_like(scores)
-                    for w in np.unique(task.groups_test):
-                        rows = task.groups_test == w
-                        own[rows] = det.decision_function(task.X_test[rows], client=int(w))
-                    out["writers"][ood] = {
-                        "global": per_writer(task.y_test, scores, task.groups_test),
-                        "personal": per_writer(task.y_test, own, task.groups_test),
-                    }
-                print(
-                    f"  seed {seed} {ood:13s} {key[1]:20s} AUROC "
-                    f"{out['pooled'][key]['auroc']:6.2f}",
-                    flush=True,
-                )
+            print(
+                f"  seed {seed} {ood:13s} {key[1]:20s} AUROC {out['pooled'][key]['auroc']:6.2f}",
+                flush=True,
+            )
     return out
 
 
@@ -383,9 +391,9 @@ def ablation_report(per_seed: list[dict], settings: Settings) -> str:
 
 
 # ----------------------------------------------------------------------------- 3
-def run_labels(settings: Settings, seed: int) -> dict[str, float]:
-    """Section 3 for one seed: AUROC per score on true vs permuted labels."""
-    data = make_femnist_federated(settings.n_writers, random_state=seed)
+def run_labels(data, settings: Settings, seed: int) -> dict[str, float]:
+    """Section 3 for one seed on its writers ``data``: AUROC per score on true vs permuted
+    labels."""
     rng = np.random.default_rng(seed)
     y_test = data.y_test.copy()
     moved = rng.permutation(y_test.size) < y_test.size // 2
@@ -478,9 +486,9 @@ def map_adapted(det: FedGMMDetector, rows: np.ndarray, prior_rows: float) -> Ada
     )
 
 
-def run_unseen(settings: Settings, seed: int) -> dict[str, list[float]]:
-    """Section 4 for one seed: per unseen writer AUROC, global vs adapted weights."""
-    data = make_femnist_federated(settings.n_writers, random_state=seed)
+def run_unseen(data, settings: Settings, seed: int) -> dict[str, list[float]]:
+    """Section 4 for one seed on its writers ``data``: per unseen writer AUROC, global vs
+    adapted weights."""
     seen, unseen = split_writers(data, unseen=0.2, random_state=seed)
     features = polar_features(
         [seen.images_train[seen.groups_train == c] for c in range(seen.n_writers)]
@@ -610,6 +618,19 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+#: Sections 1-2 on the seed's tasks; 3 and 4 on the seed's writers; 5 (the ablation, run
+#: inside section 1 on its ``transforms`` task) comes last, after the tables.
+TABLES = PaperTables(
+    title="Novelty on FEMNIST writers",
+    data=lambda settings, seed: make_femnist_federated(settings.n_writers, random_state=seed),
+    experiments=(
+        Experiment("pooled", "Covariate novelty", run_pooled, pooled_report, data=pooled_tasks),
+        Experiment("labels", "Label novelty", run_labels, labels_report),
+        Experiment("unseen", "Unseen writers", run_unseen, unseen_report),
+    ),
+)
+
+
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -619,26 +640,13 @@ def main(argv=None) -> str:
     else:
         settings = Settings(args.writers, seeds, MIXTURES + PYOD, args.joint_rounds, args.pixels)
     command = command_line("femnist_novelty", argv)
-    started = time.perf_counter()
-    print("Covariate novelty")
-    pooled = [run_pooled(settings, s) for s in settings.seeds]
-    print("Label novelty")
-    labels = [run_labels(settings, s) for s in settings.seeds]
-    print("Unseen writers")
-    unseen = [run_unseen(settings, s) for s in settings.seeds]
-    if args.figure is not None:
-        figure(pooled, args.figure)
-    elapsed = time.perf_counter() - started
-    header = report_header("Novelty on FEMNIST writers", command, args.quick, elapsed)
-    sections = [
-        header,
-        pooled_report(pooled, settings),
-        labels_report(labels, settings),
-        unseen_report(unseen, settings),
-    ]
-    if settings.ablation:
-        sections.append(ablation_report(pooled, settings))
-    return emit_report("\n\n".join(sections) + "\n", args.out)
+
+    def after(results):  # the figure, then section 5 (from section 1's seeds)
+        if args.figure is not None:
+            figure(results["pooled"], args.figure)
+        return [ablation_report(results["pooled"], settings)] if settings.ablation else []
+
+    return run_paper_tables(TABLES, settings, "all", command, args.quick, args.out, after=after)
 
 
 if __name__ == "__main__":
