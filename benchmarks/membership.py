@@ -425,7 +425,7 @@ def dp_score_table(seeds: int) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_quick(parser, "200 trials, 3 seeds (4 DP seeds)")
+    add_quick(parser, "100 trials, 2 seeds (2 DP seeds)")
     parser.add_argument("--rounds", type=int, default=1, help="releases of the statistics")
     add_out(parser, "also write the report here")
     return parser.parse_args(argv)
@@ -438,7 +438,7 @@ def main(argv=None) -> str:
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
     trials, seeds, dp_seeds, fit_trials = (
-        (200, 3, 4, 40) if args.quick else (TRIALS, SEEDS, DP_SEEDS, FIT_TRIALS)
+        (100, 2, 2, 20) if args.quick else (TRIALS, SEEDS, DP_SEEDS, FIT_TRIALS)
     )
     releases = dp_releases()
     body = "\n\n".join(
