@@ -223,36 +223,6 @@ def test_adam_learners_train_and_bad_optimizer_is_named():
 
 
 # ---------------------------------------------------------------- composition
-def test_learner_averaging_weights_each_learner_by_its_gammas():
-    from fednovelty.federated import Message
-    from fednovelty.federated.core.aggregate import average_learners
-
-    broadcast = [
-        {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)},
-        {"w": torch.full((2, 3), 7.0, dtype=torch.float64), "b": torch.ones(2)},
-    ]
-    gen = torch.Generator().manual_seed(0)
-
-    def draw(like):
-        return torch.randn(like.shape, generator=gen, dtype=torch.float64)
-
-    trained = [[{k: draw(v) for k, v in learner.items()} for learner in broadcast] for _ in "abc"]
-    replies = [
-        Message(
-            "joint_em", {f"learner.{m2}.{k}": v for m2, lr in enumerate(t) for k, v in lr.items()}
-        )
-        for t in trained
-    ]
-    gammas = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
-    averaged = average_learners(broadcast, replies, gammas)
-    for name in ("w", "b"):
-        expected = (1.0 * trained[0][0][name] + 3.0 * trained[1][0][name]) / 4.0
-        torch.testing.assert_close(averaged[0][name], expected, rtol=1e-12, atol=0)
-        assert averaged[0][name].dtype == broadcast[0][name].dtype
-        assert torch.equal(averaged[1][name], broadcast[1][name])  # no client used learner 1
-    assert float(broadcast[0]["w"].abs().sum()) == 0.0  # the broadcast learners are unchanged
-
-
 def test_standardised_joint_model_is_in_the_users_units():
     """``standardize`` composes with the joint model: rescaling the Gaussians' features by
     powers of two (exact in floating point) rescales the fitted means and nothing else;

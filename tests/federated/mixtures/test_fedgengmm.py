@@ -1,4 +1,4 @@
-"""FedGenGMM (one-shot), LocalGMMs, ``union_mixture`` and ``Message.nbytes``."""
+"""FedGenGMM (one-shot), LocalGMMs and ``Message.nbytes``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from sklearn.mixture import GaussianMixture
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated import FedGenGMM, LocalGMMs, Message, PrivacyPolicy
-from fednovelty.federated.core.aggregate import union_mixture
-from fednovelty.mixture import MixtureParams, score_samples
+from fednovelty.mixture import score_samples
 from fednovelty.mixture.copula import copula_score_samples
 from fednovelty.runtime import run_simulation
 
@@ -175,61 +174,6 @@ def test_local_gmms_keeps_one_model_per_client(nested_clients):
     own = float(score_samples(state.client_models[0], clients[0]).mean())
     other = float(score_samples(state.client_models[2], clients[0]).mean())
     assert own > other
-
-
-def _diag_mixture(weights, means, scales) -> MixtureParams:
-    means = torch.tensor(means, dtype=torch.float64)
-    prec = 1.0 / torch.tensor(scales, dtype=torch.float64)
-    return MixtureParams(torch.tensor(weights, dtype=torch.float64), means, prec, "diag")
-
-
-def test_union_mixture_weights_by_client_size():
-    a = _diag_mixture([0.25, 0.75], [[0.0, 0.0], [1.0, 1.0]], [[1.0, 2.0], [3.0, 4.0]])
-    b = _diag_mixture([0.5, 0.3, 0.2], [[5.0, 5.0], [6.0, 6.0], [7.0, 7.0]], [[1.0, 1.0]] * 3)
-    union = union_mixture([a, b], [100.0, 300.0])
-    # r_ck |D_c| / |D| by hand: |D| = 400.
-    expected = [0.25 * 0.25, 0.75 * 0.25, 0.5 * 0.75, 0.3 * 0.75, 0.2 * 0.75]
-    np.testing.assert_allclose(union.weights.numpy(), expected, rtol=0, atol=1e-15)
-    assert union.covariance_type == "diag"
-    assert union.n_components == 5
-    np.testing.assert_array_equal(union.means.numpy(), np.vstack([a.means, b.means]))
-    np.testing.assert_array_equal(
-        union.precisions_cholesky.numpy(),
-        np.vstack([a.precisions_cholesky, b.precisions_cholesky]),
-    )
-
-
-def test_union_mixture_of_tied_models_is_full():
-    def tied(weights, means, cov):
-        return MixtureParams.from_covariances(
-            torch.tensor(weights, dtype=torch.float64),
-            torch.tensor(means, dtype=torch.float64),
-            torch.tensor(cov, dtype=torch.float64),
-            "tied",
-        )
-
-    cov_a = [[2.0, 0.5], [0.5, 1.0]]
-    cov_b = [[1.0, -0.2], [-0.2, 3.0]]
-    a = tied([0.5, 0.5], [[0.0, 0.0], [1.0, 0.0]], cov_a)
-    b = tied([1.0], [[4.0, 4.0]], cov_b)
-    union = union_mixture([a, b], [2.0, 2.0])
-    assert union.covariance_type == "full"
-    assert union.precisions_cholesky.shape == (3, 2, 2)
-    np.testing.assert_allclose(union.weights.numpy(), [0.25, 0.25, 0.5], atol=1e-15)
-    np.testing.assert_allclose(
-        union.covariances.numpy(), np.stack([cov_a, cov_a, cov_b]), rtol=0, atol=1e-12
-    )
-    # Densities of the union equal the size-weighted mixture of the client densities.
-    X = torch.tensor([[0.3, -0.2], [3.0, 4.5], [10.0, -1.0]], dtype=torch.float64)
-    expected = torch.logsumexp(
-        torch.stack([score_samples(a, X) + np.log(0.5), score_samples(b, X) + np.log(0.5)]), 0
-    )
-    np.testing.assert_allclose(score_samples(union, X).numpy(), expected.numpy(), atol=1e-12)
-
-
-def test_union_mixture_needs_a_model():
-    with pytest.raises(ValueError, match="at least one"):
-        union_mixture([], [])
 
 
 def test_message_nbytes_counts_tensors_and_scalars():

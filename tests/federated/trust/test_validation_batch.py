@@ -19,7 +19,6 @@ import pytest
 import torch
 from _tolerance import assert_close_scaled
 
-from fednovelty.federated.core.aggregate import sum_stats
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import InvalidReplyError, declare
 from fednovelty.federated.mixtures.em import EM_REPLY
@@ -196,26 +195,6 @@ def test_cholesky_clears_only_matrices_eigvalsh_passes(seed: int) -> None:
             assert lowest >= -tau
         if values[0] >= -tau / 4:  # well inside: the cheap test decides
             assert cleared, (d, values[0] / tau)
-
-
-def test_sum_stats_names_a_non_finite_term_and_not_an_overflowing_sum() -> None:
-    shift = torch.zeros(D, dtype=torch.float64)
-    finite = [Message("em", honest_stats(c)) for c in range(3)]
-    total = sum_stats(finite, shift, "full")
-    expected = sum(m.tensors["second"].numpy() for m in finite)
-    assert_close_scaled(total.second, expected)
-    broken = honest_stats(9)
-    broken["sums"][0, 0] = math.inf
-    with pytest.raises(ValueError, match="non-finite values in 'sums'"):
-        sum_stats([*finite, Message("em", broken)], shift, "full")
-    huge = [
-        Message(
-            "em", {**honest_stats(c), "log_likelihood": torch.tensor(-1.5e308, dtype=torch.float64)}
-        )
-        for c in range(2)
-    ]
-    summed = sum_stats(huge, shift, "full")  # finite terms: summed, the sum is -inf
-    assert summed.log_likelihood.item() == -math.inf
 
 
 def reference_e_step(X, log_weights, means, precisions_cholesky, shift):
