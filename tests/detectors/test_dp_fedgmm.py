@@ -1,6 +1,9 @@
 """FedGMMDetector under differential privacy: the budget it spends (read from dp-accounting,
 checked here against the closed form of composed Gaussian mechanisms), what it refuses, what
-it saves, and what the noise costs on a task where the non-private detector is near perfect."""
+it saves, and what the noise costs on a task where the non-private detector is near perfect.
+What every private estimator owes (fresh noise, privacy_spent_ saved and dropped, the
+refusal of init_params='subset' and of the PCA front end) is in
+``test_privacy_contract.py``."""
 
 from __future__ import annotations
 
@@ -8,11 +11,10 @@ import math
 
 import numpy as np
 import pytest
-from _noise import assert_fresh_noise
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from fednovelty import FedGMMDetector, load
+from fednovelty import FedGMMDetector
 from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.federated.trust.dp_split import BLOCK_SPLIT
 
@@ -74,14 +76,6 @@ def test_the_noise_costs_little_on_a_large_federation(task):
     assert not np.allclose(private.means_, plain.means_, rtol=1e-6)  # the noise is there
 
 
-def test_the_noise_is_fresh_whatever_the_random_state(task):
-    def fit(epsilon=None, **settings):
-        privacy = None if epsilon is None else Privacy(epsilon=epsilon, bounds=BOUNDS)
-        return _fit(task, privacy=privacy, **settings)
-
-    assert_fresh_noise(fit)
-
-
 def test_more_rounds_buy_more_noise_per_round(task):
     few = _fit(task, max_iter=4, privacy=Privacy(epsilon=2.0, bounds=BOUNDS))
     many = _fit(task, max_iter=16, privacy=Privacy(epsilon=2.0, bounds=BOUNDS))
@@ -102,8 +96,6 @@ def test_more_rounds_buy_more_noise_per_round(task):
             },
             'aggregation="sum"',
         ),
-        ({"bounds": BOUNDS, "pca_components": 2}, "no private form"),
-        ({"bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
     ],
 )
 def test_settings_without_a_private_form_are_refused_before_any_round(task, settings, match):
@@ -112,14 +104,6 @@ def test_settings_without_a_private_form_are_refused_before_any_round(task, sett
     with pytest.raises(ValueError, match=match):
         det.fit(task[0], groups=task[1])
     assert not hasattr(det, "history_")
-
-
-def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
-    det = _fit(task, privacy=Privacy(epsilon=4.0, bounds=BOUNDS))
-    det.save(tmp_path / "m")
-    assert load(tmp_path / "m").privacy_spent_ == det.privacy_spent_
-    det.set_params(privacy__epsilon=None).fit(task[0], groups=task[1])
-    assert not hasattr(det, "privacy_spent_")
 
 
 def test_auto_clipping_is_the_box_radius_without_standardisation(task):

@@ -1,6 +1,8 @@
 """``PFedEMDetector`` under ``Privacy.epsilon``: accuracy and novelty scores near the non-private
 fit at a moderate budget, what the fit reports against an accountant run here, no exact
-per-client weights in central mode, and the refusals."""
+per-client weights in central mode. The refusal of ``gaussian_aggregation='paper'`` and
+what every private estimator owes (budget, fresh noise, saving) are in
+``test_privacy_contract.py``."""
 
 from __future__ import annotations
 
@@ -113,9 +115,3 @@ def test_a_central_fit_spends_its_budget_and_keeps_no_per_client_weights(task):
     # the summed counts carry the histogram's noise, 8 z on each of their cells
     spread = 8 * spent["noise_multiplier"] * np.sqrt(counts.size)
     assert np.all(np.diag(counts) > 0) and abs(counts.sum() - 4 * N) < 4 * spread
-
-
-def test_private_pfedem_fits_refuse_what_has_no_private_form(task):
-    X, y, groups = task[0]
-    with pytest.raises(ValueError, match="no sensitivity bound"):
-        PFedEMDetector(2, privacy=Privacy(epsilon=1.0, bounds=BOUNDS)).fit(X, y, groups)  # "paper"

@@ -2,7 +2,9 @@
 maps back exactly (checked against scikit-learn's ``BayesianGaussianMixture`` on the pooled
 rows), the prior round's clipping and central noise (checked against numpy by hand), the
 budget a fit spends (against the closed form of composed Gaussian mechanisms), what is
-refused, and what the noise costs on a task where the non-private detector is near perfect."""
+refused, and what the noise costs on a task where the non-private detector is near perfect.
+What every private estimator owes (fresh noise, privacy_spent_ saved and dropped, the
+refusal of the one-shot merges) is in ``test_privacy_contract.py``."""
 
 from __future__ import annotations
 
@@ -12,14 +14,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from _noise import assert_fresh_noise
 from _tolerance import assert_close_scaled
 from scipy.stats import norm
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import roc_auc_score
 from sklearn.mixture import BayesianGaussianMixture
 
-from fednovelty import FedVBDetector, load
+from fednovelty import FedVBDetector
 from fednovelty.detectors.options import Initialisation, Privacy, Robustness
 from fednovelty.federated import PrivacyPolicy
 from fednovelty.federated.bayesian.variational import FederatedVB, VBConfig, VBState
@@ -219,14 +220,6 @@ def test_the_fit_spends_its_budget_and_no_more(task):
     assert np.isfinite(det.decision_function(task[2])).all()
 
 
-def test_the_noise_is_fresh_whatever_the_random_state(task):
-    def fit(epsilon=None, **settings):
-        privacy = None if epsilon is None else Privacy(epsilon=epsilon, bounds=BOUNDS)
-        return _fit(task, privacy=privacy, **settings)
-
-    assert_fresh_noise(fit)
-
-
 def test_the_replies_are_noisy(task):
     """Same public start, clipping and rounds, the clients' noise of multiplier 0 against
     3: the posterior moves (each client's reply carries noise)."""
@@ -272,7 +265,6 @@ def test_the_noise_costs_little_on_a_large_federation(task):
             'aggregation="sum"',
         ),
         ({"bounds": BOUNDS, "init_params": "subset"}, "raw rows"),
-        ({"bounds": BOUNDS, "posterior_merge": "natural"}, "no private form"),
     ],
 )
 def test_settings_without_a_private_form_are_refused_before_any_round(task, settings, match):
@@ -292,17 +284,3 @@ def test_a_private_client_refuses_a_kind_without_a_private_form(task):
     policy = PrivacyPolicy(dp=DPPolicy(1.0, 1.0, "local", 3, insecure_seed=0))
     with pytest.raises(Exception, match="centroids"):
         run_simulation(FederatedVB(4, random_state=0), clients, privacy=policy)
-
-
-def test_privacy_spent_is_saved_and_a_refit_without_dp_drops_it(task, tmp_path):
-    det = _fit(task, privacy=Privacy(epsilon=4.0, bounds=BOUNDS))
-    det.save(tmp_path / "m")
-    loaded = load(tmp_path / "m")
-    assert loaded.privacy_spent_ == det.privacy_spent_
-    np.testing.assert_array_equal(  # the posterior is saved; the scores are bit for bit
-        loaded.decision_function(task[2]), det.decision_function(task[2])
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        det.set_params(privacy__epsilon=None).fit(task[0], groups=task[1])
-    assert not hasattr(det, "privacy_spent_")

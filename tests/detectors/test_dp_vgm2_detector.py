@@ -1,6 +1,8 @@
 """VGM2Classifier's differential privacy: the plan's noise against dp-accounting's own
 composition of the round's events (the noisy row count's Gaussian and the Poisson-sampled
-DP-SGD steps), ``privacy_spent_`` from the rounds that ran, and the refusals."""
+DP-SGD steps), ``privacy_spent_`` from the rounds that ran, and a private fit through the
+client gate. The refusal of the prototype baseline and what every private estimator owes
+(budget, fresh noise, saving) are in ``test_privacy_contract.py``."""
 
 from __future__ import annotations
 
@@ -74,16 +76,6 @@ def test_privacy_spent_counts_the_rounds_that_ran() -> None:
     clf.set_params(privacy__epsilon=None)
     clf._set_privacy_spent(clf._dp_plan())
     assert not hasattr(clf, "privacy_spent_")
-
-
-def test_the_prototype_baseline_is_refused_under_dp() -> None:
-    rng = np.random.default_rng(0)
-    y = np.repeat([0, 1], 20)
-    X = rng.normal(size=(40, 3)) + y[:, None]
-    with pytest.raises(ValueError, match="prototype baseline has no private form"):
-        VGM2Classifier(method="prototype", rounds=1, hidden=4, privacy=Privacy(epsilon=1.0)).fit(
-            X, y, np.repeat([0, 1], 20)
-        )
 
 
 def test_a_private_fit_runs_through_the_gate_and_reports_what_it_spent() -> None:
