@@ -45,11 +45,7 @@ from sklearn.mixture import GaussianMixture
 
 from benchmarks.common import REPO, add_out, add_quick, machine_facts, markdown_table
 from fednovelty.federated import FederatedEM
-from fednovelty.mixture import (
-    MixtureParams,
-    precisions_cholesky_from_precisions,
-    score_samples,
-)
+from fednovelty.mixture import MixtureParams, precisions_cholesky_from_precisions, score_samples
 from fednovelty.mixture.em import em_step
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.threads import torch_threads

@@ -74,12 +74,7 @@ from benchmarks.common import (
     report_header,
 )
 from fednovelty.datasets import load_mnist, make_femnist_federated
-from fednovelty.datasets.protocols import (
-    MNIST_PCA_COMPONENTS,
-    _novel_images,
-    make_task,
-    polar_rows,
-)
+from fednovelty.datasets.protocols import MNIST_PCA_COMPONENTS, _novel_images, make_task, polar_rows
 from fednovelty.detectors import (
     FedGenGMMDetector,
     FedGMMDetector,

@@ -63,12 +63,7 @@ from benchmarks.common import (
 from fednovelty.datasets.protocols import make_task
 from fednovelty.detectors import Initialisation, Privacy
 from fednovelty.evaluation import auroc
-from fednovelty.federated.trust import (
-    dp_calibration,
-    dp_mechanism,
-    dp_postprocess,
-    dp_split,
-)
+from fednovelty.federated.trust import dp_calibration, dp_mechanism, dp_postprocess, dp_split
 from fednovelty.federated.trust.noise import SeededNoise
 from fednovelty.methods import get_method
 from fednovelty.mixture.stats import SufficientStats

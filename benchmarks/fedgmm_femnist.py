@@ -71,10 +71,7 @@ from benchmarks.common import (
     standardised,
     with_options,
 )
-from fednovelty.datasets.femnist import (
-    FederatedWriters,
-    split_writers,
-)
+from fednovelty.datasets.femnist import FederatedWriters, split_writers
 from fednovelty.detectors import ClientSampling
 from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 

@@ -95,11 +95,7 @@ from benchmarks.common import (
     with_options,
 )
 from fednovelty.datasets.mnist import make_mnist_federated
-from fednovelty.datasets.shifts import (
-    joint_shift_quarters,
-    permute_labels,
-    transform_images,
-)
+from fednovelty.datasets.shifts import joint_shift_quarters, permute_labels, transform_images
 from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 from fednovelty.evaluation.metrics import aupr_out, auroc, max_f1
 

@@ -6,13 +6,7 @@ import pytest
 
 import fednovelty.detectors
 from fednovelty import FedGenGMMDetector, FedGMMDetector, LocalGMMDetector, Training
-from fednovelty.methods import (
-    METHODS,
-    SHARED_SETTINGS,
-    Method,
-    get_method,
-    method_names,
-)
+from fednovelty.methods import METHODS, SHARED_SETTINGS, Method, get_method, method_names
 
 MIXTURES = ["FedGenGMM", "FedGMM", "DEM-kmeans", "DEM-separated", "DEM-subset",
             "DEM-oneshot", "ClusteredGMM-IFCA", "ClusteredGMM-FeSEM", "Local",

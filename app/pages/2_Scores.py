@@ -18,12 +18,7 @@ from fednovelty_app.analysis import (  # noqa: E402
     score_axis,
     scored_test_rows,
 )
-from fednovelty_app.plots import (  # noqa: E402
-    pr_figure,
-    roc_figure,
-    score_histogram,
-    shares_figure,
-)
+from fednovelty_app.plots import pr_figure, roc_figure, score_histogram, shares_figure  # noqa: E402
 
 st.title("Scores")
 run = ui.require_run(what="the scores")

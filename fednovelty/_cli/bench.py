@@ -32,12 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from fednovelty._cli.bench_outputs import BenchOutputs
-from fednovelty._cli.files import (
-    UsageError,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from fednovelty._cli.files import UsageError, non_negative_int, positive_float, positive_int
 from fednovelty._cli.progress import add_progress_option, progress_of
 from fednovelty.datasets.protocols import PARTITIONS
 from fednovelty.datasets.streams import SCHEDULES

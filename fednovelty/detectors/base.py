@@ -56,9 +56,7 @@ from fednovelty.detectors._probability import outlier_labels, outlier_probabilit
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
-from fednovelty.detectors.persistence import (
-    register,
-)
+from fednovelty.detectors.persistence import register
 from fednovelty.exceptions import NotFittedError
 from fednovelty.federated.init.settings import PrivateSettings
 from fednovelty.federated.mixtures.projected import Projected

@@ -29,29 +29,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._cam_privacy import private_plan
 from fednovelty.detectors._classifier import FederatedClassifier
-from fednovelty.detectors._dp import (
-    DPPlan,
-    privacy_record,
-    public_bounds,
-    round_costs,
-)
+from fednovelty.detectors._dp import DPPlan, privacy_record, public_bounds, round_costs
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors._option_fields import (
-    DP_SGD,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP_SGD
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.options import Privacy, Robustness, Training
-from fednovelty.detectors.persistence import (
-    check_items,
-    get_attr,
-    get_tensor,
-)
+from fednovelty.detectors.persistence import check_items, get_attr, get_tensor
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered.cam_algorithm import ClusteredAlgorithm
@@ -70,9 +54,7 @@ from fednovelty.federated.clustered.cam_settings import (
     ClusteredState,
 )
 from fednovelty.federated.core.learners import LEARNERS, logits
-from fednovelty.federated.trust.dp_sgd import (
-    HISTOGRAM_SHARE,
-)
+from fednovelty.federated.trust.dp_sgd import HISTOGRAM_SHARE
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 #: The privacy fields Fed-CAM reads: all but ``mode`` and ``local_iterations`` (every

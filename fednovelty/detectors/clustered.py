@@ -33,23 +33,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
 from fednovelty.detectors._front_end import ClientViews
-from fednovelty.detectors._option_fields import (
-    FLOOR,
-    KMEANS_START,
-    REMEDIES,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import FLOOR, KMEANS_START, REMEDIES
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.options import Initialisation, Prior, Privacy
-from fednovelty.detectors.persistence import (
-    check_probabilities,
-    get_attr,
-    get_tensor,
-)
+from fednovelty.detectors.persistence import check_probabilities, get_attr, get_tensor
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.clustered.clustered_em import CLUSTER_ASSIGNMENTS, ClusteredEM
 from fednovelty.federated.clustered.mixture_clusters import (

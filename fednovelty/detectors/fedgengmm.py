@@ -31,23 +31,11 @@ from fednovelty.detectors._dp import (
     privacy_record,
     run_private_bounds,
 )
-from fednovelty.detectors._option_fields import (
-    DP,
-    REMEDIES,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP, REMEDIES
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.options import Prior, Privacy
-from fednovelty.detectors.persistence import (
-    check_items,
-    get_attr,
-    mixture_log_density_bound,
-)
+from fednovelty.detectors.persistence import check_items, get_attr, mixture_log_density_bound
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM
 from fednovelty.mixture import score_samples

@@ -21,30 +21,14 @@ from fednovelty.detectors._dp import (
     run_private_bounds,
 )
 from fednovelty.detectors._em_detector import AdaptedClient, EMDetector
-from fednovelty.detectors._option_fields import (
-    DP,
-    REMEDIES,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
-from fednovelty.detectors.options import (
-    Prior,
-    Privacy,
-)
+from fednovelty.detectors._option_fields import DP, REMEDIES
+from fednovelty.detectors._params import Param, declare, option, store
+from fednovelty.detectors.options import Prior, Privacy
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.mixtures.accelerate import ACCELERATIONS
 from fednovelty.federated.mixtures.em import COVARIANCE_POOLINGS
 from fednovelty.federated.mixtures.em import GLOBAL_WEIGHTS as GLOBAL_WEIGHT_CHOICES
-from fednovelty.mixture import (
-    check_prior_rows,
-    fit_weights_map,
-    log_gaussian_prob,
-    score_samples,
-)
+from fednovelty.mixture import check_prior_rows, fit_weights_map, log_gaussian_prob, score_samples
 
 #: FedGMM's covariance pooling (``EMConfig.covariance_pooling``): exact or the paper's.
 COVARIANCE_POOLING = Param(

@@ -18,25 +18,11 @@ from numbers import Integral
 from sklearn.base import clone
 from sklearn.utils._param_validation import Interval
 
-from fednovelty.detectors._option_fields import (
-    DP,
-    DP_SGD,
-    KMEANS_START,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP, DP_SGD, KMEANS_START
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.fedgmm import COVARIANCE_POOLING, GLOBAL_WEIGHTS
 from fednovelty.detectors.joint import JointModelDetector
-from fednovelty.detectors.options import (
-    Initialisation,
-    Privacy,
-    Robustness,
-    Training,
-)
+from fednovelty.detectors.options import Initialisation, Privacy, Robustness, Training
 from fednovelty.federated.joint_models.joint import PFL_METHODS, JointFedGMM
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]

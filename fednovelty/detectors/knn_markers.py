@@ -35,22 +35,12 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._option_fields import (
-    FLOOR,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import FLOOR
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
-from fednovelty.detectors.base import (
-    MixtureDetector,
-    SimulatedFitMixin,
-)
+from fednovelty.detectors.base import MixtureDetector, SimulatedFitMixin
 from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,

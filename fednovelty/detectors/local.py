@@ -9,15 +9,8 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import StrOptions
 
-from fednovelty.detectors._option_fields import (
-    REMEDIES,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import REMEDIES
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.fedgengmm import (
     LOCAL_DP,
     LOCAL_FIT_DOCS,

@@ -17,16 +17,8 @@ from numbers import Integral
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from fednovelty.detectors._option_fields import (
-    FLOOR,
-    REMEDIES,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import FLOOR, REMEDIES
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
 from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness

@@ -53,12 +53,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from fednovelty.detectors._saved_params import (
-    constructor_params,
-    current_params,
-    jsonable,
-    restore,
-)
+from fednovelty.detectors._saved_params import constructor_params, current_params, jsonable, restore
 from fednovelty.detectors.persistence_checks import check_scorable
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.mixture import MixtureParams, score_samples

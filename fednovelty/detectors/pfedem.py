@@ -22,24 +22,10 @@ import torch
 from sklearn.utils._param_validation import StrOptions
 
 from fednovelty.detectors._labels import label_codes
-from fednovelty.detectors._option_fields import (
-    DP,
-    DP_SGD,
-    KMEANS_START,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP, DP_SGD, KMEANS_START
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.joint import JointModelDetector
-from fednovelty.detectors.options import (
-    Initialisation,
-    Privacy,
-    Robustness,
-    Training,
-)
+from fednovelty.detectors.options import Initialisation, Privacy, Robustness, Training
 from fednovelty.federated.joint_models.pfedem import (
     ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,

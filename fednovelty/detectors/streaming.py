@@ -45,16 +45,8 @@ from sklearn.utils._param_validation import Interval
 
 from fednovelty.detectors._em_detector import EMDetector
 from fednovelty.detectors._fit_state import atomic_fit
-from fednovelty.detectors._option_fields import (
-    FLOOR,
-    KMEANS_START,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import FLOOR, KMEANS_START
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.fedgmm import FedGMMDetector
 from fednovelty.detectors.options import Initialisation, Privacy

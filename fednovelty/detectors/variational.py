@@ -57,15 +57,8 @@ from fednovelty.detectors._dp import (
     finish_private_fit,
     run_private_bounds,
 )
-from fednovelty.detectors._option_fields import (
-    DP,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.options import Prior, Privacy, Robustness

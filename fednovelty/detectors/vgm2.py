@@ -37,24 +37,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._dp import DPPlan, RoundCost, privacy_record
-from fednovelty.detectors._option_fields import (
-    DP_SGD,
-)
-from fednovelty.detectors._params import (
-    Param,
-    declare,
-    option,
-    store,
-)
+from fednovelty.detectors._option_fields import DP_SGD
+from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
 from fednovelty.detectors.options import Privacy, Robustness, Training
-from fednovelty.detectors.persistence import (
-    check_items,
-    check_positive,
-    get_attr,
-    get_tensor,
-)
+from fednovelty.detectors.persistence import check_items, check_positive, get_attr, get_tensor
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.bayesian.vgm2 import VGM2_AGGREGATIONS, VGM2_PREDICTIONS
@@ -68,9 +56,7 @@ from fednovelty.federated.bayesian.vgm2_settings import (
     VGM2State,
 )
 from fednovelty.federated.bayesian.vgm2_step import VGM2_KIND
-from fednovelty.federated.trust.dp_sgd import (
-    steps_for_epochs,
-)
+from fednovelty.federated.trust.dp_sgd import steps_for_epochs
 from fednovelty.mixture.dirnig import check_markers
 
 _POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]

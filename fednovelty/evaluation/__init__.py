@@ -29,14 +29,7 @@ higher means more anomalous (PyOD's ``decision_function``).
 from fednovelty.evaluation.benchmark import run_benchmark
 from fednovelty.evaluation.membership import gate_attack, score_attack, stats_attack
 from fednovelty.evaluation.membership_bounds import dp_auc_bound, gdp_auc_bound
-from fednovelty.evaluation.metrics import (
-    aupr_in,
-    aupr_out,
-    auroc,
-    evaluate,
-    fpr_at_95_tpr,
-    max_f1,
-)
+from fednovelty.evaluation.metrics import aupr_in, aupr_out, auroc, evaluate, fpr_at_95_tpr, max_f1
 from fednovelty.evaluation.plots import plot_method_bars, plot_metric_vs, plot_stream_metric
 from fednovelty.evaluation.stream_summary import format_stream_summary, stream_summary
 from fednovelty.evaluation.streams import run_stream_benchmark

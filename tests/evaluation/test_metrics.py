@@ -14,14 +14,7 @@ from sklearn.metrics import (
 )
 
 from fednovelty.evaluation import metrics
-from fednovelty.evaluation.metrics import (
-    aupr_in,
-    aupr_out,
-    auroc,
-    evaluate,
-    fpr_at_95_tpr,
-    max_f1,
-)
+from fednovelty.evaluation.metrics import aupr_in, aupr_out, auroc, evaluate, fpr_at_95_tpr, max_f1
 
 METRICS = [auroc, aupr_in, aupr_out, fpr_at_95_tpr, max_f1, evaluate]
 KEYS = ["auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr", "max_f1"]

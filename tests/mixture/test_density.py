@@ -11,11 +11,7 @@ from scipy.stats import multivariate_normal
 from sklearn.mixture import _gaussian_mixture as skgm
 
 from fednovelty.mixture.covariance import COVARIANCE_TYPES
-from fednovelty.mixture.density import (
-    default_chunk_size,
-    log_gaussian_prob,
-    log_responsibilities,
-)
+from fednovelty.mixture.density import default_chunk_size, log_gaussian_prob, log_responsibilities
 
 
 def t(a, dtype=torch.float64) -> torch.Tensor:

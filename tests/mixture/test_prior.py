@@ -4,13 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fednovelty.mixture import (
-    CovariancePrior,
-    fit_gmm,
-    fit_gmm_scaled,
-    m_step,
-    stats_from_resp,
-)
+from fednovelty.mixture import CovariancePrior, fit_gmm, fit_gmm_scaled, m_step, stats_from_resp
 
 
 def _stats(covariance_type, seed=0):

@@ -262,9 +262,7 @@ def test_the_superlinks_node_unavailable_reply_is_the_dead_nodes_drop(monkeypatc
     (sent from the SuperLink's node id) is dropped as that node's client, with Flower's
     reason, and the node is not also counted as silent; a node's own reply is untouched."""
     from flwr.app import Message, RecordDict
-    from flwr.server.superlink.linkstate.utils import (
-        create_message_error_unavailable_res_message,
-    )
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
     from fednovelty.runtime.flower.server import attribute_reply
     from fednovelty.runtime.flower.validation import receive_replies

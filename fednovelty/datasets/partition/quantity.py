@@ -19,12 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fednovelty.datasets.partition._common import (
-    _check_groups,
-    _check_int,
-    _group_members,
-    _rng,
-)
+from fednovelty.datasets.partition._common import _check_groups, _check_int, _group_members, _rng
 
 __all__ = ["quantity_partition"]
 

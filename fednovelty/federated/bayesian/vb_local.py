@@ -26,16 +26,8 @@ from fednovelty.federated.core.declarations import InvalidReplyError, declare, s
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import backed, resp_rows, stats_backing
 from fednovelty.federated.trust.privacy import unfloored
-from fednovelty.federated.trust.reply_form import (
-    Shape,
-    check_reply,
-    stats_shapes,
-)
-from fednovelty.federated.trust.robust import (
-    outlying_models,
-    scale_stats,
-    typical_row_factors,
-)
+from fednovelty.federated.trust.reply_form import Shape, check_reply, stats_shapes
+from fednovelty.federated.trust.robust import outlying_models, scale_stats, typical_row_factors
 from fednovelty.federated.trust.value_checks import check_stats
 from fednovelty.mixture.covariance import precisions_cholesky_from_covariances
 from fednovelty.mixture.kmeans import kmeans, one_hot

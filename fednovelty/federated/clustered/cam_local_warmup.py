@@ -28,11 +28,7 @@ from fednovelty.federated.clustered.cam_step import (
     ModelStep,
     trained_reply,
 )
-from fednovelty.federated.core.base import (
-    ClientContext,
-    Message,
-    server_generator,
-)
+from fednovelty.federated.core.base import ClientContext, Message, server_generator
 from fednovelty.federated.core.declarations import declare
 from fednovelty.federated.core.learners import ClientRound
 from fednovelty.federated.trust.robust import coordinate_median, coordinate_trimmed_mean

@@ -35,12 +35,7 @@ from fednovelty.federated.core.base import (
     skipped_reply,
 )
 from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
-from fednovelty.federated.core.learners import (
-    ClientRound,
-    LearnerRounds,
-    SGDTask,
-    local_sgd_many,
-)
+from fednovelty.federated.core.learners import ClientRound, LearnerRounds, SGDTask, local_sgd_many
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.trust.backing import client_backing
 from fednovelty.federated.trust.noise import NoiseSource

@@ -28,11 +28,7 @@ from fednovelty.federated.core.base import (
     skipped_reply,
 )
 from fednovelty.federated.core.steps import ClientSkip
-from fednovelty.federated.mixtures.pca import (
-    PROJECTION_COMPONENTS,
-    PROJECTION_MEAN,
-    PCAProjection,
-)
+from fednovelty.federated.mixtures.pca import PROJECTION_COMPONENTS, PROJECTION_MEAN, PCAProjection
 
 
 @dataclass

@@ -57,12 +57,7 @@ from fednovelty.federated.trust.value_checks import (
     check_stats_tensors,
     relative_tolerance,
 )
-from fednovelty.mixture import (
-    MixtureParams,
-    SufficientStats,
-    params_from_stats,
-    stats_from_resp,
-)
+from fednovelty.mixture import MixtureParams, SufficientStats, params_from_stats, stats_from_resp
 from fednovelty.mixture.covariance import log_det_cholesky
 from fednovelty.mixture.density import Workspace, log_gaussian_prob
 from fednovelty.mixture.em import fit_weights, moment_shift

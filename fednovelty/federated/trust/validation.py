@@ -30,15 +30,8 @@ from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
 from fednovelty.federated.trust.batch_checks import batch_passes
 from fednovelty.federated.trust.declared_box import Declared, check_box
-from fednovelty.federated.trust.reply_form import (
-    SpecLookup,
-    check_reply,
-    is_skipped,
-    resolve_spec,
-)
-from fednovelty.federated.trust.value_checks import (
-    RTOL,
-)
+from fednovelty.federated.trust.reply_form import SpecLookup, check_reply, is_skipped, resolve_spec
+from fednovelty.federated.trust.value_checks import RTOL
 
 
 @dataclass

@@ -18,15 +18,7 @@ def missing_flwr(error: ImportError) -> ImportError:
 
 
 try:
-    from flwr.app import (
-        Array,
-        ArrayRecord,
-        ConfigRecord,
-        Context,
-        Message,
-        MessageType,
-        RecordDict,
-    )
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
     from flwr.supercore.primitives import asymmetric

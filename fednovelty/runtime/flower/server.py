@@ -74,12 +74,7 @@ from fednovelty.runtime.flower.config import (
     secure_from_run_config,
 )
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
-from fednovelty.runtime.flower.validation import (
-    Dropped,
-    Received,
-    receive_replies,
-    settle_replies,
-)
+from fednovelty.runtime.flower.validation import Dropped, Received, receive_replies, settle_replies
 from fednovelty.runtime.loop import Delivery, RoundRecord, Settled, Transport, sample_clients
 from fednovelty.runtime.secure_rounds import SecureSum
 

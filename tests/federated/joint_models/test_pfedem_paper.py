@@ -15,11 +15,7 @@ from scipy.stats import trim_mean
 
 from fednovelty import PFedEMDetector
 from fednovelty.federated import PFedEM, PrivacyPolicy
-from fednovelty.federated.joint_models.pfedem import (
-    PAPER_ALGORITHM,
-    PFedEMConfig,
-    learner_weights,
-)
+from fednovelty.federated.joint_models.pfedem import PAPER_ALGORITHM, PFedEMConfig, learner_weights
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
 from fednovelty.federated.trust import gate
 from fednovelty.runtime import run_simulation

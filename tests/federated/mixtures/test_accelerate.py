@@ -17,11 +17,7 @@ from sklearn.mixture import GaussianMixture
 
 from fednovelty.federated import FederatedEM, PrivacyPolicy
 from fednovelty.federated.mixtures.accelerate import Squarem, extrapolate
-from fednovelty.mixture import (
-    MixtureParams,
-    precisions_cholesky_from_covariances,
-    score_samples,
-)
+from fednovelty.mixture import MixtureParams, precisions_cholesky_from_covariances, score_samples
 from fednovelty.runtime import run_simulation
 
 NO_FLOOR = PrivacyPolicy(min_rows=1)

@@ -11,12 +11,7 @@ import pytest
 import torch
 
 from fednovelty import FedGMMDetector
-from fednovelty.detectors._dp import (
-    BOUNDS_ROUNDS,
-    MAX_BOUNDS_VALUES,
-    PENDING_BOUNDS,
-    bounds_copies,
-)
+from fednovelty.detectors._dp import BOUNDS_ROUNDS, MAX_BOUNDS_VALUES, PENDING_BOUNDS, bounds_copies
 from fednovelty.detectors.options import Initialisation, Privacy
 from fednovelty.evaluation import auroc
 from fednovelty.federated import FederatedEM

@@ -13,11 +13,7 @@ import pytest
 import torch
 from _liars import Forging, shifted_component
 
-from fednovelty.federated import (
-    FederatedEM,
-    FedGenGMM,
-    Message,
-)
+from fednovelty.federated import FederatedEM, FedGenGMM, Message
 from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.reply_form import check_reply
