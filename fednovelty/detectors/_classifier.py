@@ -15,7 +15,11 @@ import os
 
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from fednovelty.detectors._saved_state import restore_classifier_attrs
+from fednovelty.detectors._saved_state import (
+    privacy_attrs,
+    restore_classifier_attrs,
+    restore_privacy_spent,
+)
 from fednovelty.detectors.base import SimulatedFitMixin
 from fednovelty.detectors.persistence import check_items, get_attr, load, save_detector
 
@@ -61,8 +65,8 @@ class FederatedClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         return load(path, expected=cls)
 
     def _common_attrs(self) -> dict:
-        """The JSON attributes every fitted classifier saves: its input, clients, classes
-        and communication record."""
+        """The JSON attributes every fitted classifier saves: its input, clients, classes,
+        communication record and, after a private fit, ``privacy_spent_``."""
         return {
             "n_features_in_": self.n_features_in_,
             "feature_names_in_": (
@@ -74,6 +78,7 @@ class FederatedClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
             "n_rounds_": self.n_rounds_,
             "bytes_up_": self.bytes_up_,
             "bytes_down_": self.bytes_down_,
+            **privacy_attrs(self),
         }
 
     def _restore_common(self, attrs: dict) -> None:
@@ -84,3 +89,4 @@ class FederatedClassifier(SimulatedFitMixin, ClassifierMixin, BaseEstimator):
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
+        restore_privacy_spent(self, attrs)

@@ -63,8 +63,7 @@ class SavedStateMixin:
             "bytes_up_": getattr(self, "bytes_up_", 0),
             "bytes_down_": getattr(self, "bytes_down_", 0),
         }
-        if hasattr(self, "privacy_spent_"):
-            attrs["privacy_spent_"] = self.privacy_spent_
+        attrs.update(privacy_attrs(self))
         if self._pca_front_end and hasattr(self, "pca_"):
             tensors.update(pca_tensors(self.pca_))
         extra_tensors, extra_attrs = self._get_state()
@@ -100,10 +99,7 @@ class SavedStateMixin:
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
-        if attrs.get("privacy_spent_") is not None:
-            self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
-        elif hasattr(self, "privacy_spent_"):
-            del self.privacy_spent_
+        restore_privacy_spent(self, attrs)
         if hasattr(self, "privacy_spent_") and "decision_scores" not in tensors:
             for name in ("decision_scores_", "labels_", "_mu", "_sigma"):
                 self.__dict__.pop(name, None)  # a private file holds no training scores
@@ -180,6 +176,25 @@ def restore_inputs(estimator, attrs: dict) -> None:
         del estimator.feature_names_in_
     estimator.client_ids_ = _client_ids(get_attr(attrs, "client_ids_", list))
     estimator.n_clients_ = len(estimator.client_ids_)
+
+
+def privacy_attrs(estimator) -> dict:
+    """``{"privacy_spent_": record}`` of a private fit for ``save`` (``{}`` otherwise)."""
+    spent = getattr(estimator, "privacy_spent_", None)
+    return {} if spent is None else {"privacy_spent_": spent}
+
+
+def restore_privacy_spent(estimator, attrs: dict) -> None:
+    """Set ``privacy_spent_`` from saved ``attrs``, or remove it where the file has none
+    (a fit without differential privacy).
+
+    Raises:
+        ModelFormatError: a record that is not a JSON object.
+    """
+    if attrs.get("privacy_spent_") is not None:
+        estimator.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
+    elif hasattr(estimator, "privacy_spent_"):
+        del estimator.privacy_spent_
 
 
 def restore_classifier_attrs(estimator, attrs: dict) -> None:

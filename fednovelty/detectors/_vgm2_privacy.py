@@ -3,16 +3,19 @@ Local).
 
 What leaves a client is differentially private per client row: the markers or network by
 DP-SGD (pairs of rows for VGM2), the row count by the gate's histogram noise;
-:func:`vgm2_dp_plan` calibrates both for ``rounds`` replies of every client. VGM2 releases
-no row statistics: no public bounds, no row clipping.
+:func:`vgm2_dp_plan` calibrates both for ``rounds`` replies of every client. Local releases
+only the row count (its networks never leave the clients): no DP-SGD, the whole budget to
+the count. VGM2 releases no row statistics: no public bounds, no row clipping.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 from fednovelty.detectors._dp import DPPlan
 from fednovelty.federated.trust.dp import DPPolicy
+from fednovelty.federated.trust.dp_calibration import calibrate_noise
 from fednovelty.federated.trust.dp_sgd import (
     DPSGDSettings,
     calibrate_learning,
@@ -42,7 +45,8 @@ def vgm2_dp_plan(
     """The differential privacy of a VGM2 fit of ``rounds`` rounds, each client answering
     every one (no amplification by the server's client sampling is claimed): per round one
     noisy row count (a one-bin histogram, noise ``HISTOGRAM_SHARE * z``) and ``steps``
-    DP-SGD steps (rate ``sample_rate``, clip ``clip``). ``z`` and the steps' ``sigma``
+    DP-SGD steps (rate ``sample_rate``, clip ``clip``; ``steps=0``: no network leaves the
+    clients, no DP-SGD, ``z`` spends the whole budget). ``z`` and the steps' ``sigma``
     spend ``epsilon`` at ``delta`` together
     (:func:`~fednovelty.federated.trust.dp_sgd.calibrate_learning`, ``learner_share`` of the
     budget to the steps). The clients' policy has a budget of ``epsilon`` at ``delta`` and no
@@ -50,19 +54,23 @@ def vgm2_dp_plan(
     sum is divided by the public ``batch_size``.
 
     Raises:
-        ValueError: ``rounds`` or ``steps`` below 1, or the budget out of range.
+        ValueError: ``rounds`` below 1, ``steps`` below 0, or the budget out of range.
     """
-    if rounds < 1 or steps < 1:
+    if rounds < 1 or steps < 0:
         raise ValueError(
-            f"a private VGM2 fit needs rounds >= 1 and DP-SGD steps >= 1; got {rounds}, "
+            f"a private VGM2 fit needs rounds >= 1 and DP-SGD steps >= 0; got {rounds}, "
             f"{steps} (local_epochs >= 1)."
         )
     blocks = histogram_blocks(PRIVATE_HISTOGRAMS * rounds)
     total_steps = rounds * steps
-    z, sigma = calibrate_learning(
-        epsilon, delta, blocks, total_steps, sample_rate, 1.0 - learner_share
-    )
-    spent = learning_epsilon(z, blocks, sigma, sample_rate, total_steps, delta)
+    if total_steps == 0:  # only the row counts: Gaussian mechanisms compose to one of
+        z = calibrate_noise(epsilon, delta, 1, 1) * math.sqrt(blocks)  # z / sqrt(blocks)
+        spent = learning_epsilon(z, blocks, 0.0, 1.0, 0, delta)
+    else:
+        z, sigma = calibrate_learning(
+            epsilon, delta, blocks, total_steps, sample_rate, 1.0 - learner_share
+        )
+        spent = learning_epsilon(z, blocks, sigma, sample_rate, total_steps, delta)
     if spent > epsilon * (1 + 1e-9):  # the accountant of record decides
         raise ValueError(f"the plan would spend epsilon={spent:.4g} > dp_epsilon={epsilon:g}.")
     policy = DPPolicy(
@@ -73,7 +81,9 @@ def vgm2_dp_plan(
         epsilon=float(epsilon),
         delta=float(delta),
     )
-    sgd = DPSGDSettings(
-        sigma, float(clip), float(sample_rate), int(steps), expected_batch=float(batch_size)
-    )
+    sgd = None
+    if total_steps > 0:
+        sgd = DPSGDSettings(
+            sigma, float(clip), float(sample_rate), int(steps), expected_batch=float(batch_size)
+        )
     return DPPlan({"dp_mode": mode}, policy, int(rounds), float(epsilon), float(delta), sgd)

@@ -396,13 +396,11 @@ class ClusteredFLClassifier(FederatedClassifier):
             "input_bounds_": None if bounds is None else [list(row) for row in bounds],
             "input_clip_": getattr(self, "input_clip_", None),
         }
-        if hasattr(self, "privacy_spent_"):
-            attrs["privacy_spent_"] = self.privacy_spent_
         return tensors, attrs
 
     def _restore_private(self, attrs: dict) -> None:
-        """``input_bounds_``, ``input_clip_`` and ``privacy_spent_`` from saved ``attrs``
-        (absent: a fit without ``dp_epsilon``), validated."""
+        """``input_bounds_`` and ``input_clip_`` from saved ``attrs`` (absent: a fit
+        without ``dp_epsilon``), validated."""
         bounds, clip = attrs.get("input_bounds_"), attrs.get("input_clip_")
         try:
             self.input_bounds_ = (
@@ -414,10 +412,6 @@ class ClusteredFLClassifier(FederatedClassifier):
         if clip is not None and not (number and math.isfinite(clip) and clip > 0):
             raise ModelFormatError(f"input_clip_ must be a positive number or null; got {clip!r}.")
         self.input_clip_ = None if clip is None else float(clip)
-        if attrs.get("privacy_spent_") is not None:
-            self.privacy_spent_ = get_attr(attrs, "privacy_spent_", dict)
-        elif hasattr(self, "privacy_spent_"):
-            del self.privacy_spent_
 
     def _set_state(self, tensors: dict[str, torch.Tensor], attrs: dict) -> None:
         """Restore the fitted attributes from ``save``'s output, validated."""

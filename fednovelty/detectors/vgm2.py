@@ -224,7 +224,8 @@ class VGM2Classifier(FederatedClassifier):
 
     def _dp_plan(self) -> DPPlan | None:
         """The fit's :func:`vgm2_dp_plan`, or ``None`` without ``privacy.epsilon``: every
-        round runs ``ceil(local_epochs / privacy.sample_rate)`` DP-SGD steps."""
+        round runs ``ceil(local_epochs / privacy.sample_rate)`` DP-SGD steps (none for
+        ``method="local"``, whose networks never leave the clients)."""
         privacy = self._option("privacy")
         if privacy.epsilon is None:
             return None
@@ -234,7 +235,9 @@ class VGM2Classifier(FederatedClassifier):
             float(privacy.delta),
             privacy.mode,
             int(self.rounds),
-            steps_for_epochs(int(self._option("training").local_epochs), rate),
+            0
+            if self.method == "local"
+            else steps_for_epochs(int(self._option("training").local_epochs), rate),
             rate,
             float(privacy.sgd_clip),
             float(privacy.learner_share),
@@ -249,7 +252,8 @@ class VGM2Classifier(FederatedClassifier):
             if hasattr(self, "privacy_spent_"):
                 del self.privacy_spent_
             return
-        cost = RoundCost(releases=0, histograms=PRIVATE_HISTOGRAMS, sgd_steps=plan.sgd.steps)
+        steps = 0 if plan.sgd is None else plan.sgd.steps
+        cost = RoundCost(releases=0, histograms=PRIVATE_HISTOGRAMS, sgd_steps=steps)
         self.privacy_spent_ = privacy_record(plan, self.history_, {VGM2_KIND: cost})
 
     def _algorithm_class(self) -> type[EncoderAlgorithm]:

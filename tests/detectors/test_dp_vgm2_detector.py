@@ -41,7 +41,17 @@ def test_the_plan_spends_its_budget_by_dp_accounting() -> None:
     # the learners' share of mu^2 (Gaussian DP) is 0.9: the count's noise is the larger
     assert (8 * z) ** -2 * 4 < 0.2 * _gdp_mu(1.0) ** 2
     with pytest.raises(ValueError, match="rounds >= 1"):
-        vgm2_dp_plan(1.0, 1e-5, "local", 4, 0, 0.1, 1.0, 0.9, 3)
+        vgm2_dp_plan(1.0, 1e-5, "local", 0, 20, 0.1, 1.0, 0.9, 3)
+
+
+def test_a_plan_without_dp_sgd_spends_the_whole_budget_on_the_counts() -> None:
+    """Local's networks never leave the clients: 4 noisy row counts (one-bin histograms,
+    noise ``8 z``) are all a fit releases, one Gaussian mechanism of ``mu = sqrt(4) / (8 z)``
+    in Gaussian DP, which must be the budget's ``mu``."""
+    plan = vgm2_dp_plan(1.0, 1e-5, "local", 4, 0, 0.1, 1.0, 0.9, 3)
+    assert plan.sgd is None
+    mu = math.sqrt(4) / (8 * plan.policy.noise_multiplier)
+    assert mu == pytest.approx(_gdp_mu(1.0), rel=1e-3)
 
 
 def _gdp_mu(epsilon: float, delta: float = 1e-5) -> float:

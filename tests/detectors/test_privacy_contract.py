@@ -102,21 +102,9 @@ FITS_PRIVATELY = [n for n in PRIVATE if n not in NO_PRIVATE_FORM or n in PRIVATE
 #: the private estimators with a federated PCA front end (``pca_components``): it has no
 #: private form in any of them.
 PCA = [n for n in FITS_PRIVATELY if "pca_components" in build(n).get_params(deep=False)]
-#: the private VGM2 classifiers
-VGM2 = ("PFL-VGM2", "PFL-VGM2-Local", "PFL-VGM2-FedAvg")
-VGM2_SAVE = "VGM2Classifier's save/load drops privacy_spent_ (_saved_state writes no record)"
-VGM2_LOCAL = (
-    "VGM2-Local keeps only its clients' own networks, trained without noise: under "
-    "privacy.epsilon its model is the plain one (while privacy_spent_ counts DP-SGD steps)"
-)
-
-
-def _cases(names, known: dict[str, str]):
-    """``names`` as parameters, those in ``known`` marked as strict expected failures."""
-    return [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=known[n])) if n in known else n
-        for n in names
-    ]
+#: private estimators whose model never leaves the clients: only row counts are released
+#: (noisy), the model is each client's own, trained without noise.
+KEPT_ON_CLIENTS = ("PFL-VGM2-Local",)
 
 
 def _privacy_fields(name: str) -> set[str]:
@@ -212,7 +200,7 @@ def test_the_fit_spends_its_budget_and_no_more(name):
     assert np.isfinite(_outputs(det, name)).all()
 
 
-@pytest.mark.parametrize("name", _cases(FITS_PRIVATELY, {"PFL-VGM2-Local": VGM2_LOCAL}))
+@pytest.mark.parametrize("name", [n for n in FITS_PRIVATELY if n not in KEPT_ON_CLIENTS])
 def test_the_noise_is_fresh_whatever_the_random_state(name):
     """Same data, ``random_state`` and global seeds: without privacy the same model bit for
     bit, with it different noise (drawn from the OS, not from any seed an adversary knows)."""
@@ -223,7 +211,18 @@ def test_the_noise_is_fresh_whatever_the_random_state(name):
     assert not np.array_equal(_outputs(a, name), _outputs(b, name))
 
 
-@pytest.mark.parametrize("name", _cases(FITS_PRIVATELY, dict.fromkeys(VGM2, VGM2_SAVE)))
+@pytest.mark.parametrize("name", KEPT_ON_CLIENTS)
+def test_a_model_kept_on_the_clients_is_the_plain_one_and_runs_no_dp_sgd(name):
+    """Nothing noisy reaches such a model: under ``privacy.epsilon`` it is the plain fit's,
+    bit for bit, and ``privacy_spent_`` counts the noisy row counts only (no DP-SGD step)."""
+    plain = _fit(_build(name, **PRIVATE_FORM.get(name, {})), name)
+    private, _ = _private_fits(name)
+    np.testing.assert_array_equal(_outputs(private, name), _outputs(plain, name))
+    assert "sgd_steps" not in private.privacy_spent_
+    assert private.privacy_spent_["releases"] == 0
+
+
+@pytest.mark.parametrize("name", FITS_PRIVATELY)
 def test_privacy_spent_is_saved(name, tmp_path):
     """The loaded model keeps ``privacy_spent_`` and scores bit for bit as the saved one."""
     det, _ = _private_fits(name)
