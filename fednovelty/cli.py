@@ -7,8 +7,13 @@
 ``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
 
 Methods (``fit --method``, ``bench --methods``) are names of the registry,
-:mod:`fednovelty.methods`, read when the parser is built; the subcommands' parts are in
-:mod:`fednovelty._cli`.
+:mod:`fednovelty.methods`, read when the parser is built (without importing a detector:
+``--help`` and ``--version`` import no torch, PyOD or scikit-learn); a mistyped choice is
+answered with the closest names. The subcommands' parts are in :mod:`fednovelty._cli`.
+
+``score --client-column`` scores each row under its client's own model where the detector
+has one and writes the id (``--id-column``, default the row number) and client columns beside
+the scores (:mod:`fednovelty._cli.scoring`).
 
 Progress bars (``demo``, ``fit``, ``bench``) are drawn only when stderr is a terminal, never
 with ``--no-progress``.
@@ -35,10 +40,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import pandas as pd
-from sklearn.utils._param_validation import InvalidParameterError
-
+from fednovelty import __version__
 from fednovelty._cli import bench, dashboard
+from fednovelty._cli.choices import Parser
 from fednovelty._cli.dashboard import app_command, dashboard_script, serving_app
 from fednovelty._cli.files import (
     UsageError,
@@ -51,6 +55,7 @@ from fednovelty._cli.files import (
     write_atomically,
 )
 from fednovelty._cli.progress import add_progress_option, progress_of
+from fednovelty._cli.tables import check_header, check_numeric, pop_column
 from fednovelty.methods import get_method, method_names
 
 __all__ = [
@@ -98,24 +103,33 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_features(args: argparse.Namespace, data) -> tuple:
+    """The table ``data`` split into its feature columns (one name each; whether they are
+    numbers is :func:`check_numeric`'s, called once the options are checked), the
+    ``--client-column`` (a Series, or None) and the ``--id-column`` (``score`` only; None
+    otherwise)."""
+    frame = read_table(data)
+    check_header(data, [str(name) for name in frame.columns])
+    clients = ids = None
+    if args.client_column:
+        clients = pop_column(frame, args.client_column, "--client-column", args.data)
+    if getattr(args, "id_column", None):
+        ids = pop_column(frame, args.id_column, "--id-column", args.data)
+    return frame, clients, ids
+
+
 def _fit(args: argparse.Namespace) -> int:
     method = get_method(args.method)
     data = check_table_path(args.data)
     out = check_output(args.out, [data], args.overwrite)
-    frame = read_table(data)
-    groups = None
-    if args.client_column:
-        if args.client_column not in frame:
-            raise UsageError(
-                f"--client-column {args.client_column!r}: no such column in {args.data} "
-                f"(columns: {', '.join(map(str, frame.columns[:20]))})."
-            )
-        groups = frame.pop(args.client_column).to_numpy()
+    frame, clients, _ = _read_features(args, data)
+    groups = None if clients is None else clients.to_numpy()
     if args.components is not None and args.components > len(frame):
         raise UsageError(
             f"--components {args.components}: {args.data} has only {len(frame)} rows; use at "
             "most that many components."
         )
+    check_numeric(frame, args.data, args.client_column)
     settings = {"random_state": args.seed}
     if args.components is not None:  # a method whose clients choose their own K ignores it
         settings["n_components"] = args.components
@@ -130,23 +144,29 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn(message: str) -> None:
+    """Print ``fednovelty: warning: message`` (one line) to stderr."""
+    print(f"fednovelty: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
 def _score(args: argparse.Namespace) -> int:
     from fednovelty import load
+    from fednovelty._cli.scoring import score_table
 
     model = check_input(args.model, "model")
     data = check_table_path(args.data)
     out = check_output(args.out, [model, data], args.overwrite)
     detector = load(model)
-    frame = read_table(data)
-    if args.client_column and args.client_column in frame:
-        frame = frame.drop(columns=[args.client_column])
-    scores = pd.DataFrame(
-        {
-            "log_px": detector.score_samples(frame),
-            "anomaly_score": detector.decision_function(frame),
-            "is_anomaly": detector.predict(frame),
-        }
-    )
+    frame, clients, ids = _read_features(args, data)
+    check_numeric(frame, args.data, args.client_column)
+    scores = score_table(detector, frame, clients, _warn)
+    labels = {args.id_column or "row": frame.index if ids is None else ids}
+    if clients is not None:
+        labels[args.client_column] = clients
+    for position, (name, values) in enumerate(labels.items()):
+        if name in scores.columns:
+            raise UsageError(f"column {name!r} would be written twice; rename it in the data.")
+        scores.insert(position, name, list(values))
     write_atomically(out, lambda path: scores.to_csv(path, index=False), args.overwrite)
     print(f"wrote {len(scores)} scores to {out} ({int(scores.is_anomaly.sum())} flagged)")
     return 0
@@ -156,7 +176,8 @@ OVERWRITE_HELP = "replace --out if it is an existing regular file (never a link,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fednovelty", description=__doc__.splitlines()[0])
+    parser = Parser(prog="fednovelty", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fednovelty {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train every method on a real dataset and compare")
     demo.add_argument(
@@ -206,7 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     score = sub.add_parser("score", help="score a table with a saved detector")
     score.add_argument("model")
     score.add_argument("data")
-    score.add_argument("--client-column", default=None, help="column to drop before scoring")
+    score.add_argument(
+        "--client-column",
+        default=None,
+        help="column of client ids: each row is scored with its client's own model where the "
+        "detector has one (FedGMM, ClusteredGMM, Local), else the global model (a warning "
+        "says so); the column is written beside the scores",
+    )
+    score.add_argument(
+        "--id-column",
+        default=None,
+        help="column of row ids, written first in the output (default: the row number, "
+        "column 'row')",
+    )
     score.add_argument("--out", required=True, help="output CSV; its folder must exist")
     score.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     score.set_defaults(func=_score)
@@ -222,12 +255,20 @@ def _error(message: object, status: int) -> int:
     return status
 
 
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean the command line is wrong: ``UsageError`` and, once
+    scikit-learn is imported (only a command that fits or scores imports it), its
+    ``InvalidParameterError`` (a bad parameter of a detector)."""
+    validation = sys.modules.get("sklearn.utils._param_validation")
+    return (UsageError,) if validation is None else (UsageError, validation.InvalidParameterError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; the exit status is 0, 1 (data, model or I/O) or 2 (usage), see above."""
     args = build_parser().parse_args(argv)  # argparse exits with 2 on its own errors
     try:
         return args.func(args)
-    except (UsageError, InvalidParameterError) as error:  # the command line is wrong
+    except _usage_errors() as error:  # the command line is wrong
         return _error(error, 2)
     except (ValueError, OSError) as error:  # the data, the model file or the disk
         return _error(error, 1)

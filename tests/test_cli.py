@@ -34,7 +34,7 @@ def test_fit_then_score(tmp_path, capsys):
     assert main(["score", str(model), str(data), "--client-column", "site",
                  "--out", str(scores)]) == 0  # fmt: skip
     out = pd.read_csv(scores)
-    assert list(out.columns) == ["log_px", "anomaly_score", "is_anomaly"]
+    assert list(out.columns) == ["row", "site", "log_px", "anomaly_score", "is_anomaly"]
     np.testing.assert_allclose(out.anomaly_score, -out.log_px)
     assert out.is_anomaly.sum() > 0
 

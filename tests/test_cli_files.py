@@ -78,7 +78,8 @@ def test_an_existing_output_needs_overwrite(tmp_path, table, model, capsys):
     assert "--overwrite" in _error_line(capsys)
     assert scores.read_text() == "mine\n"
     assert main([*score, "--overwrite"]) == 0
-    assert list(pd.read_csv(scores).columns) == ["log_px", "anomaly_score", "is_anomaly"]
+    columns = ["row", "site", "log_px", "anomaly_score", "is_anomaly"]
+    assert list(pd.read_csv(scores).columns) == columns
 
     weights = model.read_bytes()
     assert main(["fit", str(table), *FIT, "--out", str(model)]) == 2

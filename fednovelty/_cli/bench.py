@@ -28,18 +28,25 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from fednovelty._cli.bench_outputs import BenchOutputs
+from fednovelty._cli.choices import (
+    ABLATION_NAMES,
+    COVARIANCE_TYPES,
+    DEFAULT_REFITTED,
+    METRICS,
+    PARTITIONS,
+    SCHEDULES,
+    STREAM_ROLES,
+)
 from fednovelty._cli.files import UsageError, non_negative_int, positive_float, positive_int
 from fednovelty._cli.progress import add_progress_option, progress_of
-from fednovelty.datasets.protocols import PARTITIONS
-from fednovelty.datasets.streams import SCHEDULES
-from fednovelty.evaluation.ablations import ABLATIONS
-from fednovelty.evaluation.results import METRICS
 from fednovelty.methods import method_names
-from fednovelty.mixture.covariance import COVARIANCE_TYPES
+
+if TYPE_CHECKING:  # pandas and the bench's outputs are imported when a grid runs
+    import pandas as pd
+
+    from fednovelty._cli.bench_outputs import BenchOutputs
 
 #: Grid options and the value a grid run takes when one is not given (argparse default None,
 #: so that ``--stream`` can refuse the ones given).
@@ -131,6 +138,8 @@ def check_bench_folder(out: str) -> BenchOutputs:
             f"--out {out}: the folder {parent} does not exist; create it first "
             f"(mkdir -p {parent}) or choose another --out."
         )
+    from fednovelty._cli.bench_outputs import BenchOutputs
+
     return BenchOutputs.check(folder)
 
 
@@ -237,6 +246,8 @@ def run_stream(args: argparse.Namespace) -> int:
         )
         for dataset in datasets
     ]
+    import pandas as pd
+
     df = pd.concat(frames, ignore_index=True)
     out.mkdir(exist_ok=True)
     outputs.write("results.csv", lambda path: df.to_csv(path, index=False))
@@ -372,7 +383,7 @@ def add_parser(sub) -> None:
         default=None,
         metavar="ABLATION",
         help="also run each method that takes them with the robust defaults switched off, "
-        f"named METHOD-ABLATION in the results: {', '.join(ABLATIONS)} (plain: no "
+        f"named METHOD-ABLATION in the results: {', '.join(ABLATION_NAMES)} (plain: no "
         "standardisation, no covariance prior; std: standardisation only; prior: the prior "
         "only), comma- or space-separated",
     )
@@ -450,15 +461,13 @@ def add_parser(sub) -> None:
         help="torch threads (default 1; 0 = torch's default)",
     )
     add_progress_option(bench)
-    from fednovelty.evaluation.streams import STREAM_ROLES, stream_methods
-
     online = method_names(task="stream", variants=True)
     streams = bench.add_argument_group(
         "streams",
         "novelty under drift (--stream): datasets cifar10-svhn, femnist[:ood] or A+B of two "
         f"ADBench names of one width; methods {', '.join([*online, *STREAM_ROLES])} and "
         "federated registry methods refitted every window (default: "
-        f"{' '.join(stream_methods())})",
+        f"{' '.join([*online, *STREAM_ROLES, DEFAULT_REFITTED])})",
     )
     streams.add_argument(
         "--stream",

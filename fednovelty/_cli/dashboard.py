@@ -153,10 +153,23 @@ def run(args: argparse.Namespace) -> int:
     os.execv(command[0], command)  # never returns: Streamlit becomes this process
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, an integer in 0-65535 (0: one the system picks)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
+
+
 def add_parser(sub) -> None:
     """Add ``app`` and its options to the subcommands ``sub`` (argparse's subparsers)."""
     app = sub.add_parser("app", help="start the Streamlit dashboard (fednovelty[app])")
-    app.add_argument("--port", type=int, default=8501)
+    app.add_argument(
+        "--port", type=port_number, default=8501, help="TCP port, 0-65535 (default 8501)"
+    )
     app.add_argument(
         "--address",
         default="127.0.0.1",

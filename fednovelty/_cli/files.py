@@ -15,8 +15,10 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported when a table is read
+    import pandas as pd
 
 TABLE_SUFFIXES = (".csv", ".txt", ".parquet")
 #: What to do about an output path that cannot be replaced.
@@ -165,6 +167,8 @@ def write_atomically(
 def read_table(path: Path) -> pd.DataFrame:
     """The table in ``path`` (.csv, .txt or .parquet); a ``ValueError`` naming the file if it
     cannot be parsed."""
+    import pandas as pd
+
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-from fednovelty.runtime.progress import show_progress
-
 __all__ = ["add_progress_option", "progress_of"]
 
 
@@ -24,5 +22,7 @@ def add_progress_option(parser: argparse.ArgumentParser) -> None:
 
 def progress_of(args: argparse.Namespace) -> bool:
     """Whether the command draws progress bars: never with ``--no-progress``, else only when
-    stderr is a terminal."""
+    stderr is a terminal (imported here: printing help loads no torch)."""
+    from fednovelty.runtime.progress import show_progress
+
     return show_progress(False if args.no_progress else None)
