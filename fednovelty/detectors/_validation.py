@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fednovelty.detectors import _columns
 from fednovelty.exceptions import ClientDataError
 
 
@@ -25,6 +26,11 @@ def largest_value(dtype: str = "float64") -> float:
     return float(np.sqrt(np.finfo(np.dtype(dtype)).max))
 
 
+#: ``check_X``'s ``feature_names_in`` when the caller does not say which names fit saw: the
+#: column names of ``X`` are then not compared (only their repeats refused).
+NOT_COMPARED = object()
+
+
 def check_X(
     X,
     *,
@@ -32,26 +38,35 @@ def check_X(
     n_features: int | None = None,
     fitted_by: str = "",
     dtype: str = "float64",
+    feature_names_in=NOT_COMPARED,
 ) -> np.ndarray:
     """Validate a sample matrix and return it as a float64 array (n_samples, n_features).
 
     ``dtype`` is the precision the rows are computed in (the estimator's ``dtype``): values
-    whose square overflows in it (:func:`largest_value`) are refused.
+    whose square overflows in it (:func:`largest_value`) are refused. ``feature_names_in``:
+    the column names seen in fit (None: fitted without names), checked against those of
+    ``X`` as scikit-learn does (``_columns.check_feature_names``: a ``UserWarning`` when only
+    one side has names). Messages name a DataFrame's columns by name, others' by number.
 
     Raises:
-        ValueError: not 2-D, empty, non-numeric, NaN/inf (naming the first bad column and
-            row), a value too large to square in ``dtype`` (naming its row and column), or a
+        ValueError: repeated column names, other column names than in fit (naming the missing
+            and unexpected ones), not 2-D, empty, non-numeric (naming the column, a value and
+            its row), NaN/inf (naming the first bad cell by row and column, and how many),
+            a value too large to square in ``dtype`` (naming its row and column), or a
             different number of features than at fit time.
     """
-    if np.iscomplexobj(X) or np.asarray(X).dtype.kind == "c":
-        raise ValueError(f"{name} has complex values; give real-valued features.")
+    _columns.check_unique_columns(X, name)
+    if feature_names_in is not NOT_COMPARED:
+        _columns.check_feature_names(
+            feature_names(X), feature_names_in, X, fitted_by or "the detector", name
+        )
     try:
-        array = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"{name} must be numeric (n_samples, n_features); could not convert it to float: "
-            f"{error}. Encode categorical columns as numbers first."
-        ) from None
+        complex_values = np.iscomplexobj(X) or np.asarray(X).dtype.kind == "c"
+        array = None if complex_values else np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as error:  # text, or rows of different lengths
+        raise ValueError(_columns.non_numeric_message(X, name, error)) from None
+    if complex_values:
+        raise ValueError(f"{name} has complex values; give real-valued features.")
     if array.ndim == 1:
         raise ValueError(
             f"{name} must be 2-D (n_samples, n_features), got a 1-D array of shape "
@@ -64,37 +79,28 @@ def check_X(
         raise ValueError(f"{name} has 0 samples; need at least one row.")
     if array.shape[1] == 0:
         raise ValueError(f"{name} has 0 features; need at least one column.")
-    finite = np.isfinite(array)
-    if not finite.all():
-        rows, cols = np.nonzero(~finite)
-        bad_cols = np.unique(cols)
-        raise ValueError(
-            f"{name} contains NaN or inf in column {bad_cols[0]} (first at row {rows[0]}"
-            + (
-                f"; {len(bad_cols)} column(s) affected: {bad_cols[:10].tolist()}"
-                if len(bad_cols) > 1
-                else ""
-            )
-            + "). Remove or impute these values before fitting or scoring."
-        )
-    _check_magnitude(array, name, dtype)
+    if not np.isfinite(array).all():
+        raise ValueError(_columns.non_finite_message(array, X, name))
+    _check_magnitude(array, X, name, dtype)
     if n_features is not None and array.shape[1] != n_features:
         raise ValueError(
             f"{name} has {array.shape[1]} features, but {fitted_by or 'the detector'} was fitted "
-            f"with {n_features} features."
+            f"with {n_features} features. Pass rows of the {n_features} columns seen in fit, in "
+            "the same order."
         )
-    return array
+    return _columns.mark_checked(array)
 
 
-def _check_magnitude(array: np.ndarray, name: str, dtype: str) -> None:
-    """ValueError naming the first value of ``array`` (n_samples, n_features) whose square
-    overflows in ``dtype`` (row-major order)."""
+def _check_magnitude(array: np.ndarray, X, name: str, dtype: str) -> None:
+    """ValueError naming the first value of ``array`` (n_samples, n_features), the float rows
+    of ``X``, whose square overflows in ``dtype`` (row-major order), by row and column."""
     limit = largest_value(dtype)
     too_large = np.abs(array) > limit
     if too_large.any():
         row, col = np.argwhere(too_large)[0]
         raise ValueError(
-            f"{name} has {array[row, col]:.3g} at row {row}, column {col}: beyond +-{limit:.3g}, "
+            f"{name} has {array[row, col]:.3g} at {_columns.row(X, row)}, "
+            f"{_columns.column(X, col)}: beyond +-{limit:.3g}, "
             f"where squares overflow {dtype} (distances and densities would be inf or NaN). "
             "Rescale the features (e.g. standardise them, or divide by a power of ten) before "
             "fitting or scoring."

@@ -1,5 +1,6 @@
 """Finite inputs and scores: values whose square overflows the estimator's dtype are refused by
-name at fit and at score, for every estimator (``_every_estimator``); rows close to that limit
+name at fit and at score, for every estimator (``_every_estimator``), the column by name for a
+DataFrame and by number for an array; rows close to that limit
 are scored without NaN, and a detector calls them outliers."""
 
 from __future__ import annotations
@@ -38,20 +39,25 @@ def with_value(X: pd.DataFrame, row: int, column: int, value: float) -> pd.DataF
 def test_fit_refuses_a_value_whose_square_overflows(name):
     X, y, groups = data()
     detector = build(name)
-    with pytest.raises(ValueError, match=r"X has 1e\+300 at row 7, column 1: .*Rescale"):
+    with pytest.raises(ValueError, match=r"X has 1e\+300 at row 7, column 'b': .*Rescale"):
         fit(detector, name, with_value(X, 7, 1, 1e300), y, groups)
-    with pytest.raises(ValueError, match=r"X has -1e\+300 at row 0, column 2"):
+    with pytest.raises(ValueError, match=r"X has -1e\+300 at row 0, column 'c'"):
         fit(detector, name, with_value(X, 0, 2, -1e300), y, groups)
+    with pytest.raises(ValueError, match=r"X has -1e\+300 at row 0, column 2: "):
+        fit(detector, name, with_value(X, 0, 2, -1e300).to_numpy(), y, groups)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_scoring_refuses_a_value_whose_square_overflows(name):
     detector = fitted(name)
     X = data()[0].iloc[:4]
-    with pytest.raises(ValueError, match=r"X has 1e\+300 at row 2, column 0: .*Rescale"):
+    with pytest.raises(ValueError, match=r"X has 1e\+300 at row 2, column 'a': .*Rescale"):
         scores(detector, name, with_value(X, 2, 0, 1e300))
+    shuffled = with_value(X, 2, 0, 1e300).iloc[::-1]  # the row's index label stays 2
+    with pytest.raises(ValueError, match=r"X has 1e\+300 at row 1 \(index 2\), column 'a'"):
+        scores(detector, name, shuffled)
     if not labelled(name):
-        with pytest.raises(ValueError, match=r"X has 1e\+300 at row 2, column 0"):
+        with pytest.raises(ValueError, match=r"X has 1e\+300 at row 2, column 'a'"):
             detector.predict(with_value(X, 2, 0, 1e300))
 
 
@@ -93,7 +99,7 @@ def test_the_limit_is_the_detectors_dtype():
     X, _, groups = data()
     assert largest_value("float64") == pytest.approx(1.34e154, rel=1e-3)
     assert largest_value("float32") == pytest.approx(1.845e19, rel=1e-3)
-    with pytest.raises(ValueError, match=r"X has 1e\+20 at row 3, column 0.*float32"):
+    with pytest.raises(ValueError, match=r"X has 1e\+20 at row 3, column 'a'.*float32"):
         FedGMMDetector(2, dtype="float32", random_state=0).fit(
             with_value(X, 3, 0, 1e20), groups=groups
         )
