@@ -29,6 +29,23 @@ class FederationError(RuntimeError):
     ``max_failed_rounds`` rounds in a row, or too few nodes connected."""
 
 
+class DataLossWarning(UserWarning):
+    """Rows or clients a fit could not use, said aloud instead of lost silently.
+
+    One category for every such loss, so that it can be filtered as one
+    (``warnings.simplefilter("error", DataLossWarning)`` makes each an error;
+    ``"ignore"`` silences them):
+
+    - a client that released nothing in some or all of a fit's rounds: below its privacy
+      floor (``Privacy.min_rows``), or too few rows for what a round asks (a local fit's
+      components, a k-NN distance); its rows do not inform those rounds;
+    - a federation of several clients reduced to one: every other client released nothing,
+      so the model is that client's alone;
+    - mixture components emptied in fit: a fitted ``weights_`` entry backed by less than
+      one training row (``n_components_`` still counts it).
+    """
+
+
 def _not_fitted_error() -> type:
     from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 

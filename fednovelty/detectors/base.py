@@ -48,6 +48,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
 from fednovelty.detectors import options as _options  # noqa: F401 - the classes register
+from fednovelty.detectors._data_loss import Releases, warn_data_loss
 from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._fit_state import atomic_fit, check_callbacks, renumbered, seed_from
 from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_front_end_params
@@ -179,7 +180,8 @@ class SimulatedFitMixin(FrontEndMixin):
         ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
         ``privacy`` (default :meth:`_privacy_policy`). Given the PCA front end's
         :class:`ClientViews`, the algorithm runs wrapped in ``Projected`` on the clients'
-        original rows (the clients project them)."""
+        original rows (the clients project them). Within ``fit`` the rounds' releases and
+        skips are tallied for its data-loss warnings (``_data_loss``)."""
         callbacks = getattr(self, "_fit_callbacks", ())
         front = self.__dict__.get("_front_end_run")
         wrapped = front is not None and isinstance(clients, ClientViews)
@@ -205,6 +207,9 @@ class SimulatedFitMixin(FrontEndMixin):
         self.n_rounds_ = len(result.history)
         self.bytes_up_ = result.bytes_up
         self.bytes_down_ = result.bytes_down
+        releases = self.__dict__.get("_fit_releases")
+        if releases is not None:  # the running fit's tally of who released what
+            releases.add(result.history)
         if wrapped:
             result = dataclasses.replace(result, state=result.state.inner)
         return result if full else result.state
@@ -220,8 +225,9 @@ class SimulatedFitMixin(FrontEndMixin):
         """The fit every estimator runs: check the settings, the callbacks, ``X``, the labels
         (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
         labels) by client; train (``_fit_clients``) with the callbacks; then ``_after_fit``
-        (a detector's PyOD outputs). Returns self; on any error the estimator keeps its
-        previous fitted state (``atomic_fit``)."""
+        (a detector's PyOD outputs); last, a ``DataLossWarning`` for each loss the fit met
+        (:func:`~fednovelty.detectors._data_loss.warn_data_loss`). Returns self; on any error
+        the estimator keeps its previous fitted state (``atomic_fit``)."""
         self._validate_params()
         callbacks = check_callbacks(callbacks)
         array = self._check_X(X)
@@ -240,7 +246,9 @@ class SimulatedFitMixin(FrontEndMixin):
         self.n_clients_ = len(client_ids)
         parts = split_by_client(array, group_codes, self.n_clients_)
         labels = None if codes is None else split_by_client(codes, group_codes, self.n_clients_)
+        rows = [part.shape[0] for part in parts]
         self._fit_callbacks = callbacks
+        self._fit_releases = releases = Releases()
         try:
             tensors = [self._as_tensor(p) for p in parts]
             seed = seed_from(self.random_state)
@@ -249,9 +257,10 @@ class SimulatedFitMixin(FrontEndMixin):
             self._fit_clients(parts, tensors, seed, labels)
             self._join_front_end_record()
         finally:
-            del self._fit_callbacks
+            del self._fit_callbacks, self._fit_releases
             self.__dict__.pop("_front_end_run", None)
         self._after_fit(array, group_codes)
+        warn_data_loss(self, releases, rows, stacklevel=4)  # the caller of fit
         return self
 
     def _label_codes(self, y, n_rows: int) -> np.ndarray | None:

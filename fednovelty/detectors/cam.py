@@ -274,14 +274,18 @@ class ClusteredFLClassifier(FederatedClassifier):
 
     def _cluster_of(self, client, cluster) -> int | None:
         """The cluster to predict with: ``cluster`` as given, ``client``'s (``None`` for a
-        client without one), or ``None`` for neither."""
+        client without one), or ``None`` for neither (and for any client of FedAvg+).
+
+        Raises:
+            ValueError: both given, a cluster out of range (or any under FedAvg+), or a
+                client not seen in fit (under FedAvg+ too), naming the known ones.
+        """
         if client is not None and cluster is not None:
             raise ValueError("pass client= or cluster=, not both.")
-        if self.method == "FedAvg+":
-            if cluster is not None:
-                raise ValueError("FedAvg+ has no clusters: its members vote; drop cluster=.")
-            return None
+        fedavg_plus = self.method == "FedAvg+"
         if cluster is not None:
+            if fedavg_plus:
+                raise ValueError("FedAvg+ has no clusters: its members vote; drop cluster=.")
             if isinstance(cluster, bool) or not isinstance(cluster, Integral):
                 raise ValueError(f"cluster must be an integer; got {cluster!r}.")
             if not 0 <= int(cluster) < self.n_clusters:
@@ -294,8 +298,14 @@ class ClusteredFLClassifier(FederatedClassifier):
             raise ValueError(
                 f"unknown client {client!r}; known clients: {self.client_ids_[:10].tolist()}"
                 + (" ..." if self.n_clients_ > 10 else "")
-                + ". For a client unseen in fit, assign_cluster(X, y) gives its cluster."
+                + (
+                    ". FedAvg+ predicts alike for every client: predict without client=."
+                    if fedavg_plus
+                    else ". For a client unseen in fit, assign_cluster(X, y) gives its cluster."
+                )
             )
+        if fedavg_plus:  # no clusters: every client's members vote alike
+            return None
         found = int(self.client_clusters_[matches[0]])
         return None if found < 0 else found
 

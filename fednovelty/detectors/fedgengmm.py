@@ -12,7 +12,6 @@ here."""
 
 from __future__ import annotations
 
-import warnings
 from numbers import Integral
 from typing import ClassVar
 
@@ -134,18 +133,8 @@ class _LocalFitDetector(MixtureDetector):
         else:
             iterations = self._option("privacy").local_iterations
             self.privacy_spent_ = local_fit_privacy(plan, self.history_, iterations)
+        # fit's DataLossWarning names them, with the reason each gave
         self.skipped_clients_ = self.client_ids_[state.skipped].tolist() if state.skipped else []
-        if self.skipped_clients_:
-            min_rows = self._privacy_policy().min_rows
-            warnings.warn(
-                f"client(s) {self.skipped_clients_} have fewer than "
-                f"{max(algorithm.rows_needed(), min_rows)} row(s) (min_client_samples="
-                f"{self.min_client_samples}, smallest K={min(algorithm.candidates())}, "
-                f"privacy_min_rows={min_rows}) and were skipped; their rows do not inform "
-                "the model.",
-                UserWarning,
-                stacklevel=4,
-            )
         ids = self.client_ids_.tolist()  # plain Python ids, whatever the array's dtype
         self.client_n_components_ = {ids[c]: m.n_components for c, m in state.client_models.items()}
         return state

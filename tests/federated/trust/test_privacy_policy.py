@@ -603,7 +603,7 @@ def test_detectors_take_the_floor_and_subset_still_works():
         [rng.normal(0, 1, (100, 2)), rng.normal(5, 1, (100, 2)), rng.normal(2, 1, (3, 2))]
     )
     groups = np.repeat([0, 1, 2], [100, 100, 3])
-    with pytest.warns(UserWarning, match="privacy_min_rows=5"):
+    with pytest.warns(UserWarning, match=r"client 2 \(3 rows; .*privacy floor \(min_rows=5\)"):
         det = FedGenGMMDetector(n_components=2, random_state=0).fit(X, groups=groups)
     assert det.skipped_clients_ == [2]
     bare = FedGenGMMDetector(n_components=2, random_state=0, privacy=Privacy(min_rows=1))

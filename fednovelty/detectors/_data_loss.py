@@ -1,0 +1,146 @@
+"""What a fit could not use, said as :class:`~fednovelty.exceptions.DataLossWarning`.
+
+:class:`Releases` tallies, per client, the rounds in which it released statistics and those
+in which it replied ``skipped`` (and why), over every run of one fit
+(``SimulatedFitMixin._simulate`` adds each run's round records). At the end of ``fit``,
+:func:`warn_data_loss` turns the tally and the fitted weights into at most three warnings,
+each once per fit:
+
+- clients that released nothing in some or all rounds (below their privacy floor, or too few
+  rows for what a round asks), named with their row counts and the reasons they gave;
+- a federation of several clients reduced to one (every other client released nothing);
+- mixture components emptied in fit: ``weights_`` entries backed by less than one training
+  row (``n_components_`` still counts them). Variational mixtures, which prune components by
+  design (``effective_n_components_``), are left out.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fednovelty.exceptions import DataLossWarning
+
+#: clients named in a warning; more are counted.
+MAX_NAMED = 10
+
+
+@dataclass
+class Releases:
+    """Per client index (``client_ids_`` order): rounds in which it released statistics
+    (``released``), rounds in which it replied ``skipped`` (``skipped``) and the reasons it
+    gave, first seen first (``reasons``)."""
+
+    released: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    reasons: dict[int, list[str]] = field(default_factory=dict)
+
+    def add(self, history: Iterable) -> None:
+        """Tally a run's ``RoundRecord`` s: a valid reply (not ``dropped``) is a release or a
+        skip; a dropped one is neither."""
+        for record in history:
+            dropped = {c for c, _ in record.dropped}
+            skips = dict(reversed(record.skipped))  # a client's first reason in the round
+            for c in set(record.replied) | set(skips):
+                if c in dropped:
+                    continue
+                if c not in skips:
+                    self.released[c] += 1
+                    continue
+                self.skipped[c] += 1
+                reasons = self.reasons.setdefault(c, [])
+                if skips[c] not in reasons:
+                    reasons.append(skips[c])
+
+
+def warn_data_loss(
+    estimator, releases: Releases, row_counts: Sequence[int], stacklevel: int = 2
+) -> None:
+    """The end-of-fit warnings (module docstring) of a fitted ``estimator`` (its
+    ``client_ids_``, ``weights_``) trained on clients of ``row_counts`` rows
+    (``client_ids_`` order) whose rounds ``releases`` tallied."""
+    name = type(estimator).__name__
+    ids = np.asarray(estimator.client_ids_).tolist()
+    for message in (
+        skipped_message(name, ids, row_counts, releases),
+        one_client_message(name, ids, releases),
+        empty_components_message(estimator, int(sum(row_counts))),
+    ):
+        if message:
+            warnings.warn(message, DataLossWarning, stacklevel=stacklevel + 1)
+
+
+def skipped_message(
+    name: str, ids: list, row_counts: Sequence[int], releases: Releases
+) -> str | None:
+    """The warning naming every client that replied ``skipped`` in at least one round of
+    the fit (its id, rows, rounds and reasons); None when none did."""
+    clients = sorted(releases.skipped)
+    if not clients:
+        return None
+    left_out = sum(1 for c in clients if not releases.released[c])
+    lines = []
+    for c in clients[:MAX_NAMED]:
+        skipped, total = releases.skipped[c], releases.skipped[c] + releases.released[c]
+        rounds = f"{skipped} of {total} round{'' if total == 1 else 's'}"
+        rows = f"{row_counts[c]} row{'' if row_counts[c] == 1 else 's'}"
+        lines.append(f"client {ids[c]!r} ({rows}; {rounds}): {'; '.join(releases.reasons[c])}")
+    more = f"; and {len(clients) - MAX_NAMED} more" if len(clients) > MAX_NAMED else ""
+    return (
+        f"{name}.fit: {len(clients)} of {len(ids)} clients released nothing in some or all "
+        f"rounds ({left_out} in every round: their rows are not in the model at all): "
+        + "; ".join(lines)
+        + more
+        + ". Give those clients more rows or merge them with others, or lower the setting "
+        "the reason names (Privacy(min_rows=...) only where their privacy allows it; "
+        "docs/privacy.md)."
+    )
+
+
+def one_client_message(name: str, ids: list, releases: Releases) -> str | None:
+    """The warning for a federation of several clients in which exactly one released
+    statistics; None otherwise."""
+    released = [c for c, n in releases.released.items() if n]
+    if len(ids) < 2 or len(released) != 1:
+        return None
+    return (
+        f"{name}.fit: the federation of {len(ids)} clients was reduced to one: only client "
+        f"{ids[released[0]]!r} released statistics, so the model is that client's alone "
+        "(the others released nothing: see the warning naming them)."
+    )
+
+
+def empty_components_message(estimator, n_rows: int) -> str | None:
+    """The warning for a fitted ``weights_`` (n_components,) with entries backed by less
+    than one of the ``n_rows`` training rows (``weight * n_rows < 1``); None when there are
+    none, or the estimator prunes components by design (``effective_n_components_``)."""
+    weights = getattr(estimator, "weights_", None)
+    if weights is None or n_rows < 1 or hasattr(estimator, "effective_n_components_"):
+        return None
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.ndim != 1:
+        return None
+    empty = int(np.count_nonzero(weights * n_rows < 1.0))
+    if not empty:
+        return None
+    k, kept = weights.size, weights.size - empty
+    params = estimator.get_params(deep=False)
+    fix = "fit with fewer components"
+    if params.get("n_components") == k:
+        fix += f" (n_components={max(kept, 1)})"
+    if "prior" in params:
+        fix += (
+            ", or with a weaker covariance prior, which otherwise widens a few components "
+            "over the rest: prior=Prior(strength=None) (none) or a smaller Prior(strength=...) "
+            "or Prior(scale=...)"
+        )
+    return (
+        f"{type(estimator).__name__}.fit: {kept} of {k} components kept weight; {empty} "
+        f"{'was' if empty == 1 else 'were'} emptied (weight below one of the {n_rows} "
+        f"training rows, 1/{n_rows}) and score no row, though n_components_ counts all {k}. "
+        f"To keep them, {fix}."
+    )
