@@ -19,12 +19,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning"),
     pytest.mark.filterwarnings("ignore:init_params='subset' sends raw rows:UserWarning"),
 ]
-#: the estimators' own check of the column names seen in fit: ``_check_X`` passes them to
-#: ``check_X(feature_names_in=...)`` (``fednovelty/detectors/base.py``).
-NEEDS_FITTED_NAMES = pytest.mark.xfail(
-    strict=True,
-    reason="SimulatedFitMixin._check_X does not yet pass feature_names_in= to check_X",
-)
 _FITTED: dict = {}
 NO_NAMES = "X does not have valid feature names, but .* was fitted with feature names"
 
@@ -119,7 +113,6 @@ def test_an_array_of_another_width_is_counted(name):
         scores(fitted(name, frame=False), name, rows)
 
 
-@NEEDS_FITTED_NAMES
 @pytest.mark.parametrize("name", NAMES)
 def test_other_columns_at_scoring_are_named(name):
     X = data()[0].iloc[:4]
@@ -133,7 +126,6 @@ def test_other_columns_at_scoring_are_named(name):
         scores(fitted(name), name, X[COLUMNS[::-1]])
 
 
-@NEEDS_FITTED_NAMES
 @pytest.mark.parametrize("name", NAMES)
 def test_names_on_one_side_only_warn_as_scikit_learn_does(name):
     X = data()[0].iloc[:4]
