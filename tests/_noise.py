@@ -18,4 +18,3 @@ def seeded_noise(seed: int = 7):
     ``SeededNoise(seed, k)`` for the ``k``-th source asked for."""
     draws = itertools.count()
     return mock.patch.object(noise, "fresh_noise", lambda: noise.SeededNoise(seed, next(draws)))
-
