@@ -34,6 +34,7 @@ from torch.func import functional_call
 
 from fednovelty.detectors import FedGenGMMDetector, FedGMMDetector
 from fednovelty.detectors.options import Privacy
+from fednovelty.exceptions import DataLossWarning
 from fednovelty.federated import FederatedEM, FedGenGMM, Message, PrivacyPolicy
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.mixtures.pca import FederatedPCA
@@ -663,8 +664,8 @@ def test_a_flower_node_enforces_its_own_policy(monkeypatch):
 
 def test_privacy_page_example_runs(capsys):
     text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    with pytest.warns(UserWarning, match="skipped"):
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]  # the floor's example
+    with pytest.warns(DataLossWarning, match="client 2 .*privacy floor"):
         exec(compile(block, "docs/privacy.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "[2]"
 
