@@ -38,7 +38,7 @@ def server(tmp_path):
     shims = write_shims(tmp_path / "bin", sock, {"fake-app": "/nonexistent/fake-app"})
     yield process, shims
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=10) == 0
+    assert process.wait(timeout=60) == 0  # its exit unloads torch: seconds on a busy machine
     assert not sock.exists()  # the server removes its socket
 
 
@@ -74,7 +74,7 @@ def test_sigterm_to_the_shim_reaches_the_child(server, tmp_path):
     )
     assert shim.stdout.readline().decode().strip() == "waiting"
     shim.send_signal(signal.SIGTERM)
-    assert shim.wait(timeout=10) == 7
+    assert shim.wait(timeout=30) == 7
     assert shim.stdout.read().decode().strip() == f"got signal {int(signal.SIGTERM)}"
 
 
@@ -109,9 +109,9 @@ def test_a_killed_shim_takes_its_child_with_it(server, tmp_path):
     child = int(shim.stdout.readline())
     shim.kill()
     shim.wait(timeout=10)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while _alive(child):
-        assert time.monotonic() < deadline, "the child outlived its shim by 10 s"
+        assert time.monotonic() < deadline, "the child outlived its shim by 30 s"
         time.sleep(0.05)
 
 
