@@ -5,6 +5,7 @@
 ``fednovelty score``  score a CSV/Parquet file with a saved detector and write the scores.
 ``fednovelty bench``  run a benchmark grid; save results.csv, summary.md and PNG figures.
 ``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
+``fednovelty flower new DIR``  write a Flower app for ``flwr run`` (:mod:`fednovelty._cli.flower`).
 
 Methods (``fit --method``, ``bench --methods``) are names of the registry,
 :mod:`fednovelty.methods`, read when the parser is built (without importing a detector:
@@ -41,7 +42,7 @@ import argparse
 import sys
 
 from fednovelty import __version__
-from fednovelty._cli import bench, dashboard
+from fednovelty._cli import bench, dashboard, flower
 from fednovelty._cli.choices import Parser
 from fednovelty._cli.dashboard import app_command, dashboard_script, serving_app
 from fednovelty._cli.files import (
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(func=_score)
     bench.add_parser(sub)
     dashboard.add_parser(sub)
+    flower.add_parser(sub)
     return parser
 
 

@@ -16,6 +16,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: The dashboard's folder and the package it installs as (pyproject.toml's package-dir).
 DASHBOARD = ("app", "fednovelty.dashboard")
+#: The Flower app template ``fednovelty flower new`` writes: its .py files, pyproject.toml
+#: and README.md.
+TEMPLATE_PACKAGE = "fednovelty.runtime.flower.app_template"
 #: The longest module of the package, in lines: one idea per module (docs/contributing.md).
 MOST_MODULE_LINES = 600
 
@@ -84,7 +87,10 @@ def test_pyproject_lists_every_package():
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folder, package = DASHBOARD
     assert setuptools["package-dir"] == {package: folder}
-    assert setuptools["package-data"] == {package: ["pages/*.py"]}
+    assert setuptools["package-data"] == {
+        package: ["pages/*.py"],
+        TEMPLATE_PACKAGE: ["pyproject.toml", "README.md"],
+    }
     expected = _package_folders(REPO / "fednovelty", "fednovelty")
     expected |= _package_folders(REPO / folder, package) - {f"{package}.pages"}  # pages: data
     missing = sorted(expected - set(setuptools["packages"]))
@@ -135,7 +141,9 @@ def test_the_wheel_holds_every_module_and_the_dashboard(wheel):
         "fednovelty/dashboard/pages/1_Train.py",
         "fednovelty/dashboard/fednovelty_app/ui.py",
     } <= dashboard
-    missing = (_checkout_files("fednovelty", "fednovelty") | dashboard) - names
+    template = {f"{TEMPLATE_PACKAGE.replace('.', '/')}/{name}" for name in ("pyproject.toml",
+                "README.md", "server_app.py", "client_app.py")}  # fmt: skip
+    missing = (_checkout_files("fednovelty", "fednovelty") | dashboard | template) - names
     assert not missing, f"the wheel lacks {sorted(missing)}"
     assert not [name for name in names if name.startswith(("app/", "tests/", "benchmarks/"))]
 

@@ -10,5 +10,7 @@
 - :mod:`~fednovelty._cli.progress`: ``--no-progress`` of every command that draws a bar;
 - :mod:`~fednovelty._cli.bench`: ``fednovelty bench`` (the grid, its figures, its folder);
 - :mod:`~fednovelty._cli.dashboard`: ``fednovelty app`` (where the installed dashboard is,
-  the ``streamlit run`` command line, a served dashboard for tests and benchmarks).
+  the ``streamlit run`` command line, a served dashboard for tests and benchmarks);
+- :mod:`~fednovelty._cli.flower`: ``fednovelty flower new`` (a Flower app from the package's
+  template).
 """

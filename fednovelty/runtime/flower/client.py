@@ -177,13 +177,21 @@ def _as_tensors(data: Any, dtype: torch.dtype, device: torch.device) -> Any:
 
 
 def node_inputs(context: Context, load_data: DataLoader):
-    """``(algorithm, client_id, client data as tensors)`` for one message on this node.
+    """``(algorithm, client_id, client data as tensors)`` for one message on this node. The
+    algorithm's ``"auto"`` settings are resolved with the width of the node's rows
+    (:func:`~fednovelty.runtime.flower.config.resolve_width`).
 
     Raises:
         ClientDataError: the rows are not finite 2-D numbers.
     """
-    algorithm = algorithm_from_run_config(context.run_config)
     client_id, raw = load_data(context)
+    rows = np.asarray(raw[0] if isinstance(raw, tuple) else raw)
+    if rows.ndim != 2:
+        raise ClientDataError(
+            f"client {client_id}: rows must be 2-D (n_samples, n_features), got shape "
+            f"{rows.shape}; check the node's data loader."
+        )
+    algorithm = algorithm_from_run_config(context.run_config, n_features=int(rows.shape[1]))
     dtype = getattr(algorithm, "dtype", torch.float64)
     device = getattr(algorithm, "device", torch.device("cpu"))
     labelled = bool(getattr(algorithm, "labelled", False))

@@ -11,6 +11,11 @@ run-config values are scalars only, and one JSON string carries lists (``k_range
 ``means_init``) and keeps the set of keys the same whatever the algorithm (Flower refuses
 ``--run-config`` overrides of keys the app's ``pyproject.toml`` does not declare).
 
+A setting that depends on the width of the rows may be ``"auto"`` (:data:`WIDTH_AUTO`:
+``"prior_strength": "auto"`` is ``n_features + 2`` pseudo-rows, the detectors' ``Prior``
+default): a node resolves it with its own rows' width, the server with the federation's
+(:func:`needs_width`; the ServerApp asks the nodes for it before the first round).
+
 Engine settings (``min-clients``, ``fraction``, timeouts, where to write the result) are
 separate keys, read into :class:`EngineConfig`. Secure-sum rounds
 (:mod:`fednovelty.runtime.flower.secure`) are switched on by ``secure-sum = true`` and set by
@@ -26,7 +31,7 @@ run config seeds its randomness. Nothing here imports Flower or names an algorit
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +68,13 @@ __all__ = [
     "SECURE_KEY",
     "SECURE_KEYS",
     "SEED_KEY",
+    "WIDTH_AUTO",
     "EngineConfig",
     "algorithm_from_run_config",
     "build_algorithm",
+    "needs_width",
     "parse_params",
+    "resolve_width",
     "secure_from_run_config",
 ]
 
@@ -106,11 +114,50 @@ def build_algorithm(name: str, params: Mapping[str, Any]) -> FederatedAlgorithm:
         raise ValueError(f"run_config '{key}': {error}") from None
 
 
-def algorithm_from_run_config(run_config: Mapping[str, Any]) -> FederatedAlgorithm:
+#: ``algorithm-params`` settings that may be ``"auto"``: the value for rows of
+#: ``n_features`` columns (the detectors' own resolution: ``Prior(strength="auto")`` is
+#: ``n_features + 2`` pseudo-rows, tested against them).
+WIDTH_AUTO: dict[str, Callable[[int], Any]] = {
+    "prior_strength": lambda n_features: n_features + 2.0,
+}
+
+
+def needs_width(run_config: Mapping[str, Any]) -> bool:
+    """Whether the run's ``algorithm-params`` hold an ``"auto"`` of :data:`WIDTH_AUTO`, which
+    only the rows' width resolves."""
+    params = parse_params(str(run_config.get(PARAMS_KEY, "{}")))
+    return any(params.get(key) == "auto" for key in WIDTH_AUTO)
+
+
+def resolve_width(params: Mapping[str, Any], n_features: int | None) -> dict[str, Any]:
+    """``params`` with every ``"auto"`` of :data:`WIDTH_AUTO` replaced by its value for rows of
+    ``n_features`` columns.
+
+    Raises:
+        ValueError: an ``"auto"`` and no ``n_features``.
+    """
+    resolved = dict(params)
+    for key, value_for in WIDTH_AUTO.items():
+        if resolved.get(key) != "auto":
+            continue
+        if n_features is None:
+            raise ValueError(
+                f"run_config '{PARAMS_KEY}': {key}=\"auto\" depends on the rows' width; "
+                "build the algorithm with n_features (the ClientApp and ServerApp do), or "
+                f"give {key} a number."
+            )
+        resolved[key] = value_for(int(n_features))
+    return resolved
+
+
+def algorithm_from_run_config(
+    run_config: Mapping[str, Any], n_features: int | None = None
+) -> FederatedAlgorithm:
     """The algorithm a run's configuration describes (same object on server and nodes).
 
     ``run_config[SEED_KEY]`` (default 0) is the algorithm's ``random_state`` unless
-    ``algorithm-params`` sets one (for algorithms that have one).
+    ``algorithm-params`` sets one (for algorithms that have one). ``n_features``, the width
+    of the rows, resolves the ``"auto"`` settings of :data:`WIDTH_AUTO` (:func:`resolve_width`).
     """
     if ALGORITHM_KEY not in run_config:
         raise ValueError(
@@ -118,7 +165,7 @@ def algorithm_from_run_config(run_config: Mapping[str, Any]) -> FederatedAlgorit
             f'app\'s pyproject.toml, e.g. {ALGORITHM_KEY} = "FedGenGMM".'
         )
     name = str(run_config[ALGORITHM_KEY])
-    params = parse_params(str(run_config.get(PARAMS_KEY, "{}")))
+    params = resolve_width(parse_params(str(run_config.get(PARAMS_KEY, "{}"))), n_features)
     config_class = getattr(ALGORITHMS.get(name), "config_class", None)
     if config_class is not None and "random_state" in config_class.__dataclass_fields__:
         params.setdefault("random_state", int(run_config.get(SEED_KEY, 0)))

@@ -256,7 +256,9 @@ def _settings(context: Context) -> tuple[FederatedAlgorithm, SecureSum]:
             "the server sent a secure-sum protocol message, but this run's config has no "
             "'secure-sum = true'; the node takes no part."
         )
-    algorithm = algorithm_from_run_config(context.run_config)
+    # which rounds a secure sum carries does not depend on the rows' width: any width
+    # resolves the "auto" settings for this check
+    algorithm = algorithm_from_run_config(context.run_config, n_features=1)
     check_secure_run(algorithm, settings)
     return algorithm, settings
 

@@ -45,6 +45,7 @@ What the engine adds for real nodes:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -71,6 +72,7 @@ from fednovelty.runtime.flower.config import (
     ALGORITHM_KEY,
     EngineConfig,
     algorithm_from_run_config,
+    needs_width,
     secure_from_run_config,
 )
 from fednovelty.runtime.flower.results import FlowerResult, algorithm_config, save_result
@@ -381,6 +383,7 @@ def run_rounds(
     *,
     callbacks: Sequence[Callable[[RoundRecord], None]] = (),
     secure: SecureSum | None = None,
+    registered: Sequence[NodeInfo] | None = None,
 ) -> FlowerResult:
     """Run ``algorithm`` to completion on the nodes of ``grid``.
 
@@ -395,6 +398,9 @@ def run_rounds(
             (:mod:`fednovelty.runtime.flower.secure`; ``max_rows`` required); ``min_clients``
             is then at least 2. The nodes read the same settings from the run config, and
             their own floor (threshold, fewest senders) from their node config.
+        registered: the nodes' registrations, if the caller asked them already
+            (:func:`register_nodes`; :func:`serve` does to learn the rows' width): the rounds
+            ask these nodes, their client ids known, and no node is asked again.
 
     Returns:
         :class:`FlowerResult` (``client_states`` empty: they stay on the nodes). Each
@@ -407,7 +413,11 @@ def run_rounds(
         ValueError: ``secure`` with an algorithm or a round a secure sum cannot carry.
     """
     engine = engine or EngineConfig()
-    nodes = wait_for_nodes(grid, max(engine.num_nodes, engine.min_clients), engine.nodes_timeout)
+    nodes = (
+        wait_for_nodes(grid, max(engine.num_nodes, engine.min_clients), engine.nodes_timeout)
+        if registered is None
+        else [i.node_id for i in registered]
+    )
     client_of: dict[int, int | None] = dict.fromkeys(nodes)  # node id -> client id
     validator, combine, min_clients = ReplyValidator(), None, engine.min_clients
     if secure is not None:  # imported here: the secure transport extends GridTransport
@@ -418,8 +428,12 @@ def run_rounds(
             SecureValidator(algorithm=algorithm, bits=secure.bits),
             max(2, engine.min_clients),
         )
-    if engine.fraction < 1.0:  # sampling needs the client ids before the first round
-        infos = register_nodes(grid, nodes, engine.round_timeout)
+    if registered is not None or engine.fraction < 1.0:  # sampling needs the client ids
+        infos = (
+            register_nodes(grid, nodes, engine.round_timeout)
+            if registered is None
+            else list(registered)
+        )
         client_of = {i.node_id: i.client_id for i in infos}
         validator.n_features = infos[0].n_features if infos else None
         logger.info("registered clients %s", sorted(i.client_id for i in infos))
@@ -463,10 +477,28 @@ def _as_dict(dropped: Dropped) -> dict:
 def serve(grid: Grid, context: Context) -> FlowerResult:
     """The body of fednovelty's ``ServerApp.main``: build the algorithm, the engine and the
     secure-sum settings (``secure-sum``) from ``context.run_config``, run the rounds, write
-    the result to ``result-path``."""
+    the result to ``result-path`` (logged as an absolute path).
+
+    Settings that depend on the rows' width (``"auto"``, :data:`~.config.WIDTH_AUTO`) are
+    resolved with the federation's width: the nodes are first asked for it
+    (:func:`register_nodes`, one more ClientApp start per node), and the rounds ask the
+    nodes that answered."""
     run_config = context.run_config
-    algorithm = algorithm_from_run_config(run_config)
     engine = EngineConfig.from_run_config(run_config)
+    registered, width = None, None
+    if needs_width(run_config):
+        nodes = wait_for_nodes(
+            grid, max(engine.num_nodes, engine.min_clients), engine.nodes_timeout
+        )
+        registered = register_nodes(grid, nodes, engine.round_timeout)
+        if not registered:
+            raise FederationError(
+                'no node told its rows\' width, which the "auto" settings of '
+                "algorithm-params need; see the nodes' logs, or give those settings numbers."
+            )
+        width = registered[0].n_features
+        logger.info('rows of %d features: the "auto" settings are set for them', width)
+    algorithm = algorithm_from_run_config(run_config, n_features=width)
     secure = secure_from_run_config(run_config)
     name = run_config[ALGORITHM_KEY]
     logger.info(
@@ -475,14 +507,14 @@ def serve(grid: Grid, context: Context) -> FlowerResult:
         " with secure sums" if secure is not None else "",
         engine.result_path,
     )
-    result = run_rounds(grid, algorithm, engine, secure=secure)
+    result = run_rounds(grid, algorithm, engine, secure=secure, registered=registered)
     save_result(result, engine.result_path)
     logger.info(
         "fednovelty: %d round(s), %d B up, %d B down; result written to %s",
         len(result.history),
         result.bytes_up,
         result.bytes_down,
-        engine.result_path,
+        os.path.abspath(engine.result_path),
     )
     return result
 
