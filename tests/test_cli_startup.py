@@ -9,7 +9,8 @@ import pytest
 
 HEAVY = ("torch", "pyod", "sklearn", "pandas")
 COMMANDS = [["--help"], ["--version"], *([name, "--help"] for name in
-            ("demo", "fit", "score", "bench", "app"))]  # fmt: skip
+            ("demo", "fit", "score", "bench", "app", "flower")),
+            ["flower", "new", "--help"]]  # fmt: skip
 
 
 def _imported(argv: list[str]) -> tuple[list[str], str]:
