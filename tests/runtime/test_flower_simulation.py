@@ -12,6 +12,10 @@ DEPENDENCY_INSTALLATION=1`` (fednovelty is already installed; the SuperLink woul
 simulation mode in the background and leaves it running; here it has a ``FLWR_HOME`` and
 ports of its own and is stopped (its process group and its SuperExec's, found by the
 test's own ports) when the test ends. Marked slow: about 20-40 s on the 2-core test machine.
+
+Beside it, the same app as written on a SuperLink and three SuperNodes on 127.0.0.1
+(``LocalFederation``, ClientApps forked from a preloaded process), each node given
+``partition-id`` and ``num-partitions`` as the simulation gives them: the same model.
 """
 
 from __future__ import annotations
@@ -116,6 +120,29 @@ def test_flwr_run_on_the_local_simulation_gives_the_detectors_model(tmp_path):
     assert f"round 1 (local_fit): {N_NODES}/{N_NODES} replied validly" in log
     result = load_result(result_path)
     blocks = np.array_split(X_train, N_NODES)
+    groups = np.concatenate([np.full(len(b), c) for c, b in enumerate(blocks)])
+    in_process = FedGenGMMDetector(random_state=0).fit(X_train, groups=groups)
+    assert_same_detector(FedGenGMMDetector.from_model(result, X_train), in_process)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_app_on_superlink_and_supernodes_gives_the_detectors_model(tmp_path):
+    from fednovelty.runtime.flower.deploy import LocalFederation
+
+    X_train, _, _ = pima()
+    np.save(tmp_path / "train.npy", X_train)
+    app = tmp_path / "my-app"
+    assert main(["flower", "new", str(app)]) == 0
+    n_nodes = 3
+    configs = [{"partition-id": i, "num-partitions": n_nodes} for i in range(n_nodes)]
+    run_config = {"data-path": str(tmp_path / "train.npy"), "num-nodes": n_nodes,
+                  "seed": seed_from(0)}  # fmt: skip
+    with LocalFederation(configs, workdir=tmp_path / "deployment", preload=True) as federation:
+        result = federation.run_app(app, run_config, timeout=600)  # a wait, not a budget
+        log = federation.run_log().read_text()
+    assert "rows of 8 features" in log
+    assert [(r.kind, r.replied) for r in result.history] == [("local_fit", (0, 1, 2))]
+    blocks = np.array_split(X_train, n_nodes)
     groups = np.concatenate([np.full(len(b), c) for c, b in enumerate(blocks)])
     in_process = FedGenGMMDetector(random_state=0).fit(X_train, groups=groups)
     assert_same_detector(FedGenGMMDetector.from_model(result, X_train), in_process)
