@@ -156,3 +156,20 @@ def test_the_template_on_flower_gives_the_detectors_model_on_pima(tmp_path, task
         X_train, groups=groups
     )
     assert roc_auc_score(y_test, plain.decision_function(X_test)) < auroc
+
+
+@pytest.mark.parametrize("n_features", [3, 5])
+def test_a_node_resolves_auto_with_its_own_rows_width(n_features) -> None:
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from fednovelty.exceptions import ClientDataError
+    from fednovelty.runtime.flower.client import node_inputs
+
+    context = Context(1, 7, {"partition-id": 2}, RecordDict(), template_run_config())
+    rows = np.random.default_rng(0).normal(size=(20, n_features))
+    algorithm, client_id, data = node_inputs(context, lambda _: (2, rows))
+    assert client_id == 2 and tuple(data.shape) == rows.shape
+    assert algorithm.config.prior_strength == auto_prior("auto", n_features)
+    with pytest.raises(ClientDataError, match=r"client 2: rows must be 2-D .* got shape \(20,\)"):
+        node_inputs(context, lambda _: (2, rows[:, 0]))
