@@ -9,9 +9,12 @@ each once per fit:
 - clients that released nothing in some or all rounds (below their privacy floor, or too few
   rows for what a round asks), named with their row counts and the reasons they gave;
 - a federation of several clients reduced to one (every other client released nothing);
+- a mixture fitted with fewer components than ``n_components`` asked (federated EM's K is
+  an upper bound where the clients' privacy floors leave fewer k-means centroids than K);
 - mixture components emptied in fit: ``weights_`` entries backed by less than one training
-  row (``n_components_`` still counts them). Variational mixtures, which prune components by
-  design (``effective_n_components_``), are left out.
+  row. ``n_components_`` counts the fitted components, :func:`kept_components` those that
+  kept weight (the detectors' ``effective_n_components_``). Variational mixtures, which
+  prune components by design (their own ``effective_n_components_``), are left out.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def warn_data_loss(
     for message in (
         skipped_message(name, ids, row_counts, releases),
         one_client_message(name, ids, releases),
+        fewer_components_message(estimator),
         empty_components_message(estimator, int(sum(row_counts))),
     ):
         if message:
@@ -114,20 +118,48 @@ def one_client_message(name: str, ids: list, releases: Releases) -> str | None:
     )
 
 
+def kept_components(weights, n_rows: int) -> int:
+    """How many of ``weights`` (n_components,) are backed by at least one of ``n_rows``
+    training rows (``weight * n_rows >= 1``); all of them when ``n_rows`` < 1."""
+    weights = np.asarray(weights, dtype=np.float64)
+    return int(weights.size if n_rows < 1 else np.count_nonzero(weights * n_rows >= 1.0))
+
+
+def fewer_components_message(estimator) -> str | None:
+    """The warning for a mixture fitted with fewer components (``n_components_``) than its
+    ``n_components`` parameter asked; None otherwise, or where ``n_components`` is an upper
+    bound by design (variational mixtures: ``effective_n_components_`` set in fit)."""
+    asked = estimator.get_params(deep=False).get("n_components")
+    fitted = getattr(estimator, "n_components_", None)
+    if not isinstance(asked, int | np.integer) or fitted is None or fitted >= asked:
+        return None
+    if getattr(estimator, "PRUNES_COMPONENTS", False):
+        return None
+    return (
+        f"{type(estimator).__name__}.fit: fitted {fitted} component"
+        f"{'' if fitted == 1 else 's'} where n_components={asked} asked: under their "
+        "privacy floors the clients could send too few k-means centroids for K centres "
+        "(a client forms at most n_rows // min_rows clusters), so each centre pools about "
+        f"two of them. Pass n_components={fitted} to fit this size without the warning, or "
+        "give the clients more rows (or lower Privacy(min_rows=...) only where their "
+        "privacy allows it)."
+    )
+
+
 def empty_components_message(estimator, n_rows: int) -> str | None:
     """The warning for a fitted ``weights_`` (n_components,) with entries backed by less
     than one of the ``n_rows`` training rows (``weight * n_rows < 1``); None when there are
     none, or the estimator prunes components by design (``effective_n_components_``)."""
     weights = getattr(estimator, "weights_", None)
-    if weights is None or n_rows < 1 or hasattr(estimator, "effective_n_components_"):
+    if weights is None or n_rows < 1 or getattr(estimator, "PRUNES_COMPONENTS", False):
         return None
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim != 1:
         return None
-    empty = int(np.count_nonzero(weights * n_rows < 1.0))
+    k, kept = weights.size, kept_components(weights, n_rows)
+    empty = k - kept
     if not empty:
         return None
-    k, kept = weights.size, weights.size - empty
     params = estimator.get_params(deep=False)
     fix = "fit with fewer components"
     if params.get("n_components") == k:
@@ -141,6 +173,7 @@ def empty_components_message(estimator, n_rows: int) -> str | None:
     return (
         f"{type(estimator).__name__}.fit: {kept} of {k} components kept weight; {empty} "
         f"{'was' if empty == 1 else 'were'} emptied (weight below one of the {n_rows} "
-        f"training rows, 1/{n_rows}) and score no row, though n_components_ counts all {k}. "
+        f"training rows, 1/{n_rows}) and score no row: n_components_ = {k} fitted, "
+        f"effective_n_components_ = {kept} kept weight. "
         f"To keep them, {fix}."
     )

@@ -48,7 +48,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
 from fednovelty.detectors import options as _options  # noqa: F401 - the classes register
-from fednovelty.detectors._data_loss import Releases, warn_data_loss
+from fednovelty.detectors._data_loss import Releases, kept_components, warn_data_loss
 from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._fit_state import atomic_fit, check_callbacks, renumbered, seed_from
 from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_front_end_params
@@ -78,6 +78,10 @@ class SimulatedFitMixin(FrontEndMixin):
 
     #: how the estimator is fitted, for the not-fitted error.
     _fit_call: ClassVar[str] = "fit(X, groups=...)"
+    #: whether ``n_components`` is an upper bound the fit prunes by design (variational
+    #: mixtures set their own ``effective_n_components_``); otherwise a mixture's fit sets
+    #: ``effective_n_components_`` to the components backed by at least one training row.
+    PRUNES_COMPONENTS: ClassVar[bool] = False
     #: the constructor's parameters: each estimator writes its ``__init__`` and declares its
     #: own parameters and the options it reads; the others come from the shared table
     #: (``_shared_params``), in the signature's order with its defaults
@@ -260,6 +264,9 @@ class SimulatedFitMixin(FrontEndMixin):
             del self._fit_callbacks, self._fit_releases
             self.__dict__.pop("_front_end_run", None)
         self._after_fit(array, group_codes)
+        weights = getattr(self, "weights_", None)
+        if not self.PRUNES_COMPONENTS and weights is not None and np.ndim(weights) == 1:
+            self.effective_n_components_ = kept_components(weights, sum(rows))
         warn_data_loss(self, releases, rows, stacklevel=4)  # the caller of fit
         return self
 

@@ -92,6 +92,8 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         True
     """
 
+    PRUNES_COMPONENTS = True
+
     _params = declare(
         Param(
             "n_neighbors",

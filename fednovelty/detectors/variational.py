@@ -175,6 +175,8 @@ class FedVBDetector(MixtureDetector):
         True
     """
 
+    PRUNES_COMPONENTS = True
+
     #: files saved when ``aggregation`` named the posterior rule, the robust option was
     #: ``robust_aggregation`` and the scored density ``score``.
     _renamed_params: ClassVar[dict] = {

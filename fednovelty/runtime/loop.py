@@ -293,6 +293,9 @@ def run_rounds(
                 transport.exclude(caught)
             failed = not restart and n_contributing(valid) < min_clients
             metrics: dict[str, Scalar] = {}
+            replanned = failed and asked_too_much(algorithm, state, valid)
+            if replanned:
+                metrics["replanned"] = 1
             if not failed and not restart:
                 if combine is None:
                     state, metrics = run_server_step(algorithm, state, accept(algorithm, valid))
@@ -332,7 +335,7 @@ def run_rounds(
                 contributed.clear()
                 bar.reset()
                 continue
-            failed_in_a_row = failed_in_a_row + 1 if failed else 0
+            failed_in_a_row = failed_in_a_row + 1 if failed and not replanned else 0
             if failed_in_a_row >= max_failed_rounds:
                 raise FederationError(
                     failed_rounds_message(history[-failed_in_a_row:], min_clients)
@@ -341,6 +344,15 @@ def run_rounds(
     finally:
         bar.close()
     return state, history
+
+
+def asked_too_much(algorithm: FederatedAlgorithm, state: Any, valid: Mapping[int, Message]) -> bool:
+    """Whether a failed round's valid replies were all skipped and the algorithm changed
+    ``state`` so that the round is worth asking again in a form the clients may back
+    (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.all_skipped`)."""
+    return (
+        bool(valid) and all(is_skipped(r) for r in valid.values()) and algorithm.all_skipped(state)
+    )
 
 
 def n_contributing(valid: Mapping[int, Message]) -> int:

@@ -14,7 +14,7 @@ from _every_estimator import NAMES, build, data, fit
 from sklearn.datasets import load_wine
 
 from fednovelty import FedGenGMMDetector, FedGMMDetector, FedVBDetector, Prior, Privacy
-from fednovelty.detectors._data_loss import empty_components_message
+from fednovelty.detectors._data_loss import empty_components_message, fewer_components_message
 from fednovelty.exceptions import DataLossWarning
 
 pytestmark = [
@@ -103,14 +103,70 @@ def test_components_emptied_by_the_default_prior_are_named():
     X, groups = wine()
     detector = FedGMMDetector(n_components=3, random_state=0)
     losses = data_losses(lambda: detector.fit(X, groups=groups))
-    assert detector.n_components_ == 3  # unchanged: the warning says what survived
+    assert detector.n_components_ == 3  # the fitted model's size; what survived is below
     assert (detector.weights_ * 100 < 1).sum() == 2
+    assert detector.effective_n_components_ == 1
     emptied = [m for m in losses if "emptied" in m]
     assert len(emptied) == 1
     assert "1 of 3 components kept weight" in emptied[0]
+    assert "effective_n_components_ = 1" in emptied[0]
     assert "n_components=1" in emptied[0] and "Prior(strength=None)" in emptied[0]
     plain = FedGMMDetector(n_components=3, random_state=0, prior=Prior(strength=None))
     assert not data_losses(lambda: plain.fit(X, groups=groups))
+
+
+@pytest.mark.parametrize("k", [3, 5, 8])
+def test_on_wine_no_component_is_emptied_silently(k, tmp_path):
+    """Wine's 100 rows over 3 clients, K = 3, 5, 8, default prior: every fit says how many
+    components kept weight, with exactly the count of ``weights_`` entries backed by at
+    least one row, and the count survives save and load."""
+    X, groups = wine()
+    detector = FedGMMDetector(n_components=k, random_state=0)
+    losses = data_losses(lambda: detector.fit(X, groups=groups))
+    kept = int((detector.weights_ * 100 >= 1).sum())
+    assert detector.effective_n_components_ == kept
+    emptied = [m for m in losses if "emptied" in m]
+    assert kept == k or (
+        len(emptied) == 1 and f"{kept} of {detector.n_components_} components kept" in emptied[0]
+    )
+    detector.save(tmp_path / "wine.safetensors")
+    assert FedGMMDetector.load(tmp_path / "wine.safetensors").effective_n_components_ == kept
+
+
+def small_federation():
+    """75 rows of wine over 10 clients (ADBench Hepatitis' size: 80 rows, 10 clients): under
+    the default floor of 5 rows a client forms at most one or two k-means clusters."""
+    X, _ = load_wine(return_X_y=True)
+    rows = np.random.default_rng(0).permutation(len(X))[:75]
+    return X[rows], np.arange(75) % 10
+
+
+@pytest.mark.parametrize("mixture_weights", ["global", "personal"])
+def test_a_k_small_clients_cannot_seed_is_fitted_smaller_with_a_warning(mixture_weights):
+    """Federated EM with K = 10 on 75 rows over 10 clients fits the components the clients'
+    centroids can seed and says so, where it refused the data before."""
+    X, groups = small_federation()
+    detector = FedGMMDetector(10, mixture_weights=mixture_weights, random_state=0)
+    losses = data_losses(lambda: detector.fit(X, groups=groups))
+    assert 1 <= detector.n_components_ < 10
+    assert detector.weights_.shape[-1] == detector.n_components_
+    fewer = [m for m in losses if "where n_components=10 asked" in m]
+    assert len(fewer) == 1
+    assert f"fitted {detector.n_components_} component" in fewer[0]
+    assert f"n_components={detector.n_components_}" in fewer[0]
+    assert np.isfinite(detector.decision_function(X)).all()
+    again = FedGMMDetector(detector.n_components_, mixture_weights=mixture_weights, random_state=0)
+    assert not [m for m in data_losses(lambda: again.fit(X, groups=groups)) if "asked" in m]
+
+
+def test_the_registry_default_fits_a_small_set():
+    """The README's default (DEM-kmeans, the scoreboard's K = 10) on 75 rows."""
+    from fednovelty.methods import get_method
+
+    X, groups = small_federation()
+    detector = get_method("DEM-kmeans").build(n_components=10, random_state=0)
+    losses = data_losses(lambda: detector.fit(X, groups=groups))
+    assert detector.n_components_ < 10 and any("asked" in m for m in losses)
 
 
 def test_variational_pruning_is_not_a_loss():
@@ -120,6 +176,7 @@ def test_variational_pruning_is_not_a_loss():
         warnings.simplefilter("ignore")
         detector.fit(X, groups=groups)
     assert empty_components_message(detector, 100) is None
+    assert fewer_components_message(detector) is None
 
 
 #: per-client methods and the arguments besides ``X`` and ``client``.

@@ -325,3 +325,10 @@ class FederatedAlgorithm(ABC):
     @abstractmethod
     def finished(self, state: Any) -> bool:
         """Whether training is over."""
+
+    def all_skipped(self, state: Any) -> bool:
+        """Called by the round loop when every valid reply of the last round was skipped
+        (each client below its floor for what the round asked): whether the server changed
+        ``state`` so that the round is worth asking again in a smaller form (the loop then
+        does not count it as failed). The default changes nothing."""
+        return False

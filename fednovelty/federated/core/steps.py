@@ -126,6 +126,12 @@ class Step(ABC):
         differential-privacy policy."""
         return X
 
+    def all_skipped(self, state: Any) -> bool:
+        """Every client skipped this step's last round: whether ``state`` now asks a round
+        they may back (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.all_skipped`);
+        most steps cannot, and return False."""
+        return False
+
     def finish(self, state: Any) -> None:  # noqa: B027 (optional hook; most steps need none)
         """Called once when the last step is done (e.g. map the result back to the user's
         units)."""
@@ -246,6 +252,9 @@ class ChainedAlgorithm(FederatedAlgorithm):
             state.rounds += 1
         state.phase = following if following is not None else self._begin_from(state, index + 1)
         return state, {"phase": metrics.pop("phase", ""), **metrics}
+
+    def all_skipped(self, state: Any) -> bool:
+        return state.phase != "done" and self.steps[self._step_of(state.phase)].all_skipped(state)
 
     # ------------------------------------------------------------------ client half
     def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor, ...] | None]:

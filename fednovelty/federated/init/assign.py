@@ -13,7 +13,11 @@ Protocol (:class:`AssignStep`, at most ``budget`` rounds, after the centres are 
    to its rows' mean. After ``budget`` rounds, or once no centre moves more than
    ``kmeans_tol`` times the mean feature variance, the M-step of those statistics is the
    initial mixture (scikit-learn's ``init_params="kmeans"``), with the given initial
-   parameters in place.
+   parameters in place. Where ``n_components`` is an upper bound (the config's
+   ``FEWER_CENTROIDS_OK``) and the clients' floors back fewer rows than there are k-means
+   centres (small clients whose rows split over many centres; a round every client skipped
+   included, :meth:`AssignStep.all_skipped`), the server merges k-FED's centres into half
+   as many (k-means of the centres) and asks again, instead of refusing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from torch import Tensor
 
 from fednovelty.federated.core.aggregate import stats_message, total_variance
-from fednovelty.federated.core.base import ClientContext, Message, skipped_reply
+from fednovelty.federated.core.base import ClientContext, Message, server_generator, skipped_reply
 from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.steps import Step
 from fednovelty.federated.init.combine import combine_stats
@@ -39,7 +43,7 @@ from fednovelty.mixture import (
     precisions_cholesky_from_precisions,
     stats_from_resp,
 )
-from fednovelty.mixture.kmeans import assign, one_hot
+from fednovelty.mixture.kmeans import assign, kmeans, one_hot
 
 ASSIGN_REPLY = stats_reply(
     "assign",
@@ -67,6 +71,17 @@ def apply_user_init(params: MixtureParams, config: Any, state: Any) -> MixturePa
                 1 / state.scale,
             ).precisions_cholesky
     return MixtureParams(weights, means, prec, config.covariance_type)
+
+
+def may_merge_centres(config: Any) -> bool:
+    """Whether k-means centres may be merged into fewer: K is an upper bound
+    (``FEWER_CENTROIDS_OK``), the centres are k-FED's (``init_params="kmeans"``) and no
+    initial means were given."""
+    return (
+        config.FEWER_CENTROIDS_OK
+        and config.init_params == "kmeans"
+        and getattr(config, "means_init", None) is None
+    )
 
 
 class AssignStep(Step):
@@ -105,10 +120,24 @@ class AssignStep(Step):
         reply.backing.update(stats_backing(stats, rows, (rows * keep).sum()))
         return reply
 
+    def all_skipped(self, state: Any) -> bool:
+        """Too few rows backed the centres (every client skipped, or fewer rows than
+        centres): where K is an upper bound (:func:`may_merge_centres`), merge the centres
+        into half as many (k-means of the centres) and ask again."""
+        k = state.centers.shape[0]
+        if k < 2 or not may_merge_centres(self.config):
+            return False
+        generator = server_generator(self.config, state)
+        state.centers, _ = kmeans(state.centers, (k + 1) // 2, generator=generator)
+        return True
+
     def server_step(self, state: Any, replies: dict[int, Message]) -> tuple[str | None, dict]:
         config = self.config
         stats = combine_stats(replies, state.centers.mean(0), config, state)
-        check_enough(float(stats.n_samples), state.centers.shape[0])
+        k = state.centers.shape[0]
+        if float(stats.n_samples) < k and self.all_skipped(state):
+            return "assign", {"phase": "assign", "merged_centres": k}
+        check_enough(float(stats.n_samples), k)
         occupied = stats.counts > 0
         moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
         new_centers = torch.where(occupied.unsqueeze(1), moved, state.centers)

@@ -146,7 +146,7 @@ class InitSettings(Settings):
     ``"subset"``, >= 1)."""
 
     #: whether the k-means initialisation may seed fewer than ``n_components`` centres (an
-    #: upper bound on K, as variational Bayes has); EM needs all of them.
+    #: upper bound on K, as variational Bayes and federated EM have).
     FEWER_CENTROIDS_OK: ClassVar[bool] = False
 
     init_params: str = "kmeans"

@@ -175,6 +175,10 @@ class EMConfig(EMSettings, MomentsSettings, GivenMixture):
     """
 
     ACCELERATION_CHOICES: ClassVar[tuple[str, ...]] = ACCELERATIONS
+    #: ``n_components`` is an upper bound where the clients' privacy floors leave fewer
+    #: k-means centroids than K: the fit seeds half as many centres as centroids (the
+    #: detectors say so with a ``DataLossWarning``) instead of refusing small data.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = True
 
     acceleration: str = "none"
     covariance_pooling: str = "exact"
