@@ -98,19 +98,12 @@ def robust_centroid_replies(replies: dict[int, Message], aggregation: str) -> di
     return {c: m for c, m in replies.items() if c not in left_out}
 
 
-def floor_bound(replies: dict[int, Message], n_centers: int) -> bool:
-    """Whether ``n_centers`` centres would rest on small clients' centroids: fewer centroids
-    arrived than centres, or every client sent fewer than ``n_centers`` (each formed at most
-    ``n_rows // min_rows`` clusters, so its rows cannot back as many centres)."""
-    sent = [int(m.tensors["centers"].shape[0]) for m in replies.values()]
-    return sum(sent) < n_centers or all(k < n_centers for k in sent)
-
-
 class CentroidsStep(Step):
     """k-FED: local k-means centroids, pooled and clustered by weighted k-means++ and Lloyd
-    on the server into ``n_components`` centres (with the config's ``FEWER_CENTROIDS_OK``,
-    K an upper bound: into at most half as many centres as centroids where small clients
-    cannot back K, :func:`floor_bound`)."""
+    on the server into ``n_components`` centres (when fewer centroids arrive and the config's
+    ``FEWER_CENTROIDS_OK``, K an upper bound: into half as many centres as centroids; the
+    Lloyd rounds merge them further where the clients' floors back none,
+    :meth:`~fednovelty.federated.init.assign.AssignStep.all_skipped`)."""
 
     kinds = ("centroids",)
     replies = declare(CENTROIDS_REPLY)
@@ -145,11 +138,11 @@ class CentroidsStep(Step):
             replies = screened  # else too few seeds remain: small honest clients, kept
         centers, counts = pool_centroids(replies.values())
         n_centers = config.n_components
-        if config.FEWER_CENTROIDS_OK and 0 < centers.shape[0] and floor_bound(replies, n_centers):
+        if config.FEWER_CENTROIDS_OK and 0 < centers.shape[0] < n_centers:
             # small clients under their privacy floors: each centre pools about two of their
             # centroids, so that after Lloyd's reassignment it still holds min_rows rows of
             # some client (one centroid a centre leaves every centre under the floor often)
-            n_centers = min(n_centers, (centers.shape[0] + 1) // 2)
+            n_centers = (centers.shape[0] + 1) // 2
         if centers.shape[0] < n_centers:
             n_rows = int(sum(float(m.tensors["n_samples"]) for m in replies.values()))
             raise ValueError(
