@@ -61,25 +61,33 @@ class Releases:
 
 
 def warn_data_loss(
-    estimator, releases: Releases, row_counts: Sequence[int], stacklevel: int = 2
+    estimator,
+    releases: Releases,
+    row_counts: Sequence[int],
+    stacklevel: int = 2,
+    method: str = "fit",
+    n_taking_part: int | None = None,
 ) -> None:
     """The end-of-fit warnings (module docstring) of a fitted ``estimator`` (its
     ``client_ids_``, ``weights_``) trained on clients of ``row_counts`` rows
-    (``client_ids_`` order) whose rounds ``releases`` tallied."""
-    name = type(estimator).__name__
+    (``client_ids_`` order; 0 for a client not in a ``partial_fit`` window) whose rounds
+    ``releases`` tallied; ``method`` names the call, ``n_taking_part`` the clients that held
+    rows in it (default: all of ``client_ids_``)."""
+    name = f"{type(estimator).__name__}.{method}"
     ids = np.asarray(estimator.client_ids_).tolist()
+    taking_part = len(ids) if n_taking_part is None else n_taking_part
     for message in (
-        skipped_message(name, ids, row_counts, releases),
-        one_client_message(name, ids, releases),
-        fewer_components_message(estimator),
-        empty_components_message(estimator, int(sum(row_counts))),
+        skipped_message(name, ids, row_counts, releases, taking_part),
+        one_client_message(name, ids, releases, taking_part),
+        fewer_components_message(estimator, name),
+        empty_components_message(estimator, int(sum(row_counts)), name),
     ):
         if message:
             warnings.warn(message, DataLossWarning, stacklevel=stacklevel + 1)
 
 
 def skipped_message(
-    name: str, ids: list, row_counts: Sequence[int], releases: Releases
+    name: str, ids: list, row_counts: Sequence[int], releases: Releases, taking_part: int
 ) -> str | None:
     """The warning naming every client that replied ``skipped`` in at least one round of
     the fit (its id, rows, rounds and reasons); None when none did."""
@@ -95,7 +103,7 @@ def skipped_message(
         lines.append(f"client {ids[c]!r} ({rows}; {rounds}): {'; '.join(releases.reasons[c])}")
     more = f"; and {len(clients) - MAX_NAMED} more" if len(clients) > MAX_NAMED else ""
     return (
-        f"{name}.fit: {len(clients)} of {len(ids)} clients released nothing in some or all "
+        f"{name}: {len(clients)} of {taking_part} clients released nothing in some or all "
         f"rounds ({left_out} in every round: their rows are not in the model at all): "
         + "; ".join(lines)
         + more
@@ -105,15 +113,16 @@ def skipped_message(
     )
 
 
-def one_client_message(name: str, ids: list, releases: Releases) -> str | None:
+def one_client_message(name: str, ids: list, releases: Releases, taking_part: int) -> str | None:
     """The warning for a federation of several clients in which exactly one released
     statistics; None otherwise."""
     released = [c for c, n in releases.released.items() if n]
-    if len(ids) < 2 or len(released) != 1:
+    if taking_part < 2 or len(released) != 1:
         return None
     return (
-        f"{name}.fit: the federation of {len(ids)} clients was reduced to one: only client "
-        f"{ids[released[0]]!r} released statistics, so the model is that client's alone "
+        f"{name}: the federation of {taking_part} clients was reduced to one: only client "
+        f"{ids[released[0]]!r} released statistics, so the "
+        f"{'model' if name.endswith('.fit') else 'update'} is that client's alone "
         "(the others released nothing: see the warning naming them)."
     )
 
@@ -125,7 +134,7 @@ def kept_components(weights, n_rows: int) -> int:
     return int(weights.size if n_rows < 1 else np.count_nonzero(weights * n_rows >= 1.0))
 
 
-def fewer_components_message(estimator) -> str | None:
+def fewer_components_message(estimator, name: str) -> str | None:
     """The warning for a mixture fitted with fewer components (``n_components_``) than its
     ``n_components`` parameter asked; None otherwise, or where ``n_components`` is an upper
     bound by design (variational mixtures: ``effective_n_components_`` set in fit)."""
@@ -136,7 +145,7 @@ def fewer_components_message(estimator) -> str | None:
     if getattr(estimator, "PRUNES_COMPONENTS", False):
         return None
     return (
-        f"{type(estimator).__name__}.fit: fitted {fitted} component"
+        f"{name}: fitted {fitted} component"
         f"{'' if fitted == 1 else 's'} where n_components={asked} asked: under their "
         "privacy floors the clients could send too few k-means centroids for K centres "
         "(a client forms at most n_rows // min_rows clusters), so each centre pools about "
@@ -146,7 +155,7 @@ def fewer_components_message(estimator) -> str | None:
     )
 
 
-def empty_components_message(estimator, n_rows: int) -> str | None:
+def empty_components_message(estimator, n_rows: int, name: str) -> str | None:
     """The warning for a fitted ``weights_`` (n_components,) with entries backed by less
     than one of the ``n_rows`` training rows (``weight * n_rows < 1``); None when there are
     none, or the estimator prunes components by design (``effective_n_components_``)."""
@@ -171,7 +180,7 @@ def empty_components_message(estimator, n_rows: int) -> str | None:
             "or Prior(scale=...)"
         )
     return (
-        f"{type(estimator).__name__}.fit: {kept} of {k} components kept weight; {empty} "
+        f"{name}: {kept} of {k} components kept weight; {empty} "
         f"{'was' if empty == 1 else 'were'} emptied (weight below one of the {n_rows} "
         f"training rows, 1/{n_rows}) and score no row: n_components_ = {k} fitted, "
         f"effective_n_components_ = {kept} kept weight. "

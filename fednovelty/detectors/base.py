@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
@@ -252,23 +253,39 @@ class SimulatedFitMixin(FrontEndMixin):
         labels = None if codes is None else split_by_client(codes, group_codes, self.n_clients_)
         rows = [part.shape[0] for part in parts]
         self._fit_callbacks = callbacks
+        with self._data_losses("fit", rows):
+            try:
+                tensors = [self._as_tensor(p) for p in parts]
+                seed = seed_from(self.random_state)
+                if self._pca_front_end and labels is None:
+                    parts, tensors = self._front_end(parts, tensors, seed)
+                self._fit_clients(parts, tensors, seed, labels)
+                self._join_front_end_record()
+            finally:
+                del self._fit_callbacks
+                self.__dict__.pop("_front_end_run", None)
+            self._after_fit(array, group_codes)
+        return self
+
+    @contextmanager
+    def _data_losses(self, method: str, rows: list[int], taking_part: int | None = None):
+        """Tally the rounds run inside the block (``_simulate`` reads ``_fit_releases``);
+        after it succeeds, set ``effective_n_components_`` and give ``method``'s data-loss
+        warnings (:func:`~fednovelty.detectors._data_loss.warn_data_loss`) for clients of
+        ``rows`` rows (``client_ids_`` order; 0 for a client not in a window), of which
+        ``taking_part`` held rows (default: all)."""
         self._fit_releases = releases = Releases()
         try:
-            tensors = [self._as_tensor(p) for p in parts]
-            seed = seed_from(self.random_state)
-            if self._pca_front_end and labels is None:
-                parts, tensors = self._front_end(parts, tensors, seed)
-            self._fit_clients(parts, tensors, seed, labels)
-            self._join_front_end_record()
+            yield
         finally:
-            del self._fit_callbacks, self._fit_releases
-            self.__dict__.pop("_front_end_run", None)
-        self._after_fit(array, group_codes)
+            del self._fit_releases
         weights = getattr(self, "weights_", None)
         if not self.PRUNES_COMPONENTS and weights is not None and np.ndim(weights) == 1:
             self.effective_n_components_ = kept_components(weights, sum(rows))
-        warn_data_loss(self, releases, rows, stacklevel=4)  # the caller of fit
-        return self
+        # the user's line: past this generator, contextlib, _fit (or partial_fit), atomic_fit
+        # and fit
+        level = 6 if method == "fit" else 5
+        warn_data_loss(self, releases, rows, level, method, taking_part)
 
     def _label_codes(self, y, n_rows: int) -> np.ndarray | None:
         """Integer codes (n_rows,) of the labels a labelled fit models, ``classes_`` set; or

@@ -183,18 +183,22 @@ class JointModelDetector(EMDetector):
             max_iter=int(rounds),
             tol=0.0,
         )
-        result = self._simulate(
-            algorithm, data, seed, full=True, client_states=states, **self._em_engine()
-        )
-        kept = getattr(self, "_client_states", {})
-        before = self.client_weights_.copy(), self.client_joint_weights_.copy()
-        self._set_joint_result(result, self.n_features_in_)
-        self._client_states = {**kept, **self._client_states}
-        absent = [i for i in range(self.n_clients_) if i not in result.state.client_weights]
-        self.client_weights_[absent] = before[0][absent]  # their weights carry over
-        self.client_joint_weights_[absent] = before[1][absent]
-        self.decision_scores_ = self.decision_function(array)
-        self._process_decision_scores()
+        rows = [0] * self.n_clients_
+        for c, part in zip(ids.tolist(), parts, strict=True):
+            rows[known[c]] = part.shape[0]
+        with self._data_losses("partial_fit", rows, len(ids)):
+            result = self._simulate(
+                algorithm, data, seed, full=True, client_states=states, **self._em_engine()
+            )
+            kept = getattr(self, "_client_states", {})
+            before = self.client_weights_.copy(), self.client_joint_weights_.copy()
+            self._set_joint_result(result, self.n_features_in_)
+            self._client_states = {**kept, **self._client_states}
+            absent = [i for i in range(self.n_clients_) if i not in result.state.client_weights]
+            self.client_weights_[absent] = before[0][absent]  # their weights carry over
+            self.client_joint_weights_[absent] = before[1][absent]
+            self.decision_scores_ = self.decision_function(array)
+            self._process_decision_scores()
         return self
 
     def _kept_state(self, index: int) -> dict[str, torch.Tensor]:

@@ -267,11 +267,13 @@ class StreamingFedGMMDetector(EMDetector):
         self.client_ids_ = np.asarray(all_ids)
         self.n_clients_ = len(all_ids)
         kept = {i: self._client_state[i] for i in clients if i in self._client_state}
-        self._window(clients, kept, rho=self.rho, rounds=self.window_rounds, record=True)
-        self.total_bytes_up_ += self.bytes_up_
-        self.total_bytes_down_ += self.bytes_down_
-        self.decision_scores_ = self.decision_function(array)
-        self._process_decision_scores()
+        rows = [int(clients[i].shape[0]) if i in clients else 0 for i in range(len(all_ids))]
+        with self._data_losses("partial_fit", rows, len(clients)):
+            self._window(clients, kept, rho=self.rho, rounds=self.window_rounds, record=True)
+            self.total_bytes_up_ += self.bytes_up_
+            self.total_bytes_down_ += self.bytes_down_
+            self.decision_scores_ = self.decision_function(array)
+            self._process_decision_scores()
         return self
 
     def _window(self, clients, kept, *, rho, rounds, record) -> None:

@@ -175,8 +175,8 @@ def test_variational_pruning_is_not_a_loss():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         detector.fit(X, groups=groups)
-    assert empty_components_message(detector, 100) is None
-    assert fewer_components_message(detector) is None
+    assert empty_components_message(detector, 100, "FedVBDetector.fit") is None
+    assert fewer_components_message(detector, "FedVBDetector.fit") is None
 
 
 #: per-client methods and the arguments besides ``X`` and ``client``.
@@ -212,3 +212,46 @@ def test_an_unseen_client_is_refused_by_name(name):
         global_weights = r"needs mixture_weights='personal'"  # refused before the id
         with pytest.raises(ValueError, match=f"{unseen}|{global_weights}"):
             call(*args, client=99)
+
+
+def test_a_streaming_window_names_its_losses():
+    """StreamingFedGMMDetector.partial_fit: a later window's clients below the floor are
+    named as in fit, counted among the window's clients, at the caller's line."""
+    from fednovelty import StreamingFedGMMDetector
+
+    rng = np.random.default_rng(0)
+    detector = StreamingFedGMMDetector(2, random_state=0)
+    detector.fit(rng.normal(size=(120, 3)), groups=np.arange(120) % 3)
+    window = rng.normal(size=(43, 3))
+    groups = np.r_[np.arange(40) % 2, [2, 2, 2]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        detector.partial_fit(window, groups=groups)
+    losses = [w for w in caught if issubclass(w.category, DataLossWarning)]
+    skipped = [str(w.message) for w in losses if "released nothing" in str(w.message)]
+    assert len(skipped) == 1
+    assert skipped[0].startswith("StreamingFedGMMDetector.partial_fit: ")
+    assert "of 3 clients" in skipped[0] and "client 2 (3 rows;" in skipped[0]
+    assert all(w.filename == __file__ for w in losses)
+
+
+def test_a_joint_window_names_its_losses():
+    """JointFedGMMDetector.partial_fit on a window where one client holds 2 rows."""
+    from fednovelty import JointFedGMMDetector
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(90, 3))
+    y = (X[:, 0] > 0).astype(int)
+    detector = JointFedGMMDetector(2, random_state=0, max_iter=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        detector.fit(X, y, groups=np.arange(90) % 3)
+    groups = np.r_[np.zeros(20, int), np.ones(20, int), [2, 2]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        detector.partial_fit(X[:42], y[:42], groups=groups)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DataLossWarning)]
+    assert any(
+        m.startswith("JointFedGMMDetector.partial_fit: ") and "client 2 (2 rows;" in m
+        for m in messages
+    ), messages
