@@ -62,8 +62,9 @@ class SavedStateMixin:
             "n_rounds_": getattr(self, "n_rounds_", 0),
             "bytes_up_": getattr(self, "bytes_up_", 0),
             "bytes_down_": getattr(self, "bytes_down_", 0),
-            "effective_n_components_": getattr(self, "effective_n_components_", None),
         }
+        if hasattr(self, "effective_n_components_"):  # files saved before it lack it
+            attrs["effective_n_components_"] = int(self.effective_n_components_)
         attrs.update(privacy_attrs(self))
         if self._pca_front_end and hasattr(self, "pca_"):
             tensors.update(pca_tensors(self.pca_))
@@ -100,7 +101,7 @@ class SavedStateMixin:
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
         self.bytes_down_ = get_attr(attrs, "bytes_down_", float, minimum=0)
-        if attrs.get("effective_n_components_") is not None:
+        if "effective_n_components_" in attrs:
             self.effective_n_components_ = get_attr(
                 attrs, "effective_n_components_", int, minimum=0
             )

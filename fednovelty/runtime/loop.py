@@ -293,7 +293,7 @@ def run_rounds(
                 transport.exclude(caught)
             failed = not restart and n_contributing(valid) < min_clients
             metrics: dict[str, Scalar] = {}
-            replanned = failed and asked_too_much(algorithm, state, valid)
+            replanned = failed and asked_too_much(algorithm, state, valid, settled)
             if replanned:
                 metrics["replanned"] = 1
             if not failed and not restart:
@@ -346,13 +346,21 @@ def run_rounds(
     return state, history
 
 
-def asked_too_much(algorithm: FederatedAlgorithm, state: Any, valid: Mapping[int, Message]) -> bool:
-    """Whether a failed round's valid replies were all skipped and the algorithm changed
-    ``state`` so that the round is worth asking again in a form the clients may back
-    (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.all_skipped`)."""
-    return (
-        bool(valid) and all(is_skipped(r) for r in valid.values()) and algorithm.all_skipped(state)
-    )
+def asked_too_much(
+    algorithm: FederatedAlgorithm,
+    state: Any,
+    valid: Mapping[int, Message],
+    settled: Settled,
+) -> bool:
+    """Whether every client asked in a failed round answered validly (``settled``: none
+    dropped or missing), every reply was skipped, and the algorithm changed ``state`` so
+    that the round is worth asking again in a form the clients may back
+    (:meth:`~fednovelty.federated.core.base.FederatedAlgorithm.all_skipped`). A round that
+    failed because clients dropped out is asked again unchanged."""
+    answered = set(valid) == set(settled.sampled) and not settled.dropped
+    if not answered or not valid or not all(is_skipped(r) for r in valid.values()):
+        return False
+    return algorithm.all_skipped(state)
 
 
 def n_contributing(valid: Mapping[int, Message]) -> int:
