@@ -1,4 +1,5 @@
-"""How long the ``fednovelty`` command takes to print its help and version.
+"""How long the ``fednovelty`` command takes to print its help and version, and the first
+detector import beside torch's and PyOD's own.
 
 Each command runs in a fresh Python process (the ``fednovelty`` console script as installed
 beside this interpreter, else ``python -m fednovelty.cli``); the wall time of the process is
@@ -6,7 +7,9 @@ measured from start to exit. ``cold`` is the first run of each command in this s
 operating system may already hold the files in its cache: dropping the cache needs root),
 ``warm`` the median of the ``--repeats`` runs after it. The reference is
 ``python -c "import torch"`` measured the same way, and each time is also given as a ratio to
-the reference's time of the same kind (cold or warm) from this one run.
+the reference's time of the same kind (cold or warm) from this one run. The first detector
+import (``from fednovelty import FedGMMDetector``) is measured beside ``import torch,
+pyod.models.base`` (what every detector builds on), its own floor.
 
 Run::
 
@@ -46,6 +49,16 @@ def commands() -> dict[str, list[str]]:
         "fednovelty --version": [*cli, "--version"],
         "fednovelty fit --help": [*cli, "fit", "--help"],
         "fednovelty bench --help": [*cli, "bench", "--help"],
+        'python -c "import torch, pyod.models.base"': [
+            sys.executable,
+            "-c",
+            "import torch, pyod.models.base",
+        ],
+        'python -c "from fednovelty import FedGMMDetector"': [
+            sys.executable,
+            "-c",
+            "from fednovelty import FedGMMDetector",
+        ],
     }
 
 

@@ -173,3 +173,14 @@ def test_a_node_resolves_auto_with_its_own_rows_width(n_features) -> None:
     assert algorithm.config.prior_strength == auto_prior("auto", n_features)
     with pytest.raises(ClientDataError, match=r"client 2: rows must be 2-D .* got shape \(20,\)"):
         node_inputs(context, lambda _: (2, rows[:, 0]))
+
+
+def test_the_flower_page_says_to_activate_the_virtualenv() -> None:
+    """Flower starts flower-superlink, flower-superexec and flwr-simulation by name from
+    PATH: docs/flower.md's set-up activates the virtualenv and says why, and its quick start
+    is the command this package ships (fednovelty flower new) and Flower's local simulation."""
+    text = (Path(__file__).parents[2] / "docs" / "flower.md").read_text()
+    setup = text[: text.index("flwr run")]
+    assert "source .venv/bin/activate" in setup
+    assert "flower-superexec" in text and "PATH" in text
+    assert "fednovelty flower new" in text and "num-supernodes" in text
