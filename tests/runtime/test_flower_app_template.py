@@ -181,7 +181,7 @@ def test_the_flower_page_says_to_activate_the_virtualenv() -> None:
     is the command this package ships (fednovelty flower new) and Flower's local simulation."""
     text = (Path(__file__).parents[2] / "docs" / "flower.md").read_text()
     quick_start = text.index("## Quick start")
-    setup = text[quick_start : text.index("flwr run", quick_start)]
+    setup = text[quick_start : text.index("\nflwr run", quick_start)]
     assert "source .venv/bin/activate" in setup
     assert "flower-superexec" in text and "PATH" in text
     assert "fednovelty flower new" in text and "num-supernodes" in text
