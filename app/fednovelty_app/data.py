@@ -40,10 +40,12 @@ The upload checks (``UploadError``, ``read_table``, ``check_table``, ``check_sco
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from fednovelty_app.holdout import OneTrainingClientWarning, one_client_message, split_clients
 from fednovelty_app.uploads import (
     MIN_ROWS_PER_CLIENT,
     TEST_SHARE,
@@ -73,6 +75,7 @@ __all__ = [
     "read_table",
     "source_label",
     "synthetic_bundle",
+    "tested_words",
     "upload_bundle",
 ]
 
@@ -161,6 +164,16 @@ class DataBundle:
         """Training clients' ids, sorted (the order of ``client_weights_`` rows)."""
         return np.unique(self.groups_train)
 
+    @property
+    def unseen_ids(self) -> list:
+        """Held-out clients' ids, in the order of ``unseen``."""
+        return [client.client_id for client in self.unseen]
+
+    def one_client_message(self) -> str | None:
+        """``holdout.one_client_message`` of this bundle's training and held-out clients:
+        the page's warning when fewer than two clients train, else None."""
+        return one_client_message(self.client_ids, self.unseen_ids)
+
     def frame(self, X: np.ndarray) -> pd.DataFrame:
         """Rows (n, n_features) as a DataFrame with the bundle's column names."""
         return pd.DataFrame(X, columns=list(self.feature_names))
@@ -171,6 +184,48 @@ class DataBundle:
             if client.client_id == client_id:
                 return client
         raise ValueError(f"client {client_id!r} is not held out of training.")
+
+
+def tested_words(novel, n_test: int | None = None) -> str:
+    """How many rows are tested and how many of them are novel, as the pages say it.
+
+    The Train page's caption (a bundle's ``description``), the pages' model line and the
+    Scores page's pooled view all count with this function, on the same rows (the bundle's
+    ``novel_test``), so their numbers agree.
+
+    Args:
+        novel: (n_test,) 1 = novel, 0 = normal, -1 = unknown; or None (no novelty labels:
+            ``n_test`` rows, all unknown).
+        n_test: the number of test rows when ``novel`` is None.
+
+    Returns:
+        ``"13 novel of 25 test rows"``, or ``"25 test rows (novelty unknown)"`` when
+        ``novel`` is None or any entry is -1.
+
+    Raises:
+        ValueError: ``novel`` None without ``n_test``.
+    """
+    if novel is None:
+        if n_test is None:
+            raise ValueError("tested_words: novel is None, so pass n_test (the test rows).")
+        novel = np.full(n_test, -1)
+    novel = np.asarray(novel)
+    if (novel < 0).any():
+        return f"{novel.size:,} test rows (novelty unknown)"
+    return f"{int((novel == 1).sum()):,} novel of {novel.size:,} test rows"
+
+
+def _warn_one_client(bundle: DataBundle, remedy: str | None = None) -> DataBundle:
+    """Issue :class:`OneTrainingClientWarning` when the bundle trains fewer than two clients."""
+    message = one_client_message(bundle.client_ids, bundle.unseen_ids, remedy)
+    if message is not None:
+        warnings.warn(message, OneTrainingClientWarning, stacklevel=3)
+    return bundle
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 training client"``, ``"2 training clients"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _names(n_features: int) -> tuple[str, ...]:
@@ -210,6 +265,8 @@ def synthetic_bundle(
     of the last component never reach training and are the novel inputs of the test set
     (the training clients' test rows; if fewer than ``MIN_NOVEL_ROWS`` of them are novel,
     the clients' novel training rows are added). The last ``n_unseen`` clients are held out.
+    With a small ``alpha`` a client may draw only novel-component rows: it then has no
+    training row, and the description counts the clients that train.
 
     Args:
         n_clients: training clients, >= 1; alpha: Dirichlet concentration of each client's
@@ -217,6 +274,13 @@ def synthetic_bundle(
 
     Returns:
         A :class:`DataBundle` with labels (binary classes) and ``groups_test``.
+
+    Warns:
+        OneTrainingClientWarning: a single client has training rows (its message names it
+            and the held-out clients).
+
+    Raises:
+        ValueError: no client has a training row (every row of the novel component).
     """
     from fednovelty.datasets import make_fedgmm_synthetic
 
@@ -253,7 +317,20 @@ def synthetic_bundle(
         unseen.append(_split_unseen(h, X_h, y_h, X_test[novel], y_test[novel], rng))
     counted = normal_tr  # every client's rows that training or adaptation may see
     labels = np.array([f"component {k}" for k in data.components_train[counted]])
-    return DataBundle(
+    remedy = "raise alpha or the number of training clients, or try another seed"
+    n_training = np.unique(data.groups_train[train]).size
+    if n_training == 0:
+        raise ValueError(
+            f"synthetic data: none of the {n_clients} training clients drew a normal row "
+            f"(alpha={alpha}, seed={seed}); {remedy}."
+        )
+    training = (
+        _count(n_clients, "training client")
+        if n_training == n_clients
+        else f"{_count(n_training, 'training client')} ({n_clients - n_training} of "
+        f"{n_clients} drew only novel rows)"
+    )
+    bundle = DataBundle(
         name=f"synthetic ({n_clients} clients, d={n_features})",
         feature_names=_names(n_features),
         X_train=data.X_train[train],
@@ -268,11 +345,13 @@ def synthetic_bundle(
         partition_labels=labels,
         partition_label_name="component",
         description=(
-            f"FedGMM paper's synthetic data: {n_clients} training clients + {n_unseen} unseen, "
+            f"FedGMM paper's synthetic data: {training} + {n_unseen} unseen, "
             f"Dir({alpha}) weights over 3 components; a 4th component is never trained on "
-            "and gives the novel inputs. Binary labels, one linear rule per component."
+            f"and gives the novel inputs ({tested_words(novel_test)}, all of the training "
+            "clients). Binary labels, one linear rule per component."
         ),
     )
+    return _warn_one_client(bundle, remedy)
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -363,7 +442,7 @@ def adbench_bundle(
         )
         for h in range(n_clients, n_clients + n_unseen)
     ]
-    group_name, description = _task_words(task, n_clients, n_unseen, int(novel.sum()))
+    group_name, description = _task_words(task, n_clients, n_unseen)
     return DataBundle(
         name=f"{task.name} ({task.protocol})",
         feature_names=_names(task.n_features),
@@ -382,10 +461,10 @@ def adbench_bundle(
     )
 
 
-def _task_words(task, n_clients: int, n_unseen: int, n_novel: int) -> tuple[str, str]:
+def _task_words(task, n_clients: int, n_unseen: int) -> tuple[str, str]:
     """What a task's partition groups are, and one line on where its data came from."""
     clients = f"{n_clients} training clients + {n_unseen} unseen"
-    tested = f"({n_novel} novel of {task.y_test.size})"
+    tested = f"({tested_words(task.y_test)})"
     if task.dataset == FEMNIST:
         return "writer", (
             f"FEMNIST writers (LEAF): {clients} writers, each writer a client; novelty "
@@ -419,8 +498,14 @@ def upload_bundle(
     name: str = "upload",
 ) -> DataBundle:
     """An uploaded table as a bundle: every training client keeps ``TEST_SHARE`` of its
-    normal rows back for the test set, novel rows are only tested, and the clients with the
-    last ``n_unseen`` ids (sorted) are held out.
+    normal rows back for the test set, the training clients' novel rows are only tested, and
+    the clients with the last ``n_unseen`` ids (sorted; ``holdout.split_clients``) are held
+    out with their rows (their novel rows are evaluated on the Unseen client page, not in the
+    test set). The description counts the test set with :func:`tested_words`.
+
+    Warns:
+        OneTrainingClientWarning: a single client trains (the table has one client, or
+            ``n_unseen`` leaves one); the message names the clients trained on and held out.
 
     Raises:
         UploadError: see :func:`check_table`; also ``n_unseen`` leaving no training client.
@@ -428,17 +513,19 @@ def upload_bundle(
     features, X, groups, labels, novel = check_table(
         frame, client_column, label_column, novel_column
     )
-    ids = np.unique(groups)
-    if n_unseen >= ids.size:
-        raise UploadError(
-            f"the file has {ids.size} client(s); holding out {n_unseen} would leave none to "
-            "train on. Hold out fewer clients."
-        )
-    unseen_ids = ids[ids.size - n_unseen :] if n_unseen else ids[:0]
+    try:
+        ids = np.unique(groups)
+    except TypeError:  # ids that do not compare (numbers and text): as text, as the page
+        groups = groups.astype(str)
+        ids = np.unique(groups)
+    try:
+        train_ids, unseen_ids = split_clients(ids, n_unseen)
+    except ValueError as error:
+        raise UploadError(str(error).replace("the data have", "the file has")) from None
     is_novel = np.zeros(len(groups), bool) if novel is None else novel == 1
     rng = np.random.default_rng(seed)
     train_rows, test_rows = [], []
-    for client in ids[: ids.size - n_unseen]:
+    for client in train_ids:
         rows = rng.permutation(np.flatnonzero((groups == client) & ~is_novel))
         n_test = max(1, round(TEST_SHARE * rows.size))
         test_rows.append(rows[:n_test])
@@ -467,7 +554,8 @@ def upload_bundle(
         clusters = kmeans_groups(scaled, min(10, int(counted.sum())), random_state=seed)
         part_labels = np.array([f"cluster {g}" for g in clusters])
         label_name = "k-means cluster"
-    return DataBundle(
+    held_novel = int((is_novel & np.isin(groups, unseen_ids)).sum())
+    bundle = DataBundle(
         name=name,
         feature_names=tuple(str(c) for c in features),
         X_train=X[train],
@@ -482,11 +570,19 @@ def upload_bundle(
         partition_labels=part_labels,
         partition_label_name=label_name,
         description=(
-            f"uploaded {name}: {ids.size - n_unseen} training clients + {n_unseen} unseen from "
-            f"column {client_column!r}; {len(features)} features; {TEST_SHARE:.0%} of each "
-            "client's normal rows tested"
-            + ("" if novel is None else f", {int(is_novel.sum())} novel rows tested")
+            f"uploaded {name}: {_count(train_ids.size, 'training client')} + "
+            f"{unseen_ids.size} unseen "
+            f"from column {client_column!r}; {len(features)} features; test = "
+            f"{TEST_SHARE:.0%} of each training client's normal rows and its novel rows: "
+            f"{tested_words(novel_test, test.size)}"
+            + (
+                f"; the held-out clients' {held_novel} novel rows are evaluated on the Unseen "
+                "client page instead"
+                if held_novel
+                else ""
+            )
             + ("" if labels is None else f"; labels from {label_column!r}")
             + "."
         ),
     )
+    return _warn_one_client(bundle)

@@ -79,9 +79,13 @@ def require_run(*, what: str = "this page"):
         st.info(f"No model yet: train one (or upload a saved model) to see {what}.")
         st.page_link("pages/1_Train.py", label="Go to Train", icon=":material/model_training:")
         st.stop()
+    from fednovelty_app.data import tested_words
+
+    bundle = run.bundle
     st.caption(
-        f"Model: **{run.label}** · {run.bundle.X_train.shape[0]:,} training rows in "
-        f"{len(run.bundle.client_ids)} clients · {run.bundle.X_test.shape[0]:,} test rows"
+        f"Model: **{run.label}** · {bundle.X_train.shape[0]:,} training rows in "
+        f"{len(bundle.client_ids)} clients · "
+        f"{tested_words(bundle.novel_test, bundle.X_test.shape[0])}"
     )
     return run
 

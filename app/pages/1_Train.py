@@ -16,6 +16,12 @@ from fednovelty_app.data import (  # noqa: E402  (after the page config, as Stre
     read_table,
     source_label,
 )
+from fednovelty_app.holdout import (  # noqa: E402
+    held_out_choice,
+    one_client_message,
+    split_clients,
+    table_client_ids,
+)
 from fednovelty_app.training import (  # noqa: E402
     DataSettings,
     MethodSettings,
@@ -65,6 +71,7 @@ st.caption(
 data_col, method_col = st.columns(2, gap="large")
 frame = None
 upload_key = None
+upload_ids = None  # the uploaded table's client ids (sorted), once a client column is chosen
 with data_col:
     st.subheader("Data and clients")
     sources = [SYNTHETIC, *adbench_names(), UPLOAD]
@@ -115,6 +122,7 @@ with data_col:
                 extra["client_column"] = st.selectbox(
                     "Client column", columns, key=P + "client_col"
                 )
+                upload_ids = table_client_ids(frame, extra["client_column"])
                 label = st.selectbox(
                     "Class label column (optional: FedGMM's joint model)",
                     [NONE, *columns],
@@ -168,11 +176,43 @@ with data_col:
         extra["max_train"] = int(
             st.number_input("At most this many training rows", 100, 300_000, key=P + "max_train")
         )
-    ui.default(P + "unseen", 2)
+    # Held-out clients: drawn on top of the training clients, except for an upload, whose
+    # clients are what they are (at least 2 must train). The default follows the data chosen.
+    held_max, held_default = held_out_choice(None if upload_ids is None else upload_ids.size)
+    held_for = (source, upload_key, extra.get("client_column"))
+    if P + "unseen_for" in st.session_state and st.session_state[P + "unseen_for"] != held_for:
+        st.session_state[P + "unseen"] = held_default
+    st.session_state[P + "unseen_for"] = held_for
+    ui.default(P + "unseen", held_default)
+    st.session_state[P + "unseen"] = min(int(st.session_state[P + "unseen"]), held_max)
     ui.default(P + "seed", 0)
     extra["n_unseen"] = int(
-        st.number_input("Clients held out of training (Unseen client page)", 0, 5, key=P + "unseen")
+        st.number_input(
+            "Clients held out of training (Unseen client page)",
+            0,
+            held_max,
+            key=P + "unseen",
+            disabled=held_max == 0,
+            help="Held-out clients never train; the Unseen client page adapts to them. "
+            + (
+                "They are drawn on top of the training clients."
+                if upload_ids is None
+                else "An uploaded table's held-out clients are its last ones (sorted ids), "
+                "and at least 2 of its clients must train."
+            ),
+        )
     )
+    if upload_ids is not None:
+        train_ids, held_ids = split_clients(upload_ids, extra["n_unseen"])
+        st.caption(
+            f"Column {extra['client_column']!r} holds {upload_ids.size} client(s): "
+            f"{train_ids.size} train, {held_ids.size} held out"
+            + ("" if held_max else " (too few clients to hold one out and train on 2)")
+            + "."
+        )
+        message = one_client_message(train_ids, held_ids)
+        if message is not None:
+            st.warning(message, icon=":material/warning:")
     extra["seed"] = int(st.number_input("Seed", 0, 10_000, key=P + "seed"))
 
 with method_col:
@@ -292,6 +332,9 @@ if run is not None:
     cols[2].metric("MB up", f"{getattr(det, 'bytes_up_', 0) / 1e6:.3f}")
     cols[3].metric("MB down", f"{getattr(det, 'bytes_down_', 0) / 1e6:.3f}")
     cols[4].metric("Fit seconds", f"{run.fit_seconds:.1f}")
+    message = bundle.one_client_message()
+    if message is not None:
+        st.warning(message, icon=":material/warning:")
     for message in run.warnings[:3]:
         st.warning(message)
     st.page_link("pages/2_Scores.py", label="See the scores", icon=":material/bar_chart:")

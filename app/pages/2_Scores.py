@@ -18,6 +18,7 @@ from fednovelty_app.analysis import (  # noqa: E402
     score_axis,
     scored_test_rows,
 )
+from fednovelty_app.data import tested_words  # noqa: E402
 from fednovelty_app.plots import pr_figure, roc_figure, score_histogram, shares_figure  # noqa: E402
 
 st.title("Scores")
@@ -41,6 +42,10 @@ view = st.selectbox(
 client = clients.get(view)
 frame = scored_test_rows(det, bundle, client)
 known = bool((frame.novel >= 0).all())
+st.caption(
+    ("All test rows" if client is None else f"Client {view}'s test rows")
+    + f": {tested_words(frame.novel)}."
+)
 result = metrics_or_none(frame.novel, frame.score) if known else None
 
 if result is None:
