@@ -1,6 +1,8 @@
 """Dashboard data sources and upload checks (app/fednovelty_app/data.py, uploads.py)."""
 
 import io
+import warnings
+from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
@@ -207,3 +209,78 @@ def test_score_table_checks_columns_by_name_or_count():
         check_score_table(frame[["a", "b", "c"]], None, 4)
     with pytest.raises(UploadError, match="non-numeric"):
         check_score_table(frame.assign(a="x"), ["a"], 1)
+
+
+def counted(description: str) -> tuple[int, int]:
+    """``(novel, test rows)`` from a description's ``"N novel of M test rows"``."""
+    import re
+
+    found = re.search(r"([\d,]+) novel of ([\d,]+) test rows", description)
+    assert found, description
+    return tuple(int(g.replace(",", "")) for g in found.groups())
+
+
+@pytest.mark.parametrize("n_unseen", [0, 1, 2])
+def test_upload_description_counts_the_rows_that_are_tested(n_unseen):
+    """The held-out clients' novel rows are not in the test set, so the caption does not
+    count them: its numbers are the training clients' novel rows and 30 % of their normal
+    rows, counted here from the table."""
+    frame = table(n_clients=3, rows=60)
+    held = sorted(frame.site.unique())[3 - n_unseen :]
+    training = ~frame.site.isin(held)
+    with pytest.warns(data.OneTrainingClientWarning) if n_unseen == 2 else nullcontext():
+        bundle = upload_bundle(frame, "site", None, "is_novel", n_unseen=n_unseen, seed=0)
+    novel = int((frame.is_novel[training] == 1).sum())
+    normal_tested = sum(
+        max(1, round(data.TEST_SHARE * n))
+        for n in frame[training & (frame.is_novel == 0)].groupby("site").size()
+    )
+    assert counted(bundle.description) == (novel, novel + normal_tested)
+    assert counted(bundle.description) == (bundle.novel_test.sum(), len(bundle.X_test))
+    if n_unseen:
+        assert f"held-out clients' {int(frame.is_novel[~training].sum())} novel rows" in (
+            bundle.description
+        )
+
+
+def test_tested_words_counts_novel_and_unknown_rows():
+    assert data.tested_words(np.array([0, 1, 1, 0, 0])) == "2 novel of 5 test rows"
+    assert data.tested_words(np.array([-1, -1])) == "2 test rows (novelty unknown)"
+    assert data.tested_words(None, 3) == "3 test rows (novelty unknown)"
+    with pytest.raises(ValueError, match="pass n_test"):
+        data.tested_words(None)
+    bundle = upload_bundle(table(labels=False, novel=False), "site")
+    assert f"{len(bundle.X_test)} test rows (novelty unknown)" in bundle.description
+
+
+def test_every_source_describes_its_test_set_as_it_is():
+    for bundle in (
+        synthetic_bundle(n_clients=4, n_unseen=1, n_features=3, seed=0),
+        adbench_bundle("digits", n_clients=3, n_unseen=1, seed=0),
+    ):
+        assert counted(bundle.description) == (bundle.novel_test.sum(), len(bundle.X_test))
+
+
+def test_an_upload_training_one_client_warns_naming_the_clients():
+    with pytest.warns(data.OneTrainingClientWarning) as caught:
+        bundle = upload_bundle(table(n_clients=3), "site", n_unseen=2)
+    message = str(caught[0].message)
+    assert "one client only: 's0' (held out: 's1', 's2')" in message
+    assert message == bundle.one_client_message()
+    assert "1 training client + 2 unseen" in bundle.description
+    with pytest.warns(data.OneTrainingClientWarning, match="'s0' \\(held out: none\\)"):
+        upload_bundle(table(n_clients=1), "site")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", data.OneTrainingClientWarning)
+        assert upload_bundle(table(n_clients=3), "site", n_unseen=1).one_client_message() is None
+
+
+def test_synthetic_clients_with_only_novel_rows_do_not_train_and_are_not_counted():
+    """With alpha = 0.05 a client can draw nothing but the novel component: seed 0 leaves one
+    of two clients with training rows (a warning names it), seed 35 none (an error)."""
+    with pytest.warns(data.OneTrainingClientWarning, match="one client only"):
+        bundle = synthetic_bundle(n_clients=2, alpha=0.05, n_unseen=2, seed=0)
+    assert bundle.client_ids.size == 1
+    assert "1 training client (1 of 2 drew only novel rows)" in bundle.description
+    with pytest.raises(ValueError, match="none of the 2 training clients drew a normal row"):
+        synthetic_bundle(n_clients=2, alpha=0.05, n_unseen=2, seed=35)
