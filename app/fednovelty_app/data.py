@@ -41,7 +41,7 @@ The upload checks (``UploadError``, ``read_table``, ``check_table``, ``check_sco
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -133,6 +133,8 @@ class DataBundle:
             clients and unseen clients); partition_labels: (n_rows,) the group of each.
         partition_label_name: what the groups are ("component", "k-means cluster", "class").
         description: one line on where the data came from.
+        one_client: ``holdout.one_client_message`` when fewer than two clients train (the
+            Train page shows it with ``st.warning``), else None.
     """
 
     name: str
@@ -149,6 +151,7 @@ class DataBundle:
     partition_labels: np.ndarray
     partition_label_name: str
     description: str
+    one_client: str | None = None
 
     @property
     def n_features(self) -> int:
@@ -168,11 +171,6 @@ class DataBundle:
     def unseen_ids(self) -> list:
         """Held-out clients' ids, in the order of ``unseen``."""
         return [client.client_id for client in self.unseen]
-
-    def one_client_message(self) -> str | None:
-        """``holdout.one_client_message`` of this bundle's training and held-out clients:
-        the page's warning when fewer than two clients train, else None."""
-        return one_client_message(self.client_ids, self.unseen_ids)
 
     def frame(self, X: np.ndarray) -> pd.DataFrame:
         """Rows (n, n_features) as a DataFrame with the bundle's column names."""
@@ -216,11 +214,13 @@ def tested_words(novel, n_test: int | None = None) -> str:
 
 
 def _warn_one_client(bundle: DataBundle, remedy: str | None = None) -> DataBundle:
-    """Issue :class:`OneTrainingClientWarning` when the bundle trains fewer than two clients."""
+    """The bundle with ``one_client`` set, and :class:`OneTrainingClientWarning` issued, when
+    it trains fewer than two clients; else the bundle as it is."""
     message = one_client_message(bundle.client_ids, bundle.unseen_ids, remedy)
-    if message is not None:
-        warnings.warn(message, OneTrainingClientWarning, stacklevel=3)
-    return bundle
+    if message is None:
+        return bundle
+    warnings.warn(message, OneTrainingClientWarning, stacklevel=3)
+    return replace(bundle, one_client=message)
 
 
 def _count(n: int, noun: str) -> str:

@@ -332,9 +332,8 @@ if run is not None:
     cols[2].metric("MB up", f"{getattr(det, 'bytes_up_', 0) / 1e6:.3f}")
     cols[3].metric("MB down", f"{getattr(det, 'bytes_down_', 0) / 1e6:.3f}")
     cols[4].metric("Fit seconds", f"{run.fit_seconds:.1f}")
-    message = bundle.one_client_message()
-    if message is not None:
-        st.warning(message, icon=":material/warning:")
+    if bundle.one_client is not None:
+        st.warning(bundle.one_client, icon=":material/warning:")
     for message in run.warnings[:3]:
         st.warning(message)
     st.page_link("pages/2_Scores.py", label="See the scores", icon=":material/bar_chart:")

@@ -266,13 +266,13 @@ def test_an_upload_training_one_client_warns_naming_the_clients():
         bundle = upload_bundle(table(n_clients=3), "site", n_unseen=2)
     message = str(caught[0].message)
     assert "one client only: 's0' (held out: 's1', 's2')" in message
-    assert message == bundle.one_client_message()
+    assert message == bundle.one_client
     assert "1 training client + 2 unseen" in bundle.description
     with pytest.warns(data.OneTrainingClientWarning, match="'s0' \\(held out: none\\)"):
         upload_bundle(table(n_clients=1), "site")
     with warnings.catch_warnings():
         warnings.simplefilter("error", data.OneTrainingClientWarning)
-        assert upload_bundle(table(n_clients=3), "site", n_unseen=1).one_client_message() is None
+        assert upload_bundle(table(n_clients=3), "site", n_unseen=1).one_client is None
 
 
 def test_synthetic_clients_with_only_novel_rows_do_not_train_and_are_not_counted():

@@ -323,3 +323,119 @@ def test_drift_page_streams_without_a_trained_model(app_dir):
     at.checkbox(key="drift_jump").check().run()
     assert not at.exception, [e.value for e in at.exception]
     assert int(metrics(at)["Global alarms"]) >= 1  # B's jump is seen by every client
+
+
+def wine_table(n_clients: int = 3) -> pd.DataFrame:
+    """scikit-learn's wine with a text client column (seeded) and class 2 as the novel rows."""
+    from sklearn.datasets import load_wine
+
+    wine = load_wine(as_frame=True)
+    frame = wine.data.copy()
+    names = np.array(["alpha", "beta", "gamma", "delta"])[:n_clients]
+    frame["client"] = names[np.random.default_rng(0).integers(0, n_clients, len(frame))]
+    frame["novel"] = (wine.target == 2).astype(int)
+    return frame
+
+
+def upload(at: AppTest, frame: pd.DataFrame, name: str = "wine.csv") -> AppTest:
+    content = csv_bytes(frame) if name.endswith(".csv") else parquet_bytes(frame)
+    at.file_uploader(key="upload_data_file").set_value((name, content, "x"))
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    out = io.BytesIO()
+    frame.to_parquet(out)
+    return out.getvalue()
+
+
+def tested_counts(text: str) -> tuple[int, int]:
+    import re
+
+    found = re.search(r"([\d,]+) novel of ([\d,]+) test rows", text)
+    assert found, text
+    return tuple(int(g.replace(",", "")) for g in found.groups())
+
+
+QUICK_UPLOAD = {"train_source": UPLOAD, "train_k": 2, "train_rounds": 6}
+
+
+@pytest.mark.parametrize("name", ["wine.csv", "wine.parquet"])
+def test_three_uploaded_clients_hold_one_out_and_the_counts_agree(app_dir, name):
+    """Three clients: one held out by default and at most one, so two train; the Train
+    caption's test counts are the Scores page's, and both are the training clients' novel
+    rows plus 30 % of their normal rows, counted here from the table."""
+    frame = wine_table(3)
+    at = upload(goto(new_app(app_dir, QUICK_UPLOAD), "train"), frame, name)
+    at.selectbox(key="train_novel_col").set_value("novel").run()
+    held = at.number_input(key="train_unseen")
+    assert held.value == 1 and held.max == 1
+    assert any("holds 3 client(s): 2 train, 1 held out" in c.value for c in at.caption)
+    assert not at.warning
+    train(at)
+    assert not at.error and not any("one client" in w.value for w in at.warning)
+    run = at.session_state["run"]
+    assert list(run.bundle.client_ids) == ["alpha", "beta"]
+    training = frame.client != "gamma"
+    novel = int(frame.novel[training].sum())
+    normal = frame[training & (frame.novel == 0)].groupby("client").size()
+    expected = (novel, novel + int(sum(max(1, round(0.3 * n)) for n in normal)))
+    caption = next(c.value for c in at.caption if c.value.startswith("uploaded"))
+    assert tested_counts(caption) == expected
+    goto(at, "scores")
+    view = next(c.value for c in at.caption if c.value.startswith("All test rows"))
+    assert tested_counts(view) == expected
+    assert len(at.get("plotly_chart")) >= 1
+
+
+def test_two_uploaded_clients_hold_none_out(app_dir):
+    at = upload(goto(new_app(app_dir, QUICK_UPLOAD), "train"), wine_table(2))
+    held = at.number_input(key="train_unseen")
+    assert held.value == 0 and held.max == 0 and held.disabled
+    assert any("2 train, 0 held out (too few clients" in c.value for c in at.caption)
+    assert not at.warning
+
+
+def test_a_remembered_hold_out_shrinks_with_the_next_upload(app_dir):
+    """2 held out of 4 clients, then a 3-client column: back to at most 1 held out."""
+    frame = wine_table(4).assign(three=wine_table(3).client)
+    at = upload(goto(new_app(app_dir, QUICK_UPLOAD), "train"), frame)
+    assert at.number_input(key="train_unseen").value == 2  # 4 clients: 2 held out, 2 train
+    at.selectbox(key="train_client_col").set_value("three").run()
+    assert not at.exception
+    held = at.number_input(key="train_unseen")
+    assert held.value == 1 and held.max == 1
+
+
+@pytest.mark.filterwarnings("ignore::fednovelty_app.holdout.OneTrainingClientWarning")
+def test_one_uploaded_client_trains_with_a_warning_naming_it(app_dir):
+    at = upload(goto(new_app(app_dir, QUICK_UPLOAD), "train"), wine_table(1))
+    (warning,) = at.warning
+    assert "one client only: 'alpha' (held out: none)" in warning.value
+    train(at)
+    assert not at.error
+    assert any("one client only: 'alpha'" in w.value for w in at.warning)
+
+
+@pytest.mark.filterwarnings("ignore::fednovelty_app.holdout.OneTrainingClientWarning")
+def test_synthetic_clients_that_train_nothing_are_said(app_dir):
+    """Two synthetic clients with alpha = 0.05 and seed 0: one draws only novel rows, so one
+    client trains; the page names it (the bundle's warning), seed 35 none (an error)."""
+    state = {**QUICK_UPLOAD, "train_source": "FedGMM synthetic (labelled)",
+             "train_syn_clients": 2, "train_syn_alpha": 0.05, "train_seed": 0,
+             "train_syn_features": 8, "train_learners": 1, "train_epochs": 1}  # fmt: skip
+    at = train(goto(new_app(app_dir, state), "train"))
+    assert not at.error
+    run = at.session_state["run"]
+    (only,) = run.bundle.client_ids
+    shown = [w.value for w in at.warning if "one client only" in w.value]
+    assert shown == [run.bundle.one_client]
+    assert f"one client only: {int(only)} (held out: 2, 3)" in shown[0]
+    assert "raise alpha or the number of training clients" in shown[0]
+    caption = next(c.value for c in at.caption if c.value.startswith("FedGMM paper"))
+    assert tested_counts(caption) == (run.bundle.novel_test.sum(), len(run.bundle.X_test))
+    at.number_input(key="train_seed").set_value(35).run()
+    train(at)
+    assert "none of the 2 training clients drew a normal row" in at.error[0].value
