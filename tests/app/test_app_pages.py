@@ -351,7 +351,7 @@ def parquet_bytes(frame: pd.DataFrame) -> bytes:
     return out.getvalue()
 
 
-def tested_counts(text: str) -> tuple[int, int]:
+def novel_and_tested(text: str) -> tuple[int, int]:
     import re
 
     found = re.search(r"([\d,]+) novel of ([\d,]+) test rows", text)
@@ -383,10 +383,10 @@ def test_three_uploaded_clients_hold_one_out_and_the_counts_agree(app_dir, name)
     normal = frame[training & (frame.novel == 0)].groupby("client").size()
     expected = (novel, novel + int(sum(max(1, round(0.3 * n)) for n in normal)))
     caption = next(c.value for c in at.caption if c.value.startswith("uploaded"))
-    assert tested_counts(caption) == expected
+    assert novel_and_tested(caption) == expected
     goto(at, "scores")
     view = next(c.value for c in at.caption if c.value.startswith("All test rows"))
-    assert tested_counts(view) == expected
+    assert novel_and_tested(view) == expected
     assert len(at.get("plotly_chart")) >= 1
 
 
@@ -435,7 +435,7 @@ def test_synthetic_clients_that_train_nothing_are_said(app_dir):
     assert f"one client only: {int(only)} (held out: 2, 3)" in shown[0]
     assert "raise alpha or the number of training clients" in shown[0]
     caption = next(c.value for c in at.caption if c.value.startswith("FedGMM paper"))
-    assert tested_counts(caption) == (run.bundle.novel_test.sum(), len(run.bundle.X_test))
+    assert novel_and_tested(caption) == (run.bundle.novel_test.sum(), len(run.bundle.X_test))
     at.number_input(key="train_seed").set_value(35).run()
     train(at)
     assert "none of the 2 training clients drew a normal row" in at.error[0].value
