@@ -223,8 +223,11 @@ def test_a_private_central_fit_learns_each_populations_rule():
 
 
 def test_local_mode_keeps_each_clients_noisy_weights():
-    """Fresh noise (measured over 12 fits: every client's weight within 0.034 of its share
-    of population A)."""
+    """Fresh noise. Each client keeps its own weights: they follow the clients' shares of
+    population A (0.10, 0.49, 0.93), far apart, where averaged weights would all be near
+    0.5. Measured over 20 seeded fits: every weight within 0.04 of its share in 17; in 3 the
+    four noisy EM rounds leave one Gaussian's mean half-way (x1 near +-2, not +-4) and the
+    weights miss their shares by 0.09-0.18, in the clients' order still."""
     clients = [_client(400, share, s) for s, share in enumerate((0.1, 0.5, 0.9))]
     algorithm = _pfedem("local", z=1.0, kmeans_rounds=3)
     policy = _policy("local", z=1.0, insecure_seed=None)
@@ -233,8 +236,10 @@ def test_local_mode_keeps_each_clients_noisy_weights():
     assert sorted(weights) == [0, 1, 2]
     assert all(bool((w > 0).all()) and abs(float(w.sum()) - 1) < 1e-12 for w in weights.values())
     a = int(result.state.params.means[:, 0].argmin())  # the Gaussian of population A
-    for c, (X, _) in enumerate(clients):  # its share of A's partition: ~ its rows left of 0
-        assert abs(float(weights[c][a]) - float((X[:, 0] < 0).double().mean())) < 0.05
+    shares = [float((X[:, 0] < 0).double().mean()) for X, _ in clients]  # rows left of 0
+    of_a = [float(weights[c][a]) for c in range(3)]
+    assert of_a[0] < of_a[1] < of_a[2], (of_a, shares)
+    assert all(abs(w - share) < 0.25 for w, share in zip(of_a, shares, strict=True)), of_a
 
 
 def test_without_dp_a_reply_still_zeroes_partitions_below_the_floor():
