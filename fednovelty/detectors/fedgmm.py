@@ -82,6 +82,9 @@ class FedGMMDetector(EMDetector):
             average (``global_weights="pooled"``) or their plain mean (``"client_average"``).
         client_weights_: (n_clients, n_components) personal weights, rows in ``client_ids_``
             order (``"personal"`` only).
+        n_components_, effective_n_components_: the fitted K (fewer than ``n_components``
+            where the clients' privacy floors cannot back it, with a ``DataLossWarning``)
+            and the components backed by at least one training row.
         pca_: the federated PCA projection of the front end (``pca_components`` an int, or
             ``"auto"`` on rows of more than 200 features; ``docs/high_dimension.md``).
         n_iter_, converged_, lower_bounds_: EM rounds, convergence, mean log-likelihoods
