@@ -82,12 +82,19 @@ def stop_local_superlink(marks: list[str], grace: float = 30.0) -> None:
             return
 
 
+def new_app_on_pima(folder: Path) -> tuple[np.ndarray, Path]:
+    """Pima's training rows (saved as ``folder/train.npy``) and the app ``fednovelty
+    flower new`` writes into ``folder/my-app``."""
+    X_train, _, _ = pima()
+    np.save(folder / "train.npy", X_train)
+    app = folder / "my-app"
+    assert main(["flower", "new", str(app)]) == 0
+    return X_train, app
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_flwr_run_on_the_local_simulation_gives_the_detectors_model(tmp_path):
-    X_train, _, _ = pima()
-    np.save(tmp_path / "train.npy", X_train)
-    app = tmp_path / "my-app"
-    assert main(["flower", "new", str(app)]) == 0
+    X_train, app = new_app_on_pima(tmp_path)
     home, http, control = tmp_path / "flwr-home", free_port(), free_port()
     env = {
         **os.environ,
@@ -129,10 +136,7 @@ def test_flwr_run_on_the_local_simulation_gives_the_detectors_model(tmp_path):
 def test_the_app_on_superlink_and_supernodes_gives_the_detectors_model(tmp_path):
     from fednovelty.runtime.flower.deploy import LocalFederation
 
-    X_train, _, _ = pima()
-    np.save(tmp_path / "train.npy", X_train)
-    app = tmp_path / "my-app"
-    assert main(["flower", "new", str(app)]) == 0
+    X_train, app = new_app_on_pima(tmp_path)
     n_nodes = 3
     configs = [{"partition-id": i, "num-partitions": n_nodes} for i in range(n_nodes)]
     run_config = {"data-path": str(tmp_path / "train.npy"), "num-nodes": n_nodes,
