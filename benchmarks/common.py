@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import os
 import platform
 import sys
@@ -67,6 +68,17 @@ def add_threads(parser, default: int = 1, help: str | None = None) -> None:
 def add_device(parser, help: str | None = None) -> None:
     """``--device cpu|cuda``: where the detectors compute (default ``cpu``)."""
     parser.add_argument("--device", choices=DEVICES, default="cpu", help=help)
+
+
+def add_checkpoints(parser, help: str | None = None) -> None:
+    """``--checkpoints DIR``: keep each finished unit in ``DIR`` and resume from it
+    (:mod:`benchmarks.checkpoints`); default none (nothing kept)."""
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        help=help or "keep finished seeds (and fits) in DIR; a later run resumes from them",
+    )
 
 
 def quick_seeds(seeds: Sequence[int], quick: bool) -> tuple[int, ...]:
@@ -268,6 +280,7 @@ def run_paper_tables(
     intro: Callable[[dict[str, list]], str] | None = None,
     after: Callable[[dict[str, list]], Sequence[str]] | None = None,
     checkpoint: Callable[[dict[str, list]], None] | None = None,
+    checkpoints=None,
 ) -> str:
     """Run ``spec``'s ``experiment`` (a name, several names, or ``"all"``; in ``spec``'s
     order) over ``settings.seeds``; print and return the report (written to ``out`` when
@@ -276,19 +289,28 @@ def run_paper_tables(
     of ``after(results)`` (e.g. ones that read several experiments, or that draw figures).
     ``results`` maps each experiment run to its per-seed results; ``checkpoint(results)`` is
     called after each experiment with the results so far (e.g. to write files a later run
-    resumes from)."""
+    resumes from). ``checkpoints`` (a :class:`benchmarks.checkpoints.Checkpoints`) keeps each
+    finished seed of an experiment (key ``<experiment>-seed<seed>``) and reads it back in a
+    later run under the same settings; a seed's data is then built only when it is computed."""
     wanted = {experiment} if isinstance(experiment, str) else set(experiment)
     chosen = [e for e in spec.experiments if wanted & {e.name, "all"}]
     started = time.perf_counter()
-    shared = {}
-    if any(e.data is None for e in chosen):
-        shared = {seed: spec.data(settings, seed) for seed in settings.seeds}
+    shared = functools.cache(partial(spec.data, settings)) if spec.data is not None else None
     results: dict[str, list] = {}
     sections = []
     for e in chosen:
         print(e.title)
-        seed_data = (lambda s: shared[s]) if e.data is None else partial(e.data, settings)
-        results[e.name] = [e.run_seed(seed_data(s), settings, s) for s in settings.seeds]
+        seed_data = shared if e.data is None else partial(e.data, settings)
+
+        def run(e=e, seed_data=seed_data, seed=0):
+            return e.run_seed(seed_data(seed), settings, seed)
+
+        if checkpoints is None:
+            results[e.name] = [run(seed=s) for s in settings.seeds]
+        else:
+            results[e.name] = [
+                checkpoints.get(f"{e.name}-seed{s}", partial(run, seed=s)) for s in settings.seeds
+            ]
         sections.append(e.report(results[e.name], settings))
         if checkpoint is not None:
             checkpoint(results)
@@ -296,6 +318,8 @@ def run_paper_tables(
     sections = [*first, *sections, *(after(results) if after is not None else [])]
     header = report_header(spec.title, command, quick, time.perf_counter() - started)
     header += f"\n{facts}" if facts else ""
+    if checkpoints is not None and checkpoints.folder is not None:
+        header += f"\n- {checkpoints.provenance()}"
     return emit_report("\n\n".join([header, *sections]) + "\n", out)
 
 

@@ -79,10 +79,12 @@ import torch
 from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
 
+from benchmarks.checkpoints import Checkpoints, settings_signature
 from benchmarks.common import (
     RESULTS,
     Experiment,
     PaperTables,
+    add_checkpoints,
     add_device,
     add_experiment,
     add_out,
@@ -631,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         help="'exact' M-step and pooled weights (default) or the paper's (every method)",
     )
     add_device(parser, "where the detectors compute")
+    add_checkpoints(parser)
     parser.add_argument(
         "--paper-scale",
         action="store_true",
@@ -670,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
             "- numbers are mean ± sample std (ddof=1) over seeds, in percent",
         ]
     )
+    signature = settings_signature(
+        {"size": size, "protocol": args.protocol, "fit": {**SETTINGS, **OPTIONS}}
+    )
     run_paper_tables(
         TABLES,
         settings,
@@ -679,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         out / f"fedgmm_mnist{settings.suffix}.md",
         facts=facts,
         after=lambda results: draw_figures(results, settings),
+        checkpoints=Checkpoints(args.checkpoints, signature) if args.checkpoints else None,
     )
     return 0
 

@@ -45,15 +45,19 @@ Tables give mean ± standard deviation (ddof=1) over seeds. Nothing is tuned per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
+from benchmarks.checkpoints import Checkpoints, cached, settings_signature
 from benchmarks.common import (
     Experiment,
     PaperTables,
+    add_checkpoints,
     add_experiment,
     add_out,
     add_quick,
@@ -70,6 +74,7 @@ from benchmarks.common import (
     with_options,
 )
 from fednovelty.datasets.synthetic import FederatedSplit, make_fedgmm_synthetic
+from fednovelty.datasets.synthetic_reference import make_fedgmm_reference_synthetic
 from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
 
 METHODS = ("Local", "FedAvg", "FedProx", "FedEM", "FedGMM")
@@ -88,13 +93,43 @@ TARGET_FIT_SECONDS = 120.0
 TRAIN_CLIENT_SHARE = 0.8
 
 
+#: ``--algorithm paper``: the FedGMM paper's M-step (Algorithm 1, line 13) and global weights
+#: (footnote 3); FedGMM runs with them as ``FedGMM-paper`` beside the default under ``both``.
+PAPER_ALGORITHM = {"covariance_pooling": "paper", "global_weights": "client_average"}
+PAPER_VARIANT = "FedGMM-paper"
+#: ``--paper-scale``: Table 2's clients and rounds (Sec. 4.1 and App. C.1).
+PAPER_CLIENTS, PAPER_ROUNDS = 300, 200
+#: the data generators: ours (every client Gaussian) and the reference code's Table 2 data
+#: (its last 10 clients draw raw Beta rows, :mod:`fednovelty.datasets.synthetic_reference`;
+#: a third of the clients below 30, as in the reference code's 30-client run).
+DATA = ("ours", "reference")
+REFERENCE_BETA_CLIENTS = 10
+
+
 @dataclass(frozen=True)
 class Settings:
-    """What one run uses; ``--quick`` shrinks clients and rounds."""
+    """What one run uses; ``--quick`` shrinks clients and rounds. ``data`` picks the
+    generator, ``algorithm`` the M-step (``exact``, ``paper`` or ``both``), ``methods`` the
+    methods run; ``checkpoints`` (not part of the settings' signature) keeps finished fits."""
 
     n_clients: int
     max_iter: int
     seeds: tuple[int, ...]
+    data: str = "ours"
+    algorithm: str = "exact"
+    methods: tuple[str, ...] = METHODS
+    checkpoints: object = None
+
+    @property
+    def run_methods(self) -> tuple[str, ...]:
+        """The fits of a seed: ``methods``, FedGMM as the algorithm says."""
+        out = []
+        for name in self.methods:
+            if name == "FedGMM" and self.algorithm in ("paper", "both"):
+                out += ["FedGMM"] * (self.algorithm == "both") + [PAPER_VARIANT]
+            else:
+                out.append(name)
+        return tuple(out)
 
     def model_params(self, seed: int) -> dict:
         return with_options(
@@ -114,7 +149,45 @@ class Settings:
 
 # ----------------------------------------------------------------------------- helpers
 def make_model(name: str, settings: Settings, seed: int) -> JointFedGMMDetector:
+    if name == PAPER_VARIANT:
+        params = {**settings.model_params(seed), **PAPER_ALGORITHM}
+        return JointFedGMMDetector.pfl_baseline("FedGMM", **params)
     return JointFedGMMDetector.pfl_baseline(name, **settings.model_params(seed))
+
+
+def make_data(settings: Settings, seed: int) -> FederatedSplit:
+    """The seed's federation from the generator ``settings.data`` names."""
+    if settings.data == "reference":
+        n_beta = len(beta_clients(settings))
+        return make_fedgmm_reference_synthetic(settings.n_clients, n_beta, random_state=seed)
+    return make_fedgmm_synthetic(settings.n_clients, random_state=seed)
+
+
+def beta_clients(settings: Settings) -> np.ndarray:
+    """The Beta clients' ids (empty for ``data="ours"``)."""
+    if settings.data != "reference":
+        return np.array([], dtype=np.int64)
+    n = min(REFERENCE_BETA_CLIENTS, settings.n_clients // 3)
+    return np.arange(settings.n_clients - n, settings.n_clients)
+
+
+def client_accuracies(model, X, y, groups) -> dict[int, tuple[int, int]]:
+    """Per client: (correct, rows) of its test rows predicted with its own weights."""
+    out = {}
+    for c in np.unique(groups):
+        rows = groups == c
+        out[int(c)] = (
+            int((model.predict_y(X[rows], client=int(c)) == y[rows]).sum()),
+            int(rows.sum()),
+        )
+    return out
+
+
+def group_accuracy(per_client: dict[int, tuple[int, int]], clients) -> float:
+    """Sample-weighted accuracy in % over ``clients`` (nan when none)."""
+    kept = [per_client[int(c)] for c in clients if int(c) in per_client]
+    rows = sum(n for _, n in kept)
+    return 100.0 * sum(k for k, _ in kept) / rows if rows else float("nan")
 
 
 def timed_fit(model: JointFedGMMDetector, X, y, groups) -> float:
@@ -127,46 +200,65 @@ def timed_fit(model: JointFedGMMDetector, X, y, groups) -> float:
 def run_pfl_seed(data: FederatedSplit, settings: Settings, seed: int) -> dict[str, dict]:
     """Fit every method on all clients; personal test accuracy and costs per method."""
     results = {}
-    for name in METHODS:
-        model = make_model(name, settings, seed)
-        seconds = timed_fit(model, data.X_train, data.y_train, data.groups_train)
-        results[name] = {
-            "accuracy": personal_accuracy(model, data.X_test, data.y_test, data.groups_test),
-            "rounds": model.n_rounds_,
-            "mb_up": model.bytes_up_ / 1e6,
-            "mb_down": model.bytes_down_ / 1e6,
-            "seconds": seconds,
-        }
-        print(f"  seed {seed} {name:8s} acc {results[name]['accuracy']:5.1f}%  {seconds:5.1f} s")
+    for name in settings.run_methods:
+        fit = partial(fit_one, name, data, settings, seed)
+        result = results[name] = cached(settings, f"pfl-seed{seed}-{name}", fit)
+        print(f"  seed {seed} {name:8s} acc {result['accuracy']:5.1f}%  {result['seconds']:5.1f} s")
     return results
+
+
+def fit_one(name: str, data: FederatedSplit, settings: Settings, seed: int) -> dict:
+    """One method's fit on the seed's federation: personal test accuracy (all clients and by
+    client group), rounds, megabytes and seconds."""
+    model = make_model(name, settings, seed)
+    seconds = timed_fit(model, data.X_train, data.y_train, data.groups_train)
+    per_client = client_accuracies(model, data.X_test, data.y_test, data.groups_test)
+    beta = beta_clients(settings)
+    gaussian = np.setdiff1d(np.unique(data.groups_test), beta)
+    return {
+        "accuracy": group_accuracy(per_client, per_client),
+        "gaussian": group_accuracy(per_client, gaussian),
+        "beta": group_accuracy(per_client, beta),
+        "per_client": per_client,
+        "rounds": model.n_rounds_,
+        "mb_up": model.bytes_up_ / 1e6,
+        "mb_down": model.bytes_down_ / 1e6,
+        "seconds": seconds,
+    }
 
 
 def pfl_report(per_seed: list[dict[str, dict]], settings: Settings) -> str:
     def column(name: str, key: str) -> list[float]:
         return [result[name][key] for result in per_seed]
 
+    grouped = len(beta_clients(settings)) > 0
+    names = settings.run_methods
     rows = [
         [
             name,
             mean_std(column(name, "accuracy")),
-            f"{PAPER_TABLE2[name]:.2f}",
+            *([mean_std(column(name, "gaussian")), mean_std(column(name, "beta"))] * grouped),
+            f"{PAPER_TABLE2[name.split('-')[0]]:.2f}",
             mean_std(column(name, "rounds"), 0),
             mean_std(column(name, "mb_up"), 2),
             mean_std(column(name, "mb_down"), 2),
             mean_std(column(name, "seconds")),
         ]
-        for name in METHODS
+        for name in names
     ]
     header = [
         "method",
         "accuracy % (ours)",
+        *(["Gaussian clients %", "Beta clients %"] * grouped),
         "paper Table 2 %",
         "rounds",
         "MB up",
         "MB down",
         "fit s",
     ]
-    acc = {name: float(np.mean(column(name, "accuracy"))) for name in METHODS}
+    acc = {name: float(np.mean(column(name, "accuracy"))) for name in names}
+    if not {"FedGMM", "FedEM", "FedAvg"} <= set(acc):
+        return "\n".join([pfl_heading(settings), "", markdown_table(header, rows)])
     slowest = max(column("FedGMM", "seconds"))
     checks = [
         check(
@@ -185,8 +277,7 @@ def pfl_report(per_seed: list[dict[str, dict]], settings: Settings) -> str:
     ]
     return "\n".join(
         [
-            f"## 1. PFL classification ({settings.n_clients} clients, {settings.max_iter} "
-            f"rounds, seeds {list(settings.seeds)})",
+            pfl_heading(settings),
             "",
             "Personal test accuracy, sample-weighted over clients; mean ± std over seeds. "
             "Rounds include the federated k-means initialisation.",
@@ -200,6 +291,13 @@ def pfl_report(per_seed: list[dict[str, dict]], settings: Settings) -> str:
             "",
             *checks,
         ]
+    )
+
+
+def pfl_heading(settings: Settings) -> str:
+    return (
+        f"## 1. PFL classification ({settings.n_clients} clients, {settings.max_iter} rounds, "
+        f"{settings.data} data, seeds {list(settings.seeds)})"
     )
 
 
@@ -294,7 +392,7 @@ def unseen_report(per_seed: list[dict[str, float]], settings: Settings) -> str:
 #: the script's two experiments on the seed's synthetic federation.
 TABLES = PaperTables(
     title="FedGMM PFL benchmark (synthetic data)",
-    data=lambda settings, seed: make_fedgmm_synthetic(settings.n_clients, random_state=seed),
+    data=make_data,
     experiments=(
         Experiment("pfl", "PFL classification", run_pfl_seed, pfl_report),
         Experiment("unseen", "Unseen clients", run_unseen_seed, unseen_report),
@@ -306,9 +404,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_experiment(parser, TABLES)
     add_seeds(parser)
-    parser.add_argument("--clients", type=int, default=30, help="number of clients (30)")
-    parser.add_argument("--rounds", type=int, default=50, help="EM rounds, max_iter (50)")
-    add_quick(parser, "8 clients, 5 rounds, 1 seed")
+    parser.add_argument("--clients", type=int, default=None, help="number of clients (30)")
+    parser.add_argument("--rounds", type=int, default=None, help="EM rounds, max_iter (50)")
+    parser.add_argument(
+        "--data",
+        choices=DATA,
+        default="ours",
+        help="'ours' (every client Gaussian) or 'reference' (the reference code's Table 2 "
+        "data: its last 10 clients draw Beta rows)",
+    )
+    parser.add_argument(
+        "--algorithm",
+        choices=("exact", "paper", "both"),
+        default="exact",
+        help="FedGMM's M-step and global weights: the library's, the paper's, or both",
+    )
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    add_checkpoints(parser)
+    scale = parser.add_mutually_exclusive_group()
+    add_quick(parser, "8 clients, 5 rounds, 1 seed", group=scale)
+    scale.add_argument(
+        "--paper-scale",
+        action="store_true",
+        help=f"Table 2's scale: {PAPER_CLIENTS} clients, {PAPER_ROUNDS} rounds",
+    )
     add_threads(parser, help="torch threads (1)")
     add_out(parser, "also write the markdown report here")
     return parser.parse_args(argv)
@@ -318,9 +437,28 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     seeds = quick_seeds(args.seeds, args.quick)
-    settings = Settings(8, 5, seeds) if args.quick else Settings(args.clients, args.rounds, seeds)
+    size = (8, 5) if args.quick else (PAPER_CLIENTS, PAPER_ROUNDS) if args.paper_scale else (30, 50)
+    settings = Settings(
+        args.clients or size[0],
+        args.rounds or size[1],
+        seeds,
+        data=args.data,
+        algorithm=args.algorithm,
+        methods=tuple(args.methods),
+    )
+    if args.checkpoints is not None:
+        checkpoints = Checkpoints(args.checkpoints, settings_signature(settings))
+        settings = dataclasses.replace(settings, checkpoints=checkpoints)
     command = command_line("fedgmm_pfl", argv)
-    return run_paper_tables(TABLES, settings, args.experiment, command, args.quick, args.out)
+    return run_paper_tables(
+        TABLES,
+        settings,
+        args.experiment,
+        command,
+        args.quick,
+        args.out,
+        checkpoints=settings.checkpoints,
+    )
 
 
 if __name__ == "__main__":
