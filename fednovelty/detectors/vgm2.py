@@ -50,6 +50,7 @@ from fednovelty.federated.bayesian.vgm2_algorithm import EncoderAlgorithm
 from fednovelty.federated.bayesian.vgm2_methods import VGM2_ALGORITHMS, VGM2_METHODS
 from fednovelty.federated.bayesian.vgm2_settings import (
     ENCODER,
+    ENCODERS,
     HEAD,
     MARKERS,
     EncoderSettings,
@@ -111,7 +112,21 @@ class VGM2Classifier(FederatedClassifier):
         ),
         Param("n_markers", 3, _POSITIVE_INT, "K components per relation marker (the paper: 3)."),
         Param("embedding_dim", 16, _POSITIVE_INT, "the encoder's output width."),
-        Param("hidden", 128, _POSITIVE_INT, "the encoder's hidden width."),
+        Param(
+            "hidden",
+            128,
+            _POSITIVE_INT,
+            "the encoder's hidden width (the MLP's hidden layer, the ConvNet's dense layer).",
+        ),
+        Param(
+            "encoder",
+            "mlp",
+            [StrOptions(set(ENCODERS))],
+            '``"mlp"`` (``n_features -> hidden -> embedding_dim``, any rows) or ``"convnet"`` '
+            "(two 5x5 convolutions with pooling, then ``hidden`` and ``embedding_dim``: the "
+            "paper's small ConvNet, for square one-channel images flattened to rows, side "
+            ">= 16, e.g. 784 features for 28 x 28).",
+        ),
         Param(
             "clients_per_round",
             2,
@@ -168,7 +183,7 @@ class VGM2Classifier(FederatedClassifier):
         docs={
             "rounds": "The paper: 100.",
         },
-        settings={"posterior_merge": "aggregation"},
+        settings={"posterior_merge": "aggregation", "encoder": "encoder_type"},
     )
 
     def __init__(
@@ -178,6 +193,7 @@ class VGM2Classifier(FederatedClassifier):
         *,
         embedding_dim=16,
         hidden=128,
+        encoder="mlp",
         rounds=100,
         clients_per_round=2,
         training=None,

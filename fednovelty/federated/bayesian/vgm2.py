@@ -188,7 +188,8 @@ class VGM2(EncoderAlgorithm):
     (the encoder stays at its initial weights; the markers are still trained).
 
     Choices where the paper is silent (``docs/vgm2.md``): the encoder (MLP ``m -> 128 -> 16``,
-    the same initial weights on every client), ``pi_hat_1 = pi_hat_0 = 1/2`` (Eq. 3), per-batch
+    or with ``encoder_type="convnet"`` a small ConvNet for square images, the same initial weights
+    on every client), ``pi_hat_1 = pi_hat_0 = 1/2`` (Eq. 3), per-batch
     mean losses with ``gamma = eta = 1``, ``lambda = 0.01``, Adam at ``1e-3`` (networks) and
     ``1e-2`` (markers), UMAP's ``n_neighbors = 15``, ``min_dist = 0.1``, 5 negatives per edge
     (shuffled tails of the batch, as parametric UMAP), the prior ``p_0`` of

@@ -1,7 +1,8 @@
 """The networks of VGM2 and its baselines and their plain local training.
 
-Every client of the family trains a personal MLP encoder ``f: R^m -> R^d`` (the baselines add
-a linear class head ``R^d -> C``) with Adam for ``local_epochs`` passes over its rows each
+Every client of the family trains a personal encoder ``f: R^m -> R^d`` (:func:`encoder_template`:
+an MLP, or a small ConvNet on square images; the baselines add a linear class head
+``R^d -> C``) with Adam for ``local_epochs`` passes over its rows each
 time it is sampled (:func:`local_batches`). :func:`train_classifier` is the baselines'
 cross-entropy training (with an optional extra term per batch, FedProto's pull);
 :class:`Classifier` is DP-SGD's template of ``head(encoder(x))`` and :func:`private_adam` the
@@ -17,13 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings
+from fednovelty.federated.bayesian.vgm2_settings import EncoderSettings, image_side
 from fednovelty.federated.core.learners import logits
 from fednovelty.federated.trust.dp_sgd import DPSGDSettings, private_sgd
 from fednovelty.federated.trust.noise import NoiseSource
 
 __all__ = [
     "Classifier",
+    "convnet_encoder",
     "embed",
     "encoder_template",
     "head_template",
@@ -36,14 +38,43 @@ __all__ = [
 
 
 def encoder_template(config: EncoderSettings) -> nn.Module:
-    """The encoder: ``Linear(n_features, hidden) - ReLU - Linear(hidden, d)``."""
+    """The encoder of ``config.encoder_type``: ``"mlp"``, ``Linear(n_features, hidden) - ReLU -
+    Linear(hidden, d)``; ``"convnet"``, :func:`convnet_encoder`."""
     with torch.random.fork_rng(devices=[]):
-        module = nn.Sequential(
-            nn.Linear(config.n_features, config.hidden),
-            nn.ReLU(),
-            nn.Linear(config.hidden, config.embedding_dim),
-        )
+        if config.encoder_type == "convnet":
+            module = convnet_encoder(config.n_features, config.hidden, config.embedding_dim)
+        else:
+            module = nn.Sequential(
+                nn.Linear(config.n_features, config.hidden),
+                nn.ReLU(),
+                nn.Linear(config.hidden, config.embedding_dim),
+            )
     return module.to(device=config.device, dtype=config.dtype)
+
+
+def convnet_encoder(n_features: int, hidden: int, embedding_dim: int) -> nn.Module:
+    """A small ConvNet on square one-channel images flattened to rows (n, side * side) ->
+    (n, embedding_dim): ``Conv(1 -> 16, 5x5) - ReLU - MaxPool(2) - Conv(16 -> 32, 5x5) -
+    ReLU - MaxPool(2) - Linear(32 p^2, hidden) - ReLU - Linear(hidden, embedding_dim)``,
+    ``p = ((side - 4) // 2 - 4) // 2`` (4 for 28 x 28: 512 features into the dense layer).
+    ``n_features`` is checked by :class:`EncoderSettings` (a square, side >= 16)."""
+    side = image_side(n_features)
+    if side is None:
+        raise ValueError(f"the ConvNet encoder needs side * side features; got {n_features}.")
+    pooled = ((side - 4) // 2 - 4) // 2
+    return nn.Sequential(
+        nn.Unflatten(1, (1, side, side)),
+        nn.Conv2d(1, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * pooled * pooled, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, embedding_dim),
+    )
 
 
 def head_template(config: EncoderSettings) -> nn.Module:

@@ -12,6 +12,7 @@ the server state of every method, and the ``vgm2.*`` keys name what a client kee
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,10 +27,33 @@ from fednovelty.federated.core.config import (
 )
 from fednovelty.federated.init.settings import DP_MODES
 
-__all__ = ["ENCODER", "GRAPH", "HEAD", "MARKERS", "EncoderSettings", "VGM2State"]
+__all__ = [
+    "CONVNET_MIN_SIDE",
+    "ENCODER",
+    "ENCODERS",
+    "GRAPH",
+    "HEAD",
+    "MARKERS",
+    "EncoderSettings",
+    "VGM2State",
+    "image_side",
+]
 
 #: where a client keeps its personal models, markers and graph (``ClientContext.state``).
 ENCODER, HEAD, MARKERS, GRAPH = "vgm2.encoder.", "vgm2.head.", "vgm2.markers", "vgm2.graph."
+#: the encoders by their settings name (:func:`~fednovelty.federated.bayesian.vgm2_networks.
+#: encoder_template`): an MLP on any rows, a small ConvNet on square images.
+ENCODERS = ("mlp", "convnet")
+#: the smallest image side the ConvNet takes (two 5x5 convolutions, each followed by 2x2
+#: pooling, leave one pixel of a 16 x 16 image).
+CONVNET_MIN_SIDE = 16
+
+
+def image_side(n_features: int) -> int | None:
+    """The side of square one-channel images flattened to ``n_features = side * side``
+    values, or ``None`` when ``n_features`` is no square."""
+    side = math.isqrt(max(int(n_features), 0))
+    return side if side * side == n_features else None
 
 
 @settings_dataclass
@@ -41,7 +65,13 @@ class EncoderSettings(TorchSettings):
     Attributes:
         n_features: width of the rows; n_classes: labels 0..n_classes-1 (>= 2).
         embedding_dim: d, the encoder's output width (>= 1).
-        hidden: the encoder's hidden width (an MLP ``n_features -> hidden -> d``).
+        hidden: the encoder's hidden width (an MLP ``n_features -> hidden -> d``; the
+            ConvNet's dense layer).
+        encoder_type: ``"mlp"`` (any rows) or ``"convnet"`` (square one-channel images
+            flattened to ``side * side`` features, side >= 16; the VGM2 paper's "small
+            ConvNet" for MNIST): :func:`~fednovelty.federated.bayesian.vgm2_networks.
+            encoder_template` (``VGM2Classifier``'s ``encoder``; an algorithm's ``encoder``
+            is the template module).
         rounds: communication rounds (>= 1); local_epochs: E passes over the rows per round.
         batch_size: rows per step (>= 2).
         learning_rate: Adam's for the networks.
@@ -70,6 +100,7 @@ class EncoderSettings(TorchSettings):
     n_classes: int
     embedding_dim: int = 16
     hidden: int = 128
+    encoder_type: str = "mlp"
     rounds: int = 100
     local_epochs: int = 8
     batch_size: int = 64
@@ -93,6 +124,7 @@ class EncoderSettings(TorchSettings):
             ("batch_size", 2),
         )
         self._check_rates("learning_rate")
+        self._check_encoder()
         if not isinstance(self.train_encoder, bool):
             raise ValueError(f"train_encoder must be True or False, got {self.train_encoder!r}.")
         robust = check_robust_arguments(
@@ -109,6 +141,24 @@ class EncoderSettings(TorchSettings):
             self._set(name, value)
         if self.dp_mode is not None:
             self._check_private()
+
+    def _check_encoder(self) -> None:
+        """A ``ValueError`` unless ``encoder_type`` is one of :data:`ENCODERS` and, for the
+        ConvNet, ``n_features`` is the square of a side of at least :data:`CONVNET_MIN_SIDE`."""
+        self._check_choice("encoder_type", ENCODERS)
+        if self.encoder_type != "convnet":
+            return
+        side = image_side(self.n_features)
+        if side is None or side < CONVNET_MIN_SIDE:
+            raise ValueError(
+                "the ConvNet encoder (VGM2Classifier's encoder='convnet', the algorithm's "
+                "encoder_type='convnet') needs square one-channel images flattened to side * "
+                f"side features with side >= {CONVNET_MIN_SIDE} (784 for 28 x 28); got "
+                f"n_features={self.n_features}"
+                + (" (no square)" if side is None else f" ({side} x {side})")
+                + ". Use the MLP ('mlp') for other rows, or pad or resize the images to a "
+                f"square of side >= {CONVNET_MIN_SIDE}."
+            )
 
     def _check_private(self) -> None:
         """A ``ValueError`` unless ``dp_mode`` is a mode the method can run under."""

@@ -66,6 +66,25 @@ def test_config_validates_and_round_trips_json() -> None:
         VGM2Config.from_json({**config.to_json(), "method": "fedavg"})  # a class per method
 
 
+def test_encoder_type_convnet_is_a_setting_of_every_method() -> None:
+    """``encoder_type="convnet"``: the ConvNet on 16 x 16 images (256 features) for every
+    method, rebuilt from its JSON settings; an unknown type or rows that are no square image
+    of side >= 16 are refused naming the setting."""
+    for cls in VGM2_ALGORITHMS.values():
+        algorithm = cls(256, 3, **SMALL, encoder_type="convnet")
+        convolutions = [m for m in algorithm.encoder.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert [(m.in_channels, m.out_channels) for m in convolutions] == [(1, 16), (16, 32)]
+        Z = algorithm.encoder(torch.zeros(5, 256))
+        assert Z.shape == (5, SMALL["embedding_dim"])
+        settings = json.loads(json.dumps(algorithm_settings(algorithm)))
+        assert build_algorithm(algorithm_name(algorithm), settings).config == algorithm.config
+    with pytest.raises(ValueError, match=r"encoder_type must be one of \['mlp', 'convnet'\]"):
+        VGM2Config(n_features=256, n_classes=3, encoder_type="cnn")
+    for width in (6, 225):  # no square; 15 x 15, below the smallest side
+        with pytest.raises(ValueError, match=rf"encoder_type='convnet'.*n_features={width}"):
+            VGM2Config(n_features=width, n_classes=3, encoder_type="convnet")
+
+
 def test_each_method_has_its_own_settings() -> None:
     """The markers' settings are VGM2's, the prototypes' pull the prototype baseline's; the
     robust aggregations and the private form are the methods' own."""
