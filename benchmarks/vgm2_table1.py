@@ -1,7 +1,7 @@
 """VGM2's Table 1 where data exists: MNIST label shards and FEMNIST writers.
 
 Methods, all one code path and one encoder (:class:`fednovelty.detectors.vgm2.VGM2Classifier`,
-an MLP ``784 -> 128 -> 16``): Local, FedAvg, Prototype sharing (FedProto), VGM2 with moment
+``--encoder``): Local, FedAvg, Prototype sharing (FedProto), VGM2 with moment
 matching (Prop. 1, the default) and with natural-parameter averaging (Sec. 3.5), and the
 ablations the paper describes in words: K = 1 marker component, no calibration term, frozen
 encoder (markers trained, encoder left at its initial weights).
@@ -16,16 +16,29 @@ round, E = 8 local epochs, Adam, B = 15 calibration bins, 3 seeds.
   at most ``--max-rows`` training images each, tested on the writer's test images.
 - CPU budget: ``--max-rows`` caps each client's training rows (the paper's MNIST shards hold
   2000); everything else is the paper's but the encoder.
-- Encoder: the MLP above at every scale. The paper's is "a small ConvNet" for MNIST; VGM2's
-  encoder in ``fednovelty`` (``encoder_template``) is an MLP only, so no scale here runs a
-  ConvNet.
+- Encoder (``--encoder``, at every scale): ``mlp`` (the default), ``784 -> 128 -> 16``;
+  ``convnet``, VGM2Classifier's ``encoder="convnet"``: two 5x5 convolutions (16 and 32
+  channels, each with ReLU and 2x2 pooling), a dense layer of 128 and the 16-wide embedding,
+  for the paper's "small ConvNet" on MNIST (the paper gives no layers, so these are ours).
 
 Scales (the report names the one it ran): ``--quick`` (seconds); the default CPU scale (at most
 200 training rows per client); ``--paper-scale``: at most 2,000 training rows per client, the
 size of the paper's MNIST shards (a client's 2 shards of our 60,000 training images hold 2,000
 rows, of which a fifth, 400, become its test rows and 1,600 train; FEMNIST writers hold fewer
 than 2,000 images, so all of a writer's training images), for a GPU with ``--device
-cuda``. ``--device cpu|cuda`` is where every model trains and predicts.
+cuda``, or on a CPU over several sessions (below). ``--device cpu|cuda`` is where every model
+trains and predicts.
+
+Resuming: every finished cell (one dataset x variant x seed) is kept in ``--checkpoints``
+(default ``<out-dir>/cells``; :mod:`benchmarks.checkpoints`: one pickle per cell,
+``<dataset>-<variant>-seed<k>.pkl``, holding its record and the settings, commit and date it
+ran under). A later run with the same settings (clients, rounds, clients per round, epochs,
+rows, device, encoder and the variants' definitions) reads finished cells back, prints
+``resumed <cell>`` and does not fit them again (their seconds are the original fit's); a cell
+kept under other settings is computed again. A run cut short therefore loses at most the
+cell it was fitting; ``--variants`` and ``--seeds`` may differ between sessions, and a last run
+with all of them writes the whole table from the kept cells. The report ends with how many
+cells were read back and computed.
 
 Metric: per-client macro-F1 over the labels present in the client's test rows, averaged over
 the 30 clients (the usual personalised protocol; the paper says only "test F1"), mean +- std
@@ -38,20 +51,24 @@ Usage::
     python -m benchmarks.vgm2_table1 --quick               # smoke (seconds)
     python -m benchmarks.vgm2_table1 --datasets mnist --seeds 1 --rounds 30
     python -m benchmarks.vgm2_table1 --paper-scale --device cuda   # on a GPU
+    python -m benchmarks.vgm2_table1 --paper-scale --encoder convnet --datasets mnist
+        # on a CPU: rerun the same command in later sessions until every cell is kept
 
-Writes ``vgm2_table1.md`` (under a header with the scale, device, date and wall time),
-``vgm2_table1.csv`` and ``vgm2_table1.json`` to ``--out-dir`` (default
+Writes ``vgm2_table1.md`` (under a header with the scale, encoder, device, date and wall
+time), ``vgm2_table1.csv`` and ``vgm2_table1.json`` to ``--out-dir`` (default
 ``benchmarks/results/vgm2/``; ``benchmarks/results/vgm2_paper_scale/`` with
-``--paper-scale``), the tidy files after every run.
+``--paper-scale``; ``_convnet`` appended to either with ``--encoder convnet``), the tidy files
+after every cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -59,9 +76,11 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from benchmarks.checkpoints import Checkpoints, cached, settings_signature
 from benchmarks.common import (
     Experiment,
     PaperTables,
+    add_checkpoints,
     add_device,
     check_device,
     command_line,
@@ -77,6 +96,12 @@ OUT = Path(__file__).resolve().parent / "results" / "vgm2"
 OUT_PAPER_SCALE = Path(__file__).resolve().parent / "results" / "vgm2_paper_scale"
 #: Training rows per client at each scale (``--max-rows``); the paper's MNIST shards: 2,000.
 MAX_ROWS = {"quick": 40, "cpu": 200, "paper": 2000}
+#: the encoders (``--encoder``, VGM2Classifier's ``encoder``) as the report names them.
+ENCODERS = {
+    "mlp": "an MLP encoder 784 -> 128 -> 16",
+    "convnet": "a ConvNet encoder (5x5 convolutions of 16 and 32 channels, each pooled 2x2; "
+    "dense 128 -> 16)",
+}
 
 #: the paper's Table 1, MNIST column (test F1, mean over 3 seeds).
 PAPER_MNIST = {"Local": 0.703, "FedAvg": 0.871, "Prototype sharing": 0.842, "VGM2": 0.909}
@@ -112,8 +137,9 @@ class Split:
 @dataclass(frozen=True)
 class Settings:
     """One run's scale: clients, rounds, clients per round, local epochs, training rows per
-    client, device, variants, seeds, the scale's name, the tidy files' folder; ``records``
-    gathers every run's record for the tidy files."""
+    client, device, variants, seeds, the scale's name, the tidy files' folder, the encoder
+    and the kept cells (``None``: none kept); ``records`` gathers every cell's record for the
+    tidy files."""
 
     clients: int
     rounds: int
@@ -125,7 +151,34 @@ class Settings:
     seeds: tuple[int, ...]
     scale: str
     out_dir: Path
+    encoder: str = "mlp"
+    checkpoints: Checkpoints | None = None
     records: list[dict] = field(default_factory=list)
+
+
+def cell_signature(settings: Settings) -> str:
+    """What a cell's result depends on beside its dataset, variant and seed (its key): the
+    federation's size, rounds, epochs, rows, device, encoder and every variant's definition
+    (:data:`VARIANTS`, whichever ``--variants`` run)."""
+    return settings_signature(
+        {
+            "clients": settings.clients,
+            "rounds": settings.rounds,
+            "per_round": settings.per_round,
+            "epochs": settings.epochs,
+            "max_rows": settings.max_rows,
+            "device": settings.device,
+            "encoder": settings.encoder,
+            "variants": VARIANTS,
+        }
+    )
+
+
+def cell_key(dataset: str, variant: str, seed: int) -> str:
+    """A cell's checkpoint name: ``MNIST-VGM2_K_=_1-seed0`` (characters other than letters,
+    digits and ``=+.-`` become ``_``)."""
+    name = re.sub(r"[^A-Za-z0-9=+.-]+", "_", variant).strip("_")
+    return f"{dataset}-{name}-seed{seed}"
 
 
 def mnist_shards(n_clients: int, max_rows: int, seed: int) -> Split:
@@ -194,6 +247,7 @@ def run_one(split: Split, variant: str, seed: int, settings: Settings) -> dict:
         "local_epochs": settings.epochs,
         "random_state": seed,
         "device": settings.device,
+        "encoder": settings.encoder,
         **VARIANTS[variant],
     }
     start = time.perf_counter()
@@ -218,6 +272,7 @@ def run_one(split: Split, variant: str, seed: int, settings: Settings) -> dict:
         "rounds": settings.rounds,
         "max_rows": settings.max_rows,
         "never_sampled": int(np.sum(model.sampled_counts_ == 0)),
+        "encoder": settings.encoder,
     }
 
 
@@ -226,10 +281,15 @@ _mean_std = partial(mean_std, digits=3, ddof=0, sep=" +- ")  # population std (d
 
 def run_split(split: Split, settings: Settings, seed: int) -> list[dict]:
     """Every variant of ``settings`` on one seed's split; their records, each also added to
-    ``settings.records`` and the tidy files rewritten after it."""
+    ``settings.records`` and the tidy files rewritten after it. A cell kept in
+    ``settings.checkpoints`` under the same settings is read back, not fitted."""
     out = []
     for variant in settings.variants:
-        record = run_one(split, variant, seed, settings)
+        record = cached(
+            settings,
+            cell_key(split.name, variant, seed),
+            partial(run_one, split, variant, seed, settings),
+        )
         out.append(record)
         settings.records.append(record)
         print(json.dumps(record), flush=True)
@@ -279,7 +339,8 @@ def facts(settings: Settings) -> str:
     return "\n".join(
         [
             f"- scale: {settings.scale} (at most {settings.max_rows} training rows per client; "
-            "the paper's MNIST shards: 2,000; an MLP encoder, the paper's: a small ConvNet)",
+            f"the paper's MNIST shards: 2,000; {ENCODERS[settings.encoder]}, the paper's: a "
+            "small ConvNet)",
             f"- device: {device_facts(settings.device)}",
             "",
             f"N = {settings.clients} clients, T = {settings.rounds} rounds, "
@@ -322,6 +383,14 @@ TABLES = PaperTables(
 )
 
 
+def kept_cells(settings: Settings) -> list[str]:
+    """The report's last section: how many cells this run read back and computed, and the
+    commits they were computed at (none without kept cells)."""
+    if settings.checkpoints is None or settings.checkpoints.folder is None:
+        return []
+    return ["## Kept cells\n\n- " + settings.checkpoints.provenance()]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["mnist", "femnist"], choices=DATASETS)
@@ -334,12 +403,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-rows", type=int, default=None, help="default: the scale's (200 on CPU)"
     )
+    parser.add_argument(
+        "--encoder",
+        choices=list(ENCODERS),
+        default="mlp",
+        help="VGM2Classifier's encoder for every variant (the paper's: a small ConvNet)",
+    )
     add_device(parser)
     parser.add_argument(
         "--out-dir",
         type=Path,
         default=None,
-        help="default: benchmarks/results/vgm2 (--paper-scale: vgm2_paper_scale)",
+        help="default: benchmarks/results/vgm2 (--paper-scale: vgm2_paper_scale; "
+        "--encoder convnet: with _convnet appended)",
+    )
+    add_checkpoints(
+        parser,
+        help="keep every finished cell (dataset x variant x seed) in DIR and read it back in "
+        "a later run with the same settings; default: <out-dir>/cells",
     )
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument(
@@ -350,7 +431,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     scale.add_argument(
         "--paper-scale",
         action="store_true",
-        help="2,000 training rows per client (the paper's shards): for a GPU with --device cuda",
+        help="2,000 training rows per client (the paper's shards): for a GPU with --device "
+        "cuda, or a CPU over several sessions (finished cells are kept)",
     )
     args = parser.parse_args(argv)
     check_device(parser, args.device)
@@ -360,7 +442,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.seeds, args.rounds, args.clients, args.epochs = 1, 3, 4, 1
     if args.out_dir is None:
-        args.out_dir = OUT_PAPER_SCALE if args.paper_scale else OUT
+        base = OUT_PAPER_SCALE if args.paper_scale else OUT
+        args.out_dir = base.with_name(base.name + "_convnet") if args.encoder == "convnet" else base
+    if args.checkpoints is None:
+        args.checkpoints = args.out_dir / "cells"
     args.command = command_line("vgm2_table1", argv)
     return args
 
@@ -380,7 +465,10 @@ def main(argv=None) -> str:
         seeds=tuple(range(args.seeds)),
         scale=args.scale,
         out_dir=args.out_dir,
+        encoder=args.encoder,
     )
+    kept = Checkpoints(args.checkpoints, cell_signature(settings))
+    settings = replace(settings, checkpoints=kept)
     return run_paper_tables(
         TABLES,
         settings,
@@ -389,7 +477,7 @@ def main(argv=None) -> str:
         args.quick,
         args.out_dir / "vgm2_table1.md",
         facts=facts(settings),
-        after=lambda results: [COMMUNICATION],
+        after=lambda results: [COMMUNICATION, *kept_cells(settings)],
     )
 
 
