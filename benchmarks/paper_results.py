@@ -11,9 +11,11 @@ Each file is one table of one paper as a script measured it, written by the scri
 - the verdict: what reproduced and what did not, with the diagnosis where not.
 
 The pages under ``docs/papers/`` include these files between ``<!-- paper-table: NAME -->`` and
-``<!-- /paper-table -->`` markers; ``python -m benchmarks.paper_results --docs`` copies every
-file into its blocks and ``--check`` (run by the test suite) fails where a file breaks the
-format or a page's block differs from its file.
+``<!-- /paper-table -->`` markers. ``python -m benchmarks.paper_results --build`` rebuilds every
+file from the runs' kept results (:data:`BUILDERS`: each paper's module reads its runs'
+checkpoints or cells) and copies them into the pages; ``--docs`` only copies; ``--check`` (run
+by the test suite) fails where a file breaks the format or a page's block differs from its
+file.
 
 Not an installed module: ``benchmarks`` is the repository's package of scripts.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib
 import re
 import sys
 from collections.abc import Sequence
@@ -38,6 +41,8 @@ _BLOCK = re.compile(
     r"(<!-- paper-table: (?P<name>[a-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /paper-table -->)",
     re.DOTALL,
 )
+#: the modules whose ``tables()`` build the files from the runs' kept results.
+BUILDERS = ("benchmarks.papers_fedgmm", "benchmarks.papers_fedgengmm")
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9_.]+)+$")
 
 
@@ -228,10 +233,15 @@ def check(papers: Path = PAPERS, docs: Path = DOCS) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--build", action="store_true", help="rebuild the files, then --docs")
     action.add_argument("--docs", action="store_true", help="copy the files into docs/papers")
     action.add_argument("--check", action="store_true", help="report what breaks the format")
     args = parser.parse_args(argv)
-    if args.docs:
+    if args.build:
+        for module in BUILDERS:
+            for table in importlib.import_module(module).tables():
+                write(table)
+    if args.docs or args.build:
         for page in refresh_docs():
             print(f"updated {page}")
     problems = check()
