@@ -99,10 +99,6 @@ def t4_table(protocol: str, root: Path = CHECKPOINTS) -> PaperTable | None:
     )
     commits = sorted({r["commit"] for rs in runs.values() for r in rs.values()})
     dates = sorted({r["date"] for rs in runs.values() for r in rs.values()})
-    minutes = {a: np.mean([r["seconds"] for r in rs.values()]) / 60 for a, rs in runs.items() if rs}
-    px = {
-        a: float(np.mean(_metric(rs, "FedGMM log p(x)", "AUROC"))) for a, rs in runs.items() if rs
-    }
     return PaperTable(
         name=f"fedgmm-t4-{protocol}-protocol",
         scale=t4_scale(runs),
@@ -119,7 +115,7 @@ def t4_table(protocol: str, root: Path = CHECKPOINTS) -> PaperTable | None:
         device="cpu (2 cores, one torch thread)",
         header=["score", "paper AUROC / AP", "ours, paper algorithm", "ours, default"],
         rows=rows,
-        verdict=t4_verdict(px, minutes),
+        verdict=t4_verdict(runs),
         date=", ".join(dates),
         commit=", ".join(commits),
     )
@@ -141,18 +137,40 @@ def t4_scale(runs: dict[str, dict[int, dict]]) -> str:
     return "paper" if not differs else f"reduced ({', '.join(sorted(differs))})"
 
 
-def t4_verdict(px: dict[str, float], minutes: dict[str, float]) -> str:
-    """What the finished seeds say of the headline claim (``log p(x)`` at 99.21)."""
+def t4_verdict(runs: dict[str, dict[int, dict]]) -> str:
+    """What the finished seeds say of the headline claim (``log p(x)`` at 99.21), with the
+    centralized model on the same features as the diagnosis of a gap, and the baselines'
+    MSP against the paper's."""
+    from benchmarks.fedgmm_mnist import CENTRAL
+
     parts = []
-    for algorithm, value in px.items():
-        gap = value - 99.21
+    for algorithm, records in runs.items():
+        if not records:
+            continue
+        px = float(np.mean(_metric(records, "FedGMM log p(x)", "AUROC")))
+        central = float(np.mean(_metric(records, CENTRAL, "AUROC")))
+        fedem = float(np.mean(_metric(records, "FedEM MSP", "AUROC")))
+        minutes = np.mean([r["seconds"] for r in records.values()]) / 60
+        gap = px - 99.21
         word = "reproduced" if gap >= -0.5 else "not reproduced"
-        parts.append(
-            f"FedGMM log p(x), {algorithm} algorithm: {value:.2f} against the paper's 99.21 "
-            f"({gap:+.2f}; {word}, within half a point counted as reproduced); "
-            f"{minutes[algorithm]:.0f} min per seed"
+        text = (
+            f"FedGMM log p(x), {algorithm} algorithm: {px:.2f} against the paper's 99.21 "
+            f"({gap:+.2f}; {word}, half a point counted as reproduced)"
         )
-    return "; ".join(parts) + "."
+        if gap < -0.5 and px >= central - 0.2:
+            text += (
+                f". The centralized PCA + GMM on the same features scores {central:.2f}, so the "
+                "gap is the density's features (a 24-d PCA of pixels in place of the paper's "
+                "ResNet18 features), not federation"
+            )
+        text += (
+            f". FedEM's MSP {fedem:.2f} against the paper's 86.04: linear learners on pixels "
+            "whose labels are a quarter permuted and images a quarter inverted are no "
+            f"confident classifiers, so MSP does not separate novel images; {minutes:.0f} min "
+            "per seed on a shared core"
+        )
+        parts.append(text)
+    return ". ".join(parts) + "."
 
 
 T2_RUN = "fedgmm_t2_reference_data"
