@@ -216,7 +216,6 @@ def t2_table(root: Path = CHECKPOINTS) -> PaperTable | None:
     if (settings["n_clients"], settings["max_iter"]) != (300, 200):
         scale = f"reduced ({settings['n_clients']} clients, {settings['max_iter']} rounds)"
     minutes = {m: np.mean([r["seconds"] for r in rs.values()]) / 60 for m, rs in fits.items() if rs}
-    acc = {m: np.mean([r["value"]["accuracy"] for r in rs.values()]) for m, rs in fits.items()}
     return PaperTable(
         name="fedgmm-t2-synthetic",
         title="FedGMM Table 2, synthetic row: personalised accuracy on the reference code's data",
@@ -244,23 +243,56 @@ def t2_table(root: Path = CHECKPOINTS) -> PaperTable | None:
             "Beta clients",
         ],
         rows=rows,
-        verdict=t2_verdict(acc),
+        verdict=t2_verdict(fits, settings),
         notes="Minutes per fit: " + ", ".join(f"{m} {v:.0f}" for m, v in minutes.items()) + ".",
         date=", ".join(sorted({r["date"] for rs in fits.values() for r in rs.values()})),
         commit=", ".join(sorted({r["commit"] for rs in fits.values() for r in rs.values()})),
     )
 
 
-def t2_verdict(acc: dict[str, float]) -> str:
-    """The ordering claim FedGMM > FedEM > FedAvg and the gap to the paper's FedGMM."""
-    if not {"FedGMM", "FedEM", "FedAvg"} <= set(acc):
-        return "not all of FedGMM, FedEM and FedAvg have finished a fit yet."
+def t2_verdict(fits: dict, settings: dict) -> str:
+    """The ordering claim FedGMM > FedEM > FedAvg and the gap to the paper's numbers, over the
+    seeds every method has finished, and the Beta clients beside their majority label's share
+    (a constant guess's accuracy, recomputed from the seeds' data)."""
+    from benchmarks.fedgmm_pfl import PAPER_TABLE2, Settings, beta_clients, make_data
+
+    methods = [m for m in fits if m in PAPER_TABLE2]
+    seeds = sorted(set.intersection(*(set(fits[m]) for m in methods))) if methods else []
+    if not {"FedGMM", "FedEM", "FedAvg"} <= set(methods) or not seeds:
+        return "not every method has finished a fit of one seed yet."
+
+    def mean(method: str, key: str) -> float:
+        return float(np.mean([fits[method][s]["value"][key] for s in seeds]))
+
+    acc = {m: mean(m, "accuracy") for m in methods}
+    shift = [acc[m] - PAPER_TABLE2[m] for m in methods]
     order = acc["FedGMM"] > acc["FedEM"] > acc["FedAvg"]
-    return (
-        f"FedGMM > FedEM > FedAvg {'holds' if order else 'does not hold'} "
-        f"({acc['FedGMM']:.1f} / {acc['FedEM']:.1f} / {acc['FedAvg']:.1f} against the paper's "
-        "72.02 / 65.61 / 53.21)."
+    text = (
+        f"Over seeds {' '.join(map(str, seeds))}: FedGMM > FedEM > FedAvg "
+        f"{'holds' if order else 'does not hold'} ({acc['FedGMM']:.1f} / {acc['FedEM']:.1f} / "
+        f"{acc['FedAvg']:.1f} against the paper's 72.02 / 65.61 / 53.21; FedGMM - FedEM "
+        f"{acc['FedGMM'] - acc['FedEM']:+.1f} against +6.4). Every method of Table 2 scores "
+        f"{min(shift):+.1f} to {max(shift):+.1f} points from the paper's number: the paper's "
+        "clients hold ~3,000 rows in its text, ours 100-1,000 by its code's size rule, and its "
+        "learning rate was grid-searched, ours fixed at 0.5"
     )
+    run = Settings(settings["n_clients"], settings["max_iter"], tuple(seeds), data="reference")
+    shares = []
+    for seed in seeds:
+        data = make_data(run, seed)
+        beta = np.isin(data.groups_test, beta_clients(run))
+        if beta.any():
+            positive = data.y_test[beta].mean()
+            shares.append(100 * max(positive, 1 - positive))
+    if shares and {"Local"} <= set(methods):
+        text += (
+            f". The 10 Beta clients: FedGMM {mean('FedGMM', 'beta'):.1f}, FedEM "
+            f"{mean('FedEM', 'beta'):.1f}, FedAvg {mean('FedAvg', 'beta'):.1f}, Local (each "
+            f"client's own learner) {mean('Local', 'beta'):.1f}, against {np.mean(shares):.1f} "
+            "for always guessing their majority label; the Gaussian clients: FedGMM "
+            f"{mean('FedGMM', 'gaussian'):.1f}, FedEM {mean('FedEM', 'gaussian'):.1f}"
+        )
+    return text + "."
 
 
 def tables(root: Path = CHECKPOINTS) -> list[PaperTable]:
