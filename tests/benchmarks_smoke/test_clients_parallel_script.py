@@ -1,5 +1,6 @@
 """Smoke test of ``benchmarks/clients_parallel.py``: the quick run times both paths and
-finds them giving the same learners and accuracy; the femnist script's presets."""
+finds them giving the same learners and accuracy; the femnist script's presets
+(``device_checks.py``'s tests: ``test_device_checks_script.py``)."""
 
 
 def test_quick_run_compares_both_paths(benchmark_script):
@@ -24,23 +25,3 @@ def test_femnist_paper_scale_preset_is_the_papers(benchmark_script):
     assert params["training"].learning_rate == 0.001
     model = script.make_model("FedGMM", script.Settings(8, 2, (0,), batch_clients=False), 0)
     assert model.get_params()["sampling__batch_clients"] is False
-
-
-def test_device_checks_quick_run_reports_rounds_and_projection(benchmark_script):
-    report = benchmark_script("device_checks").main(["--quick", "--device", "cpu"])
-    assert "- CUDA lane: skipped (--quick)" in report
-    rows = [line for line in report.splitlines() if line.startswith(("| batched", "| one at"))]
-    assert len(rows) == 2
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        total, per_round, other = float(cells[2]), float(cells[3]), float(cells[4])
-        assert cells[1] == "1" and per_round > 0 and abs(total - per_round - other) < 0.15
-        minutes = float(cells[5].split()[0])
-        assert abs(minutes - (other + 200 * per_round) / 60) < 0.1
-    accuracies = [float(row.strip("|").split("|")[6]) for row in rows]
-    assert abs(accuracies[0] - accuracies[1]) <= 1.0  # batched or not, the same model
-
-
-def test_device_checks_lane_line_counts_the_lane(benchmark_script):
-    line = benchmark_script("device_checks").cuda_lane(300)
-    assert "skipped" in line or "passed" in line
