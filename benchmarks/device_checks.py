@@ -385,6 +385,7 @@ def parse_args(argv):
     )
     parser.add_argument("--plan-start", type=float, default=60.0, help="a command's start, s")
     parser.add_argument("--plan-lane", type=float, default=180.0, help="the lane's seconds")
+    parser.add_argument("--plan-chunk", type=float, default=2.0, help="seconds a chunk adds")
     add_quick(parser)
     add_out(parser)
     args = parser.parse_args(argv)
@@ -402,6 +403,7 @@ def main(argv=None) -> str:
     if args.plan is not None:
         times = RoundTimes(
             args.plan,
+            chunk_overhead=args.plan_chunk,
             chunk_rounds=args.chunk_rounds,
             fixed=args.plan_start,
             first_fixed=args.plan_start + 30,
