@@ -244,7 +244,7 @@ class FemnistRun:
         fits = int(left // per_round) if per_round > 0 else wanted
         if fits < 1:
             self.stopped = (
-                f"budget: the next round ({per_round:.2f} s, {overhead:.1f} s per chunk, "
+                f"budget: the next round ({per_round:.2f} s, {overhead:.2f} s per chunk, "
                 f"{RESERVE_S:.0f} s kept for the end) would end after the budget "
                 f"({self.budget.left():.0f} s left); the next command continues from round {done}"
             )

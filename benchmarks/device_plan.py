@@ -36,6 +36,8 @@ from benchmarks.checkpoints import git_commit, settings_signature
 COMMAND_LIMIT_S, DEFAULT_BUDGET_S = 600.0, 540.0
 #: a session's device time, and a machine's start-up within it (low, high).
 SESSION_DEVICE_S, START_UP_S = 900.0, (180.0, 240.0)
+#: seconds a part keeps back for its last steps (accuracy, saving, the report).
+RESERVE_S = 30.0
 #: the FEMNIST paper's rounds and the GPU time they should take in all.
 PAPER_ROUNDS, TARGET_S = 200, 600.0
 #: one local epoch of 539 copies of FedGMM's FEMNIST CNN (one per writer, batches of 128) on
@@ -186,16 +188,19 @@ class RoundTimes:
         return self.per_round + self.chunk_overhead / max(1, self.chunk_rounds)
 
 
-def commands_for(times: RoundTimes, rounds: int, done: int, budget: float) -> tuple[int, int]:
+def commands_for(
+    times: RoundTimes, rounds: int, done: int, budget: float, reserve: float = RESERVE_S
+) -> tuple[int, int]:
     """``(rounds of the next command, commands to reach rounds)`` from ``done`` rounds, each
-    command within ``budget`` seconds (the first, at ``done == 0``, runs the lane too).
-    ``(0, 0)`` when done; a command that fits no round gives ``(0, -1)``."""
+    command within ``budget`` seconds less the ``reserve`` kept for its end (the first, at
+    ``done == 0``, runs the lane too). ``(0, 0)`` when done; a command that fits no round
+    gives ``(0, -1)``."""
     if done >= rounds:
         return 0, 0
-    per = times.effective
-    later = max(0, math.floor((budget - times.fixed) / per))
+    per, usable = times.effective, budget - reserve
+    later = max(0, math.floor((usable - times.fixed) / per))
     if done == 0:
-        first = 1 + max(0, math.floor((budget - times.lane - times.first_fixed) / per))
+        first = 1 + max(0, math.floor((usable - times.lane - times.first_fixed) / per))
         first = min(first, rounds)
     else:
         first = min(later, rounds - done)
@@ -223,7 +228,8 @@ def plan_lines(
         f"round + {times.chunk_overhead:.1f} s per chunk of {times.chunk_rounds} rounds = "
         f"{per:.2f} s a round in a command; a command's start {times.fixed:.0f} s "
         f"(the first's {times.first_fixed:.0f} s, lane {times.lane:.0f} s before it).",
-        f"- a command: budget {budget:.0f} s under the {COMMAND_LIMIT_S:.0f} s limit; the "
+        f"- a command: budget {budget:.0f} s under the {COMMAND_LIMIT_S:.0f} s limit, "
+        f"{RESERVE_S:.0f} s of it kept for the end (accuracy, saving, the report); the "
         f"machine's start-up {low / 60:.0f}-{high / 60:.0f} min comes first, so a "
         f"{SESSION_DEVICE_S / 60:.0f}-minute session holds one command.",
     ]
@@ -231,7 +237,8 @@ def plan_lines(
         return [*lines, f"- all {rounds} rounds are done: no command needed."]
     if commands < 0:
         return [*lines, f"- a command of {budget:.0f} s fits no round: no plan reaches {rounds}."]
-    later = math.floor((budget - times.fixed) / per)
+    usable = budget - RESERVE_S
+    later = math.floor((usable - times.fixed) / per)
     if done == 0:
         used = times.lane + times.first_fixed + per * (first - 1)
         lines.append(
@@ -246,7 +253,8 @@ def plan_lines(
     rest = rounds - done - first
     if rest > 0:
         lines.append(
-            f"- later commands: ({budget:.0f} - {times.fixed:.0f}) / {per:.2f} = {later} rounds "
+            f"- later commands: ({budget:.0f} - {RESERVE_S:.0f} - {times.fixed:.0f}) / {per:.2f} = "
+            f"{later} rounds "
             f"each; {rest} rounds left: {commands - 1} more."
         )
     gpu = times.first_fixed + per * (rounds - 1) + times.fixed * (commands - 1)
@@ -264,8 +272,6 @@ def plan_lines(
 
 
 # ----------------------------------------------------------------------------- script parts
-#: seconds a part keeps back for its last steps (accuracy, saving, the report).
-RESERVE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -292,7 +298,8 @@ class ScriptPlan:
 
 def fedcam_plan(quick: bool) -> ScriptPlan:
     """``fedcam_table1.py``'s Table 1 at its paper scale (MNIST, the cluster-wise partitions,
-    K = 5 and 10, seeds 0 1 2; 100 rounds), or ``quick``'s one small call (3 rounds)."""
+    K = 5 and 10, seeds 0 1 2, FedAvg+ on seed 0; 100 rounds), or ``quick``'s one small call
+    (3 rounds)."""
     from benchmarks.fedcam_table1 import SCALES
 
     if quick:
@@ -306,7 +313,8 @@ def fedcam_plan(quick: bool) -> ScriptPlan:
 
     def unit(seed: int, partition: str, k: int) -> tuple[str, tuple[str, ...]]:
         grid_flags = ("--datasets", "mnist", "--partitions", partition, "--ks", str(k))
-        seed_flags = ("--seeds", str(seed), "--plus-seeds", str(seed))
+        # FedAvg+ (K FedAvg models) on the first seed only, as the script's default
+        seed_flags = ("--seeds", str(seed), "--plus-seeds", *([str(seed)] if seed == 0 else []))
         return f"mnist {partition} K={k} seed {seed}", (*scale, *grid_flags, *seed_flags)
 
     units = tuple(unit(*cell) for cell in grid)

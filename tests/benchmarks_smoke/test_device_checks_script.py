@@ -114,13 +114,15 @@ def test_plan_arithmetic(benchmark_script):
     times = plan.RoundTimes(
         2.5, chunk_overhead=5.0, chunk_rounds=10, fixed=40.0, first_fixed=70.0, lane=180.0
     )
-    # a round costs 2.5 + 5 / 10 = 3 s; first command: 1 + (540 - 180 - 70) // 3 = 97 rounds;
-    # later ones (540 - 40) // 3 = 166 rounds: the 103 left take one more command
-    assert plan.commands_for(times, 200, 0, 540.0) == (97, 2)
-    assert plan.commands_for(times, 200, 97, 540.0) == (103, 1)
+    # a round costs 2.5 + 5 / 10 = 3 s; 30 s of each command are kept for its end; first
+    # command: 1 + (540 - 30 - 180 - 70) // 3 = 87 rounds; later ones (540 - 30 - 40) // 3 =
+    # 156 rounds: the 113 left take one more command
+    assert plan.commands_for(times, 200, 0, 540.0) == (87, 2)
+    assert plan.commands_for(times, 200, 87, 540.0) == (113, 1)
     assert plan.commands_for(times, 200, 200, 540.0) == (0, 0)
+    assert plan.commands_for(times, 200, 0, 540.0, reserve=0.0) == (97, 2)
     lines = "\n".join(plan.plan_lines(times, budget=540.0))
-    assert "rounds 1-97" in lines and "166 rounds each; 103 rounds left: 1 more" in lines
+    assert "rounds 1-87" in lines and "156 rounds each; 113 rounds left: 1 more" in lines
     # 70 + 199 x 3 + 1 x 40 = 707 s: over the 600 s target
     assert "70 + 199 x 3.00 + 1 x 40 = 707 s = 11.8 min: over" in lines
     assert plan.commands_for(plan.RoundTimes(600.0), 200, 0, 540.0) == (0, -1)
