@@ -305,6 +305,13 @@ class JointEMStep(LearnerRounds, Step):
     def train_many(self, tasks: list[SGDTask]) -> list[dict[str, Tensor]]:
         return self.algorithm._local_sgd_many(tasks)
 
+    def gaussian_rows(self, X: Tensor, Z: Tensor, broadcast: Message) -> Tensor:
+        """The rows (n, d) the client's Gaussians model this round, from the chain's rows
+        ``X`` (n, d_x), the learners' rows ``Z`` (n, p) and the round's ``broadcast``: ``X``
+        itself (pFedEM's ``gaussian_features="backbone"`` maps ``Z`` through a broadcast
+        learner's backbone instead)."""
+        return X
+
     def private_learners(
         self,
         template: nn.Module,
@@ -339,6 +346,7 @@ class JointEMStep(LearnerRounds, Step):
         :class:`~fednovelty.federated.core.learners.SGDTask` objects, or its own DP-SGD under
         DP), then its reply."""
         X, y, Z = data
+        X = self.gaussian_rows(X, Z, message)
         config, algorithm = self.config, self.algorithm
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         ct = config.covariance_type

@@ -55,6 +55,12 @@ from fednovelty.federated.joint_models.joint import (
     histogram_sum,
 )
 from fednovelty.federated.joint_models.joint_scores import learner_log_probs
+from fednovelty.federated.joint_models.pfedem_backbone import (
+    GAUSSIAN_FEATURES,
+    backbone_features,
+    backbone_width,
+    check_backbone_settings,
+)
 from fednovelty.federated.mixtures.em import EMSettings
 from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
 from fednovelty.federated.trust.reply_form import Shape, covariance_shape, expectation
@@ -134,6 +140,10 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
             ``aggregation`` a positive weight only admits a copy); under ``"central"``
             differential privacy both are uniform, under ``"local"``/``"distributed"`` the
             noisy counts or noisy row counts (:func:`learner_weights`).
+        gaussian_features: what the Gaussians model (Eq. 8-11): ``"input"`` (default), the
+            rows ``X`` the chain hands them, or ``"backbone"``, the paper's ``z = f(x)``
+            (:mod:`~fednovelty.federated.joint_models.pfedem_backbone` says how, and what
+            it needs and refuses).
         covariance_type: ``"diag"`` by default (the paper's per-feature variances).
         mixture_weights: ``"personal"`` by default.
 
@@ -141,7 +151,9 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
         ValueError: ``n_learners`` other than ``n_components``; ``"paper"`` aggregation with
             another covariance type, or with ``dp_mode`` (the clients' own means and
             variances have no sensitivity bound); ``dp_mode`` without ``bounds``;
-            ``bounds`` with ``pca_components``.
+            ``bounds`` with ``pca_components``; ``gaussian_features="backbone"`` with what
+            it refuses (:func:`~fednovelty.federated.joint_models.pfedem_backbone.
+            check_backbone_settings`).
     """
 
     n_learners: int = 0
@@ -150,6 +162,7 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
     gaussian_aggregation: str = "paper"
     estep_start: str = "kept"
     submodel_weights: str = "counts"
+    gaussian_features: str = "input"
 
     def __post_init__(self) -> None:
         if int(self.n_learners) == 0:
@@ -163,6 +176,9 @@ class PFedEMConfig(EMSettings, GivenMixture, BoxSettings, JointLearners):
         self._check_choice("gaussian_aggregation", GAUSSIAN_AGGREGATIONS)
         self._check_choice("estep_start", ESTEP_STARTS)
         self._check_choice("submodel_weights", SUBMODEL_WEIGHTS)
+        self._check_choice("gaussian_features", GAUSSIAN_FEATURES)
+        if self.gaussian_features == "backbone":
+            check_backbone_settings(self)
         if self.gaussian_aggregation == "paper" and self.covariance_type != "diag":
             raise ValueError(
                 "gaussian_aggregation='paper' averages the clients' per-feature variances "
@@ -346,12 +362,23 @@ class PFedEMStep(JointEMStep):
         return (None if done else PFEDEM_KIND), metrics
 
     # ------------------------------------------------------------------ client half
+    def gaussian_rows(self, X: Tensor, Z: Tensor, broadcast: Message) -> Tensor:
+        """With ``gaussian_features="backbone"`` the rows ``Z`` (n, p) through the broadcast
+        sub-model 0's backbone, (n, width); else ``X``."""
+        if self.config.gaussian_features == "input":
+            return X
+        template = self.algorithm._backbone_template(Z.shape[1])
+        names = [name for name, _ in template.named_parameters()]
+        params = {name: broadcast.tensors[learner_name(0, name)] for name in names}
+        return backbone_features(template, params, Z)
+
     def client_round(self, data: Any, message: Message, context: ClientContext) -> ClientRound:
         """One client's pFedEM round: Eq. 8-11, the hard partition, each backed
         sub-model's training on its partition (yielded as
         :class:`~fednovelty.federated.core.learners.SGDTask` objects, batched with the other
         clients' by :meth:`JointEMStep.client_steps`; its own DP-SGD under DP), its reply."""
         X, y, Z = data
+        X = self.gaussian_rows(X, Z, message)
         config, algorithm = self.config, self.algorithm
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         k = t["means"].shape[0]
@@ -521,7 +548,9 @@ class PFedEM(JointFedGMM):
     (``estep_start="broadcast"``, ``submodel_weights="clients"``,
     ``gaussian_aggregation="paper"``). The paper's Gaussians model backbone features ``z =
     f(x)`` of the network being trained; here they model the client's rows ``X`` (after
-    ``pca_components`` or ``bounds``), the sub-models ``Z`` (``docs/papers/pfedem.md``).
+    ``pca_components`` or ``bounds``), the sub-models ``Z``; with
+    ``gaussian_features="backbone"`` they model ``f(Z)``, sub-model 0's backbone features
+    (:class:`PFedEMConfig`, ``docs/papers/pfedem.md``).
     """
 
     config_class = PFedEMConfig
@@ -534,3 +563,35 @@ class PFedEM(JointFedGMM):
         super()._setup(config)
         if config.bounds is not None:  # the public box first: a moments step without a round
             self._chain([MomentsStep(config), *self.steps])
+        self._start_backbone: dict[str, Tensor] | None = None
+        self._templates: dict[int, nn.Module] = {}
+
+    def _backbone_template(self, width: int) -> nn.Module:
+        """The learners' template for rows ``width`` wide, built once (only evaluated)."""
+        if width not in self._templates:
+            self._templates[width] = self._template(width)
+        return self._templates[width]
+
+    def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The joint model's split; with ``gaussian_features="backbone"`` the Gaussians' rows
+        are ``Z`` through the initial sub-model 0's backbone (what federated EM's
+        initialisation sees; the EM rounds map ``Z`` through the broadcast one,
+        :meth:`PFedEMStep.gaussian_rows`)."""
+        X, (y, Z) = super().split_data(data)
+        if self.config.gaussian_features == "input":
+            return X, (y, Z)
+        if self._start_backbone is None:  # what the server starts from (JointEMStep.begin)
+            config = self.config
+            start = config.learners_init or self._initial_learners(config.n_learner_features)
+            self._start_backbone = dict(start[0])
+        template = self._backbone_template(Z.shape[1])
+        return backbone_features(template, self._start_backbone, Z), (y, Z)
+
+    def configure(self, state: JointState) -> Message:
+        """The chain's broadcast; with ``gaussian_features="backbone"`` it declares the
+        backbone's width as the rows' (``expect["n_features"]``: the replies' ``d``)."""
+        message = super().configure(state)
+        if self.config.gaussian_features == "backbone":
+            width = backbone_width(self._backbone_template(self.config.n_learner_features))
+            message.expect["n_features"] = width
+        return message
