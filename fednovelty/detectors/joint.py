@@ -319,6 +319,13 @@ class JointModelDetector(EMDetector):
                 learners=self._local_learners(client),
             )
 
+    def _x_log_density(self, X: torch.Tensor) -> torch.Tensor:
+        """``log p(x)`` (n,) of rows (n, n_features) under the global weights: the Gaussians
+        evaluated on ``_gmm_input(X)``, the one map from rows to the Gaussians' rows every
+        score of a joint model goes through (the PCA projection, or a subclass's features:
+        ``PFedEMDetector(gaussian_features="backbone")``)."""
+        return self._log_density(self._gmm_input(X))
+
     def log_px(self, X, client=None) -> np.ndarray:
         """``log p(x)`` (covariate novelty), shape (n_samples,).
 

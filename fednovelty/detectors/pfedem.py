@@ -13,6 +13,17 @@ also releases the noisy hard counts, and ``privacy_spent_`` reports what the fit
 In ``"central"`` mode the server keeps no per-client weights (they would come from exact
 counts): ``client=`` then scores with the global weights (``adapt`` gives a client's own);
 in ``"local"`` mode each client's weights come from its noisy hard counts.
+
+With ``gaussian_features="backbone"`` the Gaussians model the paper's ``z = f(x)``: the rows
+through sub-model 0's layers before its class layer (``learner="mlp"`` or ``"cnn"``), in
+every round through the broadcast sub-model 0's and, first, through the initial one (the
+initialisation's rows); ``means_`` and the covariances are the backbone's width. Every score
+of the Gaussians (``log_px``, ``score_samples``, ``decision_function``, ``predict_components``
+and the per-component API, ``adapt``) maps rows through the final sub-model 0's backbone, as
+does a loaded model (the file holds the learners). There is no PCA front end
+(``pca_components="auto"`` engages none; an axis count is refused), no differential privacy
+(backbone features have no public box to clip into), and ``explain``, ``sample``, ``bic``
+and ``aic`` are refused (they speak of the rows' own features or of a density of ``x``).
 """
 
 from __future__ import annotations
@@ -24,14 +35,21 @@ from sklearn.utils._param_validation import StrOptions
 from fednovelty.detectors._labels import label_codes
 from fednovelty.detectors._option_fields import DP, DP_SGD, KMEANS_START
 from fednovelty.detectors._params import Param, declare, option, store
+from fednovelty.detectors.explain import Components
 from fednovelty.detectors.joint import JointModelDetector
 from fednovelty.detectors.options import Initialisation, Privacy, Robustness, Training
+from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated.joint_models.pfedem import (
     ESTEP_STARTS,
     GAUSSIAN_AGGREGATIONS,
     SUBMODEL_WEIGHTS,
     PFedEM,
     pfedem_predict_proba,
+)
+from fednovelty.federated.joint_models.pfedem_backbone import (
+    GAUSSIAN_FEATURES,
+    BackboneMap,
+    backbone_width,
 )
 
 __all__ = ["PFedEMDetector"]
@@ -78,6 +96,15 @@ class PFedEMDetector(JointModelDetector):
             '``"counts"`` (its hard count ``|D_ik|``) or ``"clients"`` (Eq. 5: '
             "``p_i = |D_i| / sum_j |D_j|``).",
         ),
+        Param(
+            "gaussian_features",
+            "input",
+            [StrOptions(set(GAUSSIAN_FEATURES))],
+            'What the Gaussians model: ``"input"`` (the rows, after ``pca_components``) or '
+            "``\"backbone\"`` (the paper's ``z = f(x)``: the rows through sub-model 0's "
+            'layers before its class layer; needs ``learner="mlp"`` or ``"cnn"``; no PCA '
+            "front end and no ``privacy.epsilon``).",
+        ),
         option(
             Training,
             fields=("local_epochs", "learning_rate", "batch_size", "optimizer"),
@@ -105,6 +132,7 @@ class PFedEMDetector(JointModelDetector):
         gaussian_aggregation="paper",
         estep_start="kept",
         submodel_weights="counts",
+        gaussian_features="input",
         learner="linear",
         training=None,
         covariance_type="diag",
@@ -138,6 +166,91 @@ class PFedEMDetector(JointModelDetector):
             return kept
         weights = torch.as_tensor(np.diagonal(self.client_joint_weights_[index]).copy())
         return {"log_weights": weights.to(**self._torch_options()).clamp_min(1e-300).log()}
+
+    # -------------------------------------------------------------- backbone features
+    @property
+    def _backbone(self) -> bool:
+        return self.gaussian_features == "backbone"
+
+    def _fit_rounds(self, clients, seed, labels=None) -> None:
+        """With ``"backbone"`` features no PCA front end runs (the algorithm maps each
+        client's rows itself); an axis count and ``privacy.epsilon`` are refused."""
+        if not self._backbone:
+            return super()._fit_rounds(clients, seed, labels)
+        if self.pca_components not in (None, "auto"):
+            raise ValueError(
+                "gaussian_features='backbone' models the backbone's features themselves; use "
+                f"pca_components=None or 'auto' (no front end); got {self.pca_components!r}."
+            )
+        if self._option("privacy").epsilon is not None:
+            raise ValueError(
+                "gaussian_features='backbone' has no private form: differential privacy clips "
+                "rows into a public box, and backbone features have none (they move as the "
+                "backbone trains); use gaussian_features='input' with privacy.epsilon."
+            )
+        n_total = sum(c.shape[0] for c in clients)
+        if self.n_components > n_total:
+            raise ValueError(
+                f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
+                "n_components or provide more rows."
+            )
+        codes = [torch.as_tensor(p, device=c.device) for p, c in zip(labels, clients, strict=True)]
+        self._fit_em(list(zip(clients, codes, strict=True)), seed, pca_components=None)
+        self._set_projection(None)
+
+    def _front_end_rounds(self, n_features=None) -> int:
+        return 0 if self._backbone else super()._front_end_rounds(n_features)
+
+    def _backbone_map(self) -> BackboneMap:
+        """The final sub-model 0's backbone, as a map from rows to the Gaussians' rows."""
+        return BackboneMap(self.learner_template_, self.joint_state_.learners[0])
+
+    def _gmm_input(self, X: torch.Tensor) -> torch.Tensor:
+        return self._backbone_map().transform(X) if self._backbone else super()._gmm_input(X)
+
+    def _components(self) -> Components:
+        if not self._backbone:
+            return super()._components()
+        return Components(self.model_, self._backbone_map())
+
+    def _refuse_on_backbone(self, what: str) -> None:
+        if self._backbone:  # NotImplementedError, as the base's refusals of these methods
+            raise NotImplementedError(
+                f"{what} is not defined with gaussian_features='backbone': the Gaussians model "
+                "the backbone's features, not the rows; fit with gaussian_features='input'."
+            )
+
+    def explain(self, X, *, client=None):
+        self._refuse_on_backbone("explain (shares of the input features)")
+        return super().explain(X, client=client)
+
+    def sample(self, n_samples=1, random_state=None):
+        self._refuse_on_backbone("sample (rows drawn from the Gaussians)")
+        return super().sample(n_samples, random_state)
+
+    def _n_parameters(self) -> int:
+        self._refuse_on_backbone("bic or aic (a density of the rows)")
+        return super()._n_parameters()
+
+    def _mixture_from(self, tensors, prefix, covariance_type, n_features=None):
+        if self._backbone and n_features is None:  # checked against the learners in _set_state
+            means = tensors.get(f"{prefix}.means")
+            n_features = int(means.shape[-1]) if means is not None and means.ndim else None
+        return super()._mixture_from(tensors, prefix, covariance_type, n_features)
+
+    def _set_state(self, tensors, attrs) -> None:
+        super()._set_state(tensors, attrs)
+        if not self._backbone:
+            return
+        try:
+            width = backbone_width(self.learner_template_)
+        except ValueError as error:
+            raise ModelFormatError(f"a backbone model's learner: {error}") from None
+        if self.model_.n_features != width:
+            raise ModelFormatError(
+                f"the Gaussians are {self.model_.n_features} wide, the learners' backbone "
+                f"{width}: a model with gaussian_features='backbone' needs them equal."
+            )
 
     # -------------------------------------------------------------- Eq. 15
     def predict_proba_y(self, X, client=None) -> np.ndarray:
