@@ -14,6 +14,12 @@ pFedEM's algorithm: ours by default (each client's E-step from its own weights k
 last round, sub-models averaged with the hard counts ``|D_ik|``), or with
 ``--paper-algorithm`` the paper's as written (``PAPER_ALGORITHM``: Algorithm 1 line 5's
 broadcast start and Eq. 5's ``p_i = |D_i| / sum_j |D_j|``; ``docs/papers/pfedem.md``).
+``--gaussian-features input|backbone`` says what pFedEM's Gaussians model: the 24 federated
+principal axes of the pixels (``input``, the default) or, as the paper, the features of
+sub-model 0's layers before its class layer (``backbone``: ``gaussian_features="backbone"``,
+no PCA). A linear learner has no such layers, so under ``backbone`` the CPU and quick scales
+give every method the ``mlp`` learner (64 hidden units) with the same training; the paper
+scale's ``cnn`` has 128 features. The report records both.
 
 Data: ``writer_stream`` (``fednovelty.datasets.streams``): in window ``t`` every writer trains on
 ``rows`` of its own training images, a share ``schedule(t)`` of them digits (the paper's linear
@@ -105,10 +111,14 @@ class Settings:
     scale: str = "cpu"
     device: str = "cpu"
     paper_algorithm: bool = False
+    gaussian_features: str = "input"
 
     def options(self) -> dict:
-        """Every method's detector settings at this scale and device."""
-        learners = LEARNERS["paper" if self.scale == "paper" else "cpu"]
+        """Every method's detector settings at this scale and device (under ``backbone``
+        features a linear learner becomes ``mlp``: it has no layers before its class layer)."""
+        learners = dict(LEARNERS["paper" if self.scale == "paper" else "cpu"])
+        if self.gaussian_features == "backbone" and learners["learner"] == "linear":
+            learners["learner"] = "mlp"
         return {**COMMON, **learners, "device": self.device}
 
 
@@ -116,6 +126,8 @@ def make_model(name: str, seed: int, settings: Settings):
     options = with_options(settings.options())
     if name == "pFedEM":
         algorithm = PAPER_ALGORITHM if settings.paper_algorithm else {}
+        if settings.gaussian_features == "backbone":  # the backbone's features, no PCA
+            options = {**options, "pca_components": None, "gaussian_features": "backbone"}
         return PFedEMDetector(2, random_state=seed, **options, **algorithm)
     sizes = {"FedGMM": (2, 2), "FedEM": (1, 2), "FedAvg": (1, 1)}[name]
     params = {**options, "n_components": sizes[0], "n_learners": sizes[1], "random_state": seed}
@@ -196,6 +208,7 @@ def schedules(settings: Settings) -> list[tuple[str, int]]:
 def intro(settings: Settings) -> str:
     """The section's heading, the run's learners and algorithm, what the tables show."""
     options = settings.options()
+    backbone_width = {"mlp": "64 hidden units", "cnn": "128 dense units"}.get(options["learner"])
     algorithm = (
         "the paper's as written (Algorithm 1 line 5, Eq. 5's p_i: "
         + ", ".join(f"{k}={v!r}" for k, v in PAPER_ALGORITHM.items())
@@ -213,6 +226,13 @@ def intro(settings: Settings) -> str:
             f"- learners: {options['learner']}, {options['local_epochs']} local epochs at "
             f"{options['learning_rate']}, batch {options['batch_size']}",
             f"- pFedEM's algorithm: {algorithm}",
+            f"- pFedEM's Gaussians (--gaussian-features {settings.gaussian_features}): "
+            + (
+                f"the features of sub-model 0's layers before its class layer ({backbone_width})"
+                if settings.gaussian_features == "backbone"
+                else f"{COMMON['pca_components']} federated principal axes of the pixels"
+            )
+            + f"; the other methods' Gaussians: {COMMON['pca_components']} principal axes",
             "",
             "Standard deviation of the per-window test accuracy (Table I; the paper's EMNIST "
             "figures, for 3 cycles, beside) on two test sets: *matched*, each writer's test rows "
@@ -346,6 +366,14 @@ def parse_args(argv):
         action="store_true",
         help="pFedEM as the paper writes it (PAPER_ALGORITHM: Algorithm 1 line 5, Eq. 5)",
     )
+    parser.add_argument(
+        "--gaussian-features",
+        choices=("input", "backbone"),
+        default="input",
+        help="what pFedEM's Gaussians model: the pixels' 24 principal axes (input) or the "
+        "paper's backbone features (backbone: every method's learner mlp at the CPU and "
+        "quick scales)",
+    )
     add_device(parser)
     parser.add_argument("--writers", type=int, default=None, help="default: the scale's")
     parser.add_argument("--windows", type=int, default=None, help="default: the scale's")
@@ -364,7 +392,12 @@ def build_settings(args) -> Settings:
     """The run's :class:`Settings`: the scale's writers, windows and cycles
     (:data:`SCALES`) under the explicit flags; ``--quick`` keeps its own and one seed."""
     writers, windows, cycles = SCALES[args.scale]
-    common = {"scale": args.scale, "device": args.device, "paper_algorithm": args.paper_algorithm}
+    common = {
+        "scale": args.scale,
+        "device": args.device,
+        "paper_algorithm": args.paper_algorithm,
+        "gaussian_features": args.gaussian_features,
+    }
     if args.quick:
         return Settings(writers, windows, cycles, 40, 10, (args.seeds[0],), **common)
     return Settings(

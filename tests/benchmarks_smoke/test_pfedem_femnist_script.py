@@ -1,5 +1,6 @@
 """Smoke test of ``benchmarks/pfedem_femnist.py``: the quick run writes Table I for both
-schedules and the figure."""
+schedules and the figure; with ``--gaussian-features backbone`` it records pFedEM's backbone
+Gaussians and the mlp learners."""
 
 
 def test_quick_run_writes_table_one_and_the_figure(benchmark_script, tmp_path):
@@ -13,4 +14,17 @@ def test_quick_run_writes_table_one_and_the_figure(benchmark_script, tmp_path):
         assert kind in report
     for name in ("| pFedEM |", "| FedGMM |", "| FedEM |", "| FedAvg |"):
         assert report.count(name) == 2
+    assert report.count("PASS") + report.count("FAIL") == 6
+
+
+def test_quick_run_with_backbone_features_records_them(benchmark_script):
+    report = benchmark_script("pfedem_femnist").main(
+        ["--quick", "--seeds", "1", "--gaussian-features", "backbone"]
+    )
+    assert "- learners: mlp, 2 local epochs" in report
+    assert (
+        "- pFedEM's Gaussians (--gaussian-features backbone): the features of sub-model 0's "
+        "layers before its class layer (64 hidden units)"
+    ) in report
+    assert report.count("| pFedEM |") == 2
     assert report.count("PASS") + report.count("FAIL") == 6
