@@ -45,6 +45,7 @@ from fednovelty.federated.joint_models.joint import (
 )
 from fednovelty.federated.trust.dp_sgd import steps_for_epochs
 from fednovelty.mixture import score_samples
+from fednovelty.mixture.covariance import precisions_from_precisions_cholesky
 from fednovelty.mixture.em import check_prior_rows
 
 SCORES = ("px", "py|x", "pxy", "msp")
@@ -178,7 +179,9 @@ class JointModelDetector(EMDetector):
             None,
             weights_init=params.weights,
             means_init=params.means,
-            precisions_init=params.precisions_cholesky,
+            precisions_init=precisions_from_precisions_cholesky(
+                params.precisions_cholesky, self.covariance_type
+            ),
             learners_init=self.joint_state_.learners,
             max_iter=int(rounds),
             tol=0.0,

@@ -426,3 +426,26 @@ def test_a_cnn_learner_fits_saves_and_loads(tmp_path):
         JointFedGMMDetector(2, n_learners=1, learner="cnn", max_iter=1).fit(
             X[:, :50], y, groups=np.arange(120) % 3
         )
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_partial_fit_starts_from_the_fitted_precisions(split, covariance_type, monkeypatch):
+    """partial_fit hands its algorithm the fitted precisions (inverse covariances), not their
+    Cholesky factors: a full-covariance model continues, and the continuation's E-step starts
+    from the fitted Gaussians."""
+    det = JointFedGMMDetector(2, covariance_type=covariance_type, max_iter=2, random_state=0)
+    det.fit(split.X_train, split.y_train, groups=split.groups_train)
+    covariances = det.covariances_.copy()
+    given = {}
+    build = det._algorithm
+
+    def recording(*args, **kwargs):
+        given.update(kwargs)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(det, "_algorithm", recording)
+    det.partial_fit(split.X_train, split.y_train, groups=split.groups_train, rounds=1)
+    precisions = given["precisions_init"].cpu().numpy()
+    expected = np.linalg.inv(covariances) if covariance_type == "full" else 1.0 / covariances
+    assert_close_scaled(precisions, expected, rtol=1e-8)
+    assert np.isfinite(det.score_samples(split.X_test)).all()
