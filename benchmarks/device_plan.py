@@ -330,7 +330,8 @@ def fedcam_plan(quick: bool) -> ScriptPlan:
 
 def pfedem_plan(quick: bool) -> ScriptPlan:
     """``pfedem_femnist.py``'s Table I at its paper scale with the paper's Gaussians on the
-    backbone's features (3 cycles, linear and cosine, 200 windows, seeds 0 1 2), or ``quick``'s one small call (4 writers, 1 cycle, 3 windows)."""
+    backbone's features (3 cycles, linear and cosine, 200 windows, seeds 0 1 2), or
+    ``quick``'s one small call (4 writers, 1 cycle, 3 windows)."""
     from benchmarks.pfedem_femnist import SCALES
 
     if quick:
