@@ -42,7 +42,7 @@ _BLOCK = re.compile(
     re.DOTALL,
 )
 #: the modules whose ``tables()`` build the files from the runs' kept results.
-BUILDERS = ("benchmarks.papers_fedgmm", "benchmarks.papers_fedgengmm")
+BUILDERS = ("benchmarks.papers_fedgmm", "benchmarks.papers_fedgengmm", "benchmarks.papers_vgm2")
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9_.]+)+$")
 
 
