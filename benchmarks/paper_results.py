@@ -134,9 +134,19 @@ def write(table: PaperTable, folder: Path = PAPERS) -> Path:
     """Write ``table`` to ``folder/<name>.md`` (the folder made); return the path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{table.name}.md"
-    path.write_text(table.markdown())
+    text = table.markdown()
+    if path.exists() and _undated(path.read_text()) == _undated(text):
+        print(f"paper table: {path} (unchanged)")  # keep the date and commit it was built at
+        return path
+    path.write_text(text)
     print(f"paper table: {path}")
     return path
+
+
+def _undated(text: str) -> list[str]:
+    """``text``'s lines without its date and commit facts (a rebuild that changes nothing
+    else keeps the file as it was)."""
+    return [line for line in text.splitlines() if not line.startswith(("- date: ", "- commit: "))]
 
 
 def check_text(text: str) -> list[str]:

@@ -42,6 +42,14 @@ def test_a_table_written_passes_the_check_and_reads_as_its_fields(paper_results,
     assert reduced.startswith("scale: reduced (30 clients, not 300)\n")
 
 
+def test_a_rebuild_that_changes_only_date_and_commit_keeps_the_file(paper_results, tmp_path):
+    path = paper_results.write(table(paper_results), tmp_path)
+    paper_results.write(table(paper_results, date="2027-01-01", commit="def5678"), tmp_path)
+    assert "- commit: abc1234" in path.read_text()  # built at the first commit, kept
+    paper_results.write(table(paper_results, verdict="changed.", commit="def5678"), tmp_path)
+    assert "- commit: def5678" in path.read_text() and "changed." in path.read_text()
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
