@@ -41,6 +41,7 @@ BUILTIN_ALGORITHMS: dict[str, str] = {
     "JointFedGMM": "fednovelty.federated.joint_models.joint",
     "PFedEM": "fednovelty.federated.joint_models.pfedem",
     "StreamingEM": "fednovelty.federated.streams.streaming",
+    "FederatedCalibration": "fednovelty.federated.calibration.quantile",
 }
 #: The server-state dataclasses a result file may hold: class name -> its module.
 BUILTIN_STATES: dict[str, str] = {
@@ -58,6 +59,7 @@ BUILTIN_STATES: dict[str, str] = {
     "StreamState": "fednovelty.federated.streams.streaming",
     "BoundsState": "fednovelty.federated.trust.private_bounds",
     "ClientState": "fednovelty.federated.trust.secure",
+    "CalibrationState": "fednovelty.federated.calibration.quantile",
 }
 
 
