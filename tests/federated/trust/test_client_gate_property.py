@@ -24,7 +24,9 @@ released nonzero value:
   variance of log p): the documented measure, the fewest effective rows of the deviations
   from the median of any contrast of the sums, searched here over the directions that equal
   the values of any pair (two sums) or two pairs (three sums) of rows;
-- whole-client values: the client's row count.
+- whole-client values: the client's row count;
+- a calibration histogram: declared a whole-client value (the row count backs it; its bins
+  are not floored), after checking that its counts are those of the client's scores.
 
 Every released value must be backed by ``min_rows`` (a relative slack of 1e-6 for
 round-off) and no reply may hold more grouped entries than the client's own configuration
@@ -57,6 +59,7 @@ from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
+from fednovelty.federated.calibration.quantile import FederatedCalibration
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
 from fednovelty.federated.clustered.fesem import FeSEM
@@ -65,6 +68,7 @@ from fednovelty.federated.clustered.ifca import IFCA
 from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.aggregate import learner_name
 from fednovelty.federated.core.base import ClientContext, Message
+from fednovelty.federated.core.conformal import calibration_edges
 from fednovelty.federated.core.wire import unpack
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
@@ -120,6 +124,7 @@ class Variant:
     build: Callable
     labelled: bool = False
     allow_raw_rows: bool = False
+    columns: int | None = None  # the client's first columns only (calibration scores: 1)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -226,6 +231,11 @@ VARIANTS: dict[str, Variant] = {
     "vgm2_prototype": Variant(
         "VGM2Prototype", lambda: VGM2Prototype(D, 2, **SMALL_VGM2), labelled=True
     ),
+    "calibration": Variant(
+        "FederatedCalibration",
+        lambda: FederatedCalibration(edges=calibration_edges(-1.0)),
+        columns=1,
+    ),
 }
 
 #: (variant, reply kind): every kind each variant's algorithm answers.
@@ -278,6 +288,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("vgm2_local", "vgm2"),
     ("vgm2_fedavg", "vgm2"),
     ("vgm2_prototype", "vgm2"),
+    ("calibration", "calibration"),
 )
 
 
@@ -304,6 +315,8 @@ def templates(variant: str) -> tuple:
         return honest_many(algorithm, items, message, *args, **kwargs)
 
     data = _labelled() if spec.labelled else _unlabelled()
+    if spec.columns:
+        data = [X[:, : spec.columns] for X in data]
     policy = PrivacyPolicy(min_rows=MIN_ROWS, allow_raw_rows=spec.allow_raw_rows)
     with (
         mock.patch.object(simulation, "run_client_step", spy),
@@ -765,6 +778,12 @@ def check(algorithm, kind: str, message: Message, data, reply: Message, before: 
         resp = before["vb_resp"]
         assert r["counts"].shape[0] <= own_limit(algorithm)
         check_components(r, resp, X, t["shift"], ct, what)
+    elif kind == "calibration":
+        edges = config.edges.numpy()
+        scores = X[:, 0]
+        inner = [((scores > lo) & (scores <= hi)).sum() for lo, hi in itertools.pairwise(edges)]
+        hand = [(scores <= edges[0]).sum(), *inner, (scores > edges[-1]).sum()]
+        assert np.array_equal(r["counts"], np.array(hand, dtype=float)), what
     elif kind == "vgm2" and "prototypes" in r:
         y = data[1].numpy()
         classes = np.bincount(y, minlength=config.n_classes).astype(float)
@@ -1040,6 +1059,8 @@ def test_a_hostile_broadcast_obtains_nothing_below_the_floor(variant, kind, how)
     algorithm, messages = templates(variant)
     spec = VARIANTS[variant]
     data = client_data(how, spec.labelled)
+    if spec.columns:
+        data = data[:, : spec.columns]
     X = (data[0] if spec.labelled else data).numpy()
     template = messages[kind]
     message = craft(algorithm, kind, template, client_view(algorithm, X, template), how)

@@ -27,6 +27,7 @@ from fednovelty.federated.bayesian.vgm2 import VGM2
 from fednovelty.federated.bayesian.vgm2_fedavg import VGM2FedAvg
 from fednovelty.federated.bayesian.vgm2_local import VGM2Local
 from fednovelty.federated.bayesian.vgm2_prototype import VGM2Prototype
+from fednovelty.federated.calibration.quantile import FederatedCalibration
 from fednovelty.federated.clustered.clustered_em import ClusteredEM
 from fednovelty.federated.clustered.fedavg_plus import FedAvgPlus
 from fednovelty.federated.clustered.fesem import FeSEM
@@ -34,6 +35,7 @@ from fednovelty.federated.clustered.fesem_cam import FeSEMCAM
 from fednovelty.federated.clustered.ifca import IFCA
 from fednovelty.federated.clustered.ifca_cam import IFCACAM
 from fednovelty.federated.core.base import Message
+from fednovelty.federated.core.conformal import calibration_edges
 from fednovelty.federated.joint_models.joint import JointFedGMM
 from fednovelty.federated.joint_models.pfedem import PFedEM
 from fednovelty.federated.mixtures.em import FederatedEM
@@ -62,6 +64,11 @@ def _labelled(d: int = D) -> list[tuple[torch.Tensor, torch.Tensor]]:
         X = _rows(c, d=d)
         out.append((X, (X[:, 0] > X[:, 0].median()).long()))
     return out
+
+
+def _scores() -> list[torch.Tensor]:
+    """Each client's calibration scores, one column (n, 1)."""
+    return [_rows(c)[:, :1].square() for c in range(N_CLIENTS)]
 
 
 def _stream() -> StreamingEM:
@@ -117,6 +124,7 @@ CASES: dict[str, tuple[Callable, Callable]] = {
         lambda: FederatedFactorEM(2, 1, kmeans_rounds=1, max_iter=3, random_state=0),
         _unlabelled,
     ),
+    "FederatedCalibration": (lambda: FederatedCalibration(edges=calibration_edges(0.0)), _scores),
 }
 
 
@@ -152,6 +160,9 @@ def test_a_liar_never_crashes_a_fit_with_an_unnamed_error(name, how) -> None:
         if fitted is not None:
             for tensor in fitted.tensors().values():
                 assert bool(torch.isfinite(tensor).all()), f"{name}: non-finite {field}"
+    counts = getattr(state, "counts", None)  # a calibration histogram
+    if counts is not None and name == "FederatedCalibration":
+        assert bool(torch.isfinite(counts).all() and (counts >= 0).all()), f"{name}: counts"
 
 
 def test_the_liar_is_dropped_by_name_in_the_round_it_lies() -> None:
