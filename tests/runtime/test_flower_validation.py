@@ -294,6 +294,33 @@ def test_run_rounds_equals_simulation(name, params, fraction, task_identity) -> 
             assert_close_scaled(result.state.client_weights[c], weights, rtol=1e-12)
 
 
+def test_federated_calibration_on_flower_rounds_equals_simulation(task_identity, tmp_path) -> None:
+    """Nodes holding one column of calibration scores (one below its privacy floor): the
+    same summed counts, the same skip and the same bytes as the simulation, and the
+    result file keeps the state."""
+    from fednovelty.federated.core.conformal import calibration_edges
+    from fednovelty.runtime import run_simulation
+    from fednovelty.runtime.flower.config import EngineConfig, algorithm_from_run_config
+    from fednovelty.runtime.flower.results import load_result, save_result
+    from fednovelty.runtime.flower.server import run_rounds
+
+    parts = [X[:, :1].square() for X in client_parts(3)] + [torch.ones(3, 1, dtype=torch.float64)]
+    edges = calibration_edges(0.0)[::64]  # 65 edges: a small run config
+    grid, run_config = make_grid("FederatedCalibration", {"edges": edges.tolist()}, parts)
+    result = run_rounds(grid, algorithm_from_run_config(run_config), EngineConfig(seed=3))
+    simulated = run_simulation(algorithm_from_run_config(run_config), parts, random_state=3)
+    assert torch.equal(result.state.counts, simulated.state.counts)
+    assert result.state.n_rows == simulated.state.n_rows == 30 + 40 + 50
+    assert [(r.kind, r.replied, r.skipped, r.bytes_down, r.bytes_up) for r in result.history] == [
+        (r.kind, r.replied, r.skipped, r.bytes_down, r.bytes_up) for r in simulated.history
+    ]
+    assert result.history[0].skipped[0][0] == 3
+    save_result(result, tmp_path / "calibration.safetensors")
+    back = load_result(tmp_path / "calibration.safetensors").state
+    assert type(back) is type(result.state) and torch.equal(back.counts, result.state.counts)
+    assert torch.equal(back.edges, torch.as_tensor(edges)) and back.n_rows == result.state.n_rows
+
+
 def test_missing_and_failing_nodes_are_dropped_while_min_clients_reply(task_identity) -> None:
     from fednovelty.runtime.flower.config import EngineConfig, algorithm_from_run_config
     from fednovelty.runtime.flower.server import run_rounds
