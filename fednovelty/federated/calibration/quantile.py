@@ -63,7 +63,10 @@ def check_edges(edges: Any) -> Tensor:
             "edges is required: the public grid of score bin edges, e.g. "
             "fednovelty.federated.core.conformal.calibration_edges(lowest)."
         )
-    grid = torch.as_tensor(np.asarray(edges, dtype=np.float64)).clone()
+    if isinstance(edges, Tensor):
+        grid = edges.detach().to("cpu", torch.float64).clone()
+    else:
+        grid = torch.as_tensor(np.asarray(edges, dtype=np.float64)).clone()
     if grid.ndim != 1 or grid.numel() < 2:
         raise ValueError(
             f"edges must be a 1-d sequence of at least 2 bin edges; got shape {tuple(grid.shape)}."

@@ -21,7 +21,7 @@ from fednovelty.federated.calibration.quantile import (
     FederatedCalibration,
 )
 from fednovelty.federated.core.base import Message
-from fednovelty.federated.core.conformal import calibration_edges
+from fednovelty.federated.core.conformal import calibration_edges, histogram_threshold
 from fednovelty.federated.registry import algorithm_settings, build_algorithm
 from fednovelty.federated.trust import gate
 from fednovelty.federated.trust.dp import DPPolicy
@@ -63,12 +63,18 @@ def test_the_summed_counts_are_numpys_histogram_of_the_pooled_scores() -> None:
     assert state.n_rows == len(pooled) and state.n_clients == len(SIZES)
     assert state.noise == 0.0 and state.phase == "done"
     np.testing.assert_array_equal(state.edges.numpy(), EDGES)
+    # the state's torch tensors feed the conformal functions as they are
+    hand = histogram_threshold(numpy_histogram(pooled, EDGES), EDGES, 0.05)
+    assert histogram_threshold(state.counts, state.edges, 0.05) == hand
 
 
 def test_the_settings_travel_as_json_and_the_broadcast_carries_nothing() -> None:
     algorithm = FederatedCalibration(edges=EDGES, random_state=3)
     rebuilt = build_algorithm("FederatedCalibration", algorithm_settings(algorithm))
     assert rebuilt.config == algorithm.config
+    from_tensor = CalibrationConfig(edges=torch.as_tensor(EDGES))
+    assert from_tensor == algorithm.config.__class__(edges=EDGES.tolist())
+    assert from_tensor.edges.dtype == torch.float64 and from_tensor.n_bins == len(EDGES) + 1
     message = algorithm.configure(algorithm.start())
     assert message.kind == CALIBRATION_KIND and not message.tensors and not message.scalars
     assert message.expect == {"n_bins": len(EDGES) + 1}  # the server's, never sent
