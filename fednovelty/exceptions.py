@@ -46,6 +46,22 @@ class DataLossWarning(UserWarning):
     """
 
 
+class ConformalCalibrationWarning(UserWarning):
+    """A split-conformal calibration (``calibration="conformal"``) that cannot give some
+    clients the guarantee it promises, said aloud:
+
+    - a client with fewer calibration rows than ``alpha`` needs for a threshold of its own
+      (``ceil(1 / alpha) - 1``; none at all: not in a ``partial_fit`` window) takes the
+      federation's threshold, which holds for the federation's rows, not for that client's;
+    - a client with fewer held-out rows than its privacy floor (``Privacy.min_rows``)
+      releases no calibration histogram: its scores are not in the federation's threshold;
+    - a federation whose released calibration scores are too few for ``alpha``: its
+      threshold (``threshold_``) is ``+inf`` and raises no alarm.
+
+    The warning names the clients, the rows they had and the rows they would need.
+    """
+
+
 def _not_fitted_error() -> type:
     from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 

@@ -127,6 +127,41 @@ DETECTOR: Group = (
     ),
 )
 
+#: Split-conformal calibration of the alarm threshold: every novelty detector
+#: (:mod:`fednovelty.detectors._conformal`).
+CALIBRATION: Group = (
+    Param(
+        "calibration",
+        "contamination",
+        [StrOptions({"contamination", "conformal"})],
+        '``"contamination"`` (PyOD\'s: ``threshold_`` is the ``1 - contamination`` quantile '
+        'of the training scores) or ``"conformal"`` (split conformal: ``fit`` holds out '
+        "``calibration_share`` of each client's rows, trains on the rest, and sets each "
+        "client's threshold from its held-out rows' scores so that a new row of that "
+        "client raises a false alarm with probability at most ``alpha``; ``threshold_`` "
+        "is the federation's, from one extra round of binned scores; ``p_values``, "
+        "``discoveries`` and ``calibrate`` need it).",
+        "estimator",
+    ),
+    Param(
+        "alpha",
+        0.01,
+        [Interval(Real, 0.0, 0.5, closed="right")],
+        'the false-alarm rate ``calibration="conformal"`` guarantees per client (a client '
+        "needs at least ``ceil(1 / alpha) - 1`` calibration rows for a threshold of its own).",
+        "estimator",
+    ),
+    Param(
+        "calibration_share",
+        0.2,
+        [Interval(Real, 0.0, 0.5, closed="right")],
+        'with ``calibration="conformal"``, the share of each client\'s rows held out of '
+        "training to calibrate its threshold (``floor(share * n_rows)`` rows, drawn with "
+        "``random_state``).",
+        "estimator",
+    ),
+)
+
 #: A Gaussian mixture's covariance shape.
 COVARIANCE_TYPE = Param(
     "covariance_type",
@@ -259,6 +294,7 @@ SHARED: dict[str, Param] = {
         N_COMPONENTS,
         *RUNTIME,
         *DETECTOR,
+        *CALIBRATION,
         *EM,
         INIT_PARAMS,
         *PCA,

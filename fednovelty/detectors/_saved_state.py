@@ -1,11 +1,12 @@
 """What a mixture detector saves and how it restores it (``save``/``load``).
 
-:class:`SavedStateMixin` writes the common fitted attributes (the inputs, the threshold, the
-record of the rounds, a private fit's ``privacy_spent_``, the PCA front end's projection, the
-training scores unless the fit was private) and the subclass's ``_get_state``, and restores
-them validated (``_set_state``, :func:`restore_inputs`; the front end's projection as
-``pca.*`` tensors, :func:`pca_tensors`, :func:`pca_from`); ``fednovelty.detectors.persistence``
-reads and writes the file.
+:class:`SavedStateMixin` writes the common fitted attributes (the inputs, the threshold (or,
+with ``calibration="conformal"``, the calibration it is recomputed from:
+``fednovelty.detectors._conformal_state``), the record of the rounds, a private fit's
+``privacy_spent_``, the PCA front end's projection, the training scores unless the fit was
+private) and the subclass's ``_get_state``, and restores them validated (``_set_state``,
+:func:`restore_inputs`; the front end's projection as ``pca.*`` tensors, :func:`pca_tensors`,
+:func:`pca_from`); ``fednovelty.detectors.persistence`` reads and writes the file.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class SavedStateMixin:
         if hasattr(self, "effective_n_components_"):  # files saved before it lack it
             attrs["effective_n_components_"] = int(self.effective_n_components_)
         attrs.update(privacy_attrs(self))
+        calibration, calibration_attrs = self._calibration_state()
+        if calibration:  # threshold_ is recomputed from the saved histogram
+            del attrs["threshold_"]
+            tensors.update(calibration)
+            attrs.update(calibration_attrs)
         if self._pca_front_end and hasattr(self, "pca_"):
             tensors.update(pca_tensors(self.pca_))
         extra_tensors, extra_attrs = self._get_state()
@@ -96,7 +102,6 @@ class SavedStateMixin:
                 self._input_width, self.n_features_in_ = self.n_features_in_, width
         else:
             self.__dict__.pop("pca_", None)
-        self.threshold_ = float(get_attr(attrs, "threshold_", float))
         self.history_ = check_items(get_attr(attrs, "history_", list), "history_", dict)
         self.n_rounds_ = get_attr(attrs, "n_rounds_", int, minimum=0)
         self.bytes_up_ = get_attr(attrs, "bytes_up_", float, minimum=0)
@@ -106,6 +111,9 @@ class SavedStateMixin:
                 attrs, "effective_n_components_", int, minimum=0
             )
         restore_privacy_spent(self, attrs)
+        self._restore_calibration(tensors, attrs)  # conformal: sets threshold_
+        if not hasattr(self, "client_thresholds_"):
+            self.threshold_ = float(get_attr(attrs, "threshold_", float))
         if hasattr(self, "privacy_spent_") and "decision_scores" not in tensors:
             for name in ("decision_scores_", "labels_", "_mu", "_sigma"):
                 self.__dict__.pop(name, None)  # a private file holds no training scores

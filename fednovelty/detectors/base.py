@@ -5,7 +5,9 @@ means a single client), runs a simulated federation on the in-process engine, an
 trained model. Scores follow scikit-learn and PyOD: ``score_samples`` is the log-density
 ``log p(x)`` (higher = more normal) and ``decision_function`` is ``-log p(x)`` (higher =
 more anomalous); ``threshold_``, ``labels_``, ``predict`` and ``predict_proba`` come from
-PyOD with ``contamination``.
+PyOD with ``contamination``, or, with ``calibration="conformal"``, ``threshold_`` and a
+threshold per client from rows each client held out of training
+(``fednovelty.detectors._conformal``).
 
 Subclasses implement ``_fit_clients`` (train on the list of client tensors and set fitted
 attributes), ``_log_density`` (torch rows -> log p(x)) and the state hooks used by
@@ -49,13 +51,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from fednovelty.detectors import _params
 from fednovelty.detectors import options as _options  # noqa: F401 - the classes register
+from fednovelty.detectors._conformal import ConformalMixin, split_for_calibration
 from fednovelty.detectors._data_loss import Releases, kept_components, warn_data_loss
 from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._fit_state import atomic_fit, check_callbacks, renumbered, seed_from
 from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_front_end_params
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._mixture_surface import MixtureSurfaceMixin
-from fednovelty.detectors._probability import outlier_labels, outlier_probability
+from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
@@ -249,22 +252,30 @@ class SimulatedFitMixin(FrontEndMixin):
             del self.feature_names_in_
         self.client_ids_ = client_ids
         self.n_clients_ = len(client_ids)
+        seed = seed_from(self.random_state)
+        # calibration="conformal" holds rows out of training (fednovelty.detectors._conformal)
+        array, codes, group_codes, held = split_for_calibration(
+            self, array, codes, group_codes, seed
+        )
         parts = split_by_client(array, group_codes, self.n_clients_)
         labels = None if codes is None else split_by_client(codes, group_codes, self.n_clients_)
         rows = [part.shape[0] for part in parts]
         self._fit_callbacks = callbacks
-        with self._data_losses("fit", rows):
-            try:
-                tensors = [self._as_tensor(p) for p in parts]
-                seed = seed_from(self.random_state)
-                if self._pca_front_end and labels is None:
-                    parts, tensors = self._front_end(parts, tensors, seed)
-                self._fit_clients(parts, tensors, seed, labels)
-                self._join_front_end_record()
-            finally:
-                del self._fit_callbacks
-                self.__dict__.pop("_front_end_run", None)
-            self._after_fit(array, group_codes)
+        try:
+            with self._data_losses("fit", rows):
+                try:
+                    tensors = [self._as_tensor(p) for p in parts]
+                    if self._pca_front_end and labels is None:
+                        parts, tensors = self._front_end(parts, tensors, seed)
+                    self._fit_clients(parts, tensors, seed, labels)
+                    self._join_front_end_record()
+                finally:
+                    self.__dict__.pop("_front_end_run", None)
+                self._after_fit(array, group_codes)
+            if held is not None:  # the calibration round follows the fit's rounds
+                self._calibrate_clients(dict(enumerate(held)), seed, 5, "fit")
+        finally:
+            del self._fit_callbacks
         return self
 
     @contextmanager
@@ -357,13 +368,21 @@ class SimulatedFitMixin(FrontEndMixin):
 
 
 class MixtureDetector(
-    MixtureSurfaceMixin, ComponentsMixin, SimulatedFitMixin, SavedStateMixin, BaseDetector
+    ConformalMixin,
+    MixtureSurfaceMixin,
+    ComponentsMixin,
+    SimulatedFitMixin,
+    SavedStateMixin,
+    BaseDetector,
 ):
     """Base class of the fednovelty detectors (not used directly).
 
     Besides PyOD's contract every detector has the per-component API of
     ``fednovelty.detectors.explain.ComponentsMixin``: ``component_log_densities``,
-    ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``.
+    ``component_weights``, ``responsibilities``, ``predict_components`` and ``explain``;
+    and the conformal calibration of ``fednovelty.detectors._conformal.ConformalMixin``
+    (``calibration="conformal"``): ``predict(X, client=...)``, ``p_values``,
+    ``discoveries`` and ``calibrate``.
     """
 
     # -------------------------------------------------------------- fitting
@@ -434,6 +453,11 @@ class MixtureDetector(
         config = {k: v for k, v in getattr(result, "config", {}).items() if k not in server_only}
         detector = cls(**{**cls._params.from_names(config), **params})
         detector._validate_params()
+        if detector.calibration == "conformal":
+            raise ValueError(
+                "from_model cannot calibrate conformally (no client's held-out rows reach it); "
+                "pass calibration='contamination', or fit the detector with groups."
+            )
         array = detector._check_X(X)
         detector.n_features_in_ = array.shape[1]
         if feature_names(X) is not None:
@@ -498,17 +522,6 @@ class MixtureDetector(
     def decision_function(self, X) -> np.ndarray:
         """Anomaly score ``-log p(x)``, shape (n_samples,); higher = more anomalous."""
         return -self.score_samples(X)
-
-    def predict(self, X, return_confidence=False):
-        """PyOD's binary labels (1 = anomaly: ``decision_function(X) > threshold_``; a score
-        that is not a number counts as an anomaly), shape (n_samples,); with
-        ``return_confidence`` also PyOD's confidence."""
-        self._check_fitted()
-        array = self._checked_array(X)
-        labels = outlier_labels(self.decision_function(array), self.threshold_)
-        if return_confidence:
-            return labels, self.predict_confidence(array)
-        return labels
 
     def predict_proba(self, X, method="linear", return_confidence=False):
         """Outlier probabilities as PyOD's, shape (n_samples, 2); column 1 = anomaly.

@@ -15,6 +15,7 @@ from numbers import Integral
 import numpy as np
 import torch
 
+from fednovelty.detectors._conformal import split_for_calibration
 from fednovelty.detectors._dp import (
     LearningPlan,
     bounds_engine,
@@ -130,6 +131,11 @@ class JointModelDetector(EMDetector):
             groups: client id of each row, ids seen in ``fit`` (a new client: ``adapt``).
             rounds: communication rounds on this window (>= 1).
 
+        With ``calibration="conformal"`` each client's window rows are split as ``fit``'s
+        (``fednovelty.detectors._conformal``) and every threshold is set again under the
+        updated model; a client absent from the window takes the federation's, with a
+        ``ConformalCalibrationWarning``.
+
         Returns:
             self
 
@@ -162,6 +168,11 @@ class JointModelDetector(EMDetector):
                 f"groups holds client ids {unknown[:3]} not seen in fit; partial_fit continues "
                 "the clients of fit (a new client's weights: adapt(X))."
             )
+        seed = getattr(self, "_seed", 0) + len(self.history_)
+        order = [known[c] for c in ids.tolist()]
+        array, codes, group_codes, held = split_for_calibration(
+            self, array, codes, group_codes, seed, order
+        )
         parts = split_by_client(array, group_codes, len(ids))
         labels = split_by_client(codes, group_codes, len(ids))
         data, states = {}, {}
@@ -172,7 +183,6 @@ class JointModelDetector(EMDetector):
             data[i] = (Xt, yt) if not hasattr(self, "pca_") else (self.pca_.transform(Xt), yt, Xt)
             states[i] = self._kept_state(i)
         params = self.model_
-        seed = getattr(self, "_seed", 0) + len(self.history_)
         algorithm = self._algorithm(
             self.n_features_in_,
             seed,
@@ -202,6 +212,8 @@ class JointModelDetector(EMDetector):
             self.client_joint_weights_[absent] = before[1][absent]
             self.decision_scores_ = self.decision_function(array)
             self._process_decision_scores()
+        if held is not None:  # every threshold again, under the updated model
+            self._calibrate_clients(dict(zip(order, held, strict=True)), seed, 4, "partial_fit")
         return self
 
     def _kept_state(self, index: int) -> dict[str, torch.Tensor]:

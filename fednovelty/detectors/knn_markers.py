@@ -35,12 +35,13 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from fednovelty.detectors._conformal import ConformalMixin
 from fednovelty.detectors._option_fields import FLOOR
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
-from fednovelty.detectors.base import MixtureDetector, SimulatedFitMixin
+from fednovelty.detectors.base import SimulatedFitMixin
 from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,
@@ -66,7 +67,7 @@ from fednovelty.mixture.vb_predictive import active_components, vb_predictive_co
 from fednovelty.runtime.threads import scoring_threads
 
 
-class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
+class FedKNNMarkerDetector(ConformalMixin, SimulatedFitMixin, BaseDetector):
     """Federated kNN-distance novelty with a Dir-NIG mixture of log distances; scores a row
     by the predictive tail probability of its distances to the clients' rows (module doc).
 
@@ -169,6 +170,9 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         robustness=None,
         privacy=None,
         contamination=0.1,
+        calibration="contamination",
+        alpha=0.01,
+        calibration_share=0.2,
         random_state=None,
         device=None,
         dtype="float64",
@@ -356,9 +360,6 @@ class FedKNNMarkerDetector(SimulatedFitMixin, BaseDetector):
         """Anomaly score ``-log tail_probability(X)``, shape (n_samples,), >= 0; higher =
         more anomalous."""
         return -self.score_samples(X)
-
-    # PyOD's labels as every fednovelty detector's (a NaN score would be an anomaly).
-    predict = MixtureDetector.predict
 
     def predict_proba(self, X, method="linear", return_confidence=False):
         """PyOD's outlier probabilities from ``decision_scores_``, shape (n_samples, 2) (as

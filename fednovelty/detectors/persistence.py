@@ -556,7 +556,8 @@ def check_scores(detector) -> None:
     if scores is None:
         return
     scores = np.asarray(scores, dtype=np.float64)
-    check_threshold(float(detector.threshold_), scores)
+    if not hasattr(detector, "client_thresholds_"):  # a conformal one is not a quantile of them
+        check_threshold(float(detector.threshold_), scores)
     bound = getattr(detector, "_log_density_bound", None)
     value = None if bound is None else bound()
     if value is not None:

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval
 
+from fednovelty.detectors._conformal import split_for_calibration
 from fednovelty.detectors._em_detector import EMDetector
 from fednovelty.detectors._fit_state import atomic_fit
 from fednovelty.detectors._option_fields import FLOOR, KMEANS_START
@@ -183,6 +184,9 @@ class StreamingFedGMMDetector(EMDetector):
         robustness=None,
         privacy=None,
         contamination=0.1,
+        calibration="contamination",
+        alpha=0.01,
+        calibration_share=0.2,
         random_state=None,
         device=None,
         dtype="float64",
@@ -239,6 +243,11 @@ class StreamingFedGMMDetector(EMDetector):
             groups: client id of each row (ids seen before keep their weights; new ids
                 start from the global weights); ``None``: one client, the first seen.
 
+        With ``calibration="conformal"`` each client's window rows are split as ``fit``'s
+        (``fednovelty.detectors._conformal``) and every threshold is set again under the
+        updated model; a client absent from the window takes the federation's, with a
+        ``ConformalCalibrationWarning``.
+
         Returns:
             self
 
@@ -252,7 +261,6 @@ class StreamingFedGMMDetector(EMDetector):
         if groups is None:
             groups = np.full(array.shape[0], self.client_ids_[0])
         ids, codes = check_groups(groups, array.shape[0])
-        parts = split_by_client(array, codes, len(ids))
         known = {c: i for i, c in enumerate(self.client_ids_.tolist())}
         new_ids = [c for c in ids.tolist() if c not in known]
         if new_ids and not _same_kind(self.client_ids_, np.asarray(new_ids)):
@@ -263,6 +271,10 @@ class StreamingFedGMMDetector(EMDetector):
             )
         all_ids = self.client_ids_.tolist() + new_ids
         index = {c: i for i, c in enumerate(all_ids)}
+        seed = self._seed + self.window_ + 1  # the window's (as _window's run)
+        order = [index[c] for c in ids.tolist()]
+        array, _, codes, held = split_for_calibration(self, array, None, codes, seed, order)
+        parts = split_by_client(array, codes, len(ids))
         clients = {index[c]: self._as_tensor(p) for c, p in zip(ids.tolist(), parts, strict=True)}
         self.client_ids_ = np.asarray(all_ids)
         self.n_clients_ = len(all_ids)
@@ -274,6 +286,9 @@ class StreamingFedGMMDetector(EMDetector):
             self.total_bytes_down_ += self.bytes_down_
             self.decision_scores_ = self.decision_function(array)
             self._process_decision_scores()
+        if held is not None:  # every threshold again, under the updated model
+            held_by_client = dict(zip(order, held, strict=True))
+            self._calibrate_clients(held_by_client, seed, 4, "partial_fit")
         return self
 
     def _window(self, clients, kept, *, rho, rounds, record) -> None:
