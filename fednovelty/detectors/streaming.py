@@ -24,6 +24,12 @@ Drift, per client and window (``drift_history_``):
   client's alarms start once its reference holds ``REFERENCE_WINDOWS`` (3) windows, the
   first being ``fit``'s (statistical process control's Phase I: the reference's mean and
   spread are estimated before monitoring).
+- with ``drift_test="conformal"`` instead: ``p_value`` and ``alarm``, each client's own
+  permutation test of its window's mean ``-log p(x)`` against the scores of its latest
+  ``drift_reference`` rows, an alarm when ``p <= false_alarm_rate`` (exact when the rows
+  are exchangeable), and a conformal test martingale beside it (``martingale``,
+  ``martingale_alarm``), from the client's second streamed window on
+  (:mod:`fednovelty.detectors._stream_alarms`).
 - a global alarm (``global_alarms_``) when at least ``global_alarm_share`` of the window's
   clients alarm together.
 
@@ -43,6 +49,7 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval
 
+from fednovelty.detectors import _stream_alarms as stream_alarms
 from fednovelty.detectors._conformal import split_for_calibration
 from fednovelty.detectors._em_detector import EMDetector
 from fednovelty.detectors._fit_state import atomic_fit
@@ -88,7 +95,8 @@ class StreamingFedGMMDetector(EMDetector):
         weights_history_: per window, ``{client id: weights}`` of the clients that replied.
         drift_history_: one dict per client and window (``window``, ``client``, ``status``,
             ``n_rows``, ``total_variation``, ``mean_log_likelihood``, ``surprise``,
-            ``cusum``, ``alarm``, ``births``).
+            ``cusum``, ``alarm``, ``p_value``, ``martingale``, ``martingale_alarm``,
+            ``births``).
         global_alarms_: windows with a global alarm.
         alarm_threshold_: the CUSUM threshold ``h`` from ``false_alarm_rate``.
         carry_: the carried statistics ``S_t``.
@@ -152,6 +160,7 @@ class StreamingFedGMMDetector(EMDetector):
             "the CUSUM's reference value (tuned to shifts of about ``2 k`` standard errors).",
             "estimator",
         ),
+        *stream_alarms.DRIFT_PARAMS,
         Param(
             "global_alarm_share",
             0.5,
@@ -174,6 +183,9 @@ class StreamingFedGMMDetector(EMDetector):
         birth_share=0.05,
         false_alarm_rate=0.01,
         cusum_k=0.5,
+        drift_test="cusum",
+        drift_reference=500,
+        drift_resamples=999,
         global_alarm_share=0.5,
         covariance_type="full",
         reg_covar=1e-06,
@@ -207,6 +219,7 @@ class StreamingFedGMMDetector(EMDetector):
                 f"n_components={self.n_components} must be <= n_samples={n_total}; lower "
                 "n_components or provide more rows."
             )
+        stream_alarms.check_drift_params(self)
         self._seed = seed
         width = clients[0].shape[1]
         em = FederatedEM(
@@ -256,6 +269,7 @@ class StreamingFedGMMDetector(EMDetector):
                 ``X`` or bad ``groups``. On any error the model is unchanged.
         """
         self._validate_params()
+        stream_alarms.check_drift_params(self)
         self._check_fitted()
         array = self._check_X(X, fitted=True)
         if groups is None:
@@ -304,6 +318,7 @@ class StreamingFedGMMDetector(EMDetector):
             "rounds": rounds,
             "random_state": self._seed,
             **self._torch_options(),
+            **(stream_alarms.conformal_settings(self) if record else {}),
         }
         if self.carry_ is not None:
             settings.update({f"carry_{k}": getattr(self.carry_, k) for k in _CARRY})
@@ -376,12 +391,14 @@ class StreamingFedGMMDetector(EMDetector):
             "total_variation": float("nan"),
             "mean_log_likelihood": float("nan"),
             "surprise": float("nan"),
-            "cusum": self._cusum.get(i, 0.0),
+            "cusum": self._cusum.get(i, 0.0) if self.drift_test == "cusum" else float("nan"),
             "alarm": False,
+            **stream_alarms.NO_CONFORMAL,
             "births": list(state.births),
         }
         if i not in clients:
             return {**record, "status": "absent"}
+        record.update(stream_alarms.conformal_fields(self, i))
         if i not in state.drift:
             return {**record, "status": "below floor" if record["n_rows"] else "empty"}
         mean_ll, var_ll, tv, new = (float(v) for v in state.drift[i][: len(DRIFT_FIELDS)])
@@ -399,7 +416,7 @@ class StreamingFedGMMDetector(EMDetector):
             if monitored:  # the client's window means spread wider than its rows say: use it
                 spread = max(spread, float(np.sqrt(between * (1.0 + 1.0 / ref_weight))))
             record["surprise"] = float((ref_mean - mean_ll) / spread)
-            if monitored:
+            if monitored and self.drift_test == "cusum":
                 statistic, alarm = cusum_step(
                     self._cusum.get(i, 0.0), record["surprise"], self.cusum_k, self.alarm_threshold_
                 )
@@ -441,6 +458,7 @@ class StreamingFedGMMDetector(EMDetector):
                 tensors[f"client_state.{i}"] = state["log_weights"]
         if self.carry_ is not None:
             tensors.update({f"carry.{k}": getattr(self.carry_, k) for k in _CARRY})
+        tensors.update(stream_alarms.drift_tensors(self._client_state))
         attrs.update(
             window_=self.window_,
             weights_history_=[
@@ -472,6 +490,7 @@ class StreamingFedGMMDetector(EMDetector):
                 value = get_tensor(tensors, name, (k,), allow_inf=True)  # log 0 = -inf
                 check_probabilities(value.exp(), f"the weights exp({name!r})")
                 self._client_state[i] = {"log_weights": value.to(**self._torch_options())}
+        stream_alarms.restore_drift_states(tensors, self._client_state, self.n_clients_)
         self.carry_ = None
         if "carry.counts" in tensors:
             parts = {

@@ -48,6 +48,7 @@ from fednovelty.federated.core.steps import ChainedAlgorithm, Step
 from fednovelty.federated.init.combine import combine_stats
 from fednovelty.federated.init.settings import GivenMixture
 from fednovelty.federated.mixtures.em import client_e_step, kept_tied_second, personal_log_weights
+from fednovelty.federated.streams.conformal_drift import check_drift_settings, drift_window
 from fednovelty.federated.trust.backing import backed, effective_rows, stats_backing
 from fednovelty.federated.trust.contrast import winsorised_row_values
 from fednovelty.federated.trust.floors import suppress_components
@@ -99,6 +100,10 @@ class StreamConfig(RobustSettings, ComponentSettings, CovarianceSettings, GivenM
         birth_share: when the far rows are at least this share of the window's rows, the
             component with the least carried mass is re-born on their statistics.
         adapt_iter, adapt_tol: each client's EM over its weights at the window's start.
+        conformal_drift: each client also tests its window's scores against its own
+            latest rows' (:mod:`~fednovelty.federated.streams.conformal_drift`; kept in its
+            state, never released), with ``drift_alpha``, a reference of the latest
+            ``drift_reference`` rows and ``drift_resamples`` pseudo-windows.
 
     The M-steps are plain: no standardisation and no covariance prior, whose scales would
     change from window to window.
@@ -117,12 +122,17 @@ class StreamConfig(RobustSettings, ComponentSettings, CovarianceSettings, GivenM
     birth_share: float = 0.05
     adapt_iter: int = 100
     adapt_tol: float = 1e-6
+    conformal_drift: bool = False
+    drift_alpha: float = 0.01
+    drift_reference: int = 500
+    drift_resamples: int = 999
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._set("rounds", int(at_least("rounds", self.rounds, 0)))
         self._set("adapt_iter", int(at_least("adapt_iter", self.adapt_iter, 1)))
         self._set("adapt_tol", float(at_least("adapt_tol", self.adapt_tol, 0)))
+        check_drift_settings(self)
         for name in ("rho", "birth_share"):
             value = float(at_least(name, getattr(self, name), 0))
             if value > 1:
@@ -473,6 +483,8 @@ class StreamStep(Step):
             per_row = torch.logsumexp(log_n + old, dim=1)
             fit = fit_weights(log_n, old, max_iter=config.adapt_iter, tol=config.adapt_tol)
         context.state["log_weights"] = fit.log_weights
+        if config.conformal_drift:  # the client's own test: nothing of it is released
+            drift_window(per_row, context.state, config, context.client_id)
         kept, behind = winsorised_row_values(per_row, context.terms.min_rows, powers=(1, 2))
         variance = kept.var(unbiased=True) if kept.shape[0] > 1 else per_row.new_zeros(())
         tv = 0.5 * (fit.log_weights.exp() - old.exp()).abs().sum()
