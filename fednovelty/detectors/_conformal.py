@@ -162,7 +162,24 @@ def _ids(client_ids) -> list:
 class ConformalMixin:
     """The conformal side of a novelty detector (the module doc): the per-client thresholds
     of ``calibration="conformal"``, ``predict`` with ``client=``, ``p_values``,
-    ``discoveries``, ``calibrate`` and their saved state."""
+    ``discoveries``, ``calibrate`` and their saved state.
+
+    Attributes (``calibration="conformal"`` only; a contamination fit removes them):
+        client_thresholds_: dict client id -> its alarm threshold (``score > threshold``).
+        calibration_rows_: dict client id -> the held-out rows behind its threshold (the
+            rows given to ``calibrate`` for a calibrated client).
+        calibration_sources_: dict client id -> ``"own"``, ``"private"``,
+            ``"federation"`` (too few rows of its own) or ``"calibrated"``.
+        calibration_edges_: (B + 1,) the public bin edges; calibration_counts_: (B + 2,)
+            the federation's histogram (noisy under differential privacy, clipped at 0).
+        client_calibration_counts_: dict client id -> (B + 2,) its histogram, for the
+            clients with a threshold of their own or calibrated (none under differential
+            privacy).
+        calibration_index_: (n_held,) positions in the last ``fit``'s (or window's) ``X``
+            of the held-out rows, sorted (not saved).
+        threshold_: the federation's threshold (PyOD's ``predict(X)``); ``labels_`` from
+            it.
+    """
 
     # -------------------------------------------------------------- scores
     def _personal_scores(self) -> bool:

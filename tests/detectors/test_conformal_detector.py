@@ -261,6 +261,29 @@ def test_a_client_with_too_few_rows_takes_the_federations_threshold_with_a_warni
     assert det.history_[-1]["n_skipped"] == 1
 
 
+def test_the_fits_data_loss_warnings_count_the_training_rows_alone():
+    """A client of 10 rows trains on 8 and holds out 2 (below the floor of 5: it releases no
+    histogram, which the calibration's warning says); one of 3 rows trains on all 3. The
+    fit's data-loss warning counts their training rows, and not the calibration round."""
+    from fednovelty.exceptions import DataLossWarning
+
+    X, groups = small_federation()
+    position = np.arange(len(X))
+    keep = (groups < 3) | (groups == 3) & (position < 910) | (groups == 4) & (position < 943)
+    X, groups = X[keep], groups[keep]
+    assert np.bincount(groups).tolist() == [300, 300, 300, 10, 3]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        small_detector().fit(X, groups=groups)
+    losses = [str(w.message) for w in caught if issubclass(w.category, DataLossWarning)]
+    assert len(losses) == 1 and "2 of 5 clients" in losses[0]
+    assert "client 4 (3 rows;" in losses[0] and "client 3 (8 rows;" in losses[0]
+    assert "calibration" not in losses[0]
+    calibration = [str(w.message) for w in caught if w.category is ConformalCalibrationWarning]
+    silent = [m for m in calibration if "released no calibration histogram" in m]
+    assert len(silent) == 1 and "client 3 (2 rows)" in silent[0]
+
+
 def test_no_client_with_the_floors_rows_fails_the_fit_and_keeps_the_detector():
     X, groups = small_federation()
     few = np.isin(groups, [3, 4])
