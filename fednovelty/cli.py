@@ -135,6 +135,10 @@ def _fit(args: argparse.Namespace) -> int:
     if args.components is not None:  # a method whose clients choose their own K ignores it
         settings["n_components"] = args.components
     shown = {"progress": progress_of(args)} if "progress" in method.parameters() else {}
+    if args.alpha is not None:
+        if "alpha" not in method.parameters():
+            raise UsageError(f"--alpha: {args.method} has no conformal calibration.")
+        shown.update(calibration="conformal", alpha=args.alpha)
     detector = method.build(**method.shared_params(**settings), **shown)
     if method.fits_clients:
         detector.fit(frame, groups=groups)
@@ -152,7 +156,7 @@ def _warn(message: str) -> None:
 
 def _score(args: argparse.Namespace) -> int:
     from fednovelty import load
-    from fednovelty._cli.scoring import score_table
+    from fednovelty._cli.scoring import conformal_columns, is_conformal, score_table
 
     model = check_input(args.model, "model")
     data = check_table_path(args.data)
@@ -161,6 +165,14 @@ def _score(args: argparse.Namespace) -> int:
     frame, clients, ids = _read_features(args, data)
     check_numeric(frame, args.data, args.client_column)
     scores = score_table(detector, frame, clients, _warn)
+    if is_conformal(detector):
+        for name, values in conformal_columns(detector, frame, clients, args.fdr).items():
+            scores[name] = values
+    elif args.fdr is not None:
+        raise UsageError(
+            "--fdr needs conformal p-values: fit the model with --alpha (calibration="
+            "'conformal'), or score without --fdr."
+        )
     labels = {args.id_column or "row": frame.index if ids is None else ids}
     if clients is not None:
         labels[args.client_column] = clients
@@ -218,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="K of the mixture (methods whose clients choose their own K ignore it)",
     )
+    fit.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="calibrate conformal alarms at this false-alarm rate per client (e.g. 0.01): "
+        "each client holds out 20 %% of its rows for it; default: PyOD's contamination "
+        "threshold",
+    )
     fit.add_argument("--seed", type=non_negative_int, default=0)
     fit.add_argument(
         "--out", required=True, help="model file (.safetensors); its folder must exist"
@@ -240,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="column of row ids, written first in the output (default: the row number, "
         "column 'row')",
+    )
+    score.add_argument(
+        "--fdr",
+        type=float,
+        default=None,
+        help="a model fitted with --alpha only: add a 'discovery' column, Benjamini-Hochberg "
+        "at this false discovery rate (e.g. 0.1) over the file's rows",
     )
     score.add_argument("--out", required=True, help="output CSV; its folder must exist")
     score.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

@@ -10,6 +10,12 @@ once, naming those clients; so is every row of a detector with one global model 
 (``FedGenGMM``, ``DEM-*``, ``CentralGMM``, ...), with a warning that says so. ``is_anomaly``
 compares each row's anomaly score with the detector's ``threshold_``, set on the training
 rows' global scores.
+
+A detector fitted with ``calibration="conformal"`` adds a ``p_value`` column (its conformal
+p-value: small = unlike the calibration rows) and sets ``is_anomaly`` by the row's client's
+own threshold (``predict(X, client=...)``; a client without one, or no ``--client-column``:
+the federation's threshold); ``--fdr q`` adds ``discovery``, Benjamini-Hochberg at false
+discovery rate ``q`` over the file's rows as one batch (:func:`conformal_columns`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["client_key", "personal_scorer", "score_table"]
+__all__ = ["client_key", "conformal_columns", "personal_scorer", "score_table"]
 
 
 def personal_scorer(detector) -> Callable | None:
@@ -99,3 +105,42 @@ def score_table(
                 "the global model."
             )
     return pd.DataFrame({"log_px": log_px, "anomaly_score": anomaly, "is_anomaly": labels})
+
+
+def is_conformal(detector) -> bool:
+    """Whether ``detector`` was fitted with ``calibration="conformal"`` (it has per-client
+    thresholds)."""
+    return getattr(detector, "calibration", None) == "conformal" and hasattr(
+        detector, "client_thresholds_"
+    )
+
+
+def conformal_columns(
+    detector, frame: pd.DataFrame, clients: pd.Series | None, fdr: float | None
+) -> dict[str, np.ndarray]:
+    """``p_value`` and ``is_anomaly`` (n_samples,) of a conformal detector's rows, each row
+    under its client's threshold and p-values where the detector holds that client's
+    (``client_thresholds_``), else the federation's; with ``fdr``, ``discovery``:
+    Benjamini-Hochberg at ``fdr`` over all the rows' p-values."""
+    from fednovelty.federated.core.conformal import benjamini_hochberg
+
+    n = len(frame)
+    p_values = np.empty(n, dtype=np.float64)
+    alarms = np.empty(n, dtype=np.int64)
+    known = list(detector.client_thresholds_)
+    keys = (
+        np.full(n, None, dtype=object)
+        if clients is None
+        else np.array([client_key(v, known) for v in clients.to_numpy()], dtype=object)
+    )
+    by_client: dict = {}
+    for row, key in enumerate(keys.tolist()):
+        by_client.setdefault(key, []).append(row)
+    for key, rows in by_client.items():
+        part = frame.iloc[rows]
+        p_values[rows] = detector.p_values(part, client=key)
+        alarms[rows] = detector.predict(part, client=key)
+    out = {"p_value": p_values, "is_anomaly": alarms}
+    if fdr is not None:
+        out["discovery"] = benjamini_hochberg(p_values, fdr).astype(np.int64)
+    return out
