@@ -23,6 +23,7 @@ __all__ = [
     "cluster_scatter",
     "cluster_sizes_figure",
     "joint_scatter",
+    "p_value_histogram",
     "partition_dot_plot",
     "pr_figure",
     "roc_figure",
@@ -74,6 +75,41 @@ def score_histogram(
         fig.add_vline(
             x=threshold, line_dash="dash", line_color="black", annotation_text="threshold"
         )
+    return fig.update_layout(**_LAYOUT)
+
+
+def p_value_histogram(
+    frame: pd.DataFrame, edges: np.ndarray, alpha: float | None = None, title: str | None = None
+) -> go.Figure:
+    """Overlaid density histograms of conformal p-values (``frame``: ``p_value``, ``group``)
+    per group over the right-closed bins ``(edges[i], edges[i + 1]]`` (the first also holds
+    0), each bar as wide as its bin, with density 1 (uniform p-values) as a dotted line and
+    ``alpha`` as a dashed one. A bar's height is the group's share of rows in the bin over
+    the bin's width; values within 1e-9 of an edge count in the bin that edge closes."""
+    edges = np.asarray(edges, dtype=np.float64)
+    widths = np.diff(edges)
+    fig = go.Figure()
+    for group in [g for g in ("normal", "novel", "unknown") if g in set(frame.group)]:
+        p = frame.p_value[frame.group == group].to_numpy(dtype=np.float64)
+        index = np.clip(np.searchsorted(edges + 1e-9, p, side="left"), 1, widths.size) - 1
+        counts = np.bincount(index, minlength=widths.size)
+        fig.add_trace(
+            go.Bar(
+                x=edges[:-1] + widths / 2, y=counts / (p.size * widths), width=widths,
+                name=group, opacity=0.6, marker={"color": COLORS[group]}, customdata=counts,
+                hovertemplate="bin centre %{x:.3f}: %{customdata} rows, density %{y:.2f}",
+            )
+        )  # fmt: skip
+    fig.add_hline(y=1.0, line_dash="dot", line_color="black", annotation_text="uniform")
+    if alpha is not None:
+        fig.add_vline(x=alpha, line_dash="dash", line_color="black", annotation_text="alpha")
+    fig.update_layout(
+        barmode="overlay",
+        title=title or "Conformal p-values of the test rows",
+        xaxis_title="conformal p-value",
+        yaxis_title="density",
+        xaxis_range=[0.0, 1.0],
+    )
     return fig.update_layout(**_LAYOUT)
 
 

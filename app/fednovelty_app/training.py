@@ -22,6 +22,12 @@ Choices, and why:
 - Default settings (the Train page's first run): the FedGMM paper's synthetic data, 10
   training clients + 2 unseen, d = 8, FedGMM's joint model with 3 Gaussians, 3 linear
   learners, 5 local epochs, 30 rounds: every page has something to show, quickly.
+- Alarm calibration (:attr:`MethodSettings.calibration`): PyOD's contamination rule by
+  default; ``"conformal"`` builds the detector with ``calibration="conformal"`` and
+  ``alpha`` (split conformal: each client holds out ``calibration_share``, 0.2, of its rows
+  and keeps its own alarm threshold; ``fednovelty.detectors._conformal`` has the method).
+  Only the methods whose detector takes ``calibration`` offer it (:func:`calibrates`): the
+  PyOD baselines do not.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from fednovelty_app.progress import Progress, fit_with_progress, max_rounds
 from fednovelty.methods import Method, get_method, method_names
 
 __all__ = [
+    "CALIBRATIONS",
     "DataSettings",
     "MethodSettings",
     "ModelFileError",
@@ -47,6 +54,7 @@ __all__ = [
     "TrainedRun",
     "build_bundle",
     "build_detector",
+    "calibrates",
     "centralized_choices",
     "choice_method",
     "counts_rounds",
@@ -121,6 +129,15 @@ def counts_rounds(choice: str) -> bool:
     return "max_iter" in choice_method(choice).parameters() and not fits_locally(choice)
 
 
+def calibrates(choice: str) -> bool:
+    """Whether the choice's detector takes ``calibration`` (and so ``"conformal"`` alarms);
+    FedGMM's joint model takes it as the plain one does."""
+    return "calibration" in choice_method(choice).parameters()
+
+
+#: The page's alarm calibrations: PyOD's contamination share or split conformal.
+CALIBRATIONS = ("contamination", "conformal")
+
 PLAIN_TOL = 1e-3
 JOINT_TOL = 1e-6  # joint models run (nearly) every round: learners improve after the Gaussians
 
@@ -177,6 +194,9 @@ class MethodSettings:
         n_learners, local_epochs: the joint model's learners.
         client_components: K_c of FedGenGMM / Local clients; None = BIC over 1..10.
         copula: FedGenGMM scores with a Gaussian copula fitted on the server's synthetic rows.
+        calibration: ``"contamination"`` (PyOD's threshold) or ``"conformal"`` (per-client
+            split-conformal thresholds; methods for which :func:`calibrates` is true).
+        alpha: the conformal false-alarm rate per client, in (0, 0.5].
     """
 
     method: str = "FedGMM"
@@ -189,6 +209,8 @@ class MethodSettings:
     local_epochs: int = 5
     client_components: int | None = None
     copula: bool = False
+    calibration: str = "contamination"
+    alpha: float = 0.01
 
 
 def run_key(data: DataSettings, method: MethodSettings) -> str:
@@ -287,10 +309,12 @@ def _fit_settings(method: MethodSettings, joint: bool) -> dict:
 
 
 def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
-    """An unfitted detector for ``method``, built by the registry (``registry_name``).
+    """An unfitted detector for ``method``, built by the registry (``registry_name``); with
+    ``method.calibration == "conformal"`` also ``calibration="conformal", alpha=...``.
 
     Raises:
-        ValueError: an unknown method name.
+        ValueError: an unknown method name or calibration, or ``"conformal"`` for a method
+            whose detector has no ``calibration`` (a PyOD baseline).
     """
     entry = get_method(registry_name(method, joint=joint))
     shared = entry.shared_params(
@@ -299,7 +323,23 @@ def build_detector(method: MethodSettings, seed: int, *, joint: bool = False):
         covariance_type=method.covariance_type,
         random_state=seed,
     )
-    return entry.build(**shared, **_fit_settings(method, joint))
+    return entry.build(**shared, **_fit_settings(method, joint), **_calibration(method, entry))
+
+
+def _calibration(method: MethodSettings, entry: Method) -> dict:
+    """``{"calibration": "conformal", "alpha": ...}`` for a conformal choice, else ``{}``."""
+    if method.calibration not in CALIBRATIONS:
+        raise ValueError(
+            f"calibration must be one of {list(CALIBRATIONS)}; got {method.calibration!r}."
+        )
+    if method.calibration == "contamination":
+        return {}
+    if "calibration" not in entry.parameters():
+        raise ValueError(
+            f"{method.method} has no conformal calibration (its detector takes no "
+            "'calibration'); choose calibration='contamination' or a fednovelty detector."
+        )
+    return {"calibration": "conformal", "alpha": float(method.alpha)}
 
 
 # ----------------------------------------------------------------------------- runs
@@ -442,7 +482,12 @@ def uploaded_run(detector, data: DataSettings, bundle: DataBundle, digest: str) 
     name = type(detector).__name__.removesuffix("Detector").removeprefix("Joint")
     if name == "FedGMM" and getattr(detector, "mixture_weights", "") == "global":
         name = "DEM"
-    method = MethodSettings(method=f"uploaded {name}")
+    conformal = getattr(detector, "calibration", None) == "conformal"
+    method = MethodSettings(
+        method=f"uploaded {name}",
+        calibration="conformal" if conformal else "contamination",
+        alpha=float(detector.alpha) if conformal else MethodSettings.alpha,
+    )
     return TrainedRun(
         key=f"uploaded:{digest}",
         data=data,

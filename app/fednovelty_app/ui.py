@@ -108,3 +108,25 @@ def show_metrics(values: dict[str, float], names: dict[str, str]) -> None:
     for column, (key, label) in zip(columns, names.items(), strict=True):
         value = values.get(key)
         column.metric(label, "n/a" if value is None else f"{value:.3f}")
+
+
+def show_threshold_table(table) -> None:
+    """The conformal threshold table (``conformal.threshold_table``) with rates to 3
+    decimals, and what its columns mean."""
+    rate = st.column_config.NumberColumn(format="%.3f")
+    st.dataframe(
+        table,
+        hide_index=True,
+        column_config={
+            "threshold": st.column_config.NumberColumn(format="%.4g"),
+            **{name: rate for name in ("false-alarm rate", "95 % low", "95 % high", "alpha")},
+        },
+    )
+    st.caption(
+        "Each client raises an alarm when a row's score exceeds its own threshold, set from "
+        "its held-out calibration rows (source 'own'; 'federation': too few rows, it takes the "
+        "federation's). The false-alarm rate is the share of its normal test rows, which "
+        "never trained nor calibrated, that its threshold flags, with an exact 95 % binomial "
+        "interval; conformal calibration promises at most alpha per client. The last row is "
+        "the federation's threshold (predict without a client) on all normal test rows."
+    )

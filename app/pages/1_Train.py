@@ -27,6 +27,7 @@ from fednovelty_app.training import (  # noqa: E402
     MethodSettings,
     ModelFileError,
     build_bundle,
+    calibrates,
     centralized_choices,
     choice_method,
     counts_rounds,
@@ -40,6 +41,7 @@ from fednovelty_app.training import (  # noqa: E402
 )
 
 UPLOAD = "Upload a CSV / Parquet file"
+CALIBRATION_LABELS = {"contamination": "PyOD contamination", "conformal": "conformal"}
 P = ui.TRAIN_PREFIX
 NONE = "(none)"
 
@@ -275,6 +277,32 @@ with method_col:
             "Better on average over 25 ADBench sets (docs/robust.md); the components shown "
             "stay those of the plain global mixture.",
         )
+    if calibrates(method):
+        ui.default_choice(P + "calibration", list(CALIBRATION_LABELS), "contamination")
+        ui.default(P + "alpha", 0.01)
+        options["calibration"] = st.radio(
+            "Alarm calibration",
+            list(CALIBRATION_LABELS),
+            key=P + "calibration",
+            format_func=CALIBRATION_LABELS.get,
+            horizontal=True,
+            help="PyOD contamination: the threshold flags the training rows' top share, no "
+            "promised false-alarm rate. Conformal: each client holds out 20 % of its rows "
+            "and keeps its own threshold, so a new normal row of that client raises an alarm "
+            "with probability at most alpha (Scores and Clients show the rates achieved).",
+        )
+        if options["calibration"] == "conformal":
+            options["alpha"] = st.number_input(
+                "alpha (false-alarm rate per client)",
+                0.001,
+                0.5,
+                step=0.005,
+                format="%.3f",
+                key=P + "alpha",
+                help="A client needs ceil(1 / alpha) - 1 held-out rows for a threshold of its "
+                "own (alpha 0.01: 99, about 495 rows of a client); others take the "
+                "federation's, with a warning naming them.",
+            )
     pooled = "" if method in federated else "; fitted on the pooled rows: no federation, no rounds"
     joint = "; with labels, the joint model p(x, y)" if options.get("joint") else ""
     st.caption(method_description(MethodSettings(**options)) + pooled + joint)
@@ -336,6 +364,11 @@ if run is not None:
         st.warning(bundle.one_client, icon=":material/warning:")
     for message in run.warnings[:3]:
         st.warning(message)
+    if getattr(det, "calibration", None) == "conformal":
+        st.caption(
+            f"Conformal alarms at alpha = {float(det.alpha):g}: each client's threshold and "
+            "the false-alarm rate it achieves are on the Scores and Clients pages."
+        )
     st.page_link("pages/2_Scores.py", label="See the scores", icon=":material/bar_chart:")
 
 st.divider()

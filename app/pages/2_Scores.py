@@ -8,6 +8,7 @@ from fednovelty_app import ui
 
 ui.setup("Scores", ":material/bar_chart:")
 
+from fednovelty_app import conformal  # noqa: E402
 from fednovelty_app.analysis import (  # noqa: E402
     confusion_at,
     curves,
@@ -19,7 +20,13 @@ from fednovelty_app.analysis import (  # noqa: E402
     scored_test_rows,
 )
 from fednovelty_app.data import tested_words  # noqa: E402
-from fednovelty_app.plots import pr_figure, roc_figure, score_histogram, shares_figure  # noqa: E402
+from fednovelty_app.plots import (  # noqa: E402
+    p_value_histogram,
+    pr_figure,
+    roc_figure,
+    score_histogram,
+    shares_figure,
+)
 
 st.title("Scores")
 run = ui.require_run(what="the scores")
@@ -114,6 +121,19 @@ if known:
             },
             index=["novel rows", "normal rows"],
         )
+    )
+
+if conformal.is_conformal(det):
+    st.subheader(f"Conformal alarms (alpha = {float(det.alpha):g})")
+    ui.show_threshold_table(conformal.threshold_table(det, bundle))
+    p_frame, grid = conformal.view_p_values(det, bundle, client)
+    title = "Conformal p-values" + ("" if client is None else f" of client {view}'s test rows")
+    figure = p_value_histogram(p_frame, conformal.p_value_edges(grid), float(det.alpha), title)
+    st.plotly_chart(figure, key="scores_p_values")
+    st.caption(
+        "Each row's p-value against its own client's calibration rows (the federation's for "
+        "a client without its own, or rows of unknown client). Normal rows should spread "
+        "evenly (density near the dotted line); novel rows pile up near 0."
     )
 
 st.subheader("Explain a row")

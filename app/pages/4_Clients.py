@@ -1,4 +1,5 @@
-"""Clients: the partition, mixture weights pi_c, per-client AUROC, rounds and bytes."""
+"""Clients: the partition, mixture weights pi_c, per-client AUROC, conformal thresholds,
+rounds and bytes."""
 
 import streamlit as st
 from fednovelty_app import ui
@@ -13,6 +14,7 @@ from fednovelty_app.analysis import (  # noqa: E402
     partition_table,
     per_client_auroc,
 )
+from fednovelty_app.conformal import is_conformal, threshold_table  # noqa: E402
 from fednovelty_app.plots import (  # noqa: E402
     client_auroc_figure,
     partition_dot_plot,
@@ -69,6 +71,10 @@ with right:
             + (f" No bar for client(s) {', '.join(missing)}: their rows hold one class only."
                if missing else "")
         )  # fmt: skip
+
+if is_conformal(det):
+    st.subheader(f"Alarm thresholds per client (conformal, alpha = {float(det.alpha):g})")
+    ui.show_threshold_table(threshold_table(det, bundle))
 
 st.subheader("Communication")
 history = history_frame(det)

@@ -1,4 +1,5 @@
-"""Score your data: upload rows, get log p(x), log p(y|x), the flag and the component."""
+"""Score your data: upload rows, get log p(x), log p(y|x), the flag and the component; a
+conformal model adds each row's p-value and its alarm by its client's threshold."""
 
 import numpy as np
 import pandas as pd
@@ -8,6 +9,7 @@ from fednovelty_app import ui
 ui.setup("Score your data", ":material/upload_file:")
 
 from fednovelty_app.analysis import score_axis, score_rows  # noqa: E402
+from fednovelty_app.conformal import is_conformal, row_alarms  # noqa: E402
 from fednovelty_app.plots import score_histogram  # noqa: E402
 from fednovelty_app.uploads import UploadError, check_score_table, read_table  # noqa: E402
 
@@ -91,13 +93,24 @@ try:
 except ValueError as error:  # e.g. labels of another type than the model's classes
     st.error(str(error))
     st.stop()
+conformal = is_conformal(det)
+if conformal:
+    alarms, more = row_alarms(det, X, clients)
+    table, notes = pd.concat([table, alarms], axis=1), [*notes, *more]
 for note in notes:
     st.caption(note)
 
-cols = st.columns(3)
+cols = st.columns(4 if conformal else 3)
 cols[0].metric("Rows", f"{len(table):,}")
 cols[1].metric("Flagged as novel", f"{int(table.flag.sum()):,}")
 cols[2].metric("Share flagged", f"{table.flag.mean():.1%}")
+if conformal:
+    cols[3].metric(f"Conformal alarms (alpha {float(det.alpha):g})", f"{int(table.alarm.sum()):,}")
+    st.caption(
+        "p_value: the row's conformal p-value (small = unlike its client's calibration rows); "
+        "alarm: 1 when its score exceeds its client's own threshold (the federation's for a "
+        "row without a client or of a client without one), whatever the slider says."
+    )
 shown = pd.DataFrame(
     {"value": sign * table.anomaly_score, "group": np.where(table.flag == 1, "novel", "normal")}
 )
