@@ -19,7 +19,9 @@ conformal calibration promises one, per client:
    exchangeable, the new row's score exceeds it (an alarm is ``score > threshold``, ties
    included) with probability at most ``alpha``.
 3. One more round, :class:`~fednovelty.federated.calibration.quantile.FederatedCalibration`,
-   sums the clients' binned scores (a histogram over a public grid of bin edges fixed from
+   sums the clients' binned scores under the shared model (the scores ``predict(X)``
+   without a client reads, also where a client's own threshold uses its personal weights;
+   a histogram over a public grid of bin edges fixed from
    the model before any score is read, ``calibration_edges_``; the runtime's gates apply,
    the floor on rows included): ``threshold_`` is the conservative conformal threshold of the
    sum (the upper edge of the bin holding its ``k``-th smallest score), what ``predict(X)``
@@ -224,11 +226,17 @@ class ConformalMixin:
         need = min_calibration_rows(alpha)
         edges = calibration_edges(self._lowest_score())
         epsilon = self._quantile_epsilon()
-        scores = []
+        scores, shared = [], []  # each client's own scores; the shared model's, for the
+        personal = self._personal_scores()  # federation's histogram (what predict(X) reads)
         for index, client in enumerate(ids):
             rows = held.get(index)
             empty = rows is None or rows.shape[0] == 0
             scores.append(np.empty(0) if empty else self._client_scores(rows, client))
+            shared.append(
+                np.asarray(self.decision_function(rows), dtype=np.float64)
+                if personal and not empty
+                else scores[-1]
+            )
         thresholds, sources, counts = {}, {}, {}
         for client, values in zip(ids, scores, strict=True):
             if values.size < need:
@@ -241,7 +249,7 @@ class ConformalMixin:
                 q = min(1.0, conformal_rank(values.size, alpha) / values.size)
                 thresholds[client] = private_quantile(values, q, epsilon, edges, noise_source(None))
                 sources[client] = "private"
-        federation, silent = self._federated_counts(scores, edges, seed)
+        federation, silent = self._federated_counts(shared, edges, seed)
         threshold = float(histogram_threshold(federation, edges, alpha))
         rows = {client: int(values.size) for client, values in zip(ids, scores, strict=True)}
         few = {client: n for client, n in rows.items() if client not in thresholds}
