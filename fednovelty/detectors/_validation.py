@@ -7,6 +7,8 @@ import numpy as np
 
 from fednovelty.detectors import _columns
 from fednovelty.exceptions import ClientDataError
+from fednovelty.mixture.rows import is_row_source
+from fednovelty.runtime.rows import SelectedRows
 
 
 def feature_names(X) -> np.ndarray | None:
@@ -48,13 +50,23 @@ def check_X(
     ``X`` as scikit-learn does (``_columns.check_feature_names``: a ``UserWarning`` when only
     one side has names). Messages name a DataFrame's columns by name, others' by number.
 
+    A row source (:mod:`fednovelty.runtime.rows`) is refused here: the estimators that
+    stream one check it chunk by chunk (:mod:`fednovelty.detectors._row_input`).
+
     Raises:
+        TypeError: ``X`` is a row source.
         ValueError: repeated column names, other column names than in fit (naming the missing
             and unexpected ones), not 2-D, empty, non-numeric (naming the column, a value and
             its row), NaN/inf (naming the first bad cell by row and column, and how many),
             a value too large to square in ``dtype`` (naming its row and column), or a
             different number of features than at fit time.
     """
+    if is_row_source(X):
+        raise TypeError(
+            f"{name} is a {type(X).__name__} (rows read in chunks), which this estimator reads "
+            "in memory; pass the rows as an array (FedGMMDetector's fit and every mixture "
+            "detector's scores stream a row source)."
+        )
     _columns.check_unique_columns(X, name)
     if feature_names_in is not NOT_COMPARED:
         _columns.check_feature_names(
@@ -142,7 +154,10 @@ def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_by_client(X: np.ndarray, codes: np.ndarray, n_clients: int) -> list[np.ndarray]:
-    """Rows of each client, in client order; views or copies, never written to."""
+    """Rows of each client, in client order; views or copies, never written to. Of a row
+    source, each client's rows as a source (the source itself for one client)."""
+    if is_row_source(X):
+        return [X] if n_clients == 1 else [SelectedRows(X, codes, c) for c in range(n_clients)]
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(n_clients + 1))
     return [X[order[bounds[c] : bounds[c + 1]]] for c in range(n_clients)]

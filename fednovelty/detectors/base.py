@@ -59,6 +59,7 @@ from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_fr
 from fednovelty.detectors._labels import encode_labels
 from fednovelty.detectors._mixture_surface import MixtureSurfaceMixin
 from fednovelty.detectors._probability import outlier_probability
+from fednovelty.detectors._row_input import fit_source, refuse_source, score_source, stream_scores
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._validation import check_groups, check_X, feature_names, split_by_client
 from fednovelty.detectors.explain import ComponentsMixin
@@ -68,6 +69,7 @@ from fednovelty.federated.init.settings import PrivateSettings
 from fednovelty.federated.mixtures.projected import Projected
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams
+from fednovelty.mixture.rows import is_row_source
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.threads import scoring_threads
 
@@ -100,6 +102,8 @@ class SimulatedFitMixin(FrontEndMixin):
     #: the ``_params.PCA`` group (``pca_components``) in its ``_params``
     #: (:func:`~fednovelty.detectors._front_end.check_front_end_params`).
     _pca_front_end: ClassVar[bool] = False
+    #: whether ``fit`` takes rows read in chunks (``fednovelty.detectors._row_input``).
+    _row_sources: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,6 +171,8 @@ class SimulatedFitMixin(FrontEndMixin):
 
     def _as_tensor(self, X: np.ndarray) -> torch.Tensor:
         options = self._torch_options()
+        if is_row_source(X):  # rows read in chunks stay a source (``_row_input``)
+            return X.astype(**options)
         if not X.flags.writeable:  # torch cannot share read-only memory; copy once
             X = np.array(X)
         return torch.as_tensor(X).to(**options)
@@ -245,7 +251,7 @@ class SimulatedFitMixin(FrontEndMixin):
         privacy = self._option("privacy")
         if privacy.epsilon is not None:
             check_delta(privacy.delta, array.shape[0])
-        names = feature_names(X)
+        names = feature_names(array if is_row_source(array) else X)
         if names is not None:
             self.feature_names_in_ = names
         elif hasattr(self, "feature_names_in_"):
@@ -345,9 +351,11 @@ class SimulatedFitMixin(FrontEndMixin):
     def _check_X(self, X, *, fitted: bool = False) -> np.ndarray:
         """``X`` checked (``check_X``) as rows this estimator computes with: no value whose
         square overflows its ``dtype``; with ``fitted``, the width and the column names seen
-        in fit (scikit-learn's feature-name warnings; other columns named)."""
+        in fit (scikit-learn's feature-name warnings; other columns named); a row source
+        fit streams comes back validated (``_row_input.fit_source``)."""
         if not fitted:
-            return check_X(X, dtype=self.dtype)
+            source = fit_source(self, X)
+            return check_X(X, dtype=self.dtype) if source is None else source
         return check_X(
             X,
             n_features=self.n_features_in_,
@@ -362,8 +370,10 @@ class SimulatedFitMixin(FrontEndMixin):
 
     def _check_score_array(self, X) -> np.ndarray:
         """Rows to score (n_samples, n_features), float64: the estimator fitted and ``X``
-        checked (:meth:`_check_X`: its width and column names against those seen in fit)."""
+        checked (:meth:`_check_X`: its width and column names against those seen in fit); a
+        row source or path is refused (``_row_input.refuse_source``)."""
         self._check_fitted()
+        refuse_source(self, X)
         return self._check_X(X, fitted=True)
 
 
@@ -504,7 +514,12 @@ class MixtureDetector(
     def score_samples(self, X) -> np.ndarray:
         """Log-density ``log p(x)`` of each row, shape (n_samples,); higher = more normal.
         With the PCA front end (``pca_``): the family's log-density of the projected rows
-        plus the residual term of the discarded directions."""
+        plus the residual term of the discarded directions. Rows read in chunks (a row
+        source, a path, an ``np.memmap``) are scored chunk by chunk (``_row_input``)."""
+        self._check_fitted()
+        source = score_source(self, X)
+        if source is not None:
+            return stream_scores(self, source, self._x_log_density)
         Xt = self._check_score_input(X)
         with torch.no_grad(), scoring_threads(*Xt.shape, getattr(self, "n_components_", 1)):
             return self._x_log_density(Xt).cpu().numpy().astype(np.float64)
@@ -554,7 +569,11 @@ class MixtureDetector(
         return probs
 
     def _checked_array(self, X):
-        """``X`` validated for scoring, kept as a DataFrame when it is one (feature names)."""
+        """``X`` validated for scoring, kept as a DataFrame when it is one (feature names),
+        or as a row source (scored chunk by chunk)."""
+        source = score_source(self, X)
+        if source is not None:
+            return source
         if feature_names(X) is not None:
             return X
         return self._check_X(X, fitted=True)

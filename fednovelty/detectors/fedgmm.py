@@ -108,6 +108,7 @@ class FedGMMDetector(EMDetector):
     """
 
     _renamed_params: ClassVar[dict] = {"covariance_prior": "prior_strength"}
+    _row_sources = True  # fit streams rows read in chunks (``docs/scaling.md``)
     _params = declare(
         Param(
             "mixture_weights",

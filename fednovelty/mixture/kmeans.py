@@ -12,6 +12,8 @@ import math
 import torch
 from torch import Tensor
 
+from fednovelty.mixture.rows import RowSource
+
 
 def squared_distances(X: Tensor, centers: Tensor) -> Tensor:
     """Squared Euclidean distances, shape (n_samples, n_centers); clamped at 0."""
@@ -111,9 +113,20 @@ def kmeans(
     ``tol`` is relative to the mean per-feature variance of ``X`` (scikit-learn's rule).
     Empty clusters keep their previous centre.
 
+    ``X`` may be a :class:`~fednovelty.mixture.rows.RowSource` (rows read in chunks, equal
+    weights): :func:`~fednovelty.mixture.kmeans_rows.kmeans_rows` runs the same algorithm
+    pass by pass, and no label per row is kept (``labels`` is None).
+
     Returns:
         ``(centers, labels)``: shapes (n_clusters, n_features) and (n_samples,).
     """
+    if isinstance(X, RowSource):
+        if sample_weight is not None:
+            raise ValueError("kmeans of a row source takes equal weights; sample_weight=None.")
+        from fednovelty.mixture.kmeans_rows import kmeans_rows
+
+        centers, _ = kmeans_rows(X, n_clusters, generator=generator, max_iter=max_iter, tol=tol)
+        return centers, None
     weight = (
         torch.ones(X.shape[0], dtype=X.dtype, device=X.device)
         if sample_weight is None

@@ -27,6 +27,7 @@ from fednovelty.mixture.density import (
     log_responsibilities,
     logsumexp_rows,
 )
+from fednovelty.mixture.rows import chunks
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,10 @@ def weighted_log_prob(
 
 
 def _by_chunks(fn, params: MixtureParams, X: Tensor, chunk_size: int | None, empty: Tensor):
-    """``fn(rows)`` over row chunks of ``X``, concatenated (``empty`` for zero rows)."""
+    """``fn(rows)`` over row chunks of ``X`` (a tensor or a
+    :class:`~fednovelty.mixture.rows.RowSource`), concatenated (``empty`` for zero rows)."""
     chunk_size = chunk_size or default_chunk_size(params.n_components, params.n_features)
-    out = [fn(X[i : i + chunk_size]) for i in range(0, X.shape[0], chunk_size)]
+    out = [fn(rows) for rows in chunks(X, chunk_size) if rows.shape[0]]
     return torch.cat(out) if out else empty
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fednovelty.mixture.model import MixtureParams
+from fednovelty.mixture.rows import RowSource, chunks
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,8 +55,11 @@ class FeatureMoments:
         return {"n_samples": self.n_samples, "mean": self.mean, "m2": self.m2}
 
 
-def feature_moments(X: Tensor) -> FeatureMoments:
-    """Moments of rows ``X`` (n_samples, n_features); a client with no rows sends zeros."""
+def feature_moments(X: Tensor | RowSource) -> FeatureMoments:
+    """Moments of rows ``X`` (n_samples, n_features); a client with no rows sends zeros. A
+    :class:`~fednovelty.mixture.rows.RowSource`'s are its chunks' moments, merged."""
+    if isinstance(X, RowSource):
+        return merge_moments(feature_moments(rows) for rows in chunks(X))
     n = torch.tensor(float(X.shape[0]), dtype=X.dtype, device=X.device)
     if X.shape[0] == 0:
         zeros = X.new_zeros(X.shape[1])

@@ -33,6 +33,7 @@ from fednovelty.mixture.density import (
     default_chunk_size,
     normalize_rows_,
 )
+from fednovelty.mixture.rows import numbered_chunks
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,16 @@ def stats_from_resp(
 
     Rows are taken ``chunk_size`` at a time (default ``default_chunk_size``: a (rows,
     n_components, n_features) float64 buffer of 32 MiB), so extra memory is bounded whatever
-    ``n_samples``; one chunk gives the statistics of a single pass exactly.
+    ``n_samples``; one chunk gives the statistics of a single pass exactly. ``X`` may be a
+    :class:`~fednovelty.mixture.rows.RowSource` (its chunks, cut to ``chunk_size``).
     """
     check_covariance_type(covariance_type)
-    n, d = X.shape
+    d = X.shape[1]
     step = int(chunk_size or default_chunk_size(resp.shape[1], d))
     counts = sums = second = None
-    for start in range(0, max(n, 1), step):
-        centered = X[start : start + step] - shift
-        part = resp[start : start + step]
+    for start, rows in numbered_chunks(X, step):
+        centered = rows - shift
+        part = resp[start : start + rows.shape[0]]
         moments = (part.sum(0), part.T @ centered, _second_moments(centered, part, covariance_type))
         if counts is None:
             counts, sums, second = moments
@@ -211,7 +213,8 @@ def e_step_stats(
     operand reuses the density's block buffer.
 
     Args:
-        X: rows, shape (n_samples, n_features).
+        X: rows, shape (n_samples, n_features): a tensor, or a
+            :class:`~fednovelty.mixture.rows.RowSource` read chunk by chunk.
         log_weights: ``log pi``, shape (n_components,).
         means: shape (n_components, n_features).
         precisions_cholesky: per ``covariance_type``.
@@ -258,10 +261,9 @@ def e_step_stats(
     elif ct == "tied":
         second = torch.zeros(d, d, **like)
     log_likelihood = torch.zeros((), **like)
-    for start in range(0, n_samples, chunk_size):
-        rows = X[start : start + chunk_size]
+    for start, rows in numbered_chunks(X, chunk_size):
         n = rows.shape[0]
-        A = density.augmented(n, X)
+        A = density.augmented(n, rows)
         centered = torch.sub(rows, shift, out=A[:, :d])
         density.complete(A)
         weighted = density.log_prob(A)  # (n, K): log pi_k + log N(x_i | k)
@@ -273,8 +275,8 @@ def e_step_stats(
         if squared_counts is not None:
             squared_counts += resp.square().sum(0)
         if ct == "full":
-            blocks = density.blocks(n, X)
-            W_all = density.scratch(blocks[0][1], X)  # the density's block buffer is free now
+            blocks = density.blocks(n, rows)
+            W_all = density.scratch(blocks[0][1], rows)  # the density's block buffer is free
             W3_all = W_all.view(-1, k, d)
             resp3, centered3 = resp.unsqueeze(2), centered.unsqueeze(1)
             for b0, b1 in blocks:

@@ -1,7 +1,9 @@
 """Client data as the engines take it: a row tensor, or a tuple whose first entry it is.
 
-A client's data is its rows ``X`` (n_samples, n_features), or, for an algorithm whose
-``labelled`` attribute is true, a tuple ``(X, y, ...)`` whose other entries have one entry
+A client's data is its rows ``X`` (n_samples, n_features), a tensor or a
+:class:`~fednovelty.mixture.rows.RowSource` (rows read in chunks: the steps that take one
+sum their statistics chunk by chunk; :mod:`fednovelty.runtime.rows`), or, for an algorithm
+whose ``labelled`` attribute is true, a tuple ``(X, y, ...)`` whose other entries have one entry
 per row. Both engines check it here before any round: the simulation for every client at
 once, a Flower node for its own rows.
 """
@@ -15,6 +17,21 @@ import torch
 from torch import Tensor
 
 from fednovelty.exceptions import ClientDataError
+from fednovelty.mixture.rows import RowSource, is_row_source, numbered_chunks
+
+
+def check_source_finite(cid: Any, X: RowSource) -> None:
+    """A pass over a row source's chunks (unless its ``checked`` says one was made): a
+    ``ClientDataError`` naming the client and the first row holding NaN or inf."""
+    if X.checked:
+        return
+    for start, rows in numbered_chunks(X):
+        bad = ~torch.isfinite(rows).all(1)
+        if bool(bad.any()):
+            row = start + int(bad.nonzero()[0, 0])
+            raise ClientDataError(
+                f"client {cid}: row {row} of its row source holds NaN or inf; clean the rows first."
+            )
 
 
 def client_rows(data: Any) -> Any:
@@ -48,10 +65,15 @@ def check_clients(clients: Mapping[int, Any], *, labelled: bool = False) -> None
                 f"client {cid}: the tensors of its data tuple have different lengths "
                 f"{[len(part) for part in data]}; give one entry per row."
             )
+        if is_row_source(X):
+            widths[cid] = X.shape[1]
+            check_source_finite(cid, X)
+            continue
         if not isinstance(X, Tensor) or X.ndim != 2 or not X.is_floating_point():
             raise ClientDataError(
                 f"client {cid}: rows must be a 2-D floating torch tensor (n_samples, n_features)"
-                f", got {type(X).__name__} of shape {tuple(getattr(X, 'shape', ()))}."
+                f" or a row source, got {type(X).__name__} of shape "
+                f"{tuple(getattr(X, 'shape', ()))}."
             )
         widths[cid] = X.shape[1]
         if X.shape[0] and not bool(torch.isfinite(X).all()):

@@ -46,6 +46,7 @@ from fednovelty.federated.core.declarations import (
     check_declared,
     register_declarations,
 )
+from fednovelty.mixture.rows import is_row_source
 
 
 class ClientSkip(Exception):
@@ -64,6 +65,10 @@ class Step(ABC):
         labelled: whether its client half takes ``(X, y, Z)`` instead of rows ``X``.
         max_rounds: most rounds it runs.
         batched: its :meth:`client_steps` runs several clients as one computation.
+        streams: its client half takes rows given as a
+            :class:`~fednovelty.mixture.rows.RowSource` (read chunk by chunk: its sums over
+            rows are taken over the source's chunks); a step that does not cannot be asked
+            of a client whose rows are a source.
     """
 
     kinds: tuple[str, ...] = ()
@@ -72,6 +77,7 @@ class Step(ABC):
     labelled: bool = False
     max_rounds: int = 1
     batched: bool = False
+    streams: bool = False
 
     def __init__(self, config: Any = None) -> None:
         """A step of the algorithm whose settings are ``config`` (its ``config``)."""
@@ -281,6 +287,8 @@ class ChainedAlgorithm(FederatedAlgorithm):
         ready: list[tuple[Any, ClientContext]] = []
         for data, context in items:
             prepared = self._step_rows(index, data, message, context)
+            if is_row_source(prepared):  # read chunk by chunk, one client at a time
+                prepared = step.client_step(prepared, message, context)
             replies.append(prepared if isinstance(prepared, Message) else None)
             if not isinstance(prepared, Message):
                 ready.append((prepared, context))
@@ -291,11 +299,31 @@ class ChainedAlgorithm(FederatedAlgorithm):
         """A client's data as step ``index``'s client half takes it, or a skipped reply
         where a view cannot work."""
         X, extra = self.split_data(data)
+        step = self.steps[index]
+        streamed = is_row_source(X)
+        if streamed and not step.streams:
+            raise TypeError(
+                f"{type(self).__name__}'s {type(step).__name__} ({message.kind!r} rounds) reads "
+                "a client's rows as one tensor and cannot take a row source (rows read in "
+                f"chunks). Steps that stream: {', '.join(streaming_steps(self))}. Give the "
+                "client its rows as a tensor, or choose settings whose steps stream."
+            )
         try:
             for earlier in self.steps[:index]:
-                X = earlier.view(X, message, context)
+                X = rowwise(X, lambda rows, s=earlier: s.view(rows, message, context))
         except ClientSkip as skip:
             return skipped_reply(message.kind, str(skip))
-        step = self.steps[index]
-        X = context.terms.clip(step.rows(X, message, context))
+        X = rowwise(X, lambda rows: context.terms.clip(step.rows(rows, message, context)))
         return (X, *extra) if step.labelled else X
+
+
+def rowwise(X: Any, fn: Any) -> Any:
+    """``fn(X)`` of a tensor; of a row source, the source whose chunks go through ``fn``
+    as they are read (a step's ``view`` and ``rows`` are row-wise)."""
+    return X.map(fn) if is_row_source(X) else fn(X)
+
+
+def streaming_steps(algorithm: ChainedAlgorithm) -> list[str]:
+    """Names of the steps of ``algorithm`` that take a row source (``Step.streams``), or
+    ``["none"]``."""
+    return [type(step).__name__ for step in algorithm.steps if step.streams] or ["none"]

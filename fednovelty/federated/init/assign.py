@@ -44,6 +44,7 @@ from fednovelty.mixture import (
     stats_from_resp,
 )
 from fednovelty.mixture.kmeans import assign, kmeans, one_hot
+from fednovelty.mixture.rows import chunks, is_row_source
 
 ASSIGN_REPLY = stats_reply(
     "assign",
@@ -84,12 +85,21 @@ def may_merge_centres(config: Any) -> bool:
     )
 
 
+def centre_rows(X: Tensor, centers: Tensor) -> Tensor:
+    """Each centre's rows (n_centers,): the rows of ``X`` (n, d) nearest to it, chunk by
+    chunk."""
+    k = centers.shape[0]
+    return sum(one_hot(assign(chunk, centers)[0], k, chunk).sum(0) for chunk in chunks(X))
+
+
 class AssignStep(Step):
     """Federated Lloyd rounds from ``state.centers``; at most ``budget`` rounds, fewer when
-    the centres stop moving. Ends with the initial mixture in ``state.params``."""
+    the centres stop moving. Ends with the initial mixture in ``state.params``. A client's
+    rows may be a row source: its statistics are summed chunk by chunk."""
 
     kinds = ("assign",)
     replies = declare(ASSIGN_REPLY)
+    streams = True
 
     def __init__(self, config: Any, budget: int) -> None:
         self.config = config
@@ -109,13 +119,20 @@ class AssignStep(Step):
             return skipped_reply("assign", terms.below_floor)
         centers = message.tensors["centers"].to(X.device, X.dtype)
         shift = message.tensors["shift"].to(X.device, X.dtype)
-        labels, _ = assign(X, centers)
-        resp = one_hot(labels, centers.shape[0], X)
-        rows = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
-        keep = backed(rows, terms.floor)
-        # a tied second moment is one for all centres: of the kept centres' rows only
         ct = self.config.covariance_type
-        stats = stats_from_resp(X, resp * keep.to(X.dtype) if ct == "tied" else resp, ct, shift)
+        # a tied second moment is one for all centres: of the kept centres' rows only, which
+        # a source's rows tell in a first pass (a tensor is one chunk)
+        every = centre_rows(X, centers) if ct == "tied" and is_row_source(X) else None
+        stats = rows = None
+        for chunk in chunks(X):
+            resp = one_hot(assign(chunk, centers)[0], centers.shape[0], chunk)
+            part = resp.sum(0)  # hard responsibilities: a centre's rows are its effective rows
+            keep = backed(part if every is None else every, terms.floor)
+            hard = resp * keep.to(chunk.dtype) if ct == "tied" else resp
+            chunk_stats = stats_from_resp(chunk, hard, ct, shift)
+            stats = chunk_stats if stats is None else stats + chunk_stats
+            rows = part if rows is None else rows + part
+        keep = backed(rows, terms.floor)
         reply = stats_message(stats, "assign")
         reply.backing.update(stats_backing(stats, rows, (rows * keep).sum()))
         return reply

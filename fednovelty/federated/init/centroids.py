@@ -107,6 +107,7 @@ class CentroidsStep(Step):
 
     kinds = ("centroids",)
     replies = declare(CENTROIDS_REPLY)
+    streams = True  # k-means of a row source runs pass by pass (mixture.kmeans_rows)
 
     def configure(self, state: Any) -> Message:
         return Message(

@@ -106,6 +106,7 @@ class MomentsStep(Step):
 
     kinds = ("moments",)
     replies = declare(MOMENTS_REPLY)
+    streams = True  # feature moments merge chunk by chunk
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -74,6 +74,7 @@ from fednovelty.mixture import (
 )
 from fednovelty.mixture.density import Workspace
 from fednovelty.mixture.em import moment_shift
+from fednovelty.mixture.rows import chunks
 from fednovelty.mixture.stats import SufficientStats
 
 __all__ = [
@@ -282,6 +283,7 @@ class EMStep(Step):
 
     kinds = ("em",)
     replies = declare(EM_REPLY)
+    streams = True  # a row source's E-step statistics are summed chunk by chunk
 
     def __init__(self, config: EMConfig) -> None:
         self.config = config
@@ -516,7 +518,10 @@ def kept_tied_second(
     if stats.covariance_type != "tied" or bool(keep.all()) or not bool(keep.any()):
         return stats, None
     params = MixtureParams(log_weights.exp(), means, precisions_cholesky, "tied")
-    weight = (predict_proba(params, X, log_weights=log_weights) * keep.to(X.dtype)).sum(1)
+    kept = keep.to(X.dtype)
+    weight = torch.cat(  # (n,): a row source's (n, n_components) never at once
+        [(predict_proba(params, rows, log_weights=log_weights) * kept).sum(1) for rows in chunks(X)]
+    )
     second = stats_from_resp(X, weight.unsqueeze(1), "tied", stats.shift).second
     return replace(stats, second=second), effective_rows(weight.sum(0), weight.square().sum(0))
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from fednovelty.federated.trust.backing import backed
 from fednovelty.mixture import MixtureParams, SufficientStats
 from fednovelty.mixture.kmeans import assign, one_hot
+from fednovelty.mixture.rows import RowSource, chunks, numbered_chunks
 
 
 def suppress_components(
@@ -56,7 +57,7 @@ def suppress_components(
 
 
 def merge_small_clusters(
-    X: Tensor, labels: Tensor, centers: Tensor, min_rows: int
+    X: Tensor | RowSource, labels: Tensor | None, centers: Tensor, min_rows: int
 ) -> tuple[Tensor, Tensor]:
     """Centroids of k-means clusters with at least ``min_rows`` rows each.
 
@@ -66,8 +67,10 @@ def merge_small_clusters(
     far-out single row moves its nearest centroid a little instead of being sent).
 
     Args:
-        X: the client's rows, (n_samples, n_features).
-        labels: each row's cluster, (n_samples,) int64 in ``[0, n_clusters)``.
+        X: the client's rows, (n_samples, n_features): a tensor, or a
+            :class:`~fednovelty.mixture.rows.RowSource` read chunk by chunk.
+        labels: each row's cluster, (n_samples,) int64 in ``[0, n_clusters)``; None: each
+            row's nearest centre (what k-means of a source gives, keeping no labels).
         centers: k-means centres, (n_clusters, n_features).
         min_rows: the floor.
 
@@ -80,7 +83,10 @@ def merge_small_clusters(
         ValueError: no cluster has ``min_rows`` rows (ask for fewer clusters).
     """
     k = centers.shape[0]
-    sizes = torch.bincount(labels, minlength=k)
+    if labels is None:
+        sizes = sum(torch.bincount(assign(rows, centers)[0], minlength=k) for rows in chunks(X))
+    else:
+        sizes = torch.bincount(labels, minlength=k)
     if min_rows <= 1:
         return centers[sizes > 0], sizes[sizes > 0].to(X.dtype)
     large = sizes >= min_rows
@@ -90,16 +96,20 @@ def merge_small_clusters(
             "n_rows // min_rows clusters."
         )
     kept = large.nonzero().squeeze(1)
-    new_index = torch.full((k,), -1, dtype=torch.long, device=labels.device)
-    new_index[kept] = torch.arange(kept.shape[0], device=labels.device)
-    merged = new_index[labels]
-    moved = merged < 0
-    if bool(moved.any()):
-        nearest, _ = assign(X[moved], centers[kept])
-        merged[moved] = nearest
-    resp = one_hot(merged, kept.shape[0], X)
-    counts = resp.sum(0)
-    return (resp.T @ X) / counts.unsqueeze(1), counts
+    new_index = torch.full((k,), -1, dtype=torch.long, device=centers.device)
+    new_index[kept] = torch.arange(kept.shape[0], device=centers.device)
+    counts = sums = None
+    for start, rows in numbered_chunks(X):
+        part = assign(rows, centers)[0] if labels is None else labels[start : start + len(rows)]
+        merged = new_index[part]
+        moved = merged < 0
+        if bool(moved.any()):
+            nearest, _ = assign(rows[moved], centers[kept])
+            merged[moved] = nearest
+        resp = one_hot(merged, kept.shape[0], rows)
+        counts = resp.sum(0) if counts is None else counts + resp.sum(0)
+        sums = resp.T @ rows if sums is None else sums + resp.T @ rows
+    return sums / counts.unsqueeze(1), counts
 
 
 def trimmed_range(X: Tensor, min_rows: int) -> tuple[Tensor, Tensor]:
