@@ -177,6 +177,10 @@ class LocalFederation:
             (:mod:`.preload`; Linux). Every message still gets a fresh process, and the
             SuperLink, SuperNodes and SuperExecs are unchanged; a round costs milliseconds of
             CPU per node instead of seconds of imports. ``False``: Flower's own executables.
+        poll: the most seconds a SuperNode waits before asking again for a message
+            (:mod:`.node_poll`; Flower's own: 3 s) and a SuperExec between its checks for
+            work (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; Flower's own: 1 s). On one machine a
+            round otherwise costs seconds of waiting; ``None``: Flower's own waits.
 
     Example::
 
@@ -195,6 +199,7 @@ class LocalFederation:
     certificates: Certificates | None = None
     node_keys: Sequence[NodeKey] | None = None
     preload: bool = False
+    poll: float | None = 0.1
     _superlink: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _nodes: list[subprocess.Popen] = field(default_factory=list, init=False, repr=False)
     _logs: list = field(default_factory=list, init=False, repr=False)
@@ -238,12 +243,15 @@ class LocalFederation:
         folders = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
         if self._preload_dir is not None:  # the shims come first
             folders.insert(0, str(self._preload_dir / "bin"))
-        return {
+        env = {
             **os.environ,
             **FLOWER_ENV,
             "FLWR_HOME": str(self.path / "flwr_home"),
             "PATH": os.pathsep.join(folders),
         }
+        if self.poll is not None:  # Flower's bounds for the SuperExec's interval: [0.01, 60]
+            env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(min(max(self.poll, 0.01), 60.0))
+        return env
 
     def _popen(self, args: list[str], log: IO[bytes]) -> subprocess.Popen:
         """``args`` started in the workdir with :meth:`env`, in a session of its own (so
@@ -362,8 +370,12 @@ class LocalFederation:
             security = []
         if key is not None:
             security += ["--auth-supernode-private-key", str(key.private_key)]
+        if self.poll is None:
+            command = [flower_executable("flower-supernode")]
+        else:  # the same SuperNode, its waits for messages capped at ``poll``
+            command = [sys.executable, "-m", "fednovelty.runtime.flower.node_poll", str(self.poll)]
         args = [
-            flower_executable("flower-supernode"),
+            *command,
             *security,
             "--superlink",
             f"127.0.0.1:{self.port}",
@@ -487,12 +499,9 @@ class LocalFederation:
     def stop(self) -> None:
         """SIGTERM the process groups of the SuperNodes, the SuperLink and the preload
         server; SIGKILL after ``grace`` seconds; close the logs. Safe to call twice."""
-        for process in self._nodes:
-            _terminate_group(process, self.grace)
-        if self._superlink is not None:
-            _terminate_group(self._superlink, self.grace)
-        if self._preloader is not None:  # the forked ClientApps are in its group
-            _terminate_group(self._preloader, self.grace)
+        processes = [*self._nodes, self._superlink, self._preloader]  # the preloader's
+        # group holds the forked ClientApps; all are signalled first, then awaited together
+        _terminate_groups([p for p in processes if p is not None], self.grace)
         if self._preload_dir is not None:
             shutil.rmtree(self._preload_dir, ignore_errors=True)
         self._nodes, self._superlink = [], None
@@ -527,17 +536,29 @@ def _last_json(output: str) -> dict:
 
 def _terminate_group(process: subprocess.Popen, grace: float) -> None:
     """SIGTERM ``process``'s group (it leads its own session), SIGKILL after ``grace``."""
-    if process.poll() is None:
-        _signal_group(process.pid, signal.SIGTERM)
+    _terminate_groups([process], grace)
+
+
+def _terminate_groups(processes: Sequence[subprocess.Popen], grace: float) -> None:
+    """SIGTERM every process's group (each leads its own session), wait for them together
+    up to ``grace`` seconds, then SIGKILL the groups (children that outlived their leader)."""
+    for process in processes:
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
         try:
-            process.wait(timeout=grace)
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             pass
-    _signal_group(process.pid, signal.SIGKILL)  # children that outlived their leader
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+    for process in processes:
+        _signal_group(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
