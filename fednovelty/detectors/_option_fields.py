@@ -211,7 +211,8 @@ ROBUSTNESS_FIELDS: Group = (
     ),
 )
 
-#: ``ClientSampling``: client sampling and simulated failures of the in-process engine.
+#: ``ClientSampling``: client sampling, simulated failures of the in-process engine, and the
+#: engine that runs the rounds.
 SAMPLING_FIELDS: Group = (
     Param(
         "fraction",
@@ -234,6 +235,17 @@ SAMPLING_FIELDS: Group = (
         "run a round's clients as one batched computation where the algorithm batches "
         "them (the joint models' learner SGD); ``False``: one after another, as Flower "
         "nodes. Equal fits to rounding.",
+        "engine",
+    ),
+    Param(
+        "engine",
+        "in-process",
+        [StrOptions({"in-process", "flower-sim"})],
+        'what runs the rounds: ``"in-process"`` (fednovelty\'s own engine, the default) or '
+        '``"flower-sim"`` (Flower\'s Simulation Engine: one virtual SuperNode per client on '
+        "Ray actors, the deployment's ServerApp and ClientApp code; the same model, "
+        "``docs/flower.md``). ``flower-sim`` refuses ``dropout`` and differential privacy, "
+        "and runs each client on its own (``batch_clients`` has no effect).",
         "engine",
     ),
 )

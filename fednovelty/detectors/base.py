@@ -187,8 +187,10 @@ class SimulatedFitMixin(FrontEndMixin):
         privacy: PrivacyPolicy | None = None,
         **engine,
     ):
-        """Run ``algorithm`` on the in-process engine, record the rounds, return its state
-        (the whole ``SimulationResult`` with ``full``).
+        """Run ``algorithm`` on the engine ``ClientSampling.engine`` names (the in-process
+        engine, or Flower's Simulation Engine:
+        :func:`~fednovelty.runtime.flower.sim_engine.run_flower_simulation`), record the
+        rounds, return its state (the whole ``SimulationResult`` with ``full``).
 
         Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
         ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
@@ -205,7 +207,10 @@ class SimulatedFitMixin(FrontEndMixin):
             round_offset += len(front.pca.history)
         if round_offset:
             callbacks = [renumbered(callback, round_offset) for callback in callbacks]
-        result = run_simulation(
+        run = run_simulation  # ClientSampling.engine: the in-process engine or Flower's
+        if (engine.pop("engine", None) or self._option("sampling").engine) == "flower-sim":
+            from fednovelty.runtime.flower.sim_engine import run_flower_simulation as run
+        result = run(
             algorithm,
             clients,
             random_state=seed,

@@ -157,16 +157,20 @@ class Robustness(_Options):
 
 
 class ClientSampling(_Options):
-    """Which clients each round asks, and simulated failures of the in-process engine."""
+    """Which clients each round asks, simulated failures of the in-process engine, and the
+    engine that runs the rounds (in-process, or Flower's Simulation Engine)."""
 
     param_name = "sampling"
     summary = "client sampling and simulated dropout of the rounds"
     _params = declare(SAMPLING_FIELDS)
 
-    def __init__(self, *, fraction=1.0, dropout=0.0, batch_clients=True) -> None:
+    def __init__(
+        self, *, fraction=1.0, dropout=0.0, batch_clients=True, engine="in-process"
+    ) -> None:
         self.fraction = fraction
         self.dropout = dropout
         self.batch_clients = batch_clients
+        self.engine = engine
 
 
 class Initialisation(_Options):

@@ -238,6 +238,7 @@ def test_an_option_left_none_routes_the_former_defaults():
         "fraction": 1.0,
         "dropout": 0.0,
         "batch_clients": True,
+        "engine": "in-process",
     }
     vb = FedVBDetector()._settings(3)
     assert (vb["prior_scale"], vb["prior_strength"], vb["covariance_prior"]) == (1.0, 5.0, None)
