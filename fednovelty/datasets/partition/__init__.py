@@ -19,6 +19,8 @@ every row exactly once. One module per scheme:
   ``groups_from_partition`` (client id per row, the ``groups=`` a detector's ``fit`` takes).
 - :mod:`~fednovelty.datasets.partition.plot`: ``partition_counts`` (rows per client and group)
   and ``partition_dot_plot`` (the FedGenGMM paper's Figure 1; matplotlib imported on call).
+- :mod:`~fednovelty.datasets.partition.flower`: ``flower_partitions`` (a Flower Datasets
+  partitioner's partitions as rows, labels and a client id per row; ``docs/flower.md``).
 
 Randomness: ``random_state`` is None, an int, or a ``numpy.random.Generator``; the same int
 gives the same partition on any machine (numpy's PCG64 stream is stable across platforms).
@@ -40,6 +42,7 @@ from fednovelty.datasets.partition.clustered import (
     cluster_nclass_partition,
 )
 from fednovelty.datasets.partition.dirichlet import dirichlet_partition
+from fednovelty.datasets.partition.flower import EmptyPartitionWarning, flower_partitions
 from fednovelty.datasets.partition.groups import groups_from_partition, kmeans_groups
 from fednovelty.datasets.partition.iid import iid_partition
 from fednovelty.datasets.partition.plot import partition_counts, partition_dot_plot
@@ -48,9 +51,11 @@ from fednovelty.datasets.partition.shards import shard_partition
 
 __all__ = [
     "ClusteredPartition",
+    "EmptyPartitionWarning",
     "cluster_dirichlet_partition",
     "cluster_nclass_partition",
     "dirichlet_partition",
+    "flower_partitions",
     "groups_from_partition",
     "iid_partition",
     "kmeans_groups",
