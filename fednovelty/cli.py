@@ -2,7 +2,7 @@
 
 ``fednovelty demo``   train every method on a real dataset split into clients and print a table.
 ``fednovelty fit``    fit a detector on a CSV/Parquet file (one client per value of a column).
-``fednovelty score``  score a CSV/Parquet file with a saved detector and write the scores.
+``fednovelty score``  score a CSV/Parquet/.npy file with a saved detector, chunk by chunk.
 ``fednovelty bench``  run a benchmark grid; save results.csv, summary.md and PNG figures.
 ``fednovelty app``    start the Streamlit dashboard (needs ``pip install 'fednovelty[app]'``).
 ``fednovelty flower new DIR``  write a Flower app for ``flwr run`` (:mod:`fednovelty._cli.flower`).
@@ -46,6 +46,7 @@ from fednovelty._cli import bench, dashboard, flower
 from fednovelty._cli.choices import Parser
 from fednovelty._cli.dashboard import app_command, dashboard_script, serving_app
 from fednovelty._cli.files import (
+    SCORE_SUFFIXES,
     UsageError,
     check_input,
     check_output,
@@ -56,6 +57,7 @@ from fednovelty._cli.files import (
     write_atomically,
 )
 from fednovelty._cli.progress import add_progress_option, progress_of
+from fednovelty._cli.score_stream import CHUNK_ROWS
 from fednovelty._cli.tables import check_header, check_numeric, pop_column
 from fednovelty.methods import get_method, method_names
 
@@ -156,32 +158,19 @@ def _warn(message: str) -> None:
 
 def _score(args: argparse.Namespace) -> int:
     from fednovelty import load
-    from fednovelty._cli.scoring import conformal_columns, is_conformal, score_table
+    from fednovelty._cli.score_stream import score_file
 
     model = check_input(args.model, "model")
-    data = check_table_path(args.data)
+    data = check_table_path(args.data, SCORE_SUFFIXES)
     out = check_output(args.out, [model, data], args.overwrite)
     detector = load(model)
-    frame, clients, ids = _read_features(args, data)
-    check_numeric(frame, args.data, args.client_column)
-    scores = score_table(detector, frame, clients, _warn)
-    if is_conformal(detector):
-        for name, values in conformal_columns(detector, frame, clients, args.fdr).items():
-            scores[name] = values
-    elif args.fdr is not None:
-        raise UsageError(
-            "--fdr needs conformal p-values: fit the model with --alpha (calibration="
-            "'conformal'), or score without --fdr."
-        )
-    labels = {args.id_column or "row": frame.index if ids is None else ids}
-    if clients is not None:
-        labels[args.client_column] = clients
-    for position, (name, values) in enumerate(labels.items()):
-        if name in scores.columns:
-            raise UsageError(f"column {name!r} would be written twice; rename it in the data.")
-        scores.insert(position, name, list(values))
-    write_atomically(out, lambda path: scores.to_csv(path, index=False), args.overwrite)
-    print(f"wrote {len(scores)} scores to {out} ({int(scores.is_anomaly.sum())} flagged)")
+    counts = []  # the input is read, scored and written chunk by chunk (_cli.score_stream)
+    write_atomically(
+        out,
+        lambda path: counts.extend(score_file(detector, args, data, path, _warn)),
+        args.overwrite,
+    )
+    print(f"wrote {counts[0]} scores to {out} ({counts[1]} flagged)")
     return 0
 
 
@@ -247,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.set_defaults(func=_fit)
     score = sub.add_parser("score", help="score a table with a saved detector")
     score.add_argument("model")
-    score.add_argument("data")
+    score.add_argument("data", help=".csv, .parquet or .npy rows to score, read chunk by chunk")
     score.add_argument(
         "--client-column",
         default=None,
@@ -267,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a model fitted with --alpha only: add a 'discovery' column, Benjamini-Hochberg "
         "at this false discovery rate (e.g. 0.1) over the file's rows",
+    )
+    score.add_argument(
+        "--chunk-rows",
+        type=positive_int,
+        default=CHUNK_ROWS,
+        help=f"rows read, scored and written at a time (default {CHUNK_ROWS}): the memory "
+        "the command needs is one chunk's",
     )
     score.add_argument("--out", required=True, help="output CSV; its folder must exist")
     score.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

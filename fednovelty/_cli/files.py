@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # pandas is imported when a table is read
     import pandas as pd
 
 TABLE_SUFFIXES = (".csv", ".txt", ".parquet")
+#: what ``score`` reads (chunk by chunk): the tables and memory-mapped ``.npy`` rows.
+SCORE_SUFFIXES = (*TABLE_SUFFIXES, ".npy")
 #: What to do about an output path that cannot be replaced.
 REMOVE_IT = "Remove it or choose another --out."
 
@@ -60,11 +62,13 @@ def check_input(path: str, option: str) -> Path:
     return source
 
 
-def check_table_path(path: str) -> Path:
-    """``path`` as a ``Path`` if it names an existing .csv, .txt or .parquet file."""
+def check_table_path(path: str, suffixes: Sequence[str] = TABLE_SUFFIXES) -> Path:
+    """``path`` as a ``Path`` if it names an existing file with one of ``suffixes`` (default
+    .csv, .txt or .parquet)."""
     source = check_input(path, "data")
-    if source.suffix.lower() not in TABLE_SUFFIXES:
-        raise UsageError(f"data {path}: expected a .csv or .parquet file.")
+    if source.suffix.lower() not in suffixes:
+        kinds = "a .csv, .parquet or .npy file" if ".npy" in suffixes else "a .csv or .parquet file"
+        raise UsageError(f"data {path}: expected {kinds}.")
     return source
 
 

@@ -28,7 +28,13 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["client_key", "conformal_columns", "personal_scorer", "score_table"]
+__all__ = [
+    "client_key",
+    "conformal_columns",
+    "personal_scorer",
+    "score_table",
+    "unseen_message",
+]
 
 
 def personal_scorer(detector) -> Callable | None:
@@ -62,15 +68,31 @@ def _has_own_model(detector, client) -> bool:
     return fitted is None or client in fitted
 
 
+def unseen_message(unseen: list[str]) -> str:
+    """The warning for the clients ``unseen`` (names) whose rows the global model scored."""
+    shown = ", ".join(map(repr, unseen[:10])) + (", ..." if len(unseen) > 10 else "")
+    return (
+        f"{len(unseen)} client(s) have no model of their own ({shown}: not seen in "
+        "training, or left out of it for too few rows); their rows are scored with "
+        "the global model."
+    )
+
+
 def score_table(
-    detector, frame: pd.DataFrame, clients: pd.Series | None, warn: Callable[[str], None]
+    detector,
+    frame: pd.DataFrame,
+    clients: pd.Series | None,
+    warn: Callable[[str], None],
+    unseen_clients: Callable[[list[str]], None] | None = None,
 ) -> pd.DataFrame:
     """``log_px``, ``anomaly_score`` and ``is_anomaly`` of each row of ``frame`` (n_samples,
     n_features), shape (n_samples, 3): the detector's ``score_samples``,
     ``decision_function`` and ``predict``; with ``clients`` (n_samples,), each row under its
     client's own model where the detector has one (``anomaly_score`` is then ``-log_px`` and
     ``is_anomaly`` compares it with ``threshold_``). ``warn`` receives one line per thing
-    the user should know (a fallback to the global model)."""
+    the user should know (a fallback to the global model); ``unseen_clients``, if given,
+    receives the names of the clients scored with the global model instead (a caller that
+    scores a file in chunks warns once for all of them, :func:`unseen_message`)."""
     import pandas as pd
 
     from fednovelty.detectors._probability import outlier_labels
@@ -97,13 +119,10 @@ def score_table(
             log_px[rows] = scorer(frame.iloc[rows], key)
             anomaly[rows] = -log_px[rows]
             labels[rows] = outlier_labels(anomaly[rows], detector.threshold_)
-        if unseen:
-            shown = ", ".join(map(repr, unseen[:10])) + (", ..." if len(unseen) > 10 else "")
-            warn(
-                f"{len(unseen)} client(s) have no model of their own ({shown}: not seen in "
-                "training, or left out of it for too few rows); their rows are scored with "
-                "the global model."
-            )
+        if unseen and unseen_clients is not None:
+            unseen_clients(unseen)
+        elif unseen:
+            warn(unseen_message(unseen))
     return pd.DataFrame({"log_px": log_px, "anomaly_score": anomaly, "is_anomaly": labels})
 
 
