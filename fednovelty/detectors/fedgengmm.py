@@ -30,10 +30,11 @@ from fednovelty.detectors._dp import (
     privacy_record,
     run_private_bounds,
 )
+from fednovelty.detectors._engine_check import refuse_flower_sim
 from fednovelty.detectors._option_fields import DP, REMEDIES
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.base import MixtureDetector
-from fednovelty.detectors.options import Prior, Privacy
+from fednovelty.detectors.options import ClientSampling, Prior, Privacy
 from fednovelty.detectors.persistence import check_items, get_attr, mixture_log_density_bound
 from fednovelty.exceptions import ModelFormatError
 from fednovelty.federated import FedGenGMM
@@ -63,6 +64,15 @@ LOCAL_PRIVACY_DOCS = {
 #: The privacy fields of the local fits: the floor, differential privacy, the DP-EM
 #: iterations.
 LOCAL_DP = (*DP, "local_iterations")
+#: The engine of the one round (every client is asked: no sampling, no dropout).
+LOCAL_SAMPLING = option(
+    ClientSampling,
+    fields=("engine",),
+    docs={
+        "engine": 'The one round asks every client. ``"flower-sim"`` refuses, at ``fit``, '
+        "``privacy.epsilon`` and the PCA front end (``pca_components`` engaged)."
+    },
+)
 
 #: What the shared settings mean in FedGenGMM, where the server refits the clients' union.
 FEDGEN_DOCS = {
@@ -102,6 +112,13 @@ class _LocalFitDetector(MixtureDetector):
         """One round (each client fits its mixture and sends it once), after federated PCA's
         two when the front end engages on rows ``n_features`` wide (``_front_end_rounds``)."""
         return self._algorithm.max_rounds + self._front_end_rounds(n_features)
+
+    def _front_end(self, parts, clients, seed):
+        """The PCA front end (``FrontEndMixin._front_end``), after refusing what the engine
+        cannot run (:func:`~fednovelty.detectors._engine_check.refuse_flower_sim`), before
+        any round."""
+        refuse_flower_sim(self, clients[0].shape[1])
+        return super()._front_end(parts, clients, seed)
 
     def _run(self, clients, seed):
         if len(self.k_range) != 2:
@@ -266,6 +283,7 @@ class FedGenGMMDetector(_LocalFitDetector):
             "is its log-density; same single round, same messages.",
         ),
         option(Prior, fields=REMEDIES, docs=FEDGEN_PRIOR_DOCS),
+        LOCAL_SAMPLING,
         option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
         docs=FEDGEN_DOCS,
     )
@@ -285,6 +303,7 @@ class FedGenGMMDetector(_LocalFitDetector):
         copula=False,
         prior=None,
         pca_components="auto",
+        sampling=None,
         robustness=None,
         privacy=None,
         contamination=0.1,

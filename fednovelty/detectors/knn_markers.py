@@ -42,7 +42,7 @@ from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._saved_state import SavedStateMixin
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import SimulatedFitMixin
-from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
+from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,
     check_items,
@@ -146,6 +146,11 @@ class FedKNNMarkerDetector(ConformalMixin, SimulatedFitMixin, BaseDetector):
             Robustness,
             docs={"aggregation": '``"trimmed"`` also screens the k-means round\'s centroids.'},
         ),
+        option(
+            ClientSampling,
+            fields=("engine",),
+            docs={"engine": "Every round asks every client (exact federated VB)."},
+        ),
         option(Privacy, fields=FLOOR),
         docs={
             "n_components": "An upper bound: the Dirichlet-process prior prunes.",
@@ -167,6 +172,7 @@ class FedKNNMarkerDetector(ConformalMixin, SimulatedFitMixin, BaseDetector):
         weight_threshold=0.01,
         initialisation=None,
         prior=None,
+        sampling=None,
         robustness=None,
         privacy=None,
         contamination=0.1,

@@ -16,6 +16,7 @@ from fednovelty.detectors.fedgengmm import (
     LOCAL_FIT_DOCS,
     LOCAL_PRIOR_DOCS,
     LOCAL_PRIVACY_DOCS,
+    LOCAL_SAMPLING,
     _LocalFitDetector,
 )
 from fednovelty.detectors.options import Prior, Privacy
@@ -98,6 +99,7 @@ class LocalGMMDetector(_LocalFitDetector):
             "estimator",
         ),
         option(Prior, fields=REMEDIES, docs=LOCAL_PRIOR_DOCS),
+        LOCAL_SAMPLING,
         option(Privacy, fields=LOCAL_DP, docs=LOCAL_PRIVACY_DOCS),
         docs=LOCAL_FIT_DOCS,
     )
@@ -115,6 +117,7 @@ class LocalGMMDetector(_LocalFitDetector):
         combine="mixture",
         prior=None,
         pca_components="auto",
+        sampling=None,
         privacy=None,
         contamination=0.1,
         calibration="contamination",

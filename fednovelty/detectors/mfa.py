@@ -21,7 +21,7 @@ from fednovelty.detectors._option_fields import FLOOR, REMEDIES
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors.base import MixtureDetector
 from fednovelty.detectors.explain import Components
-from fednovelty.detectors.options import Initialisation, Prior, Privacy, Robustness
+from fednovelty.detectors.options import ClientSampling, Initialisation, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     check_in_box,
     check_positive,
@@ -141,6 +141,11 @@ class FedMFADetector(MixtureDetector):
                 "per component as federated EM's statistics are."
             },
         ),
+        option(
+            ClientSampling,
+            fields=("engine",),
+            docs={"engine": "Every round asks every client."},
+        ),
         option(Privacy, fields=FLOOR),
         docs={
             "max_iter": "The ranking of the rows settles in 10-20 rounds, long before the "
@@ -160,6 +165,7 @@ class FedMFADetector(MixtureDetector):
         init_params="kmeans",
         initialisation=None,
         prior=None,
+        sampling=None,
         robustness=None,
         privacy=None,
         contamination=0.1,

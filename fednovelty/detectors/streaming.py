@@ -57,7 +57,7 @@ from fednovelty.detectors._option_fields import FLOOR, KMEANS_START
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._validation import check_groups, split_by_client
 from fednovelty.detectors.fedgmm import FedGMMDetector
-from fednovelty.detectors.options import Initialisation, Privacy
+from fednovelty.detectors.options import ClientSampling, Initialisation, Privacy
 from fednovelty.detectors.persistence import (
     check_items,
     check_positive,
@@ -169,6 +169,14 @@ class StreamingFedGMMDetector(EMDetector):
             "estimator",
         ),
         option(Initialisation, fields=KMEANS_START),
+        option(
+            ClientSampling,
+            fields=("engine",),
+            docs={
+                "engine": "Of ``fit``'s rounds and every window's (``partial_fit``); every "
+                "round asks every client of its window."
+            },
+        ),
         option(Privacy, fields=FLOOR),
         docs={"n_components": "K Gaussians shared by all clients."},
     )
@@ -193,6 +201,7 @@ class StreamingFedGMMDetector(EMDetector):
         max_iter=100,
         init_params="kmeans",
         initialisation=None,
+        sampling=None,
         robustness=None,
         privacy=None,
         contamination=0.1,

@@ -35,7 +35,8 @@ Choices, and why:
   ``standardize=False, prior_strength=None`` restores scikit-learn's priors on the raw
   features exactly.
 - Not here: client sampling and dropout (the exact posterior needs every client each round),
-  personal weights. ``docs/variational.md`` has the details.
+  personal weights; ``sampling=`` selects only the engine (``ClientSampling.engine``).
+  ``docs/variational.md`` has the details.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ from fednovelty.detectors._dp import (
     finish_private_fit,
     run_private_bounds,
 )
+from fednovelty.detectors._engine_check import refuse_flower_sim
 from fednovelty.detectors._option_fields import DP
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._vb_state import POSTERIOR_TENSORS, posterior_from
 from fednovelty.detectors.base import MixtureDetector
-from fednovelty.detectors.options import Prior, Privacy, Robustness
+from fednovelty.detectors.options import ClientSampling, Prior, Privacy, Robustness
 from fednovelty.detectors.persistence import (
     iteration_record,
     log_density_bound,
@@ -207,6 +209,15 @@ class FedVBDetector(MixtureDetector):
                 "client as the typical client's rows."
             },
         ),
+        option(
+            ClientSampling,
+            fields=("engine",),
+            docs={
+                "engine": "Every round asks every client (the exact posterior needs them "
+                'all). ``"flower-sim"`` refuses, at ``fit``, ``privacy.epsilon`` and the PCA '
+                "front end (``pca_components`` engaged)."
+            },
+        ),
         option(Privacy, fields=DP),
         docs={
             "n_components": "An upper bound: the prior prunes the components the data do not "
@@ -237,6 +248,7 @@ class FedVBDetector(MixtureDetector):
         match_threshold=0.5,
         prior=None,
         pca_components="auto",
+        sampling=None,
         robustness=None,
         privacy=None,
         contamination=0.1,
@@ -304,6 +316,13 @@ class FedVBDetector(MixtureDetector):
             raise InvalidPriorError(f"prior.covariance: {error}") from None
 
     # -------------------------------------------------------------- fitting
+    def _front_end(self, parts, clients, seed):
+        """The PCA front end (``FrontEndMixin._front_end``), after refusing what the engine
+        cannot run (:func:`~fednovelty.detectors._engine_check.refuse_flower_sim`), before
+        any round."""
+        refuse_flower_sim(self, clients[0].shape[1])
+        return super()._front_end(parts, clients, seed)
+
     def _vb_settings(self, n_features: int, seed: int) -> tuple[dict, dict, dict]:
         """The algorithms' settings for rows ``n_features`` wide: those both take, those only
         the one-shot merge takes, those only the exact fit takes."""

@@ -37,11 +37,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from fednovelty.detectors._classifier import FederatedClassifier
 from fednovelty.detectors._dp import DPPlan, RoundCost, privacy_record
+from fednovelty.detectors._engine_check import refuse_flower_sim
 from fednovelty.detectors._option_fields import DP_SGD
 from fednovelty.detectors._params import Param, declare, option, store
 from fednovelty.detectors._vgm2_privacy import PRIVATE_HISTOGRAMS, vgm2_dp_plan
 from fednovelty.detectors.base import labelled_tensors
-from fednovelty.detectors.options import Privacy, Robustness, Training
+from fednovelty.detectors.options import ClientSampling, Privacy, Robustness, Training
 from fednovelty.detectors.persistence import check_items, check_positive, get_attr, get_tensor
 from fednovelty.detectors.persistence_checks import check_network
 from fednovelty.exceptions import ModelFormatError
@@ -160,6 +161,14 @@ class VGM2Classifier(FederatedClassifier):
             },
             settings={"aggregation": "robust_aggregation"},
         ),
+        option(
+            ClientSampling,
+            fields=("engine",),
+            docs={
+                "engine": "The clients asked each round are ``clients_per_round``'s. "
+                '``"flower-sim"`` refuses ``privacy.epsilon`` at ``fit``.'
+            },
+        ),
         Param(
             "prediction",
             "nearest",
@@ -200,6 +209,7 @@ class VGM2Classifier(FederatedClassifier):
         objective=None,
         train_encoder=True,
         posterior_merge="moment",
+        sampling=None,
         robustness=None,
         prediction="nearest",
         top_m=5,
@@ -213,6 +223,7 @@ class VGM2Classifier(FederatedClassifier):
 
     # -------------------------------------------------------------- fitting
     def _fit_clients(self, parts, clients, seed, labels=None) -> None:
+        refuse_flower_sim(self, self.n_features_in_)
         config = self._config(self.n_features_in_, len(self.classes_), seed)
         algorithm = self._algorithm_class().from_config(config)
         data = labelled_tensors(clients, labels)
