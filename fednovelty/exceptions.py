@@ -42,7 +42,23 @@ class DataLossWarning(UserWarning):
     - a federation of several clients reduced to one: every other client released nothing,
       so the model is that client's alone;
     - mixture components emptied in fit: a fitted ``weights_`` entry backed by less than
-      one training row (``n_components_`` still counts it).
+      one training row (``n_components_`` still counts it);
+    - a mixture fitted with fewer components than ``n_components`` asked: its own subclass,
+      :class:`FewerComponentsWarning`.
+    """
+
+
+class FewerComponentsWarning(DataLossWarning):
+    """A mixture fitted with fewer components (``n_components_``) than ``n_components``
+    asked, because the clients' privacy floors could not back K.
+
+    A client forms at most ``n_rows // min_rows`` k-means clusters (``Privacy.min_rows``);
+    where the centroids the clients sent, or the rows backing each centre in a Lloyd round,
+    are too few for K centres, federated EM (``init_params="kmeans"``) fits fewer. The
+    message says how many components were fitted, how many centroids the clients sent (and
+    any merge of the centres), and what to do. A :class:`DataLossWarning`, so that filter
+    covers it too; ``warnings.simplefilter("error", FewerComponentsWarning)`` refuses such a
+    fit instead (exactly K or an error).
     """
 
 

@@ -3,14 +3,15 @@
 :class:`Releases` tallies, per client, the rounds in which it released statistics and those
 in which it replied ``skipped`` (and why), over every run of one fit
 (``SimulatedFitMixin._simulate`` adds each run's round records). At the end of ``fit``,
-:func:`warn_data_loss` turns the tally and the fitted weights into at most three warnings,
+:func:`warn_data_loss` turns the tally and the fitted weights into at most four warnings,
 each once per fit:
 
 - clients that released nothing in some or all rounds (below their privacy floor, or too few
   rows for what a round asks), named with their row counts and the reasons they gave;
 - a federation of several clients reduced to one (every other client released nothing);
 - a mixture fitted with fewer components than ``n_components`` asked (federated EM's K is
-  an upper bound where the clients' privacy floors leave fewer k-means centroids than K);
+  an upper bound where the clients' privacy floors leave fewer k-means centroids than K):
+  a :class:`~fednovelty.exceptions.FewerComponentsWarning`, given first;
 - mixture components emptied in fit: ``weights_`` entries backed by less than one training
   row. ``n_components_`` counts the fitted components, :func:`kept_components` those that
   kept weight (the detectors' ``effective_n_components_``). Variational mixtures, which
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fednovelty.exceptions import DataLossWarning
+from fednovelty.exceptions import DataLossWarning, FewerComponentsWarning
 
 #: clients named in a warning; more are counted.
 MAX_NAMED = 10
@@ -76,14 +77,16 @@ def warn_data_loss(
     name = f"{type(estimator).__name__}.{method}"
     ids = np.asarray(estimator.client_ids_).tolist()
     taking_part = len(ids) if n_taking_part is None else n_taking_part
-    for message in (
-        skipped_message(name, ids, row_counts, releases, taking_part),
-        one_client_message(name, ids, releases, taking_part),
-        fewer_components_message(estimator, name),
-        empty_components_message(estimator, int(sum(row_counts)), name),
+    n_rows = int(sum(row_counts))
+    for message, category in (
+        # the model's size first: the benchmark's warning column keeps a line's start
+        (fewer_components_message(estimator, name, n_rows, taking_part), FewerComponentsWarning),
+        (skipped_message(name, ids, row_counts, releases, taking_part), DataLossWarning),
+        (one_client_message(name, ids, releases, taking_part), DataLossWarning),
+        (empty_components_message(estimator, n_rows, name), DataLossWarning),
     ):
         if message:
-            warnings.warn(message, DataLossWarning, stacklevel=stacklevel + 1)
+            warnings.warn(message, category, stacklevel=stacklevel + 1)
 
 
 def skipped_message(
@@ -134,25 +137,70 @@ def kept_components(weights, n_rows: int) -> int:
     return int(weights.size if n_rows < 1 else np.count_nonzero(weights * n_rows >= 1.0))
 
 
-def fewer_components_message(estimator, name: str) -> str | None:
-    """The warning for a mixture fitted with fewer components (``n_components_``) than its
-    ``n_components`` parameter asked; None otherwise, or where ``n_components`` is an upper
-    bound by design (variational mixtures: ``effective_n_components_`` set in fit)."""
+def fewer_components_message(
+    estimator, name: str, n_rows: int | None = None, n_clients: int | None = None
+) -> str | None:
+    """The :class:`~fednovelty.exceptions.FewerComponentsWarning` for a mixture fitted with
+    fewer components (``n_components_``) than its ``n_components`` parameter asked; None
+    otherwise, or where ``n_components`` is an upper bound by design (variational mixtures:
+    ``effective_n_components_`` set in fit). It says how many were fitted, why (the k-means
+    centroids the clients sent, :func:`k_fed_record`, of ``n_rows`` rows over ``n_clients``
+    clients where given) and what to do."""
     asked = estimator.get_params(deep=False).get("n_components")
     fitted = getattr(estimator, "n_components_", None)
     if not isinstance(asked, int | np.integer) or fitted is None or fitted >= asked:
         return None
     if getattr(estimator, "PRUNES_COMPONENTS", False):
         return None
-    return (
-        f"{name}: fitted {fitted} component"
-        f"{'' if fitted == 1 else 's'} where n_components={asked} asked: under their "
-        "privacy floors the clients could send too few k-means centroids for K centres "
-        "(a client forms at most n_rows // min_rows clusters), so each centre pools about "
-        f"two of them. Pass n_components={fitted} to fit this size without the warning, or "
-        "give the clients more rows (or lower Privacy(min_rows=...) only where their "
-        "privacy allows it)."
+    centroids, merges = k_fed_record(getattr(estimator, "history_", []))
+    floor = min_rows_of(estimator)
+    held = "the clients" if n_rows is None else f"the {n_clients} clients' {n_rows} rows"
+    why = (
+        f"{held} could not back {asked} under their privacy floors ("
+        + ("" if floor is None else f"min_rows={floor}; ")
+        + "a client forms at most n_rows // min_rows k-means clusters)"
     )
+    if centroids is not None:
+        why += f": they sent {centroids} centroid{'' if centroids == 1 else 's'} in all"
+        if centroids < asked:
+            why += f", fewer than the {asked} centres asked, so each centre pools about two"
+    for before, after in merges:
+        why += (
+            f"; a Lloyd round in which no client's rows backed its share of the {before} "
+            f"centres merged them into {after}"
+        )
+    return (
+        f"{name}: fitted {fitted} component{'' if fitted == 1 else 's'} where "
+        f"n_components={asked} asked (n_components_ = {fitted}): {why}. Pass "
+        f"n_components={fitted} to fit this size without the warning, or give the clients "
+        "more rows (or lower Privacy(min_rows=...) only where their privacy allows it); "
+        'warnings.simplefilter("error", FewerComponentsWarning) refuses such a fit instead.'
+    )
+
+
+def k_fed_record(history: Iterable[dict]) -> tuple[int | None, list[tuple[int, int]]]:
+    """From a fit's ``history_`` (one dict a round): the k-means centroids the clients sent
+    in the last ``centroids`` round (None: no such round) and, for each Lloyd round that
+    merged the centres (``merged_centres``), the centres before and after (half as many,
+    rounded up)."""
+    centroids, merges = None, []
+    for record in history:
+        if record.get("kind") == "centroids" and "n_centroids" in record:
+            centroids, merges = int(record["n_centroids"]), []
+        elif record.get("merged_centres") is not None:
+            before = int(record["merged_centres"])
+            merges.append((before, (before + 1) // 2))
+    return centroids, merges
+
+
+def min_rows_of(estimator) -> int | None:
+    """The clients' privacy floor (``Privacy.min_rows``) of a detector, or None."""
+    option = getattr(estimator, "_option", None)
+    try:
+        floor = option("privacy").min_rows if option is not None else None
+    except (KeyError, AttributeError, TypeError, ValueError):  # a detector without Privacy
+        floor = None
+    return None if floor is None else int(floor)
 
 
 def empty_components_message(estimator, n_rows: int, name: str) -> str | None:

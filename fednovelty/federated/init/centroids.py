@@ -98,6 +98,19 @@ def robust_centroid_replies(replies: dict[int, Message], aggregation: str) -> di
     return {c: m for c, m in replies.items() if c not in left_out}
 
 
+def too_few_centroids(n_components: int, n_centroids: int, n_rows: int) -> str:
+    """The refusal of a start whose K is exact (no ``FEWER_CENTROIDS_OK``) when the clients
+    sent ``n_centroids`` < ``n_components`` centroids from ``n_rows`` rows in all."""
+    fits = f"n_components={n_centroids} or fewer, " if n_centroids else ""
+    return (
+        f"n_components={n_components} needs {n_components} k-means centroids from the "
+        f"clients, and they sent {n_centroids} from the {n_rows} row(s) they reported (a client "
+        "forms at most n_rows // min_rows clusters under its privacy floor, none below it). "
+        f"Pass {fits}give the small clients more rows, or lower their floor "
+        "(Privacy(min_rows=...)) only where their privacy allows it."
+    )
+
+
 class CentroidsStep(Step):
     """k-FED: local k-means centroids, pooled and clustered by weighted k-means++ and Lloyd
     on the server into ``n_components`` centres (when fewer centroids arrive and the config's
@@ -146,13 +159,7 @@ class CentroidsStep(Step):
             n_centers = (centers.shape[0] + 1) // 2
         if centers.shape[0] < n_centers:
             n_rows = int(sum(float(m.tensors["n_samples"]) for m in replies.values()))
-            raise ValueError(
-                f"The clients hold {n_rows} sample(s) in all but n_components="
-                f"{config.n_components}; need at least as many samples as components, and "
-                f"they sent {centers.shape[0]} centroid(s) (a client forms at most n_rows // "
-                "min_rows clusters under its privacy floor). Lower n_components, add data or "
-                "lower the clients' privacy floor (privacy_min_rows)."
-            )
+            raise ValueError(too_few_centroids(config.n_components, centers.shape[0], n_rows))
         centers = centers.to(config.device, config.dtype)
         counts = counts.to(config.device, config.dtype)
         state.centers, _ = kmeans(

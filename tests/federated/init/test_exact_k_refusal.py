@@ -1,0 +1,32 @@
+"""Where K is exact (an algorithm without ``FEWER_CENTROIDS_OK``, here federated mixtures of
+factor analysers), a k-FED start the clients' centroids cannot seed is refused with the
+numbers: the K asked, the centroids sent, the rows, and the K that would fit."""
+
+import numpy as np
+import pytest
+import torch
+
+from fednovelty.federated.init.centroids import too_few_centroids
+from fednovelty.federated.mixtures.factor_em import FederatedFactorEM
+from fednovelty.federated.trust.privacy import PrivacyPolicy
+from fednovelty.runtime import run_simulation
+
+
+def test_an_exact_k_above_the_centroids_is_refused_with_the_numbers():
+    """Ten clients of 8 rows under a floor of 5 send one centroid each (8 // 5 = 1)."""
+    rng = np.random.default_rng(0)
+    clients = [torch.as_tensor(rng.normal(size=(8, 3))) for _ in range(10)]
+    algorithm = FederatedFactorEM(20, 1, random_state=0)
+    assert not algorithm.config.FEWER_CENTROIDS_OK
+    with pytest.raises(ValueError) as caught:
+        run_simulation(algorithm, clients, privacy=PrivacyPolicy(min_rows=5))
+    message = str(caught.value)
+    assert "n_components=20 needs 20 k-means centroids" in message
+    assert "they sent 10 from the 80 row(s) they reported" in message
+    assert "Pass n_components=10 or fewer" in message
+    assert "Privacy(min_rows=...)" in message
+
+
+def test_no_centroid_at_all_names_no_k():
+    message = too_few_centroids(4, 0, 0)
+    assert "they sent 0 from the 0 row(s)" in message and "n_components=0" not in message
