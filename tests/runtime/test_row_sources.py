@@ -87,7 +87,7 @@ def test_parquet_rows_read_numeric_columns_by_batches(tmp_path):
     frame.loc[4, "b"] = None
     path = tmp_path / "x.parquet"
     frame.to_parquet(path, row_group_size=250)
-    with pytest.raises(ValueError, match="column 'site' holds .*string, not numbers"):
+    with pytest.raises(ValueError, match=r"column 'site' holds .*string, not numbers"):
         ParquetRows(path)
     with pytest.raises(ValueError, match="no column 'z'"):
         ParquetRows(path, columns=["a", "z"])
