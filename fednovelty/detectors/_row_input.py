@@ -187,13 +187,12 @@ def stream_scores(estimator: Any, source: RowSource, fn: Any) -> np.ndarray:
     options = estimator._torch_options()
     out = np.empty(source.n_rows, dtype=np.float64)
     k = getattr(estimator, "n_components_", 1)
-    with torch.no_grad():
+    # the threads the whole rows' work calls for, as in memory (one chunk's would be fewer)
+    with torch.no_grad(), scoring_threads(*source.shape, k):
         for start, rows in numbered_chunks(source.astype(torch.float64)):
             if not source.checked:
                 check_chunk(rows, start, source, "X", estimator.dtype)
-            with scoring_threads(rows.shape[0], rows.shape[1], k):
-                values = fn(rows.to(**options))
-            out[start : start + rows.shape[0]] = values.cpu().numpy()
+            out[start : start + rows.shape[0]] = fn(rows.to(**options)).cpu().numpy()
     return out
 
 

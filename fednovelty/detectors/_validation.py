@@ -123,13 +123,14 @@ def check_groups(groups, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
     """Client id of each row -> ``(client_ids, codes)``.
 
     ``client_ids`` are the distinct ids in sorted order (n_clients,); ``codes`` maps each row
-    to its client's position in ``client_ids`` (n_samples,). ``groups=None`` is one client.
+    to its client's position in ``client_ids`` (n_samples,). ``groups=None`` is one client
+    (its codes a read-only view of one zero: no memory a row, whatever ``n_samples``).
 
     Raises:
         ValueError: wrong length, not 1-D, missing values, or ids of mixed types.
     """
     if groups is None:
-        return np.array([0]), np.zeros(n_samples, dtype=np.int64)
+        return np.array([0]), np.broadcast_to(np.zeros((), dtype=np.int64), (n_samples,))
     array = np.asarray(groups)
     if array.ndim != 1:
         raise ValueError(f"groups must be 1-D (one client id per row), got shape {array.shape}.")
