@@ -47,7 +47,7 @@ import numpy as np
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
 from fednovelty.federated.core.declarations import InvalidReplyError
-from fednovelty.federated.core.wire import pack, unpack
+from fednovelty.federated.core.wire import pack, travelled_narrower, unpack
 from fednovelty.federated.trust.gate import accept
 from fednovelty.federated.trust.plausible import gross_screen
 from fednovelty.federated.trust.reply_form import is_skipped
@@ -414,7 +414,12 @@ def _validate(
         implausible = gross_screen(message, valid)  # noisy replies: no cross-client screen
         valid = {c: reply for c, reply in valid.items() if c not in implausible}
         invalid = {**invalid, **implausible}
-    return {c: unpack(received[c], dtype) for c in valid}, invalid
+    # each valid reply as the server step reads it: unpacked again only where tensors
+    # travelled narrower than the working dtype
+    return {
+        c: unpack(received[c], dtype) if travelled_narrower(received[c]) else reply
+        for c, reply in valid.items()
+    }, invalid
 
 
 def unpack_replies(replies: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, str]]:

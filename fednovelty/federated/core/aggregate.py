@@ -77,9 +77,11 @@ def sum_stats(
     """Sum of the statistics in ``replies`` (the whole federated M-step input); ``noisy``:
     the replies carry differential-privacy noise (negative counts allowed).
 
-    The replies are stacked field by field and checked and summed in one pass each (one
-    kernel per field instead of one per reply and field). Replies whose shapes disagree fall
-    back to one-by-one merging, which names the problem. Skipped replies are left out.
+    The replies are stacked field by field, :data:`SUM_BYTES` of replies at a time, and each
+    stack checked and summed in one pass per field (one kernel per field and stack instead of
+    one per reply and field; no stack of a whole large federation's second moments at once).
+    Replies whose shapes disagree fall back to one-by-one merging, which names the problem.
+    Skipped replies are left out.
     """
     replies = released(replies)
     if not replies:
@@ -88,15 +90,30 @@ def sum_stats(
             "each client is below its privacy floor)."
         )
     try:
-        stacked = {
-            name: torch.stack([m.tensors[name] for m in replies]).to(shift.device, shift.dtype)
-            for name in STATS_FIELDS
-        }
+        size = max(
+            1, SUM_BYTES // max(1, sum(_nbytes(replies[0].tensors[n]) for n in STATS_FIELDS))
+        )
+        total: dict[str, Tensor] = {}
+        for start in range(0, len(replies), size):
+            part = replies[start : start + size]
+            stacked = {
+                name: torch.stack([m.tensors[name] for m in part]).to(shift.device, shift.dtype)
+                for name in STATS_FIELDS
+            }
+            sums = {name: value.sum(0) for name, value in stacked.items()}
+            _check_stats_tensors(stacked, shift.shape[0], "a statistics reply", noisy, totals=sums)
+            total = sums if not total else {name: total[name] + sums[name] for name in sums}
     except (KeyError, RuntimeError):
         return merge_stats(stats_from_message(m, shift, covariance_type) for m in replies)
-    sums = {name: value.sum(0) for name, value in stacked.items()}
-    _check_stats_tensors(stacked, shift.shape[0], "a statistics reply", noisy, totals=sums)
-    return SufficientStats(shift=shift, covariance_type=covariance_type, **sums)
+    return SufficientStats(shift=shift, covariance_type=covariance_type, **total)
+
+
+#: bytes of replies :func:`sum_stats` stacks at a time.
+SUM_BYTES = 1 << 22
+
+
+def _nbytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def pool_centroids(replies: Iterable[Message]) -> tuple[Tensor, Tensor]:

@@ -45,6 +45,7 @@ __all__ = [
     "pack",
     "packed_side",
     "to_triangle",
+    "travelled_narrower",
     "triangle_size",
     "unpack",
     "wire_dtype_of",
@@ -116,10 +117,38 @@ def _spread(d: int, form: str, device: torch.device) -> Tensor:
     return spread.to(device)
 
 
+#: most entries a cached flat gather index (:func:`_flat_kept`, :func:`_flat_spread`) spans;
+#: larger tensors gather along their last dimension.
+FLAT_INDEX_ENTRIES = 1 << 20
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_kept(d: int, form: str, n_matrices: int, device: torch.device) -> Tensor:
+    """:func:`_kept` of ``n_matrices`` (d, d) matrices stored one after another: flat
+    positions (n_matrices * d(d+1)/2,). One gather over a flat tensor is several times
+    faster than a gather along the last dimension of a (n_matrices, d * d) one."""
+    kept = _kept(d, form, torch.device("cpu"))
+    return (torch.arange(n_matrices).unsqueeze(1) * (d * d) + kept).reshape(-1).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_spread(d: int, form: str, n_matrices: int, width: int, device: torch.device) -> Tensor:
+    """:func:`_spread` of ``n_matrices`` packed triangles of ``width`` entries each (the
+    triangle, plus the appended zero of a triangular form) stored one after another: flat
+    positions (n_matrices * d * d,)."""
+    spread = _spread(d, form, torch.device("cpu"))
+    return (torch.arange(n_matrices).unsqueeze(1) * width + spread).reshape(-1).to(device)
+
+
 def to_triangle(tensor: Tensor, form: str) -> Tensor:
     """The triangle ``form`` keeps of ``tensor`` (..., d, d): (..., d(d+1)/2), contiguous."""
     d = tensor.shape[-1]
-    flat = tensor.reshape(*tensor.shape[:-2], d * d)
+    lead = tensor.shape[:-2]
+    n = math.prod(lead)
+    if n * d * d <= FLAT_INDEX_ENTRIES:
+        index = _flat_kept(d, form, n, tensor.device)
+        return tensor.reshape(-1).index_select(0, index).view(*lead, triangle_size(d))
+    flat = tensor.reshape(*lead, d * d)
     return flat.index_select(-1, _kept(d, form, tensor.device)).contiguous()
 
 
@@ -139,8 +168,13 @@ def from_triangle(packed: Tensor, form: str) -> Tensor:
         )
     if form != "symmetric":  # the zero the other half points to
         packed = torch.cat([packed, packed.new_zeros((*packed.shape[:-1], 1))], dim=-1)
+    lead = packed.shape[:-1]
+    n = math.prod(lead)
+    if n * d * d <= FLAT_INDEX_ENTRIES:
+        index = _flat_spread(d, form, n, packed.shape[-1], packed.device)
+        return packed.reshape(-1).index_select(0, index).view(*lead, d, d)
     full = packed.index_select(-1, _spread(d, form, packed.device))
-    return full.view(*packed.shape[:-1], d, d)
+    return full.view(*lead, d, d)
 
 
 def wire_dtype_of(setting: Any) -> torch.dtype | None:
@@ -197,11 +231,13 @@ def pack(message: Message, wire_dtype: Any = None) -> Message:
     return Message(message.kind, tensors, scalars)
 
 
-def _description(message: Message) -> dict[str, list[str]]:
-    """The parsed :data:`WIRE` scalar of ``message``, checked against its tensors."""
-    raw = message.scalars[WIRE]
+@functools.lru_cache(maxsize=256)
+def _parsed(raw: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The :data:`WIRE` string ``raw`` parsed (its keys known, each a list of names):
+    ``((key, names), ...)`` in its order. A round's replies share a few such strings, so the
+    parse is kept; the names are checked against each message's tensors by its caller."""
     try:
-        description = json.loads(raw) if isinstance(raw, str) else None
+        description = json.loads(raw)
     except ValueError:
         description = None
     if not isinstance(description, dict):
@@ -211,10 +247,20 @@ def _description(message: Message) -> dict[str, list[str]]:
         raise WireFormatError(
             f"the {WIRE!r} scalar has unknown key(s) {unknown}; known: {[*FORMS, 'cast']}."
         )
-    seen: set[str] = set()
     for key, names in description.items():
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise WireFormatError(f"the {WIRE!r} entry {key!r} must be a list of tensor names.")
+    return tuple((key, tuple(names)) for key, names in description.items())
+
+
+def _description(message: Message) -> dict[str, list[str]]:
+    """The parsed :data:`WIRE` scalar of ``message``, checked against its tensors."""
+    raw = message.scalars[WIRE]
+    if not isinstance(raw, str):
+        raise WireFormatError(f"the {WIRE!r} scalar is not a JSON object: {raw!r}.")
+    description = {key: list(names) for key, names in _parsed(raw)}
+    seen: set[str] = set()
+    for key, names in description.items():
         missing = sorted(set(names) - set(message.tensors))
         if missing:
             raise WireFormatError(f"the {WIRE!r} entry {key!r} names no tensor: {missing}.")
@@ -223,6 +269,19 @@ def _description(message: Message) -> dict[str, list[str]]:
         if key != "cast":
             seen.update(names)
     return description
+
+
+def travelled_narrower(message: Message) -> bool:
+    """Whether a packed ``message`` holds tensors cast narrower on the wire (its
+    :data:`WIRE` lists ``"cast"``): only then does :func:`unpack` with a ``dtype`` differ from
+    :func:`unpack` without one. ``True`` where the description cannot be read (unpack it)."""
+    raw = message.scalars.get(WIRE)
+    if raw is None:
+        return False
+    try:
+        return not isinstance(raw, str) or any(key == "cast" for key, _ in _parsed(raw))
+    except WireFormatError:
+        return True
 
 
 def unpack(message: Message, dtype: torch.dtype | None = None) -> Message:

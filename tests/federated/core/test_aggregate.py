@@ -169,6 +169,30 @@ def test_sum_stats_names_a_non_finite_term_and_not_an_overflowing_sum() -> None:
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_sum_stats_in_stacks_of_a_few_replies_equals_one_stack(covariance_type, monkeypatch):
+    """A large federation's replies are summed a few at a time (``SUM_BYTES``): the same
+    totals, and a broken reply in a later stack still refused by name."""
+    from fednovelty.federated.core import aggregate
+
+    shift = np.array([1.0, -2.0, 0.5, 3.0])
+    parts = [rows_and_resp(seed, 10 + seed) for seed in range(7)]
+    replies = [stats_reply(numpy_stats(X, r, shift, covariance_type)) for X, r in parts]
+    whole = sum_stats(replies, torch.tensor(shift), covariance_type)
+    monkeypatch.setattr(aggregate, "SUM_BYTES", 1)  # one reply a stack
+    stacked = sum_stats(replies, torch.tensor(shift), covariance_type)
+    X = np.concatenate([X for X, _ in parts])
+    expected = numpy_stats(X, np.concatenate([r for _, r in parts]), shift, covariance_type)
+    for name, value in expected.items():
+        assert_close_scaled(getattr(stacked, name), value, rtol=1e-12, err_msg=name)
+        assert_close_scaled(getattr(stacked, name), getattr(whole, name), rtol=1e-12)
+    broken = {**numpy_stats(*parts[0], shift, covariance_type)}
+    broken["counts"] = broken["counts"].copy()
+    broken["counts"][1] = math.nan
+    with pytest.raises(ValueError, match="non-finite values in 'counts'"):
+        sum_stats([*replies, stats_reply(broken)], torch.tensor(shift), covariance_type)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_total_variance_is_the_mean_feature_variance_of_the_rows(covariance_type) -> None:
     parts = [rows_and_resp(seed, n) for seed, n in enumerate((30, 12))]
     shift = np.array([0.3, 1.0, -4.0, 2.0])

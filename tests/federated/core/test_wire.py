@@ -19,6 +19,7 @@ from fednovelty.federated.core.wire import (
     matrix_form,
     pack,
     packed_side,
+    travelled_narrower,
     triangle_size,
     unpack,
 )
@@ -211,3 +212,35 @@ def test_a_client_answers_a_packed_broadcast_with_a_packed_reply() -> None:
         sum(t.numel() * t.element_size() for t in m.tensors.values()) for m in (narrow, pack(plain))
     )
     assert 2 * narrow_bytes == wide_bytes
+
+
+@pytest.mark.parametrize("form", ["symmetric", "upper", "lower"])
+def test_many_matrices_pack_the_same_by_one_flat_index_or_along_the_last_dimension(
+    form, monkeypatch
+) -> None:
+    """Small stacks gather through one cached flat index, large ones along the last
+    dimension: both give the triangle row by row and its exact inverse."""
+    from fednovelty.federated.core import wire
+
+    square = torch.randn(4, K, D, D, dtype=torch.float64, generator=generator(5))
+    square = {"symmetric": square + square.mT, "upper": square.triu(), "lower": square.tril()}[form]
+    flat = wire.to_triangle(square, form)
+    monkeypatch.setattr(wire, "FLAT_INDEX_ENTRIES", 0)
+    along = wire.to_triangle(square, form)
+    assert torch.equal(flat, along) and flat.shape == (4, K, triangle_size(D))
+    rows, cols = (torch.triu_indices if form != "lower" else torch.tril_indices)(D, D)
+    assert torch.equal(flat, square[..., rows, cols])  # by hand, row by row
+    back_along = wire.from_triangle(along, form)
+    monkeypatch.setattr(wire, "FLAT_INDEX_ENTRIES", 1 << 20)
+    assert torch.equal(wire.from_triangle(flat, form), back_along)
+    assert torch.equal(back_along, square)
+
+
+def test_travelled_narrower_is_true_only_for_a_cast_or_an_unreadable_description() -> None:
+    m = message()
+    assert not travelled_narrower(m)  # never packed
+    assert not travelled_narrower(pack(m))  # triangles, no cast
+    assert travelled_narrower(pack(m, "float32"))
+    garbled = Message(m.kind, m.tensors, {**m.scalars, WIRE: "{not json"})
+    assert travelled_narrower(garbled)  # unpack will name it
+    assert travelled_narrower(Message(m.kind, m.tensors, {WIRE: 3}))
