@@ -46,8 +46,8 @@ import numpy as np
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
-from fednovelty.federated.core.declarations import InvalidReplyError
 from fednovelty.federated.core.wire import pack, travelled_narrower, unpack
+from fednovelty.federated.core.wire_many import unpack_many
 from fednovelty.federated.trust.gate import accept
 from fednovelty.federated.trust.plausible import gross_screen
 from fednovelty.federated.trust.reply_form import is_skipped
@@ -425,14 +425,11 @@ def _validate(
 def unpack_replies(replies: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, str]]:
     """``(unpacked replies, client id -> reason)``: each reply unpacked with its tensors in
     the dtype they travelled in; one whose wire description is malformed is dropped with the
-    reason (:class:`~fednovelty.federated.core.wire.WireFormatError`)."""
-    unpacked, malformed = {}, {}
-    for c, reply in replies.items():
-        try:
-            unpacked[c] = unpack(reply)
-        except InvalidReplyError as error:
-            malformed[c] = f"malformed wire format: {error}"
-    return unpacked, malformed
+    reason (:class:`~fednovelty.federated.core.wire.WireFormatError`). Replies of one form are
+    unpacked together (:func:`~fednovelty.federated.core.wire_many.unpack_many`: each as
+    ``unpack`` gives it, bit for bit)."""
+    unpacked, refused = unpack_many(replies)  # replies of one form unpacked together
+    return unpacked, {c: f"malformed wire format: {error}" for c, error in refused.items()}
 
 
 #: why a reply of a client excluded earlier in the run is dropped.

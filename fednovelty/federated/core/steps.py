@@ -287,7 +287,7 @@ class ChainedAlgorithm(FederatedAlgorithm):
         ready: list[tuple[Any, ClientContext]] = []
         for data, context in items:
             prepared = self._step_rows(index, data, message, context)
-            if is_row_source(prepared):  # read chunk by chunk, one client at a time
+            if not isinstance(prepared, Tensor) and is_row_source(prepared):  # chunk by chunk
                 prepared = step.client_step(prepared, message, context)
             replies.append(prepared if isinstance(prepared, Message) else None)
             if not isinstance(prepared, Message):
@@ -300,6 +300,14 @@ class ChainedAlgorithm(FederatedAlgorithm):
         where a view cannot work."""
         X, extra = self.split_data(data)
         step = self.steps[index]
+        if isinstance(X, Tensor):  # rows held at once: each view and the clip applied to them
+            try:
+                for earlier in self.steps[:index]:
+                    X = earlier.view(X, message, context)
+            except ClientSkip as skip:
+                return skipped_reply(message.kind, str(skip))
+            X = context.terms.clip(step.rows(X, message, context))
+            return (X, *extra) if step.labelled else X
         streamed = is_row_source(X)
         if streamed and not step.streams:
             raise TypeError(

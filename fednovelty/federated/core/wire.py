@@ -214,21 +214,40 @@ def pack(message: Message, wire_dtype: Any = None) -> Message:
         return message
     narrow = wire_dtype_of(wire_dtype)
     tensors: dict[str, Tensor] = {}
-    described: dict[str, list[str]] = {form: [] for form in (*FORMS, "cast")}
+    forms: dict[str, str | None] = {}
     for name, tensor in message.tensors.items():
-        form = matrix_form(tensor)
+        form = forms[name] = matrix_form(tensor)
         if form is not None:
             tensor = to_triangle(tensor, form)
-            described[form].append(name)
         if narrow is not None and tensor.dtype == torch.float64:
             tensor = tensor.to(narrow)
-            described["cast"].append(name)
         tensors[name] = tensor
-    description = {key: names for key, names in described.items() if names}
     scalars = dict(message.scalars)
-    if description:
-        scalars[WIRE] = json.dumps(description, separators=(",", ":"))
+    description = _wire_scalar(forms, _cast_names(message.tensors, narrow))
+    if description is not None:
+        scalars[WIRE] = description
     return Message(message.kind, tensors, scalars)
+
+
+def _cast_names(tensors: dict[str, Tensor], narrow: torch.dtype | None) -> list[str]:
+    """The tensors :func:`pack` casts to ``narrow``: the float64 ones (their form keeps
+    the dtype)."""
+    if narrow is None:
+        return []
+    return [name for name, tensor in tensors.items() if tensor.dtype == torch.float64]
+
+
+def _wire_scalar(forms: dict[str, str | None], cast: list[str]) -> str | None:
+    """The :data:`WIRE` scalar of a message whose tensors travel in ``forms`` (name -> form
+    or ``None``, in the message's order) with ``cast`` cast narrower; ``None`` where
+    nothing changed."""
+    described: dict[str, list[str]] = {form: [] for form in (*FORMS, "cast")}
+    for name, form in forms.items():
+        if form is not None:
+            described[form].append(name)
+    described["cast"] = list(cast)
+    description = {key: names for key, names in described.items() if names}
+    return json.dumps(description, separators=(",", ":")) if description else None
 
 
 @functools.lru_cache(maxsize=256)

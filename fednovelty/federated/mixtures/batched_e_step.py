@@ -159,9 +159,14 @@ def _group_replies(
             context.state["log_weights"] = weights.clone()
     floor = _floor_values(many, terms) if any(floors) else None
     tied = config.covariance_type == "tied"
+    # each client's tensors as views of the group's (unbind: one call, not one index each)
     counts, sums = many.counts.unbind(0), many.sums.unbind(0)
     second, n_samples = many.second.unbind(0), many.n_samples.unbind(0)
-    everything = many.n_samples.unsqueeze(1).expand_as(many.counts).clone().unbind(0)
+    log_likelihood = many.log_likelihood.unbind(0)
+    if floor is not None:
+        released, ll_rows, effective = (values.unbind(0) for values in floor)
+    if not all(floors):
+        everything = many.n_samples.unsqueeze(1).expand_as(many.counts).clone().unbind(0)
     out = []
     for j, term in enumerate(terms):
         n = int(rows[j].shape[0])
@@ -172,15 +177,13 @@ def _group_replies(
             "counts": counts[j],
             "sums": sums[j],
             "second": second[j],
-            "log_likelihood": many.log_likelihood[j],
+            "log_likelihood": log_likelihood[j],
             "n_samples": n_samples[j],
         }
         if not floors[j]:  # no floor: every component backed by the row count
             backing = _backing(everything[j], n_samples[j], None, tied)
             out.append(Message(kind, tensors, backing=backing))
             continue
-        assert floor is not None
-        released, ll_rows, effective = floor
         tensors["log_likelihood"] = released[j]
         tied_rows = None
         if tied and bool(_floor_mixed(effective[j], term.min_rows)):

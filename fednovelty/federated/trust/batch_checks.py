@@ -20,6 +20,7 @@ from torch import Tensor
 
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
+from fednovelty.federated.core.stacking import stacked_runs
 from fednovelty.federated.trust.reply_form import (
     MAX_ROWS,
     NON_NEGATIVE,
@@ -46,9 +47,10 @@ def stats_batch_passes(stacked: Mapping[str, Tensor], broadcast: Message) -> Ten
         margin of its round-off; ``diag`` second moments by the same elementwise test as one
         reply's. For ``full`` ones (:func:`check_psd` of ``G = n_k S_k - s_k s_k^T`` with
         tolerance ``tau = rtol * scale``) a reply passes where, per component,
-        ``max|G - G^T| <= tau / (4 d)`` (then ``G`` is finite and within ``tau / 8`` in
-        norm of its symmetric part, and the symmetry test passes), ``scale`` is at most a
-        quarter of the largest float (``G + G^T`` does not overflow) and the Cholesky
+        ``G = G^T`` exactly or ``max|G - G^T| <= tau / (4 d)`` (then ``G`` is within
+        ``tau / 8`` in norm of its symmetric part, and the symmetry test passes), ``scale``
+        is at most a quarter of the largest float (``G`` is finite, ``|G| <= 2 scale``, and
+        ``G + G^T`` does not overflow) and the Cholesky
         factorisation of ``G + tau / 2 * I`` (one triangle read) succeeds; as in
         :func:`certainly_psd`, ``eigvalsh`` then finds no eigenvalue below ``-tau``
         (for d with ``8 (d + 1)^3 eps <= rtol``; wider replies are checked alone).
@@ -75,9 +77,14 @@ def stats_batch_passes(stacked: Mapping[str, Tensor], broadcast: Message) -> Ten
     scale = _largest_magnitude(gram) + sums.square().amax(2)  # at least max |G|
     tolerance = rtol * scale + 1e-300
     gram.sub_(sums.unsqueeze(3) * sums.unsqueeze(2))
-    asymmetry = _largest_magnitude(gram - gram.transpose(-1, -2))  # NaN/inf where not finite
-    # (G + G^T) / 2, which one reply's check forms, stays finite
-    symmetric = (asymmetry <= tolerance / (4 * d)) & (scale <= torch.finfo(scale.dtype).max / 4)
+    # G = G^T exactly (so |G - G^T| = 0; statistics that travelled as a symmetric triangle
+    # are), else the bound on max |G - G^T| (NaN/inf where not finite)
+    symmetric = (gram == gram.transpose(-1, -2)).flatten(2).all(2)
+    if not bool(symmetric.all()):
+        asymmetry = _largest_magnitude(gram - gram.transpose(-1, -2))
+        symmetric = symmetric | (asymmetry <= tolerance / (4 * d))
+    # G finite (an inf equals itself), and (G + G^T) / 2, which one reply's check forms, too
+    symmetric = symmetric & (scale <= torch.finfo(scale.dtype).max / 4)
     gram.diagonal(dim1=-2, dim2=-1).add_((tolerance / 2).unsqueeze(-1))
     _, info = torch.linalg.cholesky_ex(gram)
     return passes & (symmetric & (info == 0)).all(1)
@@ -98,7 +105,7 @@ BATCH_CHECKS: dict[Callable[[Message, Message], None], Callable[..., Tensor]] = 
 
 
 #: bytes of replies :func:`batch_passes` stacks at a time: their temporaries stay in cache.
-BATCH_BYTES = 1 << 20
+BATCH_BYTES = 1 << 22
 
 
 #: what can go wrong while stacking and checking replies of one form; the replies are then
@@ -162,12 +169,14 @@ def batch_passes(
             continue
         reply_bytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in form)
         size = max(2, BATCH_BYTES // max(1, reply_bytes))
-        for start in range(0, len(cids), size):
-            part = cids[start : start + size]
+        columns = {name: [replies[c].tensors[name] for c in cids] for name, *_ in form}
+        try:  # views where the replies' tensors are slices of one batch already
+            runs = stacked_runs(columns, size)
+        except _BATCH_ERRORS:
+            continue
+        for items, stacked in runs:
+            part = cids[items.start : items.stop]
             try:
-                stacked = {
-                    name: torch.stack([replies[c].tensors[name] for c in part]) for name, *_ in form
-                }
                 passes = _values_pass(stacked)
                 for check in batched:
                     passes = passes & check(stacked, broadcast)

@@ -44,6 +44,7 @@ from fednovelty.federated.trust.ledger import PrivacyLedger
 from fednovelty.federated.trust.noise import NoiseSource
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.federated.trust.release import release
+from fednovelty.federated.trust.release_many import release_many
 from fednovelty.federated.trust.robust import cap_replies
 
 
@@ -151,20 +152,50 @@ def answer_many(
     its own terms: :func:`~fednovelty.federated.trust.release.release` by the declaration
     of the message's kind (``algorithm.reply_spec``), then, where ``context.wire``, packed
     (symmetric and triangular matrices as their triangle, float64 as the config's
-    ``wire_dtype``)."""
+    ``wire_dtype``). Many clients' replies are released and packed :data:`GATE_CHUNK` at a
+    time by :func:`~fednovelty.federated.trust.release_many.release_many`, which gives each
+    reply what ``release`` and ``pack`` give it alone, bit for bit."""
     config = getattr(algorithm, "config", None)
     message = unpack(message, getattr(config, "dtype", None))
     every = [terms_of(context) for _, context in items]
-    replies = algorithm.client_steps(items, message)
+    replies: list[Message | None] = list(algorithm.client_steps(items, message))
     spec = algorithm.reply_spec(message.kind)
     wire_dtype = getattr(config, "wire_dtype", None)
-    out = []
-    for reply, (data, context), terms in zip(replies, items, every, strict=True):
-        rows = data[0] if isinstance(data, tuple | list) else data
-        shape = tuple(getattr(rows, "shape", ())) or None
-        released = release(reply, spec, terms.policy, config, message, terms, shape)
-        out.append(pack(released, wire_dtype) if context.wire else released)
+    if len(items) == 1:
+        data, context = items[0]
+        released = release(
+            replies[0], spec, every[0].policy, config, message, every[0], _shape(data)
+        )
+        return [pack(released, wire_dtype) if context.wire else released]
+    out: list[Message] = []
+    for start in range(0, len(items), GATE_CHUNK):  # each chunk's temporaries freed in turn
+        part = range(start, min(len(items), start + GATE_CHUNK))
+        out.extend(
+            release_many(
+                [replies[i] for i in part],
+                spec,
+                [every[i].policy for i in part],
+                config,
+                message,
+                [every[i] for i in part],
+                [_shape(items[i][0]) for i in part],
+                wire=[items[i][1].wire for i in part],
+                wire_dtype=wire_dtype,
+            )
+        )
+        for i in part:
+            replies[i] = None  # the step's reply is released: its buffers may go
     return out
+
+
+#: clients whose replies the in-process gate releases and packs together (``answer_many``).
+GATE_CHUNK = 1024
+
+
+def _shape(data: Any) -> tuple[int, ...] | None:
+    """The shape of a client's rows (``data`` or its first entry), ``None`` where unknown."""
+    rows = data[0] if isinstance(data, tuple | list) else data
+    return tuple(getattr(rows, "shape", ())) or None
 
 
 def accept(algorithm: FederatedAlgorithm, replies: Mapping[int, Message]) -> dict[int, Message]:
