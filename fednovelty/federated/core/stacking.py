@@ -31,15 +31,18 @@ def _places(values: Sequence[Tensor]) -> list[tuple]:
 
 def _view_runs(columns: Mapping[str, Sequence[Tensor]], n: int, most: int) -> list[range]:
     """Consecutive runs of items (at most ``most``) whose tensors of every name are views
-    of one real base with one layout, their data equally spaced (a positive whole number of
-    elements apart); items in no such run form runs of one."""
+    of one real base of their own dtype with one layout, their data equally spaced (a
+    positive whole number of elements apart); items in no such run form runs of one."""
     places = [_places(values) for values in columns.values()]
     runs: list[range] = []
     start = 0
     while start < n:
         heads = [column[start] for column in places]
         stop = start + 1
-        if all(h[0] is not None and not h[4].is_complex and not h[5] for h in heads):
+        if all(
+            h[0] is not None and h[0].dtype == h[4] and not h[4].is_complex and not h[5]
+            for h in heads
+        ):
             gaps = [
                 column[start + 1][1] - h[1] if start + 1 < n else 0
                 for column, h in zip(places, heads, strict=True)

@@ -61,13 +61,14 @@ def _run_size(entries: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _flat_mirror(d: int, n_matrices: int, device: torch.device) -> Tensor:
-    """For each entry of :func:`~fednovelty.federated.core.wire.to_triangle`'s symmetric
-    triangle of ``n_matrices`` (d, d) matrices stored one after another, the flat position
-    of its mirror ``(j, i)``: (n_matrices * d(d+1)/2,)."""
+def _flat_pairs(d: int, n_matrices: int, device: torch.device) -> Tensor:
+    """For ``n_matrices`` (d, d) matrices stored one after another, matrix by matrix: the
+    flat positions of its upper triangle as :func:`~fednovelty.federated.core.wire.
+    to_triangle`'s symmetric form orders them, then of each entry's mirror ``(j, i)``:
+    (n_matrices * 2 * d(d+1)/2,). One gather reads each matrix once while it is in cache."""
     rows, cols = torch.triu_indices(d, d)
-    mirrored = cols * d + rows
-    return (torch.arange(n_matrices).unsqueeze(1) * (d * d) + mirrored).reshape(-1).to(device)
+    pair = torch.cat([rows * d + cols, cols * d + rows])
+    return (torch.arange(n_matrices).unsqueeze(1) * (d * d) + pair).reshape(-1).to(device)
 
 
 def _square(stack: Tensor) -> bool:
@@ -81,17 +82,19 @@ def _square(stack: Tensor) -> bool:
 
 def _symmetric_triangles(stack: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """The upper triangles (R, ..., d(d+1)/2) of the matrices of ``stack`` (R, ..., d, d),
-    as :func:`~fednovelty.federated.core.wire.to_triangle` forms the symmetric form's, and
-    where each entry equals its mirror (same shape, bool; the diagonal compared with itself,
-    so a NaN anywhere makes its matrix unequal, as in ``torch.equal(m, m.mT)``); ``(None,
-    None)`` where the matrices exceed one flat gather index."""
+    the values :func:`~fednovelty.federated.core.wire.to_triangle` gives for the symmetric
+    form (a strided view), and where each entry equals its mirror (same shape, bool; the
+    diagonal compared with itself, so a NaN anywhere makes its matrix unequal, as in
+    ``torch.equal(m, m.mT)``); ``(None, None)`` where the matrices exceed one flat gather
+    index."""
     d = stack.shape[-1]
     n = stack.numel() // (d * d)
     if n * d * d > FLAT_INDEX_ENTRIES:
         return None, None
-    upper = to_triangle(stack, "symmetric")
-    mirror = stack.reshape(-1).index_select(0, _flat_mirror(d, n, stack.device))
-    return upper, upper == mirror.view(upper.shape)
+    size = d * (d + 1) // 2
+    pairs = stack.reshape(-1).index_select(0, _flat_pairs(d, n, stack.device))
+    upper, mirror = pairs.view(*stack.shape[:-2], 2, size).unbind(-2)
+    return upper, upper == mirror
 
 
 def _forms_of(stack: Tensor) -> tuple[list[str | None], Tensor | None]:
@@ -152,9 +155,9 @@ def pack_many(messages: Sequence[Message], wire_dtype: Any = None) -> list[Messa
                 odd.update(j for j, f in enumerate(forms) if f != form)
                 if form is not None:
                     stack = (
-                        upper
+                        upper.contiguous()
                         if form == "symmetric" and upper is not None
-                        else (to_triangle(stack, form))
+                        else to_triangle(stack, form)
                     )
                 if name in cast:
                     stack = stack.to(narrow)

@@ -148,31 +148,33 @@ def answer_many(
 ) -> list[Message]:
     """The replies of several clients held in one process to ``message``: the broadcast
     unpacked (tensors sent narrower cast to the config's ``dtype``), the algorithm's
-    ``client_steps`` over all of them, then each reply through its own client's gate, by
-    its own terms: :func:`~fednovelty.federated.trust.release.release` by the declaration
-    of the message's kind (``algorithm.reply_spec``), then, where ``context.wire``, packed
+    ``client_steps`` over them, then each reply through its own client's gate, by its own
+    terms: :func:`~fednovelty.federated.trust.release.release` by the declaration of the
+    message's kind (``algorithm.reply_spec``), then, where ``context.wire``, packed
     (symmetric and triangular matrices as their triangle, float64 as the config's
-    ``wire_dtype``). Many clients' replies are released and packed :data:`GATE_CHUNK` at a
-    time by :func:`~fednovelty.federated.trust.release_many.release_many`, which gives each
-    reply what ``release`` and ``pack`` give it alone, bit for bit."""
+    ``wire_dtype``). The clients go :data:`GATE_CHUNK` at a time: a chunk's
+    ``client_steps`` (each reply depends on its own client's rows and state only), then its
+    replies released and packed together by
+    :func:`~fednovelty.federated.trust.release_many.release_many`, which gives each reply
+    what ``release`` and ``pack`` give it alone, bit for bit."""
     config = getattr(algorithm, "config", None)
     message = unpack(message, getattr(config, "dtype", None))
     every = [terms_of(context) for _, context in items]
-    replies: list[Message | None] = list(algorithm.client_steps(items, message))
     spec = algorithm.reply_spec(message.kind)
     wire_dtype = getattr(config, "wire_dtype", None)
     if len(items) == 1:
-        data, context = items[0]
-        released = release(
-            replies[0], spec, every[0].policy, config, message, every[0], _shape(data)
-        )
+        (data, context), terms = items[0], every[0]
+        reply = algorithm.client_steps(items, message)[0]
+        released = release(reply, spec, terms.policy, config, message, terms, _shape(data))
         return [pack(released, wire_dtype) if context.wire else released]
     out: list[Message] = []
-    for start in range(0, len(items), GATE_CHUNK):  # each chunk's temporaries freed in turn
+    for start in range(0, len(items), GATE_CHUNK):
+        # a chunk's steps, then its gate: the steps' buffers are freed before the next chunk
         part = range(start, min(len(items), start + GATE_CHUNK))
+        replies = algorithm.client_steps([items[i] for i in part], message)
         out.extend(
             release_many(
-                [replies[i] for i in part],
+                replies,
                 spec,
                 [every[i].policy for i in part],
                 config,
@@ -183,12 +185,12 @@ def answer_many(
                 wire_dtype=wire_dtype,
             )
         )
-        for i in part:
-            replies[i] = None  # the step's reply is released: its buffers may go
+        del replies
     return out
 
 
-#: clients whose replies the in-process gate releases and packs together (``answer_many``).
+#: clients whose steps the in-process gate runs, and whose replies it releases and packs,
+#: together (``answer_many``): a chunk's step buffers are reused by the next chunk.
 GATE_CHUNK = 1024
 
 

@@ -40,7 +40,7 @@ from fednovelty.federated.trust.release import release
 __all__ = ["STACK_BYTES", "release_many"]
 
 #: bytes of replies stacked at a time where they are not views of one tensor already.
-STACK_BYTES = 1 << 23
+STACK_BYTES = 1 << 22
 
 
 def release_many(
@@ -276,7 +276,7 @@ def _packed(value: Tensor, mask: Tensor | None) -> tuple[Tensor, str | None, lis
                 keep = mask.reshape(*mask.shape, *[1] * (lead.ndim - mask.ndim))
                 lead = lead | ~keep
             symmetric = lead.reshape(lead.shape[0], -1).all(1).tolist()
-            return _masked(upper, mask), "symmetric", symmetric
+            return _masked(upper, mask).contiguous(), "symmetric", symmetric
     released = _masked(value, mask)
     if not _square(value):
         return released, None, None
@@ -284,5 +284,6 @@ def _packed(value: Tensor, mask: Tensor | None) -> tuple[Tensor, str | None, lis
     form = forms[0] if len(set(forms)) == 1 else "mixed"
     if form is None or form == "mixed":  # every item alone but where none is packed
         return released, None, [f is None for f in forms]
-    triangle = upper if form == "symmetric" and upper is not None else to_triangle(released, form)
-    return triangle, form, None
+    if form == "symmetric" and upper is not None:
+        return upper.contiguous(), form, None
+    return to_triangle(released, form), form, None

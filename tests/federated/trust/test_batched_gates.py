@@ -47,6 +47,7 @@ def assert_same_message(a: Message, b: Message) -> None:
     assert list(a.tensors) == list(b.tensors)
     for name in a.tensors:
         assert same_bits(a.tensors[name], b.tensors[name]), name
+        assert a.tensors[name].is_contiguous() == b.tensors[name].is_contiguous(), name
     assert not a.backing and not b.backing
 
 
@@ -295,7 +296,11 @@ def test_stacked_runs_are_the_stack_and_views_only_where_the_values_are_the_same
         views[4],
         base[4, :, :],  # a view again after the copy: a new run may begin
     ]
-    for columns in ({"x": views}, {"x": odd}, {"x": views[::-1]}, {"x": views, "y": odd}):
+    complex_base = torch.randn(4, 2, dtype=torch.complex128)
+    parts = [complex_base[i].imag for i in range(4)]  # views of another dtype, negated
+    conjugated = [complex_base.conj()[i].imag for i in range(4)]
+    cases = ({"x": views}, {"x": odd}, {"x": views[::-1]}, {"x": views, "y": odd})
+    for columns in (*cases, {"x": parts}, {"x": conjugated}):
         for most in (1, 2, 3, 10):
             runs = stacked_runs(columns, most)
             covered = [i for items, _ in runs for i in items]
