@@ -254,7 +254,6 @@ class Method:
 
 # ----------------------------------------------------------------------------- the registry
 FEDGENGMM_PAPER = "Zhang Pettersson et al.: Federated Gaussian Mixture Models (FedGenGMM), 2025"
-FEATURE_BAGGING_PAPER = "Lazarevic, Kumar: Feature bagging for outlier detection, KDD 2005"
 MFA_PAPER = (
     "Ghahramani & Hinton: The EM algorithm for mixtures of factor analyzers, 1996; "
     "Tipping & Bishop: Mixtures of probabilistic principal component analysers, 1999"
@@ -378,12 +377,6 @@ _TABLE: tuple[Method, ...] = (
     Method("FedGenGMM-copula", _detector("FedGenGMMDetector", copula=True), "federated",
            FEDGENGMM_PAPER, "FedGenGMM whose server also fits a Gaussian copula on its "
            "synthetic rows and scores with it (same round)", shared=_FEDGENGMM),
-    Method("FedGenGMM-ensemble",
-           _detector("FedEnsembleDetector", "fednovelty.detectors.ensemble"), "federated",
-           f"{FEDGENGMM_PAPER}; {FEATURE_BAGGING_PAPER}", "FedGenGMM's one round on all columns "
-           "and on 3 random subsets (half to all but one of them); members' -log p "
-           "standardised by one round of training-score moments, then averaged",
-           shared=_FEDGENGMM, variant_of="FedGenGMM"),
     Method("FedMFA", _detector("FedMFADetector"), "federated", MFA_PAPER,
            "federated EM for a mixture of factor analysers (low-rank-plus-diagonal "
            "covariances, O(N K d q) per round) on federated z-scores: for wide rows "

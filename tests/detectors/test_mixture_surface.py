@@ -55,7 +55,7 @@ NO_CRITERION = {
     "FedVB-oneshot-moment": "variational Bayes",
 }
 #: sample refused, and a word the reason must name.
-NO_SAMPLE = {"FedGenGMM-copula": "copula", "FedGenGMM-ensemble": "ensemble"}
+NO_SAMPLE = {"FedGenGMM-copula": "copula"}
 #: the rest, each with its own reference.
 OWN_COUNT = ["Local", "FedMFA"]
 

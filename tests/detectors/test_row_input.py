@@ -112,7 +112,6 @@ def test_every_mixture_detector_scores_chunks_as_arrays():
     seen = set()
     for name in [
         "FedGenGMM",
-        "FedGenGMM-ensemble",
         "DEM-kmeans",
         "ClusteredGMM-IFCA",
         "Local",
