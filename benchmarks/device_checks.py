@@ -91,19 +91,29 @@ LARGEST_RETURNED = 16 * 2**20
 
 
 # ----------------------------------------------------------------------------- 1. lane
-def cuda_lane(timeout_s: float) -> str:
-    """The lane's summary line (``N passed, M skipped in T s``) or why it did not finish."""
+def cuda_lane(timeout_s: float, log: Path | None = None) -> str:
+    """The lane's summary line (``N passed, M skipped in T s``) and its failures, or why it did
+    not finish. ``log``: where pytest's whole output goes (each failure's traceback and the
+    mismatches it found), so that a failure on the lent machine can be read afterwards."""
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
-    command.append(str(REPO / "tests" / "detectors" / "test_cuda_lane.py"))
+    command += ["-rf", "--tb=short", str(REPO / "tests" / "detectors" / "test_cuda_lane.py")]
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as stopped:
+        done = None
+        output = (stopped.stdout or b"").decode() if isinstance(stopped.stdout, bytes) else ""
+    else:
+        output = done.stdout + done.stderr
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(output)
+    if done is None:
         return f"did not finish within {timeout_s:.0f} s"
     lines = [
         line for line in done.stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)
     ]
-    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
-    return "; ".join([*(lines[-1:] or [f"exit {done.returncode}"]), *failed[:10]])
+    failed = [line[:300] for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    return "; ".join([*(lines[-1:] or [f"exit {done.returncode}"]), *failed])
 
 
 def lane_part(args, budget: Budget, facts: dict) -> tuple[list[str], float]:
@@ -112,7 +122,8 @@ def lane_part(args, budget: Budget, facts: dict) -> tuple[list[str], float]:
         return ["## CUDA lane", "", "- skipped (--quick)"], 0.0
     timeout = min(args.lane_timeout, budget.left())
     started = time.perf_counter()
-    line = cuda_lane(timeout) if timeout > 0 else "not run: no budget left"
+    log = Path(args.checkpoint) / "lane.log" if args.checkpoint else None
+    line = cuda_lane(timeout, log) if timeout > 0 else "not run: no budget left"
     seconds = time.perf_counter() - started
     print(f"CUDA lane: {line} ({seconds:.0f} s)", flush=True)
     return ["## CUDA lane", "", f"- {line}; {seconds:.0f} s ({stamp_text(facts)})"], seconds
