@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,docs,dp,flower,app,vgm2]"
+	$(PY) -m pip install -q -e ".[dev,docs,dp,flower,app]"
 	touch $(STAMP)
 
 # The dashboard's real-browser test drives Debian's Chromium (never `playwright install`).

@@ -165,12 +165,12 @@ class VGM2(EncoderAlgorithm):
     settings of :class:`VGM2Config`, or ``VGM2.from_config(VGM2Config(...))``.
 
     Alg. 1: the loss of Eq. 7, ``L_umap + gamma L_sim + eta L_cal + lambda KL``: parametric
-    UMAP's cross-entropy (Eq. 1) on edges of the client's fuzzy kNN graph (``umap-learn``'s
-    ``fuzzy_simplicial_set`` on scikit-learn's exact neighbours, built once per client and
-    kept in its state), the pairs' log-loss of ``pi_1(s_ij)`` (Eq. 3-4) over every pair of
-    the batch, the soft-binned calibration error (Eq. 5) of the same pairs and ``KL(q ||
-    p_t)`` to the broadcast prior (Eq. 6). The client's markers ``q`` start from the prior
-    (Alg. 1 line 4) and are trained by Adam on their unconstrained parameters (log of the
+    UMAP's cross-entropy (Eq. 1) on edges of the client's fuzzy kNN graph (UMAP's fuzzy
+    simplicial set on scikit-learn's exact neighbours, :func:`.vgm2_umap.fuzzy_graph`, built
+    once per client and kept in its state), the pairs' log-loss of ``pi_1(s_ij)`` (Eq. 3-4) over
+    every pair of the batch, the soft-binned calibration error (Eq. 5) of the same pairs and
+    ``KL(q || p_t)`` to the broadcast prior (Eq. 6). The client's markers ``q`` start from the
+    prior (Alg. 1 line 4) and are trained by Adam on their unconstrained parameters (log of the
     positive ones). Only the markers (2, 5, K) and the row count cross the wire; the server
     aggregates them (``aggregation="moment"``: Prop. 1's moment matching, the default;
     ``"natural"``: Sec. 3.5's natural-parameter average), clients weighted by rows.
