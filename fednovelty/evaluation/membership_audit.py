@@ -2,8 +2,9 @@
 epsilon.
 
 AUCs are scikit-learn's ``roc_auc_score`` (:func:`membership_auc`, members the positive
-class); :func:`auc_interval` gives a bootstrap interval and :func:`auc_standard_error` the
-Hanley-McNeil standard error of an AUC from its trial counts.
+class); :func:`auc_interval` gives a bootstrap interval (:func:`weighted_aucs`: every draw's
+AUC at once) and :func:`auc_standard_error` the Hanley-McNeil standard error of an AUC from
+its trial counts.
 
 Auditing: :func:`epsilon_lower_bound` turns an attack's member and non-member scores into a
 lower bound on the epsilon of whatever produced them (Jagielski, Ullman and Oprea 2020;
@@ -41,6 +42,29 @@ def auc_standard_error(auc: float, n_members: int, n_nonmembers: int) -> float:
     return math.sqrt(max(variance, 0.0))
 
 
+def weighted_aucs(
+    member_scores: np.ndarray,
+    nonmember_scores: np.ndarray,
+    member_weights: np.ndarray,
+    nonmember_weights: np.ndarray,
+) -> np.ndarray:
+    """ROC AUCs (B,) of ``B`` weighted copies of the scores: copy ``b`` holds member ``i``
+    ``member_weights[b, i]`` times and non-member ``j`` ``nonmember_weights[b, j]`` times
+    (weights (B, n_members) and (B, n_nonmembers), each row summing to its copy's size). The
+    AUC is the Mann-Whitney statistic, a tie counted one half, which is what
+    ``roc_auc_score`` gives on the copy; O(B (n_members + n_nonmembers) log n) in all."""
+    order = np.argsort(nonmember_scores, kind="stable")
+    sorted_neg = nonmember_scores[order]
+    cumulative = np.concatenate(
+        [np.zeros((member_weights.shape[0], 1)), np.cumsum(nonmember_weights[:, order], 1)], 1
+    )
+    below = np.searchsorted(sorted_neg, member_scores, side="left")
+    at_or_below = np.searchsorted(sorted_neg, member_scores, side="right")
+    beaten = cumulative[:, below] + 0.5 * (cumulative[:, at_or_below] - cumulative[:, below])
+    pairs = member_weights.sum(1) * nonmember_weights.sum(1)
+    return (member_weights * beaten).sum(1) / pairs
+
+
 def auc_interval(
     member_scores: np.ndarray,
     nonmember_scores: np.ndarray,
@@ -49,15 +73,17 @@ def auc_interval(
     seed: int = 0,
 ) -> tuple[float, float, float]:
     """``(auc, low, high)``: :func:`membership_auc` and its percentile bootstrap interval at
-    ``level``, members and non-members resampled separately ``n_boot`` times."""
+    ``level``, members and non-members resampled separately ``n_boot`` times (each draw's
+    AUC by :func:`weighted_aucs` on the draw's counts of each score)."""
     member_scores, nonmember_scores = np.ravel(member_scores), np.ravel(nonmember_scores)
     rng = np.random.default_rng(seed)
-    labels = np.r_[np.ones(member_scores.size), np.zeros(nonmember_scores.size)]
-    draws = np.empty(n_boot)
-    for b in range(n_boot):
-        pos = rng.choice(member_scores, member_scores.size)
-        neg = rng.choice(nonmember_scores, nonmember_scores.size)
-        draws[b] = roc_auc_score(labels, np.r_[pos, neg])
+    n_pos, n_neg = member_scores.size, nonmember_scores.size
+    pos_counts = np.empty((n_boot, n_pos))
+    neg_counts = np.empty((n_boot, n_neg))
+    for b in range(n_boot):  # the draws of rng.choice(scores, size), in its order
+        pos_counts[b] = np.bincount(rng.integers(0, n_pos, n_pos), minlength=n_pos)
+        neg_counts[b] = np.bincount(rng.integers(0, n_neg, n_neg), minlength=n_neg)
+    draws = weighted_aucs(member_scores, nonmember_scores, pos_counts, neg_counts)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(draws, [tail, 100 - tail])
     return membership_auc(member_scores, nonmember_scores), float(low), float(high)

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from fednovelty.evaluation.membership_audit import clopper_pearson_upper, epsilon_lower_bound
+from fednovelty.evaluation.membership_audit import (
+    auc_interval,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    weighted_aucs,
+)
 
 DELTA = 1e-5
 
@@ -82,3 +87,34 @@ def test_identical_scores_give_no_evidence():
 def test_empty_scores_are_refused():
     with pytest.raises(ValueError, match="at least one member"):
         epsilon_lower_bound(np.array([]), np.zeros(3), DELTA)
+
+
+def test_weighted_aucs_are_roc_auc_score_on_the_repeated_rows():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    pos, neg = np.round(rng.normal(0.5, 1, 30), 1), np.round(rng.normal(0, 1, 40), 1)  # ties
+    pos_w = rng.integers(0, 4, (5, 30)).astype(float)
+    neg_w = rng.integers(0, 4, (5, 40)).astype(float)
+    got = weighted_aucs(pos, neg, pos_w, neg_w)
+    for b in range(5):
+        p, n = np.repeat(pos, pos_w[b].astype(int)), np.repeat(neg, neg_w[b].astype(int))
+        labels = np.r_[np.ones(p.size), np.zeros(n.size)]
+        assert abs(got[b] - roc_auc_score(labels, np.r_[p, n])) <= 1e-12
+
+
+def test_the_bootstrap_interval_is_the_resampled_roc_auc_scores_percentiles():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(4)
+    pos, neg = np.round(rng.normal(0.4, 1, 25), 1), rng.normal(0, 1, 35)
+    draws_rng = np.random.default_rng(7)
+    labels = np.r_[np.ones(25), np.zeros(35)]
+    draws = [
+        roc_auc_score(labels, np.r_[draws_rng.choice(pos, 25), draws_rng.choice(neg, 35)])
+        for _ in range(200)
+    ]
+    auc, low, high = auc_interval(pos, neg, n_boot=200, seed=7)
+    assert abs(low - np.percentile(draws, 2.5)) <= 1e-12
+    assert abs(high - np.percentile(draws, 97.5)) <= 1e-12
+    assert abs(auc - roc_auc_score(labels, np.r_[pos, neg])) <= 1e-12
