@@ -40,7 +40,10 @@ the lent machine, and the arithmetic, are in ``docs/contributing.md`` (The CUDA 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import io
+import pstats
 import re
 import subprocess
 import sys
@@ -170,6 +173,18 @@ def synchronised(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def write_profile(profiler: cProfile.Profile, path: Path, rounds: int) -> None:
+    """The profile of ``rounds`` joint rounds, the 40 functions of most own time and of most
+    cumulative time, to ``path`` (it comes back through ``$OUT`` with the checkpoint)."""
+    out = io.StringIO()
+    out.write(f"cProfile of {rounds} joint round(s) (the command's first chunk)\n")
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out.getvalue())
+
+
 def joint_seconds(model) -> list[float]:
     """Seconds of each joint EM round of the model's last fit or ``partial_fit``."""
     return [r["seconds"] for r in model.history_ if r["kind"] == "joint_em"]
@@ -278,8 +293,14 @@ class FemnistRun:
         print(f"FedGMM FEMNIST: from round {first_done}, {done} done after the start", flush=True)
         while chunk := self.next_chunk(done, done - first_done):
             began = time.perf_counter()
+            profiler = cProfile.Profile() if self.args.profile and not self.overheads else None
+            if profiler is not None:  # the command's first chunk: where a round's time goes
+                profiler.enable()
             continue_rounds(model, data, chunk)
             synchronised(settings.device)
+            if profiler is not None:
+                profiler.disable()
+                write_profile(profiler, self.folder / "round_profile.txt", chunk)
             save_model(model, self.folder, self.section, done + chunk, self.progress)
             seconds = joint_seconds(model)
             self.rounds += seconds
@@ -389,6 +410,10 @@ def parse_args(argv):
     )
     parser.add_argument("--target-rounds", type=int, default=None, help="default 200 (quick 4)")
     parser.add_argument("--chunk-rounds", type=int, default=None, help="default 10 (quick 1)")
+    parser.add_argument(
+        "--no-profile", dest="profile", action="store_false",
+        help="do not profile the first chunk (round_profile.txt in the checkpoint folder)",
+    )  # fmt: skip
     parser.add_argument("--max-rounds", type=int, default=None, help="FedGMM rounds this command")
     parser.add_argument("--commit", default=None, help="default: git rev-parse --short HEAD")
     parser.add_argument(
