@@ -179,7 +179,7 @@ def _full_second(density: ComponentDensity, C: Tensor, resp: Tensor, g: int, m: 
     k, d = density.n_components, density.n_features
     second = C.new_empty(g, k, d, d)
     per_block = density.block_rows(C)
-    sets, step = max(1, per_block // m), min(m, per_block)
+    sets, step = min(g, max(1, per_block // m)), min(m, per_block)  # off the CPU: all sets
     W_all = density.scratch(sets * step, C)
     folded_all = density.workspace.get("folded", (sets, d, k * d), C)
     C3 = C.view(g, m, d)
