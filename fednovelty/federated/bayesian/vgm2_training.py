@@ -84,8 +84,8 @@ def train_markers(
         if config.kl_weight > 0:
             loss = loss + config.kl_weight * kl_markers(markers, prior)
         if use_umap:
-            edges = torch.multinomial(
-                weights, batch.numel(), replacement=True, generator=generator
+            edges = torch.multinomial(  # drawn on the CPU generator, on any device
+                weights.cpu(), batch.numel(), replacement=True, generator=generator
             ).to(X.device)
             z_head = embed(template, params, X[heads[edges]])
             z_tail = embed(template, params, X[tails[edges]])
