@@ -8,8 +8,9 @@ plain ones, and ``torch.cuda.is_available()`` is ``True``. So code that branches
 takes its CUDA branch, and what CUDA refuses is refused here (:class:`DeviceError`), by the
 rules modelled:
 
-- an operation mixing a cuda tensor with a CPU tensor of one or more dimensions (CPU 0-d
-  tensors are scalars; indexing and ``.data`` assignment take CPU tensors as CUDA does);
+- an operation mixing a cuda tensor with a CPU tensor of one or more dimensions (taken as
+  CUDA takes them: a CPU 0-d tensor, a scalar, anywhere; CPU tensors in indexing, as the
+  index or the value assigned; ``copy_`` between the devices; ``.data`` assignment);
 - ``.numpy()`` / ``np.asarray`` of a cuda tensor;
 - a CPU ``torch.Generator`` for a draw from cuda tensors or onto the cuda device.
 
@@ -19,8 +20,8 @@ asked for is still the CPU's); the transformed function's outputs are cuda tenso
 its tensor arguments is. ``torch.func``'s transforms and the names ``fednovelty``'s loaded
 modules import them under are swapped for such wrappers while the stand-in is on.
 
-Not modelled: the rules inside ``torch.func`` transforms; CPU tensors CUDA takes beside cuda
-ones in operations other than indexing (a 0-d CPU tensor is taken everywhere); the
+Not modelled: the rules inside ``torch.func`` transforms; other operations CUDA lets take a
+CPU tensor, and the few that refuse a 0-d one (both are rare); the
 ``cuda:1``, ... of more than one GPU; CUDA's arithmetic (numbers are the CPU's: the stand-in
 checks devices, not CUDA's reductions, random streams or tie-breaking).
 """
@@ -166,6 +167,9 @@ class FakeCudaMode(TorchFunctionMode):
             raise DeviceError("can't convert cuda:0 device type tensor to numpy; .cpu() first")
         if func is torch._C._nn._parse_to:  # reads .to's arguments (Module.to): no tensor made
             return func(*args, **kwargs)
+        if func is torch.Tensor.copy_:  # across devices, as CUDA copies: the target stays
+            func(*args, **kwargs)
+            return args[0]
         if func is torch.Tensor.cpu:
             return args[0].as_subclass(torch.Tensor).clone() if cuda_in else func(*args, **kwargs)
         if func is torch.Tensor.cuda:

@@ -42,6 +42,10 @@ def test_mixing_devices_is_refused_as_cuda_refuses_it():
             x + torch.ones(3)
         assert float((x * torch.tensor(2.0)).sum()) == 6.0  # a 0-d CPU tensor is a scalar
         assert x[torch.tensor([0, 2])].shape == (2,)  # CPU indices are moved
+        x.copy_(torch.full((3,), 2.0))  # copy_ crosses devices
+        assert isinstance(x, FakeCuda) and float(x.sum()) == 6.0
+        cpu = torch.zeros(3)
+        assert cpu.copy_(x) is cpu and not cpu.is_cuda
 
 
 def test_numpy_of_a_cuda_tensor_is_refused():
