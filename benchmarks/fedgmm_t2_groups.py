@@ -27,7 +27,8 @@ The report, from the fitted attributes:
    client, the best single learner.
 4. Per Beta client: training rows, its largest Beta component's weight, the majority label's
    share of its test rows, FedGMM, FedEM, Local, FedGMM's best single learner, and how many
-   distinct labels FedGMM predicts on its test rows.
+   distinct labels FedGMM predicts on its test rows; the last row is the unweighted mean over
+   the Beta clients.
 5. Can one linear rule fit the Beta rows? A logistic regression (scikit-learn, ``C=1000``)
    fitted centrally on all Beta clients' training rows, and one per Beta component (the
    generator's component labels), scored on the Beta test rows.
