@@ -46,8 +46,9 @@ import numpy as np
 
 from fednovelty.exceptions import FederationError
 from fednovelty.federated.core.base import FederatedAlgorithm, Message, Scalar
+from fednovelty.federated.core.packed_runs import PackedRun
 from fednovelty.federated.core.wire import pack, travelled_narrower, unpack
-from fednovelty.federated.core.wire_many import unpack_many
+from fednovelty.federated.core.wire_many import unpack_runs
 from fednovelty.federated.trust.gate import accept
 from fednovelty.federated.trust.plausible import gross_screen
 from fednovelty.federated.trust.reply_form import is_skipped
@@ -407,8 +408,10 @@ def _validate(
     received = {c: r for c, r in delivery.replies.items() if c not in excluded}
     if not received:
         return {}, shut_out
-    replies, malformed = unpack_replies(received)
-    valid, invalid = validator.accept(message, replies, delivery.widths) if replies else ({}, {})
+    replies, malformed, runs = unpack_replies(received)
+    valid, invalid = (
+        validator.accept(message, replies, delivery.widths, runs) if replies else ({}, {})
+    )
     invalid = {**shut_out, **malformed, **invalid}
     if not (validator.private and validator.spec(message.kind).private is not None):
         implausible = gross_screen(message, valid)  # noisy replies: no cross-client screen
@@ -422,14 +425,18 @@ def _validate(
     }, invalid
 
 
-def unpack_replies(replies: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, str]]:
-    """``(unpacked replies, client id -> reason)``: each reply unpacked with its tensors in
-    the dtype they travelled in; one whose wire description is malformed is dropped with the
-    reason (:class:`~fednovelty.federated.core.wire.WireFormatError`). Replies of one form are
-    unpacked together (:func:`~fednovelty.federated.core.wire_many.unpack_many`: each as
-    ``unpack`` gives it, bit for bit)."""
-    unpacked, refused = unpack_many(replies)  # replies of one form unpacked together
-    return unpacked, {c: f"malformed wire format: {error}" for c, error in refused.items()}
+def unpack_replies(
+    replies: Mapping[int, Message],
+) -> tuple[dict[int, Message], dict[int, str], list[PackedRun]]:
+    """``(unpacked replies, client id -> reason, runs)``: each reply unpacked with its
+    tensors in the dtype they travelled in; one whose wire description is malformed is
+    dropped with the reason (:class:`~fednovelty.federated.core.wire.WireFormatError`).
+    Replies of one form are unpacked together (:func:`~fednovelty.federated.core.wire_many.
+    unpack_runs`: each as ``unpack`` gives it, bit for bit); ``runs`` are those runs with
+    the triangles they travelled in, which the server gate checks."""
+    unpacked, refused, runs = unpack_runs(replies)  # replies of one form unpacked together
+    reasons = {c: f"malformed wire format: {error}" for c, error in refused.items()}
+    return unpacked, reasons, runs
 
 
 #: why a reply of a client excluded earlier in the run is dropped.

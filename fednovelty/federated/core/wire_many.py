@@ -12,6 +12,10 @@ message gets its own slice. Which form a matrix travels in is decided per messag
 same exact comparisons :func:`~fednovelty.federated.core.wire.matrix_form` makes; a message
 whose forms differ from the others' of its run is packed alone. A description ``unpack``
 refuses is refused for every message that carries it, with ``unpack``'s error.
+
+:func:`unpack_runs` also returns the runs unpacked together, each with its stacked triangles
+(:class:`~fednovelty.federated.core.packed_runs.PackedRun`): the server gate checks those
+instead of the matrices.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import Tensor
 
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import InvalidReplyError
+from fednovelty.federated.core.packed_runs import PackedRun
 from fednovelty.federated.core.stacking import stacked_runs
 from fednovelty.federated.core.wire import (
     FLAT_INDEX_ENTRIES,
@@ -41,7 +46,7 @@ from fednovelty.federated.core.wire import (
     wire_dtype_of,
 )
 
-__all__ = ["pack_many", "unpack_many"]
+__all__ = ["pack_many", "unpack_many", "unpack_runs"]
 
 
 def _signature(message: Message) -> tuple:
@@ -187,8 +192,19 @@ def unpack_many(
         :class:`~fednovelty.federated.core.wire.WireFormatError` it raises, each in the
         order of ``messages``.
     """
+    unpacked, refused, _ = unpack_runs(messages, dtype)
+    return unpacked, refused
+
+
+def unpack_runs(
+    messages: Mapping[Hashable, Message], dtype: torch.dtype | None = None
+) -> tuple[dict[Hashable, Message], dict[Hashable, InvalidReplyError], list[PackedRun]]:
+    """:func:`unpack_many`, and the runs of messages unpacked together whose triangles
+    were unpacked by one gather each: ``(unpacked, refused, runs)``, each run's messages
+    those of ``unpacked`` (:class:`~fednovelty.federated.core.packed_runs.PackedRun`)."""
     unpacked: dict[Hashable, Message] = {}
     refused: dict[Hashable, InvalidReplyError] = {}
+    runs: list[PackedRun] = []
     groups: dict[tuple, list[Hashable]] = {}
     for key, message in messages.items():
         raw = message.scalars.get(WIRE)
@@ -208,7 +224,13 @@ def unpack_many(
                 together = False
         if together:
             group = _unpack_group(first, [messages[k] for k in members], dtype)
-            unpacked.update(zip(members, group, strict=True))
+            unpacked.update(zip(members, group[0], strict=True))
+            runs.extend(
+                PackedRun.make(
+                    tuple(members[i] for i in items), tuple(group[0][i] for i in items), t
+                )
+                for items, t in group[1]
+            )
             continue
         for key in members:  # one by one: each with unpack's own error
             try:
@@ -219,13 +241,20 @@ def unpack_many(
     return (
         dict(sorted(unpacked.items(), key=lambda item: order[item[0]])),
         dict(sorted(refused.items(), key=lambda item: order[item[0]])),
+        runs,
     )
+
+
+Triangles = dict[str, tuple[Tensor, str, Tensor]]
 
 
 def _unpack_group(
     first: Message, messages: Sequence[Message], dtype: torch.dtype | None
-) -> list[Message]:
-    """``unpack`` of messages with ``first``'s form and description (which unpacks)."""
+) -> tuple[list[Message], list[tuple[range, Triangles]]]:
+    """``unpack`` of messages with ``first``'s form and description (which unpacks), and
+    the runs unpacked together: ``(range of message indices, name -> (stacked triangles,
+    form, stacked matrices))`` for the tensors that travelled as triangles and are not cast
+    (:class:`~fednovelty.federated.core.packed_runs.PackedRun`)."""
     description = _description(first)
     forms = {name: form for form, names in description.items() if form != "cast" for name in names}
     cast = set(description.get("cast", [])) if dtype is not None else set()
@@ -235,8 +264,9 @@ def _unpack_group(
         Message(m.kind, dict(m.tensors), {k: v for k, v in m.scalars.items() if k != WIRE})
         for m in messages
     ]
+    runs: list[tuple[range, Triangles]] = []
     if not columns:
-        return out
+        return out, runs
     entries = max(
         values[0].numel() // values[0].shape[-1] * _side(values[0]) ** 2
         if name in forms
@@ -244,14 +274,19 @@ def _unpack_group(
         for name, values in columns.items()
     )
     for items, stacks in stacked_runs(columns, _run_size(entries)):
+        triangles: Triangles = {}
         for name, stack in stacks.items():
             if name in forms:
-                stack = from_triangle(stack, forms[name])
+                packed, stack = stack, from_triangle(stack, forms[name])
+                if name not in cast:
+                    triangles[name] = (packed, forms[name], stack)
             if name in cast:
                 stack = stack.to(dtype)
             for index, tensor in zip(items, stack.unbind(0), strict=True):
                 out[index].tensors[name] = tensor
-    return out
+        if triangles and len(items) > 1:
+            runs.append((items, triangles))
+    return out, runs
 
 
 def _side(packed: Tensor) -> int:

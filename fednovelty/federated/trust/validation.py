@@ -23,11 +23,12 @@ aggregation options bound it (``docs/robust.md``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fednovelty.federated.core.base import Message
 from fednovelty.federated.core.declarations import InvalidReplyError, ReplySpec
+from fednovelty.federated.core.packed_runs import PackedRun
 from fednovelty.federated.trust.batch_checks import batch_passes
 from fednovelty.federated.trust.declared_box import Declared, check_box
 from fednovelty.federated.trust.reply_form import SpecLookup, check_reply, is_skipped, resolve_spec
@@ -87,6 +88,7 @@ class ReplyValidator:
         broadcast: Message,
         replies: Mapping[int, Message],
         widths: Mapping[int, int] | None = None,
+        runs: Sequence[PackedRun] = (),
     ) -> tuple[dict[int, Message], dict[int, str]]:
         """Split one round's replies into those the server step may use and those dropped.
 
@@ -95,6 +97,9 @@ class ReplyValidator:
             replies: client id -> decoded reply.
             widths: client id -> the row width the client reports (Flower's reply
                 header); default the federation's width for every client.
+            runs: replies the wire unpacked together, with the triangles they travelled in
+                (:func:`~fednovelty.federated.core.wire_many.unpack_runs`): the batch
+                check reads those (:func:`batch_passes`); the verdicts are the same.
 
         Returns:
             ``(valid, dropped)``: valid replies by increasing client id, and client id ->
@@ -107,7 +112,7 @@ class ReplyValidator:
                 raise ValueError("the federation's row width is not known; pass widths.")
             self.n_features = width
         valid, dropped = {}, {}
-        self._formed = self._batch_formed(broadcast, replies)
+        self._formed = self._batch_formed(broadcast, replies, runs)
         try:
             for cid in sorted(replies):
                 reply = replies[cid]
@@ -127,7 +132,9 @@ class ReplyValidator:
             self._formed = {}
         return valid, dropped
 
-    def _batch_formed(self, broadcast: Message, replies: Mapping[int, Message]) -> dict:
+    def _batch_formed(
+        self, broadcast: Message, replies: Mapping[int, Message], runs: Sequence[PackedRun] = ()
+    ) -> dict:
         """The replies :func:`batch_passes` establishes as well formed (not for noisy
         replies, whose checks differ), by client id."""
         try:
@@ -136,7 +143,8 @@ class ReplyValidator:
             return {}
         if self.private and spec.private is not None:
             return {}
-        return {c: replies[c] for c in batch_passes(broadcast, replies, self.n_features, spec)}
+        passed = batch_passes(broadcast, replies, self.n_features, spec, runs)
+        return {c: replies[c] for c in passed}
 
     def _federation_width(self, broadcast: Message, widths: Mapping[int, int]) -> int | None:
         for name in ("means", "centers", "shift", "offset"):
