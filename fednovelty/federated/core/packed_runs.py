@@ -6,8 +6,8 @@ together: each symmetric (or triangular) tensor of a run of replies is one stack
 :class:`PackedRun` keeps both for the server gate: the unpacked messages (what the server
 step reads) and the stacked triangles they were unpacked from, so that the gate can check a
 run's values on the triangles (half the entries of the matrices, each off-diagonal entry
-once) instead of gathering the matrices again (:mod:`~fednovelty.federated.trust.
-batch_checks`).
+once), already stacked, instead of finding and stacking the unpacked matrices again
+(:mod:`~fednovelty.federated.trust.batch_checks`).
 
 A run's triangles are the messages' matrices only while neither is written into: a run
 records the version counters of both stacks when it is made (every view of a tensor shares
