@@ -7,7 +7,10 @@ from sklearn.neighbors import NearestNeighbors
 
 from fednovelty.federated.bayesian.vgm2_umap import fuzzy_graph, umap_ab
 
-umap_ = pytest.importorskip("umap.umap_")  # a dev dependency: the reference
+umap_ = pytest.importorskip(
+    "umap.umap_",
+    reason="umap-learn, the reference graph, is a dev dependency (make test installs it)",
+)
 
 
 def _reference(X: np.ndarray, n_neighbors: int):
@@ -42,7 +45,8 @@ def test_the_graph_is_umap_learns():
         assert np.array_equal(heads.numpy(), ref_heads)
         assert np.array_equal(tails.numpy(), ref_tails)
         assert weights.dtype == torch.float64
-        np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=0, atol=5e-5)
+        scale = max(1.0, float(np.abs(ref_weights).max()))  # float32 strengths
+        np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=0, atol=5e-5 * scale)
 
 
 @pytest.mark.parametrize("min_dist", [0.0, 0.1, 0.5])
