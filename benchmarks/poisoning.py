@@ -236,7 +236,7 @@ class _AcceptAll:
         self.specs = None  # the loop hands it the algorithm's declarations; unread
         self.private = False  # the loop marks runs whose clients release noisy statistics
 
-    def accept(self, broadcast, replies, widths=None):
+    def accept(self, broadcast, replies, widths=None, runs=()):
         return {c: replies[c] for c in sorted(replies)}, {}
 
 
