@@ -8,7 +8,9 @@ rounds, 1 and 3 cycles, every method on the two-layer convolutional learner ``le
 at learning rate 0.01, J = 20 local iterations of batch 128: 20 local epochs of one batch of
 the window's 50 rows). ``--writers``, ``--windows``, ``--cycles``, ``--seeds`` override the
 scale's values; ``--out FILE``, ``--figure FILE``; ``--device cpu|cuda`` is where every model
-trains and predicts (the report records it).
+trains and predicts (the report records it); ``--checkpoints DIR`` keeps each method's fit of
+each schedule and seed, so that a stopped run resumes and runs of several pFedEM variants share
+the baselines' fits.
 
 pFedEM's algorithm: ours by default (each client's E-step from its own weights kept from the
 last round, sub-models averaged with the hard counts ``|D_ik|``), or with
@@ -44,6 +46,7 @@ Gaussian against the schedule (Fig. 4). The same settings serve every method at 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -53,8 +56,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.checkpoints import Checkpoints, settings_signature
 from benchmarks.common import (
     Experiment,
+    add_checkpoints,
     PaperTables,
     add_device,
     add_out,
@@ -112,6 +117,8 @@ class Settings:
     device: str = "cpu"
     paper_algorithm: bool = False
     gaussian_features: str = "input"
+    #: the folder of kept fits (``--checkpoints``; not part of the settings' signature).
+    checkpoints: Path | None = None
 
     def options(self) -> dict:
         """Every method's detector settings at this scale and device (under ``backbone``
@@ -147,10 +154,60 @@ def accuracy(det, window, personal: bool = True) -> float:
     return correct / len(window.y)
 
 
+def cells(settings: Settings, name: str) -> Checkpoints | None:
+    """Where ``name``'s fits are kept (``--checkpoints``): pFedEM's under every setting, a
+    baseline's under all but pFedEM's own (its algorithm and its Gaussians' features), so
+    that runs of several pFedEM variants share the baselines' fits."""
+    if settings.checkpoints is None:
+        return None
+    if name != "pFedEM":
+        settings = dataclasses.replace(settings, paper_algorithm=False, gaussian_features="input")
+    return Checkpoints(settings.checkpoints, settings_signature(settings))
+
+
+def cell_key(kind: str, cycles: int, seed: int, name: str, settings: Settings) -> str:
+    """A fit's checkpoint key: schedule, seed, method and learner; pFedEM's also names its
+    Gaussians' features and its algorithm."""
+    key = f"{kind}-x{cycles}-seed{seed}-{name}-{settings.options()['learner']}"
+    if name == "pFedEM":
+        key += f"-{settings.gaussian_features}-{'paper' if settings.paper_algorithm else 'ours'}"
+    return key
+
+
+def run_method(name: str, stream: tuple, data, settings: Settings, seed: int) -> dict:
+    """One method on the stream ``(first, train, test, half)``: its per-window accuracy on
+    the window-matched test rows (own weights) and the half test set (global weights), and
+    pFedEM's weight on the digits' Gaussian."""
+    first, train, test, half = stream
+    started = time.perf_counter()
+    det = make_model(name, seed, settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 first-window rounds do not converge: expected
+        det.fit(standardise_images(first.X), first.y, first.groups, classes=data.classes)
+    digits = None
+    if name == "pFedEM":
+        comp = det.predict_components(standardise_images(first.X))
+        share = [np.mean(first.y[comp == k] < 10) if (comp == k).any() else 0 for k in range(2)]
+        digits = int(np.argmax(share))
+    acc, acc_half, pi = [], [], []
+    for w_train, w_test in zip(train, test, strict=True):
+        det.partial_fit(standardise_images(w_train.X), w_train.y, w_train.groups, rounds=1)
+        acc.append(accuracy(det, w_test))
+        acc_half.append(accuracy(det, half, personal=False))
+        if digits is not None:
+            weights = np.diagonal(det.client_joint_weights_, axis1=1, axis2=2)
+            pi.append(float(np.mean(weights[:, digits])))
+    return {
+        "acc": np.asarray(acc),
+        "acc_half": np.asarray(acc_half),
+        "pi": np.asarray(pi),
+        "seconds": time.perf_counter() - started,
+    }
+
+
 def run(kind: str, cycles: int, data, settings: Settings, seed: int) -> dict:
-    """Every method on one stream of the seed's writers ``data``: per-window accuracy on the
-    window-matched test rows (own weights) and on a fixed half-digits test set (global
-    weights), pFedEM's digit weight."""
+    """Every method on one stream of the seed's writers ``data`` (:func:`run_method`); each
+    method's fit read back from ``--checkpoints`` where it was kept (:func:`cells`)."""
     schedule = {"kind": kind, "cycles": cycles}
     train = writer_stream(
         data, settings.n_windows, **schedule, rows_per_window=settings.rows, random_state=seed
@@ -170,33 +227,14 @@ def run(kind: str, cycles: int, data, settings: Settings, seed: int) -> dict:
     )  # fmt: skip
     out = {}
     for name in METHODS:
-        started = time.perf_counter()
-        det = make_model(name, seed, settings)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # 3 first-window rounds do not converge: expected
-            det.fit(standardise_images(first.X), first.y, first.groups, classes=data.classes)
-        digits = None
-        if name == "pFedEM":
-            comp = det.predict_components(standardise_images(first.X))
-            share = [np.mean(first.y[comp == k] < 10) if (comp == k).any() else 0 for k in range(2)]
-            digits = int(np.argmax(share))
-        acc, acc_half, pi = [], [], []
-        for w_train, w_test in zip(train, test, strict=True):
-            det.partial_fit(standardise_images(w_train.X), w_train.y, w_train.groups, rounds=1)
-            acc.append(accuracy(det, w_test))
-            acc_half.append(accuracy(det, half, personal=False))
-            if digits is not None:
-                weights = np.diagonal(det.client_joint_weights_, axis1=1, axis2=2)
-                pi.append(float(np.mean(weights[:, digits])))
-        out[name] = {
-            "acc": np.asarray(acc),
-            "acc_half": np.asarray(acc_half),
-            "pi": np.asarray(pi),
-            "seconds": time.perf_counter() - started,
-        }
-        print(f"  {kind} x{cycles} seed {seed} {name:7s} acc {np.mean(acc):.3f} std "
-              f"{np.std(acc):.4f} | half {np.mean(acc_half):.3f} std {np.std(acc_half):.4f} "
-              f"({out[name]['seconds']:.0f} s)", flush=True)  # fmt: skip
+        compute = partial(run_method, name, (first, train, test, half), data, settings, seed)
+        kept = cells(settings, name)
+        key = cell_key(kind, cycles, seed, name, settings)
+        out[name] = compute() if kept is None else kept.get(key, compute)
+        print(f"  {kind} x{cycles} seed {seed} {name:7s} acc {np.mean(out[name]['acc']):.3f} "
+              f"std {np.std(out[name]['acc']):.4f} | half {np.mean(out[name]['acc_half']):.3f} "
+              f"std {np.std(out[name]['acc_half']):.4f} ({out[name]['seconds']:.0f} s)",
+              flush=True)  # fmt: skip
     out["share"] = np.asarray([w.share for w in train])
     return out
 
@@ -381,6 +419,7 @@ def parse_args(argv):
     add_seeds(parser)
     add_threads(parser)
     add_out(parser)
+    add_checkpoints(parser, help="keep each method's finished fit in DIR; a later run resumes")
     parser.add_argument("--figure", type=Path, default=None)
     args = parser.parse_args(argv)
     check_device(parser, args.device)
@@ -397,6 +436,7 @@ def build_settings(args) -> Settings:
         "device": args.device,
         "paper_algorithm": args.paper_algorithm,
         "gaussian_features": args.gaussian_features,
+        "checkpoints": args.checkpoints,
     }
     if args.quick:
         return Settings(writers, windows, cycles, 40, 10, (args.seeds[0],), **common)

@@ -28,3 +28,22 @@ def test_quick_run_with_backbone_features_records_them(benchmark_script):
     ) in report
     assert report.count("| pFedEM |") == 2
     assert report.count("PASS") + report.count("FAIL") == 6
+
+
+def test_a_second_run_reads_every_fit_back_and_a_variant_shares_the_baselines(
+    benchmark_script, tmp_path, capsys
+):
+    script = benchmark_script("pfedem_femnist")
+    quick = ["--quick", "--seeds", "1", "--cycles", "1", "--checkpoints", str(tmp_path)]
+    first = script.main(quick)
+    kept = sorted(p.name for p in tmp_path.glob("*.pkl"))
+    # 2 schedules x 4 methods, each named by schedule, seed, method and learner
+    assert len(kept) == 8 and "linear-x1-seed1-pFedEM-linear-input-ours.pkl" in kept
+    capsys.readouterr()
+    second = script.main(quick)
+    assert capsys.readouterr().out.count("resumed ") == 8
+    body = lambda text: text.split("## Table I", 1)[1]  # noqa: E731 (the header's seconds differ)
+    assert body(second) == body(first)
+    script.main([*quick, "--paper-algorithm"])  # only pFedEM is fitted again
+    assert capsys.readouterr().out.count("resumed ") == 6
+    assert len(list(tmp_path.glob("*-pFedEM-linear-input-paper.pkl"))) == 2
