@@ -42,7 +42,12 @@ _BLOCK = re.compile(
     re.DOTALL,
 )
 #: the modules whose ``tables()`` build the files from the runs' kept results.
-BUILDERS = ("benchmarks.papers_fedgmm", "benchmarks.papers_fedgengmm", "benchmarks.papers_vgm2")
+BUILDERS = (
+    "benchmarks.papers_fedgmm",
+    "benchmarks.papers_fedgengmm",
+    "benchmarks.papers_vgm2",
+    "benchmarks.papers_pfedem",
+)
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9_.]+)+$")
 
 

@@ -59,8 +59,8 @@ import torch
 from benchmarks.checkpoints import Checkpoints, settings_signature
 from benchmarks.common import (
     Experiment,
-    add_checkpoints,
     PaperTables,
+    add_checkpoints,
     add_device,
     add_out,
     add_quick,
