@@ -52,6 +52,7 @@ import torch
 from sklearn.mixture import GaussianMixture
 
 from benchmarks.common import REPO, add_out, add_quick, machine_facts, markdown_table
+from benchmarks.round_floor import floor_line
 from fednovelty.federated import FederatedEM
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.mixture import MixtureParams, precisions_cholesky_from_precisions, score_samples
@@ -392,6 +393,7 @@ def bench_federated(
         for _ in range(max(repeats, 3)):
             fed_runs.append(min(record.seconds for record in federated(rounds).history))
             central_runs.append(central())
+        floor = floor_line(pooled, clients, init, float(np.median(central_runs)))
     fed_s, central_s = float(np.median(fed_runs)), float(np.median(central_runs))
     ratio = fed_s / central_s
     target = FEDERATED_TARGETS.get((n_clients, rows_per_client))
@@ -408,6 +410,7 @@ def bench_federated(
     )
     say(f"   federated rounds: {' '.join(f'{t:.3f}' for t in fed_runs)} s")
     say(f"   centralized iterations: {' '.join(f'{t:.3f}' for t in central_runs)} s")
+    say(floor)
     return [
         Row(
             f"federated EM round, {n_clients} clients (ref column: centralized fednovelty, "
