@@ -85,7 +85,6 @@ from benchmarks.device_plan import (
 )
 from benchmarks.fedgmm_femnist import PAPER_SCALE, Settings, make_model
 from fednovelty.detectors.joint_fedgmm import JointFedGMMDetector
-from fednovelty.mixture.covariance import precisions_from_precisions_cholesky
 
 PARTS = ("lane", "femnist", "fedcam", "pfedem")
 MODEL_PREFIX = "femnist_fedgmm"
@@ -143,29 +142,8 @@ def femnist_settings(args) -> Settings:
 
 def continue_rounds(model: JointFedGMMDetector, data, rounds: int) -> JointFedGMMDetector:
     """``rounds`` more joint rounds of ``model`` on ``data``'s training rows
-    (``partial_fit``).
-
-    ``JointModelDetector.partial_fit`` hands its algorithm the fitted Gaussians' Cholesky
-    factors of the precisions as ``precisions_init``, which the algorithm reads as precisions
-    (full covariances fail its Cholesky check; diagonal ones start from the square root of the
-    fitted precisions). Until the library passes the precisions, the algorithm gets them here: the
-    factors are turned into precisions when (and only when) the very tensor of the fitted
-    model arrives, so a library that passes precisions is left as it is."""
-    original = model._algorithm
-
-    def algorithm(width, seed, pca_components, **overrides):
-        start = overrides.get("precisions_init")
-        if start is not None and start is model.model_.precisions_cholesky:
-            overrides["precisions_init"] = precisions_from_precisions_cholesky(
-                start, model.covariance_type
-            )
-        return original(width, seed, pca_components, **overrides)
-
-    model._algorithm = algorithm
-    try:
-        return model.partial_fit(data.X_train, data.y_train, data.groups_train, rounds=rounds)
-    finally:
-        model.__dict__.pop("_algorithm", None)
+    (``partial_fit``, which starts its algorithm from the fitted precisions)."""
+    return model.partial_fit(data.X_train, data.y_train, data.groups_train, rounds=rounds)
 
 
 def synchronised(device: str) -> None:
