@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from fednovelty.federated.core.label_tasks import LabelTask, label_log_likelihoods_many
+
 #: the local optimisers by their settings name (a fresh state every round: optimiser state
 #: never crosses the wire); :func:`local_sgd_many` writes their steps out as these classes
 #: define them.
@@ -151,20 +153,42 @@ class SGDTask:
 
 
 #: one client's round written as a generator: it yields its learners' trainings (lists of
-#: :class:`SGDTask`), receives each list's trained parameters in the same order, and returns
-#: its reply (any object: the algorithm's message).
-ClientRound = Generator[list[SGDTask], list[dict[str, Tensor]], Any]
+#: :class:`SGDTask`) or its rows' label log-likelihoods under learners (lists of
+#: :class:`~fednovelty.federated.core.label_tasks.LabelTask`), receives each list's results
+#: (trained parameters, (n,) log-likelihoods) in the same order, and returns its reply (any
+#: object: the algorithm's message).
+ClientRound = Generator[list[SGDTask | LabelTask], list[Any], Any]
+
+
+def _answer(
+    tasks: list[SGDTask | LabelTask],
+    train: Callable[[list[SGDTask]], list[dict[str, Tensor]]],
+    evaluate: Callable[[list[LabelTask]], list[Tensor]],
+) -> list[Any]:
+    """Each task's result in order: the :class:`LabelTask` objects evaluated in one call of
+    ``evaluate``, the others (:class:`SGDTask`) trained in one call of ``train``."""
+    out: list[Any] = [None] * len(tasks)
+    labels = [isinstance(task, LabelTask) for task in tasks]
+    for wanted, run in ((False, train), (True, evaluate)):
+        index = [i for i, label in enumerate(labels) if label == wanted]
+        if index:
+            for i, result in zip(index, run([tasks[i] for i in index]), strict=True):
+                out[i] = result
+    return out
 
 
 def train_together(
     rounds: Sequence[ClientRound],
     train: Callable[[list[SGDTask]], list[dict[str, Tensor]]],
+    evaluate: Callable[[list[LabelTask]], list[Tensor]] = label_log_likelihoods_many,
 ) -> list[Any]:
     """Run several clients' rounds, the trainings they ask for at the same point trained in
-    one call ``train`` (e.g. :func:`local_sgd_many` under the algorithm's settings).
+    one call ``train`` (e.g. :func:`local_sgd_many` under the algorithm's settings) and the
+    label log-likelihoods in one call ``evaluate`` (rows of a shared learner in few passes:
+    :func:`~fednovelty.federated.core.label_tasks.label_log_likelihoods_many`).
 
-    Each pass advances every round still running to its next ``yield``, trains all the
-    tasks asked for in one call and sends each round its own results; a round that returns
+    Each pass advances every round still running to its next ``yield``, answers all the
+    tasks asked for and sends each round its own results; a round that returns
     (it skips, has trained by its own DP-SGD, or is done) keeps its reply. A round with one
     client is the same code: a step is written once for one client (a Flower node) and for
     many (the simulation).
@@ -184,8 +208,8 @@ def train_together(
             else:
                 asked.append((i, list(tasks)))
         flat = [task for _, tasks in asked for task in tasks]
-        trained = iter(train(flat) if flat else [])
-        results = {i: [next(trained) for _ in tasks] for i, tasks in asked}
+        answered = iter(_answer(flat, train, evaluate))
+        results = {i: [next(answered) for _ in tasks] for i, tasks in asked}
     return replies
 
 

@@ -49,6 +49,7 @@ from fednovelty.federated.core.config import (
     settings_dataclass,
 )
 from fednovelty.federated.core.declarations import declare, stats_reply
+from fednovelty.federated.core.label_tasks import LabelTask
 from fednovelty.federated.core.learners import (
     OPTIMIZERS,
     ClientRound,
@@ -69,7 +70,6 @@ from fednovelty.federated.joint_models.joint_scores import (
     joint_log_components,
     joint_log_scores,
     learner_log_probs,
-    log_likelihoods_of_labels,
 )
 from fednovelty.federated.mixtures.em import EMConfig, EMState, EMStep, em_steps
 from fednovelty.federated.trust.backing import backed, joint_rows, resp_rows, stats_backing
@@ -351,7 +351,7 @@ class JointEMStep(LearnerRounds, Step):
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         ct = config.covariance_type
         k1, k2 = t["means"].shape[0], config.n_learners
-        template = algorithm._template(Z.shape[1])
+        template = algorithm._shared_template(Z.shape[1])
         names = [name for name, _ in template.named_parameters()]
         source = t
         if not config.aggregate_learners and learner_name(0, names[0]) in context.state:
@@ -364,10 +364,8 @@ class JointEMStep(LearnerRounds, Step):
         if log_pi is None:
             log_pi = (t["weights"].unsqueeze(1) / k2).log().expand(k1, k2)
         log_n = log_gaussian_prob(X, t["means"], t["precisions_cholesky"], ct)  # (n, M1)
-        with torch.no_grad():
-            log_py = torch.stack(
-                [log_likelihoods_of_labels(template, p, Z, y) for p in learners], dim=1
-            )  # (n, M2)
+        # (n, M2): the round's clients' rows under the broadcast learners in few passes
+        log_py = torch.stack((yield [LabelTask(template, p, Z, y) for p in learners]), dim=1)
         weighted = log_pi.unsqueeze(0) + log_n.unsqueeze(2) + log_py.unsqueeze(1)
         flat = weighted.reshape(n, -1)
         log_norm = torch.logsumexp(flat, dim=1)
@@ -466,6 +464,7 @@ class JointFedGMM(ChainedAlgorithm):
 
     def _setup(self, config: JointConfig) -> None:
         super()._setup(config)
+        self._templates: dict[int, nn.Module] = {}
         self._chain(em_steps(config, self.em_step(self)))
 
     def new_state(self) -> JointState:
@@ -477,10 +476,20 @@ class JointFedGMM(ChainedAlgorithm):
 
     # ------------------------------------------------------------------ learners
     def _template(self, n_features: int) -> nn.Module:
+        """A fresh learner module for rows ``n_features`` wide (its parameters drawn now)."""
         config = self.config
         return learner_template(
             config.learner_factory, n_features, config.n_classes, config.device, config.dtype
         )
+
+    def _shared_template(self, n_features: int) -> nn.Module:
+        """The learners' template for rows ``n_features`` wide, built once: it is only
+        evaluated with parameters given (``functional_call``), so every client and round
+        reads the same module, and a round's label log-likelihoods under one learner are
+        computed together (:mod:`~fednovelty.federated.core.label_tasks` groups by it)."""
+        if n_features not in self._templates:
+            self._templates[n_features] = self._template(n_features)
+        return self._templates[n_features]
 
     def _initial_learners(self, n_features: int) -> list[dict[str, Tensor]]:
         return initial_parameters(
@@ -508,7 +517,7 @@ class JointFedGMM(ChainedAlgorithm):
             return []
         config = self.config
         return local_sgd_many(
-            self._template(tasks[0].X.shape[1]),
+            self._shared_template(tasks[0].X.shape[1]),
             tasks,
             epochs=config.local_epochs,
             learning_rate=config.learning_rate,

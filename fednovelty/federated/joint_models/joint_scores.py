@@ -21,14 +21,6 @@ from fednovelty.mixture import WeightsFit, log_gaussian_prob
 from fednovelty.mixture.em import fit_weights_map
 
 
-def log_likelihoods_of_labels(
-    module: nn.Module, params: dict[str, Tensor], X: Tensor, y: Tensor
-) -> Tensor:
-    """``log P_theta(y_i | x_i)`` of each row, shape (n_samples,)."""
-    logits = functional_call(module, params, (X,))
-    return -nn.functional.cross_entropy(logits, y, reduction="none")
-
-
 def global_log_joint_weights(state: Any) -> Tensor:
     """Global ``log pi`` (M1, M2) as ``state.global_weights`` says (``EMConfig.global_weights``):
     ``"pooled"``, the summed joint counts normalised (sample-weighted); ``"client_average"``,

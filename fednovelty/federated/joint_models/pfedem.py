@@ -367,7 +367,7 @@ class PFedEMStep(JointEMStep):
         sub-model 0's backbone, (n, width); else ``X``."""
         if self.config.gaussian_features == "input":
             return X
-        template = self.algorithm._backbone_template(Z.shape[1])
+        template = self.algorithm._shared_template(Z.shape[1])
         names = [name for name, _ in template.named_parameters()]
         params = {name: broadcast.tensors[learner_name(0, name)] for name in names}
         return backbone_features(template, params, Z)
@@ -382,7 +382,7 @@ class PFedEMStep(JointEMStep):
         config, algorithm = self.config, self.algorithm
         t = {name: value.to(X.device, X.dtype) for name, value in message.tensors.items()}
         k = t["means"].shape[0]
-        template = algorithm._template(Z.shape[1])
+        template = algorithm._shared_template(Z.shape[1])
         names = [name for name, _ in template.named_parameters()]
         learners = [{name: t[learner_name(j, name)] for name in names} for j in range(k)]
         # under DP weights kept from exact counts would carry a row into later rounds
@@ -564,13 +564,6 @@ class PFedEM(JointFedGMM):
         if config.bounds is not None:  # the public box first: a moments step without a round
             self._chain([MomentsStep(config), *self.steps])
         self._start_backbone: dict[str, Tensor] | None = None
-        self._templates: dict[int, nn.Module] = {}
-
-    def _backbone_template(self, width: int) -> nn.Module:
-        """The learners' template for rows ``width`` wide, built once (only evaluated)."""
-        if width not in self._templates:
-            self._templates[width] = self._template(width)
-        return self._templates[width]
 
     def split_data(self, data: Any) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """The joint model's split; with ``gaussian_features="backbone"`` the Gaussians' rows
@@ -584,7 +577,7 @@ class PFedEM(JointFedGMM):
             config = self.config
             start = config.learners_init or self._initial_learners(config.n_learner_features)
             self._start_backbone = dict(start[0])
-        template = self._backbone_template(Z.shape[1])
+        template = self._shared_template(Z.shape[1])
         return backbone_features(template, self._start_backbone, Z), (y, Z)
 
     def configure(self, state: JointState) -> Message:
@@ -592,6 +585,6 @@ class PFedEM(JointFedGMM):
         backbone's width as the rows' (``expect["n_features"]``: the replies' ``d``)."""
         message = super().configure(state)
         if self.config.gaussian_features == "backbone":
-            width = backbone_width(self._backbone_template(self.config.n_learner_features))
+            width = backbone_width(self._shared_template(self.config.n_learner_features))
             message.expect["n_features"] = width
         return message
