@@ -28,23 +28,32 @@ COMMAND = (
     "python -m benchmarks.pfedem_femnist --gaussian-features backbone [--paper-algorithm] "
     "--threads 1 --checkpoints benchmarks/results/pfedem_femnist_cells"
 )
-#: the pFedEM variants a column may show: (learner, Gaussians' features, algorithm) -> name.
+#: the pFedEM variants a column may show: (learner, Gaussians' features, algorithm, pFedEM's
+#: reg_covar or "" for the others') -> name.
 VARIANTS = {
-    ("mlp", "backbone", "paper"): "backbone Gaussians, the paper's algorithm",
-    ("mlp", "backbone", "ours"): "backbone Gaussians, our algorithm",
-    ("linear", "input", "paper"): "pixel Gaussians, the paper's algorithm",
-    ("linear", "input", "ours"): "pixel Gaussians, our algorithm",
+    ("mlp", "backbone", "paper", ""): "backbone Gaussians, the paper's algorithm",
+    ("mlp", "backbone", "ours", ""): "backbone Gaussians, our algorithm",
+    (
+        "mlp",
+        "backbone",
+        "paper",
+        "0.01",
+    ): "backbone Gaussians, reg_covar 0.01, the paper's algorithm",
+    ("mlp", "backbone", "ours", "0.01"): "backbone Gaussians, reg_covar 0.01, our algorithm",
+    ("linear", "input", "paper", ""): "pixel Gaussians, the paper's algorithm",
+    ("linear", "input", "ours", ""): "pixel Gaussians, our algorithm",
 }
 _NAME = re.compile(
     r"^(?P<kind>linear|cosine)-x(?P<cycles>\d+)-seed(?P<seed>\d+)-(?P<method>\w+)-"
-    r"(?P<learner>\w+)(?:-(?P<features>input|backbone)-(?P<algorithm>paper|ours))?\.pkl$"
+    r"(?P<learner>\w+)(?:-(?P<features>input|backbone)-(?P<algorithm>paper|ours)"
+    r"(?:-reg(?P<reg>[0-9.e+-]+))?)?\.pkl$"
 )
 
 
 def read_cells(folder: Path = CELLS) -> dict[tuple, dict]:
-    """The finished fits: ``(kind, cycles, seed, method, learner, features, algorithm)`` ->
-    the fit's record (``acc``, ``acc_half``, ``pi``, ``commit``, ``date``); a baseline's
-    ``features`` and ``algorithm`` are ``None``."""
+    """The finished fits: ``(kind, cycles, seed, method, learner, features, algorithm,
+    reg)`` -> the fit's record (``acc``, ``acc_half``, ``pi``, ``commit``, ``date``); a
+    baseline's last three are ``None``, pFedEM's ``reg`` is ``""`` where it had the others'."""
     out = {}
     for path in sorted(folder.glob("*.pkl")):
         match = _NAME.match(path.name)
@@ -52,9 +61,10 @@ def read_cells(folder: Path = CELLS) -> dict[tuple, dict]:
             continue
         with path.open("rb") as handle:
             record = pickle.load(handle)
+        variant = (match["features"], match["algorithm"], match["reg"] or "")
         key = (
             match["kind"], int(match["cycles"]), int(match["seed"]), match["method"],
-            match["learner"], match["features"], match["algorithm"],
+            match["learner"], *(variant if match["features"] else (None, None, None)),
         )  # fmt: skip
         out[key] = {**record["value"], "commit": record["commit"], "date": record["date"]}
     return out
@@ -63,15 +73,12 @@ def read_cells(folder: Path = CELLS) -> dict[tuple, dict]:
 def variant_runs(cells: dict[tuple, dict], variant: tuple, kind: str, cycles: int) -> dict:
     """One variant's fits of one schedule: method -> seed -> fit (pFedEM's own, the
     baselines' on the variant's learner), seeds where every method finished only."""
-    learner, features, algorithm = variant
+    learner, *own = variant
     per_method: dict[str, dict[int, dict]] = {}
-    for (k, c, seed, method, lrn, feat, alg), fit in cells.items():
+    for (k, c, seed, method, lrn, *pfedem), fit in cells.items():
         if (k, c, lrn) != (kind, cycles, learner):
             continue
-        if (method == "pFedEM") != (feat is not None) or (feat, alg) not in {
-            (features, algorithm),
-            (None, None),
-        }:
+        if pfedem != (own if method == "pFedEM" else [None, None, None]):
             continue
         per_method.setdefault(method, {})[seed] = fit
     seeds = set.intersection(*(set(per_method.get(m, {})) for m in METHODS))

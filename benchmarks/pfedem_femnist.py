@@ -117,6 +117,8 @@ class Settings:
     device: str = "cpu"
     paper_algorithm: bool = False
     gaussian_features: str = "input"
+    #: pFedEM's ``reg_covar`` (``--pfedem-reg-covar``; ``None``: the others', ``COMMON``'s).
+    pfedem_reg_covar: float | None = None
     #: the folder of kept fits (``--checkpoints``; not part of the settings' signature).
     checkpoints: Path | None = None
 
@@ -135,6 +137,8 @@ def make_model(name: str, seed: int, settings: Settings):
         algorithm = PAPER_ALGORITHM if settings.paper_algorithm else {}
         if settings.gaussian_features == "backbone":  # the backbone's features, no PCA
             options = {**options, "pca_components": None, "gaussian_features": "backbone"}
+        if settings.pfedem_reg_covar is not None:
+            options = {**options, "reg_covar": settings.pfedem_reg_covar}
         return PFedEMDetector(2, random_state=seed, **options, **algorithm)
     sizes = {"FedGMM": (2, 2), "FedEM": (1, 2), "FedAvg": (1, 1)}[name]
     params = {**options, "n_components": sizes[0], "n_learners": sizes[1], "random_state": seed}
@@ -161,8 +165,17 @@ def cells(settings: Settings, name: str) -> Checkpoints | None:
     if settings.checkpoints is None:
         return None
     if name != "pFedEM":
-        settings = dataclasses.replace(settings, paper_algorithm=False, gaussian_features="input")
-    return Checkpoints(settings.checkpoints, settings_signature(settings))
+        settings = dataclasses.replace(
+            settings, paper_algorithm=False, gaussian_features="input", pfedem_reg_covar=None
+        )
+    fields = {
+        f.name: getattr(settings, f.name)
+        for f in dataclasses.fields(settings)
+        # pFedEM's reg_covar unset is no setting (fits kept before it existed stay valid)
+        if f.name != "checkpoints"
+        and not (f.name == "pfedem_reg_covar" and getattr(settings, f.name) is None)
+    }
+    return Checkpoints(settings.checkpoints, settings_signature(fields))
 
 
 def cell_key(kind: str, cycles: int, seed: int, name: str, settings: Settings) -> str:
@@ -171,6 +184,8 @@ def cell_key(kind: str, cycles: int, seed: int, name: str, settings: Settings) -
     key = f"{kind}-x{cycles}-seed{seed}-{name}-{settings.options()['learner']}"
     if name == "pFedEM":
         key += f"-{settings.gaussian_features}-{'paper' if settings.paper_algorithm else 'ours'}"
+        if settings.pfedem_reg_covar is not None:
+            key += f"-reg{settings.pfedem_reg_covar:g}"
     return key
 
 
@@ -271,6 +286,8 @@ def intro(settings: Settings) -> str:
                 else f"{COMMON['pca_components']} federated principal axes of the pixels"
             )
             + f"; the other methods' Gaussians: {COMMON['pca_components']} principal axes",
+            f"- reg_covar: pFedEM {settings.pfedem_reg_covar or COMMON['reg_covar']:g}, the "
+            f"others {COMMON['reg_covar']:g}",
             "",
             "Standard deviation of the per-window test accuracy (Table I; the paper's EMNIST "
             "figures, for 3 cycles, beside) on two test sets: *matched*, each writer's test rows "
@@ -419,6 +436,13 @@ def parse_args(argv):
     add_seeds(parser)
     add_threads(parser)
     add_out(parser)
+    parser.add_argument(
+        "--pfedem-reg-covar",
+        type=float,
+        default=None,
+        help="pFedEM's reg_covar alone (default: the others', 1e-4): the backbone's ReLU "
+        "features need a floor at their own scale",
+    )
     add_checkpoints(parser, help="keep each method's finished fit in DIR; a later run resumes")
     parser.add_argument("--figure", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -436,6 +460,7 @@ def build_settings(args) -> Settings:
         "device": args.device,
         "paper_algorithm": args.paper_algorithm,
         "gaussian_features": args.gaussian_features,
+        "pfedem_reg_covar": args.pfedem_reg_covar,
         "checkpoints": args.checkpoints,
     }
     if args.quick:

@@ -26,21 +26,25 @@ def test_the_table_reads_each_variant_beside_the_shared_baselines(benchmark_scri
         for method, values in half.items():
             keep(tmp_path, f"linear-x3-seed{seed}-{method}-mlp", [0.1, 0.3], values)
         keep(tmp_path, f"linear-x3-seed{seed}-pFedEM-mlp-backbone-paper", [0.2, 0.2], [0.5, 0.52])
+        keep(tmp_path, f"linear-x3-seed{seed}-pFedEM-mlp-backbone-ours-reg0.01", [0, 0], [0.4, 1.0])
     # a variant with one seed only where a baseline is missing: not shown
     keep(tmp_path, "cosine-x3-seed0-pFedEM-linear-input-ours", [0.1, 0.2], [0.1, 0.2])
     # a 1-cycle fit: not Table I's
     keep(tmp_path, "linear-x1-seed0-pFedEM-mlp-backbone-paper", [0.0, 1.0], [0.0, 1.0])
 
     (built,) = papers.tables(tmp_path)
-    column = "ours: backbone Gaussians, the paper's algorithm, std half (matched)"
-    assert built.header[2:] == [column]
+    assert built.header[2:] == [
+        "ours: backbone Gaussians, the paper's algorithm, std half (matched)",
+        "ours: backbone Gaussians, reg_covar 0.01, our algorithm, std half (matched)",
+    ]
     rows = {row[0]: row for row in built.rows}
     # the std of [0.5, 0.52] is 0.01, of [0.2, 0.2] zero; FedEM's half std 0.05, matched 0.1
-    assert rows["linear, pFedEM"][1:] == ["0.0296", "0.0100 (0.0000)"]
-    assert rows["linear, FedEM"][1:] == ["0.0316", "0.0500 (0.1000)"]
+    assert rows["linear, pFedEM"][1:] == ["0.0296", "0.0100 (0.0000)", "0.3000 (0.0000)"]
+    assert rows["linear, FedEM"][1:] == ["0.0316", "0.0500 (0.1000)", "0.0500 (0.1000)"]
     assert rows["cosine, pFedEM"][2] == "not run yet"
     assert list(built.seeds) == [0, 1]
-    assert "in 1 of 1 variant and schedule cells" in built.verdict
+    assert "in 1 of 2 variant and schedule cells" in built.verdict
+    assert "reg_covar 0.01, our algorithm, linear: pFedEM 0.3000, rank 4 of 4" in built.verdict
     assert "backbone Gaussians, the paper's algorithm, linear: pFedEM 0.0100, the most stable" in (
         built.verdict
     )
