@@ -400,12 +400,33 @@ TABLES = PaperTables(
 )
 
 
+def add_scale(parser, quick_help: str) -> None:
+    """``--clients``, ``--rounds``, ``--quick`` (``quick_help``) or ``--paper-scale``, and
+    ``--threads`` and ``--out``: the scale options of the Table 2 scripts (:func:`scale_of`)."""
+    parser.add_argument("--clients", type=int, default=None, help="number of clients (30)")
+    parser.add_argument("--rounds", type=int, default=None, help="EM rounds, max_iter (50)")
+    scale = parser.add_mutually_exclusive_group()
+    add_quick(parser, quick_help, group=scale)
+    scale.add_argument(
+        "--paper-scale",
+        action="store_true",
+        help=f"Table 2's scale: {PAPER_CLIENTS} clients, {PAPER_ROUNDS} rounds",
+    )
+    add_threads(parser, help="torch threads (1)")
+    add_out(parser, "also write the markdown report here")
+
+
+def scale_of(args) -> tuple[int, int]:
+    """``(clients, rounds)`` of :func:`add_scale`'s options: 8 and 5 quick, the paper's at
+    paper scale, else 30 and 50; ``--clients`` and ``--rounds`` override."""
+    size = (8, 5) if args.quick else (PAPER_CLIENTS, PAPER_ROUNDS) if args.paper_scale else (30, 50)
+    return args.clients or size[0], args.rounds or size[1]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_experiment(parser, TABLES)
     add_seeds(parser)
-    parser.add_argument("--clients", type=int, default=None, help="number of clients (30)")
-    parser.add_argument("--rounds", type=int, default=None, help="EM rounds, max_iter (50)")
     parser.add_argument(
         "--data",
         choices=DATA,
@@ -421,15 +442,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     add_checkpoints(parser)
-    scale = parser.add_mutually_exclusive_group()
-    add_quick(parser, "8 clients, 5 rounds, 1 seed", group=scale)
-    scale.add_argument(
-        "--paper-scale",
-        action="store_true",
-        help=f"Table 2's scale: {PAPER_CLIENTS} clients, {PAPER_ROUNDS} rounds",
-    )
-    add_threads(parser, help="torch threads (1)")
-    add_out(parser, "also write the markdown report here")
+    add_scale(parser, "8 clients, 5 rounds, 1 seed")
     return parser.parse_args(argv)
 
 
@@ -437,10 +450,8 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     seeds = quick_seeds(args.seeds, args.quick)
-    size = (8, 5) if args.quick else (PAPER_CLIENTS, PAPER_ROUNDS) if args.paper_scale else (30, 50)
     settings = Settings(
-        args.clients or size[0],
-        args.rounds or size[1],
+        *scale_of(args),
         seeds,
         data=args.data,
         algorithm=args.algorithm,

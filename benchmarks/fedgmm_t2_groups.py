@@ -45,22 +45,8 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from torch.func import functional_call
 
-from benchmarks.common import (
-    add_out,
-    add_threads,
-    command_line,
-    emit_report,
-    markdown_table,
-    report_header,
-)
-from benchmarks.fedgmm_pfl import (
-    PAPER_CLIENTS,
-    PAPER_ROUNDS,
-    Settings,
-    beta_clients,
-    make_data,
-    make_model,
-)
+from benchmarks.common import command_line, emit_report, markdown_table, report_header
+from benchmarks.fedgmm_pfl import Settings, add_scale, beta_clients, make_data, make_model, scale_of
 from fednovelty.datasets.synthetic import FederatedSplit
 
 GROUPS = ("Gaussian clients", "Beta clients")
@@ -365,27 +351,14 @@ def report(d: Diagnosis) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="the one seed (0)")
-    parser.add_argument("--clients", type=int, default=None, help="number of clients (30)")
-    parser.add_argument("--rounds", type=int, default=None, help="EM rounds, max_iter (50)")
-    scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true", help="8 clients, 5 rounds")
-    scale.add_argument(
-        "--paper-scale",
-        action="store_true",
-        help=f"Table 2's scale: {PAPER_CLIENTS} clients, {PAPER_ROUNDS} rounds",
-    )
-    add_threads(parser, help="torch threads (1)")
-    add_out(parser, "also write the markdown report here")
+    add_scale(parser, "8 clients, 5 rounds")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    size = (8, 5) if args.quick else (PAPER_CLIENTS, PAPER_ROUNDS) if args.paper_scale else (30, 50)
-    settings = Settings(
-        args.clients or size[0], args.rounds or size[1], (args.seed,), data="reference"
-    )
+    settings = Settings(*scale_of(args), (args.seed,), data="reference")
     start = time.perf_counter()
     body = report(diagnose(settings, args.seed))
     title = "FedGMM Table 2 on the reference data, per client group"

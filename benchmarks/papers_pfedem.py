@@ -132,7 +132,7 @@ def table(cells: dict[tuple, dict]) -> PaperTable:
                 )
             rows.append(row)
     seeds = sorted({s for runs in found.values() for s in runs["pFedEM"]})
-    kept = [fit for fit in cells.values()]
+    kept = list(cells.values())
     return PaperTable(
         name="pfedem-t1-femnist",
         title="pFedEM Table I: standard deviation of the per-round accuracy, 3 cycles",

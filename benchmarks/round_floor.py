@@ -57,10 +57,12 @@ def batched_e_steps(clients: Sequence[Tensor], params: MixtureParams) -> None:
 
 
 def positive_definite(n: int, d: int, seed: int = 0) -> Tensor:
-    """(n, d, d) float64 symmetric positive-definite matrices ``W W^T + d I``."""
+    """(n, d, d) float64 symmetric positive-definite matrices ``W W^T + d I``, made exactly
+    symmetric (a product's two triangles may round differently)."""
     generator = torch.Generator().manual_seed(seed)
     W = torch.randn(n, d, d, dtype=torch.float64, generator=generator)
     gram = W @ W.transpose(-1, -2)
+    gram = (gram + gram.transpose(-1, -2)) / 2
     gram.diagonal(dim1=-2, dim2=-1).add_(d)
     return gram
 

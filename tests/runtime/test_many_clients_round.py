@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
 import torch
+from _blob_federation import D, decisions, em, federation
 from _liars import Forging
 
-from fednovelty.federated import FederatedEM, Message
+from fednovelty.federated import Message
 from fednovelty.federated.core.wire import pack
 from fednovelty.federated.core.wire_many import unpack_many
 from fednovelty.federated.trust import gate
@@ -27,31 +27,8 @@ from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import run_simulation
 from fednovelty.runtime.simulation import rare_collections
 
-K, D = 3, 4
-
-
-def federation(n_clients=40, seed=0) -> list[torch.Tensor]:
-    """Clients of 3 to 60 rows from three blobs (some below the default floor of 5; client
-    7 has 50)."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 4, (K, D))
-    sizes = rng.integers(3, 60, n_clients)
-    sizes[7] = 50
-    return [
-        torch.as_tensor(centers[rng.integers(0, K, n)] + rng.normal(size=(n, D))) for n in sizes
-    ]
-
-
-def em(**options) -> FederatedEM:
-    return FederatedEM(
-        K,
-        weights_init=np.full(K, 1 / K),
-        means_init=np.array([[0.0] * D, [3.0] * D, [-3.0] * D]),
-        precisions_init=np.stack([np.eye(D)] * K),
-        max_iter=3,
-        tol=0.0,
-        **options,
-    )
+#: client 7 holds 50 rows (the liar of the tests below is backed by enough of them)
+BIG_SEVEN = {7: 50}
 
 
 def liar_at(liar: int, lie) -> Forging:
@@ -71,10 +48,6 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / max(1.0, float(b.abs().max()))
 
 
-def decisions(result):
-    return [(r.failed, r.dropped, r.skipped, r.restarted) for r in result.history]
-
-
 @pytest.mark.parametrize(
     "make",
     [
@@ -85,7 +58,7 @@ def decisions(result):
     ids=["honest", "personal", "liar"],
 )
 def test_a_batched_round_decides_and_fits_as_one_client_at_a_time(make):
-    clients = federation()
+    clients = federation(sizes=BIG_SEVEN)
     batched = run_simulation(make(), clients)
     alone = run_simulation(make(), clients, batch_clients=False)
     assert decisions(batched) == decisions(alone)
@@ -99,12 +72,14 @@ def test_a_batched_round_decides_and_fits_as_one_client_at_a_time(make):
 
 
 def test_the_liar_among_many_is_dropped_by_name_and_the_run_starts_again_without_it():
-    result = run_simulation(liar_at(7, non_psd_second), federation())
+    result = run_simulation(liar_at(7, non_psd_second), federation(sizes=BIG_SEVEN))
     caught = [r for r in result.history if r.dropped]
     assert [c for c, _ in caught[0].dropped] == [7]
     assert "not positive semi-definite" in caught[0].dropped[0][1]
     assert caught[0].restarted  # it contributed to the first round
-    without = run_simulation(em(), {c: X for c, X in enumerate(federation()) if c != 7})
+    without = run_simulation(
+        em(), {c: X for c, X in enumerate(federation(sizes=BIG_SEVEN)) if c != 7}
+    )
     assert relative(result.state.params.means, without.state.params.means) < 1e-10
 
 
@@ -113,7 +88,7 @@ def test_the_server_gate_gives_stacked_views_the_verdicts_of_copies():
     moment among them are dropped with the reasons the same replies get as copies."""
     algorithm = em()
     message = algorithm.configure(algorithm.start())
-    clients = [X for X in federation(60, seed=1) if X.shape[0] >= 20]
+    clients = [X for X in federation(60, seed=1, sizes=BIG_SEVEN) if X.shape[0] >= 20]
     contexts = [
         gate.client_context(c, policy=PrivacyPolicy(min_rows=1), wire=True)
         for c in range(len(clients))

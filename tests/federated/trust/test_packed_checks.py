@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from unittest import mock
 
-import numpy as np
 import pytest
 import torch
+from _blob_federation import D, K, decisions, em, federation
 from _liars import Forging
 
-from fednovelty.federated import FederatedEM, Message
+from fednovelty.federated import Message
 from fednovelty.federated.core.wire import from_triangle, pack, to_triangle, unpack
 from fednovelty.federated.core.wire_many import unpack_many, unpack_runs
 from fednovelty.federated.trust import batch_checks, gate
@@ -27,30 +27,6 @@ from fednovelty.federated.trust.dp import DPPolicy
 from fednovelty.federated.trust.privacy import PrivacyPolicy
 from fednovelty.federated.trust.validation import ReplyValidator
 from fednovelty.runtime import loop, run_simulation
-
-K, D = 3, 4
-
-
-def federation(n_clients=40, seed=0) -> list[torch.Tensor]:
-    """Clients of 3 to 60 rows from three blobs (some below the default floor of 5)."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 4, (K, D))
-    sizes = rng.integers(3, 60, n_clients)
-    return [
-        torch.as_tensor(centers[rng.integers(0, K, n)] + rng.normal(size=(n, D))) for n in sizes
-    ]
-
-
-def em(**options) -> FederatedEM:
-    return FederatedEM(
-        K,
-        weights_init=np.full(K, 1 / K),
-        means_init=np.array([[0.0] * D, [3.0] * D, [-3.0] * D]),
-        precisions_init=np.stack([np.eye(D)] * K),
-        max_iter=3,
-        tol=0.0,
-        **options,
-    )
 
 
 def forged(reply: Message, how: str) -> Message:
@@ -208,10 +184,6 @@ def test_full_statistics_on_triangles_pass_as_on_matrices(dtype):
     assert torch.equal(got, expected)
     assert 0 < int(expected.sum()) < r - 4  # some cleared, some left to the reply alone
     assert not bool(got[5:9].any())
-
-
-def decisions(result):
-    return [(r.failed, r.dropped, r.skipped, r.restarted) for r in result.history]
 
 
 def without_runs(replies):
