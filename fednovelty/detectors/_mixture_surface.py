@@ -9,14 +9,14 @@ reaches for, computed from the detector's own density and components:
   evaluates (:meth:`MixtureSurfaceMixin._n_parameters`). They are refused, with the reason,
   where ``score_samples`` is not a maximum-likelihood Gaussian mixture's log-density: the
   federated PCA front end (the residual term of the discarded directions), FedGenGMM's
-  copula, LocalGMM's ``combine="mean"`` (a mean of log-densities) and variational Bayes
-  (scikit-learn's ``BayesianGaussianMixture`` has no ``bic``/``aic`` either; its evidence
-  bound is ``lower_bound_``).
+  copula, LocalGMM's ``combine="mean"`` and ``n_members > 1`` (means of log-densities) and
+  variational Bayes (scikit-learn's ``BayesianGaussianMixture`` has no ``bic``/``aic``
+  either; its evidence bound is ``lower_bound_``).
 - ``sample(n_samples=1, random_state=None)``: rows and their component labels drawn from the
   Gaussians of the per-component API (``_components``): the global mixture ``model_``, the
   factor analysers as full Gaussians, LocalGMM's union of client mixtures; variational Bayes'
   plug-in mixture (as ``BayesianGaussianMixture.sample``). Refused where ``score_samples`` is
-  not that mixture's density (PCA front end, copula, ``combine="mean"``).
+  not that mixture's density (PCA front end, copula, ``combine="mean"``, ``n_members > 1``).
 - ``lower_bound_``: the last of ``lower_bounds_`` where the fit recorded them.
 - ``fit_predict(X, y=None, groups=None, **kwargs)``: ``fit`` then PyOD's ``labels_`` (1 =
   outlier, 0 = inlier), with the clients' ``groups``.
@@ -64,6 +64,13 @@ def density_refusal(detector) -> str | None:
         return (
             f"this {name} scores with its Gaussian copula (copula=True), whose density is not "
             "the Gaussian mixture it holds; refit with copula=False for a mixture density"
+        )
+    members = getattr(detector, "member_components_", ())
+    if len(members) > 1:
+        return (
+            f"this {name} scores with the mean of its {len(members)} members' log-densities "
+            "(n_members), which is not one mixture's density; refit with n_members=1 for a "
+            "mixture density"
         )
     if getattr(detector, "combine", None) == "mean":
         return (

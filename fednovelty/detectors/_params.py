@@ -286,6 +286,19 @@ LEARNER_CHOICE = Param(
 )
 
 
+#: Random starts fitted and scored together (``fednovelty.detectors._members``).
+N_MEMBERS = Param(
+    "n_members",
+    1,
+    positive_int(),
+    "fits of the model from different starts (member 0 from ``random_state``), each a whole "
+    "federated fit; a row's score is the mean of the members' log-densities (the log of "
+    "their geometric mean, not a normalised density for ``n_members > 1``). Rounds and "
+    "bytes grow ``n_members`` times.",
+    "estimator",
+)
+
+
 #: every shared parameter by name: an estimator that writes one in its ``__init__`` gets it
 #: from here unless it declares its own (:func:`~fednovelty.detectors._declare.complete`).
 SHARED: dict[str, Param] = {
@@ -301,5 +314,6 @@ SHARED: dict[str, Param] = {
         *LOCAL_FIT,
         ROUNDS,
         LEARNER_CHOICE,
+        N_MEMBERS,
     )
 }

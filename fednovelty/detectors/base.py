@@ -57,6 +57,7 @@ from fednovelty.detectors._dp import check_delta, private_threshold
 from fednovelty.detectors._fit_state import atomic_fit, check_callbacks, renumbered, seed_from
 from fednovelty.detectors._front_end import ClientViews, FrontEndMixin, check_front_end_params
 from fednovelty.detectors._labels import encode_labels
+from fednovelty.detectors._members import fit_members
 from fednovelty.detectors._mixture_surface import MixtureSurfaceMixin
 from fednovelty.detectors._probability import outlier_probability
 from fednovelty.detectors._row_input import fit_source, refuse_source, score_source, stream_scores
@@ -192,13 +193,15 @@ class SimulatedFitMixin(FrontEndMixin):
         :func:`~fednovelty.runtime.flower.sim_engine.run_flower_simulation`), record the
         rounds, return its state (the whole ``SimulationResult`` with ``full``).
 
-        Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before), in
+        Rounds are numbered from ``round_offset + 1`` (the rounds this fit ran before, the
+        earlier members' included: ``fednovelty.detectors._members``), in
         ``history_`` and in the records passed to ``fit``'s callbacks. Every client enforces
         ``privacy`` (default :meth:`_privacy_policy`). Given the PCA front end's
         :class:`ClientViews`, the algorithm runs wrapped in ``Projected`` on the clients'
         original rows (the clients project them). Within ``fit`` the rounds' releases and
         skips are tallied for its data-loss warnings (``_data_loss``)."""
         callbacks = getattr(self, "_fit_callbacks", ())
+        round_offset += self.__dict__.get("_member_rounds", 0)  # earlier members' rounds
         front = self.__dict__.get("_front_end_run")
         wrapped = front is not None and isinstance(clients, ClientViews)
         if wrapped:  # the family's algorithm on the projected rows: the clients project
@@ -243,7 +246,8 @@ class SimulatedFitMixin(FrontEndMixin):
     def _fit(self, X, y, groups, callbacks):
         """The fit every estimator runs: check the settings, the callbacks, ``X``, the labels
         (``_label_codes``) and ``groups``; set the input attributes; split the rows (and
-        labels) by client; train (``_fit_clients``) with the callbacks; then ``_after_fit``
+        labels) by client; train (``_fit_clients``, once per member with ``n_members``:
+        ``fednovelty.detectors._members``) with the callbacks; then ``_after_fit``
         (a detector's PyOD outputs); last, a ``DataLossWarning`` for each loss the fit met
         (:func:`~fednovelty.detectors._data_loss.warn_data_loss`). Returns self; on any error
         the estimator keeps its previous fitted state (``atomic_fit``)."""
@@ -278,7 +282,7 @@ class SimulatedFitMixin(FrontEndMixin):
                     tensors = [self._as_tensor(p) for p in parts]
                     if self._pca_front_end and labels is None:
                         parts, tensors = self._front_end(parts, tensors, seed)
-                    self._fit_clients(parts, tensors, seed, labels)
+                    fit_members(self, parts, tensors, seed, labels)
                     self._join_front_end_record()
                 finally:
                     self.__dict__.pop("_front_end_run", None)
