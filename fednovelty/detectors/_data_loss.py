@@ -142,12 +142,17 @@ def fewer_components_message(
 ) -> str | None:
     """The :class:`~fednovelty.exceptions.FewerComponentsWarning` for a mixture fitted with
     fewer components (``n_components_``) than its ``n_components`` parameter asked; None
-    otherwise, or where ``n_components`` is an upper bound by design (variational mixtures:
+    otherwise (with random starts, ``member_components_``, the smallest member's), or where
+    ``n_components`` is an upper bound by design (variational mixtures:
     ``effective_n_components_`` set in fit). It says how many were fitted, why (the k-means
     centroids the clients sent, :func:`k_fed_record`, of ``n_rows`` rows over ``n_clients``
     clients where given) and what to do."""
     asked = estimator.get_params(deep=False).get("n_components")
     fitted = getattr(estimator, "n_components_", None)
+    members = list(getattr(estimator, "member_components_", None) or [])
+    attribute = f"n_components_ = {fitted}"
+    if len(members) > 1:  # random starts (n_members): the smallest member
+        fitted, attribute = min(members), f"member_components_ = {members}"
     if not isinstance(asked, int | np.integer) or fitted is None or fitted >= asked:
         return None
     if getattr(estimator, "PRUNES_COMPONENTS", False):
@@ -171,7 +176,7 @@ def fewer_components_message(
         )
     return (
         f"{name}: fitted {fitted} component{'' if fitted == 1 else 's'} where "
-        f"n_components={asked} asked (n_components_ = {fitted}): {why}. Pass "
+        f"n_components={asked} asked ({attribute}): {why}. Pass "
         f"n_components={fitted} to fit this size without the warning, or give the clients "
         "more rows (or lower Privacy(min_rows=...) only where their privacy allows it); "
         'warnings.simplefilter("error", FewerComponentsWarning) refuses such a fit instead.'

@@ -68,7 +68,9 @@ class FedMFADetector(MixtureDetector):
     and a random sketch of its scatter; the server starts every component as probabilistic
     PCA) and the factor EM rounds (the clients send the E-step's summed statistics, the
     server runs Ghahramani & Hinton's M-step). Any split of the rows gives the centralized
-    fit of the same start, to float64 round-off.
+    fit of the same start, to float64 round-off. ``n_components`` is an upper bound, as
+    federated EM's: where the clients' privacy floors back fewer k-means centroids the fit
+    has fewer components and says so with a ``FewerComponentsWarning``.
 
     Use it for wide rows (embeddings, more than a few dozen features) where a full
     covariance's ``d (d + 1) / 2`` parameters per component are more than the rows support;

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 
+from fednovelty import FedMFADetector
 from fednovelty.exceptions import DataLossWarning, FewerComponentsWarning
 from fednovelty.methods import get_method
 
@@ -118,3 +119,20 @@ def test_the_category_is_a_data_loss_warning():
         warnings.simplefilter("ignore", DataLossWarning)
         default_detector().fit(X, groups=groups)
     assert not [w for w in caught if issubclass(w.category, DataLossWarning)]
+
+
+@pytest.mark.parametrize("n_members", [1, 2])
+def test_mixtures_of_factor_analysers_fit_fewer_components_too(n_members):
+    """FedMFA's k-FED start takes K as an upper bound as federated EM's does; with random
+    starts the warning names each member's count."""
+    X, groups = hepatitis_size()
+    detector = FedMFADetector(n_components=10, n_members=n_members, random_state=0)
+    messages = fewer(fit_caught(detector, X, groups))
+    assert len(messages) == 1, messages
+    assert "FedMFADetector.fit: fitted" in messages[0] and "n_components=10 asked" in messages[0]
+    assert len(detector.member_components_) == n_members
+    assert max(detector.member_components_) < 10
+    assert sum(detector.member_components_) == detector.n_components_
+    if n_members > 1:
+        assert f"member_components_ = {detector.member_components_}" in messages[0]
+    assert np.isfinite(detector.decision_function(X)).all()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -131,6 +131,10 @@ class FactorEMConfig(
 
     AGGREGATION_CHOICES = ("sum", "trimmed")
     COVARIANCE_CHOICES = ("diag",)
+    #: ``n_components`` is an upper bound where the clients' privacy floors leave fewer
+    #: k-means centroids than K, as federated EM's: the start round fits as many
+    #: components as there are centres.
+    FEWER_CENTROIDS_OK: ClassVar[bool] = True
 
     n_factors: int
     isotropic: bool = False
