@@ -12,6 +12,9 @@ weights ``pi_k`` of that mixture, in the space they model:
   model saved without them). With ``combine="mixture"`` its log-density is
   ``score_samples``; with ``combine="mean"`` the score is the mean of the client models'
   log-densities, not this mixture's.
+- ``FedMFADetector`` with ``n_members > 1``: every member's components one after another
+  (``member_components_``), weights over the members; the score is the mean of the members'
+  log-densities, not this mixture's.
 - With ``pca_components`` (FedGMM) the Gaussians model the rows' projection
   ``z = W (x - m)`` (``W`` orthonormal rows); rows are projected before every computation.
 

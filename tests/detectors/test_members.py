@@ -145,3 +145,16 @@ def test_a_member_that_fails_leaves_the_fitted_detector_as_it_was(monkeypatch):
     assert det.n_members == 3 and det.member_components_ == [2]
     assert "_member_rounds" not in det.__dict__
     np.testing.assert_array_equal(det.score_samples(X), before)
+
+
+def test_the_per_component_api_shows_every_members_components():
+    X, groups = _rows(9)
+    det = FedMFADetector(n_components=2, n_factors=2, n_members=3, random_state=0)
+    det.fit(X, groups=groups)
+    weights = np.asarray(det.component_weights())
+    assert weights.shape == (6,) and weights.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(weights.reshape(3, 2).sum(1), 1 / 3)
+    resp = np.asarray(det.responsibilities(X[:7]))
+    assert resp.shape == (7, 6)
+    np.testing.assert_allclose(resp.sum(1), 1.0)
+    assert set(np.asarray(det.predict_components(X)).tolist()) <= set(range(6))
