@@ -258,8 +258,21 @@ def schedules(settings: Settings) -> list[tuple[str, int]]:
     return [(kind, cycles) for cycles in settings.cycles for kind in KINDS]
 
 
-def intro(settings: Settings) -> str:
-    """The section's heading, the run's learners and algorithm, what the tables show."""
+def fit_minutes(results: dict[str, list]) -> tuple[float, int]:
+    """The fits' own minutes summed over every schedule, seed and method of ``results``
+    (fits read back from ``--checkpoints`` with the seconds they took when they ran), and
+    how many fits."""
+    seconds = [
+        run[name]["seconds"] for per_seed in results.values() for run in per_seed
+        for name in METHODS if name in run
+    ]  # fmt: skip
+    return sum(seconds) / 60, len(seconds)
+
+
+def intro(settings: Settings, results: dict[str, list] | None = None) -> str:
+    """The section's heading, the run's learners and algorithm, the fits' own time (from
+    ``results``, kept fits included: the header's total runtime is only this run's), what
+    the tables show."""
     options = settings.options()
     backbone_width = {"mlp": "64 hidden units", "cnn": "128 dense units"}.get(options["learner"])
     algorithm = (
@@ -288,6 +301,14 @@ def intro(settings: Settings) -> str:
             + f"; the other methods' Gaussians: {COMMON['pca_components']} principal axes",
             f"- reg_covar: pFedEM {settings.pfedem_reg_covar or COMMON['reg_covar']:g}, the "
             f"others {COMMON['reg_covar']:g}",
+            *(
+                [
+                    "- fit time: {:.1f} min over {} fits (each fit's own time, fits kept in "
+                    "--checkpoints by earlier runs included)".format(*fit_minutes(results))
+                ]
+                if results
+                else []
+            ),
             "",
             "Standard deviation of the per-window test accuracy (Table I; the paper's EMNIST "
             "figures, for 3 cycles, beside) on two test sets: *matched*, each writer's test rows "
@@ -498,7 +519,7 @@ def main(argv=None) -> str:
         command,
         args.quick,
         args.out,
-        intro=lambda results: intro(settings),
+        intro=lambda results: intro(settings, results),
         after=checks,
     )
 

@@ -43,7 +43,8 @@ def test_a_second_run_reads_every_fit_back_and_a_variant_shares_the_baselines(
     second = script.main(quick)
     assert capsys.readouterr().out.count("resumed ") == 8
     body = lambda text: text.split("## Table I", 1)[1]  # noqa: E731 (the header's seconds differ)
-    assert body(second) == body(first)
+    assert body(second) == body(first)  # the kept fits' own minutes included
+    assert " min over 8 fits (each fit's own time, fits kept in --checkpoints" in second
     script.main([*quick, "--paper-algorithm"])  # only pFedEM is fitted again
     assert capsys.readouterr().out.count("resumed ") == 6
     assert len(list(tmp_path.glob("*-pFedEM-linear-input-paper.pkl"))) == 2
