@@ -381,6 +381,10 @@ _TABLE: tuple[Method, ...] = (
            "federated EM for a mixture of factor analysers (low-rank-plus-diagonal "
            "covariances, O(N K d q) per round) on federated z-scores: for wide rows "
            "(embeddings)", shared=("n_components", "random_state")),
+    Method("FedMFA-starts", _detector("FedMFADetector", n_members=8), "federated", MFA_PAPER,
+           "FedMFA fitted from eight random starts, a row scored by the mean of their "
+           "log-densities (n_members=8; eight fits' rounds): the image choice with "
+           "--components 60", shared=("n_components", "random_state"), variant_of="FedMFA"),
     Method("FedVB", _FedVB(), "federated", VB_PAPER, _FEDVB_TEXT, shared=_VB),
     Method("FedVB-oneshot-natural", _FedVB("natural"), "federated", VB_PAPER,
            _ONESHOT_VB_TEXT + "natural-parameter averaging (VGM2's Sec. 3.5 text)",

@@ -47,7 +47,7 @@ def test_names_by_task_kind_and_variant():
         "PFL-VGM2-Prototype",
     ]
     variants = set(method_names(variants=True)) - set(method_names())
-    assert variants == {"FedVB-oneshot-natural", "FedVB-oneshot-moment"}
+    assert variants == {"FedMFA-starts", "FedVB-oneshot-natural", "FedVB-oneshot-moment"}
     assert set(method_names(task=None, variants=True)) == set(METHODS)
     assert len(METHODS) >= 39  # the methods only: ablations are the benchmark's
     assert not [name for name in METHODS if name.endswith(("-plain", "-std", "-prior"))]
@@ -114,7 +114,7 @@ def test_unknown_names_and_parameters_are_refused_with_the_closest():
         get_method("IForrest")
     known = (
         r"Known: FedGenGMM, FedGMM, .*PFL-Local, PFL-pFedEM, .*PFL-VGM2-Prototype.*; and the "
-        r"variants FedVB-oneshot-natural, FedVB-oneshot-moment\.$"
+        r"variants FedMFA-starts, FedVB-oneshot-natural, FedVB-oneshot-moment\.$"
     )
     with pytest.raises(ValueError, match=known):
         get_method("nope")

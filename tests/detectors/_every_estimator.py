@@ -42,6 +42,8 @@ def build(name: str, **params):
         detector = method.build(**method.shared_params(**shared), **params)
     names = detector.get_params(deep=False)
     fast = {k: v for k, v in FAST.items() if k in names}
+    if names.get("n_members", 1) > 1:  # random starts: two keep the ensemble, at 2 fits' cost
+        fast["n_members"] = 2
     training = {
         f.name for p in type(detector)._params.options if p.name == "training" for f in p.fields
     }

@@ -53,9 +53,10 @@ NO_CRITERION = {
     "FedVB": "variational Bayes",
     "FedVB-oneshot-natural": "variational Bayes",
     "FedVB-oneshot-moment": "variational Bayes",
+    "FedMFA-starts": "members' log-densities",
 }
 #: sample refused, and a word the reason must name.
-NO_SAMPLE = {"FedGenGMM-copula": "copula"}
+NO_SAMPLE = {"FedGenGMM-copula": "copula", "FedMFA-starts": "members' log-densities"}
 #: the rest, each with its own reference.
 OWN_COUNT = ["Local", "FedMFA"]
 

@@ -52,6 +52,7 @@ READS_EPSILON = {
     "CentralGMM": False,  # the method fixes privacy=Privacy(min_rows=1): nothing crosses a wire
     "FedGenGMM-copula": True,
     "FedMFA": False,
+    "FedMFA-starts": False,
     "FedVB": True,
     "FedVB-oneshot-natural": True,
     "FedVB-oneshot-moment": True,
