@@ -225,11 +225,12 @@ def test_a_private_central_fit_learns_each_populations_rule():
 def test_local_mode_keeps_each_clients_noisy_weights():
     """Fresh noise. Each client keeps its own weights: they follow the clients' shares of
     population A (0.10, 0.49, 0.93), far apart, where averaged weights would all be near
-    0.5. Measured over 20 seeded fits: every weight within 0.04 of its share in 17; in 3 the
-    four noisy EM rounds leave one Gaussian's mean half-way (x1 near +-2, not +-4) and the
-    weights miss their shares by 0.09-0.18, in the clients' order still."""
+    0.5. From the given start: over 300 fits with fresh noise the largest miss of a share was
+    0.069. (The private k-means start is not what this checks: its first centre is the box
+    centre, half-way between these two populations, and in 26 of 300 fits its four noisy EM
+    rounds left one Gaussian over both populations.)"""
     clients = [_client(400, share, s) for s, share in enumerate((0.1, 0.5, 0.9))]
-    algorithm = _pfedem("local", z=1.0, kmeans_rounds=3)
+    algorithm = _pfedem("local", z=1.0, **GIVEN)
     policy = _policy("local", z=1.0, insecure_seed=None)
     result = run_simulation(algorithm, clients, privacy=policy)
     weights = result.state.client_weights
@@ -239,7 +240,7 @@ def test_local_mode_keeps_each_clients_noisy_weights():
     shares = [float((X[:, 0] < 0).double().mean()) for X, _ in clients]  # rows left of 0
     of_a = [float(weights[c][a]) for c in range(3)]
     assert of_a[0] < of_a[1] < of_a[2], (of_a, shares)
-    assert all(abs(w - share) < 0.25 for w, share in zip(of_a, shares, strict=True)), of_a
+    assert all(abs(w - share) < 0.15 for w, share in zip(of_a, shares, strict=True)), of_a
 
 
 def test_without_dp_a_reply_still_zeroes_partitions_below_the_floor():
