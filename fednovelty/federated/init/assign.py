@@ -10,7 +10,9 @@ Protocol (:class:`AssignStep`, at most ``budget`` rounds, after the centres are 
    (a skipped reply below its privacy floor);
 3. server: the statistics combined, plain, robust or private
    (:func:`~fednovelty.federated.init.combine.combine_stats`); each occupied centre moves
-   to its rows' mean. After ``budget`` rounds, or once no centre moves more than
+   to its rows' mean; from public centres (a private start) an empty centre is moved
+   beside the centre with most rows, to split its rows in the next round
+   (:func:`relocate_empty`). After ``budget`` rounds, or once no centre moves more than
    ``kmeans_tol`` times the mean feature variance, the M-step of those statistics is the
    initial mixture (scikit-learn's ``init_params="kmeans"``), with the given initial
    parameters in place. Where ``n_components`` is an upper bound (the config's
@@ -31,7 +33,7 @@ from fednovelty.federated.core.aggregate import stats_message, total_variance
 from fednovelty.federated.core.base import ClientContext, Message, server_generator, skipped_reply
 from fednovelty.federated.core.declarations import declare, stats_reply
 from fednovelty.federated.core.steps import Step
-from fednovelty.federated.init.combine import combine_stats
+from fednovelty.federated.init.combine import combine_stats, count_floor
 from fednovelty.federated.init.units import check_enough, to_working_units
 from fednovelty.federated.trust.backing import backed, stats_backing
 from fednovelty.federated.trust.reply_form import stats_shapes
@@ -85,6 +87,58 @@ def may_merge_centres(config: Any) -> bool:
     )
 
 
+def split_axis(stats: Any, component: int, generator: torch.Generator) -> Tensor:
+    """The unit direction (n_features,) along which ``component``'s rows spread most: the
+    feature of its largest variance where the statistics hold one per feature (``full``:
+    the diagonal of its second moments; ``diag``; ``tied``: the shared one's diagonal), a
+    direction drawn from ``generator`` where they do not (``spherical``) or no variance is
+    positive (noisy statistics)."""
+    d = stats.sums.shape[1]
+    count = stats.counts[component].clamp_min(1e-300)
+    mean = stats.sums[component] / count
+    ct = stats.covariance_type
+    if ct == "full":
+        spread = torch.diagonal(stats.second[component]) / count - mean.square()
+    elif ct == "diag":
+        spread = stats.second[component] / count - mean.square()
+    elif ct == "tied":
+        spread = torch.diagonal(stats.second) / stats.counts.sum().clamp_min(1e-300)
+    else:
+        spread = None
+    if spread is not None and bool((spread > 0).any()):
+        return torch.nn.functional.one_hot(spread.argmax(), d).to(stats.sums.dtype)
+    direction = torch.randn(d, generator=generator, dtype=torch.float64)
+    return (direction / direction.norm()).to(stats.sums.device, stats.sums.dtype)
+
+
+def relocate_empty(
+    centers: Tensor,
+    stats: Any,
+    generator: torch.Generator,
+    step: float = 1e-3,
+    floor: float = 0.0,
+) -> tuple[Tensor, int]:
+    """Each empty centre of ``centers`` (k, n_features), its count at most ``floor`` (0; under
+    differential privacy the noise floor, :func:`~.combine.count_floor`, below which a count
+    and the mean it divides are noise), moved beside the centre with the most rows, the pair
+    ``step`` on either side of it along :func:`split_axis`: the next Lloyd round splits that
+    centre's rows by the plane between them (bisecting k-means). The centres with most rows
+    are split first, each split halving the count it is ranked by. Returns the centres (a
+    new tensor) and how many were moved."""
+    counts = stats.counts.clone()
+    empty_mask = counts <= floor * (1 + 1e-9)
+    empty = [int(j) for j in torch.nonzero(empty_mask).flatten()]
+    if not empty or bool(empty_mask.all()):
+        return centers, 0
+    out = centers.clone()
+    for j in empty:
+        full = int(counts.argmax())
+        axis = split_axis(stats, full, generator) * step
+        out[j], out[full] = out[full] + axis, out[full] - axis
+        counts[full] = counts[j] = counts[full] / 2
+    return out, len(empty)
+
+
 def centre_rows(X: Tensor, centers: Tensor) -> Tensor:
     """Each centre's rows (n_centers,): the rows of ``X`` (n, d) nearest to it, chunk by
     chunk."""
@@ -101,10 +155,11 @@ class AssignStep(Step):
     replies = declare(ASSIGN_REPLY)
     streams = True
 
-    def __init__(self, config: Any, budget: int) -> None:
+    def __init__(self, config: Any, budget: int, relocate: bool = False) -> None:
         self.config = config
         self.budget = int(budget)
         self.max_rounds = self.budget
+        self.relocate = relocate  # empty centres split the fullest (:func:`relocate_empty`)
 
     def configure(self, state: Any) -> Message:
         return Message(
@@ -158,10 +213,18 @@ class AssignStep(Step):
         occupied = stats.counts > 0
         moved = stats.shift + stats.sums / stats.counts.clamp_min(1e-300).unsqueeze(1)
         new_centers = torch.where(occupied.unsqueeze(1), moved, state.centers)
+        relocated = 0
+        if self.relocate and state.lloyd_rounds + 1 < self.budget:
+            generator = server_generator(config, state)
+            floor = count_floor(config, len(replies))
+            new_centers, relocated = relocate_empty(new_centers, stats, generator, floor=floor)
         movement = float((new_centers - state.centers).square().sum(1).max())
         state.lloyd_rounds += 1
         threshold = config.kmeans_tol * total_variance(stats)
         metrics = {"phase": "assign", "center_shift": movement}
+        if relocated:
+            metrics["relocated_centres"] = relocated
+            movement = float("inf")  # the split needs its round
         if state.lloyd_rounds >= self.budget or movement <= threshold:
             params = params_from_stats(stats, config.reg_covar, state.prior)
             state.params = apply_user_init(params, config, state)

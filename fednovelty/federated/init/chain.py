@@ -44,7 +44,7 @@ def init_steps(config: Any) -> list[Step]:
                 f"init_params={config.init_params!r} has no private form here (raw rows, or "
                 'local fits); use "kmeans" or "separated" with differential privacy.'
             )
-        return [PublicCentres(config), AssignStep(config, budget=config.kmeans_rounds)]
+        return [PublicCentres(config), AssignStep(config, config.kmeans_rounds, relocate=True)]
     if config.init_params == "kmeans":
         return [CentroidsStep(config), AssignStep(config, budget=config.kmeans_rounds)]
     if config.init_params == "separated":

@@ -61,12 +61,27 @@ def private_stats(
     if config.dp_mode == "central":
         source = server_noise(config, 0 if state is None else state.rounds)
         stats = private_sum(stats, z, bound, source)
-    spread = z * (math.sqrt(n_replies) if config.dp_mode == "local" else 1.0)
-    share = block_multipliers(spread)
+    share = block_multipliers(_spread(config, n_replies))
     return plausible_stats(
         stats,
         bound,
-        max(1.0, 2 * share["counts"]),
+        count_floor(config, n_replies),
         1e-4 * bound**2,
         share["second"] * bound**2,
     )
+
+
+def _spread(config: Any, n_replies: int) -> float:
+    """The noise multiplier of the summed statistics: ``z``, times ``sqrt(n_replies)`` when
+    every client added its own noise (``"local"``)."""
+    z = config.dp_noise_multiplier
+    return z * (math.sqrt(n_replies) if config.dp_mode == "local" else 1.0)
+
+
+def count_floor(config: Any, n_replies: int) -> float:
+    """The least count :func:`private_stats` leaves a component under ``dp_mode``: twice the
+    noise the summed counts carry (at least 1); 0 without differential privacy. A count at
+    this floor is noise: no rows may back it."""
+    if getattr(config, "dp_mode", None) is None:
+        return 0.0
+    return max(1.0, 2 * block_multipliers(_spread(config, n_replies))["counts"])
