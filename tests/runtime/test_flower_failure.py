@@ -212,17 +212,26 @@ def test_a_node_killed_after_round_one_leaves_the_fit_to_the_others(federation, 
     result = run_and_kill_after_round_one(federation, app, victim, run_config, wait=900.0)
     assert victim.poll() is not None  # the node is gone
 
-    history = result.history
-    assert [r.round for r in history] == list(range(1, ROUNDS + 1))
-    assert not any(r.failed for r in history)
+    # On a loaded machine a live node may miss a round's timeout too: with fewer than
+    # min-clients replies that round is recorded as failed and asked again (the loop's rule,
+    # no server step), so the fit is the rounds that did not fail.
+    retried = [r for r in result.history if r.failed]
+    for record in retried:
+        assert record.round > 1 and not record.replied[1:], [r.as_dict() for r in retried]
+        assert all(reason.startswith(DEAD_NODE) for _, reason in record.dropped), record.dropped
+    history = [r for r in result.history if not r.failed]
+    assert len(history) == ROUNDS and len(retried) <= 1, [r.as_dict() for r in result.history]
+    assert history[0].round == 1
     assert history[0].replied == (0, 1, 2) and history[0].dropped == ()
     for record in history[1:]:
         assert record.sampled == (0, 1, 2), record.round  # the dead node is still asked
         assert record.replied == (0, 1), record.round
         assert [c for c, _ in record.dropped] == [VICTIM], record.round
         assert record.dropped[0][1].startswith(DEAD_NODE), record.dropped
-    assert all(d["client_id"] == VICTIM for d in result.dropped), result.dropped
-    assert [d["round"] for d in result.dropped] == list(range(2, ROUNDS + 1))
+    kept = {r.round for r in history}
+    dropped = [d for d in result.dropped if d["round"] in kept]
+    assert all(d["client_id"] == VICTIM for d in dropped), result.dropped
+    assert [d["round"] for d in dropped] == [r.round for r in history[1:]]
     state = result.state
     assert state.n_iter == ROUNDS
 
